@@ -1,0 +1,162 @@
+"""Order-independent fingerprints of a multiset of records.
+
+A record's hash is a 64-bit mix of its CRC32C and length (bytes records) or of its
+column values (table rows). A fingerprint is (records, bytes, sum mod 2**64, xor) of
+those hashes: equal multisets give equal fingerprints whatever the order, and a lost,
+duplicated or altered record changes it.
+"""
+
+import dataclasses
+
+import google_crc32c
+import numpy as np
+import pyarrow as pa
+
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on a uint64 array: a bijective avalanche mix."""
+    x = np.asarray(x, dtype=np.uint64).copy()
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def payload_hashes(crcs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Record hashes from each payload's CRC32C and length."""
+    crcs = np.asarray(crcs, dtype=np.uint64)
+    lengths = np.asarray(lengths, dtype=np.uint64)
+    return mix64(crcs | (lengths << np.uint64(32)))
+
+
+def crc32c_of_slices(data, offsets: np.ndarray, trim_end: int = 0) -> np.ndarray:
+    """CRC32C of ``data[offsets[i] : offsets[i+1] - trim_end]`` for every i."""
+    data = data if isinstance(data, bytes) else memoryview(data).tobytes()
+    value = google_crc32c.value
+    bounds = offsets.tolist()
+    return np.fromiter(
+        (value(data[a : b - trim_end]) for a, b in zip(bounds[:-1], bounds[1:])),
+        dtype=np.uint64,
+        count=len(bounds) - 1,
+    )
+
+
+def binary_column_parts(column):
+    """(data as a ``pyarrow.Buffer``, int64 offsets rebased to 0) of a binary Arrow array
+    or chunked array; the buffer holds exactly the values' bytes, in order, uncopied."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(array) == 0:
+        return pa.py_buffer(b""), np.zeros(1, dtype=np.int64)
+    width = np.int32 if pa.types.is_binary(array.type) or pa.types.is_string(array.type) else np.int64
+    _, offsets_buffer, data_buffer = array.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=width)[array.offset : array.offset + len(array) + 1]
+    offsets = offsets.astype(np.int64)
+    start, end = int(offsets[0]), int(offsets[-1])
+    data = data_buffer.slice(start, end - start) if data_buffer is not None else pa.py_buffer(b"")
+    return data, offsets - start
+
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprint:
+    records: int = 0
+    bytes: int = 0
+    hash_sum: int = 0
+    hash_xor: int = 0
+
+    @classmethod
+    def of(cls, hashes: np.ndarray, payload_bytes: int) -> "Fingerprint":
+        hashes = np.asarray(hashes, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            total = int(hashes.sum(dtype=np.uint64)) if len(hashes) else 0
+        xor = int(np.bitwise_xor.reduce(hashes)) if len(hashes) else 0
+        return cls(len(hashes), int(payload_bytes), total, xor)
+
+    def __add__(self, other: "Fingerprint") -> "Fingerprint":
+        return Fingerprint(
+            self.records + other.records,
+            self.bytes + other.bytes,
+            (self.hash_sum + other.hash_sum) & _MASK64,
+            self.hash_xor ^ other.hash_xor,
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "records": self.records,
+            "bytes": self.bytes,
+            "hash_sum": f"{self.hash_sum:016x}",
+            "hash_xor": f"{self.hash_xor:016x}",
+        }
+
+    @classmethod
+    def from_json(cls, value: dict) -> "Fingerprint":
+        return cls(value["records"], value["bytes"], int(value["hash_sum"], 16), int(value["hash_xor"], 16))
+
+
+def total(fingerprints) -> Fingerprint:
+    result = Fingerprint()
+    for fingerprint in fingerprints:
+        result = result + fingerprint
+    return result
+
+
+_NULL_HASH = np.uint64(0x9E3779B97F4A7C15)
+
+
+def column_hashes(column) -> np.ndarray:
+    """A 64-bit hash of every value of an Arrow column (nulls hash to a constant)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = array.type
+    if pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
+        filled = array.fill_null(b"" if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) else "")
+        data, offsets = binary_column_parts(filled)
+        hashes = payload_hashes(crc32c_of_slices(data, offsets), np.diff(offsets))
+    elif pa.types.is_boolean(kind):
+        hashes = mix64(array.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64) + np.uint64(1))
+    elif _is_plain_fixed_width(kind):
+        width = kind.bit_width // 8
+        raw = np.frombuffer(array.buffers()[1], dtype=f"<u{width}")[array.offset : array.offset + len(array)]
+        hashes = mix64(raw.astype(np.uint64) ^ np.uint64(width))
+    else:  # nested, decimal, dictionary, ...: exact but slow
+        values = array.to_pylist()
+        hashes = payload_hashes(
+            np.fromiter((google_crc32c.value(repr(v).encode()) for v in values), np.uint64, len(values)),
+            np.zeros(len(values), np.uint64),
+        )
+    if array.null_count:
+        hashes = np.where(array.is_null().to_numpy(zero_copy_only=False), _NULL_HASH, hashes)
+    return hashes
+
+
+def _is_plain_fixed_width(kind) -> bool:
+    try:
+        width = kind.bit_width
+    except ValueError:
+        return False
+    return width in (8, 16, 32, 64) and not pa.types.is_dictionary(kind)
+
+
+def row_lengths(table: pa.Table) -> np.ndarray:
+    """Bytes of each row's values as stored, independent of chunking: value bytes of
+    binary columns plus the widths of fixed-width columns (others count 0)."""
+    lengths = np.zeros(table.num_rows, dtype=np.int64)
+    for column in table.columns:
+        kind = column.type
+        if pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
+            lengths += np.diff(binary_column_parts(column)[1])
+        elif _is_plain_fixed_width(kind):
+            lengths += kind.bit_width // 8
+    return lengths
+
+
+def row_hashes(table: pa.Table) -> np.ndarray:
+    """A 64-bit hash of every row: the columns' value hashes mixed in column order."""
+    hashes = np.zeros(table.num_rows, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for position, column in enumerate(table.columns):
+            hashes = mix64(hashes * np.uint64(0x100000001B3) + column_hashes(column) + np.uint64(position))
+    return hashes

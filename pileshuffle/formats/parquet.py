@@ -1,0 +1,75 @@
+"""Parquet through Arrow: no per-row Python.
+
+Sources are read in record batches of about ``chunk_bytes``; shards are written with
+the first input file's Arrow schema (its key-value metadata included) in row groups
+of about ``ROW_GROUP_BYTES``. Every input file must have that same schema.
+"""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pileshuffle.errors import InputError
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_input
+
+ROW_GROUP_BYTES = 64 << 20
+_CODECS = {"auto": "snappy", "none": "none", "gzip": "gzip", "snappy": "snappy", "zstd": "zstd"}
+
+
+def _parquet_file(handle, path):
+    try:
+        return pq.ParquetFile(handle)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise InputError(path, f"is not a Parquet file ({error})") from error
+
+
+def mean_row_bytes(metadata) -> float:
+    rows = metadata.num_rows
+    size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    return size / rows if rows else 1.0
+
+
+class ParquetFormat(RecordFormat):
+    name = "parquet"
+
+    def suffix(self, compression):
+        return ".parquet"
+
+    def output_compression(self, compression, input_paths):
+        return _CODECS[compression]
+
+    def shard_handle_compression(self, compression):
+        return "uncompressed"  # Parquet compresses its pages itself
+
+    def check_source(self, path):
+        with open_input(path, "uncompressed") as handle:
+            if handle.read(4) == b"":
+                raise InputError(path, "is empty, not a Parquet file")
+        with open_input(path, "uncompressed") as handle:
+            return _parquet_file(handle, path).schema_arrow
+
+    def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
+        with open_input(path, "uncompressed") as handle:
+            parquet = _parquet_file(handle, path)
+            rows = max(1, int(chunk_bytes / max(1.0, mean_row_bytes(parquet.metadata))))
+            try:
+                for batch in parquet.iter_batches(batch_size=rows, use_threads=False):
+                    yield pa.Table.from_batches([batch], schema=parquet.schema_arrow)
+            except (pa.ArrowInvalid, OSError) as error:
+                raise InputError(path, f"cannot be read as Parquet ({error})") from error
+
+    def write_shard(self, handle, tables, compression, schema=None):
+        written = 0
+        writer = None
+        for table in tables:
+            if schema is None:
+                schema = table.schema
+            if writer is None:
+                writer = pq.ParquetWriter(handle, schema, compression=compression)
+            if table.num_rows:
+                row_bytes = max(1.0, table.nbytes / table.num_rows)
+                writer.write_table(table.cast(schema), row_group_size=max(1, int(ROW_GROUP_BYTES / row_bytes)))
+            written += table.num_rows
+        if writer is None:
+            writer = pq.ParquetWriter(handle, schema, compression=compression)
+        writer.close()
+        return written

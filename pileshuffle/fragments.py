@@ -1,0 +1,103 @@
+"""Pile fragments: the records of one pile from one source (or bundle), as Arrow IPC.
+
+In ``files`` mode a fragment is a file under the run's temp location, written under a
+temporary name and renamed to a deterministic one, so a re-run bundle replaces its
+fragments instead of duplicating them. In ``shuffle`` mode the same IPC bytes travel
+through the runner's GroupByKey instead. Either way pass 2 reads them back identically.
+"""
+
+import dataclasses
+import uuid
+
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+
+from pileshuffle.errors import OutputError
+from pileshuffle.fingerprint import Fingerprint
+
+KEY_COLUMN = "_pileshuffle_key"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fragment:
+    """Records of one pile from one writer, in the writer's order.
+
+    ``order`` sorts fragments of a pile into the canonical order; ``path`` (files mode)
+    or ``payload`` (shuffle mode) holds the IPC stream; ``fingerprint`` is what pass 1 put in.
+    """
+
+    order: tuple
+    records: int
+    nbytes: int
+    fingerprint: Fingerprint
+    path: str = None
+    payload: bytes = None
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def read_batches(fragment: Fragment):
+    """The record batches of a fragment, streamed (one pass-1 chunk at a time)."""
+    if fragment.payload is not None:
+        yield from pa.ipc.open_stream(pa.py_buffer(fragment.payload))
+        return
+    with FileSystems.open(fragment.path, compression_type="uncompressed") as handle:
+        yield from pa.ipc.open_stream(handle.read())
+
+
+def read_table(fragment: Fragment) -> pa.Table:
+    if fragment.payload is not None:
+        return pa.ipc.open_stream(pa.py_buffer(fragment.payload)).read_all()
+    with FileSystems.open(fragment.path, compression_type="uncompressed") as handle:
+        return pa.ipc.open_stream(handle.read()).read_all()
+
+
+def write_failure(location: str, error: Exception, needed: int = None) -> OutputError:
+    need = f" (it needed about {needed:,} more bytes)" if needed else ""
+    return OutputError(f"cannot write to {location}: {error}{need}")
+
+
+class FragmentFiles:
+    """Appends tables to one fragment file per pile for a single writer ``name``;
+    ``commit()`` renames them into place and returns ``(pile, path, records, nbytes, fingerprint)``."""
+
+    def __init__(self, directory: str, name: str):
+        self._directory, self._name = directory, name
+        self._attempt = uuid.uuid4().hex[:12]
+        self._open = {}  # pile -> [handle, writer, temp path, records, nbytes, fingerprint]
+
+    def final_path(self, pile: int) -> str:
+        return FileSystems.join(self._directory, f"{self._name}-p{pile:06d}.arrows")
+
+    def append(self, pile: int, table: pa.Table, fingerprint: Fingerprint):
+        entry = self._open.get(pile)
+        try:
+            if entry is None:
+                temp = self.final_path(pile) + f".tmp-{self._attempt}"
+                handle = FileSystems.create(temp, compression_type="uncompressed")
+                entry = self._open[pile] = [handle, pa.ipc.new_stream(handle, table.schema), temp, 0, 0, Fingerprint()]
+            entry[1].write_table(table)
+        except OSError as error:
+            raise write_failure(self._directory, error, table.nbytes) from error
+        entry[3] += table.num_rows
+        entry[4] += table.nbytes
+        entry[5] += fingerprint
+
+    def commit(self):
+        piles = sorted(self._open)
+        try:
+            for pile in piles:
+                handle, writer = self._open[pile][:2]
+                writer.close()
+                handle.close()
+            FileSystems.rename([self._open[p][2] for p in piles], [self.final_path(p) for p in piles])
+        except Exception as error:
+            raise write_failure(self._directory, error) from error
+        committed = [(p, self.final_path(p), *self._open[p][3:]) for p in piles]
+        self._open = {}
+        return committed

@@ -1,0 +1,99 @@
+"""Generated sample data whose records carry their input index: for the demo, the
+tests and the benchmarks. Record i starts with its index as 12 ASCII digits."""
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pileshuffle.formats.tfrecord import frame
+
+INDEX_DIGITS = 12
+
+
+def payloads(start: int, count: int, record_bytes: int, seed: int = 0, vary: bool = False):
+    """Records ``start .. start+count-1``: index digits then seeded filler bytes."""
+    rng = np.random.default_rng([seed, start])
+    out = []
+    for i in range(start, start + count):
+        size = record_bytes if not vary else int(rng.integers(INDEX_DIGITS + 1, 2 * record_bytes))
+        filler = rng.integers(97, 123, size=max(0, size - INDEX_DIGITS - 1), dtype=np.uint8).tobytes()
+        out.append(b"%012d|" % i + filler)
+    return out
+
+
+def index_of(record) -> int:
+    """The input index a generated record carries (bytes payload, JSONL line or TFRecord payload)."""
+    if isinstance(record, dict):
+        return int(record["index"])
+    text = bytes(record)
+    if text.startswith(b'{"index":'):
+        return int(json.loads(text)["index"])
+    return int(text[:INDEX_DIGITS])
+
+
+def split_counts(records: int, files: int):
+    base, extra = divmod(records, files)
+    return [base + (1 if i < extra else 0) for i in range(files)]
+
+
+def write_tfrecord(directory, records=1000, files=4, record_bytes=100, seed=0, vary=False, name="part"):
+    os.makedirs(directory, exist_ok=True)
+    paths, start = [], 0
+    for f, count in enumerate(split_counts(records, files)):
+        path = os.path.join(directory, f"{name}-{f:03d}.tfrecord")
+        with open(path, "wb") as handle:
+            for block in range(start, start + count, 10000):
+                n = min(10000, start + count - block)
+                handle.write(b"".join(frame(p) for p in payloads(block, n, record_bytes, seed, vary)))
+        paths.append(path)
+        start += count
+    return paths
+
+
+def write_jsonl(directory, records=1000, files=4, record_bytes=100, seed=0, name="part"):
+    os.makedirs(directory, exist_ok=True)
+    paths, start = [], 0
+    for f, count in enumerate(split_counts(records, files)):
+        path = os.path.join(directory, f"{name}-{f:03d}.jsonl")
+        with open(path, "wb") as handle:
+            for block in range(start, start + count, 10000):
+                n = min(10000, start + count - block)
+                lines = [
+                    b'{"index": %d, "text": "%s"}\n' % (i, p[INDEX_DIGITS + 1 :][: max(0, record_bytes - 30)])
+                    for i, p in zip(range(block, block + n), payloads(block, n, record_bytes, seed))
+                ]
+                handle.write(b"".join(lines))
+        paths.append(path)
+        start += count
+    return paths
+
+
+def parquet_table(start: int, count: int, record_bytes: int, seed: int = 0) -> pa.Table:
+    index = np.arange(start, start + count, dtype=np.int64)
+    rng = np.random.default_rng([seed, start])
+    return pa.table(
+        {
+            "index": index,
+            "label": pa.array(rng.integers(0, 10, count, dtype=np.int32)),
+            "weight": pa.array(rng.random(count)),
+            "name": pa.array([f"item-{i}" for i in index.tolist()]),
+            "payload": pa.array(payloads(start, count, max(INDEX_DIGITS + 1, record_bytes - 40), seed), pa.binary()),
+        }
+    ).replace_schema_metadata({"source": "pileshuffle.sample", "seed": str(seed)})
+
+
+def write_parquet(directory, records=1000, files=4, record_bytes=100, seed=0, name="part", row_group_rows=None):
+    os.makedirs(directory, exist_ok=True)
+    paths, start = [], 0
+    for f, count in enumerate(split_counts(records, files)):
+        path = os.path.join(directory, f"{name}-{f:03d}.parquet")
+        pq.write_table(parquet_table(start, count, record_bytes, seed), path, row_group_size=row_group_rows)
+        paths.append(path)
+        start += count
+    return paths
+
+
+WRITERS = {"tfrecord": write_tfrecord, "jsonl": write_jsonl, "parquet": write_parquet}

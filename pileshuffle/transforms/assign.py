@@ -1,0 +1,203 @@
+"""Pass 1: give every record its key U, and append it to the fragment of its pile.
+
+All per-record work is vectorized over a chunk: keys come from numpy, records move
+with one Arrow ``take`` per chunk, and each pile's part is a zero-copy slice.
+"""
+
+import dataclasses
+import hashlib
+import os
+import resource
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+from pileshuffle import keys as keymath
+from pileshuffle.fingerprint import Fingerprint
+from pileshuffle.formats import ReadReport, get_format, record_hashes
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, records_table
+from pileshuffle.fragments import KEY_COLUMN, Fragment, FragmentFiles, to_ipc
+
+STATS_TAG = "stats"
+INPUT_STREAM = 0  # key stream tag of input records: (INPUT_STREAM, source id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One input file; ``id`` is its rank in the sorted file list."""
+
+    id: int
+    path: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStats:
+    """What pass 1 read from one source."""
+
+    source: int
+    path: str
+    fingerprint: Fingerprint
+    skipped_records: int = 0
+    skipped_bytes: int = 0
+    problems: tuple = ()
+
+
+def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, num_piles: int):
+    """Yield ``(pile, part, fingerprint)`` for every non-empty pile of a chunk; each part
+    keeps the chunk's order and carries its keys in ``KEY_COLUMN``."""
+    piles = keymath.pile_of(keys, num_piles)
+    order, bounds = keymath.group_by_pile(piles, num_piles)
+    taken = table.append_column(KEY_COLUMN, pa.array(keys, type=pa.uint64())).take(order)
+    hashes, lengths = hashes[order], lengths[order]
+    for pile in np.flatnonzero(np.diff(bounds)).tolist():
+        start, stop = int(bounds[pile]), int(bounds[pile + 1])
+        part_fingerprint = Fingerprint.of(hashes[start:stop], int(lengths[start:stop].sum()))
+        yield pile, taken.slice(start, stop - start), part_fingerprint
+
+
+def raise_open_file_limit():
+    """Files mode keeps one fragment open per pile: allow as many open files as the OS will."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class _PileWriter:
+    """Where pass-1 parts go: fragment files (files mode) or IPC elements (shuffle mode)."""
+
+    def __init__(self, fragments_dir, name: str):
+        self._files = FragmentFiles(fragments_dir, name) if fragments_dir else None
+
+    def add(self, order: tuple, pile: int, part: pa.Table, fingerprint: Fingerprint):
+        """Files mode appends and returns nothing; shuffle mode returns the element."""
+        if self._files is not None:
+            self._files.append(pile, part, fingerprint)
+            return ()
+        return ((pile, Fragment(order, part.num_rows, part.nbytes, fingerprint, payload=to_ipc(part))),)
+
+    def commit(self, order: tuple):
+        if self._files is None:
+            return []
+        return [
+            (pile, Fragment(order, records, nbytes, fingerprint, path=path))
+            for pile, path, records, nbytes, fingerprint in self._files.commit()
+        ]
+
+
+class ReadSourceToPiles(beam.DoFn):
+    """Pass 1 of the template: read one source, key its records, write its pile fragments.
+
+    Keys are ``record_keys(seed, (INPUT_STREAM, source.id), index)``: a pure function of
+    the input, so every runner and worker count produces the same piles.
+    Main output: ``(pile, Fragment)``; tagged ``stats``: one ``SourceStats`` per source.
+    """
+
+    def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False):
+        self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
+        self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
+
+    def setup(self):
+        raise_open_file_limit()
+
+    def process(self, source: Source):
+        report = ReadReport()
+        writer = _PileWriter(self._fragments_dir, f"s{source.id:06d}")
+        chunks = get_format(self._format_name).read_chunks(source.path, self._chunk_bytes, self._skip_corrupt, report)
+        index, fingerprint = 0, Fingerprint()
+        for chunk_index, table in enumerate(chunks):
+            keys = keymath.record_keys(self._seed, (INPUT_STREAM, source.id), index, table.num_rows)
+            hashes, lengths = record_hashes(table)
+            fingerprint += Fingerprint.of(hashes, int(lengths.sum()))
+            index += table.num_rows
+            for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
+                yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
+        yield from writer.commit((source.id, 0))
+        yield beam.pvalue.TaggedOutput(
+            STATS_TAG,
+            SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes, tuple(report.problems)),
+        )
+
+
+def as_table(batch) -> pa.Table:
+    """A composed-use element batch as a records table: ``bytes`` or Arrow batches/tables."""
+    first = batch[0]
+    if isinstance(first, (bytes, bytearray, memoryview)):
+        return records_table([bytes(r) for r in batch])
+    if isinstance(first, pa.RecordBatch):
+        return pa.Table.from_batches(batch)
+    if isinstance(first, pa.Table):
+        return pa.concat_tables(batch)
+    raise TypeError(
+        f"ShuffleToPiles takes bytes or pyarrow RecordBatch/Table elements (or (id, record) pairs with keyed=True), got {type(first).__name__}"
+    )
+
+
+def id_keys(seed: int, ids) -> np.ndarray:
+    """U for keyed records: a keyed BLAKE2b hash of ``(seed, id)``; reproducible anywhere."""
+    salt = int(seed).to_bytes(16, "little", signed=True)
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(repr(i).encode(), digest_size=8, key=salt).digest(), "little") for i in ids),
+        dtype=np.uint64,
+        count=len(ids),
+    )
+
+
+class AssignPiles(beam.DoFn):
+    """Pass 1 for composed use: batch a bundle's records, key them, emit pile fragments.
+
+    Unkeyed records draw U from a stream seeded by ``seed`` and a fresh random nonce per
+    bundle (uniform, not reproducible); keyed ``(id, record)`` pairs draw U from
+    ``(seed, id)`` (reproducible: the same ids give the same order on any runner).
+    """
+
+    def __init__(self, seed, num_piles, keyed, fragments_dir=None, batch_bytes=DEFAULT_CHUNK_BYTES):
+        self._seed, self._num_piles, self._keyed = seed, num_piles, keyed
+        self._fragments_dir, self._batch_bytes = fragments_dir, batch_bytes
+
+    def setup(self):
+        raise_open_file_limit()
+
+    def start_bundle(self):
+        self._nonce = int.from_bytes(os.urandom(8), "little")
+        self._writer = _PileWriter(self._fragments_dir, f"b{self._nonce:016x}")
+        self._buffer, self._ids, self._buffered_bytes, self._drawn, self._flushes = [], [], 0, 0, 0
+
+    def process(self, element):
+        if self._keyed:
+            record_id, element = element
+            self._ids.append(record_id)
+        self._buffer.append(element)
+        self._buffered_bytes += element.nbytes if isinstance(element, (pa.RecordBatch, pa.Table)) else len(element)
+        if self._buffered_bytes >= self._batch_bytes:
+            yield from self._flush()
+
+    def finish_bundle(self):
+        for pile, fragment in [*self._flush(), *self._writer.commit((self._nonce, 0))]:
+            yield WindowedValue((pile, fragment), MIN_TIMESTAMP, [GlobalWindow()])
+
+    def _flush(self):
+        if not self._buffer:
+            return []
+        table = as_table(self._buffer)
+        if self._keyed:
+            if table.num_rows != len(self._ids):
+                raise ValueError("keyed=True takes one (id, record) pair per record; a RecordBatch element needs one id per row")
+            keys = id_keys(self._seed, self._ids)
+        else:
+            keys = keymath.record_keys(self._seed, (INPUT_STREAM + 1, self._nonce), self._drawn, table.num_rows)
+            self._drawn += table.num_rows
+        hashes, lengths = record_hashes(table)
+        order = (self._nonce, self._flushes)
+        self._buffer, self._ids, self._buffered_bytes, self._flushes = [], [], 0, self._flushes + 1
+        out = []
+        for pile, part, fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
+            out.extend(self._writer.add(order, pile, part, fingerprint))
+        return out
+
+
+__all__ = ["AssignPiles", "ReadSourceToPiles", "Source", "SourceStats", "STATS_TAG", "RECORD_COLUMN"]

@@ -1,0 +1,165 @@
+"""ShuffleToPiles: pass 1, GroupByKey, and the pass-2 order of each pile.
+
+A pile's records are put in order by their key U (stable over the canonical fragment
+order). Every key of a pile shares the same top digits, so this sorts on the rest of
+U: the whole output is the input sorted by U, a uniform permutation.
+
+A pile larger than ``max_pile_bytes`` is never loaded whole: it is split again on the
+next digits of U (``U * M mod 2**64``) into sub-piles written as fragments, and the
+sub-piles are ordered one after another; the order is the same as without the split.
+"""
+
+import dataclasses
+import math
+import uuid
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+
+from pileshuffle import keys as keymath
+from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.fragments import KEY_COLUMN, Fragment, FragmentFiles, read_batches, read_table
+from pileshuffle.transforms.assign import AssignPiles, raise_open_file_limit
+
+DEFAULT_MAX_PILE_BYTES = 128 << 20
+OUTPUT_SLICE_ROWS = 1 << 16
+
+
+def next_digits(keys: np.ndarray, num_piles: int) -> np.ndarray:
+    """The digits of U after its top base-``num_piles`` digit: ``U * M mod 2**64``."""
+    with np.errstate(over="ignore"):
+        return keys * np.uint64(num_piles)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pile:
+    """One pile: its fragments in canonical order, and how to put its records in order.
+
+    ``tables()`` yields the pile's records in their final order as Arrow tables, holding at
+    most one pile (or one sub-pile of a split pile) in memory. ``depth`` counts splits.
+    """
+
+    index: int
+    num_piles: int
+    fragments: tuple
+    max_pile_bytes: int = DEFAULT_MAX_PILE_BYTES
+    work_dir: str = None
+    depth: int = 0
+
+    @property
+    def records(self) -> int:
+        return sum(f.records for f in self.fragments)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in self.fragments)
+
+    @property
+    def fingerprint(self):
+        """What pass 1 put into this pile."""
+        return total(f.fingerprint for f in self.fragments)
+
+    @property
+    def needs_split(self) -> bool:
+        return self.nbytes > self.max_pile_bytes and self.work_dir is not None and self.records > 1
+
+    def tables(self):
+        """Yield the records in final order (without the key column)."""
+        if self.needs_split:
+            for sub_pile in self.split():
+                yield from sub_pile.tables()
+            return
+        if not self.fragments:
+            return
+        table = pa.concat_tables([read_table(f) for f in self.fragments]).combine_chunks()
+        order = np.argsort(table.column(KEY_COLUMN).to_numpy(), kind="stable")
+        records = table.drop_columns([KEY_COLUMN])
+        for start in range(0, len(order), OUTPUT_SLICE_ROWS):
+            yield records.take(order[start : start + OUTPUT_SLICE_ROWS])
+
+    def split(self):
+        """The sub-piles of this pile, in order: fragments re-keyed on the next digits of U."""
+        ways = max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2)
+        split_dir = FileSystems.join(self.work_dir, "splits")
+        files = FragmentFiles(split_dir, f"{uuid.uuid4().hex[:12]}-d{self.depth}-p{self.index:06d}")
+        for fragment in self.fragments:
+            for batch in read_batches(fragment):
+                digits = next_digits(batch.column(KEY_COLUMN).to_numpy(), self.num_piles)
+                table = pa.Table.from_batches([batch]).set_column(
+                    batch.schema.get_field_index(KEY_COLUMN), KEY_COLUMN, pa.array(digits, type=pa.uint64())
+                )
+                sub_piles = keymath.pile_of(digits, ways)
+                order, bounds = keymath.group_by_pile(sub_piles, ways)
+                taken = table.take(order)
+                for sub in np.flatnonzero(np.diff(bounds)).tolist():
+                    start, stop = int(bounds[sub]), int(bounds[sub + 1])
+                    files.append(sub, taken.slice(start, stop - start), Fingerprint())
+        for sub, path, records, nbytes, _ in files.commit():
+            fragment = Fragment((0,), records, nbytes, Fingerprint(), path=path)
+            yield Pile(sub, ways, (fragment,), self.max_pile_bytes, self.work_dir, self.depth + 1)
+
+    def split_count(self) -> int:
+        return 1 if self.needs_split else 0
+
+
+class MakePile(beam.DoFn):
+    """Pass 2 entry: ``(pile, fragments)`` from GroupByKey -> a ``Pile`` in canonical order."""
+
+    def __init__(self, num_piles, max_pile_bytes, work_dir):
+        self._num_piles, self._max_pile_bytes, self._work_dir = num_piles, max_pile_bytes, work_dir
+
+    def setup(self):
+        raise_open_file_limit()
+
+    def process(self, element):
+        pile, fragments = element
+        ordered = tuple(sorted(fragments, key=lambda f: f.order))
+        yield Pile(pile, self._num_piles, ordered, self._max_pile_bytes, self._work_dir)
+
+
+class GroupIntoPiles(beam.PTransform):
+    """``(pile, Fragment)`` -> ``Pile``: the GroupByKey between the two passes."""
+
+    def __init__(self, num_piles, max_pile_bytes=DEFAULT_MAX_PILE_BYTES, work_dir=None):
+        super().__init__()
+        self._num_piles, self._max_pile_bytes, self._work_dir = num_piles, max_pile_bytes, work_dir
+
+    def expand(self, fragments):
+        return (
+            fragments
+            | "GroupByPile" >> beam.GroupByKey()
+            | "MakePile" >> beam.ParDo(MakePile(self._num_piles, self._max_pile_bytes, self._work_dir))
+        )
+
+
+class ShuffleToPiles(beam.PTransform):
+    """Globally shuffle a PCollection into ``num_piles`` piles; returns ``Pile`` elements.
+
+    Elements are ``bytes`` records, or ``pyarrow.RecordBatch``/``Table`` rows (for
+    Parquet). With ``keyed=True`` elements are ``(id, record)`` pairs and the order is a
+    pure function of ``(seed, ids)``: reproducible on any runner. Unkeyed, the order is
+    uniform but differs between runs (records have no stable identity to key on).
+
+    ``temp_location`` selects the ``files`` intermediate mode: pass 1 writes fragments
+    there and only their names go through GroupByKey (memory: one pile per worker).
+    Without it (``shuffle`` mode) records go through GroupByKey in per-pile chunks.
+    Write the result with ``WritePiles``, which also removes the fragments.
+    """
+
+    def __init__(self, num_piles, seed=0, keyed=False, temp_location=None, max_pile_bytes=DEFAULT_MAX_PILE_BYTES):
+        super().__init__()
+        if int(num_piles) < 1:
+            raise ValueError(f"num_piles must be at least 1, got {num_piles}")
+        self.num_piles, self.seed, self.keyed = int(num_piles), int(seed), keyed
+        self.max_pile_bytes = int(max_pile_bytes)
+        self.work_dir = FileSystems.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}") if temp_location else None
+
+    def expand(self, records):
+        fragments_dir = FileSystems.join(self.work_dir, "fragments") if self.work_dir else None
+        return (
+            records
+            | "AssignPiles" >> beam.ParDo(AssignPiles(self.seed, self.num_piles, self.keyed, fragments_dir))
+            | "GroupIntoPiles" >> GroupIntoPiles(self.num_piles, self.max_pile_bytes, self.work_dir)
+        )

@@ -1,0 +1,270 @@
+"""WritePiles: pass 2's shard writer, and the one finalize step that publishes a run.
+
+Each pile is written to a staging directory beside the output under a deterministic
+name (temp file, then rename), so a re-run bundle replaces its shard. Finalize runs
+once, after every shard: it checks that the shards account for every record read (by
+count and fingerprint), writes empty shards for empty piles, renames the shards to
+``{prefix}-{i:05d}-of-{M:05d}{suffix}`` and writes ``{prefix}-manifest.json`` last:
+the manifest's presence means the run finished.
+"""
+
+import dataclasses
+import json
+import time
+import uuid
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+
+from pileshuffle import __version__
+from pileshuffle.errors import IntegrityError, OutputError
+from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.formats import fingerprint_of, get_format
+from pileshuffle.fragments import write_failure
+
+
+def shard_name(prefix: str, index: int, num_piles: int, suffix: str) -> str:
+    return f"{prefix}-{index:05d}-of-{num_piles:05d}{suffix}"
+
+
+def manifest_path(prefix: str) -> str:
+    return f"{prefix}-manifest.json"
+
+
+def staging_dir(prefix: str) -> str:
+    return f"{prefix}.pileshuffle-staging"
+
+
+def shard_pattern(prefix: str) -> str:
+    return f"{prefix}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*"
+
+
+def existing_outputs(prefix: str):
+    """Paths of earlier output under ``prefix``: its shards and manifest."""
+    found = []
+    for pattern in (shard_pattern(prefix), manifest_path(prefix)):
+        try:
+            found += [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+        except Exception:  # BeamIOError when nothing matches
+            pass
+    return sorted(found)
+
+
+def file_size(path: str) -> int:
+    return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardStats:
+    """One written shard (still under its staging name)."""
+
+    pile: int
+    num_piles: int
+    staged_path: str
+    records: int
+    file_bytes: int
+    nbytes: int
+    put_in: Fingerprint
+    written: Fingerprint
+    split: int
+    work_dir: str = None
+    schema: pa.Schema = None
+
+
+class WriteShard(beam.DoFn):
+    """Pass 2: write one pile's records, in order, as one shard (temp file, then rename)."""
+
+    def __init__(self, format_name, compression, prefix, schema=None):
+        self._format_name, self._compression, self._prefix, self._schema = format_name, compression, prefix, schema
+
+    def process(self, pile):
+        fmt = get_format(self._format_name)
+        staged = shard_name(FileSystems.join(staging_dir(self._prefix), "shard"), pile.index, pile.num_piles, fmt.suffix(self._compression))
+        temp = f"{staged}.tmp-{uuid.uuid4().hex[:12]}"
+        written = [Fingerprint()]
+        schema = [self._schema]
+
+        def counted(tables):
+            for table in tables:
+                written[0] += fingerprint_of(table)
+                schema[0] = schema[0] or table.schema
+                yield table
+
+        try:
+            with FileSystems.create(temp, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
+                fmt.write_shard(handle, counted(pile.tables()), self._compression, self._schema)
+            FileSystems.rename([temp], [staged])
+        except OSError as error:
+            raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
+        if written[0] != pile.fingerprint:
+            raise IntegrityError(
+                f"pile {pile.index}: pass 1 put in {pile.fingerprint.records} records but pass 2 wrote "
+                f"{written[0].records} to {staged} (fingerprints {pile.fingerprint} vs {written[0]})"
+            )
+        yield ShardStats(
+            pile.index, pile.num_piles, staged, written[0].records, file_size(staged), pile.nbytes,
+            pile.fingerprint, written[0], pile.split_count(), pile.work_dir,
+            schema[0] if self._format_name == "parquet" else None,
+        )
+
+
+def pile_size_summary(shards):
+    records = [s.records for s in shards]
+    return {"min": min(records), "mean": sum(records) / len(records), "max": max(records)}
+
+
+class Finalize(beam.DoFn):
+    """Check, complete, publish: the only step that creates final names."""
+
+    def __init__(self, prefix, format_name, compression, num_piles, overwrite, schema, manifest_fields, started):
+        self._prefix, self._format_name, self._compression = prefix, format_name, compression
+        self._num_piles, self._overwrite, self._schema = num_piles, overwrite, schema
+        self._fields, self._started = manifest_fields, started
+
+    def process(self, element):
+        _, items = element
+        shards = sorted((i for i in items if isinstance(i, ShardStats)), key=lambda s: s.pile)
+        sources = sorted((i for i in items if not isinstance(i, ShardStats)), key=lambda s: s.source)
+        fmt = get_format(self._format_name)
+        num_piles = self._num_piles or (shards[0].num_piles if shards else 0)
+        input_fp = total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
+        output_fp = total(s.written for s in shards)
+        if input_fp.records == 0:
+            inputs = ", ".join(s.path for s in sources[:3]) or "the input PCollection"
+            raise IntegrityError(f"no records to shuffle: the input holds no records ({inputs})")
+        if input_fp != output_fp:
+            raise IntegrityError(
+                f"records lost or duplicated: read {input_fp.records} records ({input_fp.bytes} bytes) "
+                f"but wrote {output_fp.records} ({output_fp.bytes} bytes); nothing was published"
+            )
+        schema = self._schema or next((s.schema for s in shards if s.schema is not None), None)
+        staged = {s.pile: s for s in shards}
+        suffix = fmt.suffix(self._compression)
+        for pile in range(num_piles):
+            if pile not in staged:
+                staged[pile] = self._write_empty_shard(fmt, pile, num_piles, suffix, schema)
+        finals = [shard_name(self._prefix, p, num_piles, suffix) for p in range(num_piles)]
+        self._clear_old_outputs(set(finals))
+        try:
+            FileSystems.rename([staged[p].staged_path for p in range(num_piles)], finals)
+        except Exception as error:
+            raise write_failure(self._prefix, error) from error
+        manifest = self._manifest(shards, sources, finals, staged, input_fp, output_fp, schema, num_piles)
+        self._publish_manifest(manifest)
+        self._remove_work(shards)
+        yield manifest
+
+    def _write_empty_shard(self, fmt, pile, num_piles, suffix, schema):
+        path = shard_name(FileSystems.join(staging_dir(self._prefix), "shard"), pile, num_piles, suffix)
+        with FileSystems.create(path, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
+            fmt.write_shard(handle, [], self._compression, schema)
+        return ShardStats(pile, num_piles, path, 0, file_size(path), 0, Fingerprint(), Fingerprint(), 0)
+
+    def _clear_old_outputs(self, finals):
+        old = [p for p in existing_outputs(self._prefix) if p not in finals]
+        if old and not self._overwrite:
+            raise OutputError(f"output already exists: {old[0]} (pass --overwrite to replace it)")
+        if old:
+            FileSystems.delete(old)
+
+    def _manifest(self, shards, sources, finals, staged, input_fp, output_fp, schema, num_piles):
+        seconds = time.time() - self._started if self._started else None
+        manifest = {
+            "pileshuffle_version": __version__,
+            **self._fields,
+            "format": self._format_name,
+            "compression": self._compression,
+            "num_piles": num_piles,
+            "shards": [
+                {"path": finals[p], "records": staged[p].records, "bytes": staged[p].file_bytes} for p in range(num_piles)
+            ],
+            "totals": {
+                "records": output_fp.records,
+                "payload_bytes": output_fp.bytes,
+                "shard_bytes": sum(staged[p].file_bytes for p in range(num_piles)),
+            },
+            "pile_records": pile_size_summary([staged[p] for p in range(num_piles)]),
+            "piles_split": sum(s.split for s in shards),
+            "input_fingerprint": input_fp.to_json(),
+            "output_fingerprint": output_fp.to_json(),
+            "skipped": {
+                "records": sum(s.skipped_records for s in sources),
+                "bytes": sum(s.skipped_bytes for s in sources),
+                "problems": [p for s in sources for p in s.problems][:100],
+            },
+            "seconds": seconds,
+        }
+        if sources:
+            manifest["inputs"] = [{"path": s.path, "records": s.fingerprint.records} for s in sources]
+        if schema is not None:
+            manifest["schema"] = schema_json(schema)
+        return manifest
+
+    def _publish_manifest(self, manifest):
+        final = manifest_path(self._prefix)
+        temp = f"{final}.tmp-{uuid.uuid4().hex[:12]}"
+        with FileSystems.create(temp, mime_type="application/json", compression_type="uncompressed") as handle:
+            handle.write(json.dumps(manifest, indent=1).encode())
+        FileSystems.rename([temp], [final])
+
+    def _remove_work(self, shards):
+        dirs = {staging_dir(self._prefix)} | {s.work_dir for s in shards if s.work_dir}
+        for directory in sorted(dirs):
+            remove_tree(directory)
+
+
+def remove_tree(directory: str):
+    """Delete a directory tree if it exists (best effort: leftovers are only temp files)."""
+    try:
+        if FileSystems.exists(directory):
+            FileSystems.delete([directory])
+    except Exception:
+        pass
+
+
+def schema_json(schema: pa.Schema) -> dict:
+    metadata = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in (schema.metadata or {}).items()}
+    return {
+        "fields": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema],
+        "metadata": metadata,
+    }
+
+
+class _KeyNone(beam.DoFn):
+    def process(self, element):
+        yield None, element
+
+
+class WritePiles(beam.PTransform):
+    """Write ``Pile`` elements as shards ``{prefix}-{i:05d}-of-{M:05d}{suffix}`` plus a manifest.
+
+    ``format``: tfrecord | parquet | jsonl. ``compression``: none | gzip for bytes
+    formats, a Parquet codec (snappy, zstd, gzip, none) for Parquet. ``expected``: an
+    optional PCollection of pass-1 ``SourceStats`` to check the output against (the
+    template passes it); without it each shard is checked against what pass 1 put in
+    its pile. Returns a PCollection holding the manifest dict.
+    """
+
+    def __init__(self, prefix, format, compression="none", num_piles=None, overwrite=False, schema=None,
+                 expected=None, manifest_fields=None, started=None):
+        super().__init__()
+        fmt = get_format(format)
+        self._prefix, self._format = prefix, fmt.name
+        self._compression = compression if fmt.name != "parquet" else fmt.output_compression(compression, [])
+        self._num_piles, self._overwrite, self._schema = num_piles, overwrite, schema
+        self._expected, self._fields, self._started = expected, dict(manifest_fields or {}), started
+
+    def expand(self, piles):
+        shards = piles | "WriteShard" >> beam.ParDo(WriteShard(self._format, self._compression, self._prefix, self._schema))
+        parts = (shards,) if self._expected is None else (shards, self._expected)
+        return (
+            parts
+            | "FlattenForFinalize" >> beam.Flatten()
+            | "KeyForFinalize" >> beam.ParDo(_KeyNone())
+            | "GatherForFinalize" >> beam.GroupByKey()
+            | "Finalize" >> beam.ParDo(
+                Finalize(self._prefix, self._format, self._compression, self._num_piles, self._overwrite,
+                         self._schema, self._fields, self._started or time.time())
+            )
+        )

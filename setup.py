@@ -1,0 +1,35 @@
+"""pileshuffle: a seeded, deterministic global shuffle for datasets larger than RAM, on Apache Beam.
+
+Also used as Beam's ``--setup_file`` so that Dataflow workers install the same package.
+"""
+import setuptools
+
+setuptools.setup(
+    name="pileshuffle",
+    version="0.1.0",
+    description="Global shuffle of TFRecord, Parquet and JSONL datasets larger than RAM (2-pass pile algorithm on Apache Beam)",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["pileshuffle", "pileshuffle.*"]),
+    install_requires=[
+        "apache-beam[gcp]>=2.77,<3",
+        "pyarrow>=17",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "tf": ["tensorflow-cpu>=2.16"],
+        "dask": ["dask>=2024.1", "distributed>=2024.1"],
+        "test": [
+            "pytest>=8",
+            "hypothesis>=6",
+            "scipy>=1.11",
+            "duckdb>=1.0",
+            "psutil>=5.9",
+            "tensorflow-cpu>=2.16",
+            "dask>=2024.1",
+            "distributed>=2024.1",
+        ],
+    },
+    entry_points={"console_scripts": ["pileshuffle=pileshuffle.cli:main"]},
+)
