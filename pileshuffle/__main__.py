@@ -1,0 +1,5 @@
+import sys
+
+from pileshuffle.cli import main
+
+sys.exit(main())
