@@ -6,10 +6,10 @@ file, a pile being split again) and ``index`` is its position there. U comes fro
 numpy's counter-based Philox generator, one key per stream, so any slice of a
 stream can be computed on its own and equals the same slice of the whole stream.
 
-The pile of a record is the top digits of U, ``floor(U * M / 2**64)`` (computed
-on the top 32 bits of U), never ``U % M``. A pile is then put in order by a
-seeded permutation of its records taken in canonical order; together that is a
-sort by a uniform random number per record, i.e. a uniform permutation.
+The pile of a record is the top digit of U in base M, ``floor(U * M / 2**64)``
+(exact, in 64-bit halves), never ``U % M``. Pass 2 orders each pile by U, i.e. by
+its remaining digits; together that is a sort of all records by a uniform random
+number each, i.e. a uniform permutation.
 """
 
 import math
@@ -40,14 +40,10 @@ def pile_of(keys: np.ndarray, num_piles: int) -> np.ndarray:
     """The pile of each key: the top digits of U in base ``num_piles`` (int64 array)."""
     if not 1 <= num_piles < 2**31:
         raise ValueError(f"num_piles must be between 1 and 2**31-1, got {num_piles}")
-    top = keys >> np.uint64(32)
-    return ((top * np.uint64(num_piles)) >> np.uint64(32)).astype(np.int64)
-
-
-def pile_permutation(seed: int, stream: tuple, n: int) -> np.ndarray:
-    """A seeded uniform permutation of ``n`` items: the in-pile order of ``stream``."""
-    generator = np.random.Generator(np.random.Philox(key=stream_key(seed, *stream)))
-    return generator.permutation(n)
+    m = np.uint64(num_piles)
+    high, low = keys >> np.uint64(32), keys & np.uint64(0xFFFFFFFF)
+    # floor(U * M / 2**64) exactly: both partial products stay below 2**63 for M < 2**31
+    return ((high * m + ((low * m) >> np.uint64(32))) >> np.uint64(32)).astype(np.int64)
 
 
 def group_by_pile(piles: np.ndarray, num_piles: int):

@@ -1,0 +1,58 @@
+"""Key derivation and pile arithmetic: pure functions, property-tested."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pileshuffle import keys
+
+seeds = st.integers(min_value=-(2**63), max_value=2**64 - 1)
+
+
+@given(seed=seeds, source=st.integers(0, 10**6), start=st.integers(0, 5000), count=st.integers(0, 300))
+@settings(max_examples=60, deadline=None)
+def test_any_slice_of_a_stream_equals_the_same_slice_of_the_whole(seed, source, start, count):
+    whole = keys.record_keys(seed, (0, source), 0, start + count)
+    assert np.array_equal(keys.record_keys(seed, (0, source), start, count), whole[start:])
+
+
+def test_streams_and_seeds_differ():
+    a = keys.record_keys(1, (0, 0), 0, 1000)
+    assert not np.array_equal(a, keys.record_keys(2, (0, 0), 0, 1000))
+    assert not np.array_equal(a, keys.record_keys(1, (0, 1), 0, 1000))
+
+
+@given(num_piles=st.integers(1, 2**31 - 1), values=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50))
+@settings(max_examples=100, deadline=None)
+def test_pile_is_the_top_digit_of_u_exactly(num_piles, values):
+    u = np.array(values, dtype=np.uint64)
+    expected = [(v * num_piles) >> 64 for v in values]
+    assert keys.pile_of(u, num_piles).tolist() == expected
+
+
+def test_piles_are_uniform():
+    from scipy.stats import chisquare
+
+    piles = keys.pile_of(keys.record_keys(7, (0, 3), 0, 200_000), 50)
+    counts = np.bincount(piles, minlength=50)
+    assert chisquare(counts).pvalue > 1e-4
+
+
+@given(piles=st.lists(st.integers(0, 9), max_size=200))
+def test_group_by_pile_is_stable_and_complete(piles):
+    piles = np.array(piles, dtype=np.int64)
+    order, bounds = keys.group_by_pile(piles, 10)
+    assert sorted(order.tolist()) == list(range(len(piles)))
+    for p in range(10):
+        members = order[bounds[p] : bounds[p + 1]]
+        assert (piles[members] == p).all()
+        assert list(members) == sorted(members)
+
+
+@given(total=st.integers(1, 10**13), mean=st.floats(1, 10**6), cap=st.integers(1 << 16, 1 << 34))
+def test_auto_piles_keep_the_expected_largest_pile_under_the_cap(total, mean, cap):
+    m = keys.auto_num_piles(total, mean, cap)
+    s = (total / mean) / m
+    if cap / mean >= 50:  # the headroom formula is meaningful for piles of many records
+        assert s + 6 * s**0.5 <= cap / mean * 1.0001
+        assert m == 1 or (total / mean) / (m - 1) + 6 * ((total / mean) / (m - 1)) ** 0.5 > cap / mean * 0.9999

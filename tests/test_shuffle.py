@@ -1,0 +1,208 @@
+"""The template pipeline end to end, on Beam's local runner: counts, multisets, readers,
+determinism across modes and workers, order statistics, and the up-front errors."""
+
+import collections
+import glob
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from scipy import stats
+
+from conftest import FAST, manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
+from pileshuffle import sample
+from pileshuffle.errors import InputError, OutputError
+
+
+def input_payloads(pattern):
+    return read_tfrecord_payloads(sorted(glob.glob(pattern)))
+
+
+def test_tfrecord_multiset_counts_and_tf_data_reads_it(tfrecord_input, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    out = str(tmp_path / "out" / "train")
+    result = run_shuffle(tfrecord_input, out, "--num_piles=7", "--seed=3")
+    assert result["totals"]["records"] == 3000
+    assert len(shards(out)) == 7 and all(p.endswith(".tfrecord") for p in shards(out))
+    assert [s["records"] for s in result["shards"]] == [
+        sum(1 for _ in tf.data.TFRecordDataset(p)) for p in shards(out)
+    ]
+    got = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(shards(out))]
+    assert collections.Counter(got) == collections.Counter(input_payloads(tfrecord_input))
+    assert [sample.index_of(r) for r in got] != sorted(sample.index_of(r) for r in got)
+    assert result["input_fingerprint"] == result["output_fingerprint"]
+
+
+def test_gzip_tfrecord_in_and_out(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    plain = sample.write_tfrecord(str(tmp_path / "plain"), records=500, files=2, record_bytes=50)
+    import gzip
+
+    for path in plain:
+        with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+            dst.write(src.read())
+    out = str(tmp_path / "out" / "gz")
+    result = run_shuffle(str(tmp_path / "plain" / "*.tfrecord.gz"), out, "--num_piles=3")
+    assert result["compression"] == "gzip" and all(p.endswith(".tfrecord.gz") for p in shards(out))
+    got = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(shards(out), compression_type="GZIP")]
+    assert sorted(got) == sorted(input_payloads(str(tmp_path / "plain" / "*.tfrecord")))
+    # and plain output from gzip input when asked
+    out2 = str(tmp_path / "out" / "plain")
+    run_shuffle(str(tmp_path / "plain" / "*.tfrecord.gz"), out2, "--num_piles=3", "--compression=none")
+    assert sorted(read_tfrecord_payloads(shards(out2))) == sorted(got)
+
+
+def test_jsonl_lines_multiset(jsonl_input, tmp_path):
+    out = str(tmp_path / "out" / "lines")
+    result = run_shuffle(jsonl_input, out, "--format=jsonl", "--num_piles=4")
+    lines_in = b"".join(open(p, "rb").read() for p in sorted(glob.glob(jsonl_input))).splitlines()
+    lines_out = b"".join(shard_bytes(out)).splitlines()
+    assert collections.Counter(lines_in) == collections.Counter(lines_out)
+    assert result["totals"]["records"] == len(lines_in) == 3000
+    assert all(data.endswith(b"\n") for data in shard_bytes(out) if data)
+
+
+def test_jsonl_last_line_without_newline_and_long_lines(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    long_line = b"x" * (3 << 20)  # longer than a read chunk in the test below
+    (src / "a.jsonl").write_bytes(b"one\n\ntwo\n" + long_line + b"\nlast-without-newline")
+    (src / "b.jsonl").write_bytes(b"")
+    out = str(tmp_path / "out" / "t")
+    result = run_shuffle(str(src / "*.jsonl"), out, "--format=jsonl", "--num_piles=2")
+    got = b"".join(shard_bytes(out)).split(b"\n")
+    assert got[-1] == b""
+    assert sorted(got[:-1]) == sorted([b"one", b"", b"two", long_line, b"last-without-newline"])
+    assert result["totals"]["records"] == 5
+
+
+def test_parquet_schema_metadata_rows_and_duckdb(parquet_input, tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    out = str(tmp_path / "out" / "table")
+    result = run_shuffle(parquet_input, out, "--format=parquet", "--num_piles=3", "--seed=5")
+    source_schema = pq.read_schema(sorted(glob.glob(parquet_input))[0])
+    for path in shards(out):
+        assert pq.read_schema(path).equals(source_schema, check_metadata=True)
+    table = pq.read_table(shards(out))
+    assert sorted(table.column("index").to_pylist()) == list(range(3000))
+    original = pq.read_table(sorted(glob.glob(parquet_input))).sort_by("index")
+    assert table.sort_by("index").equals(original)
+    [(count, distinct)] = duckdb.sql(f"select count(*), count(distinct index) from '{out}-*.parquet'").fetchall()
+    assert count == distinct == 3000
+    assert result["schema"]["metadata"]["source"] == "pileshuffle.sample"
+
+
+def test_variable_length_records_including_empty(tmp_path):
+    src = tmp_path / "in"
+    from pileshuffle.formats.tfrecord import frame
+
+    records = [b"", b"a", b"\x00" * 70000, *(bytes([i % 256]) * (i * 37 % 5000) for i in range(300))]
+    (src).mkdir()
+    (src / "v.tfrecord").write_bytes(b"".join(frame(r) for r in records))
+    out = str(tmp_path / "out" / "v")
+    run_shuffle(str(src / "*.tfrecord"), out, "--num_piles=5")
+    assert sorted(read_tfrecord_payloads(shards(out))) == sorted(records)
+
+
+MODES = {
+    "files-in_memory": ["--intermediate=files", *FAST],
+    "shuffle-in_memory": ["--intermediate=shuffle", *FAST],
+    "files-multi_threading-3": ["--intermediate=files", "--direct_running_mode=multi_threading", "--direct_num_workers=3"],
+    "files-multi_processing-2": ["--intermediate=files", "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+    "shuffle-multi_processing-2": ["--intermediate=shuffle", "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+}
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "jsonl", "parquet"])
+def test_same_bytes_in_every_mode_and_worker_count(fmt, tmp_path):
+    sample.WRITERS[fmt](str(tmp_path / "in"), records=2000, files=3, record_bytes=60)
+    pattern = str(tmp_path / "in" / "*")
+    outputs = {}
+    for name, args in MODES.items():
+        out = str(tmp_path / name / "o")
+        run_shuffle(pattern, out, f"--format={fmt}", "--num_piles=4", "--seed=11", *args[1:], args[0], runner_args=[])
+        outputs[name] = shard_bytes(out)
+    reference = outputs.pop("files-in_memory")
+    for name, data in outputs.items():
+        assert data == reference, name
+    other_seed = str(tmp_path / "seed12" / "o")
+    run_shuffle(pattern, other_seed, f"--format={fmt}", "--num_piles=4", "--seed=12")
+    assert shard_bytes(other_seed) != reference
+
+
+def test_rerun_gives_same_bytes_and_overwrite_is_required(tfrecord_input, tmp_path):
+    out = str(tmp_path / "out" / "r")
+    run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1")
+    first = shard_bytes(out)
+    with pytest.raises(OutputError, match="already exists.*--overwrite"):
+        run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1")
+    run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1", "--overwrite")
+    assert shard_bytes(out) == first
+    run_shuffle(tfrecord_input, out, "--num_piles=2", "--seed=1", "--overwrite")
+    assert len(shards(out)) == 2  # the old 3-shard output is gone, not mixed in
+
+
+def test_order_is_uniform_on_100k_records(tmp_path):
+    n = 100_000
+    sample.write_tfrecord(str(tmp_path / "in"), records=n, files=4, record_bytes=20)
+    out = str(tmp_path / "out" / "u")
+    run_shuffle(str(tmp_path / "in" / "*.tfrecord"), out, "--num_piles=16", "--seed=2")
+    positions = np.array([sample.index_of(r) for r in read_tfrecord_payloads(shards(out))])
+    assert sorted(positions.tolist()) == list(range(n))
+    rho = stats.spearmanr(positions, np.arange(n)).statistic
+    assert abs(rho) < 0.02
+    # input block x output block table: uniform (chi-square does not reject)
+    blocks = 10
+    table = np.zeros((blocks, blocks))
+    np.add.at(table, (positions * blocks // n, np.arange(n) * blocks // n), 1)
+    assert stats.chi2_contingency(table).pvalue > 1e-3
+    # a sorted "cats then dogs" input: cats per batch of 256 follow Binomial(256, 1/2)
+    cats = (positions < n // 2).astype(int)
+    per_batch = cats[: n // 256 * 256].reshape(-1, 256).sum(axis=1)
+    assert abs(per_batch.mean() - 128) < 1.0
+    assert 0.8 < per_batch.var() / 64 < 1.25
+
+
+def test_auto_piles_are_sized_from_input_and_cap(tfrecord_input, tmp_path):
+    out = str(tmp_path / "out" / "a")
+    result = run_shuffle(tfrecord_input, out, "--max_pile_bytes=64KiB")
+    m = result["num_piles"]
+    assert m > 1 and "auto" in result["options"]["num_piles_reason"]
+    assert len(shards(out)) == m
+    sizes = [s["bytes"] for s in result["shards"]]
+    assert max(sizes) <= 64 * 1024 * 1.1
+
+
+def test_errors_name_the_path_and_write_nothing(tmp_path, tfrecord_input):
+    out = tmp_path / "out" / "e"
+    with pytest.raises(InputError, match="nope.tfrecord: does not exist"):
+        run_shuffle(str(tmp_path / "nope.tfrecord"), str(out))
+    with pytest.raises(InputError, match=r"none-\*.tfrecord: matches no file"):
+        run_shuffle(str(tmp_path / "none-*.tfrecord"), str(out))
+    (tmp_path / "empty.tfrecord").write_bytes(b"")
+    with pytest.raises(InputError, match="empty.tfrecord: is empty"):
+        run_shuffle(str(tmp_path / "empty.tfrecord"), str(out))
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_cli_error_is_one_line_without_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pileshuffle", "run", f"--input={tmp_path}/missing-*.jsonl", f"--output={tmp_path}/o",
+         "--format=jsonl"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"pileshuffle: error: {tmp_path}/missing-*.jsonl: matches no file"
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_run_prints_summary(tfrecord_input, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pileshuffle", "run", f"--input={tfrecord_input}", f"--output={tmp_path}/o/x",
+         "--num_piles=2", *FAST],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "records   3,000" in proc.stdout and "MB/s" in proc.stdout and "min " in proc.stdout
