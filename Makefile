@@ -4,14 +4,27 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# Dataflow flex template (see README "Run on Dataflow")
-PROJECT ?= my-project
-REGION  ?= us-central1
-BUCKET  ?= gs://my-bucket
-IMAGE   ?= $(REGION)-docker.pkg.dev/$(PROJECT)/pileshuffle/pileshuffle:latest
-TEMPLATE := $(BUCKET)/templates/pileshuffle.json
-INPUT   ?= $(BUCKET)/data/train-*.tfrecord
-OUTPUT  ?= $(BUCKET)/shuffled/train
+# Dataflow flex template (see README "Run on Dataflow"). BUCKET is a gs:// URL; REPOSITORY an
+# Artifact Registry Docker repository in REGION. Commas in INPUT are fine (comma-separated patterns).
+# An empty MAX_PILE_BYTES keeps the pipeline's default. EXTRA_PARAMETERS: more name=value pairs,
+# separated by ~ (e.g. number_of_worker_harness_threads=2).
+PROJECT    ?= my-project
+REGION     ?= us-central1
+BUCKET     ?= gs://my-bucket
+REPOSITORY ?= pileshuffle
+TAG        ?= latest
+IMAGE      ?= $(REGION)-docker.pkg.dev/$(PROJECT)/$(REPOSITORY)/pileshuffle:$(TAG)
+TEMPLATE   ?= $(BUCKET)/templates/pileshuffle.json
+INPUT      ?= $(BUCKET)/data/train-*.tfrecord
+OUTPUT     ?= $(BUCKET)/shuffled/train
+FORMAT     ?= tfrecord
+SEED       ?= 0
+NUM_PILES  ?= auto
+MAX_PILE_BYTES ?=
+INTERMEDIATE   ?= shuffle
+MACHINE_TYPE   ?= n2-highmem-4
+MAX_WORKERS    ?= 20
+EXTRA_PARAMETERS ?=
 
 DEMO_DIR ?= demo-data
 
@@ -40,19 +53,25 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
 
-## metadata: regenerate templates/metadata.json from pileshuffle/options.py.
+## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).
 metadata: $(STAMP)
-	$(BIN)/pileshuffle metadata > templates/metadata.json
+	$(BIN)/pileshuffle metadata > templates/metadata.json.tmp
+	mv templates/metadata.json.tmp templates/metadata.json
 
+## template-build: build and push the image with Cloud Build, then write the template spec to $(TEMPLATE).
 template-build:
-	gcloud builds submit --tag $(IMAGE) --project $(PROJECT) .
-	gcloud dataflow flex-template build $(TEMPLATE) --image $(IMAGE) --sdk-language PYTHON \
-	  --metadata-file templates/metadata.json --project $(PROJECT)
+	gcloud builds submit --project $(PROJECT) \
+	  --config templates/cloudbuild.yaml --substitutions _IMAGE=$(IMAGE) .
+	gcloud dataflow flex-template build $(TEMPLATE) --project $(PROJECT) \
+	  --image $(IMAGE) --sdk-language PYTHON --metadata-file templates/metadata.json
 
+## template-run: launch a job from the template (returns once the job is submitted).
 template-run:
-	gcloud dataflow flex-template run "pileshuffle-$$(date +%Y%m%d-%H%M%S)" --template-file-gcs-location $(TEMPLATE) \
-	  --region $(REGION) --project $(PROJECT) \
-	  --parameters input='$(INPUT)',output=$(OUTPUT),seed=1,intermediate=shuffle,temp_location=$(BUCKET)/tmp
+	gcloud dataflow flex-template run "pileshuffle-$$(date +%Y%m%d-%H%M%S)" --project $(PROJECT) --region $(REGION) \
+	  --template-file-gcs-location $(TEMPLATE) \
+	  --temp-location $(BUCKET)/tmp --staging-location $(BUCKET)/staging \
+	  --worker-machine-type $(MACHINE_TYPE) --max-workers $(MAX_WORKERS) \
+	  --parameters '^~^input=$(INPUT)~output=$(OUTPUT)~format=$(FORMAT)~seed=$(SEED)~num_piles=$(NUM_PILES)$(if $(MAX_PILE_BYTES),~max_pile_bytes=$(MAX_PILE_BYTES))~intermediate=$(INTERMEDIATE)~sdk_container_image=$(IMAGE)$(if $(EXTRA_PARAMETERS),~$(EXTRA_PARAMETERS))'
 
 clean:
 	rm -rf $(DEMO_DIR) bench/.out .pytest_cache

@@ -28,15 +28,40 @@ class IntegrityError(PileshuffleError):
 
 
 _WRAPPED = re.compile(r"(?:InputError|OutputError|IntegrityError|PileshuffleError): (.+)")
+_RUNNER_SUFFIX = re.compile(r"\s*\[while running '[^\]]*'\]\s*$")  # Beam appends the failing step
 
 
 def user_message(error: BaseException):
     """The user-facing message of ``error``, also when a runner re-raised it wrapped in
     another exception's text; None when it is not one of ours."""
-    seen = error
-    while seen is not None:
-        if isinstance(seen, PileshuffleError):
-            return str(seen)
-        seen = seen.__cause__ or seen.__context__
+    ours = find_error(error)
+    if ours is not None:
+        return _RUNNER_SUFFIX.sub("", str(ours))
     matches = _WRAPPED.findall(str(error))
-    return matches[-1].strip().strip("'\"") if matches else None
+    return _RUNNER_SUFFIX.sub("", matches[-1]).strip().strip("'\"") if matches else None
+
+
+def find_error(error: BaseException):
+    """Our own error object in ``error``'s cause/context chain (in-process runners keep
+    it there), or None."""
+    seen, hops = error, 0
+    while seen is not None and hops < 50:
+        if isinstance(seen, PileshuffleError):
+            return seen
+        seen, hops = seen.__cause__ or seen.__context__, hops + 1
+    return None
+
+
+def unwrapped(error: BaseException):
+    """Our error in ``error``'s chain, without the step name a runner appended to its
+    message (Beam re-creates one-argument exceptions with ``[while running '...']``)."""
+    ours = find_error(error)
+    if ours is None:
+        return None
+    text = _RUNNER_SUFFIX.sub("", str(ours))
+    if text != str(ours) and not isinstance(ours, InputError):
+        try:
+            ours = type(ours)(text)
+        except Exception:
+            pass
+    return ours

@@ -47,7 +47,7 @@ def read_batches(fragment: Fragment):
         yield from pa.ipc.open_stream(pa.py_buffer(fragment.payload))
         return
     with FileSystems.open(fragment.path, compression_type="uncompressed") as handle:
-        yield from pa.ipc.open_stream(handle.read())
+        yield from pa.ipc.open_stream(handle)  # streamed from the file, never read whole
 
 
 def read_table(fragment: Fragment) -> pa.Table:

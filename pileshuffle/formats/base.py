@@ -17,7 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from pileshuffle.errors import InputError
 
 RECORD_COLUMN = "record"
-DEFAULT_CHUNK_BYTES = 32 << 20
+DEFAULT_CHUNK_BYTES = 16 << 20
 
 
 @dataclasses.dataclass
@@ -71,11 +71,25 @@ def open_input(path: str, compression: str = CompressionTypes.AUTO):
 def read_block(handle, path: str, size: int, compressed: bool) -> bytes:
     """``handle.read(size)``, turning a decompression failure into an InputError."""
     try:
-        return handle.read(size)
+        block = handle.read(size)
     except Exception as error:
         if compressed:
             raise InputError(path, f"is not a valid compressed stream ({error})") from error
         raise InputError(path, f"cannot be read: {error}") from error
+    if not block and compressed and _stream_cut_short(handle):
+        raise InputError(path, "is truncated: the compressed stream ends before its end-of-stream marker")
+    return block
+
+
+def _stream_cut_short(handle) -> bool:
+    """Whether Beam's decompressing reader hit the end of a non-empty file in the middle
+    of a compressed stream (it returns what it has without saying so)."""
+    decompressor = getattr(handle, "_decompressor", None)
+    raw = getattr(handle, "_file", None)
+    try:
+        return decompressor is not None and not getattr(decompressor, "eof", True) and raw.tell() > 0
+    except Exception:
+        return False
 
 
 class RecordFormat:

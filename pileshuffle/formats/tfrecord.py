@@ -11,6 +11,7 @@ import struct
 import google_crc32c
 import numpy as np
 import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
@@ -47,49 +48,114 @@ def frame(payload: bytes) -> bytes:
     return b"".join((header, struct.pack("<I", masked_crc(header)), payload, struct.pack("<I", masked_crc(payload))))
 
 
-def scan_frames(buf: bytes, base_offset: int):
+def _header_crc_tables():
+    """CRC32C of an 8-byte field is affine in its bits: crc(x) = crc(0) ^ XOR_k T[k][x_k].
+    The tables come from google_crc32c itself."""
+    zero = google_crc32c.value(bytes(8))
+    tables = np.zeros((8, 256), dtype=np.uint32)
+    for k in range(8):
+        for v in range(256):
+            field = bytearray(8)
+            field[k] = v
+            tables[k, v] = google_crc32c.value(bytes(field)) ^ zero
+    return np.uint32(zero), tables
+
+
+_ZERO_HEADER_CRC, _HEADER_CRC_TABLES = _header_crc_tables()
+
+
+def crc32c_of_u64_fields(fields: np.ndarray) -> np.ndarray:
+    """CRC32C of each little-endian 8-byte field of an (n, 8) uint8 array, vectorized."""
+    out = np.full(len(fields), _ZERO_HEADER_CRC, dtype=np.uint32)
+    for k in range(8):
+        out ^= _HEADER_CRC_TABLES[k][fields[:, k]]
+    return out
+
+
+def mask_crcs(crcs: np.ndarray) -> np.ndarray:
+    crcs = crcs.astype(np.uint64)
+    return ((((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) & np.uint64(_U32)) + np.uint64(_MASK_DELTA)) & np.uint64(_U32)
+
+
+def _walk(buf: bytes, size: int):
+    """Frame starts found by following length fields (not yet verified), and the end."""
+    unpack_from = struct.unpack_from
+    starts = []
+    pos = 0
+    while pos + HEADER_BYTES <= size:
+        (length,) = unpack_from("<Q", buf, pos)
+        end = pos + HEADER_BYTES + length + FOOTER_BYTES
+        if end > size:
+            break
+        starts.append(pos)
+        pos = end
+    return starts, pos
+
+
+def scan_frames(buf: bytes, base_offset: int = 0):
     """Walk complete, valid frames from the start of ``buf``.
 
     Returns ``(starts, end, problem)``: frame start positions, the position after the
     last complete valid frame, and a description of the corruption found at ``end``
-    (None if the walk stopped only because ``buf`` ends inside a frame).
+    (None if the walk stopped only because ``buf`` ends inside a frame). Both CRCs of
+    every frame are checked: length CRCs vectorized, data CRCs one C call per record.
     """
-    unpack_from = struct.unpack_from
-    crc = masked_crc
     size = len(buf)
-    starts = []
-    pos = 0
-    while pos + HEADER_BYTES <= size:
-        length, length_crc = unpack_from("<QI", buf, pos)
-        if crc(buf[pos : pos + 8]) != length_crc:
-            return starts, pos, "corrupt record: the length field fails its CRC"
-        end = pos + HEADER_BYTES + length + FOOTER_BYTES
-        if end > size:
-            return starts, pos, None
-        (data_crc,) = unpack_from("<I", buf, end - FOOTER_BYTES)
-        if crc(buf[pos + HEADER_BYTES : end - FOOTER_BYTES]) != data_crc:
-            return starts, pos, f"corrupt record: the data ({length} bytes) fails its CRC"
-        starts.append(pos)
-        pos = end
+    starts, pos = _walk(buf, size)
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    begin = np.asarray(starts, dtype=np.int64)
+    ends = np.append(begin[1:], pos) if len(starts) else begin
+    headers = raw[begin[:, None] + np.arange(HEADER_BYTES)] if len(starts) else np.zeros((0, HEADER_BYTES), np.uint8)
+    header_ok = mask_crcs(crc32c_of_u64_fields(headers[:, :8])) == headers[:, 8:].copy().view("<u4").ravel()
+    value = google_crc32c.value
+    data_crcs = np.fromiter(
+        (value(buf[a:b]) for a, b in zip((begin + HEADER_BYTES).tolist(), (ends - FOOTER_BYTES).tolist())),
+        dtype=np.uint64, count=len(starts),
+    )
+    stored = raw[(ends - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)].copy().view("<u4").ravel() if len(starts) else data_crcs
+    data_ok = mask_crcs(data_crcs) == stored
+    bad = np.flatnonzero(~(header_ok & data_ok))
+    if len(bad):
+        first = int(bad[0])
+        if not header_ok[first]:
+            return starts[:first], starts[first], "corrupt record: the length field fails its CRC"
+        length = int(ends[first] - begin[first]) - HEADER_BYTES - FOOTER_BYTES
+        return starts[:first], starts[first], f"corrupt record: the data ({length} bytes) fails its CRC"
+    if pos + HEADER_BYTES <= size and masked_crc(buf[pos : pos + 8]) != struct.unpack_from("<I", buf, pos + 8)[0]:
+        return starts, pos, "corrupt record: the length field fails its CRC"
     return starts, pos, None
 
 
+def _size_of(path):
+    try:
+        return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    except Exception:  # unknown size: the end of the file decides instead
+        return None
+
+
 def resync(buf: bytes, start: int):
-    """First position after ``start`` where a whole frame with a valid length CRC and
-    data CRC begins, or None. Candidates are positions whose length's high 32 bits are
-    zero (records under 4 GiB), found with numpy before any CRC is computed."""
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    last = len(buf) - HEADER_BYTES - FOOTER_BYTES
+    """First position after ``start`` where a frame with a valid length CRC begins whose
+    data is valid or runs past the end of ``buf`` (read more to decide), or None.
+    Candidates are positions whose length's high 32 bits are zero (records under 4 GiB),
+    found with numpy; their length CRCs are checked vectorized, data CRCs one by one."""
+    size = len(buf)
+    last = size - HEADER_BYTES
     if last <= start:
         return None
+    raw = np.frombuffer(buf, dtype=np.uint8)
     window = raw[start + 1 : last + 8]
     zero_high = np.ones(last - start, dtype=bool)
     for byte in range(4, 8):
         zero_high &= window[byte : byte + last - start] == 0
-    for pos in (np.flatnonzero(zero_high) + start + 1).tolist():
-        starts, _, _ = scan_frames(buf[pos : pos + HEADER_BYTES + int.from_bytes(buf[pos : pos + 4], "little") + FOOTER_BYTES], 0)
-        if starts:
-            return pos
+    candidates = np.flatnonzero(zero_high) + start + 1
+    for batch in range(0, len(candidates), 1 << 20):
+        at = candidates[batch : batch + (1 << 20)]
+        headers = raw[at[:, None] + np.arange(HEADER_BYTES)]
+        header_ok = mask_crcs(crc32c_of_u64_fields(headers[:, :8])) == headers[:, 8:].copy().view("<u4").ravel()
+        for pos in at[header_ok].tolist():
+            end = pos + HEADER_BYTES + int.from_bytes(buf[pos : pos + 4], "little") + FOOTER_BYTES
+            if end > size or masked_crc(buf[pos + HEADER_BYTES : end - FOOTER_BYTES]) == struct.unpack_from("<I", buf, end - FOOTER_BYTES)[0]:
+                return pos
     return None
 
 
@@ -101,26 +167,34 @@ class TFRecordFormat(RecordFormat):
 
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
         compressed = compression_of(path) != "uncompressed"
+        file_size = None if compressed else _size_of(path)
         buf, base, eof = b"", 0, False
         with open_input(path) as handle:
             while not eof:
                 block = read_block(handle, path, chunk_bytes, compressed)
                 eof = not block
                 buf = buf + block if buf else block
-                buf, base = yield from self._drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes)
+                buf, base = yield from self._drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size)
         if buf:
             self._truncated(path, buf, base, skip_corrupt, report)
 
     @staticmethod
-    def _drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes):
+    def _drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size=None):
         """Yield every complete frame of ``buf``; return the unread tail and its file offset.
 
         Under ``skip_corrupt`` a corrupt frame is skipped up to the next valid frame
-        (searched over at most 4 chunks, or to the end of the file)."""
+        (searched over at most 4 chunks, or to the end of the file). A length field that
+        reaches past the end of the file (when its size is known) is corrupt at once:
+        the reader never buffers the rest of a file for a record that cannot be there."""
         while True:
             starts, end, problem = scan_frames(buf, base)
             if starts:
                 yield binary_table(FRAME_COLUMN, buf, np.append(starts, end))
+            if problem is None and file_size is not None and len(buf) - end >= HEADER_BYTES:
+                need = HEADER_BYTES + struct.unpack_from("<Q", buf, end)[0] + FOOTER_BYTES
+                if base + end + need > file_size:
+                    problem = (f"truncated record: its header says {need} bytes but only "
+                               f"{file_size - base - end} remain in the file")
             if problem is None:
                 return buf[end:], base + end
             if not skip_corrupt:
@@ -160,16 +234,20 @@ class TFRecordFormat(RecordFormat):
 
 
 def frame_payload_stats(column) -> tuple:
-    """(payload CRC32Cs, payload lengths) of a ``tfrecord_frame`` column, read from the frames."""
-    data, offsets = binary_column_parts(column)
-    if len(offsets) == 1:
-        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-    raw = np.frombuffer(data, dtype=np.uint8)
-    ends = offsets[1:]
-    crc_bytes = raw[(ends - FOOTER_BYTES)[:, None] + np.arange(4)]
-    masked = crc_bytes.copy().view("<u4").ravel()
-    lengths = np.diff(offsets) - HEADER_BYTES - FOOTER_BYTES
-    return unmask_crcs(masked), lengths
+    """(payload CRC32Cs, payload lengths) of a ``tfrecord_frame`` column, read from the
+    frames' stored CRCs chunk by chunk, without copying record data."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    crcs, lengths = [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]
+    for chunk in chunks:
+        if len(chunk) == 0:
+            continue
+        _, offsets_buffer, data_buffer = chunk.buffers()
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[chunk.offset : chunk.offset + len(chunk) + 1].astype(np.int64)
+        raw = np.frombuffer(data_buffer, dtype=np.uint8)
+        masked = raw[(offsets[1:] - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)].copy().view("<u4").ravel()
+        crcs.append(unmask_crcs(masked))
+        lengths.append(np.diff(offsets) - HEADER_BYTES - FOOTER_BYTES)
+    return np.concatenate(crcs), np.concatenate(lengths)
 
 
 def is_frames(table: pa.Table) -> bool:

@@ -23,8 +23,10 @@ from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.fragments import KEY_COLUMN, Fragment, FragmentFiles, read_batches, read_table
 from pileshuffle.transforms.assign import AssignPiles, raise_open_file_limit
 
-DEFAULT_MAX_PILE_BYTES = 128 << 20
-OUTPUT_SLICE_ROWS = 1 << 16
+DEFAULT_MAX_PILE_BYTES = 64 << 20
+OUTPUT_SLICE_BYTES = 8 << 20
+MAX_SPLIT_DEPTH = 16
+MAX_SPLIT_WAYS = 1024  # larger sub-piles are split again
 
 
 def next_digits(keys: np.ndarray, num_piles: int) -> np.ndarray:
@@ -63,7 +65,10 @@ class Pile:
 
     @property
     def needs_split(self) -> bool:
-        return self.nbytes > self.max_pile_bytes and self.work_dir is not None and self.records > 1
+        # the depth bound stops endless splitting of records that share one key (keyed
+        # composed use with duplicate ids): such a sub-pile is loaded whole instead
+        return (self.nbytes > self.max_pile_bytes and self.work_dir is not None and self.records > 1
+                and self.depth < MAX_SPLIT_DEPTH)
 
     def tables(self):
         """Yield the records in final order (without the key column)."""
@@ -76,12 +81,13 @@ class Pile:
         table = pa.concat_tables([read_table(f) for f in self.fragments]).combine_chunks()
         order = np.argsort(table.column(KEY_COLUMN).to_numpy(), kind="stable")
         records = table.drop_columns([KEY_COLUMN])
-        for start in range(0, len(order), OUTPUT_SLICE_ROWS):
-            yield records.take(order[start : start + OUTPUT_SLICE_ROWS])
+        step = max(1, int(OUTPUT_SLICE_BYTES * len(order) / max(1, records.nbytes)))
+        for start in range(0, len(order), step):
+            yield records.take(order[start : start + step])
 
     def split(self):
         """The sub-piles of this pile, in order: fragments re-keyed on the next digits of U."""
-        ways = max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2)
+        ways = min(MAX_SPLIT_WAYS, max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2))  # one open file each
         split_dir = FileSystems.join(self.work_dir, "splits")
         files = FragmentFiles(split_dir, f"{uuid.uuid4().hex[:12]}-d{self.depth}-p{self.index:06d}")
         for fragment in self.fragments:
@@ -134,6 +140,26 @@ class GroupIntoPiles(beam.PTransform):
         )
 
 
+class UnsupportedRunnerError(ValueError):
+    """``ShuffleToPiles`` was applied in a pipeline whose runner would lose records."""
+
+
+def refuse_runners_that_drop_finish_bundle_output(pipeline):
+    """Pass 1 batches a bundle's records and emits the last batch (and, in files mode, the
+    names of the bundle's fragments) from ``finish_bundle``. Beam's DaskRunner silently
+    drops everything emitted there, so on Dask records would vanish without an error:
+    refuse at construction time instead. (The template pipeline reads files itself, emits
+    only from ``process`` and runs on Dask.)"""
+    runner = getattr(pipeline, "runner", None)
+    if runner is not None and any(cls.__name__ == "DaskRunner" for cls in type(runner).__mro__):
+        raise UnsupportedRunnerError(
+            "ShuffleToPiles cannot run on Beam's DaskRunner: the DaskRunner drops the outputs of "
+            "DoFn.finish_bundle, where pass 1 flushes each bundle's last batch, so records would be lost "
+            "silently. Shuffle files with the template pipeline instead (pileshuffle run --runner=DaskRunner "
+            "--dask_client_address=...), or run this pipeline on another runner."
+        )
+
+
 class ShuffleToPiles(beam.PTransform):
     """Globally shuffle a PCollection into ``num_piles`` piles; returns ``Pile`` elements.
 
@@ -146,6 +172,9 @@ class ShuffleToPiles(beam.PTransform):
     there and only their names go through GroupByKey (memory: one pile per worker).
     Without it (``shuffle`` mode) records go through GroupByKey in per-pile chunks.
     Write the result with ``WritePiles``, which also removes the fragments.
+
+    Not on Beam's DaskRunner (it drops ``finish_bundle`` outputs, where pass 1 flushes):
+    applying it there raises ``UnsupportedRunnerError``.
     """
 
     def __init__(self, num_piles, seed=0, keyed=False, temp_location=None, max_pile_bytes=DEFAULT_MAX_PILE_BYTES):
@@ -157,6 +186,7 @@ class ShuffleToPiles(beam.PTransform):
         self.work_dir = FileSystems.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}") if temp_location else None
 
     def expand(self, records):
+        refuse_runners_that_drop_finish_bundle_output(records.pipeline)
         fragments_dir = FileSystems.join(self.work_dir, "fragments") if self.work_dir else None
         return (
             records

@@ -15,10 +15,11 @@ import uuid
 
 import apache_beam as beam
 import pyarrow as pa
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle import __version__
-from pileshuffle.errors import IntegrityError, OutputError
+from pileshuffle.errors import InputError, IntegrityError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import fingerprint_of, get_format
 from pileshuffle.fragments import write_failure
@@ -95,7 +96,7 @@ class WriteShard(beam.DoFn):
             with FileSystems.create(temp, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
                 fmt.write_shard(handle, counted(pile.tables()), self._compression, self._schema)
             FileSystems.rename([temp], [staged])
-        except OSError as error:
+        except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
         if written[0] != pile.fingerprint:
             raise IntegrityError(
@@ -131,8 +132,10 @@ class Finalize(beam.DoFn):
         input_fp = total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
         output_fp = total(s.written for s in shards)
         if input_fp.records == 0:
-            inputs = ", ".join(s.path for s in sources[:3]) or "the input PCollection"
-            raise IntegrityError(f"no records to shuffle: the input holds no records ({inputs})")
+            inputs = ", ".join(s.path for s in sources[:3]) + (", ..." if len(sources) > 3 else "")
+            skipped = sum(s.skipped_records for s in sources)
+            why = f" ({skipped} corrupt record(s) skipped)" if skipped else ""
+            raise InputError(inputs or "the input PCollection", f"holds no records{why}: nothing to shuffle")
         if input_fp != output_fp:
             raise IntegrityError(
                 f"records lost or duplicated: read {input_fp.records} records ({input_fp.bytes} bytes) "
@@ -145,20 +148,24 @@ class Finalize(beam.DoFn):
             if pile not in staged:
                 staged[pile] = self._write_empty_shard(fmt, pile, num_piles, suffix, schema)
         finals = [shard_name(self._prefix, p, num_piles, suffix) for p in range(num_piles)]
+        manifest = self._manifest(shards, sources, finals, staged, input_fp, output_fp, schema, num_piles)
+        staged_manifest = self._stage_manifest(manifest)  # everything that needs space is written first
         self._clear_old_outputs(set(finals))
         try:
             FileSystems.rename([staged[p].staged_path for p in range(num_piles)], finals)
+            FileSystems.rename([staged_manifest], [manifest_path(self._prefix)])  # last: the run is done
         except Exception as error:
             raise write_failure(self._prefix, error) from error
-        manifest = self._manifest(shards, sources, finals, staged, input_fp, output_fp, schema, num_piles)
-        self._publish_manifest(manifest)
         self._remove_work(shards)
         yield manifest
 
     def _write_empty_shard(self, fmt, pile, num_piles, suffix, schema):
         path = shard_name(FileSystems.join(staging_dir(self._prefix), "shard"), pile, num_piles, suffix)
-        with FileSystems.create(path, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
-            fmt.write_shard(handle, [], self._compression, schema)
+        try:
+            with FileSystems.create(path, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
+                fmt.write_shard(handle, [], self._compression, schema)
+        except OSError as error:
+            raise write_failure(staging_dir(self._prefix), error) from error
         return ShardStats(pile, num_piles, path, 0, file_size(path), 0, Fingerprint(), Fingerprint(), 0)
 
     def _clear_old_outputs(self, finals):
@@ -201,12 +208,15 @@ class Finalize(beam.DoFn):
             manifest["schema"] = schema_json(schema)
         return manifest
 
-    def _publish_manifest(self, manifest):
-        final = manifest_path(self._prefix)
-        temp = f"{final}.tmp-{uuid.uuid4().hex[:12]}"
-        with FileSystems.create(temp, mime_type="application/json", compression_type="uncompressed") as handle:
-            handle.write(json.dumps(manifest, indent=1).encode())
-        FileSystems.rename([temp], [final])
+    def _stage_manifest(self, manifest) -> str:
+        """The manifest, written in the staging directory (renamed into place last)."""
+        staged = FileSystems.join(staging_dir(self._prefix), f"manifest-{uuid.uuid4().hex[:12]}.json")
+        try:
+            with FileSystems.create(staged, mime_type="application/json", compression_type="uncompressed") as handle:
+                handle.write(json.dumps(manifest, indent=1).encode())
+        except OSError as error:
+            raise write_failure(staging_dir(self._prefix), error) from error
+        return staged
 
     def _remove_work(self, shards):
         dirs = {staging_dir(self._prefix)} | {s.work_dir for s in shards if s.work_dir}

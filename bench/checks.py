@@ -1,0 +1,121 @@
+"""Cheap, untimed checks of a row's output: record count, and an order probe.
+
+Order probe: the input index carried by the first ``PROBE_RECORDS`` output records (in
+shard order); reported as the share of adjacent pairs whose index ascends. A uniform
+shuffle gives about 50%; 100% means the output kept the input order.
+"""
+
+import glob
+import json
+import os
+import struct
+
+import numpy as np
+import pyarrow.parquet as pq
+
+PROBE_RECORDS = 10_000
+INDEX_DIGITS = 12
+
+
+def output_files(prefix_glob):
+    return sorted(p for p in glob.glob(prefix_glob) if not p.endswith(".json"))
+
+
+def tfrecord_payloads(path, limit=None):
+    """Payloads of a TFRecord file (lengths only, no CRC check: the count is what matters)."""
+    out = []
+    with open(path, "rb") as handle:
+        data = handle.read()
+    pos, size, unpack_from = 0, len(data), struct.unpack_from
+    while pos + 12 <= size and (limit is None or len(out) < limit):
+        (length,) = unpack_from("<Q", data, pos)
+        out.append(data[pos + 12 : pos + 12 + length])
+        pos += 16 + length
+    return out
+
+
+def count_tfrecord(path):
+    with open(path, "rb") as handle:
+        data = handle.read()
+    pos, size, count, unpack_from = 0, len(data), 0, struct.unpack_from
+    while pos + 12 <= size:
+        pos += 16 + unpack_from("<Q", data, pos)[0]
+        count += 1
+    if pos != size:
+        raise ValueError(f"{path}: ends inside a record")
+    return count
+
+
+def count_lines(path):
+    count = 0
+    with open(path, "rb") as handle:
+        while True:
+            block = handle.read(64 << 20)
+            if not block:
+                return count
+            count += block.count(b"\n")
+
+
+def count_records(fmt, paths):
+    if fmt == "tfrecord":
+        return sum(count_tfrecord(p) for p in paths)
+    if fmt == "jsonl":
+        return sum(count_lines(p) for p in paths)
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+
+
+def probe_indices(fmt, paths, limit=PROBE_RECORDS):
+    out = []
+    for path in paths:
+        if len(out) >= limit:
+            break
+        need = limit - len(out)
+        if fmt == "tfrecord":
+            out += [int(p[:INDEX_DIGITS]) for p in tfrecord_payloads(path, need)]
+        elif fmt == "jsonl":
+            with open(path, "rb") as handle:
+                for line in handle:
+                    out.append(int(line[10 : line.index(b",")]))  # {"index": N, ...
+                    if len(out) >= limit:
+                        break
+        else:
+            parquet = pq.ParquetFile(path)
+            for batch in parquet.iter_batches(batch_size=need, columns=["index"]):
+                out += batch.column(0).to_pylist()[:need]
+                break
+    return out
+
+
+def ascending_share(indices):
+    if len(indices) < 2:
+        return None
+    values = np.asarray(indices)
+    return float(np.mean(values[1:] > values[:-1]))
+
+
+def check_output(fmt, paths, expected_records, manifest_path=None):
+    """(ok, description, ascending share) of an output."""
+    if not paths:
+        return False, "no output files", None
+    if manifest_path is not None:
+        with open(manifest_path) as handle:
+            manifest = json.load(handle)
+        records = manifest["totals"]["records"]
+        source = "manifest"
+    else:
+        records = count_records(fmt, paths)
+        source = "counted"
+    ok = records == expected_records
+    text = f"{'ok' if ok else 'FAIL'} {records:,} ({source})" + ("" if ok else f" != {expected_records:,}")
+    return ok, text, ascending_share(probe_indices(fmt, paths))
+
+
+def tree_bytes(directory):
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total

@@ -1,0 +1,285 @@
+"""``pileshuffle verify``: re-read input and output and prove that nothing was lost,
+duplicated or corrupted.
+
+Checks, each reported as one line:
+- shard names are complete: ``{output}-00000-of-M`` .. ``{output}-(M-1)-of-M`` with the
+  format's suffix, and nothing else under the prefix (other shard counts, temp files);
+- every shard reads back whole with the format's reader (TFRecord: both CRCs of every
+  record; Parquet: the file opens, every row group reads, its schema is the manifest's);
+- the manifest matches the files: per-shard path, records and bytes, the totals and the
+  output fingerprint;
+- the input (re-read as the run read it, skipping corrupt records only if the run did)
+  has the manifest's input fingerprint, and the same fingerprint as the output: the same
+  multiset of records, in any order.
+
+``verify()`` returns the problems (an empty list means the output is proven good);
+``main()`` prints them and exits 1, or prints one OK line and exits 0.
+"""
+
+import argparse
+import json
+import posixpath
+import re
+import sys
+
+from apache_beam.io.filesystems import FileSystems
+
+from pileshuffle.errors import PileshuffleError
+from pileshuffle.fingerprint import Fingerprint
+from pileshuffle.formats import FORMATS, ReadReport, fingerprint_of, get_format
+from pileshuffle.transforms.write import manifest_path, schema_json, shard_pattern
+
+SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})(.*)$")
+SHARD_TAIL = re.compile(r"^-(\d{5})-of-(\d{5})(.*)$")  # what follows the prefix in a shard's name
+
+
+def _basename(path: str) -> str:
+    return posixpath.basename(path.rstrip("/")) if "://" in path else path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _match(pattern: str) -> dict:
+    """{path: size} of the files matching ``pattern`` (empty when none do)."""
+    try:
+        return {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
+    except Exception:
+        return {}
+
+
+def read_manifest(prefix: str):
+    """The manifest dict, or None if there is none; raises ValueError if it is not JSON."""
+    path = manifest_path(prefix)
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path, compression_type="uncompressed") as handle:
+        return json.loads(handle.read())
+
+
+def read_fingerprint(fmt, path: str, skip_corrupt=False):
+    """``(fingerprint, report, schema)`` of one file read whole with the format's reader."""
+    report = ReadReport()
+    fingerprint, schema = Fingerprint(), None
+    for table in fmt.read_chunks(path, skip_corrupt=skip_corrupt, report=report):
+        fingerprint += fingerprint_of(table)
+        schema = schema or table.schema
+    return fingerprint, report, schema
+
+
+def _describe(fp: Fingerprint) -> str:
+    return f"{fp.records:,} records, {fp.bytes:,} bytes, hash sum {fp.hash_sum:016x} xor {fp.hash_xor:016x}"
+
+
+def _recorded(value) -> str:
+    try:
+        return _describe(Fingerprint.from_json(value))
+    except Exception:
+        return f"unreadable: {value!r}"
+
+
+class _Verifier:
+    def __init__(self, input_glob, prefix, format=None):
+        self.input_glob, self.prefix, self.format = input_glob, prefix, format
+        self.problems = []
+        self.output_fp = self.input_fp = None
+        self.num_shards = 0
+
+    def problem(self, text):
+        self.problems.append(text)
+
+    def run(self):
+        try:
+            manifest = read_manifest(self.prefix)
+        except (ValueError, OSError) as error:
+            self.problem(f"{manifest_path(self.prefix)} cannot be read as JSON: {error}")
+            manifest = None
+        if manifest is None and not self.problems:
+            self.problem(f"no manifest at {manifest_path(self.prefix)}: the run did not finish (or wrote elsewhere)")
+        fmt = self._format(manifest)
+        if fmt is None:
+            return self.problems
+        shards = self._check_names(fmt, manifest)
+        self._check_shards(fmt, shards, manifest)
+        if self.input_glob:
+            self._check_input(fmt, manifest)
+        return self.problems
+
+    def _format(self, manifest):
+        declared = (manifest or {}).get("format")
+        if self.format and declared and self.format != declared:
+            self.problem(f"{manifest_path(self.prefix)} says the format is {declared}, not {self.format}")
+        name = self.format or declared
+        if name is None:
+            suffixes = {SHARD_NAME.search(p).group(3) for p in _match(shard_pattern(self.prefix))}
+            name = next((f.name for f in FORMATS.values() for s in suffixes if s.startswith(f".{f.name}")), None)
+        if name is None:
+            self.problem(f"no shards under {self.prefix} and no --format: nothing to verify")
+            return None
+        return get_format(name)
+
+    def _check_names(self, fmt, manifest):
+        """The shards' paths in order ({index: (path, size)}); reports gaps and extras."""
+        found = _match(shard_pattern(self.prefix))
+        compression = (manifest or {}).get("compression")
+        expected_suffixes = {fmt.suffix(compression)} if compression else {fmt.suffix("none"), fmt.suffix("gzip")}
+        counts = {}
+        for path in found:
+            name = _basename(path)
+            match = SHARD_TAIL.match(name[len(_basename(self.prefix)):]) if name.startswith(_basename(self.prefix)) else None
+            if match is None or match.group(3) not in expected_suffixes:
+                self.problem(f"{path}: unexpected file under the output prefix (not a {fmt.name} shard name)")
+                continue
+            counts.setdefault(int(match.group(2)), {})[int(match.group(1))] = (path, found[path])
+        declared = (manifest or {}).get("num_piles")
+        if declared is not None:
+            total = int(declared)
+        elif counts:
+            total = max(counts, key=lambda m: len(counts[m]))
+        else:
+            total = 0
+        for other in sorted(set(counts) - {total}):
+            for index, (path, _) in sorted(counts[other].items()):
+                self.problem(f"{path}: shard of another run (of {other}, not of {total})")
+        shards = counts.get(total, {})
+        for index in sorted(set(shards) - set(range(total))):
+            self.problem(f"{shards[index][0]}: shard index {index} is out of range 0..{total - 1}")
+        missing = sorted(set(range(total)) - set(shards))
+        if missing:
+            names = ", ".join(f"{i:05d}" for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
+            self.problem(f"{self.prefix}: {len(missing)} of {total} shards missing ({names})")
+        if not found and total == 0:
+            self.problem(f"{self.prefix}: no shards found")
+        self.num_shards = total
+        return {i: shards[i] for i in range(total) if i in shards}
+
+    def _check_shards(self, fmt, shards, manifest):
+        listed = {}
+        if manifest is not None:
+            for index, entry in enumerate(manifest.get("shards", [])):
+                listed[index] = entry
+        manifest_schema = (manifest or {}).get("schema")
+        output_fp = Fingerprint()
+        all_read = True
+        for index, (path, size) in shards.items():
+            try:
+                fingerprint, _, schema = read_fingerprint(fmt, path)
+                if fmt.name == "parquet":
+                    schema = fmt.check_source(path)  # the file's own schema, also for 0 rows
+            except PileshuffleError as error:
+                self.problem(f"shard {path} is damaged: {error}")
+                all_read = False
+                continue
+            except Exception as error:  # a reader failing in an unexpected way is damage too
+                self.problem(f"shard {path} is damaged: cannot be read ({type(error).__name__}: {error})")
+                all_read = False
+                continue
+            output_fp += fingerprint
+            if fmt.name == "parquet" and manifest_schema is not None and schema is not None:
+                if schema_json(schema)["fields"] != manifest_schema.get("fields"):
+                    self.problem(f"shard {path}: its schema {schema_json(schema)['fields']} is not the manifest's "
+                                 f"{manifest_schema.get('fields')}")
+            entry = listed.get(index)
+            if manifest is None:
+                continue
+            if entry is None:
+                self.problem(f"shard {path} is not listed in the manifest")
+                continue
+            if _basename(entry.get("path", "")) != _basename(path):
+                self.problem(f"manifest entry {index} names {entry.get('path')}, but the shard is {path}")
+            if entry.get("records") != fingerprint.records:
+                self.problem(f"shard {path} holds {fingerprint.records:,} records; the manifest says {entry.get('records')}")
+            if entry.get("bytes") != size:
+                self.problem(f"shard {path} is {size:,} bytes; the manifest says {entry.get('bytes')}")
+        self.output_fp = output_fp if all_read else None
+        if manifest is None or not all_read:
+            return
+        if len(listed) != self.num_shards:
+            self.problem(f"the manifest lists {len(listed)} shards; {self.num_shards} were expected")
+        totals = manifest.get("totals", {})
+        if totals.get("records") != output_fp.records:
+            self.problem(f"the shards hold {output_fp.records:,} records; the manifest's total is {totals.get('records')}")
+        if totals.get("payload_bytes") != output_fp.bytes:
+            self.problem(f"the shards hold {output_fp.bytes:,} payload bytes; the manifest's total is "
+                         f"{totals.get('payload_bytes')}")
+        shard_bytes = sum(size for _, size in shards.values())
+        if totals.get("shard_bytes") != shard_bytes:
+            self.problem(f"the shards are {shard_bytes:,} bytes; the manifest's total is {totals.get('shard_bytes')}")
+        recorded = manifest.get("output_fingerprint")
+        if recorded is None or Fingerprint.from_json(recorded) != output_fp:
+            self.problem(f"output fingerprint ({_describe(output_fp)}) differs from the manifest's "
+                         f"({_recorded(recorded)})")
+        recorded_in = manifest.get("input_fingerprint")
+        if recorded_in is not None and Fingerprint.from_json(recorded_in) != output_fp:
+            self.problem(f"the manifest's input fingerprint ({_recorded(recorded_in)}) differs from the output's "
+                         f"({_describe(output_fp)})")
+
+    def _check_input(self, fmt, manifest):
+        from pileshuffle.pipeline import match_inputs
+
+        try:
+            sources = match_inputs(self.input_glob)
+        except PileshuffleError as error:
+            self.problem(f"input: {error}")
+            return
+        skip_corrupt = bool((manifest or {}).get("options", {}).get("skip_corrupt"))
+        input_fp, skipped, per_file = Fingerprint(), 0, {}
+        for source in sources:
+            try:
+                fingerprint, report, _ = read_fingerprint(fmt, source.path, skip_corrupt)
+            except PileshuffleError as error:
+                self.problem(f"input {error}")
+                return
+            input_fp += fingerprint
+            skipped += report.skipped_records
+            per_file[source.path] = fingerprint.records
+        self.input_fp = input_fp
+        if manifest is not None:
+            recorded = manifest.get("input_fingerprint")
+            if recorded is not None and Fingerprint.from_json(recorded) != input_fp:
+                self.problem(f"the input now reads as {_describe(input_fp)}, not as the manifest recorded "
+                             f"({_recorded(recorded)}): the input changed or the run read it wrongly")
+            listed = {_basename(i["path"]): i["records"] for i in manifest.get("inputs", [])}
+            if listed and set(listed) != {_basename(p) for p in per_file}:
+                self.problem(f"the input files ({len(per_file)}) are not the ones the manifest lists ({len(listed)})")
+            recorded_skips = manifest.get("skipped", {}).get("records", 0)
+            if recorded_skips != skipped:
+                self.problem(f"reading the input skips {skipped} corrupt record(s); the manifest says {recorded_skips}")
+        if self.output_fp is not None and input_fp != self.output_fp:
+            lost = input_fp.records - self.output_fp.records
+            what = (f"{lost:,} record(s) missing from the output" if lost > 0
+                    else f"the output has {-lost:,} record(s) more" if lost < 0
+                    else "the same count but different records")
+            self.problem(f"input and output differ ({what}): input {_describe(input_fp)}; output {_describe(self.output_fp)}")
+
+
+def verify(input_glob, output_prefix, format=None) -> list:
+    """Problems found with the output under ``output_prefix`` (and, given ``input_glob``,
+    against its input); an empty list means every check passed."""
+    output_prefix = output_prefix.rstrip("/") if "://" not in output_prefix else output_prefix
+    return _Verifier(input_glob, output_prefix, format).run()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="pileshuffle verify",
+        description="Re-read input and output of a finished run: counts, fingerprints, shard integrity, manifest.",
+    )
+    parser.add_argument("--input", help="the run's --input patterns (omit to check the output and manifest only)")
+    parser.add_argument("--output", required=True, help="the run's --output prefix")
+    parser.add_argument("--format", choices=sorted(FORMATS), help="default: the manifest's")
+    args = parser.parse_args(argv)
+    verifier = _Verifier(args.input, args.output.rstrip("/") if "://" not in args.output else args.output, args.format)
+    problems = verifier.run()
+    for problem in problems:
+        print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
+    if problems:
+        print(f"pileshuffle verify: {len(problems)} problem(s) with {args.output}", file=sys.stderr)
+        return 1
+    fp = verifier.output_fp
+    checked = "input and output fingerprints match" if args.input else "input not re-read (no --input)"
+    print(f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards} shard(s) under {args.output}; "
+          f"every shard reads back whole and matches the manifest; {checked} "
+          f"(hash sum {fp.hash_sum:016x}, xor {fp.hash_xor:016x})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
