@@ -33,6 +33,7 @@ from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError, OutputError, PileshuffleError, find_error, unwrapped, user_message
 from pileshuffle.formats import get_format
 from pileshuffle.options import PileshuffleOptions, parse_bytes
+from pileshuffle.tuning import keep_freed_memory
 from pileshuffle.fragments import Fragment
 from pileshuffle.transforms.assign import STATS_TAG, ReadSourceToPiles, Source, SourceStats
 from pileshuffle.transforms.shuffle import GroupIntoPiles
@@ -270,7 +271,7 @@ def make_plan(options: PipelineOptions) -> Plan:
     )
 
 
-def build(pipeline: beam.Pipeline, plan: Plan, started: float):
+def build(pipeline: beam.Pipeline, plan: Plan, started: float, release_fragments: bool = False):
     """The template's graph: one leaf (Finalize), so runners that run only the last
     leaf (Dask) still run all of it."""
     fragments_dir = FileSystems.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
@@ -292,6 +293,7 @@ def build(pipeline: beam.Pipeline, plan: Plan, started: float):
         | "WritePiles" >> WritePiles(
             plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
             schema=plan.schema, expected=stats, manifest_fields=manifest_fields(plan), started=started,
+            release_fragments=release_fragments,
         )
     )
 
@@ -321,12 +323,15 @@ def manifest_fields(plan: Plan) -> dict:
 
 
 def local_defaults(options: PipelineOptions, argv) -> PipelineOptions:
-    """For local runs, use every core unless told otherwise."""
+    """For local runs, use every core unless told otherwise: one worker thread per core.
+    Threads beat processes here (measured on 1 GB of TFRecords, 2 cores: 5.3 s and 0.67 GB
+    peak RSS against 7.1 s and 0.94 GB): the hot loops are I/O, numpy and Arrow, which
+    release the GIL, and no worker process has to start and import Beam."""
     direct = options.view_as(DirectOptions)
     if not any(a.startswith("--direct_num_workers") for a in argv):
         direct.direct_num_workers = 0  # 0 = one worker per core
     if not any(a.startswith("--direct_running_mode") for a in argv):
-        direct.direct_running_mode = "multi_processing"
+        direct.direct_running_mode = "multi_threading"
     return options
 
 
@@ -413,6 +418,7 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
     if is_local(options):
         options = local_defaults(options, argv)
     started = time.time()
+    keep_freed_memory()
     plan = make_plan(options)
     if is_dask(options):
         options = dask_defaults(options, plan)
@@ -423,7 +429,7 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
     print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
           f"({plan.num_piles_reason})", file=sys.stderr)
     pipeline = beam.Pipeline(runner=make_runner(options), options=options)
-    build(pipeline, plan, started)
+    build(pipeline, plan, started, release_fragments=is_local(options))
     held = types.SimpleNamespace(ours=False)
     holding = _worker_stderr(held) if hold_worker_stderr and is_local(options) else contextlib.nullcontext()
     with holding:

@@ -175,8 +175,28 @@ class TFRecordFormat(RecordFormat):
                 eof = not block
                 buf = buf + block if buf else block
                 buf, base = yield from self._drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size)
+                if buf and not eof:  # finish the frame cut by the block end, so the next block starts on a frame
+                    buf = self._complete_frame(handle, path, buf, chunk_bytes, compressed)
+                    buf, base = yield from self._drain(path, buf, base, False, skip_corrupt, report, chunk_bytes, file_size)
         if buf:
             self._truncated(path, buf, base, skip_corrupt, report)
+
+    @staticmethod
+    def _complete_frame(handle, path, buf, chunk_bytes, compressed):
+        """``buf`` (the start of one frame) plus just the bytes that frame still needs.
+
+        Reading them separately keeps every block aligned on a frame, so blocks are never
+        copied onto a leftover. A length that fails its CRC or is implausibly large is
+        left to ``_drain`` and the next block, as without this step."""
+        if len(buf) < HEADER_BYTES:
+            buf += read_block(handle, path, HEADER_BYTES - len(buf), compressed)
+            if len(buf) < HEADER_BYTES:
+                return buf
+        length, length_crc = struct.unpack_from("<QI", buf, 0)
+        need = HEADER_BYTES + length + FOOTER_BYTES - len(buf)
+        if 0 < need <= 4 * chunk_bytes and masked_crc(buf[:8]) == length_crc:
+            buf += read_block(handle, path, need, compressed)
+        return buf
 
     @staticmethod
     def _drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size=None):

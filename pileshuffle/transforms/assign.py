@@ -7,7 +7,6 @@ with one Arrow ``take`` per chunk, and each pile's part is a zero-copy slice.
 import dataclasses
 import hashlib
 import os
-import resource
 
 import apache_beam as beam
 import numpy as np
@@ -20,6 +19,7 @@ from pileshuffle import keys as keymath
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import ReadReport, get_format, record_hashes
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, records_table
+from pileshuffle.tuning import prepare_worker
 from pileshuffle.fragments import KEY_COLUMN, Fragment, FragmentFiles, to_ipc
 
 STATS_TAG = "stats"
@@ -60,13 +60,6 @@ def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths
         yield pile, taken.slice(start, stop - start), part_fingerprint
 
 
-def raise_open_file_limit():
-    """Files mode keeps one fragment open per pile: allow as many open files as the OS will."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 class _PileWriter:
     """Where pass-1 parts go: fragment files (files mode) or IPC elements (shuffle mode)."""
 
@@ -102,7 +95,7 @@ class ReadSourceToPiles(beam.DoFn):
         self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
 
     def setup(self):
-        raise_open_file_limit()
+        prepare_worker()
 
     def process(self, source: Source):
         report = ReadReport()
@@ -160,7 +153,7 @@ class AssignPiles(beam.DoFn):
         self._fragments_dir, self._batch_bytes = fragments_dir, batch_bytes
 
     def setup(self):
-        raise_open_file_limit()
+        prepare_worker()
 
     def start_bundle(self):
         self._nonce = int.from_bytes(os.urandom(8), "little")

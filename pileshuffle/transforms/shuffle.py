@@ -21,7 +21,8 @@ from apache_beam.io.filesystems import FileSystems
 from pileshuffle import keys as keymath
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.fragments import KEY_COLUMN, Fragment, FragmentFiles, read_batches, read_table
-from pileshuffle.transforms.assign import AssignPiles, raise_open_file_limit
+from pileshuffle.transforms.assign import AssignPiles
+from pileshuffle.tuning import prepare_worker
 
 DEFAULT_MAX_PILE_BYTES = 64 << 20
 OUTPUT_SLICE_BYTES = 8 << 20
@@ -117,7 +118,7 @@ class MakePile(beam.DoFn):
         self._num_piles, self._max_pile_bytes, self._work_dir = num_piles, max_pile_bytes, work_dir
 
     def setup(self):
-        raise_open_file_limit()
+        prepare_worker()
 
     def process(self, element):
         pile, fragments = element

@@ -23,6 +23,7 @@ from pileshuffle.errors import InputError, IntegrityError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import fingerprint_of, get_format
 from pileshuffle.fragments import write_failure
+from pileshuffle.tuning import prepare_worker
 
 
 def shard_name(prefix: str, index: int, num_piles: int, suffix: str) -> str:
@@ -76,8 +77,12 @@ class ShardStats:
 class WriteShard(beam.DoFn):
     """Pass 2: write one pile's records, in order, as one shard (temp file, then rename)."""
 
-    def __init__(self, format_name, compression, prefix, schema=None):
+    def __init__(self, format_name, compression, prefix, schema=None, release_fragments=False):
         self._format_name, self._compression, self._prefix, self._schema = format_name, compression, prefix, schema
+        self._release_fragments = release_fragments
+
+    def setup(self):
+        prepare_worker()
 
     def process(self, pile):
         fmt = get_format(self._format_name)
@@ -103,11 +108,26 @@ class WriteShard(beam.DoFn):
                 f"pile {pile.index}: pass 1 put in {pile.fingerprint.records} records but pass 2 wrote "
                 f"{written[0].records} to {staged} (fingerprints {pile.fingerprint} vs {written[0]})"
             )
+        if self._release_fragments:
+            release(pile)
         yield ShardStats(
             pile.index, pile.num_piles, staged, written[0].records, file_size(staged), pile.nbytes,
             pile.fingerprint, written[0], pile.split_count(), pile.work_dir,
             schema[0] if self._format_name == "parquet" else None,
         )
+
+
+def release(pile):
+    """Delete a written pile's fragment files at once (best effort): the run's temp space
+    then peaks at about one copy of the data instead of two, and the next shard reuses
+    the freed page cache. Only for runners that never re-run a finished bundle (the local
+    runner fails the whole run instead), since a re-run would need the fragments."""
+    paths = [f.path for f in pile.fragments if f.path]
+    try:
+        if paths:
+            FileSystems.delete(paths)
+    except Exception:
+        pass  # Finalize removes the whole work directory anyway
 
 
 def pile_size_summary(shards):
@@ -253,20 +273,24 @@ class WritePiles(beam.PTransform):
     formats, a Parquet codec (snappy, zstd, gzip, none) for Parquet. ``expected``: an
     optional PCollection of pass-1 ``SourceStats`` to check the output against (the
     template passes it); without it each shard is checked against what pass 1 put in
-    its pile. Returns a PCollection holding the manifest dict.
+    its pile. ``release_fragments``: delete each pile's fragments as soon as its shard
+    is written (only on runners that never re-run a bundle, such as the local runner).
+    Returns a PCollection holding the manifest dict.
     """
 
     def __init__(self, prefix, format, compression="none", num_piles=None, overwrite=False, schema=None,
-                 expected=None, manifest_fields=None, started=None):
+                 expected=None, manifest_fields=None, started=None, release_fragments=False):
         super().__init__()
         fmt = get_format(format)
         self._prefix, self._format = prefix, fmt.name
         self._compression = compression if fmt.name != "parquet" else fmt.output_compression(compression, [])
         self._num_piles, self._overwrite, self._schema = num_piles, overwrite, schema
         self._expected, self._fields, self._started = expected, dict(manifest_fields or {}), started
+        self._release_fragments = release_fragments
 
     def expand(self, piles):
-        shards = piles | "WriteShard" >> beam.ParDo(WriteShard(self._format, self._compression, self._prefix, self._schema))
+        shards = piles | "WriteShard" >> beam.ParDo(
+            WriteShard(self._format, self._compression, self._prefix, self._schema, self._release_fragments))
         parts = (shards,) if self._expected is None else (shards, self._expected)
         return (
             parts
