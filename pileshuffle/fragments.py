@@ -15,7 +15,8 @@ from apache_beam.io.filesystems import FileSystems
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 
-KEY_COLUMN = "_pileshuffle_key"
+KEY_COLUMN = "_pileshuffle_key"  # U, the record's uint64 sort key
+HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carried to pass 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -386,6 +386,7 @@ def _flaky_write_class():
         """Every pile is written twice; the first attempt's output is lost."""
 
         def process(self, pile):
+            self._release_fragments = False  # runners that re-run bundles keep fragments to the end
             key = ("write", pile.index)
             if key not in _Twice.seen:
                 _Twice.seen.add(key)
@@ -577,11 +578,12 @@ def _one_fragment_pile(tmp_path, keys, max_pile_bytes):
     import pyarrow as pa
 
     from pileshuffle.fingerprint import Fingerprint
-    from pileshuffle.fragments import KEY_COLUMN, Fragment, FragmentFiles
+    from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles
     from pileshuffle.transforms.shuffle import Pile
 
     payloads = [b"%08d" % i + b"x" * 40 for i in range(len(keys))]
-    table = pa.table({"record": pa.array(payloads, pa.binary()), KEY_COLUMN: pa.array(keys, pa.uint64())})
+    table = pa.table({"record": pa.array(payloads, pa.binary()), KEY_COLUMN: pa.array(keys, pa.uint64()),
+                      HASH_COLUMN: pa.array(np.zeros(len(keys), np.uint64))})
     files = FragmentFiles(str(tmp_path / "fragments"), "s000000")
     files.append(0, table, Fingerprint())
     ((_, path, records, nbytes, _),) = files.commit()
@@ -596,13 +598,13 @@ def test_split_recurses_when_capped_and_keeps_the_order(tmp_path, monkeypatch):
     pile, payloads = _one_fragment_pile(tmp_path, keys, max_pile_bytes=4000)
     monkeypatch.setattr(shuffle, "MAX_SPLIT_WAYS", 2)  # forces several levels of splitting
     depths = []
-    real_tables = shuffle.Pile.tables
+    real_ordered = shuffle.Pile.ordered
 
     def recording(self):
         depths.append(self.depth)
-        return real_tables(self)
+        return real_ordered(self)
 
-    monkeypatch.setattr(shuffle.Pile, "tables", recording)
+    monkeypatch.setattr(shuffle.Pile, "ordered", recording)
     written = [r for t in pile.tables() for r in t.column("record").to_pylist()]
     assert written == [payloads[i] for i in np.argsort(keys, kind="stable")]
     assert max(depths) >= 4

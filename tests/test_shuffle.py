@@ -206,3 +206,31 @@ def test_cli_run_prints_summary(tfrecord_input, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "records   3,000" in proc.stdout and "MB/s" in proc.stdout and "min " in proc.stdout
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_written_piles_release_their_fragments_only_when_asked(tmp_path, release):
+    """Local runs (which never re-run a bundle) delete a pile's fragments as soon as its
+    shard is written, so temp space peaks at one copy of the data; elsewhere they stay."""
+    import os
+
+    import pyarrow as pa
+
+    from pileshuffle.fingerprint import Fingerprint
+    from pileshuffle.formats import record_hashes
+    from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles
+    from pileshuffle.transforms.shuffle import Pile
+    from pileshuffle.transforms.write import WriteShard
+
+    records = pa.table({"record": pa.array([b"a", b"bb", b"ccc"], pa.binary())})
+    hashes = record_hashes(records)
+    table = records.append_column(KEY_COLUMN, pa.array([3, 1, 2], pa.uint64())).append_column(
+        HASH_COLUMN, pa.array(hashes, pa.uint64()))
+    files = FragmentFiles(str(tmp_path / "fragments"), "s000000")
+    files.append(0, table, Fingerprint.of(hashes, 6))
+    ((_, path, count, nbytes, fingerprint),) = files.commit()
+    pile = Pile(0, 1, (Fragment((0, 0), count, nbytes, fingerprint, path=path),))
+    writer = WriteShard("jsonl", "none", str(tmp_path / "out" / "x"), release_fragments=release)
+    (stats,) = list(writer.process(pile))
+    assert open(stats.staged_path, "rb").read() == b"bb\nccc\na\n"
+    assert os.path.exists(path) is not release

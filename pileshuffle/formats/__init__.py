@@ -18,29 +18,42 @@ def get_format(name: str) -> RecordFormat:
 __all__ = ["FORMATS", "RECORD_COLUMN", "ReadReport", "RecordFormat", "get_format"]
 
 
-def record_hashes(table):
-    """``(hashes, lengths)`` of every record of a records table, over payloads: the same
-    records hash alike whether held as TFRecord frames, lines or plain payloads."""
+def record_lengths(table):
+    """Payload bytes of every record of a records table (vectorized): a TFRecord frame
+    counts its data, a line its text without the newline, a row its values."""
     import numpy as np
 
-    from pileshuffle.fingerprint import binary_column_parts, crc32c_of_slices, payload_hashes, row_hashes, row_lengths
+    from pileshuffle.fingerprint import binary_column_parts, row_lengths
+    from pileshuffle.formats.text import LINE_COLUMN
+    from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTES
+
+    overhead = {FRAME_COLUMN: HEADER_BYTES + FOOTER_BYTES, LINE_COLUMN: 1, RECORD_COLUMN: 0}
+    names = table.column_names
+    if len(names) == 1 and names[0] in overhead:
+        return np.diff(binary_column_parts(table.column(names[0]))[1]) - overhead[names[0]]
+    return row_lengths(table)
+
+
+def record_hashes(table):
+    """A 64-bit hash of every record's payload: the same records hash alike whether held
+    as TFRecord frames (hashed from their stored CRCs, vectorized), lines or payloads
+    (one CRC32C call each), or table rows (by column values)."""
+    from pileshuffle.fingerprint import binary_column_parts, crc32c_of_slices, payload_hashes, row_hashes
     from pileshuffle.formats.text import LINE_COLUMN
     from pileshuffle.formats.tfrecord import FRAME_COLUMN, frame_payload_stats
 
     names = table.column_names
     if names == [FRAME_COLUMN]:
-        crcs, lengths = frame_payload_stats(table.column(FRAME_COLUMN))
-    elif names in ([LINE_COLUMN], [RECORD_COLUMN]):
-        trim = 1 if names == [LINE_COLUMN] else 0
+        return payload_hashes(*frame_payload_stats(table.column(FRAME_COLUMN)))
+    if names in ([LINE_COLUMN], [RECORD_COLUMN]):
         data, offsets = binary_column_parts(table.column(names[0]))
-        crcs, lengths = crc32c_of_slices(data, offsets, trim), np.diff(offsets) - trim
-    else:
-        return row_hashes(table), row_lengths(table)
-    return payload_hashes(crcs, lengths), lengths
+        trim = 1 if names == [LINE_COLUMN] else 0
+        return payload_hashes(crc32c_of_slices(data, offsets, trim), record_lengths(table))
+    return row_hashes(table)
 
 
 def fingerprint_of(table):
+    """The fingerprint of a records table, computed from its contents."""
     from pileshuffle.fingerprint import Fingerprint
 
-    hashes, lengths = record_hashes(table)
-    return Fingerprint.of(hashes, int(lengths.sum()))
+    return Fingerprint.of(record_hashes(table), int(record_lengths(table).sum()))

@@ -17,10 +17,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from pileshuffle import keys as keymath
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.formats import ReadReport, get_format, record_hashes
+from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, records_table
 from pileshuffle.tuning import prepare_worker
-from pileshuffle.fragments import KEY_COLUMN, Fragment, FragmentFiles, to_ipc
+from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles, to_ipc
 
 STATS_TAG = "stats"
 INPUT_STREAM = 0  # key stream tag of input records: (INPUT_STREAM, source id)
@@ -49,10 +49,12 @@ class SourceStats:
 
 def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, num_piles: int):
     """Yield ``(pile, part, fingerprint)`` for every non-empty pile of a chunk; each part
-    keeps the chunk's order and carries its keys in ``KEY_COLUMN``."""
+    keeps the chunk's order and carries each record's key (``KEY_COLUMN``) and pass-1
+    hash (``HASH_COLUMN``, so pass 2 can account for every record without hashing it again)."""
     piles = keymath.pile_of(keys, num_piles)
     order, bounds = keymath.group_by_pile(piles, num_piles)
-    taken = table.append_column(KEY_COLUMN, pa.array(keys, type=pa.uint64())).take(order)
+    table = table.append_column(KEY_COLUMN, pa.array(keys, type=pa.uint64()))
+    taken = table.append_column(HASH_COLUMN, pa.array(hashes, type=pa.uint64())).take(order)
     hashes, lengths = hashes[order], lengths[order]
     for pile in np.flatnonzero(np.diff(bounds)).tolist():
         start, stop = int(bounds[pile]), int(bounds[pile + 1])
@@ -104,7 +106,7 @@ class ReadSourceToPiles(beam.DoFn):
         index, fingerprint = 0, Fingerprint()
         for chunk_index, table in enumerate(chunks):
             keys = keymath.record_keys(self._seed, (INPUT_STREAM, source.id), index, table.num_rows)
-            hashes, lengths = record_hashes(table)
+            hashes, lengths = record_hashes(table), record_lengths(table)
             fingerprint += Fingerprint.of(hashes, int(lengths.sum()))
             index += table.num_rows
             for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
@@ -184,7 +186,7 @@ class AssignPiles(beam.DoFn):
         else:
             keys = keymath.record_keys(self._seed, (INPUT_STREAM + 1, self._nonce), self._drawn, table.num_rows)
             self._drawn += table.num_rows
-        hashes, lengths = record_hashes(table)
+        hashes, lengths = record_hashes(table), record_lengths(table)
         order = (self._nonce, self._flushes)
         self._buffer, self._ids, self._buffered_bytes, self._flushes = [], [], 0, self._flushes + 1
         out = []

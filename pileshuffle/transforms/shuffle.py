@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle import keys as keymath
 from pileshuffle.fingerprint import Fingerprint, total
-from pileshuffle.fragments import KEY_COLUMN, Fragment, FragmentFiles, read_batches, read_table
+from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles, read_batches, read_table
 from pileshuffle.transforms.assign import AssignPiles
 from pileshuffle.tuning import prepare_worker
 
@@ -72,10 +72,15 @@ class Pile:
                 and self.depth < MAX_SPLIT_DEPTH)
 
     def tables(self):
-        """Yield the records in final order (without the key column)."""
+        """Yield the records in final order, as the user's columns only."""
+        for table in self.ordered():
+            yield table.drop_columns([HASH_COLUMN])
+
+    def ordered(self):
+        """Yield the records in final order, each with its pass-1 hash (``HASH_COLUMN``)."""
         if self.needs_split:
             for sub_pile in self.split():
-                yield from sub_pile.tables()
+                yield from sub_pile.ordered()
             return
         if not self.fragments:
             return

@@ -21,8 +21,8 @@ from apache_beam.io.filesystems import FileSystems
 from pileshuffle import __version__
 from pileshuffle.errors import InputError, IntegrityError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
-from pileshuffle.formats import fingerprint_of, get_format
-from pileshuffle.fragments import write_failure
+from pileshuffle.formats import get_format, record_lengths
+from pileshuffle.fragments import HASH_COLUMN, write_failure
 from pileshuffle.tuning import prepare_worker
 
 
@@ -92,14 +92,17 @@ class WriteShard(beam.DoFn):
         schema = [self._schema]
 
         def counted(tables):
+            """Account for every record written, by the hash pass 1 gave it."""
             for table in tables:
-                written[0] += fingerprint_of(table)
-                schema[0] = schema[0] or table.schema
-                yield table
+                records = table.drop_columns([HASH_COLUMN])
+                hashes = table.column(HASH_COLUMN).to_numpy()
+                written[0] += Fingerprint.of(hashes, int(record_lengths(records).sum()))
+                schema[0] = schema[0] or records.schema
+                yield records
 
         try:
             with FileSystems.create(temp, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
-                fmt.write_shard(handle, counted(pile.tables()), self._compression, self._schema)
+                fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
             FileSystems.rename([temp], [staged])
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
