@@ -96,9 +96,11 @@ class RecordFormat:
     """A record format: how to read a source in chunks and write one shard."""
 
     name = ""
+    extension = ""
 
     def suffix(self, compression: str) -> str:
-        raise NotImplementedError
+        """The shard file suffix: the format's extension, plus .gz when gzip-compressed."""
+        return self.extension + (".gz" if compression == "gzip" else "")
 
     def output_compression(self, compression: str, input_paths) -> str:
         """Resolve ``--compression`` (auto|none|gzip) for this format's output."""

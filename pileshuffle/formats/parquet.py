@@ -32,7 +32,7 @@ class ParquetFormat(RecordFormat):
     name = "parquet"
 
     def suffix(self, compression):
-        return ".parquet"
+        return ".parquet"  # Parquet compresses inside the file
 
     def output_compression(self, compression, input_paths):
         return _CODECS[compression]

@@ -33,8 +33,7 @@ def line_bounds(buf: bytes) -> np.ndarray:
 class JsonlFormat(RecordFormat):
     name = "jsonl"
 
-    def suffix(self, compression):
-        return ".jsonl.gz" if compression == "gzip" else ".jsonl"
+    extension = ".jsonl"
 
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
         compressed = compression_of(path) != "uncompressed"

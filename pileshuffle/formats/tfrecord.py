@@ -162,8 +162,7 @@ def resync(buf: bytes, start: int):
 class TFRecordFormat(RecordFormat):
     name = "tfrecord"
 
-    def suffix(self, compression):
-        return ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+    extension = ".tfrecord"
 
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
         compressed = compression_of(path) != "uncompressed"
