@@ -48,8 +48,11 @@ def crc32c_of_slices(data, offsets: np.ndarray, trim_end: int = 0) -> np.ndarray
 
 def binary_column_parts(column):
     """(data as a ``pyarrow.Buffer``, int64 offsets rebased to 0) of a binary Arrow array
-    or chunked array; the buffer holds exactly the values' bytes, in order, uncopied."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    or chunked array; the buffer holds exactly the values' bytes, in order, uncopied
+    (a chunked array of several chunks is combined first, which copies)."""
+    array = column
+    if isinstance(column, pa.ChunkedArray):
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if len(array) == 0:
         return pa.py_buffer(b""), np.zeros(1, dtype=np.int64)
     width = np.int32 if pa.types.is_binary(array.type) or pa.types.is_string(array.type) else np.int64
@@ -140,6 +143,18 @@ def _is_plain_fixed_width(kind) -> bool:
     return width in (8, 16, 32, 64) and not pa.types.is_dictionary(kind)
 
 
+def binary_lengths(column) -> np.ndarray:
+    """Byte length of every value of a binary/string column, from its offsets only."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = [np.zeros(0, np.int64)]
+    for chunk in chunks:
+        if len(chunk):
+            width = np.int32 if pa.types.is_binary(chunk.type) or pa.types.is_string(chunk.type) else np.int64
+            offsets = np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
+            parts.append(np.diff(offsets.astype(np.int64)))
+    return np.concatenate(parts)
+
+
 def row_lengths(table: pa.Table) -> np.ndarray:
     """Bytes of each row's values as stored, independent of chunking: value bytes of
     binary columns plus the widths of fixed-width columns (others count 0)."""
@@ -147,7 +162,7 @@ def row_lengths(table: pa.Table) -> np.ndarray:
     for column in table.columns:
         kind = column.type
         if pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
-            lengths += np.diff(binary_column_parts(column)[1])
+            lengths += binary_lengths(column)
         elif _is_plain_fixed_width(kind):
             lengths += kind.bit_width // 8
     return lengths

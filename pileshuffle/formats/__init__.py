@@ -23,14 +23,14 @@ def record_lengths(table):
     counts its data, a line its text without the newline, a row its values."""
     import numpy as np
 
-    from pileshuffle.fingerprint import binary_column_parts, row_lengths
+    from pileshuffle.fingerprint import binary_lengths, row_lengths
     from pileshuffle.formats.text import LINE_COLUMN
     from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTES
 
     overhead = {FRAME_COLUMN: HEADER_BYTES + FOOTER_BYTES, LINE_COLUMN: 1, RECORD_COLUMN: 0}
     names = table.column_names
     if len(names) == 1 and names[0] in overhead:
-        return np.diff(binary_column_parts(table.column(names[0]))[1]) - overhead[names[0]]
+        return binary_lengths(table.column(names[0])) - overhead[names[0]]
     return row_lengths(table)
 
 
