@@ -21,8 +21,6 @@ __all__ = ["FORMATS", "RECORD_COLUMN", "ReadReport", "RecordFormat", "get_format
 def record_lengths(table):
     """Payload bytes of every record of a records table (vectorized): a TFRecord frame
     counts its data, a line its text without the newline, a row its values."""
-    import numpy as np
-
     from pileshuffle.fingerprint import binary_lengths, row_lengths
     from pileshuffle.formats.text import LINE_COLUMN
     from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTES
