@@ -161,16 +161,20 @@ def work_dir_for(output: str, temp_location) -> str:
 
 
 def check_writable(directory: str, what: str):
+    """Write and delete a probe file in ``directory``; leaves no directory it created."""
     probe = FileSystems.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
+    existed = FileSystems.exists(directory)
     try:
         with FileSystems.create(probe, compression_type="uncompressed") as handle:
             handle.write(b"ok")
         FileSystems.delete([probe])
     except Exception as error:
         raise OutputError(f"cannot write to {what} {directory}: {error}") from error
+    if not existed:
+        remove_tree(directory)
 
 
-FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing and the 8-byte key per record
+FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing, the 8-byte key and 8-byte hash per record
 PARQUET_EXPANSION_GUESS = 2.0  # Arrow in memory vs compressed Parquet pages
 
 

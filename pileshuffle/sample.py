@@ -39,36 +39,36 @@ def split_counts(records: int, files: int):
     return [base + (1 if i < extra else 0) for i in range(files)]
 
 
-def write_tfrecord(directory, records=1000, files=4, record_bytes=100, seed=0, vary=False, name="part"):
+def _write_files(directory, records, files, name, extension, render, block_records=10_000):
+    """Records 0..records-1 spread over ``files`` files; ``render(start, count)`` gives the
+    bytes of a block of consecutive records."""
     os.makedirs(directory, exist_ok=True)
     paths, start = [], 0
     for f, count in enumerate(split_counts(records, files)):
-        path = os.path.join(directory, f"{name}-{f:03d}.tfrecord")
+        path = os.path.join(directory, f"{name}-{f:03d}{extension}")
         with open(path, "wb") as handle:
-            for block in range(start, start + count, 10000):
-                n = min(10000, start + count - block)
-                handle.write(b"".join(frame(p) for p in payloads(block, n, record_bytes, seed, vary)))
+            for block in range(start, start + count, block_records):
+                handle.write(render(block, min(block_records, start + count - block)))
         paths.append(path)
         start += count
     return paths
+
+
+def write_tfrecord(directory, records=1000, files=4, record_bytes=100, seed=0, vary=False, name="part"):
+    def render(start, count):
+        return b"".join(frame(p) for p in payloads(start, count, record_bytes, seed, vary))
+
+    return _write_files(directory, records, files, name, ".tfrecord", render)
 
 
 def write_jsonl(directory, records=1000, files=4, record_bytes=100, seed=0, name="part"):
-    os.makedirs(directory, exist_ok=True)
-    paths, start = [], 0
-    for f, count in enumerate(split_counts(records, files)):
-        path = os.path.join(directory, f"{name}-{f:03d}.jsonl")
-        with open(path, "wb") as handle:
-            for block in range(start, start + count, 10000):
-                n = min(10000, start + count - block)
-                lines = [
-                    b'{"index": %d, "text": "%s"}\n' % (i, p[INDEX_DIGITS + 1 :][: max(0, record_bytes - 30)])
-                    for i, p in zip(range(block, block + n), payloads(block, n, record_bytes, seed))
-                ]
-                handle.write(b"".join(lines))
-        paths.append(path)
-        start += count
-    return paths
+    def render(start, count):
+        return b"".join(
+            b'{"index": %d, "text": "%s"}\n' % (i, p[INDEX_DIGITS + 1 :][: max(0, record_bytes - 30)])
+            for i, p in zip(range(start, start + count), payloads(start, count, record_bytes, seed))
+        )
+
+    return _write_files(directory, records, files, name, ".jsonl", render)
 
 
 def parquet_table(start: int, count: int, record_bytes: int, seed: int = 0) -> pa.Table:

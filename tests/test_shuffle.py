@@ -234,3 +234,18 @@ def test_written_piles_release_their_fragments_only_when_asked(tmp_path, release
     (stats,) = list(writer.process(pile))
     assert open(stats.staged_path, "rb").read() == b"bb\nccc\na\n"
     assert os.path.exists(path) is not release
+
+
+def test_plan_reports_without_writing_anything(tfrecord_input, tmp_path):
+    import json
+    import os
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pileshuffle", "plan", f"--input={tfrecord_input}", f"--output={tmp_path}/out/p",
+         "--max_pile_bytes=100KiB"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["files"] == 3 and plan["num_piles"] > 1 and "auto" in plan["reason"]
+    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == []
