@@ -20,7 +20,7 @@ def plan_main(argv):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pileshuffle.errors import PileshuffleError
-    from pileshuffle.pipeline import make_plan
+    from pileshuffle.plan import make_plan
 
     try:
         plan = make_plan(PipelineOptions(argv))

@@ -212,7 +212,7 @@ class _Verifier:
                          f"({_describe(output_fp)})")
 
     def _check_input(self, fmt, manifest):
-        from pileshuffle.pipeline import match_inputs
+        from pileshuffle.plan import match_inputs
 
         try:
             sources = match_inputs(self.input_glob)

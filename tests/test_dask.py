@@ -138,7 +138,7 @@ def test_dask_runner_names_resolve_without_a_cluster():
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask.dask_runner import DaskRunner
 
-    from pileshuffle.pipeline import is_dask, is_local, make_runner
+    from pileshuffle.runners import is_dask, is_local, make_runner
 
     for name in ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner"):
         options = PipelineOptions([f"--runner={name}"])

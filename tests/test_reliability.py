@@ -233,7 +233,7 @@ def kill_when(command, ready, timeout=240):
 
 
 def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_data, tmp_path):
-    from pileshuffle.pipeline import work_dir_for
+    from pileshuffle.plan import work_dir_for
     from pileshuffle.transforms.write import staging_dir
 
     pattern, reference = crash_data
@@ -270,7 +270,7 @@ def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_da
 def test_leftovers_of_a_killed_run_are_replaced_not_published(tmp_path, tfrecord_input):
     """What a run killed in Finalize leaves (some shards under final names, staging, work
     files, no manifest) is replaced by the re-run, which needs no --overwrite."""
-    from pileshuffle.pipeline import work_dir_for
+    from pileshuffle.plan import work_dir_for
     from pileshuffle.transforms.write import staging_dir
 
     output = str(tmp_path / "out" / "train")
@@ -316,7 +316,7 @@ def test_the_local_runner_does_not_retry_a_failed_bundle():
 
 def test_pass_1_run_twice_for_a_source_replaces_its_fragments(tmp_path, tfrecord_input):
     from pileshuffle.fragments import FragmentFiles
-    from pileshuffle.pipeline import match_inputs
+    from pileshuffle.plan import match_inputs
     from pileshuffle.transforms.assign import ReadSourceToPiles
 
     source = match_inputs(tfrecord_input)[0]
@@ -504,13 +504,13 @@ def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location)
 def test_space_estimate_warns_before_pass_1(tmp_path, tfrecord_input, monkeypatch, caplog):
     import shutil as shutil_module
 
-    import pileshuffle.pipeline as pipeline
+    import pileshuffle.plan as plan_module
     from apache_beam.options.pipeline_options import PipelineOptions
 
     usage = shutil_module.disk_usage(str(tmp_path))
-    monkeypatch.setattr(pipeline.shutil, "disk_usage", lambda path: usage._replace(free=1000))
+    monkeypatch.setattr(plan_module.shutil, "disk_usage", lambda path: usage._replace(free=1000))
     output = str(tmp_path / "out" / "train")
-    plan = pipeline.make_plan(PipelineOptions([f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4"]))
+    plan = plan_module.make_plan(PipelineOptions([f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4"]))
     warnings = [r.getMessage() for r in caplog.records if r.name == "pileshuffle"]
     assert len(warnings) == 1, warnings
     (need, free), = set(plan.space.values())  # work dir and staging share one filesystem
@@ -519,7 +519,7 @@ def test_space_estimate_warns_before_pass_1(tmp_path, tfrecord_input, monkeypatc
     assert plan.work_dir in warnings[0] and "pileshuffle-staging" in warnings[0]
     caplog.clear()
     monkeypatch.undo()
-    pipeline.make_plan(PipelineOptions([f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4"]))
+    plan_module.make_plan(PipelineOptions([f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4"]))
     assert [r for r in caplog.records if r.name == "pileshuffle"] == []
 
 

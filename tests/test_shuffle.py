@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from conftest import FAST, manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
+from conftest import FAST, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
 from pileshuffle import sample
 from pileshuffle.errors import InputError, OutputError
 

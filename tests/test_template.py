@@ -150,7 +150,7 @@ def test_entry_point_reports_a_bad_parameter_in_one_line(tmp_path):
 
 
 def test_dataflow_runs_are_not_waited_for():
-    from pileshuffle.pipeline import should_wait
+    from pileshuffle.runners import should_wait
 
     assert should_wait(PipelineOptions(["--runner=DataflowRunner"]), None) is False
     assert should_wait(PipelineOptions(["--runner=DirectRunner"]), None) is True
@@ -165,11 +165,13 @@ def test_dataflow_launch_submits_and_returns_without_waiting(tmp_path, template_
     (Beam's --dry_run stops before submitting), return at once, default the worker image to
     the template image, read no manifest."""
     import pileshuffle.pipeline as pipeline
+    import pileshuffle.plan as plan
 
     image = "us-central1-docker.pkg.dev/my-project/pileshuffle/pileshuffle:test"
     monkeypatch.setenv("PILESHUFFLE_SDK_CONTAINER_IMAGE", image)
     # the temp location is on GCS: skip the writability probe and the leftover cleanup (no network here)
-    monkeypatch.setattr(pipeline, "check_writable", lambda *args: None)
+    monkeypatch.setattr(plan, "check_writable", lambda *args: None)
+    monkeypatch.setattr(plan, "remove_tree", lambda *args: None)
     monkeypatch.setattr(pipeline, "remove_tree", lambda *args: None)
     output = str(tmp_path / "out" / "train")
     argv = template_args(template_input, output) + [

@@ -1,0 +1,129 @@
+"""Which Beam runner runs the template, with what defaults, and whether to wait for it.
+
+Local (no ``--runner``, DirectRunner): Beam's FnApiRunner directly, so no Prism download
+is tried. Dask: Beam's DaskRunner with partitions per input file. Dataflow: the template
+image as SDK container, and no waiting (the flex template launcher must not block).
+"""
+
+import os
+
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from pileshuffle.transforms.write import manifest_path
+
+LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+DASK_MAX_DEFAULT_PARTITIONS = 64
+
+
+def local_defaults(options: PipelineOptions, argv) -> PipelineOptions:
+    """For local runs, use every core unless told otherwise: one worker thread per core.
+    Threads beat processes here (measured on 1 GB of TFRecords, 2 cores: 5.3 s and 0.67 GB
+    peak RSS against 7.1 s and 0.94 GB): the hot loops are I/O, numpy and Arrow, which
+    release the GIL, and no worker process has to start and import Beam."""
+    direct = options.view_as(DirectOptions)
+    if not any(a.startswith("--direct_num_workers") for a in argv):
+        direct.direct_num_workers = 0  # 0 = one worker per core
+    if not any(a.startswith("--direct_running_mode") for a in argv):
+        direct.direct_running_mode = "multi_threading"
+    return options
+
+
+def runner_name(options) -> str:
+    """The ``--runner`` value, with Dask's short names resolved to its class path."""
+    runner = options.view_as(StandardOptions).runner
+    if isinstance(runner, str) and runner.lower() in ("daskrunner", "dask"):
+        return DASK_RUNNER
+    return runner
+
+
+def is_dask(options) -> bool:
+    runner = runner_name(options)
+    return isinstance(runner, str) and runner.endswith("DaskRunner")
+
+
+def is_dataflow(options) -> bool:
+    runner = runner_name(options)
+    return isinstance(runner, str) and runner.endswith("DataflowRunner")
+
+
+def make_runner(options: PipelineOptions):
+    runner = runner_name(options)
+    if runner in LOCAL_RUNNERS:
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        return FnApiRunner()
+    if runner == DASK_RUNNER:
+        from apache_beam.runners.dask.dask_runner import DaskRunner  # needs dask and distributed
+
+        return DaskRunner()
+    return runner
+
+
+def is_local(options) -> bool:
+    return runner_name(options) in LOCAL_RUNNERS
+
+
+def dask_defaults(options: PipelineOptions, plan) -> PipelineOptions:
+    """Dask's Create puts up to 128 elements in one partition and Beam's Reshuffle is a
+    no-op there, so without ``--dask_npartitions`` every source (and, after the
+    GroupByKey, every pile) would be handled by one task: default to one partition per
+    input file (at most 64)."""
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
+    dask = options.view_as(DaskOptions)
+    if not dask.npartitions and not dask.partition_size:
+        dask.npartitions = max(1, min(len(plan.sources), DASK_MAX_DEFAULT_PARTITIONS))
+    return options
+
+
+def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
+    """Workers need pileshuffle installed: the template image is also the SDK container
+    (templates/Dockerfile bakes its own name into ``PILESHUFFLE_SDK_CONTAINER_IMAGE``),
+    so default ``--sdk_container_image`` to it when the launch did not name one."""
+    from apache_beam.options.pipeline_options import WorkerOptions
+
+    worker = options.view_as(WorkerOptions)
+    image = os.environ.get("PILESHUFFLE_SDK_CONTAINER_IMAGE")
+    if image and not worker.sdk_container_image:
+        worker.sdk_container_image = image
+    return options
+
+
+def should_wait(options, wait) -> bool:
+    """Local and Dask runs wait for the result (a Dask job lives only while its client
+    does). Dataflow runs do not: the flex template launcher runs this program only to
+    submit the job and must not block on it (and in a template launch there is no job
+    to wait for yet); Beam's ``--no_wait_until_finish`` also turns waiting off."""
+    if wait is not None:
+        return bool(wait)
+    if is_dataflow(options):
+        return False
+    return is_local(options) or is_dask(options) or not options.view_as(StandardOptions).no_wait_until_finish
+
+
+def close_client(result, cancel=False):
+    """Close the Dask client a DaskRunner result holds (the cluster keeps running); after a
+    failure, first cancel the run's tasks that have not started (tasks already running on
+    workers finish, so a failed Dask run may leave fragments that the next run removes)."""
+    client = getattr(result, "client", None)
+    if client is None or not hasattr(client, "close"):
+        return
+    try:
+        if cancel:
+            client.cancel(result.futures)
+        client.close()
+    except Exception:  # best effort
+        pass
+
+
+def submitted(result, options_output: str) -> str:
+    """What to tell the user about a job that was submitted and not waited for."""
+    job_id = None
+    try:
+        if getattr(result, "has_job", False):
+            job_id = result.job_id()
+    except Exception:
+        job_id = None
+    where = f"job {job_id} submitted" if job_id else "job submitted"
+    return f"{where}; {manifest_path(options_output)} appears when it has finished"
