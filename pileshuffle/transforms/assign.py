@@ -47,19 +47,25 @@ class SourceStats:
     problems: tuple = ()
 
 
+def parts_by_pile(table: pa.Table, piles: np.ndarray, num_piles: int):
+    """Yield ``(pile, part, rows)`` for every non-empty pile: ``part`` holds the pile's rows
+    of ``table`` in their original order (one ``take``, then zero-copy slices) and ``rows``
+    their positions in ``table``."""
+    order, bounds = keymath.group_by_pile(piles, num_piles)
+    taken = table.take(order)
+    for pile in np.flatnonzero(np.diff(bounds)).tolist():
+        start, stop = int(bounds[pile]), int(bounds[pile + 1])
+        yield pile, taken.slice(start, stop - start), order[start:stop]
+
+
 def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, num_piles: int):
     """Yield ``(pile, part, fingerprint)`` for every non-empty pile of a chunk; each part
     keeps the chunk's order and carries each record's key (``KEY_COLUMN``) and pass-1
     hash (``HASH_COLUMN``, so pass 2 can account for every record without hashing it again)."""
-    piles = keymath.pile_of(keys, num_piles)
-    order, bounds = keymath.group_by_pile(piles, num_piles)
     table = table.append_column(KEY_COLUMN, pa.array(keys, type=pa.uint64()))
-    taken = table.append_column(HASH_COLUMN, pa.array(hashes, type=pa.uint64())).take(order)
-    hashes, lengths = hashes[order], lengths[order]
-    for pile in np.flatnonzero(np.diff(bounds)).tolist():
-        start, stop = int(bounds[pile]), int(bounds[pile + 1])
-        part_fingerprint = Fingerprint.of(hashes[start:stop], int(lengths[start:stop].sum()))
-        yield pile, taken.slice(start, stop - start), part_fingerprint
+    table = table.append_column(HASH_COLUMN, pa.array(hashes, type=pa.uint64()))
+    for pile, part, rows in parts_by_pile(table, keymath.pile_of(keys, num_piles), num_piles):
+        yield pile, part, Fingerprint.of(hashes[rows], int(lengths[rows].sum()))
 
 
 class _PileWriter:

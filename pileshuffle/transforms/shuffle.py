@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from pileshuffle import keys as keymath
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles, read_batches, read_table
-from pileshuffle.transforms.assign import AssignPiles
+from pileshuffle.transforms.assign import AssignPiles, parts_by_pile
 from pileshuffle.tuning import prepare_worker
 
 DEFAULT_MAX_PILE_BYTES = 64 << 20
@@ -66,8 +66,9 @@ class Pile:
 
     @property
     def needs_split(self) -> bool:
-        # the depth bound stops endless splitting of records that share one key (keyed
-        # composed use with duplicate ids): such a sub-pile is loaded whole instead
+        """Larger than ``max_pile_bytes`` and splittable. The depth bound stops endless
+        splitting of records that share one key (keyed composed use with duplicate ids):
+        such a sub-pile is loaded whole instead."""
         return (self.nbytes > self.max_pile_bytes and self.work_dir is not None and self.records > 1
                 and self.depth < MAX_SPLIT_DEPTH)
 
@@ -102,12 +103,8 @@ class Pile:
                 table = pa.Table.from_batches([batch]).set_column(
                     batch.schema.get_field_index(KEY_COLUMN), KEY_COLUMN, pa.array(digits, type=pa.uint64())
                 )
-                sub_piles = keymath.pile_of(digits, ways)
-                order, bounds = keymath.group_by_pile(sub_piles, ways)
-                taken = table.take(order)
-                for sub in np.flatnonzero(np.diff(bounds)).tolist():
-                    start, stop = int(bounds[sub]), int(bounds[sub + 1])
-                    files.append(sub, taken.slice(start, stop - start), Fingerprint())
+                for sub, part, _ in parts_by_pile(table, keymath.pile_of(digits, ways), ways):
+                    files.append(sub, part, Fingerprint())
         for sub, path, records, nbytes, _ in files.commit():
             fragment = Fragment((0,), records, nbytes, Fingerprint(), path=path)
             yield Pile(sub, ways, (fragment,), self.max_pile_bytes, self.work_dir, self.depth + 1)
