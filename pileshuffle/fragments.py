@@ -6,6 +6,7 @@ fragments instead of duplicating them. In ``shuffle`` mode the same IPC bytes tr
 through the runner's GroupByKey instead. Either way pass 2 reads them back identically.
 """
 
+import contextlib
 import dataclasses
 import uuid
 
@@ -42,20 +43,25 @@ def to_ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def read_batches(fragment: Fragment):
-    """The record batches of a fragment, streamed (one pass-1 chunk at a time)."""
+@contextlib.contextmanager
+def _ipc_source(fragment: Fragment, whole: bool):
+    """The fragment's IPC stream: its payload, or its file (read at once if ``whole``)."""
     if fragment.payload is not None:
-        yield from pa.ipc.open_stream(pa.py_buffer(fragment.payload))
+        yield pa.py_buffer(fragment.payload)
         return
     with FileSystems.open(fragment.path, compression_type="uncompressed") as handle:
-        yield from pa.ipc.open_stream(handle)  # streamed from the file, never read whole
+        yield handle.read() if whole else handle
+
+
+def read_batches(fragment: Fragment):
+    """The record batches of a fragment, streamed (one pass-1 chunk at a time)."""
+    with _ipc_source(fragment, whole=False) as source:
+        yield from pa.ipc.open_stream(source)
 
 
 def read_table(fragment: Fragment) -> pa.Table:
-    if fragment.payload is not None:
-        return pa.ipc.open_stream(pa.py_buffer(fragment.payload)).read_all()
-    with FileSystems.open(fragment.path, compression_type="uncompressed") as handle:
-        return pa.ipc.open_stream(handle.read()).read_all()
+    with _ipc_source(fragment, whole=True) as source:
+        return pa.ipc.open_stream(source).read_all()
 
 
 def write_failure(location: str, error: Exception, needed: int = None) -> OutputError:

@@ -11,7 +11,6 @@ template launcher must not block on the job); ``--runner=DaskRunner`` (with
 """
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -42,7 +41,7 @@ from pileshuffle.runners import (
 )
 from pileshuffle.transforms.assign import STATS_TAG, ReadSourceToPiles, SourceStats
 from pileshuffle.transforms.shuffle import GroupIntoPiles
-from pileshuffle.transforms.write import WritePiles, manifest_path, remove_tree, staging_dir
+from pileshuffle.transforms.write import WritePiles, manifest_path, read_manifest, remove_tree, staging_dir
 from pileshuffle.tuning import keep_freed_memory
 
 log = logging.getLogger("pileshuffle")
@@ -148,11 +147,6 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
     manifest = read_manifest(plan.output)
     manifest["wall_seconds"] = time.time() - started
     return manifest
-
-
-def read_manifest(output: str) -> dict:
-    with FileSystems.open(manifest_path(output), compression_type="uncompressed") as handle:
-        return json.loads(handle.read())
 
 
 def summary(manifest: dict) -> str:

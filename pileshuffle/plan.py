@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError, OutputError
-from pileshuffle.formats import get_format
+from pileshuffle.formats import ReadReport, get_format
 from pileshuffle.options import PileshuffleOptions, parse_bytes
 from pileshuffle.transforms.assign import Source
 from pileshuffle.transforms.write import existing_outputs, manifest_path, remove_tree, staging_dir
@@ -94,16 +94,11 @@ def mean_record_bytes(fmt, sources) -> float:
     for source in sources:
         if source.size == 0:
             continue
-        for table in fmt.read_chunks(source.path, SAMPLE_BYTES, skip_corrupt=True, report=_NullReport()):
+        for table in fmt.read_chunks(source.path, SAMPLE_BYTES, skip_corrupt=True, report=ReadReport()):
             if table.num_rows:
                 return max(1.0, table.nbytes / table.num_rows)
             break
     return 1.0
-
-
-class _NullReport:
-    def skip(self, *args):
-        pass
 
 
 def estimated_bytes(sources) -> int:

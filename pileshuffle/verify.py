@@ -17,7 +17,6 @@ Checks, each reported as one line:
 """
 
 import argparse
-import json
 import posixpath
 import re
 import sys
@@ -27,9 +26,8 @@ from apache_beam.io.filesystems import FileSystems
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import FORMATS, ReadReport, fingerprint_of, get_format
-from pileshuffle.transforms.write import manifest_path, schema_json, shard_pattern
+from pileshuffle.transforms.write import manifest_path, read_manifest, schema_json, shard_pattern
 
-SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})(.*)$")
 SHARD_TAIL = re.compile(r"^-(\d{5})-of-(\d{5})(.*)$")  # what follows the prefix in a shard's name
 
 
@@ -45,13 +43,9 @@ def _match(pattern: str) -> dict:
         return {}
 
 
-def read_manifest(prefix: str):
+def manifest_or_none(prefix: str):
     """The manifest dict, or None if there is none; raises ValueError if it is not JSON."""
-    path = manifest_path(prefix)
-    if not FileSystems.exists(path):
-        return None
-    with FileSystems.open(path, compression_type="uncompressed") as handle:
-        return json.loads(handle.read())
+    return read_manifest(prefix) if FileSystems.exists(manifest_path(prefix)) else None
 
 
 def read_fingerprint(fmt, path: str, skip_corrupt=False):
@@ -87,7 +81,7 @@ class _Verifier:
 
     def run(self):
         try:
-            manifest = read_manifest(self.prefix)
+            manifest = manifest_or_none(self.prefix)
         except (ValueError, OSError) as error:
             self.problem(f"{manifest_path(self.prefix)} cannot be read as JSON: {error}")
             manifest = None
@@ -108,7 +102,7 @@ class _Verifier:
             self.problem(f"{manifest_path(self.prefix)} says the format is {declared}, not {self.format}")
         name = self.format or declared
         if name is None:
-            suffixes = {SHARD_NAME.search(p).group(3) for p in _match(shard_pattern(self.prefix))}
+            suffixes = {SHARD_TAIL.match(_basename(p)[len(_basename(self.prefix)):]).group(3) for p in _match(shard_pattern(self.prefix))}
             name = next((f.name for f in FORMATS.values() for s in suffixes if s.startswith(f".{f.name}")), None)
         if name is None:
             self.problem(f"no shards under {self.prefix} and no --format: nothing to verify")

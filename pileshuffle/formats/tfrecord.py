@@ -268,6 +268,3 @@ def frame_payload_stats(column) -> tuple:
         lengths.append(np.diff(offsets) - HEADER_BYTES - FOOTER_BYTES)
     return np.concatenate(crcs), np.concatenate(lengths)
 
-
-def is_frames(table: pa.Table) -> bool:
-    return FRAME_COLUMN in table.column_names

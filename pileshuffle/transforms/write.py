@@ -34,6 +34,11 @@ def manifest_path(prefix: str) -> str:
     return f"{prefix}-manifest.json"
 
 
+def read_manifest(prefix: str) -> dict:
+    with FileSystems.open(manifest_path(prefix), compression_type="uncompressed") as handle:
+        return json.loads(handle.read())
+
+
 def staging_dir(prefix: str) -> str:
     return f"{prefix}.pileshuffle-staging"
 
