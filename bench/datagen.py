@@ -64,25 +64,33 @@ def payload_block(rng, start: int, count: int, payload_bytes: int) -> np.ndarray
     return block
 
 
+def _write_blocks(directory, records, files, extension, render):
+    """Records 0..records-1 over ``files`` files, written BLOCK_RECORDS at a time;
+    ``render(start, count)`` returns the bytes (or buffer) of one block."""
+    start = 0
+    for f, count in enumerate(split_counts(records, files)):
+        with open(os.path.join(directory, f"part-{f:05d}.{extension}"), "wb") as handle:
+            for block_start in range(start, start + count, BLOCK_RECORDS):
+                handle.write(render(block_start, min(BLOCK_RECORDS, start + count - block_start)))
+        start += count
+
+
 def write_tfrecord(directory, records, files, record_bytes=1000, seed=0):
     header = struct.pack("<Q", record_bytes)
     header_crc = np.frombuffer(struct.pack("<I", masked_crc(header)), np.uint8)
-    start = 0
-    for f, count in enumerate(split_counts(records, files)):
-        path = os.path.join(directory, f"part-{f:05d}.tfrecord")
-        with open(path, "wb") as handle:
-            for block_start in range(start, start + count, BLOCK_RECORDS):
-                n = min(BLOCK_RECORDS, start + count - block_start)
-                rng = np.random.default_rng([seed, block_start])
-                frames = np.empty((n, 16 + record_bytes), dtype=np.uint8)
-                frames[:, 0:8] = np.frombuffer(header, np.uint8)
-                frames[:, 8:12] = header_crc
-                frames[:, 12 : 12 + record_bytes] = payload_block(rng, block_start, n, record_bytes)
-                value = google_crc32c.value
-                crcs = np.fromiter((value(row) for row in frames[:, 12 : 12 + record_bytes]), np.uint64, n)
-                frames[:, 12 + record_bytes :] = mask_array(crcs).astype("<u4").view(np.uint8).reshape(n, 4)
-                handle.write(frames.data)
-        start += count
+
+    def render(block_start, n):
+        rng = np.random.default_rng([seed, block_start])
+        frames = np.empty((n, 16 + record_bytes), dtype=np.uint8)
+        frames[:, 0:8] = np.frombuffer(header, np.uint8)
+        frames[:, 8:12] = header_crc
+        frames[:, 12 : 12 + record_bytes] = payload_block(rng, block_start, n, record_bytes)
+        value = google_crc32c.value
+        crcs = np.fromiter((value(row) for row in frames[:, 12 : 12 + record_bytes]), np.uint64, n)
+        frames[:, 12 + record_bytes :] = mask_array(crcs).astype("<u4").view(np.uint8).reshape(n, 4)
+        return frames.data
+
+    _write_blocks(directory, records, files, "tfrecord", render)
 
 
 def write_parquet(directory, records, files, record_bytes=1000, seed=0):
@@ -111,23 +119,20 @@ def write_jsonl(directory, records, files, record_bytes=500, seed=0):
     """Lines of about ``record_bytes`` (filler length varies by +-57 bytes)."""
     overhead = 43  # {"index": N, "label": L, "text": "..."}\n around the filler, for ~6-digit N
     low, high = max(1, record_bytes - overhead - 57), max(2, record_bytes - overhead + 58)
-    start = 0
-    for f, count in enumerate(split_counts(records, files)):
-        path = os.path.join(directory, f"part-{f:05d}.jsonl")
-        with open(path, "wb") as handle:
-            for block_start in range(start, start + count, BLOCK_RECORDS):
-                n = min(BLOCK_RECORDS, start + count - block_start)
-                rng = np.random.default_rng([seed, 2, block_start])
-                lengths = rng.integers(low, high, n)
-                labels = rng.integers(0, 10, n).tolist()
-                ends = np.cumsum(lengths).tolist()
-                pool = rng.integers(97, 123, size=int(ends[-1]), dtype=np.uint8).tobytes()
-                starts = [0] + ends[:-1]
-                handle.write(b"".join(
-                    b'{"index": %d, "label": %d, "text": "%s"}\n' % (block_start + i, labels[i], pool[starts[i] : ends[i]])
-                    for i in range(n)
-                ))
-        start += count
+
+    def render(block_start, n):
+        rng = np.random.default_rng([seed, 2, block_start])
+        lengths = rng.integers(low, high, n)
+        labels = rng.integers(0, 10, n).tolist()
+        ends = np.cumsum(lengths).tolist()
+        pool = rng.integers(97, 123, size=int(ends[-1]), dtype=np.uint8).tobytes()
+        starts = [0] + ends[:-1]
+        return b"".join(
+            b'{"index": %d, "label": %d, "text": "%s"}\n' % (block_start + i, labels[i], pool[starts[i] : ends[i]])
+            for i in range(n)
+        )
+
+    _write_blocks(directory, records, files, "jsonl", render)
 
 
 WRITERS = {"tfrecord": write_tfrecord, "parquet": write_parquet, "jsonl": write_jsonl}
