@@ -31,5 +31,5 @@ setuptools.setup(
             "distributed>=2024.1",
         ],
     },
-    entry_points={"console_scripts": ["pileshuffle=pileshuffle.cli:main"]},
+    entry_points={"console_scripts": ["pileshuffle=pileshuffle.cli:entry"]},
 )

@@ -1,5 +1,3 @@
-import sys
+from pileshuffle.cli import entry
 
-from pileshuffle.cli import main
-
-sys.exit(main())
+entry()

@@ -2,6 +2,9 @@
 
 import argparse
 import json
+import logging
+import multiprocessing
+import os
 import sys
 
 USAGE = """usage: pileshuffle COMMAND [options]
@@ -70,7 +73,10 @@ def verify_main(argv):
 
 
 def run_main(argv):
-    from pileshuffle.pipeline import main as run
+    from pileshuffle.tuning import importing_without_gc
+
+    with importing_without_gc():
+        from pileshuffle.pipeline import main as run
 
     return run(argv)
 
@@ -86,5 +92,19 @@ def main(argv=None):
     return COMMANDS[argv[0]](argv[1:])
 
 
+def entry():
+    """The ``pileshuffle`` command: ``main``, then, when it returned and started no child
+    process that is still alive, exit without tearing the interpreter down. Every output
+    is closed and renamed by then; the teardown (freeing Beam's and Arrow's objects one by
+    one, joining their thread pools) took 0.4 s of a 6 s run. An exception exits normally."""
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if multiprocessing.active_children():
+        sys.exit(code)
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -8,8 +8,10 @@ handles too. Keeping blocks up to 32 MiB on the heap cut a 1 GB TFRecord run fro
 RSS is unchanged: the memory is reused instead of being returned and faulted in again.
 """
 
+import contextlib
 import ctypes
 import ctypes.util
+import gc
 import os
 import resource
 
@@ -48,3 +50,19 @@ def prepare_worker():
     """Called from every DoFn's ``setup``: cheap and idempotent."""
     raise_open_file_limit()
     keep_freed_memory()
+
+
+@contextlib.contextmanager
+def importing_without_gc():
+    """Pause the cyclic garbage collector while Beam is imported, then freeze what was
+    imported. The import creates some 200,000 long-lived objects and the collector ran
+    over them dozens of times (0.1-0.2 s of the start-up); frozen, later collections skip
+    them. Nothing is leaked: module objects live for the whole process anyway."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
