@@ -13,6 +13,7 @@ import uuid
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
+from pileshuffle import localio
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 
@@ -49,8 +50,11 @@ def _ipc_source(fragment: Fragment, whole: bool):
     if fragment.payload is not None:
         yield pa.py_buffer(fragment.payload)
         return
+    if whole:
+        yield pa.py_buffer(localio.read_all(fragment.path))
+        return
     with FileSystems.open(fragment.path, compression_type="uncompressed") as handle:
-        yield handle.read() if whole else handle
+        yield handle
 
 
 def read_batches(fragment: Fragment):
@@ -69,12 +73,22 @@ def write_failure(location: str, error: Exception, needed: int = None) -> Output
     return OutputError(f"cannot write to {location}: {error}{need}")
 
 
+FRAGMENT_BUFFERS_BYTES = 32 << 20  # write buffers of one writer's open fragment files, together
+
+
+def fragment_buffer_bytes(num_files: int) -> int:
+    """Each open fragment file's write buffer: ``FRAGMENT_BUFFERS_BYTES`` shared out,
+    between 64 KiB (fewer, larger direct writes) and 4 MiB."""
+    return min(4 << 20, max(64 << 10, FRAGMENT_BUFFERS_BYTES // max(1, num_files)))
+
+
 class FragmentFiles:
     """Appends tables to one fragment file per pile for a single writer ``name``;
     ``commit()`` renames them into place and returns ``(pile, path, records, nbytes, fingerprint)``."""
 
-    def __init__(self, directory: str, name: str):
+    def __init__(self, directory: str, name: str, num_files: int = 1):
         self._directory, self._name = directory, name
+        self._buffer_bytes = fragment_buffer_bytes(num_files)
         self._attempt = uuid.uuid4().hex[:12]
         self._open = {}  # pile -> [handle, writer, temp path, records, nbytes, fingerprint]
 
@@ -86,7 +100,7 @@ class FragmentFiles:
         try:
             if entry is None:
                 temp = self.final_path(pile) + f".tmp-{self._attempt}"
-                handle = FileSystems.create(temp, compression_type="uncompressed")
+                handle = localio.create(temp, buffer_bytes=self._buffer_bytes)
                 entry = self._open[pile] = [handle, pa.ipc.new_stream(handle, table.schema), temp, 0, 0, Fingerprint()]
             entry[1].write_table(table)
         except OSError as error:
@@ -103,8 +117,8 @@ class FragmentFiles:
                 writer.close()
                 handle.close()
             FileSystems.rename([self._open[p][2] for p in piles], [self.final_path(p) for p in piles])
-        except Exception as error:
-            raise write_failure(self._directory, error) from error
+        except Exception as error:  # a buffered writer reports a full disk when it is closed
+            raise write_failure(self._directory, error, sum(self._open[p][4] for p in piles)) from error
         committed = [(p, self.final_path(p), *self._open[p][3:]) for p in piles]
         self._open = {}
         return committed

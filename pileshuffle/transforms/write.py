@@ -18,7 +18,7 @@ import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import __version__
+from pileshuffle import __version__, localio
 from pileshuffle.errors import InputError, IntegrityError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
@@ -106,7 +106,7 @@ class WriteShard(beam.DoFn):
                 yield records
 
         try:
-            with FileSystems.create(temp, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
+            with localio.create(temp, fmt.shard_handle_compression(self._compression)) as handle:
                 fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
             FileSystems.rename([temp], [staged])
         except (OSError, BeamIOError) as error:
