@@ -10,8 +10,10 @@ Anything else (remote paths, file systems that refuse ``O_DIRECT``, platforms wi
 it) goes through Beam's ``FileSystems`` as before. The bytes on disk are the same either way.
 """
 
+import concurrent.futures
 import io
 import os
+import threading
 
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
@@ -19,7 +21,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 
 ALIGN = 4096  # O_DIRECT needs offsets, sizes and memory aligned to the logical block size; 4 KiB suits all
-WRITE_BUFFER_BYTES = 8 << 20
+WRITE_BUFFER_BYTES = 16 << 20  # two halves: one being filled, one being written
+IO_THREADS = 4
+_IO_LOCK = threading.Lock()
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
@@ -46,16 +50,21 @@ def _open_direct(path: str, flags: int):
 
 
 class DirectWriter(io.RawIOBase):
-    """A write-only file that sends whole ``ALIGN``-sized blocks from an aligned buffer
-    with O_DIRECT; ``close`` writes the last partial block without O_DIRECT. Holds at most
-    ``buffer_bytes`` of unwritten data."""
+    """A write-only file that sends whole ``ALIGN``-sized blocks with O_DIRECT from two
+    aligned buffers in turn: while one is being written (by the I/O threads, without the
+    GIL) the caller fills the other, so computing and disk writes overlap. At most one
+    write per file is in flight, so the file's bytes stay in order; its error is raised by
+    the next ``write`` or ``close``. ``close`` writes the last partial block without O_DIRECT.
+    Holds at most ``buffer_bytes`` of unwritten data."""
 
     def __init__(self, fd: int, buffer_bytes: int = WRITE_BUFFER_BYTES):
         super().__init__()
+        half = max(ALIGN, buffer_bytes // 2 // ALIGN * ALIGN)
         self._fd = fd
-        self._buffer = aligned_array(max(ALIGN, buffer_bytes // ALIGN * ALIGN))
+        self._buffer, self._spare = aligned_array(half), aligned_array(half)
         self._filled = 0
         self._position = 0
+        self._in_flight = None  # the write of the spare buffer, if one is going on
 
     def writable(self):
         return True
@@ -72,34 +81,87 @@ class DirectWriter(io.RawIOBase):
             self._filled += take
             done += take
             if self._filled == len(self._buffer):
-                self._send(self._filled)
+                self._send_in_background()
         self._position += len(view)
         return len(view)
 
-    def _send(self, nbytes: int):
-        """Write the buffer's first ``nbytes`` (a multiple of ALIGN unless O_DIRECT is off)."""
-        sent = 0
-        while sent < nbytes:
-            sent += os.write(self._fd, self._buffer[sent:nbytes])
+    def _send_in_background(self):
+        self._wait()
+        self._in_flight = _io_threads().submit(_write_all, self._fd, self._buffer)
+        self._buffer, self._spare = self._spare, self._buffer
         self._filled = 0
+
+    def _wait(self):
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
 
     def close(self):
         if self.closed:
             return
         try:
+            self._wait()
             whole = self._filled - self._filled % ALIGN
-            tail = self._buffer[whole : self._filled].copy()
             if whole:
-                self._send(whole)
-            if len(tail):
+                _write_all(self._fd, self._buffer[:whole])
+            if self._filled > whole:
                 import fcntl
 
                 fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~_O_DIRECT)
-                self._buffer[: len(tail)] = tail
-                self._send(len(tail))
+                _write_all(self._fd, self._buffer[whole : self._filled])
         finally:
-            os.close(self._fd)
-            super().close()
+            try:
+                self._wait()  # after an error: never close the file under a write in flight
+            finally:
+                os.close(self._fd)
+                super().close()
+
+
+def _write_all(fd: int, data: np.ndarray):
+    sent = 0
+    while sent < len(data):
+        sent += os.write(fd, data[sent:])
+
+
+def delete_soon(paths):
+    """Delete files in the background, best effort (freeing an 8 MiB fragment took the
+    file system about 2 ms). ``wait_for_deletions`` waits for every such deletion."""
+    future = _io_threads().submit(_delete_quietly, list(paths))
+    with _IO_LOCK:
+        _DELETIONS.append(future)
+
+
+def _delete_quietly(paths):
+    try:
+        FileSystems.delete(paths)
+    except Exception:
+        pass  # the run's work directory is removed as a whole at the end anyway
+
+
+def wait_for_deletions():
+    with _IO_LOCK:
+        pending = list(_DELETIONS)
+        _DELETIONS.clear()
+    concurrent.futures.wait(pending)
+
+
+def map_in_background(function, items) -> list:
+    """``[function(item) for item in items]``, computed by the I/O threads at once
+    (several reads in flight keep the disk busier than one)."""
+    return list(_io_threads().map(function, items))
+
+
+_IO_THREADS = []
+_DELETIONS = []
+
+
+def _io_threads() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's I/O threads (created on first use)."""
+    if not _IO_THREADS:
+        with _IO_LOCK:
+            if not _IO_THREADS:
+                _IO_THREADS.append(concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="pileshuffle-io"))
+    return _IO_THREADS[0]
 
 
 def create(path: str, compression_type: str = CompressionTypes.UNCOMPRESSED, buffer_bytes: int = WRITE_BUFFER_BYTES):

@@ -2,6 +2,8 @@
 
 import glob
 import json
+import os
+import subprocess
 
 import pytest
 
@@ -74,3 +76,14 @@ def _quiet_beam(caplog):
 
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
     yield
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    directory = tmp_path / "small"
+    os.makedirs(directory)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(directory)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}); the injected ENOSPC tests cover this")
+    yield str(directory)
+    subprocess.run(["umount", "-l", str(directory)], capture_output=True)

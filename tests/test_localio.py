@@ -77,3 +77,31 @@ def test_aligned_array_is_aligned():
     for size in (1, 4096, 100_000):
         array = localio.aligned_array(size)
         assert len(array) == size and array.ctypes.data % localio.ALIGN == 0
+
+
+def test_a_full_disk_is_reported_and_the_file_closed(small_tmpfs):
+    """Writes run in the background; their error comes back from ``write`` or ``close``."""
+    path = os.path.join(small_tmpfs, "f.bin")
+    handle = localio.create(path, buffer_bytes=1 << 20)
+    with pytest.raises(OSError) as caught:
+        try:
+            for _ in range(12):
+                handle.write(os.urandom(1 << 20))  # 12 MiB into 8 MiB
+        finally:
+            handle.close()
+    assert caught.value.errno == errno.ENOSPC
+    assert handle.closed
+
+
+def test_background_reads_keep_their_order_and_deletions_can_be_awaited(tmp_path):
+    paths = []
+    for i in range(20):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(bytes([i]) * (i * 1000 + 1))
+        paths.append(str(path))
+    contents = localio.map_in_background(lambda p: bytes(localio.read_all(p)), paths)
+    assert contents == [bytes([i]) * (i * 1000 + 1) for i in range(20)]
+    localio.delete_soon(paths[:10])
+    localio.delete_soon([str(tmp_path / "never-existed")])  # best effort: no error
+    localio.wait_for_deletions()
+    assert sorted(os.listdir(tmp_path)) == sorted(f"f{i}" for i in range(10, 20))

@@ -420,17 +420,6 @@ def test_rerun_bundles_neither_duplicate_nor_lose_records(tmp_path, tfrecord_inp
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    directory = tmp_path / "small"
-    os.makedirs(directory)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(directory)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}); the injected ENOSPC tests cover this")
-    yield str(directory)
-    subprocess.run(["umount", "-l", str(directory)], capture_output=True)
-
-
-@pytest.fixture
 def twelve_mb(tmp_path):
     sample.write_tfrecord(str(tmp_path / "in"), records=12_000, files=3, record_bytes=1000)
     return str(tmp_path / "in" / "*.tfrecord")
@@ -538,19 +527,19 @@ def many_small(tmp_path_factory):
 
 
 def test_oversized_piles_are_split_never_loaded_whole_and_stay_a_permutation(many_small, monkeypatch):
-    import pileshuffle.transforms.shuffle as shuffle
+    import pileshuffle.fragments as fragments
     from pileshuffle.pipeline import summary
 
     pattern, root = many_small
     loads = []
-    real_read_table = shuffle.read_table
+    real_read_table = fragments.read_table
 
     def recording_read_table(fragment):
         table = real_read_table(fragment)
         loads.append((fragment.path, table.nbytes))
         return table
 
-    monkeypatch.setattr(shuffle, "read_table", recording_read_table)
+    monkeypatch.setattr(fragments, "read_table", recording_read_table)
     limit = 20_000
     split = str(root / "split" / "train")
     result = run_shuffle(pattern, split, "--num_piles=2", f"--max_pile_bytes={limit}", "--seed=4")

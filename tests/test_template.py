@@ -282,7 +282,7 @@ def test_makefile_template_targets_expand():
     image = "europe-west4-docker.pkg.dev/p/pileshuffle/pileshuffle:latest"
     out = done.stdout
     assert f"--config templates/cloudbuild.yaml --substitutions _IMAGE={image} ." in out
-    assert f"flex-template build gs://b/templates/pileshuffle.json" in out and "--metadata-file templates/metadata.json" in out
+    assert "flex-template build gs://b/templates/pileshuffle.json" in out and "--metadata-file templates/metadata.json" in out
     assert "--template-file-gcs-location gs://b/templates/pileshuffle.json" in out and "--region europe-west4" in out
     parameters = re.search(r"--parameters '\^~\^([^']*)'", out).group(1)
     values = dict(item.split("=", 1) for item in parameters.split("~"))

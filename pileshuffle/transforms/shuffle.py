@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle import keys as keymath
 from pileshuffle.fingerprint import Fingerprint, total
-from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles, read_batches, read_table
+from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles, read_batches, read_tables
 from pileshuffle.transforms.assign import AssignPiles, parts_by_pile
 from pileshuffle.tuning import prepare_worker
 
@@ -85,7 +85,7 @@ class Pile:
             return
         if not self.fragments:
             return
-        table = pa.concat_tables([read_table(f) for f in self.fragments]).combine_chunks()
+        table = pa.concat_tables(read_tables(self.fragments)).combine_chunks()
         order = np.argsort(table.column(KEY_COLUMN).to_numpy(), kind="stable")
         records = table.drop_columns([KEY_COLUMN])
         step = max(1, int(OUTPUT_SLICE_BYTES * len(order) / max(1, records.nbytes)))

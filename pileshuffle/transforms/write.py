@@ -131,11 +131,8 @@ def release(pile):
     the freed page cache. Only for runners that never re-run a finished bundle (the local
     runner fails the whole run instead), since a re-run would need the fragments."""
     paths = [f.path for f in pile.fragments if f.path]
-    try:
-        if paths:
-            FileSystems.delete(paths)
-    except Exception:
-        pass  # Finalize removes the whole work directory anyway
+    if paths:
+        localio.delete_soon(paths)
 
 
 def pile_size_summary(shards):
@@ -152,6 +149,7 @@ class Finalize(beam.DoFn):
         self._fields, self._started = manifest_fields, started
 
     def process(self, element):
+        localio.wait_for_deletions()  # of released fragments, before the work directory goes
         _, items = element
         shards = sorted((i for i in items if isinstance(i, ShardStats)), key=lambda s: s.pile)
         sources = sorted((i for i in items if not isinstance(i, ShardStats)), key=lambda s: s.source)
