@@ -75,6 +75,7 @@ def verify_main(argv):
 def run_main(argv):
     from pileshuffle.tuning import importing_without_gc
 
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # nothing here uses BLAS; its idle threads spin
     with importing_without_gc():
         from pileshuffle.pipeline import main as run
 
