@@ -1,0 +1,40 @@
+"""Process tuning: what the command line sets up before Beam is imported."""
+
+import subprocess
+import sys
+
+
+def run_python(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_freed_memory_is_kept_and_arrow_allocates_from_glibc():
+    out = run_python(
+        "import os; from pileshuffle.tuning import keep_freed_memory; keep_freed_memory(); keep_freed_memory();"
+        "import pyarrow as pa;"
+        "print(pa.default_memory_pool().backend_name, os.environ['MALLOC_ARENA_MAX'], os.environ['ARROW_DEFAULT_MEMORY_POOL'],"
+        " os.environ['MALLOC_MMAP_THRESHOLD_'])"
+    )
+    assert out == f"system 1 system {32 << 20}"
+
+
+def test_a_users_own_settings_win():
+    out = run_python(
+        "import os; os.environ['ARROW_DEFAULT_MEMORY_POOL'] = 'mimalloc'; os.environ['MALLOC_ARENA_MAX'] = '4';"
+        "from pileshuffle.tuning import keep_freed_memory; keep_freed_memory();"
+        "import pyarrow as pa; print(os.environ['MALLOC_ARENA_MAX'], pa.default_memory_pool().backend_name)"
+    )
+    assert out == "4 mimalloc"
+
+
+def test_imports_without_gc_leave_the_collector_on_and_the_imports_frozen():
+    out = run_python(
+        "import gc; from pileshuffle.tuning import importing_without_gc\n"
+        "with importing_without_gc():\n"
+        "    assert not gc.isenabled()\n"
+        "    import json, decimal\n"
+        "print(gc.isenabled(), gc.get_freeze_count() > 1000)"
+    )
+    assert out == "True True"
