@@ -13,7 +13,6 @@ import uuid
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import localio
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 
@@ -50,11 +49,8 @@ def _ipc_source(fragment: Fragment, whole: bool):
     if fragment.payload is not None:
         yield pa.py_buffer(fragment.payload)
         return
-    if whole:
-        yield pa.py_buffer(localio.read_all(fragment.path))
-        return
     with FileSystems.open(fragment.path, compression_type="uncompressed") as handle:
-        yield handle
+        yield pa.py_buffer(handle.read()) if whole else handle
 
 
 def read_batches(fragment: Fragment):
@@ -69,8 +65,8 @@ def read_table(fragment: Fragment) -> pa.Table:
 
 
 def read_tables(fragments) -> list:
-    """The tables of ``fragments``, in order; their files are read concurrently."""
-    return localio.map_in_background(read_table, fragments)
+    """The tables of ``fragments``, in order."""
+    return [read_table(fragment) for fragment in fragments]
 
 
 def write_failure(location: str, error: Exception, needed: int = None) -> OutputError:
@@ -78,22 +74,12 @@ def write_failure(location: str, error: Exception, needed: int = None) -> Output
     return OutputError(f"cannot write to {location}: {error}{need}")
 
 
-FRAGMENT_BUFFERS_BYTES = 32 << 20  # write buffers of one writer's open fragment files, together
-
-
-def fragment_buffer_bytes(num_files: int) -> int:
-    """Each open fragment file's write buffer: ``FRAGMENT_BUFFERS_BYTES`` shared out,
-    between 64 KiB (fewer, larger direct writes) and 4 MiB."""
-    return min(4 << 20, max(64 << 10, FRAGMENT_BUFFERS_BYTES // max(1, num_files)))
-
-
 class FragmentFiles:
     """Appends tables to one fragment file per pile for a single writer ``name``;
     ``commit()`` renames them into place and returns ``(pile, path, records, nbytes, fingerprint)``."""
 
-    def __init__(self, directory: str, name: str, num_files: int = 1):
+    def __init__(self, directory: str, name: str):
         self._directory, self._name = directory, name
-        self._buffer_bytes = fragment_buffer_bytes(num_files)
         self._attempt = uuid.uuid4().hex[:12]
         self._open = {}  # pile -> [handle, writer, temp path, records, nbytes, fingerprint]
 
@@ -105,7 +91,7 @@ class FragmentFiles:
         try:
             if entry is None:
                 temp = self.final_path(pile) + f".tmp-{self._attempt}"
-                handle = localio.create(temp, buffer_bytes=self._buffer_bytes)
+                handle = FileSystems.create(temp, compression_type="uncompressed")
                 entry = self._open[pile] = [handle, pa.ipc.new_stream(handle, table.schema), temp, 0, 0, Fingerprint()]
             entry[1].write_table(table)
         except OSError as error:

@@ -23,7 +23,6 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pileshuffle import localio
 from pileshuffle.errors import OutputError, PileshuffleError, find_error, unwrapped, user_message
 from pileshuffle.fragments import Fragment
 from pileshuffle.options import PileshuffleOptions
@@ -136,7 +135,6 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
             close_client(result)
         except BaseException as error:
             held.ours = user_message(error) is not None
-            localio.wait_for_deletions()
             remove_tree(plan.work_dir)
             remove_tree(staging_dir(plan.output))
             message = user_message(error)

@@ -473,17 +473,14 @@ class _FullDisk(io.RawIOBase):
 def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location):
     from apache_beam.io.filesystems import FileSystems
 
-    from pileshuffle import localio
-
     def failing(real):
         def create(path, *args, **kwargs):
             handle = real(path, *args, **kwargs)
             return _FullDisk(handle) if where in path else handle
         return create
 
-    # every file a run writes is opened by one of these two
+    # every file a run writes is opened by it
     monkeypatch.setattr(FileSystems, "create", staticmethod(failing(FileSystems.create)))
-    monkeypatch.setattr(localio, "create", failing(localio.create))
     output = str(tmp_path / "out" / "train")
     with pytest.raises(OutputError) as caught:
         run_shuffle(tfrecord_input, output, "--num_piles=4")

@@ -71,8 +71,8 @@ def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths
 class _PileWriter:
     """Where pass-1 parts go: fragment files (files mode) or IPC elements (shuffle mode)."""
 
-    def __init__(self, fragments_dir, name: str, num_piles: int):
-        self._files = FragmentFiles(fragments_dir, name, num_piles) if fragments_dir else None
+    def __init__(self, fragments_dir, name: str):
+        self._files = FragmentFiles(fragments_dir, name) if fragments_dir else None
 
     def add(self, order: tuple, pile: int, part: pa.Table, fingerprint: Fingerprint):
         """Files mode appends and returns nothing; shuffle mode returns the element."""
@@ -107,7 +107,7 @@ class ReadSourceToPiles(beam.DoFn):
 
     def process(self, source: Source):
         report = ReadReport()
-        writer = _PileWriter(self._fragments_dir, f"s{source.id:06d}", self._num_piles)
+        writer = _PileWriter(self._fragments_dir, f"s{source.id:06d}")
         chunks = get_format(self._format_name).read_chunks(source.path, self._chunk_bytes, self._skip_corrupt, report)
         index, fingerprint = 0, Fingerprint()
         for chunk_index, table in enumerate(chunks):
@@ -165,7 +165,7 @@ class AssignPiles(beam.DoFn):
 
     def start_bundle(self):
         self._nonce = int.from_bytes(os.urandom(8), "little")
-        self._writer = _PileWriter(self._fragments_dir, f"b{self._nonce:016x}", self._num_piles)
+        self._writer = _PileWriter(self._fragments_dir, f"b{self._nonce:016x}")
         self._buffer, self._ids, self._buffered_bytes, self._drawn, self._flushes = [], [], 0, 0, 0
 
     def process(self, element):

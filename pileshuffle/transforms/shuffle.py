@@ -96,7 +96,7 @@ class Pile:
         """The sub-piles of this pile, in order: fragments re-keyed on the next digits of U."""
         ways = min(MAX_SPLIT_WAYS, max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2))  # one open file each
         split_dir = FileSystems.join(self.work_dir, "splits")
-        files = FragmentFiles(split_dir, f"{uuid.uuid4().hex[:12]}-d{self.depth}-p{self.index:06d}", ways)
+        files = FragmentFiles(split_dir, f"{uuid.uuid4().hex[:12]}-d{self.depth}-p{self.index:06d}")
         for fragment in self.fragments:
             for batch in read_batches(fragment):
                 digits = next_digits(batch.column(KEY_COLUMN).to_numpy(), self.num_piles)

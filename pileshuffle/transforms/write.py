@@ -18,7 +18,7 @@ import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import __version__, localio
+from pileshuffle import __version__
 from pileshuffle.errors import InputError, IntegrityError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
@@ -106,7 +106,7 @@ class WriteShard(beam.DoFn):
                 yield records
 
         try:
-            with localio.create(temp, fmt.shard_handle_compression(self._compression)) as handle:
+            with FileSystems.create(temp, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
                 fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
             FileSystems.rename([temp], [staged])
         except (OSError, BeamIOError) as error:
@@ -131,8 +131,11 @@ def release(pile):
     the freed page cache. Only for runners that never re-run a finished bundle (the local
     runner fails the whole run instead), since a re-run would need the fragments."""
     paths = [f.path for f in pile.fragments if f.path]
-    if paths:
-        localio.delete_soon(paths)
+    try:
+        if paths:
+            FileSystems.delete(paths)
+    except Exception:
+        pass  # Finalize removes the whole work directory anyway
 
 
 def pile_size_summary(shards):
@@ -149,7 +152,6 @@ class Finalize(beam.DoFn):
         self._fields, self._started = manifest_fields, started
 
     def process(self, element):
-        localio.wait_for_deletions()  # of released fragments, before the work directory goes
         _, items = element
         shards = sorted((i for i in items if isinstance(i, ShardStats)), key=lambda s: s.pile)
         sources = sorted((i for i in items if not isinstance(i, ShardStats)), key=lambda s: s.source)
