@@ -76,7 +76,6 @@ def run_main(argv):
     from pileshuffle.tuning import importing_without_gc, keep_freed_memory
 
     keep_freed_memory()  # before Beam's import starts threads
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # nothing here uses BLAS; its idle threads spin
     with importing_without_gc():
         from pileshuffle.pipeline import main as run
 

@@ -30,11 +30,13 @@ def keep_freed_memory():
     """Tune glibc malloc in this process and in the processes it starts (local runner
     workers inherit the environment), and let Arrow allocate through it. Idempotent; does
     nothing where glibc is absent. The command line calls it first thing, before any other
-    thread exists: threads started later then all share glibc's one arena."""
+    thread exists: threads started later then all share glibc's one arena, and numpy's
+    OpenBLAS (imported with pyarrow) starts no idle threads: nothing here uses BLAS."""
     global _done
     if _done:
         return
     _done = True
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     settings = {  # the environment's own values, where set, win
         _M_MMAP_THRESHOLD: _setdefault("MALLOC_MMAP_THRESHOLD_", HEAP_BLOCK_LIMIT),
         _M_TRIM_THRESHOLD: _setdefault("MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD),

@@ -29,7 +29,7 @@ from outputs import (
 from pileshuffle import sample
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.formats import ReadReport, get_format
-from pileshuffle.formats.tfrecord import frame, masked_crc
+from pileshuffle.formats.tfrecord import CRC_PRESET_BYTES, frame, masked_crc, payloads_match_stored_crcs, scan_frames
 
 # --- fuzz: random and mutated bytes as TFRecord input ----------------------------------------
 
@@ -137,6 +137,38 @@ def test_fuzzed_tfrecord_input_reader(tmp_path, data, chunk_bytes, gz):
         assert frames == expected and report.skipped_records == 0
     else:
         assert report.skipped_records >= 1 and len(report.problems) == report.skipped_records
+
+
+def test_crc_preset_bytes_turn_a_raw_crc_into_crc32c():
+    """The raw CRC (register from 0) of CRC_PRESET_BYTES + p is CRC32C(p) xor 0xFFFFFFFF."""
+    import google_crc32c
+
+    assert google_crc32c.extend(0xFFFFFFFF, CRC_PRESET_BYTES) == 0  # the register reads 0xFFFFFFFF
+    for payload in (b"", b"a", b"hello world", bytes(1000), np.random.default_rng(0).bytes(4097)):
+        assert google_crc32c.extend(0xFFFFFFFF, CRC_PRESET_BYTES + payload) == google_crc32c.value(payload)
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=300), min_size=1, max_size=30),
+    flip=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 7)),
+)
+@settings(max_examples=200, deadline=None)
+def test_one_pass_data_crc_check_accepts_valid_frames_and_catches_any_single_bad_one(payloads, flip):
+    """The all-at-once check agrees with checking every frame on its own when at most one
+    frame is bad (then it never misses), and locates nothing itself: scan_frames falls
+    back to per-frame CRCs and reports the first bad frame."""
+    data = bytearray(b"".join(frame(p) for p in payloads))
+    begin = np.array(frame_starts(bytes(data)), dtype=np.int64)
+    ends = np.append(begin[1:], len(data))
+    assert payloads_match_stored_crcs(np.frombuffer(bytes(data), np.uint8), begin, ends)
+    record, byte, bit = flip[0] % len(payloads), flip[1], flip[2]
+    data_start, data_end = int(begin[record]) + 12, int(ends[record])  # the data and its stored CRC
+    if data_end == data_start:
+        return
+    data[data_start + byte % (data_end - data_start)] ^= 1 << bit
+    assert not payloads_match_stored_crcs(np.frombuffer(bytes(data), np.uint8), begin, ends)
+    starts, end, problem = scan_frames(bytes(data))
+    assert starts == begin[:record].tolist() and end == begin[record] and "fails its CRC" in problem
 
 
 def test_random_bytes_under_a_gz_name(tmp_path):

@@ -15,9 +15,10 @@ def test_freed_memory_is_kept_and_arrow_allocates_from_glibc():
         "import os; from pileshuffle.tuning import keep_freed_memory; keep_freed_memory(); keep_freed_memory();"
         "import pyarrow as pa;"
         "print(pa.default_memory_pool().backend_name, os.environ['MALLOC_ARENA_MAX'], os.environ['ARROW_DEFAULT_MEMORY_POOL'],"
-        " os.environ['MALLOC_MMAP_THRESHOLD_'])"
+        " os.environ['MALLOC_MMAP_THRESHOLD_'], os.environ['OPENBLAS_NUM_THREADS'],"
+        " [open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')].count('python'))"
     )
-    assert out == f"system 1 system {32 << 20}"
+    assert out == f"system 1 system {32 << 20} 1 1"  # one Python thread: no idle OpenBLAS workers
 
 
 def test_a_users_own_settings_win():
