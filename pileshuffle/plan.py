@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError, OutputError
-from pileshuffle.formats import ReadReport, get_format
+from pileshuffle.formats import get_format
 from pileshuffle.options import PileshuffleOptions, parse_bytes
 from pileshuffle.transforms.assign import Source
 from pileshuffle.transforms.write import existing_outputs, manifest_path, remove_tree, staging_dir
@@ -90,14 +90,12 @@ def describe_difference(expected, actual) -> str:
 
 
 def mean_record_bytes(fmt, sources) -> float:
-    """Mean stored bytes per record, from the first MiB of the first non-empty source."""
+    """Mean stored bytes per record, from the first MiB of the first source that has a record
+    there (Parquet: from its footer)."""
     for source in sources:
-        if source.size == 0:
-            continue
-        for table in fmt.read_chunks(source.path, SAMPLE_BYTES, skip_corrupt=True, report=ReadReport()):
-            if table.num_rows:
-                return max(1.0, table.nbytes / table.num_rows)
-            break
+        mean = fmt.mean_record_bytes(source.path, SAMPLE_BYTES) if source.size else None
+        if mean:
+            return max(1.0, mean)
     return 1.0
 
 

@@ -3,6 +3,7 @@ determinism across modes and workers, order statistics, and the up-front errors.
 
 import collections
 import glob
+import os
 import subprocess
 import sys
 
@@ -249,3 +250,26 @@ def test_plan_reports_without_writing_anything(tfrecord_input, tmp_path):
     plan = json.loads(proc.stdout)
     assert plan["files"] == 3 and plan["num_piles"] > 1 and "auto" in plan["reason"]
     assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "jsonl", "parquet"])
+def test_mean_record_size_comes_from_the_first_source_with_records(tmp_path, fmt):
+    """The auto pile count's record size: a sample of the first source that has records
+    (an empty first file is passed over); Parquet reads only its footer, and agrees."""
+    from pileshuffle.formats import get_format
+    from pileshuffle.plan import mean_record_bytes
+    from pileshuffle.transforms.assign import Source
+
+    writer = {"tfrecord": sample.write_tfrecord, "jsonl": sample.write_jsonl, "parquet": sample.write_parquet}[fmt]
+    writer(str(tmp_path / "in"), records=2000, files=2, record_bytes=300)
+    writer(str(tmp_path / "in"), records=0, files=1, record_bytes=300, name="a-empty")
+    paths = sorted(glob.glob(str(tmp_path / "in" / f"*.{fmt}")))
+    assert "a-empty" in paths[0]
+    sources = [Source(i, p, os.path.getsize(p)) for i, p in enumerate(paths)]
+    mean = mean_record_bytes(get_format(fmt), sources)
+    if fmt == "parquet":
+        table = pq.read_table(paths[1])
+        assert mean == pytest.approx(table.nbytes / table.num_rows, rel=0.05)
+    else:
+        assert 290 <= mean <= 330  # about 300 bytes each (with framing and Arrow's offsets)
+    assert mean_record_bytes(get_format(fmt), sources[:1]) == 1.0  # nothing to sample

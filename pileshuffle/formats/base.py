@@ -113,6 +113,13 @@ class RecordFormat:
         """Yield the records of ``path`` in file order as tables of about ``chunk_bytes``."""
         raise NotImplementedError
 
+    def mean_record_bytes(self, path, sample_bytes):
+        """Mean bytes per record as Arrow holds them, from the first ``sample_bytes`` of
+        ``path`` (None if those hold no record)."""
+        for table in self.read_chunks(path, sample_bytes, skip_corrupt=True, report=ReadReport()):
+            return table.nbytes / table.num_rows if table.num_rows else None
+        return None
+
     def check_source(self, path):
         """Cheap up-front check of one input file; returns its schema or None."""
         return None

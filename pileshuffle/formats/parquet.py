@@ -47,6 +47,12 @@ class ParquetFormat(RecordFormat):
         with open_input(path, "uncompressed") as handle:
             return _parquet_file(handle, path).schema_arrow
 
+    def mean_record_bytes(self, path, sample_bytes):
+        """From the footer: decoding a first batch would read a whole row group."""
+        with open_input(path, "uncompressed") as handle:
+            metadata = _parquet_file(handle, path).metadata
+        return mean_row_bytes(metadata) if metadata.num_rows else None
+
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
         with open_input(path, "uncompressed") as handle:
             parquet = _parquet_file(handle, path)
