@@ -12,6 +12,7 @@ import uuid
 
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.localfilesystem import LocalFileSystem
 
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
@@ -48,6 +49,10 @@ def _ipc_source(fragment: Fragment, whole: bool):
     """The fragment's IPC stream: its payload, or its file (read at once if ``whole``)."""
     if fragment.payload is not None:
         yield pa.py_buffer(fragment.payload)
+        return
+    if whole and isinstance(FileSystems.get_filesystem(fragment.path), LocalFileSystem):
+        with pa.memory_map(fragment.path) as mapped:  # local: the page cache itself, no copy
+            yield mapped
         return
     with FileSystems.open(fragment.path, compression_type="uncompressed") as handle:
         yield pa.py_buffer(handle.read()) if whole else handle
