@@ -29,7 +29,14 @@ from outputs import (
 from pileshuffle import sample
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.formats import ReadReport, get_format
-from pileshuffle.formats.tfrecord import CRC_PRESET_BYTES, frame, masked_crc, payloads_match_stored_crcs, scan_frames
+from pileshuffle.formats.tfrecord import (
+    CRC_PRESET_BYTES,
+    frame,
+    masked_crc,
+    payloads_match_stored_crcs,
+    scan_frames,
+    stored_data_crcs,
+)
 
 # --- fuzz: random and mutated bytes as TFRecord input ----------------------------------------
 
@@ -160,13 +167,17 @@ def test_one_pass_data_crc_check_accepts_valid_frames_and_catches_any_single_bad
     data = bytearray(b"".join(frame(p) for p in payloads))
     begin = np.array(frame_starts(bytes(data)), dtype=np.int64)
     ends = np.append(begin[1:], len(data))
-    assert payloads_match_stored_crcs(np.frombuffer(bytes(data), np.uint8), begin, ends)
+    def check(data):
+        raw = np.frombuffer(bytes(data), np.uint8)
+        return payloads_match_stored_crcs(raw, begin, ends, stored_data_crcs(raw, ends))
+
+    assert check(data)
     record, byte, bit = flip[0] % len(payloads), flip[1], flip[2]
     data_start, data_end = int(begin[record]) + 12, int(ends[record])  # the data and its stored CRC
     if data_end == data_start:
         return
     data[data_start + byte % (data_end - data_start)] ^= 1 << bit
-    assert not payloads_match_stored_crcs(np.frombuffer(bytes(data), np.uint8), begin, ends)
+    assert not check(data)
     starts, end, problem = scan_frames(bytes(data))
     assert starts == begin[:record].tolist() and end == begin[record] and "fails its CRC" in problem
 

@@ -92,6 +92,11 @@ def _walk(buf: bytes, size: int):
     return starts, pos
 
 
+def stored_data_crcs(raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The masked data CRC stored in the last 4 bytes of each frame ending at ``ends`` (uint32)."""
+    return raw[(ends - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)].copy().view("<u4").ravel()
+
+
 # The 4 bytes that take a zeroed CRC32C register to 0xFFFFFFFF, the standard preset:
 # the CRC32C of any payload is the raw CRC (register from 0, no final xor) of
 # CRC_PRESET_BYTES + payload, xor 0xFFFFFFFF (tests derive it from google_crc32c).
@@ -99,9 +104,9 @@ CRC_PRESET_BYTES = bytes.fromhex("54641f64")
 _PRESET_HEADER = np.frombuffer(bytes(8) + CRC_PRESET_BYTES, dtype=np.uint8)
 
 
-def payloads_match_stored_crcs(raw: np.ndarray, begin: np.ndarray, ends: np.ndarray) -> bool:
+def payloads_match_stored_crcs(raw: np.ndarray, begin: np.ndarray, ends: np.ndarray, stored: np.ndarray) -> bool:
     """Whether every frame's data matches its stored CRC, with one CRC pass over the
-    frames instead of one Python call per record.
+    frames instead of one Python call per record (``stored``: ``stored_data_crcs(raw, ends)``).
 
     In a copy of the frames each header becomes 8 zero bytes + ``CRC_PRESET_BYTES`` and each
     footer the raw register its payload should leave. A frame whose data matches its CRC is
@@ -114,7 +119,7 @@ def payloads_match_stored_crcs(raw: np.ndarray, begin: np.ndarray, ends: np.ndar
     copy = raw[: ends[-1]].copy()
     copy[begin[:, None] + np.arange(HEADER_BYTES)] = _PRESET_HEADER
     footers = (ends - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)
-    registers = (unmask_crcs(raw[footers].copy().view("<u4").ravel()) ^ np.uint64(_U32)).astype("<u4")
+    registers = (unmask_crcs(stored) ^ np.uint64(_U32)).astype("<u4")
     copy[footers] = registers.view(np.uint8).reshape(-1, FOOTER_BYTES)
     copy.flags.writeable = False  # google_crc32c takes read-only buffers only
     return google_crc32c.extend(_U32, copy) == _U32  # extend from 0xFFFFFFFF: a raw CRC, xor 0xFFFFFFFF
@@ -136,7 +141,8 @@ def scan_frames(buf: bytes, base_offset: int = 0):
     ends = np.append(begin[1:], pos) if len(starts) else begin
     headers = raw[begin[:, None] + np.arange(HEADER_BYTES)] if len(starts) else np.zeros((0, HEADER_BYTES), np.uint8)
     header_ok = mask_crcs(crc32c_of_u64_fields(headers[:, :8])) == headers[:, 8:].copy().view("<u4").ravel()
-    if header_ok.all() and payloads_match_stored_crcs(raw, begin, ends):
+    stored = stored_data_crcs(raw, ends)
+    if header_ok.all() and payloads_match_stored_crcs(raw, begin, ends, stored):
         bad = ()
     else:
         value = google_crc32c.value
@@ -144,7 +150,6 @@ def scan_frames(buf: bytes, base_offset: int = 0):
             (value(buf[a:b]) for a, b in zip((begin + HEADER_BYTES).tolist(), (ends - FOOTER_BYTES).tolist())),
             dtype=np.uint64, count=len(starts),
         )
-        stored = raw[(ends - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)].copy().view("<u4").ravel()
         bad = np.flatnonzero(~(header_ok & (mask_crcs(data_crcs) == stored)))
     if len(bad):
         first = int(bad[0])
@@ -294,8 +299,7 @@ def frame_payload_stats(column) -> tuple:
         _, offsets_buffer, data_buffer = chunk.buffers()
         offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[chunk.offset : chunk.offset + len(chunk) + 1].astype(np.int64)
         raw = np.frombuffer(data_buffer, dtype=np.uint8)
-        masked = raw[(offsets[1:] - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)].copy().view("<u4").ravel()
-        crcs.append(unmask_crcs(masked))
+        crcs.append(unmask_crcs(stored_data_crcs(raw, offsets[1:])))
         lengths.append(np.diff(offsets) - HEADER_BYTES - FOOTER_BYTES)
     return np.concatenate(crcs), np.concatenate(lengths)
 
