@@ -16,10 +16,13 @@ setuptools.setup(
         "apache-beam[gcp]>=2.77,<3",
         "pyarrow>=17",
         "numpy>=1.26",
+        "tqdm>=4.60",
     ],
     extras_require={
         "tf": ["tensorflow-cpu>=2.16"],
         "dask": ["dask>=2024.1", "distributed>=2024.1"],
+        "torch": ["torch>=2.1", "torchdata>=0.8"],
+        "report": ["matplotlib>=3.7"],
         "test": [
             "pytest>=8",
             "hypothesis>=6",
@@ -29,6 +32,9 @@ setuptools.setup(
             "tensorflow-cpu>=2.16",
             "dask>=2024.1",
             "distributed>=2024.1",
+            "torch==2.13.0",  # the CPU-only wheel on these machines; any other version pulls CUDA
+            "torchdata>=0.8",
+            "matplotlib>=3.7",
         ],
     },
     entry_points={"console_scripts": ["pileshuffle=pileshuffle.cli:entry"]},
