@@ -293,7 +293,7 @@ def planned_piles(data, fmt):
     shutil.rmtree(probe, ignore_errors=True)
     os.makedirs(probe)
     result = subprocess.run([*pileshuffle_command(), "plan", "--input", data["pattern"], "--output",
-                             os.path.join(probe, "train"), "--format", fmt], capture_output=True, text=True, cwd=probe)
+                             os.path.join(probe, "train"), "--format", fmt, "--json"], capture_output=True, text=True, cwd=probe)
     shutil.rmtree(probe, ignore_errors=True)
     if result.returncode != 0:
         raise RuntimeError(f"pileshuffle plan failed: {result.stderr.strip()}")

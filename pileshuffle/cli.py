@@ -1,96 +1,58 @@
-"""``pileshuffle run | plan | verify | generate | metadata``."""
+"""``pileshuffle COMMAND [options]``: one entry in ``COMMANDS`` per command.
 
-import argparse
-import json
+A command is a module with ``main(argv) -> exit code`` and a one-line description. A
+command whose options are pipeline options checks them with
+``pileshuffle.options.check_argv`` (unknown options, bad values: exit code 2 before
+anything runs) and answers ``--help`` from its parameters (``options.help_text``).
+"""
+
+import dataclasses
+import importlib
 import logging
 import multiprocessing
 import os
 import sys
 
-USAGE = """usage: pileshuffle COMMAND [options]
 
-commands:
-  run       shuffle: the template's pipeline (same options as python -m pileshuffle.pipeline)
-  plan      show what a run would do (files, bytes, piles) without running it
-  verify    re-read input and output and prove nothing was lost, duplicated or corrupted
-  generate  write sample data whose records carry their index (for trying things out)
-  metadata  print the Dataflow flex template's metadata.json
+@dataclasses.dataclass(frozen=True)
+class Command:
+    module: str
+    description: str
 
-'pileshuffle COMMAND --help' shows a command's options."""
+    def main(self, argv) -> int:
+        from pileshuffle.tuning import importing_without_gc, keep_freed_memory
 
-
-def plan_main(argv):
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    from pileshuffle.errors import PileshuffleError
-    from pileshuffle.plan import make_plan
-
-    try:
-        plan = make_plan(PipelineOptions(argv))
-    except PileshuffleError as error:
-        print(f"pileshuffle: error: {error}", file=sys.stderr)
-        return 2
-    print(json.dumps({
-        "files": len(plan.sources),
-        "input_bytes": plan.input_bytes,
-        "num_piles": plan.num_piles,
-        "reason": plan.num_piles_reason,
-        "output": plan.output,
-        "compression": plan.compression,
-        "intermediate": plan.intermediate,
-        "work_dir": plan.work_dir,
-    }, indent=1))
-    return 0
+        keep_freed_memory()  # before Beam's import starts threads
+        with importing_without_gc():
+            module = importlib.import_module(self.module)
+        return module.main(argv)
 
 
-def generate_main(argv):
-    from pileshuffle import sample
-
-    parser = argparse.ArgumentParser(prog="pileshuffle generate")
-    parser.add_argument("--format", choices=sorted(sample.WRITERS), default="tfrecord")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--files", type=int, default=4)
-    parser.add_argument("--record_bytes", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    paths = sample.WRITERS[args.format](args.output_dir, args.records, args.files, args.record_bytes, args.seed)
-    print("\n".join(paths))
-    return 0
+COMMANDS = {
+    "run": Command("pileshuffle.pipeline", "shuffle: the template's pipeline (same options as python -m pileshuffle.pipeline)"),
+    "plan": Command("pileshuffle.plan", "show what a run would do (files, bytes, piles, memory, space) without running it"),
+    "verify": Command("pileshuffle.verify", "re-read input and output and prove nothing was lost, duplicated or corrupted"),
+    "generate": Command("pileshuffle.sample", "write sample data whose records carry their index (for trying things out)"),
+    "metadata": Command("pileshuffle.options", "print the Dataflow flex template's metadata.json"),
+}
 
 
-def metadata_main(argv):
-    from pileshuffle.options import template_metadata
-
-    print(json.dumps(template_metadata(), indent=2))
-    return 0
-
-
-def verify_main(argv):
-    from pileshuffle.verify import main as verify
-
-    return verify(argv)
-
-
-def run_main(argv):
-    from pileshuffle.tuning import importing_without_gc, keep_freed_memory
-
-    keep_freed_memory()  # before Beam's import starts threads
-    with importing_without_gc():
-        from pileshuffle.pipeline import main as run
-
-    return run(argv)
-
-
-COMMANDS = {"run": run_main, "plan": plan_main, "verify": verify_main, "generate": generate_main, "metadata": metadata_main}
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {command.description}" for name, command in COMMANDS.items()]
+    return "\n".join(["usage: pileshuffle COMMAND [options]", "", "commands:", *lines, "",
+                      "'pileshuffle COMMAND --help' shows a command's options."])
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return COMMANDS[argv[0]](argv[1:])
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]].main(argv[1:])
+    asked = bool(argv) and argv[0] in ("-h", "--help")
+    if argv and not asked:
+        print(f"pileshuffle: error: unknown command {argv[0]!r}", file=sys.stderr)
+    print(usage(), file=sys.stdout if asked else sys.stderr)
+    return 0 if asked else 2
 
 
 def entry():

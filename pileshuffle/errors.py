@@ -23,6 +23,10 @@ class OutputError(PileshuffleError):
     """The output or temp location cannot be used as asked."""
 
 
+class UsageError(PileshuffleError):
+    """A command-line option or its value is wrong: the message names the option."""
+
+
 class IntegrityError(PileshuffleError):
     """What was written does not account for what was read."""
 

@@ -1,11 +1,26 @@
-"""The template's parameters, defined once: the CLI, the pipeline's option parser and
-``templates/metadata.json`` are all generated from ``PARAMETERS``."""
+"""The template's parameters, defined once: ``--help``, the pipeline's option parser, the
+value checks and ``templates/metadata.json`` are all generated from ``PARAMETERS``.
 
+A command that takes pipeline options calls ``check_argv(argv)`` before anything runs:
+every ``--name`` must be one of its parameters or a Beam option (any registered
+``PipelineOptions`` subclass: Dataflow's, Dask's when installed), and every value of
+ours must parse. Both raise ``UsageError`` (one line naming the option, exit code 2).
+"""
+
+import argparse
 import dataclasses
+import difflib
+import re
+import textwrap
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pileshuffle.errors import UsageError
 from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES
+
+MIN_MAX_PILE_BYTES = 1 << 20  # with --num_piles=auto, where it sets the number of piles
+MIN_SPLIT_BYTES = 16 << 10  # with a given --num_piles, where it only sets the sub-pile size
+MAX_SEED = (1 << 64) - 1  # seeds are 64-bit: larger ones would alias smaller ones
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,36 +34,49 @@ class Parameter:
     regex: str = None
     kind: type = str
     flag: bool = False
+    metavar: str = "VALUE"
 
     @property
     def optional(self) -> bool:
         return self.default is not None or self.flag
 
+    @property
+    def usage(self) -> str:
+        """``--name VALUE`` as ``--help`` shows it."""
+        if self.flag:
+            return f"--{self.name}"
+        return f"--{self.name} " + ("{" + ",".join(self.choices) + "}" if self.choices else self.metavar)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)$")
+
 
 def parse_bytes(text) -> int:
-    """'256MiB', '1G', '1048576' -> bytes."""
-    text = str(text).strip()
-    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-             "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
-    number = text.rstrip("bBkKmMgGtTiI")
-    unit = text[len(number):].lower()
-    if unit not in units or not number:
-        raise ValueError(f"not a size: {text!r} (try 128MiB)")
-    return int(float(number) * units[unit])
+    """'256MiB', '1G', '64MB', '1048576' -> bytes (every unit is binary: MB = MiB)."""
+    found = _SIZE.match(str(text).strip())
+    if not found or found.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (a number with KiB, MiB, GiB or TiB, e.g. 128MiB)")
+    return int(float(found.group(1)) * _UNITS[found.group(2).lower()])
+
+
+FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "": True, "0": False, "false": False, "no": False,
+              "off": False}
 
 
 def parse_flag(text) -> bool:
-    return str(text).lower() in ("1", "true", "yes", "on", "")
+    return FLAG_WORDS.get(str(text).lower(), False)
 
 
 PARAMETERS = (
     Parameter("input", "Input files",
               "Comma-separated file patterns to shuffle: local paths or any location Beam's FileSystems opens (gs://...). "
               "Compression is detected from each file name (.gz).",
-              "gs://my-bucket/data/train-*.tfrecord", regex=r"^[^\n]+$"),
+              "gs://my-bucket/data/train-*.tfrecord", regex=r"^[^\n]+$", metavar="PATTERNS"),
     Parameter("output", "Output prefix",
               "Path prefix of the output: shards are {output}-00000-of-00064.tfrecord etc., plus {output}-manifest.json.",
-              "gs://my-bucket/shuffled/train", regex=r"^[^\n,*?]+$"),
+              "gs://my-bucket/shuffled/train", regex=r"^[^\n,*?]+$", metavar="PREFIX"),
     Parameter("format", "Record format", "Format of input and output records.", "tfrecord",
               default="tfrecord", choices=("tfrecord", "parquet", "jsonl")),
     Parameter("compression", "Output compression",
@@ -56,13 +84,14 @@ PARAMETERS = (
               "auto", default="auto", choices=("auto", "none", "gzip", "snappy", "zstd")),
     Parameter("num_piles", "Number of piles",
               "Number of piles = output shards, or auto to size piles from the input and max_pile_bytes.", "auto",
-              default="auto", regex=r"^(auto|[1-9][0-9]*)$"),
+              default="auto", regex=r"^(auto|[1-9][0-9]*)$", metavar="{auto,N}"),
     Parameter("max_pile_bytes", "Largest pile in memory",
               "Upper bound on the records of one pile held in a worker's memory (auto plans piles of at most this with "
-              "s + 6*sqrt(s) headroom; a larger pile is split again). Suffixes KiB, MiB, GiB.",
-              "128MiB", default=f"{DEFAULT_MAX_PILE_BYTES >> 20}MiB", regex=r"^[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?$"),
+              "s + 6*sqrt(s) headroom; a larger pile is split again). Suffixes KiB, MiB, GiB; at least 1MiB with num_piles=auto.",
+              "128MiB", default=f"{DEFAULT_MAX_PILE_BYTES >> 20}MiB", regex=r"^[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?$",
+              metavar="SIZE"),
     Parameter("seed", "Random seed", "Seed of the shuffle: the same input, seed and piles give the same bytes.", "42",
-              default="0", regex=r"^-?[0-9]+$", kind=int),
+              default="0", regex=r"^[0-9]+$", kind=int, metavar="N"),
     Parameter("intermediate", "Intermediate mode",
               "files: pass 1 writes pile fragments to the temp location and only their names are grouped (bounded memory "
               "on local runners); shuffle: records are grouped in per-pile chunks by the runner (use on Dataflow's Shuffle).",
@@ -71,6 +100,10 @@ PARAMETERS = (
               flag=True, regex=r"^(true|false)$"),
     Parameter("skip_corrupt", "Skip corrupt records",
               "Skip corrupt TFRecord records (resynchronising at the next valid record) and report them, instead of failing.",
+              "false", flag=True, regex=r"^(true|false)$"),
+    Parameter("quiet", "No progress lines",
+              "Print no progress on stderr. Without it a local run shows pass 1 (files and bytes read, MB/s, ETA) "
+              "and pass 2 (piles written): a live line on a terminal, a line every few seconds otherwise.",
               "false", flag=True, regex=r"^(true|false)$"),
 )
 
@@ -111,3 +144,172 @@ def template_metadata() -> dict:
                        "(uniform random order, deterministic for a seed).",
         "parameters": parameters,
     }
+
+
+# -- the command line -------------------------------------------------------------------------
+
+BEAM_OPTIONS_NOTE = """Beam's own options are accepted too: --runner (default: the local FnApiRunner, one thread
+per core), --temp_location, --direct_num_workers, Dataflow's (--project, --region,
+--worker_machine_type, --max_num_workers, ...) and Dask's (--dask_client_address, ...). See
+https://beam.apache.org/releases/pydoc/current/apache_beam.options.pipeline_options.html,
+docs/dataflow.md and docs/dask.md."""
+
+
+def help_text(prog: str, summary: str, parameters=PARAMETERS) -> str:
+    """``--help``: every parameter with its default and the help text metadata.json carries."""
+    lines = [f"usage: {prog} --input PATTERNS --output PREFIX [options] [Beam options]", "", *textwrap.wrap(summary, 96),
+             "", "options:"]
+    for p in parameters:
+        default = "required" if not p.optional else f"default: {'false' if p.flag else p.default}"
+        lines.append(f"  {p.usage}  ({default})")
+        lines += textwrap.wrap(p.help, width=96, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    lines += ["  -h, --help  show this help and exit", "", BEAM_OPTIONS_NOTE]
+    return "\n".join(lines)
+
+
+def wants_help(argv) -> bool:
+    return any(a in ("-h", "--help") for a in _before_separator(argv))
+
+
+def _before_separator(argv):
+    argv = list(argv)
+    return argv[: argv.index("--")] if "--" in argv else argv
+
+
+def beam_option_names() -> set:
+    """Every option string of every registered ``PipelineOptions`` subclass."""
+    from apache_beam.options.pipeline_options import _BeamArgumentParser
+
+    parser = _BeamArgumentParser(allow_abbrev=False, add_help=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        try:
+            cls._add_argparse_args(parser)
+        except argparse.ArgumentError:  # the same option in two classes
+            pass
+    return {option for option in parser._option_string_actions if option.startswith("--")}
+
+
+def _register_optional_runners():
+    """Import the options of runners that live outside Beam's core module (Dask)."""
+    try:
+        import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
+    except Exception:  # dask not installed
+        pass
+
+
+def check_argv(argv, parameters=PARAMETERS):
+    """Refuse unknown options and bad values of ``parameters`` in ``argv`` (UsageError).
+    Returns the parsed values of ``parameters`` (an ``argparse.Namespace``)."""
+    names = [a[2:].split("=", 1)[0] for a in _before_separator(argv) if a.startswith("--") and len(a) > 2]
+    known = {f"--{p.name}" for p in parameters}
+    unknown = [n for n in names if f"--{n}" not in known]
+    if unknown:
+        known |= beam_option_names()
+        unknown = [n for n in unknown if f"--{n}" not in known]
+    if unknown:
+        _register_optional_runners()
+        known |= beam_option_names()
+        unknown = [n for n in unknown if f"--{n}" not in known]
+    if unknown:
+        raise UsageError(f"unknown option --{unknown[0]}{did_you_mean(unknown[0], parameters, known)}")
+    values = _parse_own(argv, parameters)
+    check_values(values, parameters)
+    return values
+
+
+def did_you_mean(name: str, parameters, known) -> str:
+    ours = [p.name for p in parameters]
+    close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6) or difflib.get_close_matches(
+        name, [k[2:] for k in known], n=1, cutoff=0.75)
+    return f" (did you mean --{close[0]}?)" if close else " (see --help)"
+
+
+def _parse_own(argv, parameters):
+    """Our parameters' raw values, every other option ignored (no choices: check_values
+    reports those in one line)."""
+    parser = _QuietParser(allow_abbrev=False, add_help=False)
+    for p in parameters:
+        if p.flag:
+            parser.add_argument(f"--{p.name}", nargs="?", const="true", default="false")
+        else:
+            parser.add_argument(f"--{p.name}", default=p.default)
+    values, _ = parser.parse_known_args(_before_separator(argv))
+    return values
+
+
+class _QuietParser(argparse.ArgumentParser):
+    """Raises UsageError (e.g. "argument --seed: expected one argument") instead of printing usage."""
+
+    def error(self, message):
+        raise UsageError(message.removeprefix("argument "))
+
+
+def check_values(values, parameters=PARAMETERS):
+    """Every value a user can mistype, checked before anything runs (UsageError naming the option)."""
+    names = {p.name for p in parameters}
+    for p in parameters:
+        value = getattr(values, p.name, None)
+        if value is None:
+            continue
+        if p.flag and not isinstance(value, bool) and str(value).lower() not in FLAG_WORDS:
+            raise UsageError(f"--{p.name}: {value!r} is not true or false")
+        if p.choices and value not in p.choices:
+            raise UsageError(f"--{p.name}: {value!r} is not one of {', '.join(p.choices)}")
+    if "num_piles" in names:
+        check_num_piles(getattr(values, "num_piles", "auto"))
+    if "max_pile_bytes" in names:
+        check_max_pile_bytes(getattr(values, "max_pile_bytes", None), str(getattr(values, "num_piles", "auto")) == "auto")
+    if "seed" in names:
+        check_seed(getattr(values, "seed", 0))
+    if {"format", "compression"} <= names:
+        check_compression(getattr(values, "format", "tfrecord"), getattr(values, "compression", "auto"))
+
+
+def check_num_piles(value):
+    text = str(value).strip()
+    if text == "auto":
+        return
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise UsageError(f"--num_piles: must be auto or a whole number of at least 1, not {value!r}")
+
+
+def check_max_pile_bytes(value, auto: bool):
+    """With ``--num_piles=auto`` the value sets the number of piles: below 1 MiB each pile's
+    fixed costs (a shard file, a fragment per input file, a task) outweigh its records (1 KiB
+    on 25 MB made 24,613 piles, more than records, at 0.8 MB/s). With a given number of piles
+    it only sets the size of the sub-piles a large pile is loaded in: at least 16 KiB."""
+    if value is None:
+        return
+    try:
+        size = parse_bytes(value)
+    except ValueError as error:
+        raise UsageError(f"--max_pile_bytes: {error}") from None
+    if auto and size < MIN_MAX_PILE_BYTES:
+        raise UsageError(
+            f"--max_pile_bytes: {value} is below the minimum of 1MiB with --num_piles=auto: smaller piles cost more "
+            "in per-pile work (a shard, a fragment per input file) than they save in memory; give --num_piles to "
+            "choose the number of piles yourself")
+    if size < MIN_SPLIT_BYTES:
+        raise UsageError(f"--max_pile_bytes: {value} is below the minimum of 16KiB (the smallest sub-pile worth loading)")
+
+
+def check_seed(value):
+    text = str(value).strip()
+    if not re.fullmatch(r"[0-9]+", text) or int(text) > MAX_SEED:
+        raise UsageError(f"--seed: must be a whole number from 0 to 2**64-1, not {value!r}")
+
+
+def check_compression(format_name, compression):
+    from pileshuffle.formats import FORMATS
+
+    fmt = FORMATS.get(format_name)
+    if fmt is not None and compression not in fmt.compressions:
+        raise UsageError(f"--compression: {format_name} output takes {', '.join(fmt.compressions)}, not {compression!r}")
+
+
+def main(argv=None):
+    """``pileshuffle metadata``: print the Dataflow flex template's metadata.json."""
+    import json
+
+    print(json.dumps(template_metadata(), indent=2))
+    return 0

@@ -21,12 +21,13 @@ import types
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
 from pileshuffle.errors import OutputError, PileshuffleError, find_error, unwrapped, user_message
 from pileshuffle.fragments import Fragment
-from pileshuffle.options import PileshuffleOptions
-from pileshuffle.plan import Plan, make_plan, space_note
+from pileshuffle import progress
+from pileshuffle.options import PileshuffleOptions, check_argv, help_text, parse_flag, wants_help
+from pileshuffle.plan import Plan, describe_left_out, make_plan, space_note
 from pileshuffle.runners import (
     close_client,
     dask_defaults,
@@ -103,8 +104,9 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
     (``wait=None``: every runner except Dataflow), else Beam's ``PipelineResult``.
     ``hold_worker_stderr`` (the command line): see ``_worker_stderr``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    values = check_argv(argv)  # unknown options and bad values: before anything runs
     options = PipelineOptions(argv)
-    options.view_as(PileshuffleOptions)  # register and validate our options
+    options.view_as(PileshuffleOptions)  # register our options
     if is_local(options):
         options = local_defaults(options, argv)
     started = time.time()
@@ -114,15 +116,17 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
         options = dask_defaults(options, plan)
     if is_dataflow(options):
         options = dataflow_defaults(options)
-    log.info("shuffling %d file(s), %s bytes, into %d piles (%s)", len(plan.sources), f"{plan.input_bytes:,}",
-             plan.num_piles, plan.num_piles_reason)
-    print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
-          f"({plan.num_piles_reason})", file=sys.stderr)
+    quiet = parse_flag(values.quiet)
+    if not quiet:
+        print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
+              f"({plan.num_piles_reason})", file=sys.stderr)
     pipeline = beam.Pipeline(runner=make_runner(options), options=options)
     build(pipeline, plan, started, release_fragments=is_local(options))
     held = types.SimpleNamespace(ours=False)
     holding = _worker_stderr(held) if hold_worker_stderr and is_local(options) else contextlib.nullcontext()
-    with holding:
+    showing = progress.showing(len(plan.sources), plan.input_bytes, plan.num_piles,
+                               enabled=not quiet and shows_progress(options))
+    with showing, holding:
         try:
             result = pipeline.run()
             if not should_wait(options, wait):
@@ -146,7 +150,14 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
             raise
     manifest = read_manifest(plan.output)
     manifest["wall_seconds"] = time.time() - started
+    manifest["inputs_left_out"] = plan.left_out
     return manifest
+
+
+def shows_progress(options) -> bool:
+    """Progress is counted in this process: local runs whose DoFns run here (not in the
+    local runner's multi_processing worker processes)."""
+    return is_local(options) and options.view_as(DirectOptions).direct_running_mode != "multi_processing"
 
 
 def summary(manifest: dict) -> str:
@@ -156,10 +167,13 @@ def summary(manifest: dict) -> str:
     lines = [
         f"records   {totals['records']:,} (fingerprints of input and output match)",
         f"bytes     {totals['payload_bytes']:,} payload, {totals['shard_bytes']:,} in {manifest['num_piles']} shard(s)",
-        f"piles     {manifest['num_piles']} ({manifest['options']['num_piles_reason']}); records per pile "
+        f"piles     {manifest['num_piles']}; records per pile "
         f"min {piles['min']:,} / mean {piles['mean']:,.0f} / max {piles['max']:,}; split again: {manifest['piles_split']}",
         f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
     ]
+    if manifest.get("inputs_left_out"):
+        left_out = manifest["inputs_left_out"]
+        lines.append(f"left out  {len(left_out)} file(s) that --input matched but pileshuffle wrote: {describe_left_out(left_out)}")
     if manifest["skipped"]["records"]:
         lines.append(f"skipped   {manifest['skipped']['records']} corrupt record(s), {manifest['skipped']['bytes']:,} bytes")
     lines.append(f"manifest  {manifest_path(manifest['output'])}")
@@ -213,7 +227,15 @@ def _worker_stderr(state):
 _OWN_LINE = re.compile(r"^(?:pileshuffle|[A-Z]+ pileshuffle[\w.]*): ")  # our prints and our loggers' records
 
 
+SUMMARY = ("Shuffle the input files into piles and write each pile as one shard, in a uniformly random order "
+           "that the seed fixes. The flex template's entry point; `pileshuffle run` takes the same options.")
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        print(help_text("pileshuffle run", SUMMARY))
+        return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_HideReportedErrors())

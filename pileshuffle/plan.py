@@ -4,8 +4,11 @@ Cheap: it lists files and reads at most a MiB of one of them and Parquet footers
 
 import dataclasses
 import hashlib
+import json
 import logging
+import math
 import os
+import re
 import shutil
 import uuid
 
@@ -15,7 +18,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.formats import get_format
-from pileshuffle.options import PileshuffleOptions, parse_bytes
+from pileshuffle.options import PileshuffleOptions, check_values, parse_bytes
 from pileshuffle.transforms.assign import Source
 from pileshuffle.transforms.write import existing_outputs, manifest_path, remove_tree, staging_dir
 
@@ -44,25 +47,96 @@ class Plan:
     schema: object = None
     input_bytes: int = 0
     space: dict = dataclasses.field(default_factory=dict)  # location -> (bytes needed, bytes free or None)
+    left_out: dict = dataclasses.field(default_factory=dict)  # path -> why (pileshuffle's own files)
+    mean_record_bytes: float = 1.0  # as Arrow holds a record, from a sample
+    estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
+
+    @property
+    def estimated_records(self) -> int:
+        return max(1, round(self.estimated_bytes / self.mean_record_bytes))
+
+    @property
+    def fragment_files(self) -> int:
+        """Files mode's pass-1 fragments, at most one per (input file, pile)."""
+        return len(self.sources) * self.num_piles if self.intermediate == "files" else 0
 
 
-def match_inputs(patterns: str) -> list:
-    """Sorted, de-duplicated files matching comma-separated ``patterns``; every pattern
-    must match at least one file."""
-    paths = {}
+def match_inputs(patterns: str, output: str = None) -> list:
+    """Sorted, de-duplicated files matching comma-separated ``patterns``, without
+    pileshuffle's own files (see ``select_inputs``)."""
+    return select_inputs(patterns, output)[0]
+
+
+def select_inputs(patterns: str, output: str = None):
+    """``(sources, left_out)``: the files matching comma-separated ``patterns``, sorted and
+    de-duplicated, and ``{path: why}`` of the matched files left out because pileshuffle
+    wrote them (``own_file``). Every pattern must match a file; a pattern whose files
+    are all pileshuffle's own is refused. A pattern that matches only the shards of
+    another finished output (and its manifest) keeps them: shuffling an output again."""
+    paths, left_out = {}, {}
     for pattern in [p.strip() for p in patterns.split(",") if p.strip()]:
         try:
-            found = FileSystems.match([pattern])[0].metadata_list
+            found = {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
         except Exception as error:
             raise InputError(pattern, f"cannot be listed: {error}") from error
         if not found:
             what = "matches no file" if any(c in pattern for c in "*?[") else "does not exist"
             raise InputError(pattern, what)
-        for metadata in found:
-            paths[metadata.path] = metadata.size_in_bytes
-    if not paths:
-        raise InputError(patterns, "names no input file")
-    return [Source(i, path, paths[path]) for i, path in enumerate(sorted(paths))]
+        owned = {path: own_file(path, output, found) for path in found}
+        owned = {path: why for path, why in owned.items() if why}
+        rest = [path for path in found if path not in owned]
+        if not rest and any(why.startswith(FINISHED_SHARD) for why in owned.values()):
+            keep = {path for path, why in owned.items() if why.startswith(FINISHED_SHARD)}
+            owned = {path: why for path, why in owned.items() if path not in keep}
+        if len(owned) == len(found):
+            raise InputError(pattern, f"matches only files pileshuffle wrote ({describe_left_out(owned)}), "
+                                      "not input: nothing to shuffle")
+        left_out.update(owned)
+        paths.update((path, size) for path, size in found.items() if path not in owned)
+    return [Source(i, path, paths[path]) for i, path in enumerate(sorted(paths))], left_out
+
+
+SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5}-of-[0-9]{5}(?:\.[^/]*)?$")
+WORK_DIRECTORY = re.compile(r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+|[^/]+\.pileshuffle-staging)/")
+STORE_FILE = re.compile(r"(?:^|/)[^/]+-store/(?:manifest-[0-9]{8}\.json$|g[0-9]{6}/)")
+FINISHED_SHARD = "a shard of the finished output "
+
+
+def own_file(path: str, output: str, matched) -> str:
+    """Why ``path`` is a file pileshuffle wrote, or "" if it is not: a manifest, a shard of
+    this run's output or of a finished output (its manifest exists), a file under a staging
+    or work directory, or a pile store's file (``{P}-store/``)."""
+    if WORK_DIRECTORY.search(path):
+        return "a staging or work file"
+    if STORE_FILE.search(path):
+        return "a pile store's file"
+    if path.endswith("-manifest.json") and is_shard_manifest(path):
+        return f"the manifest of {path[:-len('-manifest.json')]}"
+    shard = SHARD_NAME.match(path)
+    if shard:
+        prefix = shard.group("prefix")
+        if output is not None and prefix == output:
+            return f"a shard of this run's output {prefix}"
+        if manifest_path(prefix) in matched or FileSystems.exists(manifest_path(prefix)):
+            return f"{FINISHED_SHARD}{prefix}"
+    return ""
+
+
+def is_shard_manifest(path: str) -> bool:
+    try:
+        with FileSystems.open(path, compression_type="uncompressed") as handle:
+            manifest = json.loads(handle.read(1 << 24))
+    except Exception:
+        return False
+    return isinstance(manifest, dict) and "shards" in manifest and "num_piles" in manifest
+
+
+def describe_left_out(left_out: dict) -> str:
+    """``{path: why}`` in a few words: "3 shards of the finished output data/a, the manifest of data/a"."""
+    counts = {}
+    for why in left_out.values():
+        counts[why] = counts.get(why, 0) + 1
+    return ", ".join(why if n == 1 else f"{n} x {why}" for why, n in sorted(counts.items()))
 
 
 def check_schemas(fmt, sources):
@@ -105,11 +179,10 @@ def estimated_bytes(sources) -> int:
     return int(sum(s.size * (GZIP_EXPANSION_GUESS if compression_of(s.path) != "uncompressed" else 1) for s in sources))
 
 
-def choose_num_piles(requested, fmt, sources, max_pile_bytes):
+def choose_num_piles(requested, mean, total, max_pile_bytes):
+    """``(piles, why)`` for ``--num_piles`` given the mean record size and the input bytes."""
     if str(requested) != "auto":
         return int(requested), "as requested"
-    mean = mean_record_bytes(fmt, sources)
-    total = estimated_bytes(sources)
     piles = keymath.auto_num_piles(total, mean + 12, max_pile_bytes)
     reason = (f"auto: about {total / 1e6:,.0f} MB of {mean:,.0f}-byte records, piles of at most "
               f"{max_pile_bytes / 2**20:,.0f} MiB with s + 6*sqrt(s) headroom")
@@ -195,6 +268,7 @@ def space_note(plan: Plan) -> str:
 
 def make_plan(options: PipelineOptions) -> Plan:
     opts = options.view_as(PileshuffleOptions)
+    check_values(opts)
     if not opts.input:
         raise InputError("--input", "is required")
     if not opts.output:
@@ -207,12 +281,19 @@ def make_plan(options: PipelineOptions) -> Plan:
         raise OutputError(f"output already exists: {existing[0]} (pass --overwrite to replace it)")
     if existing and not finished:
         log.warning("replacing %d shard(s) under %s left by an unfinished run (no manifest)", len(existing), output)
-    sources = match_inputs(opts.input)
+    sources, left_out = select_inputs(opts.input, output)
+    if left_out:
+        log.warning("left out %d file(s) that --input matches but pileshuffle wrote: %s", len(left_out),
+                    describe_left_out(left_out))
     if all(s.size == 0 for s in sources):
         raise InputError(sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle")
     schema = check_schemas(fmt, sources)
     max_pile_bytes = parse_bytes(opts.max_pile_bytes)
-    num_piles, reason = choose_num_piles(opts.num_piles, fmt, sources, max_pile_bytes)
+    mean, total = mean_record_bytes(fmt, sources), estimated_bytes(sources)
+    num_piles, reason = choose_num_piles(opts.num_piles, mean, total, max_pile_bytes)
+    if num_piles > max(1, total / mean):
+        log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
+                    num_piles, f"{round(total / mean):,}")
     temp_location = options.view_as(GoogleCloudOptions).temp_location
     work_dir = work_dir_for(output, temp_location)
     for leftover in (work_dir, staging_dir(output)):
@@ -220,7 +301,7 @@ def make_plan(options: PipelineOptions) -> Plan:
     check_writable(staging_dir(output), "the output location")
     check_writable(work_dir, "the temp location")
     space = check_free_space(space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output)))
-    return Plan(
+    plan = Plan(
         format=fmt.name,
         sources=sources,
         output=output,
@@ -236,4 +317,209 @@ def make_plan(options: PipelineOptions) -> Plan:
         schema=schema,
         input_bytes=sum(s.size for s in sources),
         space=space,
+        left_out=left_out,
+        mean_record_bytes=mean,
+        estimated_bytes=total,
     )
+    if plan.fragment_files > fragment_limit(work_dir):
+        log.warning("%s", fragment_warning(plan))
+    return plan
+
+
+# -- what a person decides from: `pileshuffle plan` ------------------------------------------------
+
+OBJECT_STORE_FRAGMENTS = 100_000  # object stores list, create and delete ~100,000 small objects well
+LOCAL_FRAGMENTS = 1_000_000
+PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
+RECORD_OVERHEAD = 12  # bytes per record beside the payload in a pile (as auto sizing counts them)
+LOCAL_BASE_BYTES = 300_000_000  # Python, Beam and Arrow in the local runner's one process (measured: 0.53 GB peak at 1 GB)
+SDK_PROCESS_BYTES = 1 << 30  # per SDK process on a Dataflow worker (docs/dataflow.md)
+
+
+def fragment_limit(location: str) -> int:
+    return OBJECT_STORE_FRAGMENTS if "://" in location else LOCAL_FRAGMENTS
+
+
+def fragment_warning(plan: Plan) -> str:
+    return (f"--intermediate=files writes up to {plan.fragment_files:,} fragment files ({len(plan.sources):,} input "
+            f"files x {plan.num_piles:,} piles) under {plan.work_dir}, more than the {fragment_limit(plan.work_dir):,} "
+            "that file system handles well: use --intermediate=shuffle (the runner's shuffle; Dataflow's Shuffle service)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PileSizes:
+    """Pile sizes of a plan: records per pile are Binomial(records, 1/M)."""
+
+    records: int
+    num_piles: int
+    record_bytes: float  # per record in a pile, payload and overhead
+    max_pile_bytes: int
+
+    @property
+    def expected(self) -> float:
+        return self.records / self.num_piles
+
+    @property
+    def headroom(self) -> float:
+        """s + 6 sqrt(s): what auto sizing plans for."""
+        return self.expected + 6 * math.sqrt(self.expected)
+
+    @property
+    def split_probability(self) -> float:
+        """Probability that some pile holds more than ``max_pile_bytes`` (and is split again),
+        by the normal approximation of each pile's binomial size."""
+        limit = self.max_pile_bytes / self.record_bytes
+        if self.num_piles == 1:
+            return float(self.records > limit)
+        variance = self.expected * (1 - 1 / self.num_piles)
+        one = 0.5 * math.erfc((limit - self.expected) / math.sqrt(2 * variance))
+        return 1.0 if one >= 1 else -math.expm1(self.num_piles * math.log1p(-one))
+
+
+def pile_sizes(plan: Plan) -> PileSizes:
+    return PileSizes(plan.estimated_records, plan.num_piles, plan.mean_record_bytes + RECORD_OVERHEAD, plan.max_pile_bytes)
+
+
+def runner_description(options) -> tuple:
+    """``(runner, piles in flight per worker or None)``."""
+    from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions
+
+    from pileshuffle.runners import is_dask, is_dataflow, is_local, runner_name
+
+    if is_local(options):
+        direct = options.view_as(DirectOptions)
+        threads = direct.direct_num_workers or os.cpu_count() or 1
+        mode = direct.direct_running_mode or "multi_threading"
+        return f"local: Beam's FnApiRunner on this machine, {threads} worker(s) ({mode})", threads
+    if is_dataflow(options):
+        region = options.view_as(GoogleCloudOptions).region or "(no --region)"
+        return f"Dataflow in {region}: submits the job and returns", None
+    if is_dask(options):
+        from apache_beam.runners.dask.dask_runner import DaskOptions
+
+        address = options.view_as(DaskOptions).address
+        return f"Dask at {address}" if address else "Dask on a local cluster it starts", None
+    return str(runner_name(options)), None
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} bytes"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def _chance(p: float) -> str:
+    if p < 1e-9:
+        return "less than 1 in a billion"
+    if p < 1e-3:
+        return f"about 1 in {1 / p:,.0f}"
+    return f"{p:.1%}"
+
+
+def plan_text(plan: Plan, options) -> str:
+    """The plan as a person reads it: what was found, what will be made, what it needs."""
+    sizes = pile_sizes(plan)
+    runner, in_flight = runner_description(options)
+    pile_bytes = sizes.headroom * sizes.record_bytes
+    guessed = " (guessing 4x for .gz input)" if plan.estimated_bytes != plan.input_bytes else ""
+    lines = [
+        f"input        {len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes ({_size(plan.input_bytes)})",
+        f"records      about {plan.estimated_records:,} of {plan.mean_record_bytes:,.0f} bytes on average{guessed}",
+    ]
+    if plan.left_out:
+        lines.append(f"left out     {len(plan.left_out):,} matched file(s) that pileshuffle wrote: {describe_left_out(plan.left_out)}")
+    lines += [
+        f"piles        {plan.num_piles:,} = output shards ({plan.num_piles_reason})",
+        f"pile size    s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} records, "
+        f"about {_size(pile_bytes)} (--max_pile_bytes {_mib(plan.max_pile_bytes)})",
+        f"split again  chance that some pile exceeds {_mib(plan.max_pile_bytes)} and is split again (same order): "
+        f"{_chance(sizes.split_probability)}",
+    ]
+    per_pile = PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
+    if in_flight:
+        lines.append(f"memory       about {_size(per_pile)} per pile being written x {in_flight} at a time + "
+                     f"{_size(LOCAL_BASE_BYTES)} = {_size(per_pile * in_flight + LOCAL_BASE_BYTES)} peak")
+    else:
+        lines.append(f"memory       about {_size(per_pile)} per pile in flight on a worker, plus {_size(SDK_PROCESS_BYTES)} "
+                     "per SDK process (docs/dataflow.md: worker memory)")
+    for location, (need, free) in plan.space.items():
+        what = "temp space  " if location == plan.work_dir else "output space"
+        room = f"; {_size(free)} free" if free is not None else ""
+        note = " (pass-1 fragments, removed at the end)" if location == plan.work_dir else f" (shards, staged then renamed to {plan.output}-*)"
+        lines.append(f"{what} about {_size(need)} at {location}{note}{room}")
+    if plan.intermediate == "files":
+        lines.append(f"fragments    up to {plan.fragment_files:,} files ({len(plan.sources):,} input files x "
+                     f"{plan.num_piles:,} piles) under {plan.work_dir}")
+    else:
+        lines.append(f"shuffle      about {_size(plan.estimated_bytes)} through the runner's GroupByKey (--intermediate=shuffle)")
+    lines += [
+        f"output       {plan.output}-00000-of-{plan.num_piles:05d}... + {manifest_path(plan.output)}, "
+        f"compression {plan.compression}, seed {plan.seed}",
+        f"runner       {runner}",
+    ]
+    if plan.fragment_files > fragment_limit(plan.work_dir):
+        lines.append(f"warning      {fragment_warning(plan)}")
+    return "\n".join(lines)
+
+
+def plan_json(plan: Plan, options) -> dict:
+    """The machine form: the original keys, then the numbers ``plan_text`` shows."""
+    sizes = pile_sizes(plan)
+    return {
+        "files": len(plan.sources),
+        "input_bytes": plan.input_bytes,
+        "num_piles": plan.num_piles,
+        "reason": plan.num_piles_reason,
+        "output": plan.output,
+        "compression": plan.compression,
+        "intermediate": plan.intermediate,
+        "work_dir": plan.work_dir,
+        "estimated_records": plan.estimated_records,
+        "mean_record_bytes": plan.mean_record_bytes,
+        "max_pile_bytes": plan.max_pile_bytes,
+        "expected_pile_records": sizes.expected,
+        "headroom_pile_records": sizes.headroom,
+        "split_probability": sizes.split_probability,
+        "fragment_files": plan.fragment_files,
+        "space": {location: {"needed": need, "free": free} for location, (need, free) in plan.space.items()},
+        "left_out": plan.left_out,
+        "runner": runner_description(options)[0],
+    }
+
+
+def main(argv=None):
+    """``pileshuffle plan``: what a run with these options would do, without running it."""
+    import sys
+
+    from pileshuffle.errors import PileshuffleError
+    from pileshuffle.options import PARAMETERS, Parameter, check_argv, help_text, parse_flag, wants_help
+    from pileshuffle.runners import is_local, local_defaults
+
+    json_flag = Parameter("json", "JSON", "Print the plan as JSON (the machine form) instead of text.", "false",
+                          flag=True)
+    parameters = PARAMETERS + (json_flag,)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        print(help_text("pileshuffle plan", "Show what `pileshuffle run` would do with these options: files, bytes, "
+                        "records, piles, pile sizes, memory, space, runner. Reads a sample; writes nothing.", parameters))
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        values = check_argv(argv, parameters)
+        options = PipelineOptions([a for a in argv if a.split("=", 1)[0] != "--json"])
+        if is_local(options):
+            options = local_defaults(options, argv)
+        plan = make_plan(options)
+    except PileshuffleError as error:
+        print(f"pileshuffle: error: {error}", file=sys.stderr)
+        return 2
+    if parse_flag(values.json):
+        print(json.dumps(plan_json(plan, options), indent=1))
+    else:
+        print(plan_text(plan, options))
+    return 0

@@ -97,3 +97,20 @@ def write_parquet(directory, records=1000, files=4, record_bytes=100, seed=0, na
 
 
 WRITERS = {"tfrecord": write_tfrecord, "jsonl": write_jsonl, "parquet": write_parquet}
+
+
+def main(argv=None):
+    """``pileshuffle generate``: write sample data and print the files' paths."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="pileshuffle generate", description="Write sample data whose records carry their index.")
+    parser.add_argument("--format", choices=sorted(WRITERS), default="tfrecord")
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--record_bytes", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    paths = WRITERS[args.format](args.output_dir, args.records, args.files, args.record_bytes, args.seed)
+    print("\n".join(paths))
+    return 0

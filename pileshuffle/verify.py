@@ -209,7 +209,7 @@ class _Verifier:
         from pileshuffle.plan import match_inputs
 
         try:
-            sources = match_inputs(self.input_glob)
+            sources = match_inputs(self.input_glob, self.prefix)
         except PileshuffleError as error:
             self.problem(f"input: {error}")
             return

@@ -166,14 +166,22 @@ def test_order_is_uniform_on_100k_records(tmp_path):
     assert 0.8 < per_batch.var() / 64 < 1.25
 
 
-def test_auto_piles_are_sized_from_input_and_cap(tfrecord_input, tmp_path):
+@pytest.fixture(scope="module")
+def three_mb_input(tmp_path_factory):
+    """~3 MB of TFRecords: several piles at the smallest auto --max_pile_bytes (1MiB)."""
+    directory = tmp_path_factory.mktemp("three-mb") / "in"
+    sample.write_tfrecord(str(directory), records=24_000, files=3, record_bytes=120, vary=True)
+    return str(directory / "*.tfrecord")
+
+
+def test_auto_piles_are_sized_from_input_and_cap(three_mb_input, tmp_path):
     out = str(tmp_path / "out" / "a")
-    result = run_shuffle(tfrecord_input, out, "--max_pile_bytes=64KiB")
+    result = run_shuffle(three_mb_input, out, "--max_pile_bytes=1MiB")
     m = result["num_piles"]
     assert m > 1 and "auto" in result["options"]["num_piles_reason"]
     assert len(shards(out)) == m
     sizes = [s["bytes"] for s in result["shards"]]
-    assert max(sizes) <= 64 * 1024 * 1.1
+    assert max(sizes) <= (1 << 20) * 1.1
 
 
 def test_errors_name_the_path_and_write_nothing(tmp_path, tfrecord_input):
@@ -237,13 +245,13 @@ def test_written_piles_release_their_fragments_only_when_asked(tmp_path, release
     assert os.path.exists(path) is not release
 
 
-def test_plan_reports_without_writing_anything(tfrecord_input, tmp_path):
+def test_plan_reports_without_writing_anything(three_mb_input, tmp_path):
     import json
     import os
 
     proc = subprocess.run(
-        [sys.executable, "-m", "pileshuffle", "plan", f"--input={tfrecord_input}", f"--output={tmp_path}/out/p",
-         "--max_pile_bytes=100KiB"],
+        [sys.executable, "-m", "pileshuffle", "plan", f"--input={three_mb_input}", f"--output={tmp_path}/out/p",
+         "--max_pile_bytes=1MiB", "--json"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

@@ -100,7 +100,7 @@ def template_args(input_glob, output):
     """Every template parameter, as ``--name=value`` (what the flex launcher passes)."""
     values = {
         "input": input_glob, "output": output, "format": "tfrecord", "compression": "none", "num_piles": "4",
-        "max_pile_bytes": "1MiB", "seed": "42", "intermediate": "files", "overwrite": "true", "skip_corrupt": "false",
+        "max_pile_bytes": "1MiB", "seed": "42", "intermediate": "files", "overwrite": "true", "skip_corrupt": "false", "quiet": "false",
     }
     assert set(values) == {p.name for p in PARAMETERS}, "a new parameter needs a value here"
     return [f"--{name}={value}" for name, value in values.items()]

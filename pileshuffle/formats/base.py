@@ -97,6 +97,7 @@ class RecordFormat:
 
     name = ""
     extension = ""
+    compressions = ("auto", "none", "gzip")  # what --compression may be for this format
 
     def suffix(self, compression: str) -> str:
         """The shard file suffix: the format's extension, plus .gz when gzip-compressed."""

@@ -30,6 +30,7 @@ def mean_row_bytes(metadata) -> float:
 
 class ParquetFormat(RecordFormat):
     name = "parquet"
+    compressions = tuple(_CODECS)
 
     def suffix(self, compression):
         return ".parquet"  # Parquet compresses inside the file

@@ -16,6 +16,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from pileshuffle import keys as keymath
+from pileshuffle import progress
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, records_table
@@ -117,7 +118,9 @@ class ReadSourceToPiles(beam.DoFn):
             index += table.num_rows
             for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
                 yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
+            progress.read(source, int(lengths.sum()))
         yield from writer.commit((source.id, 0))
+        progress.file_read(source)
         yield beam.pvalue.TaggedOutput(
             STATS_TAG,
             SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes, tuple(report.problems)),

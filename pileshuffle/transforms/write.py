@@ -18,7 +18,7 @@ import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import __version__
+from pileshuffle import __version__, progress
 from pileshuffle.errors import InputError, IntegrityError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
@@ -118,6 +118,7 @@ class WriteShard(beam.DoFn):
             )
         if self._release_fragments:
             release(pile)
+        progress.pile_written()
         yield ShardStats(
             pile.index, pile.num_piles, staged, written[0].records, file_size(staged), pile.nbytes,
             pile.fingerprint, written[0], pile.split_count(), pile.work_dir,
@@ -194,6 +195,7 @@ class Finalize(beam.DoFn):
                 fmt.write_shard(handle, [], self._compression, schema)
         except OSError as error:
             raise write_failure(staging_dir(self._prefix), error) from error
+        progress.pile_written()
         return ShardStats(pile, num_piles, path, 0, file_size(path), 0, Fingerprint(), Fingerprint(), 0)
 
     def _clear_old_outputs(self, finals):
