@@ -428,43 +428,52 @@ def plan_text(plan: Plan, options) -> str:
     pile_bytes = sizes.headroom * sizes.record_bytes
     guessed = " (guessing 4x for .gz input)" if plan.estimated_bytes != plan.input_bytes else ""
     lines = [
-        f"input        {len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes ({_size(plan.input_bytes)})",
-        f"records      about {plan.estimated_records:,} of {plan.mean_record_bytes:,.0f} bytes on average{guessed}",
+        ("input", f"{len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes ({_size(plan.input_bytes)})"),
+        ("records", f"about {plan.estimated_records:,} of {plan.mean_record_bytes:,.0f} bytes on average{guessed}"),
     ]
     if plan.left_out:
-        lines.append(f"left out     {len(plan.left_out):,} matched file(s) that pileshuffle wrote: {describe_left_out(plan.left_out)}")
+        lines.append(("left out", f"{len(plan.left_out):,} matched file(s) that pileshuffle wrote: "
+                                  f"{describe_left_out(plan.left_out)}"))
     lines += [
-        f"piles        {plan.num_piles:,} = output shards ({plan.num_piles_reason})",
-        f"pile size    s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} records, "
-        f"about {_size(pile_bytes)} (--max_pile_bytes {_mib(plan.max_pile_bytes)})",
-        f"split again  chance that some pile exceeds {_mib(plan.max_pile_bytes)} and is split again (same order): "
-        f"{_chance(sizes.split_probability)}",
+        ("piles", f"{plan.num_piles:,} = output shards ({plan.num_piles_reason})"),
+        ("pile size", f"s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} "
+                      f"records, about {_size(pile_bytes)} (--max_pile_bytes {_mib(plan.max_pile_bytes)})"),
+        ("split again", f"chance that some pile exceeds {_mib(plan.max_pile_bytes)} and is split again (same order): "
+                        f"{_chance(sizes.split_probability)}"),
     ]
     per_pile = PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
     if in_flight:
-        lines.append(f"memory       about {_size(per_pile)} per pile being written x {in_flight} at a time + "
-                     f"{_size(LOCAL_BASE_BYTES)} = {_size(per_pile * in_flight + LOCAL_BASE_BYTES)} peak")
+        lines.append(("memory", f"about {_size(per_pile)} per pile being written x {in_flight} at a time + "
+                                f"{_size(LOCAL_BASE_BYTES)} = {_size(per_pile * in_flight + LOCAL_BASE_BYTES)} peak"))
     else:
-        lines.append(f"memory       about {_size(per_pile)} per pile in flight on a worker, plus {_size(SDK_PROCESS_BYTES)} "
-                     "per SDK process (docs/dataflow.md: worker memory)")
-    for location, (need, free) in plan.space.items():
-        what = "temp space  " if location == plan.work_dir else "output space"
-        room = f"; {_size(free)} free" if free is not None else ""
-        note = " (pass-1 fragments, removed at the end)" if location == plan.work_dir else f" (shards, staged then renamed to {plan.output}-*)"
-        lines.append(f"{what} about {_size(need)} at {location}{note}{room}")
+        lines.append(("memory", f"about {_size(per_pile)} per pile in flight on a worker, plus "
+                                f"{_size(SDK_PROCESS_BYTES)} per SDK process (docs/dataflow.md: worker memory)"))
+    staging = staging_dir(plan.output)
+    if plan.work_dir in plan.space:
+        lines.append(("temp space", f"about {_size(plan.space[plan.work_dir][0])} at {plan.work_dir} (pass-1 "
+                                    f"fragments, removed at the end){_free(plan.space[plan.work_dir][1])}"))
+    if staging in plan.space:
+        lines.append(("output space", f"about {_size(plan.space[staging][0])} (shards, staged in {staging}, then "
+                                      f"renamed){_free(plan.space[staging][1])}"))
     if plan.intermediate == "files":
-        lines.append(f"fragments    up to {plan.fragment_files:,} files ({len(plan.sources):,} input files x "
-                     f"{plan.num_piles:,} piles) under {plan.work_dir}")
+        lines.append(("fragments", f"up to {plan.fragment_files:,} files ({len(plan.sources):,} input files x "
+                                   f"{plan.num_piles:,} piles) under {plan.work_dir}"))
     else:
-        lines.append(f"shuffle      about {_size(plan.estimated_bytes)} through the runner's GroupByKey (--intermediate=shuffle)")
+        lines.append(("shuffle", f"about {_size(plan.estimated_bytes)} through the runner's GroupByKey "
+                                 "(--intermediate=shuffle)"))
     lines += [
-        f"output       {plan.output}-00000-of-{plan.num_piles:05d}... + {manifest_path(plan.output)}, "
-        f"compression {plan.compression}, seed {plan.seed}",
-        f"runner       {runner}",
+        ("output", f"{plan.output}-00000-of-{plan.num_piles:05d}... + {manifest_path(plan.output)}, compression "
+                   f"{plan.compression}, seed {plan.seed}"),
+        ("runner", runner),
     ]
     if plan.fragment_files > fragment_limit(plan.work_dir):
-        lines.append(f"warning      {fragment_warning(plan)}")
-    return "\n".join(lines)
+        lines.append(("warning", fragment_warning(plan)))
+    return "\n".join(f"{label:<14}{text}" for label, text in lines)
+
+
+def _free(free) -> str:
+    return "" if free is None else f"; {_size(free)} free"
+
 
 
 def plan_json(plan: Plan, options) -> dict:

@@ -49,8 +49,8 @@ class _Line:
         self.stream, self.live, self.interval = stream, live, interval
         self.total, self.desc, self.bar_format, self.unit, self.unit_scale = total, desc, bar_format, unit, unit_scale
         self.n, self.postfix, self.started, self.printed = 0, "", time.monotonic(), time.monotonic()
-        self.bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, file=stream, dynamic_ncols=True,
-                        mininterval=0.5) if live else None
+        self.bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, file=stream, mininterval=0.5,
+                        **_width(stream)) if live else None
 
     def update(self, n, postfix=None):
         self.n += n
@@ -75,6 +75,15 @@ class _Line:
             self.bar.close()
         else:
             self.print_line()
+
+
+def _width(stream) -> dict:
+    """tqdm follows the terminal's width; a terminal that reports none gets 100 columns."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        columns = 0
+    return {"dynamic_ncols": True} if columns else {"ncols": 100}
 
 
 class Progress:
