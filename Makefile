@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# Dataflow flex template (see README "Run on Dataflow"). BUCKET is a gs:// URL; REPOSITORY an
+# Dataflow flex template (see docs/dataflow.md). BUCKET is a gs:// URL; REPOSITORY an
 # Artifact Registry Docker repository in REGION. Commas in INPUT are fine (comma-separated patterns).
 # An empty MAX_PILE_BYTES keeps the pipeline's default. EXTRA_PARAMETERS: more name=value pairs,
 # separated by ~ (e.g. number_of_worker_harness_threads=2).

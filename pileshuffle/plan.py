@@ -25,6 +25,7 @@ from pileshuffle.transforms.write import existing_outputs, manifest_path, remove
 log = logging.getLogger("pileshuffle")
 
 SAMPLE_BYTES = 1 << 20
+RECORD_OVERHEAD = 16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
 GZIP_EXPANSION_GUESS = 4.0
 
 
@@ -47,6 +48,7 @@ class Plan:
     schema: object = None
     input_bytes: int = 0
     space: dict = dataclasses.field(default_factory=dict)  # location -> (bytes needed, bytes free or None)
+    needs: dict = dataclasses.field(default_factory=dict)  # location -> bytes this run writes there
     left_out: dict = dataclasses.field(default_factory=dict)  # path -> why (pileshuffle's own files)
     mean_record_bytes: float = 1.0  # as Arrow holds a record, from a sample
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
@@ -183,7 +185,8 @@ def choose_num_piles(requested, mean, total, max_pile_bytes):
     """``(piles, why)`` for ``--num_piles`` given the mean record size and the input bytes."""
     if str(requested) != "auto":
         return int(requested), "as requested"
-    piles = keymath.auto_num_piles(total, mean + 12, max_pile_bytes)
+    per_record = mean + RECORD_OVERHEAD  # as a pile holds it: records of `mean` bytes, each with its key and hash
+    piles = keymath.auto_num_piles(total / mean * per_record, per_record, max_pile_bytes)
     reason = (f"auto: about {total / 1e6:,.0f} MB of {mean:,.0f}-byte records, piles of at most "
               f"{max_pile_bytes / 2**20:,.0f} MiB with s + 6*sqrt(s) headroom")
     return piles, reason
@@ -300,7 +303,8 @@ def make_plan(options: PipelineOptions) -> Plan:
         remove_tree(leftover)
     check_writable(staging_dir(output), "the output location")
     check_writable(work_dir, "the temp location")
-    space = check_free_space(space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output)))
+    needs = space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output))
+    space = check_free_space(needs)
     plan = Plan(
         format=fmt.name,
         sources=sources,
@@ -317,6 +321,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         schema=schema,
         input_bytes=sum(s.size for s in sources),
         space=space,
+        needs=needs,
         left_out=left_out,
         mean_record_bytes=mean,
         estimated_bytes=total,
@@ -331,7 +336,6 @@ def make_plan(options: PipelineOptions) -> Plan:
 OBJECT_STORE_FRAGMENTS = 100_000  # object stores list, create and delete ~100,000 small objects well
 LOCAL_FRAGMENTS = 1_000_000
 PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
-RECORD_OVERHEAD = 12  # bytes per record beside the payload in a pile (as auto sizing counts them)
 LOCAL_BASE_BYTES = 300_000_000  # Python, Beam and Arrow in the local runner's one process (measured: 0.53 GB peak at 1 GB)
 SDK_PROCESS_BYTES = 1 << 30  # per SDK process on a Dataflow worker (docs/dataflow.md)
 
@@ -449,12 +453,12 @@ def plan_text(plan: Plan, options) -> str:
         lines.append(("memory", f"about {_size(per_pile)} per pile in flight on a worker, plus "
                                 f"{_size(SDK_PROCESS_BYTES)} per SDK process (docs/dataflow.md: worker memory)"))
     staging = staging_dir(plan.output)
-    if plan.work_dir in plan.space:
-        lines.append(("temp space", f"about {_size(plan.space[plan.work_dir][0])} at {plan.work_dir} (pass-1 "
-                                    f"fragments, removed at the end){_free(plan.space[plan.work_dir][1])}"))
-    if staging in plan.space:
-        lines.append(("output space", f"about {_size(plan.space[staging][0])} (shards, staged in {staging}, then "
-                                      f"renamed){_free(plan.space[staging][1])}"))
+    if plan.work_dir in plan.needs:
+        lines.append(("temp space", f"about {_size(plan.needs[plan.work_dir])} at {plan.work_dir} (pass-1 "
+                                    f"fragments, removed at the end){_free(plan, plan.work_dir)}"))
+    if staging in plan.needs:
+        lines.append(("output space", f"about {_size(plan.needs[staging])} (shards, staged in {staging}, then "
+                                      f"renamed){_free(plan, staging)}"))
     if plan.intermediate == "files":
         lines.append(("fragments", f"up to {plan.fragment_files:,} files ({len(plan.sources):,} input files x "
                                    f"{plan.num_piles:,} piles) under {plan.work_dir}"))
@@ -471,8 +475,13 @@ def plan_text(plan: Plan, options) -> str:
     return "\n".join(f"{label:<14}{text}" for label, text in lines)
 
 
-def _free(free) -> str:
-    return "" if free is None else f"; {_size(free)} free"
+def _free(plan: Plan, location: str) -> str:
+    """Free space at ``location`` (shared with the plan's other locations on that disk)."""
+    need, free = plan.space.get(location, (0, None))
+    if free is None:
+        return ""
+    shared = " on that disk for both" if need != plan.needs[location] else ""
+    return f"; {_size(free)} free{shared}"
 
 
 
@@ -495,7 +504,8 @@ def plan_json(plan: Plan, options) -> dict:
         "headroom_pile_records": sizes.headroom,
         "split_probability": sizes.split_probability,
         "fragment_files": plan.fragment_files,
-        "space": {location: {"needed": need, "free": free} for location, (need, free) in plan.space.items()},
+        "space": {location: {"needed": plan.needs.get(location, need), "free": free}
+                  for location, (need, free) in plan.space.items()},
         "left_out": plan.left_out,
         "runner": runner_description(options)[0],
     }
