@@ -23,9 +23,9 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
+from pileshuffle import progress
 from pileshuffle.errors import OutputError, PileshuffleError, find_error, unwrapped, user_message
 from pileshuffle.fragments import Fragment
-from pileshuffle import progress
 from pileshuffle.options import PileshuffleOptions, check_argv, help_text, parse_flag, wants_help
 from pileshuffle.plan import Plan, describe_left_out, make_plan, space_note
 from pileshuffle.runners import (
