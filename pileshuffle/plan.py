@@ -337,7 +337,7 @@ OBJECT_STORE_FRAGMENTS = 100_000  # object stores list, create and delete ~100,0
 LOCAL_FRAGMENTS = 1_000_000
 PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
 LOCAL_BASE_BYTES = 300_000_000  # Python, Beam and Arrow in the local runner's one process (measured: 0.53 GB peak at 1 GB)
-SDK_PROCESS_BYTES = 1 << 30  # per SDK process on a Dataflow worker (docs/dataflow.md)
+SDK_PROCESS_BYTES = 1_000_000_000  # per SDK process on a Dataflow worker (docs/dataflow.md)
 
 
 def fragment_limit(location: str) -> int:
@@ -463,8 +463,9 @@ def plan_text(plan: Plan, options) -> str:
         lines.append(("fragments", f"up to {plan.fragment_files:,} files ({len(plan.sources):,} input files x "
                                    f"{plan.num_piles:,} piles) under {plan.work_dir}"))
     else:
-        lines.append(("shuffle", f"about {_size(plan.estimated_bytes)} through the runner's GroupByKey "
-                                 "(--intermediate=shuffle)"))
+        shuffled = plan.estimated_records * (plan.mean_record_bytes + RECORD_OVERHEAD)
+        lines.append(("shuffle", f"about {_size(shuffled)} through the runner's GroupByKey (--intermediate=shuffle: "
+                                 "the records with their keys and hashes)"))
     lines += [
         ("output", f"{plan.output}-00000-of-{plan.num_piles:05d}... + {manifest_path(plan.output)}, compression "
                    f"{plan.compression}, seed {plan.seed}"),

@@ -308,7 +308,9 @@ def test_plan_warns_about_fragment_counts_in_files_mode(inputs, tmp_path):
     text = plan_text(on_gcs, options)
     assert "warning       --intermediate=files writes up to 120,000 fragment files (3 input files x 40,000 piles)" in text
     assert "use --intermediate=shuffle" in text
-    assert "warning" not in plan_text(dataclasses.replace(on_gcs, intermediate="shuffle"), options)
+    shuffled = plan_text(dataclasses.replace(on_gcs, intermediate="shuffle"), options)
+    assert "warning" not in shuffled and "fragments" not in shuffled
+    assert "through the runner's GroupByKey" in shuffled
 
 
 def test_split_probability_agrees_with_the_binomial():
