@@ -324,3 +324,11 @@ def test_split_probability_agrees_with_the_binomial():
         exact = 1 - stats.binom.cdf(limit_records, records, 1 / piles) ** piles  # piles taken as independent
         assert abs(sizes.split_probability - exact) < 0.02 + 0.2 * exact, (limit_records, sizes.split_probability, exact)
     assert PileSizes(records, piles, record_bytes, int(sizes.headroom * record_bytes)).split_probability < 1e-6
+
+
+def test_generate_is_a_command_module_too(tmp_path):
+    done = cli("generate", "--format", "jsonl", "--output_dir", str(tmp_path / "d"), "--records", "10", "--files", "2")
+    assert done.returncode == 0, done.stderr
+    paths = done.stdout.split()
+    assert len(paths) == 2 and all(os.path.exists(p) for p in paths)
+    assert sum(len(open(p).readlines()) for p in paths) == 10
