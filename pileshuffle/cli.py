@@ -15,6 +15,7 @@ commands:
   verify    re-read input and output and prove nothing was lost, duplicated or corrupted
   generate  write sample data whose records carry their index (for trying things out)
   metadata  print the Dataflow flex template's metadata.json
+  quality   measure and draw how uniform a finished run's order is (and the shuffles people use instead)
 
 'pileshuffle COMMAND --help' shows a command's options."""
 
@@ -72,6 +73,12 @@ def verify_main(argv):
     return verify(argv)
 
 
+def quality_main(argv):
+    from pileshuffle.quality import main as quality
+
+    return quality(argv)
+
+
 def run_main(argv):
     from pileshuffle.tuning import importing_without_gc, keep_freed_memory
 
@@ -82,7 +89,8 @@ def run_main(argv):
     return run(argv)
 
 
-COMMANDS = {"run": run_main, "plan": plan_main, "verify": verify_main, "generate": generate_main, "metadata": metadata_main}
+COMMANDS = {"run": run_main, "plan": plan_main, "verify": verify_main, "generate": generate_main, "metadata": metadata_main,
+            "quality": quality_main}
 
 
 def main(argv=None):

@@ -1,0 +1,97 @@
+"""``pileshuffle quality``: how uniform a finished run's order is, shown and measured.
+
+Writes ``DIR/quality.json``, ``DIR/quality.png`` (and ``DIR/training.png`` with
+``--compare``) and prints a one-screen summary. Needs no index field: output records are
+located in the input by their fingerprint hash, on a hash-value sample of about
+``--sample`` records (memory bounded on any input size). ``--label`` and ``--compare``
+hold one label / a few positions per record (O(N) memory). matplotlib is imported only to
+draw the figures; a run never imports it.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+USAGE = "pileshuffle quality --input PATTERNS --output PREFIX --report DIR [--label FIELD | --label_bytes START:END] [--compare] [--sample N]"
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="pileshuffle quality", usage=USAGE,
+                                     description="Measure and draw how uniform a finished run's order is.")
+    parser.add_argument("--input", required=True, help="the run's --input patterns")
+    parser.add_argument("--output", required=True, help="the run's --output prefix")
+    parser.add_argument("--report", required=True, help="directory for quality.json, quality.png, training.png")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--label", help="label field: a Parquet column or JSON key")
+    which.add_argument("--label_bytes", help="label = payload bytes START:END (TFRecord, JSONL)")
+    parser.add_argument("--compare", action="store_true",
+                        help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's epochs")
+    parser.add_argument("--sample", type=int, default=100_000, help="records to locate by hash (default 100000)")
+    parser.add_argument("--batch_size", type=int, default=256, help="batch size for label balance and re-meeting")
+    return parser.parse_args(argv)
+
+
+def _write_atomically(path: str, write):
+    temp = f"{path}.tmp-{os.getpid()}"
+    write(temp)
+    os.replace(temp, path)
+
+
+def write_report(report, directory: str, figures: bool = True) -> list:
+    """Write the JSON (and the figures); returns the paths written."""
+    from pileshuffle.quality.report import policies_table
+
+    os.makedirs(directory, exist_ok=True)
+    written = [os.path.join(directory, "quality.json")]
+
+    def dump(path):
+        with open(path, "w") as handle:
+            json.dump(report.summary, handle, indent=1)
+
+    _write_atomically(written[0], dump)
+    if "policies" in report.summary:
+        table = os.path.join(directory, "policies.md")
+        _write_atomically(table, lambda p: open(p, "w").write(policies_table(report.summary["policies"], markdown=True) + "\n"))
+        written.append(table)
+    if figures:
+        from pileshuffle.quality import render
+
+        path = os.path.join(directory, "quality.png")
+        _write_atomically(path, lambda p: render.quality_figure(report, p + ".png") or os.replace(p + ".png", p))
+        written.append(path)
+        if len(report.rows) > 1:
+            path = os.path.join(directory, "training.png")
+            _write_atomically(path, lambda p: render.training_figure(report, p + ".png") or os.replace(p + ".png", p))
+            written.append(path)
+    return written
+
+
+def main(argv=None) -> int:
+    from pileshuffle.errors import PileshuffleError
+    from pileshuffle.formats import get_format
+    from pileshuffle.plan import match_inputs
+    from pileshuffle.quality.locate import Label
+    from pileshuffle.quality.report import measure, text_summary
+    from pileshuffle.transforms.write import manifest_path, read_manifest
+
+    args = parse(argv)
+    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
+    try:
+        label = Label.parse_bytes(args.label_bytes) if args.label_bytes else Label(field=args.label) if args.label else None
+        if not os.path.exists(manifest_path(prefix)) and "://" not in prefix:
+            raise PileshuffleError(f"no finished output at {prefix}: no {manifest_path(prefix)} (an unfinished run?)")
+        manifest = read_manifest(prefix)
+        report = measure(get_format(manifest["format"]), [s.path for s in match_inputs(args.input)],
+                         [s["path"] for s in manifest["shards"]], manifest, args.sample, label, args.batch_size, args.compare)
+    except (PileshuffleError, ValueError) as error:
+        print(f"pileshuffle quality: error: {error}", file=sys.stderr)
+        return 2
+    print(text_summary(report))
+    try:
+        written = write_report(report, args.report)
+    except RuntimeError as error:  # no matplotlib: the numbers are still written
+        written = write_report(report, args.report, figures=False)
+        print(f"pileshuffle quality: {error}; figures not drawn", file=sys.stderr)
+    print(f"report: {', '.join(written)}")
+    return 0

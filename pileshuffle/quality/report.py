@@ -1,0 +1,184 @@
+"""The quality report of a finished run, and of the shuffles people use instead.
+
+``measure`` locates a sample of output records in the input (``locate``), computes the
+order's statistics (``metrics``) and, with ``compare``, puts the same positions through
+the other policies (``orders``) and one epoch of SGD (``training``). Every row is
+measured on the same sampled records, so the rows' numbers are comparable. The
+``pileshuffle`` row is measured on the output's bytes; the other rows are exact
+simulations on positions (no bytes needed).
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from pileshuffle.quality import locate, metrics, orders, training
+
+ALPHA = 1e-4  # a p-value below this rejects uniformity
+TRAINING_RECORDS = 200_000  # larger runs train on every k-th input record, in the order delivered
+
+
+@dataclasses.dataclass
+class Row:
+    """One policy: the sample's (input, delivered) positions, the delivered labels, where
+    the sample lands in the next epoch, the training curve and the numbers."""
+
+    policy: str
+    x: np.ndarray
+    y: np.ndarray
+    labels: np.ndarray = None
+    next_y: np.ndarray = None
+    curve: dict = None
+    numbers: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Report:
+    records: int
+    summary: dict
+    rows: list
+    label_share: float = None
+    batch_size: int = 256
+
+
+def uniform(numbers: dict) -> bool:
+    """No test rejects a uniform permutation at ``ALPHA``."""
+    keys = ("spearman_p", "block_chi2_p", "displacement_p", "batch_dispersion_p")
+    return all(numbers[k] >= ALPHA for k in keys if k in numbers)
+
+
+def thin(order: np.ndarray, records: int, limit: int = TRAINING_RECORDS) -> np.ndarray:
+    """The order restricted to every k-th input record (renumbered), k = ceil(records/limit)."""
+    stride = max(1, math.ceil(records / limit))
+    kept = order[order % stride == 0]
+    return kept // stride
+
+
+def policy_orders(file_records, pile_sizes, seed: int, num_piles: int):
+    """``{policy: (epoch-1 order, epoch-2 order)}`` of the simulated policies."""
+    records = int(sum(file_records))
+    rng = np.random.default_rng([seed, 0x0A11CE])
+    buffer = math.ceil(records / max(1, num_piles))
+    written = orders.pileshuffle_order(file_records, seed)
+
+    def loader(mix):
+        return tuple(written[orders.epoch_positions(pile_sizes, seed, epoch, mix)] for epoch in (1, 2))
+
+    return written, {
+        "no shuffle": (np.arange(records), np.arange(records)),
+        "file order shuffled": tuple(orders.file_order(file_records, rng) for _ in range(2)),
+        f"shuffle buffer ({buffer:,} = 1 pile)": tuple(
+            orders.shuffle_buffer(orders.file_order(file_records, rng), buffer, rng) for _ in range(2)),
+        "loader epoch 2, mix=1": loader(1),
+        "loader epoch 2, mix=4": loader(4),
+    }
+
+
+def measure(fmt, input_paths, output_paths, manifest, sample=100_000, label=None, batch_size=256, compare=False):
+    """The report of one finished run (see the module docstring)."""
+    total = int(manifest["totals"]["records"])
+    threshold = locate.threshold_for(total, sample)
+    source = locate.scan(fmt, input_paths, threshold, label if compare else None)
+    target = locate.scan(fmt, output_paths, threshold, label)
+    x, y, duplicates = locate.match(source, target)
+    n = target.records
+    input_ids = output_ids = None
+    if label is not None:
+        ids, values = locate.class_ids(*([source.labels] if compare else []), target.labels)
+        input_ids, output_ids = (ids[0], ids[1]) if compare else (None, ids[0])
+    own = Row("pileshuffle output", x, y, output_ids, numbers=metrics.order_metrics(x, y, n))
+    summary = {
+        "records": n,
+        "records_used": int(len(x)),
+        "sample_threshold": f"{threshold:#x}" if threshold < 2**64 else "all",
+        "duplicates_left_out": duplicates,
+        "num_piles": int(manifest.get("num_piles", 0)),
+        "seed": manifest.get("seed"),
+        **own.numbers,
+    }
+    share = None
+    if label is not None:
+        own.numbers.update(metrics.batch_metrics(output_ids, batch_size))
+        share = float(np.mean(output_ids == 0))
+        summary.update({k: own.numbers[k] for k in ("batch_size", "batches", "batch_dispersion", "batch_dispersion_p")})
+        summary["label"] = {"what": label.describe(), "classes": len(values), "first_class_share": share}
+    summary["uniform"] = uniform(own.numbers)
+    rows = [own]
+    if compare:
+        rows = compare_policies(own, source, manifest, input_ids, batch_size)
+        summary["policies"] = [{"policy": r.policy, **r.numbers} for r in rows]
+        summary["training"] = {"task": "cats then dogs, one epoch of SGD (batch 32)", "best_accuracy": training.BEST_ACCURACY}
+        summary["pileshuffle_order_reproduced"] = rows[-1].numbers.pop("reproduced")
+    return Report(n, summary, rows, share, batch_size)
+
+
+def compare_policies(own: Row, source, manifest, input_ids, batch_size):
+    """The other policies on the same sampled records, then the run's own row."""
+    seed, num_piles = int(manifest.get("seed") or 0), int(manifest["num_piles"])
+    pile_sizes = [s["records"] for s in manifest["shards"]]
+    written, simulated = policy_orders(source.file_records, pile_sizes, seed, num_piles)
+    n = len(written)
+    task = training.cats_then_dogs(min(n, TRAINING_RECORDS), seed)
+    rows = []
+    for policy, (first, second) in simulated.items():
+        where, where_next = orders.inverse(first), orders.inverse(second)
+        row = Row(policy, own.x, where[own.x], None if input_ids is None else input_ids[first], where_next[own.x])
+        rows.append(finish(row, where, where_next, first, n, batch_size, task))
+    where = orders.inverse(written)
+    own.next_y = own.y
+    finish(own, where, where, written, n, batch_size, task)
+    own.numbers["reproduced"] = float(np.mean(where[own.x] == own.y)) if len(own.x) else 1.0
+    return rows + [own]
+
+
+def finish(row: Row, where, where_next, order, n, batch_size, task) -> Row:
+    if not row.numbers:
+        row.numbers = metrics.order_metrics(row.x, row.y, n)
+        if row.labels is not None:
+            row.numbers.update(metrics.batch_metrics(row.labels, batch_size))
+    row.numbers.update(metrics.carry_over(where, where_next, batch_size))
+    row.numbers["remeet_ratio"] = row.numbers["remeet"] / row.numbers["remeet_uniform"] if row.numbers["remeet_uniform"] else 0.0
+    row.curve = training.train_one_epoch(task, thin(order, n))
+    row.numbers["held_out_accuracy"] = row.curve["accuracy"][-1] if row.curve["accuracy"] else None
+    row.numbers["uniform"] = uniform(row.numbers)
+    return row
+
+
+def text_summary(report: Report) -> str:
+    """One screen: the numbers and what they mean."""
+    s = report.summary
+    lines = [
+        f"pileshuffle quality: {s['records']:,} records, {s['records_used']:,} located by hash "
+        f"({s['duplicates_left_out']:,} duplicates left out), {s['num_piles']} piles",
+        f"  spearman(input, output)   {s['spearman']:+.4f}   (uniform: 0 +- {1 / math.sqrt(max(s['records_used'] - 1, 1)):.4f}; p={s['spearman_p']:.3g})",
+        f"  block chi2 ({s['blocks']}x{s['blocks']})      {s['block_chi2']:.1f} on {s['block_chi2_dof']} dof, p={s['block_chi2_p']:.3g}",
+        f"  displacement KS           {s['displacement_ks']:.4f}   p={s['displacement_p']:.3g} (vs the triangular law)",
+    ]
+    if "batch_dispersion" in s:
+        lines.append(f"  label balance per batch   dispersion {s['batch_dispersion']:.3f} over {s['batches']:,} batches of "
+                     f"{s['batch_size']} (binomial: 1), p={s['batch_dispersion_p']:.3g}")
+    verdict = "consistent with a uniform permutation" if s["uniform"] else "NOT uniform"
+    lines.append(f"  verdict: {verdict} (every p-value >= {ALPHA:g})")
+    if "policies" in s:
+        lines += ["", policies_table(s["policies"]),
+                  f"  pileshuffle's output order reproduced from its seed for {s['pileshuffle_order_reproduced']:.1%} of the sample"]
+    return "\n".join(lines)
+
+
+def policies_table(policies, markdown=False) -> str:
+    header = ["policy", "spearman", "block chi2 p", "batch dispersion", "epoch corr", "re-meet x uniform", "held-out acc", "uniform"]
+
+    def cells(p):
+        return [p["policy"], f"{p['spearman']:+.3f}", f"{p['block_chi2_p']:.2g}",
+                f"{p['batch_dispersion']:.2f}" if "batch_dispersion" in p else "-",
+                f"{p['epoch_correlation']:+.3f}", f"{p['remeet_ratio']:.1f}",
+                f"{p['held_out_accuracy']:.3f}", "yes" if p["uniform"] else "no"]
+
+    rows = [cells(p) for p in policies]
+    if markdown:
+        return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
+                         ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in [header, *rows])
