@@ -44,7 +44,7 @@ def file_order(file_records, rng: np.random.Generator) -> np.ndarray:
 def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """``stream`` through a shuffle buffer of ``size`` records, exactly as tf.data does it."""
     stream = np.asarray(stream, dtype=np.int64)
-    size = max(1, min(int(size), len(stream)))
+    size = min(max(1, int(size)), len(stream))
     buffer = stream[:size].tolist()
     out = np.empty(len(stream), dtype=np.int64)
     picks = rng.integers(0, size, len(stream) - size).tolist()
