@@ -491,25 +491,76 @@ def test_a_corrupt_store_frame_is_refused(tmp_path):
 MEMORY_PROBE = """
 import sys, tracemalloc, pyarrow as pa
 from pileshuffle.loader import ShuffledDataset
-prefix, mix = sys.argv[1], int(sys.argv[2])
-ds = ShuffledDataset(prefix, seed=1, mix=mix)
+
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+prefix, mix, prefetch = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+ds = ShuffledDataset(prefix, seed=1, mix=mix, prefetch=prefetch)
 tracemalloc.start()
 pool = pa.default_memory_pool()
-arrow_peak = 0
+base, arrow_peak, rss_peak = rss(), 0, 0
 for batch in ds.batches(64):
     arrow_peak = max(arrow_peak, pool.bytes_allocated())
-print(arrow_peak + tracemalloc.get_traced_memory()[1], pool.max_memory())
+    rss_peak = max(rss_peak, rss())
+print(rss_peak - base, arrow_peak + tracemalloc.get_traced_memory()[1])
 """
 
 
 def test_memory_stays_within_two_groups_of_piles_and_a_batch(tmp_path_factory):
-    prefix = _output(tmp_path_factory, "tfrecord", records=20000, piles=50, record_bytes=1000)
+    """Peak RSS growth (sampled at every batch: mapped file pages count) and peak
+    allocations (Arrow's pool + tracemalloc) stay within the groups loaded at once."""
+    prefix = _output(tmp_path_factory, "tfrecord", records=60000, piles=30, record_bytes=1000)
     pile_bytes = max(s["bytes"] for s in manifest(prefix)["shards"])
-    for mix in (1, 4):
-        done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, prefix, str(mix)],
+    for mix, prefetch in ((1, True), (4, True), (4, False)):
+        done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, prefix, str(mix), str(int(prefetch))],
                               capture_output=True, text=True, check=True)
-        sampled, arrow_max = map(int, done.stdout.split())
-        bound = 2 * mix * pile_bytes + 64 * 1100 + (2 << 20)  # current + next group, a batch, fixed overhead
-        assert sampled <= bound, (mix, sampled, bound)
-        assert arrow_max <= bound, (mix, arrow_max, bound)
-        assert 50 * pile_bytes / 2 > bound  # far below the whole output
+        rss_growth, allocated = map(int, done.stdout.split())
+        groups = 2 if prefetch else 1  # the group being read and the next one
+        bound = (groups * mix + 1) * pile_bytes + 64 * 1100 + (4 << 20)  # + a load's transients, a batch, fixed
+        assert rss_growth <= bound, (mix, prefetch, rss_growth, bound)
+        assert allocated <= bound, (mix, prefetch, allocated, bound)
+        assert rss_growth > mix * pile_bytes / 2  # the probe sees the loaded piles
+    assert 30 * pile_bytes > 2.5 * bound  # far below the whole output
+
+
+@given(keys=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 3), max_size=300))
+@SETTINGS
+def test_sort_by_key_is_the_stable_sort(keys):
+    from pileshuffle.loader.order import sort_by_key
+
+    keys = np.array(keys, dtype=np.uint64)
+    assert sort_by_key(keys).tolist() == np.argsort(keys, kind="stable").tolist()
+
+
+@given(total=st.integers(0, 500), world_size=st.integers(1, 9), workers=st.integers(1, 5),
+       remainder=st.sampled_from(["drop", "pad"]), cuts=st.lists(st.integers(0, 500), max_size=20))
+@SETTINGS
+def test_split_arithmetic_covers_every_position_once(total, world_size, workers, remainder, cuts):
+    from pileshuffle.loader import split
+
+    shares = [split.rank_share(total, r, world_size, remainder) for r in range(world_size)]
+    parts = [split.part(s, w, workers) for s in shares for w in range(workers)]
+    flat = [p for ranges in parts for a, b in ranges for p in range(a, b)]
+    assert len({split.length(s) for s in shares}) <= 1
+    if remainder == "drop":
+        assert flat == list(range(total - total % world_size))
+    else:
+        assert flat == [p % total for p in range(len(flat))] and len(flat) == -(-total // world_size) * world_size
+    states = [(ranges, min(c, split.length(ranges))) for ranges, c in zip(parts, cuts + [0] * len(parts))]
+    remaining = split.union(r for ranges, done in states for r in split.tail(ranges, done))
+    dealt = [split.redeal(remaining, r, 3, "drop") for r in range(3)]
+    assert [p for d in dealt for a, b in d for p in range(a, b)] == [p for a, b in remaining for p in range(a, b)]
+
+
+def test_an_abandoned_iteration_stops_its_prefetch_thread(tfrecord_out):
+    import threading
+
+    before = threading.active_count()
+    ds = ShuffledDataset(tfrecord_out, seed=1)
+    batches = ds.batches(10)
+    next(batches)
+    assert threading.active_count() == before + 1
+    batches.close()
+    assert threading.active_count() == before
+    assert len(list(ds)) == 3000  # and the next iteration reads the whole epoch

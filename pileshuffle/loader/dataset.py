@@ -244,12 +244,18 @@ class ShuffledDataset:
         return self._tables_from(self._plan(split.tail(self._ranges, start)), step)
 
     def _tables_from(self, plan, step):
+        """Pieces cut at multiples of ``step`` records of this iteration, so that a batch
+        is one piece except where it straddles two groups."""
         loaded = prefetched(plan, self._load) if self.prefetch else map(self._load, plan)
+        filled = 0
         for block, perm, pieces in loaded:
             for lo, hi in pieces:
-                for start in range(lo, hi, step):
-                    stop = min(hi, start + step)
+                start = lo
+                while start < hi:
+                    stop = min(hi, start + step - filled)
+                    filled = (filled + stop - start) % step
                     yield block.slice(start, stop) if perm is None else block.take(perm[start:stop])
+                    start = stop
             del block, perm
 
     def __iter__(self):
@@ -260,6 +266,7 @@ class ShuffledDataset:
         rows = self.format == "parquet"
         for table in tables:
             records = table.to_pylist() if rows else table.column(0).to_pylist()
+            del table  # holds a group's buffers: let the next group's load find it gone
             for record in records:
                 self._position += 1
                 yield record
@@ -275,32 +282,62 @@ class ShuffledDataset:
         return self._batches(self._tables(batch_size), batch_size, drop_last, as_numpy)
 
     def _batches(self, tables, batch_size, drop_last, as_numpy):
-        pending, count = [], 0
-        for table in tables:
-            pending.append(table)
-            count += table.num_rows
-            if count >= batch_size:
-                whole = pending[0] if len(pending) == 1 else pa.concat_tables(pending)
-                for start in range(0, count - batch_size + 1, batch_size):
-                    self._position += batch_size
-                    yield self._batch(whole.slice(start, batch_size), as_numpy)
-                done = count // batch_size * batch_size
-                pending, count = ([whole.slice(done)] if done < count else []), count - done
-        if count and not drop_last:
-            self._position += count
-            yield self._batch(pending[0] if len(pending) == 1 else pa.concat_tables(pending), as_numpy)
-        elif count:
-            self._position += count  # dropped records count as read: the epoch is over
+        parts = _table_batches if self.format == "parquet" else _list_batches
+        for batch in parts(tables, batch_size):
+            size = len(batch) if isinstance(batch, list) else batch.num_rows
+            self._position += size  # a batch counts as read once yielded; a dropped last one too
+            if size == batch_size or not drop_last:
+                yield self._batch(batch, as_numpy)
 
-    def _batch(self, table: pa.Table, as_numpy: bool):
+    def _batch(self, batch, as_numpy: bool):
+        if self.format != "parquet":
+            if not as_numpy:
+                return batch
+            array = np.empty(len(batch), dtype=object)
+            array[:] = batch
+            return {"record": array}
         if as_numpy:
-            if self.format == "parquet":
-                return {name: column.to_numpy() for name, column in zip(table.column_names, table.columns)}
-            return {"record": np.array(table.column(0).to_pylist() + [None], dtype=object)[:-1]}
-        if self.format == "parquet":
-            batches = table.combine_chunks().to_batches()
-            return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
-        return table.column(0).to_pylist()
+            return {name: column.to_numpy() for name, column in zip(batch.column_names, batch.columns)}
+        batches = batch.combine_chunks().to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=batch.schema)
+
+
+def _list_batches(tables, batch_size):
+    """Lists of ``batch_size`` payloads (the last may be shorter). Payloads become
+    ``bytes`` piece by piece, so no batch keeps a loaded group's buffers alive."""
+    pending = []
+    for table in tables:
+        records = table.column(0).to_pylist()
+        del table  # holds a group's buffers: let the next group's load find it gone
+        if not pending and len(records) == batch_size:
+            yield records
+            continue
+        pending += records
+        while len(pending) >= batch_size:
+            yield pending[:batch_size]
+            pending = pending[batch_size:]
+    if pending:
+        yield pending
+
+
+def _table_batches(tables, batch_size):
+    """Tables of ``batch_size`` rows (the last may be shorter). A leftover is copied, so
+    it never keeps a loaded group alive into the next."""
+    pending, count = [], 0
+    for table in tables:
+        pending.append(table)
+        count += table.num_rows
+        del table
+        if count < batch_size:
+            continue
+        whole = pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+        done = count // batch_size * batch_size
+        for start in range(0, done, batch_size):
+            yield whole.slice(start, batch_size)
+        rest = whole.slice(done)
+        pending, count = ([rest.take(np.arange(rest.num_rows))] if rest.num_rows else []), rest.num_rows
+    if count:
+        yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
 
 
 def _own_state(states, dataset):

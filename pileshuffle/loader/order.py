@@ -24,6 +24,16 @@ _PILE_ORDER_STREAM = 0x4C4F41445049  # "LOADPI"
 _GROUP_STREAM = 0x4C4F41444752  # "LOADGR"
 
 
+def sort_by_key(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")``, fast: an unstable sort (several times faster
+    for uint64), kept when no two keys are equal, which is then the same result."""
+    order = np.argsort(keys)
+    ordered = keys[order]
+    if len(keys) > 1 and (ordered[1:] == ordered[:-1]).any():
+        return np.argsort(keys, kind="stable")
+    return order
+
+
 @dataclasses.dataclass(frozen=True)
 class EpochOrder:
     """The order of one epoch. Positions are global (0..N-1); ``pile_records[p]`` is pile
@@ -52,7 +62,7 @@ class EpochOrder:
         if not self.reshuffle:
             return np.arange(count, dtype=np.int64)
         keys = keymath.record_keys(self.seed, (_PILE_ORDER_STREAM, self.epoch, 0, 0), 0, count)
-        return np.argsort(keys, kind="stable").astype(np.int64)
+        return sort_by_key(keys).astype(np.int64)
 
     @functools.cached_property
     def group_starts(self) -> np.ndarray:
@@ -80,7 +90,7 @@ class EpochOrder:
         if not self.reshuffle:
             return None
         keys = keymath.record_keys(self.seed, (_GROUP_STREAM, self.epoch, self.mix, group), 0, size)
-        return np.argsort(keys, kind="stable").astype(np.int64)
+        return sort_by_key(keys).astype(np.int64)
 
     def group_of(self, positions) -> np.ndarray:
         return np.searchsorted(self.group_starts, positions, side="right") - 1

@@ -20,7 +20,7 @@ from pileshuffle.errors import InputError
 
 HEADER_BYTES = 12
 FOOTER_BYTES = 4
-CRC_WINDOW_BYTES = 8 << 20
+CRC_WINDOW_BYTES = 2 << 20
 NEWLINE = 10
 MAX_BUFFER_BYTES = 2**31 - 1  # a view's offset is an int32
 _MASK_DELTA = 0xA282EAD8
@@ -76,7 +76,7 @@ def frame_starts(raw: np.ndarray, path: str) -> np.ndarray:
     step = first + HEADER_BYTES + FOOTER_BYTES
     if size % step == 0:
         starts = np.arange(0, size + 1, step, dtype=np.int64)
-        lengths = raw[starts[:-1, None] + np.arange(8)].view("<u8").ravel()
+        lengths = np.ascontiguousarray(raw.reshape(-1, step)[:, :8]).view("<u8").ravel()
         if (lengths == first).all():
             return starts
     starts, pos, data = [], 0, raw.data
@@ -93,11 +93,19 @@ def frame_starts(raw: np.ndarray, path: str) -> np.ndarray:
     return starts
 
 
+def _headers(raw: np.ndarray, begin: np.ndarray) -> np.ndarray:
+    """The (n, 12) header bytes of frames starting at ``begin`` (a view when equally spaced)."""
+    step = int(begin[1] - begin[0]) if len(begin) > 1 else 0
+    if step >= HEADER_BYTES and int(begin[0]) + step * len(begin) <= len(raw) and (np.diff(begin) == step).all():
+        return raw[int(begin[0]) : int(begin[0]) + step * len(begin)].reshape(len(begin), step)[:, :HEADER_BYTES]
+    return raw[begin[:, None] + np.arange(HEADER_BYTES)]
+
+
 def _check_headers(raw: np.ndarray, begin: np.ndarray, path: str):
     if not len(begin):
         return
-    headers = raw[begin[:, None] + np.arange(HEADER_BYTES)]
-    ok = mask_crcs(length_crcs(headers[:, :8])) == headers[:, 8:].copy().view("<u4").ravel()
+    headers = _headers(raw, begin)
+    ok = mask_crcs(length_crcs(headers[:, :8])) == np.ascontiguousarray(headers[:, 8:]).view("<u4").ravel()
     if not ok.all():
         raise InputError(path, "corrupt record: the length field fails its CRC", int(begin[np.argmin(ok)]))
 
@@ -132,21 +140,28 @@ def check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
 
 def payload_views(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, buffer_index: int) -> np.ndarray:
     """Arrow binary-view rows (n, 16 uint8) for payloads ``raw[starts[i] : starts[i] + lengths[i]]``
-    of data buffer ``buffer_index``: payloads of at most 12 bytes inline, others by reference."""
+    of data buffer ``buffer_index``: payloads of at most 12 bytes inline, others by
+    (length, 4-byte prefix, buffer index, offset). Temporaries are a few words per record."""
     n = len(starts)
-    views = np.zeros((n, 16), dtype=np.uint8)
-    views[:, :4] = lengths.astype("<i4").view(np.uint8).reshape(n, 4)
+    views = np.zeros((n, 4), dtype="<i4")
     if n == 0:
-        return views
-    span = np.arange(12)
-    inline = lengths <= 12
-    head = raw[np.minimum(starts[:, None] + span, max(len(raw) - 1, 0))] if len(raw) else np.zeros((n, 12), np.uint8)
-    head[span >= np.minimum(lengths, 12)[:, None]] = 0
-    views[:, 4:16] = head
-    out_of_line = np.flatnonzero(~inline)
-    views[out_of_line, 8:12] = np.full(len(out_of_line), buffer_index, "<i4").view(np.uint8).reshape(-1, 4)
-    views[out_of_line, 12:16] = starts[out_of_line].astype("<i4").view(np.uint8).reshape(-1, 4)
-    return views
+        return views.view(np.uint8)
+    views[:, 0] = lengths
+    last = len(raw) - 1
+    prefix = np.zeros(n, dtype=np.uint32)
+    for k in range(4):
+        byte = raw[np.minimum(starts + k, last)].astype(np.uint32)
+        prefix |= np.where(lengths > k, byte, 0).astype(np.uint32) << np.uint32(8 * k)
+    views[:, 1] = prefix.view("<i4")
+    views[:, 2] = buffer_index
+    views[:, 3] = starts
+    short = np.flatnonzero(lengths <= 12)
+    if len(short):  # inline: bytes 4..15 hold the payload, zero-padded
+        span = np.arange(12)
+        inline = raw[np.minimum(starts[short, None] + span, last)]
+        inline[span >= lengths[short, None]] = 0
+        views.view(np.uint8)[short, 4:16] = inline
+    return views.view(np.uint8)
 
 
 def _raw(buffer: pa.Buffer, path: str) -> np.ndarray:
