@@ -182,3 +182,17 @@ def test_a_run_imports_no_matplotlib(tfrecord_input, tmp_path):
                           env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("mix", [1, 4])
+def test_the_loader_rows_are_the_order_the_loader_delivers(finished, mix):
+    """``ShuffledDataset`` reading the run delivers epoch 2 in the order the report's
+    loader rows measure (input position of every record, from its index digits)."""
+    from pileshuffle.loader import ShuffledDataset
+
+    pattern, out = finished
+    manifest = read_manifest(out)
+    written = orders.pileshuffle_order(sample.split_counts(RECORDS, 4), manifest["seed"])
+    expected = written[orders.epoch_positions([s["records"] for s in manifest["shards"]], 7, 2, mix)]
+    delivered = [sample.index_of(r) for r in ShuffledDataset(out, seed=7, epoch=2, mix=mix, prefetch=False)]
+    assert delivered == expected.tolist()

@@ -10,7 +10,7 @@ the shuffle policies are what they are on positions alone.
   and refill it with the next record; at the end the buffer drains in random order;
 - ``pileshuffle_order``: the 2-pass shuffle on positions, with the run's own keys
   (``keys.record_keys(seed, (0, source), index)``), so it equals a run's output order;
-- ``epoch_positions``: the loader's epoch order (SPEC "The epoch order"): piles in a
+- ``epoch_positions``: the loader's epoch order (``pileshuffle.loader.order``): piles in a
   seeded permutation, consecutive groups of ``mix`` piles merged and permuted together.
 """
 
@@ -19,8 +19,6 @@ import numpy as np
 from pileshuffle import keys as keymath
 
 INPUT_STREAM = 0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
-_PILE_ORDER_STREAM = 0x51504F  # this simulation's own loader streams
-_GROUP_STREAM = 0x514752
 
 
 def inverse(order: np.ndarray) -> np.ndarray:
@@ -75,13 +73,9 @@ def pile_records(file_records, seed: int, num_piles: int) -> np.ndarray:
 
 def epoch_positions(pile_sizes, seed: int, epoch: int, mix: int = 1) -> np.ndarray:
     """The loader's epoch as positions in the written output (piles one after another):
-    ``result[t]`` is the output position of the record the epoch delivers t-th."""
-    sizes = np.asarray(pile_sizes, dtype=np.int64)
-    starts = file_starts(sizes)
-    visit = np.argsort(keymath.record_keys(seed, (_PILE_ORDER_STREAM, epoch), 0, len(sizes)), kind="stable")
-    parts = []
-    for group, first in enumerate(range(0, len(visit), mix)):
-        members = np.concatenate([np.arange(starts[p], starts[p + 1]) for p in visit[first:first + mix]])
-        keys = keymath.record_keys(seed, (_GROUP_STREAM, epoch, mix, group), 0, len(members))
-        parts.append(members[np.argsort(keys, kind="stable")])
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    ``result[t]`` is the output position of the record the epoch delivers t-th. The order
+    is the loader's own (``pileshuffle.loader.order.epoch_order``), not a copy of it."""
+    from pileshuffle.loader.order import epoch_order
+
+    pile, index = epoch_order(pile_sizes, seed=seed, epoch=epoch, mix=mix, reshuffle=True)
+    return file_starts(pile_sizes)[pile] + index
