@@ -68,14 +68,18 @@ def write_report(report, directory: str, figures: bool = True) -> list:
 
 
 def main(argv=None) -> int:
+    args = parse(argv)
+    try:
+        from pileshuffle.quality.report import measure, text_summary
+    except ImportError as error:
+        print(f"pileshuffle quality: error: needs the report extra, pip install 'pileshuffle[report]' ({error})", file=sys.stderr)
+        return 2
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.formats import get_format
     from pileshuffle.plan import match_inputs
     from pileshuffle.quality.locate import Label
-    from pileshuffle.quality.report import measure, text_summary
     from pileshuffle.transforms.write import manifest_path, read_manifest
 
-    args = parse(argv)
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     try:
         label = Label.parse_bytes(args.label_bytes) if args.label_bytes else Label(field=args.label) if args.label else None
@@ -93,5 +97,5 @@ def main(argv=None) -> int:
     except RuntimeError as error:  # no matplotlib: the numbers are still written
         written = write_report(report, args.report, figures=False)
         print(f"pileshuffle quality: {error}; figures not drawn", file=sys.stderr)
-    print(f"report: {', '.join(written)}")
+    print(f"report written to {args.report}: {', '.join(os.path.basename(p) for p in written)}")
     return 0

@@ -169,8 +169,11 @@ def text_summary(report: Report) -> str:
 def policies_table(policies, markdown=False) -> str:
     header = ["policy", "spearman", "block chi2 p", "batch dispersion", "epoch corr", "re-meet x uniform", "held-out acc", "uniform"]
 
+    def pvalue(p):
+        return f"{p:.2g}" if p >= 1e-99 else "<1e-99"
+
     def cells(p):
-        return [p["policy"], f"{p['spearman']:+.3f}", f"{p['block_chi2_p']:.2g}",
+        return [p["policy"], f"{p['spearman']:+.3f}", pvalue(p["block_chi2_p"]),
                 f"{p['batch_dispersion']:.2f}" if "batch_dispersion" in p else "-",
                 f"{p['epoch_correlation']:+.3f}", f"{p['remeet_ratio']:.1f}",
                 f"{p['held_out_accuracy']:.3f}", "yes" if p["uniform"] else "no"]
