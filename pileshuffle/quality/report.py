@@ -70,8 +70,8 @@ def policy_orders(file_records, pile_sizes, seed: int, num_piles: int):
         "file order shuffled": tuple(orders.file_order(file_records, rng) for _ in range(2)),
         f"shuffle buffer ({buffer:,} = 1 pile)": tuple(
             orders.shuffle_buffer(orders.file_order(file_records, rng), buffer, rng) for _ in range(2)),
-        "loader epoch 2, mix=1": loader(1),
-        "loader epoch 2, mix=4": loader(4),
+        "loader, mix=1": loader(1),
+        "loader, mix=4": loader(4),
     }
 
 
@@ -107,9 +107,9 @@ def measure(fmt, input_paths, output_paths, manifest, sample=100_000, label=None
     rows = [own]
     if compare:
         rows = compare_policies(own, source, manifest, input_ids, batch_size)
+        summary["pileshuffle_order_reproduced"] = rows[-1].numbers.pop("reproduced")
         summary["policies"] = [{"policy": r.policy, **r.numbers} for r in rows]
         summary["training"] = {"task": "cats then dogs, one epoch of SGD (batch 32)", "best_accuracy": training.BEST_ACCURACY}
-        summary["pileshuffle_order_reproduced"] = rows[-1].numbers.pop("reproduced")
     return Report(n, summary, rows, share, batch_size)
 
 
@@ -167,14 +167,14 @@ def text_summary(report: Report) -> str:
 
 
 def policies_table(policies, markdown=False) -> str:
-    header = ["policy", "spearman", "block chi2 p", "batch dispersion", "epoch corr", "re-meet x uniform", "held-out acc", "uniform"]
+    header = ["policy", "spearman", "block chi2 p", "displacement p", "batch dispersion", "epoch corr", "re-meet x uniform", "held-out acc", "uniform"]
 
     def pvalue(p):
         return f"{p:.2g}" if p >= 1e-99 else "<1e-99"
 
     def cells(p):
-        return [p["policy"], f"{p['spearman']:+.3f}", pvalue(p["block_chi2_p"]),
-                f"{p['batch_dispersion']:.2f}" if "batch_dispersion" in p else "-",
+        return [p["policy"], f"{p['spearman']:+.3f}", pvalue(p["block_chi2_p"]), pvalue(p["displacement_p"]),
+                f"{p['batch_dispersion']:.{2 if p['batch_dispersion'] < 10 else 1}f}" if "batch_dispersion" in p else "-",
                 f"{p['epoch_correlation']:+.3f}", f"{p['remeet_ratio']:.1f}",
                 f"{p['held_out_accuracy']:.3f}", "yes" if p["uniform"] else "no"]
 
