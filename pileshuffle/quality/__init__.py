@@ -1,5 +1,8 @@
 """``pileshuffle quality``: how uniform a finished run's order is, shown and measured.
 
+A finished run is shard output (``PREFIX-manifest.json``) or a pile store
+(``PREFIX-store/``, measured in its written order: the order ``materialize`` writes).
+
 Writes ``DIR/quality.json``, ``DIR/quality.png`` (and ``DIR/training.png`` with
 ``--compare``) and prints a one-screen summary. Needs no index field: output records are
 located in the input by their fingerprint hash, on a hash-value sample of about
@@ -67,6 +70,22 @@ def write_report(report, directory: str, figures: bool = True) -> list:
     return written
 
 
+def finished_output(prefix: str):
+    """``(manifest, output)`` of the finished output at ``prefix``: shards (their paths in
+    order) or else a pile store (opened by the loader, which names what is missing)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from pileshuffle.transforms.write import manifest_path, read_manifest
+
+    if FileSystems.exists(manifest_path(prefix)):
+        manifest = read_manifest(prefix)
+        return manifest, [shard["path"] for shard in manifest["shards"]]
+    from pileshuffle.loader.piles import open_output, read_json, resolve
+
+    store = open_output(prefix)
+    return read_json(resolve(prefix)[0], store.location), store
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     try:
@@ -78,16 +97,13 @@ def main(argv=None) -> int:
     from pileshuffle.formats import get_format
     from pileshuffle.plan import match_inputs
     from pileshuffle.quality.locate import Label
-    from pileshuffle.transforms.write import manifest_path, read_manifest
 
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     try:
         label = Label.parse_bytes(args.label_bytes) if args.label_bytes else Label(field=args.label) if args.label else None
-        if not os.path.exists(manifest_path(prefix)) and "://" not in prefix:
-            raise PileshuffleError(f"no finished output at {prefix}: no {manifest_path(prefix)} (an unfinished run?)")
-        manifest = read_manifest(prefix)
+        manifest, output = finished_output(prefix)
         report = measure(get_format(manifest["format"]), [s.path for s in match_inputs(args.input)],
-                         [s["path"] for s in manifest["shards"]], manifest, args.sample, label, args.batch_size, args.compare)
+                         output, manifest, args.sample, label, args.batch_size, args.compare)
     except (PileshuffleError, ValueError) as error:
         print(f"pileshuffle quality: error: {error}", file=sys.stderr)
         return 2

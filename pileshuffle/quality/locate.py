@@ -17,11 +17,19 @@ import pyarrow as pa
 
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
-from pileshuffle.formats import record_hashes
+from pileshuffle.formats import RECORD_COLUMN, record_hashes
 from pileshuffle.formats.text import LINE_COLUMN
-from pileshuffle.formats.tfrecord import FRAME_COLUMN, HEADER_BYTES
+from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTES
+from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN
 
 _HASH_SPACE = 2**64
+STORE_FRAME_COLUMN = "frame"  # a pile store's TFRecord column (docs/stores.md)
+_PAYLOAD_FRAMING = {  # bytes columns: (bytes before, bytes after) the payload
+    FRAME_COLUMN: (HEADER_BYTES, FOOTER_BYTES),
+    STORE_FRAME_COLUMN: (HEADER_BYTES, FOOTER_BYTES),
+    LINE_COLUMN: (0, 1),
+    RECORD_COLUMN: (0, 0),
+}
 
 
 def threshold_for(records: int, sample: int) -> int:
@@ -57,7 +65,7 @@ class Label:
         if table.column_names == [LINE_COLUMN]:
             return self._json_values(table, path)
         if self.field not in table.column_names:
-            if table.column_names == [FRAME_COLUMN]:
+            if table.column_names in ([FRAME_COLUMN], [STORE_FRAME_COLUMN]):
                 raise InputError(path, "is TFRecord: --label reads a Parquet column or a JSON key; "
                                        "use --label_bytes START:END for TFRecord payloads")
             raise InputError(path, f"has no column {self.field!r} (columns: {', '.join(table.column_names)})")
@@ -78,13 +86,12 @@ class Label:
 
     def _byte_codes(self, table, path):
         names = table.column_names
-        if len(names) != 1 or names[0] not in (FRAME_COLUMN, LINE_COLUMN, "record"):
+        if len(names) != 1 or names[0] not in _PAYLOAD_FRAMING:
             raise InputError(path, "is Parquet: --label_bytes reads TFRecord payloads or JSONL lines; use --label COLUMN")
+        header, footer = _PAYLOAD_FRAMING[names[0]]
         data, offsets = binary_column_parts(table.column(names[0]))
         raw = np.frombuffer(data, dtype=np.uint8)
-        header = HEADER_BYTES if names[0] == FRAME_COLUMN else 0
-        starts = offsets[:-1] + header
-        ends = offsets[1:] - (4 if names[0] == FRAME_COLUMN else 0)
+        starts, ends = offsets[:-1] + header, offsets[1:] - footer
         codes = np.zeros(len(starts), dtype=np.uint64)
         for shift, k in enumerate(range(self.start, self.end)):
             where = starts + k
@@ -129,6 +136,40 @@ def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
         position += count
     return Scan(
         file_records,
+        np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
+        np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
+        np.concatenate(labels) if labels else (np.zeros(0, np.int64) if label is not None else None),
+    )
+
+
+def scan_store(output, threshold: int, label: Label = None) -> Scan:
+    """A pile store's records in written order (``output``: the loader's ``Output``):
+    piles in order, each pile's files (live generations, then writers) stably sorted by
+    key, with the pass-1 hashes the store keeps. One pile in memory at a time."""
+    from pileshuffle.loader.order import sort_by_key
+
+    pile_records, hashes, positions, labels = [], [], [], []
+    position = 0
+    for pile in output.piles:
+        filesystem = pile.source.filesystem
+        tables = []
+        for path in pile.files:
+            with filesystem.open_input_stream(path) as stream:
+                tables.append(pa.ipc.open_stream(stream).read_all())
+        table = pa.concat_tables(tables) if tables else None
+        count = table.num_rows if table is not None else 0
+        if count:
+            order = sort_by_key(table.column(KEY_COLUMN).to_numpy())
+            pile_hashes = table.column(HASH_COLUMN).to_numpy()[order]
+            kept = np.flatnonzero(pile_hashes < np.uint64(threshold)) if threshold < _HASH_SPACE else np.arange(count)
+            hashes.append(pile_hashes[kept])
+            positions.append(kept + position)
+            if label is not None:
+                labels.append(label.values(table.drop_columns([KEY_COLUMN, HASH_COLUMN]), pile.files[0])[order])
+        pile_records.append(count)
+        position += count
+    return Scan(
+        pile_records,
         np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
         np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
         np.concatenate(labels) if labels else (np.zeros(0, np.int64) if label is not None else None),

@@ -14,6 +14,10 @@ from pileshuffle.quality import metrics, training
 SCATTER_POINTS = 3000
 
 
+def _p(value: float) -> str:
+    return f"{value:.2g}" if value >= 1e-99 else "<1e-99"
+
+
 def _pyplot():
     try:
         import matplotlib
@@ -40,7 +44,7 @@ def _heatmap(ax, row, n):
     expected = np.outer(table.sum(1), table.sum(0)) / max(1, table.sum())
     ratio = (table / np.maximum(expected, 1e-9)).T  # x: input block, y: output block, as in the scatter
     ax.imshow(ratio, cmap="RdBu_r", vmin=0, vmax=2, origin="lower", extent=(0, 1, 0, 1))
-    ax.set_title(f"block counts / expected: chi2 p={row.numbers['block_chi2_p']:.2g}", fontsize=8)
+    ax.set_title(f"block counts / expected: chi2 p={_p(row.numbers['block_chi2_p'])}", fontsize=8)
     ax.set_xlabel("input block", fontsize=8)
     ax.set_ylabel("output block", fontsize=8)
 
@@ -50,7 +54,7 @@ def _displacement(ax, row, n):
     ax.hist(displacement, bins=40, range=(-1, 1), density=True, color="tab:blue", alpha=0.7)
     grid = np.linspace(-1, 1, 101)
     ax.plot(grid, metrics.UNIFORM_DISPLACEMENT.pdf(grid), color="black", lw=1, label="uniform")
-    ax.set_title(f"displacement: KS p={row.numbers['displacement_p']:.2g}", fontsize=8)
+    ax.set_title(f"displacement: KS p={_p(row.numbers['displacement_p'])}", fontsize=8)
     ax.set_xlabel("(delivered - input) / N", fontsize=8)
 
 

@@ -75,12 +75,16 @@ def policy_orders(file_records, pile_sizes, seed: int, num_piles: int):
     }
 
 
-def measure(fmt, input_paths, output_paths, manifest, sample=100_000, label=None, batch_size=256, compare=False):
-    """The report of one finished run (see the module docstring)."""
+def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batch_size=256, compare=False):
+    """The report of one finished run (see the module docstring). ``output``: the shards'
+    paths in order, or a pile store opened by the loader (``loader.piles.open_output``)."""
     total = int(manifest["totals"]["records"])
     threshold = locate.threshold_for(total, sample)
     source = locate.scan(fmt, input_paths, threshold, label if compare else None)
-    target = locate.scan(fmt, output_paths, threshold, label)
+    if isinstance(output, (list, tuple)):
+        target = locate.scan(fmt, output, threshold, label)
+    else:
+        target = locate.scan_store(output, threshold, label)
     x, y, duplicates = locate.match(source, target)
     n = target.records
     input_ids = output_ids = None
@@ -106,17 +110,16 @@ def measure(fmt, input_paths, output_paths, manifest, sample=100_000, label=None
     summary["uniform"] = uniform(own.numbers)
     rows = [own]
     if compare:
-        rows = compare_policies(own, source, manifest, input_ids, batch_size)
+        rows = compare_policies(own, source, target.file_records, manifest, input_ids, batch_size)
         summary["pileshuffle_order_reproduced"] = rows[-1].numbers.pop("reproduced")
         summary["policies"] = [{"policy": r.policy, **r.numbers} for r in rows]
         summary["training"] = {"task": "cats then dogs, one epoch of SGD (batch 32)", "best_accuracy": training.BEST_ACCURACY}
     return Report(n, summary, rows, share, batch_size)
 
 
-def compare_policies(own: Row, source, manifest, input_ids, batch_size):
+def compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_size):
     """The other policies on the same sampled records, then the run's own row."""
     seed, num_piles = int(manifest.get("seed") or 0), int(manifest["num_piles"])
-    pile_sizes = [s["records"] for s in manifest["shards"]]
     written, simulated = policy_orders(source.file_records, pile_sizes, seed, num_piles)
     n = len(written)
     task = training.cats_then_dogs(min(n, TRAINING_RECORDS), seed)
