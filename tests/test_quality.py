@@ -218,3 +218,14 @@ def test_a_pile_store_is_measured_in_its_written_order(finished, tmp_path):
     assert np.array_equal(own.x, reference.x) and np.array_equal(own.y, reference.y)
     assert np.array_equal(own.labels, reference.labels)
     assert from_store.summary["pileshuffle_order_reproduced"] == 1.0 and from_store.summary["uniform"] is True
+
+
+def test_large_runs_train_on_every_kth_input_record_in_the_delivered_order():
+    from pileshuffle.quality.report import thin, training_stride
+
+    records = 450_001
+    order = np.random.default_rng(0).permutation(records)
+    stride = training_stride(records)
+    thinned = thin(order, stride)
+    assert stride == 3 and np.array_equal(np.sort(thinned), np.arange(len(range(0, records, stride))))
+    assert np.array_equal(thinned * stride, order[order % stride == 0])

@@ -36,37 +36,39 @@ def parse(argv):
 
 
 def _write_atomically(path: str, write):
+    """``write(temp path)``, then rename: the file appears whole or not at all."""
     temp = f"{path}.tmp-{os.getpid()}"
     write(temp)
     os.replace(temp, path)
 
 
+def _text(text: str):
+    def write(path):
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    return write
+
+
 def write_report(report, directory: str, figures: bool = True) -> list:
-    """Write the JSON (and the figures); returns the paths written."""
+    """Write the JSON, the policies table (with ``--compare``) and the figures; returns
+    the paths written."""
     from pileshuffle.quality.report import policies_table
 
     os.makedirs(directory, exist_ok=True)
     written = [os.path.join(directory, "quality.json")]
-
-    def dump(path):
-        with open(path, "w") as handle:
-            json.dump(report.summary, handle, indent=1)
-
-    _write_atomically(written[0], dump)
+    _write_atomically(written[0], _text(json.dumps(report.summary, indent=1)))
     if "policies" in report.summary:
-        table = os.path.join(directory, "policies.md")
-        _write_atomically(table, lambda p: open(p, "w").write(policies_table(report.summary["policies"], markdown=True) + "\n"))
-        written.append(table)
+        written.append(os.path.join(directory, "policies.md"))
+        _write_atomically(written[-1], _text(policies_table(report.summary["policies"], markdown=True) + "\n"))
     if figures:
         from pileshuffle.quality import render
 
-        path = os.path.join(directory, "quality.png")
-        _write_atomically(path, lambda p: render.quality_figure(report, p + ".png") or os.replace(p + ".png", p))
-        written.append(path)
+        written.append(os.path.join(directory, "quality.png"))
+        _write_atomically(written[-1], lambda path: render.quality_figure(report, path))
         if len(report.rows) > 1:
-            path = os.path.join(directory, "training.png")
-            _write_atomically(path, lambda p: render.training_figure(report, p + ".png") or os.replace(p + ".png", p))
-            written.append(path)
+            written.append(os.path.join(directory, "training.png"))
+            _write_atomically(written[-1], lambda path: render.training_figure(report, path))
     return written
 
 

@@ -48,11 +48,14 @@ def uniform(numbers: dict) -> bool:
     return all(numbers[k] >= ALPHA for k in keys if k in numbers)
 
 
-def thin(order: np.ndarray, records: int, limit: int = TRAINING_RECORDS) -> np.ndarray:
-    """The order restricted to every k-th input record (renumbered), k = ceil(records/limit)."""
-    stride = max(1, math.ceil(records / limit))
-    kept = order[order % stride == 0]
-    return kept // stride
+def training_stride(records: int) -> int:
+    """Train on every k-th input record: k = ceil(records / TRAINING_RECORDS)."""
+    return max(1, math.ceil(records / TRAINING_RECORDS))
+
+
+def thin(order: np.ndarray, stride: int) -> np.ndarray:
+    """The order restricted to input records 0, k, 2k, ... (renumbered 0, 1, 2, ...)."""
+    return order[order % stride == 0] // stride
 
 
 def policy_orders(file_records, pile_sizes, seed: int, num_piles: int):
@@ -122,7 +125,7 @@ def compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_si
     seed, num_piles = int(manifest.get("seed") or 0), int(manifest["num_piles"])
     written, simulated = policy_orders(source.file_records, pile_sizes, seed, num_piles)
     n = len(written)
-    task = training.cats_then_dogs(min(n, TRAINING_RECORDS), seed)
+    task = training.cats_then_dogs(len(range(0, n, training_stride(n))), seed)
     rows = []
     for policy, (first, second) in simulated.items():
         where, where_next = orders.inverse(first), orders.inverse(second)
@@ -142,7 +145,7 @@ def finish(row: Row, where, where_next, order, n, batch_size, task) -> Row:
             row.numbers.update(metrics.batch_metrics(row.labels, batch_size))
     row.numbers.update(metrics.carry_over(where, where_next, batch_size))
     row.numbers["remeet_ratio"] = row.numbers["remeet"] / row.numbers["remeet_uniform"] if row.numbers["remeet_uniform"] else 0.0
-    row.curve = training.train_one_epoch(task, thin(order, n))
+    row.curve = training.train_one_epoch(task, thin(order, training_stride(n)))
     row.numbers["held_out_accuracy"] = row.curve["accuracy"][-1] if row.curve["accuracy"] else None
     row.numbers["uniform"] = uniform(row.numbers)
     return row
