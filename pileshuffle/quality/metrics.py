@@ -99,7 +99,7 @@ def carry_over(first: np.ndarray, second: np.ndarray, batch_size: int) -> dict:
     correlation = float(np.corrcoef(first, second)[0, 1]) if n > 2 and first.std() and second.std() else 0.0
     keep = first < n // batch_size * batch_size
     a, b = first[keep] // batch_size, second[keep] // batch_size
-    together = np.bincount(a * (b.max(initial=0) + 1) + b)
+    _, together = np.unique(a * (n // batch_size + 1) + b, return_counts=True)  # records per (batch, next batch)
     pairs_again = float((together * (together - 1) // 2).sum())
     per_batch = np.bincount(a)
     pairs = float((per_batch * (per_batch - 1) // 2).sum())
