@@ -141,6 +141,8 @@ def test_bad_arguments_are_one_clear_error(finished, tmp_path, capsys):
     assert "--label_bytes takes START:END" in capsys.readouterr().err
     assert quality_main([*common, f"--output={tmp_path / 'nothing'}"]) == 2
     assert "no finished output" in capsys.readouterr().err
+    assert quality_main([f"--input={inputs(pattern)[0]}", f"--report={tmp_path / 'r'}", f"--output={out}"]) == 2
+    assert f"hold {RECORDS // 4:,} records, the output {RECORDS:,}: pass the run's own --input" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from pileshuffle.errors import InputError
 from pileshuffle.quality import locate, metrics, orders, training
 
 ALPHA = 1e-4  # a p-value below this rejects uniformity
@@ -58,23 +59,17 @@ def thin(order: np.ndarray, stride: int) -> np.ndarray:
     return order[order % stride == 0] // stride
 
 
-def policy_orders(file_records, pile_sizes, seed: int, num_piles: int):
-    """``{policy: (epoch-1 order, epoch-2 order)}`` of the simulated policies."""
+def input_policies(file_records, seed: int, num_piles: int) -> dict:
+    """``{policy: (epoch-1 order, epoch-2 order)}`` of the shuffles that reorder the input
+    itself: no shuffle, file order, a one-pile shuffle buffer over shuffled files."""
     records = int(sum(file_records))
     rng = np.random.default_rng([seed, 0x0A11CE])
     buffer = math.ceil(records / max(1, num_piles))
-    written = orders.pileshuffle_order(file_records, seed)
-
-    def loader(mix):
-        return tuple(written[orders.epoch_positions(pile_sizes, seed, epoch, mix)] for epoch in (1, 2))
-
-    return written, {
+    return {
         "no shuffle": (np.arange(records), np.arange(records)),
         "file order shuffled": tuple(orders.file_order(file_records, rng) for _ in range(2)),
         f"shuffle buffer ({buffer:,} = 1 pile)": tuple(
             orders.shuffle_buffer(orders.file_order(file_records, rng), buffer, rng) for _ in range(2)),
-        "loader, mix=1": loader(1),
-        "loader, mix=4": loader(4),
     }
 
 
@@ -88,6 +83,9 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         target = locate.scan(fmt, output, threshold, label)
     else:
         target = locate.scan_store(output, threshold, label)
+    if source.records != target.records:
+        raise InputError(", ".join(input_paths[:3]) + (" ..." if len(input_paths) > 3 else ""),
+                         f"hold {source.records:,} records, the output {target.records:,}: pass the run's own --input")
     x, y, duplicates = locate.match(source, target)
     n = target.records
     input_ids = output_ids = None
@@ -121,31 +119,46 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
 
 
 def compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_size):
-    """The other policies on the same sampled records, then the run's own row."""
+    """The other policies on the same sampled records, then the run's own row.
+
+    Input policies are simulated on input positions. The loader's epochs reorder the
+    output: its rows take the sample's measured output positions (and the output's labels)
+    through the loader's epoch order. Training needs every record's input position: it
+    uses the run's order re-derived from its seed (``reproduced`` says how much of the
+    sample it matches: 100% for ``run`` and a store's first generation)."""
     seed, num_piles = int(manifest.get("seed") or 0), int(manifest["num_piles"])
-    written, simulated = policy_orders(source.file_records, pile_sizes, seed, num_piles)
-    n = len(written)
+    n = int(sum(pile_sizes))
+    written = orders.pileshuffle_order(source.file_records, seed)
     task = training.cats_then_dogs(len(range(0, n, training_stride(n))), seed)
     rows = []
-    for policy, (first, second) in simulated.items():
+    for policy, (first, second) in input_policies(source.file_records, seed, num_piles).items():
         where, where_next = orders.inverse(first), orders.inverse(second)
-        row = Row(policy, own.x, where[own.x], None if input_ids is None else input_ids[first], where_next[own.x])
-        rows.append(finish(row, where, where_next, first, n, batch_size, task))
-    where = orders.inverse(written)
-    own.next_y = own.y
-    finish(own, where, where, written, n, batch_size, task)
-    own.numbers["reproduced"] = float(np.mean(where[own.x] == own.y)) if len(own.x) else 1.0
+        labels = None if input_ids is None else input_ids[first]
+        row = Row(policy, own.x, where[own.x], labels, where_next[own.x])
+        rows.append(complete(row, where, where_next, first, n, batch_size, task))
+    for mix in (1, 4):
+        first, second = (orders.epoch_positions(pile_sizes, seed, epoch, mix) for epoch in (1, 2))
+        where, where_next = orders.inverse(first), orders.inverse(second)
+        labels = None if own.labels is None else own.labels[first]
+        row = Row(f"loader, mix={mix}", own.x, where[own.y], labels, where_next[own.y])
+        rows.append(complete(row, where, where_next, written[first], n, batch_size, task))
+    own.next_y = own.y  # the shards read again: the same order
+    complete(own, np.arange(n), np.arange(n), written, n, batch_size, task)
+    own.numbers["reproduced"] = float(np.mean(orders.inverse(written)[own.x] == own.y)) if len(own.x) else 1.0
     return rows + [own]
 
 
-def finish(row: Row, where, where_next, order, n, batch_size, task) -> Row:
+def complete(row: Row, where, where_next, training_order, n, batch_size, task) -> Row:
+    """Fill in a row's numbers: order and batch statistics (unless measured already),
+    carry-over into the next epoch, one epoch of training, the verdict."""
     if not row.numbers:
         row.numbers = metrics.order_metrics(row.x, row.y, n)
         if row.labels is not None:
             row.numbers.update(metrics.batch_metrics(row.labels, batch_size))
     row.numbers.update(metrics.carry_over(where, where_next, batch_size))
-    row.numbers["remeet_ratio"] = row.numbers["remeet"] / row.numbers["remeet_uniform"] if row.numbers["remeet_uniform"] else 0.0
-    row.curve = training.train_one_epoch(task, thin(order, training_stride(n)))
+    uniform_rate = row.numbers["remeet_uniform"]
+    row.numbers["remeet_ratio"] = row.numbers["remeet"] / uniform_rate if uniform_rate else 0.0
+    row.curve = training.train_one_epoch(task, thin(training_order, training_stride(n)))
     row.numbers["held_out_accuracy"] = row.curve["accuracy"][-1] if row.curve["accuracy"] else None
     row.numbers["uniform"] = uniform(row.numbers)
     return row
