@@ -122,6 +122,9 @@ def test_labels_from_json_keys_and_parquet_columns(tmp_path):
                      label=Label(field="animal"), batch_size=50, compare=True)
     assert report.summary["label"]["classes"] == 2 and report.summary["batch_dispersion_p"] >= ALPHA
     assert by_policy(report.summary)["no shuffle"]["batch_dispersion"] > 20
+    with pytest.raises(ValueError, match="takes 3,000 values; label balance needs a categorical label"):
+        measure(get_format("jsonl"), inputs(str(tmp_path / "in" / "*.jsonl")), shards(out), read_manifest(out),
+                label=Label(field="i"))
 
     sample.write_parquet(str(tmp_path / "pq"), records=3000, files=2, record_bytes=60)
     out = str(tmp_path / "out" / "p")

@@ -59,7 +59,7 @@ class Label:
         return cls(start=start, end=end)
 
     def values(self, table: pa.Table, path: str) -> np.ndarray:
-        """One label value per record of a chunk (numbers, strings or uint64 byte codes)."""
+        """One label value per record of a chunk: text (fields) or uint64 codes (bytes)."""
         if self.field is None:
             return self._byte_codes(table, path)
         if table.column_names == [LINE_COLUMN]:
@@ -70,14 +70,15 @@ class Label:
                                        "use --label_bytes START:END for TFRecord payloads")
             raise InputError(path, f"has no column {self.field!r} (columns: {', '.join(table.column_names)})")
         column = table.column(self.field)
-        if column.null_count == 0 and (pa.types.is_integer(column.type) or pa.types.is_boolean(column.type)):
-            return column.to_numpy()
-        return np.array([json.dumps(v, default=str) for v in column.to_pylist()], dtype=object)
+        try:  # values as text, so every chunk's labels compare alike (nulls: "null")
+            return column.cast(pa.string()).fill_null("null").to_numpy(zero_copy_only=False)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # nested types
+            return np.array([json.dumps(v, default=str) for v in column.to_pylist()], dtype=object)
 
     def _json_values(self, table, path):
         data, offsets = binary_column_parts(table.column(LINE_COLUMN))
         data, out = data.to_pybytes(), []
-        for number, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
             try:
                 out.append(json.dumps(json.loads(data[a:b])[self.field], default=str))
             except (ValueError, KeyError, TypeError, IndexError):

@@ -17,6 +17,7 @@ from pileshuffle.errors import InputError
 from pileshuffle.quality import locate, metrics, orders, training
 
 ALPHA = 1e-4  # a p-value below this rejects uniformity
+MAX_LABEL_CLASSES = 1000
 TRAINING_RECORDS = 200_000  # larger runs train on every k-th input record, in the order delivered
 
 
@@ -91,6 +92,9 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
     input_ids = output_ids = None
     if label is not None:
         ids, values = locate.class_ids(*([source.labels] if compare else []), target.labels)
+        if len(values) > MAX_LABEL_CLASSES:
+            raise ValueError(f"the label ({label.describe()}) takes {len(values):,} values; label balance needs a "
+                             f"categorical label (at most {MAX_LABEL_CLASSES:,} values)")
         input_ids, output_ids = (ids[0], ids[1]) if compare else (None, ids[0])
     own = Row("pileshuffle output", x, y, output_ids, numbers=metrics.order_metrics(x, y, n))
     summary = {
