@@ -38,12 +38,13 @@ $(STAMP): setup.py
 
 install: $(STAMP)
 
-## demo: generate ~200 MB of sample TFRecords, shuffle them with the default (local) runner, verify.
+## demo: generate ~200 MB of sample TFRecords, shuffle them with the default (local) runner, verify, report its quality.
 demo: $(STAMP)
 	rm -rf $(DEMO_DIR)/shuffled
 	$(BIN)/pileshuffle generate --format tfrecord --output_dir $(DEMO_DIR)/input --records 200000 --files 8 --record_bytes 1000 > /dev/null
 	$(BIN)/pileshuffle run --input '$(DEMO_DIR)/input/*.tfrecord' --output $(DEMO_DIR)/shuffled/train --seed 1
 	$(BIN)/pileshuffle verify --input '$(DEMO_DIR)/input/*.tfrecord' --output $(DEMO_DIR)/shuffled/train
+	$(BIN)/pileshuffle quality --input '$(DEMO_DIR)/input/*.tfrecord' --output $(DEMO_DIR)/shuffled/train --report $(DEMO_DIR)/report --label_bytes 6:7 --compare
 
 ## test: the whole suite (real pipelines on generated data).
 test: $(STAMP)

@@ -22,7 +22,7 @@ setuptools.setup(
         "tf": ["tensorflow-cpu>=2.16"],
         "dask": ["dask>=2024.1", "distributed>=2024.1"],
         "torch": ["torch>=2.1", "torchdata>=0.8"],
-        "report": ["matplotlib>=3.7"],
+        "report": ["matplotlib>=3.7", "scipy>=1.11"],
         "test": [
             "pytest>=8",
             "hypothesis>=6",

@@ -34,6 +34,7 @@ COMMANDS = {
     "verify": Command("pileshuffle.verify", "re-read input and output and prove nothing was lost, duplicated or corrupted"),
     "generate": Command("pileshuffle.sample", "write sample data whose records carry their index (for trying things out)"),
     "metadata": Command("pileshuffle.options", "print the Dataflow flex template's metadata.json"),
+    "quality": Command("pileshuffle.quality", "measure and draw how uniform a finished run's order is (and the shuffles people use instead)"),
 }
 
 

@@ -1,0 +1,11 @@
+"""Read a finished pileshuffle output back for training: ``ShuffledDataset``.
+
+Imports neither Apache Beam, TensorFlow nor torch (the adapters ``ds.torch()`` and
+``ds.tf()`` import theirs when called). All file access goes through ``pyarrow.fs``.
+"""
+
+from pileshuffle.loader.dataset import ShuffledDataset
+from pileshuffle.loader.order import EpochOrder, epoch_order
+from pileshuffle.loader.piles import NoOutputError, PileRef, open_output
+
+__all__ = ["ShuffledDataset", "EpochOrder", "epoch_order", "PileRef", "NoOutputError", "open_output"]

@@ -1,0 +1,356 @@
+"""ShuffledDataset: a finished output read back for training, reshuffled every epoch.
+
+Invariants:
+- An epoch is one global sequence (``order.EpochOrder``), a pure function of
+  ``(output, seed, epoch, mix, reshuffle)``; a consumer (rank, worker) reads a list of
+  ranges of it (``split``), and only loads the groups of piles those ranges touch.
+- ``position`` counts the records this consumer has yielded this epoch; a state is
+  ``(ranges, position)`` plus what identifies the sequence, so resuming is exact.
+- The next group is loaded on a background thread while the current one is read: at
+  most two groups are loaded at once, plus the batch being built.
+"""
+
+import copy
+
+import numpy as np
+import pyarrow as pa
+
+from pileshuffle.loader import split
+from pileshuffle.loader.order import EpochOrder
+from pileshuffle.loader.piles import Block, open_output
+from pileshuffle.loader.prefetch import prefetched
+
+STATE_FORMAT = 1
+RECORD_PIECE = 1024  # records turned into Python objects at a time by iter()
+
+
+class ShuffledDataset:
+    """The records of a finished output (shards or a pile store) in a seeded order per epoch.
+
+    ``path``: an output prefix, ``{P}-manifest.json``, ``{P}-store`` or a store manifest.
+    ``iter(ds)`` yields ``bytes`` (TFRecord payloads, JSONL lines without the newline)
+    or ``dict`` rows (Parquet); ``ds.batches(n)`` yields batches. See docs/loader.md.
+    """
+
+    def __init__(self, path, *, seed=0, epoch=0, reshuffle=True, mix=1, rank=0, world_size=1,
+                 columns=None, remainder="drop", prefetch=True, filesystem=None):
+        self.output = open_output(str(path), filesystem, columns)
+        self.seed, self.mix, self.reshuffle = int(seed), int(mix), bool(reshuffle)
+        self.rank, self.world_size, self.remainder = int(rank), int(world_size), remainder
+        self.prefetch = bool(prefetch)
+        self._parts = ()  # ((worker, num_workers), ...) of a for_worker view
+        self._pile_records = tuple(p.records for p in self.output.piles)
+        split.rank_share(0, self.rank, self.world_size, remainder)  # checks the arguments
+        self._start_epoch(int(epoch))
+
+    # --- what it is -------------------------------------------------------------
+    @property
+    def format(self) -> str:
+        return self.output.format
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.output.schema
+
+    @property
+    def epoch(self) -> int:
+        return self._order.epoch
+
+    @property
+    def order(self) -> EpochOrder:
+        """This epoch's global order (``order.positions()`` gives it as arrays)."""
+        return self._order
+
+    @property
+    def ranges(self) -> list:
+        """The global positions this consumer reads this epoch, in order."""
+        return list(self._ranges)
+
+    @property
+    def position(self) -> int:
+        """Records this consumer has yielded this epoch."""
+        return self._position
+
+    def __len__(self) -> int:
+        return split.length(self._ranges)
+
+    def __repr__(self):
+        where = f"rank {self.rank}/{self.world_size}" + "".join(f", worker {w}/{n}" for w, n in self._parts)
+        return (f"ShuffledDataset({self.output.location!r}, {self.format}, {len(self.output.piles)} piles, "
+                f"seed={self.seed}, epoch={self.epoch}, mix={self.mix}, reshuffle={self.reshuffle}, {where}, "
+                f"{len(self)} records, position {self._position})")
+
+    def torch(self, **kwargs):
+        """A ``torch.utils.data.IterableDataset`` of these records (see ``loader.torch``)."""
+        from pileshuffle.loader.torch import TorchDataset
+
+        return TorchDataset(self, **kwargs)
+
+    def tf(self, **kwargs):
+        """A ``tf.data.Dataset`` of these records (see ``loader.tf``)."""
+        from pileshuffle.loader.tf import to_tf
+
+        return to_tf(self, **kwargs)
+
+    # --- epochs and splits ------------------------------------------------------
+    def _split_of(self, consumer) -> list:
+        """The standard ranges of ``consumer`` = [rank, world_size, worker, num_workers, ...] this epoch."""
+        ranges = split.rank_share(self._order.total, consumer[0], consumer[1], self.remainder)
+        for w, n in zip(consumer[2::2], consumer[3::2]):
+            ranges = split.part(ranges, w, n)
+        return ranges
+
+    def _start_epoch(self, epoch: int):
+        self._order = EpochOrder(self._pile_records, self.seed, epoch, self.mix, self.reshuffle)
+        self._ranges = self._split_of(self._consumer())
+        self._position = 0
+        self._resume_at = None  # where the next iteration starts (a loaded state's position)
+        self._resumed = None
+
+    def set_epoch(self, epoch: int):
+        """Start epoch ``epoch`` at its beginning; the current epoch again keeps the
+        position (so a resumed state survives the usual ``set_epoch`` at an epoch's start)."""
+        if int(epoch) != self.epoch:
+            self._start_epoch(int(epoch))
+
+    def for_worker(self, worker: int, num_workers: int) -> "ShuffledDataset":
+        """A view reading contiguous part ``worker`` of ``num_workers`` of what this
+        dataset has left to read this epoch (in later epochs: of its own share). After
+        ``load_state_dict(list)`` of exactly the split this view belongs to, the view
+        resumes its own state instead (the uninterrupted order)."""
+        view = copy.copy(self)
+        if (int(worker), int(num_workers)) != (0, 1):
+            view._parts = self._parts + ((int(worker), int(num_workers)),)
+        own = _own_state(self._resumed, view) if self._resumed else None
+        if own is not None:
+            view._ranges, view._position = [tuple(r) for r in own["ranges"]], int(own["position"])
+        else:
+            view._ranges = split.part(split.tail(self._ranges, self._resume_at or 0), int(worker), int(num_workers))
+            view._position = 0
+        view._resume_at = view._position
+        return view
+
+    # --- state ------------------------------------------------------------------
+    def _consumer(self) -> list:
+        return [self.rank, self.world_size, *(x for part in self._parts for x in part)]
+
+    def state_after(self, n: int) -> dict:
+        """The state of this consumer once it has yielded ``n`` records this epoch
+        (a function of ``n`` alone)."""
+        if not 0 <= int(n) <= len(self):
+            raise ValueError(f"n must be in 0..{len(self)}, got {n}")
+        return {
+            "format": STATE_FORMAT,
+            "dataset": self.output.identity(),
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "mix": self.mix,
+            "reshuffle": self.reshuffle,
+            "consumer": self._consumer(),
+            "ranges": [[int(a), int(b)] for a, b in self._ranges],
+            "position": int(n),
+        }
+
+    def state_dict(self) -> dict:
+        """Small and JSON-serializable: where this consumer is in this epoch."""
+        return self.state_after(self._position)
+
+    def load_state_dict(self, state):
+        """Resume. One state (this consumer's): continue exactly where it stopped. A
+        list of the states of *all* consumers of an earlier split: if that split is this
+        one (same world size and workers), each consumer continues its own state; else
+        this consumer reads its part of the union of their unfinished tails, dealt out
+        again in global order (``split.redeal``): nothing lost, nothing repeated."""
+        states = list(state) if isinstance(state, (list, tuple)) else [state]
+        if not states:
+            raise ValueError("load_state_dict() of an empty list")
+        for one in states:
+            self._check_state(one)
+        epochs = {int(one["epoch"]) for one in states}
+        if len(epochs) > 1:
+            raise ValueError(f"the states are of different epochs {sorted(epochs)}")
+        if epochs != {self.epoch}:
+            self._start_epoch(epochs.pop())
+        if isinstance(state, dict):
+            if list(state["consumer"]) != self._consumer():
+                raise ValueError(
+                    f"this state is of consumer (rank, world_size, worker, num_workers...) = {state['consumer']}, not "
+                    f"{self._consumer()}: to change the split, pass the states of all consumers as a list")
+            self._ranges, self._position = [tuple(r) for r in state["ranges"]], int(state["position"])
+            self._resume_at = self._position
+            return
+        self._resumed = states
+        own = _own_state(states, self)
+        if own is not None:
+            self._ranges, self._position = [tuple(r) for r in own["ranges"]], int(own["position"])
+            self._resume_at = self._position
+            return
+        tails = (r for one in states for r in split.tail([tuple(x) for x in one["ranges"]], int(one["position"])))
+        ranges = split.redeal(split.union(tails), self.rank, self.world_size, self.remainder)
+        for w, n in self._parts:
+            ranges = split.part(ranges, w, n)
+        self._ranges, self._position, self._resume_at = ranges, 0, 0
+
+    def _check_state(self, state: dict):
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a ShuffledDataset state (format {STATE_FORMAT}): {state!r:.200}")
+        if state["dataset"] != self.output.identity():
+            raise ValueError(f"the state is of another output ({state['dataset']}), not of "
+                             f"{self.output.location} ({self.output.identity()})")
+        for name in ("seed", "mix", "reshuffle"):
+            if state[name] != getattr(self, name):
+                raise ValueError(f"the state has {name}={state[name]!r} but the dataset {name}={getattr(self, name)!r}")
+        if not 0 <= int(state["position"]) <= split.length([tuple(r) for r in state["ranges"]]):
+            raise ValueError(f"the state's position {state['position']} is outside its ranges")
+
+    # --- reading ----------------------------------------------------------------
+    def _plan(self, ranges) -> list:
+        """``[(group, [(lo, hi), ...]), ...]``: the groups to load, in order, and the
+        pieces of each (positions within the group) to read."""
+        starts = self._order.group_starts
+        plan = []
+        for a, b in ranges:
+            group = int(self._order.group_of(a))
+            while a < b:
+                while starts[group + 1] <= a:
+                    group += 1
+                hi = min(b, int(starts[group + 1]))
+                piece = (a - int(starts[group]), hi - int(starts[group]))
+                if plan and plan[-1][0] == group:
+                    plan[-1][1].append(piece)
+                else:
+                    plan.append((group, [piece]))
+                a = hi
+        return plan
+
+    def _load(self, planned):
+        group, pieces = planned
+        piles = self.output.piles
+        block = Block.concat(piles[p].load() for p in self._order.group_piles(group))
+        return block, self._order.group_permutation(group), pieces
+
+    def groups_to_load(self) -> list:
+        """The groups the next iteration loads, in order (each once per contiguous
+        stretch): its share plus at most two partial groups per range."""
+        return [g for g, _ in self._plan(split.tail(self._ranges, self._resume_at or 0))]
+
+    def _tables(self, step: int):
+        """Tables of at most ``step`` records, in order, from where this iteration starts
+        (a loaded state's position, else 0); the caller advances ``_position``. Slices
+        when the order is the written order. Sets the position at once (not lazily), so
+        ``state_dict()`` is right before the first record is taken."""
+        start, self._resume_at = self._resume_at or 0, None
+        self._position = start
+        return self._tables_from(self._plan(split.tail(self._ranges, start)), step)
+
+    def _tables_from(self, plan, step):
+        """Pieces cut at multiples of ``step`` records of this iteration, so that a batch
+        is one piece except where it straddles two groups."""
+        loaded = prefetched(plan, self._load) if self.prefetch else map(self._load, plan)
+        filled = 0
+        for block, perm, pieces in loaded:
+            for lo, hi in pieces:
+                start = lo
+                while start < hi:
+                    stop = min(hi, start + step - filled)
+                    filled = (filled + stop - start) % step
+                    yield block.slice(start, stop) if perm is None else block.take(perm[start:stop])
+                    start = stop
+            del block, perm
+
+    def __iter__(self):
+        """The records from this epoch's start, or from a loaded state's position."""
+        return self._records(self._tables(RECORD_PIECE))
+
+    def _records(self, tables):
+        rows = self.format == "parquet"
+        for table in tables:
+            records = table.to_pylist() if rows else table.column(0).to_pylist()
+            del table  # holds a group's buffers: let the next group's load find it gone
+            for record in records:
+                self._position += 1
+                yield record
+
+    def batches(self, batch_size: int, *, drop_last: bool = False, as_numpy: bool = False):
+        """Batches of ``batch_size`` records (the last may be shorter unless ``drop_last``):
+        ``list[bytes]`` (TFRecord, JSONL), ``pyarrow.RecordBatch`` (Parquet), or with
+        ``as_numpy`` a ``dict`` of numpy arrays (``{"record": object array of bytes}``
+        for bytes formats)."""
+        batch_size = int(batch_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        return self._batches(self._tables(batch_size), batch_size, drop_last, as_numpy)
+
+    def _batches(self, tables, batch_size, drop_last, as_numpy):
+        parts = _table_batches if self.format == "parquet" else _list_batches
+        for batch in parts(tables, batch_size):
+            size = len(batch) if isinstance(batch, list) else batch.num_rows
+            self._position += size  # a batch counts as read once yielded; a dropped last one too
+            if size == batch_size or not drop_last:
+                yield self._batch(batch, as_numpy)
+
+    def _batch(self, batch, as_numpy: bool):
+        if self.format != "parquet":
+            if not as_numpy:
+                return batch
+            array = np.empty(len(batch), dtype=object)
+            array[:] = batch
+            return {"record": array}
+        if as_numpy:
+            return {name: column.to_numpy() for name, column in zip(batch.column_names, batch.columns)}
+        batches = batch.combine_chunks().to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=batch.schema)
+
+
+def _list_batches(tables, batch_size):
+    """Lists of ``batch_size`` payloads (the last may be shorter). Payloads become
+    ``bytes`` piece by piece, so no batch keeps a loaded group's buffers alive."""
+    pending = []
+    for table in tables:
+        records = table.column(0).to_pylist()
+        del table  # holds a group's buffers: let the next group's load find it gone
+        if not pending and len(records) == batch_size:
+            yield records
+            continue
+        pending += records
+        while len(pending) >= batch_size:
+            yield pending[:batch_size]
+            pending = pending[batch_size:]
+    if pending:
+        yield pending
+
+
+def _table_batches(tables, batch_size):
+    """Tables of ``batch_size`` rows (the last may be shorter). A leftover is copied, so
+    it never keeps a loaded group alive into the next."""
+    pending, count = [], 0
+    for table in tables:
+        pending.append(table)
+        count += table.num_rows
+        del table
+        if count < batch_size:
+            continue
+        whole = pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+        done = count // batch_size * batch_size
+        for start in range(0, done, batch_size):
+            yield whole.slice(start, batch_size)
+        rest = whole.slice(done)
+        pending, count = ([rest.take(np.arange(rest.num_rows))] if rest.num_rows else []), rest.num_rows
+    if count:
+        yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+
+
+def _own_state(states, dataset):
+    """``dataset``'s own state in ``states`` if they are exactly the states of all
+    consumers of its split, each with its standard ranges; else None."""
+    mine = dataset._consumer()
+    shape = mine[1::2]  # world_size, num_workers, ...
+    consumers = {tuple(s["consumer"]) for s in states}
+    if len(consumers) != len(states) or len(states) != int(np.prod(shape)):
+        return None
+    for state in states:
+        if list(state["consumer"][1::2]) != shape:
+            return None
+        if [tuple(r) for r in state["ranges"]] != dataset._split_of(state["consumer"]):
+            return None
+    return next((s for s in states if list(s["consumer"]) == mine), None)

@@ -1,0 +1,327 @@
+"""Finished outputs as piles: "a set of files plus each record's key".
+
+``open_output(path)`` finds what is at ``path`` and returns an ``Output`` whose piles
+are ``PileRef``s. A pile loads as a ``Block``, its records in their *written order*:
+- a shard output (``{P}-manifest.json``): pile i is shard i, in file order;
+- a pile store (``{P}-store/manifest-*.json``, the highest version is current): pile i
+  is the records of its Arrow IPC files over the live generations, files in
+  (generation, writer) order, stably sorted by ``_pileshuffle_key`` -- the order
+  ``materialize`` writes. ``load(part=(s, ways))`` gives sub-pile s, the records whose
+  next digits of U (``U * M mod 2**64``) have top digit s in base ``ways``, in the same
+  order: the sub-piles one after another are the pile.
+Everything after this module (epoch order, splitting, state) sees only ``PileRef``s.
+All I/O goes through ``pyarrow.fs`` (local, gs://, s3://); nothing here imports Beam.
+"""
+
+import dataclasses
+import json
+import posixpath
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pileshuffle import keys as keymath
+from pileshuffle.errors import InputError
+from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.loader import records as rec
+from pileshuffle.loader.order import sort_by_key
+
+RECORD_COLUMN = "record"
+KEY_COLUMN = "_pileshuffle_key"
+HASH_COLUMN = "_pileshuffle_hash"
+STORE_COLUMNS = {"tfrecord": "frame", "jsonl": "line"}
+BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
+_STORE_MANIFEST = re.compile(r"manifest-(\d{8})\.json$")
+
+
+class NoOutputError(InputError):
+    """Nothing finished at the path: no manifest."""
+
+
+def resolve(path: str, filesystem=None):
+    """``(filesystem, path on it)`` for a local path or a URI (gs://, s3://, file://)."""
+    if filesystem is not None:
+        return filesystem, path
+    if "://" in path:
+        return pafs.FileSystem.from_uri(path)
+    return pafs.LocalFileSystem(), path
+
+
+def _exists(fs, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def read_bytes(fs, path: str) -> pa.Buffer:
+    """A whole file, decompressed when its name ends in .gz; errors name the file."""
+    try:
+        if path.endswith(".gz"):
+            with fs.open_input_stream(path, compression="gzip") as stream:
+                return stream.read_buffer()
+        if isinstance(fs, pafs.LocalFileSystem):  # the page cache itself: no copy, no fresh pages to fault in
+            with pa.memory_map(path) as mapped:
+                return mapped.read_buffer()
+        with fs.open_input_file(path) as handle:  # one read of known size: ~10x a stream's read_buffer()
+            return handle.read_buffer(handle.size())
+    except (OSError, pa.ArrowException) as error:
+        raise InputError(path, f"cannot be read: {error}") from error
+
+
+def read_json(fs, path: str) -> dict:
+    try:
+        return json.loads(read_bytes(fs, path).to_pybytes())
+    except ValueError as error:
+        raise InputError(path, f"is not valid JSON: {error}") from error
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """Records in an order: binary views over ``buffers`` (bytes formats) or a table
+    (Parquet). ``take``/``slice`` give ``pyarrow.Table``s; views move, data never does."""
+
+    views: np.ndarray = None
+    buffers: tuple = ()
+    table: pa.Table = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.views) if self.table is None else self.table.num_rows
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        if self.table is not None:
+            return self.table.take(indices)
+        return pa.table({RECORD_COLUMN: rec.view_array(self.views[indices], self.buffers)})
+
+    def slice(self, start: int, stop: int) -> pa.Table:
+        if self.table is not None:
+            return self.table.slice(start, stop - start)
+        return pa.table({RECORD_COLUMN: rec.view_array(self.views[start:stop], self.buffers)})
+
+    def reorder(self, indices: np.ndarray) -> "Block":
+        if self.table is not None:
+            return Block(table=self.table.take(indices))
+        return Block(self.views[indices], self.buffers)
+
+    @staticmethod
+    def concat(blocks) -> "Block":
+        """One block holding ``blocks`` one after another (Parquet: combined into one
+        chunk, as Arrow's take on many chunks is slow)."""
+        blocks = [b for b in blocks if b.num_rows] or list(blocks)[:1]
+        if blocks and blocks[0].table is not None:
+            return Block(table=pa.concat_tables([b.table for b in blocks]).combine_chunks())
+        views, buffers = [np.zeros((0, 16), np.uint8)], []
+        for block in blocks:
+            shifted = block.views.copy()
+            out_of_line = shifted[:, :4].view("<i4").ravel() > 12
+            shifted[out_of_line, 8:12] = (shifted[out_of_line, 8:12].view("<i4") + len(buffers)).view(np.uint8)
+            views.append(shifted)
+            buffers += block.buffers
+        return Block(np.concatenate(views), tuple(buffers))
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """How to read an output's files: format, filesystem, the columns wanted (Parquet)."""
+
+    format: str
+    filesystem: object
+    columns: tuple = None
+    num_piles: int = 1
+
+    def read_shard(self, path: str) -> Block:
+        if self.format == "parquet":
+            try:
+                with self.filesystem.open_input_file(path) as handle:
+                    return Block(table=pq.ParquetFile(handle).read(columns=self.columns))
+            except (OSError, pa.ArrowException) as error:
+                raise InputError(path, f"cannot be read as Parquet: {error}") from error
+        parse = rec.tfrecord_views if self.format == "tfrecord" else rec.line_views
+        buffer = read_bytes(self.filesystem, path)
+        return Block(parse(buffer, path, 0), (buffer,))
+
+    def read_store_file(self, path: str):
+        """``(block, keys)`` of one store data file (an Arrow IPC stream)."""
+        try:
+            with self.filesystem.open_input_stream(path) as stream:
+                table = pa.ipc.open_stream(stream).read_all()
+        except (OSError, pa.ArrowException) as error:
+            raise InputError(path, f"cannot be read as an Arrow IPC stream: {error}") from error
+        if KEY_COLUMN not in table.column_names:
+            raise InputError(path, f"has no {KEY_COLUMN} column: not a pile store data file")
+        keys = table.column(KEY_COLUMN).to_numpy()
+        if self.format == "parquet":
+            columns = [c for c in table.column_names if c not in (KEY_COLUMN, HASH_COLUMN)]
+            return Block(table=table.select(list(self.columns or columns))), keys
+        column = STORE_COLUMNS[self.format]
+        if column not in table.column_names:
+            raise InputError(path, f"has no {column!r} column: not a {self.format} pile store file")
+        parse = rec.tfrecord_views if self.format == "tfrecord" else rec.line_views
+        blocks = []
+        for chunk in table.column(column).chunks:
+            buffer = _values_buffer(chunk)
+            blocks.append(Block(parse(buffer, path, 0), (buffer,)))
+        return Block.concat(blocks), keys
+
+
+def _values_buffer(chunk: pa.Array) -> pa.Buffer:
+    """The bytes of a binary array's values, in order, uncopied."""
+    if len(chunk) == 0:
+        return pa.py_buffer(b"")
+    width = np.int64 if pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type) else np.int32
+    offsets = np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
+    return chunk.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+
+@dataclasses.dataclass(frozen=True)
+class PileRef:
+    """One pile: its files (in their canonical order) and whether records carry keys.
+
+    ``load()`` returns the pile's records in written order; ``load((s, ways))`` only
+    sub-pile ``s`` of ``ways`` (keyed piles), in the same order."""
+
+    index: int
+    records: int
+    files: tuple
+    keyed: bool
+    source: Source
+
+    def load(self, part=None) -> Block:
+        if not self.keyed:
+            if part is not None:
+                raise ValueError("only keyed piles (stores) load in sub-piles")
+            return Block.concat(self.source.read_shard(path) for path in self.files)
+        blocks, keys = [], []
+        for path in self.files:
+            block, file_keys = self.source.read_store_file(path)
+            if part is not None:
+                sub, ways = part
+                digits = np.asarray(file_keys, np.uint64) * np.uint64(self.source.num_piles)
+                chosen = np.flatnonzero(keymath.pile_of(digits, ways) == sub)
+                block, file_keys = block.reorder(chosen), file_keys[chosen]
+            blocks.append(block)
+            keys.append(file_keys)
+        keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+        return Block.concat(blocks).reorder(sort_by_key(keys))
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """A finished output: its piles, format, what it holds, and where it is."""
+
+    location: str
+    format: str
+    piles: tuple
+    schema: pa.Schema
+    fingerprint: Fingerprint
+    kind: str  # "shards" | "store"
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.piles)
+
+    def identity(self) -> str:
+        """What a state must match to be resumed on this output."""
+        fp = self.fingerprint
+        return f"{fp.records}:{fp.hash_sum:016x}:{fp.hash_xor:016x}"
+
+
+def _prefix_and_kind(fs, path: str):
+    """``(prefix, explicit store manifest or None)`` from a prefix or a manifest path."""
+    path = path.rstrip("/")
+    if path.endswith("-manifest.json"):
+        return path[: -len("-manifest.json")], None
+    match = _STORE_MANIFEST.search(path)
+    if match and posixpath.dirname(path).endswith("-store"):
+        return posixpath.dirname(path)[: -len("-store")], path
+    if path.endswith("-store"):
+        return path[: -len("-store")], None
+    return path, None
+
+
+def open_output(path: str, filesystem=None, columns=None) -> Output:
+    """The finished output at ``path``: a prefix, ``{P}-manifest.json``, ``{P}-store`` or
+    one of its ``manifest-*.json`` (that version). Refuses a path with no manifest."""
+    fs, fs_path = resolve(path, filesystem)
+    prefix, store_manifest = _prefix_and_kind(fs, fs_path)
+    columns = tuple(columns) if columns is not None else None
+    if store_manifest is None and _exists(fs, f"{prefix}-manifest.json"):
+        return _open_shards(fs, prefix, columns)
+    if store_manifest is None:
+        store_manifest = _current_store_manifest(fs, f"{prefix}-store")
+    if store_manifest is None:
+        raise NoOutputError(path, f"no finished output: no {prefix}-manifest.json and no store manifest "
+                                  f"({prefix}-store/manifest-*.json); an unfinished run?")
+    return _open_store(fs, store_manifest, columns)
+
+
+def _current_store_manifest(fs, directory: str):
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    except (OSError, pa.ArrowException):
+        return None
+    versions = sorted((m.group(1), i.path) for i in infos if (m := _STORE_MANIFEST.search(i.path)))
+    return versions[-1][1] if versions else None
+
+
+def _check_format(manifest: dict, where: str) -> str:
+    name = manifest.get("format")
+    if name not in ("tfrecord", "jsonl", "parquet"):
+        raise InputError(where, f"names format {name!r}; the loader reads tfrecord, jsonl and parquet")
+    return name
+
+
+def _open_shards(fs, prefix: str, columns) -> Output:
+    where = f"{prefix}-manifest.json"
+    manifest = read_json(fs, where)
+    name = _check_format(manifest, where)
+    source = Source(name, fs, columns, int(manifest["num_piles"]))
+    directory = posixpath.dirname(prefix)
+    piles = tuple(
+        PileRef(i, int(shard["records"]), (posixpath.join(directory, posixpath.basename(shard["path"])),), False, source)
+        for i, shard in enumerate(manifest["shards"])
+    )
+    schema = _schema(source, piles)
+    return Output(prefix, name, piles, schema, Fingerprint.from_json(manifest["output_fingerprint"]), "shards")
+
+
+def _open_store(fs, manifest_path: str, columns) -> Output:
+    manifest = read_json(fs, manifest_path)
+    if manifest.get("kind") != "pileshuffle-store":
+        raise InputError(manifest_path, "is not a pileshuffle store manifest (its kind is not 'pileshuffle-store')")
+    name = _check_format(manifest, manifest_path)
+    num_piles = int(manifest["num_piles"])
+    source = Source(name, fs, columns, num_piles)
+    directory = posixpath.dirname(manifest_path)
+    files = {p: [] for p in range(num_piles)}
+    for generation in sorted(manifest["generations"], key=lambda g: g["generation"]):
+        for entry in sorted(generation["files"], key=lambda f: f["writer"]):
+            files[int(entry["pile"])].append((posixpath.join(directory, entry["path"]), int(entry["records"])))
+    piles = tuple(
+        PileRef(p, sum(r for _, r in files[p]), tuple(path for path, _ in files[p]), True, source) for p in range(num_piles)
+    )
+    fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
+    return Output(manifest_path, name, piles, _schema(source, piles), fingerprint, "store")
+
+
+def _schema(source: Source, piles) -> pa.Schema:
+    """What batches hold: ``record`` (binary) for bytes formats, the chosen columns for Parquet."""
+    if source.format != "parquet":
+        return BYTES_SCHEMA
+    path = next((p.files[0] for p in piles if p.files and (p.records or p is piles[-1])), None)
+    if path is None:
+        return pa.schema([])
+    if piles[0].keyed:
+        with source.filesystem.open_input_stream(path) as stream:
+            schema = pa.ipc.open_stream(stream).schema
+        schema = pa.schema([f for f in schema if f.name not in (KEY_COLUMN, HASH_COLUMN)], schema.metadata)
+    else:
+        with source.filesystem.open_input_file(path) as handle:
+            schema = pq.ParquetFile(handle).schema_arrow
+    if source.columns is None:
+        return schema
+    missing = [c for c in source.columns if c not in schema.names]
+    if missing:
+        raise InputError(path, f"has no column(s) {missing}; it has {schema.names}")
+    return pa.schema([schema.field(c) for c in source.columns], schema.metadata)

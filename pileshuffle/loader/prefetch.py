@@ -1,0 +1,54 @@
+"""Load the next item on one background thread while the current one is used.
+
+``prefetched(items, load)`` yields ``load(item)`` in order. The thread loads item i+1
+while the caller holds item i and waits before loading i+2 until the caller has taken
+i+1: at most two loaded items exist at once (the caller's and the next). An error in
+``load`` is raised in the caller; closing the generator stops the thread.
+"""
+
+import queue
+import threading
+
+_DONE = object()
+
+
+class _Failed:
+    def __init__(self, error):
+        self.error = error
+
+
+def prefetched(items, load):
+    items = list(items)
+    if not items:
+        return
+    ready = queue.Queue()
+    may_load = threading.Semaphore(1)
+    stop = threading.Event()
+
+    def work():
+        try:
+            for item in items:
+                may_load.acquire()
+                if stop.is_set():
+                    return
+                ready.put(load(item))
+            ready.put(_DONE)
+        except BaseException as error:  # handed to the caller
+            ready.put(_Failed(error))
+
+    thread = threading.Thread(target=work, name="pileshuffle-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            loaded = ready.get()
+            if loaded is _DONE:
+                return
+            if isinstance(loaded, _Failed):
+                raise loaded.error
+            may_load.release()  # the caller now holds this one: the thread may load the next
+            yield loaded
+            del loaded
+    finally:
+        stop.set()
+        may_load.release()
+        thread.join(timeout=60)

@@ -1,0 +1,60 @@
+"""TensorFlow adapter: ``ShuffledDataset.tf()`` is a ``tf.data.Dataset`` of the same records.
+
+Invariants:
+- TFRecord and JSONL records are ``tf.string`` scalars (a TFRecord payload is the serialized
+  ``tf.train.Example`` as written: ``.batch(n).map(lambda x: tf.io.parse_example(x, spec))``);
+  Parquet rows are dicts with one scalar tensor per column of ``ds.schema``. With
+  ``batch_size`` the elements are those batches instead (vectors, a dict of vectors).
+- The elements are the dataset's own records in its own order: the generator hands TensorFlow
+  ``ds.batches(...)`` (one Python-to-TensorFlow conversion per batch, never per record) and
+  ``unbatch()`` cuts them into records.
+- tf.data iterators run ahead of the training step (prefetch, parallel maps), so the state is
+  not read from them: after the training loop has consumed n records of this epoch,
+  ``ds.state_after(n)`` is the state to save, and ``ds.load_state_dict(state)`` before
+  ``ds.tf()`` resumes there.
+
+Only this module imports TensorFlow.
+"""
+
+import pyarrow as pa
+import tensorflow as tf
+
+CHUNK_RECORDS = 1024  # records per generator step when the elements are single records
+
+
+def to_tf(dataset, *, batch_size=None, drop_last=False):
+    """``dataset``'s records (or batches of ``batch_size``) as a ``tf.data.Dataset``."""
+    spec = batch_spec(dataset)
+    size = batch_size or CHUNK_RECORDS
+    drop = drop_last and batch_size is not None
+    if dataset.format == "parquet":
+        def generate():
+            yield from dataset.batches(size, drop_last=drop, as_numpy=True)
+    else:
+        def generate():
+            yield from dataset.batches(size, drop_last=drop)
+
+    batches = tf.data.Dataset.from_generator(generate, output_signature=spec)
+    return batches if batch_size else batches.unbatch()
+
+
+def batch_spec(dataset):
+    """The ``output_signature`` of one batch: a ``tf.string`` vector for TFRecord and JSONL,
+    a dict of vectors (one per column, dtype from ``dataset.schema``) for Parquet."""
+    if dataset.format != "parquet":
+        return tf.TensorSpec(shape=(None,), dtype=tf.string)
+    return {field.name: tf.TensorSpec(shape=(None,), dtype=tf_dtype(field)) for field in dataset.schema}
+
+
+def tf_dtype(field):
+    """TensorFlow's dtype for a Parquet column of ``field``'s type (numbers, bools, strings,
+    binary); other types are refused with the column's name."""
+    kind = field.type
+    if (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
+            or pa.types.is_string_view(kind) or pa.types.is_binary_view(kind)):
+        return tf.string
+    if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return tf.as_dtype(pa.array([], kind).to_numpy(zero_copy_only=False).dtype)
+    raise TypeError(f"column {field.name!r} has type {kind}, which ds.tf() does not turn into a tensor "
+                    "(numbers, bools, strings and binary only): leave it out with columns=[...]")

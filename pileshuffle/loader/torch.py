@@ -1,0 +1,194 @@
+"""PyTorch adapter: ``ShuffledDataset.torch()`` is a ``torch.utils.data.IterableDataset``.
+
+Invariants:
+- The process that iterates it (a DataLoader worker w of n, or the main process as worker 0
+  of 1) iterates ``dataset.for_worker(w, n)``: the workers of a rank read disjoint, contiguous
+  parts of the rank's share, and together all of it, each loading only the piles its part
+  overlaps.
+- ``state_dict()`` is the state of that part after the records it has yielded (a batch counts
+  once it is yielded). torchdata's ``StatefulDataLoader`` asks each worker for it after every
+  batch and gives every worker its own state back on resume: the stream goes on exactly.
+- ``load_state_dict(list)`` takes the states of every consumer of an earlier split (another
+  ``num_workers`` or world size): the rest of the epoch is dealt out again, nothing lost or
+  repeated; each worker reads its part in global order, so the stream's order differs from
+  the uninterrupted one. A list that is exactly this split's states (in any order: worker j
+  takes ``list[j]``) resumes exactly: that is how a plain ``DataLoader`` resumes
+  (``loader_states``, from the number of batches taken).
+
+Only this module (and ``pileshuffle.loader.tf`` for TensorFlow) imports torch.
+"""
+
+import torch.utils.data
+
+from torch.utils.data import get_worker_info
+
+# torchdata's StatefulDataLoader state keys (torchdata.stateful_dataloader, 0.8 - 0.11)
+_SNAPSHOT, _STEPS_SINCE_SNAPSHOT = "_snapshot", "_steps_since_snapshot"
+_WORKER_SNAPSHOTS, _DATASET_STATE = "_worker_snapshots", "dataset_state"
+
+
+class TorchDataset(torch.utils.data.IterableDataset):
+    """``dataset``'s records (``batch_size=None``) or batches, split by DataLoader worker.
+
+    Records are what ``iter(dataset)`` yields; batches are ``dataset.batches(batch_size,
+    drop_last=..., as_numpy=...)`` (use ``DataLoader(..., batch_size=None)``): a list of
+    ``bytes`` (TFRecord, JSONL), or for Parquet a dict of numpy arrays (``as_numpy=True``,
+    which the DataLoader turns into tensors) or a ``pyarrow.RecordBatch`` (``as_numpy=False``).
+    Batching in the worker costs one inter-process message per batch instead of one Python
+    step per record in the DataLoader.
+    """
+
+    def __init__(self, dataset, *, batch_size=None, drop_last=False, as_numpy=True):
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.as_numpy = as_numpy
+        self._resume = None  # a state or a list of states the next iteration starts from
+        self._part = None  # the part this process iterates now
+
+    # -- epochs and length
+
+    def set_epoch(self, epoch):
+        """The next iteration's epoch (call it before each epoch, in the main process; with
+        ``persistent_workers=True`` the workers keep their own copy and never see it)."""
+        self.dataset.set_epoch(epoch)
+
+    def __len__(self):
+        """Records this rank yields per epoch (with ``batch_size``, batches per epoch depend on
+        ``num_workers``: every worker ends on its own last, possibly partial, batch)."""
+        if self.batch_size is not None:
+            raise TypeError("len() of a batched torch dataset is not defined (it depends on num_workers); "
+                            "len(ds) gives the records per epoch")
+        return len(self.dataset)
+
+    # -- iterating
+
+    def _worker(self):
+        info = get_worker_info()
+        return (0, 1) if info is None else (info.id, info.num_workers)
+
+    def _part_to_iterate(self):
+        worker, num_workers = self._worker()
+        resume, self._resume = self._resume, None
+        if isinstance(resume, list):
+            return resumed_part(self.dataset, resume, worker, num_workers)
+        part = self.dataset.for_worker(worker, num_workers)
+        if resume is not None:
+            part.load_state_dict(resume)
+        return part
+
+    def __iter__(self):
+        # The part is made here, not in the generator: torch asks for state_dict() right
+        # after iter(), before the generator has run.
+        self._part = part = self._part_to_iterate()
+        if self.batch_size is None:
+            return iter(part)
+        as_numpy = self.as_numpy and self.dataset.format == "parquet"
+        return part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=as_numpy)
+
+    # -- state
+
+    def state_dict(self):
+        """The state of the part this process iterates (before any iteration: of the part it
+        would iterate)."""
+        if self._part is not None:
+            return self._part.state_dict()
+        if isinstance(self._resume, dict):
+            return self._resume
+        worker, num_workers = self._worker()
+        return self.dataset.for_worker(worker, num_workers).state_dict()
+
+    def load_state_dict(self, state):
+        """Resume the next iteration from ``state``: one consumer's state (what
+        ``state_dict()`` returned in this same worker) or the list of every consumer's states
+        of an earlier split (``worker_states``, ``loader_states``)."""
+        self._resume = list(state) if isinstance(state, (list, tuple)) else state
+        self._part = None
+
+
+def resumed_part(dataset, states, worker, num_workers):
+    """Worker ``worker``'s part after resuming from ``states`` (all consumers of a split).
+
+    When ``states`` are exactly this split's states (in any order), worker j goes on with
+    ``states[j]``'s part where it stopped: every part continues its own order. Otherwise the
+    unfinished tails are dealt out again (``ShuffledDataset.load_state_dict(list)``)."""
+    parts = [dataset.for_worker(w, num_workers) for w in range(num_workers)]
+    for part in parts:
+        part.set_epoch(states[0]["epoch"])
+    owners = [own_part(parts, state) for state in states]
+    if len(states) == num_workers and sorted(o for o in owners if o is not None) == list(range(num_workers)):
+        part = parts[owners[worker]]
+        part.load_state_dict(states[worker])
+        return part
+    parts[worker].load_state_dict(states)
+    return parts[worker]
+
+
+def own_part(parts, state):
+    """The index of the part ``state`` is a state of (same consumer, same ranges), or None."""
+    for index, part in enumerate(parts):
+        fresh = part.state_dict()
+        if all(state.get(key) == value for key, value in fresh.items() if key != "position"):
+            return index
+    return None
+
+
+def worker_states(loader_state):
+    """The per-worker dataset states in a ``StatefulDataLoader.state_dict()`` (worker order),
+    to resume with another ``num_workers``: ``tds.load_state_dict(worker_states(state))`` then
+    a new loader that is NOT given ``state`` (torchdata refuses another worker count).
+    Needs ``snapshot_every_n_steps=1`` (torchdata's default): with a longer interval the
+    worker states lag behind the batches taken."""
+    if _SNAPSHOT not in loader_state:  # num_workers=0: the dataset state is at the top
+        return [loader_state[_DATASET_STATE]]
+    if loader_state.get(_STEPS_SINCE_SNAPSHOT, 0):
+        raise ValueError(f"this StatefulDataLoader state is {loader_state[_STEPS_SINCE_SNAPSHOT]} batch(es) past its "
+                         "last worker snapshot: create the loader with snapshot_every_n_steps=1 to resume with "
+                         "another number of workers")
+    workers = loader_state[_SNAPSHOT][_WORKER_SNAPSHOTS]
+    return [workers[f"worker_{w}"][_DATASET_STATE] for w in range(len(workers))]
+
+
+def loader_states(torch_dataset, batches, *, num_workers, batch_size=None, drop_last=False):
+    """The states of the workers of a plain ``torch.utils.data.DataLoader`` (``in_order=True``,
+    the default) that has handed out ``batches`` batches of this epoch, in the order a new
+    loader's workers are to take them: ``torch_dataset.load_state_dict(loader_states(...))``,
+    then a new DataLoader with the same ``num_workers`` and batch size goes on exactly.
+
+    A DataLoader deals its workers' batches round robin (worker 0, 1, ..., n-1, 0, ...),
+    skipping a worker once its part is used up; each worker's batches are its part's records
+    cut ``batch_size`` at a time (the adapter's ``batch_size``, or the DataLoader's when the
+    adapter yields records), the last one partial unless ``drop_last``. So the records each
+    worker handed out follow from ``batches`` alone; the list starts with the worker whose
+    turn is next, because a new loader starts its round robin at worker 0.
+    """
+    size = torch_dataset.batch_size or batch_size
+    drop = drop_last or torch_dataset.drop_last
+    if not size:
+        raise ValueError("batch_size: the DataLoader's batch size (the adapter yields single records)")
+    workers = max(1, num_workers)
+    parts = [torch_dataset.dataset.for_worker(w, workers) for w in range(workers)]
+    records = [len(p) for p in parts]
+    taken, turn = round_robin(batches, [n // size if drop else -(-n // size) for n in records])
+    states = [part.state_after(min(n, t * size)) for part, n, t in zip(parts, records, taken)]
+    return states[turn:] + states[:turn]
+
+
+def round_robin(batches, per_worker):
+    """``(taken, turn)``: how many of the first ``batches`` batches came from each worker, and
+    whose turn is next, when batches are dealt round robin and worker w drops out after its
+    ``per_worker[w]`` batches."""
+    if batches > sum(per_worker):
+        raise ValueError(f"{batches} batches taken, but an epoch has only {sum(per_worker)} with these workers")
+    taken, last = [0] * len(per_worker), len(per_worker) - 1
+    while batches:
+        active = [w for w, n in enumerate(per_worker) if taken[w] < n]
+        rounds = min(batches // len(active), min(per_worker[w] - taken[w] for w in active))
+        dealt = active[:batches] if rounds == 0 else active  # rounds == 0: the first of a last round
+        for w in dealt:
+            taken[w] += max(rounds, 1)
+        batches -= len(dealt) * max(rounds, 1)
+        last = dealt[-1]
+    after = [(last + 1 + i) % len(per_worker) for i in range(len(per_worker))]
+    turn = next((w for w in after if taken[w] < per_worker[w]), 0)
+    return taken, turn

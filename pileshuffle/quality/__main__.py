@@ -1,0 +1,5 @@
+import sys
+
+from pileshuffle.quality import main
+
+sys.exit(main())

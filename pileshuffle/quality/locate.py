@@ -1,0 +1,198 @@
+"""Where each output record came from, found by its hash; and every record's label.
+
+A record's position is located by its fingerprint hash (``formats.record_hashes``, the
+hash ``verify`` and the manifests use): one pass over the input and one over the output
+(each read with the format's ``read_chunks``) keep the records whose hash is below a
+threshold, and matching hashes pair an input position with an output position. Hash
+values are independent of positions, so the kept records are a uniform sample, and the
+threshold bounds memory whatever the input size. Hashes seen more than once in the input
+sample (duplicate records) are dropped: their positions are ambiguous.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from pileshuffle.errors import InputError
+from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.formats import RECORD_COLUMN, record_hashes
+from pileshuffle.formats.text import LINE_COLUMN
+from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTES
+from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN
+
+_HASH_SPACE = 2**64
+STORE_FRAME_COLUMN = "frame"  # a pile store's TFRecord column (docs/stores.md)
+_PAYLOAD_FRAMING = {  # bytes columns: (bytes before, bytes after) the payload
+    FRAME_COLUMN: (HEADER_BYTES, FOOTER_BYTES),
+    STORE_FRAME_COLUMN: (HEADER_BYTES, FOOTER_BYTES),
+    LINE_COLUMN: (0, 1),
+    RECORD_COLUMN: (0, 0),
+}
+
+
+def threshold_for(records: int, sample: int) -> int:
+    """Keep hashes below this to keep about ``sample`` of ``records`` records."""
+    if records <= sample:
+        return _HASH_SPACE
+    return int(_HASH_SPACE * sample // records)
+
+
+@dataclasses.dataclass(frozen=True)
+class Label:
+    """What a record's label is: a Parquet column or JSON key (``field``), or the payload
+    bytes ``start:end`` (at most 8 bytes; bytes past a record's end read as 0)."""
+
+    field: str = None
+    start: int = None
+    end: int = None
+
+    @classmethod
+    def parse_bytes(cls, text: str) -> "Label":
+        try:
+            start, end = (int(part) for part in text.split(":"))
+        except ValueError:
+            raise ValueError(f"--label_bytes takes START:END (e.g. 0:1), got {text!r}") from None
+        if not 0 <= start < end <= start + 8:
+            raise ValueError(f"--label_bytes {text}: need 0 <= START < END <= START+8")
+        return cls(start=start, end=end)
+
+    def values(self, table: pa.Table, path: str) -> np.ndarray:
+        """One label value per record of a chunk: text (fields) or uint64 codes (bytes)."""
+        if self.field is None:
+            return self._byte_codes(table, path)
+        if table.column_names == [LINE_COLUMN]:
+            return self._json_values(table, path)
+        if self.field not in table.column_names:
+            if table.column_names in ([FRAME_COLUMN], [STORE_FRAME_COLUMN]):
+                raise InputError(path, "is TFRecord: --label reads a Parquet column or a JSON key; "
+                                       "use --label_bytes START:END for TFRecord payloads")
+            raise InputError(path, f"has no column {self.field!r} (columns: {', '.join(table.column_names)})")
+        column = table.column(self.field)
+        try:  # values as text, so every chunk's labels compare alike (nulls: "null")
+            return column.cast(pa.string()).fill_null("null").to_numpy(zero_copy_only=False)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # nested types
+            return np.array([json.dumps(v, default=str) for v in column.to_pylist()], dtype=object)
+
+    def _json_values(self, table, path):
+        data, offsets = binary_column_parts(table.column(LINE_COLUMN))
+        data, out = data.to_pybytes(), []
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+            try:
+                out.append(json.dumps(json.loads(data[a:b])[self.field], default=str))
+            except (ValueError, KeyError, TypeError, IndexError):
+                raise InputError(path, f"a line ({data[a:b][:60]!r}) is not a JSON object with key {self.field!r}") from None
+        return np.array(out, dtype=object)
+
+    def _byte_codes(self, table, path):
+        names = table.column_names
+        if len(names) != 1 or names[0] not in _PAYLOAD_FRAMING:
+            raise InputError(path, "is Parquet: --label_bytes reads TFRecord payloads or JSONL lines; use --label COLUMN")
+        header, footer = _PAYLOAD_FRAMING[names[0]]
+        data, offsets = binary_column_parts(table.column(names[0]))
+        raw = np.frombuffer(data, dtype=np.uint8)
+        starts, ends = offsets[:-1] + header, offsets[1:] - footer
+        codes = np.zeros(len(starts), dtype=np.uint64)
+        for shift, k in enumerate(range(self.start, self.end)):
+            where = starts + k
+            inside = where < ends
+            byte = np.where(inside, raw[np.minimum(where, len(raw) - 1)] if len(raw) else 0, 0).astype(np.uint64)
+            codes |= byte << np.uint64(8 * shift)
+        return codes
+
+    def describe(self) -> str:
+        return f"field {self.field!r}" if self.field else f"payload bytes {self.start}:{self.end}"
+
+
+@dataclasses.dataclass
+class Scan:
+    """One ordered pass over files: records per file, the sampled records' hashes and
+    positions, and (when asked) every record's label value."""
+
+    file_records: list
+    hashes: np.ndarray
+    positions: np.ndarray
+    labels: np.ndarray = None
+
+    @property
+    def records(self) -> int:
+        return int(sum(self.file_records))
+
+
+def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
+    file_records, hashes, positions, labels = [], [], [], []
+    position = 0
+    for path in paths:
+        count = 0
+        for table in fmt.read_chunks(path):
+            chunk_hashes = record_hashes(table)
+            kept = np.flatnonzero(chunk_hashes < np.uint64(threshold)) if threshold < _HASH_SPACE else np.arange(len(chunk_hashes))
+            hashes.append(chunk_hashes[kept])
+            positions.append(kept + position + count)
+            if label is not None:
+                labels.append(label.values(table, path))
+            count += table.num_rows
+        file_records.append(count)
+        position += count
+    return Scan(
+        file_records,
+        np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
+        np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
+        np.concatenate(labels) if labels else (np.zeros(0, np.int64) if label is not None else None),
+    )
+
+
+def scan_store(output, threshold: int, label: Label = None) -> Scan:
+    """A pile store's records in written order (``output``: the loader's ``Output``):
+    piles in order, each pile's files (live generations, then writers) stably sorted by
+    key, with the pass-1 hashes the store keeps. One pile in memory at a time."""
+    from pileshuffle.loader.order import sort_by_key
+
+    pile_records, hashes, positions, labels = [], [], [], []
+    position = 0
+    for pile in output.piles:
+        filesystem = pile.source.filesystem
+        tables = []
+        for path in pile.files:
+            with filesystem.open_input_stream(path) as stream:
+                tables.append(pa.ipc.open_stream(stream).read_all())
+        table = pa.concat_tables(tables) if tables else None
+        count = table.num_rows if table is not None else 0
+        if count:
+            order = sort_by_key(table.column(KEY_COLUMN).to_numpy())
+            pile_hashes = table.column(HASH_COLUMN).to_numpy()[order]
+            kept = np.flatnonzero(pile_hashes < np.uint64(threshold)) if threshold < _HASH_SPACE else np.arange(count)
+            hashes.append(pile_hashes[kept])
+            positions.append(kept + position)
+            if label is not None:
+                labels.append(label.values(table.drop_columns([KEY_COLUMN, HASH_COLUMN]), pile.files[0])[order])
+        pile_records.append(count)
+        position += count
+    return Scan(
+        pile_records,
+        np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
+        np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
+        np.concatenate(labels) if labels else (np.zeros(0, np.int64) if label is not None else None),
+    )
+
+
+def match(source: Scan, target: Scan):
+    """``(x, y, duplicates)``: input and output positions of the sampled records found on
+    both sides; hashes repeated in the input sample are left out (their count returned)."""
+    unique, first, counts = np.unique(source.hashes, return_index=True, return_counts=True)
+    single = counts == 1
+    unique, where = unique[single], source.positions[first[single]]
+    slot = np.searchsorted(unique, target.hashes)
+    slot = np.minimum(slot, max(len(unique) - 1, 0))
+    found = (unique[slot] == target.hashes) if len(unique) else np.zeros(len(target.hashes), bool)
+    return where[slot[found]], target.positions[found], int(counts[~single].sum())
+
+
+def class_ids(*value_arrays):
+    """The label values of several arrays as shared class ids ``0..k-1`` (sorted values),
+    and the values themselves."""
+    joined = np.concatenate(value_arrays)
+    values, ids = np.unique(joined, return_inverse=True)
+    bounds = np.cumsum([0, *(len(v) for v in value_arrays)])
+    return [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:])], values

@@ -1,0 +1,116 @@
+"""The statistics of an order, each with what a uniform random permutation gives.
+
+Inputs are positions: ``x`` (input position) and ``y`` (delivered position) of a sample of
+records drawn independently of their positions, out of ``n`` records; or the label of
+every delivered record, in order. Under a uniform permutation:
+- Spearman's rho of (x, y) is 0 with standard error 1/sqrt(k-1) for k pairs;
+- the input-block x output-block count table is independent (chi-square test);
+- the displacement (y - x)/n has the triangular density 1 - |d| on (-1, 1) (KS test);
+- a batch's label counts are hypergeometric (about binomial): the batch x label table is
+  independent, and its chi-square over its degrees of freedom (the *dispersion*) is ~1.
+Between two epochs: a record's positions are uncorrelated, and two records that shared a
+batch share one again with probability (b-1)/(n-1).
+"""
+
+import numpy as np
+from scipy import stats
+
+UNIFORM_DISPLACEMENT = stats.triang(c=0.5, loc=-1.0, scale=2.0)
+
+
+def blocks_for(pairs: int) -> int:
+    """Blocks per side so that every cell of the block table expects >= 10 pairs."""
+    return int(np.clip(np.sqrt(pairs / 10), 2, 16))
+
+
+def block_table(x, y, n: int, blocks: int) -> np.ndarray:
+    cells = (np.asarray(x) * blocks // n) * blocks + np.asarray(y) * blocks // n
+    return np.bincount(cells, minlength=blocks * blocks).reshape(blocks, blocks)
+
+
+def independence(table: np.ndarray):
+    """``(chi2, dof, p)`` of a contingency table (empty rows and columns dropped)."""
+    table = table[table.sum(axis=1) > 0][:, table.sum(axis=0) > 0]
+    if min(table.shape) < 2:
+        return 0.0, 0, 1.0
+    result = stats.chi2_contingency(table, correction=False)
+    return float(result.statistic), int(result.dof), float(result.pvalue)
+
+
+def order_metrics(x, y, n: int) -> dict:
+    """Rank correlation, block chi-square and displacement of sampled (x, y) pairs."""
+    x, y = np.asarray(x, dtype=np.int64), np.asarray(y, dtype=np.int64)
+    k = len(x)
+    rho = float(stats.spearmanr(x, y).statistic) if k > 2 else 0.0
+    z = rho * np.sqrt(max(k - 1, 1))
+    blocks = blocks_for(k)
+    chi2, dof, p = independence(block_table(x, y, n, blocks))
+    displacement = (y - x) / n
+    ks = stats.kstest(displacement, UNIFORM_DISPLACEMENT.cdf) if k else None
+    return {
+        "spearman": rho,
+        "spearman_p": float(2 * stats.norm.sf(abs(z))),
+        "blocks": blocks,
+        "block_chi2": chi2,
+        "block_chi2_dof": dof,
+        "block_chi2_p": p,
+        "displacement_mean_abs": float(np.abs(displacement).mean()) if k else 0.0,
+        "displacement_ks": float(ks.statistic) if ks else 0.0,
+        "displacement_p": float(ks.pvalue) if ks else 1.0,
+    }
+
+
+def batch_counts(labels: np.ndarray, batch_size: int) -> np.ndarray:
+    """Full batches x label classes: how many records of each class each batch holds."""
+    labels = np.asarray(labels, dtype=np.int64)
+    batches = len(labels) // batch_size
+    if batches == 0:
+        return np.zeros((0, int(labels.max(initial=0)) + 1), np.int64)
+    classes = int(labels.max()) + 1
+    cells = np.repeat(np.arange(batches), batch_size) * classes + labels[: batches * batch_size]
+    return np.bincount(cells, minlength=batches * classes).reshape(batches, classes)
+
+
+def batch_metrics(labels: np.ndarray, batch_size: int) -> dict:
+    """Label balance per batch: the batch x class chi-square, its dispersion (chi2/dof,
+    ~1 when uniform, large when batches are dominated by one class) and p-value."""
+    counts = batch_counts(labels, batch_size)
+    chi2, dof, p = independence(counts)
+    return {
+        "batch_size": batch_size,
+        "batches": int(len(counts)),
+        "batch_dispersion": chi2 / dof if dof else 1.0,
+        "batch_chi2_dof": dof,
+        "batch_dispersion_p": p,
+    }
+
+
+def binomial_reference(counts_of_one_class: np.ndarray, batch_size: int, share: float):
+    """``(k, expected batches with k records of the class)`` under Binomial(b, share)."""
+    k = np.arange(batch_size + 1)
+    return k, stats.binom.pmf(k, batch_size, share) * len(counts_of_one_class)
+
+
+def carry_over(first: np.ndarray, second: np.ndarray, batch_size: int) -> dict:
+    """How much of one epoch's order the next keeps. ``first``/``second``: where each
+    input record is delivered in the two epochs (full arrays)."""
+    first, second = np.asarray(first, np.int64), np.asarray(second, np.int64)
+    n = len(first)
+    correlation = float(np.corrcoef(first, second)[0, 1]) if n > 2 and first.std() and second.std() else 0.0
+    keep = first < n // batch_size * batch_size
+    a, b = first[keep] // batch_size, second[keep] // batch_size
+    _, together = np.unique(a * (n // batch_size + 1) + b, return_counts=True)  # records per (batch, next batch)
+    pairs_again = float((together * (together - 1) // 2).sum())
+    per_batch = np.bincount(a)
+    pairs = float((per_batch * (per_batch - 1) // 2).sum())
+    return {
+        "epoch_correlation": correlation,
+        "remeet": pairs_again / pairs if pairs else 0.0,
+        "remeet_uniform": (batch_size - 1) / (n - 1) if n > 1 else 0.0,
+    }
+
+
+def combined_p(statistics, dofs) -> float:
+    """p-value of independent chi-square statistics taken together (their sum is
+    chi-square with the summed degrees of freedom)."""
+    return float(stats.chi2.sf(float(np.sum(statistics)), int(np.sum(dofs))))

@@ -1,0 +1,125 @@
+"""The report's figures (matplotlib, imported here only: ``pip install pileshuffle[report]``).
+
+``quality.png``: one row per policy (one row without ``--compare``); columns: input against
+delivered position (a sample), the input-block x output-block table over its expectation,
+the displacement histogram against the uniform permutation's triangle, label counts per
+batch against the binomial (with a label), and where each record lands in the next epoch.
+``training.png``: held-out loss and accuracy against SGD step, one curve per policy.
+"""
+
+import numpy as np
+
+from pileshuffle.quality import metrics, training
+
+SCATTER_POINTS = 3000
+
+
+def _p(value: float) -> str:
+    return f"{value:.2g}" if value >= 1e-99 else "<1e-99"
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("the figures need matplotlib: pip install 'pileshuffle[report]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _scatter(ax, x, y, n, xlabel, ylabel):
+    step = max(1, len(x) // SCATTER_POINTS)
+    ax.scatter(np.asarray(x)[::step] / n, np.asarray(y)[::step] / n, s=1, alpha=0.4, color="tab:blue", rasterized=True)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+
+
+def _heatmap(ax, row, n):
+    blocks = row.numbers["blocks"]
+    table = metrics.block_table(row.x, row.y, n, blocks)
+    expected = np.outer(table.sum(1), table.sum(0)) / max(1, table.sum())
+    ratio = (table / np.maximum(expected, 1e-9)).T  # x: input block, y: output block, as in the scatter
+    ax.imshow(ratio, cmap="RdBu_r", vmin=0, vmax=2, origin="lower", extent=(0, 1, 0, 1))
+    ax.set_title(f"block counts / expected: chi2 p={_p(row.numbers['block_chi2_p'])}", fontsize=8)
+    ax.set_xlabel("input block", fontsize=8)
+    ax.set_ylabel("output block", fontsize=8)
+
+
+def _displacement(ax, row, n):
+    displacement = (np.asarray(row.y) - np.asarray(row.x)) / n
+    ax.hist(displacement, bins=40, range=(-1, 1), density=True, color="tab:blue", alpha=0.7)
+    grid = np.linspace(-1, 1, 101)
+    ax.plot(grid, metrics.UNIFORM_DISPLACEMENT.pdf(grid), color="black", lw=1, label="uniform")
+    ax.set_title(f"displacement: KS p={_p(row.numbers['displacement_p'])}", fontsize=8)
+    ax.set_xlabel("(delivered - input) / N", fontsize=8)
+
+
+def _balance(ax, row, report):
+    if row.labels is None:
+        ax.axis("off")
+        return
+    counts = metrics.batch_counts(row.labels, report.batch_size)[:, 0]
+    b = report.batch_size
+    ax.hist(counts, bins=np.arange(-0.5, b + 1.5, max(1, b // 64)), color="tab:blue", alpha=0.7)
+    k, expected = metrics.binomial_reference(counts, b, report.label_share)
+    ax.plot(k, expected * max(1, b // 64), color="black", lw=1)
+    ax.set_title(f"first class per batch: dispersion {row.numbers['batch_dispersion']:.2f}", fontsize=8)
+    ax.set_xlabel(f"records of the first class in a batch of {b}", fontsize=8)
+
+
+def quality_figure(report, path: str):
+    plt = _pyplot()
+    compare = len(report.rows) > 1
+    columns = 5 if compare else 4
+    figure, axes = plt.subplots(len(report.rows), columns, figsize=(3.0 * columns, 2.6 * len(report.rows)), squeeze=False)
+    n = report.records
+    for line, row in zip(axes, report.rows):
+        _scatter(line[0], row.x, row.y, n, "input position", f"{row.policy}\n\ndelivered position")
+        line[0].yaxis.label.set_fontweight("bold")
+        verdict = "uniform" if row.numbers.get("uniform") else "NOT uniform"
+        line[0].set_title(f"spearman {row.numbers['spearman']:+.3f}: {verdict}", fontsize=8)
+        _heatmap(line[1], row, n)
+        _displacement(line[2], row, n)
+        _balance(line[3], row, report)
+        if compare:
+            _scatter(line[4], row.y, row.next_y, n, "position, this epoch", "position, next epoch")
+            line[4].set_title(f"next epoch: corr={row.numbers['epoch_correlation']:+.2f}, "
+                              f"re-meet x{row.numbers['remeet_ratio']:.0f}", fontsize=8)
+        for ax in line:
+            ax.tick_params(labelsize=7)
+    figure.tight_layout()
+    save(figure, path, dpi=60)
+
+
+def training_figure(report, path: str):
+    plt = _pyplot()
+    figure, (loss, accuracy) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for number, row in enumerate(report.rows):
+        steps = np.asarray(row.curve["steps"])
+        label = f"{row.policy} ({row.curve['accuracy'][-1]:.0%})"
+        style = {"lw": 1.2, "label": label, "ls": ("-", "--", ":")[number % 3] if number >= 3 else "-"}
+        loss.plot(steps, row.curve["loss"], **style)
+        accuracy.plot(steps, row.curve["accuracy"], **style)
+    loss.set_ylabel("held-out loss", fontsize=9)
+    accuracy.set_ylabel("held-out accuracy", fontsize=9)
+    accuracy.axhline(training.BEST_ACCURACY, color="gray", ls=":", lw=1)
+    for ax in (loss, accuracy):
+        ax.set_xlabel("SGD step (one epoch, batch 32)", fontsize=9)
+        ax.tick_params(labelsize=8)
+    accuracy.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    figure.suptitle('one epoch of SGD on "all cats, then all dogs" in each policy\'s order', fontsize=10)
+    figure.tight_layout()
+    save(figure, path, dpi=80)
+
+
+def save(figure, path: str, dpi: int):
+    """Save as a small PNG: 64 colours (the figures are flat plots)."""
+    from PIL import Image
+
+    figure.savefig(path, dpi=dpi, format="png")
+    figure.clf()
+    Image.open(path).convert("RGB").quantize(64).save(path, format="png", optimize=True)

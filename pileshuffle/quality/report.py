@@ -1,0 +1,210 @@
+"""The quality report of a finished run, and of the shuffles people use instead.
+
+``measure`` locates a sample of output records in the input (``locate``), computes the
+order's statistics (``metrics``) and, with ``compare``, puts the same positions through
+the other policies (``orders``) and one epoch of SGD (``training``). Every row is
+measured on the same sampled records, so the rows' numbers are comparable. The
+``pileshuffle`` row is measured on the output's bytes; the other rows are exact
+simulations on positions (no bytes needed).
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from pileshuffle.errors import InputError
+from pileshuffle.quality import locate, metrics, orders, training
+
+ALPHA = 1e-4  # a p-value below this rejects uniformity
+MAX_LABEL_CLASSES = 1000
+TRAINING_RECORDS = 200_000  # larger runs train on every k-th input record, in the order delivered
+
+
+@dataclasses.dataclass
+class Row:
+    """One policy: the sample's (input, delivered) positions, the delivered labels, where
+    the sample lands in the next epoch, the training curve and the numbers."""
+
+    policy: str
+    x: np.ndarray
+    y: np.ndarray
+    labels: np.ndarray = None
+    next_y: np.ndarray = None
+    curve: dict = None
+    numbers: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Report:
+    records: int
+    summary: dict
+    rows: list
+    label_share: float = None
+    batch_size: int = 256
+
+
+def uniform(numbers: dict) -> bool:
+    """No test rejects a uniform permutation at ``ALPHA``."""
+    keys = ("spearman_p", "block_chi2_p", "displacement_p", "batch_dispersion_p")
+    return all(numbers[k] >= ALPHA for k in keys if k in numbers)
+
+
+def training_stride(records: int) -> int:
+    """Train on every k-th input record: k = ceil(records / TRAINING_RECORDS)."""
+    return max(1, math.ceil(records / TRAINING_RECORDS))
+
+
+def thin(order: np.ndarray, stride: int) -> np.ndarray:
+    """The order restricted to input records 0, k, 2k, ... (renumbered 0, 1, 2, ...)."""
+    return order[order % stride == 0] // stride
+
+
+def input_policies(file_records, seed: int, num_piles: int) -> dict:
+    """``{policy: (epoch-1 order, epoch-2 order)}`` of the shuffles that reorder the input
+    itself: no shuffle, file order, a one-pile shuffle buffer over shuffled files."""
+    records = int(sum(file_records))
+    rng = np.random.default_rng([seed, 0x0A11CE])
+    buffer = math.ceil(records / max(1, num_piles))
+    return {
+        "no shuffle": (np.arange(records), np.arange(records)),
+        "file order shuffled": tuple(orders.file_order(file_records, rng) for _ in range(2)),
+        f"shuffle buffer ({buffer:,} = 1 pile)": tuple(
+            orders.shuffle_buffer(orders.file_order(file_records, rng), buffer, rng) for _ in range(2)),
+    }
+
+
+def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batch_size=256, compare=False):
+    """The report of one finished run (see the module docstring). ``output``: the shards'
+    paths in order, or a pile store opened by the loader (``loader.piles.open_output``)."""
+    total = int(manifest["totals"]["records"])
+    threshold = locate.threshold_for(total, sample)
+    source = locate.scan(fmt, input_paths, threshold, label if compare else None)
+    if isinstance(output, (list, tuple)):
+        target = locate.scan(fmt, output, threshold, label)
+    else:
+        target = locate.scan_store(output, threshold, label)
+    if source.records != target.records:
+        raise InputError(", ".join(input_paths[:3]) + (" ..." if len(input_paths) > 3 else ""),
+                         f"hold {source.records:,} records, the output {target.records:,}: pass the run's own --input")
+    x, y, duplicates = locate.match(source, target)
+    n = target.records
+    input_ids = output_ids = None
+    if label is not None:
+        ids, values = locate.class_ids(*([source.labels] if compare else []), target.labels)
+        if len(values) > MAX_LABEL_CLASSES:
+            raise ValueError(f"the label ({label.describe()}) takes {len(values):,} values; label balance needs a "
+                             f"categorical label (at most {MAX_LABEL_CLASSES:,} values)")
+        input_ids, output_ids = (ids[0], ids[1]) if compare else (None, ids[0])
+    own = Row("pileshuffle output", x, y, output_ids, numbers=metrics.order_metrics(x, y, n))
+    summary = {
+        "records": n,
+        "records_used": int(len(x)),
+        "sample_threshold": f"{threshold:#x}" if threshold < 2**64 else "all",
+        "duplicates_left_out": duplicates,
+        "num_piles": int(manifest.get("num_piles", 0)),
+        "seed": manifest.get("seed"),
+        **own.numbers,
+    }
+    share = None
+    if label is not None:
+        own.numbers.update(metrics.batch_metrics(output_ids, batch_size))
+        share = float(np.mean(output_ids == 0))
+        summary.update({k: own.numbers[k] for k in ("batch_size", "batches", "batch_dispersion", "batch_dispersion_p")})
+        summary["label"] = {"what": label.describe(), "classes": len(values), "first_class_share": share}
+    summary["uniform"] = uniform(own.numbers)
+    rows = [own]
+    if compare:
+        rows = compare_policies(own, source, target.file_records, manifest, input_ids, batch_size)
+        summary["pileshuffle_order_reproduced"] = rows[-1].numbers.pop("reproduced")
+        summary["policies"] = [{"policy": r.policy, **r.numbers} for r in rows]
+        summary["training"] = {"task": "cats then dogs, one epoch of SGD (batch 32)", "best_accuracy": training.BEST_ACCURACY}
+    return Report(n, summary, rows, share, batch_size)
+
+
+def compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_size):
+    """The other policies on the same sampled records, then the run's own row.
+
+    Input policies are simulated on input positions. The loader's epochs reorder the
+    output: its rows take the sample's measured output positions (and the output's labels)
+    through the loader's epoch order. Training needs every record's input position: it
+    uses the run's order re-derived from its seed (``reproduced`` says how much of the
+    sample it matches: 100% for ``run`` and a store's first generation)."""
+    seed, num_piles = int(manifest.get("seed") or 0), int(manifest["num_piles"])
+    n = int(sum(pile_sizes))
+    written = orders.pileshuffle_order(source.file_records, seed)
+    task = training.cats_then_dogs(len(range(0, n, training_stride(n))), seed)
+    rows = []
+    for policy, (first, second) in input_policies(source.file_records, seed, num_piles).items():
+        where, where_next = orders.inverse(first), orders.inverse(second)
+        labels = None if input_ids is None else input_ids[first]
+        row = Row(policy, own.x, where[own.x], labels, where_next[own.x])
+        rows.append(complete(row, where, where_next, first, n, batch_size, task))
+    for mix in (1, 4):
+        first, second = (orders.epoch_positions(pile_sizes, seed, epoch, mix) for epoch in (1, 2))
+        where, where_next = orders.inverse(first), orders.inverse(second)
+        labels = None if own.labels is None else own.labels[first]
+        row = Row(f"loader, mix={mix}", own.x, where[own.y], labels, where_next[own.y])
+        rows.append(complete(row, where, where_next, written[first], n, batch_size, task))
+    own.next_y = own.y  # the shards read again: the same order
+    complete(own, np.arange(n), np.arange(n), written, n, batch_size, task)
+    own.numbers["reproduced"] = float(np.mean(orders.inverse(written)[own.x] == own.y)) if len(own.x) else 1.0
+    return rows + [own]
+
+
+def complete(row: Row, where, where_next, training_order, n, batch_size, task) -> Row:
+    """Fill in a row's numbers: order and batch statistics (unless measured already),
+    carry-over into the next epoch, one epoch of training, the verdict."""
+    if not row.numbers:
+        row.numbers = metrics.order_metrics(row.x, row.y, n)
+        if row.labels is not None:
+            row.numbers.update(metrics.batch_metrics(row.labels, batch_size))
+    row.numbers.update(metrics.carry_over(where, where_next, batch_size))
+    uniform_rate = row.numbers["remeet_uniform"]
+    row.numbers["remeet_ratio"] = row.numbers["remeet"] / uniform_rate if uniform_rate else 0.0
+    row.curve = training.train_one_epoch(task, thin(training_order, training_stride(n)))
+    row.numbers["held_out_accuracy"] = row.curve["accuracy"][-1] if row.curve["accuracy"] else None
+    row.numbers["uniform"] = uniform(row.numbers)
+    return row
+
+
+def text_summary(report: Report) -> str:
+    """One screen: the numbers and what they mean."""
+    s = report.summary
+    lines = [
+        f"pileshuffle quality: {s['records']:,} records, {s['records_used']:,} located by hash "
+        f"({s['duplicates_left_out']:,} duplicates left out), {s['num_piles']} piles",
+        f"  spearman(input, output)   {s['spearman']:+.4f}   (uniform: 0 +- {1 / math.sqrt(max(s['records_used'] - 1, 1)):.4f}; p={s['spearman_p']:.3g})",
+        f"  block chi2 ({s['blocks']}x{s['blocks']})      {s['block_chi2']:.1f} on {s['block_chi2_dof']} dof, p={s['block_chi2_p']:.3g}",
+        f"  displacement KS           {s['displacement_ks']:.4f}   p={s['displacement_p']:.3g} (vs the triangular law)",
+    ]
+    if "batch_dispersion" in s:
+        lines.append(f"  label balance per batch   dispersion {s['batch_dispersion']:.3f} over {s['batches']:,} batches of "
+                     f"{s['batch_size']} (binomial: 1), p={s['batch_dispersion_p']:.3g}")
+    verdict = "consistent with a uniform permutation" if s["uniform"] else "NOT uniform"
+    lines.append(f"  verdict: {verdict} (every p-value >= {ALPHA:g})")
+    if "policies" in s:
+        lines += ["", policies_table(s["policies"]),
+                  f"  pileshuffle's output order reproduced from its seed for {s['pileshuffle_order_reproduced']:.1%} of the sample"]
+    return "\n".join(lines)
+
+
+def policies_table(policies, markdown=False) -> str:
+    header = ["policy", "spearman", "block chi2 p", "displacement p", "batch dispersion", "epoch corr", "re-meet x uniform", "held-out acc", "uniform"]
+
+    def pvalue(p):
+        return f"{p:.2g}" if p >= 1e-99 else "<1e-99"
+
+    def cells(p):
+        return [p["policy"], f"{p['spearman']:+.3f}", pvalue(p["block_chi2_p"]), pvalue(p["displacement_p"]),
+                f"{p['batch_dispersion']:.{2 if p['batch_dispersion'] < 10 else 1}f}" if "batch_dispersion" in p else "-",
+                f"{p['epoch_correlation']:+.3f}", f"{p['remeet_ratio']:.1f}",
+                f"{p['held_out_accuracy']:.3f}", "yes" if p["uniform"] else "no"]
+
+    rows = [cells(p) for p in policies]
+    if markdown:
+        return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
+                         ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in [header, *rows])

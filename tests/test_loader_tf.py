@@ -1,0 +1,134 @@
+"""ds.tf() with real tf.data on outputs of real pipeline runs: tf.train.Example payloads
+written by TensorFlow go straight into tf.io.parse_example; Parquet rows become dicts of
+tensors; the state after n consumed records resumes exactly although tf.data runs ahead."""
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+import tensorflow as tf
+
+from pileshuffle import sample
+from pileshuffle.loader import ShuffledDataset
+from pileshuffle.loader.tf import tf_dtype
+
+from conftest import run_shuffle
+
+EXAMPLES = 900
+FEATURES = {
+    "index": tf.io.FixedLenFeature([], tf.int64),
+    "weight": tf.io.FixedLenFeature([], tf.float32),
+    "text": tf.io.FixedLenFeature([], tf.string),
+}
+
+
+def example(i):
+    return tf.train.Example(features=tf.train.Features(feature={
+        "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+        "weight": tf.train.Feature(float_list=tf.train.FloatList(value=[i / 8])),
+        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"t%d" % i * (i % 7)])),
+    })).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    """tf.train.Examples written by TensorFlow's own TFRecordWriter, shuffled by a real run."""
+    root = tmp_path_factory.mktemp("tf")
+    os.makedirs(root / "in")
+    for f in range(3):
+        with tf.io.TFRecordWriter(str(root / "in" / f"part-{f}.tfrecord")) as writer:
+            for i in range(f, EXAMPLES, 3):
+                writer.write(example(i))
+    run_shuffle(str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), "--num_piles=5", "--seed=2")
+    return str(root / "out" / "train")
+
+
+@pytest.fixture(scope="module")
+def parquet_output(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tf-parquet")
+    sample.write_parquet(str(root / "in"), records=500, files=2, record_bytes=60)
+    run_shuffle(str(root / "in" / "*.parquet"), str(root / "out" / "train"), "--format=parquet", "--num_piles=3")
+    return str(root / "out" / "train")
+
+
+@pytest.fixture(scope="module")
+def jsonl_output(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tf-jsonl")
+    sample.write_jsonl(str(root / "in"), records=400, files=2, record_bytes=50)
+    run_shuffle(str(root / "in" / "*.jsonl"), str(root / "out" / "train"), "--format=jsonl", "--num_piles=3")
+    return str(root / "out" / "train")
+
+
+def parsed_indexes(dataset):
+    """``index`` of every Example, through batch + tf.io.parse_example, in stream order."""
+    parsed = dataset.batch(64).map(lambda x: tf.io.parse_example(x, FEATURES))
+    return [int(i) for batch in parsed for i in batch["index"].numpy()]
+
+
+def test_examples_parse_straight_from_the_records(examples):
+    ds = ShuffledDataset(examples, seed=4, epoch=1)
+    assert ds.tf().element_spec == tf.TensorSpec(shape=(), dtype=tf.string)
+    indexes = parsed_indexes(ds.tf())
+    assert sorted(indexes) == list(range(EXAMPLES))
+    assert indexes == [tf.train.Example.FromString(r).features.feature["index"].int64_list.value[0] for r in ds]
+    batch = next(iter(ds.tf().batch(32).map(lambda x: tf.io.parse_example(x, FEATURES))))
+    assert batch["weight"].numpy().tolist() == [i / 8 for i in batch["index"].numpy().tolist()]
+    assert [t for t in batch["text"].numpy()] == [b"t%d" % i * (i % 7) for i in batch["index"].numpy().tolist()]
+
+
+def test_batches_are_the_same_records(examples):
+    ds = ShuffledDataset(examples, seed=4, epoch=1)
+    batched = ds.tf(batch_size=50, drop_last=True)
+    assert batched.element_spec == tf.TensorSpec(shape=(None,), dtype=tf.string)
+    sizes = [int(b.shape[0]) for b in batched]
+    assert sizes == [50] * (EXAMPLES // 50)
+    assert [r for b in ds.tf(batch_size=50) for r in b.numpy()] == list(ds)
+
+
+def test_split_by_rank(examples):
+    parts = [parsed_indexes(ShuffledDataset(examples, seed=4, rank=r, world_size=4).tf()) for r in range(4)]
+    assert all(len(p) == EXAMPLES // 4 for p in parts)
+    assert sorted(i for p in parts for i in p) == list(range(EXAMPLES))
+
+
+@pytest.mark.parametrize("consumed", [0, 1, 255, 600, EXAMPLES])
+def test_state_after_consumed_records_resumes_exactly(examples, consumed):
+    full = [r.numpy() for r in ShuffledDataset(examples, seed=4, epoch=3).tf()]
+    ds = ShuffledDataset(examples, seed=4, epoch=3)
+    stream = iter(ds.tf().prefetch(400))  # runs ahead of what the loop has consumed
+    head = [next(stream).numpy() for _ in range(consumed)]
+    state = json.loads(json.dumps(ds.state_after(consumed)))  # n alone, not the iterator's position
+    resumed = ShuffledDataset(examples, seed=4, epoch=0)
+    resumed.load_state_dict(state)
+    assert head + [r.numpy() for r in resumed.tf()] == full
+
+
+def test_parquet_rows_are_dicts_of_tensors(parquet_output):
+    ds = ShuffledDataset(parquet_output, seed=1, epoch=1)
+    spec = ds.tf().element_spec
+    assert spec == {"index": tf.TensorSpec((), tf.int64), "label": tf.TensorSpec((), tf.int32),
+                    "weight": tf.TensorSpec((), tf.float64), "name": tf.TensorSpec((), tf.string),
+                    "payload": tf.TensorSpec((), tf.string)}
+    rows = [{k: v.numpy() for k, v in row.items()} for row in ds.tf()]
+    expected = list(ds)
+    assert [r["index"] for r in rows] == [e["index"] for e in expected]
+    assert [r["name"].decode() for r in rows] == [e["name"] for e in expected]
+    assert [r["payload"] for r in rows] == [e["payload"] for e in expected]
+    assert [r["weight"] for r in rows] == [e["weight"] for e in expected]
+    batches = list(ShuffledDataset(parquet_output, seed=1, epoch=1, columns=["index", "label"]).tf(batch_size=128))
+    assert set(batches[0]) == {"index", "label"} and batches[0]["label"].dtype == tf.int32
+    assert sorted(i for b in batches for i in b["index"].numpy().tolist()) == list(range(500))
+
+
+def test_jsonl_lines_are_strings(jsonl_output):
+    ds = ShuffledDataset(jsonl_output, seed=1, epoch=2)
+    lines = [r.numpy() for r in ds.tf()]
+    assert lines == list(ds)
+    assert sorted(json.loads(line)["index"] for line in lines) == list(range(400))
+
+
+def test_nested_parquet_columns_are_refused_by_name():
+    assert tf_dtype(pa.field("x", pa.int16())) == tf.int16
+    with pytest.raises(TypeError, match="'tags'.*columns="):
+        tf_dtype(pa.field("tags", pa.list_(pa.string())))

@@ -1,0 +1,206 @@
+"""ds.torch() with the real torch DataLoader and torchdata's StatefulDataLoader, on outputs of
+real pipeline runs: every record once per epoch across ranks and workers, exact resumes."""
+
+import collections
+import json
+
+import google_crc32c
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from pileshuffle import sample
+from pileshuffle.fingerprint import Fingerprint, payload_hashes
+from pileshuffle.loader import ShuffledDataset
+from pileshuffle.loader.torch import loader_states, round_robin, worker_states
+
+from conftest import manifest, read_tfrecord_payloads, run_shuffle, shards
+
+RECORDS = 1001  # divisible by none of the world sizes and worker counts below
+PILES = 7
+
+
+@pytest.fixture(scope="module")
+def output(tmp_path_factory):
+    """A TFRecord output of a real run: 1001 records of varying size in 7 piles."""
+    root = tmp_path_factory.mktemp("torch")
+    sample.write_tfrecord(str(root / "in"), records=RECORDS, files=3, record_bytes=60, vary=True)
+    run_shuffle(str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), f"--num_piles={PILES}", "--seed=5")
+    return str(root / "out" / "train")
+
+
+@pytest.fixture(scope="module")
+def written(output):
+    """The output's records as written, read back by Beam's own TFRecord codec."""
+    return read_tfrecord_payloads(shards(output))
+
+
+@pytest.fixture(scope="module")
+def parquet_output(tmp_path_factory):
+    root = tmp_path_factory.mktemp("torch-parquet")
+    sample.write_parquet(str(root / "in"), records=600, files=2, record_bytes=60)
+    run_shuffle(str(root / "in" / "*.parquet"), str(root / "out" / "train"), "--format=parquet", "--num_piles=4")
+    return str(root / "out" / "train")
+
+
+def flat(batches):
+    """Records of a DataLoader's batches (lists of bytes) in the order they came."""
+    return [record for batch in batches for record in batch]
+
+
+def fingerprint(records):
+    crcs = [google_crc32c.value(r) for r in records]
+    return Fingerprint.of(payload_hashes(np.array(crcs, np.uint64), np.array([len(r) for r in records], np.uint64)),
+                          sum(map(len, records)))
+
+
+def epoch(output, *, num_workers, batch_size=16, epoch=1, **kw):
+    ds = ShuffledDataset(output, seed=3, epoch=epoch, **kw)
+    return flat(DataLoader(ds.torch(), batch_size=batch_size, num_workers=num_workers))
+
+
+def test_epoch_is_the_manifests_multiset_through_workers(output, written):
+    records = epoch(output, num_workers=2)
+    assert collections.Counter(records) == collections.Counter(written)
+    assert fingerprint(records) == Fingerprint.from_json(manifest(output)["output_fingerprint"])
+    assert records != written  # reshuffled: not the written order
+    assert records != epoch(output, num_workers=2, epoch=2)  # another epoch, another order
+    assert records == epoch(output, num_workers=2)  # same seed and epoch, same order
+
+
+def test_written_order_in_process(output, written):
+    ds = ShuffledDataset(output, epoch=0, reshuffle=False)
+    assert flat(DataLoader(ds.torch(), batch_size=10, num_workers=0)) == written
+
+
+@pytest.mark.parametrize("world_size,num_workers", [(1, 3), (2, 2), (3, 2), (4, 3), (2, 5)])
+def test_ranks_and_workers_are_disjoint_and_complete(output, written, world_size, num_workers):
+    per_rank = []
+    for rank in range(world_size):
+        ds = ShuffledDataset(output, seed=3, epoch=1, rank=rank, world_size=world_size)
+        records = flat(DataLoader(ds.torch(), batch_size=16, num_workers=num_workers))
+        assert len(records) == len(ds) == RECORDS // world_size  # remainder dropped: equal counts for DDP
+        per_rank.append(records)
+    together = [r for records in per_rank for r in records]
+    assert len(set(together)) == len(together)  # disjoint (generated payloads are distinct)
+    assert set(together) <= set(written)
+    assert len(set(written) - set(together)) == RECORDS % world_size  # complete but for the remainder
+
+
+def test_ranks_pad_to_equal_counts(output, written):
+    counts = collections.Counter()
+    for rank in range(4):
+        ds = ShuffledDataset(output, seed=3, rank=rank, world_size=4, remainder="pad")
+        records = flat(DataLoader(ds.torch(), batch_size=16, num_workers=2))
+        assert len(records) == len(ds) == -(-RECORDS // 4)
+        counts.update(records)
+    assert set(counts) == set(written)  # complete; the padding repeats a few records
+    assert sum(counts.values()) - RECORDS == 4 * (-(-RECORDS // 4)) - RECORDS
+
+
+def stream(loader, limit=None):
+    """Batches of ``loader`` (lists of bytes), stopping after ``limit`` batches."""
+    out = []
+    for batch in loader:
+        out.append(list(batch))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+@pytest.mark.parametrize("num_workers,batched,stop", [(2, False, 9), (3, True, 17), (0, False, 30), (2, True, 1),
+                                                      (2, False, 100)])  # 100 of 101: worker 0 is done, worker 1 not
+def test_stateful_dataloader_resumes_exactly(output, num_workers, batched, stop):
+    def loader():
+        ds = ShuffledDataset(output, seed=3, epoch=1, world_size=1)
+        if batched:  # batches made in the worker, DataLoader batch_size=None
+            return StatefulDataLoader(ds.torch(batch_size=10), batch_size=None, num_workers=num_workers)
+        return StatefulDataLoader(ds.torch(), batch_size=10, num_workers=num_workers)
+
+    whole = stream(loader())
+    first = loader()
+    head = stream(first, stop)
+    state = json.loads(json.dumps(first.state_dict()))  # a checkpoint on disk is JSON, or torch.save
+    del first
+    again = loader()
+    again.load_state_dict(state)
+    assert head + stream(again) == whole
+
+
+def test_stateful_dataloader_next_epoch_after_resume(output):
+    ds = ShuffledDataset(output, seed=3, epoch=1)
+    loader = StatefulDataLoader(ds.torch(), batch_size=10, num_workers=2)
+    iterator = iter(loader)
+    for _ in range(5):
+        next(iterator)
+    state = loader.state_dict()
+    resumed_ds = ShuffledDataset(output, seed=3, epoch=1)
+    tds = resumed_ds.torch()
+    resumed = StatefulDataLoader(tds, batch_size=10, num_workers=2)
+    resumed.load_state_dict(state)
+    stream(resumed)  # the rest of epoch 1
+    tds.set_epoch(2)
+    assert flat(stream(resumed)) == epoch(output, num_workers=2, batch_size=10, epoch=2)
+
+
+@pytest.mark.parametrize("before,after", [((1, 2), (1, 3)), ((1, 3), (1, 1)), ((2, 2), (1, 3)), ((1, 2), (3, 2))])
+def test_resume_with_other_workers_and_ranks_loses_and_repeats_nothing(output, written, before, after):
+    """(world_size, num_workers) changes between checkpoint and resume: every rank's
+    StatefulDataLoader state is gathered (as DDP's all_gather_object would), and each new
+    rank loads the whole list."""
+    (old_world, old_workers), (new_world, new_workers) = before, after
+    seen, states = [], []
+    for rank in range(old_world):
+        ds = ShuffledDataset(output, seed=3, epoch=1, rank=rank, world_size=old_world)
+        loader = StatefulDataLoader(ds.torch(batch_size=8), batch_size=None, num_workers=old_workers)
+        seen += flat(stream(loader, 7 + rank))
+        states += worker_states(json.loads(json.dumps(loader.state_dict())))
+    assert len(states) == old_world * old_workers
+    for rank in range(new_world):
+        tds = ShuffledDataset(output, seed=3, epoch=1, rank=rank, world_size=new_world).torch(batch_size=8)
+        tds.load_state_dict(states)
+        seen += flat(stream(StatefulDataLoader(tds, batch_size=None, num_workers=new_workers)))
+    assert len(seen) == len(set(seen))  # nothing repeated
+    dropped = RECORDS % old_world  # the first split's remainder is never read
+    assert len(seen) == RECORDS - dropped and set(seen) <= set(written)  # nothing lost
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(num_workers=st.integers(0, 3), batch_size=st.integers(1, 70), batched=st.booleans(), data=st.data())
+def test_plain_dataloader_resumes_from_the_number_of_batches(output, num_workers, batch_size, batched, data):
+    def tds():
+        ds = ShuffledDataset(output, seed=3, epoch=1)
+        return ds.torch(batch_size=batch_size) if batched else ds.torch()
+
+    def loader(dataset):
+        return DataLoader(dataset, batch_size=None if batched else batch_size, num_workers=num_workers)
+
+    whole = stream(loader(tds()))
+    taken = data.draw(st.integers(0, len(whole)), label="batches taken")
+    resumed = tds()
+    resumed.load_state_dict(loader_states(resumed, taken, num_workers=num_workers, batch_size=batch_size))
+    assert stream(loader(resumed)) == whole[taken:]
+
+
+def test_round_robin_skips_workers_that_are_done():
+    assert round_robin(0, [2, 3]) == ([0, 0], 0)
+    assert round_robin(3, [2, 3]) == ([2, 1], 1)
+    assert round_robin(4, [2, 3]) == ([2, 2], 1)  # worker 0 is done: worker 1's turn again
+    assert round_robin(5, [2, 3, 1]) == ([2, 2, 1], 1)
+    assert round_robin(6, [2, 3, 1]) == ([2, 3, 1], 0)
+    with pytest.raises(ValueError, match="only 6"):
+        round_robin(7, [2, 3, 1])
+
+
+def test_parquet_batches_become_tensors(parquet_output):
+    ds = ShuffledDataset(parquet_output, seed=1, epoch=1, columns=["index", "weight", "name"])
+    batches = list(DataLoader(ds.torch(batch_size=50), batch_size=None, num_workers=2))
+    assert isinstance(batches[0]["index"], torch.Tensor) and batches[0]["index"].dtype == torch.int64
+    assert batches[0]["weight"].dtype == torch.float64
+    indexes = np.concatenate([b["index"].numpy() for b in batches])
+    assert sorted(indexes.tolist()) == list(range(600))
+    names = [n for b in batches for n in b["name"]]
+    assert names == [f"item-{i}" for i in indexes.tolist()]  # columns stay aligned
