@@ -13,6 +13,10 @@ commands:
   run       shuffle: the template's pipeline (same options as python -m pileshuffle.pipeline)
   plan      show what a run would do (files, bytes, piles) without running it
   verify    re-read input and output and prove nothing was lost, duplicated or corrupted
+  append    add new input files to a pile store (run --layout store) as a new generation
+  expire    drop a pile store's oldest generations (--keep_generations N, --before TIME)
+  gc        delete a pile store's files that no recent manifest version lists
+  materialize  write a pile store's records as the shuffled shards `run` writes
   generate  write sample data whose records carry their index (for trying things out)
   metadata  print the Dataflow flex template's metadata.json
 
@@ -82,7 +86,18 @@ def run_main(argv):
     return run(argv)
 
 
-COMMANDS = {"run": run_main, "plan": plan_main, "verify": verify_main, "generate": generate_main, "metadata": metadata_main}
+def store_command(name):
+    def main(argv):
+        from pileshuffle.store import commands
+
+        return getattr(commands, f"{name}_main")(argv)
+
+    return main
+
+
+COMMANDS = {"run": run_main, "plan": plan_main, "verify": verify_main, "generate": generate_main, "metadata": metadata_main,
+            "append": store_command("append"), "expire": store_command("expire"), "gc": store_command("gc"),
+            "materialize": store_command("materialize")}
 
 
 def main(argv=None):

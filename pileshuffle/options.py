@@ -67,6 +67,10 @@ PARAMETERS = (
               "files: pass 1 writes pile fragments to the temp location and only their names are grouped (bounded memory "
               "on local runners); shuffle: records are grouped in per-pile chunks by the runner (use on Dataflow's Shuffle).",
               "files", default="files", choices=("files", "shuffle")),
+    Parameter("layout", "Output layout",
+              "shards: shuffled shards (both passes); store: pass 1 only, into a pile store {output}-store/ that "
+              "`pileshuffle append` extends, `expire` trims and `materialize` or the loader turns into shuffled order.",
+              "shards", default="shards", choices=("shards", "store")),
     Parameter("overwrite", "Overwrite output", "Replace an existing output with the same prefix.", "true",
               flag=True, regex=r"^(true|false)$"),
     Parameter("skip_corrupt", "Skip corrupt records",

@@ -104,7 +104,10 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
     ``hold_worker_stderr`` (the command line): see ``_worker_stderr``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     options = PipelineOptions(argv)
-    options.view_as(PileshuffleOptions)  # register and validate our options
+    if options.view_as(PileshuffleOptions).layout == "store":  # also registers and validates our options
+        from pileshuffle.store.commands import run_store
+
+        return run_store(argv, options, wait)
     if is_local(options):
         options = local_defaults(options, argv)
     started = time.time()
@@ -150,6 +153,10 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
 
 
 def summary(manifest: dict) -> str:
+    if manifest.get("kind") == "pileshuffle-store":
+        from pileshuffle.store.commands import store_summary
+
+        return store_summary(manifest)
     totals = manifest["totals"]
     seconds = manifest.get("wall_seconds") or manifest.get("seconds") or float("nan")
     piles = manifest["pile_records"]
