@@ -107,7 +107,7 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
     if options.view_as(PileshuffleOptions).layout == "store":  # also registers and validates our options
         from pileshuffle.store.commands import run_store
 
-        return run_store(argv, options, wait)
+        return run_store(argv, options, wait, hold_worker_stderr)
     if is_local(options):
         options = local_defaults(options, argv)
     started = time.time()

@@ -21,7 +21,9 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from pileshuffle.errors import InputError, OutputError, PileshuffleError, unwrapped, user_message
 from pileshuffle.store import layout
 from pileshuffle.store.read import live_piles
-from pileshuffle.store.write import STORE_WRITERS, build_generation, stored_schema, writer_groups
+from pileshuffle.transforms.write import remove_tree
+from pileshuffle.store import write as store_write
+from pileshuffle.store.write import build_generation, stored_schema, writer_groups
 
 log = logging.getLogger("pileshuffle")
 
@@ -30,9 +32,15 @@ DEFAULT_GRACE_SECONDS = 24 * 3600  # files of an expired generation outlive its 
 
 # --- running a pipeline ------------------------------------------------------------------------
 
+HOLD_WORKER_STDERR = {"on": False}  # the command line: report our errors in one line (pipeline._worker_stderr)
+
+
 def execute(options, argv, build, partitions: int, on_failure, wait=None):
     """Run the graph ``build(pipeline)`` adds, on the runner ``options`` name, as ``run``
     does; returns Beam's result when not waited for (Dataflow), else None."""
+    import contextlib
+
+    from pileshuffle.pipeline import _worker_stderr
     from pileshuffle.runners import (close_client, dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local,
                                      local_defaults, make_runner, should_wait)
 
@@ -44,23 +52,27 @@ def execute(options, argv, build, partitions: int, on_failure, wait=None):
         options = dataflow_defaults(options)
     pipeline = beam.Pipeline(runner=make_runner(options), options=options)
     build(pipeline)
-    try:
-        result = pipeline.run()
-        if not should_wait(options, wait):
-            return result
+    held = types.SimpleNamespace(ours=False)
+    holding = _worker_stderr(held) if HOLD_WORKER_STDERR["on"] and is_local(options) else contextlib.nullcontext()
+    with holding:
         try:
-            result.wait_until_finish()
-        except BaseException:
-            close_client(result, cancel=True)
+            result = pipeline.run()
+            if not should_wait(options, wait):
+                return result
+            try:
+                result.wait_until_finish()
+            except BaseException:
+                close_client(result, cancel=True)
+                raise
+            close_client(result)
+            return None
+        except BaseException as error:
+            held.ours = user_message(error) is not None
+            on_failure()
+            ours = unwrapped(error)
+            if ours is not None and ours is not error:
+                raise ours from error
             raise
-        close_client(result)
-        return None
-    except BaseException as error:
-        on_failure()
-        ours = unwrapped(error)
-        if ours is not None and ours is not error:
-            raise ours from error
-        raise
 
 
 def store_inputs(sources) -> list:
@@ -86,12 +98,14 @@ def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, t
     """Pass 1 of ``sources`` into the store as generation ``base['next_generation']``."""
     layout.remove_unpublished(prefix)
     generation = base["next_generation"]
-    groups = writer_groups(sources, STORE_WRITERS)
+    groups = writer_groups(sources, store_write.STORE_WRITERS)
     sizes = {s.path: s.size for s in sources}
 
     def failed():
         layout.remove_unpublished(prefix)
         layout.release_lock(prefix, token)
+        if not layout.list_names(layout.store_dir(prefix)):  # a first run that failed leaves no store directory
+            remove_tree(layout.store_dir(prefix))
 
     started = time.time()
     result = execute(options, argv, lambda p: build_generation(p, prefix, base, generation, groups, seed, skip_corrupt,
@@ -107,12 +121,13 @@ def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, t
     return manifest
 
 
-def run_store(argv, options, wait=None):
+def run_store(argv, options, wait=None, hold_worker_stderr=False):
     """``pileshuffle run --layout store``: pass 1 only, into ``{output}-store/`` as
     generation 0 of a new store (manifest version 1)."""
     from pileshuffle.plan import make_plan
     from pileshuffle.transforms.write import manifest_path, schema_json
 
+    HOLD_WORKER_STDERR["on"] = hold_worker_stderr
     plan = make_plan(options)
     prefix = plan.output
     if FileSystems.exists(manifest_path(prefix)):
@@ -250,7 +265,7 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
 def materialize(argv) -> dict:
     """``pileshuffle materialize --store P --output P2``: the second pass over a store."""
     from pileshuffle.plan import check_writable, work_dir_for
-    from pileshuffle.transforms.write import WritePiles, existing_outputs, manifest_path, read_manifest, remove_tree, staging_dir
+    from pileshuffle.transforms.write import WritePiles, existing_outputs, manifest_path, read_manifest, staging_dir
 
     parser = argparse.ArgumentParser(prog="pileshuffle materialize", description=(
         "The second pass over a pile store: write its live records as the shards and manifest `pileshuffle run` "
@@ -328,6 +343,7 @@ def _command(function):
         from pileshuffle.tuning import keep_freed_memory
 
         keep_freed_memory()
+        HOLD_WORKER_STDERR["on"] = True
         from pileshuffle.pipeline import _HideReportedErrors
 
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
