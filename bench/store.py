@@ -99,8 +99,8 @@ def main(argv=None):
         m = measure(cmd, name, 1200)
         if m.returncode != 0:
             raise SystemExit(f"{name} failed (exit {m.returncode}); see bench/.out/logs/{name}.err")
-        results.setdefault(name, []).append({"wall": m.wall, "rss": m.peak_rss, "cpu": m.cpu})
-        log(f"[{name}] {m.wall:.2f} s, peak RSS {m.peak_rss / GB:.2f} GB")
+        results.setdefault(name, []).append({"wall": m.wall, "rss": m.peak_rss, "cpu": m.cpu, "others": m.others})
+        log(f"[{name}] {m.wall:.2f} s, peak RSS {m.peak_rss / GB:.2f} GB, other processes {m.others:.0%} of the machine")
         return m
 
     untouched = True
@@ -131,23 +131,25 @@ def main(argv=None):
     def med(name):
         return statistics.median(x["wall"] for x in results[name])
 
-    targets = [
-        ("run --layout store vs run", med("run-store-1g") / med("run-shards-1g"), 0.6),
-        ("append 100 MB to 1 GB vs 100 MB store run", med("append-100m-to-1g") / med("run-store-100m"), 1.2),
-        ("fused store vs fused WriteToTFRecord", med("fused-store") / med("fused-plain-tfrecord"), 1.3),
-    ]
-    lines = ["| row | walls (s) | median (s) | peak RSS (GB) |", "|---|---|---|---|"]
+    def fastest(name):
+        return min(x["wall"] for x in results[name])
+
+    pairs = [("run --layout store vs run", "run-store-1g", "run-shards-1g", 0.6),
+             ("append 100 MB to 1 GB vs 100 MB store run", "append-100m-to-1g", "run-store-100m", 1.2),
+             ("fused store vs fused WriteToTFRecord", "fused-store", "fused-plain-tfrecord", 1.3)]
+    targets = [(name, med(a) / med(b), fastest(a) / fastest(b), limit) for name, a, b, limit in pairs]
+    lines = ["| row | walls (s), in round order | median (s) | peak RSS (GB) | others busy |", "|---|---|---|---|---|"]
     for name, runs in results.items():
         walls = ", ".join(f"{x['wall']:.2f}" for x in runs)
-        lines.append(f"| {name} | {walls} | {med(name):.2f} | "
-                     f"{max(x['rss'] for x in runs) / GB:.2f} |")
-    lines += ["", "| target | ratio of medians | target | result |", "|---|---|---|---|"]
-    for name, ratio, limit in targets:
-        lines.append(f"| {name} | {ratio:.2f}x | <= {limit}x | {'PASS' if ratio <= limit else 'FAIL'} |")
+        busy = ", ".join(f"{x['others']:.0%}" for x in runs)
+        lines.append(f"| {name} | {walls} | {med(name):.2f} | {max(x['rss'] for x in runs) / GB:.2f} | {busy} |")
+    lines += ["", "| target | ratio of medians | ratio of fastest | target | result (medians) |", "|---|---|---|---|---|"]
+    for name, ratio, best, limit in targets:
+        lines.append(f"| {name} | {ratio:.2f}x | {best:.2f}x | <= {limit}x | {'PASS' if ratio <= limit else 'FAIL'} |")
     lines.append(f"\nappend left the 1 GB store's existing files untouched (size, mtime, inode): {untouched}")
     print("\n".join(lines))
     with open(os.path.join(OUT, "store-results.json"), "w") as handle:
-        json.dump({"rows": results, "targets": [{"name": n, "ratio": r, "limit": lim} for n, r, lim in targets],
+        json.dump({"rows": results, "targets": [{"name": n, "ratio_of_medians": r, "ratio_of_fastest": b, "limit": lim} for n, r, b, lim in targets],
                    "untouched": untouched, "command": " ".join([PY, *sys.argv])}, handle, indent=1)
 
 

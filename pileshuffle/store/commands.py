@@ -280,6 +280,9 @@ def materialize(argv) -> dict:
     manifest = layout.read_store_manifest(prefix, args.version)
     if manifest is None:
         raise OutputError(f"no store at {layout.store_dir(prefix)}")
+    if not manifest["totals"]["records"]:
+        raise OutputError(f"{layout.store_dir(prefix)} version {manifest['version']} has no live records "
+                          f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to materialize")
     existing = existing_outputs(output)
     if manifest_path(output) in existing and not args.overwrite:
         raise OutputError(f"output already exists: {existing[0]} (pass --overwrite to replace it)")
