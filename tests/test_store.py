@@ -256,6 +256,11 @@ def test_append_is_idempotent_and_refuses_what_does_not_fit(tmp_path, parquet_in
     with pytest.raises(Exception, match="x.parquet: has a different schema from the store's"):
         append(pq_store, str(tmp_path / "other" / "*.parquet"))
     assert layout.lock_holder(pq_store) is None, "a refused append releases the lock"
+    sample.write_parquet(str(tmp_path / "more"), records=700, files=2, record_bytes=80, seed=9, name="more")
+    assert append(pq_store, str(tmp_path / "more" / "*.parquet"))["totals"]["records"] == 3700
+    written = materialize(pq_store, str(tmp_path / "pqm" / "m"))
+    rows = pa.concat_tables([pq.read_table(p) for p in shards(str(tmp_path / "pqm" / "m"))])
+    assert rows.num_rows == 3700 and written["schema"]["fields"] == layout.read_store_manifest(pq_store)["schema"]["fields"]
 
 
 def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path):
@@ -317,14 +322,15 @@ def test_verify_names_missing_and_damaged_store_files(tmp_path):
 
 # --- composed: a user's pipeline writes a generation -------------------------------------------
 
-def test_write_pile_store_in_a_users_pipeline(tmp_path):
+@pytest.mark.parametrize("temp", [True, False], ids=["files", "shuffle"])
+def test_write_pile_store_in_a_users_pipeline(tmp_path, temp):
     prefix = str(tmp_path / "c")
     days = [[b"day%d-%05d" % (d, i) for i in range(2000)] for d in range(2)]
     for rows in days:
         options = PipelineOptions(["--direct_running_mode=in_memory"])
         with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
             (p | beam.Create(rows, reshuffle=False) | beam.Map(lambda r: r.upper())
-             | ShuffleToPiles(num_piles=4, seed=3, temp_location=str(tmp_path / "tmp"))
+             | ShuffleToPiles(num_piles=4, seed=3, temp_location=str(tmp_path / "tmp") if temp else None)
              | WritePileStore(prefix, format="tfrecord", num_piles=4, seed=3))
     manifest = layout.read_store_manifest(prefix)
     assert [g["generation"] for g in manifest["generations"]] == [0, 1]
