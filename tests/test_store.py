@@ -482,3 +482,16 @@ def test_dask_store_and_materialize_are_byte_identical_to_local(tmp_path):
     assert file_digests(remote) == file_digests(local)
     assert shard_bytes(str(tmp_path / "dm" / "m")) == shard_bytes(str(tmp_path / "lm" / "m"))
     assert layout.read_store_manifest(remote)["totals"]["records"] == 3800
+
+
+def test_the_flex_template_entry_point_writes_a_store(tmp_path, tfrecord_input):
+    """``templates/main.py`` with the template's parameters, layout=store, as the launcher passes them."""
+    main = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates", "main.py")
+    prefix = str(tmp_path / "t")
+    done = subprocess.run([sys.executable, main, f"--input={tfrecord_input}", f"--output={prefix}", "--layout=store",
+                           "--num_piles=3", "--seed=42", "--format=tfrecord", "--compression=none", "--overwrite=false",
+                           "--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "store     version 1: 1 live generation(s), 3,000 records" in done.stdout
+    assert check_store(prefix)[0] == [] and layout.read_store_manifest(prefix)["seed"] == 42
