@@ -1,6 +1,6 @@
 """Pile store rows, each against a baseline measured in the same run (see docs/stores.md).
 
-    .venv/bin/python bench/store.py               # 1 GB + 100 MB of TFRecords, 2 rounds
+    .venv/bin/python bench/store.py               # 1 GB + 100 MB of TFRecords, 3 rounds
     .venv/bin/python bench/store.py --rounds 1 --quick
 
 Rows (every row is its own process; wall time and peak tree RSS as in bench/run.py):
@@ -25,7 +25,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import datagen  # noqa: E402
-from run import GB, OUT, PY, log, measure, pileshuffle_command, warm  # noqa: E402
+from run import GB, OUT, PY, log, measure, pileshuffle_command, wait_for_idle, warm  # noqa: E402
 
 DATA = os.path.join(HERE, ".data")
 SEED = 1
@@ -76,8 +76,9 @@ def file_states(directory):
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1/20 of the sizes")
+    parser.add_argument("--idle_wait", type=float, default=15, help="wait up to this long for other processes to go quiet")
     parser.add_argument("--fused", choices=("store", "plain"), help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -96,6 +97,7 @@ def main(argv=None):
 
     def row(name, cmd, before=None):
         warm(glob.glob(big_pattern) + glob.glob(small_pattern))
+        wait_for_idle(args.idle_wait)
         m = measure(cmd, name, 1200)
         if m.returncode != 0:
             raise SystemExit(f"{name} failed (exit {m.returncode}); see bench/.out/logs/{name}.err")

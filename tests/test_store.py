@@ -169,9 +169,16 @@ def test_window_is_exactly_the_live_generations_after_appends_and_expires(tmp_pa
     assert sorted(os.listdir(layout.store_dir(prefix))) == [layout.generation_dir_name(4), layout.manifest_name(7)]
     assert manifest["next_generation"] == 5 and manifest["totals"]["records"] == 1300
     assert check_store(prefix)[0] == []
-    # the written order: piles in order, each sorted by key; materialize writes exactly it
-    materialize(prefix, str(tmp_path / "m" / "m"))
+    append(prefix, patterns[0])
+    # the written order: piles in order, each sorted by key; materialize writes exactly it, also
+    # when piles over --max_pile_bytes are ordered in sub-piles
+    whole = materialize(prefix, str(tmp_path / "m" / "m"))
     assert read_tfrecord_payloads(shards(str(tmp_path / "m" / "m"))) == payloads_in_order(prefix)
+    split = materialize(prefix, str(tmp_path / "s" / "s"), "--max_pile_bytes=8KiB")
+    assert split["piles_split"] == 4 and whole["piles_split"] == 0
+    assert shard_bytes(str(tmp_path / "s" / "s")) == shard_bytes(str(tmp_path / "m" / "m"))
+    with pytest.raises(Exception, match="is the store's own prefix"):
+        materialize(prefix, prefix)
 
 
 def test_uniform_within_the_window(tmp_path):

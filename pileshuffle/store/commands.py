@@ -264,6 +264,7 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
 
 def materialize(argv) -> dict:
     """``pileshuffle materialize --store P --output P2``: the second pass over a store."""
+    from pileshuffle.options import parse_bytes
     from pileshuffle.plan import check_writable, work_dir_for
     from pileshuffle.transforms.write import WritePiles, existing_outputs, manifest_path, read_manifest, staging_dir
 
@@ -274,9 +275,13 @@ def materialize(argv) -> dict:
     parser.add_argument("--output", required=True, help="prefix of the shards to write")
     parser.add_argument("--version", type=int, help="the manifest version to read (default: the current one)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output with this prefix")
+    parser.add_argument("--max_pile_bytes", help="load piles larger than this in sub-piles (default: the store's)")
     args, beam_args = parser.parse_known_args(argv)
     options = PipelineOptions(beam_args)
     prefix, output = layout.clean_prefix(args.store), layout.clean_prefix(args.output)
+    if output == prefix:
+        raise OutputError(f"--output {output} is the store's own prefix: its shards would hide the store from readers "
+                          f"(they take {output}-manifest.json first); choose another prefix")
     manifest = layout.read_store_manifest(prefix, args.version)
     if manifest is None:
         raise OutputError(f"no store at {layout.store_dir(prefix)}")
@@ -290,14 +295,15 @@ def materialize(argv) -> dict:
     for leftover in (work_dir, staging_dir(output)):
         remove_tree(leftover)
     check_writable(staging_dir(output), "the output location")
-    piles = live_piles(prefix, manifest, work_dir=work_dir)
+    max_pile_bytes = parse_bytes(args.max_pile_bytes) if args.max_pile_bytes else manifest["max_pile_bytes"]
+    piles = live_piles(prefix, manifest, max_pile_bytes, work_dir=work_dir)
     first = next((f["path"] for g in manifest["generations"] for f in g["files"]), None)
     schema = stored_schema(prefix, first) if manifest["format"] == "parquet" and first else None
     fields = {
         "output": output, "seed": manifest["seed"],
         "options": {"format": manifest["format"], "compression": manifest["compression"],
                     "num_piles": manifest["num_piles"], "num_piles_reason": f"the store's ({layout.store_dir(prefix)})",
-                    "max_pile_bytes": manifest["max_pile_bytes"], "intermediate": "store", "skip_corrupt": False},
+                    "max_pile_bytes": max_pile_bytes, "intermediate": "store", "skip_corrupt": False},
         "store": {"prefix": prefix, "version": manifest["version"],
                   "generations": [g["generation"] for g in manifest["generations"]]},
     }
