@@ -98,7 +98,16 @@ def list_names(directory: str) -> list:
 
 def manifest_versions(prefix: str) -> list:
     """Published versions, ascending."""
-    return sorted(int(m.group(1)) for m in map(MANIFEST_NAME.match, list_names(store_dir(prefix))) if m)
+    directory = store_dir(prefix)
+    if is_local(directory):
+        names = list_names(directory)
+    else:  # list the manifests only, not every data file
+        try:
+            found = FileSystems.match([FileSystems.join(directory, "manifest-*.json")])[0].metadata_list
+        except Exception:
+            found = []
+        names = [m.path.rsplit("/", 1)[-1] for m in found]
+    return sorted(int(m.group(1)) for m in map(MANIFEST_NAME.match, names) if m)
 
 
 def generation_dirs(prefix: str) -> list:
