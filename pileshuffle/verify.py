@@ -251,7 +251,7 @@ def verify(input_glob, output_prefix, format=None) -> list:
     if _is_store(output_prefix):
         from pileshuffle.store.read import check_store
 
-        return check_store(output_prefix)[0]
+        return check_store(output_prefix, input_glob=input_glob)[0]
     return _Verifier(input_glob, output_prefix, format).run()
 
 
@@ -275,7 +275,7 @@ def main(argv=None):
     if _is_store(args.output):
         from pileshuffle.store.read import verify_main
 
-        return verify_main(args.output)
+        return verify_main(args.output, args.input)
     verifier = _Verifier(args.input, args.output.rstrip("/") if "://" not in args.output else args.output, args.format)
     problems = verifier.run()
     for problem in problems:

@@ -312,6 +312,13 @@ def test_verify_names_missing_and_damaged_store_files(tmp_path):
     command = [sys.executable, "-m", "pileshuffle", "verify", f"--output={prefix}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "OK: store" in done.stdout and "2,500 records in 2 generation(s)" in done.stdout
+    from pileshuffle.verify import verify
+
+    both = f"{tmp_path / 'in0' / '*.tfrecord'},{tmp_path / 'in1' / '*.tfrecord'}"
+    assert verify(both, prefix) == []
+    only_first = verify(str(tmp_path / "in0" / "*.tfrecord"), prefix)
+    assert len(only_first) == 1 and "the input (2,000 records" in only_first[0]
+    assert "is not the store's live generations (2,500 records" in only_first[0]
     files = store_files(prefix)
     data = bytearray(open(files[0], "rb").read())
     data[len(data) // 2] ^= 0x10  # a payload byte: same size, same IPC framing

@@ -33,7 +33,7 @@ def live_piles(prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir
             for p, f in fragments.items()]
 
 
-def check_store(prefix: str, version: int = None) -> tuple:
+def check_store(prefix: str, version: int = None, input_glob: str = None) -> tuple:
     """``(problems, manifest)``: every file the manifest lists exists, has its size, reads
     whole as Arrow IPC, holds its count of records, all of its pile, and its records hash
     to its fingerprint; generations and totals add up. Missing or damaged files are named."""
@@ -64,7 +64,28 @@ def check_store(prefix: str, version: int = None) -> tuple:
     if manifest["totals"] != {"records": records, "payload_bytes": payload}:
         problems.append(f"the manifest's totals {manifest['totals']} are not the sum of its generations "
                         f"({records} records, {payload} payload bytes)")
+    if input_glob:
+        problems += _check_input(input_glob, manifest, fmt)
     return problems, manifest
+
+
+def _check_input(input_glob: str, manifest: dict, fmt) -> list:
+    """The input files hold exactly the live generations' records (as a multiset)."""
+    from pileshuffle.errors import PileshuffleError
+    from pileshuffle.fingerprint import total
+    from pileshuffle.plan import match_inputs
+    from pileshuffle.verify import read_fingerprint
+
+    try:
+        sources = [s for s in match_inputs(input_glob) if not layout.is_store_file(s.path)]
+        found = total(read_fingerprint(fmt, s.path)[0] for s in sources)
+    except PileshuffleError as error:
+        return [f"input {error}"]
+    live = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
+    if found != live:
+        return [f"the input ({found.records:,} records, {found.bytes:,} bytes) is not the store's live generations "
+                f"({live.records:,} records, {live.bytes:,} bytes)"]
+    return []
 
 
 def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
@@ -99,11 +120,11 @@ def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
     return None
 
 
-def verify_main(prefix: str) -> int:
+def verify_main(prefix: str, input_glob: str = None) -> int:
     """``pileshuffle verify --output P`` where P is a store: print and exit as verify does."""
     import sys
 
-    problems, manifest = check_store(prefix)
+    problems, manifest = check_store(prefix, input_glob=input_glob)
     for problem in problems:
         print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
     if problems:
@@ -112,5 +133,6 @@ def verify_main(prefix: str) -> int:
     files = sum(len(g["files"]) for g in manifest["generations"])
     print(f"pileshuffle verify: OK: store {layout.store_dir(prefix)} version {manifest['version']}: "
           f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} generation(s), {files} file(s); "
-          f"every file reads back whole and matches the manifest (counts, piles, fingerprints)")
+          f"every file reads back whole and matches the manifest (counts, piles, fingerprints)"
+          + ("; the input holds exactly the live generations' records" if input_glob else ""))
     return 0
