@@ -87,8 +87,15 @@ def run_main(argv):
 
 
 def store_command(name):
+    """A pile store command (``pileshuffle.store.commands``), started as ``run`` is."""
+
     def main(argv):
-        from pileshuffle.store import commands
+        from pileshuffle.tuning import importing_without_gc, keep_freed_memory
+
+        keep_freed_memory()  # before Beam's import starts threads
+        with importing_without_gc():
+            from pileshuffle.store import commands
+            import pileshuffle.pipeline  # noqa: F401  (what run imports; the commands use it)
 
         return getattr(commands, f"{name}_main")(argv)
 

@@ -212,8 +212,6 @@ def test_uniform_within_the_window(tmp_path):
 
 def test_later_generations_draw_keys_from_their_own_stream(tmp_path):
     """The same file appended again (another path) gets other keys; generation 0's keys are run's."""
-    import pyarrow as pa
-
     from pileshuffle.fragments import KEY_COLUMN, read_table
     from pileshuffle.keys import record_keys
 
@@ -227,7 +225,6 @@ def test_later_generations_draw_keys_from_their_own_stream(tmp_path):
     assert (keys[0] == record_keys(4, (0, 0), 0, 500)).all()
     assert (keys[1] == record_keys(4, (store_write.GENERATION_STREAM, 1, 0), 0, 500)).all()
     assert not np.isin(keys[1], keys[0]).any()
-    assert pa is not None
 
 
 # --- commands refuse what they must ------------------------------------------------------------

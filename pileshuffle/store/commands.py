@@ -8,7 +8,6 @@ version; the same command run again finishes the job.
 """
 
 import argparse
-import datetime
 import logging
 import sys
 import time

@@ -32,7 +32,6 @@ from apache_beam.io.localfilesystem import LocalFileSystem
 
 from pileshuffle import __version__
 from pileshuffle.errors import OutputError
-from pileshuffle.fingerprint import Fingerprint, total
 
 STORE_KIND = "pileshuffle-store"
 STORE_FORMAT = 1
@@ -200,10 +199,6 @@ def next_manifest(base: dict, generations: list, next_generation: int = None) ->
     manifest["totals"] = {"records": sum(g["records"] for g in generations),
                           "payload_bytes": sum(g["payload_bytes"] for g in generations)}
     return manifest
-
-
-def generation_fingerprint(files) -> Fingerprint:
-    return total(Fingerprint.from_json(f["fingerprint"]) for f in files)
 
 
 # --- the lock ---------------------------------------------------------------------------------

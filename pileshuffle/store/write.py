@@ -18,7 +18,6 @@ version, exclusively. Every DoFn here emits from ``process`` (Beam's DaskRunner 
 """
 
 import dataclasses
-import uuid
 
 import apache_beam as beam
 import pyarrow as pa
