@@ -16,6 +16,8 @@ import time
 import apache_beam as beam
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
@@ -132,15 +134,23 @@ def test_files_per_generation_are_bounded_by_writers_times_piles(tmp_path, monke
     assert shard_bytes(str(tmp_path / "m" / "m")) == shard_bytes(str(tmp_path / "run" / "r"))
 
 
-def test_writer_groups_are_contiguous_balanced_and_deterministic():
+@given(sizes=st.lists(st.integers(0, 10**9), min_size=1, max_size=300), writers=st.integers(1, 40))
+@settings(max_examples=200, deadline=None)
+def test_writer_groups_are_contiguous_bounded_and_deterministic(sizes, writers):
+    """Every source in exactly one group, groups in source order (so (writer, position) order
+    is source order), at most ``writers`` groups, none empty, and no group holds more than
+    its share plus one source's bytes."""
     from pileshuffle.transforms.assign import Source
 
-    sources = [Source(i, f"f{i}", size) for i, size in enumerate([10, 10, 10, 10, 100, 10, 10, 10])]
-    groups = writer_groups(sources, 4)
-    assert [s.id for g in groups for s in g.sources] == list(range(8))  # (writer, position) order = source order
-    assert [g.writer for g in groups] == list(range(len(groups))) and len(groups) <= 4
-    assert writer_groups(list(reversed(sources)), 4) == groups
-    assert len(writer_groups(sources[:2], 32)) == 2
+    sources = [Source(i, f"f{i}", size) for i, size in enumerate(sizes)]
+    groups = writer_groups(sources, writers)
+    assert [s.id for g in groups for s in g.sources] == list(range(len(sizes)))
+    assert [g.writer for g in groups] == list(range(len(groups))) and 1 <= len(groups) <= min(writers, len(sizes))
+    assert all(g.sources for g in groups)
+    assert writer_groups(list(reversed(sources)), writers) == groups
+    weights = [max(1, s) for s in sizes]
+    share = sum(weights) / min(writers, len(sizes))
+    assert all(sum(max(1, s.size) for s in g.sources) <= share + max(weights) for g in groups)
 
 
 # --- the moving window -------------------------------------------------------------------------
