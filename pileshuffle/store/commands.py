@@ -231,11 +231,10 @@ def expire(prefix, keep_generations=None, before=None, grace_seconds=DEFAULT_GRA
 
 
 def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
-    """Delete what no reader can need (call under the lock): directories of generations
-    that no protected manifest version lists, then the unprotected versions. Protected:
-    the current version and every version superseded less than ``grace_seconds`` ago
-    (a reader that opened it may still be in its epoch). Never a generation at or above
-    ``next_generation`` (that is only written under the lock, by a command not running)."""
+    """Delete what no reader can need (call under the lock): the generations that
+    unprotected manifest versions list and no protected one does, then those versions.
+    Protected: the current version and every version superseded less than
+    ``grace_seconds`` ago (a reader that opened it may still be in its epoch)."""
     now = time.time() if now is None else now
     versions = layout.manifest_versions(prefix)
     if not versions:
@@ -248,12 +247,12 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
         if retired is None or layout.parse_time(retired).timestamp() > now - grace_seconds:
             protected.add(version)
     needed = {g["generation"] for v in protected for g in manifests[v]["generations"]}
-    limit = manifests[versions[-1]]["next_generation"]
+    listed = {g["generation"] for v in set(versions) - protected for g in manifests[v]["generations"]}
+    doomed = sorted(listed - needed)  # from the manifests, without listing the whole store
     store = layout.store_dir(prefix)
-    doomed = [g for g in layout.generation_dirs(prefix) if g not in needed and g < limit]
     for generation in doomed:
-        FileSystems.delete([FileSystems.join(store, layout.generation_dir_name(generation))])
-    old = sorted(set(versions) - protected)
+        layout.remove_directory(FileSystems.join(store, layout.generation_dir_name(generation)))
+    old = sorted(set(versions) - protected)  # after their generations: a killed collection is redone
     if old:
         FileSystems.delete([FileSystems.join(store, layout.manifest_name(v)) for v in old])
     return {"generations": doomed, "versions": old}

@@ -12,9 +12,9 @@ Invariants:
   never replaced: publishing version v fails if v already exists;
 - every command that changes the store holds ``LOCK`` (created exclusively, naming its
   holder) from before it reads the current version until after it publishes;
-- generation numbers are never reused: ``next_generation`` only grows, so a directory
-  ``g >= next_generation`` is an unpublished leftover and ``g < next_generation`` not
-  listed by the current manifest is expired.
+- generation numbers are never reused: ``next_generation`` grows only by publishing, so
+  the one directory an unpublished (killed) write can leave is ``g == next_generation``,
+  and a generation below it that the current manifest does not list is expired.
 """
 
 import dataclasses
@@ -294,17 +294,28 @@ def release_lock(prefix: str, token: str):
 
 
 def remove_unpublished(prefix: str):
-    """Delete generation directories at or above the current ``next_generation``: written
-    by a command that never published them (killed, failed). Only under the lock."""
-    start = (read_store_manifest(prefix) or {}).get("next_generation", 0)
-    leftovers = [g for g in generation_dirs(prefix) if g >= start]
-    for generation in leftovers:
-        path = FileSystems.join(store_dir(prefix), generation_dir_name(generation))
-        try:
-            FileSystems.delete([path])
-        except Exception:
-            pass
-    return leftovers
+    """Delete what a command that never published left: the directory of generation
+    ``next_generation`` (the only number an unpublished write uses, since it grows only by
+    publishing). Only under the lock. Returns whether there was one."""
+    generation = (read_store_manifest(prefix) or {}).get("next_generation", 0)
+    path = FileSystems.join(store_dir(prefix), generation_dir_name(generation))
+    return remove_directory(path)
+
+
+def remove_directory(path: str) -> bool:
+    """Delete a generation directory and everything in it; whether there was one."""
+    if is_local(path):
+        if not os.path.exists(path):
+            return False
+        FileSystems.delete([path])
+        return True
+    try:  # object stores: the objects under the prefix (one listing of one generation)
+        found = [m.path for m in FileSystems.match([FileSystems.join(path, "*")])[0].metadata_list]
+    except Exception:
+        found = []
+    if found:
+        FileSystems.delete(found)
+    return bool(found)
 
 
 def command_line(argv) -> str:
