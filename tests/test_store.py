@@ -516,3 +516,23 @@ def test_the_flex_template_entry_point_writes_a_store(tmp_path, tfrecord_input):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "store     version 1: 1 live generation(s), 3,000 records" in done.stdout
     assert check_store(prefix)[0] == [] and layout.read_store_manifest(prefix)["seed"] == 42
+
+
+def test_write_pile_store_of_arrow_batches_materializes_as_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    prefix = str(tmp_path / "pq")
+    batches = [sample.parquet_table(i * 500, 500, 80).to_batches()[0] for i in range(4)]
+    options = PipelineOptions(["--direct_running_mode=in_memory"])
+    with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+        (p | beam.Create(batches, reshuffle=False)
+         | ShuffleToPiles(num_piles=3, seed=2, temp_location=str(tmp_path / "tmp"))
+         | WritePileStore(prefix, format="parquet", num_piles=3, seed=2))
+    manifest = layout.read_store_manifest(prefix)
+    assert manifest["totals"]["records"] == 2000 and [f["name"] for f in manifest["schema"]["fields"]][0] == "index"
+    assert check_store(prefix)[0] == []
+    materialize(prefix, str(tmp_path / "m" / "m"))
+    table = pa.concat_tables([pq.read_table(p) for p in shards(str(tmp_path / "m" / "m"))])
+    assert sorted(table.column("index").to_pylist()) == list(range(2000))
+    assert table.column("index").to_pylist() != list(range(2000))
