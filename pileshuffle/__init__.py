@@ -21,7 +21,11 @@ def __getattr__(name):  # lazy: importing the package must not import Beam's tra
         from pileshuffle.transforms.write import WritePiles
 
         return WritePiles
+    if name == "WritePileStore":
+        from pileshuffle.store.write import WritePileStore
+
+        return WritePileStore
     raise AttributeError(name)
 
 
-__all__ = ["ShuffleToPiles", "WritePiles", "Pile", "__version__"]
+__all__ = ["ShuffleToPiles", "WritePiles", "WritePileStore", "Pile", "__version__"]

@@ -18,6 +18,7 @@ import sys
 class Command:
     module: str
     description: str
+    function: str = "main"
 
     def main(self, argv) -> int:
         from pileshuffle.tuning import importing_without_gc, keep_freed_memory
@@ -25,13 +26,17 @@ class Command:
         keep_freed_memory()  # before Beam's import starts threads
         with importing_without_gc():
             module = importlib.import_module(self.module)
-        return module.main(argv)
+        return getattr(module, self.function)(argv)
 
 
 COMMANDS = {
     "run": Command("pileshuffle.pipeline", "shuffle: the template's pipeline (same options as python -m pileshuffle.pipeline)"),
     "plan": Command("pileshuffle.plan", "show what a run would do (files, bytes, piles, memory, space) without running it"),
     "verify": Command("pileshuffle.verify", "re-read input and output and prove nothing was lost, duplicated or corrupted"),
+    "append": Command("pileshuffle.store.commands", "add new input files to a pile store (run --layout store) as a new generation", "append_main"),
+    "expire": Command("pileshuffle.store.commands", "drop a pile store's oldest generations (--keep_generations N, --before TIME)", "expire_main"),
+    "gc": Command("pileshuffle.store.commands", "delete a pile store's files that no recent manifest version lists", "gc_main"),
+    "materialize": Command("pileshuffle.store.commands", "write a pile store's records as the shuffled shards `run` writes", "materialize_main"),
     "generate": Command("pileshuffle.sample", "write sample data whose records carry their index (for trying things out)"),
     "metadata": Command("pileshuffle.options", "print the Dataflow flex template's metadata.json"),
     "quality": Command("pileshuffle.quality", "measure and draw how uniform a finished run's order is (and the shuffles people use instead)"),

@@ -96,6 +96,10 @@ PARAMETERS = (
               "files: pass 1 writes pile fragments to the temp location and only their names are grouped (bounded memory "
               "on local runners); shuffle: records are grouped in per-pile chunks by the runner (use on Dataflow's Shuffle).",
               "files", default="files", choices=("files", "shuffle")),
+    Parameter("layout", "Output layout",
+              "shards: shuffled shards (both passes); store: pass 1 only, into a pile store {output}-store/ that "
+              "`pileshuffle append` extends, `expire` trims and `materialize` or the loader turns into shuffled order.",
+              "shards", default="shards", choices=("shards", "store")),
     Parameter("overwrite", "Overwrite output", "Replace an existing output with the same prefix.", "true",
               flag=True, regex=r"^(true|false)$"),
     Parameter("skip_corrupt", "Skip corrupt records",
@@ -215,6 +219,26 @@ def check_argv(argv, parameters=PARAMETERS):
     values = _parse_own(argv, parameters)
     check_values(values, parameters)
     return values
+
+
+def check_command_argv(parser: argparse.ArgumentParser, argv):
+    """Parse a command's own options with ``parser`` and refuse any other option that
+    Beam does not know (UsageError with a suggestion). Returns ``(args, beam_args)``."""
+    args, rest = parser.parse_known_args(argv)
+    own = [a for action in parser._actions for a in action.option_strings if a.startswith("--")]
+    names = [a[2:].split("=", 1)[0] for a in _before_separator(rest) if a.startswith("--") and len(a) > 2]
+    template_only = {f"--{p.name}" for p in PARAMETERS} - set(own)  # run's options mean nothing here
+    known = beam_option_names() - template_only
+    if any(f"--{n}" not in known for n in names):
+        _register_optional_runners()
+        known = beam_option_names() - template_only
+    for name in names:
+        if f"--{name}" not in known:
+            close = difflib.get_close_matches(name, [o[2:] for o in own], n=1, cutoff=0.6) or difflib.get_close_matches(
+                name, [k[2:] for k in known], n=1, cutoff=0.75)
+            hint = f" (did you mean --{close[0]}?)" if close else f" (see {parser.prog} --help)"
+            raise UsageError(f"{parser.prog}: unknown option --{name}{hint}")
+    return args, rest
 
 
 def did_you_mean(name: str, parameters, known) -> str:

@@ -106,7 +106,10 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
     argv = list(sys.argv[1:] if argv is None else argv)
     values = check_argv(argv)  # unknown options and bad values: before anything runs
     options = PipelineOptions(argv)
-    options.view_as(PileshuffleOptions)  # register our options
+    if options.view_as(PileshuffleOptions).layout == "store":  # also registers our options
+        from pileshuffle.store.commands import run_store
+
+        return run_store(argv, options, wait, hold_worker_stderr)
     if is_local(options):
         options = local_defaults(options, argv)
     started = time.time()
@@ -161,6 +164,10 @@ def shows_progress(options) -> bool:
 
 
 def summary(manifest: dict) -> str:
+    if manifest.get("kind") == "pileshuffle-store":
+        from pileshuffle.store.commands import store_summary
+
+        return store_summary(manifest)
     totals = manifest["totals"]
     seconds = manifest.get("wall_seconds") or manifest.get("seconds") or float("nan")
     piles = manifest["pile_records"]

@@ -248,7 +248,19 @@ def verify(input_glob, output_prefix, format=None) -> list:
     """Problems found with the output under ``output_prefix`` (and, given ``input_glob``,
     against its input); an empty list means every check passed."""
     output_prefix = output_prefix.rstrip("/") if "://" not in output_prefix else output_prefix
+    if _is_store(output_prefix):
+        from pileshuffle.store.read import check_store
+
+        return check_store(output_prefix, input_glob=input_glob)[0]
     return _Verifier(input_glob, output_prefix, format).run()
+
+
+def _is_store(prefix: str) -> bool:
+    """A pile store (``{P}-store/``) and no shard output at ``prefix``."""
+    from pileshuffle.store.layout import clean_prefix, is_store
+
+    prefix = clean_prefix(prefix)
+    return not FileSystems.exists(manifest_path(prefix)) and is_store(prefix)
 
 
 def main(argv=None):
@@ -260,6 +272,10 @@ def main(argv=None):
     parser.add_argument("--output", required=True, help="the run's --output prefix")
     parser.add_argument("--format", choices=sorted(FORMATS), help="default: the manifest's")
     args = parser.parse_args(argv)
+    if _is_store(args.output):
+        from pileshuffle.store.read import verify_main
+
+        return verify_main(args.output, args.input)
     verifier = _Verifier(args.input, args.output.rstrip("/") if "://" not in args.output else args.output, args.format)
     problems = verifier.run()
     for problem in problems:

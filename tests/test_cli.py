@@ -82,6 +82,23 @@ def test_a_mistyped_option_is_refused_with_a_suggestion_before_anything_runs(inp
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command, typo, message", [
+    ("append", "--inptu=x", "unknown option --inptu (did you mean --input?)"),
+    ("append", "--seed=3", "unknown option --seed (see pileshuffle append --help)"),  # the store's seed is fixed
+    ("materialize", "--overwrit", "unknown option --overwrit (did you mean --overwrite?)"),
+    ("expire", "--grace_second=1", "unknown option --grace_second (did you mean --grace_seconds?)"),
+    ("gc", "--ruuner=DirectRunner", "unknown option --ruuner (did you mean --runner?)"),
+])
+def test_store_commands_refuse_unknown_options_before_touching_the_store(tmp_path, command, typo, message):
+    store = tmp_path / "s"
+    args = {"append": ["--input", str(tmp_path / "none")], "materialize": ["--output", str(tmp_path / "o")],
+            "expire": ["--keep_generations", "1"], "gc": []}[command]
+    done = cli(command, "--store", str(store), *args, typo)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"pileshuffle: error: pileshuffle {command}: {message}"
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("typo, suggestion", [("--sead=5", "--seed"), ("--temp_locaton=/tmp", "--temp_location"),
                                               ("--ruuner=DataflowRunner", "--runner"),
                                               ("--dask_client_adress=tcp://x:1", "--dask_client_address")])

@@ -1,0 +1,431 @@
+"""The store's commands: ``run --layout store``, ``append``, ``expire``, ``gc``, ``materialize``.
+
+Every command that changes the store holds its lock from before it reads the current
+manifest until it has published (``layout.StoreLock``), deletes what a killed command of
+its own kind left (unpublished generation directories) before it writes, and publishes
+one manifest version last. Killed at any point, the store stays readable at its previous
+version; the same command run again finishes the job.
+"""
+
+import argparse
+import logging
+import sys
+import time
+import types
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+from pileshuffle.errors import InputError, OutputError, PileshuffleError, unwrapped, user_message
+from pileshuffle.options import check_command_argv
+from pileshuffle.store import layout
+from pileshuffle.store.read import live_piles
+from pileshuffle.transforms.write import remove_tree
+from pileshuffle.store import write as store_write
+from pileshuffle.store.write import build_generation, stored_schema, writer_groups
+
+log = logging.getLogger("pileshuffle")
+
+DEFAULT_GRACE_SECONDS = 24 * 3600  # files of an expired generation outlive its last manifest version by this
+
+
+# --- running a pipeline ------------------------------------------------------------------------
+
+HOLD_WORKER_STDERR = {"on": False}  # the command line: report our errors in one line (pipeline._worker_stderr)
+
+
+def execute(options, argv, build, partitions: int, on_failure, wait=None):
+    """Run the graph ``build(pipeline)`` adds, on the runner ``options`` name, as ``run``
+    does; returns Beam's result when not waited for (Dataflow), else None."""
+    import contextlib
+
+    from pileshuffle.pipeline import _worker_stderr
+    from pileshuffle.runners import (close_client, dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local,
+                                     local_defaults, make_runner, should_wait)
+
+    if is_local(options):
+        options = local_defaults(options, argv)
+    if is_dask(options):
+        options = dask_defaults(options, types.SimpleNamespace(sources=range(max(1, partitions))))
+    if is_dataflow(options):
+        options = dataflow_defaults(options)
+    pipeline = beam.Pipeline(runner=make_runner(options), options=options)
+    build(pipeline)
+    held = types.SimpleNamespace(ours=False)
+    holding = _worker_stderr(held) if HOLD_WORKER_STDERR["on"] and is_local(options) else contextlib.nullcontext()
+    with holding:
+        try:
+            result = pipeline.run()
+            if not should_wait(options, wait):
+                return result
+            try:
+                result.wait_until_finish()
+            except BaseException:
+                close_client(result, cancel=True)
+                raise
+            close_client(result)
+            return None
+        except BaseException as error:
+            held.ours = user_message(error) is not None
+            on_failure()
+            ours = unwrapped(error)
+            if ours is not None and ours is not error:
+                raise ours from error
+            raise
+
+
+def store_inputs(sources) -> list:
+    """``sources`` without files of a pile store (an input pattern such as ``data/**``
+    may reach a store's directory; its files are never records), renumbered."""
+    from pileshuffle.transforms.assign import Source
+
+    kept = [s for s in sources if not layout.is_store_file(s.path)]
+    if len(kept) < len(sources):
+        skipped = [s.path for s in sources if layout.is_store_file(s.path)]
+        log.warning("skipping %d file(s) of a pile store matched by --input (e.g. %s)", len(skipped), skipped[0])
+    if not kept:
+        raise InputError(sources[0].path, "is a pile store's file, not input; no other input file matched")
+    return [Source(i, s.path, s.size) for i, s in enumerate(kept)]
+
+
+def same_inputs(generation: dict, sources) -> bool:
+    listed = {(i["path"], i.get("bytes")) for i in generation["inputs"]}
+    return listed == {(s.path, s.size) for s in sources}
+
+
+def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, token, wait=None):
+    """Pass 1 of ``sources`` into the store as generation ``base['next_generation']``."""
+    layout.remove_unpublished(prefix)
+    generation = base["next_generation"]
+    groups = writer_groups(sources, store_write.STORE_WRITERS)
+    sizes = {s.path: s.size for s in sources}
+
+    def failed():
+        layout.remove_unpublished(prefix)
+        layout.release_lock(prefix, token)
+        if not layout.list_names(layout.store_dir(prefix)):  # a first run that failed leaves no store directory
+            remove_tree(layout.store_dir(prefix))
+
+    started = time.time()
+    result = execute(options, argv, lambda p: build_generation(p, prefix, base, generation, groups, seed, skip_corrupt,
+                                                                token, sizes),
+                     len(groups), failed, wait)
+    if result is not None:
+        return result
+    manifest = layout.read_store_manifest(prefix)
+    if manifest is None or manifest["version"] != base["version"] + 1:
+        layout.release_lock(prefix, token)
+        raise OutputError(f"the pipeline finished but {layout.store_dir(prefix)} has no version {base['version'] + 1}")
+    manifest["wall_seconds"] = time.time() - started
+    return manifest
+
+
+def run_store(argv, options, wait=None, hold_worker_stderr=False):
+    """``pileshuffle run --layout store``: pass 1 only, into ``{output}-store/`` as
+    generation 0 of a new store (manifest version 1)."""
+    from pileshuffle.plan import make_plan
+    from pileshuffle.transforms.write import manifest_path, schema_json
+
+    HOLD_WORKER_STDERR["on"] = hold_worker_stderr
+    plan = make_plan(options)
+    prefix = plan.output
+    if FileSystems.exists(manifest_path(prefix)):
+        raise OutputError(f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
+                          f"(readers take shards first); choose another --output")
+    sources = store_inputs(plan.sources)
+    token = layout.StoreLock(prefix, layout.command_line(["run", *argv])).acquire()
+    try:
+        current = layout.read_store_manifest(prefix)
+        if current is not None:
+            first = current["generations"][:1]
+            if (len(current["generations"]) == 1 and first[0]["generation"] == 0 and same_inputs(first[0], sources)
+                    and (current["seed"], current["num_piles"], current["format"]) == (plan.seed, plan.num_piles, plan.format)):
+                print(f"pileshuffle: {layout.store_dir(prefix)} already holds these inputs as generation 0 "
+                      f"(version {current['version']}): nothing to do", file=sys.stderr)
+                layout.release_lock(prefix, token)
+                return current
+            raise OutputError(f"a store exists at {layout.store_dir(prefix)} (version {current['version']}): add data "
+                              f"with `pileshuffle append --store {prefix} --input ...`, or delete it first")
+        base = layout.new_manifest(plan.format, plan.compression, plan.num_piles, plan.seed, plan.max_pile_bytes,
+                                   schema_json(plan.schema) if plan.schema is not None else None)
+    except BaseException:
+        layout.release_lock(prefix, token)
+        raise
+    print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
+          f"{layout.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
+    return write_generation(argv, options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
+
+
+def append(argv) -> dict:
+    """``pileshuffle append --store P --input ...``; returns the new manifest."""
+    from pileshuffle.formats import get_format
+    from pileshuffle.plan import check_schemas, describe_difference, match_inputs
+    from pileshuffle.transforms.write import schema_json
+
+    parser = argparse.ArgumentParser(prog="pileshuffle append", allow_abbrev=False, description=(
+        "Add the records of --input to the pile store at --store as a new generation: pass 1 only, into the store's "
+        "piles, keys from (seed, generation, file, position). Existing files are never rewritten; the new generation "
+        "is live once the next manifest version is published (written last)."))
+    parser.add_argument("--store", required=True, help="the store's prefix P (its files are under P-store/)")
+    parser.add_argument("--input", required=True, help="comma-separated file patterns of the new records")
+    parser.add_argument("--skip_corrupt", action="store_true", help="skip corrupt TFRecord records and report them")
+    args, beam_args = check_command_argv(parser, argv)
+    options = PipelineOptions(beam_args)
+    prefix = layout.clean_prefix(args.store)
+    token = layout.StoreLock(prefix, layout.command_line(["append", *argv])).acquire()
+    try:
+        base = layout.read_store_manifest(prefix)
+        if base is None:
+            raise OutputError(f"no store at {layout.store_dir(prefix)}: create one with `pileshuffle run --layout store "
+                              f"--output {prefix} --input ...`")
+        sources = store_inputs(match_inputs(args.input))
+        newest = base["generations"][-1] if base["generations"] else None
+        if newest is not None and same_inputs(newest, sources):
+            print(f"pileshuffle: these inputs are already generation {newest['generation']} of {layout.store_dir(prefix)} "
+                  f"(version {base['version']}): nothing to do", file=sys.stderr)
+            layout.release_lock(prefix, token)
+            return base
+        fmt = get_format(base["format"])
+        schema = check_schemas(fmt, sources)
+        if schema is not None and base.get("schema") and schema_json(schema)["fields"] != base["schema"]["fields"]:
+            expected = stored_schema(prefix, base["generations"][0]["files"][0]["path"]) if base["generations"] else None
+            detail = describe_difference(expected, schema) if expected is not None else "different columns"
+            raise InputError(sources[0].path, f"has a different schema from the store's: {detail}")
+    except BaseException:
+        layout.release_lock(prefix, token)
+        raise
+    print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> generation "
+          f"{base['next_generation']} of {layout.store_dir(prefix)}", file=sys.stderr)
+    return write_generation(argv, options, prefix, base, sources, base["seed"], args.skip_corrupt, token)
+
+
+# --- expire and gc -----------------------------------------------------------------------------
+
+def expire(prefix, keep_generations=None, before=None, grace_seconds=DEFAULT_GRACE_SECONDS, command="expire"):
+    """Drop whole generations: publish the next version without them, then collect files
+    no version within the grace period lists. Returns ``(manifest, dropped, deleted)``."""
+    prefix = layout.clean_prefix(prefix)
+    if keep_generations is None and before is None:
+        raise ValueError("expire needs --keep_generations N or --before TIME")
+    if keep_generations is not None and int(keep_generations) < 0:
+        raise ValueError(f"--keep_generations must be 0 or more, got {keep_generations}")
+    cutoff = layout.parse_time(before) if isinstance(before, str) else before
+    token = layout.StoreLock(prefix, command).acquire()
+    try:
+        current = layout.read_store_manifest(prefix)
+        if current is None:
+            raise OutputError(f"no store at {layout.store_dir(prefix)}")
+        kept = list(current["generations"])
+        if keep_generations is not None:
+            kept = kept[len(kept) - int(keep_generations):] if int(keep_generations) else []
+        if cutoff is not None:
+            kept = [g for g in kept if layout.parse_time(g["created"]) >= cutoff]
+        dropped = [g["generation"] for g in current["generations"] if g not in kept]
+        if dropped:
+            current = layout.next_manifest(current, kept)
+            layout.publish_manifest(prefix, current)
+        deleted = collect(prefix, grace_seconds)
+    finally:
+        layout.release_lock(prefix, token)
+    return current, dropped, deleted
+
+
+def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
+    """Delete what no reader can need (call under the lock): the generations that
+    unprotected manifest versions list and no protected one does, then those versions.
+    Protected: the current version and every version superseded less than
+    ``grace_seconds`` ago (a reader that opened it may still be in its epoch)."""
+    now = time.time() if now is None else now
+    versions = layout.manifest_versions(prefix)
+    if not versions:
+        return {"generations": [], "versions": []}
+    manifests = {v: layout.read_store_manifest(prefix, v) for v in versions}
+    protected = {versions[-1]}
+    for version in versions[:-1]:
+        successor = manifests.get(version + 1)
+        retired = successor.get("published") if successor else None
+        if retired is None or layout.parse_time(retired).timestamp() > now - grace_seconds:
+            protected.add(version)
+    needed = {g["generation"] for v in protected for g in manifests[v]["generations"]}
+    listed = {g["generation"] for v in set(versions) - protected for g in manifests[v]["generations"]}
+    doomed = sorted(listed - needed)  # from the manifests, without listing the whole store
+    store = layout.store_dir(prefix)
+    for generation in doomed:
+        layout.remove_directory(FileSystems.join(store, layout.generation_dir_name(generation)))
+    old = sorted(set(versions) - protected)  # after their generations: a killed collection is redone
+    if old:
+        FileSystems.delete([FileSystems.join(store, layout.manifest_name(v)) for v in old])
+    return {"generations": doomed, "versions": old}
+
+
+# --- materialize -------------------------------------------------------------------------------
+
+def materialize(argv) -> dict:
+    """``pileshuffle materialize --store P --output P2``: the second pass over a store."""
+    from pileshuffle.options import parse_bytes
+    from pileshuffle.plan import check_writable, work_dir_for
+    from pileshuffle.transforms.write import WritePiles, existing_outputs, manifest_path, read_manifest, staging_dir
+
+    parser = argparse.ArgumentParser(prog="pileshuffle materialize", allow_abbrev=False, description=(
+        "The second pass over a pile store: write its live records as the shards and manifest `pileshuffle run` "
+        "writes (byte-identical to `run` for the same inputs, seed and piles)."))
+    parser.add_argument("--store", required=True, help="the store's prefix P (its files are under P-store/)")
+    parser.add_argument("--output", required=True, help="prefix of the shards to write")
+    parser.add_argument("--version", type=int, help="the manifest version to read (default: the current one)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output with this prefix")
+    parser.add_argument("--max_pile_bytes", help="load piles larger than this in sub-piles (default: the store's)")
+    args, beam_args = check_command_argv(parser, argv)
+    options = PipelineOptions(beam_args)
+    prefix, output = layout.clean_prefix(args.store), layout.clean_prefix(args.output)
+    if output == prefix:
+        raise OutputError(f"--output {output} is the store's own prefix: its shards would hide the store from readers "
+                          f"(they take {output}-manifest.json first); choose another prefix")
+    manifest = layout.read_store_manifest(prefix, args.version)
+    if manifest is None:
+        raise OutputError(f"no store at {layout.store_dir(prefix)}")
+    if not manifest["totals"]["records"]:
+        raise OutputError(f"{layout.store_dir(prefix)} version {manifest['version']} has no live records "
+                          f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to materialize")
+    existing = existing_outputs(output)
+    if manifest_path(output) in existing and not args.overwrite:
+        raise OutputError(f"output already exists: {existing[0]} (pass --overwrite to replace it)")
+    work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
+    for leftover in (work_dir, staging_dir(output)):
+        remove_tree(leftover)
+    check_writable(staging_dir(output), "the output location")
+    max_pile_bytes = parse_bytes(args.max_pile_bytes) if args.max_pile_bytes else manifest["max_pile_bytes"]
+    piles = live_piles(prefix, manifest, max_pile_bytes, work_dir=work_dir)
+    first = next((f["path"] for g in manifest["generations"] for f in g["files"]), None)
+    schema = stored_schema(prefix, first) if manifest["format"] == "parquet" and first else None
+    fields = {
+        "output": output, "seed": manifest["seed"],
+        "options": {"format": manifest["format"], "compression": manifest["compression"],
+                    "num_piles": manifest["num_piles"], "num_piles_reason": f"the store's ({layout.store_dir(prefix)})",
+                    "max_pile_bytes": max_pile_bytes, "intermediate": "store", "skip_corrupt": False},
+        "store": {"prefix": prefix, "version": manifest["version"],
+                  "generations": [g["generation"] for g in manifest["generations"]]},
+    }
+    started = time.time()
+
+    def build(pipeline):
+        return (pipeline
+                | "ListPiles" >> beam.Create(piles)
+                | "SpreadPiles" >> beam.Reshuffle()
+                | "WritePiles" >> WritePiles(output, manifest["format"], manifest["compression"],
+                                             num_piles=manifest["num_piles"], overwrite=True, schema=schema,
+                                             manifest_fields=fields, started=started))
+
+    def failed():
+        remove_tree(work_dir)
+        remove_tree(staging_dir(output))
+
+    result = execute(options, beam_args, build, len(piles), failed)
+    if result is not None:
+        return result
+    written = read_manifest(output)
+    written["wall_seconds"] = time.time() - started
+    return written
+
+
+# --- the command line --------------------------------------------------------------------------
+
+def store_summary(manifest: dict) -> str:
+    generations = manifest["generations"]
+    newest = generations[-1] if generations else None
+    lines = [f"store     version {manifest['version']}: {len(generations)} live generation(s), "
+             f"{manifest['totals']['records']:,} records, {manifest['totals']['payload_bytes']:,} payload bytes, "
+             f"{manifest['num_piles']} piles"]
+    if newest is not None:
+        lines.append(f"newest    generation {newest['generation']}: {newest['records']:,} records from "
+                     f"{len(newest['inputs'])} input file(s), {len(newest['files'])} file(s) "
+                     f"({newest.get('writers', 1)} writer(s) x {manifest['num_piles']} piles at most)")
+    seconds = manifest.get("wall_seconds")
+    if seconds and newest is not None:
+        lines.append(f"time      {seconds:.2f} s, {newest['payload_bytes'] / 1e6 / seconds:,.1f} MB/s")
+    return "\n".join(lines)
+
+
+def _command(function):
+    def main(argv=None):
+        from pileshuffle.tuning import keep_freed_memory
+
+        keep_freed_memory()
+        HOLD_WORKER_STDERR["on"] = True
+        from pileshuffle.pipeline import _HideReportedErrors
+
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_HideReportedErrors())
+        try:
+            return function(list(sys.argv[1:] if argv is None else argv))
+        except PileshuffleError as error:
+            print(f"pileshuffle: error: {error}", file=sys.stderr)
+            return 2
+        except ValueError as error:
+            print(f"pileshuffle: error: {error}", file=sys.stderr)
+            return 2
+        except Exception as error:
+            message = user_message(error)
+            if message is None:
+                raise
+            print(f"pileshuffle: error: {message}", file=sys.stderr)
+            return 2
+
+    return main
+
+
+@_command
+def append_main(argv):
+    manifest = append(argv)
+    if isinstance(manifest, dict):
+        print(store_summary(manifest))
+    return 0
+
+
+@_command
+def expire_main(argv):
+    parser = argparse.ArgumentParser(prog="pileshuffle expire", allow_abbrev=False, description=(
+        "Drop whole generations from a pile store: the next manifest version without them is published first; their "
+        "files are deleted once no version published within --grace_seconds lists them (readers that opened an older "
+        "version finish their epoch)."))
+    parser.add_argument("--store", required=True, help="the store's prefix P")
+    parser.add_argument("--keep_generations", type=int, help="keep the N newest live generations")
+    parser.add_argument("--before", help="drop generations created before this UTC time (ISO 8601, e.g. 2026-11-01)")
+    parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS,
+                        help=f"keep files a superseded version lists for this long (default {DEFAULT_GRACE_SECONDS})")
+    args, _ = check_command_argv(parser, argv)
+    if args.keep_generations is None and args.before is None:
+        parser.error("give --keep_generations N or --before TIME")
+    manifest, dropped, deleted = expire(args.store, args.keep_generations, args.before, args.grace_seconds,
+                                        layout.command_line(["expire", *argv]))
+    print(f"expired   {len(dropped)} generation(s) {dropped}; deleted the files of {deleted['generations']}")
+    print(store_summary(manifest))
+    return 0
+
+
+@_command
+def gc_main(argv):
+    parser = argparse.ArgumentParser(prog="pileshuffle gc", allow_abbrev=False, description=(
+        "Delete a pile store's files that no manifest version within --grace_seconds lists, and older versions."))
+    parser.add_argument("--store", required=True, help="the store's prefix P")
+    parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS)
+    args, _ = check_command_argv(parser, argv)
+    prefix = layout.clean_prefix(args.store)
+    token = layout.StoreLock(prefix, layout.command_line(["gc", *argv])).acquire()
+    try:
+        deleted = collect(prefix, args.grace_seconds)
+    finally:
+        layout.release_lock(prefix, token)
+    print(f"deleted   generations {deleted['generations']}, manifest versions {deleted['versions']}")
+    return 0
+
+
+@_command
+def materialize_main(argv):
+    from pileshuffle.pipeline import summary
+
+    manifest = materialize(argv)
+    if isinstance(manifest, dict):
+        print(summary(manifest))
+    return 0

@@ -1,0 +1,322 @@
+"""Where a pile store's files live, and its manifests: read, publish, lock.
+
+A store at prefix ``P`` is the directory ``{P}-store/``:
+``manifest-{version:08d}.json`` (one per published version, the highest is current) and
+``g{generation:06d}/p{pile:05d}-w{writer:05d}.arrows`` (Arrow IPC streams of one pile's
+records from one writer, with each record's key U and pass-1 hash).
+
+Invariants:
+- a data file is written under a temporary name and renamed; it is never rewritten once
+  a published manifest lists it;
+- a manifest version is written last (temporary name, then an exclusive rename) and
+  never replaced: publishing version v fails if v already exists;
+- every command that changes the store holds ``LOCK`` (created exclusively, naming its
+  holder) from before it reads the current version until after it publishes;
+- generation numbers are never reused: ``next_generation`` grows only by publishing, so
+  the one directory an unpublished (killed) write can leave is ``g == next_generation``,
+  and a generation below it that the current manifest does not list is expired.
+"""
+
+import dataclasses
+import datetime
+import errno
+import json
+import os
+import re
+import socket
+import sys
+import uuid
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.localfilesystem import LocalFileSystem
+
+from pileshuffle import __version__
+from pileshuffle.errors import OutputError
+
+STORE_KIND = "pileshuffle-store"
+STORE_FORMAT = 1
+LOCK_NAME = "LOCK"
+MANIFEST_NAME = re.compile(r"^manifest-(\d{8})\.json$")
+GENERATION_DIR = re.compile(r"^g(\d{6})$")
+
+
+def store_dir(prefix: str) -> str:
+    return f"{prefix}-store"
+
+
+def clean_prefix(prefix: str) -> str:
+    return prefix.rstrip("/") if "://" not in prefix else prefix
+
+
+def manifest_name(version: int) -> str:
+    return f"manifest-{version:08d}.json"
+
+
+def generation_dir_name(generation: int) -> str:
+    return f"g{generation:06d}"
+
+
+def data_file_name(generation: int, pile: int, writer: int) -> str:
+    """A data file's path relative to the store directory (as the manifest lists it)."""
+    return f"{generation_dir_name(generation)}/p{pile:05d}-w{writer:05d}.arrows"
+
+
+def join(directory: str, relative: str) -> str:
+    return FileSystems.join(directory, *relative.split("/"))
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime.datetime:
+    """An ISO 8601 time ('2026-11-23', '2026-11-23T20:00:00Z'); naive times are UTC."""
+    value = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    return value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)
+
+
+def is_local(path: str) -> bool:
+    return isinstance(FileSystems.get_filesystem(path), LocalFileSystem)
+
+
+def list_names(directory: str) -> list:
+    """Base names of the entries directly under ``directory`` (files, and for local
+    directories, sub-directories); empty if it does not exist."""
+    if is_local(directory):
+        try:
+            return sorted(os.listdir(directory))
+        except FileNotFoundError:
+            return []
+    try:
+        found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
+    except Exception:
+        return []
+    base = directory.rstrip("/") + "/"
+    return sorted({m.path[len(base):].split("/", 1)[0] for m in found if m.path.startswith(base)})
+
+
+def manifest_versions(prefix: str) -> list:
+    """Published versions, ascending."""
+    directory = store_dir(prefix)
+    if is_local(directory):
+        names = list_names(directory)
+    else:  # list the manifests only, not every data file
+        try:
+            found = FileSystems.match([FileSystems.join(directory, "manifest-*.json")])[0].metadata_list
+        except Exception:
+            found = []
+        names = [m.path.rsplit("/", 1)[-1] for m in found]
+    return sorted(int(m.group(1)) for m in map(MANIFEST_NAME.match, names) if m)
+
+
+def generation_dirs(prefix: str) -> list:
+    """Generation numbers that have a directory under the store, ascending."""
+    return sorted(int(m.group(1)) for m in map(GENERATION_DIR.match, list_names(store_dir(prefix))) if m)
+
+
+def read_json(path: str) -> dict:
+    with FileSystems.open(path, compression_type="uncompressed") as handle:
+        return json.loads(handle.read())
+
+
+def read_store_manifest(prefix: str, version: int = None) -> dict:
+    """The manifest of ``version`` (default: the current one); None if no version exists."""
+    if version is None:
+        versions = manifest_versions(prefix)
+        if not versions:
+            return None
+        version = versions[-1]
+    return read_json(FileSystems.join(store_dir(prefix), manifest_name(version)))
+
+
+STORE_FILE = re.compile(r"-store/(g\d{6}/|manifest-\d{8}\.json$|\.manifest-|LOCK)")
+
+
+def is_store_file(path: str) -> bool:
+    """Whether ``path`` is inside a pile store's directory (data, manifest or lock)."""
+    return STORE_FILE.search(path.replace("\\", "/")) is not None
+
+
+def is_store(prefix: str) -> bool:
+    return bool(manifest_versions(clean_prefix(prefix)))
+
+
+def write_exclusive(path: str, data: bytes):
+    """Write ``data`` to ``path`` (temporary name, then rename), failing if ``path``
+    exists. Local: an atomic hard link, so two writers cannot both succeed. Elsewhere
+    (gs://): checked just before the rename, and the store lock is what excludes."""
+    directory, name = path.rsplit("/", 1) if "/" in path else (".", path)
+    temp = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+    with FileSystems.create(temp, mime_type="application/json", compression_type="uncompressed") as handle:
+        handle.write(data)
+    try:
+        if is_local(path):
+            try:
+                os.link(temp, path)
+            except FileExistsError:
+                raise VersionConflict(path) from None
+            os.unlink(temp)
+            return
+        if FileSystems.exists(path):
+            raise VersionConflict(path)
+        FileSystems.rename([temp], [path])
+    finally:
+        if FileSystems.exists(temp):
+            FileSystems.delete([temp])
+
+
+class VersionConflict(OutputError):
+    def __init__(self, path):
+        super().__init__(f"{path} appeared while this command ran (another append or expire published it); "
+                         f"nothing was published: run the command again")
+
+
+def publish_manifest(prefix: str, manifest: dict):
+    """Publish ``manifest`` as its version; refuses if that version exists."""
+    data = json.dumps(manifest, indent=1).encode()
+    write_exclusive(FileSystems.join(store_dir(prefix), manifest_name(manifest["version"])), data)
+
+
+def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None) -> dict:
+    """Version 0: the empty store a first generation is published onto."""
+    manifest = {
+        "kind": STORE_KIND, "store_format": STORE_FORMAT, "version": 0, "pileshuffle_version": __version__,
+        "format": format_name, "compression": compression, "num_piles": int(num_piles), "seed": int(seed),
+        "max_pile_bytes": int(max_pile_bytes), "next_generation": 0, "generations": [],
+        "totals": {"records": 0, "payload_bytes": 0},
+    }
+    if schema is not None:
+        manifest["schema"] = schema
+    return manifest
+
+
+def next_manifest(base: dict, generations: list, next_generation: int = None) -> dict:
+    """The version after ``base`` with ``generations`` live (ascending by number)."""
+    generations = sorted(generations, key=lambda g: g["generation"])
+    manifest = {**base, "version": base["version"] + 1, "pileshuffle_version": __version__,
+                "published": now_iso(), "generations": generations,
+                "next_generation": max(base.get("next_generation", 0), next_generation or 0)}
+    manifest["totals"] = {"records": sum(g["records"] for g in generations),
+                          "payload_bytes": sum(g["payload_bytes"] for g in generations)}
+    return manifest
+
+
+# --- the lock ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class StoreLock:
+    """``{P}-store/LOCK``, created exclusively and naming its holder (command, host, pid,
+    time, a token). A lock whose holder was a process on this host that no longer runs
+    is stale and taken over (a killed command's re-run must be able to finish it); any
+    other lock refuses with the holder's name. ``acquire()`` returns the token that
+    ``release_lock`` needs (the step that publishes may run in another process)."""
+
+    prefix: str
+    command: str
+    same_process_is_stale: bool = False  # composed use: a failed pipeline of this process left it
+
+    @property
+    def path(self) -> str:
+        return lock_path(self.prefix)
+
+    def acquire(self) -> str:
+        token = uuid.uuid4().hex
+        holder = {"command": self.command, "host": socket.gethostname(), "pid": os.getpid(), "since": now_iso(),
+                  "token": token}
+        data = json.dumps(holder).encode()
+        for _ in range(3):
+            try:
+                self._create(data)
+                return token
+            except FileExistsError:
+                current = lock_holder(self.prefix)
+                if current is not None and not self._stale(current):
+                    raise OutputError(
+                        f"{store_dir(self.prefix)} is locked by `{current.get('command')}` (pid {current.get('pid')} "
+                        f"on {current.get('host')}, since {current.get('since')}); wait for it to finish, or delete "
+                        f"{self.path} if that process is gone"
+                    ) from None
+                try:
+                    FileSystems.delete([self.path])  # stale: its holder died
+                except Exception:
+                    pass
+        raise OutputError(f"cannot take {self.path}: it keeps reappearing")
+
+    def _create(self, data: bytes):
+        if is_local(self.path):  # whole content or nothing: a killed command never leaves an empty lock
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            temp = f"{self.path}.tmp-{uuid.uuid4().hex[:12]}"
+            with open(temp, "wb") as handle:
+                handle.write(data)
+            try:
+                os.link(temp, self.path)
+            finally:
+                os.unlink(temp)
+            return
+        if FileSystems.exists(self.path):
+            raise FileExistsError(errno.EEXIST, self.path)
+        with FileSystems.create(self.path, compression_type="uncompressed") as handle:
+            handle.write(data)
+
+    def _stale(self, holder: dict) -> bool:
+        if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+            return False
+        if holder["pid"] == os.getpid():
+            return self.same_process_is_stale
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+def lock_path(prefix: str) -> str:
+    return FileSystems.join(store_dir(prefix), LOCK_NAME)
+
+
+def lock_holder(prefix: str):
+    """The lock's holder (dict), None if unlocked."""
+    try:
+        return read_json(lock_path(prefix))
+    except Exception:
+        return {} if FileSystems.exists(lock_path(prefix)) else None
+
+
+def release_lock(prefix: str, token: str):
+    """Remove the lock if ``token`` still holds it (best effort)."""
+    try:
+        if (lock_holder(prefix) or {}).get("token") == token:
+            FileSystems.delete([lock_path(prefix)])
+    except Exception:
+        pass
+
+
+def remove_unpublished(prefix: str):
+    """Delete what a command that never published left: the directory of generation
+    ``next_generation`` (the only number an unpublished write uses, since it grows only by
+    publishing). Only under the lock. Returns whether there was one."""
+    generation = (read_store_manifest(prefix) or {}).get("next_generation", 0)
+    path = FileSystems.join(store_dir(prefix), generation_dir_name(generation))
+    return remove_directory(path)
+
+
+def remove_directory(path: str) -> bool:
+    """Delete a generation directory and everything in it; whether there was one."""
+    if is_local(path):
+        if not os.path.exists(path):
+            return False
+        FileSystems.delete([path])
+        return True
+    try:  # object stores: the objects under the prefix (one listing of one generation)
+        found = [m.path for m in FileSystems.match([FileSystems.join(path, "*")])[0].metadata_list]
+    except Exception:
+        found = []
+    if found:
+        FileSystems.delete(found)
+    return bool(found)
+
+
+def command_line(argv) -> str:
+    return " ".join(["pileshuffle", *argv]) if argv is not None else " ".join(sys.argv)

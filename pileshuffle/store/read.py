@@ -1,0 +1,138 @@
+"""A store's live piles as ``Pile`` objects (the second pass's input), and a check of
+every data file against the manifest (``pileshuffle verify`` on a store).
+
+A store pile = the data files of that pile over the live generations, in (generation,
+writer) order, as the fragments of a ``transforms.shuffle.Pile``: its ``ordered()`` is the
+order ``materialize`` writes and the loader yields with ``reshuffle=False`` at epoch 0.
+"""
+
+from apache_beam.io.filesystems import FileSystems
+
+from pileshuffle.fingerprint import Fingerprint, binary_column_parts
+from pileshuffle.formats import get_format, record_hashes, record_lengths
+from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames
+from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, read_table
+from pileshuffle.keys import pile_of
+from pileshuffle.store import layout
+from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES, Pile
+
+
+def file_fragment(prefix: str, generation: int, entry: dict) -> Fragment:
+    return Fragment((generation, entry["writer"]), entry["records"], entry["bytes"],
+                    Fingerprint.from_json(entry["fingerprint"]), path=layout.join(layout.store_dir(prefix), entry["path"]))
+
+
+def live_piles(prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir: str = None) -> list:
+    """The store's ``num_piles`` piles at ``manifest``'s version (empty piles included)."""
+    fragments = {p: [] for p in range(manifest["num_piles"])}
+    for generation in manifest["generations"]:
+        for entry in generation["files"]:
+            fragments[entry["pile"]].append(file_fragment(prefix, generation["generation"], entry))
+    limit = max_pile_bytes or manifest.get("max_pile_bytes") or DEFAULT_MAX_PILE_BYTES
+    return [Pile(p, manifest["num_piles"], tuple(sorted(f, key=lambda x: x.order)), limit, work_dir)
+            for p, f in fragments.items()]
+
+
+def check_store(prefix: str, version: int = None, input_glob: str = None) -> tuple:
+    """``(problems, manifest)``: every file the manifest lists exists, has its size, reads
+    whole as Arrow IPC, holds its count of records, all of its pile, and its records hash
+    to its fingerprint; generations and totals add up. Missing or damaged files are named."""
+    prefix = layout.clean_prefix(prefix)
+    problems = []
+    try:
+        manifest = layout.read_store_manifest(prefix, version)
+    except Exception as error:
+        return [f"the store manifest of {prefix} cannot be read: {error}"], None
+    if manifest is None:
+        return [f"no store at {layout.store_dir(prefix)} (no manifest-*.json)"], None
+    store = layout.store_dir(prefix)
+    num_piles, fmt = manifest["num_piles"], get_format(manifest["format"])
+    records = payload = 0
+    for generation in manifest["generations"]:
+        found = Fingerprint()
+        for entry in generation["files"]:
+            path = layout.join(store, entry["path"])
+            problem = _check_file(path, entry, num_piles, fmt)
+            if problem:
+                problems.append(problem)
+            found += Fingerprint.from_json(entry["fingerprint"])
+        if found != Fingerprint.from_json(generation["fingerprint"]) or found.records != generation["records"]:
+            problems.append(f"generation {generation['generation']}: its files' fingerprints do not add up to the "
+                            f"generation's ({found.records} vs {generation['records']} records)")
+        records += generation["records"]
+        payload += generation["payload_bytes"]
+    if manifest["totals"] != {"records": records, "payload_bytes": payload}:
+        problems.append(f"the manifest's totals {manifest['totals']} are not the sum of its generations "
+                        f"({records} records, {payload} payload bytes)")
+    if input_glob:
+        problems += _check_input(input_glob, manifest, fmt)
+    return problems, manifest
+
+
+def _check_input(input_glob: str, manifest: dict, fmt) -> list:
+    """The input files hold exactly the live generations' records (as a multiset)."""
+    from pileshuffle.errors import PileshuffleError
+    from pileshuffle.fingerprint import total
+    from pileshuffle.plan import match_inputs
+    from pileshuffle.verify import read_fingerprint
+
+    try:
+        sources = [s for s in match_inputs(input_glob) if not layout.is_store_file(s.path)]
+        found = total(read_fingerprint(fmt, s.path)[0] for s in sources)
+    except PileshuffleError as error:
+        return [f"input {error}"]
+    live = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
+    if found != live:
+        return [f"the input ({found.records:,} records, {found.bytes:,} bytes) is not the store's live generations "
+                f"({live.records:,} records, {live.bytes:,} bytes)"]
+    return []
+
+
+def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
+    if not FileSystems.exists(path):
+        return f"store file {path} is missing"
+    try:
+        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        if size != entry["bytes"]:
+            return f"store file {path} is damaged: {size:,} bytes, the manifest says {entry['bytes']:,}"
+        table = read_table(Fragment((0,), entry["records"], size, Fingerprint(), path=path))
+    except Exception as error:
+        return f"store file {path} is damaged: cannot be read as Arrow IPC ({type(error).__name__}: {error})"
+    if KEY_COLUMN not in table.column_names or HASH_COLUMN not in table.column_names:
+        return f"store file {path} is damaged: it lacks the {KEY_COLUMN} or {HASH_COLUMN} column"
+    if table.num_rows != entry["records"]:
+        return f"store file {path} holds {table.num_rows:,} records; the manifest says {entry['records']:,}"
+    piles = pile_of(table.column(KEY_COLUMN).to_numpy(), num_piles)
+    if table.num_rows and not (piles == entry["pile"]).all():
+        return f"store file {path} is damaged: it holds keys of other piles than {entry['pile']}"
+    records = table.drop_columns([KEY_COLUMN, HASH_COLUMN])
+    if FRAME_COLUMN in records.column_names:  # frames hash from their stored CRCs: check those first
+        data, _ = binary_column_parts(records.column(FRAME_COLUMN))
+        data = data.to_pybytes()
+        starts, end, problem = scan_frames(data)
+        if problem or end != len(data) or len(starts) != records.num_rows:
+            return f"store file {path} is damaged: a TFRecord frame in it is corrupt ({problem or 'bad framing'})"
+    found = Fingerprint.of(record_hashes(records), int(record_lengths(records).sum()))
+    if found != Fingerprint.from_json(entry["fingerprint"]):
+        return f"store file {path} is damaged: its records do not match the manifest's fingerprint"
+    if not (table.column(HASH_COLUMN).to_numpy() == record_hashes(records)).all():
+        return f"store file {path} is damaged: its records' stored hashes do not match their contents"
+    return None
+
+
+def verify_main(prefix: str, input_glob: str = None) -> int:
+    """``pileshuffle verify --output P`` where P is a store: print and exit as verify does."""
+    import sys
+
+    problems, manifest = check_store(prefix, input_glob=input_glob)
+    for problem in problems:
+        print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
+    if problems:
+        print(f"pileshuffle verify: {len(problems)} problem(s) with the store {layout.store_dir(prefix)}", file=sys.stderr)
+        return 1
+    files = sum(len(g["files"]) for g in manifest["generations"])
+    print(f"pileshuffle verify: OK: store {layout.store_dir(prefix)} version {manifest['version']}: "
+          f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} generation(s), {files} file(s); "
+          f"every file reads back whole and matches the manifest (counts, piles, fingerprints)"
+          + ("; the input holds exactly the live generations' records" if input_glob else ""))
+    return 0

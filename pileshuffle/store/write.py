@@ -1,0 +1,277 @@
+"""Pass 1 into a pile store, as one new generation, and its publication.
+
+Template path (``run --layout store``, ``append``): the sorted sources are dealt into at
+most W contiguous writer groups (balanced by bytes); one ``WriteStoreGroup`` call per
+group reads its sources in order and appends each record to the data file of its
+(group, pile). A generation therefore has at most W x M files, whatever the number of
+inputs, and within a file records are in canonical order (source id, then position);
+taking the files in writer order gives the order ``run`` feeds pass 2.
+
+Keys: generation 0 uses ``run``'s stream ``(INPUT_STREAM, source id)``, so a store
+materializes to ``run``'s exact bytes; generation g > 0 uses
+``(GENERATION_STREAM, g, source id)`` (source id = rank in that generation's inputs).
+
+``PublishGeneration`` runs once, after every file is written: it checks that the files
+account for every record read (counts and fingerprints) and writes the next manifest
+version, exclusively. Every DoFn here emits from ``process`` (Beam's DaskRunner drops
+``finish_bundle`` outputs).
+"""
+
+import dataclasses
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+
+from pileshuffle import keys as keymath
+from pileshuffle.errors import InputError, IntegrityError, OutputError
+from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
+from pileshuffle.fragments import FragmentFiles, read_batches
+from pileshuffle.store import layout
+from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, split_by_pile
+from pileshuffle.transforms.write import file_size, remove_tree, schema_json
+from pileshuffle.tuning import prepare_worker
+
+GENERATION_STREAM = 2  # key stream tag of generations after the first (1 is composed use's)
+STORE_WRITERS = 32  # default W: writer groups per generation (at most one per input file)
+
+
+def generation_stream(generation: int, source_id: int) -> tuple:
+    """The key stream of a source: ``run``'s for generation 0, one per generation after."""
+    return (INPUT_STREAM, source_id) if generation == 0 else (GENERATION_STREAM, generation, source_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterGroup:
+    writer: int
+    sources: tuple
+
+
+def writer_groups(sources, writers: int = STORE_WRITERS) -> list:
+    """Sources (sorted by id) in at most ``writers`` contiguous groups of about equal
+    bytes; a pure function of the source list, so every runner writes the same files."""
+    sources = sorted(sources, key=lambda s: s.id)
+    count = max(1, min(int(writers), len(sources)))
+    weights = [max(1, s.size) for s in sources]
+    whole, seen, groups = sum(weights), 0, [[] for _ in range(count)]
+    for source, weight in zip(sources, weights):
+        groups[min(count - 1, (seen + weight // 2) * count // whole)].append(source)
+        seen += weight
+    return [WriterGroup(w, tuple(g)) for w, g in enumerate(g for g in groups if g)]
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreFile:
+    """One written data file (its path relative to the store directory)."""
+
+    generation: int
+    pile: int
+    writer: int
+    path: str
+    records: int
+    bytes: int
+    fingerprint: Fingerprint
+    work_dir: str = None  # composed use: the fragments' run directory, removed after publishing
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "pile": self.pile, "writer": self.writer, "records": self.records,
+                "bytes": self.bytes, "fingerprint": self.fingerprint.to_json()}
+
+
+class StoreFiles(FragmentFiles):
+    """One writer's data files of a generation: one IPC stream per pile, temp then rename."""
+
+    def __init__(self, store: str, generation: int, writer: int):
+        super().__init__(FileSystems.join(store, layout.generation_dir_name(generation)), f"w{writer:05d}")
+        self._store, self._generation, self._writer = store, generation, writer
+
+    def relative(self, pile: int) -> str:
+        return layout.data_file_name(self._generation, pile, self._writer)
+
+    def final_path(self, pile: int) -> str:
+        return layout.join(self._store, self.relative(pile))
+
+    def commit_files(self, work_dir=None):
+        return [StoreFile(self._generation, pile, self._writer, self.relative(pile), records, file_size(path),
+                          fingerprint, work_dir)
+                for pile, path, records, _, fingerprint in self.commit()]
+
+
+class WriteStoreGroup(beam.DoFn):
+    """Pass 1 of one writer group into the store: emits one ``SourceStats`` per source and
+    one ``StoreFile`` per pile that received records."""
+
+    def __init__(self, store, generation, format_name, seed, num_piles, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False):
+        self._store, self._generation, self._format_name = store, generation, format_name
+        self._seed, self._num_piles, self._chunk_bytes, self._skip_corrupt = seed, num_piles, chunk_bytes, skip_corrupt
+
+    def setup(self):
+        prepare_worker()
+
+    def process(self, group: WriterGroup):
+        files = StoreFiles(self._store, self._generation, group.writer)
+        fmt = get_format(self._format_name)
+        for source in group.sources:
+            report, index, fingerprint = ReadReport(), 0, Fingerprint()
+            for table in fmt.read_chunks(source.path, self._chunk_bytes, self._skip_corrupt, report):
+                keys = keymath.record_keys(self._seed, generation_stream(self._generation, source.id), index, table.num_rows)
+                hashes, lengths = record_hashes(table), record_lengths(table)
+                fingerprint += Fingerprint.of(hashes, int(lengths.sum()))
+                index += table.num_rows
+                for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
+                    files.append(pile, part, part_fingerprint)
+            yield SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
+                              tuple(report.problems))
+        yield from files.commit_files()
+
+
+class WriteStorePile(beam.DoFn):
+    """Composed use: copy one ``Pile`` (ShuffleToPiles' output, before any pass-2 order)
+    into the generation as its single data file (writer 0): one file per pile."""
+
+    def __init__(self, store, generation, num_piles):
+        self._store, self._generation, self._num_piles = store, generation, num_piles
+
+    def setup(self):
+        prepare_worker()
+
+    def process(self, pile):
+        if pile.num_piles != self._num_piles:
+            raise OutputError(f"the store {self._store} has {self._num_piles} piles; these records were "
+                              f"assigned to {pile.num_piles} (use ShuffleToPiles(num_piles={self._num_piles}))")
+        files = StoreFiles(self._store, self._generation, 0)
+        for fragment in pile.fragments:
+            for batch in read_batches(fragment):
+                files.append(pile.index, pa.Table.from_batches([batch]), Fingerprint())
+        fingerprint = pile.fingerprint
+        for stored in files.commit_files(pile.work_dir):
+            yield dataclasses.replace(stored, fingerprint=fingerprint)
+
+
+class PublishGeneration(beam.DoFn):
+    """Check the generation against what was read, then publish the next manifest version."""
+
+    def __init__(self, prefix, base: dict, generation: int, writers: int, lock_token: str = None, input_sizes=None):
+        self._prefix, self._base, self._generation = prefix, base, generation
+        self._writers, self._lock_token, self._sizes = writers, lock_token, dict(input_sizes or {})
+
+    def process(self, element):
+        _, items = element
+        files = sorted((i for i in items if isinstance(i, StoreFile)), key=lambda f: (f.pile, f.writer))
+        sources = sorted((i for i in items if isinstance(i, SourceStats)), key=lambda s: s.source)
+        stored = total(f.fingerprint for f in files)
+        read = total(s.fingerprint for s in sources) if sources else stored
+        if read.records == 0:
+            inputs = ", ".join(s.path for s in sources[:3]) + (", ..." if len(sources) > 3 else "")
+            raise InputError(inputs or "the input PCollection", "holds no records: nothing to add to the store")
+        if read != stored:
+            raise IntegrityError(f"records lost or duplicated: read {read.records} records ({read.bytes} bytes) but "
+                                 f"the store files hold {stored.records} ({stored.bytes} bytes); nothing was published")
+        current = layout.manifest_versions(self._prefix)
+        if current and current[-1] != self._base["version"]:
+            raise layout.VersionConflict(FileSystems.join(layout.store_dir(self._prefix), layout.manifest_name(current[-1])))
+        base = dict(self._base)
+        if base["format"] == "parquet" and "schema" not in base and files:
+            base["schema"] = schema_json(stored_schema(self._prefix, files[0].path))
+        generation = {
+            "generation": self._generation,
+            "created": layout.now_iso(),
+            "inputs": [{"path": s.path, "records": s.fingerprint.records, "bytes": self._sizes.get(s.path)} for s in sources],
+            "records": stored.records,
+            "payload_bytes": stored.bytes,
+            "fingerprint": stored.to_json(),
+            "writers": self._writers,
+            "skipped": {"records": sum(s.skipped_records for s in sources),
+                        "bytes": sum(s.skipped_bytes for s in sources),
+                        "problems": [p for s in sources for p in s.problems][:100]},
+            "files": [f.to_json() for f in files],
+        }
+        manifest = layout.next_manifest(base, [*base["generations"], generation], self._generation + 1)
+        layout.publish_manifest(self._prefix, manifest)
+        if self._lock_token:
+            layout.release_lock(self._prefix, self._lock_token)
+        for work_dir in sorted({f.work_dir for f in files if f.work_dir}):
+            remove_tree(work_dir)
+        yield manifest
+
+
+def stored_schema(prefix: str, relative: str):
+    """The record columns' Arrow schema of a data file (with the source's metadata)."""
+    from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN
+
+    with FileSystems.open(layout.join(layout.store_dir(prefix), relative), compression_type="uncompressed") as handle:
+        schema = pa.ipc.open_stream(handle).schema
+    keep = [i for i, name in enumerate(schema.names) if name not in (KEY_COLUMN, HASH_COLUMN)]
+    return pa.schema([schema.field(i) for i in keep], metadata=schema.metadata)
+
+
+class _KeyNone(beam.DoFn):
+    def process(self, element):
+        yield None, element
+
+
+def publish(items, prefix, base, generation, writers, lock_token=None, input_sizes=None):
+    """``items`` (StoreFile and SourceStats) -> the published manifest: one leaf."""
+    return (
+        items
+        | "KeyForPublish" >> beam.ParDo(_KeyNone())
+        | "GatherForPublish" >> beam.GroupByKey()
+        | "PublishGeneration" >> beam.ParDo(PublishGeneration(prefix, base, generation, writers, lock_token, input_sizes))
+    )
+
+
+def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corrupt=False, lock_token=None,
+                     input_sizes=None):
+    """The template's graph for one generation: writer groups -> files -> publish."""
+    store = layout.store_dir(prefix)
+    items = (
+        pipeline
+        | "ListWriterGroups" >> beam.Create(groups)
+        | "SpreadWriterGroups" >> beam.Reshuffle()
+        | "WriteStoreGroup" >> beam.ParDo(WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
+                                                          skip_corrupt=skip_corrupt))
+    )
+    return publish(items, prefix, base, generation, len(groups), lock_token, input_sizes)
+
+
+class WritePileStore(beam.PTransform):
+    """Write ``Pile`` elements (``ShuffleToPiles``' output) into the pile store at
+    ``prefix`` as one new generation; returns a PCollection holding the published manifest.
+
+    The store is created (version 1) if it does not exist, with ``format``, ``num_piles``
+    and ``seed`` (what materialize and the loader report); an existing store must have the
+    same format and number of piles. Each pile becomes one data file (writer 0): at most
+    ``num_piles`` files per generation. Records are stored in ShuffleToPiles' canonical
+    fragment order with their keys; ShuffleToPiles' keys come from ``seed`` (unkeyed:
+    uniform but not reproducible; ``keyed=True``: a function of the ids). The store's
+    lock is taken when the pipeline is built and released when the generation is
+    published (a failed pipeline leaves it; the next command in this process or after this
+    process has ended takes it over). Not on Beam's DaskRunner (ShuffleToPiles refuses it).
+    """
+
+    def __init__(self, prefix, format, num_piles=None, seed=0, compression="auto", max_pile_bytes=64 << 20):
+        super().__init__()
+        self._prefix = layout.clean_prefix(prefix)
+        fmt = get_format(format)
+        self._format, self._num_piles, self._seed = fmt.name, num_piles, int(seed)
+        self._compression = fmt.output_compression(compression, [])
+        self._max_pile_bytes = int(max_pile_bytes)
+
+    def expand(self, piles):
+        token = layout.StoreLock(self._prefix, "WritePileStore (a Beam pipeline)", same_process_is_stale=True).acquire()
+        base = layout.read_store_manifest(self._prefix)
+        if base is None:
+            if self._num_piles is None:
+                raise ValueError("WritePileStore needs num_piles to create a new store")
+            base = layout.new_manifest(self._format, self._compression, self._num_piles, self._seed, self._max_pile_bytes)
+        if base["format"] != self._format or (self._num_piles is not None and base["num_piles"] != int(self._num_piles)):
+            layout.release_lock(self._prefix, token)
+            raise OutputError(f"the store {layout.store_dir(self._prefix)} holds {base['format']} in "
+                              f"{base['num_piles']} piles, not {self._format} in {self._num_piles}")
+        generation = base["next_generation"]
+        layout.remove_unpublished(self._prefix)
+        items = piles | "WriteStorePile" >> beam.ParDo(
+            WriteStorePile(layout.store_dir(self._prefix), generation, base["num_piles"]))
+        return publish(items, self._prefix, base, generation, 1, token)
