@@ -133,8 +133,9 @@ class Source:
     def read_shard(self, path: str) -> Block:
         if self.format == "parquet":
             try:
-                with self.filesystem.open_input_file(path) as handle:
-                    return Block(table=pq.ParquetFile(handle).read(columns=self.columns))
+                with self.filesystem.open_input_file(path) as handle:  # no pre-buffer, one thread: least memory
+                    parquet = pq.ParquetFile(handle, pre_buffer=False)
+                    return Block(table=parquet.read(columns=self.columns, use_threads=False))
             except (OSError, pa.ArrowException) as error:
                 raise InputError(path, f"cannot be read as Parquet: {error}") from error
         parse = rec.tfrecord_views if self.format == "tfrecord" else rec.line_views
