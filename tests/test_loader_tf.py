@@ -77,13 +77,18 @@ def test_examples_parse_straight_from_the_records(examples):
     assert [t for t in batch["text"].numpy()] == [b"t%d" % i * (i % 7) for i in batch["index"].numpy().tolist()]
 
 
-def test_batches_are_the_same_records(examples):
+@pytest.mark.parametrize("chunk", [8192, 64])  # 64: batches cut across the generator's chunks
+def test_batches_are_the_same_records(examples, chunk, monkeypatch):
+    monkeypatch.setattr("pileshuffle.loader.tf.CHUNK_RECORDS", chunk)
     ds = ShuffledDataset(examples, seed=4, epoch=1)
     batched = ds.tf(batch_size=50, drop_last=True)
-    assert batched.element_spec == tf.TensorSpec(shape=(None,), dtype=tf.string)
+    assert batched.element_spec == tf.TensorSpec(shape=(50,), dtype=tf.string)  # static, as batch(drop_remainder=True)
+    assert ds.tf(batch_size=50).element_spec == tf.TensorSpec(shape=(None,), dtype=tf.string)
     sizes = [int(b.shape[0]) for b in batched]
     assert sizes == [50] * (EXAMPLES // 50)
-    assert [r for b in ds.tf(batch_size=50) for r in b.numpy()] == list(ds)
+    batches = [b.numpy().tolist() for b in ds.tf(batch_size=50)]
+    records = list(ds)
+    assert batches == [records[i : i + 50] for i in range(0, EXAMPLES, 50)]
 
 
 def test_split_by_rank(examples):
