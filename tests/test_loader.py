@@ -564,3 +564,20 @@ def test_an_abandoned_iteration_stops_its_prefetch_thread(tfrecord_out):
     batches.close()
     assert threading.active_count() == before
     assert len(list(ds)) == 3000  # and the next iteration reads the whole epoch
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_empty_piles_are_read_as_nothing(tmp_path_factory, fmt):
+    prefix = _output(tmp_path_factory, fmt, records=12, piles=16, record_bytes=60)
+    sizes = [s["records"] for s in manifest(prefix)["shards"]]
+    assert 0 in sizes
+    written = written_records(prefix, fmt)
+    for mix in (1, 3):
+        for world_size in (1, 5):
+            got = []
+            for rank in range(world_size):
+                ds = ShuffledDataset(prefix, seed=2, mix=mix, rank=rank, world_size=world_size, remainder="pad")
+                got += [r for w in range(2) for r in ds.for_worker(w, 2)]
+            assert len(got) == -(-12 // world_size) * world_size
+            key = (lambda r: r["index"]) if fmt == "parquet" else (lambda r: r)
+            assert sorted(map(key, got[:12])) == sorted(map(key, written))
