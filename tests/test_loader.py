@@ -581,3 +581,20 @@ def test_empty_piles_are_read_as_nothing(tmp_path_factory, fmt):
             assert len(got) == -(-12 // world_size) * world_size
             key = (lambda r: r["index"]) if fmt == "parquet" else (lambda r: r)
             assert sorted(map(key, got[:12])) == sorted(map(key, written))
+
+
+@pytest.mark.parametrize("name", ["tfrecord_out", "gzip_out", "parquet_out"])
+def test_any_pyarrow_filesystem_reads_the_same(name, request):
+    """Through a non-local pyarrow.fs (as gs:// or s3:// would be): one read per file, paths
+    relative to that file system."""
+    import pyarrow.fs as pafs
+
+    prefix = request.getfixturevalue(name)
+    root = os.path.dirname(os.path.dirname(prefix))
+    subtree = pafs.SubTreeFileSystem(root, pafs.LocalFileSystem())
+    remote = ShuffledDataset("out/data", filesystem=subtree, seed=6, mix=2)
+    local = ShuffledDataset(prefix, seed=6, mix=2)
+    assert remote.format == local.format and remote.schema == local.schema
+    assert list(remote) == list(local)
+    with pytest.raises(NoOutputError, match="elsewhere"):
+        ShuffledDataset("out/elsewhere", filesystem=subtree)
