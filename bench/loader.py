@@ -17,6 +17,9 @@ shards and delivers batches of 256 records:
 - ``inorder``         ``ShuffledDataset(reshuffle=False).batches(256)``: the loader's own reader, no shuffle
 - ``kK``              ``ShuffledDataset(epoch=1, mix=K).batches(256)``: the reshuffling loader, in-process
 - ``kK-dl2``          ``DataLoader(ds.torch(batch_size=256), batch_size=None, num_workers=2)``
+                      (Parquet: dicts of numpy arrays, which the DataLoader turns into tensors)
+- ``k1-dl2-arrow``    the same with ``ds.torch(batch_size=256, as_numpy=False)``: Parquet batches
+                      cross as ``pyarrow.RecordBatch``es
 - ``kK-tf``           ``ds.tf(batch_size=256)``: the same batches as a tf.data.Dataset
 
 Each row runs in its own process (``--row``); the parent samples the RSS of the row's process
@@ -141,10 +144,11 @@ def loader_rows(prefix, mix, reshuffle=True):
     return loader_dataset(prefix, mix, reshuffle).batches(BATCH), count_any
 
 
-def dataloader_rows(prefix, mix, workers):
+def dataloader_rows(prefix, mix, workers, as_numpy=True):
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(loader_dataset(prefix, mix).torch(batch_size=BATCH), batch_size=None, num_workers=workers)
+    torch_dataset = loader_dataset(prefix, mix).torch(batch_size=BATCH, as_numpy=as_numpy)
+    loader = DataLoader(torch_dataset, batch_size=None, num_workers=workers)
     return loader, count_any
 
 
@@ -166,6 +170,8 @@ def row_batches(kind, data, mix):
         return loader_rows(data["prefix"], mix)
     if kind == "dl2":
         return dataloader_rows(data["prefix"], mix, workers=2)
+    if kind == "dl2-arrow":
+        return dataloader_rows(data["prefix"], mix, workers=2, as_numpy=False)
     if kind == "tf-adapter":
         return tf_adapter_rows(data["prefix"], mix)
     raise ValueError(kind)
@@ -190,6 +196,7 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("k4", "loader", 4, ("tfrecord", "parquet")),
     ("k1-dl2", "dl2", 1, ("tfrecord", "parquet")),
     ("k4-dl2", "dl2", 4, ("tfrecord", "parquet")),
+    ("k1-dl2-arrow", "dl2-arrow", 1, ("parquet",)),
     ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
 ]
 
@@ -267,7 +274,7 @@ def pile_bytes(data):
 
 def targets(row, by_name, data):
     """The issue's targets for a reshuffling loader row, judged on medians: [(target, ok, value)]."""
-    if row["kind"] not in ("loader", "dl2", "tf-adapter") or not row.get("ok"):
+    if row["kind"] not in ("loader", "dl2", "dl2-arrow", "tf-adapter") or not row.get("ok"):
         return []
     fmt, out = row["format"], []
     base = by_name.get(f"{fmt}-inorder")
@@ -286,17 +293,18 @@ def targets(row, by_name, data):
 
 def table(rows):
     header = ["row", "records/s", "MB/s", "median s", "x in-order", "x tf-shuffle", "peak RSS MB", "largest proc MB",
-              "RSS before MB", "targets"]
+              "RSS before MB", "above imports MB", "targets"]
     body = []
     for r in rows:
         if not r.get("ok"):
-            body.append([r["name"], "-", "-", "-", "-", "-", "-", "-", "-", f"FAILED: {r.get('error', '')}"])
+            body.append([r["name"], *["-"] * 9, f"FAILED: {r.get('error', '')}"])
             continue
         body.append([
             r["name"], f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:,.0f}", f"{r['median_seconds']:.2f}",
             "-" if r.get("x_inorder") is None else f"{r['x_inorder']:.2f}",
             "-" if r.get("x_tf_shuffle") is None else f"{r['x_tf_shuffle']:.2f}",
             f"{r['peak_rss'] / MB:,.0f}", f"{r['peak_rss_process'] / MB:,.0f}", f"{r['rss_before'] / MB:,.0f}",
+            f"{(r['peak_rss_process'] - r['rss_before']) / MB:,.0f}",
             "; ".join(f"{t}: {'PASS' if ok else 'FAIL'} ({v})" for t, ok, v in r.get("targets", [])),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
@@ -310,7 +318,8 @@ round. x in-order: the median speed of the row / that of the loader's in-order r
 format); x tf-shuffle: / that of tf.data's shuffle(62,500).batch(256) (TFRecord). peak RSS: the largest sum of
 RSS over the row's process tree (DataLoader workers included); largest proc: the largest single process's RSS
 (what the (K+1) x pile + 200 MB target is judged on: each DataLoader worker holds its own piles); RSS before:
-the row's process just before its first batch (interpreter + imports: TensorFlow's alone is ~0.5 GB)."""
+the row's process just before its first batch (interpreter + imports: torch's ~0.2 GB, TensorFlow's ~0.5 GB);
+above imports: largest proc - RSS before (the data the row holds; DataLoader workers are forked from that process)."""
 
 
 # ----------------------------------------------------------------------------- main

@@ -19,6 +19,10 @@ from pileshuffle.loader.torch import loader_states, round_robin, worker_states
 
 from conftest import manifest, read_tfrecord_payloads, run_shuffle, shards
 
+# torch's own advice for a 2-core machine, and torchdata's call of a deprecated torch API
+pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
+              pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")]
+
 RECORDS = 1001  # divisible by none of the world sizes and worker counts below
 PILES = 7
 

@@ -35,7 +35,10 @@ class TorchDataset(torch.utils.data.IterableDataset):
     ``bytes`` (TFRecord, JSONL), or for Parquet a dict of numpy arrays (``as_numpy=True``,
     which the DataLoader turns into tensors) or a ``pyarrow.RecordBatch`` (``as_numpy=False``).
     Batching in the worker costs one inter-process message per batch instead of one Python
-    step per record in the DataLoader.
+    step per record in the DataLoader. A worker hands each tensor to the main process through
+    its own shared-memory segment, which costs more than small columns' data: for narrow rows
+    ``as_numpy=False`` (one Arrow message per batch; ``torch.from_numpy(batch["x"].to_numpy())``
+    in the main process) was 3x faster (bench/loader.py, ``parquet-k1-dl2-arrow``).
     """
 
     def __init__(self, dataset, *, batch_size=None, drop_last=False, as_numpy=True):
@@ -83,8 +86,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self._part = part = self._part_to_iterate()
         if self.batch_size is None:
             return iter(part)
-        as_numpy = self.as_numpy and self.dataset.format == "parquet"
-        return part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=as_numpy)
+        if self.as_numpy and self.dataset.format == "parquet":
+            return map(writable, part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=True))
+        return part.batches(self.batch_size, drop_last=self.drop_last)
 
     # -- state
 
@@ -104,6 +108,12 @@ class TorchDataset(torch.utils.data.IterableDataset):
         of an earlier split (``worker_states``, ``loader_states``)."""
         self._resume = list(state) if isinstance(state, (list, tuple)) else state
         self._part = None
+
+
+def writable(columns):
+    """Numpy columns torch can take without its warning about read-only arrays (Arrow's
+    zero-copy numbers are read-only; copying a batch of numbers is cheap)."""
+    return {name: array if array.flags.writeable else array.copy() for name, array in columns.items()}
 
 
 def resumed_part(dataset, states, worker, num_workers):
