@@ -598,3 +598,87 @@ def test_any_pyarrow_filesystem_reads_the_same(name, request):
     assert list(remote) == list(local)
     with pytest.raises(NoOutputError, match="elsewhere"):
         ShuffledDataset("out/elsewhere", filesystem=subtree)
+
+
+# --- the README's "Training on the output" examples, run as written ------------------------
+
+README_TORCH = '''
+from torch.utils.data import DataLoader
+from pileshuffle.loader import ShuffledDataset
+
+ds = ShuffledDataset("out/train", seed=0, rank=rank, world_size=world_size)  # from torch.distributed
+train = ds.torch(batch_size=256)          # batches are made in the DataLoader workers
+loader = DataLoader(train, batch_size=None, num_workers=2)
+for epoch in range(2):
+    train.set_epoch(epoch)                # a new order every epoch
+    for batch in loader:                  # a list of 256 records (bytes); Parquet: a dict of tensors
+        ...
+'''
+
+README_RESUME = '''
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+loader = StatefulDataLoader(train, batch_size=None, num_workers=2)
+for step, batch in enumerate(loader):
+    if step == 3:
+        checkpoint = loader.state_dict()  # save it with the model
+        break
+loader = StatefulDataLoader(train, batch_size=None, num_workers=2)
+loader.load_state_dict(checkpoint)        # goes on with the next batch, exactly
+'''
+
+README_TF = '''
+import tensorflow as tf
+from pileshuffle.loader import ShuffledDataset
+
+ds = ShuffledDataset("out/train", seed=0)
+spec = {"index": tf.io.FixedLenFeature([], tf.int64)}
+consumed = 0
+for batch in ds.tf(batch_size=256).map(lambda x: tf.io.parse_example(x, spec)):
+    consumed += len(batch["index"])       # ... train on the batch
+    if consumed == 512:
+        state = ds.state_after(consumed)  # tf.data runs ahead: the state is a function of what was consumed
+        break
+ds.load_state_dict(state)                 # later: ds.tf() goes on from record 512
+'''
+
+
+@pytest.fixture(scope="module")
+def examples_out(tmp_path_factory):
+    """tf.train.Examples (TensorFlow's own writer), shuffled by a real run."""
+    tf = pytest.importorskip("tensorflow")
+    root = tmp_path_factory.mktemp("readme")
+    os.makedirs(root / "in")
+    with tf.io.TFRecordWriter(str(root / "in" / "part-0.tfrecord")) as writer:
+        for i in range(3000):
+            feature = {"index": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                       "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x" * (i % 50)]))}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    run_shuffle(str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), "--num_piles=6", "--seed=1")
+    return str(root / "out" / "train")
+
+
+def test_the_readme_torch_examples_run(examples_out):
+    pytest.importorskip("torchdata")
+    scope = {"rank": 1, "world_size": 2}
+    exec(README_TORCH.replace("out/train", examples_out), scope)
+    whole = [list(b) for b in scope["loader"]]
+    assert sum(len(b) for b in whole) == 1500  # this rank's half of epoch 1
+    scope["train"].set_epoch(0)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    uninterrupted = [list(b) for b in StatefulDataLoader(scope["train"], batch_size=None, num_workers=2)]
+    exec(README_RESUME, scope)
+    head = uninterrupted[:4]
+    assert head + [list(b) for b in scope["loader"]] == uninterrupted
+
+
+def test_the_readme_tf_example_runs(examples_out):
+    tf = pytest.importorskip("tensorflow")
+    scope = {}
+    exec(README_TF.replace("out/train", examples_out), scope)
+    spec = {"index": tf.io.FixedLenFeature([], tf.int64)}
+    rest = [int(i) for b in scope["ds"].tf(batch_size=256).map(lambda x: tf.io.parse_example(x, spec))
+            for i in b["index"].numpy()]
+    everything = [int(tf.io.parse_example([r], spec)["index"][0]) for r in ShuffledDataset(examples_out, seed=0)]
+    assert rest == everything[512:]
