@@ -78,8 +78,9 @@ def read_json(fs, path: str) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """Records in an order: binary views over ``buffers`` (bytes formats) or a table
-    (Parquet). ``take``/``slice`` give ``pyarrow.Table``s; views move, data never does."""
+    """Records in an order: binary views over ``buffers`` (bytes formats: reordering
+    moves 16-byte views, never payloads) or a single-chunk table (Parquet).
+    ``take``/``slice`` give ``pyarrow.Table``s."""
 
     views: np.ndarray = None
     buffers: tuple = ()
@@ -108,9 +109,12 @@ class Block:
     def concat(blocks) -> "Block":
         """One block holding ``blocks`` one after another (Parquet: combined into one
         chunk, as Arrow's take on many chunks is slow)."""
-        blocks = [b for b in blocks if b.num_rows] or list(blocks)[:1]
+        blocks = list(blocks)
+        blocks = [b for b in blocks if b.num_rows] or blocks[:1]
         if blocks and blocks[0].table is not None:
-            return Block(table=pa.concat_tables([b.table for b in blocks]).combine_chunks())
+            return Block(table=pa.concat_tables([b.table for b in blocks]).combine_chunks())  # 1 chunk: no copy
+        if len(blocks) == 1:
+            return blocks[0]
         views, buffers = [np.zeros((0, 16), np.uint8)], []
         for block in blocks:
             shifted = block.views.copy()
