@@ -227,7 +227,10 @@ class ShuffledDataset:
         group, pieces = planned
         piles = self.output.piles
         block = Block.concat(piles[p].load() for p in self._order.group_piles(group))
-        return block, self._order.group_permutation(group), pieces
+        perm = self._order.group_permutation(group)
+        if perm is not None and block.table is None:  # bytes: permute the views here, the reader slices
+            block, perm = block.reorder(perm), None
+        return block, perm, pieces
 
     def groups_to_load(self) -> list:
         """The groups the next iteration loads, in order (each once per contiguous
