@@ -79,40 +79,56 @@ def read_json(fs, path: str) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Block:
     """Records in an order: binary views over ``buffers`` (bytes formats: reordering
-    moves 16-byte views, never payloads) or a single-chunk table (Parquet).
+    moves 16-byte views, never payloads), or single-chunk tables one after another
+    (Parquet: one per pile; a take gathers from each, never combining the piles, as
+    Arrow's take over many chunks or one combined copy of a group are both slow).
     ``take``/``slice`` give ``pyarrow.Table``s."""
 
     views: np.ndarray = None
     buffers: tuple = ()
-    table: pa.Table = None
+    tables: tuple = None
 
     @property
     def num_rows(self) -> int:
-        return len(self.views) if self.table is None else self.table.num_rows
+        return len(self.views) if self.tables is None else sum(t.num_rows for t in self.tables)
 
     def take(self, indices: np.ndarray) -> pa.Table:
-        if self.table is not None:
-            return self.table.take(indices)
-        return pa.table({RECORD_COLUMN: rec.view_array(np.take(self.views, indices, axis=0), self.buffers)})
+        if self.tables is None:
+            return pa.table({RECORD_COLUMN: rec.view_array(np.take(self.views, indices, axis=0), self.buffers)})
+        if len(self.tables) == 1:
+            return self.tables[0].take(indices)
+        starts = np.cumsum([0] + [t.num_rows for t in self.tables])
+        owner = np.searchsorted(starts, indices, side="right") - 1
+        by_owner = np.argsort(owner, kind="stable")
+        sorted_owner, sorted_indices = owner[by_owner], indices[by_owner]
+        bounds = np.searchsorted(sorted_owner, np.arange(len(self.tables) + 1))
+        parts = [self.tables[p].take(sorted_indices[bounds[p] : bounds[p + 1]] - starts[p])
+                 for p in range(len(self.tables)) if bounds[p + 1] > bounds[p]]
+        return pa.concat_tables(parts).combine_chunks().take(np.argsort(by_owner))
 
     def slice(self, start: int, stop: int) -> pa.Table:
-        if self.table is not None:
-            return self.table.slice(start, stop - start)
-        return pa.table({RECORD_COLUMN: rec.view_array(self.views[start:stop], self.buffers)})
+        if self.tables is None:
+            return pa.table({RECORD_COLUMN: rec.view_array(self.views[start:stop], self.buffers)})
+        parts, offset = [], 0
+        for table in self.tables:
+            lo, hi = max(start, offset), min(stop, offset + table.num_rows)
+            if lo < hi or not parts and table is self.tables[-1]:
+                parts.append(table.slice(lo - offset, max(0, hi - lo)))
+            offset += table.num_rows
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
     def reorder(self, indices: np.ndarray) -> "Block":
-        if self.table is not None:
-            return Block(table=self.table.take(indices))
-        return Block(np.take(self.views, indices, axis=0), self.buffers)  # 10x views[indices] on (n, 16)
+        if self.tables is None:
+            return Block(np.take(self.views, indices, axis=0), self.buffers)  # 10x views[indices] on (n, 16)
+        return Block(tables=(self.take(indices),))
 
     @staticmethod
     def concat(blocks) -> "Block":
-        """One block holding ``blocks`` one after another (Parquet: combined into one
-        chunk, as Arrow's take on many chunks is slow)."""
+        """One block holding ``blocks`` one after another."""
         blocks = list(blocks)
         blocks = [b for b in blocks if b.num_rows] or blocks[:1]
-        if blocks and blocks[0].table is not None:
-            return Block(table=pa.concat_tables([b.table for b in blocks]).combine_chunks())  # 1 chunk: no copy
+        if blocks and blocks[0].tables is not None:
+            return Block(tables=tuple(t.combine_chunks() for b in blocks for t in b.tables))  # 1 chunk: no copy
         if len(blocks) == 1:
             return blocks[0]
         views, buffers = [np.zeros((0, 16), np.uint8)], []
@@ -139,7 +155,7 @@ class Source:
             try:
                 with self.filesystem.open_input_file(path) as handle:  # no pre-buffer, one thread: least memory
                     parquet = pq.ParquetFile(handle, pre_buffer=False)
-                    return Block(table=parquet.read(columns=self.columns, use_threads=False))
+                    return Block(tables=(parquet.read(columns=self.columns, use_threads=False),))
             except (OSError, pa.ArrowException) as error:
                 raise InputError(path, f"cannot be read as Parquet: {error}") from error
         parse = rec.tfrecord_views if self.format == "tfrecord" else rec.line_views
@@ -158,7 +174,7 @@ class Source:
         keys = table.column(KEY_COLUMN).to_numpy()
         if self.format == "parquet":
             columns = [c for c in table.column_names if c not in (KEY_COLUMN, HASH_COLUMN)]
-            return Block(table=table.select(list(self.columns or columns))), keys
+            return Block(tables=(table.select(list(self.columns or columns)),)), keys
         column = STORE_COLUMNS[self.format]
         if column not in table.column_names:
             raise InputError(path, f"has no {column!r} column: not a {self.format} pile store file")
