@@ -416,8 +416,10 @@ def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)),
                 if fmt == "parquet":
                     table = pa.table({"name": pa.array([r.decode() for r in records]),
                                       "size": pa.array([len(r) for r in records], pa.int64())})
+                elif generation % 2 and fmt != "parquet":  # payloads, as WritePileStore keeps a bytes PCollection
+                    table = pa.table({"record": pa.array(records, pa.binary())})
                 else:
-                    column = "frame" if fmt == "tfrecord" else "line"
+                    column = "tfrecord_frame" if fmt == "tfrecord" else "line"
                     stored = [_frame(r) if fmt == "tfrecord" else r + b"\n" for r in records]
                     table = pa.table({column: pa.array(stored, pa.binary())})
                 table = table.append_column("_pileshuffle_key", pa.array(keys[chosen], pa.uint64()))
@@ -479,9 +481,9 @@ def test_a_corrupt_store_frame_is_refused(tmp_path):
     build_store(str(tmp_path / "data"), "tfrecord", generations=((0, 1, 60),))
     path = tmp_path / "data-store" / "g000000" / "p00001-w00000.arrows"
     table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
-    frames = table.column("frame").to_pylist()
+    frames = table.column("tfrecord_frame").to_pylist()
     frames[0] = frames[0][:14] + bytes([frames[0][14] ^ 1]) + frames[0][15:]
-    table = table.set_column(0, "frame", pa.array(frames, pa.binary()))
+    table = table.set_column(0, "tfrecord_frame", pa.array(frames, pa.binary()))
     with pa.ipc.new_stream(str(path), table.schema) as out:
         out.write_table(table)
     with pytest.raises(InputError, match=f"{path} at byte offset 0: corrupt record: the data"):
@@ -685,3 +687,19 @@ def test_the_readme_tf_example_runs(examples_out):
             for i in b["index"].numpy()]
     everything = [int(tf.io.parse_example([r], spec)["index"][0]) for r in ShuffledDataset(examples_out, seed=0)]
     assert rest == everything[512:]
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "jsonl", "parquet"])
+def test_a_store_written_by_the_store_writer_reads_as_runs_shards(tmp_path, fmt):
+    """After the store workstream (issue 13) is merged: ``run --layout store`` then the loader
+    with ``reshuffle=False`` gives exactly the order ``run`` writes (checked by hand against
+    its branch at 5de84f7 before the merge)."""
+    pytest.importorskip("pileshuffle.store", reason="the pile store writer (issue 13) is not in this branch")
+    sample.WRITERS[fmt](str(tmp_path / "in"), records=2000, files=3, record_bytes=70)
+    pattern = str(tmp_path / "in" / f"*.{fmt}")
+    run_shuffle(pattern, str(tmp_path / "store" / "train"), f"--format={fmt}", "--num_piles=5", "--seed=3",
+                "--layout=store")
+    run_shuffle(pattern, str(tmp_path / "run" / "train"), f"--format={fmt}", "--num_piles=5", "--seed=3")
+    store = ShuffledDataset(str(tmp_path / "store" / "train"), reshuffle=False)
+    assert store.output.kind == "store"
+    assert list(store) == list(ShuffledDataset(str(tmp_path / "run" / "train"), reshuffle=False))

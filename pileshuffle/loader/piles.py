@@ -32,7 +32,9 @@ from pileshuffle.loader.order import sort_by_key
 RECORD_COLUMN = "record"
 KEY_COLUMN = "_pileshuffle_key"
 HASH_COLUMN = "_pileshuffle_hash"
-STORE_COLUMNS = {"tfrecord": "frame", "jsonl": "line"}
+# A store file's record column: whole frames / lines as the format writes them, or payloads
+# (``record``, from a bytes PCollection); SPEC.md said ``frame``, the store writes ``tfrecord_frame``.
+STORE_COLUMNS = {"tfrecord": ("tfrecord_frame", "frame", RECORD_COLUMN), "jsonl": ("line", RECORD_COLUMN)}
 BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
 _STORE_MANIFEST = re.compile(r"manifest-(\d{8})\.json$")
 
@@ -175,14 +177,16 @@ class Source:
         if self.format == "parquet":
             columns = [c for c in table.column_names if c not in (KEY_COLUMN, HASH_COLUMN)]
             return Block(tables=(table.select(list(self.columns or columns)),)), keys
-        column = STORE_COLUMNS[self.format]
-        if column not in table.column_names:
-            raise InputError(path, f"has no {column!r} column: not a {self.format} pile store file")
-        parse = rec.tfrecord_views if self.format == "tfrecord" else rec.line_views
+        column = next((c for c in STORE_COLUMNS[self.format] if c in table.column_names), None)
+        if column is None:
+            raise InputError(path, f"has none of the columns {list(STORE_COLUMNS[self.format])}: not a "
+                                   f"{self.format} pile store file")
+        parse = {"tfrecord": rec.tfrecord_views, "jsonl": rec.line_views}[self.format]
         blocks = []
         for chunk in table.column(column).chunks:
             buffer = _values_buffer(chunk)
-            blocks.append(Block(parse(buffer, path, 0), (buffer,)))
+            views = rec.value_views(chunk, buffer) if column == RECORD_COLUMN else parse(buffer, path, 0)
+            blocks.append(Block(views, (buffer,)))
         return Block.concat(blocks), keys
 
 
