@@ -3,9 +3,11 @@ real pipeline runs: every record once per epoch across ranks and workers, exact 
 
 import collections
 import json
+import pickle
 
 import google_crc32c
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -15,7 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from pileshuffle import sample
 from pileshuffle.fingerprint import Fingerprint, payload_hashes
 from pileshuffle.loader import ShuffledDataset
-from pileshuffle.loader.torch import loader_states, round_robin, worker_states
+from pileshuffle.loader.torch import ArrowOnArrival, loader_states, round_robin, worker_states
 
 from conftest import manifest, read_tfrecord_payloads, run_shuffle, shards
 
@@ -199,12 +201,24 @@ def test_round_robin_skips_workers_that_are_done():
         round_robin(7, [2, 3, 1])
 
 
-def test_parquet_batches_become_tensors(parquet_output):
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_parquet_batches_become_tensors(parquet_output, num_workers):
     ds = ShuffledDataset(parquet_output, seed=1, epoch=1, columns=["index", "weight", "name"])
-    batches = list(DataLoader(ds.torch(batch_size=50), batch_size=None, num_workers=2))
+    batches = list(DataLoader(ds.torch(batch_size=50), batch_size=None, num_workers=num_workers))
+    assert all(type(b) is dict for b in batches)
     assert isinstance(batches[0]["index"], torch.Tensor) and batches[0]["index"].dtype == torch.int64
     assert batches[0]["weight"].dtype == torch.float64
     indexes = np.concatenate([b["index"].numpy() for b in batches])
     assert sorted(indexes.tolist()) == list(range(600))
     names = [n for b in batches for n in b["name"]]
     assert names == [f"item-{i}" for i in indexes.tolist()]  # columns stay aligned
+
+
+def test_parquet_record_batches_cross_workers_as_their_own_bytes(parquet_output):
+    ds = ShuffledDataset(parquet_output, seed=1, epoch=1, reshuffle=False)
+    batches = list(DataLoader(ds.torch(batch_size=50, as_numpy=False), batch_size=None, num_workers=2))
+    assert all(isinstance(b, pa.RecordBatch) for b in batches)
+    received = pa.Table.from_batches(batches).sort_by("index")  # workers' batches interleave
+    assert received.equals(pa.Table.from_batches(list(ds.batches(50))).sort_by("index"))
+    sliced = next(iter(ds.batches(50)))  # a zero-copy slice of a whole loaded pile
+    assert len(pickle.dumps(ArrowOnArrival(sliced))) < 2 * sliced.nbytes + 10_000

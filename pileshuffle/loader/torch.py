@@ -18,9 +18,10 @@ Invariants:
 Only this module (and ``pileshuffle.loader.tf`` for TensorFlow) imports torch.
 """
 
+import pyarrow as pa
 import torch.utils.data
 
-from torch.utils.data import get_worker_info
+from torch.utils.data import default_convert, get_worker_info
 
 # torchdata's StatefulDataLoader state keys (torchdata.stateful_dataloader, 0.8 - 0.11)
 _SNAPSHOT, _STEPS_SINCE_SNAPSHOT = "_snapshot", "_steps_since_snapshot"
@@ -35,10 +36,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
     ``bytes`` (TFRecord, JSONL), or for Parquet a dict of numpy arrays (``as_numpy=True``,
     which the DataLoader turns into tensors) or a ``pyarrow.RecordBatch`` (``as_numpy=False``).
     Batching in the worker costs one inter-process message per batch instead of one Python
-    step per record in the DataLoader. A worker hands each tensor to the main process through
-    its own shared-memory segment, which costs more than small columns' data: for narrow rows
-    ``as_numpy=False`` (one Arrow message per batch; ``torch.from_numpy(batch["x"].to_numpy())``
-    in the main process) was 3x faster (bench/loader.py, ``parquet-k1-dl2-arrow``).
+    step per record in the DataLoader.
     """
 
     def __init__(self, dataset, *, batch_size=None, drop_last=False, as_numpy=True):
@@ -86,9 +84,12 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self._part = part = self._part_to_iterate()
         if self.batch_size is None:
             return iter(part)
-        if self.as_numpy and self.dataset.format == "parquet":
-            return map(writable, part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=True))
-        return part.batches(self.batch_size, drop_last=self.drop_last)
+        if self.dataset.format != "parquet":
+            return part.batches(self.batch_size, drop_last=self.drop_last)
+        batches = part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=self.as_numpy)
+        if get_worker_info() is None:
+            return map(writable, batches) if self.as_numpy else batches
+        return map(TensorsOnArrival if self.as_numpy else ArrowOnArrival, batches)
 
     # -- state
 
@@ -108,6 +109,39 @@ class TorchDataset(torch.utils.data.IterableDataset):
         of an earlier split (``worker_states``, ``loader_states``)."""
         self._resume = list(state) if isinstance(state, (list, tuple)) else state
         self._part = None
+
+
+class TensorsOnArrival:
+    """A DataLoader worker's batch of numpy columns that the main process unpickles as the
+    dict of tensors the DataLoader would have made (``default_convert``). The numbers cross
+    the worker's pipe inside the pickle, instead of one shared-memory segment (a file, a
+    socket round trip) per tensor, which cost more than a small column's bytes: Parquet
+    through 2 workers went from 60-90 to ~300 MB/s (bench/loader.py, parquet-k1-dl2)."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns):
+        self.columns = columns
+
+    def __reduce__(self):
+        return default_convert, (self.columns,)
+
+
+class ArrowOnArrival:
+    """A DataLoader worker's ``pyarrow.RecordBatch`` sent as its Arrow IPC message: pickle
+    would send the whole buffers a sliced batch points into (a loaded pile per batch)."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def __reduce__(self):
+        return read_batch, (self.batch.serialize(), self.batch.schema)
+
+
+def read_batch(message, schema):
+    return pa.ipc.read_record_batch(message, schema)
 
 
 def writable(columns):
