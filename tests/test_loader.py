@@ -96,6 +96,33 @@ def test_import_needs_no_beam_tensorflow_or_torch():
     assert done.stdout.strip() == "[]"
 
 
+NOT_INSTALLED = """
+import sys
+
+class NotInstalled:  # as on a training host without them
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("apache_beam", "tensorflow", "torch"):
+            raise ImportError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NotInstalled())
+from pileshuffle.loader import ShuffledDataset
+ds = ShuffledDataset(sys.argv[1], seed=1, mix=2, rank=1, world_size=2)
+part = ds.for_worker(1, 2)
+state = part.state_after(10)
+records = sum(len(b) for b in part.batches(100))
+part.load_state_dict(state)
+print(records, sum(1 for _ in part), len(part))
+"""
+
+
+@pytest.mark.parametrize("name", ["tfrecord_out", "parquet_out"])
+def test_reading_works_without_beam_tensorflow_or_torch_installed(name, request):
+    prefix = request.getfixturevalue(name)
+    done = subprocess.run([sys.executable, "-c", NOT_INSTALLED, prefix], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["750", "740", "750"]
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_written_order_without_reshuffle_is_the_shards_in_order(name, request):
     prefix = request.getfixturevalue(name)
