@@ -388,10 +388,18 @@ def test_an_unfinished_or_missing_output_is_refused(tmp_path, tfrecord_out):
         ShuffledDataset(str(copy / "data"))
 
 
-def test_a_corrupt_frame_is_refused_naming_file_and_offset(tmp_path, tfrecord_out):
+@pytest.fixture(scope="module")
+def fixed_out(tmp_path_factory):
+    """Records of one length: frames found by the vectorized path."""
+    return _output(tmp_path_factory, "tfrecord", records=600, piles=3, record_bytes=50)
+
+
+@pytest.mark.parametrize("name", ["tfrecord_out", "fixed_out"])
+def test_a_corrupt_frame_is_refused_naming_file_and_offset(tmp_path, name, request):
+    prefix = request.getfixturevalue(name)
     copy = tmp_path / "copy"
     os.makedirs(copy)
-    for path in shards(tfrecord_out) + [tfrecord_out + "-manifest.json"]:
+    for path in shards(prefix) + [prefix + "-manifest.json"]:
         with open(path, "rb") as src, open(copy / os.path.basename(path), "wb") as dst:
             dst.write(src.read())
     victim = shards(str(copy / "data"))[2]
