@@ -222,3 +222,14 @@ def test_parquet_record_batches_cross_workers_as_their_own_bytes(parquet_output)
     assert received.equals(pa.Table.from_batches(list(ds.batches(50))).sort_by("index"))
     sliced = next(iter(ds.batches(50)))  # a zero-copy slice of a whole loaded pile
     assert len(pickle.dumps(ArrowOnArrival(sliced))) < 2 * sliced.nbytes + 10_000
+
+
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_set_epoch_reaches_the_workers(output, persistent_workers):
+    """Persistent workers keep their own copy of the dataset between epochs: set_epoch in
+    the main process must reach them all the same."""
+    tds = ShuffledDataset(output, seed=3).torch()
+    loader = DataLoader(tds, batch_size=16, num_workers=2, persistent_workers=persistent_workers)
+    for e in (1, 2):
+        tds.set_epoch(e)
+        assert flat(loader) == epoch(output, num_workers=2, epoch=e)

@@ -46,13 +46,18 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self.as_numpy = as_numpy
         self._resume = None  # a state or a list of states the next iteration starts from
         self._part = None  # the part this process iterates now
+        # [set?, epoch] of set_epoch() in shared memory: persistent workers see it too
+        self._epoch = torch.zeros(2, dtype=torch.int64).share_memory_()
 
     # -- epochs and length
 
     def set_epoch(self, epoch):
-        """The next iteration's epoch (call it before each epoch, in the main process; with
-        ``persistent_workers=True`` the workers keep their own copy and never see it)."""
+        """The next iteration's epoch (call it before each epoch, in the main process). It
+        reaches the workers of the next iteration whether they are new or persistent
+        (``persistent_workers=True`` keeps the workers' own copies of this object)."""
         self.dataset.set_epoch(epoch)
+        self._epoch[1] = int(epoch)
+        self._epoch[0] = 1
 
     def __len__(self):
         """Records this rank yields per epoch (with ``batch_size``, batches per epoch depend on
@@ -70,6 +75,8 @@ class TorchDataset(torch.utils.data.IterableDataset):
 
     def _part_to_iterate(self):
         worker, num_workers = self._worker()
+        if self._epoch[0]:
+            self.dataset.set_epoch(int(self._epoch[1]))
         resume, self._resume = self._resume, None
         if isinstance(resume, list):
             return resumed_part(self.dataset, resume, worker, num_workers)
