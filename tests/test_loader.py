@@ -738,3 +738,19 @@ def test_a_store_written_by_the_store_writer_reads_as_runs_shards(tmp_path, fmt)
     store = ShuffledDataset(str(tmp_path / "store" / "train"), reshuffle=False)
     assert store.output.kind == "store"
     assert list(store) == list(ShuffledDataset(str(tmp_path / "run" / "train"), reshuffle=False))
+
+
+def test_resuming_padded_ranks_with_another_world_size_pads_from_the_rest(jsonl_out):
+    kwargs = dict(seed=5, epoch=1, remainder="pad")
+    read, states = _consume_split(jsonl_out, 7, 1, [100, 0, 429, 37, 250, 5, 429], **kwargs)  # 3000 = 7 * 429 - 3
+    everything = list(ShuffledDataset(jsonl_out, **kwargs))
+    rest = []
+    for rank in range(4):
+        ds = ShuffledDataset(jsonl_out, rank=rank, world_size=4, **kwargs)
+        ds.load_state_dict(states)
+        rest.append(list(ds))
+    assert len({len(r) for r in rest}) == 1  # equal per rank again
+    flat = [r for records in rest for r in records]
+    assert set(read) | set(flat) == set(everything)  # nothing lost
+    remaining = [r for r in everything if r not in set(read)]
+    assert flat == (remaining + remaining)[: len(flat)]  # global order, padded from the start of the rest
