@@ -233,3 +233,12 @@ def test_set_epoch_reaches_the_workers(output, persistent_workers):
     for e in (1, 2):
         tds.set_epoch(e)
         assert flat(loader) == epoch(output, num_workers=2, epoch=e)
+
+
+def test_a_collate_fn_of_ones_own_gets_the_numpy_columns(parquet_output):
+    def collate(batch):  # runs in the worker
+        return {name: column[:3] for name, column in batch.items()}
+
+    ds = ShuffledDataset(parquet_output, seed=1, epoch=1, columns=["index", "name"])
+    batches = list(DataLoader(ds.torch(batch_size=50), batch_size=None, num_workers=2, collate_fn=collate))
+    assert isinstance(batches[0]["index"], np.ndarray) and len(batches[0]["index"]) == 3
