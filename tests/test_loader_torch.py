@@ -136,6 +136,22 @@ def test_stateful_dataloader_resumes_exactly(output, num_workers, batched, stop)
     assert head + stream(again) == whole
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(num_workers=st.integers(0, 3), batch_size=st.integers(1, 90), data=st.data())
+def test_stateful_dataloader_resumes_at_any_batch(output, num_workers, batch_size, data):
+    def loader():
+        ds = ShuffledDataset(output, seed=3, epoch=2, mix=2)
+        return StatefulDataLoader(ds.torch(batch_size=batch_size), batch_size=None, num_workers=num_workers)
+
+    whole = stream(loader())
+    stop = data.draw(st.integers(1, len(whole)), label="batches before the checkpoint")
+    first = loader()
+    assert stream(first, stop) == whole[:stop]
+    again = loader()
+    again.load_state_dict(first.state_dict())
+    assert stream(again) == whole[stop:]
+
+
 def test_stateful_dataloader_next_epoch_after_resume(output):
     ds = ShuffledDataset(output, seed=3, epoch=1)
     loader = StatefulDataLoader(ds.torch(), batch_size=10, num_workers=2)
