@@ -431,7 +431,7 @@ def _frame(payload: bytes) -> bytes:
     return header + crc(header) + payload + crc(payload)
 
 
-def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)), seed=0):
+def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)), seed=0, max_pile_bytes=1 << 20):
     """A store with records ``g<gen>-w<writer>-<i>`` in several generations and files per pile,
     some keys shared between files. Returns {pile: records in written order}."""
     rng = np.random.default_rng(seed)
@@ -465,14 +465,15 @@ def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)),
                     half = len(table) // 2  # two record batches: chunked columns
                     out.write_table(table.slice(0, half))
                     out.write_table(table.slice(half))
-                files.append({"path": path, "pile": pile, "writer": writer, "records": len(chosen), "bytes": 0})
+                files.append({"path": path, "pile": pile, "writer": writer, "records": len(chosen),
+                              "bytes": os.path.getsize(f"{directory}/{path}")})
                 everything[pile].append((keys[chosen], records))
         fp = {"records": count * writers, "bytes": 0, "hash_sum": "0", "hash_xor": "0"}
         entries.append({"generation": generation, "created": "2026-11-23T20:00:00Z", "inputs": [],
                         "records": count * writers, "payload_bytes": 0, "fingerprint": fp, "files": files})
     manifest = {"kind": "pileshuffle-store", "store_format": 1, "version": 2, "pileshuffle_version": "0.1.0",
                 "format": fmt, "compression": "none", "num_piles": num_piles, "seed": seed,
-                "max_pile_bytes": 1 << 20, "generations": entries[::-1], "totals": {}}
+                "max_pile_bytes": max_pile_bytes, "generations": entries[::-1], "totals": {}}
     with open(f"{directory}/manifest-00000002.json", "w") as out:
         json.dump(manifest, out)
     with open(f"{directory}/manifest-00000001.json", "w") as out:  # an older version: not current
@@ -754,3 +755,21 @@ def test_resuming_padded_ranks_with_another_world_size_pads_from_the_rest(jsonl_
     assert set(read) | set(flat) == set(everything)  # nothing lost
     remaining = [r for r in everything if r not in set(read)]
     assert flat == (remaining + remaining)[: len(flat)]  # global order, padded from the start of the rest
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_grown_store_piles_are_read_in_sub_piles_in_the_same_order(tmp_path, fmt):
+    generations = ((0, 2, 300), (1, 1, 200), (2, 2, 250))
+    expected = build_store(str(tmp_path / "data"), fmt, generations=generations, max_pile_bytes=4000)
+    output = open_output(str(tmp_path / "data"))
+    assert len(output.piles) > 3 and all(ref.part is not None for ref in output.piles)
+    assert [ref.index for ref in output.piles] == sorted(ref.index for ref in output.piles)
+    for pile in range(3):
+        refs = [ref for ref in output.piles if ref.index == pile]
+        assert sum(ref.records for ref in refs) == len(expected[pile])
+    flat = [r for p in range(3) for r in expected[p]]
+    got = list(ShuffledDataset(str(tmp_path / "data"), reshuffle=False))
+    assert (got if fmt != "parquet" else [r["name"].encode() for r in got]) == flat
+    shuffled = list(ShuffledDataset(str(tmp_path / "data"), seed=2, mix=2))
+    key = (lambda r: r["name"]) if fmt == "parquet" else (lambda r: r)
+    assert sorted(map(key, shuffled)) == sorted(map(key, got)) and shuffled != got

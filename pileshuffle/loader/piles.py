@@ -15,6 +15,7 @@ All I/O goes through ``pyarrow.fs`` (local, gs://, s3://); nothing here imports 
 
 import dataclasses
 import json
+import math
 import posixpath
 import re
 
@@ -37,6 +38,7 @@ HASH_COLUMN = "_pileshuffle_hash"
 STORE_COLUMNS = {"tfrecord": ("tfrecord_frame", "frame", RECORD_COLUMN), "jsonl": ("line", RECORD_COLUMN)}
 BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
 _STORE_MANIFEST = re.compile(r"manifest-(\d{8})\.json$")
+MAX_SUB_PILES = 1024
 
 
 class NoOutputError(InputError):
@@ -119,6 +121,16 @@ class Block:
             offset += table.num_rows
         return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
+    def compact(self) -> "Block":
+        """The same records copied into one new buffer: nothing refers to the old buffers."""
+        if self.tables is not None or not len(self.views):
+            return self
+        array = rec.view_array(self.views, self.buffers)
+        size = int(self.views[:, :4].copy().view("<i4").astype(np.int64).sum())
+        array = array.cast(pa.binary() if size < 2**31 else pa.large_binary())
+        values = _values_buffer(array)
+        return Block(rec.value_views(array, values), (values,))
+
     def reorder(self, indices: np.ndarray) -> "Block":
         if self.tables is None:
             return Block(np.take(self.views, indices, axis=0), self.buffers)  # 10x views[indices] on (n, 16)
@@ -164,6 +176,21 @@ class Source:
         buffer = read_bytes(self.filesystem, path)
         return Block(parse(buffer, path, 0), (buffer,))
 
+    def read_store_keys(self, path: str) -> np.ndarray:
+        """The ``_pileshuffle_key`` column of a store file (local files: memory-mapped, so
+        only the keys' pages are read)."""
+        try:
+            if isinstance(self.filesystem, pafs.LocalFileSystem):
+                with pa.memory_map(path) as mapped:
+                    reader = pa.ipc.open_stream(mapped)
+                    parts = [batch.column(KEY_COLUMN).to_numpy() for batch in reader]
+            else:
+                with self.filesystem.open_input_stream(path) as stream:
+                    parts = [batch.column(KEY_COLUMN).to_numpy() for batch in pa.ipc.open_stream(stream)]
+        except (OSError, pa.ArrowException, KeyError) as error:
+            raise InputError(path, f"cannot be read as a pile store data file: {error}") from error
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
     def read_store_file(self, path: str):
         """``(block, keys)`` of one store data file (an Arrow IPC stream)."""
         try:
@@ -199,6 +226,13 @@ def _values_buffer(chunk: pa.Array) -> pa.Buffer:
     return chunk.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
 
 
+def sub_pile_of(keys: np.ndarray, num_piles: int, ways: int) -> np.ndarray:
+    """The sub-pile of each key of a pile split ``ways`` ways: the top digit, in base
+    ``ways``, of U's digits after its pile digit (``U * M mod 2**64``)."""
+    with np.errstate(over="ignore"):
+        return keymath.pile_of(np.asarray(keys, np.uint64) * np.uint64(num_piles), ways)
+
+
 @dataclasses.dataclass(frozen=True)
 class PileRef:
     """One pile: its files (in their canonical order) and whether records carry keys.
@@ -211,8 +245,10 @@ class PileRef:
     files: tuple
     keyed: bool
     source: Source
+    part: tuple = None  # (sub, ways): this ref is sub-pile ``sub`` of pile ``index``
 
     def load(self, part=None) -> Block:
+        part = part or self.part
         if not self.keyed:
             if part is not None:
                 raise ValueError("only keyed piles (stores) load in sub-piles")
@@ -220,11 +256,9 @@ class PileRef:
         blocks, keys = [], []
         for path in self.files:
             block, file_keys = self.source.read_store_file(path)
-            if part is not None:
-                sub, ways = part
-                digits = np.asarray(file_keys, np.uint64) * np.uint64(self.source.num_piles)
-                chosen = np.flatnonzero(keymath.pile_of(digits, ways) == sub)
-                block, file_keys = block.reorder(chosen), file_keys[chosen]
+            if part is not None:  # keep only the sub-pile's records, copied out of the file's buffers
+                chosen = np.flatnonzero(sub_pile_of(file_keys, self.source.num_piles, part[1]) == part[0])
+                block, file_keys = block.reorder(chosen).compact(), file_keys[chosen]
             blocks.append(block)
             keys.append(file_keys)
         keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
@@ -322,12 +356,27 @@ def _open_store(fs, manifest_path: str, columns) -> Output:
     files = {p: [] for p in range(num_piles)}
     for generation in sorted(manifest["generations"], key=lambda g: g["generation"]):
         for entry in sorted(generation["files"], key=lambda f: f["writer"]):
-            files[int(entry["pile"])].append((posixpath.join(directory, entry["path"]), int(entry["records"])))
-    piles = tuple(
-        PileRef(p, sum(r for _, r in files[p]), tuple(path for path, _ in files[p]), True, source) for p in range(num_piles)
-    )
+            files[int(entry["pile"])].append(
+                (posixpath.join(directory, entry["path"]), int(entry["records"]), int(entry.get("bytes") or 0)))
+    limit = int(manifest.get("max_pile_bytes") or 0)
+    piles = tuple(ref for p in range(num_piles) for ref in _store_pile(source, p, files[p], limit))
     fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
     return Output(manifest_path, name, piles, _schema(source, piles), fingerprint, "store")
+
+
+def _store_pile(source: Source, pile: int, files: list, limit: int) -> list:
+    """The pile's refs: the whole pile, or, when its files hold more than ``limit`` bytes
+    (the store's ``max_pile_bytes``; appended generations make piles grow), its sub-piles
+    in order, counted from the files' keys."""
+    paths = tuple(path for path, _, _ in files)
+    size = sum(nbytes for _, _, nbytes in files)
+    if not limit or size <= limit:
+        return [PileRef(pile, sum(records for _, records, _ in files), paths, True, source)]
+    ways = min(MAX_SUB_PILES, math.ceil(size / limit))
+    counts = np.zeros(ways, np.int64)
+    for path in paths:
+        counts += np.bincount(sub_pile_of(source.read_store_keys(path), source.num_piles, ways), minlength=ways)
+    return [PileRef(pile, int(counts[s]), paths, True, source, (s, ways)) for s in range(ways)]
 
 
 def _schema(source: Source, piles) -> pa.Schema:
