@@ -331,7 +331,8 @@ row's (steadier than wall times when other jobs share the cores; wall ratios are
 RSS over the row's process tree (DataLoader workers included); largest proc: the largest single process's RSS
 (what the (K+1) x pile + 200 MB target is judged on: each DataLoader worker holds its own piles); RSS before:
 the row's process just before its first batch (interpreter + imports: torch's ~0.2 GB, TensorFlow's ~0.5 GB);
-above imports: largest proc - RSS before (the data the row holds; DataLoader workers are forked from that process)."""
+above imports: largest proc - RSS before (the data the row holds). DataLoader workers are forked from the main
+process but count its shared library pages only once they touch them, so for the -dl2 rows this understates."""
 
 
 # ----------------------------------------------------------------------------- main
