@@ -17,6 +17,9 @@ shards and delivers batches of 256 records:
 - ``inorder``         ``ShuffledDataset(reshuffle=False).batches(256)``: the loader's own reader, no shuffle
 - ``kK``              ``ShuffledDataset(epoch=1, mix=K).batches(256)``: the reshuffling loader, in-process
 - ``kK-dl2``          ``DataLoader(ds.torch(batch_size=256), batch_size=None, num_workers=2)``
+                      (Parquet: dicts of numpy arrays, which the DataLoader turns into tensors)
+- ``k1-dl2-arrow``    the same with ``ds.torch(batch_size=256, as_numpy=False)``: Parquet batches
+                      cross as ``pyarrow.RecordBatch``es
 - ``kK-tf``           ``ds.tf(batch_size=256)``: the same batches as a tf.data.Dataset
 
 Each row runs in its own process (``--row``); the parent samples the RSS of the row's process
@@ -94,12 +97,21 @@ def rss_now():
     return psutil.Process().memory_info().rss
 
 
+def cpu_seconds():
+    """CPU seconds of this process (all threads) and of its reaped children (DataLoader workers)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def drain(batches, count):
-    """Time the consumption of ``batches``; returns (records, seconds)."""
-    records, started = 0, time.perf_counter()
+    """Time the consumption of ``batches``; returns (records, seconds, CPU seconds)."""
+    records, started, cpu = 0, time.perf_counter(), cpu_seconds()
     for batch in batches:
         records += count(batch)
-    return records, time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    return records, seconds, cpu_seconds() - cpu  # an exhausted DataLoader has joined its workers
 
 
 def tf_rows(files, shuffle):
@@ -141,10 +153,11 @@ def loader_rows(prefix, mix, reshuffle=True):
     return loader_dataset(prefix, mix, reshuffle).batches(BATCH), count_any
 
 
-def dataloader_rows(prefix, mix, workers):
+def dataloader_rows(prefix, mix, workers, as_numpy=True):
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(loader_dataset(prefix, mix).torch(batch_size=BATCH), batch_size=None, num_workers=workers)
+    torch_dataset = loader_dataset(prefix, mix).torch(batch_size=BATCH, as_numpy=as_numpy)
+    loader = DataLoader(torch_dataset, batch_size=None, num_workers=workers)
     return loader, count_any
 
 
@@ -166,6 +179,8 @@ def row_batches(kind, data, mix):
         return loader_rows(data["prefix"], mix)
     if kind == "dl2":
         return dataloader_rows(data["prefix"], mix, workers=2)
+    if kind == "dl2-arrow":
+        return dataloader_rows(data["prefix"], mix, workers=2, as_numpy=False)
     if kind == "tf-adapter":
         return tf_adapter_rows(data["prefix"], mix)
     raise ValueError(kind)
@@ -175,8 +190,8 @@ def run_row_here(kind, data, mix):
     """The child's side: build the row's pipeline, time its batches, print one JSON line."""
     batches, count = row_batches(kind, data, mix)
     rss_before = rss_now()
-    records, seconds = drain(batches, count)
-    print(json.dumps({"records": records, "seconds": seconds, "rss_before": rss_before}), flush=True)
+    records, seconds, cpu = drain(batches, count)
+    print(json.dumps({"records": records, "seconds": seconds, "cpu_seconds": cpu, "rss_before": rss_before}), flush=True)
 
 
 # ----------------------------------------------------------------------------- rows (the parent)
@@ -190,6 +205,7 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("k4", "loader", 4, ("tfrecord", "parquet")),
     ("k1-dl2", "dl2", 1, ("tfrecord", "parquet")),
     ("k4-dl2", "dl2", 4, ("tfrecord", "parquet")),
+    ("k1-dl2-arrow", "dl2-arrow", 1, ("parquet",)),
     ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
 ]
 
@@ -249,7 +265,7 @@ def measure_row(name, kind, mix, data, timeout):
         return {"name": name, "ok": False, "error": tail.splitlines()[-1] if tail else f"exit {proc.returncode}"}
     result = json.loads(lines[-1])
     row = {"name": name, "kind": kind, "mix": mix, "format": data["format"], "ok": result["records"] == data["records"],
-           "records": result["records"], "seconds": result["seconds"],
+           "records": result["records"], "seconds": result["seconds"], "cpu_seconds": result["cpu_seconds"],
            "records_per_s": result["records"] / result["seconds"], "mb_per_s": data["bytes"] / MB / result["seconds"],
            "peak_rss": peak[0], "peak_rss_process": peak[1], "rss_before": result["rss_before"]}
     if not row["ok"]:
@@ -267,13 +283,13 @@ def pile_bytes(data):
 
 def targets(row, by_name, data):
     """The issue's targets for a reshuffling loader row, judged on medians: [(target, ok, value)]."""
-    if row["kind"] not in ("loader", "dl2", "tf-adapter") or not row.get("ok"):
+    if row["kind"] not in ("loader", "dl2", "dl2-arrow", "tf-adapter") or not row.get("ok"):
         return []
     fmt, out = row["format"], []
     base = by_name.get(f"{fmt}-inorder")
     if base and base.get("ok") and row["kind"] == "loader":
-        ratio = row["median_seconds"] and base["median_seconds"] / row["median_seconds"]
-        out.append((">=0.9x in-order", ratio >= 0.9, f"{ratio:.2f}x"))
+        ratio = base["median_seconds"] / row["median_seconds"]
+        out.append((">=0.9x in-order", ratio >= 0.9, f"{ratio:.2f}x; CPU {row['cpu_x_inorder']:.2f}x"))
     tf_shuffle = by_name.get("tfrecord-tf-shuffle")
     if fmt == "tfrecord" and tf_shuffle and tf_shuffle.get("ok") and row["mix"] == 1:
         ratio = tf_shuffle["median_seconds"] / row["median_seconds"]
@@ -285,18 +301,20 @@ def targets(row, by_name, data):
 
 
 def table(rows):
-    header = ["row", "records/s", "MB/s", "median s", "x in-order", "x tf-shuffle", "peak RSS MB", "largest proc MB",
-              "RSS before MB", "targets"]
+    header = ["row", "records/s", "MB/s", "median s", "x in-order", "x tf-shuffle", "cpu s", "cpu x in-order",
+              "peak RSS MB", "largest proc MB", "RSS before MB", "above imports MB", "targets"]
     body = []
     for r in rows:
         if not r.get("ok"):
-            body.append([r["name"], "-", "-", "-", "-", "-", "-", "-", "-", f"FAILED: {r.get('error', '')}"])
+            body.append([r["name"], *["-"] * (len(header) - 2), f"FAILED: {r.get('error', '')}"])
             continue
         body.append([
             r["name"], f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:,.0f}", f"{r['median_seconds']:.2f}",
             "-" if r.get("x_inorder") is None else f"{r['x_inorder']:.2f}",
             "-" if r.get("x_tf_shuffle") is None else f"{r['x_tf_shuffle']:.2f}",
+            f"{r['median_cpu_seconds']:.2f}", "-" if r.get("cpu_x_inorder") is None else f"{r['cpu_x_inorder']:.2f}",
             f"{r['peak_rss'] / MB:,.0f}", f"{r['peak_rss_process'] / MB:,.0f}", f"{r['rss_before'] / MB:,.0f}",
+            f"{(r['peak_rss_process'] - r['rss_before']) / MB:,.0f}",
             "; ".join(f"{t}: {'PASS' if ok else 'FAIL'} ({v})" for t, ok, v in r.get("targets", [])),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
@@ -307,10 +325,14 @@ def table(rows):
 LEGEND = """\
 records/s, MB/s: the row's fastest round (MB/s = shard file bytes / time; 1 MB = 10^6 B); median s: its median
 round. x in-order: the median speed of the row / that of the loader's in-order read of the same shards (same
-format); x tf-shuffle: / that of tf.data's shuffle(62,500).batch(256) (TFRecord). peak RSS: the largest sum of
+format); x tf-shuffle: / that of tf.data's shuffle(62,500).batch(256) (TFRecord). cpu s: median CPU seconds of
+the row's process (all threads) and its DataLoader workers over the same span; cpu x in-order: in-order's / the
+row's (steadier than wall times when other jobs share the cores; wall ratios are the targets). peak RSS: the largest sum of
 RSS over the row's process tree (DataLoader workers included); largest proc: the largest single process's RSS
 (what the (K+1) x pile + 200 MB target is judged on: each DataLoader worker holds its own piles); RSS before:
-the row's process just before its first batch (interpreter + imports: TensorFlow's alone is ~0.5 GB)."""
+the row's process just before its first batch (interpreter + imports: torch's ~0.2 GB, TensorFlow's ~0.5 GB);
+above imports: largest proc - RSS before (the data the row holds). DataLoader workers are forked from the main
+process but count its shared library pages only once they touch them, so for the -dl2 rows this understates."""
 
 
 # ----------------------------------------------------------------------------- main
@@ -355,6 +377,7 @@ def main(argv=None):
             continue
         best = dict(min(good, key=lambda a: a["seconds"]))
         best["median_seconds"] = statistics.median(a["seconds"] for a in good)
+        best["median_cpu_seconds"] = statistics.median(a["cpu_seconds"] for a in good)
         best["rounds_seconds"] = [round(a["seconds"], 3) for a in good]
         best["peak_rss"] = max(a["peak_rss"] for a in good)
         best["peak_rss_process"] = max(a["peak_rss_process"] for a in good)
@@ -365,6 +388,7 @@ def main(argv=None):
             continue
         base, tfs = by_name.get(f"{r['format']}-inorder"), by_name.get("tfrecord-tf-shuffle")
         r["x_inorder"] = base["median_seconds"] / r["median_seconds"] if base and base.get("ok") else None
+        r["cpu_x_inorder"] = base["median_cpu_seconds"] / r["median_cpu_seconds"] if base and base.get("ok") else None
         r["x_tf_shuffle"] = (tfs["median_seconds"] / r["median_seconds"]
                              if r["format"] == "tfrecord" and tfs and tfs.get("ok") else None)
         r["targets"] = targets(r, by_name, data[r["format"]])

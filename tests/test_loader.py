@@ -96,6 +96,33 @@ def test_import_needs_no_beam_tensorflow_or_torch():
     assert done.stdout.strip() == "[]"
 
 
+NOT_INSTALLED = """
+import sys
+
+class NotInstalled:  # as on a training host without them
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("apache_beam", "tensorflow", "torch"):
+            raise ImportError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NotInstalled())
+from pileshuffle.loader import ShuffledDataset
+ds = ShuffledDataset(sys.argv[1], seed=1, mix=2, rank=1, world_size=2)
+part = ds.for_worker(1, 2)
+state = part.state_after(10)
+records = sum(len(b) for b in part.batches(100))
+part.load_state_dict(state)
+print(records, sum(1 for _ in part), len(part))
+"""
+
+
+@pytest.mark.parametrize("name", ["tfrecord_out", "parquet_out"])
+def test_reading_works_without_beam_tensorflow_or_torch_installed(name, request):
+    prefix = request.getfixturevalue(name)
+    done = subprocess.run([sys.executable, "-c", NOT_INSTALLED, prefix], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["750", "740", "750"]
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_written_order_without_reshuffle_is_the_shards_in_order(name, request):
     prefix = request.getfixturevalue(name)
@@ -361,10 +388,18 @@ def test_an_unfinished_or_missing_output_is_refused(tmp_path, tfrecord_out):
         ShuffledDataset(str(copy / "data"))
 
 
-def test_a_corrupt_frame_is_refused_naming_file_and_offset(tmp_path, tfrecord_out):
+@pytest.fixture(scope="module")
+def fixed_out(tmp_path_factory):
+    """Records of one length: frames found by the vectorized path."""
+    return _output(tmp_path_factory, "tfrecord", records=600, piles=3, record_bytes=50)
+
+
+@pytest.mark.parametrize("name", ["tfrecord_out", "fixed_out"])
+def test_a_corrupt_frame_is_refused_naming_file_and_offset(tmp_path, name, request):
+    prefix = request.getfixturevalue(name)
     copy = tmp_path / "copy"
     os.makedirs(copy)
-    for path in shards(tfrecord_out) + [tfrecord_out + "-manifest.json"]:
+    for path in shards(prefix) + [prefix + "-manifest.json"]:
         with open(path, "rb") as src, open(copy / os.path.basename(path), "wb") as dst:
             dst.write(src.read())
     victim = shards(str(copy / "data"))[2]
@@ -396,7 +431,7 @@ def _frame(payload: bytes) -> bytes:
     return header + crc(header) + payload + crc(payload)
 
 
-def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)), seed=0):
+def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)), seed=0, max_pile_bytes=1 << 20):
     """A store with records ``g<gen>-w<writer>-<i>`` in several generations and files per pile,
     some keys shared between files. Returns {pile: records in written order}."""
     rng = np.random.default_rng(seed)
@@ -416,8 +451,10 @@ def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)),
                 if fmt == "parquet":
                     table = pa.table({"name": pa.array([r.decode() for r in records]),
                                       "size": pa.array([len(r) for r in records], pa.int64())})
+                elif generation % 2 and fmt != "parquet":  # payloads, as WritePileStore keeps a bytes PCollection
+                    table = pa.table({"record": pa.array(records, pa.binary())})
                 else:
-                    column = "frame" if fmt == "tfrecord" else "line"
+                    column = "tfrecord_frame" if fmt == "tfrecord" else "line"
                     stored = [_frame(r) if fmt == "tfrecord" else r + b"\n" for r in records]
                     table = pa.table({column: pa.array(stored, pa.binary())})
                 table = table.append_column("_pileshuffle_key", pa.array(keys[chosen], pa.uint64()))
@@ -428,14 +465,15 @@ def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)),
                     half = len(table) // 2  # two record batches: chunked columns
                     out.write_table(table.slice(0, half))
                     out.write_table(table.slice(half))
-                files.append({"path": path, "pile": pile, "writer": writer, "records": len(chosen), "bytes": 0})
+                files.append({"path": path, "pile": pile, "writer": writer, "records": len(chosen),
+                              "bytes": os.path.getsize(f"{directory}/{path}")})
                 everything[pile].append((keys[chosen], records))
         fp = {"records": count * writers, "bytes": 0, "hash_sum": "0", "hash_xor": "0"}
         entries.append({"generation": generation, "created": "2026-11-23T20:00:00Z", "inputs": [],
                         "records": count * writers, "payload_bytes": 0, "fingerprint": fp, "files": files})
     manifest = {"kind": "pileshuffle-store", "store_format": 1, "version": 2, "pileshuffle_version": "0.1.0",
                 "format": fmt, "compression": "none", "num_piles": num_piles, "seed": seed,
-                "max_pile_bytes": 1 << 20, "generations": entries[::-1], "totals": {}}
+                "max_pile_bytes": max_pile_bytes, "generations": entries[::-1], "totals": {}}
     with open(f"{directory}/manifest-00000002.json", "w") as out:
         json.dump(manifest, out)
     with open(f"{directory}/manifest-00000001.json", "w") as out:  # an older version: not current
@@ -479,9 +517,9 @@ def test_a_corrupt_store_frame_is_refused(tmp_path):
     build_store(str(tmp_path / "data"), "tfrecord", generations=((0, 1, 60),))
     path = tmp_path / "data-store" / "g000000" / "p00001-w00000.arrows"
     table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
-    frames = table.column("frame").to_pylist()
+    frames = table.column("tfrecord_frame").to_pylist()
     frames[0] = frames[0][:14] + bytes([frames[0][14] ^ 1]) + frames[0][15:]
-    table = table.set_column(0, "frame", pa.array(frames, pa.binary()))
+    table = table.set_column(0, "tfrecord_frame", pa.array(frames, pa.binary()))
     with pa.ipc.new_stream(str(path), table.schema) as out:
         out.write_table(table)
     with pytest.raises(InputError, match=f"{path} at byte offset 0: corrupt record: the data"):
@@ -509,19 +547,22 @@ print(rss_peak - base, arrow_peak + tracemalloc.get_traced_memory()[1])
 
 def test_memory_stays_within_two_groups_of_piles_and_a_batch(tmp_path_factory):
     """Peak RSS growth (sampled at every batch: mapped file pages count) and peak
-    allocations (Arrow's pool + tracemalloc) stay within the groups loaded at once."""
-    prefix = _output(tmp_path_factory, "tfrecord", records=60000, piles=30, record_bytes=1000)
+    allocations (Arrow's pool + tracemalloc) stay within the groups loaded at once,
+    whatever the output's size: here 15 piles of 8 MB."""
+    prefix = _output(tmp_path_factory, "tfrecord", records=120000, piles=15, record_bytes=1000)
     pile_bytes = max(s["bytes"] for s in manifest(prefix)["shards"])
+    whole = sum(s["bytes"] for s in manifest(prefix)["shards"])
     for mix, prefetch in ((1, True), (4, True), (4, False)):
         done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, prefix, str(mix), str(int(prefetch))],
                               capture_output=True, text=True, check=True)
         rss_growth, allocated = map(int, done.stdout.split())
         groups = 2 if prefetch else 1  # the group being read and the next one
-        bound = (groups * mix + 1) * pile_bytes + 64 * 1100 + (4 << 20)  # + a load's transients, a batch, fixed
+        bound = (groups * mix + 1) * pile_bytes + (12 << 20)  # + a load's transients; code pages, allocator, a batch
         assert rss_growth <= bound, (mix, prefetch, rss_growth, bound)
         assert allocated <= bound, (mix, prefetch, allocated, bound)
         assert rss_growth > mix * pile_bytes / 2  # the probe sees the loaded piles
-    assert 30 * pile_bytes > 2.5 * bound  # far below the whole output
+        if mix == 1:
+            assert rss_growth < whole / 3
 
 
 @given(keys=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 3), max_size=300))
@@ -564,3 +605,174 @@ def test_an_abandoned_iteration_stops_its_prefetch_thread(tfrecord_out):
     batches.close()
     assert threading.active_count() == before
     assert len(list(ds)) == 3000  # and the next iteration reads the whole epoch
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_empty_piles_are_read_as_nothing(tmp_path_factory, fmt):
+    prefix = _output(tmp_path_factory, fmt, records=12, piles=16, record_bytes=60)
+    sizes = [s["records"] for s in manifest(prefix)["shards"]]
+    assert 0 in sizes
+    written = written_records(prefix, fmt)
+    for mix in (1, 3):
+        for world_size in (1, 5):
+            got = []
+            for rank in range(world_size):
+                ds = ShuffledDataset(prefix, seed=2, mix=mix, rank=rank, world_size=world_size, remainder="pad")
+                got += [r for w in range(2) for r in ds.for_worker(w, 2)]
+            assert len(got) == -(-12 // world_size) * world_size
+            key = (lambda r: r["index"]) if fmt == "parquet" else (lambda r: r)
+            assert sorted(map(key, got[:12])) == sorted(map(key, written))
+
+
+@pytest.mark.parametrize("name", ["tfrecord_out", "gzip_out", "parquet_out"])
+def test_any_pyarrow_filesystem_reads_the_same(name, request):
+    """Through a non-local pyarrow.fs (as gs:// or s3:// would be): one read per file, paths
+    relative to that file system."""
+    import pyarrow.fs as pafs
+
+    prefix = request.getfixturevalue(name)
+    root = os.path.dirname(os.path.dirname(prefix))
+    subtree = pafs.SubTreeFileSystem(root, pafs.LocalFileSystem())
+    remote = ShuffledDataset("out/data", filesystem=subtree, seed=6, mix=2)
+    local = ShuffledDataset(prefix, seed=6, mix=2)
+    assert remote.format == local.format and remote.schema == local.schema
+    assert list(remote) == list(local)
+    with pytest.raises(NoOutputError, match="elsewhere"):
+        ShuffledDataset("out/elsewhere", filesystem=subtree)
+
+
+# --- the README's "Training on the output" examples, run as written ------------------------
+
+README_TORCH = '''
+from torch.utils.data import DataLoader
+from pileshuffle.loader import ShuffledDataset
+
+ds = ShuffledDataset("out/train", seed=0, rank=rank, world_size=world_size)  # from torch.distributed
+train = ds.torch(batch_size=256)          # batches are made in the DataLoader workers
+loader = DataLoader(train, batch_size=None, num_workers=2)
+for epoch in range(2):
+    train.set_epoch(epoch)                # a new order every epoch
+    for batch in loader:                  # a list of 256 records (bytes); Parquet: a dict of tensors
+        ...
+'''
+
+README_RESUME = '''
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+loader = StatefulDataLoader(train, batch_size=None, num_workers=2)
+for step, batch in enumerate(loader):
+    if step == 3:
+        checkpoint = loader.state_dict()  # save it with the model
+        break
+loader = StatefulDataLoader(train, batch_size=None, num_workers=2)
+loader.load_state_dict(checkpoint)        # goes on with the next batch, exactly
+'''
+
+README_TF = '''
+import tensorflow as tf
+from pileshuffle.loader import ShuffledDataset
+
+ds = ShuffledDataset("out/train", seed=0)
+spec = {"index": tf.io.FixedLenFeature([], tf.int64)}
+consumed = 0
+for batch in ds.tf(batch_size=256).map(lambda x: tf.io.parse_example(x, spec)):
+    consumed += len(batch["index"])       # ... train on the batch
+    if consumed == 512:
+        state = ds.state_after(consumed)  # tf.data runs ahead: the state is a function of what was consumed
+        break
+ds.load_state_dict(state)                 # later: ds.tf() goes on from record 512
+'''
+
+
+@pytest.fixture(scope="module")
+def examples_out(tmp_path_factory):
+    """tf.train.Examples (TensorFlow's own writer), shuffled by a real run."""
+    tf = pytest.importorskip("tensorflow")
+    root = tmp_path_factory.mktemp("readme")
+    os.makedirs(root / "in")
+    with tf.io.TFRecordWriter(str(root / "in" / "part-0.tfrecord")) as writer:
+        for i in range(3000):
+            feature = {"index": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                       "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x" * (i % 50)]))}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    run_shuffle(str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), "--num_piles=6", "--seed=1")
+    return str(root / "out" / "train")
+
+
+def test_the_readme_torch_examples_run(examples_out):
+    pytest.importorskip("torchdata")
+    scope = {"rank": 1, "world_size": 2}
+    exec(README_TORCH.replace("out/train", examples_out), scope)
+    whole = [list(b) for b in scope["loader"]]
+    assert sum(len(b) for b in whole) == 1500  # this rank's half of epoch 1
+    scope["train"].set_epoch(0)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    uninterrupted = [list(b) for b in StatefulDataLoader(scope["train"], batch_size=None, num_workers=2)]
+    exec(README_RESUME, scope)
+    head = uninterrupted[:4]
+    assert head + [list(b) for b in scope["loader"]] == uninterrupted
+
+
+def test_the_readme_tf_example_runs(examples_out):
+    tf = pytest.importorskip("tensorflow")
+    scope = {}
+    exec(README_TF.replace("out/train", examples_out), scope)
+    spec = {"index": tf.io.FixedLenFeature([], tf.int64)}
+    rest = [int(i) for b in scope["ds"].tf(batch_size=256).map(lambda x: tf.io.parse_example(x, spec))
+            for i in b["index"].numpy()]
+    everything = [int(tf.io.parse_example([r], spec)["index"][0]) for r in ShuffledDataset(examples_out, seed=0)]
+    assert rest == everything[512:]
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "jsonl", "parquet"])
+def test_a_store_written_by_the_store_writer_reads_as_runs_shards(tmp_path, fmt):
+    """After the store workstream (issue 13) is merged: ``run --layout store`` then the loader
+    with ``reshuffle=False`` gives exactly the order ``run`` writes (checked by hand against
+    its branch at 5de84f7 before the merge)."""
+    import pileshuffle
+
+    if not os.path.isdir(os.path.join(os.path.dirname(pileshuffle.__file__), "store")):
+        pytest.skip("the pile store writer (issue 13) is not in this branch")
+    sample.WRITERS[fmt](str(tmp_path / "in"), records=2000, files=3, record_bytes=70)
+    pattern = str(tmp_path / "in" / f"*.{fmt}")
+    run_shuffle(pattern, str(tmp_path / "store" / "train"), f"--format={fmt}", "--num_piles=5", "--seed=3",
+                "--layout=store")
+    run_shuffle(pattern, str(tmp_path / "run" / "train"), f"--format={fmt}", "--num_piles=5", "--seed=3")
+    store = ShuffledDataset(str(tmp_path / "store" / "train"), reshuffle=False)
+    assert store.output.kind == "store"
+    assert list(store) == list(ShuffledDataset(str(tmp_path / "run" / "train"), reshuffle=False))
+
+
+def test_resuming_padded_ranks_with_another_world_size_pads_from_the_rest(jsonl_out):
+    kwargs = dict(seed=5, epoch=1, remainder="pad")
+    read, states = _consume_split(jsonl_out, 7, 1, [100, 0, 429, 37, 250, 5, 429], **kwargs)  # 3000 = 7 * 429 - 3
+    everything = list(ShuffledDataset(jsonl_out, **kwargs))
+    rest = []
+    for rank in range(4):
+        ds = ShuffledDataset(jsonl_out, rank=rank, world_size=4, **kwargs)
+        ds.load_state_dict(states)
+        rest.append(list(ds))
+    assert len({len(r) for r in rest}) == 1  # equal per rank again
+    flat = [r for records in rest for r in records]
+    assert set(read) | set(flat) == set(everything)  # nothing lost
+    remaining = [r for r in everything if r not in set(read)]
+    assert flat == (remaining + remaining)[: len(flat)]  # global order, padded from the start of the rest
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_grown_store_piles_are_read_in_sub_piles_in_the_same_order(tmp_path, fmt):
+    generations = ((0, 2, 300), (1, 1, 200), (2, 2, 250))
+    expected = build_store(str(tmp_path / "data"), fmt, generations=generations, max_pile_bytes=4000)
+    output = open_output(str(tmp_path / "data"))
+    assert len(output.piles) > 3 and all(ref.part is not None for ref in output.piles)
+    assert [ref.index for ref in output.piles] == sorted(ref.index for ref in output.piles)
+    for pile in range(3):
+        refs = [ref for ref in output.piles if ref.index == pile]
+        assert sum(ref.records for ref in refs) == len(expected[pile])
+    flat = [r for p in range(3) for r in expected[p]]
+    got = list(ShuffledDataset(str(tmp_path / "data"), reshuffle=False))
+    assert (got if fmt != "parquet" else [r["name"].encode() for r in got]) == flat
+    shuffled = list(ShuffledDataset(str(tmp_path / "data"), seed=2, mix=2))
+    key = (lambda r: r["name"]) if fmt == "parquet" else (lambda r: r)
+    assert sorted(map(key, shuffled)) == sorted(map(key, got)) and shuffled != got

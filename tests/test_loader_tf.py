@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from pileshuffle import sample
 from pileshuffle.loader import ShuffledDataset
-from pileshuffle.loader.tf import tf_dtype
+from pileshuffle.loader.tf import state_in_epoch, tf_dtype
 
 from conftest import run_shuffle
 
@@ -77,13 +77,18 @@ def test_examples_parse_straight_from_the_records(examples):
     assert [t for t in batch["text"].numpy()] == [b"t%d" % i * (i % 7) for i in batch["index"].numpy().tolist()]
 
 
-def test_batches_are_the_same_records(examples):
+@pytest.mark.parametrize("chunk", [8192, 64])  # 64: batches cut across the generator's chunks
+def test_batches_are_the_same_records(examples, chunk, monkeypatch):
+    monkeypatch.setattr("pileshuffle.loader.tf.CHUNK_RECORDS", chunk)
     ds = ShuffledDataset(examples, seed=4, epoch=1)
     batched = ds.tf(batch_size=50, drop_last=True)
-    assert batched.element_spec == tf.TensorSpec(shape=(None,), dtype=tf.string)
+    assert batched.element_spec == tf.TensorSpec(shape=(50,), dtype=tf.string)  # static, as batch(drop_remainder=True)
+    assert ds.tf(batch_size=50).element_spec == tf.TensorSpec(shape=(None,), dtype=tf.string)
     sizes = [int(b.shape[0]) for b in batched]
     assert sizes == [50] * (EXAMPLES // 50)
-    assert [r for b in ds.tf(batch_size=50) for r in b.numpy()] == list(ds)
+    batches = [b.numpy().tolist() for b in ds.tf(batch_size=50)]
+    records = list(ds)
+    assert batches == [records[i : i + 50] for i in range(0, EXAMPLES, 50)]
 
 
 def test_split_by_rank(examples):
@@ -132,3 +137,30 @@ def test_nested_parquet_columns_are_refused_by_name():
     assert tf_dtype(pa.field("x", pa.int16())) == tf.int16
     with pytest.raises(TypeError, match="'tags'.*columns="):
         tf_dtype(pa.field("tags", pa.list_(pa.string())))
+
+
+def test_every_pass_reads_the_next_epoch_unless_set(examples):
+    def epoch_of(e):
+        return list(ShuffledDataset(examples, seed=4, epoch=e))
+
+    ds = ShuffledDataset(examples, seed=4, epoch=1)
+    passes = [r.numpy() for r in ds.tf().repeat(3)]
+    assert passes == epoch_of(1) + epoch_of(2) + epoch_of(3)  # .repeat() reshuffles
+    records = ds.tf()
+    ds.set_epoch(7)
+    assert [r.numpy() for r in records] == epoch_of(7)
+    ds.set_epoch(1)
+    assert [r.numpy() for r in records] == epoch_of(1)  # set_epoch between passes chooses
+
+
+def test_state_in_an_epoch_a_repeating_pipeline_has_left(examples):
+    ds = ShuffledDataset(examples, seed=4, epoch=1)
+    stream = iter(ds.tf(batch_size=100).repeat().prefetch(20))
+    consumed = 0
+    while consumed < EXAMPLES + 300:  # into epoch 2; the generator may be in epoch 3 already
+        consumed += int(next(stream).shape[0])
+    epoch, n = 1 + consumed // EXAMPLES, consumed % EXAMPLES
+    state = state_in_epoch(ds, epoch, n)
+    resumed = ShuffledDataset(examples, seed=4)
+    resumed.load_state_dict(state)
+    assert [r.numpy() for r in resumed.tf()] == list(ShuffledDataset(examples, seed=4, epoch=2))[n:]

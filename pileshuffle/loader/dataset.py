@@ -22,6 +22,7 @@ from pileshuffle.loader.prefetch import prefetched
 
 STATE_FORMAT = 1
 RECORD_PIECE = 1024  # records turned into Python objects at a time by iter()
+TAKE_ROWS = 8192  # Parquet rows gathered per take (one Arrow call per pile of the group)
 
 
 class ShuffledDataset:
@@ -227,7 +228,10 @@ class ShuffledDataset:
         group, pieces = planned
         piles = self.output.piles
         block = Block.concat(piles[p].load() for p in self._order.group_piles(group))
-        return block, self._order.group_permutation(group), pieces
+        perm = self._order.group_permutation(group)
+        if perm is not None and block.tables is None:  # bytes: permute the views here, the reader slices
+            block, perm = block.reorder(perm), None
+        return block, perm, pieces
 
     def groups_to_load(self) -> list:
         """The groups the next iteration loads, in order (each once per contiguous
@@ -245,17 +249,22 @@ class ShuffledDataset:
 
     def _tables_from(self, plan, step):
         """Pieces cut at multiples of ``step`` records of this iteration, so that a batch
-        is one piece except where it straddles two groups."""
+        is one piece except where it straddles two groups. Permuted records are taken
+        ``TAKE_ROWS`` at a time (Parquet) and cut from there."""
         loaded = prefetched(plan, self._load) if self.prefetch else map(self._load, plan)
         filled = 0
         for block, perm, pieces in loaded:
             for lo, hi in pieces:
-                start = lo
-                while start < hi:
-                    stop = min(hi, start + step - filled)
-                    filled = (filled + stop - start) % step
-                    yield block.slice(start, stop) if perm is None else block.take(perm[start:stop])
-                    start = stop
+                for chunk in range(lo, hi, TAKE_ROWS):
+                    end = min(hi, chunk + TAKE_ROWS)
+                    table = block.slice(chunk, end) if perm is None else block.take(perm[chunk:end])
+                    start = 0
+                    while start < table.num_rows:
+                        stop = min(table.num_rows, start + step - filled)
+                        filled = (filled + stop - start) % step
+                        yield table.slice(start, stop - start)
+                        start = stop
+                    del table
             del block, perm
 
     def __iter__(self):

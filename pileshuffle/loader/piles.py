@@ -15,6 +15,7 @@ All I/O goes through ``pyarrow.fs`` (local, gs://, s3://); nothing here imports 
 
 import dataclasses
 import json
+import math
 import posixpath
 import re
 
@@ -32,9 +33,12 @@ from pileshuffle.loader.order import sort_by_key
 RECORD_COLUMN = "record"
 KEY_COLUMN = "_pileshuffle_key"
 HASH_COLUMN = "_pileshuffle_hash"
-STORE_COLUMNS = {"tfrecord": "frame", "jsonl": "line"}
+# A store file's record column: whole frames / lines as the format writes them, or payloads
+# (``record``, from a bytes PCollection); SPEC.md said ``frame``, the store writes ``tfrecord_frame``.
+STORE_COLUMNS = {"tfrecord": ("tfrecord_frame", "frame", RECORD_COLUMN), "jsonl": ("line", RECORD_COLUMN)}
 BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
 _STORE_MANIFEST = re.compile(r"manifest-(\d{8})\.json$")
+MAX_SUB_PILES = 1024
 
 
 class NoOutputError(InputError):
@@ -78,39 +82,69 @@ def read_json(fs, path: str) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """Records in an order: binary views over ``buffers`` (bytes formats) or a table
-    (Parquet). ``take``/``slice`` give ``pyarrow.Table``s; views move, data never does."""
+    """Records in an order: binary views over ``buffers`` (bytes formats: reordering
+    moves 16-byte views, never payloads), or single-chunk tables one after another
+    (Parquet: one per pile; a take gathers from each, never combining the piles, as
+    Arrow's take over many chunks or one combined copy of a group are both slow).
+    ``take``/``slice`` give ``pyarrow.Table``s."""
 
     views: np.ndarray = None
     buffers: tuple = ()
-    table: pa.Table = None
+    tables: tuple = None
 
     @property
     def num_rows(self) -> int:
-        return len(self.views) if self.table is None else self.table.num_rows
+        return len(self.views) if self.tables is None else sum(t.num_rows for t in self.tables)
 
     def take(self, indices: np.ndarray) -> pa.Table:
-        if self.table is not None:
-            return self.table.take(indices)
-        return pa.table({RECORD_COLUMN: rec.view_array(self.views[indices], self.buffers)})
+        if self.tables is None:
+            return pa.table({RECORD_COLUMN: rec.view_array(np.take(self.views, indices, axis=0), self.buffers)})
+        if len(self.tables) == 1:
+            return self.tables[0].take(indices)
+        starts = np.cumsum([0] + [t.num_rows for t in self.tables])
+        owner = np.searchsorted(starts, indices, side="right") - 1
+        by_owner = np.argsort(owner, kind="stable")
+        sorted_owner, sorted_indices = owner[by_owner], indices[by_owner]
+        bounds = np.searchsorted(sorted_owner, np.arange(len(self.tables) + 1))
+        parts = [self.tables[p].take(sorted_indices[bounds[p] : bounds[p + 1]] - starts[p])
+                 for p in range(len(self.tables)) if bounds[p + 1] > bounds[p]]
+        return pa.concat_tables(parts).combine_chunks().take(np.argsort(by_owner))
 
     def slice(self, start: int, stop: int) -> pa.Table:
-        if self.table is not None:
-            return self.table.slice(start, stop - start)
-        return pa.table({RECORD_COLUMN: rec.view_array(self.views[start:stop], self.buffers)})
+        if self.tables is None:
+            return pa.table({RECORD_COLUMN: rec.view_array(self.views[start:stop], self.buffers)})
+        parts, offset = [], 0
+        for table in self.tables:
+            lo, hi = max(start, offset), min(stop, offset + table.num_rows)
+            if lo < hi or not parts and table is self.tables[-1]:
+                parts.append(table.slice(lo - offset, max(0, hi - lo)))
+            offset += table.num_rows
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+    def compact(self) -> "Block":
+        """The same records copied into one new buffer: nothing refers to the old buffers."""
+        if self.tables is not None or not len(self.views):
+            return self
+        array = rec.view_array(self.views, self.buffers)
+        size = int(self.views[:, :4].copy().view("<i4").astype(np.int64).sum())
+        array = array.cast(pa.binary() if size < 2**31 else pa.large_binary())
+        values = _values_buffer(array)
+        return Block(rec.value_views(array, values), (values,))
 
     def reorder(self, indices: np.ndarray) -> "Block":
-        if self.table is not None:
-            return Block(table=self.table.take(indices))
-        return Block(self.views[indices], self.buffers)
+        if self.tables is None:
+            return Block(np.take(self.views, indices, axis=0), self.buffers)  # 10x views[indices] on (n, 16)
+        return Block(tables=(self.take(indices),))
 
     @staticmethod
     def concat(blocks) -> "Block":
-        """One block holding ``blocks`` one after another (Parquet: combined into one
-        chunk, as Arrow's take on many chunks is slow)."""
-        blocks = [b for b in blocks if b.num_rows] or list(blocks)[:1]
-        if blocks and blocks[0].table is not None:
-            return Block(table=pa.concat_tables([b.table for b in blocks]).combine_chunks())
+        """One block holding ``blocks`` one after another."""
+        blocks = list(blocks)
+        blocks = [b for b in blocks if b.num_rows] or blocks[:1]
+        if blocks and blocks[0].tables is not None:
+            return Block(tables=tuple(t.combine_chunks() for b in blocks for t in b.tables))  # 1 chunk: no copy
+        if len(blocks) == 1:
+            return blocks[0]
         views, buffers = [np.zeros((0, 16), np.uint8)], []
         for block in blocks:
             shifted = block.views.copy()
@@ -133,13 +167,29 @@ class Source:
     def read_shard(self, path: str) -> Block:
         if self.format == "parquet":
             try:
-                with self.filesystem.open_input_file(path) as handle:
-                    return Block(table=pq.ParquetFile(handle).read(columns=self.columns))
+                with self.filesystem.open_input_file(path) as handle:  # no pre-buffer, one thread: least memory
+                    parquet = pq.ParquetFile(handle, pre_buffer=False)
+                    return Block(tables=(parquet.read(columns=self.columns, use_threads=False),))
             except (OSError, pa.ArrowException) as error:
                 raise InputError(path, f"cannot be read as Parquet: {error}") from error
         parse = rec.tfrecord_views if self.format == "tfrecord" else rec.line_views
         buffer = read_bytes(self.filesystem, path)
         return Block(parse(buffer, path, 0), (buffer,))
+
+    def read_store_keys(self, path: str) -> np.ndarray:
+        """The ``_pileshuffle_key`` column of a store file (local files: memory-mapped, so
+        only the keys' pages are read)."""
+        try:
+            if isinstance(self.filesystem, pafs.LocalFileSystem):
+                with pa.memory_map(path) as mapped:
+                    reader = pa.ipc.open_stream(mapped)
+                    parts = [batch.column(KEY_COLUMN).to_numpy() for batch in reader]
+            else:
+                with self.filesystem.open_input_stream(path) as stream:
+                    parts = [batch.column(KEY_COLUMN).to_numpy() for batch in pa.ipc.open_stream(stream)]
+        except (OSError, pa.ArrowException, KeyError) as error:
+            raise InputError(path, f"cannot be read as a pile store data file: {error}") from error
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
     def read_store_file(self, path: str):
         """``(block, keys)`` of one store data file (an Arrow IPC stream)."""
@@ -153,15 +203,17 @@ class Source:
         keys = table.column(KEY_COLUMN).to_numpy()
         if self.format == "parquet":
             columns = [c for c in table.column_names if c not in (KEY_COLUMN, HASH_COLUMN)]
-            return Block(table=table.select(list(self.columns or columns))), keys
-        column = STORE_COLUMNS[self.format]
-        if column not in table.column_names:
-            raise InputError(path, f"has no {column!r} column: not a {self.format} pile store file")
-        parse = rec.tfrecord_views if self.format == "tfrecord" else rec.line_views
+            return Block(tables=(table.select(list(self.columns or columns)),)), keys
+        column = next((c for c in STORE_COLUMNS[self.format] if c in table.column_names), None)
+        if column is None:
+            raise InputError(path, f"has none of the columns {list(STORE_COLUMNS[self.format])}: not a "
+                                   f"{self.format} pile store file")
+        parse = {"tfrecord": rec.tfrecord_views, "jsonl": rec.line_views}[self.format]
         blocks = []
         for chunk in table.column(column).chunks:
             buffer = _values_buffer(chunk)
-            blocks.append(Block(parse(buffer, path, 0), (buffer,)))
+            views = rec.value_views(chunk, buffer) if column == RECORD_COLUMN else parse(buffer, path, 0)
+            blocks.append(Block(views, (buffer,)))
         return Block.concat(blocks), keys
 
 
@@ -172,6 +224,13 @@ def _values_buffer(chunk: pa.Array) -> pa.Buffer:
     width = np.int64 if pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type) else np.int32
     offsets = np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
     return chunk.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+
+def sub_pile_of(keys: np.ndarray, num_piles: int, ways: int) -> np.ndarray:
+    """The sub-pile of each key of a pile split ``ways`` ways: the top digit, in base
+    ``ways``, of U's digits after its pile digit (``U * M mod 2**64``)."""
+    with np.errstate(over="ignore"):
+        return keymath.pile_of(np.asarray(keys, np.uint64) * np.uint64(num_piles), ways)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,8 +245,10 @@ class PileRef:
     files: tuple
     keyed: bool
     source: Source
+    part: tuple = None  # (sub, ways): this ref is sub-pile ``sub`` of pile ``index``
 
     def load(self, part=None) -> Block:
+        part = part or self.part
         if not self.keyed:
             if part is not None:
                 raise ValueError("only keyed piles (stores) load in sub-piles")
@@ -195,11 +256,9 @@ class PileRef:
         blocks, keys = [], []
         for path in self.files:
             block, file_keys = self.source.read_store_file(path)
-            if part is not None:
-                sub, ways = part
-                digits = np.asarray(file_keys, np.uint64) * np.uint64(self.source.num_piles)
-                chosen = np.flatnonzero(keymath.pile_of(digits, ways) == sub)
-                block, file_keys = block.reorder(chosen), file_keys[chosen]
+            if part is not None:  # keep only the sub-pile's records, copied out of the file's buffers
+                chosen = np.flatnonzero(sub_pile_of(file_keys, self.source.num_piles, part[1]) == part[0])
+                block, file_keys = block.reorder(chosen).compact(), file_keys[chosen]
             blocks.append(block)
             keys.append(file_keys)
         keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
@@ -297,12 +356,27 @@ def _open_store(fs, manifest_path: str, columns) -> Output:
     files = {p: [] for p in range(num_piles)}
     for generation in sorted(manifest["generations"], key=lambda g: g["generation"]):
         for entry in sorted(generation["files"], key=lambda f: f["writer"]):
-            files[int(entry["pile"])].append((posixpath.join(directory, entry["path"]), int(entry["records"])))
-    piles = tuple(
-        PileRef(p, sum(r for _, r in files[p]), tuple(path for path, _ in files[p]), True, source) for p in range(num_piles)
-    )
+            files[int(entry["pile"])].append(
+                (posixpath.join(directory, entry["path"]), int(entry["records"]), int(entry.get("bytes") or 0)))
+    limit = int(manifest.get("max_pile_bytes") or 0)
+    piles = tuple(ref for p in range(num_piles) for ref in _store_pile(source, p, files[p], limit))
     fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
     return Output(manifest_path, name, piles, _schema(source, piles), fingerprint, "store")
+
+
+def _store_pile(source: Source, pile: int, files: list, limit: int) -> list:
+    """The pile's refs: the whole pile, or, when its files hold more than ``limit`` bytes
+    (the store's ``max_pile_bytes``; appended generations make piles grow), its sub-piles
+    in order, counted from the files' keys."""
+    paths = tuple(path for path, _, _ in files)
+    size = sum(nbytes for _, _, nbytes in files)
+    if not limit or size <= limit:
+        return [PileRef(pile, sum(records for _, records, _ in files), paths, True, source)]
+    ways = min(MAX_SUB_PILES, math.ceil(size / limit))
+    counts = np.zeros(ways, np.int64)
+    for path in paths:
+        counts += np.bincount(sub_pile_of(source.read_store_keys(path), source.num_piles, ways), minlength=ways)
+    return [PileRef(pile, int(counts[s]), paths, True, source, (s, ways)) for s in range(ways)]
 
 
 def _schema(source: Source, piles) -> pa.Schema:

@@ -18,9 +18,10 @@ Invariants:
 Only this module (and ``pileshuffle.loader.tf`` for TensorFlow) imports torch.
 """
 
+import pyarrow as pa
 import torch.utils.data
 
-from torch.utils.data import get_worker_info
+from torch.utils.data import default_convert, get_worker_info
 
 # torchdata's StatefulDataLoader state keys (torchdata.stateful_dataloader, 0.8 - 0.11)
 _SNAPSHOT, _STEPS_SINCE_SNAPSHOT = "_snapshot", "_steps_since_snapshot"
@@ -45,13 +46,18 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self.as_numpy = as_numpy
         self._resume = None  # a state or a list of states the next iteration starts from
         self._part = None  # the part this process iterates now
+        # [set?, epoch] of set_epoch() in shared memory: persistent workers see it too
+        self._epoch = torch.zeros(2, dtype=torch.int64).share_memory_()
 
     # -- epochs and length
 
     def set_epoch(self, epoch):
-        """The next iteration's epoch (call it before each epoch, in the main process; with
-        ``persistent_workers=True`` the workers keep their own copy and never see it)."""
+        """The next iteration's epoch (call it before each epoch, in the main process). It
+        reaches the workers of the next iteration whether they are new or persistent
+        (``persistent_workers=True`` keeps the workers' own copies of this object)."""
         self.dataset.set_epoch(epoch)
+        self._epoch[1] = int(epoch)
+        self._epoch[0] = 1
 
     def __len__(self):
         """Records this rank yields per epoch (with ``batch_size``, batches per epoch depend on
@@ -69,6 +75,8 @@ class TorchDataset(torch.utils.data.IterableDataset):
 
     def _part_to_iterate(self):
         worker, num_workers = self._worker()
+        if self._epoch[0]:
+            self.dataset.set_epoch(int(self._epoch[1]))
         resume, self._resume = self._resume, None
         if isinstance(resume, list):
             return resumed_part(self.dataset, resume, worker, num_workers)
@@ -83,8 +91,12 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self._part = part = self._part_to_iterate()
         if self.batch_size is None:
             return iter(part)
-        as_numpy = self.as_numpy and self.dataset.format == "parquet"
-        return part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=as_numpy)
+        if self.dataset.format != "parquet":
+            return part.batches(self.batch_size, drop_last=self.drop_last)
+        batches = part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=self.as_numpy)
+        if get_worker_info() is None:
+            return map(writable, batches) if self.as_numpy else batches
+        return map(TensorsOnArrival if self.as_numpy else ArrowOnArrival, batches)
 
     # -- state
 
@@ -104,6 +116,65 @@ class TorchDataset(torch.utils.data.IterableDataset):
         of an earlier split (``worker_states``, ``loader_states``)."""
         self._resume = list(state) if isinstance(state, (list, tuple)) else state
         self._part = None
+
+
+class TensorsOnArrival:
+    """A DataLoader worker's batch of numpy columns that the main process unpickles as the
+    dict of tensors the DataLoader would have made (``default_convert``). The numbers cross
+    the worker's pipe inside the pickle, instead of one shared-memory segment (a file, a
+    socket round trip) per tensor, which cost more than a small column's bytes: Parquet
+    through 2 workers went from 60 to ~380 MB/s (bench/loader.py, parquet-k1-dl2). It reads
+    like the dict of numpy arrays it carries (for a ``collate_fn`` of one's own in the worker),
+    but is no ``Mapping``, which the DataLoader would turn into tensors in the worker."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns):
+        self.columns = columns
+
+    def __reduce__(self):
+        return default_convert, (self.columns,)
+
+    def __getitem__(self, name):
+        return self.columns[name]
+
+    def __iter__(self):
+        return iter(self.columns)
+
+    def __len__(self):
+        return len(self.columns)
+
+    def keys(self):
+        return self.columns.keys()
+
+    def items(self):
+        return self.columns.items()
+
+    def values(self):
+        return self.columns.values()
+
+
+class ArrowOnArrival:
+    """A DataLoader worker's ``pyarrow.RecordBatch`` sent as its Arrow IPC message: pickle
+    would send the whole buffers a sliced batch points into (a loaded pile per batch)."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def __reduce__(self):
+        return read_batch, (self.batch.serialize(), self.batch.schema)
+
+
+def read_batch(message, schema):
+    return pa.ipc.read_record_batch(message, schema)
+
+
+def writable(columns):
+    """Numpy columns torch can take without its warning about read-only arrays (Arrow's
+    zero-copy numbers are read-only; copying a batch of numbers is cheap)."""
+    return {name: array if array.flags.writeable else array.copy() for name, array in columns.items()}
 
 
 def resumed_part(dataset, states, worker, num_workers):
