@@ -643,45 +643,17 @@ def test_any_pyarrow_filesystem_reads_the_same(name, request):
 
 # --- the README's "Training on the output" examples, run as written ------------------------
 
-README_TORCH = '''
-from torch.utils.data import DataLoader
-from pileshuffle.loader import ShuffledDataset
+def readme_examples(section="## Training on the output"):
+    """The python code blocks of one README section, as written there."""
+    import re
 
-ds = ShuffledDataset("out/train", seed=0, rank=rank, world_size=world_size)  # from torch.distributed
-train = ds.torch(batch_size=256)          # batches are made in the DataLoader workers
-loader = DataLoader(train, batch_size=None, num_workers=2)
-for epoch in range(2):
-    train.set_epoch(epoch)                # a new order every epoch
-    for batch in loader:                  # a list of 256 records (bytes); Parquet: a dict of tensors
-        ...
-'''
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    body = readme[readme.index(section):]
+    body = body[: body.index("\n## ", len(section))]
+    return re.findall(r"```python\n(.*?)```", body, flags=re.S)
 
-README_RESUME = '''
-from torchdata.stateful_dataloader import StatefulDataLoader
 
-loader = StatefulDataLoader(train, batch_size=None, num_workers=2)
-for step, batch in enumerate(loader):
-    if step == 3:
-        checkpoint = loader.state_dict()  # save it with the model
-        break
-loader = StatefulDataLoader(train, batch_size=None, num_workers=2)
-loader.load_state_dict(checkpoint)        # goes on with the next batch, exactly
-'''
-
-README_TF = '''
-import tensorflow as tf
-from pileshuffle.loader import ShuffledDataset
-
-ds = ShuffledDataset("out/train", seed=0)
-spec = {"index": tf.io.FixedLenFeature([], tf.int64)}
-consumed = 0
-for batch in ds.tf(batch_size=256).map(lambda x: tf.io.parse_example(x, spec)):
-    consumed += len(batch["index"])       # ... train on the batch
-    if consumed == 512:
-        state = ds.state_after(consumed)  # tf.data runs ahead: the state is a function of what was consumed
-        break
-ds.load_state_dict(state)                 # later: ds.tf() goes on from record 512
-'''
+README_TORCH, README_RESUME, README_TF = readme_examples()
 
 
 @pytest.fixture(scope="module")
