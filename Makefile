@@ -50,9 +50,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-## bench: the benchmark table (see bench/README.md); SCALE=10 for the 10 GB run.
+## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores; SCALE=10 for 10 GB.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
+	$(BIN)/python bench/loader.py $(if $(SCALE),--scale $(SCALE),)
+	$(BIN)/python bench/store.py
 
 ## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).
 metadata: $(STAMP)

@@ -125,11 +125,34 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
               f"({plan.num_piles_reason})", file=sys.stderr)
     pipeline = beam.Pipeline(runner=make_runner(options), options=options)
     build(pipeline, plan, started, release_fragments=is_local(options))
-    held = types.SimpleNamespace(ours=False)
-    holding = _worker_stderr(held) if hold_worker_stderr and is_local(options) else contextlib.nullcontext()
     showing = progress.showing(len(plan.sources), plan.input_bytes, plan.num_piles,
                                enabled=not quiet and shows_progress(options))
-    with showing, holding:
+
+    def failed(error):
+        remove_tree(plan.work_dir)
+        remove_tree(staging_dir(plan.output))
+        message = user_message(error)
+        if message and "No space left" in message:
+            return OutputError(f"{message}; {space_note(plan)}")
+        return None
+
+    result = run_pipeline(pipeline, options, wait, hold_worker_stderr, failed, showing)
+    if result is not None:
+        return result
+    manifest = read_manifest(plan.output)
+    manifest["wall_seconds"] = time.time() - started
+    manifest["inputs_left_out"] = plan.left_out
+    return manifest
+
+
+def run_pipeline(pipeline, options, wait, hold_worker_stderr, on_failure, showing=None):
+    """Run ``pipeline`` and wait for it when its runner is waited for (``should_wait``);
+    returns Beam's result when it is not, else None. On failure ``on_failure(error)``
+    cleans up and may return the error to raise instead; our own errors come out
+    unwrapped from the runner's (in-process runners wrap or rename them)."""
+    held = types.SimpleNamespace(ours=False)
+    holding = _worker_stderr(held) if hold_worker_stderr and is_local(options) else contextlib.nullcontext()
+    with showing or contextlib.nullcontext(), holding:
         try:
             result = pipeline.run()
             if not should_wait(options, wait):
@@ -140,21 +163,16 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
                 close_client(result, cancel=True)
                 raise
             close_client(result)
+            return None
         except BaseException as error:
             held.ours = user_message(error) is not None
-            remove_tree(plan.work_dir)
-            remove_tree(staging_dir(plan.output))
-            message = user_message(error)
-            if message and "No space left" in message:
-                raise OutputError(f"{message}; {space_note(plan)}") from error
+            replacement = on_failure(error)
+            if replacement is not None:
+                raise replacement from error
             ours = unwrapped(error)
             if ours is not None and ours is not error:
-                raise ours from error  # in-process runners wrap our error or rename it
+                raise ours from error
             raise
-    manifest = read_manifest(plan.output)
-    manifest["wall_seconds"] = time.time() - started
-    manifest["inputs_left_out"] = plan.left_out
-    return manifest
 
 
 def shows_progress(options) -> bool:

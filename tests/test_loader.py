@@ -424,7 +424,7 @@ def test_a_corrupt_frame_is_refused_naming_file_and_offset(tmp_path, name, reque
 # --- pile stores, built by hand as SPEC.md fixes them ---------------------------------------
 
 def _frame(payload: bytes) -> bytes:
-    from pileshuffle.loader.records import mask_crcs
+    from pileshuffle.crc import mask_crcs
 
     header = len(payload).to_bytes(8, "little")
     crc = lambda b: int(mask_crcs(np.array([google_crc32c.value(b)]))[0]).to_bytes(4, "little")  # noqa: E731

@@ -13,6 +13,16 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
+from pileshuffle.crc import (  # noqa: F401  (CRC_PRESET_BYTES, masked_crc: used by tests and writers)
+    CRC_PRESET_BYTES,
+    FOOTER_BYTES,
+    HEADER_BYTES,
+    PRESET_HEADER,
+    crc32c_of_u64_fields,
+    mask_crcs,
+    masked_crc,
+    unmask_crcs,
+)
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats.base import (
@@ -26,55 +36,12 @@ from pileshuffle.formats.base import (
 )
 
 FRAME_COLUMN = "tfrecord_frame"
-HEADER_BYTES = 12
-FOOTER_BYTES = 4
-_MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
-
-
-def masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
-
-
-def unmask_crcs(masked: np.ndarray) -> np.ndarray:
-    """Vectorized inverse of the TFRecord CRC mask (uint32 in, uint64 out)."""
-    rot = (masked.astype(np.uint64) - np.uint64(_MASK_DELTA)) & np.uint64(_U32)
-    return ((rot >> np.uint64(17)) | (rot << np.uint64(15))) & np.uint64(_U32)
 
 
 def frame(payload: bytes) -> bytes:
     header = struct.pack("<Q", len(payload))
     return b"".join((header, struct.pack("<I", masked_crc(header)), payload, struct.pack("<I", masked_crc(payload))))
-
-
-def _header_crc_tables():
-    """CRC32C of an 8-byte field is affine in its bits: crc(x) = crc(0) ^ XOR_k T[k][x_k].
-    The tables come from google_crc32c itself."""
-    zero = google_crc32c.value(bytes(8))
-    tables = np.zeros((8, 256), dtype=np.uint32)
-    for k in range(8):
-        for v in range(256):
-            field = bytearray(8)
-            field[k] = v
-            tables[k, v] = google_crc32c.value(bytes(field)) ^ zero
-    return np.uint32(zero), tables
-
-
-_ZERO_HEADER_CRC, _HEADER_CRC_TABLES = _header_crc_tables()
-
-
-def crc32c_of_u64_fields(fields: np.ndarray) -> np.ndarray:
-    """CRC32C of each little-endian 8-byte field of an (n, 8) uint8 array, vectorized."""
-    out = np.full(len(fields), _ZERO_HEADER_CRC, dtype=np.uint32)
-    for k in range(8):
-        out ^= _HEADER_CRC_TABLES[k][fields[:, k]]
-    return out
-
-
-def mask_crcs(crcs: np.ndarray) -> np.ndarray:
-    crcs = crcs.astype(np.uint64)
-    return ((((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) & np.uint64(_U32)) + np.uint64(_MASK_DELTA)) & np.uint64(_U32)
 
 
 def _walk(buf: bytes, size: int):
@@ -97,13 +64,6 @@ def stored_data_crcs(raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return raw[(ends - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)].copy().view("<u4").ravel()
 
 
-# The 4 bytes that take a zeroed CRC32C register to 0xFFFFFFFF, the standard preset:
-# the CRC32C of any payload is the raw CRC (register from 0, no final xor) of
-# CRC_PRESET_BYTES + payload, xor 0xFFFFFFFF (tests derive it from google_crc32c).
-CRC_PRESET_BYTES = bytes.fromhex("54641f64")
-_PRESET_HEADER = np.frombuffer(bytes(8) + CRC_PRESET_BYTES, dtype=np.uint8)
-
-
 def payloads_match_stored_crcs(raw: np.ndarray, begin: np.ndarray, ends: np.ndarray, stored: np.ndarray) -> bool:
     """Whether every frame's data matches its stored CRC, with one CRC pass over the
     frames instead of one Python call per record (``stored``: ``stored_data_crcs(raw, ends)``).
@@ -117,7 +77,7 @@ def payloads_match_stored_crcs(raw: np.ndarray, begin: np.ndarray, ends: np.ndar
     if not len(begin):
         return True
     copy = raw[: ends[-1]].copy()
-    copy[begin[:, None] + np.arange(HEADER_BYTES)] = _PRESET_HEADER
+    copy[begin[:, None] + np.arange(HEADER_BYTES)] = PRESET_HEADER
     footers = (ends - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)
     registers = (unmask_crcs(stored) ^ np.uint64(_U32)).astype("<u4")
     copy[footers] = registers.view(np.uint8).reshape(-1, FOOTER_BYTES)

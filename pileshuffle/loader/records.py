@@ -16,50 +16,13 @@ import google_crc32c
 import numpy as np
 import pyarrow as pa
 
+from pileshuffle.crc import FOOTER_BYTES, HEADER_BYTES, PRESET_HEADER, crc32c_of_u64_fields, mask_crcs, unmask_crcs
 from pileshuffle.errors import InputError
 
-HEADER_BYTES = 12
-FOOTER_BYTES = 4
 CRC_WINDOW_BYTES = 2 << 20
 NEWLINE = 10
 MAX_BUFFER_BYTES = 2**31 - 1  # a view's offset is an int32
-_MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
-# The 4 bytes that take a zeroed CRC32C register to 0xFFFFFFFF (see formats/tfrecord.py).
-_PRESET_HEADER = np.frombuffer(bytes(8) + bytes.fromhex("54641f64"), dtype=np.uint8)
-
-
-def mask_crcs(crcs: np.ndarray) -> np.ndarray:
-    crcs = crcs.astype(np.uint64)
-    return ((((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) & np.uint64(_U32)) + np.uint64(_MASK_DELTA)) & np.uint64(_U32)
-
-
-def unmask_crcs(masked: np.ndarray) -> np.ndarray:
-    rot = (masked.astype(np.uint64) - np.uint64(_MASK_DELTA)) & np.uint64(_U32)
-    return ((rot >> np.uint64(17)) | (rot << np.uint64(15))) & np.uint64(_U32)
-
-
-def _u64_field_crc_tables():
-    """CRC32C of an 8-byte field is affine in its bytes: crc(x) = crc(0) ^ XOR_k T[k][x_k]."""
-    zero = google_crc32c.value(bytes(8))
-    tables = np.zeros((8, 256), dtype=np.uint32)
-    for k in range(8):
-        for v in range(256):
-            field = bytearray(8)
-            field[k] = v
-            tables[k, v] = google_crc32c.value(bytes(field)) ^ zero
-    return np.uint32(zero), tables
-
-
-_ZERO_FIELD_CRC, _FIELD_CRC_TABLES = _u64_field_crc_tables()
-
-
-def length_crcs(fields: np.ndarray) -> np.ndarray:
-    """CRC32C of each 8-byte row of an (n, 8) uint8 array."""
-    out = np.full(len(fields), _ZERO_FIELD_CRC, dtype=np.uint32)
-    for k in range(8):
-        out ^= _FIELD_CRC_TABLES[k][fields[:, k]]
-    return out
 
 
 def frame_starts(raw: np.ndarray, path: str) -> np.ndarray:
@@ -105,7 +68,7 @@ def _check_headers(raw: np.ndarray, begin: np.ndarray, path: str):
     if not len(begin):
         return
     headers = _headers(raw, begin)
-    ok = mask_crcs(length_crcs(headers[:, :8])) == np.ascontiguousarray(headers[:, 8:]).view("<u4").ravel()
+    ok = mask_crcs(crc32c_of_u64_fields(headers[:, :8])) == np.ascontiguousarray(headers[:, 8:]).view("<u4").ravel()
     if not ok.all():
         raise InputError(path, "corrupt record: the length field fails its CRC", int(begin[np.argmin(ok)]))
 
@@ -116,7 +79,7 @@ def _data_crcs_match(raw: np.ndarray, begin: np.ndarray, ends: np.ndarray) -> bo
     (``pileshuffle.formats.tfrecord.payloads_match_stored_crcs``, without Beam)."""
     lo = int(begin[0])
     copy = raw[lo : int(ends[-1])].copy()
-    copy[(begin - lo)[:, None] + np.arange(HEADER_BYTES)] = _PRESET_HEADER
+    copy[(begin - lo)[:, None] + np.arange(HEADER_BYTES)] = PRESET_HEADER
     footers = (ends - lo - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)
     stored = copy[footers].copy().view("<u4").ravel()
     copy[footers] = (unmask_crcs(stored) ^ np.uint64(_U32)).astype("<u4").view(np.uint8).reshape(-1, FOOTER_BYTES)

@@ -17,7 +17,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pileshuffle.errors import InputError, OutputError, PileshuffleError, unwrapped, user_message
+from pileshuffle.errors import InputError, OutputError, PileshuffleError, user_message
 from pileshuffle.options import check_command_argv
 from pileshuffle.store import layout
 from pileshuffle.store.read import live_piles
@@ -38,11 +38,8 @@ HOLD_WORKER_STDERR = {"on": False}  # the command line: report our errors in one
 def execute(options, argv, build, partitions: int, on_failure, wait=None):
     """Run the graph ``build(pipeline)`` adds, on the runner ``options`` name, as ``run``
     does; returns Beam's result when not waited for (Dataflow), else None."""
-    import contextlib
-
-    from pileshuffle.pipeline import _worker_stderr
-    from pileshuffle.runners import (close_client, dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local,
-                                     local_defaults, make_runner, should_wait)
+    from pileshuffle.pipeline import run_pipeline
+    from pileshuffle.runners import dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults, make_runner
 
     if is_local(options):
         options = local_defaults(options, argv)
@@ -52,27 +49,7 @@ def execute(options, argv, build, partitions: int, on_failure, wait=None):
         options = dataflow_defaults(options)
     pipeline = beam.Pipeline(runner=make_runner(options), options=options)
     build(pipeline)
-    held = types.SimpleNamespace(ours=False)
-    holding = _worker_stderr(held) if HOLD_WORKER_STDERR["on"] and is_local(options) else contextlib.nullcontext()
-    with holding:
-        try:
-            result = pipeline.run()
-            if not should_wait(options, wait):
-                return result
-            try:
-                result.wait_until_finish()
-            except BaseException:
-                close_client(result, cancel=True)
-                raise
-            close_client(result)
-            return None
-        except BaseException as error:
-            held.ours = user_message(error) is not None
-            on_failure()
-            ours = unwrapped(error)
-            if ours is not None and ours is not error:
-                raise ours from error
-            raise
+    return run_pipeline(pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure())
 
 
 def store_inputs(sources) -> list:
