@@ -208,6 +208,18 @@ def test_plain_dataloader_resumes_from_the_number_of_batches(output, num_workers
     assert stream(loader(resumed)) == whole[taken:]
 
 
+@pytest.mark.parametrize("taken", [0, 5, 16, 31])
+def test_plain_dataloader_resume_on_one_rank_of_several(output, taken):
+    """Each rank rebuilds only its own workers' states from its own batch count."""
+    def tds():
+        return ShuffledDataset(output, seed=3, epoch=1, rank=1, world_size=3).torch(batch_size=11)
+
+    whole = stream(DataLoader(tds(), batch_size=None, num_workers=2))
+    resumed = tds()
+    resumed.load_state_dict(loader_states(resumed, taken, num_workers=2))
+    assert stream(DataLoader(resumed, batch_size=None, num_workers=2)) == whole[taken:]
+
+
 def test_round_robin_skips_workers_that_are_done():
     assert round_robin(0, [2, 3]) == ([0, 0], 0)
     assert round_robin(3, [2, 3]) == ([2, 1], 1)
