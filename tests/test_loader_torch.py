@@ -253,12 +253,13 @@ def test_parquet_record_batches_cross_workers_as_their_own_bytes(parquet_output)
     assert len(pickle.dumps(ArrowOnArrival(sliced))) < 2 * sliced.nbytes + 10_000
 
 
-@pytest.mark.parametrize("persistent_workers", [False, True])
-def test_set_epoch_reaches_the_workers(output, persistent_workers):
+@pytest.mark.parametrize("persistent_workers,context", [(False, None), (True, None), (True, "spawn")])
+def test_set_epoch_reaches_the_workers(output, persistent_workers, context):
     """Persistent workers keep their own copy of the dataset between epochs: set_epoch in
-    the main process must reach them all the same."""
+    the main process must reach them all the same (also when workers are spawned, as on macOS)."""
     tds = ShuffledDataset(output, seed=3).torch()
-    loader = DataLoader(tds, batch_size=16, num_workers=2, persistent_workers=persistent_workers)
+    loader = DataLoader(tds, batch_size=16, num_workers=2, persistent_workers=persistent_workers,
+                        multiprocessing_context=context)
     for e in (1, 2):
         tds.set_epoch(e)
         assert flat(loader) == epoch(output, num_workers=2, epoch=e)
