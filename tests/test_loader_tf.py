@@ -6,6 +6,7 @@ import json
 import os
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
@@ -164,3 +165,13 @@ def test_state_in_an_epoch_a_repeating_pipeline_has_left(examples):
     resumed = ShuffledDataset(examples, seed=4)
     resumed.load_state_dict(state)
     assert [r.numpy() for r in resumed.tf()] == list(ShuffledDataset(examples, seed=4, epoch=2))[n:]
+
+
+def test_parquet_nulls_are_refused_by_column(tmp_path):
+    os.makedirs(tmp_path / "in")
+    table = pa.table({"index": pa.array(range(60)), "maybe": pa.array([None if i == 40 else i for i in range(60)])})
+    pq.write_table(table, str(tmp_path / "in" / "a.parquet"))
+    run_shuffle(str(tmp_path / "in" / "*.parquet"), str(tmp_path / "out" / "train"), "--format=parquet", "--num_piles=2")
+    assert len(list(ShuffledDataset(str(tmp_path / "out" / "train"), columns=["index"]).tf())) == 60
+    with pytest.raises(tf.errors.InvalidArgumentError, match="column .maybe. of .*train.* has null values"):
+        list(ShuffledDataset(str(tmp_path / "out" / "train")).tf())

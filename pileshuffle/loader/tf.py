@@ -32,14 +32,17 @@ CHUNK_RECORDS = 8192  # records per generator step; tf.data cuts them into eleme
 
 def to_tf(dataset, *, batch_size=None, drop_last=False):
     """``dataset``'s records (or batches of ``batch_size``) as a ``tf.data.Dataset``."""
-    as_numpy = dataset.format == "parquet"
     previous = []  # the epoch the last pass started in
 
     def chunks():
         if previous and previous[-1] == dataset.epoch:
             dataset.set_epoch(dataset.epoch + 1)
         previous[:] = [dataset.epoch]
-        yield from dataset.batches(CHUNK_RECORDS, as_numpy=as_numpy)
+        if dataset.format != "parquet":
+            yield from dataset.batches(CHUNK_RECORDS)
+            return
+        for batch in dataset.batches(CHUNK_RECORDS):
+            yield numpy_columns(batch, dataset.output.location)
 
     records = tf.data.Dataset.from_generator(chunks, output_signature=batch_spec(dataset))
     if batch_size is None:
@@ -53,6 +56,16 @@ def state_in_epoch(dataset, epoch, n):
     probe = copy.copy(dataset)
     probe.set_epoch(epoch)
     return probe.state_after(n)
+
+
+def numpy_columns(batch, location):
+    """A RecordBatch's columns as numpy arrays; a null is refused with the column's name
+    (numpy would make an integer column's nulls NaN, cast to garbage integers by TensorFlow)."""
+    for name, column in zip(batch.schema.names, batch.columns):
+        if column.null_count:
+            raise ValueError(f"ds.tf(): column {name!r} of {location} has null values, which a tensor cannot hold: "
+                             "fill them in the data, or leave the column out with columns=[...]")
+    return {name: column.to_numpy(zero_copy_only=False) for name, column in zip(batch.schema.names, batch.columns)}
 
 
 def batch_spec(dataset):
