@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from pileshuffle import sample
 from pileshuffle.loader import ShuffledDataset
-from pileshuffle.loader.tf import state_in_epoch, tf_dtype
+from pileshuffle.loader.tf import chunk_records, state_in_epoch, tf_dtype
 
 from conftest import run_shuffle
 
@@ -175,3 +175,12 @@ def test_parquet_nulls_are_refused_by_column(tmp_path):
     assert len(list(ShuffledDataset(str(tmp_path / "out" / "train"), columns=["index"]).tf())) == 60
     with pytest.raises(tf.errors.InvalidArgumentError, match="column .maybe. of .*train.* has null values"):
         list(ShuffledDataset(str(tmp_path / "out" / "train")).tf())
+
+
+def test_wide_records_come_in_smaller_chunks(parquet_output, tmp_path):
+    assert chunk_records(ShuffledDataset(parquet_output)) == 8192  # ~60-byte rows
+    sample.write_tfrecord(str(tmp_path / "in"), records=20, files=1, record_bytes=1 << 20)  # 1 MiB records
+    run_shuffle(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train"), "--num_piles=2")
+    wide = ShuffledDataset(str(tmp_path / "out" / "train"))
+    assert chunk_records(wide) == 8  # 8 MiB per generator step, not 8,192 MiB
+    assert len([r for r in wide.tf()]) == 20
