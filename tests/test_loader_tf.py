@@ -6,12 +6,13 @@ import json
 import os
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
 from pileshuffle import sample
 from pileshuffle.loader import ShuffledDataset
-from pileshuffle.loader.tf import state_in_epoch, tf_dtype
+from pileshuffle.loader.tf import chunk_records, state_in_epoch, tf_dtype
 
 from conftest import run_shuffle
 
@@ -164,3 +165,22 @@ def test_state_in_an_epoch_a_repeating_pipeline_has_left(examples):
     resumed = ShuffledDataset(examples, seed=4)
     resumed.load_state_dict(state)
     assert [r.numpy() for r in resumed.tf()] == list(ShuffledDataset(examples, seed=4, epoch=2))[n:]
+
+
+def test_parquet_nulls_are_refused_by_column(tmp_path):
+    os.makedirs(tmp_path / "in")
+    table = pa.table({"index": pa.array(range(60)), "maybe": pa.array([None if i == 40 else i for i in range(60)])})
+    pq.write_table(table, str(tmp_path / "in" / "a.parquet"))
+    run_shuffle(str(tmp_path / "in" / "*.parquet"), str(tmp_path / "out" / "train"), "--format=parquet", "--num_piles=2")
+    assert len(list(ShuffledDataset(str(tmp_path / "out" / "train"), columns=["index"]).tf())) == 60
+    with pytest.raises(tf.errors.InvalidArgumentError, match="column .maybe. of .*train.* has null values"):
+        list(ShuffledDataset(str(tmp_path / "out" / "train")).tf())
+
+
+def test_wide_records_come_in_smaller_chunks(parquet_output, tmp_path):
+    assert chunk_records(ShuffledDataset(parquet_output)) == 8192  # ~60-byte rows
+    sample.write_tfrecord(str(tmp_path / "in"), records=20, files=1, record_bytes=1 << 20)  # 1 MiB records
+    run_shuffle(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train"), "--num_piles=2")
+    wide = ShuffledDataset(str(tmp_path / "out" / "train"))
+    assert chunk_records(wide) == 8  # 8 MiB per generator step, not 8,192 MiB
+    assert len([r for r in wide.tf()]) == 20

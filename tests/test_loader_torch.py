@@ -208,6 +208,18 @@ def test_plain_dataloader_resumes_from_the_number_of_batches(output, num_workers
     assert stream(loader(resumed)) == whole[taken:]
 
 
+@pytest.mark.parametrize("taken", [0, 5, 16, 31])
+def test_plain_dataloader_resume_on_one_rank_of_several(output, taken):
+    """Each rank rebuilds only its own workers' states from its own batch count."""
+    def tds():
+        return ShuffledDataset(output, seed=3, epoch=1, rank=1, world_size=3).torch(batch_size=11)
+
+    whole = stream(DataLoader(tds(), batch_size=None, num_workers=2))
+    resumed = tds()
+    resumed.load_state_dict(loader_states(resumed, taken, num_workers=2))
+    assert stream(DataLoader(resumed, batch_size=None, num_workers=2)) == whole[taken:]
+
+
 def test_round_robin_skips_workers_that_are_done():
     assert round_robin(0, [2, 3]) == ([0, 0], 0)
     assert round_robin(3, [2, 3]) == ([2, 1], 1)
@@ -241,12 +253,13 @@ def test_parquet_record_batches_cross_workers_as_their_own_bytes(parquet_output)
     assert len(pickle.dumps(ArrowOnArrival(sliced))) < 2 * sliced.nbytes + 10_000
 
 
-@pytest.mark.parametrize("persistent_workers", [False, True])
-def test_set_epoch_reaches_the_workers(output, persistent_workers):
+@pytest.mark.parametrize("persistent_workers,context", [(False, None), (True, None), (True, "spawn")])
+def test_set_epoch_reaches_the_workers(output, persistent_workers, context):
     """Persistent workers keep their own copy of the dataset between epochs: set_epoch in
-    the main process must reach them all the same."""
+    the main process must reach them all the same (also when workers are spawned, as on macOS)."""
     tds = ShuffledDataset(output, seed=3).torch()
-    loader = DataLoader(tds, batch_size=16, num_workers=2, persistent_workers=persistent_workers)
+    loader = DataLoader(tds, batch_size=16, num_workers=2, persistent_workers=persistent_workers,
+                        multiprocessing_context=context)
     for e in (1, 2):
         tds.set_epoch(e)
         assert flat(loader) == epoch(output, num_workers=2, epoch=e)

@@ -6,8 +6,8 @@ Invariants:
   Parquet rows are dicts with one scalar tensor per column of ``ds.schema``. With
   ``batch_size`` the elements are those batches instead (vectors, a dict of vectors).
 - The elements are the dataset's own records in its own order: the generator hands TensorFlow
-  chunks of ``ds.batches(CHUNK_RECORDS)`` (one Python-to-TensorFlow conversion per chunk, never
-  per record; ~0.3 ms per generator step, so small steps cost more than the records), and
+  chunks of ``ds.batches(chunk_records(ds))`` (one Python-to-TensorFlow conversion per chunk,
+  never per record; ~0.3 ms per generator step, so small steps cost more than the records), and
   tf.data cuts them into records (``unbatch``) or batches (``rebatch``) in C++.
 - Each pass over the ``tf.data.Dataset`` (a new ``for`` loop, or ``.repeat()``) reads one epoch:
   the dataset's current one (from a loaded state's position), or, when a pass starts in the
@@ -27,24 +27,36 @@ import copy
 import pyarrow as pa
 import tensorflow as tf
 
-CHUNK_RECORDS = 8192  # records per generator step; tf.data cuts them into elements in C++
+CHUNK_RECORDS = 8192  # records per generator step at most; tf.data cuts them into elements in C++
+CHUNK_BYTES = 8 << 20  # and about this many payload bytes (wide records: images, documents)
 
 
 def to_tf(dataset, *, batch_size=None, drop_last=False):
     """``dataset``'s records (or batches of ``batch_size``) as a ``tf.data.Dataset``."""
-    as_numpy = dataset.format == "parquet"
     previous = []  # the epoch the last pass started in
+    size = chunk_records(dataset)
 
     def chunks():
         if previous and previous[-1] == dataset.epoch:
             dataset.set_epoch(dataset.epoch + 1)
         previous[:] = [dataset.epoch]
-        yield from dataset.batches(CHUNK_RECORDS, as_numpy=as_numpy)
+        if dataset.format != "parquet":
+            yield from dataset.batches(size)
+            return
+        for batch in dataset.batches(size):
+            yield numpy_columns(batch, dataset.output.location)
 
     records = tf.data.Dataset.from_generator(chunks, output_signature=batch_spec(dataset))
     if batch_size is None:
         return records.unbatch()
     return records.rebatch(batch_size, drop_remainder=drop_last)
+
+
+def chunk_records(dataset):
+    """Records per generator step: ``CHUNK_RECORDS``, fewer for records of over 1 KB on average."""
+    written = dataset.output.fingerprint
+    mean_bytes = written.bytes / max(1, written.records)
+    return max(1, min(CHUNK_RECORDS, int(CHUNK_BYTES // max(1.0, mean_bytes))))
 
 
 def state_in_epoch(dataset, epoch, n):
@@ -53,6 +65,16 @@ def state_in_epoch(dataset, epoch, n):
     probe = copy.copy(dataset)
     probe.set_epoch(epoch)
     return probe.state_after(n)
+
+
+def numpy_columns(batch, location):
+    """A RecordBatch's columns as numpy arrays; a null is refused with the column's name
+    (numpy would make an integer column's nulls NaN, cast to garbage integers by TensorFlow)."""
+    for name, column in zip(batch.schema.names, batch.columns):
+        if column.null_count:
+            raise ValueError(f"ds.tf(): column {name!r} of {location} has null values, which a tensor cannot hold: "
+                             "fill them in the data, or leave the column out with columns=[...]")
+    return {name: column.to_numpy(zero_copy_only=False) for name, column in zip(batch.schema.names, batch.columns)}
 
 
 def batch_spec(dataset):
