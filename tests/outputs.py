@@ -3,7 +3,10 @@ failed run left nothing under final names."""
 
 import glob
 import os
+import signal
 import struct
+import subprocess
+import time
 
 from conftest import manifest, shards
 
@@ -59,3 +62,28 @@ def stable_manifest(output):
     for key in ("seconds", "wall_seconds"):
         found.pop(key, None)
     return found
+
+
+def kill_when(command, ready, timeout=240):
+    """Start ``command`` in its own process group, SIGKILL the whole group once
+    ``ready()`` holds; returns True if it was killed (False: it finished first)."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + timeout
+    try:
+        while process.poll() is None and time.time() < deadline:
+            if ready():
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                return True
+            time.sleep(0.005)
+        return False
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        try:  # the group's other members (workers) must be gone too
+            os.killpg(process.pid, 0)
+            time.sleep(0.5)
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

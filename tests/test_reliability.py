@@ -6,11 +6,9 @@ import errno
 import hashlib
 import io
 import os
-import signal
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -22,6 +20,7 @@ from outputs import (
     assert_nothing_published,
     assert_verified,
     frame_starts,
+    kill_when,
     output_payloads,
     stable_manifest,
     temp_leftovers,
@@ -248,31 +247,6 @@ def files_in(directory, predicate):
         return [n for n in os.listdir(directory) if predicate(n)]
     except FileNotFoundError:
         return []
-
-
-def kill_when(command, ready, timeout=240):
-    """Start ``command`` in its own process group, SIGKILL the whole group once
-    ``ready()`` holds; returns True if it was killed (False: it finished first)."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + timeout
-    try:
-        while process.poll() is None and time.time() < deadline:
-            if ready():
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                return True
-            time.sleep(0.005)
-        return False
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        try:  # the group's other members (workers) must be gone too
-            os.killpg(process.pid, 0)
-            time.sleep(0.5)
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_data, tmp_path):

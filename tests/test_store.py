@@ -8,10 +8,8 @@ import collections
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import apache_beam as beam
 import numpy as np
@@ -22,6 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from conftest import FAST, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
+from outputs import kill_when
 from pileshuffle import ShuffleToPiles, sample
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, HEADER_BYTES, frame
 from pileshuffle.store import commands, layout
@@ -365,24 +364,6 @@ def test_write_pile_store_in_a_users_pipeline(tmp_path, temp):
 # --- crashes -----------------------------------------------------------------------------------
 
 CRASH_RECORDS, CRASH_FILES = 60_000, 6
-
-
-def kill_when(command, ready, timeout=120):
-    """SIGKILL ``command``'s process group once ``ready()`` holds; True if it was killed."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + timeout
-    try:
-        while process.poll() is None and time.time() < deadline:
-            if ready():
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                return True
-            time.sleep(0.002)
-        return False
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def cli(*args):
