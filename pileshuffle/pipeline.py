@@ -261,11 +261,17 @@ def main(argv=None):
     if wants_help(argv):
         print(help_text("pileshuffle run", SUMMARY))
         return 0
+    return reporting_errors(lambda: report(run(argv, hold_worker_stderr=True), argv))
+
+
+def reporting_errors(command) -> int:
+    """Exit code of ``command()``; our errors (and runner errors that wrap one) are one
+    line on stderr and exit code 2, with the runner's own logging of them held back."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_HideReportedErrors())
     try:
-        outcome = run(argv, hold_worker_stderr=True)
+        return command()
     except PileshuffleError as error:
         print(f"pileshuffle: error: {error}", file=sys.stderr)
         return 2
@@ -275,10 +281,14 @@ def main(argv=None):
             raise
         print(f"pileshuffle: error: {message}", file=sys.stderr)
         return 2
+
+
+def report(outcome, argv) -> int:
+    """Print a finished run's summary, or where a submitted job will write."""
     if isinstance(outcome, dict):
         print(summary(outcome))
     else:
-        output = PipelineOptions(list(sys.argv[1:] if argv is None else argv)).view_as(PileshuffleOptions).output
+        output = PipelineOptions(argv).view_as(PileshuffleOptions).output
         print(f"pileshuffle: {submitted(outcome, output)}", file=sys.stderr)
     return 0
 

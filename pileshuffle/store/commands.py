@@ -17,7 +17,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pileshuffle.errors import InputError, OutputError, PileshuffleError, user_message
+from pileshuffle.errors import InputError, OutputError, PileshuffleError, UsageError
 from pileshuffle.options import check_command_argv
 from pileshuffle.store import layout
 from pileshuffle.store.read import live_piles
@@ -325,31 +325,24 @@ def store_summary(manifest: dict) -> str:
 
 def _command(function):
     def main(argv=None):
+        from pileshuffle.pipeline import reporting_errors
         from pileshuffle.tuning import keep_freed_memory
 
         keep_freed_memory()
         HOLD_WORKER_STDERR["on"] = True
-        from pileshuffle.pipeline import _HideReportedErrors
-
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(_HideReportedErrors())
-        try:
-            return function(list(sys.argv[1:] if argv is None else argv))
-        except PileshuffleError as error:
-            print(f"pileshuffle: error: {error}", file=sys.stderr)
-            return 2
-        except ValueError as error:
-            print(f"pileshuffle: error: {error}", file=sys.stderr)
-            return 2
-        except Exception as error:
-            message = user_message(error)
-            if message is None:
-                raise
-            print(f"pileshuffle: error: {message}", file=sys.stderr)
-            return 2
+        return reporting_errors(lambda: _values_as_usage_errors(function, list(sys.argv[1:] if argv is None else argv)))
 
     return main
+
+
+def _values_as_usage_errors(function, argv):
+    """A ValueError from parsing a command's values (a size, a time) is a usage error."""
+    try:
+        return function(argv)
+    except ValueError as error:
+        if isinstance(error, PileshuffleError):
+            raise
+        raise UsageError(str(error)) from error
 
 
 @_command
