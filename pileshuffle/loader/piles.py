@@ -193,9 +193,8 @@ class Source:
 
     def read_store_file(self, path: str):
         """``(block, keys)`` of one store data file (an Arrow IPC stream)."""
-        try:
-            with self.filesystem.open_input_stream(path) as stream:
-                table = pa.ipc.open_stream(stream).read_all()
+        try:  # from the whole file's buffer (local: memory-mapped), so the columns are views, not copies
+            table = pa.ipc.open_stream(read_bytes(self.filesystem, path)).read_all()
         except (OSError, pa.ArrowException) as error:
             raise InputError(path, f"cannot be read as an Arrow IPC stream: {error}") from error
         if KEY_COLUMN not in table.column_names:
