@@ -265,7 +265,10 @@ class ShuffledDataset:
                         yield table.slice(start, stop - start)
                         start = stop
                     del table
+            decoded = block.tables is not None
             del block, perm
+            if decoded:  # a Parquet group's columns came from Arrow's pool: give its pages back now
+                pa.default_memory_pool().release_unused()
 
     def __iter__(self):
         """The records from this epoch's start, or from a loaded state's position."""
