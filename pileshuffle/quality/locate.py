@@ -119,6 +119,16 @@ class Scan:
     def records(self) -> int:
         return int(sum(self.file_records))
 
+    @staticmethod
+    def joined(file_records, hashes, positions, labels=None) -> "Scan":
+        """A scan from per-chunk parts (``labels`` None: no label asked for)."""
+        return Scan(
+            file_records,
+            np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
+            np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
+            None if labels is None else (np.concatenate(labels) if labels else np.zeros(0, np.int64)),
+        )
+
 
 def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
     file_records, hashes, positions, labels = [], [], [], []
@@ -135,12 +145,7 @@ def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
             count += table.num_rows
         file_records.append(count)
         position += count
-    return Scan(
-        file_records,
-        np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
-        np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
-        np.concatenate(labels) if labels else (np.zeros(0, np.int64) if label is not None else None),
-    )
+    return Scan.joined(file_records, hashes, positions, labels if label is not None else None)
 
 
 def scan_store(output, threshold: int, label: Label = None) -> Scan:
@@ -169,12 +174,7 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
                 labels.append(label.values(table.drop_columns([KEY_COLUMN, HASH_COLUMN]), pile.files[0])[order])
         pile_records.append(count)
         position += count
-    return Scan(
-        pile_records,
-        np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
-        np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
-        np.concatenate(labels) if labels else (np.zeros(0, np.int64) if label is not None else None),
-    )
+    return Scan.joined(pile_records, hashes, positions, labels if label is not None else None)
 
 
 def match(source: Scan, target: Scan):
