@@ -204,18 +204,21 @@ def test_the_loader_rows_are_the_order_the_loader_delivers(finished, mix):
     assert delivered == expected.tolist()
 
 
-def test_a_pile_store_is_measured_in_its_written_order(finished, tmp_path):
+@pytest.mark.parametrize("grown", [(), ("--max_pile_bytes=16KiB",)], ids=["piles", "sub-piles"])
+def test_a_pile_store_is_measured_in_its_written_order(finished, tmp_path, grown):
     """A store (pass 1 kept, issue 13) is measured in the order ``materialize`` writes;
     generation 0 carries ``run``'s keys, so it locates every record where the run's
-    shards have it."""
+    shards have it; also when its piles are larger than its max_pile_bytes and are read
+    in sub-piles (each record once)."""
     pytest.importorskip("pileshuffle.store", reason="pile stores are not in this branch")
     from pileshuffle.quality import finished_output
 
     pattern, out = finished
     store = str(tmp_path / "store" / "s")
-    run_shuffle(pattern, store, "--num_piles=8", "--seed=4", "--layout=store")
+    run_shuffle(pattern, store, "--num_piles=8", "--seed=4", "--layout=store", *grown)
     manifest, output = finished_output(store)
     assert not isinstance(output, list)
+    assert (len(output.piles) > 8) == bool(grown)
     label = Label.parse_bytes("7:8")
     from_store = measure(get_format("tfrecord"), inputs(pattern), output, manifest, sample=3000, label=label, compare=True)
     from_shards = measure(get_format("tfrecord"), inputs(pattern), shards(out), read_manifest(out), sample=3000, label=label)

@@ -33,9 +33,9 @@ from pileshuffle.loader.order import sort_by_key
 RECORD_COLUMN = "record"
 KEY_COLUMN = "_pileshuffle_key"
 HASH_COLUMN = "_pileshuffle_hash"
-# A store file's record column: whole frames / lines as the format writes them, or payloads
-# (``record``, from a bytes PCollection); SPEC.md said ``frame``, the store writes ``tfrecord_frame``.
-STORE_COLUMNS = {"tfrecord": ("tfrecord_frame", "frame", RECORD_COLUMN), "jsonl": ("line", RECORD_COLUMN)}
+# A store file's record column: whole frames / lines as pass 1 reads them (formats.tfrecord's
+# FRAME_COLUMN, formats.text's LINE_COLUMN), or payloads (``record``, from a bytes PCollection).
+STORE_COLUMNS = {"tfrecord": ("tfrecord_frame", RECORD_COLUMN), "jsonl": ("line", RECORD_COLUMN)}
 BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
 _STORE_MANIFEST = re.compile(r"manifest-(\d{8})\.json$")
 MAX_SUB_PILES = 1024

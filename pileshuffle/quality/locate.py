@@ -23,10 +23,8 @@ from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTE
 from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN
 
 _HASH_SPACE = 2**64
-STORE_FRAME_COLUMN = "frame"  # a pile store's TFRecord column (docs/stores.md)
 _PAYLOAD_FRAMING = {  # bytes columns: (bytes before, bytes after) the payload
     FRAME_COLUMN: (HEADER_BYTES, FOOTER_BYTES),
-    STORE_FRAME_COLUMN: (HEADER_BYTES, FOOTER_BYTES),
     LINE_COLUMN: (0, 1),
     RECORD_COLUMN: (0, 0),
 }
@@ -65,7 +63,7 @@ class Label:
         if table.column_names == [LINE_COLUMN]:
             return self._json_values(table, path)
         if self.field not in table.column_names:
-            if table.column_names in ([FRAME_COLUMN], [STORE_FRAME_COLUMN]):
+            if table.column_names == [FRAME_COLUMN]:
                 raise InputError(path, "is TFRecord: --label reads a Parquet column or a JSON key; "
                                        "use --label_bytes START:END for TFRecord payloads")
             raise InputError(path, f"has no column {self.field!r} (columns: {', '.join(table.column_names)})")
@@ -153,16 +151,20 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
     piles in order, each pile's files (live generations, then writers) stably sorted by
     key, with the pass-1 hashes the store keeps. One pile in memory at a time."""
     from pileshuffle.loader.order import sort_by_key
+    from pileshuffle.loader.piles import sub_pile_of
 
     pile_records, hashes, positions, labels = [], [], [], []
     position = 0
-    for pile in output.piles:
+    for pile in output.piles:  # a grown pile is several refs, one per sub-pile, each over all its files
         filesystem = pile.source.filesystem
         tables = []
         for path in pile.files:
             with filesystem.open_input_stream(path) as stream:
                 tables.append(pa.ipc.open_stream(stream).read_all())
         table = pa.concat_tables(tables) if tables else None
+        if table is not None and pile.part is not None:
+            sub, ways = pile.part
+            table = table.filter(sub_pile_of(table.column(KEY_COLUMN).to_numpy(), pile.source.num_piles, ways) == sub)
         count = table.num_rows if table is not None else 0
         if count:
             order = sort_by_key(table.column(KEY_COLUMN).to_numpy())
