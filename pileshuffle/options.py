@@ -204,18 +204,7 @@ def _register_optional_runners():
 def check_argv(argv, parameters=PARAMETERS):
     """Refuse unknown options and bad values of ``parameters`` in ``argv`` (UsageError).
     Returns the parsed values of ``parameters`` (an ``argparse.Namespace``)."""
-    names = [a[2:].split("=", 1)[0] for a in _before_separator(argv) if a.startswith("--") and len(a) > 2]
-    known = {f"--{p.name}" for p in parameters}
-    unknown = [n for n in names if f"--{n}" not in known]
-    if unknown:
-        known |= beam_option_names()
-        unknown = [n for n in unknown if f"--{n}" not in known]
-    if unknown:
-        _register_optional_runners()
-        known |= beam_option_names()
-        unknown = [n for n in unknown if f"--{n}" not in known]
-    if unknown:
-        raise UsageError(f"unknown option --{unknown[0]}{did_you_mean(unknown[0], parameters, known)}")
+    refuse_unknown(option_names(argv), [p.name for p in parameters])
     values = _parse_own(argv, parameters)
     check_values(values, parameters)
     return values
@@ -225,27 +214,40 @@ def check_command_argv(parser: argparse.ArgumentParser, argv):
     """Parse a command's own options with ``parser`` and refuse any other option that
     Beam does not know (UsageError with a suggestion). Returns ``(args, beam_args)``."""
     args, rest = parser.parse_known_args(argv)
-    own = [a for action in parser._actions for a in action.option_strings if a.startswith("--")]
-    names = [a[2:].split("=", 1)[0] for a in _before_separator(rest) if a.startswith("--") and len(a) > 2]
-    template_only = {f"--{p.name}" for p in PARAMETERS} - set(own)  # run's options mean nothing here
-    known = beam_option_names() - template_only
-    if any(f"--{n}" not in known for n in names):
-        _register_optional_runners()
-        known = beam_option_names() - template_only
-    for name in names:
-        if f"--{name}" not in known:
-            close = difflib.get_close_matches(name, [o[2:] for o in own], n=1, cutoff=0.6) or difflib.get_close_matches(
-                name, [k[2:] for k in known], n=1, cutoff=0.75)
-            hint = f" (did you mean --{close[0]}?)" if close else f" (see {parser.prog} --help)"
-            raise UsageError(f"{parser.prog}: unknown option --{name}{hint}")
+    own = [a[2:] for action in parser._actions for a in action.option_strings if a.startswith("--")]
+    template_only = {f"--{p.name}" for p in PARAMETERS} - {f"--{o}" for o in own}  # run's options mean nothing here
+    refuse_unknown(option_names(rest), own, template_only, prog=parser.prog)
     return args, rest
 
 
-def did_you_mean(name: str, parameters, known) -> str:
-    ours = [p.name for p in parameters]
-    close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6) or difflib.get_close_matches(
+def option_names(argv) -> list:
+    """The names of the ``--name`` / ``--name=value`` options in ``argv`` (before a ``--``)."""
+    return [a[2:].split("=", 1)[0] for a in _before_separator(argv) if a.startswith("--") and len(a) > 2]
+
+
+def refuse_unknown(names, own, excluded=frozenset(), prog=None):
+    """Raise UsageError for the first of ``names`` that is neither one of ``own`` nor an
+    option of Beam or an installed runner (minus ``excluded``); it suggests the closest
+    name, ours first. Beam's options are listed only when a name is not ours."""
+    known = {f"--{name}" for name in own}
+    unknown = [n for n in names if f"--{n}" not in known]
+    for register in (lambda: None, _register_optional_runners):
+        if not unknown:
+            return
+        register()
+        known |= beam_option_names() - excluded
+        unknown = [n for n in unknown if f"--{n}" not in known]
+    if unknown:
+        where = f"{prog}: " if prog else ""
+        raise UsageError(f"{where}unknown option --{unknown[0]}{did_you_mean(unknown[0], own, known, prog)}")
+
+
+def did_you_mean(name: str, own, known, prog=None) -> str:
+    close = difflib.get_close_matches(name, list(own), n=1, cutoff=0.6) or difflib.get_close_matches(
         name, [k[2:] for k in known], n=1, cutoff=0.75)
-    return f" (did you mean --{close[0]}?)" if close else " (see --help)"
+    if close:
+        return f" (did you mean --{close[0]}?)"
+    return f" (see {prog} --help)" if prog else " (see --help)"
 
 
 def _parse_own(argv, parameters):

@@ -19,6 +19,7 @@ from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.formats import get_format
 from pileshuffle.options import PileshuffleOptions, check_values, parse_bytes
+from pileshuffle.store.layout import is_store_file
 from pileshuffle.transforms.assign import Source
 from pileshuffle.transforms.write import existing_outputs, manifest_path, remove_tree, staging_dir
 
@@ -100,7 +101,6 @@ def select_inputs(patterns: str, output: str = None):
 
 SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5}-of-[0-9]{5}(?:\.[^/]*)?$")
 WORK_DIRECTORY = re.compile(r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+|[^/]+\.pileshuffle-staging)/")
-STORE_FILE = re.compile(r"(?:^|/)[^/]+-store/(?:manifest-[0-9]{8}\.json$|g[0-9]{6}/)")
 FINISHED_SHARD = "a shard of the finished output "
 
 
@@ -110,7 +110,7 @@ def own_file(path: str, output: str, matched) -> str:
     or work directory, or a pile store's file (``{P}-store/``)."""
     if WORK_DIRECTORY.search(path):
         return "a staging or work file"
-    if STORE_FILE.search(path):
+    if is_store_file(path):
         return "a pile store's file"
     if path.endswith("-manifest.json") and is_shard_manifest(path):
         return f"the manifest of {path[:-len('-manifest.json')]}"

@@ -124,11 +124,10 @@ class ShuffledDataset:
             view._parts = self._parts + ((int(worker), int(num_workers)),)
         own = _own_state(self._resumed, view) if self._resumed else None
         if own is not None:
-            view._ranges, view._position = [tuple(r) for r in own["ranges"]], int(own["position"])
+            view._resume(own)
         else:
             view._ranges = split.part(split.tail(self._ranges, self._resume_at or 0), int(worker), int(num_workers))
-            view._position = 0
-        view._resume_at = view._position
+            view._position = view._resume_at = 0
         return view
 
     # --- state ------------------------------------------------------------------
@@ -177,20 +176,23 @@ class ShuffledDataset:
                 raise ValueError(
                     f"this state is of consumer (rank, world_size, worker, num_workers...) = {state['consumer']}, not "
                     f"{self._consumer()}: to change the split, pass the states of all consumers as a list")
-            self._ranges, self._position = [tuple(r) for r in state["ranges"]], int(state["position"])
-            self._resume_at = self._position
+            self._resume(state)
             return
         self._resumed = states
         own = _own_state(states, self)
         if own is not None:
-            self._ranges, self._position = [tuple(r) for r in own["ranges"]], int(own["position"])
-            self._resume_at = self._position
+            self._resume(own)
             return
         tails = (r for one in states for r in split.tail([tuple(x) for x in one["ranges"]], int(one["position"])))
         ranges = split.redeal(split.union(tails), self.rank, self.world_size, self.remainder)
         for w, n in self._parts:
             ranges = split.part(ranges, w, n)
         self._ranges, self._position, self._resume_at = ranges, 0, 0
+
+    def _resume(self, state: dict):
+        """Continue ``state`` (one of this consumer's): its ranges, from its position."""
+        self._ranges, self._position = [tuple(r) for r in state["ranges"]], int(state["position"])
+        self._resume_at = self._position
 
     def _check_state(self, state: dict):
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:

@@ -52,20 +52,6 @@ def execute(options, argv, build, partitions: int, on_failure, wait=None):
     return run_pipeline(pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure())
 
 
-def store_inputs(sources) -> list:
-    """``sources`` without files of a pile store (an input pattern such as ``data/**``
-    may reach a store's directory; its files are never records), renumbered."""
-    from pileshuffle.transforms.assign import Source
-
-    kept = [s for s in sources if not layout.is_store_file(s.path)]
-    if len(kept) < len(sources):
-        skipped = [s.path for s in sources if layout.is_store_file(s.path)]
-        log.warning("skipping %d file(s) of a pile store matched by --input (e.g. %s)", len(skipped), skipped[0])
-    if not kept:
-        raise InputError(sources[0].path, "is a pile store's file, not input; no other input file matched")
-    return [Source(i, s.path, s.size) for i, s in enumerate(kept)]
-
-
 def same_inputs(generation: dict, sources) -> bool:
     listed = {(i["path"], i.get("bytes")) for i in generation["inputs"]}
     return listed == {(s.path, s.size) for s in sources}
@@ -110,7 +96,7 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
     if FileSystems.exists(manifest_path(prefix)):
         raise OutputError(f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
                           f"(readers take shards first); choose another --output")
-    sources = store_inputs(plan.sources)
+    sources = plan.sources  # match_inputs leaves store files out
     token = layout.StoreLock(prefix, layout.command_line(["run", *argv])).acquire()
     try:
         current = layout.read_store_manifest(prefix)
@@ -156,7 +142,7 @@ def append(argv) -> dict:
         if base is None:
             raise OutputError(f"no store at {layout.store_dir(prefix)}: create one with `pileshuffle run --layout store "
                               f"--output {prefix} --input ...`")
-        sources = store_inputs(match_inputs(args.input))
+        sources = match_inputs(args.input)  # never a store's own files
         newest = base["generations"][-1] if base["generations"] else None
         if newest is not None and same_inputs(newest, sources):
             print(f"pileshuffle: these inputs are already generation {newest['generation']} of {layout.store_dir(prefix)} "

@@ -77,7 +77,7 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
     from pileshuffle.verify import read_fingerprint
 
     try:
-        sources = [s for s in match_inputs(input_glob) if not layout.is_store_file(s.path)]
+        sources = match_inputs(input_glob)  # leaves store files out
         found = total(read_fingerprint(fmt, s.path)[0] for s in sources)
     except PileshuffleError as error:
         return [f"input {error}"]
@@ -112,10 +112,10 @@ def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
         starts, end, problem = scan_frames(data)
         if problem or end != len(data) or len(starts) != records.num_rows:
             return f"store file {path} is damaged: a TFRecord frame in it is corrupt ({problem or 'bad framing'})"
-    found = Fingerprint.of(record_hashes(records), int(record_lengths(records).sum()))
-    if found != Fingerprint.from_json(entry["fingerprint"]):
+    hashes = record_hashes(records)
+    if Fingerprint.of(hashes, int(record_lengths(records).sum())) != Fingerprint.from_json(entry["fingerprint"]):
         return f"store file {path} is damaged: its records do not match the manifest's fingerprint"
-    if not (table.column(HASH_COLUMN).to_numpy() == record_hashes(records)).all():
+    if not (table.column(HASH_COLUMN).to_numpy() == hashes).all():
         return f"store file {path} is damaged: its records' stored hashes do not match their contents"
     return None
 

@@ -23,15 +23,14 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import keys as keymath
-from pileshuffle.errors import InputError, IntegrityError, OutputError
+from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint, total
-from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
+from pileshuffle.formats import ReadReport, get_format
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
 from pileshuffle.fragments import FragmentFiles, read_batches
 from pileshuffle.store import layout
-from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, split_by_pile
-from pileshuffle.transforms.write import file_size, remove_tree, schema_json
+from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, keyed_chunks, split_by_pile
+from pileshuffle.transforms.write import KeyByNone, check_accounted, file_size, remove_tree, schema_json
 from pileshuffle.tuning import prepare_worker
 
 GENERATION_STREAM = 2  # key stream tag of generations after the first (1 is composed use's)
@@ -114,16 +113,14 @@ class WriteStoreGroup(beam.DoFn):
         files = StoreFiles(self._store, self._generation, group.writer)
         fmt = get_format(self._format_name)
         for source in group.sources:
-            report, index, fingerprint = ReadReport(), 0, Fingerprint()
-            for table in fmt.read_chunks(source.path, self._chunk_bytes, self._skip_corrupt, report):
-                keys = keymath.record_keys(self._seed, generation_stream(self._generation, source.id), index, table.num_rows)
-                hashes, lengths = record_hashes(table), record_lengths(table)
+            report, fingerprint = ReadReport(), Fingerprint()
+            stream = generation_stream(self._generation, source.id)
+            for table, keys, hashes, lengths in keyed_chunks(fmt, source, self._seed, stream, self._chunk_bytes,
+                                                             self._skip_corrupt, report):
                 fingerprint += Fingerprint.of(hashes, int(lengths.sum()))
-                index += table.num_rows
                 for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
                     files.append(pile, part, part_fingerprint)
-            yield SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
-                              tuple(report.problems))
+            yield SourceStats.of(source, fingerprint, report)
         yield from files.commit_files()
 
 
@@ -163,12 +160,7 @@ class PublishGeneration(beam.DoFn):
         sources = sorted((i for i in items if isinstance(i, SourceStats)), key=lambda s: s.source)
         stored = total(f.fingerprint for f in files)
         read = total(s.fingerprint for s in sources) if sources else stored
-        if read.records == 0:
-            inputs = ", ".join(s.path for s in sources[:3]) + (", ..." if len(sources) > 3 else "")
-            raise InputError(inputs or "the input PCollection", "holds no records: nothing to add to the store")
-        if read != stored:
-            raise IntegrityError(f"records lost or duplicated: read {read.records} records ({read.bytes} bytes) but "
-                                 f"the store files hold {stored.records} ({stored.bytes} bytes); nothing was published")
+        check_accounted(sources, read, stored, "add to the store", "the store files hold")
         current = layout.manifest_versions(self._prefix)
         if current and current[-1] != self._base["version"]:
             raise layout.VersionConflict(FileSystems.join(layout.store_dir(self._prefix), layout.manifest_name(current[-1])))
@@ -207,16 +199,11 @@ def stored_schema(prefix: str, relative: str):
     return pa.schema([schema.field(i) for i in keep], metadata=schema.metadata)
 
 
-class _KeyNone(beam.DoFn):
-    def process(self, element):
-        yield None, element
-
-
 def publish(items, prefix, base, generation, writers, lock_token=None, input_sizes=None):
     """``items`` (StoreFile and SourceStats) -> the published manifest: one leaf."""
     return (
         items
-        | "KeyForPublish" >> beam.ParDo(_KeyNone())
+        | "KeyForPublish" >> beam.ParDo(KeyByNone())
         | "GatherForPublish" >> beam.GroupByKey()
         | "PublishGeneration" >> beam.ParDo(PublishGeneration(prefix, base, generation, writers, lock_token, input_sizes))
     )

@@ -47,6 +47,11 @@ class SourceStats:
     skipped_bytes: int = 0
     problems: tuple = ()
 
+    @staticmethod
+    def of(source: Source, fingerprint: Fingerprint, report: ReadReport) -> "SourceStats":
+        return SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
+                           tuple(report.problems))
+
 
 def parts_by_pile(table: pa.Table, piles: np.ndarray, num_piles: int):
     """Yield ``(pile, part, rows)`` for every non-empty pile: ``part`` holds the pile's rows
@@ -67,6 +72,16 @@ def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths
     table = table.append_column(HASH_COLUMN, pa.array(hashes, type=pa.uint64()))
     for pile, part, rows in parts_by_pile(table, keymath.pile_of(keys, num_piles), num_piles):
         yield pile, part, Fingerprint.of(hashes[rows], int(lengths[rows].sum()))
+
+
+def keyed_chunks(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool, report):
+    """``(table, keys, hashes, lengths)`` for each chunk of ``source`` in file order: keys
+    are ``record_keys(seed, stream, position)``, a pure function of the input."""
+    index = 0
+    for table in fmt.read_chunks(source.path, chunk_bytes, skip_corrupt, report):
+        keys = keymath.record_keys(seed, stream, index, table.num_rows)
+        index += table.num_rows
+        yield table, keys, record_hashes(table), record_lengths(table)
 
 
 class _PileWriter:
@@ -109,22 +124,17 @@ class ReadSourceToPiles(beam.DoFn):
     def process(self, source: Source):
         report = ReadReport()
         writer = _PileWriter(self._fragments_dir, f"s{source.id:06d}")
-        chunks = get_format(self._format_name).read_chunks(source.path, self._chunk_bytes, self._skip_corrupt, report)
-        index, fingerprint = 0, Fingerprint()
-        for chunk_index, table in enumerate(chunks):
-            keys = keymath.record_keys(self._seed, (INPUT_STREAM, source.id), index, table.num_rows)
-            hashes, lengths = record_hashes(table), record_lengths(table)
+        chunks = keyed_chunks(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
+                              self._chunk_bytes, self._skip_corrupt, report)
+        fingerprint = Fingerprint()
+        for chunk_index, (table, keys, hashes, lengths) in enumerate(chunks):
             fingerprint += Fingerprint.of(hashes, int(lengths.sum()))
-            index += table.num_rows
             for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
                 yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
             progress.read(source, int(lengths.sum()))
         yield from writer.commit((source.id, 0))
         progress.file_read(source)
-        yield beam.pvalue.TaggedOutput(
-            STATS_TAG,
-            SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes, tuple(report.problems)),
-        )
+        yield beam.pvalue.TaggedOutput(STATS_TAG, SourceStats.of(source, fingerprint, report))
 
 
 def as_table(batch) -> pa.Table:
@@ -204,4 +214,4 @@ class AssignPiles(beam.DoFn):
         return out
 
 
-__all__ = ["AssignPiles", "ReadSourceToPiles", "Source", "SourceStats", "STATS_TAG", "RECORD_COLUMN"]
+__all__ = ["AssignPiles", "ReadSourceToPiles", "Source", "SourceStats", "STATS_TAG", "RECORD_COLUMN", "keyed_chunks"]

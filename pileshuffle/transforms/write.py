@@ -144,6 +144,21 @@ def pile_size_summary(shards):
     return {"min": min(records), "mean": sum(records) / len(records), "max": max(records)}
 
 
+def check_accounted(sources, read: Fingerprint, written: Fingerprint, purpose: str, wrote: str):
+    """Publish nothing unless ``written`` accounts for every record ``read`` (by count and
+    fingerprint) and there was a record at all; ``sources`` (``SourceStats``) name the input."""
+    if read.records == 0:
+        inputs = ", ".join(s.path for s in sources[:3]) + (", ..." if len(sources) > 3 else "")
+        skipped = sum(s.skipped_records for s in sources)
+        why = f" ({skipped} corrupt record(s) skipped)" if skipped else ""
+        raise InputError(inputs or "the input PCollection", f"holds no records{why}: nothing to {purpose}")
+    if read != written:
+        raise IntegrityError(
+            f"records lost or duplicated: read {read.records} records ({read.bytes} bytes) "
+            f"but {wrote} {written.records} ({written.bytes} bytes); nothing was published"
+        )
+
+
 class Finalize(beam.DoFn):
     """Check, complete, publish: the only step that creates final names."""
 
@@ -160,16 +175,7 @@ class Finalize(beam.DoFn):
         num_piles = self._num_piles or (shards[0].num_piles if shards else 0)
         input_fp = total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
         output_fp = total(s.written for s in shards)
-        if input_fp.records == 0:
-            inputs = ", ".join(s.path for s in sources[:3]) + (", ..." if len(sources) > 3 else "")
-            skipped = sum(s.skipped_records for s in sources)
-            why = f" ({skipped} corrupt record(s) skipped)" if skipped else ""
-            raise InputError(inputs or "the input PCollection", f"holds no records{why}: nothing to shuffle")
-        if input_fp != output_fp:
-            raise IntegrityError(
-                f"records lost or duplicated: read {input_fp.records} records ({input_fp.bytes} bytes) "
-                f"but wrote {output_fp.records} ({output_fp.bytes} bytes); nothing was published"
-            )
+        check_accounted(sources, input_fp, output_fp, "shuffle", "wrote")
         schema = self._schema or next((s.schema for s in shards if s.schema is not None), None)
         staged = {s.pile: s for s in shards}
         suffix = fmt.suffix(self._compression)
@@ -271,7 +277,9 @@ def schema_json(schema: pa.Schema) -> dict:
     }
 
 
-class _KeyNone(beam.DoFn):
+class KeyByNone(beam.DoFn):
+    """Everything under one key: the one GroupByKey before a step that sees it all."""
+
     def process(self, element):
         yield None, element
 
@@ -305,7 +313,7 @@ class WritePiles(beam.PTransform):
         return (
             parts
             | "FlattenForFinalize" >> beam.Flatten()
-            | "KeyForFinalize" >> beam.ParDo(_KeyNone())
+            | "KeyForFinalize" >> beam.ParDo(KeyByNone())
             | "GatherForFinalize" >> beam.GroupByKey()
             | "Finalize" >> beam.ParDo(
                 Finalize(self._prefix, self._format, self._compression, self._num_piles, self._overwrite,
