@@ -22,6 +22,7 @@ from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, payload_hashes, row_hashes, row_lengths
 from pileshuffle.loader import NoOutputError, ShuffledDataset, epoch_order, open_output
 from pileshuffle.loader.order import EpochOrder
+from pileshuffle.loader.piles import PileRef
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -204,9 +205,16 @@ def test_the_epoch_order_is_a_permutation_of_every_record(sizes, mix, seed, epoc
     if not reshuffle:
         assert list(zip(pile.tolist(), index.tolist())) == pairs
     order = EpochOrder(tuple(sizes), seed, epoch, mix, reshuffle)
-    for group in range(order.num_groups):  # each group's stretch holds exactly its piles' records
-        stretch = pile[order.group_starts[group] : order.group_starts[group + 1]]
-        assert sorted(stretch.tolist()) == sorted(np.repeat(order.group_piles(group), np.array(sizes)[order.group_piles(group)]).tolist())
+    width, starts = order.width, order.step_starts
+    for rank, p in enumerate(order.pile_order.tolist()):  # pile rank j is read over steps j .. j+K-1 only
+        where = np.flatnonzero(pile == p)
+        assert len(where) == sizes[p]
+        if len(where):
+            assert starts[rank] <= where.min() and where.max() < starts[min(rank + width, order.num_steps)]
+    for step in range(order.num_steps):  # a step reads slice step-j of pile ranks j in (step-K, step]
+        stretch = pile[starts[step] : starts[step + 1]]
+        expected = {int(order.pile_order[j]): np.subtract(*order.slice_bounds(j, step)[::-1]) for j in order.step_ranks(step)}
+        assert {p: int((stretch == p).sum()) for p in expected} == expected and len(stretch) == sum(expected.values())
 
 
 SPLITS = [(1, 1), (2, 1), (3, 1), (1, 3), (2, 2), (3, 4), (7, 3)]
@@ -235,8 +243,9 @@ def test_splits_are_disjoint_complete_and_equal_per_rank(tfrecord_out, remainder
             assert flat == (full + full)[: each * world_size]  # pads by repeating the start
 
 
-def test_no_consumer_loads_more_than_its_share_plus_two_groups(tmp_path_factory):
+def test_no_consumer_loads_more_than_its_share_plus_mix_plus_one_piles(tmp_path_factory, monkeypatch):
     prefix = _output(tmp_path_factory, "tfrecord", records=4000, piles=40, record_bytes=40)
+    loaded = _count_loads(monkeypatch)
     for mix in (1, 3):
         for world_size, workers in ((3, 2), (4, 3)):
             loads = []
@@ -244,27 +253,26 @@ def test_no_consumer_loads_more_than_its_share_plus_two_groups(tmp_path_factory)
                 ds = ShuffledDataset(prefix, seed=1, mix=mix, rank=rank, world_size=world_size, prefetch=False)
                 for worker in range(workers):
                     part = ds.for_worker(worker, workers)
-                    counted = _count_loads(part)
+                    planned = part.piles_to_load()
+                    loaded.clear()
                     list(part)
-                    order = part.order
                     (a, b), = part.ranges
-                    share = (b - a) / (order.total / order.num_groups)
-                    assert len(counted) == len(set(counted)) <= share + 2
-                    assert counted == part.groups_to_load() or not counted
-                    loads += counted
+                    share = (b - a) / (part.order.total / 40)
+                    assert loaded == planned and len(loaded) == len(set(loaded)) <= share + mix + 1
+                    loads += loaded
             consumers = world_size * workers
-            assert len(loads) <= -(-40 // mix) + consumers - 1  # each group once, plus one per boundary
+            assert len(loads) <= 40 + (consumers - 1) * mix  # each pile once, plus K per boundary
 
 
-def _count_loads(part):
-    """Groups loaded by ``part``: its real loader, counted."""
-    seen, load = [], part._load
+def _count_loads(monkeypatch):
+    """The piles (indices) loaded from now on, by the real loader, in order."""
+    seen, load = [], PileRef.load
 
-    def counting(planned):
-        seen.append(planned[0])
-        return load(planned)
+    def counting(self, *args, **kwargs):
+        seen.append(self.index)
+        return load(self, *args, **kwargs)
 
-    part._load = counting
+    monkeypatch.setattr(PileRef, "load", counting)
     return seen
 
 
@@ -545,9 +553,9 @@ print(rss_peak - base, arrow_peak + tracemalloc.get_traced_memory()[1])
 """
 
 
-def test_memory_stays_within_two_groups_of_piles_and_a_batch(tmp_path_factory):
+def test_memory_stays_within_mix_plus_one_piles_and_a_batch(tmp_path_factory):
     """Peak RSS growth (sampled at every batch: mapped file pages count) and peak
-    allocations (Arrow's pool + tracemalloc) stay within the groups loaded at once,
+    allocations (Arrow's pool + tracemalloc) stay within the K piles being read and the next,
     whatever the output's size: here 15 piles of 8 MB."""
     prefix = _output(tmp_path_factory, "tfrecord", records=120000, piles=15, record_bytes=1000)
     pile_bytes = max(s["bytes"] for s in manifest(prefix)["shards"])
@@ -556,8 +564,8 @@ def test_memory_stays_within_two_groups_of_piles_and_a_batch(tmp_path_factory):
         done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, prefix, str(mix), str(int(prefetch))],
                               capture_output=True, text=True, check=True)
         rss_growth, allocated = map(int, done.stdout.split())
-        groups = 2 if prefetch else 1  # the group being read and the next one
-        bound = (groups * mix + 1) * pile_bytes + (12 << 20)  # + a load's transients; code pages, allocator, a batch
+        piles = mix + 1 if prefetch else mix  # the K piles being read and the next one
+        bound = (piles + 1) * pile_bytes + (12 << 20)  # + a load's transients; code pages, allocator, a batch
         assert rss_growth <= bound, (mix, prefetch, rss_growth, bound)
         assert allocated <= bound, (mix, prefetch, allocated, bound)
         assert rss_growth > mix * pile_bytes / 2  # the probe sees the loaded piles

@@ -3,11 +3,12 @@
 Invariants:
 - An epoch is one global sequence (``order.EpochOrder``), a pure function of
   ``(output, seed, epoch, mix, reshuffle)``; a consumer (rank, worker) reads a list of
-  ranges of it (``split``), and only loads the groups of piles those ranges touch.
+  ranges of it (``split``), and only loads the piles those ranges read.
 - ``position`` counts the records this consumer has yielded this epoch; a state is
   ``(ranges, position)`` plus what identifies the sequence, so resuming is exact.
-- The next group is loaded on a background thread while the current one is read: at
-  most two groups are loaded at once, plus the batch being built.
+- The next step of the epoch is built on a background thread while the current one is
+  read (``steps.Steps``): with ``mix=K``, at most K + 1 piles are loaded at once, plus
+  the batch being built (Parquet: plus the two steps' gathered copies).
 """
 
 import copy
@@ -17,12 +18,12 @@ import pyarrow as pa
 
 from pileshuffle.loader import split
 from pileshuffle.loader.order import EpochOrder
-from pileshuffle.loader.piles import Block, open_output
+from pileshuffle.loader.piles import open_output
 from pileshuffle.loader.prefetch import prefetched
+from pileshuffle.loader.steps import Steps, ranks_loaded
 
 STATE_FORMAT = 1
 RECORD_PIECE = 1024  # records turned into Python objects at a time by iter()
-TAKE_ROWS = 8192  # Parquet rows gathered per take (one Arrow call per pile of the group)
 
 
 class ShuffledDataset:
@@ -208,68 +209,61 @@ class ShuffledDataset:
 
     # --- reading ----------------------------------------------------------------
     def _plan(self, ranges) -> list:
-        """``[(group, [(lo, hi), ...]), ...]``: the groups to load, in order, and the
-        pieces of each (positions within the group) to read."""
-        starts = self._order.group_starts
+        """``[(step, [(lo, hi), ...]), ...]``: the steps to read, in order, and the
+        pieces of each (positions within the step) to read."""
+        starts = self._order.step_starts
         plan = []
         for a, b in ranges:
-            group = int(self._order.group_of(a))
+            step = int(self._order.step_of(a))
             while a < b:
-                while starts[group + 1] <= a:
-                    group += 1
-                hi = min(b, int(starts[group + 1]))
-                piece = (a - int(starts[group]), hi - int(starts[group]))
-                if plan and plan[-1][0] == group:
+                while starts[step + 1] <= a:
+                    step += 1
+                hi = min(b, int(starts[step + 1]))
+                piece = (a - int(starts[step]), hi - int(starts[step]))
+                if plan and plan[-1][0] == step:
                     plan[-1][1].append(piece)
                 else:
-                    plan.append((group, [piece]))
+                    plan.append((step, [piece]))
                 a = hi
         return plan
 
-    def _load(self, planned):
-        group, pieces = planned
-        piles = self.output.piles
-        block = Block.concat(piles[p].load() for p in self._order.group_piles(group))
-        perm = self._order.group_permutation(group)
-        if perm is not None and block.tables is None:  # bytes: permute the views here, the reader slices
-            block, perm = block.reorder(perm), None
-        return block, perm, pieces
-
-    def groups_to_load(self) -> list:
-        """The groups the next iteration loads, in order (each once per contiguous
-        stretch): its share plus at most two partial groups per range."""
-        return [g for g, _ in self._plan(split.tail(self._ranges, self._resume_at or 0))]
+    def piles_to_load(self) -> list:
+        """The piles (indices) the next iteration loads, in order: with ``mix=K``, its
+        share plus at most K + 1 piles per range (the partial windows at either end)."""
+        steps = [step for step, _ in self._plan(split.tail(self._ranges, self._resume_at or 0))]
+        return [int(self._order.pile_order[r]) for r in ranks_loaded(self._order, steps)]
 
     def _tables(self, step: int):
         """Tables of at most ``step`` records, in order, from where this iteration starts
-        (a loaded state's position, else 0); the caller advances ``_position``. Slices
-        when the order is the written order. Sets the position at once (not lazily), so
-        ``state_dict()`` is right before the first record is taken."""
+        (a loaded state's position, else 0); the caller advances ``_position``. Sets the
+        position at once (not lazily), so ``state_dict()`` is right before the first
+        record is taken."""
         start, self._resume_at = self._resume_at or 0, None
         self._position = start
         return self._tables_from(self._plan(split.tail(self._ranges, start)), step)
 
     def _tables_from(self, plan, step):
         """Pieces cut at multiples of ``step`` records of this iteration, so that a batch
-        is one piece except where it straddles two groups. Permuted records are taken
-        ``TAKE_ROWS`` at a time (Parquet) and cut from there."""
-        loaded = prefetched(plan, self._load) if self.prefetch else map(self._load, plan)
+        is one piece except where it straddles two steps of the epoch."""
+        steps = Steps(self.output.piles, self._order)
+
+        def load(planned):
+            return steps(planned[0]), planned[1]
+
+        loaded = prefetched(plan, load) if self.prefetch else map(load, plan)
         filled = 0
-        for block, perm, pieces in loaded:
+        for block, pieces in loaded:
             for lo, hi in pieces:
-                for chunk in range(lo, hi, TAKE_ROWS):
-                    end = min(hi, chunk + TAKE_ROWS)
-                    table = block.slice(chunk, end) if perm is None else block.take(perm[chunk:end])
-                    start = 0
-                    while start < table.num_rows:
-                        stop = min(table.num_rows, start + step - filled)
-                        filled = (filled + stop - start) % step
-                        yield table.slice(start, stop - start)
-                        start = stop
-                    del table
+                table, start = block.slice(lo, hi), 0
+                while start < table.num_rows:
+                    stop = min(table.num_rows, start + step - filled)
+                    filled = (filled + stop - start) % step
+                    yield table.slice(start, stop - start)
+                    start = stop
+                del table
             decoded = block.tables is not None
-            del block, perm
-            if decoded:  # a Parquet group's columns came from Arrow's pool: give its pages back now
+            del block
+            if decoded:  # a Parquet step's columns came from Arrow's pool: give its pages back now
                 pa.default_memory_pool().release_unused()
 
     def __iter__(self):

@@ -82,37 +82,38 @@ def read_json(fs, path: str) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """Records in an order: binary views over ``buffers`` (bytes formats: reordering
-    moves 16-byte views, never payloads), or single-chunk tables one after another
-    (Parquet: one per pile; a take gathers from each, never combining the piles, as
-    Arrow's take over many chunks or one combined copy of a group are both slow).
-    ``take``/``slice`` give ``pyarrow.Table``s."""
+    """Records in an order. Bytes formats: binary views over ``buffers`` (reordering
+    moves 16-byte views, never payloads). Parquet: single-chunk tables one after
+    another (one per pile) and ``rows``, the records in order as indices into them
+    (None: all of them, in order); reordering only composes ``rows``, and
+    ``materialized()`` gathers them into one table, taking from each table apart (Arrow's
+    take over many chunks, or a combined copy of the tables, are both slow).
+    ``take``/``slice`` give ``pyarrow.Table``s; ``part``/``reorder`` give Blocks."""
 
     views: np.ndarray = None
     buffers: tuple = ()
     tables: tuple = None
+    rows: np.ndarray = None
 
     @property
     def num_rows(self) -> int:
-        return len(self.views) if self.tables is None else sum(t.num_rows for t in self.tables)
+        if self.tables is None:
+            return len(self.views)
+        return len(self.rows) if self.rows is not None else sum(t.num_rows for t in self.tables)
+
+    def _table_rows(self, indices: np.ndarray) -> np.ndarray:
+        return indices if self.rows is None else self.rows[indices]
 
     def take(self, indices: np.ndarray) -> pa.Table:
         if self.tables is None:
             return pa.table({RECORD_COLUMN: rec.view_array(np.take(self.views, indices, axis=0), self.buffers)})
-        if len(self.tables) == 1:
-            return self.tables[0].take(indices)
-        starts = np.cumsum([0] + [t.num_rows for t in self.tables])
-        owner = np.searchsorted(starts, indices, side="right") - 1
-        by_owner = np.argsort(owner, kind="stable")
-        sorted_owner, sorted_indices = owner[by_owner], indices[by_owner]
-        bounds = np.searchsorted(sorted_owner, np.arange(len(self.tables) + 1))
-        parts = [self.tables[p].take(sorted_indices[bounds[p] : bounds[p + 1]] - starts[p])
-                 for p in range(len(self.tables)) if bounds[p + 1] > bounds[p]]
-        return pa.concat_tables(parts).combine_chunks().take(np.argsort(by_owner))
+        return _gather(self.tables, self._table_rows(np.asarray(indices, np.int64)))
 
     def slice(self, start: int, stop: int) -> pa.Table:
         if self.tables is None:
             return pa.table({RECORD_COLUMN: rec.view_array(self.views[start:stop], self.buffers)})
+        if self.rows is not None:
+            return _gather(self.tables, self.rows[start:stop])
         parts, offset = [], 0
         for table in self.tables:
             lo, hi = max(start, offset), min(stop, offset + table.num_rows)
@@ -121,9 +122,20 @@ class Block:
             offset += table.num_rows
         return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
+    def part(self, start: int, stop: int) -> "Block":
+        """Records ``start .. stop-1`` (no data copied)."""
+        if self.tables is None:
+            return Block(self.views[start:stop], self.buffers)
+        if self.rows is None and len(self.tables) == 1:
+            return Block(tables=(self.tables[0].slice(start, stop - start),))
+        return Block(tables=self.tables, rows=self._table_rows(np.arange(start, stop, dtype=np.int64)))
+
     def compact(self) -> "Block":
-        """The same records copied into one new buffer: nothing refers to the old buffers."""
-        if self.tables is not None or not len(self.views):
+        """The same records copied into one new buffer (Parquet: one new table):
+        nothing refers to the old buffers."""
+        if self.tables is not None:
+            return Block(tables=(self.slice(0, self.num_rows).combine_chunks(),))
+        if not len(self.views):
             return self
         array = rec.view_array(self.views, self.buffers)
         size = int(self.views[:, :4].copy().view("<i4").astype(np.int64).sum())
@@ -134,7 +146,13 @@ class Block:
     def reorder(self, indices: np.ndarray) -> "Block":
         if self.tables is None:
             return Block(np.take(self.views, indices, axis=0), self.buffers)  # 10x views[indices] on (n, 16)
-        return Block(tables=(self.take(indices),))
+        return Block(tables=self.tables, rows=self._table_rows(np.asarray(indices, np.int64)))
+
+    def materialized(self) -> "Block":
+        """Parquet rows gathered into one table (a copy); bytes blocks as they are."""
+        if self.tables is None or self.rows is None:
+            return self
+        return Block(tables=(_gather(self.tables, self.rows),))
 
     @staticmethod
     def concat(blocks) -> "Block":
@@ -142,7 +160,7 @@ class Block:
         blocks = list(blocks)
         blocks = [b for b in blocks if b.num_rows] or blocks[:1]
         if blocks and blocks[0].tables is not None:
-            return Block(tables=tuple(t.combine_chunks() for b in blocks for t in b.tables))  # 1 chunk: no copy
+            return _concat_tables(blocks)
         if len(blocks) == 1:
             return blocks[0]
         views, buffers = [np.zeros((0, 16), np.uint8)], []
@@ -153,6 +171,36 @@ class Block:
             views.append(shifted)
             buffers += block.buffers
         return Block(np.concatenate(views), tuple(buffers))
+
+
+def _concat_tables(blocks) -> Block:
+    """Table blocks one after another: their tables, and their rows shifted to match."""
+    tables = tuple(t.combine_chunks() for b in blocks for t in b.tables)  # 1 chunk: no copy
+    if all(b.rows is None for b in blocks):
+        return Block(tables=tables)
+    rows, offset = [], 0
+    for block in blocks:
+        size = sum(t.num_rows for t in block.tables)
+        rows.append((block.rows if block.rows is not None else np.arange(size, dtype=np.int64)) + offset)
+        offset += size
+    return Block(tables=tables, rows=np.concatenate(rows))
+
+
+def _gather(tables, rows: np.ndarray) -> pa.Table:
+    """``rows`` (indices into ``tables`` one after another) as one table, taken from
+    each table apart."""
+    if len(tables) == 1:
+        return tables[0].take(rows)
+    starts = np.cumsum([0] + [t.num_rows for t in tables])
+    owner = np.searchsorted(starts, rows, side="right") - 1
+    by_owner = np.argsort(owner, kind="stable")
+    sorted_owner, sorted_rows = owner[by_owner], rows[by_owner]
+    bounds = np.searchsorted(sorted_owner, np.arange(len(tables) + 1))
+    parts = [tables[p].take(sorted_rows[bounds[p] : bounds[p + 1]] - starts[p])
+             for p in range(len(tables)) if bounds[p + 1] > bounds[p]]
+    if not parts:
+        return tables[0].slice(0, 0)
+    return pa.concat_tables(parts).combine_chunks().take(np.argsort(by_owner))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,8 +294,13 @@ class PileRef:
     source: Source
     part: tuple = None  # (sub, ways): this ref is sub-pile ``sub`` of pile ``index``
 
-    def load(self, part=None) -> Block:
-        part = part or self.part
+    def load(self, part=None, order=None) -> Block:
+        """The pile's records (sub-pile ``part``, else this ref's), as written, or in
+        ``order`` (indices into that)."""
+        block = self._written(part or self.part)
+        return block if order is None else block.reorder(order)
+
+    def _written(self, part) -> Block:
         if not self.keyed:
             if part is not None:
                 raise ValueError("only keyed piles (stores) load in sub-piles")

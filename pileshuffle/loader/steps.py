@@ -1,0 +1,50 @@
+"""An epoch's steps as Blocks, each pile loaded once per stretch of steps that read it.
+
+``Steps(piles, order)`` is called with the steps a consumer reads, in order, and gives
+each step's records in epoch order as one Block that the reader only slices (bytes
+formats: views over the piles' buffers; Parquet: gathered into one table).
+
+Invariant: after a call it holds only the piles the *next* step of the epoch reads
+(at most ``order.width``), and it drops a pile before loading one, so a reader holding
+the step it reads and this object's next step holds at most ``width + 1`` piles (plus,
+for Parquet, the two steps' gathered copies).
+"""
+
+from pileshuffle.loader.piles import Block
+
+
+class Steps:
+    def __init__(self, piles, order):
+        self._piles, self._order = piles, order
+        self._loaded = {}  # rank -> the pile's Block, its records in their permuted order
+
+    def __call__(self, step: int) -> Block:
+        ranks = self._order.step_ranks(step)
+        for rank in [r for r in self._loaded if r not in ranks]:
+            del self._loaded[rank]
+        for rank in ranks:
+            if rank not in self._loaded:
+                self._loaded[rank] = self._load(rank)
+        block = Block.concat(self._loaded[r].part(*self._order.slice_bounds(r, step)) for r in ranks)
+        interleave = self._order.step_interleave(step)
+        block = (block if interleave is None else block.reorder(interleave)).materialized()
+        for rank in ranks:
+            if rank == step - self._order.width + 1:  # its last slice: no later step reads it
+                del self._loaded[rank]
+        return block
+
+    def _load(self, rank: int) -> Block:
+        pile = self._piles[int(self._order.pile_order[rank])]
+        return pile.load(order=self._order.pile_permutation(rank))
+
+
+def ranks_loaded(order, steps) -> list:
+    """The pile ranks ``Steps`` loads, in order, for this sequence of steps."""
+    loaded, out = set(), []
+    for step in steps:
+        ranks = order.step_ranks(step)
+        loaded &= set(ranks)
+        out += [r for r in ranks if r not in loaded]
+        loaded |= set(ranks)
+        loaded.discard(step - order.width + 1)
+    return out
