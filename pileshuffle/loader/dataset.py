@@ -8,7 +8,7 @@ Invariants:
   ``(ranges, position)`` plus what identifies the sequence, so resuming is exact.
 - The next step of the epoch is built on a background thread while the current one is
   read (``steps.Steps``): with ``mix=K``, at most K + 1 piles are loaded at once, plus
-  the batch being built (Parquet: plus the two steps' gathered copies).
+  the batch being built.
 """
 
 import copy
@@ -24,6 +24,7 @@ from pileshuffle.loader.steps import Steps, ranks_loaded
 
 STATE_FORMAT = 1
 RECORD_PIECE = 1024  # records turned into Python objects at a time by iter()
+TAKE_ROWS = 8192  # Parquet rows gathered per take
 
 
 class ShuffledDataset:
@@ -244,7 +245,8 @@ class ShuffledDataset:
 
     def _tables_from(self, plan, step):
         """Pieces cut at multiples of ``step`` records of this iteration, so that a batch
-        is one piece except where it straddles two steps of the epoch."""
+        is one piece except where it straddles two steps of the epoch. Reshuffled Parquet
+        rows are gathered ``TAKE_ROWS`` at a time (never a copy of a whole step)."""
         steps = Steps(self.output.piles, self._order)
 
         def load(planned):
@@ -254,13 +256,14 @@ class ShuffledDataset:
         filled = 0
         for block, pieces in loaded:
             for lo, hi in pieces:
-                table, start = block.slice(lo, hi), 0
-                while start < table.num_rows:
-                    stop = min(table.num_rows, start + step - filled)
-                    filled = (filled + stop - start) % step
-                    yield table.slice(start, stop - start)
-                    start = stop
-                del table
+                for chunk in range(lo, hi, TAKE_ROWS):
+                    table, start = block.slice(chunk, min(hi, chunk + TAKE_ROWS)), 0
+                    while start < table.num_rows:
+                        stop = min(table.num_rows, start + step - filled)
+                        filled = (filled + stop - start) % step
+                        yield table.slice(start, stop - start)
+                        start = stop
+                    del table
             decoded = block.tables is not None
             del block
             if decoded:  # a Parquet step's columns came from Arrow's pool: give its pages back now
@@ -274,7 +277,7 @@ class ShuffledDataset:
         rows = self.format == "parquet"
         for table in tables:
             records = table.to_pylist() if rows else table.column(0).to_pylist()
-            del table  # holds a group's buffers: let the next group's load find it gone
+            del table  # holds a step's buffers: let the next step's load find it gone
             for record in records:
                 self._position += 1
                 yield record
@@ -312,11 +315,11 @@ class ShuffledDataset:
 
 def _list_batches(tables, batch_size):
     """Lists of ``batch_size`` payloads (the last may be shorter). Payloads become
-    ``bytes`` piece by piece, so no batch keeps a loaded group's buffers alive."""
+    ``bytes`` piece by piece, so no batch keeps a loaded step's buffers alive."""
     pending = []
     for table in tables:
         records = table.column(0).to_pylist()
-        del table  # holds a group's buffers: let the next group's load find it gone
+        del table  # holds a step's buffers: let the next step's load find it gone
         if not pending and len(records) == batch_size:
             yield records
             continue
@@ -330,7 +333,7 @@ def _list_batches(tables, batch_size):
 
 def _table_batches(tables, batch_size):
     """Tables of ``batch_size`` rows (the last may be shorter). A leftover is copied, so
-    it never keeps a loaded group alive into the next."""
+    it never keeps a loaded step alive into the next."""
     pending, count = [], 0
     for table in tables:
         pending.append(table)

@@ -1,14 +1,16 @@
 """An epoch's steps as Blocks, each pile loaded once per stretch of steps that read it.
 
 ``Steps(piles, order)`` is called with the steps a consumer reads, in order, and gives
-each step's records in epoch order as one Block that the reader only slices (bytes
-formats: views over the piles' buffers; Parquet: gathered into one table).
+each step's records in epoch order as one Block (bytes formats: views over the piles'
+buffers; Parquet: the piles' tables and the rows to take from them, which the reader
+gathers a piece at a time).
 
 Invariant: after a call it holds only the piles the *next* step of the epoch reads
 (at most ``order.width``), and it drops a pile before loading one, so a reader holding
-the step it reads and this object's next step holds at most ``width + 1`` piles (plus,
-for Parquet, the two steps' gathered copies).
+the step it reads and this object's next step holds at most ``width + 1`` piles.
 """
+
+import pyarrow as pa
 
 from pileshuffle.loader.piles import Block
 
@@ -17,6 +19,7 @@ class Steps:
     def __init__(self, piles, order):
         self._piles, self._order = piles, order
         self._loaded = {}  # rank -> the pile's Block, its records in their permuted order
+        self._decoded = False  # Parquet: piles are decoded into Arrow's pool
 
     def __call__(self, step: int) -> Block:
         ranks = self._order.step_ranks(step)
@@ -24,10 +27,12 @@ class Steps:
             del self._loaded[rank]
         for rank in ranks:
             if rank not in self._loaded:
+                if self._decoded:  # Parquet: first return the freed piles' pages (Arrow's pool keeps them)
+                    pa.default_memory_pool().release_unused()
                 self._loaded[rank] = self._load(rank)
         block = Block.concat(self._loaded[r].part(*self._order.slice_bounds(r, step)) for r in ranks)
         interleave = self._order.step_interleave(step)
-        block = (block if interleave is None else block.reorder(interleave)).materialized()
+        block = block if interleave is None else block.reorder(interleave)
         for rank in ranks:
             if rank == step - self._order.width + 1:  # its last slice: no later step reads it
                 del self._loaded[rank]
@@ -35,7 +40,9 @@ class Steps:
 
     def _load(self, rank: int) -> Block:
         pile = self._piles[int(self._order.pile_order[rank])]
-        return pile.load(order=self._order.pile_permutation(rank))
+        block = pile.load(order=self._order.pile_permutation(rank))
+        self._decoded = block.tables is not None
+        return block
 
 
 def ranks_loaded(order, steps) -> list:

@@ -11,7 +11,7 @@ the shuffle policies are what they are on positions alone.
 - ``pileshuffle_order``: the 2-pass shuffle on positions, with the run's own keys
   (``keys.record_keys(seed, (0, source), index)``), so it equals a run's output order;
 - ``epoch_positions``: the loader's epoch order (``pileshuffle.loader.order``): piles in a
-  seeded permutation, consecutive groups of ``mix`` piles merged and permuted together.
+  seeded permutation, each pile's records spread over a sliding window of ``mix`` piles.
 """
 
 import numpy as np
