@@ -553,23 +553,28 @@ print(rss_peak - base, arrow_peak + tracemalloc.get_traced_memory()[1])
 """
 
 
-def test_memory_stays_within_mix_plus_one_piles_and_a_batch(tmp_path_factory):
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_memory_stays_within_mix_plus_one_piles_and_a_batch(tmp_path_factory, fmt):
     """Peak RSS growth (sampled at every batch: mapped file pages count) and peak
     allocations (Arrow's pool + tracemalloc) stay within the K piles being read and the next,
-    whatever the output's size: here 15 piles of 8 MB."""
-    prefix = _output(tmp_path_factory, "tfrecord", records=120000, piles=15, record_bytes=1000)
+    whatever the output's size: here 15 TFRecord piles of 8 MB, or 6 Parquet piles of 32 MB.
+    A Parquet load decodes into Arrow's pool, which keeps freed pages for a while: its RSS
+    may exceed the allocations by a constant (measured here: about 90 MB)."""
+    records, piles_count = (120000, 15) if fmt == "tfrecord" else (192000, 6)
+    prefix = _output(tmp_path_factory, fmt, records=records, piles=piles_count, record_bytes=1000)
     pile_bytes = max(s["bytes"] for s in manifest(prefix)["shards"])
     whole = sum(s["bytes"] for s in manifest(prefix)["shards"])
+    retained = 0 if fmt == "tfrecord" else 128 << 20
     for mix, prefetch in ((1, True), (4, True), (4, False)):
         done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, prefix, str(mix), str(int(prefetch))],
                               capture_output=True, text=True, check=True)
         rss_growth, allocated = map(int, done.stdout.split())
         piles = mix + 1 if prefetch else mix  # the K piles being read and the next one
         bound = (piles + 1) * pile_bytes + (12 << 20)  # + a load's transients; code pages, allocator, a batch
-        assert rss_growth <= bound, (mix, prefetch, rss_growth, bound)
+        assert rss_growth <= bound + retained, (mix, prefetch, rss_growth, bound + retained)
         assert allocated <= bound, (mix, prefetch, allocated, bound)
         assert rss_growth > mix * pile_bytes / 2  # the probe sees the loaded piles
-        if mix == 1:
+        if mix == 1 and fmt == "tfrecord":
             assert rss_growth < whole / 3
 
 

@@ -5,9 +5,10 @@ each step's records in epoch order as one Block (bytes formats: views over the p
 buffers; Parquet: the piles' tables and the rows to take from them, which the reader
 gathers a piece at a time).
 
-Invariant: after a call it holds only the piles the *next* step of the epoch reads
-(at most ``order.width``), and it drops a pile before loading one, so a reader holding
-the step it reads and this object's next step holds at most ``width + 1`` piles.
+Invariant: after the call for step t it holds the piles step t read except the one whose
+last slice that was (at most ``width - 1``), and it drops piles before loading one; so
+while a reader holds step t (its ``width`` piles) and this object builds step t + 1 (one
+new pile), at most ``width + 1`` piles are loaded.
 """
 
 import pyarrow as pa
