@@ -86,10 +86,10 @@ class Block:
     """Records in an order. Bytes formats: binary views over ``buffers`` (reordering
     moves 16-byte views, never payloads). Parquet: single-chunk tables one after
     another (one per pile) and ``rows``, the records in order as indices into them
-    (None: all of them, in order); reordering only composes ``rows``; ``take``/``slice``
-    gather them, from each table apart (Arrow's take over a chunked table copies every
-    chunk's values first).
-    ``take``/``slice`` give ``pyarrow.Table``s; ``part``/``reorder`` give Blocks."""
+    (None: all of them, in order); reordering only composes ``rows``, and ``slice``
+    gathers them, from each table apart (Arrow's take over a chunked table copies every
+    chunk's values first). ``slice`` gives a ``pyarrow.Table``; ``part``/``reorder``
+    give Blocks."""
 
     views: np.ndarray = None
     buffers: tuple = ()
@@ -104,11 +104,6 @@ class Block:
 
     def _table_rows(self, indices: np.ndarray) -> np.ndarray:
         return indices if self.rows is None else self.rows[indices]
-
-    def take(self, indices: np.ndarray) -> pa.Table:
-        if self.tables is None:
-            return pa.table({RECORD_COLUMN: rec.view_array(np.take(self.views, indices, axis=0), self.buffers)})
-        return _gather(self.tables, self._table_rows(np.asarray(indices, np.int64)))
 
     def slice(self, start: int, stop: int) -> pa.Table:
         if self.tables is None:
