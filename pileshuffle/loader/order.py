@@ -118,20 +118,17 @@ class EpochOrder:
         keys = keymath.record_keys(self.seed, (_WITHIN_PILE_STREAM, self.epoch, self.mix, rank), 0, size)
         return sort_by_key(keys).astype(np.int64)
 
-    def step_interleave(self, step: int):
-        """Indices into the step's slices one after another (ascending rank), in the
-        order the step reads them: a uniform interleaving in which each slice keeps its
-        order. None when the step reads one slice (or none)."""
+    def step_places(self, step: int):
+        """Where in the step each record of its slices (one after another, ascending rank)
+        goes: a uniform interleaving in which each slice keeps its order. None when the
+        step reads one slice (or none): the slice in its order."""
         ranks = self.step_ranks(step)
         sizes = [b - a for a, b in (self.slice_bounds(rank, step) for rank in ranks)]
         if sum(1 for size in sizes if size) <= 1:
             return None
-        total = sum(sizes)
-        keys = keymath.record_keys(self.seed, (_STEP_STREAM, self.epoch, self.mix, step), 0, total)
+        keys = keymath.record_keys(self.seed, (_STEP_STREAM, self.epoch, self.mix, step), 0, sum(sizes))
         labels = np.repeat(np.arange(len(sizes), dtype=np.uint16), sizes)[sort_by_key(keys)]
-        interleave = np.empty(total, np.int64)
-        interleave[np.argsort(labels, kind="stable")] = np.arange(total, dtype=np.int64)
-        return interleave
+        return np.argsort(labels, kind="stable")  # a slice's records, in order, take its label's places
 
     def positions(self):
         """``(pile, index)`` arrays over the whole epoch: global position i holds record
@@ -147,9 +144,9 @@ class EpochOrder:
                 written = np.arange(lo, hi, dtype=np.int64)
                 index.append(written if permutations[rank] is None else permutations[rank][lo:hi])
             pile, index = np.concatenate(pile), np.concatenate(index)
-            interleave = self.step_interleave(step)
-            if interleave is not None:
-                pile, index = pile[interleave], index[interleave]
+            places = self.step_places(step)
+            if places is not None:
+                pile[places], index[places] = pile.copy(), index.copy()
             piles.append(pile)
             indices.append(index)
         return np.concatenate(piles), np.concatenate(indices)

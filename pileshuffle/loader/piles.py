@@ -40,6 +40,7 @@ BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
 _STORE_MANIFEST = re.compile(r"manifest-(\d{8})\.json$")
 MAX_SUB_PILES = 1024
 PARQUET_READ_BYTES = 1 << 20
+_VIEW = np.dtype((np.void, 16))  # one Arrow binary view
 
 
 class NoOutputError(InputError):
@@ -145,6 +146,26 @@ class Block:
         return Block(tables=self.tables, rows=self._table_rows(np.asarray(indices, np.int64)))
 
     @staticmethod
+    def interleave(blocks, places) -> "Block":
+        """``blocks`` one after another, then record i of that put at place ``places[i]``
+        (None: as they are), in one pass."""
+        if places is None:
+            return Block.concat(blocks)
+        blocks = [b for b in blocks if b.num_rows]
+        if blocks[0].tables is not None:
+            joined = _concat_tables(blocks)
+            rows = np.empty(len(places), np.int64)
+            rows[places] = joined.rows if joined.rows is not None else np.arange(len(places), dtype=np.int64)
+            return Block(tables=joined.tables, rows=rows)
+        views, buffers, start = np.empty((len(places), 16), np.uint8), [], 0
+        rows = views.view(_VIEW).ravel()  # one 16-byte item per record: 8x faster to scatter than (n, 16)
+        for block in blocks:
+            rows[places[start : start + block.num_rows]] = _shift_buffers(block.views, len(buffers)).view(_VIEW).ravel()
+            buffers += block.buffers
+            start += block.num_rows
+        return Block(views, tuple(buffers))
+
+    @staticmethod
     def concat(blocks) -> "Block":
         """One block holding ``blocks`` one after another."""
         blocks = list(blocks)
@@ -155,12 +176,18 @@ class Block:
             return blocks[0]
         views, buffers = [np.zeros((0, 16), np.uint8)], []
         for block in blocks:
-            shifted = block.views.copy()
-            out_of_line = shifted[:, :4].view("<i4").ravel() > 12
-            shifted[out_of_line, 8:12] = (shifted[out_of_line, 8:12].view("<i4") + len(buffers)).view(np.uint8)
-            views.append(shifted)
+            views.append(_shift_buffers(block.views, len(buffers)))
             buffers += block.buffers
         return Block(np.concatenate(views), tuple(buffers))
+
+
+def _shift_buffers(views: np.ndarray, by: int) -> np.ndarray:
+    """``views`` (a copy) pointing ``by`` buffers further (inline views stay as they are)."""
+    shifted = views.copy()
+    if by:
+        out_of_line = shifted[:, :4].view("<i4").ravel() > 12
+        shifted[out_of_line, 8:12] = (shifted[out_of_line, 8:12].view("<i4") + by).view(np.uint8)
+    return shifted
 
 
 def _concat_tables(blocks) -> Block:

@@ -31,9 +31,8 @@ class Steps:
                 if self._decoded:  # Parquet: first return the freed piles' pages (Arrow's pool keeps them)
                     pa.default_memory_pool().release_unused()
                 self._loaded[rank] = self._load(rank)
-        block = Block.concat(self._loaded[r].part(*self._order.slice_bounds(r, step)) for r in ranks)
-        interleave = self._order.step_interleave(step)
-        block = block if interleave is None else block.reorder(interleave)
+        block = Block.interleave([self._loaded[r].part(*self._order.slice_bounds(r, step)) for r in ranks],
+                                 self._order.step_places(step))
         for rank in ranks:
             if rank == step - self._order.width + 1:  # its last slice: no later step reads it
                 del self._loaded[rank]
