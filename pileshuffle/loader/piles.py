@@ -158,9 +158,9 @@ class Block:
             rows[places] = joined.rows if joined.rows is not None else np.arange(len(places), dtype=np.int64)
             return Block(tables=joined.tables, rows=rows)
         views, buffers, start = np.empty((len(places), 16), np.uint8), [], 0
-        rows = views.view(_VIEW).ravel()  # one 16-byte item per record: 8x faster to scatter than (n, 16)
+        items = views.view(_VIEW).ravel()  # one 16-byte item per record: 8x faster to scatter than (n, 16)
         for block in blocks:
-            rows[places[start : start + block.num_rows]] = _shift_buffers(block.views, len(buffers)).view(_VIEW).ravel()
+            items[places[start : start + block.num_rows]] = _shift_buffers(block.views, len(buffers)).view(_VIEW).ravel()
             buffers += block.buffers
             start += block.num_rows
         return Block(views, tuple(buffers))
