@@ -20,6 +20,16 @@ def run_shuffle(input_glob, output, *args, runner_args=FAST):
     return run([f"--input={input_glob}", f"--output={output}", *runner_args, *args])
 
 
+def shuffled_sample(factory, fmt, *args, records, files=3, **write):
+    """The prefix of a real run (``args``: its options) over ``files`` freshly written
+    sample files of ``fmt`` (``write``: the writer's options)."""
+    root = factory.mktemp(fmt)
+    sample.WRITERS[fmt](str(root / "in"), records=records, files=files, **write)
+    prefix = str(root / "out" / "data")
+    run_shuffle(str(root / "in" / f"*.{fmt}"), prefix, f"--format={fmt}", *args)
+    return prefix
+
+
 def shards(output):
     return sorted(p for p in glob.glob(f"{output}-*-of-*") if not p.endswith("manifest.json"))
 

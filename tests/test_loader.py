@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import manifest, read_tfrecord_payloads, run_shuffle, shards
+from conftest import manifest, read_tfrecord_payloads, run_shuffle, shards, shuffled_sample
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,12 +28,7 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 
 
 def _output(factory, fmt, *args, records=3000, piles=7, **write):
-    base = factory.mktemp(fmt)
-    sample.WRITERS[fmt](str(base / "in"), records=records, files=3, **write)
-    ext = {"tfrecord": "tfrecord", "jsonl": "jsonl", "parquet": "parquet"}[fmt]
-    prefix = str(base / "out" / "data")
-    run_shuffle(str(base / "in" / f"*.{ext}"), prefix, f"--format={fmt}", f"--num_piles={piles}", "--seed=5", *args)
-    return prefix
+    return shuffled_sample(factory, fmt, f"--num_piles={piles}", "--seed=5", *args, records=records, **write)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pileshuffle import sample
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.tf import chunk_records, state_in_epoch, tf_dtype
 
-from conftest import run_shuffle
+from conftest import run_shuffle, shuffled_sample
 
 EXAMPLES = 900
 FEATURES = {
@@ -47,18 +47,12 @@ def examples(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def parquet_output(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tf-parquet")
-    sample.write_parquet(str(root / "in"), records=500, files=2, record_bytes=60)
-    run_shuffle(str(root / "in" / "*.parquet"), str(root / "out" / "train"), "--format=parquet", "--num_piles=3")
-    return str(root / "out" / "train")
+    return shuffled_sample(tmp_path_factory, "parquet", "--num_piles=3", records=500, files=2, record_bytes=60)
 
 
 @pytest.fixture(scope="module")
 def jsonl_output(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tf-jsonl")
-    sample.write_jsonl(str(root / "in"), records=400, files=2, record_bytes=50)
-    run_shuffle(str(root / "in" / "*.jsonl"), str(root / "out" / "train"), "--format=jsonl", "--num_piles=3")
-    return str(root / "out" / "train")
+    return shuffled_sample(tmp_path_factory, "jsonl", "--num_piles=3", records=400, files=2, record_bytes=50)
 
 
 def parsed_indexes(dataset):

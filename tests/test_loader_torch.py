@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from pileshuffle import sample
 from pileshuffle.fingerprint import Fingerprint, payload_hashes
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.torch import ArrowOnArrival, loader_states, round_robin, worker_states
 
-from conftest import manifest, read_tfrecord_payloads, run_shuffle, shards
+from conftest import manifest, read_tfrecord_payloads, shards, shuffled_sample
 
 # torch's own advice for a 2-core machine, and torchdata's call of a deprecated torch API
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
@@ -32,10 +31,8 @@ PILES = 7
 @pytest.fixture(scope="module")
 def output(tmp_path_factory):
     """A TFRecord output of a real run: 1001 records of varying size in 7 piles."""
-    root = tmp_path_factory.mktemp("torch")
-    sample.write_tfrecord(str(root / "in"), records=RECORDS, files=3, record_bytes=60, vary=True)
-    run_shuffle(str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), f"--num_piles={PILES}", "--seed=5")
-    return str(root / "out" / "train")
+    return shuffled_sample(tmp_path_factory, "tfrecord", f"--num_piles={PILES}", "--seed=5", records=RECORDS,
+                           record_bytes=60, vary=True)
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +43,7 @@ def written(output):
 
 @pytest.fixture(scope="module")
 def parquet_output(tmp_path_factory):
-    root = tmp_path_factory.mktemp("torch-parquet")
-    sample.write_parquet(str(root / "in"), records=600, files=2, record_bytes=60)
-    run_shuffle(str(root / "in" / "*.parquet"), str(root / "out" / "train"), "--format=parquet", "--num_piles=4")
-    return str(root / "out" / "train")
+    return shuffled_sample(tmp_path_factory, "parquet", "--num_piles=4", records=600, files=2, record_bytes=60)
 
 
 def flat(batches):
