@@ -247,7 +247,7 @@ class ShuffledDataset:
         """Pieces cut at multiples of ``step`` records of this iteration, so that a batch
         is one piece except where it straddles two steps of the epoch. Reshuffled Parquet
         rows are gathered ``TAKE_ROWS`` at a time (never a copy of a whole step)."""
-        steps = Steps(self.output.piles, self._order)
+        steps = Steps(self.output, self._order)
 
         def load(planned):
             return steps(planned[0]), planned[1]
@@ -264,9 +264,8 @@ class ShuffledDataset:
                         yield table.slice(start, stop - start)
                         start = stop
                     del table
-            decoded = block.tables is not None
             del block
-            if decoded:  # a Parquet step's columns came from Arrow's pool: give its pages back now
+            if self.format == "parquet":  # the step's columns came from Arrow's pool: give its pages back now
                 pa.default_memory_pool().release_unused()
 
     def __iter__(self):

@@ -182,11 +182,13 @@ class Block:
 
 
 def _shift_buffers(views: np.ndarray, by: int) -> np.ndarray:
-    """``views`` (a copy) pointing ``by`` buffers further (inline views stay as they are)."""
+    """``views`` pointing ``by`` buffers further (a copy; inline views stay as they are),
+    or ``views`` themselves when ``by`` is 0: the callers copy them anyway."""
+    if not by:
+        return views
     shifted = views.copy()
-    if by:
-        out_of_line = shifted[:, :4].view("<i4").ravel() > 12
-        shifted[out_of_line, 8:12] = (shifted[out_of_line, 8:12].view("<i4") + by).view(np.uint8)
+    out_of_line = shifted[:, :4].view("<i4").ravel() > 12
+    shifted[out_of_line, 8:12] = (shifted[out_of_line, 8:12].view("<i4") + by).view(np.uint8)
     return shifted
 
 

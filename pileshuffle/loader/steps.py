@@ -1,6 +1,6 @@
 """An epoch's steps as Blocks, each pile loaded once per stretch of steps that read it.
 
-``Steps(piles, order)`` is called with the steps a consumer reads, in order, and gives
+``Steps(output, order)`` is called with the steps a consumer reads, in order, and gives
 each step's records in epoch order as one Block (bytes formats: views over the piles'
 buffers; Parquet: the piles' tables and the rows to take from them, which the reader
 gathers a piece at a time).
@@ -17,10 +17,10 @@ from pileshuffle.loader.piles import Block
 
 
 class Steps:
-    def __init__(self, piles, order):
-        self._piles, self._order = piles, order
+    def __init__(self, output, order):
+        self._piles, self._order = output.piles, order
         self._loaded = {}  # rank -> the pile's Block, its records in their permuted order
-        self._decoded = False  # Parquet: piles are decoded into Arrow's pool
+        self._decoded = output.format == "parquet"  # piles are decoded into Arrow's pool
 
     def __call__(self, step: int) -> Block:
         ranks = self._order.step_ranks(step)
@@ -33,16 +33,12 @@ class Steps:
                 self._loaded[rank] = self._load(rank)
         block = Block.interleave([self._loaded[r].part(*self._order.slice_bounds(r, step)) for r in ranks],
                                  self._order.step_places(step))
-        for rank in ranks:
-            if rank == step - self._order.width + 1:  # its last slice: no later step reads it
-                del self._loaded[rank]
+        self._loaded.pop(step - self._order.width + 1, None)  # its last slice: no later step reads it
         return block
 
     def _load(self, rank: int) -> Block:
         pile = self._piles[int(self._order.pile_order[rank])]
-        block = pile.load(order=self._order.pile_permutation(rank))
-        self._decoded = block.tables is not None
-        return block
+        return pile.load(order=self._order.pile_permutation(rank))
 
 
 def ranks_loaded(order, steps) -> list:
