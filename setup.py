@@ -16,6 +16,7 @@ setuptools.setup(
         "apache-beam[gcp]>=2.77,<3",
         "pyarrow>=17",
         "numpy>=1.26",
+        "google-crc32c>=1.5",  # imported directly (TFRecord CRCs, fingerprints), not only through Beam's gcp extra
         "tqdm>=4.60",
     ],
     extras_require={
