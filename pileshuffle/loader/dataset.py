@@ -99,9 +99,7 @@ class ShuffledDataset:
     def _split_of(self, consumer) -> list:
         """The standard ranges of ``consumer`` = [rank, world_size, worker, num_workers, ...] this epoch."""
         ranges = split.rank_share(self._order.total, consumer[0], consumer[1], self.remainder)
-        for w, n in zip(consumer[2::2], consumer[3::2]):
-            ranges = split.part(ranges, w, n)
-        return ranges
+        return _worker_parts(ranges, zip(consumer[2::2], consumer[3::2]))
 
     def _start_epoch(self, epoch: int):
         self._order = EpochOrder(self._pile_records, self.seed, epoch, self.mix, self.reshuffle)
@@ -187,9 +185,7 @@ class ShuffledDataset:
             return
         tails = (r for one in states for r in split.tail([tuple(x) for x in one["ranges"]], int(one["position"])))
         ranges = split.redeal(split.union(tails), self.rank, self.world_size, self.remainder)
-        for w, n in self._parts:
-            ranges = split.part(ranges, w, n)
-        self._ranges, self._position, self._resume_at = ranges, 0, 0
+        self._ranges, self._position, self._resume_at = _worker_parts(ranges, self._parts), 0, 0
 
     def _resume(self, state: dict):
         """Continue ``state`` (one of this consumer's): its ranges, from its position."""
@@ -265,7 +261,7 @@ class ShuffledDataset:
                         start = stop
                     del table
             del block
-            if self.format == "parquet":  # the step's columns came from Arrow's pool: give its pages back now
+            if self.output.decoded:  # the step's columns came from Arrow's pool: give its pages back now
                 pa.default_memory_pool().release_unused()
 
     def __iter__(self):
@@ -355,6 +351,13 @@ def _table_batches(tables, batch_size):
         pending, count = ([rest.take(np.arange(rest.num_rows))] if rest.num_rows else []), rest.num_rows
     if count:
         yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+
+
+def _worker_parts(ranges, parts) -> list:
+    """A rank's ``ranges`` cut for nested workers: ``parts`` = ((worker, num_workers), ...)."""
+    for worker, num_workers in parts:
+        ranges = split.part(ranges, worker, num_workers)
+    return ranges
 
 
 def _own_state(states, dataset):

@@ -353,6 +353,12 @@ class Output:
     def records(self) -> int:
         return sum(p.records for p in self.piles)
 
+    @property
+    def decoded(self) -> bool:
+        """Piles load decoded into Arrow's pool (Parquet), which keeps freed pages: worth
+        handing back (``release_unused``) once a pile is dropped."""
+        return self.format == "parquet"
+
     def identity(self) -> str:
         """What a state must match to be resumed on this output."""
         fp = self.fingerprint

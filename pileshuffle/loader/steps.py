@@ -20,7 +20,7 @@ class Steps:
     def __init__(self, output, order):
         self._piles, self._order = output.piles, order
         self._loaded = {}  # rank -> the pile's Block, its records in their permuted order
-        self._decoded = output.format == "parquet"  # piles are decoded into Arrow's pool
+        self._decoded = output.decoded
 
     def __call__(self, step: int) -> Block:
         ranks = self._order.step_ranks(step)
