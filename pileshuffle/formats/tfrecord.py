@@ -13,14 +13,15 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle.crc import (  # noqa: F401  (CRC_PRESET_BYTES, masked_crc: used by tests and writers)
+from pileshuffle.crc import (  # noqa: F401  (CRC_PRESET_BYTES, masked_crc, payloads_match_stored_crcs: used by tests and writers)
     CRC_PRESET_BYTES,
     FOOTER_BYTES,
     HEADER_BYTES,
-    PRESET_HEADER,
-    crc32c_of_u64_fields,
+    length_crcs_ok,
     mask_crcs,
     masked_crc,
+    payloads_match_stored_crcs,
+    stored_data_crcs,
     unmask_crcs,
 )
 from pileshuffle.errors import InputError
@@ -36,7 +37,6 @@ from pileshuffle.formats.base import (
 )
 
 FRAME_COLUMN = "tfrecord_frame"
-_U32 = 0xFFFFFFFF
 
 
 def frame(payload: bytes) -> bytes:
@@ -59,32 +59,6 @@ def _walk(buf: bytes, size: int):
     return starts, pos
 
 
-def stored_data_crcs(raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The masked data CRC stored in the last 4 bytes of each frame ending at ``ends`` (uint32)."""
-    return raw[(ends - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)].copy().view("<u4").ravel()
-
-
-def payloads_match_stored_crcs(raw: np.ndarray, begin: np.ndarray, ends: np.ndarray, stored: np.ndarray) -> bool:
-    """Whether every frame's data matches its stored CRC, with one CRC pass over the
-    frames instead of one Python call per record (``stored``: ``stored_data_crcs(raw, ends)``).
-
-    In a copy of the frames each header becomes 8 zero bytes + ``CRC_PRESET_BYTES`` and each
-    footer the raw register its payload should leave. A frame whose data matches its CRC is
-    then a codeword (its raw CRC is 0), zeros add nothing, and the raw CRC of the copy is 0.
-    One bad frame always makes it nonzero (CRC shifts are invertible); several bad frames
-    cancel out with probability 2**-32, the chance a single corrupt record has of passing
-    its own CRC."""
-    if not len(begin):
-        return True
-    copy = raw[: ends[-1]].copy()
-    copy[begin[:, None] + np.arange(HEADER_BYTES)] = PRESET_HEADER
-    footers = (ends - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)
-    registers = (unmask_crcs(stored) ^ np.uint64(_U32)).astype("<u4")
-    copy[footers] = registers.view(np.uint8).reshape(-1, FOOTER_BYTES)
-    copy.flags.writeable = False  # google_crc32c takes read-only buffers only
-    return google_crc32c.extend(_U32, copy) == _U32  # extend from 0xFFFFFFFF: a raw CRC, xor 0xFFFFFFFF
-
-
 def scan_frames(buf: bytes, base_offset: int = 0):
     """Walk complete, valid frames from the start of ``buf``.
 
@@ -100,7 +74,7 @@ def scan_frames(buf: bytes, base_offset: int = 0):
     begin = np.asarray(starts, dtype=np.int64)
     ends = np.append(begin[1:], pos) if len(starts) else begin
     headers = raw[begin[:, None] + np.arange(HEADER_BYTES)] if len(starts) else np.zeros((0, HEADER_BYTES), np.uint8)
-    header_ok = mask_crcs(crc32c_of_u64_fields(headers[:, :8])) == headers[:, 8:].copy().view("<u4").ravel()
+    header_ok = length_crcs_ok(headers)
     stored = stored_data_crcs(raw, ends)
     if header_ok.all() and payloads_match_stored_crcs(raw, begin, ends, stored):
         bad = ()
@@ -147,7 +121,7 @@ def resync(buf: bytes, start: int):
     for batch in range(0, len(candidates), 1 << 20):
         at = candidates[batch : batch + (1 << 20)]
         headers = raw[at[:, None] + np.arange(HEADER_BYTES)]
-        header_ok = mask_crcs(crc32c_of_u64_fields(headers[:, :8])) == headers[:, 8:].copy().view("<u4").ravel()
+        header_ok = length_crcs_ok(headers)
         for pos in at[header_ok].tolist():
             end = pos + HEADER_BYTES + int.from_bytes(buf[pos : pos + 4], "little") + FOOTER_BYTES
             if end > size or masked_crc(buf[pos + HEADER_BYTES : end - FOOTER_BYTES]) == struct.unpack_from("<I", buf, end - FOOTER_BYTES)[0]:

@@ -12,17 +12,15 @@ a bad frame raises ``InputError`` naming the file and the frame's byte offset.
 
 import struct
 
-import google_crc32c
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.crc import FOOTER_BYTES, HEADER_BYTES, PRESET_HEADER, crc32c_of_u64_fields, mask_crcs, unmask_crcs
+from pileshuffle.crc import FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, masked_crc, payloads_match_stored_crcs, stored_data_crcs
 from pileshuffle.errors import InputError
 
 CRC_WINDOW_BYTES = 2 << 20
 NEWLINE = 10
 MAX_BUFFER_BYTES = 2**31 - 1  # a view's offset is an int32
-_U32 = 0xFFFFFFFF
 
 
 def frame_starts(raw: np.ndarray, path: str) -> np.ndarray:
@@ -67,24 +65,9 @@ def _headers(raw: np.ndarray, begin: np.ndarray) -> np.ndarray:
 def _check_headers(raw: np.ndarray, begin: np.ndarray, path: str):
     if not len(begin):
         return
-    headers = _headers(raw, begin)
-    ok = mask_crcs(crc32c_of_u64_fields(headers[:, :8])) == np.ascontiguousarray(headers[:, 8:]).view("<u4").ravel()
+    ok = length_crcs_ok(_headers(raw, begin))
     if not ok.all():
         raise InputError(path, "corrupt record: the length field fails its CRC", int(begin[np.argmin(ok)]))
-
-
-def _data_crcs_match(raw: np.ndarray, begin: np.ndarray, ends: np.ndarray) -> bool:
-    """One CRC pass over a copy of frames whose headers become a CRC preset and whose
-    footers become the register their data should leave: 0 iff every frame matches
-    (``pileshuffle.formats.tfrecord.payloads_match_stored_crcs``, without Beam)."""
-    lo = int(begin[0])
-    copy = raw[lo : int(ends[-1])].copy()
-    copy[(begin - lo)[:, None] + np.arange(HEADER_BYTES)] = PRESET_HEADER
-    footers = (ends - lo - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)
-    stored = copy[footers].copy().view("<u4").ravel()
-    copy[footers] = (unmask_crcs(stored) ^ np.uint64(_U32)).astype("<u4").view(np.uint8).reshape(-1, FOOTER_BYTES)
-    copy.flags.writeable = False
-    return google_crc32c.extend(_U32, copy) == _U32
 
 
 def check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
@@ -93,10 +76,10 @@ def check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
     _check_headers(raw, begin, path)
     cuts = np.searchsorted(begin, np.arange(0, int(starts[-1]), CRC_WINDOW_BYTES)[1:])
     for window in np.split(np.arange(len(begin)), cuts):
-        if len(window) and not _data_crcs_match(raw, begin[window], ends[window]):
-            for a, b in zip(begin[window].tolist(), ends[window].tolist()):
-                stored = int(raw[b - FOOTER_BYTES : b].view("<u4")[0])
-                if int(mask_crcs(np.array([google_crc32c.value(raw[a + HEADER_BYTES : b - FOOTER_BYTES])]))[0]) != stored:
+        if len(window) and not payloads_match_stored_crcs(raw, begin[window], ends[window]):
+            stored = stored_data_crcs(raw, ends[window]).tolist()
+            for a, b, crc in zip(begin[window].tolist(), ends[window].tolist(), stored):
+                if masked_crc(raw[a + HEADER_BYTES : b - FOOTER_BYTES]) != crc:
                     raise InputError(path, f"corrupt record: the data ({b - a - HEADER_BYTES - FOOTER_BYTES} bytes) "
                                            "fails its CRC", a)
 
