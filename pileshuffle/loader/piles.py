@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.fingerprint import Fingerprint, binary_column_parts, total
 from pileshuffle.loader import records as rec
 from pileshuffle.loader.order import sort_by_key
 
@@ -136,9 +136,8 @@ class Block:
             return self
         array = rec.view_array(self.views, self.buffers)
         size = int(self.views[:, :4].copy().view("<i4").astype(np.int64).sum())
-        array = array.cast(pa.binary() if size < 2**31 else pa.large_binary())
-        values = _values_buffer(array)
-        return Block(rec.value_views(array, values), (values,))
+        values, offsets = binary_column_parts(array.cast(pa.binary() if size < 2**31 else pa.large_binary()))
+        return Block(rec.value_views(values, offsets), (values,))
 
     def reorder(self, indices: np.ndarray) -> "Block":
         if self.tables is None:
@@ -279,19 +278,10 @@ class Source:
         parse = {"tfrecord": rec.tfrecord_views, "jsonl": rec.line_views}[self.format]
         blocks = []
         for chunk in table.column(column).chunks:
-            buffer = _values_buffer(chunk)
-            views = rec.value_views(chunk, buffer) if column == RECORD_COLUMN else parse(buffer, path, 0)
+            buffer, offsets = binary_column_parts(chunk)
+            views = rec.value_views(buffer, offsets) if column == RECORD_COLUMN else parse(buffer, path, 0)
             blocks.append(Block(views, (buffer,)))
         return Block.concat(blocks), keys
-
-
-def _values_buffer(chunk: pa.Array) -> pa.Buffer:
-    """The bytes of a binary array's values, in order, uncopied."""
-    if len(chunk) == 0:
-        return pa.py_buffer(b"")
-    width = np.int64 if pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type) else np.int32
-    offsets = np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
-    return chunk.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
 
 
 def sub_pile_of(keys: np.ndarray, num_piles: int, ways: int) -> np.ndarray:

@@ -136,15 +136,11 @@ def line_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
     return payload_views(raw, starts, ends - starts, buffer_index)
 
 
-def value_views(chunk: pa.Array, values: pa.Buffer) -> np.ndarray:
-    """Views of the values of a binary Arrow array whose value bytes are ``values``."""
-    if len(chunk) == 0:
-        return np.zeros((0, 16), np.uint8)
-    large = pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type)
-    offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64 if large else np.int32)
-    offsets = offsets[chunk.offset : chunk.offset + len(chunk) + 1].astype(np.int64)
+def value_views(values: pa.Buffer, offsets: np.ndarray) -> np.ndarray:
+    """Views of the values of a binary Arrow array, from ``fingerprint.binary_column_parts``:
+    its value bytes and its offsets rebased to 0."""
     raw = _raw(values, "a pile store column")
-    return payload_views(raw, offsets[:-1] - offsets[0], np.diff(offsets), 0)
+    return payload_views(raw, offsets[:-1], np.diff(offsets), 0)
 
 
 def view_array(views: np.ndarray, buffers) -> pa.Array:
