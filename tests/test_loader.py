@@ -155,16 +155,19 @@ def test_batches_hold_the_records_in_order(name, request):
     prefix = request.getfixturevalue(name)
     ds = ShuffledDataset(prefix, seed=2, mix=2)
     records = list(ds)
+    ds.set_epoch(0)  # each pass reads the next epoch unless set_epoch says otherwise
     batches = list(ds.batches(256))
     assert [len(b) for b in batches] == [256] * (len(records) // 256) + [len(records) % 256]
     if ds.format == "parquet":
         assert all(isinstance(b, pa.RecordBatch) and b.schema == ds.schema for b in batches)
         assert [row for b in batches for row in b.to_pylist()] == records
+        ds.set_epoch(0)
         arrays = list(ds.batches(100, as_numpy=True, drop_last=True))
         assert np.concatenate([a["index"] for a in arrays]).tolist() == [r["index"] for r in records][: len(arrays) * 100]
     else:
         assert all(isinstance(b, list) and isinstance(b[0], bytes) for b in batches)
         assert [r for b in batches for r in b] == records
+        ds.set_epoch(0)
         arrays = list(ds.batches(100, as_numpy=True, drop_last=True))
         assert all(a["record"].dtype == object and len(a["record"]) == 100 for a in arrays)
         assert [r for a in arrays for r in a["record"]] == records[: len(arrays) * 100]
@@ -175,6 +178,7 @@ def test_parquet_columns_are_selected(parquet_out):
     assert ds.schema.names == ["label", "index"]
     batch = next(iter(ds.batches(10)))
     assert batch.schema.names == ["label", "index"]
+    ds.set_epoch(0)
     full = [(r["label"], r["index"]) for r in ShuffledDataset(parquet_out, seed=4)]
     assert [(r["label"], r["index"]) for r in ds] == full
     with pytest.raises(InputError, match="no column"):
@@ -300,10 +304,12 @@ def test_resuming_at_any_record_continues_the_uninterrupted_stream(name, request
     assert consumed + [r for b in after.batches(size) for r in (b.to_pylist() if name == "parquet_out" else b)] == stream
 
 
-def test_a_finished_epoch_starts_over_and_state_is_checked(tfrecord_out):
+def test_a_finished_epoch_is_followed_by_the_next_and_state_is_checked(tfrecord_out):
     ds = ShuffledDataset(tfrecord_out, seed=1)
     first = list(ds)
     assert ds.state_dict()["position"] == len(ds)
+    assert list(ds) == list(ShuffledDataset(tfrecord_out, seed=1, epoch=1)) != first
+    ds.set_epoch(0)
     assert list(ds) == first
     other = ShuffledDataset(tfrecord_out, seed=2)
     with pytest.raises(ValueError, match="seed"):
@@ -700,6 +706,7 @@ def test_the_readme_torch_examples_run(examples_out):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     uninterrupted = [list(b) for b in StatefulDataLoader(scope["train"], batch_size=None, num_workers=2)]
+    scope["train"].set_epoch(0)
     exec(README_RESUME, scope)
     head = uninterrupted[:4]
     assert head + [list(b) for b in scope["loader"]] == uninterrupted

@@ -5,13 +5,18 @@ Invariants:
   ``(output, seed, epoch, mix, reshuffle)``; a consumer (rank, worker) reads a list of
   ranges of it (``split``), and only loads the piles those ranges read.
 - ``position`` counts the records this consumer has yielded this epoch; a state is
-  ``(ranges, position)`` plus what identifies the sequence, so resuming is exact.
+  ``(ranges, position)`` plus what identifies the sequence (the output's identity, seed,
+  mix, epoch), so resuming is exact, and refused on any other sequence.
+- A *pass* is one ``iter()`` / ``batches()`` (a ``ds.tf()`` iteration is one too). Each new
+  pass reads the next epoch, unless ``set_epoch(e)`` was called since the last pass (then
+  epoch e from its start) or a state was loaded (then the rest of that state's epoch, once).
 - The next step of the epoch is built on a background thread while the current one is
   read (``steps.Steps``): with ``mix=K``, at most K + 1 piles are loaded at once, plus
   the batch being built.
 """
 
 import copy
+import numbers
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +27,8 @@ from pileshuffle.loader.piles import open_output
 from pileshuffle.loader.prefetch import prefetched
 from pileshuffle.loader.steps import Steps, ranks_loaded
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # 2: ``dataset`` is the output's identity dict (1 was an order-blind fingerprint)
+SEEDS = 1 << 64  # seeds are 64-bit words (keys.stream_key)
 RECORD_PIECE = 1024  # records turned into Python objects at a time by iter()
 TAKE_ROWS = 8192  # Parquet rows gathered per take
 
@@ -37,14 +43,20 @@ class ShuffledDataset:
 
     def __init__(self, path, *, seed=0, epoch=0, reshuffle=True, mix=1, rank=0, world_size=1,
                  columns=None, remainder="drop", prefetch=True, filesystem=None):
-        self.output = open_output(str(path), filesystem, columns)
-        self.seed, self.mix, self.reshuffle = int(seed), int(mix), bool(reshuffle)
-        self.rank, self.world_size, self.remainder = int(rank), int(world_size), remainder
-        self.prefetch = bool(prefetch)
+        self.seed, self.mix = whole_number("seed", seed, 0, SEEDS), whole_number("mix", mix, 1)
+        self.world_size = whole_number("world_size", world_size, 1)
+        self.rank = whole_number("rank", rank, 0, self.world_size, "world_size")
+        self.reshuffle, self.remainder, self.prefetch = bool(reshuffle), remainder, bool(prefetch)
+        epoch = whole_number("epoch", epoch, 0)
+        split.rank_share(0, self.rank, self.world_size, remainder)  # checks the remainder
+        self.output = open_output(str(path), filesystem, _checked_columns(columns))
+        if columns is not None and self.format != "parquet":
+            raise ValueError(f"columns={list(columns)!r}: {self.output.location} holds {self.format} records, "
+                             "which have no columns (columns= selects Parquet columns)")
         self._parts = ()  # ((worker, num_workers), ...) of a for_worker view
         self._pile_records = tuple(p.records for p in self.output.piles)
-        split.rank_share(0, self.rank, self.world_size, remainder)  # checks the arguments
-        self._start_epoch(int(epoch))
+        _check_world_size(self.output, self.world_size, remainder)
+        self._start_epoch(epoch)
 
     # --- what it is -------------------------------------------------------------
     @property
@@ -83,17 +95,17 @@ class ShuffledDataset:
                 f"seed={self.seed}, epoch={self.epoch}, mix={self.mix}, reshuffle={self.reshuffle}, {where}, "
                 f"{len(self)} records, position {self._position})")
 
-    def torch(self, **kwargs):
+    def torch(self, *, batch_size=None, **kwargs):
         """A ``torch.utils.data.IterableDataset`` of these records (see ``loader.torch``)."""
         from pileshuffle.loader.torch import TorchDataset
 
-        return TorchDataset(self, **kwargs)
+        return TorchDataset(self, batch_size=_batch_size(batch_size), **kwargs)
 
-    def tf(self, **kwargs):
+    def tf(self, *, batch_size=None, **kwargs):
         """A ``tf.data.Dataset`` of these records (see ``loader.tf``)."""
         from pileshuffle.loader.tf import to_tf
 
-        return to_tf(self, **kwargs)
+        return to_tf(self, batch_size=_batch_size(batch_size), **kwargs)
 
     # --- epochs and splits ------------------------------------------------------
     def _split_of(self, consumer) -> list:
@@ -107,26 +119,55 @@ class ShuffledDataset:
         self._position = 0
         self._resume_at = None  # where the next iteration starts (a loaded state's position)
         self._resumed = None
+        self._passed = False  # a pass has started since this epoch was set or a state loaded
 
     def set_epoch(self, epoch: int):
-        """Start epoch ``epoch`` at its beginning; the current epoch again keeps the
-        position (so a resumed state survives the usual ``set_epoch`` at an epoch's start)."""
-        if int(epoch) != self.epoch:
-            self._start_epoch(int(epoch))
+        """The next pass reads epoch ``epoch`` from its start. Only when no pass has started
+        since a state of that same epoch was loaded does the state stay (so a resumed state
+        survives the usual ``set_epoch`` at an epoch's start)."""
+        epoch = whole_number("epoch", epoch, 0)
+        if epoch != self.epoch or self._passed:
+            self._start_epoch(epoch)
+
+    def _begin_pass(self):
+        """A new pass: the next epoch if a pass has started since ``set_epoch`` or
+        ``load_state_dict``, else the epoch (and position) they set."""
+        if self._passed:
+            self._start_epoch(self.epoch + 1)
+        self._passed = True
+
+    def _next_pass(self) -> "ShuffledDataset":
+        """This dataset as its next pass will begin (itself, or a copy at the next epoch)."""
+        if not self._passed:
+            return self
+        upcoming = copy.copy(self)
+        upcoming._start_epoch(self.epoch + 1)
+        return upcoming
+
+    def _at_epoch(self, epoch: int) -> "ShuffledDataset":
+        """A copy whose next pass reads ``epoch`` from its start (this dataset itself when its
+        next pass would: its own epoch, where a loaded state may be waiting)."""
+        if self._next_pass().epoch == epoch and not self._passed:
+            return self
+        view = copy.copy(self)
+        view._start_epoch(epoch)
+        return view
 
     def for_worker(self, worker: int, num_workers: int) -> "ShuffledDataset":
         """A view reading contiguous part ``worker`` of ``num_workers`` of what this
-        dataset has left to read this epoch (in later epochs: of its own share). After
+        dataset's next pass would read (this epoch's rest, or the next epoch's share). After
         ``load_state_dict(list)`` of exactly the split this view belongs to, the view
         resumes its own state instead (the uninterrupted order)."""
-        view = copy.copy(self)
-        if (int(worker), int(num_workers)) != (0, 1):
-            view._parts = self._parts + ((int(worker), int(num_workers)),)
-        own = _own_state(self._resumed, view) if self._resumed else None
+        num_workers = whole_number("num_workers", num_workers, 1)
+        worker = whole_number("worker", worker, 0, num_workers, "num_workers")
+        view = copy.copy(self._next_pass())
+        if (worker, num_workers) != (0, 1):
+            view._parts = view._parts + ((worker, num_workers),)
+        own = _own_state(view._resumed, view) if view._resumed else None
         if own is not None:
             view._resume(own)
         else:
-            view._ranges = split.part(split.tail(self._ranges, self._resume_at or 0), int(worker), int(num_workers))
+            view._ranges = split.part(split.tail(view._ranges, view._resume_at or 0), worker, num_workers)
             view._position = view._resume_at = 0
         return view
 
@@ -141,7 +182,7 @@ class ShuffledDataset:
             raise ValueError(f"n must be in 0..{len(self)}, got {n}")
         return {
             "format": STATE_FORMAT,
-            "dataset": self.output.identity(),
+            "dataset": self.output.identity,
             "seed": self.seed,
             "epoch": self.epoch,
             "mix": self.mix,
@@ -171,6 +212,7 @@ class ShuffledDataset:
             raise ValueError(f"the states are of different epochs {sorted(epochs)}")
         if epochs != {self.epoch}:
             self._start_epoch(epochs.pop())
+        self._passed = False
         if isinstance(state, dict):
             if list(state["consumer"]) != self._consumer():
                 raise ValueError(
@@ -193,11 +235,18 @@ class ShuffledDataset:
         self._resume_at = self._position
 
     def _check_state(self, state: dict):
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a ShuffledDataset state (format {STATE_FORMAT}): {state!r:.200}")
-        if state["dataset"] != self.output.identity():
-            raise ValueError(f"the state is of another output ({state['dataset']}), not of "
-                             f"{self.output.location} ({self.output.identity()})")
+        """Refuse a state that is not of this output's sequence, saying how it differs."""
+        if not isinstance(state, dict) or "format" not in state:
+            raise ValueError(f"not a ShuffledDataset state: {state!r:.200}")
+        if state["format"] != STATE_FORMAT:
+            raise ValueError(f"a ShuffledDataset state of format {state['format']}, made by another version of "
+                             f"pileshuffle; this one reads format {STATE_FORMAT} (start the epoch afresh)")
+        if state["dataset"] != self.output.identity:
+            raise ValueError(
+                f"the state is of another output ({describe_identity(state['dataset'])}), not of "
+                f"{self.output.location} ({describe_identity(self.output.identity)}): a re-run with another seed "
+                "or number of piles, or a store changed since, is another order, and the state's position in it "
+                "means nothing here")
         for name in ("seed", "mix", "reshuffle"):
             if state[name] != getattr(self, name):
                 raise ValueError(f"the state has {name}={state[name]!r} but the dataset {name}={getattr(self, name)!r}")
@@ -227,14 +276,16 @@ class ShuffledDataset:
     def piles_to_load(self) -> list:
         """The piles (indices) the next iteration loads, in order: with ``mix=K``, its
         share plus at most K + 1 piles per range (the partial windows at either end)."""
-        steps = [step for step, _ in self._plan(split.tail(self._ranges, self._resume_at or 0))]
-        return [int(self._order.pile_order[r]) for r in ranks_loaded(self._order, steps)]
+        upcoming = self._next_pass()
+        steps = [step for step, _ in upcoming._plan(split.tail(upcoming._ranges, upcoming._resume_at or 0))]
+        return [int(upcoming._order.pile_order[r]) for r in ranks_loaded(upcoming._order, steps)]
 
     def _tables(self, step: int):
         """Tables of at most ``step`` records, in order, from where this iteration starts
         (a loaded state's position, else 0); the caller advances ``_position``. Sets the
         position at once (not lazily), so ``state_dict()`` is right before the first
         record is taken."""
+        self._begin_pass()
         start, self._resume_at = self._resume_at or 0, None
         self._position = start
         return self._tables_from(self._plan(split.tail(self._ranges, start)), step)
@@ -282,9 +333,7 @@ class ShuffledDataset:
         ``list[bytes]`` (TFRecord, JSONL), ``pyarrow.RecordBatch`` (Parquet), or with
         ``as_numpy`` a ``dict`` of numpy arrays (``{"record": object array of bytes}``
         for bytes formats)."""
-        batch_size = int(batch_size)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        batch_size = _batch_size(batch_size)
         return self._batches(self._tables(batch_size), batch_size, drop_last, as_numpy)
 
     def _batches(self, tables, batch_size, drop_last, as_numpy):
@@ -351,6 +400,52 @@ def _table_batches(tables, batch_size):
         pending, count = ([rest.take(np.arange(rest.num_rows))] if rest.num_rows else []), rest.num_rows
     if count:
         yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+
+
+def whole_number(name: str, value, low: int, high: int = None, high_name: str = None) -> int:
+    """``value`` as an int in ``low .. high-1``; anything else (a bool, a float such as 1.5, a
+    string, a number out of range) is refused naming ``name``, never wrapped or truncated."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if high is None and value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+    if high is not None and not low <= value < high:
+        bound = f"{high - 1}" if high_name is None else f"{high_name}-1 = {high - 1}"
+        raise ValueError(f"{name} must be in {low}..{bound}, got {value}")
+    return int(value)
+
+
+def _batch_size(value):
+    return None if value is None else whole_number("batch_size", value, 1)
+
+
+def _checked_columns(columns):
+    if columns is None:
+        return None
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise ValueError(f"columns must be a list of column names, got {columns!r}")
+    if not columns:
+        raise ValueError("columns=[] selects no column, so every record would be empty: name at least one "
+                         "column, or pass columns=None for all of them")
+    return columns
+
+
+def _check_world_size(output, world_size: int, remainder: str):
+    """Refuse a split in which every rank would read nothing although the output has records."""
+    if remainder == "drop" and 0 < output.records < world_size:
+        raise ValueError(
+            f"world_size {world_size} is larger than the {output.records} records of {output.location}: with "
+            f"remainder='drop' every rank would get {output.records // world_size} records; use "
+            "remainder='pad' (each rank gets 1, some repeated) or fewer ranks")
+
+
+def describe_identity(identity) -> str:
+    """An output identity (``Output.identity``) in words."""
+    if not isinstance(identity, dict):
+        return f"{identity!r:.80}"
+    seed = "no seed" if identity.get("seed") is None else f"seed {identity.get('seed')}"
+    return (f"{identity.get('kind')} of {identity.get('records', '?'):,} records in {identity.get('piles')} piles, "
+            f"{seed}, digest {identity.get('digest')}")
 
 
 def _worker_parts(ranges, parts) -> list:

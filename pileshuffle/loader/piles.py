@@ -14,6 +14,7 @@ All I/O goes through ``pyarrow.fs`` (local, gs://, s3://); nothing here imports 
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import posixpath
@@ -338,6 +339,7 @@ class Output:
     schema: pa.Schema
     fingerprint: Fingerprint
     kind: str  # "shards" | "store"
+    identity: dict  # what a loader state must match to be resumed here (``identity_of``)
 
     @property
     def records(self) -> int:
@@ -349,10 +351,23 @@ class Output:
         handing back (``release_unused``) once a pile is dropped."""
         return self.format == "parquet"
 
-    def identity(self) -> str:
-        """What a state must match to be resumed on this output."""
-        fp = self.fingerprint
-        return f"{fp.records}:{fp.hash_sum:016x}:{fp.hash_xor:016x}"
+
+
+def identity_of(kind: str, manifest: dict, fingerprint: Fingerprint) -> dict:
+    """The identity of the records *and their order*: a re-run that writes the same bytes
+    (same input, seed, piles) has the same identity; another seed or number of piles, or a
+    store version with other generations, has another. The fingerprint alone is blind to
+    order: a re-run with another seed has the same one."""
+    if kind == "shards":
+        layout = [[int(s["records"]), int(s.get("bytes") or 0)] for s in manifest["shards"]]
+    else:
+        layout = [[int(g["generation"]), g["fingerprint"]] for g in manifest["generations"]]
+        layout.append(int(manifest.get("max_pile_bytes") or 0))
+    seed = manifest.get("seed")
+    basis = [kind, manifest.get("format"), seed, int(manifest["num_piles"]), layout, fingerprint.to_json()]
+    digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
+    return {"kind": kind, "records": fingerprint.records, "piles": int(manifest["num_piles"]), "seed": seed,
+            "digest": digest}
 
 
 def _prefix_and_kind(fs, path: str):
@@ -411,7 +426,8 @@ def _open_shards(fs, prefix: str, columns) -> Output:
         for i, shard in enumerate(manifest["shards"])
     )
     schema = _schema(source, piles)
-    return Output(prefix, name, piles, schema, Fingerprint.from_json(manifest["output_fingerprint"]), "shards")
+    fingerprint = Fingerprint.from_json(manifest["output_fingerprint"])
+    return Output(prefix, name, piles, schema, fingerprint, "shards", identity_of("shards", manifest, fingerprint))
 
 
 def _open_store(fs, manifest_path: str, columns) -> Output:
@@ -430,7 +446,8 @@ def _open_store(fs, manifest_path: str, columns) -> Output:
     limit = int(manifest.get("max_pile_bytes") or 0)
     piles = tuple(ref for p in range(num_piles) for ref in _store_pile(source, p, files[p], limit))
     fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
-    return Output(manifest_path, name, piles, _schema(source, piles), fingerprint, "store")
+    return Output(manifest_path, name, piles, _schema(source, piles), fingerprint, "store",
+                  identity_of("store", manifest, fingerprint))
 
 
 def _store_pile(source: Source, pile: int, files: list, limit: int) -> list:

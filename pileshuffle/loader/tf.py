@@ -9,10 +9,10 @@ Invariants:
   chunks of ``ds.batches(chunk_records(ds))`` (one Python-to-TensorFlow conversion per chunk,
   never per record; ~0.3 ms per generator step, so small steps cost more than the records), and
   tf.data cuts them into records (``unbatch``) or batches (``rebatch``) in C++.
-- Each pass over the ``tf.data.Dataset`` (a new ``for`` loop, or ``.repeat()``) reads one epoch:
-  the dataset's current one (from a loaded state's position), or, when a pass starts in the
-  epoch the previous pass read, the next epoch. So ``.repeat()`` reshuffles every epoch, and
-  ``ds.set_epoch(e)`` between passes still chooses the epoch.
+- Each pass over the ``tf.data.Dataset`` (a new ``for`` loop, ``.repeat()``, or a fresh
+  ``ds.tf()``) is a pass of the dataset and follows its one rule (``loader.passes``): the
+  next epoch, unless ``ds.set_epoch(e)`` or ``ds.load_state_dict`` came since the last pass.
+  So ``.repeat()`` reshuffles every epoch.
 - tf.data iterators run ahead of the training step (prefetch, parallel maps, and with
   ``.repeat()`` the next epoch's pass), so the state is not read from them: after the training
   loop has consumed n records of epoch e, ``state_in_epoch(ds, e, n)`` (``ds.state_after(n)``
@@ -33,13 +33,9 @@ CHUNK_BYTES = 8 << 20  # and about this many payload bytes (wide records: images
 
 def to_tf(dataset, *, batch_size=None, drop_last=False):
     """``dataset``'s records (or batches of ``batch_size``) as a ``tf.data.Dataset``."""
-    previous = []  # the epoch the last pass started in
     size = chunk_records(dataset)
 
     def chunks():
-        if previous and previous[-1] == dataset.epoch:
-            dataset.set_epoch(dataset.epoch + 1)
-        previous[:] = [dataset.epoch]
         if dataset.format != "parquet":
             yield from dataset.batches(size)
             return

@@ -8,6 +8,10 @@ Invariants:
 - ``state_dict()`` is the state of that part after the records it has yielded (a batch counts
   once it is yielded). torchdata's ``StatefulDataLoader`` asks each worker for it after every
   batch and gives every worker its own state back on resume: the stream goes on exactly.
+- Which epoch a pass reads follows the one rule of ``loader.passes``, kept in a
+  ``PassClock`` that the main process and every worker copy share: ``set_epoch`` and a
+  ``load_state_dict`` in the main process reach new and persistent workers alike, and a
+  loaded state is read by one pass only.
 - ``load_state_dict(list)`` takes the states of every consumer of an earlier split (another
   ``num_workers`` or world size): the rest of the epoch is dealt out again, nothing lost or
   repeated; each worker reads its part in global order, so the stream's order differs from
@@ -18,10 +22,14 @@ Invariants:
 Only this module (and ``pileshuffle.loader.tf`` for TensorFlow) imports torch.
 """
 
+import os
+
 import pyarrow as pa
 import torch.utils.data
 
 from torch.utils.data import default_convert, get_worker_info
+
+from pileshuffle.loader.passes import PassClock
 
 # torchdata's StatefulDataLoader state keys (torchdata.stateful_dataloader, 0.8 - 0.11)
 _SNAPSHOT, _STEPS_SINCE_SNAPSHOT = "_snapshot", "_steps_since_snapshot"
@@ -44,20 +52,29 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.as_numpy = as_numpy
-        self._resume = None  # a state or a list of states the next iteration starts from
+        self._resume = None  # a worker's own state (torchdata's StatefulDataLoader gives it in the worker)
         self._part = None  # the part this process iterates now
-        # [set?, epoch] of set_epoch() in shared memory: persistent workers see it too
-        self._epoch = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._passes = 0  # passes this copy has begun (persistent workers and the main process count on)
+        self._clock = PassClock()
 
     # -- epochs and length
 
     def set_epoch(self, epoch):
-        """The next iteration's epoch (call it before each epoch, in the main process). It
-        reaches the workers of the next iteration whether they are new or persistent
-        (``persistent_workers=True`` keeps the workers' own copies of this object)."""
+        """The next iteration's epoch (call it in the main process). It reaches the workers of
+        the next iteration whether they are new or persistent (``persistent_workers=True``
+        keeps the workers' own copies of this object). Without it, each iteration reads the
+        epoch after the last one's."""
         self.dataset.set_epoch(epoch)
-        self._epoch[1] = int(epoch)
-        self._epoch[0] = 1
+        self._clock.set_epoch(self.dataset.epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the iteration under way (or, when ``set_epoch`` or a state came since,
+        of the next one)."""
+        return self._clock.current(self._first_epoch())["epoch"]
+
+    def _first_epoch(self) -> int:
+        return self.dataset._next_pass().epoch
 
     def __len__(self):
         """Records this rank yields per epoch (with ``batch_size``, batches per epoch depend on
@@ -73,14 +90,25 @@ class TorchDataset(torch.utils.data.IterableDataset):
         info = get_worker_info()
         return (0, 1) if info is None else (info.id, info.num_workers)
 
+    def _pass_id(self):
+        """Shared by the workers of one DataLoader iteration, new for the next: torch draws a
+        base seed per iteration (worker seed = base seed + id), and a persistent worker or the
+        main process counts its own passes."""
+        info = get_worker_info()
+        origin = ["main", os.getpid()] if info is None else ["workers", int(info.seed) - int(info.id)]
+        return [*origin, self._passes]
+
     def _part_to_iterate(self):
         worker, num_workers = self._worker()
-        if self._epoch[0]:
-            self.dataset.set_epoch(int(self._epoch[1]))
-        resume, self._resume = self._resume, None
+        own, self._resume = self._resume, None
+        own_epoch = None if own is None else _states_epoch(own)
+        decision = self._clock.begin(self._pass_id(), worker, num_workers, self._first_epoch(), own_epoch)
+        self._passes += 1
+        resume = own if own is not None else decision["state"]
+        dataset = self.dataset._at_epoch(decision["epoch"])
         if isinstance(resume, list):
-            return resumed_part(self.dataset, resume, worker, num_workers)
-        part = self.dataset.for_worker(worker, num_workers)
+            return resumed_part(dataset, resume, worker, num_workers)
+        part = dataset.for_worker(worker, num_workers)
         if resume is not None:
             part.load_state_dict(resume)
         return part
@@ -105,17 +133,26 @@ class TorchDataset(torch.utils.data.IterableDataset):
         would iterate)."""
         if self._part is not None:
             return self._part.state_dict()
-        if isinstance(self._resume, dict):
-            return self._resume
+        upcoming = self._resume if self._resume is not None else self._clock.peek(self._first_epoch())["state"]
+        if isinstance(upcoming, dict):
+            return upcoming
         worker, num_workers = self._worker()
-        return self.dataset.for_worker(worker, num_workers).state_dict()
+        return self.dataset._at_epoch(self.epoch).for_worker(worker, num_workers).state_dict()
 
     def load_state_dict(self, state):
-        """Resume the next iteration from ``state``: one consumer's state (what
-        ``state_dict()`` returned in this same worker) or the list of every consumer's states
-        of an earlier split (``worker_states``, ``loader_states``)."""
-        self._resume = list(state) if isinstance(state, (list, tuple)) else state
+        """Resume the next iteration, and only that one, from ``state``: one consumer's state
+        (what ``state_dict()`` returned in this same worker) or the list of every consumer's
+        states of an earlier split (``worker_states``, ``loader_states``). Checked here: a
+        state of another output, seed or mix is refused at once."""
+        states = list(state) if isinstance(state, (list, tuple)) else [state]
+        for one in states:
+            self.dataset._check_state(one)
+        resume = states if isinstance(state, (list, tuple)) else state
         self._part = None
+        if get_worker_info() is not None:  # torchdata gives each worker its own state
+            self._resume = resume
+        else:
+            self._clock.load_state(resume, _states_epoch(resume))
 
 
 class TensorsOnArrival:
@@ -175,6 +212,10 @@ def writable(columns):
     """Numpy columns torch can take without its warning about read-only arrays (Arrow's
     zero-copy numbers are read-only; copying a batch of numbers is cheap)."""
     return {name: array if array.flags.writeable else array.copy() for name, array in columns.items()}
+
+
+def _states_epoch(state) -> int:
+    return int((state[0] if isinstance(state, list) else state)["epoch"])
 
 
 def resumed_part(dataset, states, worker, num_workers):
@@ -238,7 +279,8 @@ def loader_states(torch_dataset, batches, *, num_workers, batch_size=None, drop_
     if not size:
         raise ValueError("batch_size: the DataLoader's batch size (the adapter yields single records)")
     workers = max(1, num_workers)
-    parts = [torch_dataset.dataset.for_worker(w, workers) for w in range(workers)]
+    dataset = torch_dataset.dataset._at_epoch(torch_dataset.epoch)
+    parts = [dataset.for_worker(w, workers) for w in range(workers)]
     records = [len(p) for p in parts]
     taken, turn = round_robin(batches, [n // size if drop else -(-n // size) for n in records])
     states = [part.state_after(min(n, t * size)) for part, n, t in zip(parts, records, taken)]
