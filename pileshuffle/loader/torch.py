@@ -104,8 +104,14 @@ class TorchDataset(torch.utils.data.IterableDataset):
         own_epoch = None if own is None else _states_epoch(own)
         decision = self._clock.begin(self._pass_id(), worker, num_workers, self._first_epoch(), own_epoch)
         self._passes += 1
-        resume = own if own is not None else decision["state"]
-        dataset = self.dataset._at_epoch(decision["epoch"])
+        if own is not None:
+            decision = {"epoch": own_epoch, "state": own}
+        return self._part_of_pass(decision, worker, num_workers)
+
+    def _part_of_pass(self, decision, worker, num_workers):
+        """Worker ``worker``'s part of a pass that reads ``decision`` (an epoch from its
+        start, or the rest of a state or a list of states)."""
+        dataset, resume = self.dataset._at_epoch(decision["epoch"]), decision["state"]
         if isinstance(resume, list):
             return resumed_part(dataset, resume, worker, num_workers)
         part = dataset.for_worker(worker, num_workers)
@@ -273,17 +279,31 @@ def loader_states(torch_dataset, batches, *, num_workers, batch_size=None, drop_
     adapter yields records), the last one partial unless ``drop_last``. So the records each
     worker handed out follow from ``batches`` alone; the list starts with the worker whose
     turn is next, because a new loader starts its round robin at worker 0.
+
+    The pass is the one under way (or, when ``set_epoch``/``load_state_dict`` came since,
+    the next). A pass that resumed exactly (the states of this same split) counts the
+    batches of the epoch from its start, as if never interrupted; a pass that resumed with
+    another split begins a new split, and counts the batches since the resume.
     """
     size = torch_dataset.batch_size or batch_size
     drop = drop_last or torch_dataset.drop_last
     if not size:
         raise ValueError("batch_size: the DataLoader's batch size (the adapter yields single records)")
     workers = max(1, num_workers)
-    dataset = torch_dataset.dataset._at_epoch(torch_dataset.epoch)
-    parts = [dataset.for_worker(w, workers) for w in range(workers)]
-    records = [len(p) for p in parts]
-    taken, turn = round_robin(batches, [n // size if drop else -(-n // size) for n in records])
-    states = [part.state_after(min(n, t * size)) for part, n, t in zip(parts, records, taken)]
+    decision = torch_dataset._clock.current(torch_dataset._first_epoch())
+    parts = [torch_dataset._part_of_pass(decision, w, workers) for w in range(workers)]
+
+    def batches_of(n):
+        return n // size if drop else -(-n // size)
+
+    starts = [part._resume_at or 0 for part in parts]
+    records = [len(part) for part in parts]
+    before = sum(batches_of(start) for start in starts)
+    if batches < before:
+        raise ValueError(f"{batches} batches taken, but the pass resumed after {before} batches of this epoch")
+    remaining = [batches_of(n) - batches_of(start) for n, start in zip(records, starts)]
+    taken, turn = round_robin(batches - before, remaining)
+    states = [part.state_after(min(n, start + t * size)) for part, n, start, t in zip(parts, records, starts, taken)]
     return states[turn:] + states[:turn]
 
 
