@@ -14,6 +14,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 
+from pileshuffle import interrupt
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 
@@ -91,6 +92,7 @@ class FragmentFiles:
     def final_path(self, pile: int) -> str:
         return FileSystems.join(self._directory, f"{self._name}-p{pile:06d}.arrows")
 
+    @interrupt.writes  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
     def append(self, pile: int, table: pa.Table, fingerprint: Fingerprint):
         entry = self._open.get(pile)
         try:
@@ -105,6 +107,7 @@ class FragmentFiles:
         entry[4] += table.nbytes
         entry[5] += fingerprint
 
+    @interrupt.writes
     def commit(self):
         piles = sorted(self._open)
         try:

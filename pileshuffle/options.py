@@ -77,8 +77,11 @@ PARAMETERS = (
     Parameter("output", "Output prefix",
               "Path prefix of the output: shards are {output}-00000-of-00064.tfrecord etc., plus {output}-manifest.json.",
               "gs://my-bucket/shuffled/train", regex=r"^[^\n,*?]+$", metavar="PREFIX"),
-    Parameter("format", "Record format", "Format of input and output records.", "tfrecord",
-              default="tfrecord", choices=("tfrecord", "parquet", "jsonl")),
+    Parameter("format", "Record format",
+              "Format of input and output records. auto: from the input files' extension (.tfrecord, .parquet, "
+              ".jsonl, with .gz for the byte formats); every file must say the same. Give a format to read files "
+              "whose names say none.", "parquet",
+              default="auto", choices=("auto", "tfrecord", "parquet", "jsonl")),
     Parameter("compression", "Output compression",
               "auto: as the input (gzip if every input is .gz; Parquet: snappy); none; gzip. Parquet also takes snappy, zstd.",
               "auto", default="auto", choices=("auto", "none", "gzip", "snappy", "zstd")),
@@ -207,7 +210,19 @@ def check_argv(argv, parameters=PARAMETERS):
     refuse_unknown(option_names(argv), [p.name for p in parameters])
     values = _parse_own(argv, parameters)
     check_values(values, parameters)
+    check_runner(argv)
     return values
+
+
+def check_runner(argv):
+    """Refuse a ``--runner`` that Beam cannot create (UsageError), before anything runs."""
+    from pileshuffle.runners import runner_problem
+
+    parser = _QuietParser(allow_abbrev=False, add_help=False)
+    parser.add_argument("--runner")
+    problem = runner_problem(parser.parse_known_args(_before_separator(argv))[0].runner)
+    if problem:
+        raise UsageError(problem)
 
 
 def check_command_argv(parser: argparse.ArgumentParser, argv):
@@ -217,6 +232,7 @@ def check_command_argv(parser: argparse.ArgumentParser, argv):
     own = [a[2:] for action in parser._actions for a in action.option_strings if a.startswith("--")]
     template_only = {f"--{p.name}" for p in PARAMETERS} - {f"--{o}" for o in own}  # run's options mean nothing here
     refuse_unknown(option_names(rest), own, template_only, prog=parser.prog)
+    check_runner(rest)
     return args, rest
 
 
@@ -288,7 +304,7 @@ def check_values(values, parameters=PARAMETERS):
     if "seed" in names:
         check_seed(getattr(values, "seed", 0))
     if {"format", "compression"} <= names:
-        check_compression(getattr(values, "format", "tfrecord"), getattr(values, "compression", "auto"))
+        check_compression(getattr(values, "format", "auto"), getattr(values, "compression", "auto"))
 
 
 def check_num_piles(value):

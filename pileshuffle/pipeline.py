@@ -23,11 +23,20 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
-from pileshuffle import progress
+from pileshuffle import interrupt, progress
 from pileshuffle.errors import OutputError, PileshuffleError, find_error, unwrapped, user_message
 from pileshuffle.fragments import Fragment
 from pileshuffle.options import PileshuffleOptions, check_argv, help_text, parse_flag, wants_help
-from pileshuffle.plan import Plan, describe_left_out, make_plan, space_note
+from pileshuffle.plan import (
+    OutputLock,
+    Plan,
+    check_locations,
+    describe_left_out,
+    describe_skipped,
+    make_plan,
+    prepare_output,
+    space_note,
+)
 from pileshuffle.runners import (
     close_client,
     dask_defaults,
@@ -40,9 +49,10 @@ from pileshuffle.runners import (
     should_wait,
     submitted,
 )
+from pileshuffle.store.layout import command_line
 from pileshuffle.transforms.assign import STATS_TAG, ReadSourceToPiles, SourceStats
 from pileshuffle.transforms.shuffle import GroupIntoPiles
-from pileshuffle.transforms.write import WritePiles, manifest_path, read_manifest, remove_tree, staging_dir
+from pileshuffle.transforms.write import WritePiles, discard_unpublished, manifest_path, read_manifest, remove_tree
 from pileshuffle.tuning import keep_freed_memory
 
 log = logging.getLogger("pileshuffle")
@@ -110,6 +120,7 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
         from pileshuffle.store.commands import run_store
 
         return run_store(argv, options, wait, hold_worker_stderr)
+    at_stake_on_interrupt(options.view_as(PileshuffleOptions).output)
     if is_local(options):
         options = local_defaults(options, argv)
     started = time.time()
@@ -119,7 +130,21 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
         options = dask_defaults(options, plan)
     if is_dataflow(options):
         options = dataflow_defaults(options)
-    quiet = parse_flag(values.quiet)
+    check_locations(plan)
+    with OutputLock(plan.output, command_line(["run", *argv])).held():  # released on success, failure, Ctrl-C
+        prepare_output(plan)
+        return run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr)
+
+
+def at_stake_on_interrupt(output: str):
+    """What Ctrl-C leaves of a run or materialize that writes shards at ``output``."""
+    interrupt.describe(f"nothing was published at {output}; run the same command again (it removes what this one "
+                       f"left and writes the same shards)", f"it had published {manifest_path(output)}: the output is complete")
+
+
+def run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worker_stderr):
+    """Run a prepared plan (under the output's lock): the pipeline, then its manifest with
+    what ``--input`` matched but the run did not read."""
     if not quiet:
         print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
               f"({plan.num_piles_reason})", file=sys.stderr)
@@ -130,7 +155,7 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
 
     def failed(error):
         remove_tree(plan.work_dir)
-        remove_tree(staging_dir(plan.output))
+        discard_unpublished(plan.output)
         message = user_message(error)
         if message and "No space left" in message:
             return OutputError(f"{message}; {space_note(plan)}")
@@ -142,6 +167,8 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
     manifest = read_manifest(plan.output)
     manifest["wall_seconds"] = time.time() - started
     manifest["inputs_left_out"] = plan.left_out
+    manifest["inputs_skipped"] = plan.skipped
+    manifest["input_duplicates"] = plan.duplicates
     return manifest
 
 
@@ -199,6 +226,14 @@ def summary(manifest: dict) -> str:
     if manifest.get("inputs_left_out"):
         left_out = manifest["inputs_left_out"]
         lines.append(f"left out  {len(left_out)} file(s) that --input matched but pileshuffle wrote: {describe_left_out(left_out)}")
+    if manifest.get("inputs_skipped"):
+        skipped = manifest["inputs_skipped"]
+        lines.append(f"skipped   {len(skipped)} matched name(s) that are not input files: {describe_skipped(skipped)}")
+    if manifest.get("input_duplicates"):
+        duplicates = manifest["input_duplicates"]
+        lines.append(f"duplicate {len(duplicates)} name(s) of files already matched, read once: "
+                     + ", ".join(f"{name} = {kept}" for name, kept in sorted(duplicates.items())[:3])
+                     + (", ..." if len(duplicates) > 3 else ""))
     if manifest["skipped"]["records"]:
         lines.append(f"skipped   {manifest['skipped']['records']} corrupt record(s), {manifest['skipped']['bytes']:,} bytes")
     lines.append(f"manifest  {manifest_path(manifest['output'])}")

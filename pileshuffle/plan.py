@@ -1,6 +1,10 @@
-"""Everything decided before the pipeline starts: the input files, their schema, the
-number of piles, the temp and staging locations (writable, with room), the output check.
-Cheap: it lists files and reads at most a MiB of one of them and Parquet footers."""
+"""Everything decided before the pipeline starts: the input files (their format, what a
+pattern matched that is not input, one name per file), their schema, the number of piles,
+the temp and staging locations, the output check (which files a run may replace).
+Cheap, and it only reads: it lists files and reads at most a MiB of one of them and
+Parquet footers. What ``run`` writes before pass 1 (probes, the output lock, removing what
+an unfinished run left) is here too, apart: ``check_locations``, ``OutputLock``,
+``prepare_output``."""
 
 import dataclasses
 import hashlib
@@ -12,16 +16,25 @@ import re
 import shutil
 import uuid
 
+from apache_beam.io.filesystem import FileSystem
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError, OutputError
-from pileshuffle.formats import get_format
-from pileshuffle.options import PileshuffleOptions, check_values, parse_bytes
-from pileshuffle.store.layout import is_store_file
+from pileshuffle.formats import RecordFormat, format_of_name, get_format, known_extensions
+from pileshuffle.options import PileshuffleOptions, check_compression, check_values, parse_bytes
+from pileshuffle.store.layout import FileLock, is_store, is_store_file, store_dir
 from pileshuffle.transforms.assign import Source
-from pileshuffle.transforms.write import existing_outputs, manifest_path, remove_tree, staging_dir
+from pileshuffle.transforms.write import (
+    OutputFiles,
+    check_replaceable,
+    discard_unpublished,
+    manifest_path,
+    output_lock_path,
+    remove_tree,
+    staging_dir,
+)
 
 log = logging.getLogger("pileshuffle")
 
@@ -46,11 +59,15 @@ class Plan:
     work_dir: str
     replace_existing: bool
     skip_corrupt: bool
+    layout: str = "shards"
     schema: object = None
     input_bytes: int = 0
     space: dict = dataclasses.field(default_factory=dict)  # location -> (bytes needed, bytes free or None)
     needs: dict = dataclasses.field(default_factory=dict)  # location -> bytes this run writes there
     left_out: dict = dataclasses.field(default_factory=dict)  # path -> why (pileshuffle's own files)
+    skipped: dict = dataclasses.field(default_factory=dict)  # path -> why (matched names that are no input file)
+    duplicates: dict = dataclasses.field(default_factory=dict)  # path -> the name kept (one file named twice)
+    unpublished: list = dataclasses.field(default_factory=list)  # what an unfinished publication left: replaced
     mean_record_bytes: float = 1.0  # as Arrow holds a record, from a sample
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
 
@@ -66,23 +83,33 @@ class Plan:
 
 def match_inputs(patterns: str, output: str = None) -> list:
     """Sorted, de-duplicated files matching comma-separated ``patterns``, without
-    pileshuffle's own files (see ``select_inputs``)."""
-    return select_inputs(patterns, output)[0]
+    pileshuffle's own files and what is not an input file (see ``select_inputs``)."""
+    return select_inputs(patterns, output).sources
 
 
-def select_inputs(patterns: str, output: str = None):
-    """``(sources, left_out)``: the files matching comma-separated ``patterns``, sorted and
-    de-duplicated, and ``{path: why}`` of the matched files left out because pileshuffle
-    wrote them (``own_file``). Every pattern must match a file; a pattern whose files
-    are all pileshuffle's own is refused. A pattern that matches only the shards of
-    another finished output (and its manifest) keeps them: shuffling an output again."""
-    paths, left_out = {}, {}
-    for pattern in [p.strip() for p in patterns.split(",") if p.strip()]:
-        try:
-            found = {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
-        except Exception as error:
-            raise InputError(pattern, f"cannot be listed: {error}") from error
-        if not found:
+@dataclasses.dataclass
+class Inputs:
+    """What ``--input`` names: the files to read, and every matched name left out, with why."""
+
+    sources: list
+    left_out: dict  # path -> why: files pileshuffle wrote
+    skipped: dict  # path -> why: matched names that are not input files (markers, hidden files, folders, dangling links)
+    duplicates: dict  # path -> the name kept: other names of a file already matched
+
+
+def select_inputs(patterns: str, output: str = None) -> Inputs:
+    """The files matching comma-separated ``patterns``, sorted and de-duplicated by their
+    real identity (``file_identity``), and every matched name left out: pileshuffle's own
+    files (``own_file``), and names a wildcard matched that are no input file (``not_input``,
+    folders, dangling symbolic links). A name given without wildcards is taken as it is.
+    Every pattern must match a file; a pattern whose files are all pileshuffle's own is
+    refused. A pattern that matches only the shards of another finished output (and its
+    manifest) keeps them: shuffling an output again."""
+    candidates, left_out, skipped = [], {}, {}
+    for rank, pattern in enumerate(p.strip() for p in patterns.split(",") if p.strip()):
+        found, passed_over = list_pattern(pattern)
+        skipped.update(passed_over)
+        if not found and not passed_over:
             what = "matches no file" if any(c in pattern for c in "*?[") else "does not exist"
             raise InputError(pattern, what)
         owned = {path: own_file(path, output, found) for path in found}
@@ -91,16 +118,178 @@ def select_inputs(patterns: str, output: str = None):
         if not rest and any(why.startswith(FINISHED_SHARD) for why in owned.values()):
             keep = {path for path, why in owned.items() if why.startswith(FINISHED_SHARD)}
             owned = {path: why for path, why in owned.items() if path not in keep}
-        if len(owned) == len(found):
+        if found and len(owned) == len(found):
             raise InputError(pattern, f"matches only files pileshuffle wrote ({describe_left_out(owned)}), "
                                       "not input: nothing to shuffle")
+        if not found:
+            raise InputError(pattern, f"matches no input file, only {describe_left_out(passed_over)}")
         left_out.update(owned)
-        paths.update((path, size) for path, size in found.items() if path not in owned)
-    return [Source(i, path, paths[path]) for i, path in enumerate(sorted(paths))], left_out
+        candidates += [(rank, path, size) for path, size in found.items() if path not in owned]
+    if not candidates:
+        raise InputError(patterns, "names no file")
+    paths, duplicates = one_name_per_file(candidates)
+    sources = [Source(i, path, paths[path]) for i, path in enumerate(sorted(paths))]
+    return Inputs(sources, left_out, skipped, duplicates)
+
+
+def one_name_per_file(candidates):
+    """``({path: size}, {dropped name: kept name})`` from ``(pattern rank, path, size)``
+    triples: one name per real file (``file_identity``), the one from the earliest
+    pattern, a file's own name before a symbolic link's, then the first in sort order; so
+    naming a file again changes nothing, not even the order of the output."""
+    groups = {}
+    for rank, path, size in candidates:
+        groups.setdefault(file_identity(path), {})[path] = (rank, size)
+    paths, duplicates = {}, {}
+    for names in groups.values():
+        kept = min(names, key=lambda p: (names[p][0], len(names) > 1 and is_local_path(p) and os.path.islink(p), p))
+        paths[kept] = names[kept][1]
+        duplicates.update({name: kept for name in names if name != kept})
+    return paths, duplicates
+
+
+def file_identity(path: str) -> str:
+    """What makes two names one file: the resolved real path on a local disk (relative
+    names, ``./``, absolute paths and symbolic links), else the location itself
+    (``gs://bucket/object``)."""
+    return os.path.realpath(path) if is_local_path(path) else path
+
+
+def is_local_path(path: str) -> bool:
+    return "://" not in path
+
+
+WILDCARDS = re.compile(r"[*?\[]")
+MARKER_OR_HIDDEN = "a marker or hidden file"
+CHECKSUM = "a checksum file (.crc)"
+
+
+def not_input(path: str, root: str) -> str:
+    """Why a file a wildcard matched is no input file, or "": Hadoop's and Spark's rule for
+    the entries below ``root`` (``_SUCCESS``, ``_committed_*``, ``_started_*``, ``_temporary/``,
+    ``.name.crc``, any name starting with ``_`` or ``.``), and checksum files."""
+    below = path[len(root):].replace("\\", "/").strip("/").split("/")
+    if any(part.startswith(("_", ".")) for part in below):
+        return MARKER_OR_HIDDEN
+    if path.endswith(".crc"):
+        return CHECKSUM
+    return ""
+
+
+def list_pattern(pattern: str):
+    """``({path: size}, {path: why})``: the files ``pattern`` names, and the names it
+    matched that are not input files. A name that exists as given is taken literally
+    (brackets in names work); wildcards follow Beam's ``FileSystems.match`` (``*`` within a
+    folder, ``**`` across folders; a pattern ending in ``/`` is that folder's ``*``)."""
+    if pattern.endswith(("/", "\\")):
+        pattern += "*"
+    if is_local_path(pattern):
+        if os.path.lexists(pattern):
+            return literal_local_file(pattern), {}
+        if not WILDCARDS.search(pattern):
+            return {}, {}
+        found, skipped = walk_local_pattern(pattern)
+        if not found and not skipped and "[" in pattern:  # brackets in folder or file names, not a set
+            found, skipped = walk_local_pattern(brackets_literal(pattern))
+    else:
+        found = match_remote(pattern)
+        if not found and "[" in pattern:
+            found = match_remote(brackets_literal(pattern))
+        if not WILDCARDS.search(pattern):
+            return found, {}
+        skipped = {}
+    root = os.path.dirname(WILDCARDS.split(pattern, 1)[0]) if is_local_path(pattern) else \
+        WILDCARDS.split(pattern, 1)[0].rsplit("/", 1)[0]
+    for path in list(found):
+        why = not_input(path, root)
+        if why and not is_store_file(path) and not WORK_DIRECTORY.search(path):
+            skipped[path] = why
+            del found[path]
+    return found, skipped
+
+
+def brackets_literal(pattern: str) -> str:
+    """``pattern`` with its ``[`` taken as a character (Beam has no escape), ``*`` and ``?`` kept."""
+    return pattern.replace("[", "[\\[]")
+
+
+def literal_local_file(path: str) -> dict:
+    if os.path.isdir(path):
+        raise InputError(path, f"is a folder: give a pattern for its files, such as '{os.path.join(path, '*')}'")
+    if not os.path.exists(path):
+        raise InputError(path, "is a dangling symbolic link (what it points to does not exist)")
+    return {path: os.path.getsize(path)}
+
+
+def walk_local_pattern(pattern: str):
+    """Beam's match of a local wildcard pattern, with the entries it drops silently named:
+    ``({file: size}, {path: why})`` for folders and dangling symbolic links."""
+    regex = re.compile(FileSystem.translate_pattern(pattern))
+    root = os.path.dirname(WILDCARDS.split(pattern, 1)[0])
+    depth = None if "**" in pattern else pattern[len(root):].strip("/").count("/") + 1
+    found, folders, dangling = {}, [], []
+    for directory, dirs, files in os.walk(root or "."):
+        level = 0 if directory == (root or ".") else directory[len(root or "."):].strip("/").count("/") + 1
+        folder_names = set(dirs)
+        for name in dirs + files:
+            path = os.path.join(directory, name) if root else os.path.relpath(os.path.join(directory, name))
+            if not regex.match(path):
+                continue
+            if name in folder_names:
+                folders.append(path)
+            elif not os.path.exists(path):
+                dangling.append(path)
+            else:
+                try:
+                    found[path] = os.path.getsize(path)
+                except OSError:  # gone meanwhile
+                    pass
+        if depth is not None and level + 1 >= depth:
+            dirs[:] = []
+    holding = {os.path.dirname(p) for p in found}
+    skipped = {f: "a folder" for f in folders if not any(h == f or h.startswith(f + os.sep) for h in holding)}
+    skipped.update({d: "a dangling symbolic link" for d in dangling})
+    return found, skipped
+
+
+def match_remote(pattern: str) -> dict:
+    try:
+        return {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
+    except Exception as error:
+        raise InputError(pattern, f"cannot be listed: {error}") from error
+
+
+def resolve_format(requested: str, sources) -> RecordFormat:
+    """``--format``, or with ``auto`` the format every input file's name says
+    (``formats.FORMAT_OF_EXTENSION``); a name that says none, or two names that disagree,
+    are refused."""
+    if requested and requested != "auto":
+        return get_format(requested)
+    first = None
+    for source in sources:
+        name = format_of_name(source.path)
+        if name is None:
+            raise InputError(source.path, f"cannot tell its format from its name (known extensions: "
+                                          f"{known_extensions()}, each may end in .gz but .parquet): give --format")
+        if first is None:
+            first = (name, source.path)
+        elif name != first[0]:
+            raise InputError(source.path, f"is {name} by its name but {first[1]} is {first[0]}: one run reads one "
+                                          "format (give --format to read every file as one format)")
+    return get_format(first[0])
+
+
+def check_format_fits(sources, format_name: str, holder: str):
+    """Refuse an input file whose name says another format than ``holder``'s."""
+    for source in sources:
+        name = format_of_name(source.path)
+        if name is not None and name != format_name:
+            raise InputError(source.path, f"is {name} (by its name) but {holder} holds {format_name} records: "
+                                          "the formats differ")
 
 
 SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5}-of-[0-9]{5}(?:\.[^/]*)?$")
-WORK_DIRECTORY = re.compile(r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+|[^/]+\.pileshuffle-staging)/")
+WORK_DIRECTORY = re.compile(r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+/|[^/]+\.pileshuffle-staging/|[^/]+\.pileshuffle-lock)")
 FINISHED_SHARD = "a shard of the finished output "
 
 
@@ -109,7 +298,7 @@ def own_file(path: str, output: str, matched) -> str:
     this run's output or of a finished output (its manifest exists), a file under a staging
     or work directory, or a pile store's file (``{P}-store/``)."""
     if WORK_DIRECTORY.search(path):
-        return "a staging or work file"
+        return "a staging, work or lock file"
     if is_store_file(path):
         return "a pile store's file"
     if path.endswith("-manifest.json") and is_shard_manifest(path):
@@ -141,8 +330,18 @@ def describe_left_out(left_out: dict) -> str:
     return ", ".join(why if n == 1 else f"{n} x {why}" for why, n in sorted(counts.items()))
 
 
+def describe_skipped(skipped: dict) -> str:
+    """``{path: why}`` by reason, each with a few of its names: "2 x a folder (_temporary, logs)"."""
+    groups = {}
+    for path, why in sorted(skipped.items()):
+        groups.setdefault(why, []).append(path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1])
+    return ", ".join(f"{len(names)} x {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                     for why, names in groups.items())
+
+
 def check_schemas(fmt, sources):
-    """The common schema of all sources (Parquet), or None; a mismatch names both files."""
+    """The common schema of all sources (Parquet), or None; a mismatch names both files
+    and the first difference."""
     first_schema, first_path = None, None
     for source in sources:
         schema = fmt.check_source(source.path)
@@ -156,13 +355,25 @@ def check_schemas(fmt, sources):
 
 
 def describe_difference(expected, actual) -> str:
+    """What differs between two Arrow schemas, in a line: the columns missing, extra or of
+    another type, else the first column out of order or of another nullability."""
     expected_fields = {f.name: str(f.type) for f in expected}
     actual_fields = {f.name: str(f.type) for f in actual}
     parts = [f"missing column {n!r}" for n in expected_fields if n not in actual_fields]
     parts += [f"extra column {n!r}" for n in actual_fields if n not in expected_fields]
     parts += [f"column {n!r} is {actual_fields[n]}, not {t}" for n, t in expected_fields.items()
               if n in actual_fields and actual_fields[n] != t]
-    return "; ".join(parts) or f"column order or nullability differs ({actual} vs {expected})"
+    if parts:
+        return "; ".join(parts)
+    for i, (here, there) in enumerate(zip(actual, expected)):
+        if here.name != there.name:
+            return (f"the same columns in another order: column {i} is {here.name!r} here, {there.name!r} there "
+                    "(write the files with one column order)")
+        if here.nullable != there.nullable:
+            return f"column {here.name!r} is {'' if here.nullable else 'not '}nullable here, {'not ' if here.nullable else ''}there"
+        if not here.type.equals(there.type):
+            return f"column {here.name!r} is {here.type} here, {there.type} there"
+    return "their field metadata differs"
 
 
 def mean_record_bytes(fmt, sources) -> float:
@@ -201,17 +412,34 @@ def work_dir_for(output: str, temp_location) -> str:
 
 
 def check_writable(directory: str, what: str):
-    """Write and delete a probe file in ``directory``; leaves no directory it created."""
+    """Write and delete a probe file in ``directory``; leaves no directory it created
+    (and removes only empty ones: another run may be filling the same folder)."""
     probe = FileSystems.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
-    existed = FileSystems.exists(directory)
+    missing = missing_local_folders(directory)
     try:
         with FileSystems.create(probe, compression_type="uncompressed") as handle:
             handle.write(b"ok")
         FileSystems.delete([probe])
     except Exception as error:
         raise OutputError(f"cannot write to {what} {directory}: {error}") from error
-    if not existed:
-        remove_tree(directory)
+    finally:
+        for folder in missing:  # deepest first
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+
+
+def missing_local_folders(directory: str) -> list:
+    """The folders of a local ``directory`` that do not exist yet, deepest first."""
+    missing = []
+    if "://" in directory:
+        return missing
+    folder = os.path.abspath(directory)
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
 
 
 FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing, the 8-byte key and 8-byte hash per record
@@ -270,24 +498,27 @@ def space_note(plan: Plan) -> str:
 
 
 def make_plan(options: PipelineOptions) -> Plan:
+    """Everything decided before the pipeline starts. It only reads: it lists and samples
+    the input and looks at the output's files; ``prepare_output`` does the writing, under
+    the output's lock."""
     opts = options.view_as(PileshuffleOptions)
     check_values(opts)
     if not opts.input:
         raise InputError("--input", "is required")
     if not opts.output:
         raise OutputError("--output is required")
-    fmt = get_format(opts.format)
-    output = opts.output.rstrip("/") if "://" not in opts.output else opts.output
-    existing = existing_outputs(output)
-    finished = manifest_path(output) in existing
-    if existing and finished and not opts.overwrite:
-        raise OutputError(f"output already exists: {existing[0]} (pass --overwrite to replace it)")
-    if existing and not finished:
-        log.warning("replacing %d shard(s) under %s left by an unfinished run (no manifest)", len(existing), output)
-    sources, left_out = select_inputs(opts.input, output)
-    if left_out:
-        log.warning("left out %d file(s) that --input matches but pileshuffle wrote: %s", len(left_out),
-                    describe_left_out(left_out))
+    output = output_prefix(opts.output)
+    outputs = OutputFiles(output)
+    if opts.layout != "store":  # a store run checks its own (store.commands.run_store)
+        refuse_hiding_a_store(output)
+        outputs = check_replaceable(output, bool(opts.overwrite))
+    inputs = select_inputs(opts.input, output)
+    if inputs.left_out:
+        log.warning("left out %d file(s) that --input matches but pileshuffle wrote: %s", len(inputs.left_out),
+                    describe_left_out(inputs.left_out))
+    sources = inputs.sources
+    fmt = resolve_format(opts.format, sources)
+    check_compression(fmt.name, opts.compression)
     if all(s.size == 0 for s in sources):
         raise InputError(sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle")
     schema = check_schemas(fmt, sources)
@@ -298,12 +529,13 @@ def make_plan(options: PipelineOptions) -> Plan:
         log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
                     num_piles, f"{round(total / mean):,}")
     temp_location = options.view_as(GoogleCloudOptions).temp_location
+    if temp_location:
+        refuse_wildcards("--temp_location", temp_location)
     work_dir = work_dir_for(output, temp_location)
-    for leftover in (work_dir, staging_dir(output)):
-        remove_tree(leftover)
-    check_writable(staging_dir(output), "the output location")
-    check_writable(work_dir, "the temp location")
     needs = space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output))
+    if opts.layout == "store":
+        needs = {store_dir(output): int(estimated_bytes(sources) * FRAGMENT_OVERHEAD *
+                                        (PARQUET_EXPANSION_GUESS if fmt.name == "parquet" else 1))}
     space = check_free_space(needs)
     plan = Plan(
         format=fmt.name,
@@ -316,19 +548,83 @@ def make_plan(options: PipelineOptions) -> Plan:
         seed=int(opts.seed),
         intermediate=opts.intermediate,
         work_dir=work_dir,
-        replace_existing=bool(opts.overwrite) or not finished,
+        replace_existing=bool(opts.overwrite),
         skip_corrupt=bool(opts.skip_corrupt),
+        layout=opts.layout,
         schema=schema,
         input_bytes=sum(s.size for s in sources),
         space=space,
         needs=needs,
-        left_out=left_out,
+        left_out=inputs.left_out,
+        skipped=inputs.skipped,
+        duplicates=inputs.duplicates,
+        unpublished=outputs.unpublished,
         mean_record_bytes=mean,
         estimated_bytes=total,
     )
-    if plan.fragment_files > fragment_limit(work_dir):
+    if plan.layout != "store" and plan.fragment_files > fragment_limit(work_dir):
         log.warning("%s", fragment_warning(plan))
     return plan
+
+
+def output_prefix(text: str) -> str:
+    """``--output`` as a prefix of file names; one that ends in a slash names a folder."""
+    if text.endswith(("/", "\\")):
+        raise OutputError(f"--output {text}: ends with '/', but the output is a prefix of file names, not a folder: "
+                          f"give e.g. --output {text}train (shards {text}train-00000-of-..., {text}train-manifest.json)")
+    refuse_wildcards("--output", text)
+    return text
+
+
+def refuse_wildcards(option: str, location: str):
+    """A location a run writes and deletes under must hold no ``* ? [ ]``: Beam's
+    ``FileSystems.delete`` takes every path as a pattern (it has no escape), so deleting
+    ``t[1]-00000-...`` would delete ``t1-00000-...`` instead."""
+    found = sorted(set(re.findall(r"[*?\[\]]", location)))
+    if found:
+        raise OutputError(f"{option} {location}: holds {' '.join(found)}, which Beam's file systems take as wildcards "
+                          "when they list and delete files (there is no escape): choose a location without * ? [ ]")
+
+
+def refuse_hiding_a_store(output: str):
+    """Shards at a store's prefix would hide it: readers and ``verify`` take
+    ``{P}-manifest.json`` first (as ``run --layout store`` refuses the reverse)."""
+    if is_store(output):
+        raise OutputError(f"a pile store exists at {store_dir(output)}/: shards at --output {output} would hide it from "
+                          f"the loader and verify (they read {manifest_path(output)} first); write the shards elsewhere, "
+                          f"e.g. `pileshuffle materialize --store {output} --output OTHER`")
+
+
+class OutputLock(FileLock):
+    """``{output}.pileshuffle-lock``: held by a ``run`` from before it touches the output's
+    files until it has published or cleaned up, so two runs never share a work folder."""
+
+    def __init__(self, output: str, command: str):
+        super().__init__(output_lock_path(output), command, f"output {output}")
+
+    def refusal(self, holder: dict) -> str:
+        return (f"output {self.what[len('output '):]} is locked by a run started at {holder.get('since')} (pid "
+                f"{holder.get('pid')} on {holder.get('host')}: `{holder.get('command')}`); wait for it to finish, or "
+                f"delete {self.path} if that process is gone")
+
+
+def check_locations(plan: Plan):
+    """Probe that the run can write where it will (leaving nothing behind), before it
+    takes the lock: a location that cannot be written is reported first."""
+    check_writable(staging_dir(plan.output), "the output location")
+    check_writable(plan.work_dir, "the temp location")
+
+
+def prepare_output(plan: Plan):
+    """The run's writes before pass 1; call under ``OutputLock``. The output's files are
+    checked again (another run may have published meanwhile), then what an unfinished run
+    left is removed: the files its journal lists, its staging and work folders."""
+    check_replaceable(plan.output, plan.replace_existing)
+    removed = discard_unpublished(plan.output)
+    if removed:
+        log.warning("removed %d file(s) under %s that an unfinished run was publishing (its journal lists them)",
+                    len(removed), plan.output)
+    remove_tree(plan.work_dir)
 
 
 # -- what a person decides from: `pileshuffle plan` ------------------------------------------------
@@ -438,6 +734,16 @@ def plan_text(plan: Plan, options) -> str:
     if plan.left_out:
         lines.append(("left out", f"{len(plan.left_out):,} matched file(s) that pileshuffle wrote: "
                                   f"{describe_left_out(plan.left_out)}"))
+    if plan.skipped:
+        lines.append(("skipped", f"{len(plan.skipped):,} matched name(s) that are not input files: "
+                                 f"{describe_skipped(plan.skipped)}"))
+    if plan.duplicates:
+        lines.append(("duplicates", f"{len(plan.duplicates):,} name(s) of files already matched (each file is read once)"))
+    if plan.unpublished:
+        lines.append(("replaces", f"{len(plan.unpublished):,} file(s) an unfinished run was publishing (its journal "
+                                  f"in {staging_dir(plan.output)} lists them)"))
+    if plan.layout == "store":
+        return "\n".join(f"{label:<14}{text}" for label, text in lines + store_lines(plan, options))
     lines += [
         ("piles", f"{plan.num_piles:,} = output shards ({plan.num_piles_reason})"),
         ("pile size", f"s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} "
@@ -476,6 +782,26 @@ def plan_text(plan: Plan, options) -> str:
     return "\n".join(f"{label:<14}{text}" for label, text in lines)
 
 
+def store_lines(plan: Plan, options) -> list:
+    """What ``run --layout store`` writes: pass 1 only, into a new pile store."""
+    from pileshuffle.store.write import STORE_WRITERS
+
+    sizes = pile_sizes(plan)
+    store = store_dir(plan.output)
+    writers = min(STORE_WRITERS, len(plan.sources))
+    return [
+        ("piles", f"{plan.num_piles:,} piles in the store ({plan.num_piles_reason}); the loader or `pileshuffle "
+                  "materialize` orders them later"),
+        ("pile size", f"s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} "
+                      f"records (--max_pile_bytes {_mib(plan.max_pile_bytes)}: larger piles are loaded in sub-piles)"),
+        ("output", f"pile store {store}/: generation 0 (manifest version 1), up to {writers * plan.num_piles:,} files "
+                   f"of Arrow IPC ({writers} writer(s) x {plan.num_piles:,} piles) holding each record with its key and "
+                   f"hash, seed {plan.seed}"),
+        ("output space", f"about {_size(plan.needs.get(store, 0))} at {store}/{_free(plan, store)}"),
+        ("runner", runner_description(options)[0]),
+    ]
+
+
 def _free(plan: Plan, location: str) -> str:
     """Free space at ``location`` (shared with the plan's other locations on that disk)."""
     need, free = plan.space.get(location, (0, None))
@@ -508,6 +834,10 @@ def plan_json(plan: Plan, options) -> dict:
         "space": {location: {"needed": plan.needs.get(location, need), "free": free}
                   for location, (need, free) in plan.space.items()},
         "left_out": plan.left_out,
+        "skipped": plan.skipped,
+        "duplicates": plan.duplicates,
+        "replaces": plan.unpublished,
+        "layout": plan.layout,
         "runner": runner_description(options)[0],
     }
 

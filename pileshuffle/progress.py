@@ -17,6 +17,8 @@ import time
 
 from tqdm import tqdm
 
+from pileshuffle import interrupt
+
 PLAIN_INTERVAL_SECONDS = 5.0
 PASS1_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}B of {total_fmt}B{postfix} [{elapsed}<{remaining}, {rate_fmt}]"
 PASS2_FORMAT = "{desc}: {n_fmt} of {total_fmt} piles written [{elapsed}<{remaining}]"
@@ -60,7 +62,7 @@ class _Line:
             if postfix is not None:
                 self.bar.set_postfix_str(postfix, refresh=False)
             self.bar.update(n)
-        elif time.monotonic() - self.printed >= self.interval:
+        elif time.monotonic() - self.printed >= self.interval and not interrupt.interrupted():
             self.print_line()
 
     def print_line(self):
@@ -73,7 +75,7 @@ class _Line:
     def close(self):
         if self.bar is not None:
             self.bar.close()
-        else:
+        elif not interrupt.interrupted():  # after Ctrl-C only the command's one line is printed
             self.print_line()
 
 

@@ -37,6 +37,34 @@ def runner_name(options) -> str:
     return runner
 
 
+def runner_problem(name) -> str:
+    """Why Beam could not create the runner ``--runner`` names (checked before anything
+    runs; Beam's own failure is a traceback at the start of the pipeline), or "": a name
+    Beam knows (any case, ``Runner`` optional; not imported here), Dask's, or
+    ``module.Class`` of a class that imports."""
+    import importlib
+
+    from apache_beam.options.pipeline_options import StandardOptions
+    from apache_beam.runners.runner import _RUNNER_MAP
+
+    if name is None:
+        return ""
+    lowered = str(name).lower()
+    if lowered in ("dask", "daskrunner") or name in LOCAL_RUNNERS or lowered in _RUNNER_MAP \
+            or lowered + "runner" in _RUNNER_MAP:
+        return ""
+    if "." in str(name):
+        module, cls = str(name).rsplit(".", 1)
+        try:
+            if isinstance(getattr(importlib.import_module(module), cls), type):
+                return ""
+        except Exception:
+            pass
+    known = ", ".join(sorted(n for n in {*StandardOptions.KNOWN_RUNNER_NAMES, "DaskRunner"} if not n.startswith("Test")))
+    return (f"--runner: {name!r} is not a runner Beam can create; give one of {known} (default: the local "
+            f"FnApiRunner), or module.Class of a PipelineRunner")
+
+
 def is_dask(options) -> bool:
     runner = runner_name(options)
     return isinstance(runner, str) and runner.endswith("DaskRunner")

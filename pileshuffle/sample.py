@@ -3,6 +3,7 @@ tests and the benchmarks. Record i starts with its index as 12 ASCII digits."""
 
 import json
 import os
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -99,6 +100,16 @@ def write_parquet(directory, records=1000, files=4, record_bytes=100, seed=0, na
 WRITERS = {"tfrecord": write_tfrecord, "jsonl": write_jsonl, "parquet": write_parquet}
 
 
+def count_problem(args):
+    """What is wrong with ``generate``'s numbers (a file count, record count or size below
+    1 writes nothing useful, or fails half-way), or None."""
+    for option in ("records", "files", "record_bytes"):
+        value = getattr(args, option)
+        if value < 1:
+            return f"--{option}: must be at least 1, not {value}"
+    return None
+
+
 def main(argv=None):
     """``pileshuffle generate``: write sample data and print the files' paths."""
     import argparse
@@ -111,6 +122,10 @@ def main(argv=None):
     parser.add_argument("--record_bytes", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    problem = count_problem(args)
+    if problem:
+        print(f"pileshuffle generate: error: {problem}", file=sys.stderr)
+        return 2
     paths = WRITERS[args.format](args.output_dir, args.records, args.files, args.record_bytes, args.seed)
     print("\n".join(paths))
     return 0

@@ -23,6 +23,7 @@ import sys
 
 from apache_beam.io.filesystems import FileSystems
 
+from pileshuffle import interrupt
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import FORMATS, ReadReport, fingerprint_of, get_format
@@ -41,6 +42,26 @@ def _match(pattern: str) -> dict:
         return {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
     except Exception:
         return {}
+
+
+NESTED_FIELD_NAME = re.compile(r"(list<)[^<>:,]+: ")  # list<item: int64>: the item's name
+MAP_ENTRIES_NAME = re.compile(r" \('[^']*'\)")  # map<string, int64 ('m')>: the entries' name
+
+
+def type_without_nested_names(type_name: str) -> str:
+    """An Arrow type's text without the names of list items and map entries, which are not
+    part of the type (Arrow's equality ignores them) and which Parquet renames on a round trip
+    (``list<item: int64>`` reads back as ``list<element: int64>``, ``map<string, int64>`` as
+    ``map<string, int64 ('m')>``)."""
+    return MAP_ENTRIES_NAME.sub("", NESTED_FIELD_NAME.sub(r"\1", type_name))
+
+
+def same_fields(actual, recorded) -> bool:
+    """Whether a shard's fields (``schema_json``) are the manifest's: names, nullability, types."""
+    def comparable(fields):
+        return [(f["name"], type_without_nested_names(f["type"]), f["nullable"]) for f in fields or []]
+
+    return recorded is not None and comparable(actual) == comparable(recorded)
 
 
 def manifest_or_none(prefix: str):
@@ -167,7 +188,7 @@ class _Verifier:
                 continue
             output_fp += fingerprint
             if fmt.name == "parquet" and manifest_schema is not None and schema is not None:
-                if schema_json(schema)["fields"] != manifest_schema.get("fields"):
+                if not same_fields(schema_json(schema)["fields"], manifest_schema.get("fields")):
                     self.problem(f"shard {path}: its schema {schema_json(schema)['fields']} is not the manifest's "
                                  f"{manifest_schema.get('fields')}")
             entry = listed.get(index)
@@ -257,10 +278,10 @@ def verify(input_glob, output_prefix, format=None) -> list:
 
 def _is_store(prefix: str) -> bool:
     """A pile store (``{P}-store/``) and no shard output at ``prefix``."""
-    from pileshuffle.store.layout import clean_prefix, is_store
+    from pileshuffle.store.layout import clean_prefix, is_store, store_prefix
 
     prefix = clean_prefix(prefix)
-    return not FileSystems.exists(manifest_path(prefix)) and is_store(prefix)
+    return not FileSystems.exists(manifest_path(prefix)) and is_store(store_prefix(prefix))
 
 
 def main(argv=None):
@@ -272,6 +293,7 @@ def main(argv=None):
     parser.add_argument("--output", required=True, help="the run's --output prefix")
     parser.add_argument("--format", choices=sorted(FORMATS), help="default: the manifest's")
     args = parser.parse_args(argv)
+    interrupt.describe(f"{args.output} was not checked to the end; verify changes nothing, so run it again to check")
     if _is_store(args.output):
         from pileshuffle.store.read import verify_main
 

@@ -202,18 +202,15 @@ def test_parquet_empty_file(tmp_path):
 # --- JSONL --------------------------------------------------------------------------------
 
 
-def test_jsonl_binary_content_is_shuffled_as_bytes(tmp_path):
+def test_jsonl_binary_content_is_refused_naming_the_first_bad_line(tmp_path):
+    """Binary bytes are not JSONL (issue 19, A8): the first line that is not UTF-8 text is named."""
     os.makedirs(tmp_path / "in")
     rng = np.random.default_rng(7)
-    blob = rng.bytes(20000) + b"\xff\xfe\x00 no newline at the end"
+    blob = b'{"a": 1}\n' + rng.bytes(20000) + b"\xff\xfe\x00 no newline at the end"
     (tmp_path / "in" / "binary.jsonl").write_bytes(blob)
     pattern, output = str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "out" / "train")
-    run_shuffle(pattern, output, "--format=jsonl", "--num_piles=3")
-    lines = blob.split(b"\n")
-    written = b"".join(open(p, "rb").read() for p in shards(output))
-    assert sorted(written.split(b"\n")[:-1]) == sorted(lines)
-    assert manifest(output)["totals"]["records"] == len(lines)
-    assert_verified(pattern, output)
+    error = failing_run(pattern, output, "--format=jsonl")
+    assert error.path == str(tmp_path / "in" / "binary.jsonl") and "line 2 is not text" in str(error)
 
 
 def test_jsonl_empty_file_contributes_nothing(tmp_path, jsonl_input):

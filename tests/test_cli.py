@@ -135,7 +135,7 @@ BAD_VALUES = [
     (["--seed=18446744073709551616"], "--seed:"),
     (["--compression=zstd"], "--compression: tfrecord output takes auto, none, gzip, not 'zstd'"),
     (["--format=jsonl", "--compression=snappy"], "--compression: jsonl output takes"),
-    (["--format=csv"], "--format: 'csv' is not one of tfrecord, parquet, jsonl"),
+    (["--format=csv"], "--format: 'csv' is not one of auto, tfrecord, parquet, jsonl"),
     (["--intermediate=memory"], "--intermediate: 'memory' is not one of files, shuffle"),
     (["--overwrite=maybe"], "--overwrite: 'maybe' is not true or false"),
     (["--seed"], "--seed: expected one argument"),

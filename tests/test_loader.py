@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import google_crc32c
 import numpy as np
@@ -627,7 +628,10 @@ def test_an_abandoned_iteration_stops_its_prefetch_thread(tfrecord_out):
     batches = ds.batches(10)
     next(batches)
     assert threading.active_count() == before + 1
-    batches.close()
+    batches.close()  # the thread ends after the load it may be doing; nothing waits for it
+    deadline = time.time() + 10
+    while threading.active_count() > before and time.time() < deadline:
+        time.sleep(0.01)
     assert threading.active_count() == before
     assert len(list(ds)) == 3000  # and the next iteration reads the whole epoch
 

@@ -5,6 +5,7 @@ leaves nothing under final names."""
 import errno
 import hashlib
 import io
+import json
 import os
 import struct
 import subprocess
@@ -285,8 +286,9 @@ def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_da
 
 
 def test_leftovers_of_a_killed_run_are_replaced_not_published(tmp_path, tfrecord_input):
-    """What a run killed in Finalize leaves (some shards under final names, staging, work
-    files, no manifest) is replaced by the re-run, which needs no --overwrite."""
+    """What a run killed in Finalize leaves (its journal, some shards under final names, an
+    old output's shard it was deleting, staging and work files, no manifest) is replaced by
+    the re-run, which needs no --overwrite. (Only what the journal lists: see test_seams_run.)"""
     from pileshuffle.plan import work_dir_for
     from pileshuffle.transforms.write import staging_dir
 
@@ -295,11 +297,15 @@ def test_leftovers_of_a_killed_run_are_replaced_not_published(tmp_path, tfrecord
     expected = digests(output)
     os.remove(f"{output}-manifest.json")
     open(shards(output)[1], "wb").write(b"half a shard")  # as if killed mid-rename on a copying filesystem
-    open(f"{output}-00007-of-00008.tfrecord", "wb").write(b"a shard of a run with other piles")
+    old_output = f"{output}-00007-of-00008.tfrecord"
+    open(old_output, "wb").write(b"a shard of a run with other piles")
     os.makedirs(os.path.join(work_dir_for(output, None), "fragments"))
     open(os.path.join(work_dir_for(output, None), "fragments", "s000000-p000001.arrows"), "wb").write(b"stale")
     os.makedirs(staging_dir(output), exist_ok=True)
     open(os.path.join(staging_dir(output), "shard-00000-of-00004.tfrecord"), "wb").write(b"stale")
+    with open(os.path.join(staging_dir(output), "journal-0123456789ab.json"), "w") as handle:  # Finalize's, before renaming
+        json.dump({"creates": [p for p in shards(output) if p != old_output] + [f"{output}-manifest.json"],
+                   "deletes": [old_output]}, handle)
     run_shuffle(tfrecord_input, output, "--num_piles=4", "--seed=2")
     assert digests(output) == expected
     assert temp_leftovers(str(tmp_path / "out")) == []

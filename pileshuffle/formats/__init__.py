@@ -1,6 +1,8 @@
 """Record formats: one module per format behind the interface in ``base``."""
 
-from pileshuffle.formats.base import RECORD_COLUMN, RecordFormat, ReadReport
+import re
+
+from pileshuffle.formats.base import RECORD_COLUMN, RecordFormat, ReadReport, compression_of
 from pileshuffle.formats.parquet import ParquetFormat
 from pileshuffle.formats.text import JsonlFormat
 from pileshuffle.formats.tfrecord import TFRecordFormat
@@ -15,7 +17,38 @@ def get_format(name: str) -> RecordFormat:
         raise ValueError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
 
 
-__all__ = ["FORMATS", "RECORD_COLUMN", "ReadReport", "RecordFormat", "get_format"]
+# The one table from a file name's extension to its format (`.tar` goes here when it comes).
+# A compression suffix Beam detects (.gz, .bz2, .zst, ...) follows it in byte formats; a
+# TFDS-style shard tail (`-00000-of-00010`) may follow the extension.
+FORMAT_OF_EXTENSION = {
+    ".tfrecord": "tfrecord",
+    ".tfrecords": "tfrecord",
+    ".parquet": "parquet",  # also Spark's part-00000-....snappy.parquet: the codec is inside the file
+    ".jsonl": "jsonl",
+}
+_SHARD_TAIL = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")
+
+
+def format_of_name(path: str):
+    """The format a file's name says (``FORMAT_OF_EXTENSION``), or None. Parquet files
+    compress inside the file, so a compression suffix after ``.parquet`` names none."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1].lower()
+    compressed = compression_of(name) != "uncompressed"
+    if compressed:
+        name = name.rsplit(".", 1)[0]
+    name = _SHARD_TAIL.sub("", name)
+    for extension, fmt in FORMAT_OF_EXTENSION.items():
+        if name.endswith(extension) and not (compressed and fmt == "parquet"):
+            return fmt
+    return None
+
+
+def known_extensions() -> str:
+    return ", ".join(FORMAT_OF_EXTENSION)
+
+
+__all__ = ["FORMATS", "FORMAT_OF_EXTENSION", "RECORD_COLUMN", "ReadReport", "RecordFormat", "format_of_name",
+           "get_format"]
 
 
 def record_lengths(table):

@@ -8,6 +8,7 @@ uses the dataset's own columns. All file access goes through Beam's ``FileSystem
 
 import contextlib
 import dataclasses
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +49,17 @@ def binary_table(column_name: str, data: bytes, offsets: np.ndarray) -> pa.Table
 def records_table(records) -> pa.Table:
     """A ``record`` table from a list of ``bytes``."""
     return pa.table({RECORD_COLUMN: pa.array(records, type=pa.binary())})
+
+
+def literal_pattern(path: str) -> str:
+    """A Beam ``FileSystems.match`` pattern that matches ``path`` itself: its wildcard
+    characters each in a character class (``[`` as ``[\\[]``), since Beam has no escape."""
+    return re.sub(r"([\[*?])", lambda m: "[\\[]" if m.group(1) == "[" else f"[{m.group(1)}]", path)
+
+
+def size_of(path: str) -> int:
+    """The size in bytes of the file at ``path`` (whatever characters its name holds)."""
+    return FileSystems.match([literal_pattern(path)])[0].metadata_list[0].size_in_bytes
 
 
 def compression_of(path: str) -> str:

@@ -11,7 +11,6 @@ import struct
 import google_crc32c
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle.crc import (  # noqa: F401  (CRC_PRESET_BYTES, masked_crc, payloads_match_stored_crcs: used by tests and writers)
     CRC_PRESET_BYTES,
@@ -34,9 +33,11 @@ from pileshuffle.formats.base import (
     compression_of,
     open_input,
     read_block,
+    size_of,
 )
 
 FRAME_COLUMN = "tfrecord_frame"
+NOT_TFRECORD = " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
 
 
 def frame(payload: bytes) -> bytes:
@@ -98,7 +99,7 @@ def scan_frames(buf: bytes, base_offset: int = 0):
 
 def _size_of(path):
     try:
-        return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        return size_of(path)
     except Exception:  # unknown size: the end of the file decides instead
         return None
 
@@ -187,7 +188,8 @@ class TFRecordFormat(RecordFormat):
             if problem is None:
                 return buf[end:], base + end
             if not skip_corrupt:
-                raise InputError(path, problem, base + end)
+                raise InputError(path, problem + (NOT_TFRECORD if base + end == 0 and "length" in problem else ""),
+                                 base + end)
             good = resync(buf, end)
             if good is None and not eof and len(buf) - end < 4 * chunk_bytes:
                 return buf[end:], base + end  # read more before deciding where to resume

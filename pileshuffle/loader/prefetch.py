@@ -3,7 +3,9 @@
 ``prefetched(items, load)`` yields ``load(item)`` in order. The thread loads item i+1
 while the caller holds item i and waits before loading i+2 until the caller has taken
 i+1: at most two loaded items exist at once (the caller's and the next). An error in
-``load`` is raised in the caller; closing the generator stops the thread.
+``load`` is raised in the caller. Closing the generator (or Ctrl-C while the caller waits)
+stops the thread without waiting for it: it ends after the load it may be doing (a load
+can take seconds; a daemon thread never keeps the process alive).
 """
 
 import queue
@@ -50,5 +52,4 @@ def prefetched(items, load):
             del loaded
     finally:
         stop.set()
-        may_load.release()
-        thread.join(timeout=60)
+        may_load.release()  # wakes the thread if it waits: it sees ``stop`` and ends

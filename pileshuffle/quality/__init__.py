@@ -15,6 +15,23 @@ import argparse
 import json
 import os
 import sys
+import tempfile
+
+MIN_SAMPLE = 100  # records located: on fewer, no test can tell a shuffle from a bad order, so a verdict means nothing
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:,}, not {value:,}")
+        return value
+
+    return parse
+
 
 USAGE = "pileshuffle quality --input PATTERNS --output PREFIX --report DIR [--label FIELD | --label_bytes START:END] [--compare] [--sample N]"
 
@@ -30,8 +47,9 @@ def parse(argv):
     which.add_argument("--label_bytes", help="label = payload bytes START:END (TFRecord, JSONL)")
     parser.add_argument("--compare", action="store_true",
                         help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's epochs")
-    parser.add_argument("--sample", type=int, default=100_000, help="records to locate by hash (default 100000)")
-    parser.add_argument("--batch_size", type=int, default=256, help="batch size for label balance and re-meeting")
+    parser.add_argument("--sample", type=_at_least(MIN_SAMPLE), default=100_000,
+                        help=f"records to locate by hash (default 100000, at least {MIN_SAMPLE})")
+    parser.add_argument("--batch_size", type=_at_least(1), default=256, help="batch size for label balance and re-meeting")
     return parser.parse_args(argv)
 
 
@@ -50,6 +68,23 @@ def _text(text: str):
     return write
 
 
+def report_problem(directory: str):
+    """Why the report cannot be written to ``directory`` (checked before any work), or None:
+    it, or a folder it would be made in, is a file, or nothing can be created there."""
+    path = os.path.abspath(directory)
+    existing = path
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder" if existing == path else f"{existing} is a file, not a folder to make it in"
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".probe-"):
+            pass
+    except OSError as error:
+        return f"cannot write in {existing}: {error.strerror or error}"
+    return None
+
+
 def write_report(report, directory: str, figures: bool = True) -> list:
     """Write the JSON, the policies table (with ``--compare``) and the figures; returns
     the paths written."""
@@ -66,7 +101,7 @@ def write_report(report, directory: str, figures: bool = True) -> list:
 
         written.append(os.path.join(directory, "quality.png"))
         _write_atomically(written[-1], lambda path: render.quality_figure(report, path))
-        if len(report.rows) > 1:
+        if len(report.rows) > 1 and any(row.curve["steps"] for row in report.rows):  # not on fewer records than a batch
             written.append(os.path.join(directory, "training.png"))
             _write_atomically(written[-1], lambda path: render.training_figure(report, path))
     return written
@@ -89,7 +124,11 @@ def finished_output(prefix: str):
 
 
 def main(argv=None) -> int:
+    from pileshuffle import interrupt
+
     args = parse(argv)
+    interrupt.describe(f"no report was written to {args.report}; run it again to measure",
+                       f"it had written its report to {args.report}")
     try:
         from pileshuffle.quality.report import measure, text_summary
     except ImportError as error:
@@ -101,6 +140,10 @@ def main(argv=None) -> int:
     from pileshuffle.quality.locate import Label
 
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output
+    problem = report_problem(args.report)
+    if problem:
+        print(f"pileshuffle quality: error: --report {args.report}: {problem}", file=sys.stderr)
+        return 2
     try:
         label = Label.parse_bytes(args.label_bytes) if args.label_bytes else Label(field=args.label) if args.label else None
         manifest, output = finished_output(prefix)
@@ -110,10 +153,11 @@ def main(argv=None) -> int:
         print(f"pileshuffle quality: error: {error}", file=sys.stderr)
         return 2
     print(text_summary(report))
-    try:
-        written = write_report(report, args.report)
-    except RuntimeError as error:  # no matplotlib: the numbers are still written
-        written = write_report(report, args.report, figures=False)
-        print(f"pileshuffle quality: {error}; figures not drawn", file=sys.stderr)
+    with interrupt.publishing():  # the report's files are written as one set: Ctrl-C waits for them
+        try:
+            written = write_report(report, args.report)
+        except RuntimeError as error:  # no matplotlib: the numbers are still written
+            written = write_report(report, args.report, figures=False)
+            print(f"pileshuffle quality: {error}; figures not drawn", file=sys.stderr)
     print(f"report written to {args.report}: {', '.join(os.path.basename(p) for p in written)}")
     return 0

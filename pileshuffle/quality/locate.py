@@ -159,8 +159,12 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
         filesystem = pile.source.filesystem
         tables = []
         for path in pile.files:
-            with filesystem.open_input_stream(path) as stream:
-                tables.append(pa.ipc.open_stream(stream).read_all())
+            try:
+                with filesystem.open_input_stream(path) as stream:
+                    tables.append(pa.ipc.open_stream(stream).read_all())
+            except FileNotFoundError:
+                raise InputError(path, f"is missing, but the store version read ({output.location}) lists it; "
+                                       f"`pileshuffle verify --output` on the store names every damaged generation") from None
         table = pa.concat_tables(tables) if tables else None
         if table is not None and pile.part is not None:
             sub, ways = pile.part

@@ -199,7 +199,7 @@ def policies_table(policies, markdown=False) -> str:
         return [p["policy"], f"{p['spearman']:+.3f}", pvalue(p["block_chi2_p"]), pvalue(p["displacement_p"]),
                 f"{p['batch_dispersion']:.{2 if p['batch_dispersion'] < 10 else 1}f}" if "batch_dispersion" in p else "-",
                 f"{p['epoch_correlation']:+.3f}", f"{p['remeet_ratio']:.1f}",
-                f"{p['held_out_accuracy']:.3f}", "yes" if p["uniform"] else "no"]
+                "-" if p["held_out_accuracy"] is None else f"{p['held_out_accuracy']:.3f}", "yes" if p["uniform"] else "no"]
 
     rows = [cells(p) for p in policies]
     if markdown:

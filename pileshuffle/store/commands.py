@@ -9,6 +9,7 @@ version; the same command run again finishes the job.
 
 import argparse
 import logging
+import math
 import sys
 import time
 import types
@@ -17,10 +18,11 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
+from pileshuffle import interrupt
 from pileshuffle.errors import InputError, OutputError, PileshuffleError, UsageError
-from pileshuffle.options import check_command_argv
+from pileshuffle.options import PileshuffleOptions, check_command_argv
 from pileshuffle.store import layout
-from pileshuffle.store.read import live_piles
+from pileshuffle.store.read import live_piles, missing_files
 from pileshuffle.transforms.write import remove_tree
 from pileshuffle.store import write as store_write
 from pileshuffle.store.write import build_generation, stored_schema, writer_groups
@@ -57,12 +59,82 @@ def same_inputs(generation: dict, sources) -> bool:
     return listed == {(s.path, s.size) for s in sources}
 
 
+def input_identity(path: str, size) -> tuple:
+    """What makes an input the same file under any name: its real identity (resolved real
+    path on a local disk, bucket + object on gs://; ``plan.file_identity``) and its size."""
+    from pileshuffle.plan import file_identity
+
+    return file_identity(path), size
+
+
+def held_inputs(manifest: dict, sources) -> dict:
+    """``{path: (generation, the name it was added under)}`` of the ``sources`` that a live
+    generation of ``manifest`` already holds. A generation's inputs carry their identity
+    (``identity``); a manifest written before that resolves their paths from here."""
+    held = {}
+    for generation in manifest["generations"]:
+        for entry in generation["inputs"]:
+            known = (entry["identity"], entry.get("bytes")) if "identity" in entry else input_identity(
+                entry["path"], entry.get("bytes"))
+            held.setdefault(known, (generation["generation"], entry["path"]))
+    return {s.path: held[key] for s in sources if (key := input_identity(s.path, s.size)) in held}
+
+
+def refuse_held_inputs(prefix: str, manifest: dict, sources):
+    """Appending files a live generation holds would repeat their records in every epoch."""
+    held = held_inputs(manifest, sources)
+    if not held:
+        return
+    named = "; ".join(f"{path} (generation {g}" + ("" if added == path else f", as {added}") + ")"
+                      for path, (g, added) in sorted(held.items())[:5])
+    more = f" and {len(held) - 5} more" if len(held) > 5 else ""
+    raise InputError("--input", f"{len(held)} file(s) are already in live generations of {layout.store_dir(prefix)} "
+                                f"(version {manifest['version']}): {named}{more}; appending them again would repeat "
+                                f"their records in every epoch. Pass --allow_duplicate_inputs if you mean it, or "
+                                f"expire those generations first")
+
+
+def existing_store(given: str) -> str:
+    """The prefix of the store ``given`` names; refuses, before anything is created or
+    locked, when there is none (so a refused command leaves no empty ``-store`` folder)."""
+    prefix = layout.store_prefix(given)
+    if not layout.is_store(prefix):
+        raise OutputError(f"no store at {layout.store_dir(prefix)}: create one with `pileshuffle run --layout store "
+                          f"--output {prefix} --input ...`")
+    return prefix
+
+
+def check_grace_seconds(value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"--grace_seconds: must be 0 or more seconds, not {value:g}")
+    return value
+
+
+def parse_before(text: str):
+    """``--before``'s time, or a UsageError that names the option and the forms it takes."""
+    try:
+        return layout.parse_time(text)
+    except ValueError:
+        raise UsageError(f"--before: {text!r} is not a time: give a UTC date or time in ISO 8601, e.g. 2026-11-01, "
+                         f"2026-11-01T18:30 or 2026-11-01T18:30:00Z") from None
+
+
+def at_stake_on_interrupt(prefix: str, version: int = None):
+    """What Ctrl-C leaves of a command that publishes the next version of the store at ``prefix``."""
+    store, now = layout.store_dir(prefix), "" if version is None else f": it is still at version {version}"
+    interrupt.describe(f"nothing was published to {store}{now}; run the same command again (it removes what this one "
+                       f"left and writes the same generation)",
+                       f"it had published {store}'s next version" if version is None else
+                       f"it had published version {version + 1} of {store}")
+
+
 def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, token, wait=None):
     """Pass 1 of ``sources`` into the store as generation ``base['next_generation']``."""
     layout.remove_unpublished(prefix)
     generation = base["next_generation"]
     groups = writer_groups(sources, store_write.STORE_WRITERS)
     sizes = {s.path: s.size for s in sources}
+    identities = {s.path: input_identity(s.path, s.size)[0] for s in sources}
 
     def failed():
         layout.remove_unpublished(prefix)
@@ -72,7 +144,7 @@ def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, t
 
     started = time.time()
     result = execute(options, argv, lambda p: build_generation(p, prefix, base, generation, groups, seed, skip_corrupt,
-                                                                token, sizes),
+                                                                token, sizes, identities),
                      len(groups), failed, wait)
     if result is not None:
         return result
@@ -91,6 +163,7 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
     from pileshuffle.transforms.write import manifest_path, schema_json
 
     HOLD_WORKER_STDERR["on"] = hold_worker_stderr
+    at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
     plan = make_plan(options)
     prefix = plan.output
     if FileSystems.exists(manifest_path(prefix)):
@@ -123,7 +196,7 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
 def append(argv) -> dict:
     """``pileshuffle append --store P --input ...``; returns the new manifest."""
     from pileshuffle.formats import get_format
-    from pileshuffle.plan import check_schemas, describe_difference, match_inputs
+    from pileshuffle.plan import check_format_fits, check_schemas, describe_difference, match_inputs
     from pileshuffle.transforms.write import schema_json
 
     parser = argparse.ArgumentParser(prog="pileshuffle append", allow_abbrev=False, description=(
@@ -133,22 +206,31 @@ def append(argv) -> dict:
     parser.add_argument("--store", required=True, help="the store's prefix P (its files are under P-store/)")
     parser.add_argument("--input", required=True, help="comma-separated file patterns of the new records")
     parser.add_argument("--skip_corrupt", action="store_true", help="skip corrupt TFRecord records and report them")
+    parser.add_argument("--allow_duplicate_inputs", action="store_true", help=(
+        "add files that a live generation already holds (same real file and size) again, so that their records "
+        "appear twice in every epoch; without it such an append is refused (the newest generation's exact inputs "
+        "are still 'nothing to do': a re-run)"))
     args, beam_args = check_command_argv(parser, argv)
     options = PipelineOptions(beam_args)
-    prefix = layout.clean_prefix(args.store)
+    prefix = existing_store(args.store)
+    at_stake_on_interrupt(prefix)
     token = layout.StoreLock(prefix, layout.command_line(["append", *argv])).acquire()
     try:
         base = layout.read_store_manifest(prefix)
         if base is None:
             raise OutputError(f"no store at {layout.store_dir(prefix)}: create one with `pileshuffle run --layout store "
                               f"--output {prefix} --input ...`")
+        at_stake_on_interrupt(prefix, base["version"])
         sources = match_inputs(args.input)  # never a store's own files
+        check_format_fits(sources, base["format"], layout.store_dir(prefix))
         newest = base["generations"][-1] if base["generations"] else None
-        if newest is not None and same_inputs(newest, sources):
+        if newest is not None and same_inputs(newest, sources):  # a re-run after a crash, with the option too
             print(f"pileshuffle: these inputs are already generation {newest['generation']} of {layout.store_dir(prefix)} "
                   f"(version {base['version']}): nothing to do", file=sys.stderr)
             layout.release_lock(prefix, token)
             return base
+        if not args.allow_duplicate_inputs:
+            refuse_held_inputs(prefix, base, sources)
         fmt = get_format(base["format"])
         schema = check_schemas(fmt, sources)
         if schema is not None and base.get("schema") and schema_json(schema)["fields"] != base["schema"]["fields"]:
@@ -165,15 +247,18 @@ def append(argv) -> dict:
 
 # --- expire and gc -----------------------------------------------------------------------------
 
-def expire(prefix, keep_generations=None, before=None, grace_seconds=DEFAULT_GRACE_SECONDS, command="expire"):
+def expire(prefix, keep_generations=None, before=None, grace_seconds=DEFAULT_GRACE_SECONDS, command="expire",
+           everything=False):
     """Drop whole generations: publish the next version without them, then collect files
-    no version within the grace period lists. Returns ``(manifest, dropped, deleted)``."""
-    prefix = layout.clean_prefix(prefix)
+    no version within the grace period lists. Dropping every live generation (an empty
+    store) needs ``everything`` (``--all``). Returns ``(manifest, dropped, deleted)``."""
     if keep_generations is None and before is None:
         raise ValueError("expire needs --keep_generations N or --before TIME")
     if keep_generations is not None and int(keep_generations) < 0:
         raise ValueError(f"--keep_generations must be 0 or more, got {keep_generations}")
-    cutoff = layout.parse_time(before) if isinstance(before, str) else before
+    cutoff = parse_before(before) if isinstance(before, str) else before
+    check_grace_seconds(grace_seconds)
+    prefix = existing_store(prefix)
     token = layout.StoreLock(prefix, command).acquire()
     try:
         current = layout.read_store_manifest(prefix)
@@ -181,10 +266,14 @@ def expire(prefix, keep_generations=None, before=None, grace_seconds=DEFAULT_GRA
             raise OutputError(f"no store at {layout.store_dir(prefix)}")
         kept = list(current["generations"])
         if keep_generations is not None:
-            kept = kept[len(kept) - int(keep_generations):] if int(keep_generations) else []
+            kept = kept[max(0, len(kept) - int(keep_generations)):] if int(keep_generations) else []
         if cutoff is not None:
             kept = [g for g in kept if layout.parse_time(g["created"]) >= cutoff]
         dropped = [g["generation"] for g in current["generations"] if g not in kept]
+        if dropped and not kept and not everything:
+            raise UsageError(f"this would expire every live generation of {layout.store_dir(prefix)} (generation(s) "
+                             f"{', '.join(map(str, dropped))}), "
+                             f"leaving no records to train on: pass --all to do that")
         if dropped:
             current = layout.next_manifest(current, kept)
             layout.publish_manifest(prefix, current)
@@ -227,8 +316,10 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
 def materialize(argv) -> dict:
     """``pileshuffle materialize --store P --output P2``: the second pass over a store."""
     from pileshuffle.options import parse_bytes
+    from pileshuffle.pipeline import at_stake_on_interrupt as shards_at_stake
     from pileshuffle.plan import check_writable, work_dir_for
-    from pileshuffle.transforms.write import WritePiles, existing_outputs, manifest_path, read_manifest, staging_dir
+    from pileshuffle.transforms.write import (WritePiles, check_replaceable, discard_unpublished, read_manifest,
+                                              staging_dir)
 
     parser = argparse.ArgumentParser(prog="pileshuffle materialize", allow_abbrev=False, description=(
         "The second pass over a pile store: write its live records as the shards and manifest `pileshuffle run` "
@@ -240,22 +331,22 @@ def materialize(argv) -> dict:
     parser.add_argument("--max_pile_bytes", help="load piles larger than this in sub-piles (default: the store's)")
     args, beam_args = check_command_argv(parser, argv)
     options = PipelineOptions(beam_args)
-    prefix, output = layout.clean_prefix(args.store), layout.clean_prefix(args.output)
+    prefix, output = existing_store(args.store), layout.clean_prefix(args.output)
+    shards_at_stake(output)
     if output == prefix:
         raise OutputError(f"--output {output} is the store's own prefix: its shards would hide the store from readers "
                           f"(they take {output}-manifest.json first); choose another prefix")
-    manifest = layout.read_store_manifest(prefix, args.version)
+    manifest = layout.read_store_manifest(prefix, readable_version(prefix, args.version))
     if manifest is None:
         raise OutputError(f"no store at {layout.store_dir(prefix)}")
+    refuse_missing_files(prefix, manifest)
     if not manifest["totals"]["records"]:
         raise OutputError(f"{layout.store_dir(prefix)} version {manifest['version']} has no live records "
                           f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to materialize")
-    existing = existing_outputs(output)
-    if manifest_path(output) in existing and not args.overwrite:
-        raise OutputError(f"output already exists: {existing[0]} (pass --overwrite to replace it)")
+    check_replaceable(output, args.overwrite)  # never a file no run wrote; a finished output only with --overwrite
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
-    for leftover in (work_dir, staging_dir(output)):
-        remove_tree(leftover)
+    remove_tree(work_dir)
+    discard_unpublished(output)  # what an unfinished publication's journal lists, and the staging folder
     check_writable(staging_dir(output), "the output location")
     max_pile_bytes = parse_bytes(args.max_pile_bytes) if args.max_pile_bytes else manifest["max_pile_bytes"]
     piles = live_piles(prefix, manifest, max_pile_bytes, work_dir=work_dir)
@@ -281,7 +372,7 @@ def materialize(argv) -> dict:
 
     def failed():
         remove_tree(work_dir)
-        remove_tree(staging_dir(output))
+        discard_unpublished(output)
 
     result = execute(options, beam_args, build, len(piles), failed)
     if result is not None:
@@ -289,6 +380,31 @@ def materialize(argv) -> dict:
     written = read_manifest(output)
     written["wall_seconds"] = time.time() - started
     return written
+
+
+def readable_version(prefix: str, version):
+    """``--version``: None (the current one) or a version the store still has."""
+    if version is None:
+        return None
+    versions = layout.manifest_versions(prefix)
+    if version not in versions:
+        kept = f"{versions[0]} to {versions[-1]}" if len(versions) > 1 else f"{versions[0]}"
+        raise UsageError(f"--version {version}: {layout.store_dir(prefix)} has version(s) {kept} (current "
+                         f"{versions[-1]}; versions start at 1, and gc deletes superseded ones after their grace period)")
+    return version
+
+
+def refuse_missing_files(prefix: str, manifest: dict):
+    """Name a data file the manifest lists that is gone (deleted by hand), and the version
+    and generation that list it, before anything is written."""
+    missing = missing_files(prefix, manifest)
+    if missing:
+        generation, path = missing[0]
+        others = f" ({len(missing) - 1} more file(s) are missing too)" if len(missing) > 1 else ""
+        raise InputError(path, f"is missing, but version {manifest['version']} of the store "
+                               f"({FileSystems.join(layout.store_dir(prefix), layout.manifest_name(manifest['version']))}) "
+                               f"lists it in generation {generation}{others}; `pileshuffle verify --output {prefix}` "
+                               f"checks every file")
 
 
 # --- the command line --------------------------------------------------------------------------
@@ -350,11 +466,13 @@ def expire_main(argv):
     parser.add_argument("--before", help="drop generations created before this UTC time (ISO 8601, e.g. 2026-11-01)")
     parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS,
                         help=f"keep files a superseded version lists for this long (default {DEFAULT_GRACE_SECONDS})")
+    parser.add_argument("--all", action="store_true",
+                        help="allow expiring every live generation (the store is left empty); refused without it")
     args, _ = check_command_argv(parser, argv)
     if args.keep_generations is None and args.before is None:
         parser.error("give --keep_generations N or --before TIME")
     manifest, dropped, deleted = expire(args.store, args.keep_generations, args.before, args.grace_seconds,
-                                        layout.command_line(["expire", *argv]))
+                                        layout.command_line(["expire", *argv]), everything=args.all)
     print(f"expired   {len(dropped)} generation(s) {dropped}; deleted the files of {deleted['generations']}")
     print(store_summary(manifest))
     return 0
@@ -367,7 +485,8 @@ def gc_main(argv):
     parser.add_argument("--store", required=True, help="the store's prefix P")
     parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS)
     args, _ = check_command_argv(parser, argv)
-    prefix = layout.clean_prefix(args.store)
+    check_grace_seconds(args.grace_seconds)
+    prefix = existing_store(args.store)
     token = layout.StoreLock(prefix, layout.command_line(["gc", *argv])).acquire()
     try:
         deleted = collect(prefix, args.grace_seconds)

@@ -17,6 +17,7 @@ Invariants:
   and a generation below it that the current manifest does not list is expired.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import errno
@@ -46,6 +47,19 @@ def store_dir(prefix: str) -> str:
 
 def clean_prefix(prefix: str) -> str:
     return prefix.rstrip("/") if "://" not in prefix else prefix
+
+
+STORE_SUFFIX = "-store"
+
+
+def store_prefix(given: str) -> str:
+    """The prefix P of the store that ``given`` names: ``P`` or its folder ``P-store``
+    (the loader takes both), with or without a trailing slash."""
+    prefix = clean_prefix(given)
+    bare = prefix[:-len(STORE_SUFFIX)]
+    if prefix.endswith(STORE_SUFFIX) and not is_store(prefix) and is_store(bare):
+        return bare
+    return prefix
 
 
 def manifest_name(version: int) -> str:
@@ -85,7 +99,7 @@ def list_names(directory: str) -> list:
     if is_local(directory):
         try:
             return sorted(os.listdir(directory))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
     try:
         found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
@@ -204,20 +218,18 @@ def next_manifest(base: dict, generations: list, next_generation: int = None) ->
 # --- the lock ---------------------------------------------------------------------------------
 
 @dataclasses.dataclass
-class StoreLock:
-    """``{P}-store/LOCK``, created exclusively and naming its holder (command, host, pid,
-    time, a token). A lock whose holder was a process on this host that no longer runs
+class FileLock:
+    """A lock file at ``path``, created exclusively and naming its holder (command, host,
+    pid, time, a token). A lock whose holder was a process on this host that no longer runs
     is stale and taken over (a killed command's re-run must be able to finish it); any
-    other lock refuses with the holder's name. ``acquire()`` returns the token that
-    ``release_lock`` needs (the step that publishes may run in another process)."""
+    other lock refuses, naming its holder. ``acquire()`` returns the token that ``release``
+    needs (the step that publishes may run in another process); ``held()`` is the context
+    manager that releases on success, failure and interruption alike."""
 
-    prefix: str
+    path: str
     command: str
+    what: str = ""  # what the lock guards, as a refusal names it
     same_process_is_stale: bool = False  # composed use: a failed pipeline of this process left it
-
-    @property
-    def path(self) -> str:
-        return lock_path(self.prefix)
 
     def acquire(self) -> str:
         token = uuid.uuid4().hex
@@ -229,25 +241,48 @@ class StoreLock:
                 self._create(data)
                 return token
             except FileExistsError:
-                current = lock_holder(self.prefix)
+                current = holder_of(self.path)
                 if current is not None and not self._stale(current):
-                    raise OutputError(
-                        f"{store_dir(self.prefix)} is locked by `{current.get('command')}` (pid {current.get('pid')} "
-                        f"on {current.get('host')}, since {current.get('since')}); wait for it to finish, or delete "
-                        f"{self.path} if that process is gone"
-                    ) from None
+                    raise OutputError(self.refusal(current)) from None
                 try:
                     FileSystems.delete([self.path])  # stale: its holder died
                 except Exception:
                     pass
         raise OutputError(f"cannot take {self.path}: it keeps reappearing")
 
+    def refusal(self, holder: dict) -> str:
+        return (f"{self.what} is locked by `{holder.get('command')}` (pid {holder.get('pid')} on {holder.get('host')}, "
+                f"since {holder.get('since')}); wait for it to finish, or delete {self.path} if that process is gone")
+
+    def release(self, token: str):
+        """Remove the lock if ``token`` still holds it (best effort)."""
+        try:
+            if (holder_of(self.path) or {}).get("token") == token:
+                FileSystems.delete([self.path])
+        except Exception:
+            pass
+
+    @contextlib.contextmanager
+    def held(self):
+        token = self.acquire()
+        try:
+            yield token
+        finally:
+            self.release(token)
+
     def _create(self, data: bytes):
+        try:
+            if is_local(self.path):
+                os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        except OSError as error:
+            raise OutputError(f"cannot write the lock {self.path}: {error}") from error
         if is_local(self.path):  # whole content or nothing: a killed command never leaves an empty lock
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
             temp = f"{self.path}.tmp-{uuid.uuid4().hex[:12]}"
-            with open(temp, "wb") as handle:
-                handle.write(data)
+            try:
+                with open(temp, "wb") as handle:
+                    handle.write(data)
+            except OSError as error:
+                raise OutputError(f"cannot write the lock {self.path}: {error}") from error
             try:
                 os.link(temp, self.path)
             finally:
@@ -272,25 +307,35 @@ class StoreLock:
         return False
 
 
+class StoreLock(FileLock):
+    """``{P}-store/LOCK``: held by every command that changes the store, from before it
+    reads the current version until after it publishes."""
+
+    def __init__(self, prefix: str, command: str, same_process_is_stale: bool = False):
+        super().__init__(lock_path(prefix), command, store_dir(prefix), same_process_is_stale)
+        self.prefix = prefix
+
+
+def holder_of(path: str):
+    """The holder (dict) of the lock file at ``path``, None if unlocked."""
+    try:
+        return read_json(path)
+    except Exception:
+        return {} if FileSystems.exists(path) else None
+
+
 def lock_path(prefix: str) -> str:
     return FileSystems.join(store_dir(prefix), LOCK_NAME)
 
 
 def lock_holder(prefix: str):
-    """The lock's holder (dict), None if unlocked."""
-    try:
-        return read_json(lock_path(prefix))
-    except Exception:
-        return {} if FileSystems.exists(lock_path(prefix)) else None
+    """The store lock's holder (dict), None if unlocked."""
+    return holder_of(lock_path(prefix))
 
 
 def release_lock(prefix: str, token: str):
-    """Remove the lock if ``token`` still holds it (best effort)."""
-    try:
-        if (lock_holder(prefix) or {}).get("token") == token:
-            FileSystems.delete([lock_path(prefix)])
-    except Exception:
-        pass
+    """Remove the store lock if ``token`` still holds it (best effort)."""
+    StoreLock(prefix, "").release(token)
 
 
 def remove_unpublished(prefix: str):

@@ -33,11 +33,40 @@ def live_piles(prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir
             for p, f in fragments.items()]
 
 
+def missing_files(prefix: str, manifest: dict) -> list:
+    """``(generation, path)`` of every data file ``manifest`` lists that does not exist:
+    one listing per generation directory, not one request per file."""
+    store, missing = layout.store_dir(prefix), []
+    for generation in manifest["generations"]:
+        present = set(layout.list_names(FileSystems.join(store, layout.generation_dir_name(generation["generation"]))))
+        missing += [(generation["generation"], layout.join(store, entry["path"])) for entry in generation["files"]
+                    if entry["path"].rsplit("/", 1)[-1] not in present]
+    return missing
+
+
+class Problem(str):
+    """A problem's message (a plain string to every caller), and the generation it is in."""
+
+    generation = None
+
+    @classmethod
+    def of(cls, text: str, generation: int) -> "Problem":
+        problem = cls(text)
+        problem.generation = generation
+        return problem
+
+
+def damaged_generations(problems) -> list:
+    """The generations that ``check_store``'s problems are in, ascending."""
+    return sorted({p.generation for p in problems if getattr(p, "generation", None) is not None})
+
+
 def check_store(prefix: str, version: int = None, input_glob: str = None) -> tuple:
     """``(problems, manifest)``: every file the manifest lists exists, has its size, reads
     whole as Arrow IPC, holds its count of records, all of its pile, and its records hash
-    to its fingerprint; generations and totals add up. Missing or damaged files are named."""
-    prefix = layout.clean_prefix(prefix)
+    to its fingerprint; generations and totals add up. Missing or damaged files are named,
+    each with its generation (a ``Problem``'s ``generation``)."""
+    prefix = layout.store_prefix(prefix)
     problems = []
     try:
         manifest = layout.read_store_manifest(prefix, version)
@@ -54,11 +83,12 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
             path = layout.join(store, entry["path"])
             problem = _check_file(path, entry, num_piles, fmt)
             if problem:
-                problems.append(problem)
+                problems.append(Problem.of(f"{problem} (generation {generation['generation']})", generation["generation"]))
             found += Fingerprint.from_json(entry["fingerprint"])
         if found != Fingerprint.from_json(generation["fingerprint"]) or found.records != generation["records"]:
-            problems.append(f"generation {generation['generation']}: its files' fingerprints do not add up to the "
-                            f"generation's ({found.records} vs {generation['records']} records)")
+            problems.append(Problem.of(f"generation {generation['generation']}: its files' fingerprints do not add up "
+                                       f"to the generation's ({found.records} vs {generation['records']} records)",
+                                       generation["generation"]))
         records += generation["records"]
         payload += generation["payload_bytes"]
     if manifest["totals"] != {"records": records, "payload_bytes": payload}:
@@ -124,11 +154,16 @@ def verify_main(prefix: str, input_glob: str = None) -> int:
     """``pileshuffle verify --output P`` where P is a store: print and exit as verify does."""
     import sys
 
+    prefix = layout.store_prefix(prefix)
     problems, manifest = check_store(prefix, input_glob=input_glob)
     for problem in problems:
         print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
     if problems:
-        print(f"pileshuffle verify: {len(problems)} problem(s) with the store {layout.store_dir(prefix)}", file=sys.stderr)
+        damaged = damaged_generations(problems)
+        where = (f"; damaged generation(s): {', '.join(map(str, damaged))} of version {manifest['version']}"
+                 if damaged and manifest else "")
+        print(f"pileshuffle verify: {len(problems)} problem(s) with the store {layout.store_dir(prefix)}{where}",
+              file=sys.stderr)
         return 1
     files = sum(len(g["files"]) for g in manifest["generations"])
     print(f"pileshuffle verify: OK: store {layout.store_dir(prefix)} version {manifest['version']}: "

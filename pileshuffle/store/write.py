@@ -23,6 +23,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
+from pileshuffle import interrupt
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import ReadReport, get_format
@@ -150,9 +151,11 @@ class WriteStorePile(beam.DoFn):
 class PublishGeneration(beam.DoFn):
     """Check the generation against what was read, then publish the next manifest version."""
 
-    def __init__(self, prefix, base: dict, generation: int, writers: int, lock_token: str = None, input_sizes=None):
+    def __init__(self, prefix, base: dict, generation: int, writers: int, lock_token: str = None, input_sizes=None,
+                 input_identities=None):
         self._prefix, self._base, self._generation = prefix, base, generation
         self._writers, self._lock_token, self._sizes = writers, lock_token, dict(input_sizes or {})
+        self._identities = dict(input_identities or {})  # path -> the file's real identity (plan.file_identity)
 
     def process(self, element):
         _, items = element
@@ -170,7 +173,7 @@ class PublishGeneration(beam.DoFn):
         generation = {
             "generation": self._generation,
             "created": layout.now_iso(),
-            "inputs": [{"path": s.path, "records": s.fingerprint.records, "bytes": self._sizes.get(s.path)} for s in sources],
+            "inputs": [self._input(s) for s in sources],
             "records": stored.records,
             "payload_bytes": stored.bytes,
             "fingerprint": stored.to_json(),
@@ -181,12 +184,20 @@ class PublishGeneration(beam.DoFn):
             "files": [f.to_json() for f in files],
         }
         manifest = layout.next_manifest(base, [*base["generations"], generation], self._generation + 1)
-        layout.publish_manifest(self._prefix, manifest)
+        with interrupt.publishing():  # Ctrl-C takes effect before or after, and no version is published after it
+            layout.publish_manifest(self._prefix, manifest)
         if self._lock_token:
             layout.release_lock(self._prefix, self._lock_token)
         for work_dir in sorted({f.work_dir for f in files if f.work_dir}):
             remove_tree(work_dir)
         yield manifest
+
+
+    def _input(self, source) -> dict:
+        entry = {"path": source.path, "records": source.fingerprint.records, "bytes": self._sizes.get(source.path)}
+        if source.path in self._identities:
+            entry["identity"] = self._identities[source.path]
+        return entry
 
 
 def stored_schema(prefix: str, relative: str):
@@ -199,18 +210,19 @@ def stored_schema(prefix: str, relative: str):
     return pa.schema([schema.field(i) for i in keep], metadata=schema.metadata)
 
 
-def publish(items, prefix, base, generation, writers, lock_token=None, input_sizes=None):
+def publish(items, prefix, base, generation, writers, lock_token=None, input_sizes=None, input_identities=None):
     """``items`` (StoreFile and SourceStats) -> the published manifest: one leaf."""
     return (
         items
         | "KeyForPublish" >> beam.ParDo(KeyByNone())
         | "GatherForPublish" >> beam.GroupByKey()
-        | "PublishGeneration" >> beam.ParDo(PublishGeneration(prefix, base, generation, writers, lock_token, input_sizes))
+        | "PublishGeneration" >> beam.ParDo(PublishGeneration(prefix, base, generation, writers, lock_token, input_sizes,
+                                                              input_identities))
     )
 
 
 def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corrupt=False, lock_token=None,
-                     input_sizes=None):
+                     input_sizes=None, input_identities=None):
     """The template's graph for one generation: writer groups -> files -> publish."""
     store = layout.store_dir(prefix)
     items = (
@@ -220,7 +232,7 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
         | "WriteStoreGroup" >> beam.ParDo(WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
                                                           skip_corrupt=skip_corrupt))
     )
-    return publish(items, prefix, base, generation, len(groups), lock_token, input_sizes)
+    return publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities)
 
 
 class WritePileStore(beam.PTransform):

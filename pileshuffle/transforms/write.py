@@ -3,9 +3,11 @@
 Each pile is written to a staging directory beside the output under a deterministic
 name (temp file, then rename), so a re-run bundle replaces its shard. Finalize runs
 once, after every shard: it checks that the shards account for every record read (by
-count and fingerprint), writes empty shards for empty piles, renames the shards to
-``{prefix}-{i:05d}-of-{M:05d}{suffix}`` and writes ``{prefix}-manifest.json`` last:
-the manifest's presence means the run finished.
+count and fingerprint), writes empty shards for empty piles, journals the final names it
+will create and delete, deletes the old output it replaces (its manifest first), renames
+the shards to ``{prefix}-{i:05d}-of-{M:05d}{suffix}`` and writes ``{prefix}-manifest.json``
+last: the manifest's presence means the run finished. It replaces only files that a
+manifest or a journal lists (``check_replaceable``).
 """
 
 import dataclasses
@@ -18,10 +20,11 @@ import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import __version__, progress
+from pileshuffle import __version__, interrupt, progress
 from pileshuffle.errors import InputError, IntegrityError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
+from pileshuffle.formats.base import literal_pattern, size_of
 from pileshuffle.fragments import HASH_COLUMN, write_failure
 from pileshuffle.tuning import prepare_worker
 
@@ -43,14 +46,19 @@ def staging_dir(prefix: str) -> str:
     return f"{prefix}.pileshuffle-staging"
 
 
+def output_lock_path(prefix: str) -> str:
+    """The lock a ``run`` to ``prefix`` holds (``store.layout.FileLock``)."""
+    return f"{prefix}.pileshuffle-lock"
+
+
 def shard_pattern(prefix: str) -> str:
-    return f"{prefix}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*"
+    return f"{literal_pattern(prefix)}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*"
 
 
 def existing_outputs(prefix: str):
-    """Paths of earlier output under ``prefix``: its shards and manifest."""
+    """Paths of earlier output under ``prefix``: files named like its shards, and its manifest."""
     found = []
-    for pattern in (shard_pattern(prefix), manifest_path(prefix)):
+    for pattern in (shard_pattern(prefix), literal_pattern(manifest_path(prefix))):
         try:
             found += [m.path for m in FileSystems.match([pattern])[0].metadata_list]
         except Exception:  # BeamIOError when nothing matches
@@ -58,8 +66,119 @@ def existing_outputs(prefix: str):
     return sorted(found)
 
 
-def file_size(path: str) -> int:
-    return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+file_size = size_of
+
+
+# -- which files a run may replace ------------------------------------------------------------
+#
+# Only files that a run's own records list: the output's manifest (a finished output: its
+# shards and itself, replaced with --overwrite) and the journals in the staging folder (a
+# publication that did not finish: what it was creating and deleting, replaced by the next
+# run). A journal is written before Finalize changes any final name and removed with the
+# staging folder after the manifest is in place. Any other file named like a shard of the
+# output is someone else's: a run refuses it, naming it, and never replaces or deletes it.
+
+JOURNAL_PREFIX = "journal-"
+
+
+def _name(path: str) -> str:
+    return path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+
+
+def read_journals(prefix: str) -> list:
+    """The journals of unfinished publications under ``prefix`` (dicts with ``creates`` and
+    ``deletes``: final paths); an unreadable journal counts as listing nothing."""
+    try:
+        found = FileSystems.match([FileSystems.join(literal_pattern(staging_dir(prefix)), f"{JOURNAL_PREFIX}*.json")])
+        paths = [m.path for m in found[0].metadata_list]
+    except Exception:
+        return []
+    journals = []
+    for path in sorted(paths):
+        try:
+            with FileSystems.open(path, compression_type="uncompressed") as handle:
+                journals.append(json.loads(handle.read()))
+        except Exception:
+            continue
+    return journals
+
+
+def write_journal(prefix: str, creates, deletes):
+    """Record, before any final name changes, every final path a publication creates or deletes."""
+    path = FileSystems.join(staging_dir(prefix), f"{JOURNAL_PREFIX}{uuid.uuid4().hex[:12]}.json")
+    try:
+        with FileSystems.create(path, mime_type="application/json", compression_type="uncompressed") as handle:
+            handle.write(json.dumps({"creates": sorted(creates), "deletes": sorted(deletes)}, indent=1).encode())
+    except OSError as error:
+        raise write_failure(staging_dir(prefix), error) from error
+
+
+@dataclasses.dataclass
+class OutputFiles:
+    """The files under an output prefix's final names, by which record lists them."""
+
+    prefix: str
+    manifest: str = None  # the output's manifest, if one is published
+    finished: list = dataclasses.field(default_factory=list)  # the shards the manifest lists
+    unpublished: list = dataclasses.field(default_factory=list)  # what an unfinished publication's journal lists
+    foreign: list = dataclasses.field(default_factory=list)  # named like shards, listed by nothing: not ours
+
+    @property
+    def replaceable(self) -> list:
+        """Every file a run to this prefix may delete, the manifest first (unpublish, then delete)."""
+        return ([self.manifest] if self.manifest else []) + self.finished + self.unpublished
+
+
+def output_files(prefix: str) -> OutputFiles:
+    """Sort the files under ``prefix``'s final names by the records that list them."""
+    files = OutputFiles(prefix)
+    existing = existing_outputs(prefix)
+    listed_by_manifest = set()
+    if manifest_path(prefix) in existing:
+        files.manifest = manifest_path(prefix)
+        try:
+            listed_by_manifest = {_name(s["path"]) for s in read_manifest(prefix).get("shards", [])}
+        except Exception:  # unreadable: it vouches for no shard
+            pass
+    journaled = {_name(p) for journal in read_journals(prefix)
+                 for p in list(journal.get("creates", [])) + list(journal.get("deletes", []))}
+    for path in existing:
+        if path == files.manifest:
+            continue
+        if _name(path) in listed_by_manifest:
+            files.finished.append(path)
+        elif _name(path) in journaled:
+            files.unpublished.append(path)
+        else:
+            files.foreign.append(path)
+    return files
+
+
+def check_replaceable(prefix: str, overwrite: bool) -> OutputFiles:
+    """The output's files, if a run to ``prefix`` may go ahead: none is someone else's
+    (with or without ``overwrite``), and a finished output is replaced only with ``overwrite``."""
+    files = output_files(prefix)
+    if files.foreign:
+        raise OutputError(
+            f"{files.foreign[0]} is named like a shard of --output {prefix} but no pileshuffle run wrote it (neither "
+            f"{manifest_path(prefix)} nor a journal in {staging_dir(prefix)} lists it); pileshuffle never replaces or "
+            f"deletes such a file: move it, or choose another --output"
+            + (f" ({len(files.foreign)} such files)" if len(files.foreign) > 1 else ""))
+    if files.manifest and not overwrite:
+        raise OutputError(f"output already exists: {(files.finished or [files.manifest])[0]} "
+                          "(pass --overwrite to replace it)")
+    return files
+
+
+def discard_unpublished(prefix: str) -> list:
+    """Delete what a publication that never finished left under final names (what its
+    journals list, when no manifest is published), then the staging folder. Returns the
+    paths deleted. Call only under the output's lock (or from the run that wrote them)."""
+    files = output_files(prefix) if not FileSystems.exists(manifest_path(prefix)) else OutputFiles(prefix)
+    if files.unpublished:
+        FileSystems.delete(files.unpublished)
+    remove_tree(staging_dir(prefix))
+    return files.unpublished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,9 +225,10 @@ class WriteShard(beam.DoFn):
                 yield records
 
         try:
-            with FileSystems.create(temp, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
-                fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
-            FileSystems.rename([temp], [staged])
+            with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
+                with FileSystems.create(temp, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
+                    fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
+                FileSystems.rename([temp], [staged])
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
         if written[0] != pile.fingerprint:
@@ -126,6 +246,7 @@ class WriteShard(beam.DoFn):
         )
 
 
+@interrupt.writes
 def release(pile):
     """Delete a written pile's fragment files at once (best effort): the run's temp space
     then peaks at about one copy of the data instead of two, and the next shard reuses
@@ -176,6 +297,7 @@ class Finalize(beam.DoFn):
         input_fp = total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
         output_fp = total(s.written for s in shards)
         check_accounted(sources, input_fp, output_fp, "shuffle", "wrote")
+        old = check_replaceable(self._prefix, self._overwrite)  # before any final name changes
         schema = self._schema or next((s.schema for s in shards if s.schema is not None), None)
         staged = {s.pile: s for s in shards}
         suffix = fmt.suffix(self._compression)
@@ -185,15 +307,17 @@ class Finalize(beam.DoFn):
         finals = [shard_name(self._prefix, p, num_piles, suffix) for p in range(num_piles)]
         manifest = self._manifest(shards, sources, finals, staged, input_fp, output_fp, schema, num_piles)
         staged_manifest = self._stage_manifest(manifest)  # everything that needs space is written first
-        self._clear_old_outputs(set(finals))
-        try:
-            FileSystems.rename([staged[p].staged_path for p in range(num_piles)], finals)
-            FileSystems.rename([staged_manifest], [manifest_path(self._prefix)])  # last: the run is done
-        except Exception as error:
-            raise write_failure(self._prefix, error) from error
+        with interrupt.publishing():  # Ctrl-C takes effect before this step or after it, never inside
+            self._replace_old_outputs(old, finals)
+            try:
+                FileSystems.rename([staged[p].staged_path for p in range(num_piles)], finals)
+                FileSystems.rename([staged_manifest], [manifest_path(self._prefix)])  # last: the run is done
+            except Exception as error:
+                raise write_failure(self._prefix, error) from error
         self._remove_work(shards)
         yield manifest
 
+    @interrupt.writes
     def _write_empty_shard(self, fmt, pile, num_piles, suffix, schema):
         path = shard_name(FileSystems.join(staging_dir(self._prefix), "shard"), pile, num_piles, suffix)
         try:
@@ -204,12 +328,14 @@ class Finalize(beam.DoFn):
         progress.pile_written()
         return ShardStats(pile, num_piles, path, 0, file_size(path), 0, Fingerprint(), Fingerprint(), 0)
 
-    def _clear_old_outputs(self, finals):
-        old = [p for p in existing_outputs(self._prefix) if p not in finals]
-        if old and not self._overwrite:
-            raise OutputError(f"output already exists: {old[0]} (pass --overwrite to replace it)")
-        if old:
-            FileSystems.delete(old)
+    def _replace_old_outputs(self, old: OutputFiles, finals):
+        """Journal the publication, then delete the old files the new shards do not
+        replace by name: the old manifest first, so a reader never trusts a partial set."""
+        doomed = [p for p in old.replaceable if _name(p) not in {_name(f) for f in finals}]
+        write_journal(self._prefix, finals + [manifest_path(self._prefix)], doomed)
+        for batch in ([p for p in doomed if p == old.manifest], [p for p in doomed if p != old.manifest]):
+            if batch:
+                FileSystems.delete(batch)
 
     def _manifest(self, shards, sources, finals, staged, input_fp, output_fp, schema, num_piles):
         seconds = time.time() - self._started if self._started else None
@@ -244,6 +370,7 @@ class Finalize(beam.DoFn):
             manifest["schema"] = schema_json(schema)
         return manifest
 
+    @interrupt.writes
     def _stage_manifest(self, manifest) -> str:
         """The manifest, written in the staging directory (renamed into place last)."""
         staged = FileSystems.join(staging_dir(self._prefix), f"manifest-{uuid.uuid4().hex[:12]}.json")
@@ -254,6 +381,7 @@ class Finalize(beam.DoFn):
             raise write_failure(staging_dir(self._prefix), error) from error
         return staged
 
+    @interrupt.writes
     def _remove_work(self, shards):
         dirs = {staging_dir(self._prefix)} | {s.work_dir for s in shards if s.work_dir}
         for directory in sorted(dirs):

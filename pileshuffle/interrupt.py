@@ -1,0 +1,189 @@
+"""Ctrl-C in a command: one line on stderr, exit code 130, nothing half published, no
+temp file left behind.
+
+``handling(command)`` wraps a command-line command (``cli.entry``). The local runner runs
+DoFns in worker threads that go on after Ctrl-C stops the main thread, so:
+- every step that changes files runs inside ``writing()`` (temp files: fragments, staged
+  shards, store files) or ``publishing()`` (what makes a result visible: renames into
+  place, a manifest written last). Ctrl-C first lets no such step start, in any thread,
+  then waits until the steps other threads are inside have ended; a step the main thread
+  is publishing in finishes before Ctrl-C takes effect. So a result is published whole or
+  not at all, and once the command unwinds no thread writes any more;
+- ``KeyboardInterrupt`` then unwinds the main thread, so the command's own ``except`` /
+  ``finally`` clean-up runs as for any failure (temp and staging folders, an unpublished
+  store generation, locks) with nothing writing beside it;
+- from Ctrl-C on nothing reaches stderr (the runner's threads fail noisily once nobody
+  drives them) except, at the end, one line saying what was interrupted; the process then
+  exits at once with ``EXIT_CODE`` (running threads do not keep it alive). A second
+  Ctrl-C exits at once.
+Whatever a command leaves when it is killed outright, the same command run again removes
+(``plan.make_plan``, ``store.layout.remove_unpublished``, stale locks), so an interrupt
+never changes what a re-run writes.
+"""
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import threading
+
+EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
+STEP_WAIT_SECONDS = 60.0  # Ctrl-C waits this long at most for other threads' steps to end
+UNWIND_SECONDS = 10.0  # then the command's clean-up; past this the process exits anyway
+
+
+class _State:
+    command = None  # the command's name, e.g. "run"
+    stderr = None  # a duplicate of file descriptor 2 taken before any redirection
+    unfinished = None  # what the line says when nothing was published (``describe``)
+    finished = None  # what it says when the result was published before Ctrl-C came
+    interrupted = False
+    published = False
+    steps = {}  # thread id -> how many writing steps it is inside
+    publishing_main = False  # the main thread is inside ``publishing()``
+    deferred = False  # Ctrl-C came then: it takes effect when that step ends
+
+
+_steps = threading.Condition()  # guards ``_State.steps`` and ``_State.interrupted``
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C has come."""
+    return _State.interrupted
+
+
+def describe(unfinished: str, finished: str = None):
+    """What the interrupted command's line says: ``unfinished`` when it published nothing
+    (name what it would have published, and what running it again does), ``finished`` when
+    its result was published before Ctrl-C came."""
+    _State.unfinished, _State.finished = unfinished, finished
+
+
+@contextlib.contextmanager
+def writing():
+    """A step that changes files. Raises ``KeyboardInterrupt`` instead of starting once
+    Ctrl-C has come; Ctrl-C's clean-up waits for it to end (in a thread that is not the
+    main thread: the main thread's own step is cut by the ``KeyboardInterrupt``)."""
+    me = threading.get_ident()
+    with _steps:
+        if _State.interrupted:
+            raise KeyboardInterrupt("interrupted (Ctrl-C)")
+        _State.steps[me] = _State.steps.get(me, 0) + 1
+    try:
+        yield
+    finally:
+        with _steps:
+            _State.steps[me] -= 1
+            if not _State.steps[me]:
+                del _State.steps[me]
+            _steps.notify_all()
+
+
+def writes(function):
+    """``function`` (not a generator) as one ``writing()`` step."""
+    @functools.wraps(function)
+    def step(*args, **kwargs):
+        with writing():
+            return function(*args, **kwargs)
+
+    return step
+
+
+@contextlib.contextmanager
+def publishing():
+    """A ``writing()`` step that makes the command's result visible: Ctrl-C takes effect
+    before it starts or after it has ended, never in between, also in the main thread."""
+    main = threading.current_thread() is threading.main_thread()
+    with writing():
+        _State.publishing_main = _State.publishing_main or main
+        try:
+            yield
+            _State.published = True
+        finally:
+            if main:
+                _State.publishing_main = False
+    if main and _State.deferred:
+        _State.deferred = False
+        _interrupt()
+
+
+@contextlib.contextmanager
+def handling(command: str):
+    """Run a command's ``main`` so that Ctrl-C ends it as this module says. Does nothing
+    when SIGINT is ignored or handled by someone else (a background job, an embedding
+    program) or outside the main thread."""
+    ours = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if not ours:
+        yield
+        return
+    _State.command, _State.stderr, _State.published = command, os.dup(2), False
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    except BaseException:
+        if _State.interrupted:
+            _exit()
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if _State.interrupted:  # a command that caught the interrupt and returned
+        _exit()
+
+
+def _on_sigint(signum, frame):
+    if _State.interrupted:  # a second Ctrl-C: stop waiting and cleaning up
+        if not _State.publishing_main:
+            _exit()
+        return
+    _silence()
+    if _State.publishing_main:  # let the main thread finish publishing first
+        _State.deferred = True
+        return
+    _interrupt()
+
+
+def _interrupt():
+    """Let no step start, wait for other threads' steps to end, then unwind the main thread."""
+    me = threading.get_ident()
+    with _steps:
+        _State.interrupted = True
+        _steps.wait_for(lambda: not any(n for thread, n in _State.steps.items() if thread != me), STEP_WAIT_SECONDS)
+    watchdog = threading.Timer(UNWIND_SECONDS, _exit)
+    watchdog.daemon = True
+    watchdog.start()
+    raise KeyboardInterrupt
+
+
+def _silence():
+    """Nothing but the final line reaches stderr any more: not the runner's logging, not
+    threads' tracebacks, not what is written to ``sys.stderr`` or file descriptor 2."""
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    threading.excepthook = lambda args: None
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        sys.stderr = open(os.devnull, "w")
+    except OSError:
+        pass
+
+
+def message() -> str:
+    """The one line: what was interrupted, and whether it had published its result."""
+    name = f"pileshuffle {_State.command}" if _State.command else "pileshuffle"
+    if _State.published:
+        return f"{name}: interrupted after {_State.finished or 'it had published its result'}"
+    return f"{name}: interrupted; {_State.unfinished}" if _State.unfinished else f"{name}: interrupted"
+
+
+def _exit():
+    """Write the one line and end the process now (threads still running included)."""
+    try:
+        os.write(_State.stderr if _State.stderr is not None else 2, (message() + "\n").encode())
+    except OSError:
+        pass
+    os._exit(EXIT_CODE)

@@ -1,0 +1,360 @@
+"""Ctrl-C (issue 19 item 9). The real command line, started as a subprocess on generated
+data, gets SIGINT while it works (the moment is found by what the command has started:
+its work folder, a staging folder, a store generation, a file it has open), and then:
+exit code 130, one line on stderr that names what was interrupted and says nothing was
+published, no manifest, no temp file or lock left, and the same command run again writes
+exactly the bytes of a run that was never interrupted (interrupted as it publishes: all or
+nothing is published, and the line says which). The loader's prefetch thread never holds up the exit of a
+process that was interrupted or stopped iterating. Each test failed before the fix
+(tracebacks and a killed-by-signal status; the loader waited for the pile being loaded)."""
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import run_shuffle, shard_bytes
+from outputs import final_outputs, temp_leftovers
+from pileshuffle import sample
+
+PY = sys.executable
+SIGNAL_EXIT_CODE = 130  # 128 + SIGINT
+PROMPT_SECONDS = 10.0  # from SIGINT to exit, clean-up included (measured: well under a second)
+PILES = 6
+SEED_OPTIONS = ["--seed=3", f"--num_piles={PILES}"]
+
+
+# --- driving a command -----------------------------------------------------------------------
+
+
+class Interrupted:
+    """What a command that got SIGINT did: its exit code, the stderr lines it wrote
+    before and after the signal, and how long it took to exit."""
+
+    def __init__(self, code, before, after, seconds):
+        self.code, self.before, self.after, self.seconds = code, before, after, seconds
+
+    def check(self, command: str, *words):
+        """Exit code 130, promptly; one line after the signal (at most one more that was
+        already on its way), naming the command and saying it was interrupted; no traceback."""
+        everything = "".join(self.before + self.after)
+        assert self.code == SIGNAL_EXIT_CODE, (self.code, everything[-3000:])
+        assert self.seconds < PROMPT_SECONDS, self.seconds
+        assert "Traceback" not in everything and "KeyboardInterrupt" not in everything, everything[-3000:]
+        assert 1 <= len(self.after) <= 2, self.after
+        last = self.after[-1]
+        assert last.startswith(f"pileshuffle {command}: interrupted"), last
+        for word in words:
+            assert word in last, (word, last)
+
+
+def _no_sigint_inherited():
+    """Ctrl-C reaches the child as it reaches a command in a terminal (a test runner that
+    ignores SIGINT would otherwise pass that on)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def interrupt_when(argv, started, cwd=None, timeout=120) -> Interrupted:
+    """Run ``pileshuffle ARGV``; once ``started(pid)`` is true, send SIGINT."""
+    process = subprocess.Popen([PY, "-m", "pileshuffle", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, cwd=cwd, preexec_fn=_no_sigint_inherited)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+    reader.start()
+    deadline = time.time() + timeout
+    while not started(process.pid):
+        assert process.poll() is None, f"finished before it could be interrupted: {''.join(lines)[-2000:]}"
+        assert time.time() < deadline, "never started"
+        time.sleep(0.002)
+    seen = len(lines)
+    process.send_signal(signal.SIGINT)
+    sent = time.time()
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError("did not exit after SIGINT")
+    seconds = time.time() - sent
+    reader.join(timeout=10)
+    return Interrupted(code, lines[:seen], lines[seen:], seconds)
+
+
+def exists(pattern):
+    return lambda pid: bool(glob.glob(pattern))
+
+
+def has_open(directory):
+    """The process has a file under ``directory`` open (it is reading or writing there)."""
+    directory = os.path.realpath(directory)
+
+    def started(pid):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return False
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(directory + os.sep):
+                    return True
+            except OSError:
+                continue
+        return False
+
+    return started
+
+
+def cli(*argv, cwd=None):
+    done = subprocess.run([PY, "-m", "pileshuffle", *argv], capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def tree_bytes(directory, skip=()):
+    """Every file under ``directory``: relative path -> bytes (names in ``skip`` left out)."""
+    found = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            if not any(s in name for s in skip):
+                path = os.path.join(root, name)
+                found[os.path.relpath(path, directory)] = open(path, "rb").read()
+    return found
+
+
+def store_files(prefix):
+    """A store's data files (relative path -> bytes): what a generation holds."""
+    return tree_bytes(f"{prefix}-store", skip=("manifest-", "LOCK"))
+
+
+def store_versions(prefix):
+    return sorted(os.path.basename(p) for p in glob.glob(f"{prefix}-store/manifest-*.json"))
+
+
+# --- data ------------------------------------------------------------------------------------
+
+RECORDS, FILES, RECORD_BYTES = 60_000, 4, 500  # 30 MB: a second or so of work for each command
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Input files, and the output of an uninterrupted run over them (in this process)."""
+    root = tmp_path_factory.mktemp("interrupt")
+    sample.write_tfrecord(str(root / "in"), records=RECORDS, files=FILES, record_bytes=RECORD_BYTES)
+    reference = str(root / "reference" / "data")
+    run_shuffle(str(root / "in" / "*.tfrecord"), reference, *SEED_OPTIONS)
+    return root
+
+
+def inputs(data):
+    return str(data / "in" / "*.tfrecord")
+
+
+# --- run ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("intermediate", ["files", "shuffle"])
+def test_run_interrupted_publishes_nothing_and_the_rerun_writes_the_same_bytes(data, tmp_path, intermediate):
+    """Files mode: interrupted in pass 1, once the work folder holds fragments. Shuffle
+    mode: in pass 2, once the staging folder holds a shard."""
+    output = str(tmp_path / "out" / "data")
+    argv = ["run", f"--input={inputs(data)}", f"--output={output}", f"--intermediate={intermediate}", *SEED_OPTIONS]
+    started = (exists(str(tmp_path / "out" / ".pileshuffle-work-*" / "fragments" / "*")) if intermediate == "files"
+               else exists(f"{output}.pileshuffle-staging/shard-*"))
+    interrupt_when(argv, started).check("run", output, "nothing was published")
+    assert final_outputs(output) == []
+    assert temp_leftovers(str(tmp_path / "out")) == []  # fragments, staging, the output's lock
+    cli(*argv)
+    assert shard_bytes(output) == shard_bytes(str(data / "reference" / "data"))
+    assert temp_leftovers(str(tmp_path / "out")) == []
+
+
+@pytest.mark.parametrize("moment", ["staged", "published"])
+def test_run_interrupted_as_it_publishes_publishes_all_or_nothing_and_says_which(data, tmp_path, moment):
+    """SIGINT once every shard is staged (the run goes on to rename them into place and
+    write the manifest), or once the manifest is in place (the run goes on to clean up):
+    either nothing is published or the whole output is, the line says which, and no temp
+    file is left."""
+    output = str(tmp_path / "out" / "data")
+    argv = ["run", f"--input={inputs(data)}", f"--output={output}", *SEED_OPTIONS]
+    started = ((lambda pid: len(glob.glob(f"{output}.pileshuffle-staging/shard-*.tfrecord")) == PILES)
+               if moment == "staged" else exists(f"{output}-manifest.json"))
+    result = interrupt_when(argv, started)
+    reference = shard_bytes(str(data / "reference" / "data"))
+    if os.path.exists(f"{output}-manifest.json"):
+        result.check("run", "after it had published", f"{output}-manifest.json")
+        assert shard_bytes(output) == reference
+    else:
+        result.check("run", "nothing was published")
+        assert final_outputs(output) == []
+        cli(*argv)
+        assert shard_bytes(output) == reference
+    assert temp_leftovers(str(tmp_path / "out")) == []
+
+
+def after(seconds):
+    start = time.time()
+    return lambda pid: time.time() - start >= seconds
+
+
+def test_run_interrupted_while_it_starts(data, tmp_path):
+    """While Python imports Beam: nothing has been written yet."""
+    output = str(tmp_path / "out" / "data")
+    argv = ["run", f"--input={inputs(data)}", f"--output={output}", *SEED_OPTIONS]
+    interrupt_when(argv, after(0.5)).check("run", "nothing was written")
+    assert final_outputs(output) == []
+    assert temp_leftovers(str(tmp_path)) == []
+
+
+# --- stores ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store(data):
+    """A store of the first two input files (generation 0), and one with all four
+    (generation 1 appended), built uninterrupted by the command line."""
+    files = sorted(glob.glob(inputs(data)))
+    first, second = ",".join(files[:2]), ",".join(files[2:])
+    base = str(data / "store" / "data")
+    cli("run", "--layout=store", f"--input={first}", f"--output={base}", *SEED_OPTIONS)
+    full = str(data / "store-full" / "data")
+    shutil.copytree(f"{base}-store", f"{full}-store")
+    cli("append", f"--store={full}", f"--input={second}")
+    return base, full, first, second
+
+
+def test_run_layout_store_interrupted_publishes_no_version_and_the_rerun_writes_the_same_store(data, store, tmp_path):
+    base, _, first, _ = store
+    prefix = str(tmp_path / "s" / "data")
+    argv = ["run", "--layout=store", f"--input={first}", f"--output={prefix}", *SEED_OPTIONS]
+    interrupt_when(argv, exists(f"{prefix}-store/g000000/*")).check("run", f"{prefix}-store", "nothing was published")
+    assert not os.path.exists(f"{prefix}-store")  # no version, no generation, no lock: nothing at all
+    cli(*argv)
+    assert store_files(prefix) == store_files(base)
+    assert store_versions(prefix) == store_versions(base)
+
+
+def test_append_interrupted_leaves_the_store_at_its_version_and_the_rerun_adds_the_same_generation(store, tmp_path):
+    base, full, _, second = store
+    prefix = str(tmp_path / "s" / "data")
+    shutil.copytree(f"{base}-store", f"{prefix}-store")
+    before = store_versions(prefix)
+    argv = ["append", f"--store={prefix}", f"--input={second}"]
+    interrupt_when(argv, exists(f"{prefix}-store/g000001/*")).check("append", f"{prefix}-store", "version 1")
+    assert store_versions(prefix) == before
+    assert not os.path.exists(f"{prefix}-store/LOCK") and not os.path.exists(f"{prefix}-store/g000001")
+    cli(*argv)
+    assert store_files(prefix) == store_files(full)
+    assert store_versions(prefix) == store_versions(full)
+
+
+def test_materialize_interrupted_publishes_nothing_and_the_rerun_writes_the_same_bytes(store, tmp_path):
+    base, _, _, _ = store
+    reference = str(tmp_path / "reference" / "data")
+    cli("materialize", f"--store={base}", f"--output={reference}")
+    output = str(tmp_path / "out" / "data")
+    argv = ["materialize", f"--store={base}", f"--output={output}"]
+    result = interrupt_when(argv, exists(f"{output}.pileshuffle-staging/shard-*"))
+    result.check("materialize", output, "nothing was published")
+    assert final_outputs(output) == []
+    assert temp_leftovers(str(tmp_path / "out")) == []
+    cli(*argv)
+    assert shard_bytes(output) == shard_bytes(reference)
+    assert temp_leftovers(str(tmp_path / "out")) == []
+
+
+# --- commands that read ------------------------------------------------------------------------
+
+
+def test_verify_interrupted_says_so_in_one_line_and_changes_nothing(data):
+    reference = str(data / "reference" / "data")
+    before = tree_bytes(str(data / "reference"))
+    argv = ["verify", f"--input={inputs(data)}", f"--output={reference}"]
+    interrupt_when(argv, has_open(str(data / "reference"))).check("verify", "changes nothing")
+    assert tree_bytes(str(data / "reference")) == before
+
+
+def test_quality_interrupted_writes_no_report(data, tmp_path):
+    report = tmp_path / "report"
+    argv = ["quality", f"--input={inputs(data)}", f"--output={data / 'reference' / 'data'}", f"--report={report}"]
+    interrupt_when(argv, has_open(str(data / "in"))).check("quality", str(report), "no report")
+    assert not report.exists() or os.listdir(report) == []
+
+
+# --- the loader's prefetch thread --------------------------------------------------------------
+
+LOAD_SECONDS = 3.0  # each pile takes this long to load: a bucket far away
+
+SLOW_LOADER = r"""
+import sys, time
+import pyarrow.fs as pafs
+from pileshuffle.loader import ShuffledDataset
+
+class FarAway(pafs.FileSystemHandler):
+    '''The local disk, with every pile taking LOAD_SECONDS to open.'''
+    def __init__(self, seconds):
+        self.local, self.seconds = pafs.LocalFileSystem(), seconds
+    def get_type_name(self): return "far-away"
+    def normalize_path(self, path): return path
+    def equals(self, other): return self is other
+    def get_file_info(self, paths): return self.local.get_file_info(paths)
+    def get_file_info_selector(self, selector): return self.local.get_file_info(selector)
+    def open_input_stream(self, path): return self.local.open_input_stream(path)
+    def open_input_file(self, path):
+        if not path.endswith(".json"):
+            time.sleep(self.seconds)
+        return self.local.open_input_file(path)
+    def create_dir(self, *a): raise OSError("read only")
+    delete_dir = delete_dir_contents = delete_root_dir_contents = delete_file = move = copy_file = create_dir
+    open_output_stream = open_append_stream = create_dir
+
+prefix, seconds, how = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+ds = ShuffledDataset(prefix, seed=0, filesystem=pafs.PyFileSystem(FarAway(seconds)))
+records = iter(ds)
+next(records)
+print("reading", flush=True)  # the next pile is loading now
+if how == "stop":
+    records.close()  # a consumer that stops iterating (a break, a return from a loop) and ends
+else:
+    for record in records:  # waits for the next pile when the first one is used up
+        pass
+"""
+
+
+def run_slow_loader(prefix, how):
+    """Start the loader script; returns (process, seconds from its cue to its exit)."""
+    process = subprocess.Popen([PY, "-c", SLOW_LOADER, prefix, str(LOAD_SECONDS), how], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, preexec_fn=_no_sigint_inherited)
+    assert process.stdout.readline() == "reading\n", process.stderr.read()
+    cue = time.time()
+    if how == "interrupt":
+        time.sleep(LOAD_SECONDS / 4)  # the first pile is used up: it waits for the next one
+        process.send_signal(signal.SIGINT)
+        cue = time.time()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError("the loader's process hung")
+    return process, time.time() - cue
+
+
+@pytest.fixture(scope="module")
+def piles(data):
+    return str(data / "reference" / "data")
+
+
+def test_an_interrupted_loader_exits_without_waiting_for_the_pile_being_loaded(piles):
+    process, seconds = run_slow_loader(piles, "interrupt")
+    assert process.returncode != 0  # the script's own KeyboardInterrupt
+    assert seconds < LOAD_SECONDS / 2, f"took {seconds:.1f} s to exit after SIGINT (a pile loads in {LOAD_SECONDS} s)"
+
+
+def test_a_loader_that_stops_iterating_exits_without_waiting_for_the_pile_being_loaded(piles):
+    process, seconds = run_slow_loader(piles, "stop")
+    assert process.returncode == 0, process.stderr.read()
+    assert seconds < LOAD_SECONDS / 2, f"took {seconds:.1f} s to exit (a pile loads in {LOAD_SECONDS} s)"

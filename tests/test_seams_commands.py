@@ -1,0 +1,236 @@
+"""Seams of the store commands and of the commands' values (issue 19: B11, B12, B13 and the store
+traps of B14), run as a user runs them: ``pileshuffle.cli.main([...])`` in this process, its exit
+code and its stderr. Each test failed on the code before its fix."""
+
+import glob
+import json
+import os
+import re
+
+import pytest
+
+from conftest import FAST, run_shuffle
+from pileshuffle import sample
+from pileshuffle.cli import main as pileshuffle
+from pileshuffle.store import layout
+
+
+def refused(capsys, *args, option=None):
+    """Run ``pileshuffle *args``: it must exit 2 with one or two lines on stderr (naming
+    ``option`` when given) and no traceback; returns stderr."""
+    capsys.readouterr()
+    try:
+        code = pileshuffle(list(args))
+    except SystemExit as error:  # argparse's own refusals
+        code = error.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert 1 <= len(lines) <= 2 and "Traceback" not in err, err
+    if option is not None:
+        assert option in err, err
+    return err
+
+
+def succeeded(capsys, *args):
+    capsys.readouterr()
+    code = pileshuffle(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out, err
+
+
+def jsonl_files(directory, records=600, files=2, seed=0, name="part"):
+    sample.write_jsonl(str(directory), records=records, files=files, record_bytes=60, seed=seed, name=name)
+    return sorted(glob.glob(os.path.join(str(directory), f"{name}-*.jsonl")))
+
+
+def make_store(tmp_path, records=600, piles=3):
+    """A one-generation JSONL store at ``tmp_path/s`` over ``tmp_path/in/*.jsonl``."""
+    jsonl_files(tmp_path / "in", records)
+    prefix = str(tmp_path / "s")
+    run_shuffle(str(tmp_path / "in" / "*.jsonl"), prefix, "--format=jsonl", "--layout=store", f"--num_piles={piles}")
+    return prefix
+
+
+def store_state(prefix):
+    """What a refused command must leave alone: every file under the store and its bytes."""
+    root = layout.store_dir(prefix)
+    return {os.path.relpath(p, root): open(p, "rb").read()
+            for p in glob.glob(os.path.join(root, "**"), recursive=True) if os.path.isfile(p)}
+
+
+def live_generations(prefix):
+    return [g["generation"] for g in layout.read_store_manifest(prefix)["generations"]]
+
+
+# --- B11: a store file deleted by hand -------------------------------------------------------------
+
+def test_b11_a_missing_store_file_is_named_with_the_version_that_lists_it(tmp_path, capsys):
+    prefix = make_store(tmp_path)
+    succeeded(capsys, "append", f"--store={prefix}", f"--input={jsonl_files(tmp_path / 'more', 300, name='more')[0]}",
+              *FAST)
+    gone = sorted(glob.glob(os.path.join(layout.store_dir(prefix), "g000001", "*.arrows")))[0]
+    os.remove(gone)
+    version = layout.manifest_name(2)
+    output = str(tmp_path / "m" / "m")
+    err = refused(capsys, "materialize", f"--store={prefix}", f"--output={output}", *FAST)
+    assert gone in err and version in err and "generation 1" in err and "cannot write" not in err
+    assert not glob.glob(f"{output}*"), "nothing of the output is written"
+    err = refused(capsys, "quality", f"--input={tmp_path}/in/*.jsonl,{tmp_path}/more/*.jsonl", f"--output={prefix}",
+                  f"--report={tmp_path / 'report'}")
+    assert gone in err and version in err
+    capsys.readouterr()
+    assert pileshuffle(["verify", f"--output={prefix}"]) == 1
+    err = capsys.readouterr().err
+    assert f"store file {gone} is missing" in err
+    assert re.search(r"damaged generation\(s\): 1\b", err) and "generation 0" not in err, err
+
+
+# --- B12: append of files a live generation already holds ------------------------------------------
+
+def test_b12_append_refuses_files_a_live_generation_holds_until_it_is_expired(tmp_path, capsys, monkeypatch):
+    prefix = make_store(tmp_path)
+    first = sorted(glob.glob(str(tmp_path / "in" / "*.jsonl")))
+    day1 = jsonl_files(tmp_path / "day1", 300, seed=1, name="day1")
+    succeeded(capsys, "append", f"--store={prefix}", f"--input={tmp_path}/day1/*.jsonl", *FAST)
+    os.symlink(first[1], tmp_path / "alias.jsonl")
+    before = store_state(prefix)
+    # one file of generation 0 under another name (a symlink), one of generation 1 by its absolute path
+    both = f"{tmp_path / 'alias.jsonl'},{os.path.abspath(day1[0])}"
+    err = refused(capsys, "append", f"--store={prefix}", f"--input={both}", *FAST)
+    assert "alias.jsonl" in err and "generation 0" in err and "day1-000.jsonl" in err and "generation 1" in err
+    assert "--allow_duplicate_inputs" in err
+    monkeypatch.chdir(tmp_path / "in")  # a relative name of a generation-0 file, from another directory
+    err = refused(capsys, "append", "--store=../s", f"--input={os.path.basename(first[0])}", *FAST)
+    assert "generation 0" in err
+    assert store_state(prefix) == before, "a refused append changes nothing"
+    # the rare user who means it
+    succeeded(capsys, "append", f"--store={prefix}", f"--input={tmp_path / 'alias.jsonl'}", "--allow_duplicate_inputs",
+              *FAST)
+    assert live_generations(prefix) == [0, 1, 2]
+    assert layout.read_store_manifest(prefix)["totals"]["records"] == 600 + 300 + 300
+    # the newest generation's inputs again stay a re-run (nothing to do), with the option too
+    _, err = succeeded(capsys, "append", f"--store={prefix}", f"--input={tmp_path / 'alias.jsonl'}",
+                       "--allow_duplicate_inputs", *FAST)
+    assert "nothing to do" in err and live_generations(prefix) == [0, 1, 2]
+    # once the generation that held them is expired, the files are new again
+    succeeded(capsys, "expire", f"--store={prefix}", "--keep_generations=1")
+    assert live_generations(prefix) == [2]
+    succeeded(capsys, "append", f"--store={prefix}", f"--input={first[0]}", *FAST)
+    assert live_generations(prefix) == [2, 3]
+
+
+# --- B13: values that mean nothing ------------------------------------------------------------------
+
+def test_b13_run_with_an_unknown_runner_is_one_line(tmp_path, capsys):
+    jsonl_files(tmp_path / "in", 100)
+    output = str(tmp_path / "out" / "o")
+    err = refused(capsys, "run", f"--input={tmp_path}/in/*.jsonl", f"--output={output}", "--format=jsonl",
+                  "--runner", "FooRunner", option="--runner")
+    assert "FooRunner" in err and "DirectRunner" in err
+    assert not os.path.exists(tmp_path / "out")
+    refused(capsys, "append", f"--store={tmp_path / 's'}", f"--input={tmp_path}/in/*.jsonl", "--runner=FooRunner",
+            option="--runner")
+    refused(capsys, "plan", f"--input={tmp_path}/in/*.jsonl", f"--output={output}", "--runner=no.such.Runner",
+            option="--runner")
+
+
+@pytest.mark.parametrize("args, option", [(["--files", "0"], "--files"), (["--files", "-1"], "--files"),
+                                          (["--records", "-5"], "--records"), (["--record_bytes", "-1"], "--record_bytes")])
+def test_b13_generate_refuses_counts_below_one(tmp_path, capsys, args, option):
+    refused(capsys, "generate", "--output_dir", str(tmp_path / "g"), *args, option=option)
+    assert not os.path.exists(tmp_path / "g"), "nothing written"
+
+
+@pytest.fixture
+def small_output(tmp_path):
+    """A finished run of 20 JSONL records (fewer than one training batch of 32)."""
+    jsonl_files(tmp_path / "small", 20, files=1)
+    output = str(tmp_path / "out" / "o")
+    run_shuffle(str(tmp_path / "small" / "*.jsonl"), output, "--format=jsonl", "--num_piles=2")
+    return str(tmp_path / "small" / "*.jsonl"), output
+
+
+def test_b13_quality_refuses_a_sample_of_nothing_and_a_report_it_cannot_write(tmp_path, capsys, small_output):
+    pattern, output = small_output
+    for sample_size in ("0", "-3"):
+        refused(capsys, "quality", f"--input={pattern}", f"--output={output}", f"--report={tmp_path / 'r'}",
+                f"--sample={sample_size}", option="--sample")
+    (tmp_path / "a_file").write_text("mine")
+    unwritable = ["/proc/pileshuffle-report"]  # not even root writes there
+    if os.geteuid() != 0:
+        (tmp_path / "ro").mkdir(mode=0o555)
+        unwritable.append(str(tmp_path / "ro"))
+    for report in [str(tmp_path / "a_file"), str(tmp_path / "a_file" / "sub"), *unwritable]:
+        refused(capsys, "quality", f"--input={pattern}", f"--output={output}", f"--report={report}", option="--report")
+    assert (tmp_path / "a_file").read_text() == "mine"
+    assert not os.path.exists(tmp_path / "r")
+
+
+def test_b13_quality_compare_on_a_tiny_output_reports(tmp_path, capsys, small_output):
+    pattern, output = small_output
+    out, _ = succeeded(capsys, "quality", f"--input={pattern}", f"--output={output}", f"--report={tmp_path / 'r'}",
+                       "--compare")
+    assert "loader, mix=4" in out
+    summary = json.load(open(tmp_path / "r" / "quality.json"))
+    assert summary["records"] == 20 and all(p["held_out_accuracy"] is None for p in summary["policies"])
+
+
+def test_b13_store_commands_refuse_meaningless_values(tmp_path, capsys):
+    prefix = make_store(tmp_path)
+    before = store_state(prefix)
+    for version in ("99", "0", "-1"):
+        err = refused(capsys, "materialize", f"--store={prefix}", f"--output={tmp_path / 'm' / 'm'}",
+                      f"--version={version}", *FAST, option="--version")
+        assert "1" in err.split("--version", 1)[1], "names the versions there are"
+    err = refused(capsys, "expire", f"--store={prefix}", "--before", "yesterday", option="--before")
+    assert "2026-11-01" in err or "ISO 8601" in err
+    for command in ("gc", "expire"):
+        extra = ["--keep_generations=1"] if command == "expire" else []
+        refused(capsys, command, f"--store={prefix}", "--grace_seconds=-5", *extra, option="--grace_seconds")
+    assert store_state(prefix) == before
+    assert not os.path.exists(tmp_path / "m")
+
+
+# --- B14: expire of everything, `--store P-store`, empty store folders -----------------------------
+
+def test_b14_expire_of_every_generation_needs_all(tmp_path, capsys):
+    prefix = make_store(tmp_path)
+    before = store_state(prefix)
+    err = refused(capsys, "expire", f"--store={prefix}", "--keep_generations=0", option="--all")
+    assert "generation" in err
+    refused(capsys, "expire", f"--store={prefix}", "--before=2999-01-01", option="--all")
+    assert store_state(prefix) == before
+    out, _ = succeeded(capsys, "expire", f"--store={prefix}", "--before=2999-01-01", "--all", "--grace_seconds=0")
+    assert live_generations(prefix) == [] and "expired   1 generation(s) [0]" in out
+
+
+def test_b14_the_store_folder_is_accepted_for_its_prefix(tmp_path, capsys):
+    prefix = make_store(tmp_path)
+    store = layout.store_dir(prefix)
+    more = jsonl_files(tmp_path / "more", 200, name="more")
+    for spelling in (store, store + "/"):
+        succeeded(capsys, "append", f"--store={spelling}", f"--input={more[len(live_generations(prefix)) - 1]}", *FAST)
+    assert live_generations(prefix) == [0, 1, 2]
+    assert not os.path.exists(store + "-store")
+    succeeded(capsys, "materialize", f"--store={store}", f"--output={tmp_path / 'm' / 'm'}", *FAST)
+    succeeded(capsys, "gc", f"--store={store}")
+    out, _ = succeeded(capsys, "verify", f"--output={store}/")
+    assert "OK: store" in out
+    succeeded(capsys, "expire", f"--store={store}", "--keep_generations=2")
+    assert live_generations(prefix) == [1, 2] and not os.path.exists(store + "-store")
+
+
+def test_b14_no_command_leaves_an_empty_store_folder(tmp_path, capsys):
+    jsonl_files(tmp_path / "in", 100)
+    nothing = str(tmp_path / "nothing")
+    refused(capsys, "append", f"--store={nothing}", f"--input={tmp_path}/in/*.jsonl", *FAST)
+    refused(capsys, "expire", f"--store={nothing}", "--keep_generations=1")
+    refused(capsys, "gc", f"--store={nothing}")
+    refused(capsys, "materialize", f"--store={nothing}", f"--output={tmp_path / 'm'}", *FAST)
+    # a first `run --layout store` that fails on a corrupt input
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.tfrecord").write_bytes(b"\x00" * 64)
+    refused(capsys, "run", "--layout=store", f"--input={tmp_path}/bad/*", f"--output={tmp_path / 'bad_out'}", *FAST)
+    assert sorted(os.listdir(tmp_path)) == ["bad", "in"], os.listdir(tmp_path)
