@@ -26,13 +26,12 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from pileshuffle import interrupt, progress
 from pileshuffle.errors import OutputError, PileshuffleError, find_error, unwrapped, user_message
 from pileshuffle.fragments import Fragment
+from pileshuffle.inputs import describe_left_out, describe_skipped
 from pileshuffle.options import PileshuffleOptions, check_argv, help_text, parse_flag, wants_help
 from pileshuffle.plan import (
     OutputLock,
     Plan,
     check_locations,
-    describe_left_out,
-    describe_skipped,
     make_plan,
     prepare_output,
     space_note,

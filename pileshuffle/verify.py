@@ -227,7 +227,7 @@ class _Verifier:
                          f"({_describe(output_fp)})")
 
     def _check_input(self, fmt, manifest):
-        from pileshuffle.plan import match_inputs
+        from pileshuffle.inputs import match_inputs
 
         try:
             sources = match_inputs(self.input_glob, self.prefix)

@@ -216,7 +216,7 @@ def test_a_pattern_of_only_this_runs_own_output_is_refused_naming_the_overlap(tm
 
 
 def test_own_files_are_recognised_by_name():
-    from pileshuffle.plan import own_file
+    from pileshuffle.inputs import own_file
 
     assert own_file("d/.pileshuffle-work-0123abcd/fragments/s000001-p00003.arrows", "d/x", {})
     assert own_file("gs://b/d/x.pileshuffle-staging/shard-00000-of-00004.tfrecord", "gs://b/d/x", {})

@@ -339,7 +339,7 @@ def test_the_local_runner_does_not_retry_a_failed_bundle():
 
 def test_pass_1_run_twice_for_a_source_replaces_its_fragments(tmp_path, tfrecord_input):
     from pileshuffle.fragments import FragmentFiles
-    from pileshuffle.plan import match_inputs
+    from pileshuffle.inputs import match_inputs
     from pileshuffle.transforms.assign import ReadSourceToPiles
 
     source = match_inputs(tfrecord_input)[0]

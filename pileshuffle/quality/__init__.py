@@ -136,7 +136,7 @@ def main(argv=None) -> int:
         return 2
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.formats import get_format
-    from pileshuffle.plan import match_inputs
+    from pileshuffle.inputs import match_inputs
     from pileshuffle.quality.locate import Label
 
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output

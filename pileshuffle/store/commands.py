@@ -61,8 +61,8 @@ def same_inputs(generation: dict, sources) -> bool:
 
 def input_identity(path: str, size) -> tuple:
     """What makes an input the same file under any name: its real identity (resolved real
-    path on a local disk, bucket + object on gs://; ``plan.file_identity``) and its size."""
-    from pileshuffle.plan import file_identity
+    path on a local disk, bucket + object on gs://; ``inputs.file_identity``) and its size."""
+    from pileshuffle.inputs import file_identity
 
     return file_identity(path), size
 
@@ -196,7 +196,7 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
 def append(argv) -> dict:
     """``pileshuffle append --store P --input ...``; returns the new manifest."""
     from pileshuffle.formats import get_format
-    from pileshuffle.plan import check_format_fits, check_schemas, describe_difference, match_inputs
+    from pileshuffle.inputs import check_format_fits, check_schemas, describe_difference, match_inputs
     from pileshuffle.transforms.write import schema_json
 
     parser = argparse.ArgumentParser(prog="pileshuffle append", allow_abbrev=False, description=(

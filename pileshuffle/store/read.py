@@ -103,7 +103,7 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
     """The input files hold exactly the live generations' records (as a multiset)."""
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.fingerprint import total
-    from pileshuffle.plan import match_inputs
+    from pileshuffle.inputs import match_inputs
     from pileshuffle.verify import read_fingerprint
 
     try:

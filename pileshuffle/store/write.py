@@ -155,7 +155,7 @@ class PublishGeneration(beam.DoFn):
                  input_identities=None):
         self._prefix, self._base, self._generation = prefix, base, generation
         self._writers, self._lock_token, self._sizes = writers, lock_token, dict(input_sizes or {})
-        self._identities = dict(input_identities or {})  # path -> the file's real identity (plan.file_identity)
+        self._identities = dict(input_identities or {})  # path -> the file's real identity (inputs.file_identity)
 
     def process(self, element):
         _, items = element
