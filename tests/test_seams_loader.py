@@ -212,3 +212,35 @@ def test_more_ranks_than_records_say_what_they_would_yield(tmp_path_factory):
     padded = [list(ShuffledDataset(prefix, rank=r, world_size=8, remainder="pad")) for r in range(8)]
     assert all(len(p) == 1 for p in padded) and len({r for p in padded for r in p}) == 5
     torch.manual_seed(0)  # keeps the DataLoader quiet about unused seeds in this test
+
+
+def test_a_folder_or_a_shard_given_for_the_output_says_what_to_give(output):
+    import os
+
+    with pytest.raises(Exception, match="this is a folder: give the output's prefix"):
+        ShuffledDataset(os.path.dirname(output))
+    shard = sorted(p for p in os.listdir(os.path.dirname(output)) if "-of-" in p)[0]
+    with pytest.raises(Exception, match=r"give the output's prefix \(.*data\), not a shard"):
+        ShuffledDataset(os.path.join(os.path.dirname(output), shard))
+
+
+def test_a_store_state_refused_after_an_append_names_the_version_it_was_saved_on(tmp_path):
+    from pileshuffle.cli import main
+
+    sample.write_tfrecord(str(tmp_path / "a"), records=800, files=2, record_bytes=20)
+    sample.write_tfrecord(str(tmp_path / "b"), records=300, files=1, record_bytes=20, seed=1, name="day2")
+    prefix = str(tmp_path / "store" / "t")
+    run_shuffle(str(tmp_path / "a" / "*.tfrecord"), prefix, "--layout=store", "--num_piles=3")
+    ds = ShuffledDataset(prefix, seed=0)
+    it = iter(ds)
+    head = [next(it) for _ in range(100)]
+    state = ds.state_dict()
+    assert main(["append", f"--store={prefix}", f"--input={tmp_path / 'b' / '*.tfrecord'}", *FAST_ARGS]) == 0
+    with pytest.raises(ValueError, match=r"another output.*still readable: ShuffledDataset\('.*manifest-00000001\.json'\)"):
+        ShuffledDataset(prefix, seed=0).load_state_dict(state)
+    old = ShuffledDataset(f"{prefix}-store/manifest-00000001.json", seed=0)
+    old.load_state_dict(state)
+    assert sorted(head + list(old)) == sorted(ShuffledDataset(f"{prefix}-store/manifest-00000001.json", seed=0))
+
+
+FAST_ARGS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from pileshuffle.loader import split
 from pileshuffle.loader.order import EpochOrder
-from pileshuffle.loader.piles import open_output
+from pileshuffle.loader.piles import open_output, store_version_of
 from pileshuffle.loader.prefetch import prefetched
 from pileshuffle.loader.steps import Steps, ranks_loaded
 
@@ -97,15 +97,17 @@ class ShuffledDataset:
 
     def torch(self, *, batch_size=None, **kwargs):
         """A ``torch.utils.data.IterableDataset`` of these records (see ``loader.torch``)."""
+        batch_size = _batch_size(batch_size)  # checked before torch's import
         from pileshuffle.loader.torch import TorchDataset
 
-        return TorchDataset(self, batch_size=_batch_size(batch_size), **kwargs)
+        return TorchDataset(self, batch_size=batch_size, **kwargs)
 
     def tf(self, *, batch_size=None, **kwargs):
         """A ``tf.data.Dataset`` of these records (see ``loader.tf``)."""
+        batch_size = _batch_size(batch_size)  # checked before TensorFlow's import
         from pileshuffle.loader.tf import to_tf
 
-        return to_tf(self, batch_size=_batch_size(batch_size), **kwargs)
+        return to_tf(self, batch_size=batch_size, **kwargs)
 
     # --- epochs and splits ------------------------------------------------------
     def _split_of(self, consumer) -> list:
@@ -242,11 +244,13 @@ class ShuffledDataset:
             raise ValueError(f"a ShuffledDataset state of format {state['format']}, made by another version of "
                              f"pileshuffle; this one reads format {STATE_FORMAT} (start the epoch afresh)")
         if state["dataset"] != self.output.identity:
+            version = store_version_of(self.output, state["dataset"]) if self.output.kind == "store" else None
+            hint = f"; the store version it was saved on is still readable: ShuffledDataset({version!r})" if version else ""
             raise ValueError(
                 f"the state is of another output ({describe_identity(state['dataset'])}), not of "
                 f"{self.output.location} ({describe_identity(self.output.identity)}): a re-run with another seed "
                 "or number of piles, or a store changed since, is another order, and the state's position in it "
-                "means nothing here")
+                f"means nothing here{hint}")
         for name in ("seed", "mix", "reshuffle"):
             if state[name] != getattr(self, name):
                 raise ValueError(f"the state has {name}={state[name]!r} but the dataset {name}={getattr(self, name)!r}")

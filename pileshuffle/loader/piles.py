@@ -39,6 +39,7 @@ HASH_COLUMN = "_pileshuffle_hash"
 STORE_COLUMNS = {"tfrecord": ("tfrecord_frame", RECORD_COLUMN), "jsonl": ("line", RECORD_COLUMN)}
 BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
 _STORE_MANIFEST = re.compile(r"manifest-(\d{8})\.json$")
+_SHARD = re.compile(r"^(.+)-[0-9]{5}-of-[0-9]{5}(?:\.[^/]*)?$")
 MAX_SUB_PILES = 1024
 PARQUET_READ_BYTES = 1 << 20
 _VIEW = np.dtype((np.void, 16))  # one Arrow binary view
@@ -395,8 +396,44 @@ def open_output(path: str, filesystem=None, columns=None) -> Output:
         store_manifest = _current_store_manifest(fs, f"{prefix}-store")
     if store_manifest is None:
         raise NoOutputError(path, f"no finished output: no {prefix}-manifest.json and no store manifest "
-                                  f"({prefix}-store/manifest-*.json); an unfinished run?")
+                                  f"({prefix}-store/manifest-*.json); {_what_to_give(fs, fs_path)}")
     return _open_store(fs, store_manifest, columns)
+
+
+def _what_to_give(fs, path: str) -> str:
+    """A hint for a path that names no output: the prefix is wanted, not a folder or a shard."""
+    shard = _SHARD.match(posixpath.basename(path.rstrip("/")))
+    if shard:
+        return f"give the output's prefix ({posixpath.join(posixpath.dirname(path), shard.group(1))}), not a shard"
+    try:
+        is_folder = fs.get_file_info(path.rstrip("/")).type == pafs.FileType.Directory
+    except (OSError, pa.ArrowException):
+        is_folder = False
+    if is_folder:
+        return ("this is a folder: give the output's prefix, the --output of the run (e.g. "
+                f"{posixpath.join(path.rstrip('/'), 'train')} for {posixpath.join(path.rstrip('/'), 'train')}-manifest.json)")
+    return "an unfinished run, or a path that is not the run's --output?"
+
+
+def store_version_of(output: "Output", identity: dict):
+    """The manifest path of the version of ``output``'s store whose identity is ``identity``
+    (an older version a loader state was saved on), or None."""
+    fs, directory = output.piles[0].source.filesystem if output.piles else None, posixpath.dirname(output.location)
+    if fs is None:
+        return None
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    except (OSError, pa.ArrowException):
+        return None
+    for info in sorted((i for i in infos if _STORE_MANIFEST.search(i.path)), key=lambda i: i.path, reverse=True):
+        try:
+            manifest = read_json(fs, info.path)
+            fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
+        except (InputError, KeyError, ValueError):
+            continue
+        if identity_of("store", manifest, fingerprint) == identity:
+            return info.path
+    return None
 
 
 def _current_store_manifest(fs, directory: str):
