@@ -117,9 +117,9 @@ def list_pattern(pattern: str):
     """``({path: size}, {path: why})``: the files ``pattern`` names, and the names it
     matched that are not input files. A name that exists as given is taken literally
     (brackets in names work); wildcards follow Beam's ``FileSystems.match`` (``*`` within a
-    folder, ``**`` across folders; a pattern ending in ``/`` is that folder's ``*``)."""
-    if pattern.endswith(("/", "\\")):
-        pattern += "*"
+    folder, ``**`` across folders). A trailing ``/`` changes nothing: a folder is refused
+    with or without it (``refuse_folder``), so a pattern never reads a folder's files unasked."""
+    pattern = pattern.rstrip("/\\") or pattern
     if is_local_path(pattern):
         if os.path.lexists(pattern):
             return literal_local_file(pattern), {}
@@ -133,6 +133,8 @@ def list_pattern(pattern: str):
         if not found and "[" in pattern:
             found = match_remote(brackets_literal(pattern))
         if not WILDCARDS.search(pattern):
+            if not found and is_remote_folder(pattern):
+                refuse_folder(pattern)
             return found, {}
         skipped = {}
     root = os.path.dirname(WILDCARDS.split(pattern, 1)[0]) if is_local_path(pattern) else \
@@ -150,9 +152,24 @@ def brackets_literal(pattern: str) -> str:
     return pattern.replace("[", "[\\[]")
 
 
+def refuse_folder(path: str):
+    """A folder named as input: say which pattern reads its files."""
+    files = os.path.join(path, "*") if is_local_path(path) else f"{path}/*"
+    raise InputError(path, f"is a folder: give a pattern for its files, such as '{files}'")
+
+
+def is_remote_folder(path: str) -> bool:
+    """Whether objects exist below ``path/`` (a folder on ``gs://``; asked only when no
+    object is named ``path``)."""
+    try:
+        return bool(match_remote(f"{path}/*"))
+    except InputError:
+        return False
+
+
 def literal_local_file(path: str) -> dict:
     if os.path.isdir(path):
-        raise InputError(path, f"is a folder: give a pattern for its files, such as '{os.path.join(path, '*')}'")
+        refuse_folder(path)
     if not os.path.exists(path):
         raise InputError(path, "is a dangling symbolic link (what it points to does not exist)")
     return {path: os.path.getsize(path)}

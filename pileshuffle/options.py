@@ -183,17 +183,46 @@ def _before_separator(argv):
     return argv[: argv.index("--")] if "--" in argv else argv
 
 
-def beam_option_names() -> set:
-    """Every option string of every registered ``PipelineOptions`` subclass."""
+def beam_parser() -> argparse.ArgumentParser:
+    """A parser of every registered ``PipelineOptions`` subclass's options, as Beam declares
+    them (types, choices), that raises UsageError in one line instead of printing Beam's
+    whole usage."""
     from apache_beam.options.pipeline_options import _BeamArgumentParser
 
-    parser = _BeamArgumentParser(allow_abbrev=False, add_help=False)
+    class QuietBeamParser(_BeamArgumentParser):
+        def error(self, message):
+            raise UsageError(message.removeprefix("argument "))
+
+    parser = QuietBeamParser(allow_abbrev=False, add_help=False)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         try:
             cls._add_argparse_args(parser)
         except argparse.ArgumentError:  # the same option in two classes
             pass
-    return {option for option in parser._option_string_actions if option.startswith("--")}
+    return parser
+
+
+def beam_option_names() -> set:
+    """Every option string of every registered ``PipelineOptions`` subclass."""
+    return {option for option in beam_parser()._option_string_actions if option.startswith("--")}
+
+
+BEAM_MINIMUMS = {  # Beam options the local runner reads whose range Beam never checks: name -> (minimum, why)
+    "direct_num_workers": (0, "0 = one worker per core"),  # -1 failed deep in the FnApiRunner (IndexError)
+}
+
+
+def check_beam_values(argv):
+    """Refuse a value of Beam's own options in ``argv`` that Beam's parser refuses (type,
+    choices: ``--direct_running_mode``) or that is out of ``BEAM_MINIMUMS``' range, in one
+    line naming the option (UsageError), before anything runs."""
+    argv = _before_separator(argv)
+    values, _ = beam_parser().parse_known_args(argv)
+    given = set(option_names(argv))
+    for name, (minimum, meaning) in BEAM_MINIMUMS.items():
+        value = getattr(values, name, None)
+        if name in given and value is not None and value < minimum:
+            raise UsageError(f"--{name}: must be at least {minimum} ({meaning}), not {value}")
 
 
 def _register_optional_runners():
@@ -210,8 +239,17 @@ def check_argv(argv, parameters=PARAMETERS):
     refuse_unknown(option_names(argv), [p.name for p in parameters])
     values = _parse_own(argv, parameters)
     check_values(values, parameters)
+    check_required(values, parameters)
     check_runner(argv)
+    check_beam_values(argv)
     return values
+
+
+def check_required(values, parameters=PARAMETERS):
+    """Refuse a missing parameter that has no default, in the form of every value error."""
+    for p in parameters:
+        if not p.optional and not getattr(values, p.name, None):
+            raise UsageError(f"--{p.name}: is required ({p.label.lower()}, e.g. --{p.name}={p.example})")
 
 
 def check_runner(argv):
@@ -227,13 +265,32 @@ def check_runner(argv):
 
 def check_command_argv(parser: argparse.ArgumentParser, argv):
     """Parse a command's own options with ``parser`` and refuse any other option that
-    Beam does not know (UsageError with a suggestion). Returns ``(args, beam_args)``."""
-    args, rest = parser.parse_known_args(argv)
-    own = [a[2:] for action in parser._actions for a in action.option_strings if a.startswith("--")]
+    Beam does not know (UsageError with a suggestion), first: a misspelt required option
+    is named as a misspelling, not as a missing option. Returns ``(args, beam_args)``."""
+    own = long_options(parser)
     template_only = {f"--{p.name}" for p in PARAMETERS} - {f"--{o}" for o in own}  # run's options mean nothing here
-    refuse_unknown(option_names(rest), own, template_only, prog=parser.prog)
+    refuse_unknown(option_names(argv), own, template_only, prog=parser.prog)
+    args, rest = parser.parse_known_args(argv)
     check_runner(rest)
+    check_beam_values(rest)
     return args, rest
+
+
+def parse_command(parser: argparse.ArgumentParser, argv):
+    """``parser.parse_args(argv)`` for a command that takes no Beam options, with any other
+    option refused first in one line with the closest name (argparse reports a misspelt
+    required option as a missing one, and an unknown one with no hint)."""
+    own = long_options(parser)
+    unknown = [name for name in option_names(argv) if name not in own]
+    if unknown:
+        parser.exit(2, f"{parser.prog}: error: unknown option --{unknown[0]}"
+                       f"{did_you_mean(unknown[0], own, set(), parser.prog)}\n")
+    return parser.parse_args(argv)
+
+
+def long_options(parser: argparse.ArgumentParser) -> list:
+    """The names of ``parser``'s ``--name`` options."""
+    return [a[2:] for action in parser._actions for a in action.option_strings if a.startswith("--")]
 
 
 def option_names(argv) -> list:
@@ -353,5 +410,7 @@ def main(argv=None):
     """``pileshuffle metadata``: print the Dataflow flex template's metadata.json."""
     import json
 
+    parse_command(argparse.ArgumentParser(prog="pileshuffle metadata", allow_abbrev=False,
+                                          description="Print the Dataflow flex template's metadata.json."), argv or [])
     print(json.dumps(template_metadata(), indent=2))
     return 0

@@ -28,14 +28,7 @@ from pileshuffle.errors import OutputError, PileshuffleError, find_error, unwrap
 from pileshuffle.fragments import Fragment
 from pileshuffle.inputs import describe_left_out, describe_skipped
 from pileshuffle.options import PileshuffleOptions, check_argv, help_text, parse_flag, wants_help
-from pileshuffle.plan import (
-    OutputLock,
-    Plan,
-    check_locations,
-    make_plan,
-    prepare_output,
-    space_note,
-)
+from pileshuffle.plan import Plan, make_plan, space_note, taken_output
 from pileshuffle.runners import (
     close_client,
     dask_defaults,
@@ -129,9 +122,7 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
         options = dask_defaults(options, plan)
     if is_dataflow(options):
         options = dataflow_defaults(options)
-    check_locations(plan)
-    with OutputLock(plan.output, command_line(["run", *argv])).held():  # released on success, failure, Ctrl-C
-        prepare_output(plan)
+    with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line(["run", *argv])):
         return run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr)
 
 

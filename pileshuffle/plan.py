@@ -3,9 +3,10 @@ format, what is skipped, one name per file, their schema), the number of piles, 
 and staging locations, the output check (which files a run may replace).
 Cheap, and it only reads: it lists files and reads at most a MiB of one of them and
 Parquet footers. What ``run`` writes before pass 1 (probes, the output lock, removing what
-an unfinished run left) is here too, apart: ``check_locations``, ``OutputLock``,
-``prepare_output``."""
+an unfinished run left) is here too, apart: ``taken_output`` (shared with ``materialize``:
+every command that writes shards checks and takes its output the same way)."""
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -109,6 +110,8 @@ def choose_num_piles(requested, mean, total, max_pile_bytes):
 def work_dir_for(output: str, temp_location) -> str:
     """The run's temp directory: deterministic per output, so a re-run after a crash
     finds and replaces what a killed run left."""
+    if temp_location:
+        refuse_wildcards("--temp_location", temp_location)
     digest = hashlib.sha1(output.encode()).hexdigest()[:12]
     root = temp_location or FileSystems.split(output)[0]
     return FileSystems.join(root, f".pileshuffle-work-{digest}")
@@ -202,19 +205,17 @@ def space_note(plan: Plan) -> str:
 
 def make_plan(options: PipelineOptions) -> Plan:
     """Everything decided before the pipeline starts. It only reads: it lists and samples
-    the input and looks at the output's files; ``prepare_output`` does the writing, under
+    the input and looks at the output's files; ``taken_output`` does the writing, under
     the output's lock."""
     opts = options.view_as(PileshuffleOptions)
     check_values(opts)
     if not opts.input:
         raise InputError("--input", "is required")
-    if not opts.output:
-        raise OutputError("--output is required")
-    output = output_prefix(opts.output)
-    outputs = OutputFiles(output)
-    if opts.layout != "store":  # a store run checks its own (store.commands.run_store)
-        refuse_hiding_a_store(output)
-        outputs = check_replaceable(output, bool(opts.overwrite))
+    if opts.layout == "store":  # a store run checks its own (store.commands.run_store)
+        output = output_prefix(opts.output)
+        outputs = OutputFiles(output)
+    else:
+        output, outputs = check_shard_output(opts.output, bool(opts.overwrite))
     inputs = select_inputs(opts.input, output)
     if inputs.left_out:
         log.warning("left out %d file(s) that --input matches but pileshuffle wrote: %s", len(inputs.left_out),
@@ -231,10 +232,7 @@ def make_plan(options: PipelineOptions) -> Plan:
     if num_piles > max(1, total / mean):
         log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
                     num_piles, f"{round(total / mean):,}")
-    temp_location = options.view_as(GoogleCloudOptions).temp_location
-    if temp_location:
-        refuse_wildcards("--temp_location", temp_location)
-    work_dir = work_dir_for(output, temp_location)
+    work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
     needs = space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output))
     if opts.layout == "store":
         needs = {store_dir(output): int(estimated_bytes(sources) * FRAGMENT_OVERHEAD *
@@ -270,8 +268,19 @@ def make_plan(options: PipelineOptions) -> Plan:
     return plan
 
 
+def check_shard_output(text: str, overwrite: bool) -> tuple:
+    """``--output`` of a command that writes shards (``run``, ``materialize``), before it reads
+    or writes anything: a prefix of file names without wildcards, hiding no store, and its files
+    replaceable (``check_replaceable``). Returns ``(prefix, OutputFiles)``."""
+    output = output_prefix(text)
+    refuse_hiding_a_store(output)
+    return output, check_replaceable(output, overwrite)
+
+
 def output_prefix(text: str) -> str:
     """``--output`` as a prefix of file names; one that ends in a slash names a folder."""
+    if not text:
+        raise OutputError("--output: is required (a prefix of file names, e.g. --output=out/train)")
     if text.endswith(("/", "\\")):
         raise OutputError(f"--output {text}: ends with '/', but the output is a prefix of file names, not a folder: "
                           f"give e.g. --output {text}train (shards {text}train-00000-of-..., {text}train-manifest.json)")
@@ -311,23 +320,24 @@ class OutputLock(FileLock):
                 f"delete {self.path} if that process is gone")
 
 
-def check_locations(plan: Plan):
-    """Probe that the run can write where it will (leaving nothing behind), before it
-    takes the lock: a location that cannot be written is reported first."""
-    check_writable(staging_dir(plan.output), "the output location")
-    check_writable(plan.work_dir, "the temp location")
-
-
-def prepare_output(plan: Plan):
-    """The run's writes before pass 1; call under ``OutputLock``. The output's files are
-    checked again (another run may have published meanwhile), then what an unfinished run
-    left is removed: the files its journal lists, its staging and work folders."""
-    check_replaceable(plan.output, plan.replace_existing)
-    removed = discard_unpublished(plan.output)
-    if removed:
-        log.warning("removed %d file(s) under %s that an unfinished run was publishing (its journal lists them)",
-                    len(removed), plan.output)
-    remove_tree(plan.work_dir)
+@contextlib.contextmanager
+def taken_output(output: str, overwrite: bool, work_dir: str, command: str):
+    """Hold the shard output ``output`` (from ``check_shard_output``) for a command that writes
+    it, with ``work_dir`` its temp folder. First probe that both locations can be written
+    (leaving nothing behind), then take ``OutputLock`` (released on success, failure and
+    Ctrl-C) and, under it, check the output again (another command may have published
+    meanwhile) and remove what an unfinished run left: the files its journal lists, its
+    staging and work folders."""
+    check_writable(staging_dir(output), "the output location")
+    check_writable(work_dir, "the temp location")
+    with OutputLock(output, command).held():
+        check_shard_output(output, overwrite)
+        removed = discard_unpublished(output)
+        if removed:
+            log.warning("removed %d file(s) under %s that an unfinished run was publishing (its journal lists them)",
+                        len(removed), output)
+        remove_tree(work_dir)
+        yield
 
 
 # -- what a person decides from: `pileshuffle plan` ------------------------------------------------

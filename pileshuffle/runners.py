@@ -14,6 +14,9 @@ from pileshuffle.transforms.write import manifest_path
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 DASK_MAX_DEFAULT_PARTITIONS = 64
+# A scheduler that is up answers in well under a second, even across a region; distributed's own
+# default (30 s) left a mistyped or stopped --dask_client_address looking like a hung command.
+DASK_CONNECT_SECONDS = 10
 
 
 def local_defaults(options: PipelineOptions, argv) -> PipelineOptions:
@@ -82,10 +85,33 @@ def make_runner(options: PipelineOptions):
 
         return FnApiRunner()
     if runner == DASK_RUNNER:
-        from apache_beam.runners.dask.dask_runner import DaskRunner  # needs dask and distributed
-
-        return DaskRunner()
+        return dask_runner()
     return runner
+
+
+def dask_runner():
+    """Beam's DaskRunner (needs dask and distributed), with a scheduler that does not answer
+    reported in one line naming its address (UsageError) instead of distributed's three
+    chained tracebacks."""
+    from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner
+
+    from pileshuffle.errors import UsageError
+
+    class ConnectingDaskRunner(DaskRunner):
+        def run_pipeline(self, pipeline, options):
+            try:
+                return super().run_pipeline(pipeline, options)
+            except OSError as error:  # distributed: "Timed out trying to connect to ... after N s"
+                if "connect" not in str(error):
+                    raise
+                dask = options.view_as(DaskOptions)
+                where = (f"--dask_client_address {dask.address}" if dask.address
+                         else f"--dask_scheduler_file {dask.scheduler_file}")
+                waited = f"within {dask.timeout} s" if isinstance(dask.timeout, (int, float)) else "in time"
+                raise UsageError(f"{where}: no Dask scheduler answered {waited} (is it running and reachable from "
+                                 "here? --dask_connection_timeout sets the wait)") from None
+
+    return ConnectingDaskRunner()
 
 
 def is_local(options) -> bool:
@@ -96,12 +122,15 @@ def dask_defaults(options: PipelineOptions, plan) -> PipelineOptions:
     """Dask's Create puts up to 128 elements in one partition and Beam's Reshuffle is a
     no-op there, so without ``--dask_npartitions`` every source (and, after the
     GroupByKey, every pile) would be handled by one task: default to one partition per
-    input file (at most 64)."""
+    input file (at most 64). A scheduler to connect to gets ``DASK_CONNECT_SECONDS``
+    unless ``--dask_connection_timeout`` says otherwise."""
     from apache_beam.runners.dask.dask_runner import DaskOptions
 
     dask = options.view_as(DaskOptions)
     if not dask.npartitions and not dask.partition_size:
         dask.npartitions = max(1, min(len(plan.sources), DASK_MAX_DEFAULT_PARTITIONS))
+    if (dask.address or dask.scheduler_file) and dask.timeout is None:  # not a LocalCluster, which starts processes
+        dask.timeout = DASK_CONNECT_SECONDS
     return options
 
 

@@ -114,14 +114,17 @@ def main(argv=None):
     """``pileshuffle generate``: write sample data and print the files' paths."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="pileshuffle generate", description="Write sample data whose records carry their index.")
+    from pileshuffle.options import parse_command
+
+    parser = argparse.ArgumentParser(prog="pileshuffle generate", allow_abbrev=False,
+                                     description="Write sample data whose records carry their index.")
     parser.add_argument("--format", choices=sorted(WRITERS), default="tfrecord")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--record_bytes", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parse_command(parser, argv)
     problem = count_problem(args)
     if problem:
         print(f"pileshuffle generate: error: {problem}", file=sys.stderr)

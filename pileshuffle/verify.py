@@ -27,6 +27,7 @@ from pileshuffle import interrupt
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import FORMATS, ReadReport, fingerprint_of, get_format
+from pileshuffle.options import parse_command
 from pileshuffle.transforms.write import manifest_path, read_manifest, schema_json, shard_pattern
 
 SHARD_TAIL = re.compile(r"^-(\d{5})-of-(\d{5})(.*)$")  # what follows the prefix in a shard's name
@@ -81,6 +82,17 @@ def read_fingerprint(fmt, path: str, skip_corrupt=False):
 
 def _describe(fp: Fingerprint) -> str:
     return f"{fp.records:,} records, {fp.bytes:,} bytes, hash sum {fp.hash_sum:016x} xor {fp.hash_xor:016x}"
+
+
+def how_records_differ(found: Fingerprint, expected: Fingerprint) -> str:
+    """How two different multisets of records differ, in words: their counts and bytes, or,
+    when those agree, their hashes (then the records' contents differ)."""
+    if (found.records, found.bytes) != (expected.records, expected.bytes):
+        return (f"{found.records:,} records, {found.bytes:,} bytes, not {expected.records:,} records, "
+                f"{expected.bytes:,} bytes")
+    return (f"the same count and bytes but different records ({found.records:,} records, {found.bytes:,} bytes; "
+            f"hash sum {found.hash_sum:016x} xor {found.hash_xor:016x}, not {expected.hash_sum:016x} xor "
+            f"{expected.hash_xor:016x})")
 
 
 def _recorded(value) -> str:
@@ -284,21 +296,33 @@ def _is_store(prefix: str) -> bool:
     return not FileSystems.exists(manifest_path(prefix)) and is_store(store_prefix(prefix))
 
 
+def _anything_at(prefix: str) -> bool:
+    """A manifest or any shard-named file at ``prefix`` (a store is checked before): what a
+    run, finished or not, leaves; with neither, ``--output`` names no output (a usage error,
+    not a failed check)."""
+    return FileSystems.exists(manifest_path(prefix)) or bool(_match(shard_pattern(prefix)))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="pileshuffle verify",
+        prog="pileshuffle verify", allow_abbrev=False,
         description="Re-read input and output of a finished run: counts, fingerprints, shard integrity, manifest.",
     )
     parser.add_argument("--input", help="the run's --input patterns (omit to check the output and manifest only)")
     parser.add_argument("--output", required=True, help="the run's --output prefix")
     parser.add_argument("--format", choices=sorted(FORMATS), help="default: the manifest's")
-    args = parser.parse_args(argv)
+    args = parse_command(parser, argv)
     interrupt.describe(f"{args.output} was not checked to the end; verify changes nothing, so run it again to check")
     if _is_store(args.output):
         from pileshuffle.store.read import verify_main
 
         return verify_main(args.output, args.input)
-    verifier = _Verifier(args.input, args.output.rstrip("/") if "://" not in args.output else args.output, args.format)
+    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
+    if not _anything_at(prefix):
+        print(f"pileshuffle verify: error: --output {args.output}: nothing to verify there "
+              f"(no {manifest_path(prefix)}, no shards, no pile store {prefix}-store/)", file=sys.stderr)
+        return 2
+    verifier = _Verifier(args.input, prefix, args.format)
     problems = verifier.run()
     for problem in problems:
         print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)

@@ -97,3 +97,33 @@ def small_tmpfs(tmp_path):
         pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}); the injected ENOSPC tests cover this")
     yield str(directory)
     subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+
+
+def refused(capsys, *args, option=None):
+    """Run ``pileshuffle *args`` in this process: it must exit 2 with one or two lines on
+    stderr (naming ``option`` when given) and no traceback; returns stderr."""
+    from pileshuffle.cli import main as pileshuffle
+
+    capsys.readouterr()
+    try:
+        code = pileshuffle(list(args))
+    except SystemExit as error:  # argparse's own refusals
+        code = error.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert 1 <= len(lines) <= 2 and "Traceback" not in err, err
+    if option is not None:
+        assert option in err, err
+    return err
+
+
+def succeeded(capsys, *args):
+    """Run ``pileshuffle *args`` in this process: it must exit 0; returns (stdout, stderr)."""
+    from pileshuffle.cli import main as pileshuffle
+
+    capsys.readouterr()
+    code = pileshuffle(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out, err

@@ -115,8 +115,10 @@ def test_the_flex_launchers_arguments_and_runner_options_are_accepted():
         "--worker_machine_type=n2-highmem-4", "--labels=a=b", "--setup_file=./setup.py"]
     values = check_argv(launcher)
     assert values.seed == "42" and values.input == PARAMETERS[0].example
-    check_argv(["--input=x", "--runner=DaskRunner", "--dask_client_address=tcp://h:8786", "--dask_npartitions=8"])
-    check_argv(["--input=x", "--direct_running_mode=in_memory", "--direct_num_workers=1", "--", "--not_an_option"])
+    check_argv(["--input=x", "--output=y", "--runner=DaskRunner", "--dask_client_address=tcp://h:8786",
+                "--dask_npartitions=8"])
+    check_argv(["--input=x", "--output=y", "--direct_running_mode=in_memory", "--direct_num_workers=1", "--",
+                "--not_an_option"])
 
 
 # -- 3. values ------------------------------------------------------------------------------------

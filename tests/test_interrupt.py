@@ -238,6 +238,25 @@ def test_run_layout_store_interrupted_publishes_no_version_and_the_rerun_writes_
     assert store_versions(prefix) == store_versions(base)
 
 
+def test_a_first_run_layout_store_interrupted_before_its_pipeline_leaves_no_store_folder(data, tmp_path):
+    """SIGINT as soon as the store's lock exists (while the pipeline is being built, before
+    any generation file): the lock and the folder it created go too."""
+    prefix = str(tmp_path / "s" / "data")
+    argv = ["run", "--layout=store", f"--input={inputs(data)}", f"--output={prefix}", *SEED_OPTIONS]
+    interrupt_when(argv, exists(f"{prefix}-store/LOCK")).check("run", f"{prefix}-store", "nothing was published")
+    assert os.listdir(tmp_path / "s") == []
+
+
+def test_append_interrupted_before_its_pipeline_releases_the_lock(store, tmp_path):
+    base, _, _, second = store
+    prefix = str(tmp_path / "s" / "data")
+    shutil.copytree(f"{base}-store", f"{prefix}-store")
+    before = tree_bytes(f"{prefix}-store")
+    argv = ["append", f"--store={prefix}", f"--input={second}"]
+    interrupt_when(argv, exists(f"{prefix}-store/LOCK")).check("append", f"{prefix}-store", "nothing was published")
+    assert tree_bytes(f"{prefix}-store") == before and not os.path.exists(f"{prefix}-store/LOCK")
+
+
 def test_append_interrupted_leaves_the_store_at_its_version_and_the_rerun_adds_the_same_generation(store, tmp_path):
     base, full, _, second = store
     prefix = str(tmp_path / "s" / "data")

@@ -9,35 +9,10 @@ import re
 
 import pytest
 
-from conftest import FAST, run_shuffle
-from pileshuffle import sample
+from conftest import FAST, refused, run_shuffle, succeeded
 from pileshuffle.cli import main as pileshuffle
+from pileshuffle import sample
 from pileshuffle.store import layout
-
-
-def refused(capsys, *args, option=None):
-    """Run ``pileshuffle *args``: it must exit 2 with one or two lines on stderr (naming
-    ``option`` when given) and no traceback; returns stderr."""
-    capsys.readouterr()
-    try:
-        code = pileshuffle(list(args))
-    except SystemExit as error:  # argparse's own refusals
-        code = error.code
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, err
-    assert 1 <= len(lines) <= 2 and "Traceback" not in err, err
-    if option is not None:
-        assert option in err, err
-    return err
-
-
-def succeeded(capsys, *args):
-    capsys.readouterr()
-    code = pileshuffle(list(args))
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    return out, err
 
 
 def jsonl_files(directory, records=600, files=2, seed=0, name="part"):
@@ -234,3 +209,74 @@ def test_b14_no_command_leaves_an_empty_store_folder(tmp_path, capsys):
     (tmp_path / "bad" / "x.tfrecord").write_bytes(b"\x00" * 64)
     refused(capsys, "run", "--layout=store", f"--input={tmp_path}/bad/*", f"--output={tmp_path / 'bad_out'}", *FAST)
     assert sorted(os.listdir(tmp_path)) == ["bad", "in"], os.listdir(tmp_path)
+
+
+# --- a new user's trial of the fixes: materialize's output, copied inputs ---------------------------
+
+def run_output_files(directory):
+    """Every file under ``directory`` with its bytes (a finished output left alone)."""
+    return {os.path.relpath(p, directory): open(p, "rb").read()
+            for p in glob.glob(os.path.join(str(directory), "**"), recursive=True) if os.path.isfile(p)}
+
+
+def test_materialize_checks_and_locks_its_output_as_run_does(tmp_path, capsys):
+    """`materialize --output` goes through run's own checks and lock: wildcards (which Beam
+    takes as patterns when it deletes: `t*` replaced another output's manifest), a trailing
+    slash, an empty prefix, a store at the prefix, a held lock, and --max_pile_bytes."""
+    prefix = make_store(tmp_path)
+    other = str(tmp_path / "mo" / "t")  # another finished output
+    run_shuffle(str(tmp_path / "in" / "*.jsonl"), other, "--format=jsonl", "--num_piles=2")
+    before = run_output_files(tmp_path / "mo")
+    for output in (f"{other}*", str(tmp_path / "mq" / "t[1]"), str(tmp_path / "mo" / "t?")):
+        for overwrite in ([], ["--overwrite"]):
+            for command in (["run", f"--input={tmp_path}/in/*.jsonl"], ["materialize", f"--store={prefix}"]):
+                err = refused(capsys, *command, f"--output={output}", *overwrite, *FAST, option="--output")
+                assert "wildcards" in err, err
+    assert run_output_files(tmp_path / "mo") == before, "the other output is untouched"
+    for output in (str(tmp_path / "exm") + "/", ""):
+        for command in (["run", f"--input={tmp_path}/in/*.jsonl"], ["materialize", f"--store={prefix}"]):
+            refused(capsys, *command, f"--output={output}", *FAST, option="--output")
+    p2 = str(tmp_path / "p2")  # a store at the output's prefix: shards there would hide it
+    run_shuffle(str(tmp_path / "in" / "*.jsonl"), p2, "--format=jsonl", "--layout=store", "--num_piles=2")
+    err = refused(capsys, "materialize", f"--store={prefix}", f"--output={p2}", *FAST)
+    assert f"{p2}-store" in err
+    output = str(tmp_path / "m" / "m")
+    for value in ("0", "1KiB", "lots"):
+        refused(capsys, "materialize", f"--store={prefix}", f"--output={output}", f"--max_pile_bytes={value}", *FAST,
+                option="--max_pile_bytes")
+    os.makedirs(tmp_path / "m")
+    lock = f"{output}.pileshuffle-lock"  # a run to the same output, still running (this process)
+    holder = {"command": "pileshuffle run ...", "host": __import__("socket").gethostname(), "pid": os.getpid(),
+              "since": layout.now_iso(), "token": "t"}
+    with open(lock, "w") as handle:
+        json.dump(holder, handle)
+    err = refused(capsys, "materialize", f"--store={prefix}", f"--output={output}", *FAST)
+    assert "locked" in err and lock in err
+    assert os.listdir(tmp_path / "m") == [os.path.basename(lock)], "nothing written, the lock left to its holder"
+    os.remove(lock)
+    succeeded(capsys, "materialize", f"--store={prefix}", f"--output={output}", *FAST)
+    assert not os.path.exists(lock), "materialize released its lock"
+    assert sorted(os.listdir(tmp_path)) == ["in", "m", "mo", "p2-store", "s-store"], os.listdir(tmp_path)
+
+
+def test_append_refuses_copies_of_a_live_generations_inputs(tmp_path, capsys):
+    """Copied files are other files (identity differs) but the same records: a generation
+    whose fingerprint is a live generation's exactly is refused unless
+    --allow_duplicate_inputs, and leaves nothing behind."""
+    import shutil
+
+    prefix = make_store(tmp_path)
+    shutil.copytree(tmp_path / "in", tmp_path / "rawcopy")
+    before = store_state(prefix)
+    err = refused(capsys, "append", f"--store={prefix}", f"--input={tmp_path}/rawcopy/*.jsonl", *FAST,
+                  option="--allow_duplicate_inputs")
+    assert "generation 0" in err and "cop" in err and "rawcopy" in err, err
+    assert store_state(prefix) == before, "nothing published, no lock left"
+    assert sorted(os.listdir(layout.store_dir(prefix))) == sorted({p.split(os.sep)[0] for p in before})
+    # one copied file is not the whole generation: accepted
+    succeeded(capsys, "append", f"--store={prefix}", f"--input={tmp_path}/rawcopy/part-000.jsonl", *FAST)
+    assert live_generations(prefix) == [0, 1]
+    succeeded(capsys, "append", f"--store={prefix}", f"--input={tmp_path}/rawcopy/*.jsonl", "--allow_duplicate_inputs",
+              *FAST)
+    assert live_generations(prefix) == [0, 1, 2]
+    assert layout.read_store_manifest(prefix)["totals"]["records"] == 600 + 300 + 600

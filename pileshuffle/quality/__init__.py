@@ -37,7 +37,9 @@ USAGE = "pileshuffle quality --input PATTERNS --output PREFIX --report DIR [--la
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="pileshuffle quality", usage=USAGE,
+    from pileshuffle.options import parse_command
+
+    parser = argparse.ArgumentParser(prog="pileshuffle quality", usage=USAGE, allow_abbrev=False,
                                      description="Measure and draw how uniform a finished run's order is.")
     parser.add_argument("--input", required=True, help="the run's --input patterns")
     parser.add_argument("--output", required=True, help="the run's --output prefix")
@@ -50,7 +52,7 @@ def parse(argv):
     parser.add_argument("--sample", type=_at_least(MIN_SAMPLE), default=100_000,
                         help=f"records to locate by hash (default 100000, at least {MIN_SAMPLE})")
     parser.add_argument("--batch_size", type=_at_least(1), default=256, help="batch size for label balance and re-meeting")
-    return parser.parse_args(argv)
+    return parse_command(parser, argv)
 
 
 def _write_atomically(path: str, write):
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
         return 2
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.formats import get_format
-    from pileshuffle.inputs import match_inputs
+    from pileshuffle.inputs import check_format_fits, match_inputs
     from pileshuffle.quality.locate import Label
 
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output
@@ -147,7 +149,9 @@ def main(argv=None) -> int:
     try:
         label = Label.parse_bytes(args.label_bytes) if args.label_bytes else Label(field=args.label) if args.label else None
         manifest, output = finished_output(prefix)
-        report = measure(get_format(manifest["format"]), [s.path for s in match_inputs(args.input)],
+        sources = match_inputs(args.input)
+        check_format_fits(sources, manifest["format"], prefix)  # the run read its input in the output's format
+        report = measure(get_format(manifest["format"]), [s.path for s in sources],
                          output, manifest, args.sample, label, args.batch_size, args.compare)
     except (PileshuffleError, ValueError) as error:
         print(f"pileshuffle quality: error: {error}", file=sys.stderr)

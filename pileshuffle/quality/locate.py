@@ -99,8 +99,20 @@ class Label:
             codes |= byte << np.uint64(8 * shift)
         return codes
 
+    def longest(self, table: pa.Table) -> int:
+        """The longest payload in a chunk (``--label_bytes``; 0 for a field label)."""
+        names = table.column_names
+        if self.field is not None or len(names) != 1 or names[0] not in _PAYLOAD_FRAMING:
+            return 0
+        header, footer = _PAYLOAD_FRAMING[names[0]]
+        _, offsets = binary_column_parts(table.column(names[0]))
+        return int(np.diff(offsets).max(initial=header + footer)) - header - footer
+
     def describe(self) -> str:
         return f"field {self.field!r}" if self.field else f"payload bytes {self.start}:{self.end}"
+
+    def option(self) -> str:
+        return f"--label {self.field}" if self.field else f"--label_bytes {self.start}:{self.end}"
 
 
 @dataclasses.dataclass
@@ -112,25 +124,27 @@ class Scan:
     hashes: np.ndarray
     positions: np.ndarray
     labels: np.ndarray = None
+    longest: int = 0  # the longest payload, when a --label_bytes label was read
 
     @property
     def records(self) -> int:
         return int(sum(self.file_records))
 
     @staticmethod
-    def joined(file_records, hashes, positions, labels=None) -> "Scan":
+    def joined(file_records, hashes, positions, labels=None, longest=0) -> "Scan":
         """A scan from per-chunk parts (``labels`` None: no label asked for)."""
         return Scan(
             file_records,
             np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
             np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
             None if labels is None else (np.concatenate(labels) if labels else np.zeros(0, np.int64)),
+            longest,
         )
 
 
 def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
     file_records, hashes, positions, labels = [], [], [], []
-    position = 0
+    position = longest = 0
     for path in paths:
         count = 0
         for table in fmt.read_chunks(path):
@@ -140,10 +154,11 @@ def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
             positions.append(kept + position + count)
             if label is not None:
                 labels.append(label.values(table, path))
+                longest = max(longest, label.longest(table))
             count += table.num_rows
         file_records.append(count)
         position += count
-    return Scan.joined(file_records, hashes, positions, labels if label is not None else None)
+    return Scan.joined(file_records, hashes, positions, labels if label is not None else None, longest)
 
 
 def scan_store(output, threshold: int, label: Label = None) -> Scan:
@@ -154,7 +169,7 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
     from pileshuffle.loader.piles import sub_pile_of
 
     pile_records, hashes, positions, labels = [], [], [], []
-    position = 0
+    position = longest = 0
     for pile in output.piles:  # a grown pile is several refs, one per sub-pile, each over all its files
         filesystem = pile.source.filesystem
         tables = []
@@ -177,10 +192,12 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
             hashes.append(pile_hashes[kept])
             positions.append(kept + position)
             if label is not None:
-                labels.append(label.values(table.drop_columns([KEY_COLUMN, HASH_COLUMN]), pile.files[0])[order])
+                records = table.drop_columns([KEY_COLUMN, HASH_COLUMN])
+                labels.append(label.values(records, pile.files[0])[order])
+                longest = max(longest, label.longest(records))
         pile_records.append(count)
         position += count
-    return Scan.joined(pile_records, hashes, positions, labels if label is not None else None)
+    return Scan.joined(pile_records, hashes, positions, labels if label is not None else None, longest)
 
 
 def match(source: Scan, target: Scan):

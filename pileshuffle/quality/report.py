@@ -10,15 +10,17 @@ simulations on positions (no bytes needed).
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 
-from pileshuffle.errors import InputError
-from pileshuffle.quality import locate, metrics, orders, training
+from pileshuffle.errors import InputError, UsageError
+from pileshuffle.quality import MIN_SAMPLE, locate, metrics, orders, training
 
 ALPHA = 1e-4  # a p-value below this rejects uniformity
 MAX_LABEL_CLASSES = 1000
 TRAINING_RECORDS = 200_000  # larger runs train on every k-th input record, in the order delivered
+READER_FORMAT_HINT = re.compile(r"(?:\s*\([^()]*|;[^;]*)--format\)?$")  # a reader's "give --format" clause
 
 
 @dataclasses.dataclass
@@ -79,23 +81,29 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
     paths in order, or a pile store opened by the loader (``loader.piles.open_output``)."""
     total = int(manifest["totals"]["records"])
     threshold = locate.threshold_for(total, sample)
-    source = locate.scan(fmt, input_paths, threshold, label if compare else None)
+    try:
+        source = locate.scan(fmt, input_paths, threshold, label if compare else None)
+    except InputError as error:
+        raise without_format_hint(error, fmt) from None
     if isinstance(output, (list, tuple)):
         target = locate.scan(fmt, output, threshold, label)
     else:
         target = locate.scan_store(output, threshold, label)
     if source.records != target.records:
-        raise InputError(", ".join(input_paths[:3]) + (" ..." if len(input_paths) > 3 else ""),
+        raise InputError(_named(input_paths),
                          f"hold {source.records:,} records, the output {target.records:,}: pass the run's own --input")
     x, y, duplicates = locate.match(source, target)
+    check_located(len(x), len(target.hashes) - duplicates, input_paths)
     n = target.records
-    input_ids = output_ids = None
+    input_ids = output_ids = values = None
     if label is not None:
+        check_label_reach(label, target)
         ids, values = locate.class_ids(*([source.labels] if compare else []), target.labels)
         if len(values) > MAX_LABEL_CLASSES:
             raise ValueError(f"the label ({label.describe()}) takes {len(values):,} values; label balance needs a "
                              f"categorical label (at most {MAX_LABEL_CLASSES:,} values)")
-        input_ids, output_ids = (ids[0], ids[1]) if compare else (None, ids[0])
+        if len(values) > 1:  # one class: every batch is all of it, the test has nothing to test
+            input_ids, output_ids = (ids[0], ids[1]) if compare else (None, ids[0])
     own = Row("pileshuffle output", x, y, output_ids, numbers=metrics.order_metrics(x, y, n))
     summary = {
         "records": n,
@@ -107,11 +115,13 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         **own.numbers,
     }
     share = None
-    if label is not None:
+    if output_ids is not None:
         own.numbers.update(metrics.batch_metrics(output_ids, batch_size))
         share = float(np.mean(output_ids == 0))
         summary.update({k: own.numbers[k] for k in ("batch_size", "batches", "batch_dispersion", "batch_dispersion_p")})
         summary["label"] = {"what": label.describe(), "classes": len(values), "first_class_share": share}
+    elif label is not None:
+        summary["label"] = {"what": label.describe(), "classes": len(values), "note": one_value_note(label, values, n)}
     summary["uniform"] = uniform(own.numbers)
     rows = [own]
     if compare:
@@ -120,6 +130,48 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         summary["policies"] = [{"policy": r.policy, **r.numbers} for r in rows]
         summary["training"] = {"task": "cats then dogs, one epoch of SGD (batch 32)", "best_accuracy": training.BEST_ACCURACY}
     return Report(n, summary, rows, share, batch_size)
+
+
+def _named(paths) -> str:
+    return ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "")
+
+
+def without_format_hint(error: InputError, fmt) -> InputError:
+    """A reader's error on ``--input`` with its hint to give ``--format`` replaced: quality
+    has no ``--format``, it reads the input in the run's format (from its manifest), so a
+    file that does not read as that is not the run's input."""
+    problem = READER_FORMAT_HINT.sub("", error.problem)
+    if problem == error.problem:
+        return error
+    return InputError(error.path, f"{problem} (quality reads --input as the run's {fmt.name} records: is it the "
+                                  "run's input?)", error.offset)
+
+
+def check_located(located: int, expected: int, input_paths):
+    """Refuse a verdict on fewer than ``MIN_SAMPLE`` located records (or, on a smaller
+    output, fewer than the ``expected`` sampled output records not left out as duplicates):
+    the run's own input holds every one of them, another input of the same size few or none,
+    and on a handful no test can tell a shuffle from a bad order."""
+    needed = min(MIN_SAMPLE, expected)
+    if located < needed:
+        raise InputError(_named(input_paths), f"only {located:,} of the {expected:,} sampled output records were found "
+                                              f"in --input: is it the run's input? (a verdict needs {needed:,})")
+
+
+def one_value_note(label, values, records: int) -> str:
+    """Why a label of one value (or none, on no records) is left out: every batch holds only
+    that value, so the batch test (p = 1 on any order) would say nothing."""
+    takes = "one value" if len(values) else "no value"
+    return (f"the label ({label.describe()}) takes {takes} over the {records:,} records: no batch can be unbalanced, "
+            "so the label test is left out")
+
+
+def check_label_reach(label, target):
+    """Refuse ``--label_bytes START:END`` that starts past the end of every record: every
+    label would be the padding 0."""
+    if label.start is not None and target.records and target.longest <= label.start:
+        raise UsageError(f"{label.option()}: the records are at most {target.longest:,} bytes long, so START must be "
+                         f"below {target.longest:,}")
 
 
 def compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_size):
@@ -181,6 +233,8 @@ def text_summary(report: Report) -> str:
     if "batch_dispersion" in s:
         lines.append(f"  label balance per batch   dispersion {s['batch_dispersion']:.3f} over {s['batches']:,} batches of "
                      f"{s['batch_size']} (binomial: 1), p={s['batch_dispersion_p']:.3g}")
+    elif "note" in s.get("label", {}):
+        lines.append(f"  label balance per batch   left out: {s['label']['note']}")
     verdict = "consistent with a uniform permutation" if s["uniform"] else "NOT uniform"
     lines.append(f"  verdict: {verdict} (every p-value >= {ALPHA:g})")
     if "policies" in s:

@@ -8,6 +8,7 @@ version; the same command run again finishes the job.
 """
 
 import argparse
+import contextlib
 import logging
 import math
 import sys
@@ -37,9 +38,10 @@ DEFAULT_GRACE_SECONDS = 24 * 3600  # files of an expired generation outlive its 
 HOLD_WORKER_STDERR = {"on": False}  # the command line: report our errors in one line (pipeline._worker_stderr)
 
 
-def execute(options, argv, build, partitions: int, on_failure, wait=None):
+def execute(options, argv, build, partitions: int, on_failure=None, wait=None):
     """Run the graph ``build(pipeline)`` adds, on the runner ``options`` name, as ``run``
-    does; returns Beam's result when not waited for (Dataflow), else None."""
+    does; returns Beam's result when not waited for (Dataflow), else None. ``on_failure()``
+    cleans up after a failed pipeline."""
     from pileshuffle.pipeline import run_pipeline
     from pileshuffle.runners import dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults, make_runner
 
@@ -51,7 +53,7 @@ def execute(options, argv, build, partitions: int, on_failure, wait=None):
         options = dataflow_defaults(options)
     pipeline = beam.Pipeline(runner=make_runner(options), options=options)
     build(pipeline)
-    return run_pipeline(pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure())
+    return run_pipeline(pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure and on_failure())
 
 
 def same_inputs(generation: dict, sources) -> bool:
@@ -128,30 +130,45 @@ def at_stake_on_interrupt(prefix: str, version: int = None):
                        f"it had published version {version + 1} of {store}")
 
 
-def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, token, wait=None):
-    """Pass 1 of ``sources`` into the store as generation ``base['next_generation']``."""
+@contextlib.contextmanager
+def store_lock(prefix: str, command: str):
+    """Hold the store's lock for a command that publishes its next version; yields the
+    token. The publication releases it (``PublishGeneration``), or the command does when it
+    has nothing to publish. A refusal, failure or Ctrl-C releases it and removes the store
+    folder if that holds nothing else: a first run that published nothing leaves no
+    ``-store`` folder."""
+    token = layout.StoreLock(prefix, command).acquire()
+    try:
+        yield token
+    except BaseException:
+        layout.release_lock(prefix, token)
+        layout.remove_if_empty(prefix)
+        raise
+
+
+def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, token, wait=None,
+                     allow_duplicates=False):
+    """Pass 1 of ``sources`` into the store as generation ``base['next_generation']``
+    (under ``store_lock``); a failure or Ctrl-C removes the generation's directory."""
     layout.remove_unpublished(prefix)
-    generation = base["next_generation"]
-    groups = writer_groups(sources, store_write.STORE_WRITERS)
-    sizes = {s.path: s.size for s in sources}
-    identities = {s.path: input_identity(s.path, s.size)[0] for s in sources}
-
-    def failed():
+    try:
+        generation = base["next_generation"]
+        groups = writer_groups(sources, store_write.STORE_WRITERS)
+        sizes = {s.path: s.size for s in sources}
+        identities = {s.path: input_identity(s.path, s.size)[0] for s in sources}
+        started = time.time()
+        result = execute(options, argv, lambda p: build_generation(p, prefix, base, generation, groups, seed,
+                                                                    skip_corrupt, token, sizes, identities,
+                                                                    allow_duplicates),
+                         len(groups), wait=wait)
+        if result is not None:
+            return result
+        manifest = layout.read_store_manifest(prefix)
+        if manifest is None or manifest["version"] != base["version"] + 1:
+            raise OutputError(f"the pipeline finished but {layout.store_dir(prefix)} has no version {base['version'] + 1}")
+    except BaseException:
         layout.remove_unpublished(prefix)
-        layout.release_lock(prefix, token)
-        if not layout.list_names(layout.store_dir(prefix)):  # a first run that failed leaves no store directory
-            remove_tree(layout.store_dir(prefix))
-
-    started = time.time()
-    result = execute(options, argv, lambda p: build_generation(p, prefix, base, generation, groups, seed, skip_corrupt,
-                                                                token, sizes, identities),
-                     len(groups), failed, wait)
-    if result is not None:
-        return result
-    manifest = layout.read_store_manifest(prefix)
-    if manifest is None or manifest["version"] != base["version"] + 1:
-        layout.release_lock(prefix, token)
-        raise OutputError(f"the pipeline finished but {layout.store_dir(prefix)} has no version {base['version'] + 1}")
+        raise
     manifest["wall_seconds"] = time.time() - started
     return manifest
 
@@ -170,8 +187,7 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
         raise OutputError(f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
                           f"(readers take shards first); choose another --output")
     sources = plan.sources  # match_inputs leaves store files out
-    token = layout.StoreLock(prefix, layout.command_line(["run", *argv])).acquire()
-    try:
+    with store_lock(prefix, layout.command_line(["run", *argv])) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
             first = current["generations"][:1]
@@ -185,12 +201,9 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
                               f"with `pileshuffle append --store {prefix} --input ...`, or delete it first")
         base = layout.new_manifest(plan.format, plan.compression, plan.num_piles, plan.seed, plan.max_pile_bytes,
                                    schema_json(plan.schema) if plan.schema is not None else None)
-    except BaseException:
-        layout.release_lock(prefix, token)
-        raise
-    print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
-          f"{layout.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
-    return write_generation(argv, options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
+        print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
+              f"{layout.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
+        return write_generation(argv, options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
 
 
 def append(argv) -> dict:
@@ -207,15 +220,15 @@ def append(argv) -> dict:
     parser.add_argument("--input", required=True, help="comma-separated file patterns of the new records")
     parser.add_argument("--skip_corrupt", action="store_true", help="skip corrupt TFRecord records and report them")
     parser.add_argument("--allow_duplicate_inputs", action="store_true", help=(
-        "add files that a live generation already holds (same real file and size) again, so that their records "
-        "appear twice in every epoch; without it such an append is refused (the newest generation's exact inputs "
-        "are still 'nothing to do': a re-run)"))
+        "add files that a live generation already holds (same real file and size) again, or files whose records "
+        "are exactly a live generation's (copies of its inputs: the same fingerprint), so that their records appear "
+        "twice in every epoch; without it such an append is refused (the newest generation's exact inputs are still "
+        "'nothing to do': a re-run)"))
     args, beam_args = check_command_argv(parser, argv)
     options = PipelineOptions(beam_args)
     prefix = existing_store(args.store)
     at_stake_on_interrupt(prefix)
-    token = layout.StoreLock(prefix, layout.command_line(["append", *argv])).acquire()
-    try:
+    with store_lock(prefix, layout.command_line(["append", *argv])) as token:
         base = layout.read_store_manifest(prefix)
         if base is None:
             raise OutputError(f"no store at {layout.store_dir(prefix)}: create one with `pileshuffle run --layout store "
@@ -237,12 +250,10 @@ def append(argv) -> dict:
             expected = stored_schema(prefix, base["generations"][0]["files"][0]["path"]) if base["generations"] else None
             detail = describe_difference(expected, schema) if expected is not None else "different columns"
             raise InputError(sources[0].path, f"has a different schema from the store's: {detail}")
-    except BaseException:
-        layout.release_lock(prefix, token)
-        raise
-    print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> generation "
-          f"{base['next_generation']} of {layout.store_dir(prefix)}", file=sys.stderr)
-    return write_generation(argv, options, prefix, base, sources, base["seed"], args.skip_corrupt, token)
+        print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> generation "
+              f"{base['next_generation']} of {layout.store_dir(prefix)}", file=sys.stderr)
+        return write_generation(argv, options, prefix, base, sources, base["seed"], args.skip_corrupt, token,
+                                allow_duplicates=args.allow_duplicate_inputs)
 
 
 # --- expire and gc -----------------------------------------------------------------------------
@@ -315,11 +326,10 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
 
 def materialize(argv) -> dict:
     """``pileshuffle materialize --store P --output P2``: the second pass over a store."""
-    from pileshuffle.options import parse_bytes
+    from pileshuffle.options import check_max_pile_bytes, parse_bytes
     from pileshuffle.pipeline import at_stake_on_interrupt as shards_at_stake
-    from pileshuffle.plan import check_writable, work_dir_for
-    from pileshuffle.transforms.write import (WritePiles, check_replaceable, discard_unpublished, read_manifest,
-                                              staging_dir)
+    from pileshuffle.plan import check_shard_output, taken_output, work_dir_for
+    from pileshuffle.transforms.write import WritePiles, discard_unpublished, read_manifest
 
     parser = argparse.ArgumentParser(prog="pileshuffle materialize", allow_abbrev=False, description=(
         "The second pass over a pile store: write its live records as the shards and manifest `pileshuffle run` "
@@ -330,12 +340,14 @@ def materialize(argv) -> dict:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output with this prefix")
     parser.add_argument("--max_pile_bytes", help="load piles larger than this in sub-piles (default: the store's)")
     args, beam_args = check_command_argv(parser, argv)
+    check_max_pile_bytes(args.max_pile_bytes, auto=False)  # the store fixes the number of piles
     options = PipelineOptions(beam_args)
-    prefix, output = existing_store(args.store), layout.clean_prefix(args.output)
-    shards_at_stake(output)
-    if output == prefix:
-        raise OutputError(f"--output {output} is the store's own prefix: its shards would hide the store from readers "
-                          f"(they take {output}-manifest.json first); choose another prefix")
+    prefix = existing_store(args.store)
+    shards_at_stake(args.output)
+    if layout.clean_prefix(args.output) == prefix:
+        raise OutputError(f"--output {args.output} is the store's own prefix: its shards would hide the store from "
+                          f"readers (they take {prefix}-manifest.json first); choose another prefix")
+    output, _ = check_shard_output(args.output, args.overwrite)  # run's checks: never a file no run wrote
     manifest = layout.read_store_manifest(prefix, readable_version(prefix, args.version))
     if manifest is None:
         raise OutputError(f"no store at {layout.store_dir(prefix)}")
@@ -343,11 +355,7 @@ def materialize(argv) -> dict:
     if not manifest["totals"]["records"]:
         raise OutputError(f"{layout.store_dir(prefix)} version {manifest['version']} has no live records "
                           f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to materialize")
-    check_replaceable(output, args.overwrite)  # never a file no run wrote; a finished output only with --overwrite
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
-    remove_tree(work_dir)
-    discard_unpublished(output)  # what an unfinished publication's journal lists, and the staging folder
-    check_writable(staging_dir(output), "the output location")
     max_pile_bytes = parse_bytes(args.max_pile_bytes) if args.max_pile_bytes else manifest["max_pile_bytes"]
     piles = live_piles(prefix, manifest, max_pile_bytes, work_dir=work_dir)
     first = next((f["path"] for g in manifest["generations"] for f in g["files"]), None)
@@ -374,7 +382,8 @@ def materialize(argv) -> dict:
         remove_tree(work_dir)
         discard_unpublished(output)
 
-    result = execute(options, beam_args, build, len(piles), failed)
+    with taken_output(output, args.overwrite, work_dir, layout.command_line(["materialize", *argv])):  # as run does
+        result = execute(options, beam_args, build, len(piles), failed)
     if result is not None:
         return result
     written = read_manifest(output)

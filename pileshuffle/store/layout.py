@@ -338,6 +338,15 @@ def release_lock(prefix: str, token: str):
     StoreLock(prefix, "").release(token)
 
 
+def remove_if_empty(prefix: str):
+    """Remove the store's folder if it holds nothing (what taking the lock of a store that did
+    not exist created). Local only: an object store has no empty folders. ``rmdir`` checks
+    emptiness atomically, so a lock another command has just taken there stays."""
+    if is_local(store_dir(prefix)):
+        with contextlib.suppress(OSError):
+            os.rmdir(store_dir(prefix))
+
+
 def remove_unpublished(prefix: str):
     """Delete what a command that never published left: the directory of generation
     ``next_generation`` (the only number an unpublished write uses, since it grows only by

@@ -113,8 +113,9 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
         return [f"input {error}"]
     live = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
     if found != live:
-        return [f"the input ({found.records:,} records, {found.bytes:,} bytes) is not the store's live generations "
-                f"({live.records:,} records, {live.bytes:,} bytes)"]
+        from pileshuffle.verify import how_records_differ
+
+        return [f"the input is not the store's live generations: {how_records_differ(found, live)}"]
     return []
 
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle import interrupt
-from pileshuffle.errors import OutputError
+from pileshuffle.errors import InputError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import ReadReport, get_format
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
@@ -149,13 +149,15 @@ class WriteStorePile(beam.DoFn):
 
 
 class PublishGeneration(beam.DoFn):
-    """Check the generation against what was read, then publish the next manifest version."""
+    """Check the generation against what was read (and, with ``refuse_copies``, that it is no
+    copy of a live generation), then publish the next manifest version."""
 
     def __init__(self, prefix, base: dict, generation: int, writers: int, lock_token: str = None, input_sizes=None,
-                 input_identities=None):
+                 input_identities=None, refuse_copies: bool = False):
         self._prefix, self._base, self._generation = prefix, base, generation
         self._writers, self._lock_token, self._sizes = writers, lock_token, dict(input_sizes or {})
         self._identities = dict(input_identities or {})  # path -> the file's real identity (inputs.file_identity)
+        self._refuse_copies = refuse_copies
 
     def process(self, element):
         _, items = element
@@ -164,6 +166,8 @@ class PublishGeneration(beam.DoFn):
         stored = total(f.fingerprint for f in files)
         read = total(s.fingerprint for s in sources) if sources else stored
         check_accounted(sources, read, stored, "add to the store", "the store files hold")
+        if self._refuse_copies:
+            refuse_copy(self._prefix, self._base, stored, [s.path for s in sources])
         current = layout.manifest_versions(self._prefix)
         if current and current[-1] != self._base["version"]:
             raise layout.VersionConflict(FileSystems.join(layout.store_dir(self._prefix), layout.manifest_name(current[-1])))
@@ -200,6 +204,29 @@ class PublishGeneration(beam.DoFn):
         return entry
 
 
+def refuse_copy(prefix: str, base: dict, stored: Fingerprint, paths: list):
+    """Refuse a generation whose records are exactly a live generation's: the same records,
+    bytes, hash sum and xor. Its files are other files than that generation's inputs (the
+    command refuses those by identity before it reads), so they look like copies of them,
+    and publishing would repeat every one of those records in every epoch."""
+    if not stored.records:
+        return
+    for live in base["generations"]:
+        if Fingerprint.from_json(live["fingerprint"]) == stored:
+            inputs = [i["path"] for i in live["inputs"]]  # none for a generation WritePileStore wrote
+            raise InputError("--input", (
+                f"{_some(paths)} hold exactly the records of live generation {live['generation']} of "
+                f"{layout.store_dir(prefix)} ({stored.records:,} records, {stored.bytes:,} bytes, the same fingerprint): "
+                f"they look like copies of its inputs{f' ({_some(inputs)})' if inputs else ''}, and appending them "
+                f"would repeat those records in every epoch; nothing was published. Pass --allow_duplicate_inputs if "
+                f"you mean it, or expire generation {live['generation']} first"))
+
+
+def _some(paths: list, shown: int = 3) -> str:
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(paths[:shown]) + more
+
+
 def stored_schema(prefix: str, relative: str):
     """The record columns' Arrow schema of a data file (with the source's metadata)."""
     from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN
@@ -210,20 +237,22 @@ def stored_schema(prefix: str, relative: str):
     return pa.schema([schema.field(i) for i in keep], metadata=schema.metadata)
 
 
-def publish(items, prefix, base, generation, writers, lock_token=None, input_sizes=None, input_identities=None):
+def publish(items, prefix, base, generation, writers, lock_token=None, input_sizes=None, input_identities=None,
+            refuse_copies=False):
     """``items`` (StoreFile and SourceStats) -> the published manifest: one leaf."""
     return (
         items
         | "KeyForPublish" >> beam.ParDo(KeyByNone())
         | "GatherForPublish" >> beam.GroupByKey()
         | "PublishGeneration" >> beam.ParDo(PublishGeneration(prefix, base, generation, writers, lock_token, input_sizes,
-                                                              input_identities))
+                                                              input_identities, refuse_copies))
     )
 
 
 def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corrupt=False, lock_token=None,
-                     input_sizes=None, input_identities=None):
-    """The template's graph for one generation: writer groups -> files -> publish."""
+                     input_sizes=None, input_identities=None, allow_duplicates=False):
+    """The template's graph for one generation: writer groups -> files -> publish (refused,
+    unless ``allow_duplicates``, when its records are exactly a live generation's)."""
     store = layout.store_dir(prefix)
     items = (
         pipeline
@@ -232,7 +261,8 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
         | "WriteStoreGroup" >> beam.ParDo(WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
                                                           skip_corrupt=skip_corrupt))
     )
-    return publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities)
+    return publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
+                   refuse_copies=not allow_duplicates)
 
 
 class WritePileStore(beam.PTransform):
