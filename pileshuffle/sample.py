@@ -47,9 +47,13 @@ def _write_files(directory, records, files, name, extension, render, block_recor
     paths, start = [], 0
     for f, count in enumerate(split_counts(records, files)):
         path = os.path.join(directory, f"{name}-{f:03d}{extension}")
-        with open(path, "wb") as handle:
+        # written hidden and renamed when whole: an interrupted write leaves no short file under the
+        # name, and input patterns skip hidden files
+        partial = os.path.join(directory, f".{name}-{f:03d}{extension}.partial")
+        with open(partial, "wb") as handle:
             for block in range(start, start + count, block_records):
                 handle.write(render(block, min(block_records, start + count - block)))
+        os.replace(partial, path)
         paths.append(path)
         start += count
     return paths
@@ -91,7 +95,9 @@ def write_parquet(directory, records=1000, files=4, record_bytes=100, seed=0, na
     paths, start = [], 0
     for f, count in enumerate(split_counts(records, files)):
         path = os.path.join(directory, f"{name}-{f:03d}.parquet")
-        pq.write_table(parquet_table(start, count, record_bytes, seed), path, row_group_size=row_group_rows)
+        partial = os.path.join(directory, f".{name}-{f:03d}.parquet.partial")
+        pq.write_table(parquet_table(start, count, record_bytes, seed), partial, row_group_size=row_group_rows)
+        os.replace(partial, path)
         paths.append(path)
         start += count
     return paths

@@ -244,3 +244,14 @@ def test_a_store_state_refused_after_an_append_names_the_version_it_was_saved_on
 
 
 FAST_ARGS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+
+
+def test_a_shard_with_records_added_after_the_run_is_refused(tmp_path_factory):
+    import glob
+
+    prefix = shuffled_sample(tmp_path_factory, "jsonl", "--num_piles=2", records=50, files=1, record_bytes=20)
+    shard = sorted(glob.glob(f"{prefix}-*-of-*.jsonl"))[0]
+    with open(shard, "ab") as handle:
+        handle.write(b'{"extra": 1}\n')
+    with pytest.raises(Exception, match=r"holds \d+ records where the manifest lists"):
+        list(ShuffledDataset(prefix, reshuffle=False))

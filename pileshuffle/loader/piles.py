@@ -311,6 +311,10 @@ class PileRef:
         """The pile's records (sub-pile ``part``, else this ref's), as written, or in
         ``order`` (indices into that)."""
         block = self._written(part or self.part)
+        if (part is None or part == self.part) and block.num_rows != self.records:
+            raise InputError(", ".join(self.files), f"holds {block.num_rows:,} records where the manifest lists "
+                                                    f"{self.records:,}: changed after it was written "
+                                                    "(`pileshuffle verify` says how)")
         return block if order is None else block.reorder(order)
 
     def _written(self, part) -> Block:
