@@ -113,6 +113,8 @@ def count_problem(args):
         value = getattr(args, option)
         if value < 1:
             return f"--{option}: must be at least 1, not {value}"
+    if args.files > args.records:
+        return f"--files {args.files} is more than --records {args.records}: some files would be empty"
     return None
 
 

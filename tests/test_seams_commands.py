@@ -112,7 +112,8 @@ def test_b13_run_with_an_unknown_runner_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, option", [(["--files", "0"], "--files"), (["--files", "-1"], "--files"),
-                                          (["--records", "-5"], "--records"), (["--record_bytes", "-1"], "--record_bytes")])
+                                          (["--records", "-5"], "--records"), (["--record_bytes", "-1"], "--record_bytes"),
+                                          (["--files", "20", "--records", "10"], "some files would be empty")])
 def test_b13_generate_refuses_counts_below_one(tmp_path, capsys, args, option):
     refused(capsys, "generate", "--output_dir", str(tmp_path / "g"), *args, option=option)
     assert not os.path.exists(tmp_path / "g"), "nothing written"

@@ -198,7 +198,8 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
                 layout.release_lock(prefix, token)
                 return current
             raise OutputError(f"a store exists at {layout.store_dir(prefix)} (version {current['version']}): add data "
-                              f"with `pileshuffle append --store {prefix} --input ...`, or delete it first")
+                              f"with `pileshuffle append --store {prefix} --input ...`, or delete it first (--overwrite "
+                              "never replaces a store: it holds every generation's data)")
         base = layout.new_manifest(plan.format, plan.compression, plan.num_piles, plan.seed, plan.max_pile_bytes,
                                    schema_json(plan.schema) if plan.schema is not None else None)
         print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
