@@ -43,6 +43,23 @@ class _State:
     steps = {}  # thread id -> how many writing steps it is inside
     publishing_main = False  # the main thread is inside ``publishing()``
     deferred = False  # Ctrl-C came then: it takes effect when that step ends
+    lines = None  # sys.stderr while the command runs (``_LineEnds``)
+
+
+class _LineEnds:
+    """``sys.stderr`` as it was, remembering whether what was written last ended a line (a
+    ``print`` is two writes: Ctrl-C can come between the text and its newline)."""
+
+    def __init__(self, stream):
+        self._stream, self.at_line_start = stream, True
+
+    def write(self, text):
+        if text:
+            self.at_line_start = text.endswith(("\n", "\r"))
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 _steps = threading.Condition()  # guards ``_State.steps`` and ``_State.interrupted``
@@ -119,7 +136,8 @@ def handling(command: str):
         yield
         return
     _State.command, _State.stderr, _State.published = command, os.dup(2), False
-    previous = signal.signal(signal.SIGINT, _on_sigint)
+    previous, stream = signal.signal(signal.SIGINT, _on_sigint), sys.stderr
+    sys.stderr = _State.lines = _LineEnds(stream)
     try:
         yield
     except BaseException:
@@ -128,6 +146,8 @@ def handling(command: str):
         raise
     finally:
         signal.signal(signal.SIGINT, previous)
+        if sys.stderr is _State.lines:
+            sys.stderr = stream
     if _State.interrupted:  # a command that caught the interrupt and returned
         _exit()
 
@@ -183,7 +203,8 @@ def message() -> str:
 def _exit():
     """Write the one line and end the process now (threads still running included)."""
     try:
-        os.write(_State.stderr if _State.stderr is not None else 2, (message() + "\n").encode())
+        start = "" if _State.lines is None or _State.lines.at_line_start else "\n"
+        os.write(_State.stderr if _State.stderr is not None else 2, (start + message() + "\n").encode())
     except OSError:
         pass
     os._exit(EXIT_CODE)

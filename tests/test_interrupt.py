@@ -377,3 +377,19 @@ def test_a_loader_that_stops_iterating_exits_without_waiting_for_the_pile_being_
     process, seconds = run_slow_loader(piles, "stop")
     assert process.returncode == 0, process.stderr.read()
     assert seconds < LOAD_SECONDS / 2, f"took {seconds:.1f} s to exit (a pile loads in {LOAD_SECONDS} s)"
+
+
+def test_the_line_starts_on_its_own_line_after_a_print_cut_between_text_and_newline(tmp_path):
+    """``print`` writes its text and its newline apart: Ctrl-C between them must not glue the
+    interrupt line to the half-printed one (seen once in a full suite run)."""
+    script = tmp_path / "cut.py"
+    script.write_text(
+        "import sys\n"
+        "from pileshuffle import interrupt\n"
+        "with interrupt.handling('x'):\n"
+        "    sys.stderr.write('pileshuffle: a line without its newline')\n"
+        "    interrupt._State.interrupted = True\n"
+        "    raise KeyboardInterrupt\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130
+    assert done.stderr.splitlines()[-1] == "pileshuffle x: interrupted", done.stderr
