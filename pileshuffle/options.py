@@ -214,10 +214,16 @@ BEAM_MINIMUMS = {  # Beam options the local runner reads whose range Beam never 
 
 def check_beam_values(argv):
     """Refuse a value of Beam's own options in ``argv`` that Beam's parser refuses (type,
-    choices: ``--direct_running_mode``) or that is out of ``BEAM_MINIMUMS``' range, in one
-    line naming the option (UsageError), before anything runs."""
+    choices: ``--direct_running_mode``), a ``--runner`` Beam cannot create, or a value out
+    of ``BEAM_MINIMUMS``' range, in one line naming the option (UsageError), before
+    anything runs."""
+    from pileshuffle.runners import runner_problem
+
     argv = _before_separator(argv)
     values, _ = beam_parser().parse_known_args(argv)
+    problem = runner_problem(values.runner)
+    if problem:
+        raise UsageError(problem)
     given = set(option_names(argv))
     for name, (minimum, meaning) in BEAM_MINIMUMS.items():
         value = getattr(values, name, None)
@@ -240,7 +246,6 @@ def check_argv(argv, parameters=PARAMETERS):
     values = _parse_own(argv, parameters)
     check_values(values, parameters)
     check_required(values, parameters)
-    check_runner(argv)
     check_beam_values(argv)
     return values
 
@@ -252,17 +257,6 @@ def check_required(values, parameters=PARAMETERS):
             raise UsageError(f"--{p.name}: is required ({p.label.lower()}, e.g. --{p.name}={p.example})")
 
 
-def check_runner(argv):
-    """Refuse a ``--runner`` that Beam cannot create (UsageError), before anything runs."""
-    from pileshuffle.runners import runner_problem
-
-    parser = _QuietParser(allow_abbrev=False, add_help=False)
-    parser.add_argument("--runner")
-    problem = runner_problem(parser.parse_known_args(_before_separator(argv))[0].runner)
-    if problem:
-        raise UsageError(problem)
-
-
 def check_command_argv(parser: argparse.ArgumentParser, argv):
     """Parse a command's own options with ``parser`` and refuse any other option that
     Beam does not know (UsageError with a suggestion), first: a misspelt required option
@@ -271,7 +265,6 @@ def check_command_argv(parser: argparse.ArgumentParser, argv):
     template_only = {f"--{p.name}" for p in PARAMETERS} - {f"--{o}" for o in own}  # run's options mean nothing here
     refuse_unknown(option_names(argv), own, template_only, prog=parser.prog)
     args, rest = parser.parse_known_args(argv)
-    check_runner(rest)
     check_beam_values(rest)
     return args, rest
 

@@ -152,13 +152,18 @@ FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing, the 8-byte key and 8-byte hash per
 PARQUET_EXPANSION_GUESS = 2.0  # Arrow in memory vs compressed Parquet pages
 
 
+def fragment_bytes(fmt, sources) -> int:
+    """About what pass 1 writes as Arrow fragments or store files: the input uncompressed, in Arrow."""
+    expanded = estimated_bytes(sources) * (PARQUET_EXPANSION_GUESS if fmt.name == "parquet" else 1)
+    return int(expanded * FRAGMENT_OVERHEAD)
+
+
 def space_needed(fmt, sources, intermediate, work_dir, staging) -> dict:
     """Bytes a run writes at each location before it finishes: pass-1 fragments (files
-    mode; the input uncompressed, in Arrow) and the staged shards (about the input)."""
-    expanded = estimated_bytes(sources) * (PARQUET_EXPANSION_GUESS if fmt.name == "parquet" else 1)
+    mode) and the staged shards (about the input)."""
     needs = {staging: sum(s.size for s in sources)}
     if intermediate == "files":
-        needs[work_dir] = needs.get(work_dir, 0) + int(expanded * FRAGMENT_OVERHEAD)
+        needs[work_dir] = needs.get(work_dir, 0) + fragment_bytes(fmt, sources)
     return needs
 
 
@@ -235,8 +240,7 @@ def make_plan(options: PipelineOptions) -> Plan:
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
     needs = space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output))
     if opts.layout == "store":
-        needs = {store_dir(output): int(estimated_bytes(sources) * FRAGMENT_OVERHEAD *
-                                        (PARQUET_EXPANSION_GUESS if fmt.name == "parquet" else 1))}
+        needs = {store_dir(output): fragment_bytes(fmt, sources)}
     space = check_free_space(needs)
     plan = Plan(
         format=fmt.name,

@@ -20,14 +20,19 @@ def run_shuffle(input_glob, output, *args, runner_args=FAST):
     return run([f"--input={input_glob}", f"--output={output}", *runner_args, *args])
 
 
-def shuffled_sample(factory, fmt, *args, records, files=3, **write):
-    """The prefix of a real run (``args``: its options) over ``files`` freshly written
-    sample files of ``fmt`` (``write``: the writer's options)."""
+def sample_run(factory, fmt, *args, records, files=3, **write):
+    """``(input pattern, output prefix)`` of a real run (``args``: its options) over ``files``
+    freshly written sample files of ``fmt`` (``write``: the writer's options)."""
     root = factory.mktemp(fmt)
     sample.WRITERS[fmt](str(root / "in"), records=records, files=files, **write)
-    prefix = str(root / "out" / "data")
-    run_shuffle(str(root / "in" / f"*.{fmt}"), prefix, f"--format={fmt}", *args)
-    return prefix
+    pattern, prefix = str(root / "in" / f"*.{fmt}"), str(root / "out" / "data")
+    run_shuffle(pattern, prefix, f"--format={fmt}", *args)
+    return pattern, prefix
+
+
+def shuffled_sample(factory, fmt, *args, records, files=3, **write):
+    """The prefix of a real run over freshly written sample files (``sample_run``)."""
+    return sample_run(factory, fmt, *args, records=records, files=files, **write)[1]
 
 
 def shards(output):

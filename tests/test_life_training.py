@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pileshuffle import sample
 from pileshuffle.loader import ShuffledDataset
 
-from conftest import run_shuffle
+from conftest import run_shuffle, sample_run
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
               pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")]
@@ -249,11 +249,8 @@ def uninterrupted(prefix, path, world, workers, epoch):
 
 @pytest.fixture(scope="module")
 def job_output(tmp_path_factory):
-    root = tmp_path_factory.mktemp("life")
-    sample.write_tfrecord(str(root / "in"), records=RECORDS, files=2, record_bytes=24)
-    pattern, prefix = str(root / "in" / "*.tfrecord"), str(root / "out" / "train")
-    run_shuffle(pattern, prefix, "--num_piles=5", "--seed=1")
-    return pattern, prefix
+    return sample_run(tmp_path_factory, "tfrecord", "--num_piles=5", "--seed=1", records=RECORDS, files=2,
+                      record_bytes=24)
 
 
 def test_a_training_jobs_life(job_output):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import manifest as read_manifest
-from conftest import read_tfrecord_payloads, run_shuffle, shards
+from conftest import read_tfrecord_payloads, run_shuffle, sample_run, shards
 from pileshuffle import sample
 from pileshuffle.formats import get_format
 from pileshuffle.quality import main as quality_main
@@ -30,11 +30,8 @@ RECORDS = 20_000
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A real run: 20,000 records carrying their index, 4 files, 8 piles."""
-    directory = tmp_path_factory.mktemp("quality")
-    sample.write_tfrecord(str(directory / "in"), records=RECORDS, files=4, record_bytes=40)
-    pattern, out = str(directory / "in" / "*.tfrecord"), str(directory / "out" / "o")
-    run_shuffle(pattern, out, "--num_piles=8", "--seed=4")
-    return pattern, out
+    return sample_run(tmp_path_factory, "tfrecord", "--num_piles=8", "--seed=4", records=RECORDS, files=4,
+                      record_bytes=40)
 
 
 def inputs(pattern):

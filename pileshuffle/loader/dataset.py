@@ -149,7 +149,7 @@ class ShuffledDataset:
     def _at_epoch(self, epoch: int) -> "ShuffledDataset":
         """A copy whose next pass reads ``epoch`` from its start (this dataset itself when its
         next pass would: its own epoch, where a loaded state may be waiting)."""
-        if self._next_pass().epoch == epoch and not self._passed:
+        if not self._passed and self.epoch == epoch:
             return self
         view = copy.copy(self)
         view._start_epoch(epoch)

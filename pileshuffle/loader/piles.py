@@ -422,31 +422,31 @@ def _what_to_give(fs, path: str) -> str:
 def store_version_of(output: "Output", identity: dict):
     """The manifest path of the version of ``output``'s store whose identity is ``identity``
     (an older version a loader state was saved on), or None."""
-    fs, directory = output.piles[0].source.filesystem if output.piles else None, posixpath.dirname(output.location)
-    if fs is None:
-        return None
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-    except (OSError, pa.ArrowException):
-        return None
-    for info in sorted((i for i in infos if _STORE_MANIFEST.search(i.path)), key=lambda i: i.path, reverse=True):
+    fs, directory = output.piles[0].source.filesystem, posixpath.dirname(output.location)
+    for path in reversed(_store_manifests(fs, directory)):
         try:
-            manifest = read_json(fs, info.path)
+            manifest = read_json(fs, path)
             fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
         except (InputError, KeyError, ValueError):
             continue
         if identity_of("store", manifest, fingerprint) == identity:
-            return info.path
+            return path
     return None
 
 
-def _current_store_manifest(fs, directory: str):
+def _store_manifests(fs, directory: str) -> list:
+    """The paths of the store's manifest versions in ``directory``, oldest first."""
     try:
         infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
     except (OSError, pa.ArrowException):
-        return None
+        return []
     versions = sorted((m.group(1), i.path) for i in infos if (m := _STORE_MANIFEST.search(i.path)))
-    return versions[-1][1] if versions else None
+    return [path for _, path in versions]
+
+
+def _current_store_manifest(fs, directory: str):
+    versions = _store_manifests(fs, directory)
+    return versions[-1] if versions else None
 
 
 def _check_format(manifest: dict, where: str) -> str:

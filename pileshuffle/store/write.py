@@ -27,11 +27,11 @@ from pileshuffle import interrupt
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import ReadReport, get_format
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, size_of
 from pileshuffle.fragments import FragmentFiles, read_batches
 from pileshuffle.store import layout
 from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, keyed_chunks, split_by_pile
-from pileshuffle.transforms.write import KeyByNone, check_accounted, file_size, remove_tree, schema_json
+from pileshuffle.transforms.write import KeyByNone, check_accounted, remove_tree, schema_json
 from pileshuffle.tuning import prepare_worker
 
 GENERATION_STREAM = 2  # key stream tag of generations after the first (1 is composed use's)
@@ -94,7 +94,7 @@ class StoreFiles(FragmentFiles):
         return layout.join(self._store, self.relative(pile))
 
     def commit_files(self, work_dir=None):
-        return [StoreFile(self._generation, pile, self._writer, self.relative(pile), records, file_size(path),
+        return [StoreFile(self._generation, pile, self._writer, self.relative(pile), records, size_of(path),
                           fingerprint, work_dir)
                 for pile, path, records, _, fingerprint in self.commit()]
 

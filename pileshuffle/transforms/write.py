@@ -66,9 +66,6 @@ def existing_outputs(prefix: str):
     return sorted(found)
 
 
-file_size = size_of
-
-
 # -- which files a run may replace ------------------------------------------------------------
 #
 # Only files that a run's own records list: the output's manifest (a finished output: its
@@ -240,7 +237,7 @@ class WriteShard(beam.DoFn):
             release(pile)
         progress.pile_written()
         yield ShardStats(
-            pile.index, pile.num_piles, staged, written[0].records, file_size(staged), pile.nbytes,
+            pile.index, pile.num_piles, staged, written[0].records, size_of(staged), pile.nbytes,
             pile.fingerprint, written[0], pile.split_count(), pile.work_dir,
             schema[0] if self._format_name == "parquet" else None,
         )
@@ -326,12 +323,13 @@ class Finalize(beam.DoFn):
         except OSError as error:
             raise write_failure(staging_dir(self._prefix), error) from error
         progress.pile_written()
-        return ShardStats(pile, num_piles, path, 0, file_size(path), 0, Fingerprint(), Fingerprint(), 0)
+        return ShardStats(pile, num_piles, path, 0, size_of(path), 0, Fingerprint(), Fingerprint(), 0)
 
     def _replace_old_outputs(self, old: OutputFiles, finals):
         """Journal the publication, then delete the old files the new shards do not
         replace by name: the old manifest first, so a reader never trusts a partial set."""
-        doomed = [p for p in old.replaceable if _name(p) not in {_name(f) for f in finals}]
+        replaced_by_name = {_name(f) for f in finals}
+        doomed = [p for p in old.replaceable if _name(p) not in replaced_by_name]
         write_journal(self._prefix, finals + [manifest_path(self._prefix)], doomed)
         for batch in ([p for p in doomed if p == old.manifest], [p for p in doomed if p != old.manifest]):
             if batch:
