@@ -36,6 +36,7 @@ setuptools.setup(
             "torch==2.13.0",  # the CPU-only wheel on these machines; any other version pulls CUDA
             "torchdata>=0.8",
             "matplotlib>=3.7",
+            "gcp-storage-emulator>=2024.1",  # local Cloud Storage for the gs:// tests (fake-gcs-server breaks Beam's batch deletes)
         ],
     },
     entry_points={"console_scripts": ["pileshuffle=pileshuffle.cli:entry"]},

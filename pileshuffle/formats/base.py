@@ -8,6 +8,7 @@ uses the dataset's own columns. All file access goes through Beam's ``FileSystem
 
 import contextlib
 import dataclasses
+import os
 import re
 
 import numpy as np
@@ -60,6 +61,24 @@ def literal_pattern(path: str) -> str:
 def size_of(path: str) -> int:
     """The size in bytes of the file at ``path`` (whatever characters its name holds)."""
     return FileSystems.match([literal_pattern(path)])[0].metadata_list[0].size_in_bytes
+
+
+def delete_tree(directory: str) -> bool:
+    """Delete a folder and everything in it; whether there was anything. On an object store a
+    folder is the objects under its prefix, which Beam's ``exists`` and ``delete`` of the bare
+    name do not see: they are listed (``**``: at any depth) and deleted."""
+    if "://" not in directory:
+        if not os.path.exists(directory):
+            return False
+        FileSystems.delete([directory])
+        return True
+    try:
+        found = [m.path for m in FileSystems.match([FileSystems.join(literal_pattern(directory), "**")])[0].metadata_list]
+    except Exception:  # BeamIOError when nothing matches
+        found = []
+    if found:
+        FileSystems.delete(found)
+    return bool(found)
 
 
 def compression_of(path: str) -> str:

@@ -33,6 +33,7 @@ from apache_beam.io.localfilesystem import LocalFileSystem
 
 from pileshuffle import __version__
 from pileshuffle.errors import OutputError
+from pileshuffle.formats.base import delete_tree
 
 STORE_KIND = "pileshuffle-store"
 STORE_FORMAT = 1
@@ -358,18 +359,7 @@ def remove_unpublished(prefix: str):
 
 def remove_directory(path: str) -> bool:
     """Delete a generation directory and everything in it; whether there was one."""
-    if is_local(path):
-        if not os.path.exists(path):
-            return False
-        FileSystems.delete([path])
-        return True
-    try:  # object stores: the objects under the prefix (one listing of one generation)
-        found = [m.path for m in FileSystems.match([FileSystems.join(path, "*")])[0].metadata_list]
-    except Exception:
-        found = []
-    if found:
-        FileSystems.delete(found)
-    return bool(found)
+    return delete_tree(path)
 
 
 def command_line(argv) -> str:

@@ -24,7 +24,7 @@ from pileshuffle import __version__, interrupt, progress
 from pileshuffle.errors import InputError, IntegrityError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
-from pileshuffle.formats.base import literal_pattern, size_of
+from pileshuffle.formats.base import delete_tree, literal_pattern, size_of
 from pileshuffle.fragments import HASH_COLUMN, write_failure
 from pileshuffle.tuning import prepare_worker
 
@@ -387,10 +387,10 @@ class Finalize(beam.DoFn):
 
 
 def remove_tree(directory: str):
-    """Delete a directory tree if it exists (best effort: leftovers are only temp files)."""
+    """Delete a directory tree if it exists, local or on an object store (best effort:
+    leftovers are only temp files)."""
     try:
-        if FileSystems.exists(directory):
-            FileSystems.delete([directory])
+        delete_tree(directory)
     except Exception:
         pass
 
