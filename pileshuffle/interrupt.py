@@ -41,7 +41,7 @@ class _State:
     interrupted = False
     published = False
     steps = {}  # thread id -> how many writing steps it is inside
-    publishing_main = False  # the main thread is inside ``publishing()``
+    not_cut_main = False  # the main thread is inside a step Ctrl-C does not cut (``not_cut``)
     deferred = False  # Ctrl-C came then: it takes effect when that step ends
     lines = None  # sys.stderr while the command runs (``_LineEnds``)
 
@@ -111,16 +111,25 @@ def writes(function):
 def publishing():
     """A ``writing()`` step that makes the command's result visible: Ctrl-C takes effect
     before it starts or after it has ended, never in between, also in the main thread."""
-    main = threading.current_thread() is threading.main_thread()
-    with writing():
-        _State.publishing_main = _State.publishing_main or main
-        try:
-            yield
-            _State.published = True
-        finally:
-            if main:
-                _State.publishing_main = False
-    if main and _State.deferred:
+    with writing(), not_cut():
+        yield
+        _State.published = True
+
+
+@contextlib.contextmanager
+def not_cut():
+    """A main-thread step that Ctrl-C does not cut (a publication, releasing a lock): a
+    Ctrl-C that comes inside it takes effect once it has ended. Unlike ``writing()`` it also
+    runs after Ctrl-C came: the clean-up that releases a lock is such a step."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outer, _State.not_cut_main = _State.not_cut_main, True
+    try:
+        yield
+    finally:
+        _State.not_cut_main = outer
+    if not outer and _State.deferred:
         _State.deferred = False
         _interrupt()
 
@@ -154,11 +163,11 @@ def handling(command: str):
 
 def _on_sigint(signum, frame):
     if _State.interrupted:  # a second Ctrl-C: stop waiting and cleaning up
-        if not _State.publishing_main:
+        if not _State.not_cut_main:
             _exit()
         return
     _silence()
-    if _State.publishing_main:  # let the main thread finish publishing first
+    if _State.not_cut_main:  # let the main thread finish that step first
         _State.deferred = True
         return
     _interrupt()

@@ -53,7 +53,7 @@ import traceback
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 
@@ -644,3 +644,23 @@ def test_expire_keeping_more_generations_than_are_live_drops_none(tmp_path):
         done = pileshuffle(["expire", f"--store={prefix}", f"--keep_generations={keep}"])
         assert done.code == 0 and "expired   0 generation(s)" in done.stdout, done.stdout
     assert [g["generation"] for g in layout.read_store_manifest(prefix)["generations"]] == [0, 1]
+
+
+@settings(max_examples=1, deadline=None, phases=[Phase.generate])
+@given(st.just(None))  # the rules record hypothesis events: they run inside a test
+def test_a_refused_append_interrupted_while_it_releases_the_lock_leaves_no_lock(_):
+    """Found by a life (the shrunk steps, replayed): a refused ``append`` hit by Ctrl-C
+    while it released the store's lock left ``LOCK`` behind; releasing a lock is now a
+    step Ctrl-C does not cut (``interrupt.not_cut``)."""
+    life = StoreLife()
+    try:
+        life.create(fmt="tfrecord", piles=2, files=[0, 1, 9], interrupt_at_call=None, seed=0)
+        life.append(duplicates=True, files=[0], interrupt_at_call=None)
+        life.append(duplicates=True, files=[0], interrupt_at_call=53)
+        life.append(duplicates=True, files=[0, 1], interrupt_at_call=None)
+        life.append(duplicates=False, files=[0, 1, 2], interrupt_at_call=1)
+        life.append(duplicates=True, files=[0], interrupt_at_call=None)
+        life.append(duplicates=False, files=[0, 1, 2], interrupt_at_call=173)  # asserts nothing changed
+        life.matches_the_model()
+    finally:
+        life.teardown()

@@ -141,8 +141,9 @@ def store_lock(prefix: str, command: str):
     try:
         yield token
     except BaseException:
-        layout.release_lock(prefix, token)
-        layout.remove_if_empty(prefix)
+        with interrupt.not_cut():  # one step: no lock, nor an empty folder, is left by a Ctrl-C inside it
+            layout.release_lock(prefix, token)
+            layout.remove_if_empty(prefix)
         raise
 
 

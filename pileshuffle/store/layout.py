@@ -31,7 +31,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 
-from pileshuffle import __version__
+from pileshuffle import __version__, interrupt
 from pileshuffle.errors import OutputError
 from pileshuffle.formats.base import delete_tree
 
@@ -256,12 +256,13 @@ class FileLock:
                 f"since {holder.get('since')}); wait for it to finish, or delete {self.path} if that process is gone")
 
     def release(self, token: str):
-        """Remove the lock if ``token`` still holds it (best effort)."""
-        try:
-            if (holder_of(self.path) or {}).get("token") == token:
-                FileSystems.delete([self.path])
-        except Exception:
-            pass
+        """Remove the lock if ``token`` still holds it (best effort; Ctrl-C does not cut it)."""
+        with interrupt.not_cut():
+            try:
+                if (holder_of(self.path) or {}).get("token") == token:
+                    FileSystems.delete([self.path])
+            except Exception:
+                pass
 
     @contextlib.contextmanager
     def held(self):
