@@ -33,7 +33,7 @@ DEMO_DIR ?= demo-data
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[pipeline,test]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,8 +1,24 @@
 """pileshuffle: a seeded, deterministic global shuffle for datasets larger than RAM, on Apache Beam.
 
-Also used as Beam's ``--setup_file`` so that Dataflow workers install the same package.
+Also used as Beam's ``--setup_file`` so that Dataflow workers install the same package
+(without extras: the workers' Beam SDK container already holds the ``pipeline`` extra's packages).
+
+``pip install pileshuffle``: the reader (``pileshuffle.loader``) alone, no Apache Beam.
+``pip install "pileshuffle[pipeline]"``: also the pipeline and the CLI's commands.
 """
 import setuptools
+
+# What `pileshuffle.loader` imports: `pip install pileshuffle` is the reader alone.
+READER = [
+    "pyarrow>=17",
+    "numpy>=1.26",
+    "google-crc32c>=1.5",  # imported directly (TFRecord CRCs, fingerprints), not only through Beam's gcp extra
+]
+# What only the pipeline and the CLI's commands import: `pip install "pileshuffle[pipeline]"`.
+PIPELINE = [
+    "apache-beam[gcp]>=2.77,<3",
+    "tqdm>=4.60",  # the pipeline's progress lines
+]
 
 setuptools.setup(
     name="pileshuffle",
@@ -12,19 +28,16 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["pileshuffle", "pileshuffle.*"]),
-    install_requires=[
-        "apache-beam[gcp]>=2.77,<3",
-        "pyarrow>=17",
-        "numpy>=1.26",
-        "google-crc32c>=1.5",  # imported directly (TFRecord CRCs, fingerprints), not only through Beam's gcp extra
-        "tqdm>=4.60",
-    ],
+    # The reader (pileshuffle.loader) alone: a training host that only reads needs no Beam.
+    install_requires=READER,
     extras_require={
+        "pipeline": PIPELINE,  # the pipeline and the CLI's commands (run, plan, verify, stores, quality)
         "tf": ["tensorflow-cpu>=2.16"],
-        "dask": ["dask>=2024.1", "distributed>=2024.1"],
+        "dask": [*PIPELINE, "dask>=2024.1", "distributed>=2024.1"],  # a Beam runner: nothing without the pipeline
         "torch": ["torch>=2.1", "torchdata>=0.8"],
-        "report": ["matplotlib>=3.7", "scipy>=1.11"],
+        "report": [*PIPELINE, "matplotlib>=3.7", "scipy>=1.11"],  # the `quality` command's figures
         "test": [
+            *PIPELINE,
             "pytest>=8",
             "hypothesis>=6",
             "scipy>=1.11",

@@ -28,7 +28,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import datagen  # noqa: E402
-from run import GB, OUT, PY, log, measure, pileshuffle_command, wait_for_idle, warm  # noqa: E402
+from measure import measure, wait_for_idle, warm  # noqa: E402
+from workspace import GB, OUT, PY, log, pileshuffle_command  # noqa: E402
 
 DATA = os.path.join(HERE, ".data")
 SEED = 1

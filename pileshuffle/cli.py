@@ -8,6 +8,7 @@ anything runs) and answers ``--help`` from its parameters (``options.help_text``
 
 import dataclasses
 import importlib
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -20,28 +21,50 @@ class Command:
     description: str
     function: str = "main"
 
-    def main(self, argv) -> int:
+    def main(self, argv, name: str) -> int:
         from pileshuffle import interrupt
         from pileshuffle.tuning import importing_without_gc, keep_freed_memory
 
         interrupt.describe("it had not started: nothing was written")
         keep_freed_memory()  # before Beam's import starts threads
-        with importing_without_gc():
-            module = importlib.import_module(self.module)
-        interrupt.describe(None)  # from here the command says what Ctrl-C would leave
-        return getattr(module, self.function)(argv)
+        try:
+            with importing_without_gc():
+                module = importlib.import_module(self.module)
+            interrupt.describe(None)  # from here the command says what Ctrl-C would leave
+            return getattr(module, self.function)(argv)
+        except ModuleNotFoundError as missing:  # `pip install pileshuffle` is the reader alone
+            lacking = uninstalled_pipeline_module(missing)
+            if lacking is None:
+                raise
+            print(f"pileshuffle {name}: needs {lacking}, which this install lacks: "
+                  'pip install "pileshuffle[pipeline]"', file=sys.stderr)
+            return 2
+
+
+# The top-level modules of setup.py's `pipeline` extra, which the commands import (some only
+# once they run, like `quality`) and a reader-only install lacks; by the names users know.
+PIPELINE_MODULES = {"apache_beam": "Apache Beam", "tqdm": "tqdm"}
+
+
+def uninstalled_pipeline_module(missing: ModuleNotFoundError):
+    """The name of the ``pipeline`` extra's package whose absence raised ``missing``, or None
+    when ``missing`` is about another module or one inside an installed package (a real bug)."""
+    top = (missing.name or "").split(".")[0]
+    if top in PIPELINE_MODULES and importlib.util.find_spec(top) is None:
+        return PIPELINE_MODULES[top]
+    return None
 
 
 COMMANDS = {
     "run": Command("pileshuffle.pipeline", "shuffle: the template's pipeline (same options as python -m pileshuffle.pipeline)"),
-    "plan": Command("pileshuffle.plan", "show what a run would do (files, bytes, piles, memory, space) without running it"),
-    "verify": Command("pileshuffle.verify", "re-read input and output and prove nothing was lost, duplicated or corrupted"),
-    "append": Command("pileshuffle.store.commands", "add new input files to a pile store (run --layout store) as a new generation", "append_main"),
-    "expire": Command("pileshuffle.store.commands", "drop a pile store's oldest generations (--keep_generations N, --before TIME)", "expire_main"),
-    "gc": Command("pileshuffle.store.commands", "delete a pile store's files that no recent manifest version lists", "gc_main"),
-    "materialize": Command("pileshuffle.store.commands", "write a pile store's records as the shuffled shards `run` writes", "materialize_main"),
+    "plan": Command("pileshuffle.commands.plan", "show what a run would do (files, bytes, piles, memory, space) without running it"),
+    "verify": Command("pileshuffle.commands.verify", "re-read input and output and prove nothing was lost, duplicated or corrupted"),
+    "append": Command("pileshuffle.commands.store", "add new input files to a pile store (run --layout store) as a new generation", "append_main"),
+    "expire": Command("pileshuffle.commands.store", "drop a pile store's oldest generations (--keep_generations N, --before TIME)", "expire_main"),
+    "gc": Command("pileshuffle.commands.store", "delete a pile store's files that no recent manifest version lists", "gc_main"),
+    "materialize": Command("pileshuffle.commands.store", "write a pile store's records as the shuffled shards `run` writes", "materialize_main"),
     "generate": Command("pileshuffle.sample", "write sample data whose records carry their index (for trying things out)"),
-    "metadata": Command("pileshuffle.options", "print the Dataflow flex template's metadata.json"),
+    "metadata": Command("pileshuffle.commands.metadata", "print the Dataflow flex template's metadata.json"),
     "quality": Command("pileshuffle.quality", "measure and draw how uniform a finished run's order is (and the shuffles people use instead)"),
 }
 
@@ -56,7 +79,7 @@ def usage() -> str:
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
-        return COMMANDS[argv[0]].main(argv[1:])
+        return COMMANDS[argv[0]].main(argv[1:], argv[0])
     asked = bool(argv) and argv[0] in ("-h", "--help")
     if argv and not asked:
         print(f"pileshuffle: error: unknown command {argv[0]!r}", file=sys.stderr)

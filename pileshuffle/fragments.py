@@ -17,9 +17,8 @@ from apache_beam.io.localfilesystem import LocalFileSystem
 from pileshuffle import interrupt
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
+from pileshuffle.names import fragment_name, temp_name
 
-KEY_COLUMN = "_pileshuffle_key"  # U, the record's uint64 sort key
-HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carried to pass 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,14 +89,14 @@ class FragmentFiles:
         self._open = {}  # pile -> [handle, writer, temp path, records, nbytes, fingerprint]
 
     def final_path(self, pile: int) -> str:
-        return FileSystems.join(self._directory, f"{self._name}-p{pile:06d}.arrows")
+        return FileSystems.join(self._directory, fragment_name(self._name, pile))
 
     @interrupt.writes  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
     def append(self, pile: int, table: pa.Table, fingerprint: Fingerprint):
         entry = self._open.get(pile)
         try:
             if entry is None:
-                temp = self.final_path(pile) + f".tmp-{self._attempt}"
+                temp = temp_name(self.final_path(pile), self._attempt)
                 handle = FileSystems.create(temp, compression_type="uncompressed")
                 entry = self._open[pile] = [handle, pa.ipc.new_stream(handle, table.schema), temp, 0, 0, Fingerprint()]
             entry[1].write_table(table)

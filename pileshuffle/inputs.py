@@ -14,9 +14,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle.errors import InputError
 from pileshuffle.formats import RecordFormat, format_of_name, get_format, known_extensions
-from pileshuffle.store.layout import is_store_file
 from pileshuffle.transforms.assign import Source
-from pileshuffle.transforms.write import manifest_path
+from pileshuffle.names import SHARD_NAME, WORK_DIRECTORY, is_store_file, manifest_path, prefix_of_manifest
 
 def match_inputs(patterns: str, output: str = None) -> list:
     """Sorted, de-duplicated files matching comma-separated ``patterns``, without
@@ -242,8 +241,6 @@ def check_format_fits(sources, format_name: str, holder: str):
                                           "the formats differ")
 
 
-SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5}-of-[0-9]{5}(?:\.[^/]*)?$")
-WORK_DIRECTORY = re.compile(r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+/|[^/]+\.pileshuffle-staging/|[^/]+\.pileshuffle-lock)")
 FINISHED_SHARD = "a shard of the finished output "
 
 
@@ -255,8 +252,8 @@ def own_file(path: str, output: str, matched) -> str:
         return "a staging, work or lock file"
     if is_store_file(path):
         return "a pile store's file"
-    if path.endswith("-manifest.json") and is_shard_manifest(path):
-        return f"the manifest of {path[:-len('-manifest.json')]}"
+    if prefix_of_manifest(path) and is_shard_manifest(path):
+        return f"the manifest of {prefix_of_manifest(path)}"
     shard = SHARD_NAME.match(path)
     if shard:
         prefix = shard.group("prefix")

@@ -130,29 +130,6 @@ class PileshuffleOptions(PipelineOptions):
                                     choices=parameter.choices or None, required=False)
 
 
-def template_metadata() -> dict:
-    """The flex template's metadata.json, from ``PARAMETERS``."""
-    parameters = []
-    for p in PARAMETERS:
-        entry = {
-            "name": p.name,
-            "label": p.label,
-            "helpText": f"{p.help} Example: {p.example}",
-            "isOptional": p.optional,
-        }
-        if p.choices:
-            entry["regexes"] = ["^(" + "|".join(p.choices) + ")$"]
-        elif p.regex:
-            entry["regexes"] = [p.regex]
-        parameters.append(entry)
-    return {
-        "name": "pileshuffle",
-        "description": "Globally shuffle TFRecord, Parquet or JSONL files with a seeded 2-pass pile shuffle "
-                       "(uniform random order, deterministic for a seed).",
-        "parameters": parameters,
-    }
-
-
 # -- the command line -------------------------------------------------------------------------
 
 BEAM_OPTIONS_NOTE = """Beam's own options are accepted too: --runner (default: the local FnApiRunner, one thread
@@ -399,11 +376,3 @@ def check_compression(format_name, compression):
         raise UsageError(f"--compression: {format_name} output takes {', '.join(fmt.compressions)}, not {compression!r}")
 
 
-def main(argv=None):
-    """``pileshuffle metadata``: print the Dataflow flex template's metadata.json."""
-    import json
-
-    parse_command(argparse.ArgumentParser(prog="pileshuffle metadata", allow_abbrev=False,
-                                          description="Print the Dataflow flex template's metadata.json."), argv or [])
-    print(json.dumps(template_metadata(), indent=2))
-    return 0

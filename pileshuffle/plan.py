@@ -9,9 +9,7 @@ every command that writes shards checks and takes its output the same way)."""
 import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -22,18 +20,11 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError, OutputError
-from pileshuffle.inputs import check_schemas, describe_left_out, describe_skipped, resolve_format, select_inputs
+from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
+from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
 from pileshuffle.options import PileshuffleOptions, check_compression, check_values, parse_bytes
-from pileshuffle.store.layout import FileLock, is_store, store_dir
-from pileshuffle.transforms.write import (
-    OutputFiles,
-    check_replaceable,
-    discard_unpublished,
-    manifest_path,
-    output_lock_path,
-    remove_tree,
-    staging_dir,
-)
+from pileshuffle.output_files import OutputFiles, check_replaceable, discard_unpublished, remove_tree
+from pileshuffle.store.layout import FileLock, is_store
 
 log = logging.getLogger("pileshuffle")
 
@@ -114,7 +105,7 @@ def work_dir_for(output: str, temp_location) -> str:
         refuse_wildcards("--temp_location", temp_location)
     digest = hashlib.sha1(output.encode()).hexdigest()[:12]
     root = temp_location or FileSystems.split(output)[0]
-    return FileSystems.join(root, f".pileshuffle-work-{digest}")
+    return FileSystems.join(root, work_dir_name(digest))
 
 
 def check_writable(directory: str, what: str):
@@ -216,7 +207,7 @@ def make_plan(options: PipelineOptions) -> Plan:
     check_values(opts)
     if not opts.input:
         raise InputError("--input", "is required")
-    if opts.layout == "store":  # a store run checks its own (store.commands.run_store)
+    if opts.layout == "store":  # a store run checks its own (commands.store.run_store)
         output = output_prefix(opts.output)
         outputs = OutputFiles(output)
     else:
@@ -348,9 +339,6 @@ def taken_output(output: str, overwrite: bool, work_dir: str, command: str):
 
 OBJECT_STORE_FRAGMENTS = 100_000  # object stores list, create and delete ~100,000 small objects well
 LOCAL_FRAGMENTS = 1_000_000
-PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
-LOCAL_BASE_BYTES = 300_000_000  # Python, Beam and Arrow in the local runner's one process (measured: 0.53 GB peak at 1 GB)
-SDK_PROCESS_BYTES = 1_000_000_000  # per SDK process on a Dataflow worker (docs/dataflow.md)
 
 
 def fragment_limit(location: str) -> int:
@@ -363,230 +351,3 @@ def fragment_warning(plan: Plan) -> str:
             "that file system handles well: use --intermediate=shuffle (the runner's shuffle; Dataflow's Shuffle service)")
 
 
-@dataclasses.dataclass(frozen=True)
-class PileSizes:
-    """Pile sizes of a plan: records per pile are Binomial(records, 1/M)."""
-
-    records: int
-    num_piles: int
-    record_bytes: float  # per record in a pile, payload and overhead
-    max_pile_bytes: int
-
-    @property
-    def expected(self) -> float:
-        return self.records / self.num_piles
-
-    @property
-    def headroom(self) -> float:
-        """s + 6 sqrt(s): what auto sizing plans for."""
-        return self.expected + 6 * math.sqrt(self.expected)
-
-    @property
-    def split_probability(self) -> float:
-        """Probability that some pile holds more than ``max_pile_bytes`` (and is split again),
-        by the normal approximation of each pile's binomial size."""
-        limit = self.max_pile_bytes / self.record_bytes
-        if self.num_piles == 1:
-            return float(self.records > limit)
-        variance = self.expected * (1 - 1 / self.num_piles)
-        one = 0.5 * math.erfc((limit - self.expected) / math.sqrt(2 * variance))
-        return 1.0 if one >= 1 else -math.expm1(self.num_piles * math.log1p(-one))
-
-
-def pile_sizes(plan: Plan) -> PileSizes:
-    return PileSizes(plan.estimated_records, plan.num_piles, plan.mean_record_bytes + RECORD_OVERHEAD, plan.max_pile_bytes)
-
-
-def runner_description(options) -> tuple:
-    """``(runner, piles in flight per worker or None)``."""
-    from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions
-
-    from pileshuffle.runners import is_dask, is_dataflow, is_local, runner_name
-
-    if is_local(options):
-        direct = options.view_as(DirectOptions)
-        threads = direct.direct_num_workers or os.cpu_count() or 1
-        mode = direct.direct_running_mode or "multi_threading"
-        return f"local: Beam's FnApiRunner on this machine, {threads} worker(s) ({mode})", threads
-    if is_dataflow(options):
-        region = options.view_as(GoogleCloudOptions).region or "(no --region)"
-        return f"Dataflow in {region}: submits the job and returns", None
-    if is_dask(options):
-        from apache_beam.runners.dask.dask_runner import DaskOptions
-
-        address = options.view_as(DaskOptions).address
-        return f"Dask at {address}" if address else "Dask on a local cluster it starts", None
-    return str(runner_name(options)), None
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} bytes"
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n:,} bytes"
-
-
-def _chance(p: float) -> str:
-    if p < 1e-9:
-        return "less than 1 in a billion"
-    if p < 1e-3:
-        return f"about 1 in {1 / p:,.0f}"
-    return f"{p:.1%}"
-
-
-def plan_text(plan: Plan, options) -> str:
-    """The plan as a person reads it: what was found, what will be made, what it needs."""
-    sizes = pile_sizes(plan)
-    runner, in_flight = runner_description(options)
-    pile_bytes = sizes.headroom * sizes.record_bytes
-    guessed = " (guessing 4x for .gz input)" if plan.estimated_bytes != plan.input_bytes else ""
-    lines = [
-        ("input", f"{len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes ({_size(plan.input_bytes)})"),
-        ("records", f"about {plan.estimated_records:,} of {plan.mean_record_bytes:,.0f} bytes on average{guessed}"),
-    ]
-    if plan.left_out:
-        lines.append(("left out", f"{len(plan.left_out):,} matched file(s) that pileshuffle wrote: "
-                                  f"{describe_left_out(plan.left_out)}"))
-    if plan.skipped:
-        lines.append(("skipped", f"{len(plan.skipped):,} matched name(s) that are not input files: "
-                                 f"{describe_skipped(plan.skipped)}"))
-    if plan.duplicates:
-        lines.append(("duplicates", f"{len(plan.duplicates):,} name(s) of files already matched (each file is read once)"))
-    if plan.unpublished:
-        lines.append(("replaces", f"{len(plan.unpublished):,} file(s) an unfinished run was publishing (its journal "
-                                  f"in {staging_dir(plan.output)} lists them)"))
-    if plan.layout == "store":
-        return "\n".join(f"{label:<14}{text}" for label, text in lines + store_lines(plan, options))
-    lines += [
-        ("piles", f"{plan.num_piles:,} = output shards ({plan.num_piles_reason})"),
-        ("pile size", f"s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} "
-                      f"records, about {_size(pile_bytes)} (--max_pile_bytes {_mib(plan.max_pile_bytes)})"),
-        ("split again", f"chance that some pile exceeds {_mib(plan.max_pile_bytes)} and is split again (same order): "
-                        f"{_chance(sizes.split_probability)}"),
-    ]
-    per_pile = PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
-    if in_flight:
-        lines.append(("memory", f"about {_size(per_pile)} per pile being written x {in_flight} at a time + "
-                                f"{_size(LOCAL_BASE_BYTES)} = {_size(per_pile * in_flight + LOCAL_BASE_BYTES)} peak"))
-    else:
-        lines.append(("memory", f"about {_size(per_pile)} per pile in flight on a worker, plus "
-                                f"{_size(SDK_PROCESS_BYTES)} per SDK process (docs/dataflow.md: worker memory)"))
-    staging = staging_dir(plan.output)
-    if plan.work_dir in plan.needs:
-        lines.append(("temp space", f"about {_size(plan.needs[plan.work_dir])} at {plan.work_dir} (pass-1 "
-                                    f"fragments, removed at the end){_free(plan, plan.work_dir)}"))
-    if staging in plan.needs:
-        lines.append(("output space", f"about {_size(plan.needs[staging])} (shards, staged in {staging}, then "
-                                      f"renamed){_free(plan, staging)}"))
-    if plan.intermediate == "files":
-        lines.append(("fragments", f"up to {plan.fragment_files:,} files ({len(plan.sources):,} input files x "
-                                   f"{plan.num_piles:,} piles) under {plan.work_dir}"))
-    else:
-        shuffled = plan.estimated_records * (plan.mean_record_bytes + RECORD_OVERHEAD)
-        lines.append(("shuffle", f"about {_size(shuffled)} through the runner's GroupByKey (--intermediate=shuffle: "
-                                 "the records with their keys and hashes)"))
-    lines += [
-        ("output", f"{plan.output}-00000-of-{plan.num_piles:05d}... + {manifest_path(plan.output)}, compression "
-                   f"{plan.compression}, seed {plan.seed}"),
-        ("runner", runner),
-    ]
-    if plan.fragment_files > fragment_limit(plan.work_dir):
-        lines.append(("warning", fragment_warning(plan)))
-    return "\n".join(f"{label:<14}{text}" for label, text in lines)
-
-
-def store_lines(plan: Plan, options) -> list:
-    """What ``run --layout store`` writes: pass 1 only, into a new pile store."""
-    from pileshuffle.store.write import STORE_WRITERS
-
-    sizes = pile_sizes(plan)
-    store = store_dir(plan.output)
-    writers = min(STORE_WRITERS, len(plan.sources))
-    return [
-        ("piles", f"{plan.num_piles:,} piles in the store ({plan.num_piles_reason}); the loader or `pileshuffle "
-                  "materialize` orders them later"),
-        ("pile size", f"s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} "
-                      f"records (--max_pile_bytes {_mib(plan.max_pile_bytes)}: larger piles are loaded in sub-piles)"),
-        ("output", f"pile store {store}/: generation 0 (manifest version 1), up to {writers * plan.num_piles:,} files "
-                   f"of Arrow IPC ({writers} writer(s) x {plan.num_piles:,} piles) holding each record with its key and "
-                   f"hash, seed {plan.seed}"),
-        ("output space", f"about {_size(plan.needs.get(store, 0))} at {store}/{_free(plan, store)}"),
-        ("runner", runner_description(options)[0]),
-    ]
-
-
-def _free(plan: Plan, location: str) -> str:
-    """Free space at ``location`` (shared with the plan's other locations on that disk)."""
-    need, free = plan.space.get(location, (0, None))
-    if free is None:
-        return ""
-    shared = " on that disk for both" if need != plan.needs[location] else ""
-    return f"; {_size(free)} free{shared}"
-
-
-
-def plan_json(plan: Plan, options) -> dict:
-    """The machine form: the original keys, then the numbers ``plan_text`` shows."""
-    sizes = pile_sizes(plan)
-    return {
-        "files": len(plan.sources),
-        "input_bytes": plan.input_bytes,
-        "num_piles": plan.num_piles,
-        "reason": plan.num_piles_reason,
-        "output": plan.output,
-        "compression": plan.compression,
-        "intermediate": plan.intermediate,
-        "work_dir": plan.work_dir,
-        "estimated_records": plan.estimated_records,
-        "mean_record_bytes": plan.mean_record_bytes,
-        "max_pile_bytes": plan.max_pile_bytes,
-        "expected_pile_records": sizes.expected,
-        "headroom_pile_records": sizes.headroom,
-        "split_probability": sizes.split_probability,
-        "fragment_files": plan.fragment_files,
-        "space": {location: {"needed": plan.needs.get(location, need), "free": free}
-                  for location, (need, free) in plan.space.items()},
-        "left_out": plan.left_out,
-        "skipped": plan.skipped,
-        "duplicates": plan.duplicates,
-        "replaces": plan.unpublished,
-        "layout": plan.layout,
-        "runner": runner_description(options)[0],
-    }
-
-
-def main(argv=None):
-    """``pileshuffle plan``: what a run with these options would do, without running it."""
-    import sys
-
-    from pileshuffle.errors import PileshuffleError
-    from pileshuffle.options import PARAMETERS, Parameter, check_argv, help_text, parse_flag, wants_help
-    from pileshuffle.runners import is_local, local_defaults
-
-    json_flag = Parameter("json", "JSON", "Print the plan as JSON (the machine form) instead of text.", "false",
-                          flag=True)
-    parameters = PARAMETERS + (json_flag,)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if wants_help(argv):
-        print(help_text("pileshuffle plan", "Show what `pileshuffle run` would do with these options: files, bytes, "
-                        "records, piles, pile sizes, memory, space, runner. Reads a sample; writes nothing.", parameters))
-        return 0
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        values = check_argv(argv, parameters)
-        options = PipelineOptions([a for a in argv if a.split("=", 1)[0] != "--json"])
-        if is_local(options):
-            options = local_defaults(options, argv)
-        plan = make_plan(options)
-    except PileshuffleError as error:
-        print(f"pileshuffle: error: {error}", file=sys.stderr)
-        return 2
-    if parse_flag(values.json):
-        print(json.dumps(plan_json(plan, options), indent=1))
-    else:
-        print(plan_text(plan, options))
-    return 0

@@ -9,7 +9,7 @@ import os
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from pileshuffle.transforms.write import manifest_path
+from pileshuffle.names import manifest_path
 
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"

@@ -16,28 +16,24 @@ Checks, each reported as one line:
 ``main()`` prints them and exits 1, or prints one OK line and exits 0.
 """
 
-import argparse
 import posixpath
 import re
-import sys
 
 from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import interrupt
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import FORMATS, ReadReport, fingerprint_of, get_format
-from pileshuffle.options import parse_command
-from pileshuffle.transforms.write import manifest_path, read_manifest, schema_json, shard_pattern
-
-SHARD_TAIL = re.compile(r"^-(\d{5})-of-(\d{5})(.*)$")  # what follows the prefix in a shard's name
+from pileshuffle.names import SHARD_TAIL, manifest_path, shard_pattern
+from pileshuffle.output_files import read_manifest
+from pileshuffle.transforms.write import schema_json
 
 
 def _basename(path: str) -> str:
     return posixpath.basename(path.rstrip("/")) if "://" in path else path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def _match(pattern: str) -> dict:
+def matching_files(pattern: str) -> dict:
     """{path: size} of the files matching ``pattern`` (empty when none do)."""
     try:
         return {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
@@ -102,7 +98,7 @@ def _recorded(value) -> str:
         return f"unreadable: {value!r}"
 
 
-class _Verifier:
+class ShardVerifier:
     def __init__(self, input_glob, prefix, format=None):
         self.input_glob, self.prefix, self.format = input_glob, prefix, format
         self.problems = []
@@ -135,7 +131,7 @@ class _Verifier:
             self.problem(f"{manifest_path(self.prefix)} says the format is {declared}, not {self.format}")
         name = self.format or declared
         if name is None:
-            suffixes = {SHARD_TAIL.match(_basename(p)[len(_basename(self.prefix)):]).group(3) for p in _match(shard_pattern(self.prefix))}
+            suffixes = {SHARD_TAIL.match(_basename(p)[len(_basename(self.prefix)):]).group(3) for p in matching_files(shard_pattern(self.prefix))}
             name = next((f.name for f in FORMATS.values() for s in suffixes if s.startswith(f".{f.name}")), None)
         if name is None:
             self.problem(f"no shards under {self.prefix} and no --format: nothing to verify")
@@ -144,7 +140,7 @@ class _Verifier:
 
     def _check_names(self, fmt, manifest):
         """The shards' paths in order ({index: (path, size)}); reports gaps and extras."""
-        found = _match(shard_pattern(self.prefix))
+        found = matching_files(shard_pattern(self.prefix))
         compression = (manifest or {}).get("compression")
         expected_suffixes = {fmt.suffix(compression)} if compression else {fmt.suffix("none"), fmt.suffix("gzip")}
         counts = {}
@@ -277,65 +273,7 @@ class _Verifier:
             self.problem(f"input and output differ ({what}): input {_describe(input_fp)}; output {_describe(self.output_fp)}")
 
 
-def verify(input_glob, output_prefix, format=None) -> list:
-    """Problems found with the output under ``output_prefix`` (and, given ``input_glob``,
-    against its input); an empty list means every check passed."""
-    output_prefix = output_prefix.rstrip("/") if "://" not in output_prefix else output_prefix
-    if _is_store(output_prefix):
-        from pileshuffle.store.read import check_store
-
-        return check_store(output_prefix, input_glob=input_glob)[0]
-    return _Verifier(input_glob, output_prefix, format).run()
-
-
-def _is_store(prefix: str) -> bool:
-    """A pile store (``{P}-store/``) and no shard output at ``prefix``."""
-    from pileshuffle.store.layout import clean_prefix, is_store, store_prefix
-
-    prefix = clean_prefix(prefix)
-    return not FileSystems.exists(manifest_path(prefix)) and is_store(store_prefix(prefix))
-
-
-def _anything_at(prefix: str) -> bool:
-    """A manifest or any shard-named file at ``prefix`` (a store is checked before): what a
-    run, finished or not, leaves; with neither, ``--output`` names no output (a usage error,
-    not a failed check)."""
-    return FileSystems.exists(manifest_path(prefix)) or bool(_match(shard_pattern(prefix)))
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="pileshuffle verify", allow_abbrev=False,
-        description="Re-read input and output of a finished run: counts, fingerprints, shard integrity, manifest.",
-    )
-    parser.add_argument("--input", help="the run's --input patterns (omit to check the output and manifest only)")
-    parser.add_argument("--output", required=True, help="the run's --output prefix")
-    parser.add_argument("--format", choices=sorted(FORMATS), help="default: the manifest's")
-    args = parse_command(parser, argv)
-    interrupt.describe(f"{args.output} was not checked to the end; verify changes nothing, so run it again to check")
-    if _is_store(args.output):
-        from pileshuffle.store.read import verify_main
-
-        return verify_main(args.output, args.input)
-    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
-    if not _anything_at(prefix):
-        print(f"pileshuffle verify: error: --output {args.output}: nothing to verify there "
-              f"(no {manifest_path(prefix)}, no shards, no pile store {prefix}-store/)", file=sys.stderr)
-        return 2
-    verifier = _Verifier(args.input, prefix, args.format)
-    problems = verifier.run()
-    for problem in problems:
-        print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
-    if problems:
-        print(f"pileshuffle verify: {len(problems)} problem(s) with {args.output}", file=sys.stderr)
-        return 1
-    fp = verifier.output_fp
-    checked = "input and output fingerprints match" if args.input else "input not re-read (no --input)"
-    print(f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards} shard(s) under {args.output}; "
-          f"every shard reads back whole and matches the manifest; {checked} "
-          f"(hash sum {fp.hash_sum:016x}, xor {fp.hash_xor:016x})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def verify_shards(input_glob, output_prefix: str, format=None) -> list:
+    """Problems found with the shard output under ``output_prefix`` (and, given
+    ``input_glob``, against its input); an empty list means every check passed."""
+    return ShardVerifier(input_glob, output_prefix, format).run()

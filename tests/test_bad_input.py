@@ -14,8 +14,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import FAST, manifest, run_shuffle, shards
-from outputs import assert_nothing_published, assert_verified, frame_starts, output_payloads
+from helpers import (
+    FAST,
+    assert_nothing_published,
+    assert_verified,
+    frame_starts,
+    manifest,
+    output_payloads,
+    run_shuffle,
+    shards,
+)
 from pileshuffle import sample
 from pileshuffle.errors import InputError, OutputError, PileshuffleError
 from pileshuffle.formats.tfrecord import masked_crc
@@ -141,7 +149,7 @@ def damaged_file(path, count=120):
 
 
 def test_skip_corrupt_skips_resyncs_counts_and_reports(tmp_path, capsys):
-    from pileshuffle.pipeline import summary
+    from pileshuffle.commands.report import summary
 
     os.makedirs(tmp_path / "in")
     lost, regions = damaged_file(str(tmp_path / "in" / "bad.tfrecord"))
@@ -258,7 +266,7 @@ def test_existing_output_needs_overwrite(tfrecords):
 
 
 def test_output_under_a_regular_file_is_found_before_pass_1(tfrecords, tmp_path, monkeypatch):
-    import pileshuffle.pipeline as pipeline
+    import pileshuffle.commands.run as pipeline
 
     pattern, _, _ = tfrecords
     (tmp_path / "a-file").write_text("not a directory")
@@ -283,7 +291,7 @@ def mounted_tmpfs(directory, options):
 
 
 def test_read_only_output_location_is_found_before_pass_1(tfrecords, tmp_path, monkeypatch):
-    import pileshuffle.pipeline as pipeline
+    import pileshuffle.commands.run as pipeline
 
     pattern, _, _ = tfrecords
     with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as directory:

@@ -16,10 +16,11 @@ import threading
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from conftest import FAST, manifest, run_shuffle, shard_bytes, shards
+from helpers import FAST, manifest, run_shuffle, shard_bytes, shards
 from pileshuffle import sample
 from pileshuffle.errors import InputError, UsageError
-from pileshuffle.options import PARAMETERS, check_argv, template_metadata
+from pileshuffle.commands.metadata import template_metadata
+from pileshuffle.options import PARAMETERS, check_argv
 
 PY = sys.executable
 
@@ -318,7 +319,8 @@ def test_plan_speaks_to_a_person_and_json_keeps_the_machine_form(inputs, tmp_pat
 
 
 def test_plan_warns_about_fragment_counts_in_files_mode(inputs, tmp_path):
-    from pileshuffle.plan import make_plan, plan_text
+    from pileshuffle.commands.plan import plan_text
+    from pileshuffle.plan import make_plan
 
     options = PipelineOptions([f"--input={inputs}/*.tfrecord", f"--output={tmp_path}/o", "--num_piles=40000"])
     plan = make_plan(options)
@@ -335,7 +337,7 @@ def test_plan_warns_about_fragment_counts_in_files_mode(inputs, tmp_path):
 def test_split_probability_agrees_with_the_binomial():
     from scipy import stats
 
-    from pileshuffle.plan import PileSizes
+    from pileshuffle.commands.plan import PileSizes
 
     records, piles, record_bytes = 1_000_000, 100, 100.0
     for limit_records in (10_100, 10_200, 10_300, 10_600):

@@ -11,7 +11,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from conftest import manifest, read_tfrecord_payloads, shard_bytes, shards
+from helpers import manifest, read_tfrecord_payloads, shard_bytes, shards
 from pileshuffle import ShuffleToPiles, WritePiles
 
 

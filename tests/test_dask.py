@@ -10,7 +10,7 @@ import sys
 import apache_beam as beam
 import pytest
 
-from conftest import manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
+from helpers import manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
 from pileshuffle import ShuffleToPiles, sample
 
 distributed = pytest.importorskip("distributed")

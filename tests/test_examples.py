@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import manifest, shard_bytes, shards
+from helpers import manifest, shard_bytes, shards
 from pileshuffle import sample
 
 tf = pytest.importorskip("tensorflow")

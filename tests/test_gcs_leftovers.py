@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from conftest import run_shuffle
+from helpers import run_shuffle
 from pileshuffle import sample
 
 emulator = pytest.importorskip("gcp_storage_emulator.server")

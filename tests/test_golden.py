@@ -12,7 +12,7 @@ import os
 import pytest
 
 from pileshuffle import sample
-from conftest import run_shuffle, shards
+from helpers import run_shuffle, shards
 
 GOLDEN = {
     "tfrecord-files": "2d42d284668259b42f8447d55507f1d68543a7f2ce33490b62cbbe476e5aed2b",

@@ -19,8 +19,7 @@ import time
 
 import pytest
 
-from conftest import run_shuffle, shard_bytes
-from outputs import final_outputs, temp_leftovers
+from helpers import final_outputs, run_shuffle, shard_bytes, temp_leftovers
 from pileshuffle import sample
 
 PY = sys.executable

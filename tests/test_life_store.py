@@ -57,12 +57,12 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 
-from conftest import FAST, read_tfrecord_payloads, shard_bytes, shards
-from outputs import temp_leftovers
+from helpers import FAST, read_tfrecord_payloads, shard_bytes, shards, temp_leftovers
 from pileshuffle import cli, sample
 from pileshuffle.formats.tfrecord import frame
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.store import layout
+from pileshuffle import names
 
 LIFE_EXAMPLES = int(os.environ.get("PILESHUFFLE_LIFE_EXAMPLES", "20"))
 STEPS_PER_LIFE = 12
@@ -275,8 +275,8 @@ def manifest_problem(path: str):
         manifest = json.loads(data)
     except ValueError as error:
         return f"{path}: not whole JSON ({len(data)} bytes: {error})"
-    match = layout.MANIFEST_NAME.match(os.path.basename(path))
-    if manifest.get("kind") != layout.STORE_KIND or manifest.get("version") != int(match.group(1)):
+    match = names.STORE_MANIFEST_NAME.match(os.path.basename(path))
+    if manifest.get("kind") != names.STORE_KIND or manifest.get("version") != int(match.group(1)):
         return f"{path}: kind {manifest.get('kind')!r}, version {manifest.get('version')!r}"
     return None
 
@@ -322,7 +322,7 @@ class StoreLife(RuleBasedStateMachine):
         super().__init__()
         self.root = tempfile.mkdtemp(prefix="pileshuffle-life-")
         self.prefix = os.path.join(self.root, "out", "data")
-        self.store = layout.store_dir(self.prefix)
+        self.store = names.store_dir(self.prefix)
         self.live = {}  # generation -> tuple of input file numbers, ascending
         self.created = {}  # every generation ever published -> its "created" time (for --before)
         self.next_generation = 0
@@ -497,12 +497,12 @@ class StoreLife(RuleBasedStateMachine):
     def check_collected(self, grace, before=None):
         """With no grace, the store is the current manifest and the live generations' directories;
         with a long one, nothing a superseded version lists is gone."""
-        names = sorted(os.listdir(self.store))
-        current = layout.manifest_name(layout.manifest_versions(self.prefix)[-1])
+        present = sorted(os.listdir(self.store))
+        current = names.store_manifest_name(layout.manifest_versions(self.prefix)[-1])
         if grace == SHORT_GRACE:
-            assert names == sorted([current, *map(layout.generation_dir_name, self.live)]), f"left: {names}"
+            assert present == sorted([current, *map(names.generation_dir_name, self.live)]), f"left: {present}"
         elif before is not None:
-            assert names == before, f"gc with a grace period of {grace} s deleted {sorted(set(before) - set(names))}"
+            assert present == before, f"gc with a grace period of {grace} s deleted {sorted(set(before) - set(present))}"
 
     @rule(interrupt_at_call=INTERRUPT_AT_CALL)
     def materialize(self, interrupt_at_call):
@@ -588,25 +588,25 @@ class StoreLife(RuleBasedStateMachine):
 
     def check_loader(self, live, version=None):
         """An epoch of the store (of manifest ``version``; default: the newest, found by the loader)."""
-        where = self.prefix if version is None else os.path.join(self.store, layout.manifest_name(version))
+        where = self.prefix if version is None else os.path.join(self.store, names.store_manifest_name(version))
         dataset = ShuffledDataset(where, seed=self.seed, epoch=self.steps % 5)
-        newest = layout.manifest_name(version or layout.manifest_versions(self.prefix)[-1])
+        newest = names.store_manifest_name(version or layout.manifest_versions(self.prefix)[-1])
         assert dataset.output.kind == "store", f"the loader reads {dataset.output.location}, not the store"
         assert os.path.basename(dataset.output.location) == newest, f"the loader opened {dataset.output.location}"
         found = collections.Counter(sample.index_of(r) for r in dataset)
         assert found == self.expected(live), describe_difference(found, self.expected(live))
 
     def check_whole_and_tidy(self):
-        names = os.listdir(self.store)
+        found = os.listdir(self.store)
         assert sorted(self.published()) == sorted(self.live)
         listed = set()
-        for name in names:
-            if layout.MANIFEST_NAME.match(name):
+        for name in found:
+            if names.STORE_MANIFEST_NAME.match(name):
                 path = os.path.join(self.store, name)
                 assert manifest_problem(path) is None, manifest_problem(path)
                 listed |= {g["generation"] for g in json.load(open(path))["generations"]}
-        strays = [n for n in names if not layout.MANIFEST_NAME.match(n)
-                  and not (layout.GENERATION_DIR.match(n) and int(n[1:]) in listed)]
+        strays = [n for n in found if not names.STORE_MANIFEST_NAME.match(n)
+                  and not (names.GENERATION_DIR.match(n) and int(n[1:]) in listed)]
         assert not strays, f"the store holds {strays} besides manifests and the generations they list"
         assert not temp_leftovers(os.path.dirname(self.prefix)), f"left: {temp_leftovers(os.path.dirname(self.prefix))}"
 

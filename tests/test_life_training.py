@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pileshuffle import sample
 from pileshuffle.loader import ShuffledDataset
 
-from conftest import run_shuffle, sample_run
+from helpers import run_shuffle, sample_run
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
               pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")]

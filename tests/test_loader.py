@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import manifest, read_tfrecord_payloads, run_shuffle, shards, shuffled_sample
+from helpers import manifest, read_tfrecord_payloads, run_shuffle, shards, shuffled_sample
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -14,7 +14,7 @@ from pileshuffle import sample
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.tf import chunk_records, state_in_epoch, tf_dtype
 
-from conftest import run_shuffle, shuffled_sample
+from helpers import run_shuffle, shuffled_sample
 
 EXAMPLES = 900
 FEATURES = {

@@ -18,7 +18,7 @@ from pileshuffle.fingerprint import Fingerprint, payload_hashes
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.torch import ArrowOnArrival, loader_states, round_robin, worker_states
 
-from conftest import manifest, read_tfrecord_payloads, shards, shuffled_sample
+from helpers import manifest, read_tfrecord_payloads, shards, shuffled_sample
 
 # torch's own advice for a 2-core machine, and torchdata's call of a deprecated torch API
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),

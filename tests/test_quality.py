@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import manifest as read_manifest
-from conftest import read_tfrecord_payloads, run_shuffle, sample_run, shards
+from helpers import manifest as read_manifest
+from helpers import read_tfrecord_payloads, run_shuffle, sample_run, shards
 from pileshuffle import sample
 from pileshuffle.formats import get_format
 from pileshuffle.quality import main as quality_main

@@ -16,13 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import manifest, run_shuffle, shards
-from outputs import (
+from helpers import (
     assert_nothing_published,
     assert_verified,
     frame_starts,
     kill_when,
+    manifest,
     output_payloads,
+    run_shuffle,
+    shards,
     stable_manifest,
     temp_leftovers,
 )
@@ -252,7 +254,7 @@ def files_in(directory, predicate):
 
 def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_data, tmp_path):
     from pileshuffle.plan import work_dir_for
-    from pileshuffle.transforms.write import staging_dir
+    from pileshuffle.names import staging_dir
 
     pattern, reference = crash_data
     output = str(tmp_path / "out" / "train")
@@ -290,7 +292,7 @@ def test_leftovers_of_a_killed_run_are_replaced_not_published(tmp_path, tfrecord
     old output's shard it was deleting, staging and work files, no manifest) is replaced by
     the re-run, which needs no --overwrite. (Only what the journal lists: see test_seams_run.)"""
     from pileshuffle.plan import work_dir_for
-    from pileshuffle.transforms.write import staging_dir
+    from pileshuffle.names import staging_dir
 
     output = str(tmp_path / "out" / "train")
     run_shuffle(tfrecord_input, output, "--num_piles=4", "--seed=2")
@@ -422,13 +424,13 @@ def _flaky_write_class():
 
 @pytest.mark.parametrize("intermediate", ["files", "shuffle"])
 def test_rerun_bundles_neither_duplicate_nor_lose_records(tmp_path, tfrecord_input, monkeypatch, intermediate):
-    import pileshuffle.pipeline as pipeline
+    import pileshuffle.transforms.graph as graph
     import pileshuffle.transforms.write as write
 
     plain = str(tmp_path / "plain" / "train")
     run_shuffle(tfrecord_input, plain, "--num_piles=4", "--seed=9", f"--intermediate={intermediate}")
     _Twice.seen.clear()
-    monkeypatch.setattr(pipeline, "ReadSourceToPiles", _flaky_read_class())
+    monkeypatch.setattr(graph, "ReadSourceToPiles", _flaky_read_class())
     monkeypatch.setattr(write, "WriteShard", _flaky_write_class())
     retried = str(tmp_path / "retried" / "train")
     run_shuffle(tfrecord_input, retried, "--num_piles=4", "--seed=9", f"--intermediate={intermediate}")
@@ -548,7 +550,7 @@ def many_small(tmp_path_factory):
 
 def test_oversized_piles_are_split_never_loaded_whole_and_stay_a_permutation(many_small, monkeypatch):
     import pileshuffle.fragments as fragments
-    from pileshuffle.pipeline import summary
+    from pileshuffle.commands.report import summary
 
     pattern, root = many_small
     loads = []
@@ -591,7 +593,8 @@ def _one_fragment_pile(tmp_path, keys, max_pile_bytes):
     import pyarrow as pa
 
     from pileshuffle.fingerprint import Fingerprint
-    from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles
+    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+    from pileshuffle.fragments import Fragment, FragmentFiles
     from pileshuffle.transforms.shuffle import Pile
 
     payloads = [b"%08d" % i + b"x" * 40 for i in range(len(keys))]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import FAST, refused, run_shuffle, succeeded
+from helpers import FAST, refused, run_shuffle, succeeded
 from pileshuffle.cli import main as pileshuffle
 from pileshuffle import sample
 

@@ -9,10 +9,11 @@ import re
 
 import pytest
 
-from conftest import FAST, refused, run_shuffle, succeeded
+from helpers import FAST, refused, run_shuffle, succeeded
 from pileshuffle.cli import main as pileshuffle
 from pileshuffle import sample
 from pileshuffle.store import layout
+from pileshuffle import names
 
 
 def jsonl_files(directory, records=600, files=2, seed=0, name="part"):
@@ -30,7 +31,7 @@ def make_store(tmp_path, records=600, piles=3):
 
 def store_state(prefix):
     """What a refused command must leave alone: every file under the store and its bytes."""
-    root = layout.store_dir(prefix)
+    root = names.store_dir(prefix)
     return {os.path.relpath(p, root): open(p, "rb").read()
             for p in glob.glob(os.path.join(root, "**"), recursive=True) if os.path.isfile(p)}
 
@@ -45,9 +46,9 @@ def test_b11_a_missing_store_file_is_named_with_the_version_that_lists_it(tmp_pa
     prefix = make_store(tmp_path)
     succeeded(capsys, "append", f"--store={prefix}", f"--input={jsonl_files(tmp_path / 'more', 300, name='more')[0]}",
               *FAST)
-    gone = sorted(glob.glob(os.path.join(layout.store_dir(prefix), "g000001", "*.arrows")))[0]
+    gone = sorted(glob.glob(os.path.join(names.store_dir(prefix), "g000001", "*.arrows")))[0]
     os.remove(gone)
-    version = layout.manifest_name(2)
+    version = names.store_manifest_name(2)
     output = str(tmp_path / "m" / "m")
     err = refused(capsys, "materialize", f"--store={prefix}", f"--output={output}", *FAST)
     assert gone in err and version in err and "generation 1" in err and "cannot write" not in err
@@ -184,7 +185,7 @@ def test_b14_expire_of_every_generation_needs_all(tmp_path, capsys):
 
 def test_b14_the_store_folder_is_accepted_for_its_prefix(tmp_path, capsys):
     prefix = make_store(tmp_path)
-    store = layout.store_dir(prefix)
+    store = names.store_dir(prefix)
     more = jsonl_files(tmp_path / "more", 200, name="more")
     for spelling in (store, store + "/"):
         succeeded(capsys, "append", f"--store={spelling}", f"--input={more[len(live_generations(prefix)) - 1]}", *FAST)
@@ -273,7 +274,7 @@ def test_append_refuses_copies_of_a_live_generations_inputs(tmp_path, capsys):
                   option="--allow_duplicate_inputs")
     assert "generation 0" in err and "cop" in err and "rawcopy" in err, err
     assert store_state(prefix) == before, "nothing published, no lock left"
-    assert sorted(os.listdir(layout.store_dir(prefix))) == sorted({p.split(os.sep)[0] for p in before})
+    assert sorted(os.listdir(names.store_dir(prefix))) == sorted({p.split(os.sep)[0] for p in before})
     # one copied file is not the whole generation: accepted
     succeeded(capsys, "append", f"--store={prefix}", f"--input={tmp_path}/rawcopy/part-000.jsonl", *FAST)
     assert live_generations(prefix) == [0, 1]

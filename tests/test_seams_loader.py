@@ -14,7 +14,7 @@ from pileshuffle import sample
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.torch import loader_states
 
-from conftest import run_shuffle, shuffled_sample
+from helpers import run_shuffle, shuffled_sample
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
               pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")]

@@ -14,8 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import FAST, run_shuffle, shard_bytes, shards
-from outputs import assert_verified, temp_leftovers
+from helpers import FAST, assert_verified, run_shuffle, shard_bytes, shards, temp_leftovers
 from pileshuffle import sample
 from pileshuffle.errors import InputError, OutputError
 
@@ -70,7 +69,7 @@ def test_a2_a_publication_cut_short_is_finished_by_the_rerun_from_its_journal(tm
     """What a run killed while renaming its shards leaves: its journal in the staging folder, some
     shards under final names (one half copied), no manifest. The re-run, with other piles and no
     --overwrite, deletes exactly those and publishes."""
-    from pileshuffle.transforms.write import staging_dir
+    from pileshuffle.names import staging_dir
 
     output = str(tmp_path / "out" / "train")
     run_shuffle(tfrecord_input, output, "--num_piles=8", "--seed=2")
@@ -90,7 +89,7 @@ def test_a2_a_publication_cut_short_is_finished_by_the_rerun_from_its_journal(tm
 
 
 def test_a3_one_file_named_two_ways_is_read_once(tmp_path, monkeypatch):
-    from pileshuffle.pipeline import summary
+    from pileshuffle.commands.report import summary
 
     sample.write_tfrecord(str(tmp_path / "in"), records=5000, files=4, record_bytes=60)
     os.symlink(tmp_path / "in" / "part-002.tfrecord", tmp_path / "link.tfrecord")
@@ -122,7 +121,7 @@ def test_a5_a_shard_run_beside_a_store_is_refused(tmp_path, tfrecord_input):
 
 
 def test_a7_a_spark_folder_is_read_as_parquet_and_its_other_entries_are_counted(tmp_path):
-    from pileshuffle.pipeline import summary
+    from pileshuffle.commands.report import summary
 
     folder = tmp_path / "spark"
     folder.mkdir()
@@ -162,7 +161,8 @@ def test_a7_mixed_extensions_are_refused_naming_two_files_and_format_overrides(t
 
 
 def test_a7_the_format_option_defaults_to_the_file_names():
-    from pileshuffle.options import PARAMETERS, template_metadata
+    from pileshuffle.commands.metadata import template_metadata
+    from pileshuffle.options import PARAMETERS
 
     parameter = next(p for p in PARAMETERS if p.name == "format")
     assert parameter.default == "auto" and parameter.choices[0] == "auto"
@@ -186,7 +186,8 @@ def test_a8_binary_input_given_as_jsonl_is_refused_naming_the_file_and_line(tmp_
 
 
 def test_a8_appending_jsonl_to_a_tfrecord_store_says_the_formats_differ(tmp_path, tfrecord_input):
-    from pileshuffle.store import commands, layout
+    from pileshuffle.commands import store as commands
+    from pileshuffle.store import layout
 
     prefix = str(tmp_path / "s")
     run_shuffle(tfrecord_input, prefix, "--layout=store", "--num_piles=2")
@@ -263,7 +264,7 @@ def test_a14_parquet_columns_in_another_order_are_named_not_dumped(tmp_path):
 
 
 def test_a14_verify_accepts_a_parquet_output_with_a_map_column(tmp_path):
-    from pileshuffle.verify import verify
+    from pileshuffle.commands.verify import verify
 
     (tmp_path / "in").mkdir()
     table = pa.table({"i": pa.array(range(1000)), "m": pa.array([[("a", i), ("b", 2 * i)] for i in range(1000)],
@@ -276,7 +277,7 @@ def test_a14_verify_accepts_a_parquet_output_with_a_map_column(tmp_path):
 
 def test_a14_plan_only_reads_and_describes_a_store(tmp_path, tfrecord_input):
     from pileshuffle.plan import work_dir_for
-    from pileshuffle.transforms.write import staging_dir
+    from pileshuffle.names import staging_dir
 
     output = str(tmp_path / "out" / "train")
     leftovers = [os.path.join(work_dir_for(output, None), "fragments", "s000000-p00001.arrows"),

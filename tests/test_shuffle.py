@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from conftest import FAST, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
+from helpers import FAST, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
 from pileshuffle import sample
 from pileshuffle.errors import InputError, OutputError
 
@@ -227,7 +227,8 @@ def test_written_piles_release_their_fragments_only_when_asked(tmp_path, release
 
     from pileshuffle.fingerprint import Fingerprint
     from pileshuffle.formats import record_hashes
-    from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles
+    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+    from pileshuffle.fragments import Fragment, FragmentFiles
     from pileshuffle.transforms.shuffle import Pile
     from pileshuffle.transforms.write import WriteShard
 

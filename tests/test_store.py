@@ -19,19 +19,21 @@ from hypothesis import strategies as st
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from conftest import FAST, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
-from outputs import kill_when
-from pileshuffle import ShuffleToPiles, sample
+from helpers import FAST, kill_when, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
+from pileshuffle import ShuffleToPiles, names, sample
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, HEADER_BYTES, frame
-from pileshuffle.store import commands, layout
+from pileshuffle.commands import store as commands
+from pileshuffle.store import layout
+from pileshuffle.store import expire as store_expire
+from pileshuffle.store.expire import expire
 from pileshuffle.store import write as store_write
 from pileshuffle.store.read import check_store, live_piles
 from pileshuffle.store.write import WritePileStore, writer_groups
 
 
 def store_files(prefix, generation=None):
-    pattern = "g*" if generation is None else layout.generation_dir_name(generation)
-    return sorted(glob.glob(os.path.join(layout.store_dir(prefix), pattern, "*.arrows")))
+    pattern = "g*" if generation is None else names.generation_dir_name(generation)
+    return sorted(glob.glob(os.path.join(names.store_dir(prefix), pattern, "*.arrows")))
 
 
 def payloads_in_order(prefix, version=None):
@@ -87,7 +89,7 @@ def comparable(manifest):
 
 
 def file_digests(prefix):
-    return {os.path.relpath(p, layout.store_dir(prefix)): open(p, "rb").read() for p in store_files(prefix)}
+    return {os.path.relpath(p, names.store_dir(prefix)): open(p, "rb").read() for p in store_files(prefix)}
 
 
 # --- run --layout store + materialize == run ---------------------------------------------------
@@ -165,17 +167,17 @@ def test_window_is_exactly_the_live_generations_after_appends_and_expires(tmp_pa
         return collections.Counter(payloads_in_order(prefix))
 
     assert window() == sum((expected_records(p) for p in patterns[:4]), collections.Counter())
-    manifest, dropped, _ = commands.expire(prefix, keep_generations=2, grace_seconds=3600)
+    manifest, dropped, _ = expire(prefix, keep_generations=2, grace_seconds=3600)
     assert dropped == [0, 1] and [g["generation"] for g in manifest["generations"]] == [2, 3]
     assert window() == expected_records(patterns[2]) + expected_records(patterns[3])
     assert store_files(prefix, 0), "files of a superseded version are kept for the grace period"
     append(prefix, patterns[4])
     assert window() == expected_records(patterns[2]) + expected_records(patterns[3]) + expected_records(patterns[4])
     cutoff = layout.read_store_manifest(prefix)["generations"][-1]["created"]
-    manifest, dropped, deleted = commands.expire(prefix, before=cutoff, grace_seconds=0)
+    manifest, dropped, deleted = expire(prefix, before=cutoff, grace_seconds=0)
     assert dropped == [2, 3] and deleted["generations"] == [0, 1, 2, 3]
     assert window() == expected_records(patterns[4])
-    assert sorted(os.listdir(layout.store_dir(prefix))) == [layout.generation_dir_name(4), layout.manifest_name(7)]
+    assert sorted(os.listdir(names.store_dir(prefix))) == [names.generation_dir_name(4), names.store_manifest_name(7)]
     assert manifest["next_generation"] == 5 and manifest["totals"]["records"] == 1300
     assert check_store(prefix)[0] == []
     append(prefix, patterns[0])
@@ -200,7 +202,7 @@ def test_uniform_within_the_window(tmp_path):
     run_store(patterns[0], prefix, "--num_piles=6", "--seed=13")
     for pattern in patterns[1:]:
         append(prefix, pattern)
-    commands.expire(prefix, keep_generations=3, grace_seconds=0)
+    expire(prefix, keep_generations=3, grace_seconds=0)
     materialize(prefix, str(tmp_path / "m" / "m"))
     order = [int(p.split(b":")[0][3:]) for p in read_tfrecord_payloads(shards(str(tmp_path / "m" / "m")))]
     assert sorted(set(order)) == [1, 2, 3] and len(order) == 9000
@@ -221,7 +223,8 @@ def test_uniform_within_the_window(tmp_path):
 
 def test_later_generations_draw_keys_from_their_own_stream(tmp_path):
     """The same file appended again (another path) gets other keys; generation 0's keys are run's."""
-    from pileshuffle.fragments import KEY_COLUMN, read_table
+    from pileshuffle.names import KEY_COLUMN
+    from pileshuffle.fragments import read_table
     from pileshuffle.keys import record_keys
 
     sample.write_tfrecord(str(tmp_path / "a"), records=500, files=1, record_bytes=40)
@@ -252,9 +255,9 @@ def test_append_is_idempotent_and_refuses_what_does_not_fit(tmp_path, parquet_in
     with pytest.raises(Exception, match="no store at"):
         append(str(tmp_path / "nothing"), second)
     with pytest.raises(Exception, match="a pile store's file"):
-        append(prefix, os.path.join(layout.store_dir(prefix), "g000000", "*.arrows"))
+        append(prefix, os.path.join(names.store_dir(prefix), "g000000", "*.arrows"))
     # a pattern that reaches only the store's files is refused, naming them, and nothing is appended
-    both = f"{second},{os.path.join(layout.store_dir(prefix), '*', '*')}"
+    both = f"{second},{os.path.join(names.store_dir(prefix), '*', '*')}"
     with pytest.raises(Exception, match="matches only files pileshuffle wrote"):
         append(prefix, both)
     assert layout.read_store_manifest(prefix)["version"] == 2
@@ -291,7 +294,7 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path):
         assert done.returncode == 2
         assert f"is locked by `pileshuffle append --store s --input day7` (pid {holder.pid}" in done.stderr
         with pytest.raises(Exception, match="is locked by"):
-            commands.expire(prefix, keep_generations=0, grace_seconds=0)
+            expire(prefix, keep_generations=0, grace_seconds=0)
         assert layout.read_store_manifest(prefix)["version"] == 1
     finally:
         holder.kill()
@@ -317,7 +320,7 @@ def test_verify_names_missing_and_damaged_store_files(tmp_path):
     command = [sys.executable, "-m", "pileshuffle", "verify", f"--output={prefix}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "OK: store" in done.stdout and "2,500 records in 2 generation(s)" in done.stdout
-    from pileshuffle.verify import verify
+    from pileshuffle.commands.verify import verify
 
     both = f"{tmp_path / 'in0' / '*.tfrecord'},{tmp_path / 'in1' / '*.tfrecord'}"
     assert verify(both, prefix) == []
@@ -388,7 +391,7 @@ def test_killed_run_append_and_expire_leave_the_previous_version_and_rerun_finis
     subprocess.run(cli(*run_args, f"--output={reference}"), check=True, capture_output=True, timeout=120)
     subprocess.run(cli("append", f"--store={reference}", f"--input={second}"), check=True, capture_output=True, timeout=120)
     prefix = str(tmp_path / "s")
-    g0, g1 = (os.path.join(layout.store_dir(prefix), layout.generation_dir_name(g)) for g in (0, 1))
+    g0, g1 = (os.path.join(names.store_dir(prefix), names.generation_dir_name(g)) for g in (0, 1))
     killed = []
     run_points = {
         "run: first data file being written": lambda: names_in(g0, lambda n: ".tmp-" in n),
@@ -397,7 +400,7 @@ def test_killed_run_append_and_expire_leave_the_previous_version_and_rerun_finis
     for name, ready in run_points.items():
         if kill_when(cli(*run_args, f"--output={prefix}"), ready) and layout.read_store_manifest(prefix) is None:
             killed.append(name)  # else the kill came after publication (a loaded machine): still a valid state
-        assert check_store(prefix)[0] in ([], [f"no store at {layout.store_dir(prefix)} (no manifest-*.json)"])
+        assert check_store(prefix)[0] in ([], [f"no store at {names.store_dir(prefix)} (no manifest-*.json)"])
     subprocess.run(cli(*run_args, f"--output={prefix}"), check=True, capture_output=True, timeout=120)
     append_points = {
         "append: first data file being written": lambda: names_in(g1, lambda n: ".tmp-" in n),
@@ -412,11 +415,11 @@ def test_killed_run_append_and_expire_leave_the_previous_version_and_rerun_finis
     assert file_digests(prefix) == file_digests(reference)
     assert comparable(layout.read_store_manifest(prefix)) == json.loads(
         json.dumps(comparable(layout.read_store_manifest(reference))).replace(reference, prefix))
-    assert not [p for p in glob.glob(os.path.join(layout.store_dir(prefix), "**"), recursive=True) if ".tmp-" in p]
+    assert not [p for p in glob.glob(os.path.join(names.store_dir(prefix), "**"), recursive=True) if ".tmp-" in p]
     assert len(killed) >= 2, f"only killed before publication at {killed}"
     # expire killed after publishing, before deleting: the new version is readable; a re-run collects
     expire = cli("expire", f"--store={prefix}", "--keep_generations=1", "--grace_seconds=0")
-    killed_expire = kill_when(expire, lambda: os.path.exists(os.path.join(layout.store_dir(prefix), layout.manifest_name(3))))
+    killed_expire = kill_when(expire, lambda: os.path.exists(os.path.join(names.store_dir(prefix), names.store_manifest_name(3))))
     version = layout.read_store_manifest(prefix)["version"]
     assert version in (2, 3) and check_store(prefix)[0] == []
     subprocess.run(expire, check=True, capture_output=True, timeout=120)
@@ -433,12 +436,12 @@ def test_expire_interrupted_between_publish_and_delete_is_finished_by_a_rerun(tm
         raise KeyboardInterrupt("killed")
 
     with monkeypatch.context() as patched:
-        patched.setattr(commands, "collect", dies)
+        patched.setattr(store_expire, "collect", dies)
         with pytest.raises(KeyboardInterrupt):
-            commands.expire(prefix, keep_generations=1, grace_seconds=0)
+            expire(prefix, keep_generations=1, grace_seconds=0)
     assert layout.read_store_manifest(prefix)["version"] == 3 and layout.generation_dirs(prefix) == [0, 1]
     assert check_store(prefix)[0] == [] and layout.lock_holder(prefix) is None
-    manifest, dropped, deleted = commands.expire(prefix, keep_generations=1, grace_seconds=0)
+    manifest, dropped, deleted = expire(prefix, keep_generations=1, grace_seconds=0)
     assert manifest["version"] == 3 and dropped == [] and deleted["generations"] == [0]
     assert collections.Counter(payloads_in_order(prefix)) == expected_records(str(tmp_path / "in1" / "*.tfrecord"))
 
@@ -447,7 +450,7 @@ def test_gc_keeps_what_a_recent_version_lists(tmp_path):
     prefix = str(tmp_path / "s")
     run_store(write_generation_files(str(tmp_path / "in0"), "a", 200), prefix, "--num_piles=2")
     append(prefix, write_generation_files(str(tmp_path / "in1"), "b", 200))
-    commands.expire(prefix, keep_generations=1, grace_seconds=3600)
+    expire(prefix, keep_generations=1, grace_seconds=3600)
     assert layout.generation_dirs(prefix) == [0, 1] and layout.manifest_versions(prefix) == [1, 2, 3]
     assert len(payloads_in_order(prefix, version=2)) == 400 and len(payloads_in_order(prefix)) == 200  # 2 still reads whole
     assert check_store(prefix, version=2)[0] == []

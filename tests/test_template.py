@@ -13,9 +13,10 @@ import sys
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from conftest import manifest, read_tfrecord_payloads, shard_bytes, shards
+from helpers import manifest, read_tfrecord_payloads, shard_bytes, shards
 from pileshuffle import sample
-from pileshuffle.options import PARAMETERS, PileshuffleOptions, parse_bytes, parse_flag, template_metadata
+from pileshuffle.commands.metadata import template_metadata
+from pileshuffle.options import PARAMETERS, PileshuffleOptions, parse_bytes, parse_flag
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(REPO, "templates")
@@ -165,7 +166,7 @@ def test_dataflow_launch_submits_and_returns_without_waiting(tmp_path, template_
     """What the launcher VM does, short of the API call: plan, translate the graph for Dataflow
     (Beam's --dry_run stops before submitting), return at once, default the worker image to
     the template image, read no manifest."""
-    import pileshuffle.pipeline as pipeline
+    import pileshuffle.commands.run as pipeline
     import pileshuffle.plan as plan
 
     image = "us-central1-docker.pkg.dev/my-project/pileshuffle/pileshuffle:test"

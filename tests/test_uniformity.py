@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import read_tfrecord_payloads, run_shuffle, shards
+from helpers import read_tfrecord_payloads, run_shuffle, shards
 from pileshuffle import keys as keymath
 from pileshuffle import sample
 from pileshuffle.quality import metrics, orders

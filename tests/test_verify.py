@@ -13,12 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import run_shuffle, shards
-from outputs import assert_verified, frame_starts
+from helpers import assert_verified, frame_starts, run_shuffle, shards
 from pileshuffle import sample
 from pileshuffle.formats.tfrecord import frame
-from pileshuffle.verify import main as verify_main
-from pileshuffle.verify import verify
+from pileshuffle.commands.verify import main as verify_main
+from pileshuffle.commands.verify import verify
 
 
 @pytest.fixture(scope="module")

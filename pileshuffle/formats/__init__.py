@@ -1,7 +1,6 @@
 """Record formats: one module per format behind the interface in ``base``."""
 
-import re
-
+from pileshuffle.names import SHARD_NUMBERS
 from pileshuffle.formats.base import RECORD_COLUMN, RecordFormat, ReadReport, compression_of
 from pileshuffle.formats.parquet import ParquetFormat
 from pileshuffle.formats.text import JsonlFormat
@@ -26,7 +25,6 @@ FORMAT_OF_EXTENSION = {
     ".parquet": "parquet",  # also Spark's part-00000-....snappy.parquet: the codec is inside the file
     ".jsonl": "jsonl",
 }
-_SHARD_TAIL = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")
 
 
 def format_of_name(path: str):
@@ -36,7 +34,7 @@ def format_of_name(path: str):
     compressed = compression_of(name) != "uncompressed"
     if compressed:
         name = name.rsplit(".", 1)[0]
-    name = _SHARD_TAIL.sub("", name)
+    name = SHARD_NUMBERS.sub("", name)
     for extension, fmt in FORMAT_OF_EXTENSION.items():
         if name.endswith(extension) and not (compressed and fmt == "parquet"):
             return fmt

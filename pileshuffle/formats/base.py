@@ -17,8 +17,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle.errors import InputError
+from pileshuffle.names import RECORD_COLUMN
 
-RECORD_COLUMN = "record"
 DEFAULT_CHUNK_BYTES = 16 << 20
 
 

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.names import LINE_COLUMN
 from pileshuffle.formats.base import (
     DEFAULT_CHUNK_BYTES,
     RECORD_COLUMN,
@@ -23,7 +24,6 @@ from pileshuffle.formats.base import (
     read_block,
 )
 
-LINE_COLUMN = "line"
 NEWLINE = 10
 
 

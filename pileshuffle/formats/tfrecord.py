@@ -25,6 +25,7 @@ from pileshuffle.crc import (  # noqa: F401  (CRC_PRESET_BYTES, masked_crc, payl
 )
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.names import FRAME_COLUMN
 from pileshuffle.formats.base import (
     DEFAULT_CHUNK_BYTES,
     RECORD_COLUMN,
@@ -36,7 +37,6 @@ from pileshuffle.formats.base import (
     size_of,
 )
 
-FRAME_COLUMN = "tfrecord_frame"
 NOT_TFRECORD = " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
 
 

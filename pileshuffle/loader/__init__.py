@@ -6,6 +6,7 @@ Imports neither Apache Beam, TensorFlow nor torch (the adapters ``ds.torch()`` a
 
 from pileshuffle.loader.dataset import ShuffledDataset
 from pileshuffle.loader.order import EpochOrder, epoch_order
-from pileshuffle.loader.piles import NoOutputError, PileRef, open_output
+from pileshuffle.loader.outputs import open_output
+from pileshuffle.loader.piles import NoOutputError, PileRef
 
 __all__ = ["ShuffledDataset", "EpochOrder", "epoch_order", "PileRef", "NoOutputError", "open_output"]

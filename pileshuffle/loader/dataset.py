@@ -16,14 +16,16 @@ Invariants:
 """
 
 import copy
-import numbers
 
 import numpy as np
 import pyarrow as pa
 
 from pileshuffle.loader import split
+from pileshuffle.loader.arguments import (check_world_size, checked_batch_size, checked_columns, describe_identity,
+                                          whole_number)
+from pileshuffle.loader.batching import list_batches, payloads, table_batches
 from pileshuffle.loader.order import EpochOrder
-from pileshuffle.loader.piles import open_output, store_version_of
+from pileshuffle.loader.outputs import open_output, store_version_of
 from pileshuffle.loader.prefetch import prefetched
 from pileshuffle.loader.steps import Steps, ranks_loaded
 
@@ -49,13 +51,13 @@ class ShuffledDataset:
         self.reshuffle, self.remainder, self.prefetch = bool(reshuffle), remainder, bool(prefetch)
         epoch = whole_number("epoch", epoch, 0)
         split.rank_share(0, self.rank, self.world_size, remainder)  # checks the remainder
-        self.output = open_output(str(path), filesystem, _checked_columns(columns))
+        self.output = open_output(str(path), filesystem, checked_columns(columns))
         if columns is not None and self.format != "parquet":
             raise ValueError(f"columns={list(columns)!r}: {self.output.location} holds {self.format} records, "
                              "which have no columns (columns= selects Parquet columns)")
         self._parts = ()  # ((worker, num_workers), ...) of a for_worker view
         self._pile_records = tuple(p.records for p in self.output.piles)
-        _check_world_size(self.output, self.world_size, remainder)
+        check_world_size(self.output, self.world_size, remainder)
         self._start_epoch(epoch)
 
     # --- what it is -------------------------------------------------------------
@@ -97,14 +99,14 @@ class ShuffledDataset:
 
     def torch(self, *, batch_size=None, **kwargs):
         """A ``torch.utils.data.IterableDataset`` of these records (see ``loader.torch``)."""
-        batch_size = _batch_size(batch_size)  # checked before torch's import
+        batch_size = checked_batch_size(batch_size)  # checked before torch's import
         from pileshuffle.loader.torch import TorchDataset
 
         return TorchDataset(self, batch_size=batch_size, **kwargs)
 
     def tf(self, *, batch_size=None, **kwargs):
         """A ``tf.data.Dataset`` of these records (see ``loader.tf``)."""
-        batch_size = _batch_size(batch_size)  # checked before TensorFlow's import
+        batch_size = checked_batch_size(batch_size)  # checked before TensorFlow's import
         from pileshuffle.loader.tf import to_tf
 
         return to_tf(self, batch_size=batch_size, **kwargs)
@@ -326,7 +328,7 @@ class ShuffledDataset:
     def _records(self, tables):
         rows = self.format == "parquet"
         for table in tables:
-            records = table.to_pylist() if rows else _payloads(table)
+            records = table.to_pylist() if rows else payloads(table)
             del table  # holds a step's buffers: let the next step's load find it gone
             for record in records:
                 self._position += 1
@@ -337,11 +339,11 @@ class ShuffledDataset:
         ``list[bytes]`` (TFRecord, JSONL), ``pyarrow.RecordBatch`` (Parquet), or with
         ``as_numpy`` a ``dict`` of numpy arrays (``{"record": object array of bytes}``
         for bytes formats)."""
-        batch_size = _batch_size(batch_size)
+        batch_size = checked_batch_size(batch_size)
         return self._batches(self._tables(batch_size), batch_size, drop_last, as_numpy)
 
     def _batches(self, tables, batch_size, drop_last, as_numpy):
-        parts = _table_batches if self.format == "parquet" else _list_batches
+        parts = table_batches if self.format == "parquet" else list_batches
         for batch in parts(tables, batch_size):
             size = len(batch) if isinstance(batch, list) else batch.num_rows
             self._position += size  # a batch counts as read once yielded; a dropped last one too
@@ -359,97 +361,6 @@ class ShuffledDataset:
             return {name: column.to_numpy() for name, column in zip(batch.column_names, batch.columns)}
         batches = batch.combine_chunks().to_batches()
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=batch.schema)
-
-
-def _payloads(table) -> list:
-    """A bytes table's payloads as ``bytes``: copied into one buffer first (Arrow's gather)
-    and read from there, which takes 0.75x the time of turning the views into ``bytes``
-    one by one from random places in a pile (0.95x in written order)."""
-    return table.column(0).cast(pa.large_binary()).to_pylist()
-
-
-def _list_batches(tables, batch_size):
-    """Lists of ``batch_size`` payloads (the last may be shorter). Payloads become
-    ``bytes`` piece by piece, so no batch keeps a loaded step's buffers alive."""
-    pending = []
-    for table in tables:
-        records = _payloads(table)
-        del table  # holds a step's buffers: let the next step's load find it gone
-        if not pending and len(records) == batch_size:
-            yield records
-            continue
-        pending += records
-        while len(pending) >= batch_size:
-            yield pending[:batch_size]
-            pending = pending[batch_size:]
-    if pending:
-        yield pending
-
-
-def _table_batches(tables, batch_size):
-    """Tables of ``batch_size`` rows (the last may be shorter). A leftover is copied, so
-    it never keeps a loaded step alive into the next."""
-    pending, count = [], 0
-    for table in tables:
-        pending.append(table)
-        count += table.num_rows
-        del table
-        if count < batch_size:
-            continue
-        whole = pending[0] if len(pending) == 1 else pa.concat_tables(pending)
-        done = count // batch_size * batch_size
-        for start in range(0, done, batch_size):
-            yield whole.slice(start, batch_size)
-        rest = whole.slice(done)
-        pending, count = ([rest.take(np.arange(rest.num_rows))] if rest.num_rows else []), rest.num_rows
-    if count:
-        yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
-
-
-def whole_number(name: str, value, low: int, high: int = None, high_name: str = None) -> int:
-    """``value`` as an int in ``low .. high-1``; anything else (a bool, a float such as 1.5, a
-    string, a number out of range) is refused naming ``name``, never wrapped or truncated."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    if high is None and value < low:
-        raise ValueError(f"{name} must be at least {low}, got {value}")
-    if high is not None and not low <= value < high:
-        bound = f"{high - 1}" if high_name is None else f"{high_name}-1 = {high - 1}"
-        raise ValueError(f"{name} must be in {low}..{bound}, got {value}")
-    return int(value)
-
-
-def _batch_size(value):
-    return None if value is None else whole_number("batch_size", value, 1)
-
-
-def _checked_columns(columns):
-    if columns is None:
-        return None
-    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-        raise ValueError(f"columns must be a list of column names, got {columns!r}")
-    if not columns:
-        raise ValueError("columns=[] selects no column, so every record would be empty: name at least one "
-                         "column, or pass columns=None for all of them")
-    return columns
-
-
-def _check_world_size(output, world_size: int, remainder: str):
-    """Refuse a split in which every rank would read nothing although the output has records."""
-    if remainder == "drop" and 0 < output.records < world_size:
-        raise ValueError(
-            f"world_size {world_size} is larger than the {output.records} records of {output.location}: with "
-            f"remainder='drop' every rank would get {output.records // world_size} records; use "
-            "remainder='pad' (each rank gets 1, some repeated) or fewer ranks")
-
-
-def describe_identity(identity) -> str:
-    """An output identity (``Output.identity``) in words."""
-    if not isinstance(identity, dict):
-        return f"{identity!r:.80}"
-    seed = "no seed" if identity.get("seed") is None else f"seed {identity.get('seed')}"
-    return (f"{identity.get('kind')} of {identity.get('records', '?'):,} records in {identity.get('piles')} piles, "
-            f"{seed}, digest {identity.get('digest')}")
 
 
 def _worker_parts(ranges, parts) -> list:

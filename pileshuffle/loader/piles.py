@@ -14,11 +14,7 @@ All I/O goes through ``pyarrow.fs`` (local, gs://, s3://); nothing here imports 
 """
 
 import dataclasses
-import hashlib
 import json
-import math
-import posixpath
-import re
 
 import numpy as np
 import pyarrow as pa
@@ -27,20 +23,15 @@ import pyarrow.parquet as pq
 
 from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import Fingerprint, binary_column_parts, total
+from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.loader import records as rec
 from pileshuffle.loader.order import sort_by_key
+from pileshuffle.names import FRAME_COLUMN, HASH_COLUMN, KEY_COLUMN, LINE_COLUMN, RECORD_COLUMN
 
-RECORD_COLUMN = "record"
-KEY_COLUMN = "_pileshuffle_key"
-HASH_COLUMN = "_pileshuffle_hash"
 # A store file's record column: whole frames / lines as pass 1 reads them (formats.tfrecord's
 # FRAME_COLUMN, formats.text's LINE_COLUMN), or payloads (``record``, from a bytes PCollection).
-STORE_COLUMNS = {"tfrecord": ("tfrecord_frame", RECORD_COLUMN), "jsonl": ("line", RECORD_COLUMN)}
+STORE_COLUMNS = {"tfrecord": (FRAME_COLUMN, RECORD_COLUMN), "jsonl": (LINE_COLUMN, RECORD_COLUMN)}
 BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
-_STORE_MANIFEST = re.compile(r"manifest-(\d{8})\.json$")
-_SHARD = re.compile(r"^(.+)-[0-9]{5}-of-[0-9]{5}(?:\.[^/]*)?$")
-MAX_SUB_PILES = 1024
 PARQUET_READ_BYTES = 1 << 20
 _VIEW = np.dtype((np.void, 16))  # one Arrow binary view
 
@@ -58,7 +49,7 @@ def resolve(path: str, filesystem=None):
     return pafs.LocalFileSystem(), path
 
 
-def _exists(fs, path: str) -> bool:
+def file_exists(fs, path: str) -> bool:
     return fs.get_file_info(path).type == pafs.FileType.File
 
 
@@ -334,195 +325,3 @@ class PileRef:
         return Block.concat(blocks).reorder(sort_by_key(keys))
 
 
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """A finished output: its piles, format, what it holds, and where it is."""
-
-    location: str
-    format: str
-    piles: tuple
-    schema: pa.Schema
-    fingerprint: Fingerprint
-    kind: str  # "shards" | "store"
-    identity: dict  # what a loader state must match to be resumed here (``identity_of``)
-
-    @property
-    def records(self) -> int:
-        return sum(p.records for p in self.piles)
-
-    @property
-    def decoded(self) -> bool:
-        """Piles load decoded into Arrow's pool (Parquet), which keeps freed pages: worth
-        handing back (``release_unused``) once a pile is dropped."""
-        return self.format == "parquet"
-
-
-
-def identity_of(kind: str, manifest: dict, fingerprint: Fingerprint) -> dict:
-    """The identity of the records *and their order*: a re-run that writes the same bytes
-    (same input, seed, piles) has the same identity; another seed or number of piles, or a
-    store version with other generations, has another. The fingerprint alone is blind to
-    order: a re-run with another seed has the same one."""
-    if kind == "shards":
-        layout = [[int(s["records"]), int(s.get("bytes") or 0)] for s in manifest["shards"]]
-    else:
-        layout = [[int(g["generation"]), g["fingerprint"]] for g in manifest["generations"]]
-        layout.append(int(manifest.get("max_pile_bytes") or 0))
-    seed = manifest.get("seed")
-    basis = [kind, manifest.get("format"), seed, int(manifest["num_piles"]), layout, fingerprint.to_json()]
-    digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
-    return {"kind": kind, "records": fingerprint.records, "piles": int(manifest["num_piles"]), "seed": seed,
-            "digest": digest}
-
-
-def _prefix_and_kind(fs, path: str):
-    """``(prefix, explicit store manifest or None)`` from a prefix or a manifest path."""
-    path = path.rstrip("/")
-    if path.endswith("-manifest.json"):
-        return path[: -len("-manifest.json")], None
-    match = _STORE_MANIFEST.search(path)
-    if match and posixpath.dirname(path).endswith("-store"):
-        return posixpath.dirname(path)[: -len("-store")], path
-    if path.endswith("-store"):
-        return path[: -len("-store")], None
-    return path, None
-
-
-def open_output(path: str, filesystem=None, columns=None) -> Output:
-    """The finished output at ``path``: a prefix, ``{P}-manifest.json``, ``{P}-store`` or
-    one of its ``manifest-*.json`` (that version). Refuses a path with no manifest."""
-    fs, fs_path = resolve(path, filesystem)
-    prefix, store_manifest = _prefix_and_kind(fs, fs_path)
-    columns = tuple(columns) if columns is not None else None
-    if store_manifest is None and _exists(fs, f"{prefix}-manifest.json"):
-        return _open_shards(fs, prefix, columns)
-    if store_manifest is None:
-        store_manifest = _current_store_manifest(fs, f"{prefix}-store")
-    if store_manifest is None:
-        raise NoOutputError(path, f"no finished output: no {prefix}-manifest.json and no store manifest "
-                                  f"({prefix}-store/manifest-*.json); {_what_to_give(fs, fs_path)}")
-    return _open_store(fs, store_manifest, columns)
-
-
-def _what_to_give(fs, path: str) -> str:
-    """A hint for a path that names no output: the prefix is wanted, not a folder or a shard."""
-    shard = _SHARD.match(posixpath.basename(path.rstrip("/")))
-    if shard:
-        return f"give the output's prefix ({posixpath.join(posixpath.dirname(path), shard.group(1))}), not a shard"
-    try:
-        is_folder = fs.get_file_info(path.rstrip("/")).type == pafs.FileType.Directory
-    except (OSError, pa.ArrowException):
-        is_folder = False
-    if is_folder:
-        return ("this is a folder: give the output's prefix, the --output of the run (e.g. "
-                f"{posixpath.join(path.rstrip('/'), 'train')} for {posixpath.join(path.rstrip('/'), 'train')}-manifest.json)")
-    return "an unfinished run, or a path that is not the run's --output?"
-
-
-def store_version_of(output: "Output", identity: dict):
-    """The manifest path of the version of ``output``'s store whose identity is ``identity``
-    (an older version a loader state was saved on), or None."""
-    fs, directory = output.piles[0].source.filesystem, posixpath.dirname(output.location)
-    for path in reversed(_store_manifests(fs, directory)):
-        try:
-            manifest = read_json(fs, path)
-            fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
-        except (InputError, KeyError, ValueError):
-            continue
-        if identity_of("store", manifest, fingerprint) == identity:
-            return path
-    return None
-
-
-def _store_manifests(fs, directory: str) -> list:
-    """The paths of the store's manifest versions in ``directory``, oldest first."""
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-    except (OSError, pa.ArrowException):
-        return []
-    versions = sorted((m.group(1), i.path) for i in infos if (m := _STORE_MANIFEST.search(i.path)))
-    return [path for _, path in versions]
-
-
-def _current_store_manifest(fs, directory: str):
-    versions = _store_manifests(fs, directory)
-    return versions[-1] if versions else None
-
-
-def _check_format(manifest: dict, where: str) -> str:
-    name = manifest.get("format")
-    if name not in ("tfrecord", "jsonl", "parquet"):
-        raise InputError(where, f"names format {name!r}; the loader reads tfrecord, jsonl and parquet")
-    return name
-
-
-def _open_shards(fs, prefix: str, columns) -> Output:
-    where = f"{prefix}-manifest.json"
-    manifest = read_json(fs, where)
-    name = _check_format(manifest, where)
-    source = Source(name, fs, columns, int(manifest["num_piles"]))
-    directory = posixpath.dirname(prefix)
-    piles = tuple(
-        PileRef(i, int(shard["records"]), (posixpath.join(directory, posixpath.basename(shard["path"])),), False, source)
-        for i, shard in enumerate(manifest["shards"])
-    )
-    schema = _schema(source, piles)
-    fingerprint = Fingerprint.from_json(manifest["output_fingerprint"])
-    return Output(prefix, name, piles, schema, fingerprint, "shards", identity_of("shards", manifest, fingerprint))
-
-
-def _open_store(fs, manifest_path: str, columns) -> Output:
-    manifest = read_json(fs, manifest_path)
-    if manifest.get("kind") != "pileshuffle-store":
-        raise InputError(manifest_path, "is not a pileshuffle store manifest (its kind is not 'pileshuffle-store')")
-    name = _check_format(manifest, manifest_path)
-    num_piles = int(manifest["num_piles"])
-    source = Source(name, fs, columns, num_piles)
-    directory = posixpath.dirname(manifest_path)
-    files = {p: [] for p in range(num_piles)}
-    for generation in sorted(manifest["generations"], key=lambda g: g["generation"]):
-        for entry in sorted(generation["files"], key=lambda f: f["writer"]):
-            files[int(entry["pile"])].append(
-                (posixpath.join(directory, entry["path"]), int(entry["records"]), int(entry.get("bytes") or 0)))
-    limit = int(manifest.get("max_pile_bytes") or 0)
-    piles = tuple(ref for p in range(num_piles) for ref in _store_pile(source, p, files[p], limit))
-    fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
-    return Output(manifest_path, name, piles, _schema(source, piles), fingerprint, "store",
-                  identity_of("store", manifest, fingerprint))
-
-
-def _store_pile(source: Source, pile: int, files: list, limit: int) -> list:
-    """The pile's refs: the whole pile, or, when its files hold more than ``limit`` bytes
-    (the store's ``max_pile_bytes``; appended generations make piles grow), its sub-piles
-    in order, counted from the files' keys."""
-    paths = tuple(path for path, _, _ in files)
-    size = sum(nbytes for _, _, nbytes in files)
-    if not limit or size <= limit:
-        return [PileRef(pile, sum(records for _, records, _ in files), paths, True, source)]
-    ways = min(MAX_SUB_PILES, math.ceil(size / limit))
-    counts = np.zeros(ways, np.int64)
-    for path in paths:
-        counts += np.bincount(sub_pile_of(source.read_store_keys(path), source.num_piles, ways), minlength=ways)
-    return [PileRef(pile, int(counts[s]), paths, True, source, (s, ways)) for s in range(ways)]
-
-
-def _schema(source: Source, piles) -> pa.Schema:
-    """What batches hold: ``record`` (binary) for bytes formats, the chosen columns for Parquet."""
-    if source.format != "parquet":
-        return BYTES_SCHEMA
-    path = next((p.files[0] for p in piles if p.files and (p.records or p is piles[-1])), None)
-    if path is None:
-        return pa.schema([])
-    if piles[0].keyed:
-        with source.filesystem.open_input_stream(path) as stream:
-            schema = pa.ipc.open_stream(stream).schema
-        schema = pa.schema([f for f in schema if f.name not in (KEY_COLUMN, HASH_COLUMN)], schema.metadata)
-    else:
-        with source.filesystem.open_input_file(path) as handle:
-            schema = pq.ParquetFile(handle).schema_arrow
-    if source.columns is None:
-        return schema
-    missing = [c for c in source.columns if c not in schema.names]
-    if missing:
-        raise InputError(path, f"has no column(s) {missing}; it has {schema.names}")
-    return pa.schema([schema.field(c) for c in source.columns], schema.metadata)

@@ -15,7 +15,8 @@ import struct
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.crc import FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, masked_crc, payloads_match_stored_crcs, stored_data_crcs
+from pileshuffle.crc import (FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, masked_crc, payloads_match_stored_crcs,
+                             stored_data_crcs)
 from pileshuffle.errors import InputError
 
 CRC_WINDOW_BYTES = 2 << 20

@@ -26,7 +26,6 @@ import os
 
 import pyarrow as pa
 import torch.utils.data
-
 from torch.utils.data import default_convert, get_worker_info
 
 from pileshuffle.loader.passes import PassClock

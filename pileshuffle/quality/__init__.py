@@ -114,12 +114,14 @@ def finished_output(prefix: str):
     order) or else a pile store (opened by the loader, which names what is missing)."""
     from apache_beam.io.filesystems import FileSystems
 
-    from pileshuffle.transforms.write import manifest_path, read_manifest
+    from pileshuffle.names import manifest_path
+    from pileshuffle.output_files import read_manifest
 
     if FileSystems.exists(manifest_path(prefix)):
         manifest = read_manifest(prefix)
         return manifest, [shard["path"] for shard in manifest["shards"]]
-    from pileshuffle.loader.piles import open_output, read_json, resolve
+    from pileshuffle.loader.outputs import open_output
+    from pileshuffle.loader.piles import read_json, resolve
 
     store = open_output(prefix)
     return read_json(resolve(prefix)[0], store.location), store

@@ -20,7 +20,7 @@ from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import RECORD_COLUMN, record_hashes
 from pileshuffle.formats.text import LINE_COLUMN
 from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTES
-from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
 _HASH_SPACE = 2**64
 _PAYLOAD_FRAMING = {  # bytes columns: (bytes before, bytes after) the payload

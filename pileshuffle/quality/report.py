@@ -78,7 +78,7 @@ def input_policies(file_records, seed: int, num_piles: int) -> dict:
 
 def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batch_size=256, compare=False):
     """The report of one finished run (see the module docstring). ``output``: the shards'
-    paths in order, or a pile store opened by the loader (``loader.piles.open_output``)."""
+    paths in order, or a pile store opened by the loader (``loader.outputs.open_output``)."""
     total = int(manifest["totals"]["records"])
     threshold = locate.threshold_for(total, sample)
     try:

@@ -23,7 +23,6 @@ import datetime
 import errno
 import json
 import os
-import re
 import socket
 import sys
 import uuid
@@ -32,25 +31,15 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 
 from pileshuffle import __version__, interrupt
-from pileshuffle.errors import OutputError
+from pileshuffle.errors import InputError, OutputError
 from pileshuffle.formats.base import delete_tree
-
-STORE_KIND = "pileshuffle-store"
-STORE_FORMAT = 1
-LOCK_NAME = "LOCK"
-MANIFEST_NAME = re.compile(r"^manifest-(\d{8})\.json$")
-GENERATION_DIR = re.compile(r"^g(\d{6})$")
-
-
-def store_dir(prefix: str) -> str:
-    return f"{prefix}-store"
-
+from pileshuffle.names import (GENERATION_DIR, LEGACY_STORE_FORMAT, STORE_KIND, STORE_LOCK_NAME as LOCK_NAME,
+                               STORE_MANIFEST_GLOB, STORE_MANIFEST_NAME as MANIFEST_NAME, STORE_SUFFIX, format_problem, generation_dir_name,
+                               manifest_header, store_dir,
+                               store_manifest_name as manifest_name)
 
 def clean_prefix(prefix: str) -> str:
     return prefix.rstrip("/") if "://" not in prefix else prefix
-
-
-STORE_SUFFIX = "-store"
 
 
 def store_prefix(given: str) -> str:
@@ -61,19 +50,6 @@ def store_prefix(given: str) -> str:
     if prefix.endswith(STORE_SUFFIX) and not is_store(prefix) and is_store(bare):
         return bare
     return prefix
-
-
-def manifest_name(version: int) -> str:
-    return f"manifest-{version:08d}.json"
-
-
-def generation_dir_name(generation: int) -> str:
-    return f"g{generation:06d}"
-
-
-def data_file_name(generation: int, pile: int, writer: int) -> str:
-    """A data file's path relative to the store directory (as the manifest lists it)."""
-    return f"{generation_dir_name(generation)}/p{pile:05d}-w{writer:05d}.arrows"
 
 
 def join(directory: str, relative: str) -> str:
@@ -117,7 +93,7 @@ def manifest_versions(prefix: str) -> list:
         names = list_names(directory)
     else:  # list the manifests only, not every data file
         try:
-            found = FileSystems.match([FileSystems.join(directory, "manifest-*.json")])[0].metadata_list
+            found = FileSystems.match([FileSystems.join(directory, STORE_MANIFEST_GLOB)])[0].metadata_list
         except Exception:
             found = []
         names = [m.path.rsplit("/", 1)[-1] for m in found]
@@ -141,15 +117,11 @@ def read_store_manifest(prefix: str, version: int = None) -> dict:
         if not versions:
             return None
         version = versions[-1]
-    return read_json(FileSystems.join(store_dir(prefix), manifest_name(version)))
-
-
-STORE_FILE = re.compile(r"-store/(g\d{6}/|manifest-\d{8}\.json$|\.manifest-|LOCK)")
-
-
-def is_store_file(path: str) -> bool:
-    """Whether ``path`` is inside a pile store's directory (data, manifest or lock)."""
-    return STORE_FILE.search(path.replace("\\", "/")) is not None
+    path = FileSystems.join(store_dir(prefix), manifest_name(version))
+    manifest = read_json(path)
+    if format_problem(manifest):
+        raise InputError(path, format_problem(manifest))
+    return manifest
 
 
 def is_store(prefix: str) -> bool:
@@ -195,7 +167,8 @@ def publish_manifest(prefix: str, manifest: dict):
 def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None) -> dict:
     """Version 0: the empty store a first generation is published onto."""
     manifest = {
-        "kind": STORE_KIND, "store_format": STORE_FORMAT, "version": 0, "pileshuffle_version": __version__,
+        **manifest_header(STORE_KIND), "store_format": LEGACY_STORE_FORMAT, "version": 0,
+        "pileshuffle_version": __version__,
         "format": format_name, "compression": compression, "num_piles": int(num_piles), "seed": int(seed),
         "max_pile_bytes": int(max_pile_bytes), "next_generation": 0, "generations": [],
         "totals": {"records": 0, "payload_bytes": 0},
@@ -208,7 +181,7 @@ def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, sche
 def next_manifest(base: dict, generations: list, next_generation: int = None) -> dict:
     """The version after ``base`` with ``generations`` live (ascending by number)."""
     generations = sorted(generations, key=lambda g: g["generation"])
-    manifest = {**base, "version": base["version"] + 1, "pileshuffle_version": __version__,
+    manifest = {**base, **manifest_header(STORE_KIND), "version": base["version"] + 1, "pileshuffle_version": __version__,
                 "published": now_iso(), "generations": generations,
                 "next_generation": max(base.get("next_generation", 0), next_generation or 0)}
     manifest["totals"] = {"records": sum(g["records"] for g in generations),
@@ -365,3 +338,13 @@ def remove_directory(path: str) -> bool:
 
 def command_line(argv) -> str:
     return " ".join(["pileshuffle", *argv]) if argv is not None else " ".join(sys.argv)
+
+
+def existing_store(given: str) -> str:
+    """The prefix of the store ``given`` names; refuses, before anything is created or
+    locked, when there is none (so a refused command leaves no empty ``-store`` folder)."""
+    prefix = store_prefix(given)
+    if not is_store(prefix):
+        raise OutputError(f"no store at {store_dir(prefix)}: create one with `pileshuffle run --layout store "
+                          f"--output {prefix} --input ...`")
+    return prefix

@@ -11,15 +11,17 @@ from apache_beam.io.filesystems import FileSystems
 from pileshuffle.fingerprint import Fingerprint, binary_column_parts
 from pileshuffle.formats import get_format, record_hashes, record_lengths
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames
-from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, read_table
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.fragments import Fragment, read_table
 from pileshuffle.keys import pile_of
 from pileshuffle.store import layout
+from pileshuffle import names
 from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES, Pile
 
 
 def file_fragment(prefix: str, generation: int, entry: dict) -> Fragment:
     return Fragment((generation, entry["writer"]), entry["records"], entry["bytes"],
-                    Fingerprint.from_json(entry["fingerprint"]), path=layout.join(layout.store_dir(prefix), entry["path"]))
+                    Fingerprint.from_json(entry["fingerprint"]), path=layout.join(names.store_dir(prefix), entry["path"]))
 
 
 def live_piles(prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir: str = None) -> list:
@@ -36,9 +38,9 @@ def live_piles(prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir
 def missing_files(prefix: str, manifest: dict) -> list:
     """``(generation, path)`` of every data file ``manifest`` lists that does not exist:
     one listing per generation directory, not one request per file."""
-    store, missing = layout.store_dir(prefix), []
+    store, missing = names.store_dir(prefix), []
     for generation in manifest["generations"]:
-        present = set(layout.list_names(FileSystems.join(store, layout.generation_dir_name(generation["generation"]))))
+        present = set(layout.list_names(FileSystems.join(store, names.generation_dir_name(generation["generation"]))))
         missing += [(generation["generation"], layout.join(store, entry["path"])) for entry in generation["files"]
                     if entry["path"].rsplit("/", 1)[-1] not in present]
     return missing
@@ -73,8 +75,8 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
     except Exception as error:
         return [f"the store manifest of {prefix} cannot be read: {error}"], None
     if manifest is None:
-        return [f"no store at {layout.store_dir(prefix)} (no manifest-*.json)"], None
-    store = layout.store_dir(prefix)
+        return [f"no store at {names.store_dir(prefix)} (no manifest-*.json)"], None
+    store = names.store_dir(prefix)
     num_piles, fmt = manifest["num_piles"], get_format(manifest["format"])
     records = payload = 0
     for generation in manifest["generations"]:
@@ -151,24 +153,3 @@ def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
     return None
 
 
-def verify_main(prefix: str, input_glob: str = None) -> int:
-    """``pileshuffle verify --output P`` where P is a store: print and exit as verify does."""
-    import sys
-
-    prefix = layout.store_prefix(prefix)
-    problems, manifest = check_store(prefix, input_glob=input_glob)
-    for problem in problems:
-        print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
-    if problems:
-        damaged = damaged_generations(problems)
-        where = (f"; damaged generation(s): {', '.join(map(str, damaged))} of version {manifest['version']}"
-                 if damaged and manifest else "")
-        print(f"pileshuffle verify: {len(problems)} problem(s) with the store {layout.store_dir(prefix)}{where}",
-              file=sys.stderr)
-        return 1
-    files = sum(len(g["files"]) for g in manifest["generations"])
-    print(f"pileshuffle verify: OK: store {layout.store_dir(prefix)} version {manifest['version']}: "
-          f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} generation(s), {files} file(s); "
-          f"every file reads back whole and matches the manifest (counts, piles, fingerprints)"
-          + ("; the input holds exactly the live generations' records" if input_glob else ""))
-    return 0

@@ -23,15 +23,17 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import interrupt
+from pileshuffle import interrupt, names
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import ReadReport, get_format
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, size_of
 from pileshuffle.fragments import FragmentFiles, read_batches
+from pileshuffle.names import store_writer_name
+from pileshuffle.output_files import remove_tree
 from pileshuffle.store import layout
 from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, keyed_chunks, split_by_pile
-from pileshuffle.transforms.write import KeyByNone, check_accounted, remove_tree, schema_json
+from pileshuffle.transforms.write import KeyByNone, check_accounted, schema_json
 from pileshuffle.tuning import prepare_worker
 
 GENERATION_STREAM = 2  # key stream tag of generations after the first (1 is composed use's)
@@ -84,11 +86,11 @@ class StoreFiles(FragmentFiles):
     """One writer's data files of a generation: one IPC stream per pile, temp then rename."""
 
     def __init__(self, store: str, generation: int, writer: int):
-        super().__init__(FileSystems.join(store, layout.generation_dir_name(generation)), f"w{writer:05d}")
+        super().__init__(FileSystems.join(store, names.generation_dir_name(generation)), store_writer_name(writer))
         self._store, self._generation, self._writer = store, generation, writer
 
     def relative(self, pile: int) -> str:
-        return layout.data_file_name(self._generation, pile, self._writer)
+        return names.data_file_name(self._generation, pile, self._writer)
 
     def final_path(self, pile: int) -> str:
         return layout.join(self._store, self.relative(pile))
@@ -170,7 +172,7 @@ class PublishGeneration(beam.DoFn):
             refuse_copy(self._prefix, self._base, stored, [s.path for s in sources])
         current = layout.manifest_versions(self._prefix)
         if current and current[-1] != self._base["version"]:
-            raise layout.VersionConflict(FileSystems.join(layout.store_dir(self._prefix), layout.manifest_name(current[-1])))
+            raise layout.VersionConflict(FileSystems.join(names.store_dir(self._prefix), names.store_manifest_name(current[-1])))
         base = dict(self._base)
         if base["format"] == "parquet" and "schema" not in base and files:
             base["schema"] = schema_json(stored_schema(self._prefix, files[0].path))
@@ -216,7 +218,7 @@ def refuse_copy(prefix: str, base: dict, stored: Fingerprint, paths: list):
             inputs = [i["path"] for i in live["inputs"]]  # none for a generation WritePileStore wrote
             raise InputError("--input", (
                 f"{_some(paths)} hold exactly the records of live generation {live['generation']} of "
-                f"{layout.store_dir(prefix)} ({stored.records:,} records, {stored.bytes:,} bytes, the same fingerprint): "
+                f"{names.store_dir(prefix)} ({stored.records:,} records, {stored.bytes:,} bytes, the same fingerprint): "
                 f"they look like copies of its inputs{f' ({_some(inputs)})' if inputs else ''}, and appending them "
                 f"would repeat those records in every epoch; nothing was published. Pass --allow_duplicate_inputs if "
                 f"you mean it, or expire generation {live['generation']} first"))
@@ -229,9 +231,9 @@ def _some(paths: list, shown: int = 3) -> str:
 
 def stored_schema(prefix: str, relative: str):
     """The record columns' Arrow schema of a data file (with the source's metadata)."""
-    from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN
+    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
-    with FileSystems.open(layout.join(layout.store_dir(prefix), relative), compression_type="uncompressed") as handle:
+    with FileSystems.open(layout.join(names.store_dir(prefix), relative), compression_type="uncompressed") as handle:
         schema = pa.ipc.open_stream(handle).schema
     keep = [i for i, name in enumerate(schema.names) if name not in (KEY_COLUMN, HASH_COLUMN)]
     return pa.schema([schema.field(i) for i in keep], metadata=schema.metadata)
@@ -253,7 +255,7 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
                      input_sizes=None, input_identities=None, allow_duplicates=False):
     """The template's graph for one generation: writer groups -> files -> publish (refused,
     unless ``allow_duplicates``, when its records are exactly a live generation's)."""
-    store = layout.store_dir(prefix)
+    store = names.store_dir(prefix)
     items = (
         pipeline
         | "ListWriterGroups" >> beam.Create(groups)
@@ -297,10 +299,10 @@ class WritePileStore(beam.PTransform):
             base = layout.new_manifest(self._format, self._compression, self._num_piles, self._seed, self._max_pile_bytes)
         if base["format"] != self._format or (self._num_piles is not None and base["num_piles"] != int(self._num_piles)):
             layout.release_lock(self._prefix, token)
-            raise OutputError(f"the store {layout.store_dir(self._prefix)} holds {base['format']} in "
+            raise OutputError(f"the store {names.store_dir(self._prefix)} holds {base['format']} in "
                               f"{base['num_piles']} piles, not {self._format} in {self._num_piles}")
         generation = base["next_generation"]
         layout.remove_unpublished(self._prefix)
         items = piles | "WriteStorePile" >> beam.ParDo(
-            WriteStorePile(layout.store_dir(self._prefix), generation, base["num_piles"]))
+            WriteStorePile(names.store_dir(self._prefix), generation, base["num_piles"]))
         return publish(items, self._prefix, base, generation, 1, token)

@@ -21,7 +21,9 @@ from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, records_table
 from pileshuffle.tuning import prepare_worker
-from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles, to_ipc
+from pileshuffle.names import source_writer_name
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.fragments import Fragment, FragmentFiles, to_ipc
 
 STATS_TAG = "stats"
 INPUT_STREAM = 0  # key stream tag of input records: (INPUT_STREAM, source id)
@@ -123,7 +125,7 @@ class ReadSourceToPiles(beam.DoFn):
 
     def process(self, source: Source):
         report = ReadReport()
-        writer = _PileWriter(self._fragments_dir, f"s{source.id:06d}")
+        writer = _PileWriter(self._fragments_dir, source_writer_name(source.id))
         chunks = keyed_chunks(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
                               self._chunk_bytes, self._skip_corrupt, report)
         fingerprint = Fingerprint()

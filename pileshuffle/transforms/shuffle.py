@@ -20,7 +20,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle import keys as keymath
 from pileshuffle.fingerprint import Fingerprint, total
-from pileshuffle.fragments import HASH_COLUMN, KEY_COLUMN, Fragment, FragmentFiles, read_batches, read_tables
+from pileshuffle.names import split_writer_name
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_tables
 from pileshuffle.transforms.assign import AssignPiles, parts_by_pile
 from pileshuffle.tuning import prepare_worker
 
@@ -96,7 +98,7 @@ class Pile:
         """The sub-piles of this pile, in order: fragments re-keyed on the next digits of U."""
         ways = min(MAX_SPLIT_WAYS, max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2))  # one open file each
         split_dir = FileSystems.join(self.work_dir, "splits")
-        files = FragmentFiles(split_dir, f"{uuid.uuid4().hex[:12]}-d{self.depth}-p{self.index:06d}")
+        files = FragmentFiles(split_dir, split_writer_name(uuid.uuid4().hex[:12], self.depth, self.index))
         for fragment in self.fragments:
             for batch in read_batches(fragment):
                 digits = next_digits(batch.column(KEY_COLUMN).to_numpy(), self.num_piles)

@@ -21,161 +21,15 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle import __version__, interrupt, progress
-from pileshuffle.errors import InputError, IntegrityError, OutputError
+from pileshuffle.errors import InputError, IntegrityError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
-from pileshuffle.formats.base import delete_tree, literal_pattern, size_of
-from pileshuffle.fragments import HASH_COLUMN, write_failure
+from pileshuffle.formats.base import size_of
+from pileshuffle.fragments import write_failure
+from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manifest_path, shard_name,
+                               staged_manifest_name, staging_dir)
+from pileshuffle.output_files import OutputFiles, check_replaceable, file_name, remove_tree, write_journal
 from pileshuffle.tuning import prepare_worker
-
-
-def shard_name(prefix: str, index: int, num_piles: int, suffix: str) -> str:
-    return f"{prefix}-{index:05d}-of-{num_piles:05d}{suffix}"
-
-
-def manifest_path(prefix: str) -> str:
-    return f"{prefix}-manifest.json"
-
-
-def read_manifest(prefix: str) -> dict:
-    with FileSystems.open(manifest_path(prefix), compression_type="uncompressed") as handle:
-        return json.loads(handle.read())
-
-
-def staging_dir(prefix: str) -> str:
-    return f"{prefix}.pileshuffle-staging"
-
-
-def output_lock_path(prefix: str) -> str:
-    """The lock a ``run`` to ``prefix`` holds (``store.layout.FileLock``)."""
-    return f"{prefix}.pileshuffle-lock"
-
-
-def shard_pattern(prefix: str) -> str:
-    return f"{literal_pattern(prefix)}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*"
-
-
-def existing_outputs(prefix: str):
-    """Paths of earlier output under ``prefix``: files named like its shards, and its manifest."""
-    found = []
-    for pattern in (shard_pattern(prefix), literal_pattern(manifest_path(prefix))):
-        try:
-            found += [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-        except Exception:  # BeamIOError when nothing matches
-            pass
-    return sorted(found)
-
-
-# -- which files a run may replace ------------------------------------------------------------
-#
-# Only files that a run's own records list: the output's manifest (a finished output: its
-# shards and itself, replaced with --overwrite) and the journals in the staging folder (a
-# publication that did not finish: what it was creating and deleting, replaced by the next
-# run). A journal is written before Finalize changes any final name and removed with the
-# staging folder after the manifest is in place. Any other file named like a shard of the
-# output is someone else's: a run refuses it, naming it, and never replaces or deletes it.
-
-JOURNAL_PREFIX = "journal-"
-
-
-def _name(path: str) -> str:
-    return path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
-
-
-def read_journals(prefix: str) -> list:
-    """The journals of unfinished publications under ``prefix`` (dicts with ``creates`` and
-    ``deletes``: final paths); an unreadable journal counts as listing nothing."""
-    try:
-        found = FileSystems.match([FileSystems.join(literal_pattern(staging_dir(prefix)), f"{JOURNAL_PREFIX}*.json")])
-        paths = [m.path for m in found[0].metadata_list]
-    except Exception:
-        return []
-    journals = []
-    for path in sorted(paths):
-        try:
-            with FileSystems.open(path, compression_type="uncompressed") as handle:
-                journals.append(json.loads(handle.read()))
-        except Exception:
-            continue
-    return journals
-
-
-def write_journal(prefix: str, creates, deletes):
-    """Record, before any final name changes, every final path a publication creates or deletes."""
-    path = FileSystems.join(staging_dir(prefix), f"{JOURNAL_PREFIX}{uuid.uuid4().hex[:12]}.json")
-    try:
-        with FileSystems.create(path, mime_type="application/json", compression_type="uncompressed") as handle:
-            handle.write(json.dumps({"creates": sorted(creates), "deletes": sorted(deletes)}, indent=1).encode())
-    except OSError as error:
-        raise write_failure(staging_dir(prefix), error) from error
-
-
-@dataclasses.dataclass
-class OutputFiles:
-    """The files under an output prefix's final names, by which record lists them."""
-
-    prefix: str
-    manifest: str = None  # the output's manifest, if one is published
-    finished: list = dataclasses.field(default_factory=list)  # the shards the manifest lists
-    unpublished: list = dataclasses.field(default_factory=list)  # what an unfinished publication's journal lists
-    foreign: list = dataclasses.field(default_factory=list)  # named like shards, listed by nothing: not ours
-
-    @property
-    def replaceable(self) -> list:
-        """Every file a run to this prefix may delete, the manifest first (unpublish, then delete)."""
-        return ([self.manifest] if self.manifest else []) + self.finished + self.unpublished
-
-
-def output_files(prefix: str) -> OutputFiles:
-    """Sort the files under ``prefix``'s final names by the records that list them."""
-    files = OutputFiles(prefix)
-    existing = existing_outputs(prefix)
-    listed_by_manifest = set()
-    if manifest_path(prefix) in existing:
-        files.manifest = manifest_path(prefix)
-        try:
-            listed_by_manifest = {_name(s["path"]) for s in read_manifest(prefix).get("shards", [])}
-        except Exception:  # unreadable: it vouches for no shard
-            pass
-    journaled = {_name(p) for journal in read_journals(prefix)
-                 for p in list(journal.get("creates", [])) + list(journal.get("deletes", []))}
-    for path in existing:
-        if path == files.manifest:
-            continue
-        if _name(path) in listed_by_manifest:
-            files.finished.append(path)
-        elif _name(path) in journaled:
-            files.unpublished.append(path)
-        else:
-            files.foreign.append(path)
-    return files
-
-
-def check_replaceable(prefix: str, overwrite: bool) -> OutputFiles:
-    """The output's files, if a run to ``prefix`` may go ahead: none is someone else's
-    (with or without ``overwrite``), and a finished output is replaced only with ``overwrite``."""
-    files = output_files(prefix)
-    if files.foreign:
-        raise OutputError(
-            f"{files.foreign[0]} is named like a shard of --output {prefix} but no pileshuffle run wrote it (neither "
-            f"{manifest_path(prefix)} nor a journal in {staging_dir(prefix)} lists it); pileshuffle never replaces or "
-            f"deletes such a file: move it, or choose another --output"
-            + (f" ({len(files.foreign)} such files)" if len(files.foreign) > 1 else ""))
-    if files.manifest and not overwrite:
-        raise OutputError(f"output already exists: {(files.finished or [files.manifest])[0]} "
-                          "(pass --overwrite to replace it)")
-    return files
-
-
-def discard_unpublished(prefix: str) -> list:
-    """Delete what a publication that never finished left under final names (what its
-    journals list, when no manifest is published), then the staging folder. Returns the
-    paths deleted. Call only under the output's lock (or from the run that wrote them)."""
-    files = output_files(prefix) if not FileSystems.exists(manifest_path(prefix)) else OutputFiles(prefix)
-    if files.unpublished:
-        FileSystems.delete(files.unpublished)
-    remove_tree(staging_dir(prefix))
-    return files.unpublished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,8 +182,8 @@ class Finalize(beam.DoFn):
     def _replace_old_outputs(self, old: OutputFiles, finals):
         """Journal the publication, then delete the old files the new shards do not
         replace by name: the old manifest first, so a reader never trusts a partial set."""
-        replaced_by_name = {_name(f) for f in finals}
-        doomed = [p for p in old.replaceable if _name(p) not in replaced_by_name]
+        replaced_by_name = {file_name(f) for f in finals}
+        doomed = [p for p in old.replaceable if file_name(p) not in replaced_by_name]
         write_journal(self._prefix, finals + [manifest_path(self._prefix)], doomed)
         for batch in ([p for p in doomed if p == old.manifest], [p for p in doomed if p != old.manifest]):
             if batch:
@@ -338,6 +192,7 @@ class Finalize(beam.DoFn):
     def _manifest(self, shards, sources, finals, staged, input_fp, output_fp, schema, num_piles):
         seconds = time.time() - self._started if self._started else None
         manifest = {
+            **manifest_header(SHARDS_KIND),
             "pileshuffle_version": __version__,
             **self._fields,
             "format": self._format_name,
@@ -371,7 +226,7 @@ class Finalize(beam.DoFn):
     @interrupt.writes
     def _stage_manifest(self, manifest) -> str:
         """The manifest, written in the staging directory (renamed into place last)."""
-        staged = FileSystems.join(staging_dir(self._prefix), f"manifest-{uuid.uuid4().hex[:12]}.json")
+        staged = FileSystems.join(staging_dir(self._prefix), staged_manifest_name(uuid.uuid4().hex[:12]))
         try:
             with FileSystems.create(staged, mime_type="application/json", compression_type="uncompressed") as handle:
                 handle.write(json.dumps(manifest, indent=1).encode())
@@ -384,15 +239,6 @@ class Finalize(beam.DoFn):
         dirs = {staging_dir(self._prefix)} | {s.work_dir for s in shards if s.work_dir}
         for directory in sorted(dirs):
             remove_tree(directory)
-
-
-def remove_tree(directory: str):
-    """Delete a directory tree if it exists, local or on an object store (best effort:
-    leftovers are only temp files)."""
-    try:
-        delete_tree(directory)
-    except Exception:
-        pass
 
 
 def schema_json(schema: pa.Schema) -> dict:

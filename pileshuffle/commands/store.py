@@ -10,50 +10,30 @@ version; the same command run again finishes the job.
 import argparse
 import contextlib
 import logging
-import math
 import sys
 import time
-import types
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pileshuffle import interrupt
-from pileshuffle.errors import InputError, OutputError, PileshuffleError, UsageError
+from pileshuffle import interrupt, names, running
+from pileshuffle.commands.report import as_command, shards_at_stake_on_interrupt, store_summary
+from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.options import PileshuffleOptions, check_command_argv
+from pileshuffle.output_files import remove_tree
+from pileshuffle.running import execute
 from pileshuffle.store import layout
-from pileshuffle.store.read import live_piles, missing_files
-from pileshuffle.transforms.write import remove_tree
 from pileshuffle.store import write as store_write
+from pileshuffle.store.expire import DEFAULT_GRACE_SECONDS, check_grace_seconds, collect, expire
+from pileshuffle.store.layout import existing_store
+from pileshuffle.store.read import live_piles, missing_files
 from pileshuffle.store.write import build_generation, stored_schema, writer_groups
 
 log = logging.getLogger("pileshuffle")
 
-DEFAULT_GRACE_SECONDS = 24 * 3600  # files of an expired generation outlive its last manifest version by this
-
 
 # --- running a pipeline ------------------------------------------------------------------------
-
-HOLD_WORKER_STDERR = {"on": False}  # the command line: report our errors in one line (pipeline._worker_stderr)
-
-
-def execute(options, argv, build, partitions: int, on_failure=None, wait=None):
-    """Run the graph ``build(pipeline)`` adds, on the runner ``options`` name, as ``run``
-    does; returns Beam's result when not waited for (Dataflow), else None. ``on_failure()``
-    cleans up after a failed pipeline."""
-    from pileshuffle.pipeline import run_pipeline
-    from pileshuffle.runners import dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults, make_runner
-
-    if is_local(options):
-        options = local_defaults(options, argv)
-    if is_dask(options):
-        options = dask_defaults(options, types.SimpleNamespace(sources=range(max(1, partitions))))
-    if is_dataflow(options):
-        options = dataflow_defaults(options)
-    pipeline = beam.Pipeline(runner=make_runner(options), options=options)
-    build(pipeline)
-    return run_pipeline(pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure and on_failure())
 
 
 def same_inputs(generation: dict, sources) -> bool:
@@ -90,40 +70,15 @@ def refuse_held_inputs(prefix: str, manifest: dict, sources):
     named = "; ".join(f"{path} (generation {g}" + ("" if added == path else f", as {added}") + ")"
                       for path, (g, added) in sorted(held.items())[:5])
     more = f" and {len(held) - 5} more" if len(held) > 5 else ""
-    raise InputError("--input", f"{len(held)} file(s) are already in live generations of {layout.store_dir(prefix)} "
+    raise InputError("--input", f"{len(held)} file(s) are already in live generations of {names.store_dir(prefix)} "
                                 f"(version {manifest['version']}): {named}{more}; appending them again would repeat "
                                 f"their records in every epoch. Pass --allow_duplicate_inputs if you mean it, or "
                                 f"expire those generations first")
 
 
-def existing_store(given: str) -> str:
-    """The prefix of the store ``given`` names; refuses, before anything is created or
-    locked, when there is none (so a refused command leaves no empty ``-store`` folder)."""
-    prefix = layout.store_prefix(given)
-    if not layout.is_store(prefix):
-        raise OutputError(f"no store at {layout.store_dir(prefix)}: create one with `pileshuffle run --layout store "
-                          f"--output {prefix} --input ...`")
-    return prefix
-
-
-def check_grace_seconds(value: float) -> float:
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"--grace_seconds: must be 0 or more seconds, not {value:g}")
-    return value
-
-
-def parse_before(text: str):
-    """``--before``'s time, or a UsageError that names the option and the forms it takes."""
-    try:
-        return layout.parse_time(text)
-    except ValueError:
-        raise UsageError(f"--before: {text!r} is not a time: give a UTC date or time in ISO 8601, e.g. 2026-11-01, "
-                         f"2026-11-01T18:30 or 2026-11-01T18:30:00Z") from None
-
-
 def at_stake_on_interrupt(prefix: str, version: int = None):
     """What Ctrl-C leaves of a command that publishes the next version of the store at ``prefix``."""
-    store, now = layout.store_dir(prefix), "" if version is None else f": it is still at version {version}"
+    store, now = names.store_dir(prefix), "" if version is None else f": it is still at version {version}"
     interrupt.describe(f"nothing was published to {store}{now}; run the same command again (it removes what this one "
                        f"left and writes the same generation)",
                        f"it had published {store}'s next version" if version is None else
@@ -166,7 +121,7 @@ def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, t
             return result
         manifest = layout.read_store_manifest(prefix)
         if manifest is None or manifest["version"] != base["version"] + 1:
-            raise OutputError(f"the pipeline finished but {layout.store_dir(prefix)} has no version {base['version'] + 1}")
+            raise OutputError(f"the pipeline finished but {names.store_dir(prefix)} has no version {base['version'] + 1}")
     except BaseException:
         layout.remove_unpublished(prefix)
         raise
@@ -177,10 +132,11 @@ def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, t
 def run_store(argv, options, wait=None, hold_worker_stderr=False):
     """``pileshuffle run --layout store``: pass 1 only, into ``{output}-store/`` as
     generation 0 of a new store (manifest version 1)."""
+    from pileshuffle.names import manifest_path
     from pileshuffle.plan import make_plan
-    from pileshuffle.transforms.write import manifest_path, schema_json
+    from pileshuffle.transforms.write import schema_json
 
-    HOLD_WORKER_STDERR["on"] = hold_worker_stderr
+    running.HOLD_WORKER_STDERR["on"] = hold_worker_stderr
     at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
     plan = make_plan(options)
     prefix = plan.output
@@ -194,17 +150,17 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
             first = current["generations"][:1]
             if (len(current["generations"]) == 1 and first[0]["generation"] == 0 and same_inputs(first[0], sources)
                     and (current["seed"], current["num_piles"], current["format"]) == (plan.seed, plan.num_piles, plan.format)):
-                print(f"pileshuffle: {layout.store_dir(prefix)} already holds these inputs as generation 0 "
+                print(f"pileshuffle: {names.store_dir(prefix)} already holds these inputs as generation 0 "
                       f"(version {current['version']}): nothing to do", file=sys.stderr)
                 layout.release_lock(prefix, token)
                 return current
-            raise OutputError(f"a store exists at {layout.store_dir(prefix)} (version {current['version']}): add data "
+            raise OutputError(f"a store exists at {names.store_dir(prefix)} (version {current['version']}): add data "
                               f"with `pileshuffle append --store {prefix} --input ...`, or delete it first (--overwrite "
                               "never replaces a store: it holds every generation's data)")
         base = layout.new_manifest(plan.format, plan.compression, plan.num_piles, plan.seed, plan.max_pile_bytes,
                                    schema_json(plan.schema) if plan.schema is not None else None)
         print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
-              f"{layout.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
+              f"{names.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
         return write_generation(argv, options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
 
 
@@ -233,14 +189,14 @@ def append(argv) -> dict:
     with store_lock(prefix, layout.command_line(["append", *argv])) as token:
         base = layout.read_store_manifest(prefix)
         if base is None:
-            raise OutputError(f"no store at {layout.store_dir(prefix)}: create one with `pileshuffle run --layout store "
+            raise OutputError(f"no store at {names.store_dir(prefix)}: create one with `pileshuffle run --layout store "
                               f"--output {prefix} --input ...`")
         at_stake_on_interrupt(prefix, base["version"])
         sources = match_inputs(args.input)  # never a store's own files
-        check_format_fits(sources, base["format"], layout.store_dir(prefix))
+        check_format_fits(sources, base["format"], names.store_dir(prefix))
         newest = base["generations"][-1] if base["generations"] else None
         if newest is not None and same_inputs(newest, sources):  # a re-run after a crash, with the option too
-            print(f"pileshuffle: these inputs are already generation {newest['generation']} of {layout.store_dir(prefix)} "
+            print(f"pileshuffle: these inputs are already generation {newest['generation']} of {names.store_dir(prefix)} "
                   f"(version {base['version']}): nothing to do", file=sys.stderr)
             layout.release_lock(prefix, token)
             return base
@@ -253,75 +209,12 @@ def append(argv) -> dict:
             detail = describe_difference(expected, schema) if expected is not None else "different columns"
             raise InputError(sources[0].path, f"has a different schema from the store's: {detail}")
         print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> generation "
-              f"{base['next_generation']} of {layout.store_dir(prefix)}", file=sys.stderr)
+              f"{base['next_generation']} of {names.store_dir(prefix)}", file=sys.stderr)
         return write_generation(argv, options, prefix, base, sources, base["seed"], args.skip_corrupt, token,
                                 allow_duplicates=args.allow_duplicate_inputs)
 
 
 # --- expire and gc -----------------------------------------------------------------------------
-
-def expire(prefix, keep_generations=None, before=None, grace_seconds=DEFAULT_GRACE_SECONDS, command="expire",
-           everything=False):
-    """Drop whole generations: publish the next version without them, then collect files
-    no version within the grace period lists. Dropping every live generation (an empty
-    store) needs ``everything`` (``--all``). Returns ``(manifest, dropped, deleted)``."""
-    if keep_generations is None and before is None:
-        raise ValueError("expire needs --keep_generations N or --before TIME")
-    if keep_generations is not None and int(keep_generations) < 0:
-        raise ValueError(f"--keep_generations must be 0 or more, got {keep_generations}")
-    cutoff = parse_before(before) if isinstance(before, str) else before
-    check_grace_seconds(grace_seconds)
-    prefix = existing_store(prefix)
-    token = layout.StoreLock(prefix, command).acquire()
-    try:
-        current = layout.read_store_manifest(prefix)
-        if current is None:
-            raise OutputError(f"no store at {layout.store_dir(prefix)}")
-        kept = list(current["generations"])
-        if keep_generations is not None:
-            kept = kept[max(0, len(kept) - int(keep_generations)):] if int(keep_generations) else []
-        if cutoff is not None:
-            kept = [g for g in kept if layout.parse_time(g["created"]) >= cutoff]
-        dropped = [g["generation"] for g in current["generations"] if g not in kept]
-        if dropped and not kept and not everything:
-            raise UsageError(f"this would expire every live generation of {layout.store_dir(prefix)} (generation(s) "
-                             f"{', '.join(map(str, dropped))}), "
-                             f"leaving no records to train on: pass --all to do that")
-        if dropped:
-            current = layout.next_manifest(current, kept)
-            layout.publish_manifest(prefix, current)
-        deleted = collect(prefix, grace_seconds)
-    finally:
-        layout.release_lock(prefix, token)
-    return current, dropped, deleted
-
-
-def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
-    """Delete what no reader can need (call under the lock): the generations that
-    unprotected manifest versions list and no protected one does, then those versions.
-    Protected: the current version and every version superseded less than
-    ``grace_seconds`` ago (a reader that opened it may still be in its epoch)."""
-    now = time.time() if now is None else now
-    versions = layout.manifest_versions(prefix)
-    if not versions:
-        return {"generations": [], "versions": []}
-    manifests = {v: layout.read_store_manifest(prefix, v) for v in versions}
-    protected = {versions[-1]}
-    for version in versions[:-1]:
-        successor = manifests.get(version + 1)
-        retired = successor.get("published") if successor else None
-        if retired is None or layout.parse_time(retired).timestamp() > now - grace_seconds:
-            protected.add(version)
-    needed = {g["generation"] for v in protected for g in manifests[v]["generations"]}
-    listed = {g["generation"] for v in set(versions) - protected for g in manifests[v]["generations"]}
-    doomed = sorted(listed - needed)  # from the manifests, without listing the whole store
-    store = layout.store_dir(prefix)
-    for generation in doomed:
-        layout.remove_directory(FileSystems.join(store, layout.generation_dir_name(generation)))
-    old = sorted(set(versions) - protected)  # after their generations: a killed collection is redone
-    if old:
-        FileSystems.delete([FileSystems.join(store, layout.manifest_name(v)) for v in old])
-    return {"generations": doomed, "versions": old}
 
 
 # --- materialize -------------------------------------------------------------------------------
@@ -329,9 +222,9 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
 def materialize(argv) -> dict:
     """``pileshuffle materialize --store P --output P2``: the second pass over a store."""
     from pileshuffle.options import check_max_pile_bytes, parse_bytes
-    from pileshuffle.pipeline import at_stake_on_interrupt as shards_at_stake
+    from pileshuffle.output_files import discard_unpublished, read_manifest
     from pileshuffle.plan import check_shard_output, taken_output, work_dir_for
-    from pileshuffle.transforms.write import WritePiles, discard_unpublished, read_manifest
+    from pileshuffle.transforms.write import WritePiles
 
     parser = argparse.ArgumentParser(prog="pileshuffle materialize", allow_abbrev=False, description=(
         "The second pass over a pile store: write its live records as the shards and manifest `pileshuffle run` "
@@ -345,17 +238,17 @@ def materialize(argv) -> dict:
     check_max_pile_bytes(args.max_pile_bytes, auto=False)  # the store fixes the number of piles
     options = PipelineOptions(beam_args)
     prefix = existing_store(args.store)
-    shards_at_stake(args.output)
+    shards_at_stake_on_interrupt(args.output)
     if layout.clean_prefix(args.output) == prefix:
         raise OutputError(f"--output {args.output} is the store's own prefix: its shards would hide the store from "
                           f"readers (they take {prefix}-manifest.json first); choose another prefix")
     output, _ = check_shard_output(args.output, args.overwrite)  # run's checks: never a file no run wrote
     manifest = layout.read_store_manifest(prefix, readable_version(prefix, args.version))
     if manifest is None:
-        raise OutputError(f"no store at {layout.store_dir(prefix)}")
+        raise OutputError(f"no store at {names.store_dir(prefix)}")
     refuse_missing_files(prefix, manifest)
     if not manifest["totals"]["records"]:
-        raise OutputError(f"{layout.store_dir(prefix)} version {manifest['version']} has no live records "
+        raise OutputError(f"{names.store_dir(prefix)} version {manifest['version']} has no live records "
                           f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to materialize")
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
     max_pile_bytes = parse_bytes(args.max_pile_bytes) if args.max_pile_bytes else manifest["max_pile_bytes"]
@@ -365,7 +258,7 @@ def materialize(argv) -> dict:
     fields = {
         "output": output, "seed": manifest["seed"],
         "options": {"format": manifest["format"], "compression": manifest["compression"],
-                    "num_piles": manifest["num_piles"], "num_piles_reason": f"the store's ({layout.store_dir(prefix)})",
+                    "num_piles": manifest["num_piles"], "num_piles_reason": f"the store's ({names.store_dir(prefix)})",
                     "max_pile_bytes": max_pile_bytes, "intermediate": "store", "skip_corrupt": False},
         "store": {"prefix": prefix, "version": manifest["version"],
                   "generations": [g["generation"] for g in manifest["generations"]]},
@@ -400,7 +293,7 @@ def readable_version(prefix: str, version):
     versions = layout.manifest_versions(prefix)
     if version not in versions:
         kept = f"{versions[0]} to {versions[-1]}" if len(versions) > 1 else f"{versions[0]}"
-        raise UsageError(f"--version {version}: {layout.store_dir(prefix)} has version(s) {kept} (current "
+        raise UsageError(f"--version {version}: {names.store_dir(prefix)} has version(s) {kept} (current "
                          f"{versions[-1]}; versions start at 1, and gc deletes superseded ones after their grace period)")
     return version
 
@@ -413,52 +306,15 @@ def refuse_missing_files(prefix: str, manifest: dict):
         generation, path = missing[0]
         others = f" ({len(missing) - 1} more file(s) are missing too)" if len(missing) > 1 else ""
         raise InputError(path, f"is missing, but version {manifest['version']} of the store "
-                               f"({FileSystems.join(layout.store_dir(prefix), layout.manifest_name(manifest['version']))}) "
+                               f"({FileSystems.join(names.store_dir(prefix), names.store_manifest_name(manifest['version']))}) "
                                f"lists it in generation {generation}{others}; `pileshuffle verify --output {prefix}` "
                                f"checks every file")
 
 
 # --- the command line --------------------------------------------------------------------------
 
-def store_summary(manifest: dict) -> str:
-    generations = manifest["generations"]
-    newest = generations[-1] if generations else None
-    lines = [f"store     version {manifest['version']}: {len(generations)} live generation(s), "
-             f"{manifest['totals']['records']:,} records, {manifest['totals']['payload_bytes']:,} payload bytes, "
-             f"{manifest['num_piles']} piles"]
-    if newest is not None:
-        lines.append(f"newest    generation {newest['generation']}: {newest['records']:,} records from "
-                     f"{len(newest['inputs'])} input file(s), {len(newest['files'])} file(s) "
-                     f"({newest.get('writers', 1)} writer(s) x {manifest['num_piles']} piles at most)")
-    seconds = manifest.get("wall_seconds")
-    if seconds and newest is not None:
-        lines.append(f"time      {seconds:.2f} s, {newest['payload_bytes'] / 1e6 / seconds:,.1f} MB/s")
-    return "\n".join(lines)
 
-
-def _command(function):
-    def main(argv=None):
-        from pileshuffle.pipeline import reporting_errors
-        from pileshuffle.tuning import keep_freed_memory
-
-        keep_freed_memory()
-        HOLD_WORKER_STDERR["on"] = True
-        return reporting_errors(lambda: _values_as_usage_errors(function, list(sys.argv[1:] if argv is None else argv)))
-
-    return main
-
-
-def _values_as_usage_errors(function, argv):
-    """A ValueError from parsing a command's values (a size, a time) is a usage error."""
-    try:
-        return function(argv)
-    except ValueError as error:
-        if isinstance(error, PileshuffleError):
-            raise
-        raise UsageError(str(error)) from error
-
-
-@_command
+@as_command
 def append_main(argv):
     manifest = append(argv)
     if isinstance(manifest, dict):
@@ -466,7 +322,7 @@ def append_main(argv):
     return 0
 
 
-@_command
+@as_command
 def expire_main(argv):
     parser = argparse.ArgumentParser(prog="pileshuffle expire", allow_abbrev=False, description=(
         "Drop whole generations from a pile store: the next manifest version without them is published first; their "
@@ -489,7 +345,7 @@ def expire_main(argv):
     return 0
 
 
-@_command
+@as_command
 def gc_main(argv):
     parser = argparse.ArgumentParser(prog="pileshuffle gc", allow_abbrev=False, description=(
         "Delete a pile store's files that no manifest version within --grace_seconds lists, and older versions."))
@@ -507,9 +363,9 @@ def gc_main(argv):
     return 0
 
 
-@_command
+@as_command
 def materialize_main(argv):
-    from pileshuffle.pipeline import summary
+    from pileshuffle.commands.report import summary
 
     manifest = materialize(argv)
     if isinstance(manifest, dict):

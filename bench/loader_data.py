@@ -1,0 +1,36 @@
+"""The loader bench's data: bench/datagen.py's records shuffled once by ``pileshuffle run`` into
+piles of ~64 MB, cached under bench/.data/."""
+
+import json
+import os
+import shutil
+import subprocess
+
+from loader_measure import child_env
+from loader_rows import RECORDS_PER_PILE, SEED
+from workspace import DATA, PY, REPO, log
+
+QUICK_DIVISOR = 50  # --quick divides every record count by this (a smoke run)
+
+
+def shuffled_output(fmt, scale, quick):
+    """The prefix of a finished ``pileshuffle run`` output of the bench data (made once)."""
+    import datagen
+
+    records = 1_000_000 * scale // (QUICK_DIVISOR if quick else 1)
+    piles = max(1, records // RECORDS_PER_PILE)
+    source = datagen.dataset(DATA, fmt, records, 8 * scale, 1000, seed=0, log=log)
+    directory = os.path.join(DATA, f"loader-{source['name']}-p{piles}")
+    prefix = os.path.join(directory, "train")
+    if not os.path.exists(prefix + "-manifest.json"):
+        shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(directory)
+        log(f"shuffling {source['name']} into {piles} piles ...")
+        subprocess.run([PY, "-m", "pileshuffle", "run", "--input", source["pattern"], "--output", prefix,
+                        "--format", fmt, "--num_piles", str(piles), "--seed", str(SEED)],
+                       check=True, cwd=REPO, env=child_env())
+    with open(prefix + "-manifest.json") as handle:
+        manifest = json.load(handle)
+    files = [os.path.join(directory, os.path.basename(s["path"])) for s in manifest["shards"]]
+    return {"prefix": prefix, "format": fmt, "files": files, "records": manifest["totals"]["records"],
+            "bytes": sum(os.path.getsize(f) for f in files), "piles": len(files)}

@@ -1,0 +1,82 @@
+"""The loader bench's parent side of a row: start the row in a child process (``loader.py
+--row``), sample the RSS of its process tree, and read back the one JSON line it prints."""
+
+import json
+import os
+import subprocess
+import threading
+
+from workspace import HERE, MB, PY, REPO, log
+
+SAMPLE_SECONDS = 0.02  # RSS sampling period: rows last well under a second at --quick
+ENTRY = os.path.join(HERE, "loader.py")  # the CLI whose hidden --row runs one row in the child
+
+
+def child_env():
+    """The environment of a child: the checkout importable first, TensorFlow's C++ logs quiet."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def tree_rss(proc):
+    """(sum of RSS over the process and its descendants, largest single RSS)."""
+    import psutil
+
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return 0, 0
+    sizes = []
+    for p in procs:
+        try:
+            sizes.append(p.memory_info().rss)
+        except psutil.Error:
+            pass
+    return sum(sizes), max(sizes, default=0)
+
+
+def measure_row(name, kind, mix, data, timeout):
+    """One run of a row: its result dict, with ``ok`` False and an ``error`` when it failed or
+    delivered a wrong number of records."""
+    import psutil
+
+    subprocess.run(["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True)  # warm page cache, untimed
+    cmd = [PY, ENTRY, "--row", kind, "--mix", str(mix or 1), "--data", json.dumps(data)]
+    peak = [0, 0]
+    stop = threading.Event()
+    proc = psutil.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=child_env())
+
+    def sample():
+        while not stop.is_set():
+            total, largest = tree_rss(proc)
+            peak[0], peak[1] = max(peak[0], total), max(peak[1], largest)
+            stop.wait(SAMPLE_SECONDS)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for child in proc.children(recursive=True):
+            child.kill()
+        proc.kill()
+        out, err = proc.communicate()
+    stop.set()
+    sampler.join()
+    lines = [line for line in out.decode(errors="replace").splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(err.decode(errors="replace").splitlines()[-12:])
+        log(f"[{name}] failed (exit {proc.returncode}):\n{tail}")
+        return {"name": name, "ok": False, "error": tail.splitlines()[-1] if tail else f"exit {proc.returncode}"}
+    result = json.loads(lines[-1])
+    row = {"name": name, "kind": kind, "mix": mix, "format": data["format"], "ok": result["records"] == data["records"],
+           "records": result["records"], "seconds": result["seconds"], "cpu_seconds": result["cpu_seconds"],
+           "records_per_s": result["records"] / result["seconds"], "mb_per_s": data["bytes"] / MB / result["seconds"],
+           "peak_rss": peak[0], "peak_rss_process": peak[1], "rss_before": result["rss_before"]}
+    if not row["ok"]:
+        row["error"] = f"delivered {result['records']} records, expected {data['records']}"
+    log(f"[{name}] {row['seconds']:.2f} s, {row['mb_per_s']:,.0f} MB/s, peak RSS {peak[0] / MB:,.0f} MB"
+        + ("" if row["ok"] else f" ({row['error']})"))
+    return row

@@ -1,0 +1,99 @@
+"""The loader bench's results: each row's fastest and median round, its ratios to the in-order
+read and to tf.data's shuffle, the issue's targets, and the table with its legend."""
+
+import statistics
+
+from workspace import MB
+
+RSS_ALLOWANCE = 200 * MB  # the issue's allowance above (K+1) piles: interpreter, imports, buffers
+
+
+def pile_bytes(data):
+    return data["bytes"] / data["piles"]
+
+
+def fastest_rounds(plan, attempts):
+    """Each row's fastest good round with its medians and peaks over the good rounds (its last
+    round when none was good), in plan order."""
+    rows = []
+    for name, *_ in plan:
+        good = [a for a in attempts[name] if a.get("ok")]
+        if not good:
+            rows.append(attempts[name][-1])
+            continue
+        best = dict(min(good, key=lambda a: a["seconds"]))
+        best["median_seconds"] = statistics.median(a["seconds"] for a in good)
+        best["median_cpu_seconds"] = statistics.median(a["cpu_seconds"] for a in good)
+        best["rounds_seconds"] = [round(a["seconds"], 3) for a in good]
+        best["peak_rss"] = max(a["peak_rss"] for a in good)
+        best["peak_rss_process"] = max(a["peak_rss_process"] for a in good)
+        rows.append(best)
+    return rows
+
+
+def add_ratios_and_targets(rows, data):
+    """Each good row's x in-order, cpu x in-order, x tf-shuffle and targets (``data``: by format)."""
+    by_name = {r["name"]: r for r in rows}
+    for r in rows:
+        if not r.get("ok"):
+            continue
+        base, tfs = by_name.get(f"{r['format']}-inorder"), by_name.get("tfrecord-tf-shuffle")
+        r["x_inorder"] = base["median_seconds"] / r["median_seconds"] if base and base.get("ok") else None
+        r["cpu_x_inorder"] = base["median_cpu_seconds"] / r["median_cpu_seconds"] if base and base.get("ok") else None
+        r["x_tf_shuffle"] = (tfs["median_seconds"] / r["median_seconds"]
+                             if r["format"] == "tfrecord" and tfs and tfs.get("ok") else None)
+        r["targets"] = targets(r, by_name, data[r["format"]])
+
+
+def targets(row, by_name, data):
+    """The issue's targets for a reshuffling loader row, judged on medians: [(target, ok, value)]."""
+    if row["kind"] not in ("loader", "dl2", "dl2-arrow", "tf-adapter") or not row.get("ok"):
+        return []
+    fmt, out = row["format"], []
+    base = by_name.get(f"{fmt}-inorder")
+    if base and base.get("ok") and row["kind"] == "loader":
+        ratio = base["median_seconds"] / row["median_seconds"]
+        out.append((">=0.9x in-order", ratio >= 0.9, f"{ratio:.2f}x; CPU {row['cpu_x_inorder']:.2f}x"))
+    tf_shuffle = by_name.get("tfrecord-tf-shuffle")
+    if fmt == "tfrecord" and tf_shuffle and tf_shuffle.get("ok") and row["mix"] == 1:
+        ratio = tf_shuffle["median_seconds"] / row["median_seconds"]
+        out.append((">=1x tf shuffle(62,500)", ratio >= 1.0, f"{ratio:.2f}x"))
+    bound = (row["mix"] + 1) * pile_bytes(data) + RSS_ALLOWANCE
+    measured = row["peak_rss_process"]
+    out.append((f"RSS<=(K+1)xpile+200MB={bound / MB:,.0f}MB", measured <= bound, f"{measured / MB:,.0f} MB"))
+    return out
+
+
+def table(rows):
+    header = ["row", "records/s", "MB/s", "median s", "x in-order", "x tf-shuffle", "cpu s", "cpu x in-order",
+              "peak RSS MB", "largest proc MB", "RSS before MB", "above imports MB", "targets"]
+    body = []
+    for r in rows:
+        if not r.get("ok"):
+            body.append([r["name"], *["-"] * (len(header) - 2), f"FAILED: {r.get('error', '')}"])
+            continue
+        body.append([
+            r["name"], f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:,.0f}", f"{r['median_seconds']:.2f}",
+            "-" if r.get("x_inorder") is None else f"{r['x_inorder']:.2f}",
+            "-" if r.get("x_tf_shuffle") is None else f"{r['x_tf_shuffle']:.2f}",
+            f"{r['median_cpu_seconds']:.2f}", "-" if r.get("cpu_x_inorder") is None else f"{r['cpu_x_inorder']:.2f}",
+            f"{r['peak_rss'] / MB:,.0f}", f"{r['peak_rss_process'] / MB:,.0f}", f"{r['rss_before'] / MB:,.0f}",
+            f"{(r['peak_rss_process'] - r['rss_before']) / MB:,.0f}",
+            "; ".join(f"{t}: {'PASS' if ok else 'FAIL'} ({v})" for t, ok, v in r.get("targets", [])),
+        ])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])
+
+
+LEGEND = """\
+records/s, MB/s: the row's fastest round (MB/s = shard file bytes / time; 1 MB = 10^6 B); median s: its median
+round. x in-order: the median speed of the row / that of the loader's in-order read of the same shards (same
+format); x tf-shuffle: / that of tf.data's shuffle(62,500).batch(256) (TFRecord). cpu s: median CPU seconds of
+the row's process (all threads) and its DataLoader workers over the same span; cpu x in-order: in-order's / the
+row's (steadier than wall times when other jobs share the cores; wall ratios are the targets). peak RSS: the largest sum of
+RSS over the row's process tree (DataLoader workers included); largest proc: the largest single process's RSS
+(what the (K+1) x pile + 200 MB target is judged on: each DataLoader worker holds its own piles); RSS before:
+the row's process just before its first batch (interpreter + imports: torch's ~0.2 GB, TensorFlow's ~0.5 GB);
+above imports: largest proc - RSS before (the data the row holds). DataLoader workers are forked from the main
+process but count its shared library pages only once they touch them, so for the -dl2 rows this understates."""

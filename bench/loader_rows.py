@@ -1,0 +1,136 @@
+"""The loader bench's rows: which there are and, run inside a row's own process (``loader.py
+--row``), the batches each row reads and how their consumption is timed.
+
+Heavy libraries (psutil, TensorFlow, torch, pyarrow, pileshuffle.loader) are imported inside the
+row that needs them, so a row's "RSS before" counts only its own imports.
+"""
+
+import json
+import time
+
+SEED = 1  # the loader's seed and tf.data's shuffle seed
+BATCH = 256  # records per batch every row delivers
+RECORDS_PER_PILE = 62_500  # ~64 MB piles of 1,000-byte records; also tf.data's shuffle buffer (one pile)
+
+ROWS = [  # (name suffix, kind, mix, formats)
+    ("tf-inorder", "tf-inorder", None, ("tfrecord",)),
+    ("tf-shuffle", "tf-shuffle", None, ("tfrecord",)),
+    ("pyarrow-inorder", "pyarrow-inorder", None, ("parquet",)),
+    ("inorder", "inorder", 1, ("tfrecord", "parquet")),
+    ("k1", "loader", 1, ("tfrecord", "parquet")),
+    ("k4", "loader", 4, ("tfrecord", "parquet")),
+    ("k1-dl2", "dl2", 1, ("tfrecord", "parquet")),
+    ("k4-dl2", "dl2", 4, ("tfrecord", "parquet")),
+    ("k1-dl2-arrow", "dl2-arrow", 1, ("parquet",)),
+    ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
+]
+
+
+def row_plan():
+    """(name, kind, mix, format) of every row, in run order."""
+    return [(f"{fmt}-{suffix}", kind, mix, fmt) for fmt in ("tfrecord", "parquet")
+            for suffix, kind, mix, formats in ROWS if fmt in formats]
+
+
+def rss_now():
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def cpu_seconds():
+    """CPU seconds of this process (all threads) and of its reaped children (DataLoader workers)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def drain(batches, count):
+    """Time the consumption of ``batches``; returns (records, seconds, CPU seconds)."""
+    records, started, cpu = 0, time.perf_counter(), cpu_seconds()
+    for batch in batches:
+        records += count(batch)
+    seconds = time.perf_counter() - started
+    return records, seconds, cpu_seconds() - cpu  # an exhausted DataLoader has joined its workers
+
+
+def tf_rows(files, shuffle):
+    import tensorflow as tf
+
+    dataset = tf.data.TFRecordDataset(files)
+    if shuffle:
+        dataset = dataset.shuffle(RECORDS_PER_PILE, seed=SEED)
+    return dataset.batch(BATCH), lambda b: int(b.shape[0])
+
+
+def pyarrow_rows(files):
+    import pyarrow.parquet as pq
+
+    def batches():
+        for path in files:
+            yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH)
+
+    return batches(), lambda b: b.num_rows
+
+
+def loader_dataset(prefix, mix, reshuffle=True):
+    from pileshuffle.loader import ShuffledDataset
+
+    return ShuffledDataset(prefix, seed=SEED, epoch=1, reshuffle=reshuffle, mix=mix)
+
+
+def count_any(batch):
+    if isinstance(batch, dict):
+        return len(next(iter(batch.values())))
+    if hasattr(batch, "num_rows"):
+        return batch.num_rows
+    if hasattr(batch, "shape"):
+        return int(batch.shape[0])
+    return len(batch)
+
+
+def loader_rows(prefix, mix, reshuffle=True):
+    return loader_dataset(prefix, mix, reshuffle).batches(BATCH), count_any
+
+
+def dataloader_rows(prefix, mix, workers, as_numpy=True):
+    from torch.utils.data import DataLoader
+
+    torch_dataset = loader_dataset(prefix, mix).torch(batch_size=BATCH, as_numpy=as_numpy)
+    loader = DataLoader(torch_dataset, batch_size=None, num_workers=workers)
+    return loader, count_any
+
+
+def tf_adapter_rows(prefix, mix):
+    dataset = loader_dataset(prefix, mix).tf(batch_size=BATCH)
+    return dataset, count_any
+
+
+def row_batches(kind, data, mix):
+    """(the row's iterable of batches, a function counting a batch's records)."""
+    if kind == "tf-inorder":
+        return tf_rows(data["files"], shuffle=False)
+    if kind == "tf-shuffle":
+        return tf_rows(data["files"], shuffle=True)
+    if kind == "pyarrow-inorder":
+        return pyarrow_rows(data["files"])
+    if kind == "inorder":
+        return loader_rows(data["prefix"], 1, reshuffle=False)
+    if kind == "loader":
+        return loader_rows(data["prefix"], mix)
+    if kind == "dl2":
+        return dataloader_rows(data["prefix"], mix, workers=2)
+    if kind == "dl2-arrow":
+        return dataloader_rows(data["prefix"], mix, workers=2, as_numpy=False)
+    if kind == "tf-adapter":
+        return tf_adapter_rows(data["prefix"], mix)
+    raise ValueError(kind)
+
+
+def run_row_here(kind, data, mix):
+    """The child's side: build the row's pipeline, time its batches, print one JSON line."""
+    batches, count = row_batches(kind, data, mix)
+    rss_before = rss_now()
+    records, seconds, cpu = drain(batches, count)
+    print(json.dumps({"records": records, "seconds": seconds, "cpu_seconds": cpu, "rss_before": rss_before}), flush=True)

@@ -1,0 +1,123 @@
+"""Measuring one command as its own process tree: wall time, peak tree RSS, CPU seconds and
+the CPU other processes used meanwhile; waiting for the machine to go quiet; warming the
+page cache; reading back what a measured command logged (bench/.out/logs/NAME.out|err)."""
+
+import json
+import os
+import resource
+import subprocess
+import threading
+import time
+
+import psutil
+
+from workspace import OUT
+
+SAMPLE_SECONDS = 0.05  # RSS sampling period: short enough to catch a pass's peak, cheap for the sampler
+
+
+class Measurement:
+    def __init__(self, returncode, wall, peak_rss, peak_procs, cpu, others):
+        self.returncode, self.wall, self.peak_rss, self.peak_procs = returncode, wall, peak_rss, peak_procs
+        self.cpu, self.others = cpu, others
+
+
+def busy_seconds():
+    """CPU seconds the whole machine has been busy (all cores)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+
+def children_cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wait_for_idle(max_wait, threshold=0.25):
+    """Wait (up to ``max_wait`` s) until other processes use under ``threshold`` of a core
+    over one second; returns (seconds waited, their last measured use in cores)."""
+    started = time.perf_counter()
+    while True:
+        before = busy_seconds()
+        time.sleep(1.0)
+        used = busy_seconds() - before
+        if used < threshold or time.perf_counter() - started >= max_wait:
+            return time.perf_counter() - started, used
+
+
+def tree_rss(proc):
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return 0, 0
+    total, alive = 0, 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+            alive += 1
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+    return total, alive
+
+
+def measure(cmd, name, timeout):
+    """Run ``cmd`` (stdout/stderr to bench/.out/logs/NAME.*); wall time and peak tree RSS."""
+    logs = os.path.join(OUT, "logs")
+    os.makedirs(logs, exist_ok=True)
+    cwd = os.path.join(OUT, "cwd")
+    os.makedirs(cwd, exist_ok=True)
+    os.sync()
+    with open(os.path.join(logs, f"{name}.out"), "wb") as out, open(os.path.join(logs, f"{name}.err"), "wb") as err:
+        peak = [0, 0]
+        stop = threading.Event()
+        cpu_before, busy_before = children_cpu_seconds(), busy_seconds()
+        started = time.perf_counter()
+        proc = psutil.Popen(cmd, stdout=out, stderr=err, cwd=cwd)
+
+        def sample():
+            while True:
+                rss, count = tree_rss(proc)
+                peak[0], peak[1] = max(peak[0], rss), max(peak[1], count)
+                if stop.wait(SAMPLE_SECONDS):
+                    return
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except psutil.TimeoutExpired:
+            for child in proc.children(recursive=True):
+                child.kill()
+            proc.kill()
+            returncode = "timeout"
+        wall = time.perf_counter() - started
+        cpu, busy = children_cpu_seconds() - cpu_before, busy_seconds() - busy_before
+        stop.set()
+        sampler.join()
+    others = max(0.0, busy - cpu) / (wall * (os.cpu_count() or 1))
+    return Measurement(returncode, wall, peak[0], peak[1], cpu, others)
+
+
+def warm(files):
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+
+
+def log_tail(name, lines=15):
+    path = os.path.join(OUT, "logs", f"{name}.err")
+    try:
+        with open(path, errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stdout_json(name):
+    """The last JSON line a row printed (floor, beam-common), or {}."""
+    try:
+        with open(os.path.join(OUT, "logs", f"{name}.out"), errors="replace") as handle:
+            for line in reversed(handle.read().splitlines()):
+                if line.startswith("{"):
+                    return json.loads(line)
+    except (OSError, ValueError):
+        pass
+    return {}

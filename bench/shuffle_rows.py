@@ -1,0 +1,112 @@
+"""The shuffle bench's rows: which rows a scale runs, the data set each reads, the number of
+piles the floor and pileshuffle get, and the command each row runs."""
+
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+
+import datagen
+from measure import warm
+from workspace import DATA, GB, HERE, OUT, PY, log, pileshuffle_command
+
+SEED = 1  # every shuffling row's seed, so reruns shuffle the same way
+QUICK_DIVISOR = 50  # --quick divides every record count by this (a smoke run)
+
+
+def dataset_specs(scale, quick):
+    """{data set key: (format, records, files, record bytes)}: ~1 GB per format at scale 1."""
+    div = QUICK_DIVISOR if quick else 1
+    specs = {
+        "tfrecord": ("tfrecord", 1_000_000 // div, 8, 1000),
+        "parquet": ("parquet", 1_000_000 // div, 8, 1000),
+        "jsonl": ("jsonl", 2_000_000 // div, 8, 500),
+    }
+    if scale > 1:
+        specs = {"tfrecord-1x": specs["tfrecord"], "tfrecord": ("tfrecord", 1_000_000 * scale // div, 8 * scale, 1000)}
+    return specs
+
+
+def row_plan(scale):
+    """(name, kind, data set key, format) in run order."""
+    if scale > 1:
+        return [
+            ("cat-tfrecord", "cat", "tfrecord", "tfrecord"),
+            ("floor-tfrecord", "floor", "tfrecord", "tfrecord"),
+            ("pileshuffle-tfrecord", "pileshuffle", "tfrecord", "tfrecord"),
+            ("pileshuffle-tfrecord-1x", "pileshuffle", "tfrecord-1x", "tfrecord"),
+        ]
+    return [
+        ("cat-tfrecord", "cat", "tfrecord", "tfrecord"),
+        ("floor-tfrecord", "floor", "tfrecord", "tfrecord"),
+        ("pileshuffle-tfrecord", "pileshuffle", "tfrecord", "tfrecord"),
+        ("beam-common-tfrecord", "beam-common", "tfrecord", "tfrecord"),
+        ("cat-parquet", "cat", "parquet", "parquet"),
+        ("floor-parquet", "floor", "parquet", "parquet"),
+        ("pileshuffle-parquet", "pileshuffle", "parquet", "parquet"),
+        ("cat-jsonl", "cat", "jsonl", "jsonl"),
+        ("floor-jsonl", "floor", "jsonl", "jsonl"),
+        ("pileshuffle-jsonl", "pileshuffle", "jsonl", "jsonl"),
+        ("shuf-jsonl", "shuf", "jsonl", "jsonl"),
+    ]
+
+
+def selected(name, only):
+    if not only:
+        return True
+    return any(name == p or fnmatch.fnmatch(name, p) or name.startswith(p + "-") for p in only)
+
+
+def planned_piles(data, fmt):
+    """The num_piles pileshuffle's default (auto) run chooses for this data set."""
+    probe = os.path.join(OUT, "plan-probe")
+    shutil.rmtree(probe, ignore_errors=True)
+    os.makedirs(probe)
+    result = subprocess.run([*pileshuffle_command(), "plan", "--input", data["pattern"], "--output",
+                             os.path.join(probe, "train"), "--format", fmt, "--json"], capture_output=True, text=True, cwd=probe)
+    shutil.rmtree(probe, ignore_errors=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"pileshuffle plan failed: {result.stderr.strip()}")
+    return json.loads(result.stdout)["num_piles"]
+
+
+def prepare_datasets(plan, scale, quick):
+    """Generate (or reuse) the planned rows' data sets, ask pileshuffle's plan for their number of
+    piles and warm the page cache; returns ({key: data set}, {key: piles})."""
+    specs = dataset_specs(scale, quick)
+    datasets, piles = {}, {}
+    for key in sorted({p[2] for p in plan}, key=list(specs).index):
+        fmt, records, files, record_bytes = specs[key]
+        datasets[key] = datagen.dataset(DATA, fmt, records, files, record_bytes, seed=0, log=log)
+    for key, data in datasets.items():
+        if any(p[2] == key and p[1] in ("floor", "pileshuffle") for p in plan):
+            piles[key] = planned_piles(data, data["format"])
+            log(f"{data['name']}: pileshuffle's auto plan chooses {piles[key]} piles (the floor uses the same)")
+    need = 3 * max(d["bytes"] for d in datasets.values())
+    if shutil.disk_usage(OUT).free < need:
+        log(f"warning: less than {need / GB:.1f} GB free under {OUT}; rows may fail for lack of disk")
+
+    log("warm-up: cat of every input to /dev/null")
+    for data in datasets.values():
+        warm(data["files"])
+    return datasets, piles
+
+
+def command_for(kind, fmt, data, out_dir, piles):
+    """(argv of the row, glob of its output files or None)."""
+    prefix = os.path.join(out_dir, "train")
+    if kind == "cat":
+        return ["sh", "-c", 'exec cat "$@" > /dev/null', "sh", *data["files"]], None
+    if kind == "shuf":
+        target = os.path.join(out_dir, "shuffled.jsonl")
+        return ["sh", "-c", 'out="$1"; shift; cat "$@" | shuf -o "$out"', "sh", target, *data["files"]], target
+    if kind == "floor":
+        return [PY, os.path.join(HERE, "floor.py"), "--format", fmt, "--input", data["pattern"], "--output", prefix,
+                "--num_piles", str(piles), "--seed", str(SEED)], prefix + "-*-of-*"
+    if kind == "pileshuffle":
+        return [*pileshuffle_command(), "run", "--input", data["pattern"], "--output", prefix, "--format", fmt,
+                "--seed", str(SEED)], prefix + "-*-of-*"
+    if kind == "beam-common":
+        return [PY, os.path.join(HERE, "beam_common.py"), "--input", data["pattern"], "--output", prefix], prefix + "-*-of-*"
+    raise ValueError(kind)

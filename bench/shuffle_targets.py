@@ -1,0 +1,63 @@
+"""The issue's targets for the shuffle bench's rows, each judged PASS/FAIL (or n/a) with the
+measured value (bench/README.md, "target")."""
+
+from workspace import GB
+
+RSS_TARGET = 1 * GB  # the issue's bound on a pileshuffle run's peak tree RSS
+
+
+def verdict(ok):
+    return "PASS" if ok else "FAIL"
+
+
+def evaluate_targets(rows, scale):
+    """Set every row's ``targets`` (a list of dicts) and ``target`` (their one-line text)."""
+    by = {r["name"]: r for r in rows}
+
+    def good(name):
+        r = by.get(name)
+        return r if r and r["returncode"] == 0 else None
+
+    def rss(r):
+        return ("RSS<=1GB", r["peak_rss_bytes"] <= RSS_TARGET, f"{r['peak_rss_bytes'] / GB:.2f} GB")
+
+    results = {}
+    if scale == 1:
+        ps = good("pileshuffle-tfrecord")
+        if ps:
+            items = []
+            floor = good("floor-tfrecord")
+            # judged on the medians (with one round, the only runs): a lucky fastest run proves little here
+            items.append(("wall<=1.0x floor", ps["median_ratio"] <= 1.0,
+                          f"median {ps['median_ratio']:.2f}x, fastest {ps['ratio']:.2f}x") if floor else
+                         ("wall<=1.0x floor", None, "no floor row"))
+            items.append(rss(ps))
+            beam = good("beam-common-tfrecord")
+            items.append((">=8x faster than beam-common", beam["wall_seconds"] / ps["wall_seconds"] >= 8,
+                          f"{beam['wall_seconds'] / ps['wall_seconds']:.1f}x") if beam else
+                         (">=8x faster than beam-common", None, "no beam-common row"))
+            results["pileshuffle-tfrecord"] = items
+        for fmt in ("parquet", "jsonl"):
+            ps = good(f"pileshuffle-{fmt}")
+            if ps:
+                results[ps["name"]] = [(">=300 MB/s", ps["mb_per_s"] >= 300, f"{ps['mb_per_s']:.0f} MB/s"), rss(ps)]
+    else:
+        big, one = good("pileshuffle-tfrecord"), good("pileshuffle-tfrecord-1x")
+        if big:
+            items = [rss(big)]
+            limit = f"wall<=1.2x{scale}x(1x wall)"
+            if one:
+                bound = 1.2 * scale * one["wall_seconds"]
+                items.append((limit, big["wall_seconds"] <= bound, f"{big['wall_seconds']:.1f} s vs {bound:.1f} s"))
+            else:
+                items.append((limit, None, "no 1x row"))
+            results["pileshuffle-tfrecord"] = items
+    for name, r in by.items():
+        if r["kind"] == "pileshuffle" and r["returncode"] != 0:
+            results[name] = [("run succeeds", False, f"exit {r['returncode']}")]
+        if r["kind"] == "pileshuffle" and r.get("check_ok") is False:
+            results.setdefault(name, []).append(("record count", False, r["check"]))
+    for r in rows:
+        items = results.get(r["name"], [])
+        r["targets"] = [{"target": t, "pass": ok, "value": v} for t, ok, v in items]
+        r["target"] = "; ".join(f"{t}: {'n/a' if ok is None else verdict(ok)} ({v})" for t, ok, v in items)

@@ -1,0 +1,4 @@
+"""The commands: one module per command (``run``, ``plan``, ``verify``, the store's, ``quality``,
+``generate``, ``metadata``), each a function of its options that ``cli.py``, the flex
+template's ``main`` and Python callers share. Commands sit on top: they import every layer
+below and nothing imports them (``pileshuffle.pipeline`` is the template's entry alias)."""

@@ -1,0 +1,38 @@
+"""``pileshuffle metadata``: the Dataflow flex template's metadata.json, made from the one list of
+the template's parameters (``options.PARAMETERS``); templates/metadata.json is its output."""
+
+import argparse
+import json
+
+from pileshuffle.options import PARAMETERS, parse_command
+
+
+def template_metadata() -> dict:
+    """The flex template's metadata.json, from ``PARAMETERS``."""
+    parameters = []
+    for p in PARAMETERS:
+        entry = {
+            "name": p.name,
+            "label": p.label,
+            "helpText": f"{p.help} Example: {p.example}",
+            "isOptional": p.optional,
+        }
+        if p.choices:
+            entry["regexes"] = ["^(" + "|".join(p.choices) + ")$"]
+        elif p.regex:
+            entry["regexes"] = [p.regex]
+        parameters.append(entry)
+    return {
+        "name": "pileshuffle",
+        "description": "Globally shuffle TFRecord, Parquet or JSONL files with a seeded 2-pass pile shuffle "
+                       "(uniform random order, deterministic for a seed).",
+        "parameters": parameters,
+    }
+
+
+def main(argv=None):
+    """``pileshuffle metadata``: print the Dataflow flex template's metadata.json."""
+    parse_command(argparse.ArgumentParser(prog="pileshuffle metadata", allow_abbrev=False,
+                                          description="Print the Dataflow flex template's metadata.json."), argv or [])
+    print(json.dumps(template_metadata(), indent=2))
+    return 0

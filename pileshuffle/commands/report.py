@@ -1,0 +1,121 @@
+"""What every command shares on the command line: our errors as one line and exit code 2,
+and the summaries printed after a run, an append or a materialize."""
+
+import logging
+import sys
+
+from pileshuffle import interrupt, running
+from pileshuffle.errors import PileshuffleError, UsageError, find_error, user_message
+from pileshuffle.inputs import describe_left_out, describe_skipped
+from pileshuffle.names import STORE_KIND, manifest_path
+
+
+def summary(manifest: dict) -> str:
+    if manifest.get("kind") == STORE_KIND:
+        return store_summary(manifest)
+    totals = manifest["totals"]
+    seconds = manifest.get("wall_seconds") or manifest.get("seconds") or float("nan")
+    piles = manifest["pile_records"]
+    lines = [
+        f"records   {totals['records']:,} (fingerprints of input and output match)",
+        f"bytes     {totals['payload_bytes']:,} payload, {totals['shard_bytes']:,} in {manifest['num_piles']} shard(s)",
+        f"piles     {manifest['num_piles']}; records per pile "
+        f"min {piles['min']:,} / mean {piles['mean']:,.0f} / max {piles['max']:,}; split again: {manifest['piles_split']}",
+        f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
+    ]
+    if manifest.get("inputs_left_out"):
+        left_out = manifest["inputs_left_out"]
+        lines.append(f"left out  {len(left_out)} file(s) that --input matched but pileshuffle wrote: {describe_left_out(left_out)}")
+    if manifest.get("inputs_skipped"):
+        skipped = manifest["inputs_skipped"]
+        lines.append(f"skipped   {len(skipped)} matched name(s) that are not input files: {describe_skipped(skipped)}")
+    if manifest.get("input_duplicates"):
+        duplicates = manifest["input_duplicates"]
+        lines.append(f"duplicate {len(duplicates)} name(s) of files already matched, read once: "
+                     + ", ".join(f"{name} = {kept}" for name, kept in sorted(duplicates.items())[:3])
+                     + (", ..." if len(duplicates) > 3 else ""))
+    if manifest["skipped"]["records"]:
+        lines.append(f"skipped   {manifest['skipped']['records']} corrupt record(s), {manifest['skipped']['bytes']:,} bytes")
+    lines.append(f"manifest  {manifest_path(manifest['output'])}")
+    return "\n".join(lines)
+
+
+class _HideReportedErrors(logging.Filter):
+    """Drop the runner's log records (with tracebacks) of a failure that is one of our own
+    errors: ``main`` reports those in one line."""
+
+    def filter(self, record):
+        if record.levelno < logging.ERROR or not record.name.startswith("apache_beam"):
+            return True
+        if record.exc_info and record.exc_info[1] is not None and find_error(record.exc_info[1]) is not None:
+            return False
+        try:
+            text = record.getMessage()
+        except Exception:
+            return True
+        return "pileshuffle.errors." not in text and user_message(Exception(text)) is None
+
+
+def reporting_errors(command) -> int:
+    """Exit code of ``command()``; our errors (and runner errors that wrap one) are one
+    line on stderr and exit code 2, with the runner's own logging of them held back."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_HideReportedErrors())
+    try:
+        return command()
+    except PileshuffleError as error:
+        print(f"pileshuffle: error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:
+        message = user_message(error)
+        if message is None:
+            raise
+        print(f"pileshuffle: error: {message}", file=sys.stderr)
+        return 2
+
+
+def store_summary(manifest: dict) -> str:
+    generations = manifest["generations"]
+    newest = generations[-1] if generations else None
+    lines = [f"store     version {manifest['version']}: {len(generations)} live generation(s), "
+             f"{manifest['totals']['records']:,} records, {manifest['totals']['payload_bytes']:,} payload bytes, "
+             f"{manifest['num_piles']} piles"]
+    if newest is not None:
+        lines.append(f"newest    generation {newest['generation']}: {newest['records']:,} records from "
+                     f"{len(newest['inputs'])} input file(s), {len(newest['files'])} file(s) "
+                     f"({newest.get('writers', 1)} writer(s) x {manifest['num_piles']} piles at most)")
+    seconds = manifest.get("wall_seconds")
+    if seconds and newest is not None:
+        lines.append(f"time      {seconds:.2f} s, {newest['payload_bytes'] / 1e6 / seconds:,.1f} MB/s")
+    return "\n".join(lines)
+
+
+def as_command(function):
+    """A store command's ``main(argv)``: ``function(argv)`` with our errors in one line
+    (``reporting_errors``) and a bad value (a size, a time) as a usage error."""
+    def main(argv=None):
+
+        from pileshuffle.tuning import keep_freed_memory
+
+        keep_freed_memory()
+        running.HOLD_WORKER_STDERR["on"] = True
+        return reporting_errors(lambda: _values_as_usage_errors(function, list(sys.argv[1:] if argv is None else argv)))
+
+    return main
+
+
+def _values_as_usage_errors(function, argv):
+    """A ValueError from parsing a command's values (a size, a time) is a usage error."""
+    try:
+        return function(argv)
+    except ValueError as error:
+        if isinstance(error, PileshuffleError):
+            raise
+        raise UsageError(str(error)) from error
+
+
+def shards_at_stake_on_interrupt(output: str):
+    """What Ctrl-C leaves of a run or materialize that writes shards at ``output``."""
+    interrupt.describe(f"nothing was published at {output}; run the same command again (it removes what this one "
+                       f"left and writes the same shards)", f"it had published {manifest_path(output)}: the output is complete")

@@ -1,0 +1,106 @@
+"""``pileshuffle run`` (= ``python -m pileshuffle.pipeline``, the flex template's entry point):
+options -> plan -> the template's graph -> a published output, or with ``--layout store``
+pass 1 only into a new pile store.
+
+Without ``--runner`` (or with ``--runner=DirectRunner``) it runs on Beam's local FnApiRunner,
+the engine the DirectRunner itself falls back to, using every core, and never tries a
+download. ``--runner=DataflowRunner`` submits the job and returns without waiting (the flex
+template launcher must not block on the job); ``--runner=DaskRunner`` (with
+``--dask_client_address=tcp://...``) runs on a Dask cluster and waits for it.
+"""
+
+import sys
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pileshuffle import progress
+from pileshuffle.commands.report import reporting_errors, shards_at_stake_on_interrupt, summary
+from pileshuffle.errors import OutputError, user_message
+from pileshuffle.options import PileshuffleOptions, check_argv, help_text, parse_flag, wants_help
+from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
+from pileshuffle.plan import Plan, make_plan, space_note, taken_output
+from pileshuffle.runners import (dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults,
+                                 make_runner, submitted)
+from pileshuffle.running import run_pipeline, shows_progress
+from pileshuffle.store.layout import command_line
+from pileshuffle.transforms.graph import build
+from pileshuffle.tuning import keep_freed_memory
+
+
+def run(argv=None, wait=None, hold_worker_stderr=False):
+    """Plan and run a shuffle. Returns the manifest dict when the run was waited for
+    (``wait=None``: every runner except Dataflow), else Beam's ``PipelineResult``.
+    ``hold_worker_stderr`` (the command line): see ``_worker_stderr``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    values = check_argv(argv)  # unknown options and bad values: before anything runs
+    options = PipelineOptions(argv)
+    if options.view_as(PileshuffleOptions).layout == "store":  # also registers our options
+        from pileshuffle.commands.store import run_store
+
+        return run_store(argv, options, wait, hold_worker_stderr)
+    shards_at_stake_on_interrupt(options.view_as(PileshuffleOptions).output)
+    if is_local(options):
+        options = local_defaults(options, argv)
+    started = time.time()
+    keep_freed_memory()
+    plan = make_plan(options)
+    if is_dask(options):
+        options = dask_defaults(options, plan)
+    if is_dataflow(options):
+        options = dataflow_defaults(options)
+    with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line(["run", *argv])):
+        return run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr)
+
+
+def run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worker_stderr):
+    """Run a prepared plan (under the output's lock): the pipeline, then its manifest with
+    what ``--input`` matched but the run did not read."""
+    if not quiet:
+        print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
+              f"({plan.num_piles_reason})", file=sys.stderr)
+    pipeline = beam.Pipeline(runner=make_runner(options), options=options)
+    build(pipeline, plan, started, release_fragments=is_local(options))
+    showing = progress.showing(len(plan.sources), plan.input_bytes, plan.num_piles,
+                               enabled=not quiet and shows_progress(options))
+
+    def failed(error):
+        remove_tree(plan.work_dir)
+        discard_unpublished(plan.output)
+        message = user_message(error)
+        if message and "No space left" in message:
+            return OutputError(f"{message}; {space_note(plan)}")
+        return None
+
+    result = run_pipeline(pipeline, options, wait, hold_worker_stderr, failed, showing)
+    if result is not None:
+        return result
+    manifest = read_manifest(plan.output)
+    manifest["wall_seconds"] = time.time() - started
+    manifest["inputs_left_out"] = plan.left_out
+    manifest["inputs_skipped"] = plan.skipped
+    manifest["input_duplicates"] = plan.duplicates
+    return manifest
+
+
+SUMMARY = ("Shuffle the input files into piles and write each pile as one shard, in a uniformly random order "
+           "that the seed fixes. The flex template's entry point; `pileshuffle run` takes the same options.")
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        print(help_text("pileshuffle run", SUMMARY))
+        return 0
+    return reporting_errors(lambda: report(run(argv, hold_worker_stderr=True), argv))
+
+
+def report(outcome, argv) -> int:
+    """Print a finished run's summary, or where a submitted job will write."""
+    if isinstance(outcome, dict):
+        print(summary(outcome))
+    else:
+        output = PipelineOptions(argv).view_as(PileshuffleOptions).output
+        print(f"pileshuffle: {submitted(outcome, output)}", file=sys.stderr)
+    return 0

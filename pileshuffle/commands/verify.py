@@ -1,0 +1,102 @@
+"""``pileshuffle verify``: re-read a finished output (shards or a pile store), and its input when
+given, and prove nothing was lost, duplicated or corrupted. Exit code 0: every check passed;
+1: problems, each on a line; 2: nothing to verify at ``--output``."""
+
+import argparse
+import sys
+
+from apache_beam.io.filesystems import FileSystems
+
+from pileshuffle import interrupt, names
+from pileshuffle.commands.report import reporting_errors
+from pileshuffle.formats import FORMATS
+from pileshuffle.names import manifest_path, shard_pattern
+from pileshuffle.options import parse_command
+from pileshuffle.store import layout
+from pileshuffle.store.layout import clean_prefix, is_store, store_prefix
+from pileshuffle.store.read import check_store, damaged_generations
+from pileshuffle.verify import ShardVerifier, matching_files, verify_shards
+
+
+def verify(input_glob, output_prefix, format=None) -> list:
+    """Problems found with the output under ``output_prefix`` (and, given ``input_glob``,
+    against its input); an empty list means every check passed."""
+    output_prefix = output_prefix.rstrip("/") if "://" not in output_prefix else output_prefix
+    if _is_store(output_prefix):
+        return check_store(output_prefix, input_glob=input_glob)[0]
+    return verify_shards(input_glob, output_prefix, format)
+
+
+def _is_store(prefix: str) -> bool:
+    """A pile store (``{P}-store/``) and no shard output at ``prefix``."""
+    prefix = clean_prefix(prefix)
+    return not FileSystems.exists(manifest_path(prefix)) and is_store(store_prefix(prefix))
+
+
+def _anything_at(prefix: str) -> bool:
+    """A manifest or any shard-named file at ``prefix`` (a store is checked before): what a
+    run, finished or not, leaves; with neither, ``--output`` names no output (a usage error,
+    not a failed check)."""
+    return FileSystems.exists(manifest_path(prefix)) or bool(matching_files(shard_pattern(prefix)))
+
+
+def main(argv=None):
+    """``pileshuffle verify``; an error that stops the checks (an unreadable manifest) is one line, exit code 2."""
+    return reporting_errors(lambda: _verify_command(argv))
+
+
+def _verify_command(argv):
+    parser = argparse.ArgumentParser(
+        prog="pileshuffle verify", allow_abbrev=False,
+        description="Re-read input and output of a finished run: counts, fingerprints, shard integrity, manifest.",
+    )
+    parser.add_argument("--input", help="the run's --input patterns (omit to check the output and manifest only)")
+    parser.add_argument("--output", required=True, help="the run's --output prefix")
+    parser.add_argument("--format", choices=sorted(FORMATS), help="default: the manifest's")
+    args = parse_command(parser, argv)
+    interrupt.describe(f"{args.output} was not checked to the end; verify changes nothing, so run it again to check")
+    if _is_store(args.output):
+        return verify_store_main(args.output, args.input)
+    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
+    if not _anything_at(prefix):
+        print(f"pileshuffle verify: error: --output {args.output}: nothing to verify there "
+              f"(no {manifest_path(prefix)}, no shards, no pile store {prefix}-store/)", file=sys.stderr)
+        return 2
+    verifier = ShardVerifier(args.input, prefix, args.format)
+    problems = verifier.run()
+    for problem in problems:
+        print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
+    if problems:
+        print(f"pileshuffle verify: {len(problems)} problem(s) with {args.output}", file=sys.stderr)
+        return 1
+    fp = verifier.output_fp
+    checked = "input and output fingerprints match" if args.input else "input not re-read (no --input)"
+    print(f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards} shard(s) under {args.output}; "
+          f"every shard reads back whole and matches the manifest; {checked} "
+          f"(hash sum {fp.hash_sum:016x}, xor {fp.hash_xor:016x})")
+    return 0
+
+
+def verify_store_main(prefix: str, input_glob: str = None) -> int:
+    """``pileshuffle verify --output P`` where P is a store: print and exit as verify does."""
+    prefix = layout.store_prefix(prefix)
+    problems, manifest = check_store(prefix, input_glob=input_glob)
+    for problem in problems:
+        print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
+    if problems:
+        damaged = damaged_generations(problems)
+        where = (f"; damaged generation(s): {', '.join(map(str, damaged))} of version {manifest['version']}"
+                 if damaged and manifest else "")
+        print(f"pileshuffle verify: {len(problems)} problem(s) with the store {names.store_dir(prefix)}{where}",
+              file=sys.stderr)
+        return 1
+    files = sum(len(g["files"]) for g in manifest["generations"])
+    print(f"pileshuffle verify: OK: store {names.store_dir(prefix)} version {manifest['version']}: "
+          f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} generation(s), {files} file(s); "
+          f"every file reads back whole and matches the manifest (counts, piles, fingerprints)"
+          + ("; the input holds exactly the live generations' records" if input_glob else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Every name pileshuffle gives a file on disk, and the manifests' kinds and format version.
+
+This module is the one place these are spelled (docs/format.md describes them for other
+tools). It is pure: no I/O, no Beam, no pyarrow; every layer may import it.
+
+A shard output at prefix ``P``::
+
+    P-00000-of-00064.tfrecord ...  shards (the suffix is the format's, plus .gz)
+    P-manifest.json                written last: its presence means the output is complete
+    P.pileshuffle-staging/         while a run publishes: staged shards, journals
+    P.pileshuffle-lock             while a run holds the output
+    .pileshuffle-work-<digest>/    a run's pile fragments (beside P, or under --temp_location)
+
+A pile store at prefix ``P`` is the folder ``P-store/``::
+
+    manifest-00000001.json         one per published version; the highest is current
+    g000000/p00000-w00000.arrows   generation 0, pile 0, writer 0: Arrow IPC of that pile's records
+    LOCK                           while a command changes the store
+"""
+
+import re
+
+# -- manifests ----------------------------------------------------------------------------------
+
+SHARDS_KIND = "pileshuffle-shards"  # a shard output's manifest
+STORE_KIND = "pileshuffle-store"  # a store's manifest version
+# MAJOR.MINOR of the manifests' schema: a MINOR adds keys old readers may ignore; a MAJOR
+# changes what a key means, and a reader refuses a MAJOR newer than its own.
+FORMAT_VERSION = "1.0"
+LEGACY_STORE_FORMAT = 1  # stores' manifests carried `store_format: 1` before `format_version`; kept for older readers
+
+
+def format_problem(manifest: dict) -> str:
+    """Why this pileshuffle cannot read a manifest's format ("" when it can): a
+    ``format_version`` whose MAJOR is newer than ``FORMAT_VERSION``'s, or not MAJOR.MINOR.
+    A manifest written before the key existed is 1.0."""
+    text = str(manifest.get("format_version", "1.0"))
+    major, _, minor = text.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return f"has format_version {text!r}, which is not MAJOR.MINOR"
+    ours = FORMAT_VERSION.split(".")[0]
+    if int(major) > int(ours):
+        return (f"has format_version {text}, written by a newer pileshuffle (this one reads {ours}.x): "
+                "upgrade pileshuffle to read it")
+    return ""
+
+
+def manifest_header(kind: str) -> dict:
+    """The keys every manifest starts with."""
+    return {"kind": kind, "format_version": FORMAT_VERSION}
+
+
+# -- a shard output -----------------------------------------------------------------------------
+
+MANIFEST_SUFFIX = "-manifest.json"
+SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5}-of-[0-9]{5}(?:\.[^/]*)?$")  # a shard's path
+SHARD_TAIL = re.compile(r"^-(\d{5})-of-(\d{5})(.*)$")  # what follows the prefix in a shard's name
+SHARD_NUMBERS = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")  # a TFDS-style tail before an input's extension
+JOURNAL_PREFIX = "journal-"  # in the staging folder: what an unfinished publication creates and deletes
+WORK_PREFIX = ".pileshuffle-work-"
+WORK_DIRECTORY = re.compile(r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+/|[^/]+\.pileshuffle-staging/|[^/]+\.pileshuffle-lock)")
+
+
+def shard_name(prefix: str, index: int, num_piles: int, suffix: str) -> str:
+    return f"{prefix}-{index:05d}-of-{num_piles:05d}{suffix}"
+
+
+def manifest_path(prefix: str) -> str:
+    return f"{prefix}{MANIFEST_SUFFIX}"
+
+
+def prefix_of_manifest(path: str):
+    """The output prefix whose manifest ``path`` is, or None."""
+    return path[: -len(MANIFEST_SUFFIX)] if path.endswith(MANIFEST_SUFFIX) else None
+
+
+def staging_dir(prefix: str) -> str:
+    return f"{prefix}.pileshuffle-staging"
+
+
+def output_lock_path(prefix: str) -> str:
+    """The lock a ``run`` to ``prefix`` holds."""
+    return f"{prefix}.pileshuffle-lock"
+
+
+def journal_name(token: str) -> str:
+    return f"{JOURNAL_PREFIX}{token}.json"
+
+
+def staged_manifest_name(token: str) -> str:
+    return f"manifest-{token}.json"
+
+
+def work_dir_name(digest: str) -> str:
+    return f"{WORK_PREFIX}{digest}"
+
+
+def literal_pattern(path: str) -> str:
+    """A glob pattern that matches ``path`` itself: its wildcard characters each in a
+    character class (``[`` as ``[\\[]``), since Beam's globs have no escape."""
+    return re.sub(r"([\[*?])", lambda m: "[\\[]" if m.group(1) == "[" else f"[{m.group(1)}]", path)
+
+
+def shard_pattern(prefix: str) -> str:
+    """A glob of every file named like a shard of ``prefix``."""
+    return f"{literal_pattern(prefix)}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*"
+
+
+def temp_name(path: str, token: str) -> str:
+    """Where ``path`` is written before it is renamed into place (one ``token`` per attempt)."""
+    return f"{path}.tmp-{token}"
+
+
+# -- columns of pile fragments and store files (Arrow IPC) -------------------------------------------
+
+RECORD_COLUMN = "record"  # a payload, as a user sees it (bytes formats; composed runs)
+FRAME_COLUMN = "tfrecord_frame"  # a whole TFRecord frame as read (length, CRCs, data): copied verbatim
+LINE_COLUMN = "line"  # a JSONL line with its newline
+KEY_COLUMN = "_pileshuffle_key"  # U, the record's uint64 sort key
+HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carried to pass 2
+
+
+# -- pile fragments (a run's work folder) --------------------------------------------------------
+
+FRAGMENT_EXTENSION = ".arrows"
+
+
+def source_writer_name(source_id: int) -> str:
+    """The name pass 1 gives the fragments of one source (one per pile)."""
+    return f"s{source_id:06d}"
+
+
+def split_writer_name(token: str, depth: int, index: int) -> str:
+    """The name of the fragments an oversized pile is split into (depth: how often split)."""
+    return f"{token}-d{depth}-p{index:06d}"
+
+
+def fragment_name(writer: str, pile: int) -> str:
+    return f"{writer}-p{pile:06d}{FRAGMENT_EXTENSION}"
+
+
+# -- a pile store ------------------------------------------------------------------------------
+
+STORE_SUFFIX = "-store"
+STORE_LOCK_NAME = "LOCK"
+STORE_MANIFEST_NAME = re.compile(r"^manifest-(\d{8})\.json$")
+STORE_MANIFEST_GLOB = "manifest-*.json"
+GENERATION_DIR = re.compile(r"^g(\d{6})$")
+STORE_FILE = re.compile(r"-store/(g\d{6}/|manifest-\d{8}\.json$|\.manifest-|LOCK)")  # any path inside a store
+
+
+def store_dir(prefix: str) -> str:
+    return f"{prefix}{STORE_SUFFIX}"
+
+
+def store_manifest_name(version: int) -> str:
+    return f"manifest-{version:08d}.json"
+
+
+def generation_dir_name(generation: int) -> str:
+    return f"g{generation:06d}"
+
+
+def store_writer_name(writer: int) -> str:
+    return f"w{writer:05d}"
+
+
+def data_file_name(generation: int, pile: int, writer: int) -> str:
+    """A store data file's path relative to the store folder (as its manifest lists it)."""
+    return f"{generation_dir_name(generation)}/p{pile:05d}-{store_writer_name(writer)}{FRAGMENT_EXTENSION}"
+
+
+def is_store_file(path: str) -> bool:
+    """Whether ``path`` is inside a pile store's folder (data, manifest or lock)."""
+    return STORE_FILE.search(path.replace("\\", "/")) is not None
+
+
+__all__ = [
+    "FORMAT_VERSION", "SHARDS_KIND", "STORE_KIND", "data_file_name", "format_problem",
+    "generation_dir_name", "is_store_file", "manifest_header", "manifest_path", "shard_name", "shard_pattern",
+    "staging_dir", "store_dir", "store_manifest_name",
+]

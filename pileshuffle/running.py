@@ -1,0 +1,105 @@
+"""Running a built pipeline as every command does: on the runner its options name, waited for
+or not (Dataflow is submitted and left), with progress, our errors unwrapped from the
+runner's, and the local workers' stderr held back when the error is one of ours."""
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import types
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import DirectOptions
+
+from pileshuffle.errors import unwrapped, user_message
+from pileshuffle.runners import close_client, is_local, should_wait
+
+
+def run_pipeline(pipeline, options, wait, hold_worker_stderr, on_failure, showing=None):
+    """Run ``pipeline`` and wait for it when its runner is waited for (``should_wait``);
+    returns Beam's result when it is not, else None. On failure ``on_failure(error)``
+    cleans up and may return the error to raise instead; our own errors come out
+    unwrapped from the runner's (in-process runners wrap or rename them)."""
+    held = types.SimpleNamespace(ours=False)
+    holding = _worker_stderr(held) if hold_worker_stderr and is_local(options) else contextlib.nullcontext()
+    with showing or contextlib.nullcontext(), holding:
+        try:
+            result = pipeline.run()
+            if not should_wait(options, wait):
+                return result
+            try:
+                result.wait_until_finish()
+            except BaseException:
+                close_client(result, cancel=True)
+                raise
+            close_client(result)
+            return None
+        except BaseException as error:
+            held.ours = user_message(error) is not None
+            replacement = on_failure(error)
+            if replacement is not None:
+                raise replacement from error
+            ours = unwrapped(error)
+            if ours is not None and ours is not error:
+                raise ours from error
+            raise
+
+
+def shows_progress(options) -> bool:
+    """Progress is counted in this process: local runs whose DoFns run here (not in the
+    local runner's multi_processing worker processes)."""
+    return is_local(options) and options.view_as(DirectOptions).direct_running_mode != "multi_processing"
+
+
+@contextlib.contextmanager
+def _worker_stderr(state):
+    """Hold what is written to file descriptor 2 while a local pipeline runs: the local
+    runner's worker processes print their own tracebacks there. It is passed on
+    afterwards, except when the run failed with one of our errors (``state.ours``): then
+    only our own lines are, and ``main`` reports the error in one line."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield state
+        return
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield state
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace")
+            if state.ours:
+                text = "".join(line for line in text.splitlines(keepends=True) if _OWN_LINE.match(line))
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+
+_OWN_LINE = re.compile(r"^(?:pileshuffle|[A-Z]+ pileshuffle[\w.]*): ")  # our prints and our loggers' records
+
+
+HOLD_WORKER_STDERR = {"on": False}  # the command line: report our errors in one line (running._worker_stderr)
+
+
+def execute(options, argv, build, partitions: int, on_failure=None, wait=None):
+    """Run the graph ``build(pipeline)`` adds, on the runner ``options`` name, as ``run``
+    does; returns Beam's result when not waited for (Dataflow), else None. ``on_failure()``
+    cleans up after a failed pipeline."""
+
+    from pileshuffle.runners import (dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults,
+                                     make_runner)
+
+    if is_local(options):
+        options = local_defaults(options, argv)
+    if is_dask(options):
+        options = dask_defaults(options, types.SimpleNamespace(sources=range(max(1, partitions))))
+    if is_dataflow(options):
+        options = dataflow_defaults(options)
+    pipeline = beam.Pipeline(runner=make_runner(options), options=options)
+    build(pipeline)
+    return run_pipeline(pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure and on_failure())

@@ -1,0 +1,61 @@
+"""The template's graph: listed sources -> pass 1 (ReadSourceToPiles) -> GroupIntoPiles -> WritePiles."""
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from pileshuffle.fragments import Fragment
+from pileshuffle.plan import Plan
+from pileshuffle.transforms.assign import STATS_TAG, ReadSourceToPiles, SourceStats
+from pileshuffle.transforms.shuffle import GroupIntoPiles
+from pileshuffle.transforms.write import WritePiles
+
+
+def build(pipeline: beam.Pipeline, plan: Plan, started: float, release_fragments: bool = False):
+    """The template's graph: one leaf (Finalize), so runners that run only the last
+    leaf (Dask) still run all of it."""
+    fragments_dir = FileSystems.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
+    sources = (
+        pipeline
+        | "ListSources" >> beam.Create(plan.sources)
+        | "SpreadSources" >> beam.Reshuffle()
+    )
+    pass1 = sources | "ReadSourceToPiles" >> beam.ParDo(
+        ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt)
+    ).with_outputs(STATS_TAG, main="fragments")
+    # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it
+    # does not separate tags), so each branch keeps only its own type; elsewhere a no-op.
+    fragments = pass1.fragments | "OnlyFragments" >> beam.Filter(is_fragment_element)
+    stats = pass1[STATS_TAG] | "OnlyStats" >> beam.Filter(is_source_stats)
+    return (
+        fragments
+        | "GroupIntoPiles" >> GroupIntoPiles(plan.num_piles, plan.max_pile_bytes, plan.work_dir)
+        | "WritePiles" >> WritePiles(
+            plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
+            schema=plan.schema, expected=stats, manifest_fields=manifest_fields(plan), started=started,
+            release_fragments=release_fragments,
+        )
+    )
+
+
+def is_fragment_element(element) -> bool:
+    return isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], Fragment)
+
+
+def is_source_stats(element) -> bool:
+    return isinstance(element, SourceStats)
+
+
+def manifest_fields(plan: Plan) -> dict:
+    return {
+        "output": plan.output,
+        "seed": plan.seed,
+        "options": {
+            "format": plan.format,
+            "compression": plan.compression,
+            "num_piles": plan.num_piles,
+            "num_piles_reason": plan.num_piles_reason,
+            "max_pile_bytes": plan.max_pile_bytes,
+            "intermediate": plan.intermediate,
+            "skip_corrupt": plan.skip_corrupt,
+        },
+    }
