@@ -28,7 +28,7 @@ EXTRA_PARAMETERS ?=
 
 DEMO_DIR ?= demo-data
 
-.PHONY: install demo test bench metadata template-build template-run clean
+.PHONY: install demo test bench metadata api template-build template-run clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,10 @@ bench: $(STAMP)
 metadata: $(STAMP)
 	$(BIN)/pileshuffle metadata > templates/metadata.json.tmp
 	mv templates/metadata.json.tmp templates/metadata.json
+
+## api: regenerate the list of public names in docs/api.md from each module's __all__ (tests/test_api.py fails when it drifts).
+api: $(STAMP)
+	$(BIN)/python tests/test_api.py
 
 ## template-build: build and push the image with Cloud Build, then write the template spec to $(TEMPLATE).
 template-build:

@@ -14,14 +14,19 @@ import multiprocessing
 import os
 import sys
 
+__all__ = ["Command", "COMMANDS", "main", "entry"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Command:
+    """One command: ``module``'s ``function(argv) -> exit code`` and the line ``pileshuffle`` shows
+    for it. The module is imported only when the command runs."""
     module: str
     description: str
     function: str = "main"
 
     def main(self, argv, name: str) -> int:
+        """Run the command on ``argv``; a missing ``pipeline`` extra is one line and exit code 2."""
         from pileshuffle import interrupt
         from pileshuffle.tuning import importing_without_gc, keep_freed_memory
 
@@ -33,7 +38,7 @@ class Command:
             interrupt.describe(None)  # from here the command says what Ctrl-C would leave
             return getattr(module, self.function)(argv)
         except ModuleNotFoundError as missing:  # `pip install pileshuffle` is the reader alone
-            lacking = uninstalled_pipeline_module(missing)
+            lacking = _uninstalled_pipeline_module(missing)
             if lacking is None:
                 raise
             print(f"pileshuffle {name}: needs {lacking}, which this install lacks: "
@@ -43,19 +48,19 @@ class Command:
 
 # The top-level modules of setup.py's `pipeline` extra, which the commands import (some only
 # once they run, like `quality`) and a reader-only install lacks; by the names users know.
-PIPELINE_MODULES = {"apache_beam": "Apache Beam", "tqdm": "tqdm"}
+_PIPELINE_MODULES = {"apache_beam": "Apache Beam", "tqdm": "tqdm"}
 
 
-def uninstalled_pipeline_module(missing: ModuleNotFoundError):
+def _uninstalled_pipeline_module(missing: ModuleNotFoundError):
     """The name of the ``pipeline`` extra's package whose absence raised ``missing``, or None
     when ``missing`` is about another module or one inside an installed package (a real bug)."""
     top = (missing.name or "").split(".")[0]
-    if top in PIPELINE_MODULES and importlib.util.find_spec(top) is None:
-        return PIPELINE_MODULES[top]
+    if top in _PIPELINE_MODULES and importlib.util.find_spec(top) is None:
+        return _PIPELINE_MODULES[top]
     return None
 
 
-COMMANDS = {
+COMMANDS = {  # name -> Command: what `pileshuffle NAME` runs, in the order the usage lists them
     "run": Command("pileshuffle.pipeline", "shuffle: the template's pipeline (same options as python -m pileshuffle.pipeline)"),
     "plan": Command("pileshuffle.commands.plan", "show what a run would do (files, bytes, piles, memory, space) without running it"),
     "verify": Command("pileshuffle.commands.verify", "re-read input and output and prove nothing was lost, duplicated or corrupted"),
@@ -69,7 +74,7 @@ COMMANDS = {
 }
 
 
-def usage() -> str:
+def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {command.description}" for name, command in COMMANDS.items()]
     return "\n".join(["usage: pileshuffle COMMAND [options]", "", "commands:", *lines, "",
@@ -77,13 +82,15 @@ def usage() -> str:
 
 
 def main(argv=None):
+    """``pileshuffle COMMAND [options]`` (``argv`` without the program name): the command's exit
+    code; no command, or an unknown one, prints the usage (exit code 2; 0 for ``--help``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]].main(argv[1:], argv[0])
     asked = bool(argv) and argv[0] in ("-h", "--help")
     if argv and not asked:
         print(f"pileshuffle: error: unknown command {argv[0]!r}", file=sys.stderr)
-    print(usage(), file=sys.stdout if asked else sys.stderr)
+    print(_usage(), file=sys.stdout if asked else sys.stderr)
     return 0 if asked else 2
 
 

@@ -9,8 +9,13 @@ the length CRCs of a whole chunk are eight table look-ups per frame; the tables 
 import google_crc32c
 import numpy as np
 
-HEADER_BYTES = 12
-FOOTER_BYTES = 4
+__all__ = [
+    "HEADER_BYTES", "FOOTER_BYTES", "CRC_PRESET_BYTES", "masked_crc", "mask_crcs", "unmask_crcs",
+    "length_crcs_ok", "stored_data_crcs", "payloads_match_stored_crcs"
+]
+
+HEADER_BYTES = 12  # a frame's uint64 length and its uint32 masked CRC
+FOOTER_BYTES = 4  # a frame's uint32 masked CRC of its data
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
 
@@ -18,10 +23,12 @@ _U32 = 0xFFFFFFFF
 # the CRC32C of any payload is the raw CRC (register from 0, no final xor) of
 # CRC_PRESET_BYTES + payload, xor 0xFFFFFFFF (tests derive it from google_crc32c).
 CRC_PRESET_BYTES = bytes.fromhex("54641f64")
-PRESET_HEADER = np.frombuffer(bytes(8) + CRC_PRESET_BYTES, dtype=np.uint8)
+_PRESET_HEADER = np.frombuffer(bytes(8) + CRC_PRESET_BYTES, dtype=np.uint8)
 
 
 def masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC32C of ``data`` (as stored after a frame's length and after its data);
+    ``mask_crcs`` is the same on arrays."""
     crc = google_crc32c.value(data)
     return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
 
@@ -52,7 +59,7 @@ def _u64_field_crc_tables():
 _ZERO_FIELD_CRC, _FIELD_CRC_TABLES = _u64_field_crc_tables()
 
 
-def crc32c_of_u64_fields(fields: np.ndarray) -> np.ndarray:
+def _crc32c_of_u64_fields(fields: np.ndarray) -> np.ndarray:
     """CRC32C of each 8-byte row of an (n, 8) uint8 array."""
     out = np.full(len(fields), _ZERO_FIELD_CRC, dtype=np.uint32)
     for k in range(8):
@@ -62,7 +69,7 @@ def crc32c_of_u64_fields(fields: np.ndarray) -> np.ndarray:
 
 def length_crcs_ok(headers: np.ndarray) -> np.ndarray:
     """Per frame, whether its length field matches its stored CRC (``headers``: (n, 12) bytes)."""
-    return mask_crcs(crc32c_of_u64_fields(headers[:, :8])) == np.ascontiguousarray(headers[:, 8:]).view("<u4").ravel()
+    return mask_crcs(_crc32c_of_u64_fields(headers[:, :8])) == np.ascontiguousarray(headers[:, 8:]).view("<u4").ravel()
 
 
 def stored_data_crcs(raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -86,7 +93,7 @@ def payloads_match_stored_crcs(raw: np.ndarray, begin: np.ndarray, ends: np.ndar
         return True
     lo = int(begin[0])
     copy = raw[lo : int(ends[-1])].copy()
-    copy[(begin - lo)[:, None] + np.arange(HEADER_BYTES)] = PRESET_HEADER
+    copy[(begin - lo)[:, None] + np.arange(HEADER_BYTES)] = _PRESET_HEADER
     footers = (ends - lo - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)
     if stored is None:
         stored = copy[footers].copy().view("<u4").ravel()

@@ -2,6 +2,11 @@
 
 import re
 
+__all__ = [
+    "PileshuffleError", "InputError", "OutputError", "UsageError", "IntegrityError", "user_message",
+    "find_error", "unwrapped"
+]
+
 
 class PileshuffleError(Exception):
     """Base class; ``str(error)`` is the whole message shown to the user."""

@@ -12,6 +12,11 @@ import google_crc32c
 import numpy as np
 import pyarrow as pa
 
+__all__ = [
+    "mix64", "payload_hashes", "crc32c_of_slices", "binary_column_parts", "Fingerprint", "total",
+    "column_hashes", "binary_lengths", "row_lengths", "row_hashes"
+]
+
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
@@ -66,6 +71,10 @@ def binary_column_parts(column):
 
 @dataclasses.dataclass(frozen=True)
 class Fingerprint:
+    """Order-independent fingerprint of a multiset of records: count, payload bytes, and
+    the sum (mod 2**64) and xor of their 64-bit hashes. ``a + b`` is the fingerprint of
+    both multisets together, so equal multisets give equal fingerprints in any order or
+    grouping; ``to_json``/``from_json`` are the manifests' form (hashes as 16 hex digits)."""
     records: int = 0
     bytes: int = 0
     hash_sum: int = 0
@@ -101,6 +110,7 @@ class Fingerprint:
 
 
 def total(fingerprints) -> Fingerprint:
+    """The sum of ``fingerprints`` (the empty ``Fingerprint()`` for none)."""
     result = Fingerprint()
     for fingerprint in fingerprints:
         result = result + fingerprint

@@ -11,14 +11,11 @@ import dataclasses
 import uuid
 
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.localfilesystem import LocalFileSystem
 
-from pileshuffle import interrupt
+from pileshuffle import interrupt, storage
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.names import fragment_name, temp_name
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +47,11 @@ def _ipc_source(fragment: Fragment, whole: bool):
     if fragment.payload is not None:
         yield pa.py_buffer(fragment.payload)
         return
-    if whole and isinstance(FileSystems.get_filesystem(fragment.path), LocalFileSystem):
+    if whole and not storage.is_remote(fragment.path):
         with pa.memory_map(fragment.path) as mapped:  # local: the page cache itself, no copy
             yield mapped
         return
-    with FileSystems.open(fragment.path, compression_type="uncompressed") as handle:
+    with storage.open_read(fragment.path, "uncompressed") as handle:
         yield pa.py_buffer(handle.read()) if whole else handle
 
 
@@ -89,7 +86,7 @@ class FragmentFiles:
         self._open = {}  # pile -> [handle, writer, temp path, records, nbytes, fingerprint]
 
     def final_path(self, pile: int) -> str:
-        return FileSystems.join(self._directory, fragment_name(self._name, pile))
+        return storage.join(self._directory, fragment_name(self._name, pile))
 
     @interrupt.writes  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
     def append(self, pile: int, table: pa.Table, fingerprint: Fingerprint):
@@ -97,7 +94,7 @@ class FragmentFiles:
         try:
             if entry is None:
                 temp = temp_name(self.final_path(pile), self._attempt)
-                handle = FileSystems.create(temp, compression_type="uncompressed")
+                handle = storage.open_write(temp, "uncompressed")
                 entry = self._open[pile] = [handle, pa.ipc.new_stream(handle, table.schema), temp, 0, 0, Fingerprint()]
             entry[1].write_table(table)
         except OSError as error:
@@ -114,7 +111,7 @@ class FragmentFiles:
                 handle, writer = self._open[pile][:2]
                 writer.close()
                 handle.close()
-            FileSystems.rename([self._open[p][2] for p in piles], [self.final_path(p) for p in piles])
+            storage.rename([self._open[p][2] for p in piles], [self.final_path(p) for p in piles])
         except Exception as error:  # a buffered writer reports a full disk when it is closed
             raise write_failure(self._directory, error, sum(self._open[p][4] for p in piles)) from error
         committed = [(p, self.final_path(p), *self._open[p][3:]) for p in piles]

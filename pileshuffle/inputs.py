@@ -9,13 +9,13 @@ import json
 import os
 import re
 
-from apache_beam.io.filesystem import FileSystem
-from apache_beam.io.filesystems import FileSystems
 
+from pileshuffle import storage
 from pileshuffle.errors import InputError
 from pileshuffle.formats import RecordFormat, format_of_name, get_format, known_extensions
-from pileshuffle.transforms.assign import Source
 from pileshuffle.names import SHARD_NAME, WORK_DIRECTORY, is_store_file, manifest_path, prefix_of_manifest
+from pileshuffle.transforms.assign import Source
+
 
 def match_inputs(patterns: str, output: str = None) -> list:
     """Sorted, de-duplicated files matching comma-separated ``patterns``, without
@@ -177,7 +177,7 @@ def literal_local_file(path: str) -> dict:
 def walk_local_pattern(pattern: str):
     """Beam's match of a local wildcard pattern, with the entries it drops silently named:
     ``({file: size}, {path: why})`` for folders and dangling symbolic links."""
-    regex = re.compile(FileSystem.translate_pattern(pattern))
+    regex = storage.pattern_regex(pattern)
     root = os.path.dirname(WILDCARDS.split(pattern, 1)[0])
     depth = None if "**" in pattern else pattern[len(root):].strip("/").count("/") + 1
     found, folders, dangling = {}, [], []
@@ -207,7 +207,7 @@ def walk_local_pattern(pattern: str):
 
 def match_remote(pattern: str) -> dict:
     try:
-        return {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
+        return {f.path: f.size for f in storage.match(pattern)}
     except Exception as error:
         raise InputError(pattern, f"cannot be listed: {error}") from error
 
@@ -259,14 +259,14 @@ def own_file(path: str, output: str, matched) -> str:
         prefix = shard.group("prefix")
         if output is not None and prefix == output:
             return f"a shard of this run's output {prefix}"
-        if manifest_path(prefix) in matched or FileSystems.exists(manifest_path(prefix)):
+        if manifest_path(prefix) in matched or storage.exists(manifest_path(prefix)):
             return f"{FINISHED_SHARD}{prefix}"
     return ""
 
 
 def is_shard_manifest(path: str) -> bool:
     try:
-        with FileSystems.open(path, compression_type="uncompressed") as handle:
+        with storage.open_read(path, "uncompressed") as handle:
             manifest = json.loads(handle.read(1 << 24))
     except Exception:
         return False

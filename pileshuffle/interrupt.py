@@ -28,9 +28,14 @@ import signal
 import sys
 import threading
 
+__all__ = [
+    "EXIT_CODE", "interrupted", "describe", "writing", "writes", "publishing", "not_cut", "handling",
+    "message"
+]
+
 EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
-STEP_WAIT_SECONDS = 60.0  # Ctrl-C waits this long at most for other threads' steps to end
-UNWIND_SECONDS = 10.0  # then the command's clean-up; past this the process exits anyway
+_STEP_WAIT_SECONDS = 60.0  # Ctrl-C waits this long at most for other threads' steps to end
+_UNWIND_SECONDS = 10.0  # then the command's clean-up; past this the process exits anyway
 
 
 class _State:
@@ -178,8 +183,8 @@ def _interrupt():
     me = threading.get_ident()
     with _steps:
         _State.interrupted = True
-        _steps.wait_for(lambda: not any(n for thread, n in _State.steps.items() if thread != me), STEP_WAIT_SECONDS)
-    watchdog = threading.Timer(UNWIND_SECONDS, _exit)
+        _steps.wait_for(lambda: not any(n for thread, n in _State.steps.items() if thread != me), _STEP_WAIT_SECONDS)
+    watchdog = threading.Timer(_UNWIND_SECONDS, _exit)
     watchdog.daemon = True
     watchdog.start()
     raise KeyboardInterrupt

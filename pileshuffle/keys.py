@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+__all__ = ["stream_key", "record_keys", "pile_of", "group_by_pile", "auto_num_piles"]
+
 _PHILOX_WORDS_PER_COUNTER = 4
 
 
@@ -54,7 +56,7 @@ def group_by_pile(piles: np.ndarray, num_piles: int):
     return order, bounds
 
 
-def records_per_pile_limit(max_pile_records: float) -> float:
+def _records_per_pile_limit(max_pile_records: float) -> float:
     """Largest mean pile size s with s + 6*sqrt(s) <= ``max_pile_records``."""
     if max_pile_records <= 0:
         return 0.0
@@ -66,7 +68,7 @@ def auto_num_piles(total_bytes: int, mean_record_bytes: float, max_pile_bytes: i
     """Fewest piles whose expected largest pile (s + 6 sqrt(s) records) fits ``max_pile_bytes``."""
     mean_record_bytes = max(1.0, float(mean_record_bytes))
     total_records = max(1.0, total_bytes / mean_record_bytes)
-    limit = records_per_pile_limit(max_pile_bytes / mean_record_bytes)
+    limit = _records_per_pile_limit(max_pile_bytes / mean_record_bytes)
     if limit < 1:
         return max(1, math.ceil(total_records))
     return max(1, math.ceil(total_records / limit))

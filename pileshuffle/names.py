@@ -52,20 +52,23 @@ def manifest_header(kind: str) -> dict:
 
 # -- a shard output -----------------------------------------------------------------------------
 
-MANIFEST_SUFFIX = "-manifest.json"
+MANIFEST_SUFFIX = "-manifest.json"  # after the prefix: a shard output's manifest
 SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5}-of-[0-9]{5}(?:\.[^/]*)?$")  # a shard's path
 SHARD_TAIL = re.compile(r"^-(\d{5})-of-(\d{5})(.*)$")  # what follows the prefix in a shard's name
 SHARD_NUMBERS = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")  # a TFDS-style tail before an input's extension
 JOURNAL_PREFIX = "journal-"  # in the staging folder: what an unfinished publication creates and deletes
-WORK_PREFIX = ".pileshuffle-work-"
+WORK_PREFIX = ".pileshuffle-work-"  # a run's work folder, before its digest
+# a path inside a run's work or staging folder, or its lock: what a run leaves while it runs, never input
 WORK_DIRECTORY = re.compile(r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+/|[^/]+\.pileshuffle-staging/|[^/]+\.pileshuffle-lock)")
 
 
 def shard_name(prefix: str, index: int, num_piles: int, suffix: str) -> str:
+    """Shard ``index`` of ``num_piles`` at ``prefix``: ``P-00003-of-00064`` + ``suffix``."""
     return f"{prefix}-{index:05d}-of-{num_piles:05d}{suffix}"
 
 
 def manifest_path(prefix: str) -> str:
+    """A shard output's manifest, ``P-manifest.json``: written last, so its presence means complete."""
     return f"{prefix}{MANIFEST_SUFFIX}"
 
 
@@ -75,6 +78,7 @@ def prefix_of_manifest(path: str):
 
 
 def staging_dir(prefix: str) -> str:
+    """Where a run stages shards and journals while it publishes: ``P.pileshuffle-staging``."""
     return f"{prefix}.pileshuffle-staging"
 
 
@@ -84,14 +88,17 @@ def output_lock_path(prefix: str) -> str:
 
 
 def journal_name(token: str) -> str:
+    """A publication's journal in the staging folder (the files it is renaming into place)."""
     return f"{JOURNAL_PREFIX}{token}.json"
 
 
 def staged_manifest_name(token: str) -> str:
+    """The staged manifest of publication ``token`` in the staging folder."""
     return f"manifest-{token}.json"
 
 
 def work_dir_name(digest: str) -> str:
+    """A run's work folder for its pile fragments: ``.pileshuffle-work-<digest>``."""
     return f"{WORK_PREFIX}{digest}"
 
 
@@ -122,7 +129,7 @@ HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carri
 
 # -- pile fragments (a run's work folder) --------------------------------------------------------
 
-FRAGMENT_EXTENSION = ".arrows"
+FRAGMENT_EXTENSION = ".arrows"  # Arrow IPC streams: pile fragments and store data files
 
 
 def source_writer_name(source_id: int) -> str:
@@ -136,32 +143,37 @@ def split_writer_name(token: str, depth: int, index: int) -> str:
 
 
 def fragment_name(writer: str, pile: int) -> str:
+    """The fragment file of ``pile`` that ``writer`` (a source or a split) writes."""
     return f"{writer}-p{pile:06d}{FRAGMENT_EXTENSION}"
 
 
 # -- a pile store ------------------------------------------------------------------------------
 
-STORE_SUFFIX = "-store"
-STORE_LOCK_NAME = "LOCK"
-STORE_MANIFEST_NAME = re.compile(r"^manifest-(\d{8})\.json$")
-STORE_MANIFEST_GLOB = "manifest-*.json"
-GENERATION_DIR = re.compile(r"^g(\d{6})$")
+STORE_SUFFIX = "-store"  # after the prefix: a pile store's folder
+STORE_LOCK_NAME = "LOCK"  # in the store's folder while a command changes the store
+STORE_MANIFEST_NAME = re.compile(r"^manifest-(\d{8})\.json$")  # a manifest version's file name (group 1: the version)
+STORE_MANIFEST_GLOB = "manifest-*.json"  # every manifest version in the store's folder
+GENERATION_DIR = re.compile(r"^g(\d{6})$")  # a generation's folder name (group 1: the generation)
 STORE_FILE = re.compile(r"-store/(g\d{6}/|manifest-\d{8}\.json$|\.manifest-|LOCK)")  # any path inside a store
 
 
 def store_dir(prefix: str) -> str:
+    """The folder of the pile store at ``prefix``: ``P-store``."""
     return f"{prefix}{STORE_SUFFIX}"
 
 
 def store_manifest_name(version: int) -> str:
+    """The name of manifest ``version`` in a store's folder (the highest is current)."""
     return f"manifest-{version:08d}.json"
 
 
 def generation_dir_name(generation: int) -> str:
+    """The folder of one store generation's data files: ``g000000``."""
     return f"g{generation:06d}"
 
 
 def store_writer_name(writer: int) -> str:
+    """The part of a store data file's name that names its writer: ``w00000``."""
     return f"w{writer:05d}"
 
 
@@ -176,7 +188,12 @@ def is_store_file(path: str) -> bool:
 
 
 __all__ = [
-    "FORMAT_VERSION", "SHARDS_KIND", "STORE_KIND", "data_file_name", "format_problem",
-    "generation_dir_name", "is_store_file", "manifest_header", "manifest_path", "shard_name", "shard_pattern",
-    "staging_dir", "store_dir", "store_manifest_name",
+    "SHARDS_KIND", "STORE_KIND", "FORMAT_VERSION", "LEGACY_STORE_FORMAT", "format_problem", "manifest_header",
+    "MANIFEST_SUFFIX", "SHARD_NAME", "SHARD_TAIL", "SHARD_NUMBERS", "JOURNAL_PREFIX", "WORK_PREFIX",
+    "WORK_DIRECTORY", "shard_name", "manifest_path", "prefix_of_manifest", "staging_dir", "output_lock_path",
+    "journal_name", "staged_manifest_name", "work_dir_name", "literal_pattern", "shard_pattern", "temp_name",
+    "RECORD_COLUMN", "FRAME_COLUMN", "LINE_COLUMN", "KEY_COLUMN", "HASH_COLUMN", "FRAGMENT_EXTENSION",
+    "source_writer_name", "split_writer_name", "fragment_name", "STORE_SUFFIX", "STORE_LOCK_NAME",
+    "STORE_MANIFEST_NAME", "STORE_MANIFEST_GLOB", "GENERATION_DIR", "STORE_FILE", "store_dir",
+    "store_manifest_name", "generation_dir_name", "store_writer_name", "data_file_name", "is_store_file"
 ]

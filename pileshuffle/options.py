@@ -18,13 +18,22 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pileshuffle.errors import UsageError
 from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES
 
-MIN_MAX_PILE_BYTES = 1 << 20  # with --num_piles=auto, where it sets the number of piles
-MIN_SPLIT_BYTES = 16 << 10  # with a given --num_piles, where it only sets the sub-pile size
-MAX_SEED = (1 << 64) - 1  # seeds are 64-bit: larger ones would alias smaller ones
+__all__ = [
+    "Parameter", "parse_bytes", "parse_flag", "PARAMETERS", "PileshuffleOptions", "help_text", "wants_help",
+    "check_argv", "check_command_argv", "parse_command", "check_values", "check_max_pile_bytes",
+    "check_compression"
+]
+
+_MIN_MAX_PILE_BYTES = 1 << 20  # with --num_piles=auto, where it sets the number of piles
+_MIN_SPLIT_BYTES = 16 << 10  # with a given --num_piles, where it only sets the sub-pile size
+_MAX_SEED = (1 << 64) - 1  # seeds are 64-bit: larger ones would alias smaller ones
 
 
 @dataclasses.dataclass(frozen=True)
 class Parameter:
+    """One template parameter: its option (``--name``), label, help text and example (what
+    ``--help`` and metadata.json show), its default (None: required) and what a value may
+    be (``choices``, ``regex``, ``kind``; ``flag``: true or false, given bare)."""
     name: str
     label: str
     help: str
@@ -61,15 +70,16 @@ def parse_bytes(text) -> int:
     return int(float(found.group(1)) * _UNITS[found.group(2).lower()])
 
 
-FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "": True, "0": False, "false": False, "no": False,
-              "off": False}
+_FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "": True, "0": False, "false": False, "no": False,
+               "off": False}
 
 
 def parse_flag(text) -> bool:
-    return FLAG_WORDS.get(str(text).lower(), False)
+    """A flag's value: true for 1/true/yes/on or a bare flag, else false."""
+    return _FLAG_WORDS.get(str(text).lower(), False)
 
 
-PARAMETERS = (
+PARAMETERS = (  # the template's parameters, in the order --help and metadata.json show them
     Parameter("input", "Input files",
               "Comma-separated file patterns to shuffle: local paths or any location Beam's FileSystems opens (gs://...). "
               "Compression is detected from each file name (.gz).",
@@ -132,7 +142,7 @@ class PileshuffleOptions(PipelineOptions):
 
 # -- the command line -------------------------------------------------------------------------
 
-BEAM_OPTIONS_NOTE = """Beam's own options are accepted too: --runner (default: the local FnApiRunner, one thread
+_BEAM_OPTIONS_NOTE = """Beam's own options are accepted too: --runner (default: the local FnApiRunner, one thread
 per core), --temp_location, --direct_num_workers, Dataflow's (--project, --region,
 --worker_machine_type, --max_num_workers, ...) and Dask's (--dask_client_address, ...). See
 https://beam.apache.org/releases/pydoc/current/apache_beam.options.pipeline_options.html,
@@ -147,11 +157,12 @@ def help_text(prog: str, summary: str, parameters=PARAMETERS) -> str:
         default = "required" if not p.optional else f"default: {'false' if p.flag else p.default}"
         lines.append(f"  {p.usage}  ({default})")
         lines += textwrap.wrap(p.help, width=96, initial_indent=" " * 6, subsequent_indent=" " * 6)
-    lines += ["  -h, --help  show this help and exit", "", BEAM_OPTIONS_NOTE]
+    lines += ["  -h, --help  show this help and exit", "", _BEAM_OPTIONS_NOTE]
     return "\n".join(lines)
 
 
 def wants_help(argv) -> bool:
+    """Whether ``argv`` asks for ``--help`` (before a ``--``)."""
     return any(a in ("-h", "--help") for a in _before_separator(argv))
 
 
@@ -160,7 +171,7 @@ def _before_separator(argv):
     return argv[: argv.index("--")] if "--" in argv else argv
 
 
-def beam_parser() -> argparse.ArgumentParser:
+def _beam_parser() -> argparse.ArgumentParser:
     """A parser of every registered ``PipelineOptions`` subclass's options, as Beam declares
     them (types, choices), that raises UsageError in one line instead of printing Beam's
     whole usage."""
@@ -179,30 +190,30 @@ def beam_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def beam_option_names() -> set:
+def _beam_option_names() -> set:
     """Every option string of every registered ``PipelineOptions`` subclass."""
-    return {option for option in beam_parser()._option_string_actions if option.startswith("--")}
+    return {option for option in _beam_parser()._option_string_actions if option.startswith("--")}
 
 
-BEAM_MINIMUMS = {  # Beam options the local runner reads whose range Beam never checks: name -> (minimum, why)
+_BEAM_MINIMUMS = {  # Beam options the local runner reads whose range Beam never checks: name -> (minimum, why)
     "direct_num_workers": (0, "0 = one worker per core"),  # -1 failed deep in the FnApiRunner (IndexError)
 }
 
 
-def check_beam_values(argv):
+def _check_beam_values(argv):
     """Refuse a value of Beam's own options in ``argv`` that Beam's parser refuses (type,
     choices: ``--direct_running_mode``), a ``--runner`` Beam cannot create, or a value out
-    of ``BEAM_MINIMUMS``' range, in one line naming the option (UsageError), before
+    of ``_BEAM_MINIMUMS``' range, in one line naming the option (UsageError), before
     anything runs."""
     from pileshuffle.runners import runner_problem
 
     argv = _before_separator(argv)
-    values, _ = beam_parser().parse_known_args(argv)
+    values, _ = _beam_parser().parse_known_args(argv)
     problem = runner_problem(values.runner)
     if problem:
         raise UsageError(problem)
-    given = set(option_names(argv))
-    for name, (minimum, meaning) in BEAM_MINIMUMS.items():
+    given = set(_option_names(argv))
+    for name, (minimum, meaning) in _BEAM_MINIMUMS.items():
         value = getattr(values, name, None)
         if name in given and value is not None and value < minimum:
             raise UsageError(f"--{name}: must be at least {minimum} ({meaning}), not {value}")
@@ -219,15 +230,15 @@ def _register_optional_runners():
 def check_argv(argv, parameters=PARAMETERS):
     """Refuse unknown options and bad values of ``parameters`` in ``argv`` (UsageError).
     Returns the parsed values of ``parameters`` (an ``argparse.Namespace``)."""
-    refuse_unknown(option_names(argv), [p.name for p in parameters])
+    _refuse_unknown(_option_names(argv), [p.name for p in parameters])
     values = _parse_own(argv, parameters)
     check_values(values, parameters)
-    check_required(values, parameters)
-    check_beam_values(argv)
+    _check_required(values, parameters)
+    _check_beam_values(argv)
     return values
 
 
-def check_required(values, parameters=PARAMETERS):
+def _check_required(values, parameters=PARAMETERS):
     """Refuse a missing parameter that has no default, in the form of every value error."""
     for p in parameters:
         if not p.optional and not getattr(values, p.name, None):
@@ -238,11 +249,11 @@ def check_command_argv(parser: argparse.ArgumentParser, argv):
     """Parse a command's own options with ``parser`` and refuse any other option that
     Beam does not know (UsageError with a suggestion), first: a misspelt required option
     is named as a misspelling, not as a missing option. Returns ``(args, beam_args)``."""
-    own = long_options(parser)
+    own = _long_options(parser)
     template_only = {f"--{p.name}" for p in PARAMETERS} - {f"--{o}" for o in own}  # run's options mean nothing here
-    refuse_unknown(option_names(argv), own, template_only, prog=parser.prog)
+    _refuse_unknown(_option_names(argv), own, template_only, prog=parser.prog)
     args, rest = parser.parse_known_args(argv)
-    check_beam_values(rest)
+    _check_beam_values(rest)
     return args, rest
 
 
@@ -250,25 +261,25 @@ def parse_command(parser: argparse.ArgumentParser, argv):
     """``parser.parse_args(argv)`` for a command that takes no Beam options, with any other
     option refused first in one line with the closest name (argparse reports a misspelt
     required option as a missing one, and an unknown one with no hint)."""
-    own = long_options(parser)
-    unknown = [name for name in option_names(argv) if name not in own]
+    own = _long_options(parser)
+    unknown = [name for name in _option_names(argv) if name not in own]
     if unknown:
         parser.exit(2, f"{parser.prog}: error: unknown option --{unknown[0]}"
-                       f"{did_you_mean(unknown[0], own, set(), parser.prog)}\n")
+                       f"{_did_you_mean(unknown[0], own, set(), parser.prog)}\n")
     return parser.parse_args(argv)
 
 
-def long_options(parser: argparse.ArgumentParser) -> list:
+def _long_options(parser: argparse.ArgumentParser) -> list:
     """The names of ``parser``'s ``--name`` options."""
     return [a[2:] for action in parser._actions for a in action.option_strings if a.startswith("--")]
 
 
-def option_names(argv) -> list:
+def _option_names(argv) -> list:
     """The names of the ``--name`` / ``--name=value`` options in ``argv`` (before a ``--``)."""
     return [a[2:].split("=", 1)[0] for a in _before_separator(argv) if a.startswith("--") and len(a) > 2]
 
 
-def refuse_unknown(names, own, excluded=frozenset(), prog=None):
+def _refuse_unknown(names, own, excluded=frozenset(), prog=None):
     """Raise UsageError for the first of ``names`` that is neither one of ``own`` nor an
     option of Beam or an installed runner (minus ``excluded``); it suggests the closest
     name, ours first. Beam's options are listed only when a name is not ours."""
@@ -278,14 +289,14 @@ def refuse_unknown(names, own, excluded=frozenset(), prog=None):
         if not unknown:
             return
         register()
-        known |= beam_option_names() - excluded
+        known |= _beam_option_names() - excluded
         unknown = [n for n in unknown if f"--{n}" not in known]
     if unknown:
         where = f"{prog}: " if prog else ""
-        raise UsageError(f"{where}unknown option --{unknown[0]}{did_you_mean(unknown[0], own, known, prog)}")
+        raise UsageError(f"{where}unknown option --{unknown[0]}{_did_you_mean(unknown[0], own, known, prog)}")
 
 
-def did_you_mean(name: str, own, known, prog=None) -> str:
+def _did_you_mean(name: str, own, known, prog=None) -> str:
     close = difflib.get_close_matches(name, list(own), n=1, cutoff=0.6) or difflib.get_close_matches(
         name, [k[2:] for k in known], n=1, cutoff=0.75)
     if close:
@@ -320,21 +331,21 @@ def check_values(values, parameters=PARAMETERS):
         value = getattr(values, p.name, None)
         if value is None:
             continue
-        if p.flag and not isinstance(value, bool) and str(value).lower() not in FLAG_WORDS:
+        if p.flag and not isinstance(value, bool) and str(value).lower() not in _FLAG_WORDS:
             raise UsageError(f"--{p.name}: {value!r} is not true or false")
         if p.choices and value not in p.choices:
             raise UsageError(f"--{p.name}: {value!r} is not one of {', '.join(p.choices)}")
     if "num_piles" in names:
-        check_num_piles(getattr(values, "num_piles", "auto"))
+        _check_num_piles(getattr(values, "num_piles", "auto"))
     if "max_pile_bytes" in names:
         check_max_pile_bytes(getattr(values, "max_pile_bytes", None), str(getattr(values, "num_piles", "auto")) == "auto")
     if "seed" in names:
-        check_seed(getattr(values, "seed", 0))
+        _check_seed(getattr(values, "seed", 0))
     if {"format", "compression"} <= names:
         check_compression(getattr(values, "format", "auto"), getattr(values, "compression", "auto"))
 
 
-def check_num_piles(value):
+def _check_num_piles(value):
     text = str(value).strip()
     if text == "auto":
         return
@@ -353,22 +364,24 @@ def check_max_pile_bytes(value, auto: bool):
         size = parse_bytes(value)
     except ValueError as error:
         raise UsageError(f"--max_pile_bytes: {error}") from None
-    if auto and size < MIN_MAX_PILE_BYTES:
+    if auto and size < _MIN_MAX_PILE_BYTES:
         raise UsageError(
             f"--max_pile_bytes: {value} is below the minimum of 1MiB with --num_piles=auto: smaller piles cost more "
             "in per-pile work (a shard, a fragment per input file) than they save in memory; give --num_piles to "
             "choose the number of piles yourself")
-    if size < MIN_SPLIT_BYTES:
+    if size < _MIN_SPLIT_BYTES:
         raise UsageError(f"--max_pile_bytes: {value} is below the minimum of 16KiB (the smallest sub-pile worth loading)")
 
 
-def check_seed(value):
+def _check_seed(value):
     text = str(value).strip()
-    if not re.fullmatch(r"[0-9]+", text) or int(text) > MAX_SEED:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) > _MAX_SEED:
         raise UsageError(f"--seed: must be a whole number from 0 to 2**64-1, not {value!r}")
 
 
 def check_compression(format_name, compression):
+    """Refuse a ``--compression`` that ``--format`` does not write (UsageError); a format name
+    that is not a format (``auto``) passes: the inputs decide it later."""
     from pileshuffle.formats import FORMATS
 
     fmt = FORMATS.get(format_name)

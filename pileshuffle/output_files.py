@@ -13,10 +13,8 @@ import dataclasses
 import json
 import uuid
 
-from apache_beam.io.filesystems import FileSystems
-
+from pileshuffle import storage
 from pileshuffle.errors import InputError, OutputError
-from pileshuffle.formats.base import delete_tree
 from pileshuffle.fragments import write_failure
 from pileshuffle.names import (JOURNAL_PREFIX, format_problem, journal_name, literal_pattern, manifest_path,
                                shard_pattern, staging_dir)
@@ -24,7 +22,7 @@ from pileshuffle.names import (JOURNAL_PREFIX, format_problem, journal_name, lit
 
 def read_manifest(prefix: str) -> dict:
     """The manifest of the shard output at ``prefix``; refuses a format this pileshuffle cannot read."""
-    with FileSystems.open(manifest_path(prefix), compression_type="uncompressed") as handle:
+    with storage.open_read(manifest_path(prefix), "uncompressed") as handle:
         manifest = json.loads(handle.read())
     if format_problem(manifest):
         raise InputError(manifest_path(prefix), format_problem(manifest))
@@ -36,7 +34,7 @@ def existing_outputs(prefix: str):
     found = []
     for pattern in (shard_pattern(prefix), literal_pattern(manifest_path(prefix))):
         try:
-            found += [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+            found += [f.path for f in storage.match(pattern)]
         except Exception:  # BeamIOError when nothing matches
             pass
     return sorted(found)
@@ -50,15 +48,11 @@ def file_name(path: str) -> str:
 def read_journals(prefix: str) -> list:
     """The journals of unfinished publications under ``prefix`` (dicts with ``creates`` and
     ``deletes``: final paths); an unreadable journal counts as listing nothing."""
-    try:
-        found = FileSystems.match([FileSystems.join(literal_pattern(staging_dir(prefix)), f"{JOURNAL_PREFIX}*.json")])
-        paths = [m.path for m in found[0].metadata_list]
-    except Exception:
-        return []
+    paths = [f.path for f in storage.match(storage.join(literal_pattern(staging_dir(prefix)), f"{JOURNAL_PREFIX}*.json"))]
     journals = []
     for path in sorted(paths):
         try:
-            with FileSystems.open(path, compression_type="uncompressed") as handle:
+            with storage.open_read(path, "uncompressed") as handle:
                 journals.append(json.loads(handle.read()))
         except Exception:
             continue
@@ -67,9 +61,9 @@ def read_journals(prefix: str) -> list:
 
 def write_journal(prefix: str, creates, deletes):
     """Record, before any final name changes, every final path a publication creates or deletes."""
-    path = FileSystems.join(staging_dir(prefix), journal_name(uuid.uuid4().hex[:12]))
+    path = storage.join(staging_dir(prefix), journal_name(uuid.uuid4().hex[:12]))
     try:
-        with FileSystems.create(path, mime_type="application/json", compression_type="uncompressed") as handle:
+        with storage.open_write(path, "uncompressed", "application/json") as handle:
             handle.write(json.dumps({"creates": sorted(creates), "deletes": sorted(deletes)}, indent=1).encode())
     except OSError as error:
         raise write_failure(staging_dir(prefix), error) from error
@@ -136,9 +130,9 @@ def discard_unpublished(prefix: str) -> list:
     """Delete what a publication that never finished left under final names (what its
     journals list, when no manifest is published), then the staging folder. Returns the
     paths deleted. Call only under the output's lock (or from the run that wrote them)."""
-    files = output_files(prefix) if not FileSystems.exists(manifest_path(prefix)) else OutputFiles(prefix)
+    files = output_files(prefix) if not storage.exists(manifest_path(prefix)) else OutputFiles(prefix)
     if files.unpublished:
-        FileSystems.delete(files.unpublished)
+        storage.delete(files.unpublished)
     remove_tree(staging_dir(prefix))
     return files.unpublished
 
@@ -147,6 +141,6 @@ def remove_tree(directory: str):
     """Delete a directory tree if it exists, local or on an object store (best effort:
     leftovers are only temp files)."""
     try:
-        delete_tree(directory)
+        storage.delete_tree(directory)
     except Exception:
         pass

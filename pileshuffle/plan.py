@@ -15,10 +15,10 @@ import re
 import shutil
 import uuid
 
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from pileshuffle import keys as keymath
+from pileshuffle import storage
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
@@ -82,7 +82,7 @@ def mean_record_bytes(fmt, sources) -> float:
 
 
 def estimated_bytes(sources) -> int:
-    from pileshuffle.formats.base import compression_of
+    from pileshuffle.storage import compression_of
 
     return int(sum(s.size * (GZIP_EXPANSION_GUESS if compression_of(s.path) != "uncompressed" else 1) for s in sources))
 
@@ -104,19 +104,19 @@ def work_dir_for(output: str, temp_location) -> str:
     if temp_location:
         refuse_wildcards("--temp_location", temp_location)
     digest = hashlib.sha1(output.encode()).hexdigest()[:12]
-    root = temp_location or FileSystems.split(output)[0]
-    return FileSystems.join(root, work_dir_name(digest))
+    root = temp_location or storage.split(output)[0]
+    return storage.join(root, work_dir_name(digest))
 
 
 def check_writable(directory: str, what: str):
     """Write and delete a probe file in ``directory``; leaves no directory it created
     (and removes only empty ones: another run may be filling the same folder)."""
-    probe = FileSystems.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
+    probe = storage.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
     missing = missing_local_folders(directory)
     try:
-        with FileSystems.create(probe, compression_type="uncompressed") as handle:
+        with storage.open_write(probe, "uncompressed") as handle:
             handle.write(b"ok")
-        FileSystems.delete([probe])
+        storage.delete([probe])
     except Exception as error:
         raise OutputError(f"cannot write to {what} {directory}: {error}") from error
     finally:

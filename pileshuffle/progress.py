@@ -19,9 +19,11 @@ from tqdm import tqdm
 
 from pileshuffle import interrupt
 
-PLAIN_INTERVAL_SECONDS = 5.0
-PASS1_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}B of {total_fmt}B{postfix} [{elapsed}<{remaining}, {rate_fmt}]"
-PASS2_FORMAT = "{desc}: {n_fmt} of {total_fmt} piles written [{elapsed}<{remaining}]"
+__all__ = ["read", "file_read", "pile_written", "Progress", "showing"]
+
+_PLAIN_INTERVAL_SECONDS = 5.0
+_PASS1_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}B of {total_fmt}B{postfix} [{elapsed}<{remaining}, {rate_fmt}]"
+_PASS2_FORMAT = "{desc}: {n_fmt} of {total_fmt} piles written [{elapsed}<{remaining}]"
 
 _current = None  # the Progress of the run going on in this process, if any
 
@@ -47,7 +49,7 @@ def pile_written():
 class _Line:
     """One pass's counter: a tqdm bar on a terminal, else a plain line every few seconds."""
 
-    def __init__(self, stream, live, total, desc, bar_format, unit="", unit_scale=False, interval=PLAIN_INTERVAL_SECONDS):
+    def __init__(self, stream, live, total, desc, bar_format, unit="", unit_scale=False, interval=_PLAIN_INTERVAL_SECONDS):
         self.stream, self.live, self.interval = stream, live, interval
         self.total, self.desc, self.bar_format, self.unit, self.unit_scale = total, desc, bar_format, unit, unit_scale
         self.n, self.postfix, self.started, self.printed = 0, "", time.monotonic(), time.monotonic()
@@ -92,12 +94,12 @@ class Progress:
     """The counters of one run; thread-safe (DoFns run in several threads)."""
 
     def __init__(self, files: int, total_bytes: int, num_piles: int, stream, live: bool,
-                 interval=PLAIN_INTERVAL_SECONDS):
+                 interval=_PLAIN_INTERVAL_SECONDS):
         self.files, self.total_bytes, self.num_piles = files, total_bytes, num_piles
         self.stream, self.live, self.interval = stream, live, interval
         self.lock = threading.Lock()
         self.done_files, self.counted = 0, {}  # source id -> bytes counted so far
-        self.pass1 = self._line(total_bytes, "pass 1", PASS1_FORMAT, unit="B", unit_scale=True)
+        self.pass1 = self._line(total_bytes, "pass 1", _PASS1_FORMAT, unit="B", unit_scale=True)
         self.pass2 = None
 
     def _line(self, total, desc, bar_format, **units):
@@ -122,7 +124,7 @@ class Progress:
         with self.lock:
             if self.pass2 is None:  # the GroupByKey between the passes: pass 1 is over
                 self._close_pass1()
-                self.pass2 = self._line(self.num_piles, "pass 2", PASS2_FORMAT, unit=" piles")
+                self.pass2 = self._line(self.num_piles, "pass 2", _PASS2_FORMAT, unit=" piles")
             self.pass2.update(1)
 
     def _close_pass1(self):
@@ -139,7 +141,7 @@ class Progress:
 
 
 @contextlib.contextmanager
-def showing(files: int, total_bytes: int, num_piles: int, enabled: bool = True, interval=PLAIN_INTERVAL_SECONDS):
+def showing(files: int, total_bytes: int, num_piles: int, enabled: bool = True, interval=_PLAIN_INTERVAL_SECONDS):
     """Report this process's pass-1 and pass-2 progress on stderr while the block runs.
     Writes to a duplicate of file descriptor 2 taken on entry, so a later redirection of
     descriptor 2 (the command line holds worker output) does not hide it."""

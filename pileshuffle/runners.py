@@ -11,9 +11,15 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from pileshuffle.names import manifest_path
 
-LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")
-DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
-DASK_MAX_DEFAULT_PARTITIONS = 64
+__all__ = [
+    "LOCAL_RUNNERS", "DASK_RUNNER", "DASK_CONNECT_SECONDS", "local_defaults", "runner_name", "runner_problem",
+    "is_dask", "is_dataflow", "make_runner", "dask_runner", "is_local", "dask_defaults", "dataflow_defaults",
+    "should_wait", "close_client", "submitted"
+]
+
+LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")  # --runner values run in-process
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"  # what runner_name makes of Dask's short names
+_DASK_MAX_DEFAULT_PARTITIONS = 64
 # A scheduler that is up answers in well under a second, even across a region; distributed's own
 # default (30 s) left a mistyped or stopped --dask_client_address looking like a hung command.
 DASK_CONNECT_SECONDS = 10
@@ -69,16 +75,20 @@ def runner_problem(name) -> str:
 
 
 def is_dask(options) -> bool:
+    """Whether ``--runner`` is Beam's DaskRunner."""
     runner = runner_name(options)
     return isinstance(runner, str) and runner.endswith("DaskRunner")
 
 
 def is_dataflow(options) -> bool:
+    """Whether ``--runner`` is Dataflow's runner."""
     runner = runner_name(options)
     return isinstance(runner, str) and runner.endswith("DataflowRunner")
 
 
 def make_runner(options: PipelineOptions):
+    """The runner to build the pipeline with: the FnApiRunner for local runs (no Prism download),
+    our DaskRunner for Dask (``dask_runner``), else the ``--runner`` name for Beam to create."""
     runner = runner_name(options)
     if runner in LOCAL_RUNNERS:
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
@@ -115,6 +125,7 @@ def dask_runner():
 
 
 def is_local(options) -> bool:
+    """Whether the run is local (no ``--runner``, or a direct runner's name)."""
     return runner_name(options) in LOCAL_RUNNERS
 
 
@@ -128,7 +139,7 @@ def dask_defaults(options: PipelineOptions, plan) -> PipelineOptions:
 
     dask = options.view_as(DaskOptions)
     if not dask.npartitions and not dask.partition_size:
-        dask.npartitions = max(1, min(len(plan.sources), DASK_MAX_DEFAULT_PARTITIONS))
+        dask.npartitions = max(1, min(len(plan.sources), _DASK_MAX_DEFAULT_PARTITIONS))
     if (dask.address or dask.scheduler_file) and dask.timeout is None:  # not a LocalCluster, which starts processes
         dask.timeout = DASK_CONNECT_SECONDS
     return options

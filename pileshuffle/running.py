@@ -15,6 +15,8 @@ from apache_beam.options.pipeline_options import DirectOptions
 from pileshuffle.errors import unwrapped, user_message
 from pileshuffle.runners import close_client, is_local, should_wait
 
+__all__ = ["run_pipeline", "shows_progress", "HOLD_WORKER_STDERR", "execute"]
+
 
 def run_pipeline(pipeline, options, wait, hold_worker_stderr, on_failure, showing=None):
     """Run ``pipeline`` and wait for it when its runner is waited for (``should_wait``);

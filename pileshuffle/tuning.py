@@ -18,11 +18,13 @@ import gc
 import os
 import resource
 
+__all__ = ["keep_freed_memory", "prepare_worker", "importing_without_gc"]
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
-HEAP_BLOCK_LIMIT = 32 << 20  # glibc's largest mmap threshold
-TRIM_THRESHOLD = 256 << 20
+_HEAP_BLOCK_LIMIT = 32 << 20  # glibc's largest mmap threshold
+_TRIM_THRESHOLD = 256 << 20
 _done = False
 
 
@@ -38,8 +40,8 @@ def keep_freed_memory():
     _done = True
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     settings = {  # the environment's own values, where set, win
-        _M_MMAP_THRESHOLD: _setdefault("MALLOC_MMAP_THRESHOLD_", HEAP_BLOCK_LIMIT),
-        _M_TRIM_THRESHOLD: _setdefault("MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD),
+        _M_MMAP_THRESHOLD: _setdefault("MALLOC_MMAP_THRESHOLD_", _HEAP_BLOCK_LIMIT),
+        _M_TRIM_THRESHOLD: _setdefault("MALLOC_TRIM_THRESHOLD_", _TRIM_THRESHOLD),
         _M_ARENA_MAX: _setdefault("MALLOC_ARENA_MAX", 1),
     }
     try:
@@ -58,7 +60,7 @@ def _setdefault(name: str, value: int) -> int:
     return int(os.environ.setdefault(name, str(value)))
 
 
-def raise_open_file_limit():
+def _raise_open_file_limit():
     """Files mode keeps one fragment open per pile: allow as many open files as the OS will."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
@@ -67,7 +69,7 @@ def raise_open_file_limit():
 
 def prepare_worker():
     """Called from every DoFn's ``setup``: cheap and idempotent."""
-    raise_open_file_limit()
+    _raise_open_file_limit()
     keep_freed_memory()
 
 

@@ -19,8 +19,7 @@ Checks, each reported as one line:
 import posixpath
 import re
 
-from apache_beam.io.filesystems import FileSystems
-
+from pileshuffle import storage
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import FORMATS, ReadReport, fingerprint_of, get_format
@@ -36,7 +35,7 @@ def _basename(path: str) -> str:
 def matching_files(pattern: str) -> dict:
     """{path: size} of the files matching ``pattern`` (empty when none do)."""
     try:
-        return {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list}
+        return {f.path: f.size for f in storage.match(pattern)}
     except Exception:
         return {}
 
@@ -63,7 +62,7 @@ def same_fields(actual, recorded) -> bool:
 
 def manifest_or_none(prefix: str):
     """The manifest dict, or None if there is none; raises ValueError if it is not JSON."""
-    return read_manifest(prefix) if FileSystems.exists(manifest_path(prefix)) else None
+    return read_manifest(prefix) if storage.exists(manifest_path(prefix)) else None
 
 
 def read_fingerprint(fmt, path: str, skip_corrupt=False):

@@ -26,7 +26,7 @@ from helpers import (
 )
 from pileshuffle import sample
 from pileshuffle.errors import InputError, OutputError, PileshuffleError
-from pileshuffle.formats.tfrecord import masked_crc
+from pileshuffle.crc import masked_crc
 
 RECORDS, FILES, RECORD_BYTES = 300, 3, 50
 

@@ -31,13 +31,10 @@ from helpers import (
 from pileshuffle import sample
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.formats import ReadReport, get_format
+from pileshuffle.crc import CRC_PRESET_BYTES, masked_crc, payloads_match_stored_crcs, stored_data_crcs
 from pileshuffle.formats.tfrecord import (
-    CRC_PRESET_BYTES,
     frame,
-    masked_crc,
-    payloads_match_stored_crcs,
     scan_frames,
-    stored_data_crcs,
 )
 
 # --- fuzz: random and mutated bytes as TFRecord input ----------------------------------------

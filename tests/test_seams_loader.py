@@ -156,6 +156,27 @@ def test_loader_states_follow_the_pass_in_progress(output):
     assert list(DataLoader(tds, batch_size=None, num_workers=2)) == whole[7:]
 
 
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_state_saved_before_the_next_passes_first_batch_is_of_that_pass(output, workers):
+    """A checkpoint at batch 0 of a new pass, saved before its workers have begun (``iter``
+    returns before they start) or between passes, is the start of that pass's epoch, not of
+    the pass before.
+    Found by the training life: the state named the finished epoch 1, and the resumed job
+    re-read it as epoch 2 (83 records of epoch 2 never came)."""
+    tds = ShuffledDataset(output, seed=0, mix=2).torch(batch_size=BATCH)
+    loader = DataLoader(tds, batch_size=None, num_workers=workers)
+    loader_pass(loader)  # epoch 0
+    loader_pass(loader)  # epoch 1
+    # epoch 2 has not begun here, as after `iter(loader)` before its workers have started
+    state = json.loads(json.dumps(loader_states(tds, 0, num_workers=workers)))
+    resumed = ShuffledDataset(output, seed=0, mix=2).torch(batch_size=BATCH)
+    resumed.load_state_dict(state)
+    again = loader_pass(DataLoader(resumed, batch_size=None, num_workers=workers))
+    fresh = loader_pass(DataLoader(ShuffledDataset(output, seed=0, mix=2, epoch=2).torch(batch_size=BATCH),
+                                   batch_size=None, num_workers=workers))
+    assert again == fresh
+
+
 # -- a state belongs to one output ----------------------------------------------------------------
 
 def test_a_state_from_another_output_is_refused(tmp_path):

@@ -2,3 +2,5 @@
 ``generate``, ``metadata``), each a function of its options that ``cli.py``, the flex
 template's ``main`` and Python callers share. Commands sit on top: they import every layer
 below and nothing imports them (``pileshuffle.pipeline`` is the template's entry alias)."""
+
+__all__ = []  # the commands are its modules; the package itself exports nothing

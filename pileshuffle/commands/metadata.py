@@ -6,6 +6,8 @@ import json
 
 from pileshuffle.options import PARAMETERS, parse_command
 
+__all__ = ["template_metadata", "main"]
+
 
 def template_metadata() -> dict:
     """The flex template's metadata.json, from ``PARAMETERS``."""

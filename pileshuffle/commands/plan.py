@@ -14,9 +14,11 @@ from pileshuffle.inputs import describe_left_out, describe_skipped
 from pileshuffle.names import manifest_path, staging_dir, store_dir
 from pileshuffle.plan import RECORD_OVERHEAD, Plan, fragment_limit, fragment_warning, make_plan
 
-PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
-LOCAL_BASE_BYTES = 300_000_000  # Python, Beam and Arrow in the local runner's one process (measured: 0.53 GB peak at 1 GB)
-SDK_PROCESS_BYTES = 1_000_000_000  # per SDK process on a Dataflow worker (docs/dataflow.md)
+__all__ = ["PileSizes", "plan_text", "plan_json", "main"]
+
+_PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
+_LOCAL_BASE_BYTES = 300_000_000  # Python, Beam and Arrow in the local runner's one process (measured: 0.53 GB peak at 1 GB)
+_SDK_PROCESS_BYTES = 1_000_000_000  # per SDK process on a Dataflow worker (docs/dataflow.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +51,11 @@ class PileSizes:
         return 1.0 if one >= 1 else -math.expm1(self.num_piles * math.log1p(-one))
 
 
-def pile_sizes(plan: Plan) -> PileSizes:
+def _pile_sizes(plan: Plan) -> PileSizes:
     return PileSizes(plan.estimated_records, plan.num_piles, plan.mean_record_bytes + RECORD_OVERHEAD, plan.max_pile_bytes)
 
 
-def runner_description(options) -> tuple:
+def _runner_description(options) -> tuple:
     """``(runner, piles in flight per worker or None)``."""
     from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions
 
@@ -96,8 +98,8 @@ def _chance(p: float) -> str:
 
 def plan_text(plan: Plan, options) -> str:
     """The plan as a person reads it: what was found, what will be made, what it needs."""
-    sizes = pile_sizes(plan)
-    runner, in_flight = runner_description(options)
+    sizes = _pile_sizes(plan)
+    runner, in_flight = _runner_description(options)
     pile_bytes = sizes.headroom * sizes.record_bytes
     guessed = " (guessing 4x for .gz input)" if plan.estimated_bytes != plan.input_bytes else ""
     lines = [
@@ -116,7 +118,7 @@ def plan_text(plan: Plan, options) -> str:
         lines.append(("replaces", f"{len(plan.unpublished):,} file(s) an unfinished run was publishing (its journal "
                                   f"in {staging_dir(plan.output)} lists them)"))
     if plan.layout == "store":
-        return "\n".join(f"{label:<14}{text}" for label, text in lines + store_lines(plan, options))
+        return "\n".join(f"{label:<14}{text}" for label, text in lines + _store_lines(plan, options))
     lines += [
         ("piles", f"{plan.num_piles:,} = output shards ({plan.num_piles_reason})"),
         ("pile size", f"s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} "
@@ -124,13 +126,13 @@ def plan_text(plan: Plan, options) -> str:
         ("split again", f"chance that some pile exceeds {_mib(plan.max_pile_bytes)} and is split again (same order): "
                         f"{_chance(sizes.split_probability)}"),
     ]
-    per_pile = PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
+    per_pile = _PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
     if in_flight:
         lines.append(("memory", f"about {_size(per_pile)} per pile being written x {in_flight} at a time + "
-                                f"{_size(LOCAL_BASE_BYTES)} = {_size(per_pile * in_flight + LOCAL_BASE_BYTES)} peak"))
+                                f"{_size(_LOCAL_BASE_BYTES)} = {_size(per_pile * in_flight + _LOCAL_BASE_BYTES)} peak"))
     else:
         lines.append(("memory", f"about {_size(per_pile)} per pile in flight on a worker, plus "
-                                f"{_size(SDK_PROCESS_BYTES)} per SDK process (docs/dataflow.md: worker memory)"))
+                                f"{_size(_SDK_PROCESS_BYTES)} per SDK process (docs/dataflow.md: worker memory)"))
     staging = staging_dir(plan.output)
     if plan.work_dir in plan.needs:
         lines.append(("temp space", f"about {_size(plan.needs[plan.work_dir])} at {plan.work_dir} (pass-1 "
@@ -155,11 +157,11 @@ def plan_text(plan: Plan, options) -> str:
     return "\n".join(f"{label:<14}{text}" for label, text in lines)
 
 
-def store_lines(plan: Plan, options) -> list:
+def _store_lines(plan: Plan, options) -> list:
     """What ``run --layout store`` writes: pass 1 only, into a new pile store."""
     from pileshuffle.store.write import STORE_WRITERS
 
-    sizes = pile_sizes(plan)
+    sizes = _pile_sizes(plan)
     store = store_dir(plan.output)
     writers = min(STORE_WRITERS, len(plan.sources))
     return [
@@ -171,7 +173,7 @@ def store_lines(plan: Plan, options) -> list:
                    f"of Arrow IPC ({writers} writer(s) x {plan.num_piles:,} piles) holding each record with its key and "
                    f"hash, seed {plan.seed}"),
         ("output space", f"about {_size(plan.needs.get(store, 0))} at {store}/{_free(plan, store)}"),
-        ("runner", runner_description(options)[0]),
+        ("runner", _runner_description(options)[0]),
     ]
 
 
@@ -186,7 +188,7 @@ def _free(plan: Plan, location: str) -> str:
 
 def plan_json(plan: Plan, options) -> dict:
     """The machine form: the original keys, then the numbers ``plan_text`` shows."""
-    sizes = pile_sizes(plan)
+    sizes = _pile_sizes(plan)
     return {
         "files": len(plan.sources),
         "input_bytes": plan.input_bytes,
@@ -210,7 +212,7 @@ def plan_json(plan: Plan, options) -> dict:
         "duplicates": plan.duplicates,
         "replaces": plan.unpublished,
         "layout": plan.layout,
-        "runner": runner_description(options)[0],
+        "runner": _runner_description(options)[0],
     }
 
 

@@ -1,6 +1,7 @@
 """What every command shares on the command line: our errors as one line and exit code 2,
 and the summaries printed after a run, an append or a materialize."""
 
+import functools
 import logging
 import sys
 
@@ -9,8 +10,13 @@ from pileshuffle.errors import PileshuffleError, UsageError, find_error, user_me
 from pileshuffle.inputs import describe_left_out, describe_skipped
 from pileshuffle.names import STORE_KIND, manifest_path
 
+__all__ = ["summary", "reporting_errors", "store_summary", "as_command", "shards_at_stake_on_interrupt"]
+
 
 def summary(manifest: dict) -> str:
+    """The lines printed after a run or a materialize: counts, bytes, piles, time, what
+    ``--input`` matched but was left out or skipped, and where the manifest is (a store's
+    manifest: ``store_summary``)."""
     if manifest.get("kind") == STORE_KIND:
         return store_summary(manifest)
     totals = manifest["totals"]
@@ -76,6 +82,7 @@ def reporting_errors(command) -> int:
 
 
 def store_summary(manifest: dict) -> str:
+    """A store version in a few lines: live generations and records, the newest generation, time."""
     generations = manifest["generations"]
     newest = generations[-1] if generations else None
     lines = [f"store     version {manifest['version']}: {len(generations)} live generation(s), "
@@ -93,7 +100,9 @@ def store_summary(manifest: dict) -> str:
 
 def as_command(function):
     """A store command's ``main(argv)``: ``function(argv)`` with our errors in one line
-    (``reporting_errors``) and a bad value (a size, a time) as a usage error."""
+    (``reporting_errors``) and a bad value (a size, a time) as a usage error; it keeps
+    ``function``'s name and docstring."""
+    @functools.wraps(function)
     def main(argv=None):
 
         from pileshuffle.tuning import keep_freed_memory

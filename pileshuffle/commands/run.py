@@ -28,6 +28,8 @@ from pileshuffle.store.layout import command_line
 from pileshuffle.transforms.graph import build
 from pileshuffle.tuning import keep_freed_memory
 
+__all__ = ["run", "main", "report"]
+
 
 def run(argv=None, wait=None, hold_worker_stderr=False):
     """Plan and run a shuffle. Returns the manifest dict when the run was waited for
@@ -51,10 +53,10 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
     if is_dataflow(options):
         options = dataflow_defaults(options)
     with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line(["run", *argv])):
-        return run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr)
+        return _run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr)
 
 
-def run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worker_stderr):
+def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worker_stderr):
     """Run a prepared plan (under the output's lock): the pipeline, then its manifest with
     what ``--input`` matched but the run did not read."""
     if not quiet:
@@ -84,14 +86,15 @@ def run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worker
     return manifest
 
 
-SUMMARY = ("Shuffle the input files into piles and write each pile as one shard, in a uniformly random order "
-           "that the seed fixes. The flex template's entry point; `pileshuffle run` takes the same options.")
+_SUMMARY = ("Shuffle the input files into piles and write each pile as one shard, in a uniformly random order "
+            "that the seed fixes. The flex template's entry point; `pileshuffle run` takes the same options.")
 
 
 def main(argv=None):
+    """``pileshuffle run``: a run's summary and exit code 0; our errors are one line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv):
-        print(help_text("pileshuffle run", SUMMARY))
+        print(help_text("pileshuffle run", _SUMMARY))
         return 0
     return reporting_errors(lambda: report(run(argv, hold_worker_stderr=True), argv))
 

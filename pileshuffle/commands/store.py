@@ -9,15 +9,13 @@ version; the same command run again finishes the job.
 
 import argparse
 import contextlib
-import logging
 import sys
 import time
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pileshuffle import interrupt, names, running
+from pileshuffle import interrupt, names, running, storage
 from pileshuffle.commands.report import as_command, shards_at_stake_on_interrupt, store_summary
 from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.options import PileshuffleOptions, check_command_argv
@@ -30,18 +28,18 @@ from pileshuffle.store.layout import existing_store
 from pileshuffle.store.read import live_piles, missing_files
 from pileshuffle.store.write import build_generation, stored_schema, writer_groups
 
-log = logging.getLogger("pileshuffle")
+__all__ = ["run_store", "append", "materialize", "append_main", "expire_main", "gc_main", "materialize_main"]
 
 
 # --- running a pipeline ------------------------------------------------------------------------
 
 
-def same_inputs(generation: dict, sources) -> bool:
+def _same_inputs(generation: dict, sources) -> bool:
     listed = {(i["path"], i.get("bytes")) for i in generation["inputs"]}
     return listed == {(s.path, s.size) for s in sources}
 
 
-def input_identity(path: str, size) -> tuple:
+def _input_identity(path: str, size) -> tuple:
     """What makes an input the same file under any name: its real identity (resolved real
     path on a local disk, bucket + object on gs://; ``inputs.file_identity``) and its size."""
     from pileshuffle.inputs import file_identity
@@ -49,22 +47,22 @@ def input_identity(path: str, size) -> tuple:
     return file_identity(path), size
 
 
-def held_inputs(manifest: dict, sources) -> dict:
+def _held_inputs(manifest: dict, sources) -> dict:
     """``{path: (generation, the name it was added under)}`` of the ``sources`` that a live
     generation of ``manifest`` already holds. A generation's inputs carry their identity
     (``identity``); a manifest written before that resolves their paths from here."""
     held = {}
     for generation in manifest["generations"]:
         for entry in generation["inputs"]:
-            known = (entry["identity"], entry.get("bytes")) if "identity" in entry else input_identity(
+            known = (entry["identity"], entry.get("bytes")) if "identity" in entry else _input_identity(
                 entry["path"], entry.get("bytes"))
             held.setdefault(known, (generation["generation"], entry["path"]))
-    return {s.path: held[key] for s in sources if (key := input_identity(s.path, s.size)) in held}
+    return {s.path: held[key] for s in sources if (key := _input_identity(s.path, s.size)) in held}
 
 
-def refuse_held_inputs(prefix: str, manifest: dict, sources):
+def _refuse_held_inputs(prefix: str, manifest: dict, sources):
     """Appending files a live generation holds would repeat their records in every epoch."""
-    held = held_inputs(manifest, sources)
+    held = _held_inputs(manifest, sources)
     if not held:
         return
     named = "; ".join(f"{path} (generation {g}" + ("" if added == path else f", as {added}") + ")"
@@ -76,7 +74,7 @@ def refuse_held_inputs(prefix: str, manifest: dict, sources):
                                 f"expire those generations first")
 
 
-def at_stake_on_interrupt(prefix: str, version: int = None):
+def _at_stake_on_interrupt(prefix: str, version: int = None):
     """What Ctrl-C leaves of a command that publishes the next version of the store at ``prefix``."""
     store, now = names.store_dir(prefix), "" if version is None else f": it is still at version {version}"
     interrupt.describe(f"nothing was published to {store}{now}; run the same command again (it removes what this one "
@@ -86,7 +84,7 @@ def at_stake_on_interrupt(prefix: str, version: int = None):
 
 
 @contextlib.contextmanager
-def store_lock(prefix: str, command: str):
+def _store_lock(prefix: str, command: str):
     """Hold the store's lock for a command that publishes its next version; yields the
     token. The publication releases it (``PublishGeneration``), or the command does when it
     has nothing to publish. A refusal, failure or Ctrl-C releases it and removes the store
@@ -102,16 +100,16 @@ def store_lock(prefix: str, command: str):
         raise
 
 
-def write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, token, wait=None,
-                     allow_duplicates=False):
+def _write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, token, wait=None,
+                      allow_duplicates=False):
     """Pass 1 of ``sources`` into the store as generation ``base['next_generation']``
-    (under ``store_lock``); a failure or Ctrl-C removes the generation's directory."""
+    (under ``_store_lock``); a failure or Ctrl-C removes the generation's directory."""
     layout.remove_unpublished(prefix)
     try:
         generation = base["next_generation"]
         groups = writer_groups(sources, store_write.STORE_WRITERS)
         sizes = {s.path: s.size for s in sources}
-        identities = {s.path: input_identity(s.path, s.size)[0] for s in sources}
+        identities = {s.path: _input_identity(s.path, s.size)[0] for s in sources}
         started = time.time()
         result = execute(options, argv, lambda p: build_generation(p, prefix, base, generation, groups, seed,
                                                                     skip_corrupt, token, sizes, identities,
@@ -137,18 +135,18 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
     from pileshuffle.transforms.write import schema_json
 
     running.HOLD_WORKER_STDERR["on"] = hold_worker_stderr
-    at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
+    _at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
     plan = make_plan(options)
     prefix = plan.output
-    if FileSystems.exists(manifest_path(prefix)):
+    if storage.exists(manifest_path(prefix)):
         raise OutputError(f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
                           f"(readers take shards first); choose another --output")
     sources = plan.sources  # match_inputs leaves store files out
-    with store_lock(prefix, layout.command_line(["run", *argv])) as token:
+    with _store_lock(prefix, layout.command_line(["run", *argv])) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
             first = current["generations"][:1]
-            if (len(current["generations"]) == 1 and first[0]["generation"] == 0 and same_inputs(first[0], sources)
+            if (len(current["generations"]) == 1 and first[0]["generation"] == 0 and _same_inputs(first[0], sources)
                     and (current["seed"], current["num_piles"], current["format"]) == (plan.seed, plan.num_piles, plan.format)):
                 print(f"pileshuffle: {names.store_dir(prefix)} already holds these inputs as generation 0 "
                       f"(version {current['version']}): nothing to do", file=sys.stderr)
@@ -161,7 +159,7 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
                                    schema_json(plan.schema) if plan.schema is not None else None)
         print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
               f"{names.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
-        return write_generation(argv, options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
+        return _write_generation(argv, options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
 
 
 def append(argv) -> dict:
@@ -185,23 +183,23 @@ def append(argv) -> dict:
     args, beam_args = check_command_argv(parser, argv)
     options = PipelineOptions(beam_args)
     prefix = existing_store(args.store)
-    at_stake_on_interrupt(prefix)
-    with store_lock(prefix, layout.command_line(["append", *argv])) as token:
+    _at_stake_on_interrupt(prefix)
+    with _store_lock(prefix, layout.command_line(["append", *argv])) as token:
         base = layout.read_store_manifest(prefix)
         if base is None:
             raise OutputError(f"no store at {names.store_dir(prefix)}: create one with `pileshuffle run --layout store "
                               f"--output {prefix} --input ...`")
-        at_stake_on_interrupt(prefix, base["version"])
+        _at_stake_on_interrupt(prefix, base["version"])
         sources = match_inputs(args.input)  # never a store's own files
         check_format_fits(sources, base["format"], names.store_dir(prefix))
         newest = base["generations"][-1] if base["generations"] else None
-        if newest is not None and same_inputs(newest, sources):  # a re-run after a crash, with the option too
+        if newest is not None and _same_inputs(newest, sources):  # a re-run after a crash, with the option too
             print(f"pileshuffle: these inputs are already generation {newest['generation']} of {names.store_dir(prefix)} "
                   f"(version {base['version']}): nothing to do", file=sys.stderr)
             layout.release_lock(prefix, token)
             return base
         if not args.allow_duplicate_inputs:
-            refuse_held_inputs(prefix, base, sources)
+            _refuse_held_inputs(prefix, base, sources)
         fmt = get_format(base["format"])
         schema = check_schemas(fmt, sources)
         if schema is not None and base.get("schema") and schema_json(schema)["fields"] != base["schema"]["fields"]:
@@ -210,8 +208,8 @@ def append(argv) -> dict:
             raise InputError(sources[0].path, f"has a different schema from the store's: {detail}")
         print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> generation "
               f"{base['next_generation']} of {names.store_dir(prefix)}", file=sys.stderr)
-        return write_generation(argv, options, prefix, base, sources, base["seed"], args.skip_corrupt, token,
-                                allow_duplicates=args.allow_duplicate_inputs)
+        return _write_generation(argv, options, prefix, base, sources, base["seed"], args.skip_corrupt, token,
+                                 allow_duplicates=args.allow_duplicate_inputs)
 
 
 # --- expire and gc -----------------------------------------------------------------------------
@@ -243,10 +241,10 @@ def materialize(argv) -> dict:
         raise OutputError(f"--output {args.output} is the store's own prefix: its shards would hide the store from "
                           f"readers (they take {prefix}-manifest.json first); choose another prefix")
     output, _ = check_shard_output(args.output, args.overwrite)  # run's checks: never a file no run wrote
-    manifest = layout.read_store_manifest(prefix, readable_version(prefix, args.version))
+    manifest = layout.read_store_manifest(prefix, _readable_version(prefix, args.version))
     if manifest is None:
         raise OutputError(f"no store at {names.store_dir(prefix)}")
-    refuse_missing_files(prefix, manifest)
+    _refuse_missing_files(prefix, manifest)
     if not manifest["totals"]["records"]:
         raise OutputError(f"{names.store_dir(prefix)} version {manifest['version']} has no live records "
                           f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to materialize")
@@ -286,7 +284,7 @@ def materialize(argv) -> dict:
     return written
 
 
-def readable_version(prefix: str, version):
+def _readable_version(prefix: str, version):
     """``--version``: None (the current one) or a version the store still has."""
     if version is None:
         return None
@@ -298,7 +296,7 @@ def readable_version(prefix: str, version):
     return version
 
 
-def refuse_missing_files(prefix: str, manifest: dict):
+def _refuse_missing_files(prefix: str, manifest: dict):
     """Name a data file the manifest lists that is gone (deleted by hand), and the version
     and generation that list it, before anything is written."""
     missing = missing_files(prefix, manifest)
@@ -306,7 +304,7 @@ def refuse_missing_files(prefix: str, manifest: dict):
         generation, path = missing[0]
         others = f" ({len(missing) - 1} more file(s) are missing too)" if len(missing) > 1 else ""
         raise InputError(path, f"is missing, but version {manifest['version']} of the store "
-                               f"({FileSystems.join(names.store_dir(prefix), names.store_manifest_name(manifest['version']))}) "
+                               f"({storage.join(names.store_dir(prefix), names.store_manifest_name(manifest['version']))}) "
                                f"lists it in generation {generation}{others}; `pileshuffle verify --output {prefix}` "
                                f"checks every file")
 
@@ -316,6 +314,7 @@ def refuse_missing_files(prefix: str, manifest: dict):
 
 @as_command
 def append_main(argv):
+    """``pileshuffle append``: add a generation, then print the store's summary."""
     manifest = append(argv)
     if isinstance(manifest, dict):
         print(store_summary(manifest))
@@ -324,6 +323,7 @@ def append_main(argv):
 
 @as_command
 def expire_main(argv):
+    """``pileshuffle expire``: drop the oldest generations, then print what was deleted."""
     parser = argparse.ArgumentParser(prog="pileshuffle expire", allow_abbrev=False, description=(
         "Drop whole generations from a pile store: the next manifest version without them is published first; their "
         "files are deleted once no version published within --grace_seconds lists them (readers that opened an older "
@@ -347,6 +347,7 @@ def expire_main(argv):
 
 @as_command
 def gc_main(argv):
+    """``pileshuffle gc``: delete store files no recent manifest version lists."""
     parser = argparse.ArgumentParser(prog="pileshuffle gc", allow_abbrev=False, description=(
         "Delete a pile store's files that no manifest version within --grace_seconds lists, and older versions."))
     parser.add_argument("--store", required=True, help="the store's prefix P")
@@ -365,6 +366,7 @@ def gc_main(argv):
 
 @as_command
 def materialize_main(argv):
+    """``pileshuffle materialize``: write a store as shards, then print the run summary."""
     from pileshuffle.commands.report import summary
 
     manifest = materialize(argv)

@@ -5,9 +5,7 @@ given, and prove nothing was lost, duplicated or corrupted. Exit code 0: every c
 import argparse
 import sys
 
-from apache_beam.io.filesystems import FileSystems
-
-from pileshuffle import interrupt, names
+from pileshuffle import interrupt, names, storage
 from pileshuffle.commands.report import reporting_errors
 from pileshuffle.formats import FORMATS
 from pileshuffle.names import manifest_path, shard_pattern
@@ -16,6 +14,8 @@ from pileshuffle.store import layout
 from pileshuffle.store.layout import clean_prefix, is_store, store_prefix
 from pileshuffle.store.read import check_store, damaged_generations
 from pileshuffle.verify import ShardVerifier, matching_files, verify_shards
+
+__all__ = ["verify", "main"]
 
 
 def verify(input_glob, output_prefix, format=None) -> list:
@@ -30,14 +30,14 @@ def verify(input_glob, output_prefix, format=None) -> list:
 def _is_store(prefix: str) -> bool:
     """A pile store (``{P}-store/``) and no shard output at ``prefix``."""
     prefix = clean_prefix(prefix)
-    return not FileSystems.exists(manifest_path(prefix)) and is_store(store_prefix(prefix))
+    return not storage.exists(manifest_path(prefix)) and is_store(store_prefix(prefix))
 
 
 def _anything_at(prefix: str) -> bool:
     """A manifest or any shard-named file at ``prefix`` (a store is checked before): what a
     run, finished or not, leaves; with neither, ``--output`` names no output (a usage error,
     not a failed check)."""
-    return FileSystems.exists(manifest_path(prefix)) or bool(matching_files(shard_pattern(prefix)))
+    return storage.exists(manifest_path(prefix)) or bool(matching_files(shard_pattern(prefix)))
 
 
 def main(argv=None):
@@ -56,7 +56,7 @@ def _verify_command(argv):
     args = parse_command(parser, argv)
     interrupt.describe(f"{args.output} was not checked to the end; verify changes nothing, so run it again to check")
     if _is_store(args.output):
-        return verify_store_main(args.output, args.input)
+        return _verify_store_main(args.output, args.input)
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     if not _anything_at(prefix):
         print(f"pileshuffle verify: error: --output {args.output}: nothing to verify there "
@@ -77,7 +77,7 @@ def _verify_command(argv):
     return 0
 
 
-def verify_store_main(prefix: str, input_glob: str = None) -> int:
+def _verify_store_main(prefix: str, input_glob: str = None) -> int:
     """``pileshuffle verify --output P`` where P is a store: print and exit as verify does."""
     prefix = layout.store_prefix(prefix)
     problems, manifest = check_store(prefix, input_glob=input_glob)

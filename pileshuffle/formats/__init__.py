@@ -1,10 +1,11 @@
 """Record formats: one module per format behind the interface in ``base``."""
 
-from pileshuffle.names import SHARD_NUMBERS
-from pileshuffle.formats.base import RECORD_COLUMN, RecordFormat, ReadReport, compression_of
+from pileshuffle.formats.base import RECORD_COLUMN, ReadReport, RecordFormat
 from pileshuffle.formats.parquet import ParquetFormat
 from pileshuffle.formats.text import JsonlFormat
 from pileshuffle.formats.tfrecord import TFRecordFormat
+from pileshuffle.names import SHARD_NUMBERS
+from pileshuffle.storage import compression_of
 
 FORMATS = {f.name: f for f in (TFRecordFormat(), ParquetFormat(), JsonlFormat())}
 

@@ -3,19 +3,16 @@
 Records travel as ``pyarrow.Table`` chunks. Bytes formats use a single binary column:
 ``record`` (the payload a user sees) or a format's own pre-encoded column (a whole
 TFRecord frame, a line with its newline) that its writer can copy verbatim. Parquet
-uses the dataset's own columns. All file access goes through Beam's ``FileSystems``.
+uses the dataset's own columns. All file access goes through ``pileshuffle.storage``.
 """
 
 import contextlib
 import dataclasses
-import os
-import re
 
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
+from pileshuffle import storage
 from pileshuffle.errors import InputError
 from pileshuffle.names import RECORD_COLUMN
 
@@ -52,46 +49,12 @@ def records_table(records) -> pa.Table:
     return pa.table({RECORD_COLUMN: pa.array(records, type=pa.binary())})
 
 
-def literal_pattern(path: str) -> str:
-    """A Beam ``FileSystems.match`` pattern that matches ``path`` itself: its wildcard
-    characters each in a character class (``[`` as ``[\\[]``), since Beam has no escape."""
-    return re.sub(r"([\[*?])", lambda m: "[\\[]" if m.group(1) == "[" else f"[{m.group(1)}]", path)
-
-
-def size_of(path: str) -> int:
-    """The size in bytes of the file at ``path`` (whatever characters its name holds)."""
-    return FileSystems.match([literal_pattern(path)])[0].metadata_list[0].size_in_bytes
-
-
-def delete_tree(directory: str) -> bool:
-    """Delete a folder and everything in it; whether there was anything. On an object store a
-    folder is the objects under its prefix, which Beam's ``exists`` and ``delete`` of the bare
-    name do not see: they are listed (``**``: at any depth) and deleted."""
-    if "://" not in directory:
-        if not os.path.exists(directory):
-            return False
-        FileSystems.delete([directory])
-        return True
-    try:
-        found = [m.path for m in FileSystems.match([FileSystems.join(literal_pattern(directory), "**")])[0].metadata_list]
-    except Exception:  # BeamIOError when nothing matches
-        found = []
-    if found:
-        FileSystems.delete(found)
-    return bool(found)
-
-
-def compression_of(path: str) -> str:
-    """Input compression, from the file name as Beam detects it ('gzip', 'uncompressed', ...)."""
-    return CompressionTypes.detect_compression_type(path)
-
-
 @contextlib.contextmanager
-def open_input(path: str, compression: str = CompressionTypes.AUTO):
+def open_input(path: str, compression: str = storage.AUTO):
     """Open ``path`` for reading, decompressing as its name says; errors name the path."""
     try:
-        handle = FileSystems.open(path, compression_type=compression)
-    except Exception as error:  # FileSystems raises BeamIOError, OSError, ...
+        handle = storage.open_read(path, compression)
+    except Exception as error:  # Beam raises BeamIOError, pyarrow OSError, ...
         raise InputError(path, f"cannot be opened: {error}") from error
     try:
         yield handle
@@ -137,7 +100,7 @@ class RecordFormat:
     def output_compression(self, compression: str, input_paths) -> str:
         """Resolve ``--compression`` (auto|none|gzip) for this format's output."""
         if compression == "auto":
-            gz = input_paths and all(compression_of(p) == CompressionTypes.GZIP for p in input_paths)
+            gz = input_paths and all(storage.compression_of(p) == storage.GZIP for p in input_paths)
             return "gzip" if gz else "none"
         return compression
 
@@ -162,4 +125,4 @@ class RecordFormat:
 
     def shard_handle_compression(self, compression: str) -> str:
         """The Beam compression type the shard file handle is opened with."""
-        return CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
+        return storage.GZIP if compression == "gzip" else storage.UNCOMPRESSED

@@ -13,16 +13,10 @@ import pyarrow.compute as pc
 
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, RecordFormat, binary_table, open_input,
+                                      read_block)
 from pileshuffle.names import LINE_COLUMN
-from pileshuffle.formats.base import (
-    DEFAULT_CHUNK_BYTES,
-    RECORD_COLUMN,
-    RecordFormat,
-    binary_table,
-    compression_of,
-    open_input,
-    read_block,
-)
+from pileshuffle.storage import compression_of
 
 NEWLINE = 10
 

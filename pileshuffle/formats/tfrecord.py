@@ -12,30 +12,15 @@ import google_crc32c
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.crc import (  # noqa: F401  (CRC_PRESET_BYTES, masked_crc, payloads_match_stored_crcs: used by tests and writers)
-    CRC_PRESET_BYTES,
-    FOOTER_BYTES,
-    HEADER_BYTES,
-    length_crcs_ok,
-    mask_crcs,
-    masked_crc,
-    payloads_match_stored_crcs,
-    stored_data_crcs,
-    unmask_crcs,
-)
+from pileshuffle import storage
+from pileshuffle.crc import (FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, mask_crcs, masked_crc,
+                             payloads_match_stored_crcs, stored_data_crcs, unmask_crcs)
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, RecordFormat, binary_table, open_input,
+                                      read_block)
 from pileshuffle.names import FRAME_COLUMN
-from pileshuffle.formats.base import (
-    DEFAULT_CHUNK_BYTES,
-    RECORD_COLUMN,
-    RecordFormat,
-    binary_table,
-    compression_of,
-    open_input,
-    read_block,
-    size_of,
-)
+from pileshuffle.storage import compression_of
 
 NOT_TFRECORD = " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
 
@@ -99,7 +84,7 @@ def scan_frames(buf: bytes, base_offset: int = 0):
 
 def _size_of(path):
     try:
-        return size_of(path)
+        return storage.size(path)
     except Exception:  # unknown size: the end of the file decides instead
         return None
 

@@ -1,7 +1,7 @@
 """Read a finished pileshuffle output back for training: ``ShuffledDataset``.
 
 Imports neither Apache Beam, TensorFlow nor torch (the adapters ``ds.torch()`` and
-``ds.tf()`` import theirs when called). All file access goes through ``pyarrow.fs``.
+``ds.tf()`` import theirs when called). All file access goes through ``pileshuffle.storage`` (``pyarrow.fs`` underneath).
 """
 
 from pileshuffle.loader.dataset import ShuffledDataset

@@ -3,6 +3,8 @@ and nothing is wrapped, truncated or silently clamped."""
 
 import numbers
 
+__all__ = ["whole_number", "checked_batch_size", "checked_columns", "check_world_size", "describe_identity"]
+
 
 def whole_number(name: str, value, low: int, high: int = None, high_name: str = None) -> int:
     """``value`` as an int in ``low .. high-1``; anything else (a bool, a float such as 1.5, a
@@ -18,10 +20,12 @@ def whole_number(name: str, value, low: int, high: int = None, high_name: str = 
 
 
 def checked_batch_size(value):
+    """``batch_size``: None or a whole number of at least 1."""
     return None if value is None else whole_number("batch_size", value, 1)
 
 
 def checked_columns(columns):
+    """``columns``: None (every column) or a non-empty list of column names."""
     if columns is None:
         return None
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):

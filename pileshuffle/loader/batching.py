@@ -4,6 +4,8 @@ of rows (``as_numpy`` and Parquet). No batch keeps a loaded step's buffers alive
 import numpy as np
 import pyarrow as pa
 
+__all__ = ["payloads", "list_batches", "table_batches"]
+
 
 def payloads(table) -> list:
     """A bytes table's payloads as ``bytes``: copied into one buffer first (Arrow's gather)

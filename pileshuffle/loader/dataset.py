@@ -29,10 +29,12 @@ from pileshuffle.loader.outputs import open_output, store_version_of
 from pileshuffle.loader.prefetch import prefetched
 from pileshuffle.loader.steps import Steps, ranks_loaded
 
+__all__ = ["STATE_FORMAT", "ShuffledDataset"]
+
 STATE_FORMAT = 2  # 2: ``dataset`` is the output's identity dict (1 was an order-blind fingerprint)
-SEEDS = 1 << 64  # seeds are 64-bit words (keys.stream_key)
-RECORD_PIECE = 1024  # records turned into Python objects at a time by iter()
-TAKE_ROWS = 8192  # Parquet rows gathered per take
+_SEEDS = 1 << 64  # seeds are 64-bit words (keys.stream_key)
+_RECORD_PIECE = 1024  # records turned into Python objects at a time by iter()
+_TAKE_ROWS = 8192  # Parquet rows gathered per take
 
 
 class ShuffledDataset:
@@ -45,7 +47,7 @@ class ShuffledDataset:
 
     def __init__(self, path, *, seed=0, epoch=0, reshuffle=True, mix=1, rank=0, world_size=1,
                  columns=None, remainder="drop", prefetch=True, filesystem=None):
-        self.seed, self.mix = whole_number("seed", seed, 0, SEEDS), whole_number("mix", mix, 1)
+        self.seed, self.mix = whole_number("seed", seed, 0, _SEEDS), whole_number("mix", mix, 1)
         self.world_size = whole_number("world_size", world_size, 1)
         self.rank = whole_number("rank", rank, 0, self.world_size, "world_size")
         self.reshuffle, self.remainder, self.prefetch = bool(reshuffle), remainder, bool(prefetch)
@@ -299,7 +301,7 @@ class ShuffledDataset:
     def _tables_from(self, plan, step):
         """Pieces cut at multiples of ``step`` records of this iteration, so that a batch
         is one piece except where it straddles two steps of the epoch. Reshuffled Parquet
-        rows are gathered ``TAKE_ROWS`` at a time (never a copy of a whole step)."""
+        rows are gathered ``_TAKE_ROWS`` at a time (never a copy of a whole step)."""
         steps = Steps(self.output, self._order)
 
         def load(planned):
@@ -309,8 +311,8 @@ class ShuffledDataset:
         filled = 0
         for block, pieces in loaded:
             for lo, hi in pieces:
-                for chunk in range(lo, hi, TAKE_ROWS):
-                    table, start = block.slice(chunk, min(hi, chunk + TAKE_ROWS)), 0
+                for chunk in range(lo, hi, _TAKE_ROWS):
+                    table, start = block.slice(chunk, min(hi, chunk + _TAKE_ROWS)), 0
                     while start < table.num_rows:
                         stop = min(table.num_rows, start + step - filled)
                         filled = (filled + stop - start) % step
@@ -323,7 +325,7 @@ class ShuffledDataset:
 
     def __iter__(self):
         """The records from this epoch's start, or from a loaded state's position."""
-        return self._records(self._tables(RECORD_PIECE))
+        return self._records(self._tables(_RECORD_PIECE))
 
     def _records(self, tables):
         rows = self.format == "parquet"

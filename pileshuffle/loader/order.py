@@ -29,6 +29,8 @@ import numpy as np
 
 from pileshuffle import keys as keymath
 
+__all__ = ["sort_by_key", "EpochOrder", "epoch_order"]
+
 _PILE_ORDER_STREAM = 0x4C4F41445049  # "LOADPI"
 _WITHIN_PILE_STREAM = 0x4C4F41444752  # "LOADGR"
 _STEP_STREAM = 0x4C4F41445354  # "LOADST"

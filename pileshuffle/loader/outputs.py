@@ -1,6 +1,6 @@
 """Opening a finished output for reading: what is at a path (a shard output's manifest, a
 store's current or named manifest version), as an ``Output`` of ``PileRef``s, with the
-identity a loader state must match. Reads through ``pyarrow.fs``; never imports Beam.
+identity a loader state must match. Reads through ``pileshuffle.storage``; never imports Beam.
 
 - a shard output (``{P}-manifest.json``): pile i is shard i, in file order;
 - a pile store (``{P}-store/manifest-*.json``, the highest version is current): pile i is
@@ -16,10 +16,9 @@ import posixpath
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pileshuffle import names
+from pileshuffle import names, storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.loader.piles import (BYTES_SCHEMA, NoOutputError, PileRef, Source, file_exists, read_json, resolve,
@@ -104,7 +103,7 @@ def _what_to_give(fs, path: str) -> str:
     if shard:
         return f"give the output's prefix ({posixpath.join(posixpath.dirname(path), shard.group(1))}), not a shard"
     try:
-        is_folder = fs.get_file_info(path.rstrip("/")).type == pafs.FileType.Directory
+        is_folder = storage.is_folder(path, fs)
     except (OSError, pa.ArrowException):
         is_folder = False
     if is_folder:
@@ -131,10 +130,10 @@ def store_version_of(output: "Output", identity: dict):
 def _store_manifests(fs, directory: str) -> list:
     """The paths of the store's manifest versions in ``directory``, oldest first."""
     try:
-        infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+        paths = storage.list_folder(directory, fs)
     except (OSError, pa.ArrowException):
         return []
-    versions = sorted((m.group(1), i.path) for i in infos if (m := names.STORE_MANIFEST_NAME.match(posixpath.basename(i.path))))
+    versions = sorted((m.group(1), p) for p in paths if (m := names.STORE_MANIFEST_NAME.match(posixpath.basename(p))))
     return [path for _, path in versions]
 
 
@@ -211,11 +210,11 @@ def _schema(source: Source, piles) -> pa.Schema:
     if path is None:
         return pa.schema([])
     if piles[0].keyed:
-        with source.filesystem.open_input_stream(path) as stream:
+        with storage.open_mapped(path, source.filesystem) as stream:
             schema = pa.ipc.open_stream(stream).schema
         schema = pa.schema([f for f in schema if f.name not in (KEY_COLUMN, HASH_COLUMN)], schema.metadata)
     else:
-        with source.filesystem.open_input_file(path) as handle:
+        with storage.open_random_access(path, source.filesystem) as handle:
             schema = pq.ParquetFile(handle).schema_arrow
     if source.columns is None:
         return schema

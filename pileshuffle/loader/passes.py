@@ -22,6 +22,8 @@ import os
 import tempfile
 import weakref
 
+__all__ = ["PassClock"]
+
 _EMPTY = {"pending": None, "last": None}
 
 
@@ -60,12 +62,26 @@ class PassClock:
         (``first_epoch``: what the first pass reads when nothing is pending)."""
         return _decide(self._read(), first_epoch)
 
-    def current(self, first_epoch: int) -> dict:
-        """The pass under way (with nothing pending since: the last one), else what a new one gets."""
+    def current(self, first_epoch: int, at_start: bool = False) -> dict:
+        """The pass under way (with nothing pending since: the last one), else what a new one
+        gets. ``at_start``: nothing of the pass under way was taken yet, so a last pass whose
+        every worker has ended is over, and the pass under way is the next one (its workers
+        may not have begun yet: ``iter(loader)`` returns before they start)."""
         record = self._read()
-        if record["pending"] is None and record["last"] is not None:
-            return record["last"]["decision"]
+        last = record["last"]
+        if record["pending"] is None and last is not None:
+            over = at_start and len(last.get("ended", [])) == last["num_workers"]
+            if not over:
+                return last["decision"]
         return _decide(record, first_epoch)
+
+    def end(self, pass_id, worker: int):
+        """``worker`` has handed out the whole of its part of pass ``pass_id``."""
+        def change(record):
+            last = record["last"]
+            if last is not None and last["id"] == list(pass_id) and worker not in last.setdefault("ended", []):
+                last["ended"].append(worker)
+        self._update(change)
 
     def begin(self, pass_id, worker: int, num_workers: int, first_epoch: int, resumed_epoch=None) -> dict:
         """The decision for ``worker`` of ``num_workers`` starting pass ``pass_id``: the

@@ -10,7 +10,7 @@ are ``PileRef``s. A pile loads as a ``Block``, its records in their *written ord
   next digits of U (``U * M mod 2**64``) have top digit s in base ``ways``, in the same
   order: the sub-piles one after another are the pile.
 Everything after this module (epoch order, splitting, state) sees only ``PileRef``s.
-All I/O goes through ``pyarrow.fs`` (local, gs://, s3://); nothing here imports Beam.
+All I/O goes through ``pileshuffle.storage`` (``pyarrow.fs``: local, gs://, s3://); nothing here imports Beam.
 """
 
 import dataclasses
@@ -18,10 +18,10 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pileshuffle import keys as keymath
+from pileshuffle import storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.loader import records as rec
@@ -41,29 +41,19 @@ class NoOutputError(InputError):
 
 
 def resolve(path: str, filesystem=None):
-    """``(filesystem, path on it)`` for a local path or a URI (gs://, s3://, file://)."""
-    if filesystem is not None:
-        return filesystem, path
-    if "://" in path:
-        return pafs.FileSystem.from_uri(path)
-    return pafs.LocalFileSystem(), path
+    """``(filesystem, path on it)`` for a local path or a URI (gs://, s3://, file://): resolved
+    once per output, then handed to every read."""
+    return storage.arrow_filesystem(path, filesystem)
 
 
 def file_exists(fs, path: str) -> bool:
-    return fs.get_file_info(path).type == pafs.FileType.File
+    return storage.exists(path, fs)
 
 
 def read_bytes(fs, path: str) -> pa.Buffer:
-    """A whole file, decompressed when its name ends in .gz; errors name the file."""
+    """A whole file (``storage.read_buffer``: local files mapped, .gz decompressed); errors name the file."""
     try:
-        if path.endswith(".gz"):
-            with fs.open_input_stream(path, compression="gzip") as stream:
-                return stream.read_buffer()
-        if isinstance(fs, pafs.LocalFileSystem):  # the page cache itself: no copy, no fresh pages to fault in
-            with pa.memory_map(path) as mapped:
-                return mapped.read_buffer()
-        with fs.open_input_file(path) as handle:  # one read of known size: ~10x a stream's read_buffer()
-            return handle.read_buffer(handle.size())
+        return storage.read_buffer(path, fs)
     except (OSError, pa.ArrowException) as error:
         raise InputError(path, f"cannot be read: {error}") from error
 
@@ -226,7 +216,7 @@ class Source:
     def read_shard(self, path: str) -> Block:
         if self.format == "parquet":
             try:
-                with self.filesystem.open_input_file(path) as handle:
+                with storage.open_random_access(path, self.filesystem) as handle:
                     # no pre-buffering, 1 MiB reads, one thread: a load's temporaries were 2.8x the
                     # table whole (a 62 MB pile), 2.1x so; row group by row group costs 1.5x the CPU
                     parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=PARQUET_READ_BYTES)
@@ -241,13 +231,8 @@ class Source:
         """The ``_pileshuffle_key`` column of a store file (local files: memory-mapped, so
         only the keys' pages are read)."""
         try:
-            if isinstance(self.filesystem, pafs.LocalFileSystem):
-                with pa.memory_map(path) as mapped:
-                    reader = pa.ipc.open_stream(mapped)
-                    parts = [batch.column(KEY_COLUMN).to_numpy() for batch in reader]
-            else:
-                with self.filesystem.open_input_stream(path) as stream:
-                    parts = [batch.column(KEY_COLUMN).to_numpy() for batch in pa.ipc.open_stream(stream)]
+            with storage.open_mapped(path, self.filesystem) as mapped:
+                parts = [batch.column(KEY_COLUMN).to_numpy() for batch in pa.ipc.open_stream(mapped)]
         except (OSError, pa.ArrowException, KeyError) as error:
             raise InputError(path, f"cannot be read as a pile store data file: {error}") from error
         return np.concatenate(parts) if parts else np.zeros(0, np.uint64)

@@ -11,6 +11,8 @@ can take seconds; a daemon thread never keeps the process alive).
 import queue
 import threading
 
+__all__ = ["prefetched"]
+
 _DONE = object()
 
 
@@ -20,6 +22,8 @@ class _Failed:
 
 
 def prefetched(items, load):
+    """``load(item)`` for each of ``items`` in order, the next one loaded on a background
+    thread; at most two loaded items exist at once (see the module docstring)."""
     items = list(items)
     if not items:
         return

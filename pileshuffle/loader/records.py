@@ -6,7 +6,7 @@ offset) pointing at its payload: no payload is copied until a batch turns into P
 ``bytes``. Taking a permutation moves views (numpy rows), never data.
 
 TFRecord frames are checked as they are read: every length CRC (vectorized) and every
-data CRC (one CRC pass over a patched copy of at most ``CRC_WINDOW_BYTES`` of frames);
+data CRC (one CRC pass over a patched copy of at most ``_CRC_WINDOW_BYTES`` of frames);
 a bad frame raises ``InputError`` naming the file and the frame's byte offset.
 """
 
@@ -19,9 +19,11 @@ from pileshuffle.crc import (FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, masked_
                              stored_data_crcs)
 from pileshuffle.errors import InputError
 
-CRC_WINDOW_BYTES = 2 << 20
-NEWLINE = 10
-MAX_BUFFER_BYTES = 2**31 - 1  # a view's offset is an int32
+__all__ = ["frame_starts", "tfrecord_views", "line_views", "value_views", "view_array"]
+
+_CRC_WINDOW_BYTES = 2 << 20
+_NEWLINE = 10
+_MAX_BUFFER_BYTES = 2**31 - 1  # a view's offset is an int32
 
 
 def frame_starts(raw: np.ndarray, path: str) -> np.ndarray:
@@ -71,11 +73,11 @@ def _check_headers(raw: np.ndarray, begin: np.ndarray, path: str):
         raise InputError(path, "corrupt record: the length field fails its CRC", int(begin[np.argmin(ok)]))
 
 
-def check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
+def _check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
     """Both CRCs of every frame; raises ``InputError`` at the first bad one."""
     begin, ends = starts[:-1], starts[1:]
     _check_headers(raw, begin, path)
-    cuts = np.searchsorted(begin, np.arange(0, int(starts[-1]), CRC_WINDOW_BYTES)[1:])
+    cuts = np.searchsorted(begin, np.arange(0, int(starts[-1]), _CRC_WINDOW_BYTES)[1:])
     for window in np.split(np.arange(len(begin)), cuts):
         if len(window) and not payloads_match_stored_crcs(raw, begin[window], ends[window]):
             stored = stored_data_crcs(raw, ends[window]).tolist()
@@ -85,7 +87,7 @@ def check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
                                            "fails its CRC", a)
 
 
-def payload_views(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, buffer_index: int) -> np.ndarray:
+def _payload_views(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, buffer_index: int) -> np.ndarray:
     """Arrow binary-view rows (n, 16 uint8) for payloads ``raw[starts[i] : starts[i] + lengths[i]]``
     of data buffer ``buffer_index``: payloads of at most 12 bytes inline, others by
     (length, 4-byte prefix, buffer index, offset). Temporaries are a few words per record."""
@@ -112,7 +114,7 @@ def payload_views(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, buff
 
 
 def _raw(buffer: pa.Buffer, path: str) -> np.ndarray:
-    if buffer.size > MAX_BUFFER_BYTES:
+    if buffer.size > _MAX_BUFFER_BYTES:
         raise InputError(path, f"is {buffer.size:,} bytes: the loader reads files of at most 2 GiB (use more piles)")
     return np.frombuffer(buffer, dtype=np.uint8)
 
@@ -121,27 +123,27 @@ def tfrecord_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarra
     """Views of the payloads of a buffer of whole TFRecord frames, all CRCs checked."""
     raw = _raw(buffer, path)
     starts = frame_starts(raw, path)
-    check_frames(raw, starts, path)
-    return payload_views(raw, starts[:-1] + HEADER_BYTES, np.diff(starts) - HEADER_BYTES - FOOTER_BYTES, buffer_index)
+    _check_frames(raw, starts, path)
+    return _payload_views(raw, starts[:-1] + HEADER_BYTES, np.diff(starts) - HEADER_BYTES - FOOTER_BYTES, buffer_index)
 
 
 def line_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
     """Views of the lines of a buffer of text, without their newline (a last line
     without one is a record too)."""
     raw = _raw(buffer, path)
-    ends = np.flatnonzero(raw == NEWLINE)
+    ends = np.flatnonzero(raw == _NEWLINE)
     starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64) if len(ends) else np.zeros(0, np.int64)
     if len(raw) and (not len(ends) or ends[-1] != len(raw) - 1):
         starts = np.append(starts, ends[-1] + 1 if len(ends) else 0)
         ends = np.append(ends, len(raw))
-    return payload_views(raw, starts, ends - starts, buffer_index)
+    return _payload_views(raw, starts, ends - starts, buffer_index)
 
 
 def value_views(values: pa.Buffer, offsets: np.ndarray) -> np.ndarray:
     """Views of the values of a binary Arrow array, from ``fingerprint.binary_column_parts``:
     its value bytes and its offsets rebased to 0."""
     raw = _raw(values, "a pile store column")
-    return payload_views(raw, offsets[:-1], np.diff(offsets), 0)
+    return _payload_views(raw, offsets[:-1], np.diff(offsets), 0)
 
 
 def view_array(views: np.ndarray, buffers) -> pa.Array:

@@ -17,12 +17,15 @@ one after another. Nothing here reads data.
 
 import math
 
+__all__ = ["length", "tail", "part", "union", "rank_share", "redeal"]
+
 
 def length(ranges) -> int:
+    """How many positions the sequence ``ranges`` holds."""
     return sum(b - a for a, b in ranges)
 
 
-def cut(ranges, start: int, stop: int) -> list:
+def _cut(ranges, start: int, stop: int) -> list:
     """Positions ``start .. stop-1`` of the sequence ``ranges`` (as ranges)."""
     out, offset = [], 0
     for a, b in ranges:
@@ -30,11 +33,11 @@ def cut(ranges, start: int, stop: int) -> list:
         if lo < hi:
             out.append((a + lo - offset, a + hi - offset))
         offset += b - a
-    return merge_adjacent(out)
+    return _merge_adjacent(out)
 
 
-def cyclic_cut(ranges, start: int, stop: int) -> list:
-    """Like ``cut`` on the sequence ``ranges`` repeated endlessly."""
+def _cyclic_cut(ranges, start: int, stop: int) -> list:
+    """Like ``_cut`` on the sequence ``ranges`` repeated endlessly."""
     size = length(ranges)
     if size == 0 or start >= stop:
         return []
@@ -42,13 +45,14 @@ def cyclic_cut(ranges, start: int, stop: int) -> list:
     while start < stop:
         lap_start = (start // size) * size
         end = min(stop, lap_start + size)
-        out += cut(ranges, start - lap_start, end - lap_start)
+        out += _cut(ranges, start - lap_start, end - lap_start)
         start = end
-    return merge_adjacent(out)
+    return _merge_adjacent(out)
 
 
 def tail(ranges, position: int) -> list:
-    return cut(ranges, position, length(ranges))
+    """The sequence ``ranges`` from its ``position``-th position on (what a consumer has left)."""
+    return _cut(ranges, position, length(ranges))
 
 
 def part(ranges, index: int, parts: int) -> list:
@@ -56,10 +60,10 @@ def part(ranges, index: int, parts: int) -> list:
     if not 0 <= index < parts:
         raise ValueError(f"part {index} is not in 0..{parts - 1}")
     size = length(ranges)
-    return cut(ranges, index * size // parts, (index + 1) * size // parts)
+    return _cut(ranges, index * size // parts, (index + 1) * size // parts)
 
 
-def merge_adjacent(ranges) -> list:
+def _merge_adjacent(ranges) -> list:
     out = []
     for a, b in ranges:
         if a >= b:
@@ -95,9 +99,9 @@ def rank_share(total: int, rank: int, world_size: int, remainder: str = "drop") 
     whole = [(0, total)] if total else []
     if remainder == "drop":
         each = total // world_size
-        return cut(whole, rank * each, (rank + 1) * each)
+        return _cut(whole, rank * each, (rank + 1) * each)
     each = math.ceil(total / world_size)
-    return cyclic_cut(whole, rank * each, (rank + 1) * each)
+    return _cyclic_cut(whole, rank * each, (rank + 1) * each)
 
 
 def redeal(remaining, rank: int, world_size: int, remainder: str = "drop") -> list:
@@ -106,4 +110,4 @@ def redeal(remaining, rank: int, world_size: int, remainder: str = "drop") -> li
     if remainder == "drop":
         return part(remaining, rank, world_size)
     each = math.ceil(length(remaining) / world_size)
-    return cyclic_cut(remaining, rank * each, (rank + 1) * each)
+    return _cyclic_cut(remaining, rank * each, (rank + 1) * each)

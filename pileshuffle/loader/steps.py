@@ -15,8 +15,12 @@ import pyarrow as pa
 
 from pileshuffle.loader.piles import Block
 
+__all__ = ["Steps", "ranks_loaded"]
+
 
 class Steps:
+    """A callable: ``steps(t)`` is step t's Block; call it with steps in increasing order
+    (see the module docstring for which piles it holds)."""
     def __init__(self, output, order):
         self._piles, self._order = output.piles, order
         self._loaded = {}  # rank -> the pile's Block, its records in their permuted order

@@ -27,6 +27,8 @@ import copy
 import pyarrow as pa
 import tensorflow as tf
 
+__all__ = ["CHUNK_RECORDS", "CHUNK_BYTES", "to_tf", "chunk_records", "state_in_epoch", "tf_dtype"]
+
 CHUNK_RECORDS = 8192  # records per generator step at most; tf.data cuts them into elements in C++
 CHUNK_BYTES = 8 << 20  # and about this many payload bytes (wide records: images, documents)
 
@@ -40,9 +42,9 @@ def to_tf(dataset, *, batch_size=None, drop_last=False):
             yield from dataset.batches(size)
             return
         for batch in dataset.batches(size):
-            yield numpy_columns(batch, dataset.output.location)
+            yield _numpy_columns(batch, dataset.output.location)
 
-    records = tf.data.Dataset.from_generator(chunks, output_signature=batch_spec(dataset))
+    records = tf.data.Dataset.from_generator(chunks, output_signature=_batch_spec(dataset))
     if batch_size is None:
         return records.unbatch()
     return records.rebatch(batch_size, drop_remainder=drop_last)
@@ -63,7 +65,7 @@ def state_in_epoch(dataset, epoch, n):
     return probe.state_after(n)
 
 
-def numpy_columns(batch, location):
+def _numpy_columns(batch, location):
     """A RecordBatch's columns as numpy arrays; a null is refused with the column's name
     (numpy would make an integer column's nulls NaN, cast to garbage integers by TensorFlow)."""
     for name, column in zip(batch.schema.names, batch.columns):
@@ -73,7 +75,7 @@ def numpy_columns(batch, location):
     return {name: column.to_numpy(zero_copy_only=False) for name, column in zip(batch.schema.names, batch.columns)}
 
 
-def batch_spec(dataset):
+def _batch_spec(dataset):
     """The ``output_signature`` of one batch: a ``tf.string`` vector for TFRecord and JSONL,
     a dict of vectors (one per column, dtype from ``dataset.schema``) for Parquet."""
     if dataset.format != "parquet":

@@ -30,6 +30,10 @@ from torch.utils.data import default_convert, get_worker_info
 
 from pileshuffle.loader.passes import PassClock
 
+__all__ = [
+    "TorchDataset", "TensorsOnArrival", "ArrowOnArrival", "worker_states", "loader_states", "round_robin"
+]
+
 # torchdata's StatefulDataLoader state keys (torchdata.stateful_dataloader, 0.8 - 0.11)
 _SNAPSHOT, _STEPS_SINCE_SNAPSHOT = "_snapshot", "_steps_since_snapshot"
 _WORKER_SNAPSHOTS, _DATASET_STATE = "_worker_snapshots", "dataset_state"
@@ -54,6 +58,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self._resume = None  # a worker's own state (torchdata's StatefulDataLoader gives it in the worker)
         self._part = None  # the part this process iterates now
         self._passes = 0  # passes this copy has begun (persistent workers and the main process count on)
+        self._ending = None  # (pass id, worker) of the part under way: the clock is told when it is used up
         self._clock = PassClock()
 
     # -- epochs and length
@@ -101,7 +106,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
         worker, num_workers = self._worker()
         own, self._resume = self._resume, None
         own_epoch = None if own is None else _states_epoch(own)
-        decision = self._clock.begin(self._pass_id(), worker, num_workers, self._first_epoch(), own_epoch)
+        pass_id = self._pass_id()
+        decision = self._clock.begin(pass_id, worker, num_workers, self._first_epoch(), own_epoch)
+        self._ending = (pass_id, worker)
         self._passes += 1
         if own is not None:
             decision = {"epoch": own_epoch, "state": own}
@@ -112,7 +119,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
         start, or the rest of a state or a list of states)."""
         dataset, resume = self.dataset._at_epoch(decision["epoch"]), decision["state"]
         if isinstance(resume, list):
-            return resumed_part(dataset, resume, worker, num_workers)
+            return _resumed_part(dataset, resume, worker, num_workers)
         part = dataset.for_worker(worker, num_workers)
         if resume is not None:
             part.load_state_dict(resume)
@@ -121,14 +128,17 @@ class TorchDataset(torch.utils.data.IterableDataset):
     def __iter__(self):
         # The part is made here, not in the generator: torch asks for state_dict() right
         # after iter(), before the generator has run.
-        self._part = part = self._part_to_iterate()
+        self._part = self._part_to_iterate()
+        return _then(self._items(self._part), self._clock.end, *self._ending)
+
+    def _items(self, part):
         if self.batch_size is None:
             return iter(part)
         if self.dataset.format != "parquet":
             return part.batches(self.batch_size, drop_last=self.drop_last)
         batches = part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=self.as_numpy)
         if get_worker_info() is None:
-            return map(writable, batches) if self.as_numpy else batches
+            return map(_writable, batches) if self.as_numpy else batches
         return map(TensorsOnArrival if self.as_numpy else ArrowOnArrival, batches)
 
     # -- state
@@ -206,14 +216,14 @@ class ArrowOnArrival:
         self.batch = batch
 
     def __reduce__(self):
-        return read_batch, (self.batch.serialize(), self.batch.schema)
+        return _read_batch, (self.batch.serialize(), self.batch.schema)
 
 
-def read_batch(message, schema):
+def _read_batch(message, schema):
     return pa.ipc.read_record_batch(message, schema)
 
 
-def writable(columns):
+def _writable(columns):
     """Numpy columns torch can take without its warning about read-only arrays (Arrow's
     zero-copy numbers are read-only; copying a batch of numbers is cheap)."""
     return {name: array if array.flags.writeable else array.copy() for name, array in columns.items()}
@@ -223,7 +233,7 @@ def _states_epoch(state) -> int:
     return int((state[0] if isinstance(state, list) else state)["epoch"])
 
 
-def resumed_part(dataset, states, worker, num_workers):
+def _resumed_part(dataset, states, worker, num_workers):
     """Worker ``worker``'s part after resuming from ``states`` (all consumers of a split).
 
     When ``states`` are exactly this split's states (in any order), worker j goes on with
@@ -232,7 +242,7 @@ def resumed_part(dataset, states, worker, num_workers):
     parts = [dataset.for_worker(w, num_workers) for w in range(num_workers)]
     for part in parts:
         part.set_epoch(states[0]["epoch"])
-    owners = [own_part(parts, state) for state in states]
+    owners = [_own_part(parts, state) for state in states]
     if len(states) == num_workers and sorted(o for o in owners if o is not None) == list(range(num_workers)):
         part = parts[owners[worker]]
         part.load_state_dict(states[worker])
@@ -241,7 +251,7 @@ def resumed_part(dataset, states, worker, num_workers):
     return parts[worker]
 
 
-def own_part(parts, state):
+def _own_part(parts, state):
     """The index of the part ``state`` is a state of (same consumer, same ranges), or None."""
     for index, part in enumerate(parts):
         fresh = part.state_dict()
@@ -280,16 +290,17 @@ def loader_states(torch_dataset, batches, *, num_workers, batch_size=None, drop_
     turn is next, because a new loader starts its round robin at worker 0.
 
     The pass is the one under way (or, when ``set_epoch``/``load_state_dict`` came since,
-    the next). A pass that resumed exactly (the states of this same split) counts the
-    batches of the epoch from its start, as if never interrupted; a pass that resumed with
-    another split begins a new split, and counts the batches since the resume.
+    or ``batches`` is 0 and the last pass is used up, the next). A pass that resumed exactly
+    (the states of this same split) counts the batches of the epoch from its start, as if
+    never interrupted; a pass that resumed with another split begins a new split, and counts
+    the batches since the resume.
     """
     size = torch_dataset.batch_size or batch_size
     drop = drop_last or torch_dataset.drop_last
     if not size:
         raise ValueError("batch_size: the DataLoader's batch size (the adapter yields single records)")
     workers = max(1, num_workers)
-    decision = torch_dataset._clock.current(torch_dataset._first_epoch())
+    decision = torch_dataset._clock.current(torch_dataset._first_epoch(), at_start=batches == 0)
     parts = [torch_dataset._part_of_pass(decision, w, workers) for w in range(workers)]
 
     def batches_of(n):
@@ -304,6 +315,12 @@ def loader_states(torch_dataset, batches, *, num_workers, batch_size=None, drop_
     taken, turn = round_robin(batches - before, remaining)
     states = [part.state_after(min(n, start + t * size)) for part, n, start, t in zip(parts, records, starts, taken)]
     return states[turn:] + states[:turn]
+
+
+def _then(items, done, *args):
+    """``items``, then ``done(*args)`` once they are used up (not when abandoned)."""
+    yield from items
+    done(*args)
 
 
 def round_robin(batches, per_worker):

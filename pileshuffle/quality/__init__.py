@@ -17,6 +17,8 @@ import os
 import sys
 import tempfile
 
+from pileshuffle import storage
+
 MIN_SAMPLE = 100  # records located: on fewer, no test can tell a shuffle from a bad order, so a verdict means nothing
 
 
@@ -112,12 +114,11 @@ def write_report(report, directory: str, figures: bool = True) -> list:
 def finished_output(prefix: str):
     """``(manifest, output)`` of the finished output at ``prefix``: shards (their paths in
     order) or else a pile store (opened by the loader, which names what is missing)."""
-    from apache_beam.io.filesystems import FileSystems
 
     from pileshuffle.names import manifest_path
     from pileshuffle.output_files import read_manifest
 
-    if FileSystems.exists(manifest_path(prefix)):
+    if storage.exists(manifest_path(prefix)):
         manifest = read_manifest(prefix)
         return manifest, [shard["path"] for shard in manifest["shards"]]
     from pileshuffle.loader.outputs import open_output

@@ -22,6 +22,8 @@ from pileshuffle.formats.text import LINE_COLUMN
 from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTES
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
+__all__ = ["threshold_for", "Label", "Scan", "scan", "scan_store", "match", "class_ids"]
+
 _HASH_SPACE = 2**64
 _PAYLOAD_FRAMING = {  # bytes columns: (bytes before, bytes after) the payload
     FRAME_COLUMN: (HEADER_BYTES, FOOTER_BYTES),
@@ -143,6 +145,9 @@ class Scan:
 
 
 def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
+    """``paths`` read in order with ``fmt``: the records whose hash is below ``threshold``
+    (a hash-value sample, the same records in input and output) and, given ``label``,
+    every record's label value."""
     file_records, hashes, positions, labels = [], [], [], []
     position = longest = 0
     for path in paths:

@@ -15,15 +15,22 @@ batch share one again with probability (b-1)/(n-1).
 import numpy as np
 from scipy import stats
 
-UNIFORM_DISPLACEMENT = stats.triang(c=0.5, loc=-1.0, scale=2.0)
+__all__ = [
+    "UNIFORM_DISPLACEMENT", "block_table", "independence", "order_metrics", "batch_counts", "batch_metrics",
+    "binomial_reference", "carry_over", "combined_p"
+]
+
+UNIFORM_DISPLACEMENT = stats.triang(c=0.5, loc=-1.0, scale=2.0)  # (y - x)/n under a uniform permutation: 1 - |d| on (-1, 1)
 
 
-def blocks_for(pairs: int) -> int:
+def _blocks_for(pairs: int) -> int:
     """Blocks per side so that every cell of the block table expects >= 10 pairs."""
     return int(np.clip(np.sqrt(pairs / 10), 2, 16))
 
 
 def block_table(x, y, n: int, blocks: int) -> np.ndarray:
+    """``blocks`` x ``blocks`` counts of the (x, y) pairs by input and output block of ``n``
+    positions; a uniform order fills it evenly."""
     cells = (np.asarray(x) * blocks // n) * blocks + np.asarray(y) * blocks // n
     return np.bincount(cells, minlength=blocks * blocks).reshape(blocks, blocks)
 
@@ -43,7 +50,7 @@ def order_metrics(x, y, n: int) -> dict:
     k = len(x)
     rho = float(stats.spearmanr(x, y).statistic) if k > 2 else 0.0
     z = rho * np.sqrt(max(k - 1, 1))
-    blocks = blocks_for(k)
+    blocks = _blocks_for(k)
     chi2, dof, p = independence(block_table(x, y, n, blocks))
     displacement = (y - x) / n
     ks = stats.kstest(displacement, UNIFORM_DISPLACEMENT.cdf) if k else None

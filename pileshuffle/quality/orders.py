@@ -18,7 +18,12 @@ import numpy as np
 
 from pileshuffle import keys as keymath
 
-INPUT_STREAM = 0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
+__all__ = [
+    "inverse", "file_order", "shuffle_buffer", "pileshuffle_keys", "pileshuffle_order", "pile_records",
+    "epoch_positions"
+]
+
+_INPUT_STREAM = 0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
 
 
 def inverse(order: np.ndarray) -> np.ndarray:
@@ -28,13 +33,13 @@ def inverse(order: np.ndarray) -> np.ndarray:
     return position
 
 
-def file_starts(file_records) -> np.ndarray:
+def _file_starts(file_records) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(file_records, dtype=np.int64)))
 
 
 def file_order(file_records, rng: np.random.Generator) -> np.ndarray:
     """Files in a random order, records in file order."""
-    starts = file_starts(file_records)
+    starts = _file_starts(file_records)
     return np.concatenate([np.arange(starts[f], starts[f + 1]) for f in rng.permutation(len(file_records))]
                           or [np.zeros(0, np.int64)]).astype(np.int64)
 
@@ -56,7 +61,7 @@ def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> n
 
 def pileshuffle_keys(file_records, seed: int) -> np.ndarray:
     """Pass 1's key U of every input record, in input order."""
-    parts = [keymath.record_keys(seed, (INPUT_STREAM, source), 0, int(count)) for source, count in enumerate(file_records)]
+    parts = [keymath.record_keys(seed, (_INPUT_STREAM, source), 0, int(count)) for source, count in enumerate(file_records)]
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
@@ -78,4 +83,4 @@ def epoch_positions(pile_sizes, seed: int, epoch: int, mix: int = 1) -> np.ndarr
     from pileshuffle.loader.order import epoch_order
 
     pile, index = epoch_order(pile_sizes, seed=seed, epoch=epoch, mix=mix, reshuffle=True)
-    return file_starts(pile_sizes)[pile] + index
+    return _file_starts(pile_sizes)[pile] + index

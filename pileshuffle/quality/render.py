@@ -11,7 +11,9 @@ import numpy as np
 
 from pileshuffle.quality import metrics, training
 
-SCATTER_POINTS = 3000
+__all__ = ["quality_figure", "training_figure"]
+
+_SCATTER_POINTS = 3000
 
 
 def _p(value: float) -> str:
@@ -30,7 +32,7 @@ def _pyplot():
 
 
 def _scatter(ax, x, y, n, xlabel, ylabel):
-    step = max(1, len(x) // SCATTER_POINTS)
+    step = max(1, len(x) // _SCATTER_POINTS)
     ax.scatter(np.asarray(x)[::step] / n, np.asarray(y)[::step] / n, s=1, alpha=0.4, color="tab:blue", rasterized=True)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
@@ -72,6 +74,8 @@ def _balance(ax, row, report):
 
 
 def quality_figure(report, path: str):
+    """Draw ``report`` to ``path`` (PNG): per policy, the positions scatter, the block table,
+    the displacement histogram, label balance per batch and, when compared, the next epoch."""
     plt = _pyplot()
     compare = len(report.rows) > 1
     columns = 5 if compare else 4
@@ -92,10 +96,11 @@ def quality_figure(report, path: str):
         for ax in line:
             ax.tick_params(labelsize=7)
     figure.tight_layout()
-    save(figure, path, dpi=60)
+    _save(figure, path, dpi=60)
 
 
 def training_figure(report, path: str):
+    """Draw each policy's held-out loss and accuracy over one epoch of SGD to ``path`` (PNG)."""
     plt = _pyplot()
     figure, (loss, accuracy) = plt.subplots(1, 2, figsize=(11, 3.6))
     for number, row in enumerate(report.rows):
@@ -113,10 +118,10 @@ def training_figure(report, path: str):
     accuracy.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.suptitle('one epoch of SGD on "all cats, then all dogs" in each policy\'s order', fontsize=10)
     figure.tight_layout()
-    save(figure, path, dpi=80)
+    _save(figure, path, dpi=80)
 
 
-def save(figure, path: str, dpi: int):
+def _save(figure, path: str, dpi: int):
     """Save as a small PNG: 64 colours (the figures are flat plots)."""
     from PIL import Image
 

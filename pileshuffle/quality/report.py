@@ -17,10 +17,15 @@ import numpy as np
 from pileshuffle.errors import InputError, UsageError
 from pileshuffle.quality import MIN_SAMPLE, locate, metrics, orders, training
 
+__all__ = [
+    "ALPHA", "TRAINING_RECORDS", "Row", "Report", "training_stride", "thin", "measure", "text_summary",
+    "policies_table"
+]
+
 ALPHA = 1e-4  # a p-value below this rejects uniformity
-MAX_LABEL_CLASSES = 1000
+_MAX_LABEL_CLASSES = 1000
 TRAINING_RECORDS = 200_000  # larger runs train on every k-th input record, in the order delivered
-READER_FORMAT_HINT = re.compile(r"(?:\s*\([^()]*|;[^;]*)--format\)?$")  # a reader's "give --format" clause
+_READER_FORMAT_HINT = re.compile(r"(?:\s*\([^()]*|;[^;]*)--format\)?$")  # a reader's "give --format" clause
 
 
 @dataclasses.dataclass
@@ -39,6 +44,8 @@ class Row:
 
 @dataclasses.dataclass
 class Report:
+    """What ``measure`` found: records located, the summary (as quality.json holds it), one
+    ``Row`` per policy (the run's own first), the label's share and the batch size."""
     records: int
     summary: dict
     rows: list
@@ -46,7 +53,7 @@ class Report:
     batch_size: int = 256
 
 
-def uniform(numbers: dict) -> bool:
+def _uniform(numbers: dict) -> bool:
     """No test rejects a uniform permutation at ``ALPHA``."""
     keys = ("spearman_p", "block_chi2_p", "displacement_p", "batch_dispersion_p")
     return all(numbers[k] >= ALPHA for k in keys if k in numbers)
@@ -62,7 +69,7 @@ def thin(order: np.ndarray, stride: int) -> np.ndarray:
     return order[order % stride == 0] // stride
 
 
-def input_policies(file_records, seed: int, num_piles: int) -> dict:
+def _input_policies(file_records, seed: int, num_piles: int) -> dict:
     """``{policy: (epoch-1 order, epoch-2 order)}`` of the shuffles that reorder the input
     itself: no shuffle, file order, a one-pile shuffle buffer over shuffled files."""
     records = int(sum(file_records))
@@ -84,7 +91,7 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
     try:
         source = locate.scan(fmt, input_paths, threshold, label if compare else None)
     except InputError as error:
-        raise without_format_hint(error, fmt) from None
+        raise _without_format_hint(error, fmt) from None
     if isinstance(output, (list, tuple)):
         target = locate.scan(fmt, output, threshold, label)
     else:
@@ -93,15 +100,15 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         raise InputError(_named(input_paths),
                          f"hold {source.records:,} records, the output {target.records:,}: pass the run's own --input")
     x, y, duplicates = locate.match(source, target)
-    check_located(len(x), len(target.hashes) - duplicates, input_paths)
+    _check_located(len(x), len(target.hashes) - duplicates, input_paths)
     n = target.records
     input_ids = output_ids = values = None
     if label is not None:
-        check_label_reach(label, target)
+        _check_label_reach(label, target)
         ids, values = locate.class_ids(*([source.labels] if compare else []), target.labels)
-        if len(values) > MAX_LABEL_CLASSES:
+        if len(values) > _MAX_LABEL_CLASSES:
             raise ValueError(f"the label ({label.describe()}) takes {len(values):,} values; label balance needs a "
-                             f"categorical label (at most {MAX_LABEL_CLASSES:,} values)")
+                             f"categorical label (at most {_MAX_LABEL_CLASSES:,} values)")
         if len(values) > 1:  # one class: every batch is all of it, the test has nothing to test
             input_ids, output_ids = (ids[0], ids[1]) if compare else (None, ids[0])
     own = Row("pileshuffle output", x, y, output_ids, numbers=metrics.order_metrics(x, y, n))
@@ -121,11 +128,11 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         summary.update({k: own.numbers[k] for k in ("batch_size", "batches", "batch_dispersion", "batch_dispersion_p")})
         summary["label"] = {"what": label.describe(), "classes": len(values), "first_class_share": share}
     elif label is not None:
-        summary["label"] = {"what": label.describe(), "classes": len(values), "note": one_value_note(label, values, n)}
-    summary["uniform"] = uniform(own.numbers)
+        summary["label"] = {"what": label.describe(), "classes": len(values), "note": _one_value_note(label, values, n)}
+    summary["uniform"] = _uniform(own.numbers)
     rows = [own]
     if compare:
-        rows = compare_policies(own, source, target.file_records, manifest, input_ids, batch_size)
+        rows = _compare_policies(own, source, target.file_records, manifest, input_ids, batch_size)
         summary["pileshuffle_order_reproduced"] = rows[-1].numbers.pop("reproduced")
         summary["policies"] = [{"policy": r.policy, **r.numbers} for r in rows]
         summary["training"] = {"task": "cats then dogs, one epoch of SGD (batch 32)", "best_accuracy": training.BEST_ACCURACY}
@@ -136,18 +143,18 @@ def _named(paths) -> str:
     return ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "")
 
 
-def without_format_hint(error: InputError, fmt) -> InputError:
+def _without_format_hint(error: InputError, fmt) -> InputError:
     """A reader's error on ``--input`` with its hint to give ``--format`` replaced: quality
     has no ``--format``, it reads the input in the run's format (from its manifest), so a
     file that does not read as that is not the run's input."""
-    problem = READER_FORMAT_HINT.sub("", error.problem)
+    problem = _READER_FORMAT_HINT.sub("", error.problem)
     if problem == error.problem:
         return error
     return InputError(error.path, f"{problem} (quality reads --input as the run's {fmt.name} records: is it the "
                                   "run's input?)", error.offset)
 
 
-def check_located(located: int, expected: int, input_paths):
+def _check_located(located: int, expected: int, input_paths):
     """Refuse a verdict on fewer than ``MIN_SAMPLE`` located records (or, on a smaller
     output, fewer than the ``expected`` sampled output records not left out as duplicates):
     the run's own input holds every one of them, another input of the same size few or none,
@@ -158,7 +165,7 @@ def check_located(located: int, expected: int, input_paths):
                                               f"in --input: is it the run's input? (a verdict needs {needed:,})")
 
 
-def one_value_note(label, values, records: int) -> str:
+def _one_value_note(label, values, records: int) -> str:
     """Why a label of one value (or none, on no records) is left out: every batch holds only
     that value, so the batch test (p = 1 on any order) would say nothing."""
     takes = "one value" if len(values) else "no value"
@@ -166,7 +173,7 @@ def one_value_note(label, values, records: int) -> str:
             "so the label test is left out")
 
 
-def check_label_reach(label, target):
+def _check_label_reach(label, target):
     """Refuse ``--label_bytes START:END`` that starts past the end of every record: every
     label would be the padding 0."""
     if label.start is not None and target.records and target.longest <= label.start:
@@ -174,7 +181,7 @@ def check_label_reach(label, target):
                          f"below {target.longest:,}")
 
 
-def compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_size):
+def _compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_size):
     """The other policies on the same sampled records, then the run's own row.
 
     Input policies are simulated on input positions. The loader's epochs reorder the
@@ -187,24 +194,24 @@ def compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_si
     written = orders.pileshuffle_order(source.file_records, seed)
     task = training.cats_then_dogs(len(range(0, n, training_stride(n))), seed)
     rows = []
-    for policy, (first, second) in input_policies(source.file_records, seed, num_piles).items():
+    for policy, (first, second) in _input_policies(source.file_records, seed, num_piles).items():
         where, where_next = orders.inverse(first), orders.inverse(second)
         labels = None if input_ids is None else input_ids[first]
         row = Row(policy, own.x, where[own.x], labels, where_next[own.x])
-        rows.append(complete(row, where, where_next, first, n, batch_size, task))
+        rows.append(_complete(row, where, where_next, first, n, batch_size, task))
     for mix in (1, 4):
         first, second = (orders.epoch_positions(pile_sizes, seed, epoch, mix) for epoch in (1, 2))
         where, where_next = orders.inverse(first), orders.inverse(second)
         labels = None if own.labels is None else own.labels[first]
         row = Row(f"loader, mix={mix}", own.x, where[own.y], labels, where_next[own.y])
-        rows.append(complete(row, where, where_next, written[first], n, batch_size, task))
+        rows.append(_complete(row, where, where_next, written[first], n, batch_size, task))
     own.next_y = own.y  # the shards read again: the same order
-    complete(own, np.arange(n), np.arange(n), written, n, batch_size, task)
+    _complete(own, np.arange(n), np.arange(n), written, n, batch_size, task)
     own.numbers["reproduced"] = float(np.mean(orders.inverse(written)[own.x] == own.y)) if len(own.x) else 1.0
     return rows + [own]
 
 
-def complete(row: Row, where, where_next, training_order, n, batch_size, task) -> Row:
+def _complete(row: Row, where, where_next, training_order, n, batch_size, task) -> Row:
     """Fill in a row's numbers: order and batch statistics (unless measured already),
     carry-over into the next epoch, one epoch of training, the verdict."""
     if not row.numbers:
@@ -216,7 +223,7 @@ def complete(row: Row, where, where_next, training_order, n, batch_size, task) -
     row.numbers["remeet_ratio"] = row.numbers["remeet"] / uniform_rate if uniform_rate else 0.0
     row.curve = training.train_one_epoch(task, thin(training_order, training_stride(n)))
     row.numbers["held_out_accuracy"] = row.curve["accuracy"][-1] if row.curve["accuracy"] else None
-    row.numbers["uniform"] = uniform(row.numbers)
+    row.numbers["uniform"] = _uniform(row.numbers)
     return row
 
 
@@ -244,6 +251,7 @@ def text_summary(report: Report) -> str:
 
 
 def policies_table(policies, markdown=False) -> str:
+    """The policies' numbers as a table: aligned text, or a Markdown table with ``markdown``."""
     header = ["policy", "spearman", "block chi2 p", "displacement p", "batch dispersion", "epoch corr", "re-meet x uniform", "held-out acc", "uniform"]
 
     def pvalue(p):

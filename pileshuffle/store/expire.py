@@ -5,9 +5,7 @@ that opened an older version finishes its epoch."""
 import math
 import time
 
-from apache_beam.io.filesystems import FileSystems
-
-from pileshuffle import names
+from pileshuffle import names, storage
 from pileshuffle.errors import OutputError, UsageError
 from pileshuffle.store import layout
 
@@ -86,8 +84,8 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
     doomed = sorted(listed - needed)  # from the manifests, without listing the whole store
     store = names.store_dir(prefix)
     for generation in doomed:
-        layout.remove_directory(FileSystems.join(store, names.generation_dir_name(generation)))
+        layout.remove_directory(storage.join(store, names.generation_dir_name(generation)))
     old = sorted(set(versions) - protected)  # after their generations: a killed collection is redone
     if old:
-        FileSystems.delete([FileSystems.join(store, names.store_manifest_name(v)) for v in old])
+        storage.delete([storage.join(store, names.store_manifest_name(v)) for v in old])
     return {"generations": doomed, "versions": old}

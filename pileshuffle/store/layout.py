@@ -27,16 +27,15 @@ import socket
 import sys
 import uuid
 
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.localfilesystem import LocalFileSystem
-
-from pileshuffle import __version__, interrupt
+from pileshuffle import __version__, interrupt, storage
 from pileshuffle.errors import InputError, OutputError
-from pileshuffle.formats.base import delete_tree
-from pileshuffle.names import (GENERATION_DIR, LEGACY_STORE_FORMAT, STORE_KIND, STORE_LOCK_NAME as LOCK_NAME,
-                               STORE_MANIFEST_GLOB, STORE_MANIFEST_NAME as MANIFEST_NAME, STORE_SUFFIX, format_problem, generation_dir_name,
-                               manifest_header, store_dir,
-                               store_manifest_name as manifest_name)
+from pileshuffle.names import GENERATION_DIR, LEGACY_STORE_FORMAT, STORE_KIND
+from pileshuffle.names import STORE_LOCK_NAME as LOCK_NAME
+from pileshuffle.names import STORE_MANIFEST_GLOB
+from pileshuffle.names import STORE_MANIFEST_NAME as MANIFEST_NAME
+from pileshuffle.names import STORE_SUFFIX, format_problem, generation_dir_name, manifest_header, store_dir
+from pileshuffle.names import store_manifest_name as manifest_name
+
 
 def clean_prefix(prefix: str) -> str:
     return prefix.rstrip("/") if "://" not in prefix else prefix
@@ -53,7 +52,7 @@ def store_prefix(given: str) -> str:
 
 
 def join(directory: str, relative: str) -> str:
-    return FileSystems.join(directory, *relative.split("/"))
+    return storage.join(directory, *relative.split("/"))
 
 
 def now_iso() -> str:
@@ -67,7 +66,7 @@ def parse_time(text: str) -> datetime.datetime:
 
 
 def is_local(path: str) -> bool:
-    return isinstance(FileSystems.get_filesystem(path), LocalFileSystem)
+    return not storage.is_remote(path)
 
 
 def list_names(directory: str) -> list:
@@ -78,12 +77,9 @@ def list_names(directory: str) -> list:
             return sorted(os.listdir(directory))
         except (FileNotFoundError, NotADirectoryError):
             return []
-    try:
-        found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
-    except Exception:
-        return []
+    found = storage.match(storage.join(directory, "**"))
     base = directory.rstrip("/") + "/"
-    return sorted({m.path[len(base):].split("/", 1)[0] for m in found if m.path.startswith(base)})
+    return sorted({f.path[len(base):].split("/", 1)[0] for f in found if f.path.startswith(base)})
 
 
 def manifest_versions(prefix: str) -> list:
@@ -92,11 +88,7 @@ def manifest_versions(prefix: str) -> list:
     if is_local(directory):
         names = list_names(directory)
     else:  # list the manifests only, not every data file
-        try:
-            found = FileSystems.match([FileSystems.join(directory, STORE_MANIFEST_GLOB)])[0].metadata_list
-        except Exception:
-            found = []
-        names = [m.path.rsplit("/", 1)[-1] for m in found]
+        names = [f.path.rsplit("/", 1)[-1] for f in storage.match(storage.join(directory, STORE_MANIFEST_GLOB))]
     return sorted(int(m.group(1)) for m in map(MANIFEST_NAME.match, names) if m)
 
 
@@ -106,7 +98,7 @@ def generation_dirs(prefix: str) -> list:
 
 
 def read_json(path: str) -> dict:
-    with FileSystems.open(path, compression_type="uncompressed") as handle:
+    with storage.open_read(path, "uncompressed") as handle:
         return json.loads(handle.read())
 
 
@@ -117,7 +109,7 @@ def read_store_manifest(prefix: str, version: int = None) -> dict:
         if not versions:
             return None
         version = versions[-1]
-    path = FileSystems.join(store_dir(prefix), manifest_name(version))
+    path = storage.join(store_dir(prefix), manifest_name(version))
     manifest = read_json(path)
     if format_problem(manifest):
         raise InputError(path, format_problem(manifest))
@@ -133,8 +125,8 @@ def write_exclusive(path: str, data: bytes):
     exists. Local: an atomic hard link, so two writers cannot both succeed. Elsewhere
     (gs://): checked just before the rename, and the store lock is what excludes."""
     directory, name = path.rsplit("/", 1) if "/" in path else (".", path)
-    temp = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
-    with FileSystems.create(temp, mime_type="application/json", compression_type="uncompressed") as handle:
+    temp = storage.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+    with storage.open_write(temp, "uncompressed", "application/json") as handle:
         handle.write(data)
     try:
         if is_local(path):
@@ -144,12 +136,12 @@ def write_exclusive(path: str, data: bytes):
                 raise VersionConflict(path) from None
             os.unlink(temp)
             return
-        if FileSystems.exists(path):
+        if storage.exists(path):
             raise VersionConflict(path)
-        FileSystems.rename([temp], [path])
+        storage.rename([temp], [path])
     finally:
-        if FileSystems.exists(temp):
-            FileSystems.delete([temp])
+        if storage.exists(temp):
+            storage.delete([temp])
 
 
 class VersionConflict(OutputError):
@@ -161,7 +153,7 @@ class VersionConflict(OutputError):
 def publish_manifest(prefix: str, manifest: dict):
     """Publish ``manifest`` as its version; refuses if that version exists."""
     data = json.dumps(manifest, indent=1).encode()
-    write_exclusive(FileSystems.join(store_dir(prefix), manifest_name(manifest["version"])), data)
+    write_exclusive(storage.join(store_dir(prefix), manifest_name(manifest["version"])), data)
 
 
 def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None) -> dict:
@@ -219,7 +211,7 @@ class FileLock:
                 if current is not None and not self._stale(current):
                     raise OutputError(self.refusal(current)) from None
                 try:
-                    FileSystems.delete([self.path])  # stale: its holder died
+                    storage.delete([self.path])  # stale: its holder died
                 except Exception:
                     pass
         raise OutputError(f"cannot take {self.path}: it keeps reappearing")
@@ -233,7 +225,7 @@ class FileLock:
         with interrupt.not_cut():
             try:
                 if (holder_of(self.path) or {}).get("token") == token:
-                    FileSystems.delete([self.path])
+                    storage.delete([self.path])
             except Exception:
                 pass
 
@@ -263,9 +255,9 @@ class FileLock:
             finally:
                 os.unlink(temp)
             return
-        if FileSystems.exists(self.path):
+        if storage.exists(self.path):
             raise FileExistsError(errno.EEXIST, self.path)
-        with FileSystems.create(self.path, compression_type="uncompressed") as handle:
+        with storage.open_write(self.path, "uncompressed") as handle:
             handle.write(data)
 
     def _stale(self, holder: dict) -> bool:
@@ -296,11 +288,11 @@ def holder_of(path: str):
     try:
         return read_json(path)
     except Exception:
-        return {} if FileSystems.exists(path) else None
+        return {} if storage.exists(path) else None
 
 
 def lock_path(prefix: str) -> str:
-    return FileSystems.join(store_dir(prefix), LOCK_NAME)
+    return storage.join(store_dir(prefix), LOCK_NAME)
 
 
 def lock_holder(prefix: str):
@@ -327,13 +319,13 @@ def remove_unpublished(prefix: str):
     ``next_generation`` (the only number an unpublished write uses, since it grows only by
     publishing). Only under the lock. Returns whether there was one."""
     generation = (read_store_manifest(prefix) or {}).get("next_generation", 0)
-    path = FileSystems.join(store_dir(prefix), generation_dir_name(generation))
+    path = storage.join(store_dir(prefix), generation_dir_name(generation))
     return remove_directory(path)
 
 
 def remove_directory(path: str) -> bool:
     """Delete a generation directory and everything in it; whether there was one."""
-    return delete_tree(path)
+    return storage.delete_tree(path)
 
 
 def command_line(argv) -> str:

@@ -6,16 +6,15 @@ writer) order, as the fragments of a ``transforms.shuffle.Pile``: its ``ordered(
 order ``materialize`` writes and the loader yields with ``reshuffle=False`` at epoch 0.
 """
 
-from apache_beam.io.filesystems import FileSystems
 
+from pileshuffle import names, storage
 from pileshuffle.fingerprint import Fingerprint, binary_column_parts
 from pileshuffle.formats import get_format, record_hashes, record_lengths
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames
-from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.fragments import Fragment, read_table
 from pileshuffle.keys import pile_of
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.store import layout
-from pileshuffle import names
 from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES, Pile
 
 
@@ -40,7 +39,7 @@ def missing_files(prefix: str, manifest: dict) -> list:
     one listing per generation directory, not one request per file."""
     store, missing = names.store_dir(prefix), []
     for generation in manifest["generations"]:
-        present = set(layout.list_names(FileSystems.join(store, names.generation_dir_name(generation["generation"]))))
+        present = set(layout.list_names(storage.join(store, names.generation_dir_name(generation["generation"]))))
         missing += [(generation["generation"], layout.join(store, entry["path"])) for entry in generation["files"]
                     if entry["path"].rsplit("/", 1)[-1] not in present]
     return missing
@@ -122,10 +121,10 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
 
 
 def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
-    if not FileSystems.exists(path):
+    if not storage.exists(path):
         return f"store file {path} is missing"
     try:
-        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        size = storage.size(path)
         if size != entry["bytes"]:
             return f"store file {path} is damaged: {size:,} bytes, the manifest says {entry['bytes']:,}"
         table = read_table(Fragment((0,), entry["records"], size, Fingerprint(), path=path))

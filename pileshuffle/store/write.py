@@ -21,13 +21,12 @@ import dataclasses
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import interrupt, names
+from pileshuffle import interrupt, names, storage
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import ReadReport, get_format
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, size_of
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
 from pileshuffle.fragments import FragmentFiles, read_batches
 from pileshuffle.names import store_writer_name
 from pileshuffle.output_files import remove_tree
@@ -86,7 +85,7 @@ class StoreFiles(FragmentFiles):
     """One writer's data files of a generation: one IPC stream per pile, temp then rename."""
 
     def __init__(self, store: str, generation: int, writer: int):
-        super().__init__(FileSystems.join(store, names.generation_dir_name(generation)), store_writer_name(writer))
+        super().__init__(storage.join(store, names.generation_dir_name(generation)), store_writer_name(writer))
         self._store, self._generation, self._writer = store, generation, writer
 
     def relative(self, pile: int) -> str:
@@ -96,7 +95,7 @@ class StoreFiles(FragmentFiles):
         return layout.join(self._store, self.relative(pile))
 
     def commit_files(self, work_dir=None):
-        return [StoreFile(self._generation, pile, self._writer, self.relative(pile), records, size_of(path),
+        return [StoreFile(self._generation, pile, self._writer, self.relative(pile), records, storage.size(path),
                           fingerprint, work_dir)
                 for pile, path, records, _, fingerprint in self.commit()]
 
@@ -172,7 +171,7 @@ class PublishGeneration(beam.DoFn):
             refuse_copy(self._prefix, self._base, stored, [s.path for s in sources])
         current = layout.manifest_versions(self._prefix)
         if current and current[-1] != self._base["version"]:
-            raise layout.VersionConflict(FileSystems.join(names.store_dir(self._prefix), names.store_manifest_name(current[-1])))
+            raise layout.VersionConflict(storage.join(names.store_dir(self._prefix), names.store_manifest_name(current[-1])))
         base = dict(self._base)
         if base["format"] == "parquet" and "schema" not in base and files:
             base["schema"] = schema_json(stored_schema(self._prefix, files[0].path))
@@ -233,7 +232,7 @@ def stored_schema(prefix: str, relative: str):
     """The record columns' Arrow schema of a data file (with the source's metadata)."""
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
-    with FileSystems.open(layout.join(names.store_dir(prefix), relative), compression_type="uncompressed") as handle:
+    with storage.open_read(layout.join(names.store_dir(prefix), relative), storage.UNCOMPRESSED) as handle:
         schema = pa.ipc.open_stream(handle).schema
     keep = [i for i, name in enumerate(schema.names) if name not in (KEY_COLUMN, HASH_COLUMN)]
     return pa.schema([schema.field(i) for i in keep], metadata=schema.metadata)

@@ -1,8 +1,8 @@
 """The template's graph: listed sources -> pass 1 (ReadSourceToPiles) -> GroupIntoPiles -> WritePiles."""
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
+from pileshuffle import storage
 from pileshuffle.fragments import Fragment
 from pileshuffle.plan import Plan
 from pileshuffle.transforms.assign import STATS_TAG, ReadSourceToPiles, SourceStats
@@ -13,7 +13,7 @@ from pileshuffle.transforms.write import WritePiles
 def build(pipeline: beam.Pipeline, plan: Plan, started: float, release_fragments: bool = False):
     """The template's graph: one leaf (Finalize), so runners that run only the last
     leaf (Dask) still run all of it."""
-    fragments_dir = FileSystems.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
+    fragments_dir = storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
     sources = (
         pipeline
         | "ListSources" >> beam.Create(plan.sources)

@@ -16,13 +16,12 @@ import uuid
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
 from pileshuffle import keys as keymath
+from pileshuffle import storage
 from pileshuffle.fingerprint import Fingerprint, total
-from pileshuffle.names import split_writer_name
-from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_tables
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
 from pileshuffle.transforms.assign import AssignPiles, parts_by_pile
 from pileshuffle.tuning import prepare_worker
 
@@ -97,7 +96,7 @@ class Pile:
     def split(self):
         """The sub-piles of this pile, in order: fragments re-keyed on the next digits of U."""
         ways = min(MAX_SPLIT_WAYS, max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2))  # one open file each
-        split_dir = FileSystems.join(self.work_dir, "splits")
+        split_dir = storage.join(self.work_dir, "splits")
         files = FragmentFiles(split_dir, split_writer_name(uuid.uuid4().hex[:12], self.depth, self.index))
         for fragment in self.fragments:
             for batch in read_batches(fragment):
@@ -188,11 +187,11 @@ class ShuffleToPiles(beam.PTransform):
             raise ValueError(f"num_piles must be at least 1, got {num_piles}")
         self.num_piles, self.seed, self.keyed = int(num_piles), int(seed), keyed
         self.max_pile_bytes = int(max_pile_bytes)
-        self.work_dir = FileSystems.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}") if temp_location else None
+        self.work_dir = storage.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}") if temp_location else None
 
     def expand(self, records):
         refuse_runners_that_drop_finish_bundle_output(records.pipeline)
-        fragments_dir = FileSystems.join(self.work_dir, "fragments") if self.work_dir else None
+        fragments_dir = storage.join(self.work_dir, "fragments") if self.work_dir else None
         return (
             records
             | "AssignPiles" >> beam.ParDo(AssignPiles(self.seed, self.num_piles, self.keyed, fragments_dir))

@@ -18,13 +18,11 @@ import uuid
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError
-from apache_beam.io.filesystems import FileSystems
 
-from pileshuffle import __version__, interrupt, progress
+from pileshuffle import __version__, interrupt, progress, storage
 from pileshuffle.errors import InputError, IntegrityError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
-from pileshuffle.formats.base import size_of
 from pileshuffle.fragments import write_failure
 from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manifest_path, shard_name,
                                staged_manifest_name, staging_dir)
@@ -61,7 +59,7 @@ class WriteShard(beam.DoFn):
 
     def process(self, pile):
         fmt = get_format(self._format_name)
-        staged = shard_name(FileSystems.join(staging_dir(self._prefix), "shard"), pile.index, pile.num_piles, fmt.suffix(self._compression))
+        staged = shard_name(storage.join(staging_dir(self._prefix), "shard"), pile.index, pile.num_piles, fmt.suffix(self._compression))
         temp = f"{staged}.tmp-{uuid.uuid4().hex[:12]}"
         written = [Fingerprint()]
         schema = [self._schema]
@@ -77,9 +75,9 @@ class WriteShard(beam.DoFn):
 
         try:
             with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
-                with FileSystems.create(temp, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
+                with storage.open_write(temp, fmt.shard_handle_compression(self._compression)) as handle:
                     fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
-                FileSystems.rename([temp], [staged])
+                storage.rename([temp], [staged])
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
         if written[0] != pile.fingerprint:
@@ -91,7 +89,7 @@ class WriteShard(beam.DoFn):
             release(pile)
         progress.pile_written()
         yield ShardStats(
-            pile.index, pile.num_piles, staged, written[0].records, size_of(staged), pile.nbytes,
+            pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
             pile.fingerprint, written[0], pile.split_count(), pile.work_dir,
             schema[0] if self._format_name == "parquet" else None,
         )
@@ -106,7 +104,7 @@ def release(pile):
     paths = [f.path for f in pile.fragments if f.path]
     try:
         if paths:
-            FileSystems.delete(paths)
+            storage.delete(paths)
     except Exception:
         pass  # Finalize removes the whole work directory anyway
 
@@ -161,8 +159,8 @@ class Finalize(beam.DoFn):
         with interrupt.publishing():  # Ctrl-C takes effect before this step or after it, never inside
             self._replace_old_outputs(old, finals)
             try:
-                FileSystems.rename([staged[p].staged_path for p in range(num_piles)], finals)
-                FileSystems.rename([staged_manifest], [manifest_path(self._prefix)])  # last: the run is done
+                storage.rename([staged[p].staged_path for p in range(num_piles)], finals)
+                storage.rename([staged_manifest], [manifest_path(self._prefix)])  # last: the run is done
             except Exception as error:
                 raise write_failure(self._prefix, error) from error
         self._remove_work(shards)
@@ -170,14 +168,14 @@ class Finalize(beam.DoFn):
 
     @interrupt.writes
     def _write_empty_shard(self, fmt, pile, num_piles, suffix, schema):
-        path = shard_name(FileSystems.join(staging_dir(self._prefix), "shard"), pile, num_piles, suffix)
+        path = shard_name(storage.join(staging_dir(self._prefix), "shard"), pile, num_piles, suffix)
         try:
-            with FileSystems.create(path, compression_type=fmt.shard_handle_compression(self._compression)) as handle:
+            with storage.open_write(path, fmt.shard_handle_compression(self._compression)) as handle:
                 fmt.write_shard(handle, [], self._compression, schema)
         except OSError as error:
             raise write_failure(staging_dir(self._prefix), error) from error
         progress.pile_written()
-        return ShardStats(pile, num_piles, path, 0, size_of(path), 0, Fingerprint(), Fingerprint(), 0)
+        return ShardStats(pile, num_piles, path, 0, storage.size(path), 0, Fingerprint(), Fingerprint(), 0)
 
     def _replace_old_outputs(self, old: OutputFiles, finals):
         """Journal the publication, then delete the old files the new shards do not
@@ -187,7 +185,7 @@ class Finalize(beam.DoFn):
         write_journal(self._prefix, finals + [manifest_path(self._prefix)], doomed)
         for batch in ([p for p in doomed if p == old.manifest], [p for p in doomed if p != old.manifest]):
             if batch:
-                FileSystems.delete(batch)
+                storage.delete(batch)
 
     def _manifest(self, shards, sources, finals, staged, input_fp, output_fp, schema, num_piles):
         seconds = time.time() - self._started if self._started else None
@@ -226,9 +224,9 @@ class Finalize(beam.DoFn):
     @interrupt.writes
     def _stage_manifest(self, manifest) -> str:
         """The manifest, written in the staging directory (renamed into place last)."""
-        staged = FileSystems.join(staging_dir(self._prefix), staged_manifest_name(uuid.uuid4().hex[:12]))
+        staged = storage.join(staging_dir(self._prefix), staged_manifest_name(uuid.uuid4().hex[:12]))
         try:
-            with FileSystems.create(staged, mime_type="application/json", compression_type="uncompressed") as handle:
+            with storage.open_write(staged, "uncompressed", "application/json") as handle:
                 handle.write(json.dumps(manifest, indent=1).encode())
         except OSError as error:
             raise write_failure(staging_dir(self._prefix), error) from error

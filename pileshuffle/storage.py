@@ -1,0 +1,299 @@
+"""Every file operation, for local paths and object stores (gs://, s3://), behind one interface.
+
+Callers pass paths; which library does the work is this module's business:
+- in a process that has imported Apache Beam (the pipeline, its workers, the commands), Beam's
+  ``FileSystems``: the file systems and credentials the pipeline's options configure;
+- elsewhere (a training host's loader: Beam need not be installed), ``pyarrow.fs``, or the
+  ``pyarrow.fs.FileSystem`` a caller hands in (``ShuffledDataset(filesystem=...)``).
+``PILESHUFFLE_STORAGE=beam|arrow`` overrides the choice (tests of both).
+
+Invariants every backend keeps:
+- a path is local unless it has a scheme (``gs://...``); ``join`` keeps that form;
+- ``match`` takes a glob and returns ``(path, size)`` pairs, none (not an error) when nothing matches;
+  a literal path with ``[ * ?`` in it matches through ``names.literal_pattern``;
+- ``open_read`` decompresses what the name says (``.gz``) unless told otherwise;
+- ``read_buffer`` maps a local file (no copy); a remote one is read in one request;
+- an object store has no folders and no atomic rename: ``delete_tree`` deletes the objects under
+  a prefix, and publication never relies on rename being atomic there (the manifest is the commit).
+"""
+
+import dataclasses
+import json
+import os
+import posixpath
+import sys
+
+from pileshuffle.names import literal_pattern
+
+GZIP, AUTO, UNCOMPRESSED = "gzip", "auto", "uncompressed"
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    path: str
+    size: int
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _uses_beam() -> bool:
+    chosen = os.environ.get("PILESHUFFLE_STORAGE")
+    if chosen in ("beam", "arrow"):
+        return chosen == "beam"
+    return "apache_beam" in sys.modules
+
+
+# -- names and places ------------------------------------------------------------------------------
+
+def join(base: str, *parts: str) -> str:
+    if is_remote(base):
+        return posixpath.join(base, *parts) if not base.endswith("/") else base + posixpath.join(*parts)
+    return os.path.join(base, *parts)
+
+
+def split(path: str) -> tuple:
+    """``(folder, name)``."""
+    if is_remote(path):
+        head, _, tail = path.rstrip("/").rpartition("/")
+        return head, tail
+    return os.path.split(path)
+
+
+def compression_of(path: str) -> str:
+    """``gzip`` when the name ends in ``.gz`` (case-insensitive), else ``uncompressed``; with Beam
+    loaded, whatever Beam detects from the name (.bz2, .zst, ...)."""
+    if _uses_beam():
+        from apache_beam.io.filesystem import CompressionTypes
+
+        return CompressionTypes.detect_compression_type(path)
+    return GZIP if path.lower().endswith(".gz") else UNCOMPRESSED
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+def match(pattern: str) -> list:
+    """The files ``pattern`` (a glob) matches, as ``FileInfo``s; [] when none do."""
+    if _uses_beam():
+        from apache_beam.io.filesystems import FileSystems
+
+        try:
+            found = FileSystems.match([pattern])[0].metadata_list
+        except Exception:  # BeamIOError when nothing matches
+            return []
+        return [FileInfo(m.path, m.size_in_bytes) for m in found]
+    import fnmatch
+
+    import pyarrow.fs as pafs
+
+    fs, where = _arrow(pattern)
+    folder = posixpath.dirname(where) if is_remote(pattern) else os.path.dirname(where)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True))
+    except OSError:
+        return []
+    scheme = pattern.split("://", 1)[0] + "://" if is_remote(pattern) else ""
+    return [FileInfo(scheme + i.path if scheme else i.path, i.size) for i in infos
+            if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, where)]
+
+
+def pattern_regex(pattern: str):
+    """The compiled regular expression of the paths ``match(pattern)`` matches (Beam's glob
+    rules: ``*`` within a name, ``**`` across folders, ``[...]`` a class)."""
+    import re
+
+    if _uses_beam():
+        from apache_beam.io.filesystem import FileSystem
+
+        return re.compile(FileSystem.translate_pattern(pattern))
+    import fnmatch
+
+    return re.compile(fnmatch.translate(pattern))
+
+
+def exists(path: str, filesystem=None) -> bool:
+    if filesystem is not None:
+        import pyarrow.fs as pafs
+
+        return filesystem.get_file_info(path).type != pafs.FileType.NotFound
+    if not is_remote(path):
+        return os.path.exists(path)
+    if _uses_beam():
+        from apache_beam.io.filesystems import FileSystems
+
+        return FileSystems.exists(path)
+    import pyarrow.fs as pafs
+
+    fs, where = _arrow(path)
+    return fs.get_file_info(where).type != pafs.FileType.NotFound
+
+
+def size(path: str) -> int:
+    """The size in bytes of the file at ``path`` (whatever characters its name holds)."""
+    if not is_remote(path):
+        return os.path.getsize(path)
+    return match(literal_pattern(path))[0].size
+
+
+def open_read(path: str, compression: str = AUTO):
+    """A binary stream of ``path``'s contents, decompressed as its name says (``AUTO``)."""
+    if _uses_beam():
+        from apache_beam.io.filesystems import FileSystems
+
+        return FileSystems.open(path, compression_type=compression)
+    fs, where = _arrow(path)
+    wanted = compression_of(path) if compression == AUTO else compression
+    return fs.open_input_stream(where, compression=GZIP if wanted == GZIP else None)
+
+
+def read_buffer(path: str, filesystem=None):
+    """The whole file as a ``pyarrow.Buffer``, decompressed when its name ends in .gz: a local
+    file is memory-mapped (the page cache itself: no copy); a remote one read in one request."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    local = isinstance(filesystem, pafs.LocalFileSystem) or (filesystem is None and not is_remote(path))
+    if local and not path.endswith(".gz"):
+        with pa.memory_map(path) as mapped:
+            return mapped.read_buffer()
+    if filesystem is None and _uses_beam():
+        with open_read(path) as handle:
+            return pa.py_buffer(handle.read())
+    fs, where = _arrow(path, filesystem)
+    if path.endswith(".gz"):
+        with fs.open_input_stream(where, compression="gzip") as stream:
+            return stream.read_buffer()
+    with fs.open_input_file(where) as handle:  # one read of known size: ~10x a stream's read_buffer()
+        return handle.read_buffer(handle.size())
+
+
+def read_json(path: str, filesystem=None):
+    return json.loads(read_buffer(path, filesystem).to_pybytes())
+
+
+def open_random_access(path: str, filesystem=None):
+    """A seekable ``pyarrow`` file (what Parquet's reader needs), read in the reader's own requests."""
+    fs, where = _arrow(path, filesystem)
+    return fs.open_input_file(where)
+
+
+def open_mapped(path: str, filesystem=None):
+    """A ``pyarrow`` input over the file: memory-mapped when local (only the pages read are
+    touched), else a stream."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    if isinstance(filesystem, pafs.LocalFileSystem) or (filesystem is None and not is_remote(path)):
+        return pa.memory_map(path)
+    fs, where = _arrow(path, filesystem)
+    return fs.open_input_stream(where)
+
+
+def list_folder(folder: str, filesystem=None) -> list:
+    """The paths of the files directly in ``folder`` ([] when it does not exist)."""
+    if filesystem is None and _uses_beam():
+        return [f.path for f in match(join(literal_pattern(folder), "*"))]
+    import pyarrow.fs as pafs
+
+    fs, where = _arrow(folder, filesystem)
+    infos = fs.get_file_info(pafs.FileSelector(where, allow_not_found=True))
+    scheme = folder.split("://", 1)[0] + "://" if is_remote(folder) and filesystem is None else ""
+    return [scheme + i.path for i in infos if i.type == pafs.FileType.File]
+
+
+def is_folder(path: str, filesystem=None) -> bool:
+    if filesystem is None and not is_remote(path):
+        return os.path.isdir(path)
+    import pyarrow.fs as pafs
+
+    fs, where = _arrow(path.rstrip("/"), filesystem)
+    return fs.get_file_info(where.rstrip("/")).type == pafs.FileType.Directory
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "application/octet-stream"):
+    """A new binary file at ``path`` (its local folder made), compressed as asked."""
+    if _uses_beam():
+        from apache_beam.io.filesystems import FileSystems
+
+        return FileSystems.create(path, mime_type=mime_type, compression_type=compression)
+    if not is_remote(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fs, where = _arrow(path)
+    return fs.open_output_stream(where, compression=GZIP if compression == GZIP else None)
+
+
+def rename(sources: list, destinations: list):
+    """Move each source to its destination (replacing it). Atomic per file on a local disk; on
+    an object store a copy then a delete."""
+    if _uses_beam():
+        from apache_beam.io.filesystems import FileSystems
+
+        FileSystems.rename(list(sources), list(destinations))
+        return
+    fs, _ = _arrow(sources[0]) if sources else (None, None)
+    for source, destination in zip(sources, destinations):
+        fs.move(_arrow(source)[1], _arrow(destination)[1])
+
+
+def delete(paths: list):
+    """Delete files (a local folder with its contents); a missing path is an error."""
+    if _uses_beam():
+        from apache_beam.io.filesystems import FileSystems
+
+        FileSystems.delete(list(paths))
+        return
+    import pyarrow.fs as pafs
+
+    for path in paths:
+        fs, where = _arrow(path)
+        if fs.get_file_info(where).type == pafs.FileType.Directory:
+            fs.delete_dir(where)
+        else:
+            fs.delete_file(where)
+
+
+def delete_tree(folder: str) -> bool:
+    """Delete a folder and everything in it; whether there was anything. On an object store a
+    folder is the objects under its prefix, which ``exists`` and ``delete`` of the bare name do
+    not see: they are listed (``**``: at any depth) and deleted."""
+    if not is_remote(folder):
+        if not os.path.exists(folder):
+            return False
+        delete([folder])
+        return True
+    found = [f.path for f in match(join(literal_pattern(folder), "**"))]
+    if found:
+        delete(found)
+    return bool(found)
+
+
+def makedirs(folder: str):
+    """Make a local folder and its parents (object stores have none to make)."""
+    if not is_remote(folder):
+        os.makedirs(folder, exist_ok=True)
+
+
+# -- pyarrow.fs ------------------------------------------------------------------------------------
+
+def _arrow(path: str, filesystem=None):
+    """``(pyarrow FileSystem, path on it)``."""
+    import pyarrow.fs as pafs
+
+    if filesystem is not None:
+        return filesystem, path
+    if is_remote(path):
+        return pafs.FileSystem.from_uri(path)
+    return pafs.LocalFileSystem(), path
+
+
+def arrow_filesystem(path: str, filesystem=None):
+    """``(pyarrow FileSystem, path on it)`` for a reader that hands paths to pyarrow itself."""
+    return _arrow(path, filesystem)
+
+
+__all__ = ["AUTO", "GZIP", "UNCOMPRESSED", "FileInfo", "arrow_filesystem", "compression_of", "delete",
+           "delete_tree", "exists", "is_folder", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
+           "open_mapped", "open_random_access", "open_read", "open_write", "read_buffer", "read_json", "rename", "size", "split"]
