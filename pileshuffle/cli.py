@@ -70,7 +70,7 @@ COMMANDS = {  # name -> Command: what `pileshuffle NAME` runs, in the order the 
     "materialize": Command("pileshuffle.commands.store", "write a pile store's records as the shuffled shards `run` writes", "materialize_main"),
     "generate": Command("pileshuffle.sample", "write sample data whose records carry their index (for trying things out)"),
     "metadata": Command("pileshuffle.commands.metadata", "print the Dataflow flex template's metadata.json"),
-    "quality": Command("pileshuffle.quality", "measure and draw how uniform a finished run's order is (and the shuffles people use instead)"),
+    "quality": Command("pileshuffle.commands.quality", "measure and draw how uniform a finished run's order is (and the shuffles people use instead)"),
 }
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 __all__ = [
+    "how_records_differ",
     "mix64", "payload_hashes", "crc32c_of_slices", "binary_column_parts", "Fingerprint", "total",
     "column_hashes", "binary_lengths", "row_lengths", "row_hashes"
 ]
@@ -185,3 +186,14 @@ def row_hashes(table: pa.Table) -> np.ndarray:
         for position, column in enumerate(table.columns):
             hashes = mix64(hashes * np.uint64(0x100000001B3) + column_hashes(column) + np.uint64(position))
     return hashes
+
+
+def how_records_differ(found: Fingerprint, expected: Fingerprint) -> str:
+    """How two different multisets of records differ, in words: their counts and bytes, or,
+    when those agree, their hashes (then the records' contents differ)."""
+    if (found.records, found.bytes) != (expected.records, expected.bytes):
+        return (f"{found.records:,} records, {found.bytes:,} bytes, not {expected.records:,} records, "
+                f"{expected.bytes:,} bytes")
+    return (f"the same count and bytes but different records ({found.records:,} records, {found.bytes:,} bytes; "
+            f"hash sum {found.hash_sum:016x} xor {found.hash_xor:016x}, not {expected.hash_sum:016x} xor "
+            f"{expected.hash_xor:016x})")

@@ -22,7 +22,7 @@ import re
 from pileshuffle import storage
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.formats import FORMATS, ReadReport, fingerprint_of, get_format
+from pileshuffle.formats import FORMATS, get_format, read_fingerprint
 from pileshuffle.names import SHARD_TAIL, manifest_path, shard_pattern
 from pileshuffle.output_files import read_manifest
 from pileshuffle.transforms.write import schema_json
@@ -65,29 +65,8 @@ def manifest_or_none(prefix: str):
     return read_manifest(prefix) if storage.exists(manifest_path(prefix)) else None
 
 
-def read_fingerprint(fmt, path: str, skip_corrupt=False):
-    """``(fingerprint, report, schema)`` of one file read whole with the format's reader."""
-    report = ReadReport()
-    fingerprint, schema = Fingerprint(), None
-    for table in fmt.read_chunks(path, skip_corrupt=skip_corrupt, report=report):
-        fingerprint += fingerprint_of(table)
-        schema = schema or table.schema
-    return fingerprint, report, schema
-
-
 def _describe(fp: Fingerprint) -> str:
     return f"{fp.records:,} records, {fp.bytes:,} bytes, hash sum {fp.hash_sum:016x} xor {fp.hash_xor:016x}"
-
-
-def how_records_differ(found: Fingerprint, expected: Fingerprint) -> str:
-    """How two different multisets of records differ, in words: their counts and bytes, or,
-    when those agree, their hashes (then the records' contents differ)."""
-    if (found.records, found.bytes) != (expected.records, expected.bytes):
-        return (f"{found.records:,} records, {found.bytes:,} bytes, not {expected.records:,} records, "
-                f"{expected.bytes:,} bytes")
-    return (f"the same count and bytes but different records ({found.records:,} records, {found.bytes:,} bytes; "
-            f"hash sum {found.hash_sum:016x} xor {found.hash_xor:016x}, not {expected.hash_sum:016x} xor "
-            f"{expected.hash_xor:016x})")
 
 
 def _recorded(value) -> str:

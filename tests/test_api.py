@@ -43,7 +43,6 @@ PENDING_MODULES = (
     "pileshuffle.output_files",
     "pileshuffle.pipeline",
     "pileshuffle.plan",
-    "pileshuffle.quality",
     "pileshuffle.sample",
     "pileshuffle.storage",
     "pileshuffle.store", "pileshuffle.store.*",

@@ -19,7 +19,7 @@ from helpers import manifest as read_manifest
 from helpers import read_tfrecord_payloads, run_shuffle, sample_run, shards
 from pileshuffle import sample
 from pileshuffle.formats import get_format
-from pileshuffle.quality import main as quality_main
+from pileshuffle.commands.quality import main as quality_main
 from pileshuffle.quality import orders, training
 from pileshuffle.quality.locate import Label
 from pileshuffle.quality.report import ALPHA, measure
@@ -208,7 +208,7 @@ def test_a_pile_store_is_measured_in_its_written_order(finished, tmp_path, grown
     shards have it; also when its piles are larger than its max_pile_bytes and are read
     in sub-piles (each record once)."""
     pytest.importorskip("pileshuffle.store", reason="pile stores are not in this branch")
-    from pileshuffle.quality import finished_output
+    from pileshuffle.commands.quality import finished_output
 
     pattern, out = finished
     store = str(tmp_path / "store" / "s")

@@ -46,8 +46,8 @@ def known_extensions() -> str:
     return ", ".join(FORMAT_OF_EXTENSION)
 
 
-__all__ = ["FORMATS", "FORMAT_OF_EXTENSION", "RECORD_COLUMN", "ReadReport", "RecordFormat", "format_of_name",
-           "get_format"]
+__all__ = ["FORMATS", "FORMAT_OF_EXTENSION", "RECORD_COLUMN", "ReadReport", "RecordFormat", "fingerprint_of",
+           "format_of_name", "get_format", "known_extensions", "read_fingerprint", "record_hashes", "record_lengths"]
 
 
 def record_lengths(table):
@@ -87,3 +87,15 @@ def fingerprint_of(table):
     from pileshuffle.fingerprint import Fingerprint
 
     return Fingerprint.of(record_hashes(table), int(record_lengths(table).sum()))
+
+
+def read_fingerprint(fmt, path: str, skip_corrupt=False):
+    """``(fingerprint, report, schema)`` of one file read whole with the format's reader."""
+    from pileshuffle.fingerprint import Fingerprint
+
+    report = ReadReport()
+    fingerprint, schema = Fingerprint(), None
+    for table in fmt.read_chunks(path, skip_corrupt=skip_corrupt, report=report):
+        fingerprint += fingerprint_of(table)
+        schema = schema or table.schema
+    return fingerprint, report, schema

@@ -1,5 +1,5 @@
 import sys
 
-from pileshuffle.quality import main
+from pileshuffle.commands.quality import main
 
 sys.exit(main())

@@ -105,7 +105,7 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.fingerprint import total
     from pileshuffle.inputs import match_inputs
-    from pileshuffle.verify import read_fingerprint
+    from pileshuffle.formats import read_fingerprint
 
     try:
         sources = match_inputs(input_glob)  # leaves store files out
@@ -114,7 +114,7 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
         return [f"input {error}"]
     live = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
     if found != live:
-        from pileshuffle.verify import how_records_differ
+        from pileshuffle.fingerprint import how_records_differ
 
         return [f"the input is not the store's live generations: {how_records_differ(found, live)}"]
     return []

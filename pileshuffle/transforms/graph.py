@@ -4,13 +4,12 @@ import apache_beam as beam
 
 from pileshuffle import storage
 from pileshuffle.fragments import Fragment
-from pileshuffle.plan import Plan
 from pileshuffle.transforms.assign import STATS_TAG, ReadSourceToPiles, SourceStats
 from pileshuffle.transforms.shuffle import GroupIntoPiles
 from pileshuffle.transforms.write import WritePiles
 
 
-def build(pipeline: beam.Pipeline, plan: Plan, started: float, release_fragments: bool = False):
+def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool = False):
     """The template's graph: one leaf (Finalize), so runners that run only the last
     leaf (Dask) still run all of it."""
     fragments_dir = storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
@@ -45,7 +44,7 @@ def is_source_stats(element) -> bool:
     return isinstance(element, SourceStats)
 
 
-def manifest_fields(plan: Plan) -> dict:
+def manifest_fields(plan) -> dict:
     return {
         "output": plan.output,
         "seed": plan.seed,

@@ -1,0 +1,175 @@
+"""``pileshuffle quality``: how uniform a finished run's order is, shown and measured.
+
+A finished run is shard output (``PREFIX-manifest.json``) or a pile store
+(``PREFIX-store/``, measured in its written order: the order ``materialize`` writes).
+
+Writes ``DIR/quality.json``, ``DIR/quality.png`` (and ``DIR/training.png`` with
+``--compare``) and prints a one-screen summary. Needs no index field: output records are
+located in the input by their fingerprint hash, on a hash-value sample of about
+``--sample`` records (memory bounded on any input size). ``--label`` and ``--compare``
+hold one label / a few positions per record (O(N) memory). matplotlib is imported only to
+draw the figures; a run never imports it.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from pileshuffle import storage
+from pileshuffle.quality import MIN_SAMPLE
+
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:,}, not {value:,}")
+        return value
+
+    return parse
+
+
+USAGE = "pileshuffle quality --input PATTERNS --output PREFIX --report DIR [--label FIELD | --label_bytes START:END] [--compare] [--sample N]"
+
+
+def parse(argv):
+    """The command's options (unknown options and bad values: a usage error, exit code 2)."""
+    from pileshuffle.options import parse_command
+
+    parser = argparse.ArgumentParser(prog="pileshuffle quality", usage=USAGE, allow_abbrev=False,
+                                     description="Measure and draw how uniform a finished run's order is.")
+    parser.add_argument("--input", required=True, help="the run's --input patterns")
+    parser.add_argument("--output", required=True, help="the run's --output prefix")
+    parser.add_argument("--report", required=True, help="directory for quality.json, quality.png, training.png")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--label", help="label field: a Parquet column or JSON key")
+    which.add_argument("--label_bytes", help="label = payload bytes START:END (TFRecord, JSONL)")
+    parser.add_argument("--compare", action="store_true",
+                        help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's epochs")
+    parser.add_argument("--sample", type=_at_least(MIN_SAMPLE), default=100_000,
+                        help=f"records to locate by hash (default 100000, at least {MIN_SAMPLE})")
+    parser.add_argument("--batch_size", type=_at_least(1), default=256, help="batch size for label balance and re-meeting")
+    return parse_command(parser, argv)
+
+
+def _write_atomically(path: str, write):
+    """``write(temp path)``, then rename: the file appears whole or not at all."""
+    temp = f"{path}.tmp-{os.getpid()}"
+    write(temp)
+    os.replace(temp, path)
+
+
+def _text(text: str):
+    def write(path):
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    return write
+
+
+def report_problem(directory: str):
+    """Why the report cannot be written to ``directory`` (checked before any work), or None:
+    it, or a folder it would be made in, is a file, or nothing can be created there."""
+    path = os.path.abspath(directory)
+    existing = path
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder" if existing == path else f"{existing} is a file, not a folder to make it in"
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".probe-"):
+            pass
+    except OSError as error:
+        return f"cannot write in {existing}: {error.strerror or error}"
+    return None
+
+
+def write_report(report, directory: str, figures: bool = True) -> list:
+    """Write the JSON, the policies table (with ``--compare``) and the figures; returns
+    the paths written."""
+    from pileshuffle.quality.report import policies_table
+
+    os.makedirs(directory, exist_ok=True)
+    written = [os.path.join(directory, "quality.json")]
+    _write_atomically(written[0], _text(json.dumps(report.summary, indent=1)))
+    if "policies" in report.summary:
+        written.append(os.path.join(directory, "policies.md"))
+        _write_atomically(written[-1], _text(policies_table(report.summary["policies"], markdown=True) + "\n"))
+    if figures:
+        from pileshuffle.quality import render
+
+        written.append(os.path.join(directory, "quality.png"))
+        _write_atomically(written[-1], lambda path: render.quality_figure(report, path))
+        if len(report.rows) > 1 and any(row.curve["steps"] for row in report.rows):  # not on fewer records than a batch
+            written.append(os.path.join(directory, "training.png"))
+            _write_atomically(written[-1], lambda path: render.training_figure(report, path))
+    return written
+
+
+def finished_output(prefix: str):
+    """``(manifest, output)`` of the finished output at ``prefix``: shards (their paths in
+    order) or else a pile store (opened by the loader, which names what is missing)."""
+
+    from pileshuffle.names import manifest_path
+    from pileshuffle.output_files import read_manifest
+
+    if storage.exists(manifest_path(prefix)):
+        manifest = read_manifest(prefix)
+        return manifest, [shard["path"] for shard in manifest["shards"]]
+    from pileshuffle.loader.outputs import open_output
+    from pileshuffle.loader.piles import read_json, resolve
+
+    store = open_output(prefix)
+    return read_json(resolve(prefix)[0], store.location), store
+
+
+def main(argv=None) -> int:
+    """``pileshuffle quality``: locate, measure, print the summary, write the report."""
+    from pileshuffle import interrupt
+
+    args = parse(argv)
+    interrupt.describe(f"no report was written to {args.report}; run it again to measure",
+                       f"it had written its report to {args.report}")
+    try:
+        from pileshuffle.quality.report import measure, text_summary
+    except ImportError as error:
+        print(f"pileshuffle quality: error: needs the report extra, pip install 'pileshuffle[report]' ({error})", file=sys.stderr)
+        return 2
+    from pileshuffle.errors import PileshuffleError
+    from pileshuffle.formats import get_format
+    from pileshuffle.inputs import check_format_fits, match_inputs
+    from pileshuffle.quality.locate import Label
+
+    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
+    problem = report_problem(args.report)
+    if problem:
+        print(f"pileshuffle quality: error: --report {args.report}: {problem}", file=sys.stderr)
+        return 2
+    try:
+        label = Label.parse_bytes(args.label_bytes) if args.label_bytes else Label(field=args.label) if args.label else None
+        manifest, output = finished_output(prefix)
+        sources = match_inputs(args.input)
+        check_format_fits(sources, manifest["format"], prefix)  # the run read its input in the output's format
+        report = measure(get_format(manifest["format"]), [s.path for s in sources],
+                         output, manifest, args.sample, label, args.batch_size, args.compare)
+    except (PileshuffleError, ValueError) as error:
+        print(f"pileshuffle quality: error: {error}", file=sys.stderr)
+        return 2
+    print(text_summary(report))
+    with interrupt.publishing():  # the report's files are written as one set: Ctrl-C waits for them
+        try:
+            written = write_report(report, args.report)
+        except RuntimeError as error:  # no matplotlib: the numbers are still written
+            written = write_report(report, args.report, figures=False)
+            print(f"pileshuffle quality: {error}; figures not drawn", file=sys.stderr)
+    print(f"report written to {args.report}: {', '.join(os.path.basename(p) for p in written)}")
+    return 0
+
+
+__all__ = ["USAGE", "finished_output", "main", "parse", "report_problem", "write_report"]

@@ -1,0 +1,141 @@
+"""The house's rules (docs/architecture.md), read from the code's own imports: every import goes
+down or sideways to a lower layer, the loader and the pipeline meet only in the bottom layers,
+Beam stays out of the layers a training host installs, there are no import circles, and no
+module is longer than 400 lines."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "pileshuffle"
+MAX_LINES = 400
+
+# layer -> module prefixes (a module belongs to the longest prefix that names it)
+LAYERS = {
+    0: ["names", "keys", "crc", "fingerprint", "errors", "tuning", "interrupt", "progress"],
+    1: ["storage"],
+    2: ["formats"],
+    3: ["fragments", "transforms", "inputs", "options", "runners", "running", "output_files", "sample"],
+    4: ["store"],
+    5: ["plan"],
+    6: ["verify", "store.read"],
+    7: ["quality"],
+    8: ["commands", "cli", "pipeline", "__main__", "quality.__main__"],  # commands and their entry aliases
+}
+LOADER = "loader"  # beside layers 3-6: imports only layers 0-2, and only quality and commands import it
+WITHOUT_BEAM = ["names", "keys", "crc", "fingerprint", "errors", "tuning", "interrupt", "storage", "formats", "loader"]
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: pathlib.Path):
+    """``(module imported, at module level?)`` of every pileshuffle and apache_beam import."""
+    tree = ast.parse(path.read_text())
+    top = set(map(id, tree.body))
+    here = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+                base = f"pileshuffle.{base}" if base else "pileshuffle"
+            names = [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            if name.startswith(("pileshuffle", "apache_beam")):
+                yield name, id(node) in top
+
+
+def owner(name: str, known) -> str:
+    """The pileshuffle module an imported name belongs to (``pileshuffle.x.y`` -> x.y or x)."""
+    parts = name.split(".")[1:]
+    while parts and ".".join(parts) not in known:
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str):
+    if module == LOADER or module.startswith(LOADER + "."):
+        return LOADER
+    best = None
+    for layer, prefixes in LAYERS.items():
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[1])):
+                best = (layer, prefix)
+    return None if best is None else best[0]
+
+
+def edges():
+    known = modules()
+    for module, path in known.items():
+        for name, at_top in imports(path):
+            if name.startswith("pileshuffle"):
+                target = owner(name, known)
+                if target and target != module:
+                    yield module, target, at_top
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in modules() if m and layer_of(m) is None] == []
+
+
+def test_imports_never_climb_a_layer():
+    climbs = []
+    for module, target, _ in edges():
+        a, b = layer_of(module), layer_of(target)
+        if not module or not target:
+            continue
+        if a == LOADER and b != LOADER and b > 2:
+            climbs.append(f"{module} -> {target} (the loader reads only layers 0-2)")
+        elif b == LOADER and a != LOADER and a < 7:
+            climbs.append(f"{module} -> {target} (only quality and commands use the loader)")
+        elif LOADER not in (a, b) and b > a:
+            climbs.append(f"{module} (layer {a}) -> {target} (layer {b})")
+    assert climbs == []
+
+
+def test_no_import_circles():
+    graph = {}
+    for module, target, _ in edges():
+        if module and target:
+            graph.setdefault(module, set()).add(target)
+    state, circles = {}, []
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == "open":
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert circles == []
+
+
+@pytest.mark.parametrize("prefix", WITHOUT_BEAM)
+def test_beam_stays_out_of_what_a_training_host_imports(prefix):
+    found = [f"{m} imports {name}" for m, path in modules().items()
+             if m == prefix or m.startswith(prefix + ".")
+             for name, at_top in imports(path) if name.startswith("apache_beam") and at_top]
+    assert found == []
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    bench = {p.name: n for p in (ROOT / "bench").glob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert (long, bench) == ({}, {})
