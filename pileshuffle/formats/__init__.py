@@ -1,6 +1,6 @@
 """Record formats: one module per format behind the interface in ``base``."""
 
-from pileshuffle.formats.base import RECORD_COLUMN, ReadReport, RecordFormat
+from pileshuffle.formats.base import RECORD_COLUMN, Payloads, ReadReport, RecordFormat
 from pileshuffle.formats.parquet import ParquetFormat
 from pileshuffle.formats.text import JsonlFormat
 from pileshuffle.formats.tfrecord import TFRecordFormat
@@ -46,40 +46,35 @@ def known_extensions() -> str:
     return ", ".join(FORMAT_OF_EXTENSION)
 
 
-__all__ = ["FORMATS", "FORMAT_OF_EXTENSION", "RECORD_COLUMN", "ReadReport", "RecordFormat", "fingerprint_of",
+__all__ = ["FORMATS", "FORMAT_OF_EXTENSION", "PAYLOADS", "RECORD_COLUMN", "ReadReport", "RecordFormat", "fingerprint_of", "holder_of",
            "format_of_name", "get_format", "known_extensions", "read_fingerprint", "record_hashes", "record_lengths"]
 
 
-def record_lengths(table):
-    """Payload bytes of every record of a records table (vectorized): a TFRecord frame
-    counts its data, a line its text without the newline, a row its values."""
-    from pileshuffle.fingerprint import binary_lengths, row_lengths
-    from pileshuffle.formats.text import LINE_COLUMN
-    from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTES
+PAYLOADS = Payloads()
 
-    overhead = {FRAME_COLUMN: HEADER_BYTES + FOOTER_BYTES, LINE_COLUMN: 1, RECORD_COLUMN: 0}
+
+def holder_of(table) -> RecordFormat:
+    """The format whose records ``table`` holds, known by its columns: a bytes format's
+    ``record_column`` alone, bare payloads (``record``), else rows (Parquet)."""
     names = table.column_names
-    if len(names) == 1 and names[0] in overhead:
-        return binary_lengths(table.column(names[0])) - overhead[names[0]]
-    return row_lengths(table)
+    if len(names) == 1:
+        for fmt in FORMATS.values():
+            if fmt.record_column == names[0]:
+                return fmt
+        if names[0] == RECORD_COLUMN:
+            return PAYLOADS
+    return FORMATS["parquet"]
+
+
+def record_lengths(table):
+    """Payload bytes of every record of a records table (``RecordFormat.record_lengths``)."""
+    return holder_of(table).record_lengths(table)
 
 
 def record_hashes(table):
-    """A 64-bit hash of every record's payload: the same records hash alike whether held
-    as TFRecord frames (hashed from their stored CRCs, vectorized), lines or payloads
-    (one CRC32C call each), or table rows (by column values)."""
-    from pileshuffle.fingerprint import binary_column_parts, crc32c_of_slices, payload_hashes, row_hashes
-    from pileshuffle.formats.text import LINE_COLUMN
-    from pileshuffle.formats.tfrecord import FRAME_COLUMN, frame_payload_stats
-
-    names = table.column_names
-    if names == [FRAME_COLUMN]:
-        return payload_hashes(*frame_payload_stats(table.column(FRAME_COLUMN)))
-    if names in ([LINE_COLUMN], [RECORD_COLUMN]):
-        data, offsets = binary_column_parts(table.column(names[0]))
-        trim = 1 if names == [LINE_COLUMN] else 0
-        return payload_hashes(crc32c_of_slices(data, offsets, trim), record_lengths(table))
-    return row_hashes(table)
+    """A 64-bit hash of every record's payload (``RecordFormat.record_hashes``): the same
+    records hash alike whether held as frames, lines, payloads, or rows by their values."""
+    return holder_of(table).record_hashes(table)
 
 
 def fingerprint_of(table):

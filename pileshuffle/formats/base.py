@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from pileshuffle import storage
 from pileshuffle.errors import InputError
+from pileshuffle.keys import group_by_pile
 from pileshuffle.names import RECORD_COLUMN
 
 DEFAULT_CHUNK_BYTES = 16 << 20
@@ -86,12 +87,43 @@ def _stream_cut_short(handle) -> bool:
         return False
 
 
+def parts_by_pile(table: pa.Table, piles: np.ndarray, num_piles: int):
+    """Yield ``(pile, part, rows)`` for every non-empty pile: ``part`` holds the pile's rows
+    of ``table`` in their original order (one ``take``, then zero-copy slices) and ``rows``
+    their positions in ``table``. Any format's tables split alike."""
+    order, bounds = group_by_pile(piles, num_piles)
+    taken = table.take(order)
+    for pile in np.flatnonzero(np.diff(bounds)).tolist():
+        start, stop = int(bounds[pile]), int(bounds[pile + 1])
+        yield pile, taken.slice(start, stop - start), order[start:stop]
+
+
 class RecordFormat:
-    """A record format: how to read a source in chunks and write one shard."""
+    """The one interface a record format implements; a format is one module that subclasses
+    it, registered in ``formats/__init__.py`` (``FORMATS``, ``FORMAT_OF_EXTENSION``).
+
+    Records travel as ``pyarrow.Table`` chunks: a bytes format in one binary column,
+    ``record_column`` (its records as read, e.g. whole TFRecord frames, so a shard is written
+    by copying them), a row format in the dataset's own columns (``record_column`` None).
+    Every step of a record's life asks the format:
+
+    ==========================  ==========================================================
+    pass 1: read a source        ``read_chunks`` (file order; corrupt input named or skipped)
+    pass 1: split by pile        ``split_by_pile`` (any format: rows taken, order kept)
+    fragments and piles          Arrow IPC of the chunk's table with the key and hash columns
+                                 (``fragments.py``, any format)
+    pass 2: write a shard        ``write_shard`` (records in the order given, bytes copied)
+    fingerprints, verify         ``record_hashes`` and ``record_lengths`` (of the payload, equal
+                                 however the record is held)
+    the loader's batches         ``payload_views`` (bytes formats) or ``read_rows`` (row formats)
+    the quality report           ``record_hashes``: a record's identity in input and output
+    ==========================  ==========================================================
+    """
 
     name = ""
     extension = ""
     compressions = ("auto", "none", "gzip")  # what --compression may be for this format
+    record_column = None  # the binary column a bytes format's records travel in; None: a row format
 
     def suffix(self, compression: str) -> str:
         """The shard file suffix: the format's extension, plus .gz when gzip-compressed."""
@@ -124,5 +156,58 @@ class RecordFormat:
         raise NotImplementedError
 
     def shard_handle_compression(self, compression: str) -> str:
-        """The Beam compression type the shard file handle is opened with."""
+        """The compression the shard file handle is opened with."""
         return storage.GZIP if compression == "gzip" else storage.UNCOMPRESSED
+
+    def split_by_pile(self, table: pa.Table, piles: np.ndarray, num_piles: int):
+        """Yield ``(pile, part, rows)`` for every non-empty pile (``parts_by_pile``)."""
+        return parts_by_pile(table, piles, num_piles)
+
+    def record_lengths(self, table: pa.Table) -> np.ndarray:
+        """Payload bytes of every record (vectorized); a row format counts a row's values."""
+        from pileshuffle.fingerprint import row_lengths
+
+        return row_lengths(table)
+
+    def record_hashes(self, table: pa.Table) -> np.ndarray:
+        """A 64-bit hash of every record's payload: the same payload hashes alike however it is
+        held (frame, line, bare payload); a row format hashes a row's values."""
+        from pileshuffle.fingerprint import row_hashes
+
+        return row_hashes(table)
+
+    def payload_views(self, buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
+        """The loader's views (``formats.views``) of the payloads in a whole shard's bytes, or
+        in a store file's ``record_column``; checks what the format can check, naming ``path``."""
+        raise NotImplementedError(f"{self.name} is a row format: the loader reads it with read_rows")
+
+    def read_rows(self, handle, columns=None) -> pa.Table:
+        """A row format's whole shard from an open file (``columns``: those only)."""
+        raise NotImplementedError(f"{self.name} is a bytes format: the loader reads it with payload_views")
+
+
+class Payloads(RecordFormat):
+    """Bare payloads in ``record`` (a composed run's ``bytes`` records, or a store's): the
+    bytes formats' common ground, never a file format of its own."""
+
+    name = "payloads"
+    record_column = RECORD_COLUMN
+    before, after = 0, 0  # bytes around the payload in ``record_column``: a frame's header and footer, a newline
+
+    @property
+    def framing(self) -> int:
+        return self.before + self.after
+
+    def record_lengths(self, table):
+        from pileshuffle.fingerprint import binary_lengths
+
+        return binary_lengths(table.column(0)) - self.framing
+
+    def record_hashes(self, table):
+        from pileshuffle.fingerprint import binary_column_parts, crc32c_of_slices, payload_hashes
+
+        data, offsets = binary_column_parts(table.column(0))
+        return payload_hashes(crc32c_of_slices(data, offsets, self.framing), self.record_lengths(table))
+
+    def payload_views(self, buffer, path, buffer_index):
+        raise NotImplementedError("bare payloads come as an Arrow column: formats.views.value_views")

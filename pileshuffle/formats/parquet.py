@@ -8,6 +8,8 @@ of about ``ROW_GROUP_BYTES``. Every input file must have that same schema.
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+LOADER_READ_BYTES = 1 << 20  # the loader reads a shard 1 MiB at a time (see read_rows)
+
 from pileshuffle.errors import InputError
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_input
 
@@ -29,8 +31,16 @@ def mean_row_bytes(metadata) -> float:
 
 
 class ParquetFormat(RecordFormat):
+    """Parquet: records are rows of the dataset's own columns, hashed by their values."""
+
     name = "parquet"
     compressions = tuple(_CODECS)
+
+    def read_rows(self, handle, columns=None):
+        # no pre-buffering, 1 MiB reads, one thread: a load's temporaries were 2.8x the table
+        # whole (a 62 MB pile), 2.1x so; row group by row group costs 1.5x the CPU
+        parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=LOADER_READ_BYTES)
+        return parquet.read(columns=columns, use_threads=False)
 
     def suffix(self, compression):
         return ".parquet"  # Parquet compresses inside the file

@@ -13,10 +13,12 @@ import pyarrow.compute as pc
 
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
-from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, RecordFormat, binary_table, open_input,
-                                      read_block)
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_input, read_block
+from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import LINE_COLUMN
 from pileshuffle.storage import compression_of
+
+_NEWLINE = 10
 
 NEWLINE = 10
 
@@ -57,10 +59,17 @@ def check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before: int):
                            "is UTF-8 text; a binary file (TFRecord, Parquet) needs its own --format")
 
 
-class JsonlFormat(RecordFormat):
-    name = "jsonl"
+class JsonlFormat(Payloads):
+    """JSON Lines: a record is a line; it travels with its newline (a last line without one
+    gets one when written)."""
 
+    name = "jsonl"
     extension = ".jsonl"
+    record_column = LINE_COLUMN
+    before, after = 0, 1  # the newline
+
+    def payload_views(self, buffer, path, buffer_index):
+        return line_views(buffer, path, buffer_index)
 
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
         compressed = compression_of(path) != "uncompressed"
@@ -94,3 +103,15 @@ class JsonlFormat(RecordFormat):
             handle.write(memoryview(data))
             written += table.num_rows
         return written
+
+
+def line_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
+    """Views of the lines of a buffer of text, without their newline (a last line
+    without one is a record too)."""
+    raw = raw_bytes(buffer, path)
+    ends = np.flatnonzero(raw == _NEWLINE)
+    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64) if len(ends) else np.zeros(0, np.int64)
+    if len(raw) and (not len(ends) or ends[-1] != len(raw) - 1):
+        starts = np.append(starts, ends[-1] + 1 if len(ends) else 0)
+        ends = np.append(ends, len(raw))
+    return payload_views(raw, starts, ends - starts, buffer_index)

@@ -18,21 +18,17 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pileshuffle import keys as keymath
 from pileshuffle import storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
-from pileshuffle.loader import records as rec
+from pileshuffle.formats import get_format
+from pileshuffle.formats.views import value_views, view_array
 from pileshuffle.loader.order import sort_by_key
-from pileshuffle.names import FRAME_COLUMN, HASH_COLUMN, KEY_COLUMN, LINE_COLUMN, RECORD_COLUMN
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, RECORD_COLUMN
 
-# A store file's record column: whole frames / lines as pass 1 reads them (formats.tfrecord's
-# FRAME_COLUMN, formats.text's LINE_COLUMN), or payloads (``record``, from a bytes PCollection).
-STORE_COLUMNS = {"tfrecord": (FRAME_COLUMN, RECORD_COLUMN), "jsonl": (LINE_COLUMN, RECORD_COLUMN)}
 BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
-PARQUET_READ_BYTES = 1 << 20
 _VIEW = np.dtype((np.void, 16))  # one Arrow binary view
 
 
@@ -91,7 +87,7 @@ class Block:
 
     def slice(self, start: int, stop: int) -> pa.Table:
         if self.tables is None:
-            return pa.table({RECORD_COLUMN: rec.view_array(self.views[start:stop], self.buffers)})
+            return pa.table({RECORD_COLUMN: view_array(self.views[start:stop], self.buffers)})
         if self.rows is not None:
             return _gather(self.tables, self.rows[start:stop])
         parts, offset = [], 0
@@ -117,10 +113,10 @@ class Block:
             return Block(tables=(self.slice(0, self.num_rows).combine_chunks(),))
         if not len(self.views):
             return self
-        array = rec.view_array(self.views, self.buffers)
+        array = view_array(self.views, self.buffers)
         size = int(self.views[:, :4].copy().view("<i4").astype(np.int64).sum())
         values, offsets = binary_column_parts(array.cast(pa.binary() if size < 2**31 else pa.large_binary()))
-        return Block(rec.value_views(values, offsets), (values,))
+        return Block(value_views(values, offsets), (values,))
 
     def reorder(self, indices: np.ndarray) -> "Block":
         if self.tables is None:
@@ -214,18 +210,15 @@ class Source:
     num_piles: int = 1
 
     def read_shard(self, path: str) -> Block:
-        if self.format == "parquet":
+        fmt = get_format(self.format)
+        if fmt.record_column is None:
             try:
                 with storage.open_random_access(path, self.filesystem) as handle:
-                    # no pre-buffering, 1 MiB reads, one thread: a load's temporaries were 2.8x the
-                    # table whole (a 62 MB pile), 2.1x so; row group by row group costs 1.5x the CPU
-                    parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=PARQUET_READ_BYTES)
-                    return Block(tables=(parquet.read(columns=self.columns, use_threads=False),))
+                    return Block(tables=(fmt.read_rows(handle, self.columns),))
             except (OSError, pa.ArrowException) as error:
-                raise InputError(path, f"cannot be read as Parquet: {error}") from error
-        parse = rec.tfrecord_views if self.format == "tfrecord" else rec.line_views
+                raise InputError(path, f"cannot be read as {fmt.name}: {error}") from error
         buffer = read_bytes(self.filesystem, path)
-        return Block(parse(buffer, path, 0), (buffer,))
+        return Block(fmt.payload_views(buffer, path, 0), (buffer,))
 
     def read_store_keys(self, path: str) -> np.ndarray:
         """The ``_pileshuffle_key`` column of a store file (local files: memory-mapped, so
@@ -246,18 +239,19 @@ class Source:
         if KEY_COLUMN not in table.column_names:
             raise InputError(path, f"has no {KEY_COLUMN} column: not a pile store data file")
         keys = table.column(KEY_COLUMN).to_numpy()
-        if self.format == "parquet":
+        fmt = get_format(self.format)
+        if fmt.record_column is None:
             columns = [c for c in table.column_names if c not in (KEY_COLUMN, HASH_COLUMN)]
             return Block(tables=(table.select(list(self.columns or columns)),)), keys
-        column = next((c for c in STORE_COLUMNS[self.format] if c in table.column_names), None)
+        # a store file holds the format's records as pass 1 read them, or bare payloads (composed runs)
+        column = next((c for c in (fmt.record_column, RECORD_COLUMN) if c in table.column_names), None)
         if column is None:
-            raise InputError(path, f"has none of the columns {list(STORE_COLUMNS[self.format])}: not a "
+            raise InputError(path, f"has none of the columns {[fmt.record_column, RECORD_COLUMN]}: not a "
                                    f"{self.format} pile store file")
-        parse = {"tfrecord": rec.tfrecord_views, "jsonl": rec.line_views}[self.format]
         blocks = []
         for chunk in table.column(column).chunks:
             buffer, offsets = binary_column_parts(chunk)
-            views = rec.value_views(buffer, offsets) if column == RECORD_COLUMN else parse(buffer, path, 0)
+            views = value_views(buffer, offsets) if column == RECORD_COLUMN else fmt.payload_views(buffer, path, 0)
             blocks.append(Block(views, (buffer,)))
         return Block.concat(blocks), keys
 

@@ -17,19 +17,12 @@ import pyarrow as pa
 
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
-from pileshuffle.formats import RECORD_COLUMN, record_hashes
-from pileshuffle.formats.text import LINE_COLUMN
-from pileshuffle.formats.tfrecord import FOOTER_BYTES, FRAME_COLUMN, HEADER_BYTES
-from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.formats import holder_of, record_hashes
+from pileshuffle.names import FRAME_COLUMN, HASH_COLUMN, KEY_COLUMN, LINE_COLUMN
 
 __all__ = ["threshold_for", "Label", "Scan", "scan", "scan_store", "match", "class_ids"]
 
 _HASH_SPACE = 2**64
-_PAYLOAD_FRAMING = {  # bytes columns: (bytes before, bytes after) the payload
-    FRAME_COLUMN: (HEADER_BYTES, FOOTER_BYTES),
-    LINE_COLUMN: (0, 1),
-    RECORD_COLUMN: (0, 0),
-}
 
 
 def threshold_for(records: int, sample: int) -> int:
@@ -86,11 +79,11 @@ class Label:
         return np.array(out, dtype=object)
 
     def _byte_codes(self, table, path):
-        names = table.column_names
-        if len(names) != 1 or names[0] not in _PAYLOAD_FRAMING:
-            raise InputError(path, "is Parquet: --label_bytes reads TFRecord payloads or JSONL lines; use --label COLUMN")
-        header, footer = _PAYLOAD_FRAMING[names[0]]
-        data, offsets = binary_column_parts(table.column(names[0]))
+        holder = holder_of(table)
+        if holder.record_column is None:
+            raise InputError(path, f"is {holder.name}: --label_bytes reads TFRecord payloads or JSONL lines; use --label COLUMN")
+        header, footer = holder.before, holder.after
+        data, offsets = binary_column_parts(table.column(0))
         raw = np.frombuffer(data, dtype=np.uint8)
         starts, ends = offsets[:-1] + header, offsets[1:] - footer
         codes = np.zeros(len(starts), dtype=np.uint64)
@@ -103,11 +96,11 @@ class Label:
 
     def longest(self, table: pa.Table) -> int:
         """The longest payload in a chunk (``--label_bytes``; 0 for a field label)."""
-        names = table.column_names
-        if self.field is not None or len(names) != 1 or names[0] not in _PAYLOAD_FRAMING:
+        holder = holder_of(table)
+        if self.field is not None or holder.record_column is None:
             return 0
-        header, footer = _PAYLOAD_FRAMING[names[0]]
-        _, offsets = binary_column_parts(table.column(names[0]))
+        header, footer = holder.before, holder.after
+        _, offsets = binary_column_parts(table.column(0))
         return int(np.diff(offsets).max(initial=header + footer)) - header - footer
 
     def describe(self) -> str:

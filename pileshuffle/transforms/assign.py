@@ -19,11 +19,10 @@ from pileshuffle import keys as keymath
 from pileshuffle import progress
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, records_table
-from pileshuffle.tuning import prepare_worker
-from pileshuffle.names import source_writer_name
-from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, parts_by_pile, records_table
 from pileshuffle.fragments import Fragment, FragmentFiles, to_ipc
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, source_writer_name
+from pileshuffle.tuning import prepare_worker
 
 STATS_TAG = "stats"
 INPUT_STREAM = 0  # key stream tag of input records: (INPUT_STREAM, source id)
@@ -53,17 +52,6 @@ class SourceStats:
     def of(source: Source, fingerprint: Fingerprint, report: ReadReport) -> "SourceStats":
         return SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
                            tuple(report.problems))
-
-
-def parts_by_pile(table: pa.Table, piles: np.ndarray, num_piles: int):
-    """Yield ``(pile, part, rows)`` for every non-empty pile: ``part`` holds the pile's rows
-    of ``table`` in their original order (one ``take``, then zero-copy slices) and ``rows``
-    their positions in ``table``."""
-    order, bounds = keymath.group_by_pile(piles, num_piles)
-    taken = table.take(order)
-    for pile in np.flatnonzero(np.diff(bounds)).tolist():
-        start, stop = int(bounds[pile]), int(bounds[pile + 1])
-        yield pile, taken.slice(start, stop - start), order[start:stop]
 
 
 def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, num_piles: int):

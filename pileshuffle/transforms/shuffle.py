@@ -20,9 +20,10 @@ import pyarrow as pa
 from pileshuffle import keys as keymath
 from pileshuffle import storage
 from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.formats.base import parts_by_pile
 from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_tables
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
-from pileshuffle.transforms.assign import AssignPiles, parts_by_pile
+from pileshuffle.transforms.assign import AssignPiles
 from pileshuffle.tuning import prepare_worker
 
 DEFAULT_MAX_PILE_BYTES = 64 << 20
