@@ -9,7 +9,7 @@ Composed use::
      | WritePiles("out/train", format="tfrecord"))
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # written into every manifest (``pileshuffle_version``)
 
 
 def __getattr__(name):  # lazy: importing the package must not import Beam's transforms
@@ -28,4 +28,4 @@ def __getattr__(name):  # lazy: importing the package must not import Beam's tra
     raise AttributeError(name)
 
 
-__all__ = ["ShuffleToPiles", "WritePiles", "WritePileStore", "Pile", "__version__"]
+__all__ = ["ShuffleToPiles", "WritePiles", "WritePileStore", "Pile", "GroupIntoPiles", "__version__"]

@@ -17,6 +17,8 @@ from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.names import fragment_name, temp_name
 
+__all__ = ["Fragment", "FragmentFiles", "to_ipc", "read_batches", "read_table", "read_tables", "write_failure"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Fragment:
@@ -35,6 +37,7 @@ class Fragment:
 
 
 def to_ipc(table: pa.Table) -> bytes:
+    """``table`` as one Arrow IPC stream (a shuffle-mode fragment's ``payload``)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -62,6 +65,7 @@ def read_batches(fragment: Fragment):
 
 
 def read_table(fragment: Fragment) -> pa.Table:
+    """A fragment's records as one table (a local file is memory-mapped, not copied)."""
     with _ipc_source(fragment, whole=True) as source:
         return pa.ipc.open_stream(source).read_all()
 
@@ -72,6 +76,7 @@ def read_tables(fragments) -> list:
 
 
 def write_failure(location: str, error: Exception, needed: int = None) -> OutputError:
+    """The OutputError for a failed write under ``location``, with the bytes it needed when known."""
     need = f" (it needed about {needed:,} more bytes)" if needed else ""
     return OutputError(f"cannot write to {location}: {error}{need}")
 

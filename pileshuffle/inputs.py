@@ -16,6 +16,9 @@ from pileshuffle.formats import RecordFormat, format_of_name, get_format, known_
 from pileshuffle.names import SHARD_NAME, WORK_DIRECTORY, is_store_file, manifest_path, prefix_of_manifest
 from pileshuffle.transforms.assign import Source
 
+__all__ = ["Inputs", "select_inputs", "match_inputs", "file_identity", "resolve_format", "check_format_fits",
+           "own_file", "describe_left_out", "describe_skipped", "check_schemas", "describe_difference"]
+
 
 def match_inputs(patterns: str, output: str = None) -> list:
     """Sorted, de-duplicated files matching comma-separated ``patterns``, without
@@ -36,14 +39,14 @@ class Inputs:
 def select_inputs(patterns: str, output: str = None) -> Inputs:
     """The files matching comma-separated ``patterns``, sorted and de-duplicated by their
     real identity (``file_identity``), and every matched name left out: pileshuffle's own
-    files (``own_file``), and names a wildcard matched that are no input file (``not_input``,
+    files (``own_file``), and names a wildcard matched that are no input file (``_not_input``,
     folders, dangling symbolic links). A name given without wildcards is taken as it is.
     Every pattern must match a file; a pattern whose files are all pileshuffle's own is
     refused. A pattern that matches only the shards of another finished output (and its
     manifest) keeps them: shuffling an output again."""
     candidates, left_out, skipped = [], {}, {}
     for rank, pattern in enumerate(p.strip() for p in patterns.split(",") if p.strip()):
-        found, passed_over = list_pattern(pattern)
+        found, passed_over = _list_pattern(pattern)
         skipped.update(passed_over)
         if not found and not passed_over:
             what = "matches no file" if any(c in pattern for c in "*?[") else "does not exist"
@@ -51,8 +54,8 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
         owned = {path: own_file(path, output, found) for path in found}
         owned = {path: why for path, why in owned.items() if why}
         rest = [path for path in found if path not in owned]
-        if not rest and any(why.startswith(FINISHED_SHARD) for why in owned.values()):
-            keep = {path for path, why in owned.items() if why.startswith(FINISHED_SHARD)}
+        if not rest and any(why.startswith(_FINISHED_SHARD) for why in owned.values()):
+            keep = {path for path, why in owned.items() if why.startswith(_FINISHED_SHARD)}
             owned = {path: why for path, why in owned.items() if path not in keep}
         if found and len(owned) == len(found):
             raise InputError(pattern, f"matches only files pileshuffle wrote ({describe_left_out(owned)}), "
@@ -63,12 +66,12 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
         candidates += [(rank, path, size) for path, size in found.items() if path not in owned]
     if not candidates:
         raise InputError(patterns, "names no file")
-    paths, duplicates = one_name_per_file(candidates)
+    paths, duplicates = _one_name_per_file(candidates)
     sources = [Source(i, path, paths[path]) for i, path in enumerate(sorted(paths))]
     return Inputs(sources, left_out, skipped, duplicates)
 
 
-def one_name_per_file(candidates):
+def _one_name_per_file(candidates):
     """``({path: size}, {dropped name: kept name})`` from ``(pattern rank, path, size)``
     triples: one name per real file (``file_identity``), the one from the earliest
     pattern, a file's own name before a symbolic link's, then the first in sort order; so
@@ -78,7 +81,7 @@ def one_name_per_file(candidates):
         groups.setdefault(file_identity(path), {})[path] = (rank, size)
     paths, duplicates = {}, {}
     for names in groups.values():
-        kept = min(names, key=lambda p: (names[p][0], len(names) > 1 and is_local_path(p) and os.path.islink(p), p))
+        kept = min(names, key=lambda p: (names[p][0], len(names) > 1 and _is_local_path(p) and os.path.islink(p), p))
         paths[kept] = names[kept][1]
         duplicates.update({name: kept for name in names if name != kept})
     return paths, duplicates
@@ -88,97 +91,99 @@ def file_identity(path: str) -> str:
     """What makes two names one file: the resolved real path on a local disk (relative
     names, ``./``, absolute paths and symbolic links), else the location itself
     (``gs://bucket/object``)."""
-    return os.path.realpath(path) if is_local_path(path) else path
+    return os.path.realpath(path) if _is_local_path(path) else path
 
 
-def is_local_path(path: str) -> bool:
+def _is_local_path(path: str) -> bool:
+    """Whether ``path`` names a local file (no ``scheme://``)."""
     return "://" not in path
 
 
-WILDCARDS = re.compile(r"[*?\[]")
-MARKER_OR_HIDDEN = "a marker or hidden file"
-CHECKSUM = "a checksum file (.crc)"
+_WILDCARDS = re.compile(r"[*?\[]")
+_MARKER_OR_HIDDEN = "a marker or hidden file"
+_CHECKSUM = "a checksum file (.crc)"
 
 
-def not_input(path: str, root: str) -> str:
+def _not_input(path: str, root: str) -> str:
     """Why a file a wildcard matched is no input file, or "": Hadoop's and Spark's rule for
     the entries below ``root`` (``_SUCCESS``, ``_committed_*``, ``_started_*``, ``_temporary/``,
     ``.name.crc``, any name starting with ``_`` or ``.``), and checksum files."""
     below = path[len(root):].replace("\\", "/").strip("/").split("/")
     if any(part.startswith(("_", ".")) for part in below):
-        return MARKER_OR_HIDDEN
+        return _MARKER_OR_HIDDEN
     if path.endswith(".crc"):
-        return CHECKSUM
+        return _CHECKSUM
     return ""
 
 
-def list_pattern(pattern: str):
+def _list_pattern(pattern: str):
     """``({path: size}, {path: why})``: the files ``pattern`` names, and the names it
     matched that are not input files. A name that exists as given is taken literally
     (brackets in names work); wildcards follow Beam's ``FileSystems.match`` (``*`` within a
     folder, ``**`` across folders). A trailing ``/`` changes nothing: a folder is refused
-    with or without it (``refuse_folder``), so a pattern never reads a folder's files unasked."""
+    with or without it (``_refuse_folder``), so a pattern never reads a folder's files unasked."""
     pattern = pattern.rstrip("/\\") or pattern
-    if is_local_path(pattern):
+    if _is_local_path(pattern):
         if os.path.lexists(pattern):
-            return literal_local_file(pattern), {}
-        if not WILDCARDS.search(pattern):
+            return _literal_local_file(pattern), {}
+        if not _WILDCARDS.search(pattern):
             return {}, {}
-        found, skipped = walk_local_pattern(pattern)
+        found, skipped = _walk_local_pattern(pattern)
         if not found and not skipped and "[" in pattern:  # brackets in folder or file names, not a set
-            found, skipped = walk_local_pattern(brackets_literal(pattern))
+            found, skipped = _walk_local_pattern(_brackets_literal(pattern))
     else:
-        found = match_remote(pattern)
+        found = _match_remote(pattern)
         if not found and "[" in pattern:
-            found = match_remote(brackets_literal(pattern))
-        if not WILDCARDS.search(pattern):
-            if not found and is_remote_folder(pattern):
-                refuse_folder(pattern)
+            found = _match_remote(_brackets_literal(pattern))
+        if not _WILDCARDS.search(pattern):
+            if not found and _is_remote_folder(pattern):
+                _refuse_folder(pattern)
             return found, {}
         skipped = {}
-    root = os.path.dirname(WILDCARDS.split(pattern, 1)[0]) if is_local_path(pattern) else \
-        WILDCARDS.split(pattern, 1)[0].rsplit("/", 1)[0]
+    root = os.path.dirname(_WILDCARDS.split(pattern, 1)[0]) if _is_local_path(pattern) else \
+        _WILDCARDS.split(pattern, 1)[0].rsplit("/", 1)[0]
     for path in list(found):
-        why = not_input(path, root)
+        why = _not_input(path, root)
         if why and not is_store_file(path) and not WORK_DIRECTORY.search(path):
             skipped[path] = why
             del found[path]
     return found, skipped
 
 
-def brackets_literal(pattern: str) -> str:
+def _brackets_literal(pattern: str) -> str:
     """``pattern`` with its ``[`` taken as a character (Beam has no escape), ``*`` and ``?`` kept."""
     return pattern.replace("[", "[\\[]")
 
 
-def refuse_folder(path: str):
+def _refuse_folder(path: str):
     """A folder named as input: say which pattern reads its files."""
-    files = os.path.join(path, "*") if is_local_path(path) else f"{path}/*"
+    files = os.path.join(path, "*") if _is_local_path(path) else f"{path}/*"
     raise InputError(path, f"is a folder: give a pattern for its files, such as '{files}'")
 
 
-def is_remote_folder(path: str) -> bool:
+def _is_remote_folder(path: str) -> bool:
     """Whether objects exist below ``path/`` (a folder on ``gs://``; asked only when no
     object is named ``path``)."""
     try:
-        return bool(match_remote(f"{path}/*"))
+        return bool(_match_remote(f"{path}/*"))
     except InputError:
         return False
 
 
-def literal_local_file(path: str) -> dict:
+def _literal_local_file(path: str) -> dict:
+    """``{path: size}`` of a local name given without wildcards; a folder or a dangling link is refused."""
     if os.path.isdir(path):
-        refuse_folder(path)
+        _refuse_folder(path)
     if not os.path.exists(path):
         raise InputError(path, "is a dangling symbolic link (what it points to does not exist)")
     return {path: os.path.getsize(path)}
 
 
-def walk_local_pattern(pattern: str):
+def _walk_local_pattern(pattern: str):
     """Beam's match of a local wildcard pattern, with the entries it drops silently named:
     ``({file: size}, {path: why})`` for folders and dangling symbolic links."""
     regex = storage.pattern_regex(pattern)
-    root = os.path.dirname(WILDCARDS.split(pattern, 1)[0])
+    root = os.path.dirname(_WILDCARDS.split(pattern, 1)[0])
     depth = None if "**" in pattern else pattern[len(root):].strip("/").count("/") + 1
     found, folders, dangling = {}, [], []
     for directory, dirs, files in os.walk(root or "."):
@@ -205,7 +210,8 @@ def walk_local_pattern(pattern: str):
     return found, skipped
 
 
-def match_remote(pattern: str) -> dict:
+def _match_remote(pattern: str) -> dict:
+    """``{path: size}`` of what a remote pattern matches; a listing failure is an InputError naming it."""
     try:
         return {f.path: f.size for f in storage.match(pattern)}
     except Exception as error:
@@ -241,7 +247,7 @@ def check_format_fits(sources, format_name: str, holder: str):
                                           "the formats differ")
 
 
-FINISHED_SHARD = "a shard of the finished output "
+_FINISHED_SHARD = "a shard of the finished output "
 
 
 def own_file(path: str, output: str, matched) -> str:
@@ -252,7 +258,7 @@ def own_file(path: str, output: str, matched) -> str:
         return "a staging, work or lock file"
     if is_store_file(path):
         return "a pile store's file"
-    if prefix_of_manifest(path) and is_shard_manifest(path):
+    if prefix_of_manifest(path) and _is_shard_manifest(path):
         return f"the manifest of {prefix_of_manifest(path)}"
     shard = SHARD_NAME.match(path)
     if shard:
@@ -260,11 +266,12 @@ def own_file(path: str, output: str, matched) -> str:
         if output is not None and prefix == output:
             return f"a shard of this run's output {prefix}"
         if manifest_path(prefix) in matched or storage.exists(manifest_path(prefix)):
-            return f"{FINISHED_SHARD}{prefix}"
+            return f"{_FINISHED_SHARD}{prefix}"
     return ""
 
 
-def is_shard_manifest(path: str) -> bool:
+def _is_shard_manifest(path: str) -> bool:
+    """Whether ``path`` holds a shard output's manifest (a JSON object with ``shards`` and ``num_piles``)."""
     try:
         with storage.open_read(path, "uncompressed") as handle:
             manifest = json.loads(handle.read(1 << 24))

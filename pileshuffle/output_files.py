@@ -19,6 +19,9 @@ from pileshuffle.fragments import write_failure
 from pileshuffle.names import (JOURNAL_PREFIX, format_problem, journal_name, literal_pattern, manifest_path,
                                shard_pattern, staging_dir)
 
+__all__ = ["OutputFiles", "read_manifest", "file_name", "write_journal", "check_replaceable", "discard_unpublished",
+           "remove_tree"]
+
 
 def read_manifest(prefix: str) -> dict:
     """The manifest of the shard output at ``prefix``; refuses a format this pileshuffle cannot read."""
@@ -29,7 +32,7 @@ def read_manifest(prefix: str) -> dict:
     return manifest
 
 
-def existing_outputs(prefix: str):
+def _existing_outputs(prefix: str):
     """Paths of earlier output under ``prefix``: files named like its shards, and its manifest."""
     found = []
     for pattern in (shard_pattern(prefix), literal_pattern(manifest_path(prefix))):
@@ -45,7 +48,7 @@ def file_name(path: str) -> str:
     return path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
 
 
-def read_journals(prefix: str) -> list:
+def _read_journals(prefix: str) -> list:
     """The journals of unfinished publications under ``prefix`` (dicts with ``creates`` and
     ``deletes``: final paths); an unreadable journal counts as listing nothing."""
     paths = [f.path for f in storage.match(storage.join(literal_pattern(staging_dir(prefix)), f"{JOURNAL_PREFIX}*.json"))]
@@ -85,10 +88,10 @@ class OutputFiles:
         return ([self.manifest] if self.manifest else []) + self.finished + self.unpublished
 
 
-def output_files(prefix: str) -> OutputFiles:
+def _output_files(prefix: str) -> OutputFiles:
     """Sort the files under ``prefix``'s final names by the records that list them."""
     files = OutputFiles(prefix)
-    existing = existing_outputs(prefix)
+    existing = _existing_outputs(prefix)
     listed_by_manifest = set()
     if manifest_path(prefix) in existing:
         files.manifest = manifest_path(prefix)
@@ -96,7 +99,7 @@ def output_files(prefix: str) -> OutputFiles:
             listed_by_manifest = {file_name(s["path"]) for s in read_manifest(prefix).get("shards", [])}
         except Exception:  # unreadable: it vouches for no shard
             pass
-    journaled = {file_name(p) for journal in read_journals(prefix)
+    journaled = {file_name(p) for journal in _read_journals(prefix)
                  for p in list(journal.get("creates", [])) + list(journal.get("deletes", []))}
     for path in existing:
         if path == files.manifest:
@@ -113,7 +116,7 @@ def output_files(prefix: str) -> OutputFiles:
 def check_replaceable(prefix: str, overwrite: bool) -> OutputFiles:
     """The output's files, if a run to ``prefix`` may go ahead: none is someone else's
     (with or without ``overwrite``), and a finished output is replaced only with ``overwrite``."""
-    files = output_files(prefix)
+    files = _output_files(prefix)
     if files.foreign:
         raise OutputError(
             f"{files.foreign[0]} is named like a shard of --output {prefix} but no pileshuffle run wrote it (neither "
@@ -130,7 +133,7 @@ def discard_unpublished(prefix: str) -> list:
     """Delete what a publication that never finished left under final names (what its
     journals list, when no manifest is published), then the staging folder. Returns the
     paths deleted. Call only under the output's lock (or from the run that wrote them)."""
-    files = output_files(prefix) if not storage.exists(manifest_path(prefix)) else OutputFiles(prefix)
+    files = _output_files(prefix) if not storage.exists(manifest_path(prefix)) else OutputFiles(prefix)
     if files.unpublished:
         storage.delete(files.unpublished)
     remove_tree(staging_dir(prefix))

@@ -26,11 +26,14 @@ from pileshuffle.options import PileshuffleOptions, check_compression, check_val
 from pileshuffle.output_files import OutputFiles, check_replaceable, discard_unpublished, remove_tree
 from pileshuffle.store.layout import FileLock, is_store
 
-log = logging.getLogger("pileshuffle")
+__all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "mean_record_bytes", "work_dir_for", "check_writable",
+           "check_shard_output", "taken_output", "space_note", "fragment_limit", "fragment_warning"]
 
-SAMPLE_BYTES = 1 << 20
+_log = logging.getLogger("pileshuffle")
+
+_SAMPLE_BYTES = 1 << 20  # what a plan reads of an input file to size its records (its first MiB)
 RECORD_OVERHEAD = 16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
-GZIP_EXPANSION_GUESS = 4.0
+_GZIP_EXPANSION_GUESS = 4.0  # a .gz input's uncompressed size is unknown until it is read whole: guess 4x
 
 
 @dataclasses.dataclass
@@ -75,19 +78,20 @@ def mean_record_bytes(fmt, sources) -> float:
     """Mean stored bytes per record, from the first MiB of the first source that has a record
     there (Parquet: from its footer)."""
     for source in sources:
-        mean = fmt.mean_record_bytes(source.path, SAMPLE_BYTES) if source.size else None
+        mean = fmt.mean_record_bytes(source.path, _SAMPLE_BYTES) if source.size else None
         if mean:
             return max(1.0, mean)
     return 1.0
 
 
-def estimated_bytes(sources) -> int:
+def _estimated_bytes(sources) -> int:
+    """The input's bytes uncompressed: exact for plain files, ``_GZIP_EXPANSION_GUESS`` times the size for .gz."""
     from pileshuffle.storage import compression_of
 
-    return int(sum(s.size * (GZIP_EXPANSION_GUESS if compression_of(s.path) != "uncompressed" else 1) for s in sources))
+    return int(sum(s.size * (_GZIP_EXPANSION_GUESS if compression_of(s.path) != "uncompressed" else 1) for s in sources))
 
 
-def choose_num_piles(requested, mean, total, max_pile_bytes):
+def _choose_num_piles(requested, mean, total, max_pile_bytes):
     """``(piles, why)`` for ``--num_piles`` given the mean record size and the input bytes."""
     if str(requested) != "auto":
         return int(requested), "as requested"
@@ -102,7 +106,7 @@ def work_dir_for(output: str, temp_location) -> str:
     """The run's temp directory: deterministic per output, so a re-run after a crash
     finds and replaces what a killed run left."""
     if temp_location:
-        refuse_wildcards("--temp_location", temp_location)
+        _refuse_wildcards("--temp_location", temp_location)
     digest = hashlib.sha1(output.encode()).hexdigest()[:12]
     root = temp_location or storage.split(output)[0]
     return storage.join(root, work_dir_name(digest))
@@ -112,7 +116,7 @@ def check_writable(directory: str, what: str):
     """Write and delete a probe file in ``directory``; leaves no directory it created
     (and removes only empty ones: another run may be filling the same folder)."""
     probe = storage.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
-    missing = missing_local_folders(directory)
+    missing = _missing_local_folders(directory)
     try:
         with storage.open_write(probe, "uncompressed") as handle:
             handle.write(b"ok")
@@ -127,7 +131,7 @@ def check_writable(directory: str, what: str):
                 break
 
 
-def missing_local_folders(directory: str) -> list:
+def _missing_local_folders(directory: str) -> list:
     """The folders of a local ``directory`` that do not exist yet, deepest first."""
     missing = []
     if "://" in directory:
@@ -139,26 +143,26 @@ def missing_local_folders(directory: str) -> list:
     return missing
 
 
-FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing, the 8-byte key and 8-byte hash per record
-PARQUET_EXPANSION_GUESS = 2.0  # Arrow in memory vs compressed Parquet pages
+_FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing, the 8-byte key and 8-byte hash per record
+_PARQUET_EXPANSION_GUESS = 2.0  # Arrow in memory vs compressed Parquet pages
 
 
-def fragment_bytes(fmt, sources) -> int:
+def _fragment_bytes(fmt, sources) -> int:
     """About what pass 1 writes as Arrow fragments or store files: the input uncompressed, in Arrow."""
-    expanded = estimated_bytes(sources) * (PARQUET_EXPANSION_GUESS if fmt.name == "parquet" else 1)
-    return int(expanded * FRAGMENT_OVERHEAD)
+    expanded = _estimated_bytes(sources) * (_PARQUET_EXPANSION_GUESS if fmt.name == "parquet" else 1)
+    return int(expanded * _FRAGMENT_OVERHEAD)
 
 
-def space_needed(fmt, sources, intermediate, work_dir, staging) -> dict:
+def _space_needed(fmt, sources, intermediate, work_dir, staging) -> dict:
     """Bytes a run writes at each location before it finishes: pass-1 fragments (files
     mode) and the staged shards (about the input)."""
     needs = {staging: sum(s.size for s in sources)}
     if intermediate == "files":
-        needs[work_dir] = needs.get(work_dir, 0) + fragment_bytes(fmt, sources)
+        needs[work_dir] = needs.get(work_dir, 0) + _fragment_bytes(fmt, sources)
     return needs
 
 
-def check_free_space(needs: dict) -> dict:
+def _check_free_space(needs: dict) -> dict:
     """Warn when a local location has less free space than the run will write there
     (locations on one filesystem add up). Returns ``{location: (needed, free)}``;
     ``free`` is None where it cannot be known (remote filesystems)."""
@@ -182,13 +186,14 @@ def check_free_space(needs: dict) -> dict:
         for location in locations:
             space[location] = (need, free)
         if free < need:
-            log.warning("%s %s %s bytes free but this run will write about %s bytes there (pass-1 fragments and "
-                        "staged shards); it will fail if the disk fills up", " and ".join(locations),
-                        "have" if len(locations) > 1 else "has", f"{free:,}", f"{need:,}")
+            _log.warning("%s %s %s bytes free but this run will write about %s bytes there (pass-1 fragments and "
+                         "staged shards); it will fail if the disk fills up", " and ".join(locations),
+                         "have" if len(locations) > 1 else "has", f"{free:,}", f"{need:,}")
     return space
 
 
 def space_note(plan: Plan) -> str:
+    """What the run needs where (``plan.space``), for the message of a run that ran out of space."""
     groups = {}  # locations on one filesystem share (needed, free)
     for location, need_free in plan.space.items():
         groups.setdefault(need_free, []).append(location)
@@ -208,14 +213,14 @@ def make_plan(options: PipelineOptions) -> Plan:
     if not opts.input:
         raise InputError("--input", "is required")
     if opts.layout == "store":  # a store run checks its own (commands.store.run_store)
-        output = output_prefix(opts.output)
+        output = _output_prefix(opts.output)
         outputs = OutputFiles(output)
     else:
         output, outputs = check_shard_output(opts.output, bool(opts.overwrite))
     inputs = select_inputs(opts.input, output)
     if inputs.left_out:
-        log.warning("left out %d file(s) that --input matches but pileshuffle wrote: %s", len(inputs.left_out),
-                    describe_left_out(inputs.left_out))
+        _log.warning("left out %d file(s) that --input matches but pileshuffle wrote: %s", len(inputs.left_out),
+                     describe_left_out(inputs.left_out))
     sources = inputs.sources
     fmt = resolve_format(opts.format, sources)
     check_compression(fmt.name, opts.compression)
@@ -223,16 +228,16 @@ def make_plan(options: PipelineOptions) -> Plan:
         raise InputError(sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle")
     schema = check_schemas(fmt, sources)
     max_pile_bytes = parse_bytes(opts.max_pile_bytes)
-    mean, total = mean_record_bytes(fmt, sources), estimated_bytes(sources)
-    num_piles, reason = choose_num_piles(opts.num_piles, mean, total, max_pile_bytes)
+    mean, total = mean_record_bytes(fmt, sources), _estimated_bytes(sources)
+    num_piles, reason = _choose_num_piles(opts.num_piles, mean, total, max_pile_bytes)
     if num_piles > max(1, total / mean):
-        log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
-                    num_piles, f"{round(total / mean):,}")
+        _log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
+                     num_piles, f"{round(total / mean):,}")
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
-    needs = space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output))
+    needs = _space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output))
     if opts.layout == "store":
-        needs = {store_dir(output): fragment_bytes(fmt, sources)}
-    space = check_free_space(needs)
+        needs = {store_dir(output): _fragment_bytes(fmt, sources)}
+    space = _check_free_space(needs)
     plan = Plan(
         format=fmt.name,
         sources=sources,
@@ -259,7 +264,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         estimated_bytes=total,
     )
     if plan.layout != "store" and plan.fragment_files > fragment_limit(work_dir):
-        log.warning("%s", fragment_warning(plan))
+        _log.warning("%s", fragment_warning(plan))
     return plan
 
 
@@ -267,23 +272,23 @@ def check_shard_output(text: str, overwrite: bool) -> tuple:
     """``--output`` of a command that writes shards (``run``, ``materialize``), before it reads
     or writes anything: a prefix of file names without wildcards, hiding no store, and its files
     replaceable (``check_replaceable``). Returns ``(prefix, OutputFiles)``."""
-    output = output_prefix(text)
-    refuse_hiding_a_store(output)
+    output = _output_prefix(text)
+    _refuse_hiding_a_store(output)
     return output, check_replaceable(output, overwrite)
 
 
-def output_prefix(text: str) -> str:
+def _output_prefix(text: str) -> str:
     """``--output`` as a prefix of file names; one that ends in a slash names a folder."""
     if not text:
         raise OutputError("--output: is required (a prefix of file names, e.g. --output=out/train)")
     if text.endswith(("/", "\\")):
         raise OutputError(f"--output {text}: ends with '/', but the output is a prefix of file names, not a folder: "
                           f"give e.g. --output {text}train (shards {text}train-00000-of-..., {text}train-manifest.json)")
-    refuse_wildcards("--output", text)
+    _refuse_wildcards("--output", text)
     return text
 
 
-def refuse_wildcards(option: str, location: str):
+def _refuse_wildcards(option: str, location: str):
     """A location a run writes and deletes under must hold no ``* ? [ ]``: Beam's
     ``FileSystems.delete`` takes every path as a pattern (it has no escape), so deleting
     ``t[1]-00000-...`` would delete ``t1-00000-...`` instead."""
@@ -293,7 +298,7 @@ def refuse_wildcards(option: str, location: str):
                           "when they list and delete files (there is no escape): choose a location without * ? [ ]")
 
 
-def refuse_hiding_a_store(output: str):
+def _refuse_hiding_a_store(output: str):
     """Shards at a store's prefix would hide it: readers and ``verify`` take
     ``{P}-manifest.json`` first (as ``run --layout store`` refuses the reverse)."""
     if is_store(output):
@@ -302,7 +307,7 @@ def refuse_hiding_a_store(output: str):
                           f"e.g. `pileshuffle materialize --store {output} --output OTHER`")
 
 
-class OutputLock(FileLock):
+class _OutputLock(FileLock):
     """``{output}.pileshuffle-lock``: held by a ``run`` from before it touches the output's
     files until it has published or cleaned up, so two runs never share a work folder."""
 
@@ -319,33 +324,35 @@ class OutputLock(FileLock):
 def taken_output(output: str, overwrite: bool, work_dir: str, command: str):
     """Hold the shard output ``output`` (from ``check_shard_output``) for a command that writes
     it, with ``work_dir`` its temp folder. First probe that both locations can be written
-    (leaving nothing behind), then take ``OutputLock`` (released on success, failure and
+    (leaving nothing behind), then take ``_OutputLock`` (released on success, failure and
     Ctrl-C) and, under it, check the output again (another command may have published
     meanwhile) and remove what an unfinished run left: the files its journal lists, its
     staging and work folders."""
     check_writable(staging_dir(output), "the output location")
     check_writable(work_dir, "the temp location")
-    with OutputLock(output, command).held():
+    with _OutputLock(output, command).held():
         check_shard_output(output, overwrite)
         removed = discard_unpublished(output)
         if removed:
-            log.warning("removed %d file(s) under %s that an unfinished run was publishing (its journal lists them)",
-                        len(removed), output)
+            _log.warning("removed %d file(s) under %s that an unfinished run was publishing (its journal lists them)",
+                         len(removed), output)
         remove_tree(work_dir)
         yield
 
 
 # -- what a person decides from: `pileshuffle plan` ------------------------------------------------
 
-OBJECT_STORE_FRAGMENTS = 100_000  # object stores list, create and delete ~100,000 small objects well
-LOCAL_FRAGMENTS = 1_000_000
+_OBJECT_STORE_FRAGMENTS = 100_000  # object stores list, create and delete ~100,000 small objects well
+_LOCAL_FRAGMENTS = 1_000_000  # ... and a local file system ten times as many
 
 
 def fragment_limit(location: str) -> int:
-    return OBJECT_STORE_FRAGMENTS if "://" in location else LOCAL_FRAGMENTS
+    """How many fragment files ``location``'s file system handles well (an object store fewer than a disk)."""
+    return _OBJECT_STORE_FRAGMENTS if "://" in location else _LOCAL_FRAGMENTS
 
 
 def fragment_warning(plan: Plan) -> str:
+    """Why a files-mode plan writes too many fragments for its temp location, and what to use instead."""
     return (f"--intermediate=files writes up to {plan.fragment_files:,} fragment files ({len(plan.sources):,} input "
             f"files x {plan.num_piles:,} piles) under {plan.work_dir}, more than the {fragment_limit(plan.work_dir):,} "
             "that file system handles well: use --intermediate=shuffle (the runner's shuffle; Dataflow's Shuffle service)")

@@ -88,7 +88,7 @@ _OWN_LINE = re.compile(r"^(?:pileshuffle|[A-Z]+ pileshuffle[\w.]*): ")  # our pr
 HOLD_WORKER_STDERR = {"on": False}  # the command line: report our errors in one line (running._worker_stderr)
 
 
-def execute(options, argv, build, partitions: int, on_failure=None, wait=None):
+def execute(options, build, partitions: int, on_failure=None, wait=None):
     """Run the graph ``build(pipeline)`` adds, on the runner ``options`` name, as ``run``
     does; returns Beam's result when not waited for (Dataflow), else None. ``on_failure()``
     cleans up after a failed pipeline."""
@@ -97,7 +97,7 @@ def execute(options, argv, build, partitions: int, on_failure=None, wait=None):
                                      make_runner)
 
     if is_local(options):
-        options = local_defaults(options, argv)
+        options = local_defaults(options)
     if is_dask(options):
         options = dask_defaults(options, types.SimpleNamespace(sources=range(max(1, partitions))))
     if is_dataflow(options):

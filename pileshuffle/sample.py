@@ -11,7 +11,10 @@ import pyarrow.parquet as pq
 
 from pileshuffle.formats.tfrecord import frame
 
-INDEX_DIGITS = 12
+__all__ = ["INDEX_DIGITS", "WRITERS", "payloads", "index_of", "split_counts", "write_tfrecord", "write_jsonl",
+           "parquet_table", "write_parquet", "main"]
+
+INDEX_DIGITS = 12  # a record starts with its index in this many ASCII digits, then "|": room for 10^12 records
 
 
 def payloads(start: int, count: int, record_bytes: int, seed: int = 0, vary: bool = False):
@@ -36,6 +39,7 @@ def index_of(record) -> int:
 
 
 def split_counts(records: int, files: int):
+    """Records per file when ``records`` are spread over ``files``: the first ``records % files`` get one more."""
     base, extra = divmod(records, files)
     return [base + (1 if i < extra else 0) for i in range(files)]
 
@@ -60,6 +64,7 @@ def _write_files(directory, records, files, name, extension, render, block_recor
 
 
 def write_tfrecord(directory, records=1000, files=4, record_bytes=100, seed=0, vary=False, name="part"):
+    """Records 0..records-1 (``payloads``) as TFRecord files ``{name}-NNN.tfrecord`` in ``directory``; their paths."""
     def render(start, count):
         return b"".join(frame(p) for p in payloads(start, count, record_bytes, seed, vary))
 
@@ -67,6 +72,7 @@ def write_tfrecord(directory, records=1000, files=4, record_bytes=100, seed=0, v
 
 
 def write_jsonl(directory, records=1000, files=4, record_bytes=100, seed=0, name="part"):
+    """Records 0..records-1 as JSONL lines ``{"index": i, "text": ...}`` in ``{name}-NNN.jsonl`` files; their paths."""
     def render(start, count):
         return b"".join(
             b'{"index": %d, "text": "%s"}\n' % (i, p[INDEX_DIGITS + 1 :][: max(0, record_bytes - 30)])
@@ -77,6 +83,8 @@ def write_jsonl(directory, records=1000, files=4, record_bytes=100, seed=0, name
 
 
 def parquet_table(start: int, count: int, record_bytes: int, seed: int = 0) -> pa.Table:
+    """Rows ``start .. start+count-1``: ``index``, seeded ``label`` and ``weight``, ``name``
+    (``item-{index}``) and ``payload`` (``payloads``)."""
     index = np.arange(start, start + count, dtype=np.int64)
     rng = np.random.default_rng([seed, start])
     return pa.table(
@@ -91,6 +99,7 @@ def parquet_table(start: int, count: int, record_bytes: int, seed: int = 0) -> p
 
 
 def write_parquet(directory, records=1000, files=4, record_bytes=100, seed=0, name="part", row_group_rows=None):
+    """Rows 0..records-1 (``parquet_table``) as ``{name}-NNN.parquet`` files in ``directory``; their paths."""
     os.makedirs(directory, exist_ok=True)
     paths, start = [], 0
     for f, count in enumerate(split_counts(records, files)):
@@ -103,10 +112,10 @@ def write_parquet(directory, records=1000, files=4, record_bytes=100, seed=0, na
     return paths
 
 
-WRITERS = {"tfrecord": write_tfrecord, "jsonl": write_jsonl, "parquet": write_parquet}
+WRITERS = {"tfrecord": write_tfrecord, "jsonl": write_jsonl, "parquet": write_parquet}  # format -> its writer
 
 
-def count_problem(args):
+def _count_problem(args):
     """What is wrong with ``generate``'s numbers (a file count, record count or size below
     1 writes nothing useful, or fails half-way), or None."""
     for option in ("records", "files", "record_bytes"):
@@ -133,7 +142,7 @@ def main(argv=None):
     parser.add_argument("--record_bytes", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     args = parse_command(parser, argv)
-    problem = count_problem(args)
+    problem = _count_problem(args)
     if problem:
         print(f"pileshuffle generate: error: {problem}", file=sys.stderr)
         return 2

@@ -25,16 +25,20 @@ import sys
 
 from pileshuffle.names import literal_pattern
 
+# the compressions ``open_read`` and ``open_write`` take (Beam's names); AUTO: what the name says
 GZIP, AUTO, UNCOMPRESSED = "gzip", "auto", "uncompressed"
 
 
 @dataclasses.dataclass(frozen=True)
 class FileInfo:
+    """One file ``match`` found: its path (in the pattern's form) and size in bytes."""
+
     path: str
     size: int
 
 
 def is_remote(path: str) -> bool:
+    """Whether ``path`` is on an object store or other remote file system (it has a ``scheme://``)."""
     return "://" in path
 
 
@@ -48,6 +52,7 @@ def _uses_beam() -> bool:
 # -- names and places ------------------------------------------------------------------------------
 
 def join(base: str, *parts: str) -> str:
+    """``base`` and ``parts`` joined in ``base``'s form: ``/`` for a remote path, the OS's separator for a local one."""
     if is_remote(base):
         return posixpath.join(base, *parts) if not base.endswith("/") else base + posixpath.join(*parts)
     return os.path.join(base, *parts)
@@ -113,6 +118,7 @@ def pattern_regex(pattern: str):
 
 
 def exists(path: str, filesystem=None) -> bool:
+    """Whether a file (or folder) is at ``path``, on ``filesystem`` when one is given."""
     if filesystem is not None:
         import pyarrow.fs as pafs
 
@@ -169,6 +175,7 @@ def read_buffer(path: str, filesystem=None):
 
 
 def read_json(path: str, filesystem=None):
+    """The JSON document in the file at ``path`` (read whole with ``read_buffer``)."""
     return json.loads(read_buffer(path, filesystem).to_pybytes())
 
 
@@ -203,6 +210,7 @@ def list_folder(folder: str, filesystem=None) -> list:
 
 
 def is_folder(path: str, filesystem=None) -> bool:
+    """Whether ``path`` is a folder (remote: the file system says it is a directory)."""
     if filesystem is None and not is_remote(path):
         return os.path.isdir(path)
     import pyarrow.fs as pafs

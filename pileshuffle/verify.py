@@ -12,8 +12,8 @@ Checks, each reported as one line:
   has the manifest's input fingerprint, and the same fingerprint as the output: the same
   multiset of records, in any order.
 
-``verify()`` returns the problems (an empty list means the output is proven good);
-``main()`` prints them and exits 1, or prints one OK line and exits 0.
+``verify_shards()`` returns the problems (an empty list means the output is proven good);
+``pileshuffle verify`` (``commands.verify``) prints them.
 """
 
 import posixpath
@@ -26,6 +26,8 @@ from pileshuffle.formats import FORMATS, get_format, read_fingerprint
 from pileshuffle.names import SHARD_TAIL, manifest_path, shard_pattern
 from pileshuffle.output_files import read_manifest
 from pileshuffle.transforms.write import schema_json
+
+__all__ = ["matching_files", "ShardVerifier", "verify_shards"]
 
 
 def _basename(path: str) -> str:
@@ -40,27 +42,27 @@ def matching_files(pattern: str) -> dict:
         return {}
 
 
-NESTED_FIELD_NAME = re.compile(r"(list<)[^<>:,]+: ")  # list<item: int64>: the item's name
-MAP_ENTRIES_NAME = re.compile(r" \('[^']*'\)")  # map<string, int64 ('m')>: the entries' name
+_NESTED_FIELD_NAME = re.compile(r"(list<)[^<>:,]+: ")  # list<item: int64>: the item's name
+_MAP_ENTRIES_NAME = re.compile(r" \('[^']*'\)")  # map<string, int64 ('m')>: the entries' name
 
 
-def type_without_nested_names(type_name: str) -> str:
+def _type_without_nested_names(type_name: str) -> str:
     """An Arrow type's text without the names of list items and map entries, which are not
     part of the type (Arrow's equality ignores them) and which Parquet renames on a round trip
     (``list<item: int64>`` reads back as ``list<element: int64>``, ``map<string, int64>`` as
     ``map<string, int64 ('m')>``)."""
-    return MAP_ENTRIES_NAME.sub("", NESTED_FIELD_NAME.sub(r"\1", type_name))
+    return _MAP_ENTRIES_NAME.sub("", _NESTED_FIELD_NAME.sub(r"\1", type_name))
 
 
-def same_fields(actual, recorded) -> bool:
+def _same_fields(actual, recorded) -> bool:
     """Whether a shard's fields (``schema_json``) are the manifest's: names, nullability, types."""
     def comparable(fields):
-        return [(f["name"], type_without_nested_names(f["type"]), f["nullable"]) for f in fields or []]
+        return [(f["name"], _type_without_nested_names(f["type"]), f["nullable"]) for f in fields or []]
 
     return recorded is not None and comparable(actual) == comparable(recorded)
 
 
-def manifest_or_none(prefix: str):
+def _manifest_or_none(prefix: str):
     """The manifest dict, or None if there is none; raises ValueError if it is not JSON."""
     return read_manifest(prefix) if storage.exists(manifest_path(prefix)) else None
 
@@ -77,6 +79,9 @@ def _recorded(value) -> str:
 
 
 class ShardVerifier:
+    """The checks of one shard output at ``prefix`` (against ``input_glob`` when given): ``run()``
+    returns the problems found, each one line; none means every check passed."""
+
     def __init__(self, input_glob, prefix, format=None):
         self.input_glob, self.prefix, self.format = input_glob, prefix, format
         self.problems = []
@@ -88,7 +93,7 @@ class ShardVerifier:
 
     def run(self):
         try:
-            manifest = manifest_or_none(self.prefix)
+            manifest = _manifest_or_none(self.prefix)
         except (ValueError, OSError) as error:
             self.problem(f"{manifest_path(self.prefix)} cannot be read as JSON: {error}")
             manifest = None
@@ -174,7 +179,7 @@ class ShardVerifier:
                 continue
             output_fp += fingerprint
             if fmt.name == "parquet" and manifest_schema is not None and schema is not None:
-                if not same_fields(schema_json(schema)["fields"], manifest_schema.get("fields")):
+                if not _same_fields(schema_json(schema)["fields"], manifest_schema.get("fields")):
                     self.problem(f"shard {path}: its schema {schema_json(schema)['fields']} is not the manifest's "
                                  f"{manifest_schema.get('fields')}")
             entry = listed.get(index)

@@ -9,7 +9,6 @@ it, and ``test_api_doc_is_current`` fails while it differs.
 
 import ast
 import dataclasses
-import fnmatch
 import importlib
 import inspect
 import io
@@ -30,43 +29,12 @@ SHORT_VALUE = 40  # a constant's value is shown when its repr is at most this lo
 SHORT_FLOAT = 8  # ... and a float's when at most this long: a computed one (0.6914624612740131) is noise
 SUMMARY_CHARS = 160  # one table row: a longer first sentence is cut at a word
 
-# Storage migration in progress: these modules are being rewritten right now. They get their
-# __all__ and docstrings when that lands; until then they are skipped here and not listed in
-# docs/api.md (taking one out of this list makes the doc stale until `make api`).
-PENDING_MODULES = (
-    "pileshuffle",  # the package: ShuffleToPiles, WritePiles, WritePileStore, Pile (lazy re-exports)
-    "pileshuffle.formats", "pileshuffle.formats.*",
-    "pileshuffle.fragments",
-    "pileshuffle.inputs",
-    "pileshuffle.loader.outputs",
-    "pileshuffle.loader.piles",
-    "pileshuffle.output_files",
-    "pileshuffle.pipeline",
-    "pileshuffle.plan",
-    "pileshuffle.sample",
-    "pileshuffle.storage",
-    "pileshuffle.store", "pileshuffle.store.*",
-    "pileshuffle.transforms", "pileshuffle.transforms.*",
-    "pileshuffle.verify",
-)
-
-
-def is_pending(name: str) -> bool:
-    """Whether module ``name`` is one of ``PENDING_MODULES`` (patterns as in fnmatch)."""
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in PENDING_MODULES)
-
-
 def public_modules() -> list:
     """The names of every module of the package in name order, except ``__main__`` modules
     and private ones (a part of the name starting with ``_``)."""
     found = pkgutil.walk_packages(pileshuffle.__path__, "pileshuffle.", onerror=lambda name: None)
     names = ["pileshuffle", *(module.name for module in found)]
     return sorted(name for name in names if not any(part.startswith("_") for part in name.split(".")[1:]))
-
-
-def checked_modules() -> list:
-    """The public modules this file checks and docs/api.md lists: all but the pending ones."""
-    return [name for name in public_modules() if not is_pending(name)]
 
 
 def defined_here(module, obj) -> bool:
@@ -156,14 +124,13 @@ def cell(text: str) -> str:
 
 
 def api_section() -> str:
-    """docs/api.md's generated section: per checked module, its summary and a table of its
+    """docs/api.md's generated section: per public module, its summary and a table of its
     ``__all__`` (name, kind, what), in the module's own order."""
     lines = [GENERATED, "", "## Public names by module", "",
              "Each public module's `__all__`, which `tests/test_api.py` checks: these names are the "
              "supported surface, every other name is private (a leading underscore). Regenerate with "
-             "`make api`. Not listed yet (being reorganized): "
-             + ", ".join(f"`{pattern}`" for pattern in PENDING_MODULES) + ".", ""]
-    for name in checked_modules():
+             "`make api`.", ""]
+    for name in public_modules():
         module = importlib.import_module(name)
         lines += [f"### `{name}`", ""]
         if summary(module.__doc__ or ""):
@@ -196,16 +163,9 @@ def write_api_doc():
 # -- the tests ------------------------------------------------------------------------------------
 
 
-def imported(name: str):
-    """Module ``name``, or a skip when it is pending."""
-    if is_pending(name):
-        pytest.skip(f"{name}: storage migration in progress (PENDING_MODULES)")
-    return importlib.import_module(name)
-
-
 @pytest.mark.parametrize("name", public_modules())
 def test_module_declares_all(name):
-    module = imported(name)
+    module = importlib.import_module(name)
     exported = getattr(module, "__all__", None)
     assert isinstance(exported, (list, tuple)), f"{name} defines no __all__"
     assert all(isinstance(n, str) for n in exported), f"{name}.__all__ holds a non-string"
@@ -214,7 +174,7 @@ def test_module_declares_all(name):
 
 @pytest.mark.parametrize("name", public_modules())
 def test_exported_names_exist_and_are_documented(name):
-    module = imported(name)
+    module = importlib.import_module(name)
     missing = [n for n in module.__all__ if not hasattr(module, n)]
     assert not missing, f"{name}.__all__ names what it does not have: {missing}"
     undocumented = [n for n in module.__all__
@@ -224,7 +184,7 @@ def test_exported_names_exist_and_are_documented(name):
 
 @pytest.mark.parametrize("name", public_modules())
 def test_other_definitions_are_private(name):
-    module = imported(name)
+    module = importlib.import_module(name)
     public = [n for n, obj in vars(module).items()
               if not n.startswith("_") and defined_here(module, obj) and n not in module.__all__]
     assert not public, f"{name} defines public names outside __all__ (export them or add a leading _): {public}"

@@ -237,7 +237,7 @@ def main(argv=None):
         values = check_argv(argv, parameters)
         options = PipelineOptions([a for a in argv if a.split("=", 1)[0] != "--json"])
         if is_local(options):
-            options = local_defaults(options, argv)
+            options = local_defaults(options)
         plan = make_plan(options)
     except PileshuffleError as error:
         print(f"pileshuffle: error: {error}", file=sys.stderr)

@@ -21,7 +21,6 @@ from pileshuffle import storage
 from pileshuffle.quality import MIN_SAMPLE
 
 
-
 def _at_least(minimum: int):
     def parse(text: str) -> int:
         try:

@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pileshuffle import progress
 from pileshuffle.commands.report import reporting_errors, shards_at_stake_on_interrupt, summary
 from pileshuffle.errors import OutputError, user_message
-from pileshuffle.options import PileshuffleOptions, check_argv, help_text, parse_flag, wants_help
+from pileshuffle.options import PileshuffleOptions, check_argv, check_values, help_text, parse_flag, wants_help
 from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
 from pileshuffle.plan import Plan, make_plan, space_note, taken_output
 from pileshuffle.runners import (dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults,
@@ -28,23 +28,36 @@ from pileshuffle.store.layout import command_line
 from pileshuffle.transforms.graph import build
 from pileshuffle.tuning import keep_freed_memory
 
-__all__ = ["run", "main", "report"]
+__all__ = ["main", "pipeline_options", "report", "run"]
 
 
-def run(argv=None, wait=None, hold_worker_stderr=False):
-    """Plan and run a shuffle. Returns the manifest dict when the run was waited for
+def pipeline_options(given=None) -> PipelineOptions:
+    """``run``'s one typed options object: a ``PipelineOptions`` as given (its
+    ``PileshuffleOptions`` view holds the template's parameters), or made from command-line
+    arguments (default: this process's), which are checked first: unknown options and bad
+    values are refused before anything runs."""
+    if isinstance(given, PipelineOptions):
+        check_values(given.view_as(PileshuffleOptions))
+        return given
+    argv = list(sys.argv[1:] if given is None else given)
+    check_argv(argv)
+    return PipelineOptions(argv)
+
+
+def run(options=None, wait=None, hold_worker_stderr=False):
+    """Plan and run a shuffle with ``options`` (``pipeline_options``: a ``PipelineOptions``,
+    or command-line arguments). Returns the manifest dict when the run was waited for
     (``wait=None``: every runner except Dataflow), else Beam's ``PipelineResult``.
-    ``hold_worker_stderr`` (the command line): see ``_worker_stderr``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    values = check_argv(argv)  # unknown options and bad values: before anything runs
-    options = PipelineOptions(argv)
-    if options.view_as(PileshuffleOptions).layout == "store":  # also registers our options
+    ``hold_worker_stderr`` (the command line): see ``running._worker_stderr``."""
+    options = pipeline_options(options)
+    values = options.view_as(PileshuffleOptions)
+    if values.layout == "store":
         from pileshuffle.commands.store import run_store
 
-        return run_store(argv, options, wait, hold_worker_stderr)
-    shards_at_stake_on_interrupt(options.view_as(PileshuffleOptions).output)
+        return run_store(options, wait, hold_worker_stderr)
+    shards_at_stake_on_interrupt(values.output)
     if is_local(options):
-        options = local_defaults(options, argv)
+        options = local_defaults(options)
     started = time.time()
     keep_freed_memory()
     plan = make_plan(options)
@@ -52,7 +65,7 @@ def run(argv=None, wait=None, hold_worker_stderr=False):
         options = dask_defaults(options, plan)
     if is_dataflow(options):
         options = dataflow_defaults(options)
-    with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line(["run", *argv])):
+    with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line(None)):
         return _run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr)
 
 
@@ -96,14 +109,18 @@ def main(argv=None):
     if wants_help(argv):
         print(help_text("pileshuffle run", _SUMMARY))
         return 0
-    return reporting_errors(lambda: report(run(argv, hold_worker_stderr=True), argv))
+    return reporting_errors(lambda: _run_and_report(pipeline_options(argv)))
 
 
-def report(outcome, argv) -> int:
+def _run_and_report(options) -> int:
+    return report(run(options, hold_worker_stderr=True), options)
+
+
+def report(outcome, options) -> int:
     """Print a finished run's summary, or where a submitted job will write."""
     if isinstance(outcome, dict):
         print(summary(outcome))
     else:
-        output = PipelineOptions(argv).view_as(PileshuffleOptions).output
+        output = options.view_as(PileshuffleOptions).output
         print(f"pileshuffle: {submitted(outcome, output)}", file=sys.stderr)
     return 0

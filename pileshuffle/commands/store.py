@@ -7,23 +7,24 @@ one manifest version last. Killed at any point, the store stays readable at its 
 version; the same command run again finishes the job.
 """
 
-import argparse
 import contextlib
 import sys
 import time
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from pileshuffle import interrupt, names, running, storage
 from pileshuffle.commands.report import as_command, shards_at_stake_on_interrupt, store_summary
+from pileshuffle.commands.store_options import (AppendOptions, MaterializeOptions, append_options, expire_options,
+                                                gc_options, materialize_options)
 from pileshuffle.errors import InputError, OutputError, UsageError
-from pileshuffle.options import PileshuffleOptions, check_command_argv
+from pileshuffle.options import PileshuffleOptions
 from pileshuffle.output_files import remove_tree
 from pileshuffle.running import execute
 from pileshuffle.store import layout
 from pileshuffle.store import write as store_write
-from pileshuffle.store.expire import DEFAULT_GRACE_SECONDS, check_grace_seconds, collect, expire
+from pileshuffle.store.expire import collect, expire
 from pileshuffle.store.layout import existing_store
 from pileshuffle.store.read import live_piles, missing_files
 from pileshuffle.store.write import build_generation, stored_schema, writer_groups
@@ -100,7 +101,7 @@ def _store_lock(prefix: str, command: str):
         raise
 
 
-def _write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, token, wait=None,
+def _write_generation(options, prefix, base, sources, seed, skip_corrupt, token, wait=None,
                       allow_duplicates=False):
     """Pass 1 of ``sources`` into the store as generation ``base['next_generation']``
     (under ``_store_lock``); a failure or Ctrl-C removes the generation's directory."""
@@ -111,7 +112,7 @@ def _write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, 
         sizes = {s.path: s.size for s in sources}
         identities = {s.path: _input_identity(s.path, s.size)[0] for s in sources}
         started = time.time()
-        result = execute(options, argv, lambda p: build_generation(p, prefix, base, generation, groups, seed,
+        result = execute(options, lambda p: build_generation(p, prefix, base, generation, groups, seed,
                                                                     skip_corrupt, token, sizes, identities,
                                                                     allow_duplicates),
                          len(groups), wait=wait)
@@ -127,7 +128,7 @@ def _write_generation(argv, options, prefix, base, sources, seed, skip_corrupt, 
     return manifest
 
 
-def run_store(argv, options, wait=None, hold_worker_stderr=False):
+def run_store(options, wait=None, hold_worker_stderr=False):
     """``pileshuffle run --layout store``: pass 1 only, into ``{output}-store/`` as
     generation 0 of a new store (manifest version 1)."""
     from pileshuffle.names import manifest_path
@@ -142,7 +143,7 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
         raise OutputError(f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
                           f"(readers take shards first); choose another --output")
     sources = plan.sources  # match_inputs leaves store files out
-    with _store_lock(prefix, layout.command_line(["run", *argv])) as token:
+    with _store_lock(prefix, layout.command_line(None)) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
             first = current["generations"][:1]
@@ -159,32 +160,21 @@ def run_store(argv, options, wait=None, hold_worker_stderr=False):
                                    schema_json(plan.schema) if plan.schema is not None else None)
         print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
               f"{names.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
-        return _write_generation(argv, options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
+        return _write_generation(options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
 
 
-def append(argv) -> dict:
-    """``pileshuffle append --store P --input ...``; returns the new manifest."""
+def append(options) -> dict:
+    """``pileshuffle append``: ``options`` (``AppendOptions``, or its command-line arguments)'s
+    records as the store's next generation; returns the new manifest (or Beam's result when
+    the runner is not waited for)."""
     from pileshuffle.formats import get_format
     from pileshuffle.inputs import check_format_fits, check_schemas, describe_difference, match_inputs
     from pileshuffle.transforms.write import schema_json
 
-    parser = argparse.ArgumentParser(prog="pileshuffle append", allow_abbrev=False, description=(
-        "Add the records of --input to the pile store at --store as a new generation: pass 1 only, into the store's "
-        "piles, keys from (seed, generation, file, position). Existing files are never rewritten; the new generation "
-        "is live once the next manifest version is published (written last)."))
-    parser.add_argument("--store", required=True, help="the store's prefix P (its files are under P-store/)")
-    parser.add_argument("--input", required=True, help="comma-separated file patterns of the new records")
-    parser.add_argument("--skip_corrupt", action="store_true", help="skip corrupt TFRecord records and report them")
-    parser.add_argument("--allow_duplicate_inputs", action="store_true", help=(
-        "add files that a live generation already holds (same real file and size) again, or files whose records "
-        "are exactly a live generation's (copies of its inputs: the same fingerprint), so that their records appear "
-        "twice in every epoch; without it such an append is refused (the newest generation's exact inputs are still "
-        "'nothing to do': a re-run)"))
-    args, beam_args = check_command_argv(parser, argv)
-    options = PipelineOptions(beam_args)
+    args = options if isinstance(options, AppendOptions) else append_options(options)
     prefix = existing_store(args.store)
     _at_stake_on_interrupt(prefix)
-    with _store_lock(prefix, layout.command_line(["append", *argv])) as token:
+    with _store_lock(prefix, args.describe()) as token:
         base = layout.read_store_manifest(prefix)
         if base is None:
             raise OutputError(f"no store at {names.store_dir(prefix)}: create one with `pileshuffle run --layout store "
@@ -208,7 +198,7 @@ def append(argv) -> dict:
             raise InputError(sources[0].path, f"has a different schema from the store's: {detail}")
         print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> generation "
               f"{base['next_generation']} of {names.store_dir(prefix)}", file=sys.stderr)
-        return _write_generation(argv, options, prefix, base, sources, base["seed"], args.skip_corrupt, token,
+        return _write_generation(args.beam, prefix, base, sources, base["seed"], args.skip_corrupt, token,
                                  allow_duplicates=args.allow_duplicate_inputs)
 
 
@@ -217,24 +207,16 @@ def append(argv) -> dict:
 
 # --- materialize -------------------------------------------------------------------------------
 
-def materialize(argv) -> dict:
-    """``pileshuffle materialize --store P --output P2``: the second pass over a store."""
-    from pileshuffle.options import check_max_pile_bytes, parse_bytes
+def materialize(options) -> dict:
+    """``pileshuffle materialize``: the second pass over a store, as ``options``
+    (``MaterializeOptions``, or its command-line arguments) say; returns the written manifest."""
+    from pileshuffle.options import parse_bytes
     from pileshuffle.output_files import discard_unpublished, read_manifest
     from pileshuffle.plan import check_shard_output, taken_output, work_dir_for
     from pileshuffle.transforms.write import WritePiles
 
-    parser = argparse.ArgumentParser(prog="pileshuffle materialize", allow_abbrev=False, description=(
-        "The second pass over a pile store: write its live records as the shards and manifest `pileshuffle run` "
-        "writes (byte-identical to `run` for the same inputs, seed and piles)."))
-    parser.add_argument("--store", required=True, help="the store's prefix P (its files are under P-store/)")
-    parser.add_argument("--output", required=True, help="prefix of the shards to write")
-    parser.add_argument("--version", type=int, help="the manifest version to read (default: the current one)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output with this prefix")
-    parser.add_argument("--max_pile_bytes", help="load piles larger than this in sub-piles (default: the store's)")
-    args, beam_args = check_command_argv(parser, argv)
-    check_max_pile_bytes(args.max_pile_bytes, auto=False)  # the store fixes the number of piles
-    options = PipelineOptions(beam_args)
+    args = options if isinstance(options, MaterializeOptions) else materialize_options(options)
+    options = args.beam
     prefix = existing_store(args.store)
     shards_at_stake_on_interrupt(args.output)
     if layout.clean_prefix(args.output) == prefix:
@@ -275,8 +257,8 @@ def materialize(argv) -> dict:
         remove_tree(work_dir)
         discard_unpublished(output)
 
-    with taken_output(output, args.overwrite, work_dir, layout.command_line(["materialize", *argv])):  # as run does
-        result = execute(options, beam_args, build, len(piles), failed)
+    with taken_output(output, args.overwrite, work_dir, args.describe()):  # as run does
+        result = execute(options, build, len(piles), failed)
     if result is not None:
         return result
     written = read_manifest(output)
@@ -324,22 +306,9 @@ def append_main(argv):
 @as_command
 def expire_main(argv):
     """``pileshuffle expire``: drop the oldest generations, then print what was deleted."""
-    parser = argparse.ArgumentParser(prog="pileshuffle expire", allow_abbrev=False, description=(
-        "Drop whole generations from a pile store: the next manifest version without them is published first; their "
-        "files are deleted once no version published within --grace_seconds lists them (readers that opened an older "
-        "version finish their epoch)."))
-    parser.add_argument("--store", required=True, help="the store's prefix P")
-    parser.add_argument("--keep_generations", type=int, help="keep the N newest live generations")
-    parser.add_argument("--before", help="drop generations created before this UTC time (ISO 8601, e.g. 2026-11-01)")
-    parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS,
-                        help=f"keep files a superseded version lists for this long (default {DEFAULT_GRACE_SECONDS})")
-    parser.add_argument("--all", action="store_true",
-                        help="allow expiring every live generation (the store is left empty); refused without it")
-    args, _ = check_command_argv(parser, argv)
-    if args.keep_generations is None and args.before is None:
-        parser.error("give --keep_generations N or --before TIME")
+    args = expire_options(argv)
     manifest, dropped, deleted = expire(args.store, args.keep_generations, args.before, args.grace_seconds,
-                                        layout.command_line(["expire", *argv]), everything=args.all)
+                                        args.describe(), everything=args.all)
     print(f"expired   {len(dropped)} generation(s) {dropped}; deleted the files of {deleted['generations']}")
     print(store_summary(manifest))
     return 0
@@ -348,14 +317,9 @@ def expire_main(argv):
 @as_command
 def gc_main(argv):
     """``pileshuffle gc``: delete store files no recent manifest version lists."""
-    parser = argparse.ArgumentParser(prog="pileshuffle gc", allow_abbrev=False, description=(
-        "Delete a pile store's files that no manifest version within --grace_seconds lists, and older versions."))
-    parser.add_argument("--store", required=True, help="the store's prefix P")
-    parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS)
-    args, _ = check_command_argv(parser, argv)
-    check_grace_seconds(args.grace_seconds)
+    args = gc_options(argv)
     prefix = existing_store(args.store)
-    token = layout.StoreLock(prefix, layout.command_line(["gc", *argv])).acquire()
+    token = layout.StoreLock(prefix, args.describe()).acquire()
     try:
         deleted = collect(prefix, args.grace_seconds)
     finally:

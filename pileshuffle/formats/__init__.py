@@ -11,6 +11,7 @@ FORMATS = {f.name: f for f in (TFRecordFormat(), ParquetFormat(), JsonlFormat())
 
 
 def get_format(name: str) -> RecordFormat:
+    """The registered format called ``name``; an unknown name is a ValueError listing the known ones."""
     try:
         return FORMATS[name]
     except KeyError:
@@ -43,6 +44,7 @@ def format_of_name(path: str):
 
 
 def known_extensions() -> str:
+    """The extensions a name may end with to say its format, for messages: ``.tfrecord, ...``."""
     return ", ".join(FORMAT_OF_EXTENSION)
 
 
@@ -50,7 +52,7 @@ __all__ = ["FORMATS", "FORMAT_OF_EXTENSION", "PAYLOADS", "RECORD_COLUMN", "ReadR
            "format_of_name", "get_format", "known_extensions", "read_fingerprint", "record_hashes", "record_lengths"]
 
 
-PAYLOADS = Payloads()
+PAYLOADS = Payloads()  # the holder of bare ``record`` payloads (a composed run's bytes, a store's records)
 
 
 def holder_of(table) -> RecordFormat:

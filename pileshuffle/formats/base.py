@@ -17,7 +17,10 @@ from pileshuffle.errors import InputError
 from pileshuffle.keys import group_by_pile
 from pileshuffle.names import RECORD_COLUMN
 
-DEFAULT_CHUNK_BYTES = 16 << 20
+__all__ = ["DEFAULT_CHUNK_BYTES", "ReadReport", "RecordFormat", "Payloads", "binary_table", "records_table",
+           "open_input", "read_block", "parts_by_pile"]
+
+DEFAULT_CHUNK_BYTES = 16 << 20  # input bytes per chunk a reader yields: one chunk's table is what pass 1 holds per file
 
 
 @dataclasses.dataclass

@@ -2,18 +2,19 @@
 
 Sources are read in record batches of about ``chunk_bytes``; shards are written with
 the first input file's Arrow schema (its key-value metadata included) in row groups
-of about ``ROW_GROUP_BYTES``. Every input file must have that same schema.
+of about 64 MiB (``_ROW_GROUP_BYTES``). Every input file must have that same schema.
 """
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-LOADER_READ_BYTES = 1 << 20  # the loader reads a shard 1 MiB at a time (see read_rows)
-
 from pileshuffle.errors import InputError
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_input
 
-ROW_GROUP_BYTES = 64 << 20
+__all__ = ["ParquetFormat"]
+
+_LOADER_READ_BYTES = 1 << 20  # the loader reads a shard 1 MiB at a time (see read_rows)
+_ROW_GROUP_BYTES = 64 << 20
 _CODECS = {"auto": "snappy", "none": "none", "gzip": "gzip", "snappy": "snappy", "zstd": "zstd"}
 
 
@@ -24,7 +25,8 @@ def _parquet_file(handle, path):
         raise InputError(path, f"is not a Parquet file ({error})") from error
 
 
-def mean_row_bytes(metadata) -> float:
+def _mean_row_bytes(metadata) -> float:
+    """Uncompressed bytes per row from the footer (1.0 for a file without rows)."""
     rows = metadata.num_rows
     size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
     return size / rows if rows else 1.0
@@ -39,7 +41,7 @@ class ParquetFormat(RecordFormat):
     def read_rows(self, handle, columns=None):
         # no pre-buffering, 1 MiB reads, one thread: a load's temporaries were 2.8x the table
         # whole (a 62 MB pile), 2.1x so; row group by row group costs 1.5x the CPU
-        parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=LOADER_READ_BYTES)
+        parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=_LOADER_READ_BYTES)
         return parquet.read(columns=columns, use_threads=False)
 
     def suffix(self, compression):
@@ -62,12 +64,12 @@ class ParquetFormat(RecordFormat):
         """From the footer: decoding a first batch would read a whole row group."""
         with open_input(path, "uncompressed") as handle:
             metadata = _parquet_file(handle, path).metadata
-        return mean_row_bytes(metadata) if metadata.num_rows else None
+        return _mean_row_bytes(metadata) if metadata.num_rows else None
 
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
         with open_input(path, "uncompressed") as handle:
             parquet = _parquet_file(handle, path)
-            rows = max(1, int(chunk_bytes / max(1.0, mean_row_bytes(parquet.metadata))))
+            rows = max(1, int(chunk_bytes / max(1.0, _mean_row_bytes(parquet.metadata))))
             try:
                 for batch in parquet.iter_batches(batch_size=rows, use_threads=False):
                     yield pa.Table.from_batches([batch], schema=parquet.schema_arrow)
@@ -84,7 +86,7 @@ class ParquetFormat(RecordFormat):
                 writer = pq.ParquetWriter(handle, schema, compression=compression)
             if table.num_rows:
                 row_bytes = max(1.0, table.nbytes / table.num_rows)
-                writer.write_table(table.cast(schema), row_group_size=max(1, int(ROW_GROUP_BYTES / row_bytes)))
+                writer.write_table(table.cast(schema), row_group_size=max(1, int(_ROW_GROUP_BYTES / row_bytes)))
             written += table.num_rows
         if writer is None:
             writer = pq.ParquetWriter(handle, schema, compression=compression)

@@ -18,18 +18,18 @@ from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import LINE_COLUMN
 from pileshuffle.storage import compression_of
 
+__all__ = ["JsonlFormat"]
+
 _NEWLINE = 10
 
-NEWLINE = 10
 
-
-def line_bounds(buf: bytes) -> np.ndarray:
+def _line_bounds(buf: bytes) -> np.ndarray:
     """Offsets of the complete lines in ``buf``: 0, then one past each newline."""
-    newlines = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == NEWLINE)
+    newlines = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == _NEWLINE)
     return np.concatenate(([0], newlines + 1))
 
 
-def first_non_text(buf: bytes, end: int):
+def _first_non_text(buf: bytes, end: int):
     """``(position, what)`` of the first byte of ``buf[:end]`` that text cannot hold (a NUL,
     or the start of invalid UTF-8), or None. ``end`` is a line boundary, so no UTF-8
     sequence is cut."""
@@ -46,10 +46,10 @@ def first_non_text(buf: bytes, end: int):
     return min(found) if found else None
 
 
-def check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before: int):
+def _check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before: int):
     """Refuse the complete lines ``buf[:bounds[-1]]`` unless they are text, naming the
     first bad line (counted from the start of the file)."""
-    bad = first_non_text(buf, int(bounds[-1]))
+    bad = _first_non_text(buf, int(bounds[-1]))
     if bad is None:
         return
     position, what = bad
@@ -69,7 +69,7 @@ class JsonlFormat(Payloads):
     before, after = 0, 1  # the newline
 
     def payload_views(self, buffer, path, buffer_index):
-        return line_views(buffer, path, buffer_index)
+        return _line_views(buffer, path, buffer_index)
 
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
         compressed = compression_of(path) != "uncompressed"
@@ -80,15 +80,15 @@ class JsonlFormat(Payloads):
                 if not block:
                     break
                 buf = buf + block if buf else block
-                bounds = line_bounds(buf)
+                bounds = _line_bounds(buf)
                 if len(bounds) > 1:
-                    check_text(path, buf, bounds, lines)
+                    _check_text(path, buf, bounds, lines)
                     yield binary_table(LINE_COLUMN, buf, bounds)
                     lines += len(bounds) - 1
                 buf = buf[int(bounds[-1]) :]
         if buf:
             last = np.array([0, len(buf) + 1])
-            check_text(path, buf + b"\n", last, lines)
+            _check_text(path, buf + b"\n", last, lines)
             yield binary_table(LINE_COLUMN, buf + b"\n", last)
 
     def write_shard(self, handle, tables, compression, schema=None):
@@ -105,7 +105,7 @@ class JsonlFormat(Payloads):
         return written
 
 
-def line_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
+def _line_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
     """Views of the lines of a buffer of text, without their newline (a last line
     without one is a record too)."""
     raw = raw_bytes(buffer, path)

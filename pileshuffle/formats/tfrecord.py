@@ -22,12 +22,15 @@ from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import FRAME_COLUMN
 from pileshuffle.storage import compression_of
 
+__all__ = ["TFRecordFormat", "frame", "scan_frames"]
+
 _CRC_WINDOW_BYTES = 2 << 20
 
-NOT_TFRECORD = " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
+_NOT_TFRECORD = " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
 
 
 def frame(payload: bytes) -> bytes:
+    """``payload`` as one TFRecord frame: length, its masked CRC32C, payload, its masked CRC32C."""
     header = struct.pack("<Q", len(payload))
     return b"".join((header, struct.pack("<I", masked_crc(header)), payload, struct.pack("<I", masked_crc(payload))))
 
@@ -91,7 +94,7 @@ def _size_of(path):
         return None
 
 
-def resync(buf: bytes, start: int):
+def _resync(buf: bytes, start: int):
     """First position after ``start`` where a frame with a valid length CRC begins whose
     data is valid or runs past the end of ``buf`` (read more to decide), or None.
     Candidates are positions whose length's high 32 bits are zero (records under 4 GiB),
@@ -127,10 +130,10 @@ class TFRecordFormat(Payloads):
     before, after = HEADER_BYTES, FOOTER_BYTES
 
     def record_hashes(self, table):
-        return payload_hashes(*frame_payload_stats(table.column(0)))
+        return payload_hashes(*_frame_payload_stats(table.column(0)))
 
     def payload_views(self, buffer, path, buffer_index):
-        return tfrecord_views(buffer, path, buffer_index)
+        return _tfrecord_views(buffer, path, buffer_index)
 
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
         compressed = compression_of(path) != "uncompressed"
@@ -185,9 +188,9 @@ class TFRecordFormat(Payloads):
             if problem is None:
                 return buf[end:], base + end
             if not skip_corrupt:
-                raise InputError(path, problem + (NOT_TFRECORD if base + end == 0 and "length" in problem else ""),
+                raise InputError(path, problem + (_NOT_TFRECORD if base + end == 0 and "length" in problem else ""),
                                  base + end)
-            good = resync(buf, end)
+            good = _resync(buf, end)
             if good is None and not eof and len(buf) - end < 4 * chunk_bytes:
                 return buf[end:], base + end  # read more before deciding where to resume
             resume = len(buf) if good is None else good
@@ -221,7 +224,7 @@ class TFRecordFormat(Payloads):
         return written
 
 
-def frame_payload_stats(column) -> tuple:
+def _frame_payload_stats(column) -> tuple:
     """(payload CRC32Cs, payload lengths) of a ``tfrecord_frame`` column, read from the
     frames' stored CRCs chunk by chunk, without copying record data."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -237,7 +240,7 @@ def frame_payload_stats(column) -> tuple:
     return np.concatenate(crcs), np.concatenate(lengths)
 
 
-def frame_starts(raw: np.ndarray, path: str) -> np.ndarray:
+def _frame_starts(raw: np.ndarray, path: str) -> np.ndarray:
     """Start offsets of the frames of a whole TFRecord file (plus its size at the end).
 
     Equal-length records (the common case) are found vectorized; otherwise the length
@@ -298,9 +301,9 @@ def _check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
                                            "fails its CRC", a)
 
 
-def tfrecord_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
+def _tfrecord_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
     """Views of the payloads of a buffer of whole TFRecord frames, all CRCs checked."""
     raw = raw_bytes(buffer, path)
-    starts = frame_starts(raw, path)
+    starts = _frame_starts(raw, path)
     _check_frames(raw, starts, path)
     return payload_views(raw, starts[:-1] + HEADER_BYTES, np.diff(starts) - HEADER_BYTES - FOOTER_BYTES, buffer_index)

@@ -45,6 +45,7 @@ def payload_views(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, buff
 
 
 def raw_bytes(buffer: pa.Buffer, path: str) -> np.ndarray:
+    """``buffer`` as uint8 (no copy); refuses one over 2 GiB, which a view's int32 offset cannot reach."""
     if buffer.size > _MAX_BUFFER_BYTES:
         raise InputError(path, f"is {buffer.size:,} bytes: the loader reads files of at most 2 GiB (use more piles)")
     return np.frombuffer(buffer, dtype=np.uint8)

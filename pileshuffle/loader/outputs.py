@@ -25,7 +25,9 @@ from pileshuffle.loader.piles import (BYTES_SCHEMA, NoOutputError, PileRef, Sour
                                       sub_pile_of)
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
-MAX_SUB_PILES = 1024
+__all__ = ["Output", "open_output", "store_version_of"]
+
+_MAX_SUB_PILES = 1024  # the most sub-piles one store pile opens as, however small ``max_pile_bytes`` is
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Output:
     schema: pa.Schema
     fingerprint: Fingerprint
     kind: str  # "shards" | "store"
-    identity: dict  # what a loader state must match to be resumed here (``identity_of``)
+    identity: dict  # what a loader state must match to be resumed here (``_identity_of``)
 
     @property
     def records(self) -> int:
@@ -51,7 +53,7 @@ class Output:
         return self.format == "parquet"
 
 
-def identity_of(kind: str, manifest: dict, fingerprint: Fingerprint) -> dict:
+def _identity_of(kind: str, manifest: dict, fingerprint: Fingerprint) -> dict:
     """The identity of the records *and their order*: a re-run that writes the same bytes
     (same input, seed, piles) has the same identity; another seed or number of piles, or a
     store version with other generations, has another. The fingerprint alone is blind to
@@ -122,7 +124,7 @@ def store_version_of(output: "Output", identity: dict):
             fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
         except (InputError, KeyError, ValueError):
             continue
-        if identity_of("store", manifest, fingerprint) == identity:
+        if _identity_of("store", manifest, fingerprint) == identity:
             return path
     return None
 
@@ -164,7 +166,7 @@ def _open_shards(fs, prefix: str, columns) -> Output:
     )
     schema = _schema(source, piles)
     fingerprint = Fingerprint.from_json(manifest["output_fingerprint"])
-    return Output(prefix, name, piles, schema, fingerprint, "shards", identity_of("shards", manifest, fingerprint))
+    return Output(prefix, name, piles, schema, fingerprint, "shards", _identity_of("shards", manifest, fingerprint))
 
 
 def _open_store(fs, manifest_path: str, columns) -> Output:
@@ -184,7 +186,7 @@ def _open_store(fs, manifest_path: str, columns) -> Output:
     piles = tuple(ref for p in range(num_piles) for ref in _store_pile(source, p, files[p], limit))
     fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
     return Output(manifest_path, name, piles, _schema(source, piles), fingerprint, "store",
-                  identity_of("store", manifest, fingerprint))
+                  _identity_of("store", manifest, fingerprint))
 
 
 def _store_pile(source: Source, pile: int, files: list, limit: int) -> list:
@@ -195,7 +197,7 @@ def _store_pile(source: Source, pile: int, files: list, limit: int) -> list:
     size = sum(nbytes for _, _, nbytes in files)
     if not limit or size <= limit:
         return [PileRef(pile, sum(records for _, records, _ in files), paths, True, source)]
-    ways = min(MAX_SUB_PILES, math.ceil(size / limit))
+    ways = min(_MAX_SUB_PILES, math.ceil(size / limit))
     counts = np.zeros(ways, np.int64)
     for path in paths:
         counts += np.bincount(sub_pile_of(source.read_store_keys(path), source.num_piles, ways), minlength=ways)

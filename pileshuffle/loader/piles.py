@@ -28,7 +28,10 @@ from pileshuffle.formats.views import value_views, view_array
 from pileshuffle.loader.order import sort_by_key
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, RECORD_COLUMN
 
-BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
+__all__ = ["BYTES_SCHEMA", "NoOutputError", "resolve", "file_exists", "read_json", "Block", "Source", "sub_pile_of",
+           "PileRef"]
+
+BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])  # what a bytes format's batches hold: the payloads
 _VIEW = np.dtype((np.void, 16))  # one Arrow binary view
 
 
@@ -43,10 +46,11 @@ def resolve(path: str, filesystem=None):
 
 
 def file_exists(fs, path: str) -> bool:
+    """Whether ``path`` exists on ``fs`` (from ``resolve``)."""
     return storage.exists(path, fs)
 
 
-def read_bytes(fs, path: str) -> pa.Buffer:
+def _read_bytes(fs, path: str) -> pa.Buffer:
     """A whole file (``storage.read_buffer``: local files mapped, .gz decompressed); errors name the file."""
     try:
         return storage.read_buffer(path, fs)
@@ -55,8 +59,9 @@ def read_bytes(fs, path: str) -> pa.Buffer:
 
 
 def read_json(fs, path: str) -> dict:
+    """A JSON file (a manifest) on ``fs``; unreadable or invalid JSON is an InputError naming it."""
     try:
-        return json.loads(read_bytes(fs, path).to_pybytes())
+        return json.loads(_read_bytes(fs, path).to_pybytes())
     except ValueError as error:
         raise InputError(path, f"is not valid JSON: {error}") from error
 
@@ -217,7 +222,7 @@ class Source:
                     return Block(tables=(fmt.read_rows(handle, self.columns),))
             except (OSError, pa.ArrowException) as error:
                 raise InputError(path, f"cannot be read as {fmt.name}: {error}") from error
-        buffer = read_bytes(self.filesystem, path)
+        buffer = _read_bytes(self.filesystem, path)
         return Block(fmt.payload_views(buffer, path, 0), (buffer,))
 
     def read_store_keys(self, path: str) -> np.ndarray:
@@ -233,7 +238,7 @@ class Source:
     def read_store_file(self, path: str):
         """``(block, keys)`` of one store data file (an Arrow IPC stream)."""
         try:  # from the whole file's buffer (local: memory-mapped), so the columns are views, not copies
-            table = pa.ipc.open_stream(read_bytes(self.filesystem, path)).read_all()
+            table = pa.ipc.open_stream(_read_bytes(self.filesystem, path)).read_all()
         except (OSError, pa.ArrowException) as error:
             raise InputError(path, f"cannot be read as an Arrow IPC stream: {error}") from error
         if KEY_COLUMN not in table.column_names:

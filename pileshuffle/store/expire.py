@@ -9,10 +9,13 @@ from pileshuffle import names, storage
 from pileshuffle.errors import OutputError, UsageError
 from pileshuffle.store import layout
 
+__all__ = ["DEFAULT_GRACE_SECONDS", "check_grace_seconds", "parse_before", "expire", "collect"]
+
 DEFAULT_GRACE_SECONDS = 24 * 3600  # files of an expired generation outlive its last manifest version by this
 
 
 def check_grace_seconds(value: float) -> float:
+    """``--grace_seconds`` as given, if a finite number of seconds, 0 or more; else a UsageError."""
     if not math.isfinite(value) or value < 0:
         raise UsageError(f"--grace_seconds: must be 0 or more seconds, not {value:g}")
     return value

@@ -36,8 +36,14 @@ from pileshuffle.names import STORE_MANIFEST_NAME as MANIFEST_NAME
 from pileshuffle.names import STORE_SUFFIX, format_problem, generation_dir_name, manifest_header, store_dir
 from pileshuffle.names import store_manifest_name as manifest_name
 
+__all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
+           "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
+           "new_manifest", "next_manifest", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
+           "remove_if_empty", "remove_unpublished", "remove_directory", "command_line"]
+
 
 def clean_prefix(prefix: str) -> str:
+    """``prefix`` without trailing slashes (local paths only: a remote prefix is kept as given)."""
     return prefix.rstrip("/") if "://" not in prefix else prefix
 
 
@@ -52,10 +58,12 @@ def store_prefix(given: str) -> str:
 
 
 def join(directory: str, relative: str) -> str:
+    """``directory`` joined with a store-relative path (``g000000/p00000-w00000.arrows``: always ``/``)."""
     return storage.join(directory, *relative.split("/"))
 
 
 def now_iso() -> str:
+    """The time now in UTC as manifests and locks write it: ISO 8601 with microseconds and ``Z``."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -65,14 +73,15 @@ def parse_time(text: str) -> datetime.datetime:
     return value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)
 
 
-def is_local(path: str) -> bool:
+def _is_local(path: str) -> bool:
+    """Whether ``path`` is on a local disk (no ``scheme://``)."""
     return not storage.is_remote(path)
 
 
 def list_names(directory: str) -> list:
     """Base names of the entries directly under ``directory`` (files, and for local
     directories, sub-directories); empty if it does not exist."""
-    if is_local(directory):
+    if _is_local(directory):
         try:
             return sorted(os.listdir(directory))
         except (FileNotFoundError, NotADirectoryError):
@@ -85,7 +94,7 @@ def list_names(directory: str) -> list:
 def manifest_versions(prefix: str) -> list:
     """Published versions, ascending."""
     directory = store_dir(prefix)
-    if is_local(directory):
+    if _is_local(directory):
         names = list_names(directory)
     else:  # list the manifests only, not every data file
         names = [f.path.rsplit("/", 1)[-1] for f in storage.match(storage.join(directory, STORE_MANIFEST_GLOB))]
@@ -97,7 +106,8 @@ def generation_dirs(prefix: str) -> list:
     return sorted(int(m.group(1)) for m in map(GENERATION_DIR.match, list_names(store_dir(prefix))) if m)
 
 
-def read_json(path: str) -> dict:
+def _read_json(path: str) -> dict:
+    """The JSON document in the file at ``path``."""
     with storage.open_read(path, "uncompressed") as handle:
         return json.loads(handle.read())
 
@@ -110,17 +120,18 @@ def read_store_manifest(prefix: str, version: int = None) -> dict:
             return None
         version = versions[-1]
     path = storage.join(store_dir(prefix), manifest_name(version))
-    manifest = read_json(path)
+    manifest = _read_json(path)
     if format_problem(manifest):
         raise InputError(path, format_problem(manifest))
     return manifest
 
 
 def is_store(prefix: str) -> bool:
+    """Whether a store exists at ``prefix``: it has at least one published manifest version."""
     return bool(manifest_versions(clean_prefix(prefix)))
 
 
-def write_exclusive(path: str, data: bytes):
+def _write_exclusive(path: str, data: bytes):
     """Write ``data`` to ``path`` (temporary name, then rename), failing if ``path``
     exists. Local: an atomic hard link, so two writers cannot both succeed. Elsewhere
     (gs://): checked just before the rename, and the store lock is what excludes."""
@@ -129,7 +140,7 @@ def write_exclusive(path: str, data: bytes):
     with storage.open_write(temp, "uncompressed", "application/json") as handle:
         handle.write(data)
     try:
-        if is_local(path):
+        if _is_local(path):
             try:
                 os.link(temp, path)
             except FileExistsError:
@@ -145,6 +156,8 @@ def write_exclusive(path: str, data: bytes):
 
 
 class VersionConflict(OutputError):
+    """The manifest version being published exists already: another command published first, nothing was published."""
+
     def __init__(self, path):
         super().__init__(f"{path} appeared while this command ran (another append or expire published it); "
                          f"nothing was published: run the command again")
@@ -153,7 +166,7 @@ class VersionConflict(OutputError):
 def publish_manifest(prefix: str, manifest: dict):
     """Publish ``manifest`` as its version; refuses if that version exists."""
     data = json.dumps(manifest, indent=1).encode()
-    write_exclusive(storage.join(store_dir(prefix), manifest_name(manifest["version"])), data)
+    _write_exclusive(storage.join(store_dir(prefix), manifest_name(manifest["version"])), data)
 
 
 def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None) -> dict:
@@ -207,7 +220,7 @@ class FileLock:
                 self._create(data)
                 return token
             except FileExistsError:
-                current = holder_of(self.path)
+                current = _holder_of(self.path)
                 if current is not None and not self._stale(current):
                     raise OutputError(self.refusal(current)) from None
                 try:
@@ -224,7 +237,7 @@ class FileLock:
         """Remove the lock if ``token`` still holds it (best effort; Ctrl-C does not cut it)."""
         with interrupt.not_cut():
             try:
-                if (holder_of(self.path) or {}).get("token") == token:
+                if (_holder_of(self.path) or {}).get("token") == token:
                     storage.delete([self.path])
             except Exception:
                 pass
@@ -239,11 +252,11 @@ class FileLock:
 
     def _create(self, data: bytes):
         try:
-            if is_local(self.path):
+            if _is_local(self.path):
                 os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         except OSError as error:
             raise OutputError(f"cannot write the lock {self.path}: {error}") from error
-        if is_local(self.path):  # whole content or nothing: a killed command never leaves an empty lock
+        if _is_local(self.path):  # whole content or nothing: a killed command never leaves an empty lock
             temp = f"{self.path}.tmp-{uuid.uuid4().hex[:12]}"
             try:
                 with open(temp, "wb") as handle:
@@ -283,21 +296,22 @@ class StoreLock(FileLock):
         self.prefix = prefix
 
 
-def holder_of(path: str):
+def _holder_of(path: str):
     """The holder (dict) of the lock file at ``path``, None if unlocked."""
     try:
-        return read_json(path)
+        return _read_json(path)
     except Exception:
         return {} if storage.exists(path) else None
 
 
 def lock_path(prefix: str) -> str:
+    """The store lock's path: ``{P}-store/LOCK``."""
     return storage.join(store_dir(prefix), LOCK_NAME)
 
 
 def lock_holder(prefix: str):
     """The store lock's holder (dict), None if unlocked."""
-    return holder_of(lock_path(prefix))
+    return _holder_of(lock_path(prefix))
 
 
 def release_lock(prefix: str, token: str):
@@ -309,7 +323,7 @@ def remove_if_empty(prefix: str):
     """Remove the store's folder if it holds nothing (what taking the lock of a store that did
     not exist created). Local only: an object store has no empty folders. ``rmdir`` checks
     emptiness atomically, so a lock another command has just taken there stays."""
-    if is_local(store_dir(prefix)):
+    if _is_local(store_dir(prefix)):
         with contextlib.suppress(OSError):
             os.rmdir(store_dir(prefix))
 
@@ -329,7 +343,11 @@ def remove_directory(path: str) -> bool:
 
 
 def command_line(argv) -> str:
-    return " ".join(["pileshuffle", *argv]) if argv is not None else " ".join(sys.argv)
+    """How a lock names the command that holds it: ``pileshuffle`` and ``argv``, or (None)
+    this process's own command line, its program by name."""
+    if argv is not None:
+        return " ".join(["pileshuffle", *argv])
+    return " ".join([os.path.basename(sys.argv[0]) if sys.argv else "python", *sys.argv[1:]])
 
 
 def existing_store(given: str) -> str:

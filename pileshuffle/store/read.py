@@ -17,8 +17,11 @@ from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.store import layout
 from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES, Pile
 
+__all__ = ["live_piles", "missing_files", "Problem", "damaged_generations", "check_store"]
 
-def file_fragment(prefix: str, generation: int, entry: dict) -> Fragment:
+
+def _file_fragment(prefix: str, generation: int, entry: dict) -> Fragment:
+    """One data file of a generation as a pile's fragment, ordered by (generation, writer)."""
     return Fragment((generation, entry["writer"]), entry["records"], entry["bytes"],
                     Fingerprint.from_json(entry["fingerprint"]), path=layout.join(names.store_dir(prefix), entry["path"]))
 
@@ -28,7 +31,7 @@ def live_piles(prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir
     fragments = {p: [] for p in range(manifest["num_piles"])}
     for generation in manifest["generations"]:
         for entry in generation["files"]:
-            fragments[entry["pile"]].append(file_fragment(prefix, generation["generation"], entry))
+            fragments[entry["pile"]].append(_file_fragment(prefix, generation["generation"], entry))
     limit = max_pile_bytes or manifest.get("max_pile_bytes") or DEFAULT_MAX_PILE_BYTES
     return [Pile(p, manifest["num_piles"], tuple(sorted(f, key=lambda x: x.order)), limit, work_dir)
             for p, f in fragments.items()]

@@ -1,7 +1,7 @@
 """Pass 1 into a pile store, as one new generation, and its publication.
 
 Template path (``run --layout store``, ``append``): the sorted sources are dealt into at
-most W contiguous writer groups (balanced by bytes); one ``WriteStoreGroup`` call per
+most W contiguous writer groups (balanced by bytes); one ``_WriteStoreGroup`` call per
 group reads its sources in order and appends each record to the data file of its
 (group, pile). A generation therefore has at most W x M files, whatever the number of
 inputs, and within a file records are in canonical order (source id, then position);
@@ -35,17 +35,22 @@ from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, keyed_chunk
 from pileshuffle.transforms.write import KeyByNone, check_accounted, schema_json
 from pileshuffle.tuning import prepare_worker
 
+__all__ = ["GENERATION_STREAM", "STORE_WRITERS", "WriterGroup", "writer_groups", "PublishGeneration", "stored_schema",
+           "build_generation", "WritePileStore"]
+
 GENERATION_STREAM = 2  # key stream tag of generations after the first (1 is composed use's)
 STORE_WRITERS = 32  # default W: writer groups per generation (at most one per input file)
 
 
-def generation_stream(generation: int, source_id: int) -> tuple:
+def _generation_stream(generation: int, source_id: int) -> tuple:
     """The key stream of a source: ``run``'s for generation 0, one per generation after."""
     return (INPUT_STREAM, source_id) if generation == 0 else (GENERATION_STREAM, generation, source_id)
 
 
 @dataclasses.dataclass(frozen=True)
 class WriterGroup:
+    """One writer of a generation and the sources it reads, in order (its data files are ``w{writer}``)."""
+
     writer: int
     sources: tuple
 
@@ -64,7 +69,7 @@ def writer_groups(sources, writers: int = STORE_WRITERS) -> list:
 
 
 @dataclasses.dataclass(frozen=True)
-class StoreFile:
+class _StoreFile:
     """One written data file (its path relative to the store directory)."""
 
     generation: int
@@ -81,7 +86,7 @@ class StoreFile:
                 "bytes": self.bytes, "fingerprint": self.fingerprint.to_json()}
 
 
-class StoreFiles(FragmentFiles):
+class _StoreFiles(FragmentFiles):
     """One writer's data files of a generation: one IPC stream per pile, temp then rename."""
 
     def __init__(self, store: str, generation: int, writer: int):
@@ -95,14 +100,14 @@ class StoreFiles(FragmentFiles):
         return layout.join(self._store, self.relative(pile))
 
     def commit_files(self, work_dir=None):
-        return [StoreFile(self._generation, pile, self._writer, self.relative(pile), records, storage.size(path),
-                          fingerprint, work_dir)
+        return [_StoreFile(self._generation, pile, self._writer, self.relative(pile), records, storage.size(path),
+                           fingerprint, work_dir)
                 for pile, path, records, _, fingerprint in self.commit()]
 
 
-class WriteStoreGroup(beam.DoFn):
+class _WriteStoreGroup(beam.DoFn):
     """Pass 1 of one writer group into the store: emits one ``SourceStats`` per source and
-    one ``StoreFile`` per pile that received records."""
+    one ``_StoreFile`` per pile that received records."""
 
     def __init__(self, store, generation, format_name, seed, num_piles, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False):
         self._store, self._generation, self._format_name = store, generation, format_name
@@ -112,11 +117,11 @@ class WriteStoreGroup(beam.DoFn):
         prepare_worker()
 
     def process(self, group: WriterGroup):
-        files = StoreFiles(self._store, self._generation, group.writer)
+        files = _StoreFiles(self._store, self._generation, group.writer)
         fmt = get_format(self._format_name)
         for source in group.sources:
             report, fingerprint = ReadReport(), Fingerprint()
-            stream = generation_stream(self._generation, source.id)
+            stream = _generation_stream(self._generation, source.id)
             for table, keys, hashes, lengths in keyed_chunks(fmt, source, self._seed, stream, self._chunk_bytes,
                                                              self._skip_corrupt, report):
                 fingerprint += Fingerprint.of(hashes, int(lengths.sum()))
@@ -126,7 +131,7 @@ class WriteStoreGroup(beam.DoFn):
         yield from files.commit_files()
 
 
-class WriteStorePile(beam.DoFn):
+class _WriteStorePile(beam.DoFn):
     """Composed use: copy one ``Pile`` (ShuffleToPiles' output, before any pass-2 order)
     into the generation as its single data file (writer 0): one file per pile."""
 
@@ -140,7 +145,7 @@ class WriteStorePile(beam.DoFn):
         if pile.num_piles != self._num_piles:
             raise OutputError(f"the store {self._store} has {self._num_piles} piles; these records were "
                               f"assigned to {pile.num_piles} (use ShuffleToPiles(num_piles={self._num_piles}))")
-        files = StoreFiles(self._store, self._generation, 0)
+        files = _StoreFiles(self._store, self._generation, 0)
         for fragment in pile.fragments:
             for batch in read_batches(fragment):
                 files.append(pile.index, pa.Table.from_batches([batch]), Fingerprint())
@@ -162,13 +167,13 @@ class PublishGeneration(beam.DoFn):
 
     def process(self, element):
         _, items = element
-        files = sorted((i for i in items if isinstance(i, StoreFile)), key=lambda f: (f.pile, f.writer))
+        files = sorted((i for i in items if isinstance(i, _StoreFile)), key=lambda f: (f.pile, f.writer))
         sources = sorted((i for i in items if isinstance(i, SourceStats)), key=lambda s: s.source)
         stored = total(f.fingerprint for f in files)
         read = total(s.fingerprint for s in sources) if sources else stored
         check_accounted(sources, read, stored, "add to the store", "the store files hold")
         if self._refuse_copies:
-            refuse_copy(self._prefix, self._base, stored, [s.path for s in sources])
+            _refuse_copy(self._prefix, self._base, stored, [s.path for s in sources])
         current = layout.manifest_versions(self._prefix)
         if current and current[-1] != self._base["version"]:
             raise layout.VersionConflict(storage.join(names.store_dir(self._prefix), names.store_manifest_name(current[-1])))
@@ -205,7 +210,7 @@ class PublishGeneration(beam.DoFn):
         return entry
 
 
-def refuse_copy(prefix: str, base: dict, stored: Fingerprint, paths: list):
+def _refuse_copy(prefix: str, base: dict, stored: Fingerprint, paths: list):
     """Refuse a generation whose records are exactly a live generation's: the same records,
     bytes, hash sum and xor. Its files are other files than that generation's inputs (the
     command refuses those by identity before it reads), so they look like copies of them,
@@ -238,9 +243,9 @@ def stored_schema(prefix: str, relative: str):
     return pa.schema([schema.field(i) for i in keep], metadata=schema.metadata)
 
 
-def publish(items, prefix, base, generation, writers, lock_token=None, input_sizes=None, input_identities=None,
-            refuse_copies=False):
-    """``items`` (StoreFile and SourceStats) -> the published manifest: one leaf."""
+def _publish(items, prefix, base, generation, writers, lock_token=None, input_sizes=None, input_identities=None,
+             refuse_copies=False):
+    """``items`` (``_StoreFile`` and ``SourceStats``) -> the published manifest: one leaf."""
     return (
         items
         | "KeyForPublish" >> beam.ParDo(KeyByNone())
@@ -259,11 +264,11 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
         pipeline
         | "ListWriterGroups" >> beam.Create(groups)
         | "SpreadWriterGroups" >> beam.Reshuffle()
-        | "WriteStoreGroup" >> beam.ParDo(WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
-                                                          skip_corrupt=skip_corrupt))
+        | "WriteStoreGroup" >> beam.ParDo(_WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
+                                                           skip_corrupt=skip_corrupt))
     )
-    return publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
-                   refuse_copies=not allow_duplicates)
+    return _publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
+                    refuse_copies=not allow_duplicates)
 
 
 class WritePileStore(beam.PTransform):
@@ -303,5 +308,5 @@ class WritePileStore(beam.PTransform):
         generation = base["next_generation"]
         layout.remove_unpublished(self._prefix)
         items = piles | "WriteStorePile" >> beam.ParDo(
-            WriteStorePile(names.store_dir(self._prefix), generation, base["num_piles"]))
-        return publish(items, self._prefix, base, generation, 1, token)
+            _WriteStorePile(names.store_dir(self._prefix), generation, base["num_piles"]))
+        return _publish(items, self._prefix, base, generation, 1, token)

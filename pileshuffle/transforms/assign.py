@@ -19,12 +19,12 @@ from pileshuffle import keys as keymath
 from pileshuffle import progress
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, parts_by_pile, records_table
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, parts_by_pile, records_table
 from pileshuffle.fragments import Fragment, FragmentFiles, to_ipc
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, source_writer_name
 from pileshuffle.tuning import prepare_worker
 
-STATS_TAG = "stats"
+STATS_TAG = "stats"  # the tag of pass 1's side output: one SourceStats per source
 INPUT_STREAM = 0  # key stream tag of input records: (INPUT_STREAM, source id)
 
 
@@ -127,7 +127,7 @@ class ReadSourceToPiles(beam.DoFn):
         yield beam.pvalue.TaggedOutput(STATS_TAG, SourceStats.of(source, fingerprint, report))
 
 
-def as_table(batch) -> pa.Table:
+def _as_table(batch) -> pa.Table:
     """A composed-use element batch as a records table: ``bytes`` or Arrow batches/tables."""
     first = batch[0]
     if isinstance(first, (bytes, bytearray, memoryview)):
@@ -141,7 +141,7 @@ def as_table(batch) -> pa.Table:
     )
 
 
-def id_keys(seed: int, ids) -> np.ndarray:
+def _id_keys(seed: int, ids) -> np.ndarray:
     """U for keyed records: a keyed BLAKE2b hash of ``(seed, id)``; reproducible anywhere."""
     salt = int(seed).to_bytes(16, "little", signed=True)
     return np.fromiter(
@@ -187,11 +187,11 @@ class AssignPiles(beam.DoFn):
     def _flush(self):
         if not self._buffer:
             return []
-        table = as_table(self._buffer)
+        table = _as_table(self._buffer)
         if self._keyed:
             if table.num_rows != len(self._ids):
                 raise ValueError("keyed=True takes one (id, record) pair per record; a RecordBatch element needs one id per row")
-            keys = id_keys(self._seed, self._ids)
+            keys = _id_keys(self._seed, self._ids)
         else:
             keys = keymath.record_keys(self._seed, (INPUT_STREAM + 1, self._nonce), self._drawn, table.num_rows)
             self._drawn += table.num_rows
@@ -204,4 +204,5 @@ class AssignPiles(beam.DoFn):
         return out
 
 
-__all__ = ["AssignPiles", "ReadSourceToPiles", "Source", "SourceStats", "STATS_TAG", "RECORD_COLUMN", "keyed_chunks"]
+__all__ = ["Source", "SourceStats", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "split_by_pile", "ReadSourceToPiles",
+           "AssignPiles"]

@@ -8,6 +8,8 @@ from pileshuffle.transforms.assign import STATS_TAG, ReadSourceToPiles, SourceSt
 from pileshuffle.transforms.shuffle import GroupIntoPiles
 from pileshuffle.transforms.write import WritePiles
 
+__all__ = ["build"]
+
 
 def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool = False):
     """The template's graph: one leaf (Finalize), so runners that run only the last
@@ -23,28 +25,31 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it
     # does not separate tags), so each branch keeps only its own type; elsewhere a no-op.
-    fragments = pass1.fragments | "OnlyFragments" >> beam.Filter(is_fragment_element)
-    stats = pass1[STATS_TAG] | "OnlyStats" >> beam.Filter(is_source_stats)
+    fragments = pass1.fragments | "OnlyFragments" >> beam.Filter(_is_fragment_element)
+    stats = pass1[STATS_TAG] | "OnlyStats" >> beam.Filter(_is_source_stats)
     return (
         fragments
         | "GroupIntoPiles" >> GroupIntoPiles(plan.num_piles, plan.max_pile_bytes, plan.work_dir)
         | "WritePiles" >> WritePiles(
             plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
-            schema=plan.schema, expected=stats, manifest_fields=manifest_fields(plan), started=started,
+            schema=plan.schema, expected=stats, manifest_fields=_manifest_fields(plan), started=started,
             release_fragments=release_fragments,
         )
     )
 
 
-def is_fragment_element(element) -> bool:
+def _is_fragment_element(element) -> bool:
+    """Whether ``element`` is pass 1's main output, a ``(pile, Fragment)`` pair."""
     return isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], Fragment)
 
 
-def is_source_stats(element) -> bool:
+def _is_source_stats(element) -> bool:
+    """Whether ``element`` is pass 1's side output, a source's ``SourceStats``."""
     return isinstance(element, SourceStats)
 
 
-def manifest_fields(plan) -> dict:
+def _manifest_fields(plan) -> dict:
+    """What the shard manifest records of the plan: output, seed and the options that shaped it."""
     return {
         "output": plan.output,
         "seed": plan.seed,

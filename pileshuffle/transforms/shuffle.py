@@ -26,13 +26,16 @@ from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
 from pileshuffle.transforms.assign import AssignPiles
 from pileshuffle.tuning import prepare_worker
 
-DEFAULT_MAX_PILE_BYTES = 64 << 20
-OUTPUT_SLICE_BYTES = 8 << 20
-MAX_SPLIT_DEPTH = 16
+__all__ = ["DEFAULT_MAX_PILE_BYTES", "MAX_SPLIT_WAYS", "Pile", "GroupIntoPiles", "UnsupportedRunnerError",
+           "ShuffleToPiles"]
+
+DEFAULT_MAX_PILE_BYTES = 64 << 20  # the most of one pile pass 2 holds in memory; a larger pile is split (files mode)
+_OUTPUT_SLICE_BYTES = 8 << 20  # about this many bytes per ordered table a pile yields
+_MAX_SPLIT_DEPTH = 16  # splits of splits stop here: records that share one key cannot be split apart
 MAX_SPLIT_WAYS = 1024  # larger sub-piles are split again
 
 
-def next_digits(keys: np.ndarray, num_piles: int) -> np.ndarray:
+def _next_digits(keys: np.ndarray, num_piles: int) -> np.ndarray:
     """The digits of U after its top base-``num_piles`` digit: ``U * M mod 2**64``."""
     with np.errstate(over="ignore"):
         return keys * np.uint64(num_piles)
@@ -72,7 +75,7 @@ class Pile:
         splitting of records that share one key (keyed composed use with duplicate ids):
         such a sub-pile is loaded whole instead."""
         return (self.nbytes > self.max_pile_bytes and self.work_dir is not None and self.records > 1
-                and self.depth < MAX_SPLIT_DEPTH)
+                and self.depth < _MAX_SPLIT_DEPTH)
 
     def tables(self):
         """Yield the records in final order, as the user's columns only."""
@@ -90,7 +93,7 @@ class Pile:
         table = pa.concat_tables(read_tables(self.fragments)).combine_chunks()
         order = np.argsort(table.column(KEY_COLUMN).to_numpy(), kind="stable")
         records = table.drop_columns([KEY_COLUMN])
-        step = max(1, int(OUTPUT_SLICE_BYTES * len(order) / max(1, records.nbytes)))
+        step = max(1, int(_OUTPUT_SLICE_BYTES * len(order) / max(1, records.nbytes)))
         for start in range(0, len(order), step):
             yield records.take(order[start : start + step])
 
@@ -101,7 +104,7 @@ class Pile:
         files = FragmentFiles(split_dir, split_writer_name(uuid.uuid4().hex[:12], self.depth, self.index))
         for fragment in self.fragments:
             for batch in read_batches(fragment):
-                digits = next_digits(batch.column(KEY_COLUMN).to_numpy(), self.num_piles)
+                digits = _next_digits(batch.column(KEY_COLUMN).to_numpy(), self.num_piles)
                 table = pa.Table.from_batches([batch]).set_column(
                     batch.schema.get_field_index(KEY_COLUMN), KEY_COLUMN, pa.array(digits, type=pa.uint64())
                 )
@@ -115,7 +118,7 @@ class Pile:
         return 1 if self.needs_split else 0
 
 
-class MakePile(beam.DoFn):
+class _MakePile(beam.DoFn):
     """Pass 2 entry: ``(pile, fragments)`` from GroupByKey -> a ``Pile`` in canonical order."""
 
     def __init__(self, num_piles, max_pile_bytes, work_dir):
@@ -141,7 +144,7 @@ class GroupIntoPiles(beam.PTransform):
         return (
             fragments
             | "GroupByPile" >> beam.GroupByKey()
-            | "MakePile" >> beam.ParDo(MakePile(self._num_piles, self._max_pile_bytes, self._work_dir))
+            | "MakePile" >> beam.ParDo(_MakePile(self._num_piles, self._max_pile_bytes, self._work_dir))
         )
 
 
@@ -149,7 +152,7 @@ class UnsupportedRunnerError(ValueError):
     """``ShuffleToPiles`` was applied in a pipeline whose runner would lose records."""
 
 
-def refuse_runners_that_drop_finish_bundle_output(pipeline):
+def _refuse_runners_that_drop_finish_bundle_output(pipeline):
     """Pass 1 batches a bundle's records and emits the last batch (and, in files mode, the
     names of the bundle's fragments) from ``finish_bundle``. Beam's DaskRunner silently
     drops everything emitted there, so on Dask records would vanish without an error:
@@ -191,7 +194,7 @@ class ShuffleToPiles(beam.PTransform):
         self.work_dir = storage.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}") if temp_location else None
 
     def expand(self, records):
-        refuse_runners_that_drop_finish_bundle_output(records.pipeline)
+        _refuse_runners_that_drop_finish_bundle_output(records.pipeline)
         fragments_dir = storage.join(self.work_dir, "fragments") if self.work_dir else None
         return (
             records

@@ -29,9 +29,11 @@ from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manife
 from pileshuffle.output_files import OutputFiles, check_replaceable, file_name, remove_tree, write_journal
 from pileshuffle.tuning import prepare_worker
 
+__all__ = ["WriteShard", "check_accounted", "Finalize", "schema_json", "KeyByNone", "WritePiles"]
+
 
 @dataclasses.dataclass(frozen=True)
-class ShardStats:
+class _ShardStats:
     """One written shard (still under its staging name)."""
 
     pile: int
@@ -86,9 +88,9 @@ class WriteShard(beam.DoFn):
                 f"{written[0].records} to {staged} (fingerprints {pile.fingerprint} vs {written[0]})"
             )
         if self._release_fragments:
-            release(pile)
+            _release(pile)
         progress.pile_written()
-        yield ShardStats(
+        yield _ShardStats(
             pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
             pile.fingerprint, written[0], pile.split_count(), pile.work_dir,
             schema[0] if self._format_name == "parquet" else None,
@@ -96,7 +98,7 @@ class WriteShard(beam.DoFn):
 
 
 @interrupt.writes
-def release(pile):
+def _release(pile):
     """Delete a written pile's fragment files at once (best effort): the run's temp space
     then peaks at about one copy of the data instead of two, and the next shard reuses
     the freed page cache. Only for runners that never re-run a finished bundle (the local
@@ -109,7 +111,8 @@ def release(pile):
         pass  # Finalize removes the whole work directory anyway
 
 
-def pile_size_summary(shards):
+def _pile_size_summary(shards):
+    """Records per shard, for the manifest: ``{"min", "mean", "max"}``."""
     records = [s.records for s in shards]
     return {"min": min(records), "mean": sum(records) / len(records), "max": max(records)}
 
@@ -139,8 +142,8 @@ class Finalize(beam.DoFn):
 
     def process(self, element):
         _, items = element
-        shards = sorted((i for i in items if isinstance(i, ShardStats)), key=lambda s: s.pile)
-        sources = sorted((i for i in items if not isinstance(i, ShardStats)), key=lambda s: s.source)
+        shards = sorted((i for i in items if isinstance(i, _ShardStats)), key=lambda s: s.pile)
+        sources = sorted((i for i in items if not isinstance(i, _ShardStats)), key=lambda s: s.source)
         fmt = get_format(self._format_name)
         num_piles = self._num_piles or (shards[0].num_piles if shards else 0)
         input_fp = total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
@@ -175,7 +178,7 @@ class Finalize(beam.DoFn):
         except OSError as error:
             raise write_failure(staging_dir(self._prefix), error) from error
         progress.pile_written()
-        return ShardStats(pile, num_piles, path, 0, storage.size(path), 0, Fingerprint(), Fingerprint(), 0)
+        return _ShardStats(pile, num_piles, path, 0, storage.size(path), 0, Fingerprint(), Fingerprint(), 0)
 
     def _replace_old_outputs(self, old: OutputFiles, finals):
         """Journal the publication, then delete the old files the new shards do not
@@ -204,7 +207,7 @@ class Finalize(beam.DoFn):
                 "payload_bytes": output_fp.bytes,
                 "shard_bytes": sum(staged[p].file_bytes for p in range(num_piles)),
             },
-            "pile_records": pile_size_summary([staged[p] for p in range(num_piles)]),
+            "pile_records": _pile_size_summary([staged[p] for p in range(num_piles)]),
             "piles_split": sum(s.split for s in shards),
             "input_fingerprint": input_fp.to_json(),
             "output_fingerprint": output_fp.to_json(),
@@ -240,6 +243,7 @@ class Finalize(beam.DoFn):
 
 
 def schema_json(schema: pa.Schema) -> dict:
+    """An Arrow schema as a manifest records it: each field's name, type and nullability, and the metadata as text."""
     metadata = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in (schema.metadata or {}).items()}
     return {
         "fields": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema],

@@ -1,0 +1,154 @@
+"""The store commands' options: one typed object per command (``append``, ``materialize``,
+``expire``, ``gc``), made once from the command line by its parser (unknown options and bad
+values refused before anything runs) or built directly by a Python caller. The commands'
+functions take these objects; nothing re-parses arguments after this module."""
+
+import argparse
+import dataclasses
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pileshuffle.errors import UsageError
+from pileshuffle.options import check_command_argv, check_max_pile_bytes
+from pileshuffle.store.expire import DEFAULT_GRACE_SECONDS, check_grace_seconds
+
+__all__ = ["AppendOptions", "ExpireOptions", "GcOptions", "MaterializeOptions", "append_options", "expire_options",
+           "gc_options", "materialize_options"]
+
+_STORE_HELP = "the store's prefix P (its files are under P-store/)"
+
+
+def _no_beam_options():
+    return PipelineOptions([])
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendOptions:
+    """``pileshuffle append``: the records of ``input`` as the store's next generation."""
+
+    store: str
+    input: str
+    skip_corrupt: bool = False
+    allow_duplicate_inputs: bool = False
+    beam: PipelineOptions = dataclasses.field(default_factory=_no_beam_options)  # runner, temp location, ...
+
+    def describe(self) -> str:
+        return f"pileshuffle append --store {self.store} --input {self.input}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MaterializeOptions:
+    """``pileshuffle materialize``: a store version's live records as the shards ``run`` writes."""
+
+    store: str
+    output: str
+    version: int = None  # None: the current one
+    overwrite: bool = False
+    max_pile_bytes: str = None  # None: the store's
+    beam: PipelineOptions = dataclasses.field(default_factory=_no_beam_options)
+
+    def __post_init__(self):
+        check_max_pile_bytes(self.max_pile_bytes, auto=False)  # the store fixes the number of piles
+
+    def describe(self) -> str:
+        return f"pileshuffle materialize --store {self.store} --output {self.output}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpireOptions:
+    """``pileshuffle expire``: drop generations (``keep_generations`` newest kept, or those
+    created ``before`` a time); their files go once ``grace_seconds`` have passed."""
+
+    store: str
+    keep_generations: int = None
+    before: str = None
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    all: bool = False  # allow expiring every live generation
+
+    def __post_init__(self):
+        if self.keep_generations is None and self.before is None:
+            raise UsageError("give --keep_generations N or --before TIME")
+
+    def describe(self) -> str:
+        return f"pileshuffle expire --store {self.store}"
+
+
+@dataclasses.dataclass(frozen=True)
+class GcOptions:
+    """``pileshuffle gc``: delete the files no version published within ``grace_seconds`` lists."""
+
+    store: str
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+
+    def __post_init__(self):
+        check_grace_seconds(self.grace_seconds)
+
+    def describe(self) -> str:
+        return f"pileshuffle gc --store {self.store}"
+
+
+def _parser(command: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"pileshuffle {command}", allow_abbrev=False, description=description)
+
+
+def append_options(argv) -> AppendOptions:
+    """``pileshuffle append``'s command line as ``AppendOptions`` (Beam's options inside)."""
+    parser = _parser("append", (
+        "Add the records of --input to the pile store at --store as a new generation: pass 1 only, into the store's "
+        "piles, keys from (seed, generation, file, position). Existing files are never rewritten; the new generation "
+        "is live once the next manifest version is published (written last)."))
+    parser.add_argument("--store", required=True, help=_STORE_HELP)
+    parser.add_argument("--input", required=True, help="comma-separated file patterns of the new records")
+    parser.add_argument("--skip_corrupt", action="store_true", help="skip corrupt TFRecord records and report them")
+    parser.add_argument("--allow_duplicate_inputs", action="store_true", help=(
+        "add files that a live generation already holds (same real file and size) again, or files whose records "
+        "are exactly a live generation's (copies of its inputs: the same fingerprint), so that their records appear "
+        "twice in every epoch; without it such an append is refused (the newest generation's exact inputs are still "
+        "'nothing to do': a re-run)"))
+    args, beam_args = check_command_argv(parser, argv)
+    return AppendOptions(args.store, args.input, args.skip_corrupt, args.allow_duplicate_inputs,
+                         PipelineOptions(beam_args))
+
+
+def materialize_options(argv) -> MaterializeOptions:
+    """``pileshuffle materialize``'s command line as ``MaterializeOptions``."""
+    parser = _parser("materialize", (
+        "The second pass over a pile store: write its live records as the shards and manifest `pileshuffle run` "
+        "writes (byte-identical to `run` for the same inputs, seed and piles)."))
+    parser.add_argument("--store", required=True, help=_STORE_HELP)
+    parser.add_argument("--output", required=True, help="prefix of the shards to write")
+    parser.add_argument("--version", type=int, help="the manifest version to read (default: the current one)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output with this prefix")
+    parser.add_argument("--max_pile_bytes", help="load piles larger than this in sub-piles (default: the store's)")
+    args, beam_args = check_command_argv(parser, argv)
+    return MaterializeOptions(args.store, args.output, args.version, args.overwrite, args.max_pile_bytes,
+                              PipelineOptions(beam_args))
+
+
+def expire_options(argv) -> ExpireOptions:
+    """``pileshuffle expire``'s command line as ``ExpireOptions`` (neither limit given: a usage error)."""
+    parser = _parser("expire", (
+        "Drop whole generations from a pile store: the next manifest version without them is published first; their "
+        "files are deleted once no version published within --grace_seconds lists them (readers that opened an older "
+        "version finish their epoch)."))
+    parser.add_argument("--store", required=True, help="the store's prefix P")
+    parser.add_argument("--keep_generations", type=int, help="keep the N newest live generations")
+    parser.add_argument("--before", help="drop generations created before this UTC time (ISO 8601, e.g. 2026-11-01)")
+    parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS,
+                        help=f"keep files a superseded version lists for this long (default {DEFAULT_GRACE_SECONDS})")
+    parser.add_argument("--all", action="store_true",
+                        help="allow expiring every live generation (the store is left empty); refused without it")
+    args, _ = check_command_argv(parser, argv)
+    if args.keep_generations is None and args.before is None:
+        parser.error("give --keep_generations N or --before TIME")
+    return ExpireOptions(args.store, args.keep_generations, args.before, args.grace_seconds, args.all)
+
+
+def gc_options(argv) -> GcOptions:
+    """``pileshuffle gc``'s command line as ``GcOptions``."""
+    parser = _parser("gc", "Delete a pile store's files that no manifest version within --grace_seconds lists, "
+                           "and older versions.")
+    parser.add_argument("--store", required=True, help="the store's prefix P")
+    parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS)
+    args, _ = check_command_argv(parser, argv)
+    return GcOptions(args.store, args.grace_seconds)
