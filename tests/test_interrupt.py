@@ -389,6 +389,7 @@ def test_the_line_starts_on_its_own_line_after_a_print_cut_between_text_and_newl
         "    sys.stderr.write('pileshuffle: a line without its newline')\n"
         "    interrupt._State.interrupted = True\n"
         "    raise KeyboardInterrupt\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          preexec_fn=_no_sigint_inherited)  # a background job's SIG_IGN would keep handling() out
     assert done.returncode == 130
     assert done.stderr.splitlines()[-1] == "pileshuffle x: interrupted", done.stderr
