@@ -18,6 +18,7 @@ Invariants every backend keeps:
 """
 
 import dataclasses
+import errno
 import json
 import os
 import posixpath
@@ -233,6 +234,29 @@ def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "app
     return fs.open_output_stream(where, compression=GZIP if compression == GZIP else None)
 
 
+def create_exclusive(path: str, data: bytes, temp: str):
+    """Write ``data`` to ``path`` whole (first to ``temp``), failing with ``FileExistsError`` if
+    ``path`` exists. On a local disk an atomic hard link: of two writers, one wins. On an object
+    store checked just before the rename: callers exclude each other by a lock. One step that
+    Ctrl-C does not cut (``interrupt.not_cut``): ``temp`` never outlives it."""
+    from pileshuffle import interrupt
+
+    with interrupt.not_cut():
+        makedirs(split(path)[0] or ".")
+        with open_write(temp, UNCOMPRESSED) as handle:
+            handle.write(data)
+        try:
+            if not is_remote(path):
+                os.link(temp, path)  # FileExistsError when it exists
+                return
+            if exists(path):
+                raise FileExistsError(errno.EEXIST, f"{path} exists")
+            rename([temp], [path])
+        finally:
+            if exists(temp):
+                delete([temp])
+
+
 def rename(sources: list, destinations: list):
     """Move each source to its destination (replacing it). Atomic per file on a local disk; on
     an object store a copy then a delete."""
@@ -303,5 +327,5 @@ def arrow_filesystem(path: str, filesystem=None):
 
 
 __all__ = ["AUTO", "GZIP", "UNCOMPRESSED", "FileInfo", "arrow_filesystem", "compression_of", "delete",
-           "delete_tree", "exists", "is_folder", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
+           "create_exclusive", "delete_tree", "exists", "is_folder", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
            "open_mapped", "open_random_access", "open_read", "open_write", "read_buffer", "read_json", "rename", "size", "split"]

@@ -20,7 +20,6 @@ Invariants:
 import contextlib
 import dataclasses
 import datetime
-import errno
 import json
 import os
 import socket
@@ -136,23 +135,10 @@ def _write_exclusive(path: str, data: bytes):
     exists. Local: an atomic hard link, so two writers cannot both succeed. Elsewhere
     (gs://): checked just before the rename, and the store lock is what excludes."""
     directory, name = path.rsplit("/", 1) if "/" in path else (".", path)
-    temp = storage.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
-    with storage.open_write(temp, "uncompressed", "application/json") as handle:
-        handle.write(data)
     try:
-        if _is_local(path):
-            try:
-                os.link(temp, path)
-            except FileExistsError:
-                raise VersionConflict(path) from None
-            os.unlink(temp)
-            return
-        if storage.exists(path):
-            raise VersionConflict(path)
-        storage.rename([temp], [path])
-    finally:
-        if storage.exists(temp):
-            storage.delete([temp])
+        storage.create_exclusive(path, data, storage.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}"))
+    except FileExistsError:
+        raise VersionConflict(path) from None
 
 
 class VersionConflict(OutputError):
@@ -252,26 +238,15 @@ class FileLock:
 
     def _create(self, data: bytes):
         try:
-            if _is_local(self.path):
-                os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            storage.makedirs(storage.split(self.path)[0] or ".")
         except OSError as error:
             raise OutputError(f"cannot write the lock {self.path}: {error}") from error
-        if _is_local(self.path):  # whole content or nothing: a killed command never leaves an empty lock
-            temp = f"{self.path}.tmp-{uuid.uuid4().hex[:12]}"
-            try:
-                with open(temp, "wb") as handle:
-                    handle.write(data)
-            except OSError as error:
-                raise OutputError(f"cannot write the lock {self.path}: {error}") from error
-            try:
-                os.link(temp, self.path)
-            finally:
-                os.unlink(temp)
-            return
-        if storage.exists(self.path):
-            raise FileExistsError(errno.EEXIST, self.path)
-        with storage.open_write(self.path, "uncompressed") as handle:
-            handle.write(data)
+        try:  # whole content or nothing: a killed command never leaves an empty lock
+            storage.create_exclusive(self.path, data, f"{self.path}.tmp-{uuid.uuid4().hex[:12]}")
+        except FileExistsError:
+            raise
+        except OSError as error:
+            raise OutputError(f"cannot write the lock {self.path}: {error}") from error
 
     def _stale(self, holder: dict) -> bool:
         if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
