@@ -3,7 +3,14 @@
 import os
 import subprocess
 
-import pytest
+# The suite runs Beam (and with it gRPC) in this process and then starts commands with
+# subprocess.Popen. With gRPC's fork support on, the forked child restarts gRPC's poller before
+# exec, finds the epoll fd closed by close_fds and aborts (SIGABRT, "epoll_wait error: Bad file
+# descriptor": grpc/grpc#43055): seen twice in three full runs as a command that "finished"
+# with -6 before it started. Set before anything imports grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import pytest  # noqa: E402
 
 from pileshuffle import sample
 
