@@ -81,7 +81,7 @@ def _one_name_per_file(candidates):
         groups.setdefault(file_identity(path), {})[path] = (rank, size)
     paths, duplicates = {}, {}
     for names in groups.values():
-        kept = min(names, key=lambda p: (names[p][0], len(names) > 1 and _is_local_path(p) and os.path.islink(p), p))
+        kept = min(names, key=lambda p: (names[p][0], len(names) > 1 and not storage.is_remote(p) and os.path.islink(p), p))
         paths[kept] = names[kept][1]
         duplicates.update({name: kept for name in names if name != kept})
     return paths, duplicates
@@ -91,12 +91,7 @@ def file_identity(path: str) -> str:
     """What makes two names one file: the resolved real path on a local disk (relative
     names, ``./``, absolute paths and symbolic links), else the location itself
     (``gs://bucket/object``)."""
-    return os.path.realpath(path) if _is_local_path(path) else path
-
-
-def _is_local_path(path: str) -> bool:
-    """Whether ``path`` names a local file (no ``scheme://``)."""
-    return "://" not in path
+    return os.path.realpath(path) if not storage.is_remote(path) else path
 
 
 _WILDCARDS = re.compile(r"[*?\[]")
@@ -123,7 +118,7 @@ def _list_pattern(pattern: str):
     folder, ``**`` across folders). A trailing ``/`` changes nothing: a folder is refused
     with or without it (``_refuse_folder``), so a pattern never reads a folder's files unasked."""
     pattern = pattern.rstrip("/\\") or pattern
-    if _is_local_path(pattern):
+    if not storage.is_remote(pattern):
         if os.path.lexists(pattern):
             return _literal_local_file(pattern), {}
         if not _WILDCARDS.search(pattern):
@@ -140,7 +135,7 @@ def _list_pattern(pattern: str):
                 _refuse_folder(pattern)
             return found, {}
         skipped = {}
-    root = os.path.dirname(_WILDCARDS.split(pattern, 1)[0]) if _is_local_path(pattern) else \
+    root = os.path.dirname(_WILDCARDS.split(pattern, 1)[0]) if not storage.is_remote(pattern) else \
         _WILDCARDS.split(pattern, 1)[0].rsplit("/", 1)[0]
     for path in list(found):
         why = _not_input(path, root)
@@ -157,7 +152,7 @@ def _brackets_literal(pattern: str) -> str:
 
 def _refuse_folder(path: str):
     """A folder named as input: say which pattern reads its files."""
-    files = os.path.join(path, "*") if _is_local_path(path) else f"{path}/*"
+    files = os.path.join(path, "*") if not storage.is_remote(path) else f"{path}/*"
     raise InputError(path, f"is a folder: give a pattern for its files, such as '{files}'")
 
 

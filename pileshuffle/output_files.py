@@ -25,8 +25,7 @@ __all__ = ["OutputFiles", "read_manifest", "file_name", "write_journal", "check_
 
 def read_manifest(prefix: str) -> dict:
     """The manifest of the shard output at ``prefix``; refuses a format this pileshuffle cannot read."""
-    with storage.open_read(manifest_path(prefix), "uncompressed") as handle:
-        manifest = json.loads(handle.read())
+    manifest = storage.read_json(manifest_path(prefix))
     if format_problem(manifest):
         raise InputError(manifest_path(prefix), format_problem(manifest))
     return manifest
@@ -55,8 +54,7 @@ def _read_journals(prefix: str) -> list:
     journals = []
     for path in sorted(paths):
         try:
-            with storage.open_read(path, "uncompressed") as handle:
-                journals.append(json.loads(handle.read()))
+            journals.append(storage.read_json(path))
         except Exception:
             continue
     return journals

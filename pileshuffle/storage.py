@@ -93,7 +93,7 @@ def match(pattern: str) -> list:
 
     import pyarrow.fs as pafs
 
-    fs, where = _arrow(pattern)
+    fs, where = arrow_filesystem(pattern)
     folder = posixpath.dirname(where) if is_remote(pattern) else os.path.dirname(where)
     try:
         infos = fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True))
@@ -132,7 +132,7 @@ def exists(path: str, filesystem=None) -> bool:
         return FileSystems.exists(path)
     import pyarrow.fs as pafs
 
-    fs, where = _arrow(path)
+    fs, where = arrow_filesystem(path)
     return fs.get_file_info(where).type != pafs.FileType.NotFound
 
 
@@ -149,7 +149,7 @@ def open_read(path: str, compression: str = AUTO):
         from apache_beam.io.filesystems import FileSystems
 
         return FileSystems.open(path, compression_type=compression)
-    fs, where = _arrow(path)
+    fs, where = arrow_filesystem(path)
     wanted = compression_of(path) if compression == AUTO else compression
     return fs.open_input_stream(where, compression=GZIP if wanted == GZIP else None)
 
@@ -167,7 +167,7 @@ def read_buffer(path: str, filesystem=None):
     if filesystem is None and _uses_beam():
         with open_read(path) as handle:
             return pa.py_buffer(handle.read())
-    fs, where = _arrow(path, filesystem)
+    fs, where = arrow_filesystem(path, filesystem)
     if path.endswith(".gz"):
         with fs.open_input_stream(where, compression="gzip") as stream:
             return stream.read_buffer()
@@ -182,7 +182,7 @@ def read_json(path: str, filesystem=None):
 
 def open_random_access(path: str, filesystem=None):
     """A seekable ``pyarrow`` file (what Parquet's reader needs), read in the reader's own requests."""
-    fs, where = _arrow(path, filesystem)
+    fs, where = arrow_filesystem(path, filesystem)
     return fs.open_input_file(where)
 
 
@@ -194,7 +194,7 @@ def open_mapped(path: str, filesystem=None):
 
     if isinstance(filesystem, pafs.LocalFileSystem) or (filesystem is None and not is_remote(path)):
         return pa.memory_map(path)
-    fs, where = _arrow(path, filesystem)
+    fs, where = arrow_filesystem(path, filesystem)
     return fs.open_input_stream(where)
 
 
@@ -204,7 +204,7 @@ def list_folder(folder: str, filesystem=None) -> list:
         return [f.path for f in match(join(literal_pattern(folder), "*"))]
     import pyarrow.fs as pafs
 
-    fs, where = _arrow(folder, filesystem)
+    fs, where = arrow_filesystem(folder, filesystem)
     infos = fs.get_file_info(pafs.FileSelector(where, allow_not_found=True))
     scheme = folder.split("://", 1)[0] + "://" if is_remote(folder) and filesystem is None else ""
     return [scheme + i.path for i in infos if i.type == pafs.FileType.File]
@@ -216,7 +216,7 @@ def is_folder(path: str, filesystem=None) -> bool:
         return os.path.isdir(path)
     import pyarrow.fs as pafs
 
-    fs, where = _arrow(path.rstrip("/"), filesystem)
+    fs, where = arrow_filesystem(path.rstrip("/"), filesystem)
     return fs.get_file_info(where.rstrip("/")).type == pafs.FileType.Directory
 
 
@@ -230,7 +230,7 @@ def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "app
         return FileSystems.create(path, mime_type=mime_type, compression_type=compression)
     if not is_remote(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fs, where = _arrow(path)
+    fs, where = arrow_filesystem(path)
     return fs.open_output_stream(where, compression=GZIP if compression == GZIP else None)
 
 
@@ -265,9 +265,9 @@ def rename(sources: list, destinations: list):
 
         FileSystems.rename(list(sources), list(destinations))
         return
-    fs, _ = _arrow(sources[0]) if sources else (None, None)
+    fs, _ = arrow_filesystem(sources[0]) if sources else (None, None)
     for source, destination in zip(sources, destinations):
-        fs.move(_arrow(source)[1], _arrow(destination)[1])
+        fs.move(arrow_filesystem(source)[1], arrow_filesystem(destination)[1])
 
 
 def delete(paths: list):
@@ -280,7 +280,7 @@ def delete(paths: list):
     import pyarrow.fs as pafs
 
     for path in paths:
-        fs, where = _arrow(path)
+        fs, where = arrow_filesystem(path)
         if fs.get_file_info(where).type == pafs.FileType.Directory:
             fs.delete_dir(where)
         else:
@@ -310,8 +310,9 @@ def makedirs(folder: str):
 
 # -- pyarrow.fs ------------------------------------------------------------------------------------
 
-def _arrow(path: str, filesystem=None):
-    """``(pyarrow FileSystem, path on it)``."""
+def arrow_filesystem(path: str, filesystem=None):
+    """``(pyarrow FileSystem, path on it)``: ``filesystem`` as given, else from the URI (local: the
+    local file system). A reader that hands paths to pyarrow itself resolves once with this."""
     import pyarrow.fs as pafs
 
     if filesystem is not None:
@@ -319,11 +320,6 @@ def _arrow(path: str, filesystem=None):
     if is_remote(path):
         return pafs.FileSystem.from_uri(path)
     return pafs.LocalFileSystem(), path
-
-
-def arrow_filesystem(path: str, filesystem=None):
-    """``(pyarrow FileSystem, path on it)`` for a reader that hands paths to pyarrow itself."""
-    return _arrow(path, filesystem)
 
 
 __all__ = ["AUTO", "GZIP", "UNCOMPRESSED", "FileInfo", "arrow_filesystem", "compression_of", "delete",

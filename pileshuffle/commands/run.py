@@ -65,7 +65,7 @@ def run(options=None, wait=None, hold_worker_stderr=False):
         options = dask_defaults(options, plan)
     if is_dataflow(options):
         options = dataflow_defaults(options)
-    with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line(None)):
+    with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line()):
         return _run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr)
 
 

@@ -87,7 +87,7 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
     doomed = sorted(listed - needed)  # from the manifests, without listing the whole store
     store = names.store_dir(prefix)
     for generation in doomed:
-        layout.remove_directory(storage.join(store, names.generation_dir_name(generation)))
+        storage.delete_tree(storage.join(store, names.generation_dir_name(generation)))
     old = sorted(set(versions) - protected)  # after their generations: a killed collection is redone
     if old:
         storage.delete([storage.join(store, names.store_manifest_name(v)) for v in old])

@@ -38,7 +38,7 @@ from pileshuffle.names import store_manifest_name as manifest_name
 __all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
            "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
            "new_manifest", "next_manifest", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
-           "remove_if_empty", "remove_unpublished", "remove_directory", "command_line"]
+           "remove_if_empty", "remove_unpublished", "command_line"]
 
 
 def clean_prefix(prefix: str) -> str:
@@ -72,15 +72,10 @@ def parse_time(text: str) -> datetime.datetime:
     return value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)
 
 
-def _is_local(path: str) -> bool:
-    """Whether ``path`` is on a local disk (no ``scheme://``)."""
-    return not storage.is_remote(path)
-
-
 def list_names(directory: str) -> list:
     """Base names of the entries directly under ``directory`` (files, and for local
     directories, sub-directories); empty if it does not exist."""
-    if _is_local(directory):
+    if not storage.is_remote(directory):
         try:
             return sorted(os.listdir(directory))
         except (FileNotFoundError, NotADirectoryError):
@@ -93,7 +88,7 @@ def list_names(directory: str) -> list:
 def manifest_versions(prefix: str) -> list:
     """Published versions, ascending."""
     directory = store_dir(prefix)
-    if _is_local(directory):
+    if not storage.is_remote(directory):
         names = list_names(directory)
     else:  # list the manifests only, not every data file
         names = [f.path.rsplit("/", 1)[-1] for f in storage.match(storage.join(directory, STORE_MANIFEST_GLOB))]
@@ -105,12 +100,6 @@ def generation_dirs(prefix: str) -> list:
     return sorted(int(m.group(1)) for m in map(GENERATION_DIR.match, list_names(store_dir(prefix))) if m)
 
 
-def _read_json(path: str) -> dict:
-    """The JSON document in the file at ``path``."""
-    with storage.open_read(path, "uncompressed") as handle:
-        return json.loads(handle.read())
-
-
 def read_store_manifest(prefix: str, version: int = None) -> dict:
     """The manifest of ``version`` (default: the current one); None if no version exists."""
     if version is None:
@@ -119,7 +108,7 @@ def read_store_manifest(prefix: str, version: int = None) -> dict:
             return None
         version = versions[-1]
     path = storage.join(store_dir(prefix), manifest_name(version))
-    manifest = _read_json(path)
+    manifest = storage.read_json(path)
     if format_problem(manifest):
         raise InputError(path, format_problem(manifest))
     return manifest
@@ -197,6 +186,9 @@ class FileLock:
     same_process_is_stale: bool = False  # composed use: a failed pipeline of this process left it
 
     def acquire(self) -> str:
+        """Take the lock; returns its token. It returns the token or leaves no lock of its own:
+        a Ctrl-C that comes while the lock is being created (it takes effect as that step
+        ends) removes it again."""
         token = uuid.uuid4().hex
         holder = {"command": self.command, "host": socket.gethostname(), "pid": os.getpid(), "since": now_iso(),
                   "token": token}
@@ -204,7 +196,6 @@ class FileLock:
         for _ in range(3):
             try:
                 self._create(data)
-                return token
             except FileExistsError:
                 current = _holder_of(self.path)
                 if current is not None and not self._stale(current):
@@ -213,6 +204,11 @@ class FileLock:
                     storage.delete([self.path])  # stale: its holder died
                 except Exception:
                     pass
+            except BaseException:
+                self.release(token)
+                raise
+            else:
+                return token
         raise OutputError(f"cannot take {self.path}: it keeps reappearing")
 
     def refusal(self, holder: dict) -> str:
@@ -274,7 +270,7 @@ class StoreLock(FileLock):
 def _holder_of(path: str):
     """The holder (dict) of the lock file at ``path``, None if unlocked."""
     try:
-        return _read_json(path)
+        return storage.read_json(path)
     except Exception:
         return {} if storage.exists(path) else None
 
@@ -298,7 +294,7 @@ def remove_if_empty(prefix: str):
     """Remove the store's folder if it holds nothing (what taking the lock of a store that did
     not exist created). Local only: an object store has no empty folders. ``rmdir`` checks
     emptiness atomically, so a lock another command has just taken there stays."""
-    if _is_local(store_dir(prefix)):
+    if not storage.is_remote(store_dir(prefix)):
         with contextlib.suppress(OSError):
             os.rmdir(store_dir(prefix))
 
@@ -309,19 +305,11 @@ def remove_unpublished(prefix: str):
     publishing). Only under the lock. Returns whether there was one."""
     generation = (read_store_manifest(prefix) or {}).get("next_generation", 0)
     path = storage.join(store_dir(prefix), generation_dir_name(generation))
-    return remove_directory(path)
-
-
-def remove_directory(path: str) -> bool:
-    """Delete a generation directory and everything in it; whether there was one."""
     return storage.delete_tree(path)
 
 
-def command_line(argv) -> str:
-    """How a lock names the command that holds it: ``pileshuffle`` and ``argv``, or (None)
-    this process's own command line, its program by name."""
-    if argv is not None:
-        return " ".join(["pileshuffle", *argv])
+def command_line() -> str:
+    """How a lock names the command that holds it: this process's command line, its program by name."""
     return " ".join([os.path.basename(sys.argv[0]) if sys.argv else "python", *sys.argv[1:]])
 
 
