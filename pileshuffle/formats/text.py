@@ -9,7 +9,6 @@ so a binary file given as JSONL (a TFRecord, say) is refused, naming its first b
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
@@ -96,7 +95,9 @@ class JsonlFormat(Payloads):
         for table in tables:
             if LINE_COLUMN in table.column_names:
                 column = table.column(LINE_COLUMN)
-            else:
+            else:  # bare payloads (a composed run's): rare, so the loader's start-up never imports compute
+                import pyarrow.compute as pc
+
                 empty, newline = pa.scalar(b"", pa.binary()), pa.scalar(b"\n", pa.binary())
                 column = pc.binary_join_element_wise(table.column(RECORD_COLUMN), empty, newline)
             data, _ = binary_column_parts(column)
