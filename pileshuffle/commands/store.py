@@ -91,12 +91,14 @@ def _store_lock(prefix: str, command: str):
     has nothing to publish. A refusal, failure or Ctrl-C releases it and removes the store
     folder if that holds nothing else: a first run that published nothing leaves no
     ``-store`` folder."""
-    token = layout.StoreLock(prefix, command).acquire()
-    try:
+    token = None
+    try:  # taking the lock too: a Ctrl-C as it is taken leaves neither the lock nor the folder it made
+        token = layout.StoreLock(prefix, command).acquire()
         yield token
     except BaseException:
         with interrupt.not_cut():  # one step: no lock, nor an empty folder, is left by a Ctrl-C inside it
-            layout.release_lock(prefix, token)
+            if token is not None:
+                layout.release_lock(prefix, token)
             layout.remove_if_empty(prefix)
         raise
 
@@ -143,7 +145,7 @@ def run_store(options, wait=None, hold_worker_stderr=False):
         raise OutputError(f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
                           f"(readers take shards first); choose another --output")
     sources = plan.sources  # match_inputs leaves store files out
-    with _store_lock(prefix, layout.command_line(None)) as token:
+    with _store_lock(prefix, layout.command_line()) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
             first = current["generations"][:1]
