@@ -24,6 +24,7 @@ import os
 import posixpath
 import sys
 
+from pileshuffle import cloud
 from pileshuffle.names import literal_pattern
 
 # the compressions ``open_read`` and ``open_write`` take (Beam's names); AUTO: what the name says
@@ -41,6 +42,17 @@ class FileInfo:
 def is_remote(path: str) -> bool:
     """Whether ``path`` is on an object store or other remote file system (it has a ``scheme://``)."""
     return "://" in path
+
+
+def _beam(*paths):
+    """Beam's ``FileSystems``, once the endpoint rule holds in Beam (``cloud.use_emulator_in_beam``)
+    and the remote paths' bucket answered (``cloud.first_contact``)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    cloud.use_emulator_in_beam()
+    for path in paths:
+        cloud.first_contact(path)
+    return FileSystems
 
 
 def _uses_beam() -> bool:
@@ -82,8 +94,7 @@ def compression_of(path: str) -> str:
 def match(pattern: str) -> list:
     """The files ``pattern`` (a glob) matches, as ``FileInfo``s; [] when none do."""
     if _uses_beam():
-        from apache_beam.io.filesystems import FileSystems
-
+        FileSystems = _beam(pattern)
         try:
             found = FileSystems.match([pattern])[0].metadata_list
         except Exception:  # BeamIOError when nothing matches
@@ -127,8 +138,7 @@ def exists(path: str, filesystem=None) -> bool:
     if not is_remote(path):
         return os.path.exists(path)
     if _uses_beam():
-        from apache_beam.io.filesystems import FileSystems
-
+        FileSystems = _beam(path)
         return FileSystems.exists(path)
     import pyarrow.fs as pafs
 
@@ -146,8 +156,7 @@ def size(path: str) -> int:
 def open_read(path: str, compression: str = AUTO):
     """A binary stream of ``path``'s contents, decompressed as its name says (``AUTO``)."""
     if _uses_beam():
-        from apache_beam.io.filesystems import FileSystems
-
+        FileSystems = _beam(path)
         return FileSystems.open(path, compression_type=compression)
     fs, where = arrow_filesystem(path)
     wanted = compression_of(path) if compression == AUTO else compression
@@ -225,8 +234,7 @@ def is_folder(path: str, filesystem=None) -> bool:
 def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "application/octet-stream"):
     """A new binary file at ``path`` (its local folder made), compressed as asked."""
     if _uses_beam():
-        from apache_beam.io.filesystems import FileSystems
-
+        FileSystems = _beam(path)
         return FileSystems.create(path, mime_type=mime_type, compression_type=compression)
     if not is_remote(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -261,8 +269,7 @@ def rename(sources: list, destinations: list):
     """Move each source to its destination (replacing it). Atomic per file on a local disk; on
     an object store a copy then a delete."""
     if _uses_beam():
-        from apache_beam.io.filesystems import FileSystems
-
+        FileSystems = _beam(*sources[:1], *destinations[:1])
         FileSystems.rename(list(sources), list(destinations))
         return
     fs, _ = arrow_filesystem(sources[0]) if sources else (None, None)
@@ -273,8 +280,7 @@ def rename(sources: list, destinations: list):
 def delete(paths: list):
     """Delete files (a local folder with its contents); a missing path is an error."""
     if _uses_beam():
-        from apache_beam.io.filesystems import FileSystems
-
+        FileSystems = _beam(*paths[:1])
         FileSystems.delete(list(paths))
         return
     import pyarrow.fs as pafs
@@ -317,6 +323,9 @@ def arrow_filesystem(path: str, filesystem=None):
 
     if filesystem is not None:
         return filesystem, path
+    if path.startswith("gs://"):
+        cloud.first_contact(path)
+        return cloud.arrow_gcs(), path[len("gs://"):]
     if is_remote(path):
         return pafs.FileSystem.from_uri(path)
     return pafs.LocalFileSystem(), path

@@ -1,0 +1,130 @@
+"""Where Cloud Storage requests go and as whom: one rule for every client of the process.
+
+- ``STORAGE_EMULATOR_HOST`` set (``http://host:port``, or ``host:port``, taken as http): every
+  client goes there anonymously and nothing looks for credentials: Beam's ``gcsio`` and
+  ``google-cloud-storage`` (they read the variable; Beam's 4 retried credential lookups, 15-25 s
+  per process, are skipped), ``pyarrow.fs.GcsFileSystem`` (given the endpoint: it ignores the
+  variable), and DataLoader workers (they inherit the environment).
+- otherwise Google's credential chain (Application Default Credentials), looked up once per
+  process: the pyarrow file system is made once and kept.
+
+Fail fast: the first request to a bucket (``first_contact``) gets ``FIRST_CONTACT_SECONDS`` of
+retries, so a wrong endpoint, missing credentials, a missing bucket or a refused permission is
+one line naming the path within 30 s. After it, a request is retried for
+``TRANSIENT_RETRY_SECONDS`` (429 and 503 are passing states of a healthy service).
+"""
+
+import datetime
+import functools
+import os
+import re
+import threading
+
+from pileshuffle.errors import InputError
+
+__all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "emulator", "arrow_gcs",
+           "use_emulator_in_beam", "first_contact", "explain"]
+
+EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
+# pyarrow's default is 15 minutes of retries, and without credentials it waits out all of them.
+# 8 s of retries ends in about 12 s when nothing answers: one line well within 30 s.
+FIRST_CONTACT_SECONDS = 8
+# google-cloud-storage's (and so Beam's) default deadline: a 503 or 429 burst outlives a few seconds.
+TRANSIENT_RETRY_SECONDS = 120
+
+
+def emulator():
+    """``(scheme, "host:port")`` of the emulator ``STORAGE_EMULATOR_HOST`` names, or None. A value
+    without a scheme is made ``http://`` in the environment too: google-cloud-storage needs it."""
+    value = os.environ.get(EMULATOR_VARIABLE, "").strip().rstrip("/")
+    if not value:
+        return None
+    if "://" not in value:
+        value = f"http://{value}"
+        os.environ[EMULATOR_VARIABLE] = value
+    scheme, _, host = value.partition("://")
+    return scheme, host
+
+
+@functools.lru_cache(maxsize=None)
+def _arrow_gcs(endpoint, retry_seconds: float):
+    import pyarrow.fs as pafs
+
+    limit = datetime.timedelta(seconds=retry_seconds)
+    if endpoint is None:
+        return pafs.GcsFileSystem(retry_time_limit=limit)
+    scheme, host = endpoint
+    return pafs.GcsFileSystem(anonymous=True, scheme=scheme, endpoint_override=host, retry_time_limit=limit)
+
+
+def arrow_gcs(retry_seconds: float = TRANSIENT_RETRY_SECONDS):
+    """The process's ``pyarrow.fs.GcsFileSystem`` under the endpoint rule (made once per endpoint)."""
+    return _arrow_gcs(emulator(), retry_seconds)
+
+
+def use_emulator_in_beam():
+    """With an emulator named, tell Beam's credential cache there are none (anonymous), as Beam
+    itself concludes after 4 retried lookups. Beam has no option for it: this sets the cache
+    its ``auth`` module keeps (tests/test_gcs.py times a Beam process to catch a change)."""
+    if emulator() is None:
+        return
+    try:
+        from apache_beam.internal.gcp import auth
+    except ImportError:
+        return
+    with auth._Credentials._credentials_lock:
+        auth._Credentials._credentials_init = True
+        auth._Credentials._credentials = None
+
+
+_contacted, _contact_lock = set(), threading.Lock()
+
+
+def first_contact(path: str):
+    """Check once per process and bucket that ``path``'s bucket answers, in at most about 12 s:
+    an ``InputError`` naming ``path`` and the cause otherwise. Only ``gs://`` paths are checked."""
+    if not path.startswith("gs://"):
+        return
+    bucket = path[len("gs://"):].split("/", 1)[0]
+    key = (emulator(), bucket)
+    with _contact_lock:
+        if key in _contacted:
+            return
+    import pyarrow.fs as pafs
+
+    try:
+        found = arrow_gcs(FIRST_CONTACT_SECONDS).get_file_info(bucket)
+    except OSError as error:
+        raise InputError(path, explain(error)) from None
+    if found.type == pafs.FileType.NotFound:
+        raise InputError(path, f"bucket gs://{bucket} does not exist{_where()}")
+    with _contact_lock:
+        _contacted.add(key)
+
+
+def _where() -> str:
+    found = emulator()
+    return f" (on the emulator at {found[0]}://{found[1]}, {EMULATOR_VARIABLE})" if found else ""
+
+
+_CAUSES = [  # (what the client library says, what it means), first match wins
+    (r"OAuth2 access token|credentials were not found|DefaultCredentialsError",
+     "no Google Cloud credentials found: run `gcloud auth application-default login`, set "
+     "GOOGLE_APPLICATION_CREDENTIALS to a key file, or set STORAGE_EMULATOR_HOST for an emulator"),
+    (r"Could not connect|Couldn't connect|Connection refused|Failed to establish|Could not resolve|"
+     r"Name or service not known|timed out|Timeout",
+     "cannot reach Cloud Storage{where}"),
+    (r"PERMISSION_DENIED|\b403\b|Forbidden", "permission denied{where}"),
+    (r"UNAUTHENTICATED|\b401\b|Unauthorized", "the credentials were refused{where}"),
+    (r"NOT_FOUND|\b404\b|No such|does not exist", "not found{where}"),
+]
+
+
+def explain(error: BaseException) -> str:
+    """One line saying what a Cloud Storage client's error means (its first line otherwise)."""
+    text = str(error)
+    for pattern, meaning in _CAUSES:
+        if re.search(pattern, text):
+            return meaning.format(where=_where())
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return first[:300]
