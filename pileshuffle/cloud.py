@@ -23,7 +23,7 @@ import threading
 from pileshuffle.errors import InputError
 
 __all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "emulator", "arrow_gcs",
-           "use_emulator_in_beam", "first_contact", "explain"]
+           "use_emulator_in_beam", "first_contact", "explain", "create_if_absent"]
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 # pyarrow's default is 15 minutes of retries, and without credentials it waits out all of them.
@@ -75,6 +75,32 @@ def use_emulator_in_beam():
     with auth._Credentials._credentials_lock:
         auth._Credentials._credentials_init = True
         auth._Credentials._credentials = None
+
+
+@functools.lru_cache(maxsize=None)
+def _storage_client(endpoint):
+    from google.cloud import storage as gcs  # google-cloud-storage: comes with apache-beam[gcp]
+
+    if endpoint is not None:
+        return gcs.Client.create_anonymous_client()  # it reads STORAGE_EMULATOR_HOST itself
+    return gcs.Client()
+
+
+def create_if_absent(path: str, data: bytes):
+    """Upload ``data`` as the ``gs://`` object ``path`` only if no object is there: one request
+    with the precondition ``ifGenerationMatch=0``, so of two writers exactly one succeeds.
+    ``FileExistsError`` when the object exists."""
+    from google.api_core import exceptions
+
+    first_contact(path)
+    bucket, _, name = path[len("gs://"):].partition("/")
+    blob = _storage_client(emulator()).bucket(bucket).blob(name)
+    try:
+        blob.upload_from_string(data, if_generation_match=0, timeout=FIRST_CONTACT_SECONDS * 4)
+    except exceptions.PreconditionFailed:
+        if blob.download_as_bytes() == data:  # a retried request whose first attempt went through
+            return
+        raise FileExistsError(17, f"{path} exists") from None
 
 
 _contacted, _contact_lock = set(), threading.Lock()

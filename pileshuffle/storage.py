@@ -242,14 +242,37 @@ def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "app
     return fs.open_output_stream(where, compression=GZIP if compression == GZIP else None)
 
 
+def write_whole(path: str, data: bytes):
+    """Write ``data`` to ``path`` so that it appears whole or not at all: locally a temp file
+    renamed over it; on an object store one upload (an object exists only once complete)."""
+    if is_remote(path):
+        with open_write(path) as handle:
+            handle.write(data)
+        return
+    makedirs(os.path.dirname(path) or ".")
+    temp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temp, "wb") as handle:
+            handle.write(data)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+
+
 def create_exclusive(path: str, data: bytes, temp: str):
     """Write ``data`` to ``path`` whole (first to ``temp``), failing with ``FileExistsError`` if
-    ``path`` exists. On a local disk an atomic hard link: of two writers, one wins. On an object
-    store checked just before the rename: callers exclude each other by a lock. One step that
+    ``path`` exists. Of two writers one wins: on a local disk by an atomic hard link, on Cloud
+    Storage by an upload on the precondition that no object is there (``ifGenerationMatch=0``).
+    On another object store the check comes just before the rename: callers exclude each other
+    by a lock. One step that
     Ctrl-C does not cut (``interrupt.not_cut``): ``temp`` never outlives it."""
     from pileshuffle import interrupt
 
     with interrupt.not_cut():
+        if path.startswith("gs://"):
+            cloud.create_if_absent(path, data)  # one conditional upload: no temp, no rename
+            return
         makedirs(split(path)[0] or ".")
         with open_write(temp, UNCOMPRESSED) as handle:
             handle.write(data)
@@ -333,4 +356,5 @@ def arrow_filesystem(path: str, filesystem=None):
 
 __all__ = ["AUTO", "GZIP", "UNCOMPRESSED", "FileInfo", "arrow_filesystem", "compression_of", "delete",
            "create_exclusive", "delete_tree", "exists", "is_folder", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
-           "open_mapped", "open_random_access", "open_read", "open_write", "read_buffer", "read_json", "rename", "size", "split"]
+           "open_mapped", "open_random_access", "open_read", "open_write", "read_buffer", "read_json", "rename", "size", "split",
+           "write_whole"]

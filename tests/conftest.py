@@ -53,3 +53,38 @@ def small_tmpfs(tmp_path):
         pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}); the injected ENOSPC tests cover this")
     yield str(directory)
     subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+
+
+# -- Cloud Storage ---------------------------------------------------------------------------------
+# The gs:// tests run against an in-process gcp-storage-emulator, or against a real bucket when
+# PILESHUFFLE_TEST_BUCKET names one (gs://bucket/prefix; your Application Default Credentials).
+REAL_BUCKET_VARIABLE = "PILESHUFFLE_TEST_BUCKET"
+EMULATED_BUCKET = "pileshuffle-test"
+
+
+@pytest.fixture(scope="session")
+def gcs_root():
+    """``gs://bucket[/prefix]`` every gs:// test writes under; with the emulator,
+    STORAGE_EMULATOR_HOST names it for this process and the commands it starts."""
+    real = os.environ.get(REAL_BUCKET_VARIABLE)
+    if real:
+        yield real.rstrip("/")
+        return
+    pytest.importorskip("gcp_storage_emulator.server")
+    import gcs_emulator
+
+    process, endpoint = gcs_emulator.start(EMULATED_BUCKET)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    yield f"gs://{EMULATED_BUCKET}"
+    patch.undo()
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture
+def gcs(gcs_root, request):
+    """A fresh ``gs://`` folder for one test (its objects are left for the emulator to forget)."""
+    import uuid
+
+    return f"{gcs_root}/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"

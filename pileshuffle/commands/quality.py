@@ -12,12 +12,14 @@ draw the figures; a run never imports it.
 """
 
 import argparse
+import io
 import json
 import os
 import sys
 import tempfile
 
 from pileshuffle import storage
+from pileshuffle.errors import InputError
 from pileshuffle.quality import MIN_SAMPLE
 
 
@@ -57,24 +59,23 @@ def parse(argv):
     return parse_command(parser, argv)
 
 
-def _write_atomically(path: str, write):
-    """``write(temp path)``, then rename: the file appears whole or not at all."""
-    temp = f"{path}.tmp-{os.getpid()}"
-    write(temp)
-    os.replace(temp, path)
-
-
-def _text(text: str):
-    def write(path):
-        with open(path, "w") as handle:
-            handle.write(text)
-
-    return write
+def _figure(draw):
+    """The PNG bytes ``draw(file)`` writes."""
+    buffer = io.BytesIO()
+    draw(buffer)
+    return buffer.getvalue()
 
 
 def report_problem(directory: str):
     """Why the report cannot be written to ``directory`` (checked before any work), or None:
-    it, or a folder it would be made in, is a file, or nothing can be created there."""
+    it, or a folder it would be made in, is a file, or nothing can be created there; on an
+    object store, its bucket does not answer."""
+    if storage.is_remote(directory):
+        try:
+            storage.exists(directory)
+        except InputError as error:
+            return error.problem
+        return None
     path = os.path.abspath(directory)
     existing = path
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
@@ -90,24 +91,23 @@ def report_problem(directory: str):
 
 
 def write_report(report, directory: str, figures: bool = True) -> list:
-    """Write the JSON, the policies table (with ``--compare``) and the figures; returns
-    the paths written."""
+    """Write the JSON, the policies table (with ``--compare``) and the figures, each whole or
+    not at all (``storage.write_whole``: a local folder or gs://); returns the paths written."""
     from pileshuffle.quality.report import policies_table
 
-    os.makedirs(directory, exist_ok=True)
-    written = [os.path.join(directory, "quality.json")]
-    _write_atomically(written[0], _text(json.dumps(report.summary, indent=1)))
+    files = {"quality.json": lambda: json.dumps(report.summary, indent=1).encode()}
     if "policies" in report.summary:
-        written.append(os.path.join(directory, "policies.md"))
-        _write_atomically(written[-1], _text(policies_table(report.summary["policies"], markdown=True) + "\n"))
+        files["policies.md"] = lambda: (policies_table(report.summary["policies"], markdown=True) + "\n").encode()
     if figures:
         from pileshuffle.quality import render
 
-        written.append(os.path.join(directory, "quality.png"))
-        _write_atomically(written[-1], lambda path: render.quality_figure(report, path))
+        files["quality.png"] = lambda: _figure(lambda out: render.quality_figure(report, out))
         if len(report.rows) > 1 and any(row.curve["steps"] for row in report.rows):  # not on fewer records than a batch
-            written.append(os.path.join(directory, "training.png"))
-            _write_atomically(written[-1], lambda path: render.training_figure(report, path))
+            files["training.png"] = lambda: _figure(lambda out: render.training_figure(report, out))
+    written = []
+    for name, contents in files.items():
+        written.append(storage.join(directory, name))
+        storage.write_whole(written[-1], contents())
     return written
 
 

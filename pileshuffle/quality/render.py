@@ -73,8 +73,8 @@ def _balance(ax, row, report):
     ax.set_xlabel(f"records of the first class in a batch of {b}", fontsize=8)
 
 
-def quality_figure(report, path: str):
-    """Draw ``report`` to ``path`` (PNG): per policy, the positions scatter, the block table,
+def quality_figure(report, path):
+    """Draw ``report`` to ``path`` (PNG; a path or a binary file): per policy, the positions scatter, the block table,
     the displacement histogram, label balance per batch and, when compared, the next epoch."""
     plt = _pyplot()
     compare = len(report.rows) > 1
@@ -99,8 +99,8 @@ def quality_figure(report, path: str):
     _save(figure, path, dpi=60)
 
 
-def training_figure(report, path: str):
-    """Draw each policy's held-out loss and accuracy over one epoch of SGD to ``path`` (PNG)."""
+def training_figure(report, path):
+    """Draw each policy's held-out loss and accuracy over one epoch of SGD to ``path`` (PNG; a path or a binary file)."""
     plt = _pyplot()
     figure, (loss, accuracy) = plt.subplots(1, 2, figsize=(11, 3.6))
     for number, row in enumerate(report.rows):
@@ -121,10 +121,14 @@ def training_figure(report, path: str):
     _save(figure, path, dpi=80)
 
 
-def _save(figure, path: str, dpi: int):
-    """Save as a small PNG: 64 colours (the figures are flat plots)."""
+def _save(figure, out, dpi: int):
+    """Save to ``out`` (a path or a binary file) as a small PNG: 64 colours (the figures are flat plots)."""
+    import io
+
     from PIL import Image
 
-    figure.savefig(path, dpi=dpi, format="png")
+    drawn = io.BytesIO()
+    figure.savefig(drawn, dpi=dpi, format="png")
     figure.clf()
-    Image.open(path).convert("RGB").quantize(64).save(path, format="png", optimize=True)
+    drawn.seek(0)
+    Image.open(drawn).convert("RGB").quantize(64).save(out, format="png", optimize=True)

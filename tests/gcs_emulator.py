@@ -1,0 +1,94 @@
+"""gcp-storage-emulator in this process, made faithful where pileshuffle depends on it.
+
+The emulator ignores the precondition ``ifGenerationMatch=0`` (create only if absent) that Cloud
+Storage honours and that a store's lock and version manifests are committed with: without it two
+writers would both "win". ``start`` adds it: an upload with that precondition onto an existing
+object gets Cloud Storage's answer, 412 Precondition Failed (checked and created under one lock).
+The same tests run against a real bucket (PILESHUFFLE_TEST_BUCKET), where the service enforces it.
+"""
+
+import threading
+from http import HTTPStatus
+
+from gcp_storage_emulator import server as emulator_server
+from gcp_storage_emulator.exceptions import NotFound
+from gcp_storage_emulator.handlers import objects
+
+PRECONDITION_FAILED = {"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
+                                 "errors": [{"reason": "conditionNotMet", "domain": "global",
+                                             "message": "At least one of the pre-conditions you specified did not hold."}]}}
+
+
+def _object_name(request):
+    if "name" in request.query:
+        return request.query["name"][0]
+    data = request.data
+    return data.get("meta", {}).get("name") if isinstance(data, dict) else None
+
+
+def _insert_if_absent(insert):
+    lock = threading.Lock()
+
+    def guarded(request, response, storage, *args, **kwargs):
+        if request.query.get("ifGenerationMatch", [None])[0] != "0":
+            return insert(request, response, storage, *args, **kwargs)
+        with lock:
+            try:
+                storage.get_file_obj(request.params["bucket_name"], _object_name(request))
+            except NotFound:
+                return insert(request, response, storage, *args, **kwargs)
+            response.status = HTTPStatus.PRECONDITION_FAILED
+            response.json(PRECONDITION_FAILED)
+
+    guarded.honours_preconditions = True
+    return guarded
+
+
+def _honour_create_if_absent():
+    if getattr(objects.insert, "honours_preconditions", False):
+        return
+    guarded = _insert_if_absent(objects.insert)
+    for _, handlers in emulator_server.HANDLERS:
+        for method, handler in list(handlers.items()):
+            if handler is objects.insert:
+                handlers[method] = guarded
+    objects.insert = guarded  # the server's fallback for uploads posted without /upload
+
+
+def serve(port: int, bucket: str):
+    """Serve an in-memory emulator on 127.0.0.1:``port`` holding ``bucket`` until killed."""
+    _honour_create_if_absent()
+    server = emulator_server.create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
+    server.run()
+
+
+def start(bucket: str):
+    """``(process, endpoint)``: the emulator in a process of its own (in the tests' process, a
+    pyarrow read and the emulator's single-threaded server wait on each other), answering."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from helpers import free_port
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, __file__, str(port), bucket], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process, f"http://127.0.0.1:{port}"
+        except OSError:
+            if process.poll() is not None:
+                break
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"gcp-storage-emulator did not start on port {port}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    serve(int(sys.argv[1]), sys.argv[2])
