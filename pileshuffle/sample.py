@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pileshuffle import storage
 from pileshuffle.formats.tfrecord import frame
 
 __all__ = ["INDEX_DIGITS", "WRITERS", "payloads", "index_of", "split_counts", "write_tfrecord", "write_jsonl",
@@ -44,21 +45,32 @@ def split_counts(records: int, files: int):
     return [base + (1 if i < extra else 0) for i in range(files)]
 
 
+def _write_file(path: str, write):
+    """``write(handle)`` into a new file at ``path`` that appears only when whole: locally written
+    hidden (input patterns skip hidden files) and renamed; on an object store one upload."""
+    if storage.is_remote(path):
+        with storage.open_write(path) as handle:
+            write(handle)
+        return
+    directory, name = os.path.split(path)
+    os.makedirs(directory or ".", exist_ok=True)
+    partial = os.path.join(directory, f".{name}.partial")
+    with open(partial, "wb") as handle:
+        write(handle)
+    os.replace(partial, path)
+
+
 def _write_files(directory, records, files, name, extension, render, block_records=10_000):
     """Records 0..records-1 spread over ``files`` files; ``render(start, count)`` gives the
     bytes of a block of consecutive records."""
-    os.makedirs(directory, exist_ok=True)
     paths, start = [], 0
     for f, count in enumerate(split_counts(records, files)):
-        path = os.path.join(directory, f"{name}-{f:03d}{extension}")
-        # written hidden and renamed when whole: an interrupted write leaves no short file under the
-        # name, and input patterns skip hidden files
-        partial = os.path.join(directory, f".{name}-{f:03d}{extension}.partial")
-        with open(partial, "wb") as handle:
+        def write(handle, start=start, count=count):
             for block in range(start, start + count, block_records):
                 handle.write(render(block, min(block_records, start + count - block)))
-        os.replace(partial, path)
-        paths.append(path)
+
+        paths.append(storage.join(directory, f"{name}-{f:03d}{extension}"))
+        _write_file(paths[-1], write)
         start += count
     return paths
 
@@ -100,14 +112,11 @@ def parquet_table(start: int, count: int, record_bytes: int, seed: int = 0) -> p
 
 def write_parquet(directory, records=1000, files=4, record_bytes=100, seed=0, name="part", row_group_rows=None):
     """Rows 0..records-1 (``parquet_table``) as ``{name}-NNN.parquet`` files in ``directory``; their paths."""
-    os.makedirs(directory, exist_ok=True)
     paths, start = [], 0
     for f, count in enumerate(split_counts(records, files)):
-        path = os.path.join(directory, f"{name}-{f:03d}.parquet")
-        partial = os.path.join(directory, f".{name}-{f:03d}.parquet.partial")
-        pq.write_table(parquet_table(start, count, record_bytes, seed), partial, row_group_size=row_group_rows)
-        os.replace(partial, path)
-        paths.append(path)
+        table = parquet_table(start, count, record_bytes, seed)
+        paths.append(storage.join(directory, f"{name}-{f:03d}.parquet"))
+        _write_file(paths[-1], lambda handle, table=table: pq.write_table(table, handle, row_group_size=row_group_rows))
         start += count
     return paths
 
@@ -146,6 +155,12 @@ def main(argv=None):
     if problem:
         print(f"pileshuffle generate: error: {problem}", file=sys.stderr)
         return 2
-    paths = WRITERS[args.format](args.output_dir, args.records, args.files, args.record_bytes, args.seed)
+    from pileshuffle.errors import PileshuffleError
+
+    try:
+        paths = WRITERS[args.format](args.output_dir, args.records, args.files, args.record_bytes, args.seed)
+    except (PileshuffleError, OSError) as error:
+        print(f"pileshuffle generate: error: {error}", file=sys.stderr)
+        return 2
     print("\n".join(paths))
     return 0

@@ -85,6 +85,8 @@ def gcs_root():
 @pytest.fixture
 def gcs(gcs_root, request):
     """A fresh ``gs://`` folder for one test (its objects are left for the emulator to forget)."""
+    import re
     import uuid
 
-    return f"{gcs_root}/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:40]  # no [ ]: Beam takes them as wildcards
+    return f"{gcs_root}/{name}-{uuid.uuid4().hex[:8]}"

@@ -1,7 +1,8 @@
 """WritePiles: pass 2's shard writer, and the one finalize step that publishes a run.
 
 Each pile is written to a staging directory beside the output under a deterministic
-name (temp file, then rename), so a re-run bundle replaces its shard. Finalize runs
+name (locally a temp file, then rename; on an object store one upload, which appears only
+when whole), so a re-run bundle replaces its shard. Finalize runs
 once, after every shard: it checks that the shards account for every record read (by
 count and fingerprint), writes empty shards for empty piles, journals the final names it
 will create and delete, deletes the old output it replaces (its manifest first), renames
@@ -62,7 +63,8 @@ class WriteShard(beam.DoFn):
     def process(self, pile):
         fmt = get_format(self._format_name)
         staged = shard_name(storage.join(staging_dir(self._prefix), "shard"), pile.index, pile.num_piles, fmt.suffix(self._compression))
-        temp = f"{staged}.tmp-{uuid.uuid4().hex[:12]}"
+        # an object appears only when its upload completes: no temp name (a rename is a copy there)
+        temp = staged if storage.is_remote(staged) else f"{staged}.tmp-{uuid.uuid4().hex[:12]}"
         written = [Fingerprint()]
         schema = [self._schema]
 
@@ -79,7 +81,8 @@ class WriteShard(beam.DoFn):
             with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
                 with storage.open_write(temp, fmt.shard_handle_compression(self._compression)) as handle:
                     fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
-                storage.rename([temp], [staged])
+                if temp != staged:
+                    storage.rename([temp], [staged])
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
         if written[0] != pile.fingerprint:
@@ -158,12 +161,16 @@ class Finalize(beam.DoFn):
                 staged[pile] = self._write_empty_shard(fmt, pile, num_piles, suffix, schema)
         finals = [shard_name(self._prefix, p, num_piles, suffix) for p in range(num_piles)]
         manifest = self._manifest(shards, sources, finals, staged, input_fp, output_fp, schema, num_piles)
-        staged_manifest = self._stage_manifest(manifest)  # everything that needs space is written first
+        remote = storage.is_remote(self._prefix)
+        staged_manifest = None if remote else self._stage_manifest(manifest)  # what needs space is written first
         with interrupt.publishing():  # Ctrl-C takes effect before this step or after it, never inside
             self._replace_old_outputs(old, finals)
             try:
                 storage.rename([staged[p].staged_path for p in range(num_piles)], finals)
-                storage.rename([staged_manifest], [manifest_path(self._prefix)])  # last: the run is done
+                if remote:  # one upload, whole or absent: the commit point (no rename is atomic there)
+                    storage.write_whole(manifest_path(self._prefix), json.dumps(manifest, indent=1).encode())
+                else:
+                    storage.rename([staged_manifest], [manifest_path(self._prefix)])  # last: the run is done
             except Exception as error:
                 raise write_failure(self._prefix, error) from error
         self._remove_work(shards)
