@@ -10,20 +10,27 @@
 
 Fail fast: the first request to a bucket (``first_contact``) gets ``FIRST_CONTACT_SECONDS`` of
 retries, so a wrong endpoint, missing credentials, a missing bucket or a refused permission is
-one line naming the path within 30 s. After it, a request is retried for
-``TRANSIENT_RETRY_SECONDS`` (429 and 503 are passing states of a healthy service).
+one line naming the path within 30 s. After it, a transient error (429, 503, a dropped
+connection: passing states of a healthy service) is retried with backoff for
+``TRANSIENT_RETRY_SECONDS``, and said on stderr while it lasts: by ``patiently`` around the
+pyarrow reads (pyarrow itself gets ``ATTEMPT_SECONDS`` windows), and by ``report_retries`` for
+google-cloud-storage's own retries under Beam.
 """
 
 import datetime
 import functools
+import logging
 import os
 import re
+import sys
 import threading
+import time
 
 from pileshuffle.errors import InputError
 
-__all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "emulator", "arrow_gcs",
-           "use_emulator_in_beam", "first_contact", "explain", "create_if_absent"]
+__all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "ATTEMPT_SECONDS", "emulator",
+           "arrow_gcs", "use_emulator_in_beam", "first_contact", "explain", "create_if_absent", "patiently",
+           "report_retries"]
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 # pyarrow's default is 15 minutes of retries, and without credentials it waits out all of them.
@@ -31,6 +38,10 @@ EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 FIRST_CONTACT_SECONDS = 8
 # google-cloud-storage's (and so Beam's) default deadline: a 503 or 429 burst outlives a few seconds.
 TRANSIENT_RETRY_SECONDS = 120
+# pyarrow's own retries per attempt of ``patiently``: short, so a persisting error is said on stderr.
+ATTEMPT_SECONDS = 5
+_TRANSIENT = re.compile(r"UNAVAILABLE|RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|\b(429|500|502|503|504)\b|"
+                        r"Retry policy exhausted|Could not connect|Connection reset")
 
 
 def emulator():
@@ -57,15 +68,17 @@ def _arrow_gcs(endpoint, retry_seconds: float):
     return pafs.GcsFileSystem(anonymous=True, scheme=scheme, endpoint_override=host, retry_time_limit=limit)
 
 
-def arrow_gcs(retry_seconds: float = TRANSIENT_RETRY_SECONDS):
+def arrow_gcs(retry_seconds: float = ATTEMPT_SECONDS):
     """The process's ``pyarrow.fs.GcsFileSystem`` under the endpoint rule (made once per endpoint)."""
     return _arrow_gcs(emulator(), retry_seconds)
 
 
 def use_emulator_in_beam():
-    """With an emulator named, tell Beam's credential cache there are none (anonymous), as Beam
-    itself concludes after 4 retried lookups. Beam has no option for it: this sets the cache
+    """Report google-cloud-storage's retries (``report_retries``), and with an emulator named,
+    tell Beam's credential cache there are none (anonymous), as Beam itself concludes after 4
+    retried lookups. Beam has no option for it: this sets the cache
     its ``auth`` module keeps (tests/test_gcs.py times a Beam process to catch a change)."""
+    report_retries()
     if emulator() is None:
         return
     try:
@@ -101,6 +114,41 @@ def create_if_absent(path: str, data: bytes):
         if blob.download_as_bytes() == data:  # a retried request whose first attempt went through
             return
         raise FileExistsError(17, f"{path} exists") from None
+
+
+def patiently(path: str, attempt):
+    """``attempt()``, tried again with backoff while it fails with a transient Cloud Storage
+    error, for up to ``TRANSIENT_RETRY_SECONDS``; each retry is one line on stderr. A permanent
+    error (not found, permission) and the last transient one are raised as they are."""
+    started, tries = time.monotonic(), 0
+    while True:
+        try:
+            return attempt()
+        except OSError as error:
+            waited = time.monotonic() - started
+            if not _TRANSIENT.search(str(error)) or waited > TRANSIENT_RETRY_SECONDS:
+                raise
+            tries += 1
+            print(f"pileshuffle: {path}: {explain(error)}; retrying ({waited:.0f} s so far)", file=sys.stderr)
+            time.sleep(min(2.0 ** tries, 16.0))
+
+
+class _RetryReport(logging.Handler):
+    """google-api-core's retry log ("Retrying due to ..."), as one line on stderr per retry."""
+
+    def emit(self, record):
+        found = re.match(r"Retrying due to (.*), sleeping ([0-9.]+)s", record.getMessage(), re.S)
+        if found:
+            print(f"pileshuffle: {explain(found.group(1))}; retrying in {found.group(2)} s", file=sys.stderr)
+
+
+def report_retries():
+    """Say google-cloud-storage's retries on stderr (Beam's Cloud Storage requests go through
+    it, and it retries 429, 5xx and dropped connections for up to 120 s, silently)."""
+    logger = logging.getLogger("google.api_core.retry")
+    if not any(isinstance(h, _RetryReport) for h in logger.handlers):
+        logger.addHandler(_RetryReport(logging.DEBUG))
+        logger.setLevel(logging.DEBUG)
 
 
 _contacted, _contact_lock = set(), threading.Lock()
@@ -140,6 +188,8 @@ _CAUSES = [  # (what the client library says, what it means), first match wins
     (r"Could not connect|Couldn't connect|Connection refused|Failed to establish|Could not resolve|"
      r"Name or service not known|timed out|Timeout",
      "cannot reach Cloud Storage{where}"),
+    (r"\b429\b|Too Many Requests|RESOURCE_EXHAUSTED", "Cloud Storage is throttling requests (429){where}"),
+    (r"\b503\b|Service Unavailable|\b50[024]\b", "Cloud Storage is unavailable (5xx){where}"),
     (r"PERMISSION_DENIED|\b403\b|Forbidden", "permission denied{where}"),
     (r"UNAUTHENTICATED|\b401\b|Unauthorized", "the credentials were refused{where}"),
     (r"NOT_FOUND|\b404\b|No such|does not exist", "not found{where}"),

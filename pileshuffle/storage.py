@@ -107,8 +107,10 @@ def match(pattern: str) -> list:
     fs, where = arrow_filesystem(pattern)
     folder = posixpath.dirname(where) if is_remote(pattern) else os.path.dirname(where)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True))
+        infos = _patiently(pattern, fs, lambda: fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True)))
     except OSError:
+        if is_remote(pattern):
+            raise
         return []
     scheme = pattern.split("://", 1)[0] + "://" if is_remote(pattern) else ""
     return [FileInfo(scheme + i.path if scheme else i.path, i.size) for i in infos
@@ -134,7 +136,7 @@ def exists(path: str, filesystem=None) -> bool:
     if filesystem is not None:
         import pyarrow.fs as pafs
 
-        return filesystem.get_file_info(path).type != pafs.FileType.NotFound
+        return _patiently(path, filesystem, lambda: filesystem.get_file_info(path)).type != pafs.FileType.NotFound
     if not is_remote(path):
         return os.path.exists(path)
     if _uses_beam():
@@ -143,7 +145,7 @@ def exists(path: str, filesystem=None) -> bool:
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(path)
-    return fs.get_file_info(where).type != pafs.FileType.NotFound
+    return _patiently(path, fs, lambda: fs.get_file_info(where)).type != pafs.FileType.NotFound
 
 
 def size(path: str) -> int:
@@ -177,11 +179,22 @@ def read_buffer(path: str, filesystem=None):
         with open_read(path) as handle:
             return pa.py_buffer(handle.read())
     fs, where = arrow_filesystem(path, filesystem)
-    if path.endswith(".gz"):
+    return _patiently(path, fs, lambda: _read_whole(fs, where))
+
+
+def _read_whole(fs, where: str):
+    if where.endswith(".gz"):
         with fs.open_input_stream(where, compression="gzip") as stream:
             return stream.read_buffer()
     with fs.open_input_file(where) as handle:  # one read of known size: ~10x a stream's read_buffer()
         return handle.read_buffer(handle.size())
+
+
+def _patiently(path: str, fs, attempt):
+    """``attempt()``; on a remote file system retried through transient errors (``cloud.patiently``)."""
+    import pyarrow.fs as pafs
+
+    return attempt() if isinstance(fs, pafs.LocalFileSystem) else cloud.patiently(path, attempt)
 
 
 def read_json(path: str, filesystem=None):
@@ -192,7 +205,7 @@ def read_json(path: str, filesystem=None):
 def open_random_access(path: str, filesystem=None):
     """A seekable ``pyarrow`` file (what Parquet's reader needs), read in the reader's own requests."""
     fs, where = arrow_filesystem(path, filesystem)
-    return fs.open_input_file(where)
+    return _patiently(path, fs, lambda: fs.open_input_file(where))
 
 
 def open_mapped(path: str, filesystem=None):
@@ -204,7 +217,7 @@ def open_mapped(path: str, filesystem=None):
     if isinstance(filesystem, pafs.LocalFileSystem) or (filesystem is None and not is_remote(path)):
         return pa.memory_map(path)
     fs, where = arrow_filesystem(path, filesystem)
-    return fs.open_input_stream(where)
+    return _patiently(path, fs, lambda: fs.open_input_stream(where))
 
 
 def list_folder(folder: str, filesystem=None) -> list:
@@ -214,7 +227,7 @@ def list_folder(folder: str, filesystem=None) -> list:
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(folder, filesystem)
-    infos = fs.get_file_info(pafs.FileSelector(where, allow_not_found=True))
+    infos = _patiently(folder, fs, lambda: fs.get_file_info(pafs.FileSelector(where, allow_not_found=True)))
     scheme = folder.split("://", 1)[0] + "://" if is_remote(folder) and filesystem is None else ""
     return [scheme + i.path for i in infos if i.type == pafs.FileType.File]
 

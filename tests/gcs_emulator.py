@@ -5,6 +5,7 @@ Storage honours and that a store's lock and version manifests are committed with
 writers would both "win". ``start`` adds it: an upload with that precondition onto an existing
 object gets Cloud Storage's answer, 412 Precondition Failed (checked and created under one lock).
 The same tests run against a real bucket (PILESHUFFLE_TEST_BUCKET), where the service enforces it.
+It also injects the one fault the tests need on purpose: a 503 outage on objects named for it.
 """
 
 import threading
@@ -44,6 +45,38 @@ def _insert_if_absent(insert):
     return guarded
 
 
+# Objects whose name holds FLAKY answer every read with 503 for FLAKY_SECONDS from the first one:
+# a transient outage, which clients must retry through (and say so while it lasts).
+FLAKY, FLAKY_SECONDS = "flaky-503", 7.0
+SERVICE_UNAVAILABLE = {"error": {"code": 503, "message": "Service Unavailable (the emulator's injected outage)",
+                                 "errors": [{"reason": "backendError", "domain": "global", "message": "Backend Error"}]}}
+
+
+def _unavailable_for_a_while(handler):
+    first_seen = {}
+
+    def flaky(request, response, storage, *args, **kwargs):
+        name = request.path
+        if FLAKY in name:
+            import time
+
+            started = first_seen.setdefault(name, time.monotonic())
+            if time.monotonic() - started < FLAKY_SECONDS:
+                response.status = HTTPStatus.SERVICE_UNAVAILABLE
+                response.json(SERVICE_UNAVAILABLE)
+                return
+        return handler(request, response, storage, *args, **kwargs)
+
+    return flaky
+
+
+def _inject_outages():
+    for _, handlers in emulator_server.HANDLERS:
+        for method, handler in list(handlers.items()):
+            if handler in (objects.get, objects.download):
+                handlers[method] = _unavailable_for_a_while(handler)
+
+
 def _honour_create_if_absent():
     if getattr(objects.insert, "honours_preconditions", False):
         return
@@ -58,6 +91,7 @@ def _honour_create_if_absent():
 def serve(port: int, bucket: str):
     """Serve an in-memory emulator on 127.0.0.1:``port`` holding ``bucket`` until killed."""
     _honour_create_if_absent()
+    _inject_outages()
     server = emulator_server.create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
     server.run()
 

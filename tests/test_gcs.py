@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from helpers import FAST, run_shuffle, shard_bytes, stable_manifest
+from helpers import FAST, run_shuffle, shard_bytes
 from pileshuffle import names, sample, storage
 
 FORMATS = ["tfrecord", "jsonl", "parquet"]
@@ -278,3 +278,22 @@ def test_a_beam_process_on_the_emulator_starts_without_a_credential_lookup(input
     done = cli("run", f"--input={inputs['tfrecord'][1]}", f"--output={gcs}/t", "--num_piles=2", "--quiet")
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 12, "a credential lookup is back (Beam's auth cache was not seeded)"
+
+
+@pytest.mark.parametrize("backend", ["arrow", "beam"])
+def test_a_persisting_503_is_retried_with_backoff_and_said_on_stderr(gcs_root, gcs, monkeypatch, capfd, backend):
+    """The emulator answers reads of these objects with 503 for 7 s: the read still returns the
+    bytes, and stderr says it is retrying while the outage lasts."""
+    import gcs_emulator
+
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        pytest.skip("a real bucket has no injected outages")
+    monkeypatch.setenv("PILESHUFFLE_STORAGE", backend)
+    path = f"{gcs}/{gcs_emulator.FLAKY}-{backend}/data.bin"
+    storage.write_whole(path, b"payload" * 100)
+    capfd.readouterr()
+    started = time.monotonic()
+    assert storage.read_buffer(path).to_pybytes() == b"payload" * 100
+    assert gcs_emulator.FLAKY_SECONDS <= time.monotonic() - started < 60
+    said = capfd.readouterr().err
+    assert "pileshuffle:" in said and ("retrying" in said or "Retrying" in said) and "503" in said, said
