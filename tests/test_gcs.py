@@ -297,3 +297,23 @@ def test_a_persisting_503_is_retried_with_backoff_and_said_on_stderr(gcs_root, g
     assert gcs_emulator.FLAKY_SECONDS <= time.monotonic() - started < 60
     said = capfd.readouterr().err
     assert "pileshuffle:" in said and ("retrying" in said or "Retrying" in said) and "503" in said, said
+
+
+def test_of_writers_racing_to_create_one_object_exactly_one_wins(gcs):
+    """The store's lock and version manifests rely on it: ``ifGenerationMatch=0``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = f"{gcs}/store-store/manifest-00000002.json"
+
+    def create(writer):
+        try:
+            storage.create_exclusive(path, b"writer %d" % writer, f"{path}.tmp-{writer}")
+            return writer
+        except FileExistsError:
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        winners = [w for w in pool.map(create, range(8)) if w is not None]
+    assert len(winners) == 1
+    assert storage.read_buffer(path).to_pybytes() == b"writer %d" % winners[0]
+    assert storage.list_folder(f"{gcs}/store-store") == [path]  # no temporary objects
