@@ -1,8 +1,9 @@
 """Pile fragments: the records of one pile from one source (or bundle), as Arrow IPC.
 
-In ``files`` mode a fragment is a file under the run's temp location, written under a
-temporary name and renamed to a deterministic one, so a re-run bundle replaces its
-fragments instead of duplicating them. In ``shuffle`` mode the same IPC bytes travel
+In ``files`` mode a fragment is a file under the run's temp location with a deterministic
+name, so a re-run bundle replaces its fragments instead of duplicating them: locally
+written under a temporary name and renamed; on an object store uploaded straight to that
+name (an object appears only when its upload completes; a rename there is a copy). In ``shuffle`` mode the same IPC bytes travel
 through the runner's GroupByKey instead. Either way pass 2 reads them back identically.
 """
 
@@ -83,7 +84,7 @@ def write_failure(location: str, error: Exception, needed: int = None) -> Output
 
 class FragmentFiles:
     """Appends tables to one fragment file per pile for a single writer ``name``;
-    ``commit()`` renames them into place and returns ``(pile, path, records, nbytes, fingerprint)``."""
+    ``commit()`` puts them in place and returns ``(pile, path, records, nbytes, fingerprint)``."""
 
     def __init__(self, directory: str, name: str):
         self._directory, self._name = directory, name
@@ -98,7 +99,8 @@ class FragmentFiles:
         entry = self._open.get(pile)
         try:
             if entry is None:
-                temp = temp_name(self.final_path(pile), self._attempt)
+                final = self.final_path(pile)
+                temp = final if storage.is_remote(final) else temp_name(final, self._attempt)
                 handle = storage.open_write(temp, "uncompressed")
                 entry = self._open[pile] = [handle, pa.ipc.new_stream(handle, table.schema), temp, 0, 0, Fingerprint()]
             entry[1].write_table(table)
@@ -116,7 +118,9 @@ class FragmentFiles:
                 handle, writer = self._open[pile][:2]
                 writer.close()
                 handle.close()
-            storage.rename([self._open[p][2] for p in piles], [self.final_path(p) for p in piles])
+            moves = [(self._open[p][2], self.final_path(p)) for p in piles if self._open[p][2] != self.final_path(p)]
+            if moves:
+                storage.rename(*map(list, zip(*moves)))
         except Exception as error:  # a buffered writer reports a full disk when it is closed
             raise write_failure(self._directory, error, sum(self._open[p][4] for p in piles)) from error
         committed = [(p, self.final_path(p), *self._open[p][3:]) for p in piles]

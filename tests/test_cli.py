@@ -307,7 +307,7 @@ def test_plan_speaks_to_a_person_and_json_keeps_the_machine_form(inputs, tmp_pat
     assert text.returncode == 0, text.stderr
     heads = [line[:14].strip() for line in text.stdout.splitlines()]
     assert heads == ["input", "records", "piles", "pile size", "split again", "memory", "temp space", "output space",
-                     "fragments", "output", "runner"], text.stdout
+                     "fragments", "gcs requests", "output", "runner"], text.stdout
     assert "3 tfrecord file(s)" in text.stdout and "s + 6*sqrt(s)" in text.stdout
     assert "up to 12 files (3 input files x 4 piles)" in text.stdout and "FnApiRunner" in text.stdout
     machine = json.loads(cli("plan", *args, "--json").stdout)

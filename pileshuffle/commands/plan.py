@@ -1,6 +1,6 @@
 """``pileshuffle plan``: what a run with these options would do (files, bytes, records, piles,
-pile sizes, memory, space, runner), as text for a person or JSON for a machine. It reads a
-sample of the input and writes nothing (``plan.make_plan`` only reads)."""
+pile sizes, memory, space, Cloud Storage operations, runner), as text for a person or JSON for a
+machine. It reads a sample of the input and writes nothing (``plan.make_plan`` only reads)."""
 
 import dataclasses
 import json
@@ -13,8 +13,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pileshuffle.inputs import describe_left_out, describe_skipped
 from pileshuffle.names import manifest_path, staging_dir, store_dir
 from pileshuffle.plan import RECORD_OVERHEAD, Plan, fragment_limit, fragment_warning, make_plan
+from pileshuffle.storage import is_remote
 
-__all__ = ["PileSizes", "plan_text", "plan_json", "main"]
+__all__ = ["PileSizes", "gcs_operations", "plan_text", "plan_json", "main"]
 
 _PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
 _LOCAL_BASE_BYTES = 300_000_000  # Python, Beam and Arrow in the local runner's one process (measured: 0.53 GB peak at 1 GB)
@@ -53,6 +54,71 @@ class PileSizes:
 
 def _pile_sizes(plan: Plan) -> PileSizes:
     return PileSizes(plan.estimated_records, plan.num_piles, plan.mean_record_bytes + RECORD_OVERHEAD, plan.max_pile_bytes)
+
+
+# -- Cloud Storage operations of a run, counted from the code (Beam 2.77's gcsio under storage.py) --
+_READ_REQUEST_BYTES = 16 << 20  # one ranged GET: Beam's gcsio read buffer (16 MiB); formats read 16 MiB at a time too
+_LIST_PAGE = 1000  # objects per list request (storage.objects.list's largest page)
+# counted on the emulator: 14 lists (the plan's and Finalize's output checks, clean-ups) + uploads of the 2 write
+# probes, the lock, the journal and the manifest; the bucket's first look, manifest checks, the plan's sample, the
+# lookups before deleting the probes, journal and lock, and the reads of the lock and the manifest
+_FIXED_A, _FIXED_B = 19, 20
+# a direct publication's preparation (counted on the emulator): the listings and lookups that find nothing
+# published at the output, and its journal's upload
+_PREPARE_A, _PREPARE_B = 3, 5
+
+
+def _read_requests(fmt: str, size: int) -> int:
+    """Class B operations of reading one input file of ``size`` bytes in pass 1 (see ``gcs_operations``)."""
+    reads = 1 + math.ceil(size / _READ_REQUEST_BYTES) + 1  # its metadata, each started 16 MiB, the end (or footer)
+    if fmt == "tfrecord":  # its size looked up first (2), a frame header read across the first 16 MiB boundary
+        reads += 2 + (size > _READ_REQUEST_BYTES)
+    return reads
+
+
+def _piles_reached(plan: Plan, size: int) -> float:
+    """Expected non-empty piles of an input file of ``size`` bytes: M(1 - (1 - 1/M)^n) for its n records."""
+    records = plan.estimated_records * size / max(1, plan.input_bytes)
+    if records <= 0 or plan.num_piles == 1:
+        return float(records > 0)
+    return -plan.num_piles * math.expm1(records * math.log1p(-1 / plan.num_piles))
+
+
+def gcs_operations(plan: Plan) -> dict:
+    """Cloud Storage operations a run of a shard-layout ``plan`` makes with every path on gs://,
+    as ``{step: (class A, class B)}`` for "checks", "input", "fragments" (files mode only),
+    "shards" and "total". Class A: uploads, copies, lists; class B: reads of objects and their
+    metadata; deletes are free. Counted from the code and checked against the emulator (exact
+    for JSONL, within one read per file for TFRecord and Parquet), assuming:
+
+    - an upload is one class A however many 16 MiB chunks it sends (a completed resumable
+      upload is one); a rename is a copy (A) and a delete, as Beam's GCSFileSystem does it;
+    - reading an input file: its metadata (Beam's reader reloads it), one read per started
+      16 MiB, one that finds the end (Parquet: its footer); TFRecord adds 2-3 (``_read_requests``);
+      the plan reads each Parquet footer twice (4);
+    - files mode writes one fragment per (input file, pile it reaches): M(1 - (1 - 1/M)^n) of
+      n records; each is uploaded straight to its name (1 A), read whole (metadata + one read)
+      and deleted after a lookup (Beam's delete matches each path): 4 B;
+    - a shard of a new output is uploaded straight to its final name (1 A) and its size looked
+      up (2 B); the publication is prepared with listings, lookups and a journal (3 A, 5 B). (Replacing a
+      finished output with --overwrite stages each shard and copies it: 1 A more per shard.)
+    - a list returns 1,000 objects; no pile is split again (``plan`` prints the chance);
+    - not counted: retries, Dataflow's staging of the job, each worker process's first look at
+      a bucket (1 B), and the bucket read google-cloud-storage >= 3.x makes for each new client,
+      which Beam creates per file operation (about one more class B per operation, unless
+      ``DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA=true``)."""
+    files, piles = len(plan.sources), plan.num_piles
+    sampled = 2 * (plan.format == "tfrecord") + 4 * files * (plan.format == "parquet")  # the plan: sizes, footers
+    steps = {
+        "checks": (_FIXED_A + math.ceil(files / _LIST_PAGE), _FIXED_B + sampled),
+        "input": (0, sum(_read_requests(plan.format, s.size) for s in plan.sources)),
+    }
+    if plan.intermediate == "files":
+        fragments = round(sum(_piles_reached(plan, s.size) for s in plan.sources))
+        steps["fragments"] = (fragments + max(0, math.ceil(fragments / _LIST_PAGE) - 1), 4 * fragments)
+    steps["shards"] = (piles + _PREPARE_A, 2 * piles + _PREPARE_B)
+    steps["total"] = tuple(sum(part[i] for part in steps.values()) for i in (0, 1))
+    return steps
 
 
 def _runner_description(options) -> tuple:
@@ -138,8 +204,9 @@ def plan_text(plan: Plan, options) -> str:
         lines.append(("temp space", f"about {_size(plan.needs[plan.work_dir])} at {plan.work_dir} (pass-1 "
                                     f"fragments, removed at the end){_free(plan, plan.work_dir)}"))
     if staging in plan.needs:
-        lines.append(("output space", f"about {_size(plan.needs[staging])} (shards, staged in {staging}, then "
-                                      f"renamed){_free(plan, staging)}"))
+        how = ("uploaded to their final names; staged and copied when they replace a finished output"
+               if is_remote(plan.output) else f"staged in {staging}, then renamed")
+        lines.append(("output space", f"about {_size(plan.needs[staging])} (shards, {how}){_free(plan, staging)}"))
     if plan.intermediate == "files":
         lines.append(("fragments", f"up to {plan.fragment_files:,} files ({len(plan.sources):,} input files x "
                                    f"{plan.num_piles:,} piles) under {plan.work_dir}"))
@@ -147,6 +214,7 @@ def plan_text(plan: Plan, options) -> str:
         shuffled = plan.estimated_records * (plan.mean_record_bytes + RECORD_OVERHEAD)
         lines.append(("shuffle", f"about {_size(shuffled)} through the runner's GroupByKey (--intermediate=shuffle: "
                                  "the records with their keys and hashes)"))
+    lines.append(("gcs requests", _operations_text(plan)))
     lines += [
         ("output", f"{plan.output}-00000-of-{plan.num_piles:05d}... + {manifest_path(plan.output)}, compression "
                    f"{plan.compression}, seed {plan.seed}"),
@@ -155,6 +223,15 @@ def plan_text(plan: Plan, options) -> str:
     if plan.fragment_files > fragment_limit(plan.work_dir):
         lines.append(("warning", fragment_warning(plan)))
     return "\n".join(f"{label:<14}{text}" for label, text in lines)
+
+
+def _operations_text(plan: Plan) -> str:
+    """``gcs_operations``' totals, shown for every plan: they follow from the files, piles and
+    mode alone, so a plan of a local sample prices the same run on gs:// too."""
+    class_a, class_b = gcs_operations(plan)["total"]
+    on_gcs = all(p.startswith("gs://") for p in (plan.sources[0].path, plan.output, plan.work_dir))
+    return (f"about {class_a:,} class A (uploads, copies, lists) and {class_b:,} class B (reads) Cloud Storage "
+            f"operations{'' if on_gcs else ' if every path were on gs://'}")
 
 
 def _store_lines(plan: Plan, options) -> list:
@@ -205,6 +282,7 @@ def plan_json(plan: Plan, options) -> dict:
         "headroom_pile_records": sizes.headroom,
         "split_probability": sizes.split_probability,
         "fragment_files": plan.fragment_files,
+        "gcs_operations": _operations_json(plan),
         "space": {location: {"needed": plan.needs.get(location, need), "free": free}
                   for location, (need, free) in plan.space.items()},
         "left_out": plan.left_out,
@@ -214,6 +292,14 @@ def plan_json(plan: Plan, options) -> dict:
         "layout": plan.layout,
         "runner": _runner_description(options)[0],
     }
+
+
+def _operations_json(plan: Plan):
+    """``gcs_operations`` as JSON (every path taken to be on gs://); None for a store: not counted."""
+    if plan.layout == "store":
+        return None
+    steps = {step: {"class_a": a, "class_b": b} for step, (a, b) in gcs_operations(plan).items()}
+    return {**steps.pop("total"), "steps": steps}
 
 
 def main(argv=None):
@@ -230,7 +316,8 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv):
         print(help_text("pileshuffle plan", "Show what `pileshuffle run` would do with these options: files, bytes, "
-                        "records, piles, pile sizes, memory, space, runner. Reads a sample; writes nothing.", parameters))
+                        "records, piles, pile sizes, memory, space, Cloud Storage operations, runner. Reads a sample; "
+                        "writes nothing.", parameters))
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -1,8 +1,9 @@
 """WritePiles: pass 2's shard writer, and the one finalize step that publishes a run.
 
-Each pile is written to a staging directory beside the output under a deterministic
-name (locally a temp file, then rename; on an object store one upload, which appears only
-when whole), so a re-run bundle replaces its shard. Finalize runs
+Each pile is written under a deterministic name, so a re-run bundle replaces its shard:
+locally in a staging directory beside the output (a temp file, then rename); on an object
+store as one upload (which appears only when whole), straight to its final name when nothing
+is published at the prefix (``PreparePublication``: a rename there is a copy), else staged. Finalize runs
 once, after every shard: it checks that the shards account for every record read (by
 count and fingerprint), writes empty shards for empty piles, journals the final names it
 will create and delete, deletes the old output it replaces (its manifest first), renames
@@ -30,7 +31,7 @@ from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manife
 from pileshuffle.output_files import OutputFiles, check_replaceable, file_name, remove_tree, write_journal
 from pileshuffle.tuning import prepare_worker
 
-__all__ = ["WriteShard", "check_accounted", "Finalize", "schema_json", "KeyByNone", "WritePiles"]
+__all__ = ["WriteShard", "PreparePublication", "check_accounted", "Finalize", "schema_json", "KeyByNone", "WritePiles"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +61,9 @@ class WriteShard(beam.DoFn):
     def setup(self):
         prepare_worker()
 
-    def process(self, pile):
+    def process(self, pile, direct=False):
         fmt = get_format(self._format_name)
-        staged = shard_name(storage.join(staging_dir(self._prefix), "shard"), pile.index, pile.num_piles, fmt.suffix(self._compression))
+        staged = _shard_path(self._prefix, pile.index, pile.num_piles, fmt.suffix(self._compression), direct)
         # an object appears only when its upload completes: no temp name (a rename is a copy there)
         temp = staged if storage.is_remote(staged) else f"{staged}.tmp-{uuid.uuid4().hex[:12]}"
         written = [Fingerprint()]
@@ -98,6 +99,37 @@ class WriteShard(beam.DoFn):
             pile.fingerprint, written[0], pile.split_count(), pile.work_dir,
             schema[0] if self._format_name == "parquet" else None,
         )
+
+
+def _shard_path(prefix: str, pile: int, num_piles: int, suffix: str, direct: bool) -> str:
+    """Where pass 2 writes a shard: its final name (``direct``) or its staging name."""
+    if direct:
+        return shard_name(prefix, pile, num_piles, suffix)
+    return shard_name(storage.join(staging_dir(prefix), "shard"), pile, num_piles, suffix)
+
+
+class PreparePublication(beam.DoFn):
+    """Runs once, before pass 2 writes anything; yields whether shards go straight to their
+    final names (``direct``). They do on an object store when nothing is published at the
+    prefix and the pile count is known: there a rename is a copy (twice the writes, and the
+    staged copy is billed for the bucket's soft-delete days), and no old output needs
+    protecting from a run that may fail. The journal then lists every final name first, so a
+    killed run's shards are its re-run's to replace, and a failed run's are deleted. A
+    finished output (``--overwrite``) keeps staging: it stays whole until the new one commits."""
+
+    def __init__(self, prefix, num_piles, suffix, overwrite):
+        self._prefix, self._num_piles, self._suffix, self._overwrite = prefix, num_piles, suffix, overwrite
+
+    def process(self, _):
+        if not storage.is_remote(self._prefix) or not self._num_piles:
+            yield False
+            return
+        if check_replaceable(self._prefix, self._overwrite).manifest is not None:
+            yield False
+            return
+        finals = [shard_name(self._prefix, p, self._num_piles, self._suffix) for p in range(self._num_piles)]
+        write_journal(self._prefix, finals + [manifest_path(self._prefix)], [])
+        yield True
 
 
 @interrupt.writes
@@ -143,7 +175,7 @@ class Finalize(beam.DoFn):
         self._num_piles, self._overwrite, self._schema = num_piles, overwrite, schema
         self._fields, self._started = manifest_fields, started
 
-    def process(self, element):
+    def process(self, element, direct=False):
         _, items = element
         shards = sorted((i for i in items if isinstance(i, _ShardStats)), key=lambda s: s.pile)
         sources = sorted((i for i in items if not isinstance(i, _ShardStats)), key=lambda s: s.source)
@@ -158,7 +190,7 @@ class Finalize(beam.DoFn):
         suffix = fmt.suffix(self._compression)
         for pile in range(num_piles):
             if pile not in staged:
-                staged[pile] = self._write_empty_shard(fmt, pile, num_piles, suffix, schema)
+                staged[pile] = self._write_empty_shard(fmt, pile, num_piles, suffix, schema, direct)
         finals = [shard_name(self._prefix, p, num_piles, suffix) for p in range(num_piles)]
         manifest = self._manifest(shards, sources, finals, staged, input_fp, output_fp, schema, num_piles)
         remote = storage.is_remote(self._prefix)
@@ -166,7 +198,9 @@ class Finalize(beam.DoFn):
         with interrupt.publishing():  # Ctrl-C takes effect before this step or after it, never inside
             self._replace_old_outputs(old, finals)
             try:
-                storage.rename([staged[p].staged_path for p in range(num_piles)], finals)
+                moves = [(staged[p].staged_path, finals[p]) for p in range(num_piles) if staged[p].staged_path != finals[p]]
+                if moves:
+                    storage.rename(*map(list, zip(*moves)))
                 if remote:  # one upload, whole or absent: the commit point (no rename is atomic there)
                     storage.write_whole(manifest_path(self._prefix), json.dumps(manifest, indent=1).encode())
                 else:
@@ -177,8 +211,8 @@ class Finalize(beam.DoFn):
         yield manifest
 
     @interrupt.writes
-    def _write_empty_shard(self, fmt, pile, num_piles, suffix, schema):
-        path = shard_name(storage.join(staging_dir(self._prefix), "shard"), pile, num_piles, suffix)
+    def _write_empty_shard(self, fmt, pile, num_piles, suffix, schema, direct):
+        path = _shard_path(self._prefix, pile, num_piles, suffix, direct)
         try:
             with storage.open_write(path, fmt.shard_handle_compression(self._compression)) as handle:
                 fmt.write_shard(handle, [], self._compression, schema)
@@ -288,8 +322,13 @@ class WritePiles(beam.PTransform):
         self._release_fragments = release_fragments
 
     def expand(self, piles):
+        suffix = get_format(self._format).suffix(self._compression)
+        direct = beam.pvalue.AsSingleton(
+            piles.pipeline
+            | "StartPublication" >> beam.Create([None])
+            | "PreparePublication" >> beam.ParDo(PreparePublication(self._prefix, self._num_piles, suffix, self._overwrite)))
         shards = piles | "WriteShard" >> beam.ParDo(
-            WriteShard(self._format, self._compression, self._prefix, self._schema, self._release_fragments))
+            WriteShard(self._format, self._compression, self._prefix, self._schema, self._release_fragments), direct)
         parts = (shards,) if self._expected is None else (shards, self._expected)
         return (
             parts
@@ -298,6 +337,6 @@ class WritePiles(beam.PTransform):
             | "GatherForFinalize" >> beam.GroupByKey()
             | "Finalize" >> beam.ParDo(
                 Finalize(self._prefix, self._format, self._compression, self._num_piles, self._overwrite,
-                         self._schema, self._fields, self._started or time.time())
+                         self._schema, self._fields, self._started or time.time()), direct
             )
         )
