@@ -74,11 +74,15 @@ def arrow_gcs(retry_seconds: float = ATTEMPT_SECONDS):
 
 
 def use_emulator_in_beam():
-    """Report google-cloud-storage's retries (``report_retries``), and with an emulator named,
+    """Report google-cloud-storage's retries (``report_retries``), skip its telemetry's bucket
+    reads, and with an emulator named,
     tell Beam's credential cache there are none (anonymous), as Beam itself concludes after 4
     retried lookups. Beam has no option for it: this sets the cache
     its ``auth`` module keeps (tests/test_gcs.py times a Beam process to catch a change)."""
     report_retries()
+    # google-cloud-storage >= 3 reads the bucket's metadata for its telemetry with every new client,
+    # and Beam makes a client per file operation: one more billed class B read per operation
+    os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
     if emulator() is None:
         return
     try:

@@ -99,7 +99,6 @@ def test_the_counts_are_the_requests_of_a_real_run(jsonl, gcs, tmp_path, monkeyp
     sample.write_jsonl(source, records=6000, files=3, record_bytes=100)
     args = ["--format=jsonl", "--num_piles=8", f"--intermediate={intermediate}"]
     plan, _ = planned(f"{source}/*.jsonl", tmp_path, *args)
-    monkeypatch.setenv("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")  # its extra reads: not counted
     seen = []
     send = requests.Session.request
 

@@ -104,9 +104,8 @@ def gcs_operations(plan: Plan) -> dict:
       finished output with --overwrite stages each shard and copies it: 1 A more per shard.)
     - a list returns 1,000 objects; no pile is split again (``plan`` prints the chance);
     - not counted: retries, Dataflow's staging of the job, each worker process's first look at
-      a bucket (1 B), and the bucket read google-cloud-storage >= 3.x makes for each new client,
-      which Beam creates per file operation (about one more class B per operation, unless
-      ``DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA=true``)."""
+      a bucket (1 B). (google-cloud-storage >= 3 would read the bucket's metadata for each new
+      client, one per Beam file operation: ``cloud.use_emulator_in_beam`` turns that off.)"""
     files, piles = len(plan.sources), plan.num_piles
     sampled = 2 * (plan.format == "tfrecord") + 4 * files * (plan.format == "parquet")  # the plan: sizes, footers
     steps = {
