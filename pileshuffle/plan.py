@@ -18,7 +18,7 @@ import uuid
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from pileshuffle import keys as keymath
-from pileshuffle import storage
+from pileshuffle import interrupt, storage
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
@@ -113,14 +113,15 @@ def work_dir_for(output: str, temp_location) -> str:
 
 
 def check_writable(directory: str, what: str):
-    """Write and delete a probe file in ``directory``; leaves no directory it created
-    (and removes only empty ones: another run may be filling the same folder)."""
+    """Write and delete a probe file in ``directory``, one step Ctrl-C does not cut; leaves no
+    directory it created (and removes only empty ones: another run may be filling the same folder)."""
     probe = storage.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
     missing = _missing_local_folders(directory)
     try:
-        with storage.open_write(probe, "uncompressed") as handle:
-            handle.write(b"ok")
-        storage.delete([probe])
+        with interrupt.not_cut():  # a Ctrl-C between the write and the delete left the probe behind
+            with storage.open_write(probe, "uncompressed") as handle:
+                handle.write(b"ok")
+            storage.delete([probe])
     except Exception as error:
         raise OutputError(f"cannot write to {what} {directory}: {error}") from error
     finally:

@@ -322,3 +322,18 @@ def test_of_writers_racing_to_create_one_object_exactly_one_wins(gcs):
     assert len(winners) == 1
     assert storage.read_buffer(path).to_pybytes() == b"writer %d" % winners[0]
     assert storage.list_folder(f"{gcs}/store-store") == [path]  # no temporary objects
+
+
+def test_ctrl_c_during_a_run_on_gcs_leaves_nothing_and_the_rerun_gives_the_same_bytes(gcs, tmp_path):
+    from test_interrupt import interrupt_when
+
+    sample.write_tfrecord(str(tmp_path / "in"), records=60_000, files=4, record_bytes=200)
+    sample.write_tfrecord(f"{gcs}/in", records=60_000, files=4, record_bytes=200)
+    args = ["--num_piles=4", "--seed=3", "--intermediate=files"]
+    run_shuffle(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "t"), *args)
+    fragments = lambda pid: bool(storage.match(f"{gcs}/.pileshuffle-work-*/fragments/*"))  # noqa: E731: pass 1 is writing
+    stopped = interrupt_when(["run", f"--input={gcs}/in/*.tfrecord", f"--output={gcs}/t", *args], fragments)
+    stopped.check("run", "nothing was published")
+    assert [f.path for f in storage.match(f"{gcs}/**") if "/in/" not in f.path] == []
+    run_shuffle(f"{gcs}/in/*.tfrecord", f"{gcs}/t", *args)
+    assert gs_shard_bytes(f"{gcs}/t") == shard_bytes(str(tmp_path / "t"))
