@@ -50,11 +50,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores; SCALE=10 for 10 GB.
+## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator; SCALE=10 for 10 GB.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/loader.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/store.py
+	$(BIN)/python bench/gcs.py
 
 ## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).
 metadata: $(STAMP)

@@ -30,7 +30,7 @@ from pileshuffle.errors import InputError
 
 __all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "ATTEMPT_SECONDS", "emulator",
            "arrow_gcs", "use_emulator_in_beam", "first_contact", "explain", "create_if_absent", "patiently",
-           "report_retries"]
+           "report_retries", "refused"]
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 # pyarrow's default is 15 minutes of retries, and without credentials it waits out all of them.
@@ -198,6 +198,16 @@ _CAUSES = [  # (what the client library says, what it means), first match wins
     (r"UNAUTHENTICATED|\b401\b|Unauthorized", "the credentials were refused{where}"),
     (r"NOT_FOUND|\b404\b|No such|does not exist", "not found{where}"),
 ]
+
+
+_REFUSED = re.compile(r"PERMISSION_DENIED|\b403\b|Forbidden|UNAUTHENTICATED|\b401\b|Unauthorized|"
+                      r"OAuth2 access token|credentials were not found")
+
+
+def refused(error: BaseException) -> bool:
+    """Whether a client's error says the request was refused (permission, credentials): no
+    retry or fallback changes that, and the user must hear it as such, not as "not found"."""
+    return bool(_REFUSED.search(str(error)))
 
 
 def explain(error: BaseException) -> str:

@@ -209,6 +209,8 @@ def _match_remote(pattern: str) -> dict:
     """``{path: size}`` of what a remote pattern matches; a listing failure is an InputError naming it."""
     try:
         return {f.path: f.size for f in storage.match(pattern)}
+    except InputError as error:
+        raise InputError(pattern, f"cannot be listed: {error.problem}") from None
     except Exception as error:
         raise InputError(pattern, f"cannot be listed: {error}") from error
 

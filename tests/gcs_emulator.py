@@ -5,7 +5,8 @@ Storage honours and that a store's lock and version manifests are committed with
 writers would both "win". ``start`` adds it: an upload with that precondition onto an existing
 object gets Cloud Storage's answer, 412 Precondition Failed (checked and created under one lock).
 The same tests run against a real bucket (PILESHUFFLE_TEST_BUCKET), where the service enforces it.
-It also injects the one fault the tests need on purpose: a 503 outage on objects named for it.
+It also injects the faults the tests need on purpose, on objects named for them: a 503 outage
+and a refused permission (403).
 """
 
 import threading
@@ -70,11 +71,31 @@ def _unavailable_for_a_while(handler):
     return flaky
 
 
+# Objects whose name holds FORBIDDEN refuse every request with 403, as for a caller without permission.
+FORBIDDEN = "forbidden-403"
+PERMISSION_DENIED = {"error": {"code": 403, "message": "caller does not have storage.objects.get access (injected)",
+                               "errors": [{"reason": "forbidden", "domain": "global", "message": "Forbidden"}]}}
+
+
+def _refused_when_named(handler):
+    def refused(request, response, storage, *args, **kwargs):
+        if FORBIDDEN in request.path or FORBIDDEN in str(request.query.get("prefix", "")) or \
+                FORBIDDEN in str(request.query.get("name", "")):
+            response.status = HTTPStatus.FORBIDDEN
+            response.json(PERMISSION_DENIED)
+            return
+        return handler(request, response, storage, *args, **kwargs)
+
+    return refused
+
+
 def _inject_outages():
     for _, handlers in emulator_server.HANDLERS:
         for method, handler in list(handlers.items()):
             if handler in (objects.get, objects.download):
-                handlers[method] = _unavailable_for_a_while(handler)
+                handlers[method] = _refused_when_named(_unavailable_for_a_while(handler))
+            elif handler in (objects.ls, objects.insert):
+                handlers[method] = _refused_when_named(handler)
 
 
 def _honour_create_if_absent():

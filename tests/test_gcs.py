@@ -337,3 +337,21 @@ def test_ctrl_c_during_a_run_on_gcs_leaves_nothing_and_the_rerun_gives_the_same_
     assert [f.path for f in storage.match(f"{gcs}/**") if "/in/" not in f.path] == []
     run_shuffle(f"{gcs}/in/*.tfrecord", f"{gcs}/t", *args)
     assert gs_shard_bytes(f"{gcs}/t") == shard_bytes(str(tmp_path / "t"))
+
+
+@pytest.mark.parametrize("command", ["verify", "run", "loader"])
+def test_a_refused_permission_is_one_line_naming_the_path(gcs, tmp_path, command):
+    import gcs_emulator
+
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        pytest.skip("a real bucket refuses nothing on purpose")
+    refused = f"{gcs}/{gcs_emulator.FORBIDDEN}"
+    sample.write_tfrecord(str(tmp_path / "in"), records=100, files=1, record_bytes=20)
+    argv = {"verify": ["-m", "pileshuffle", "verify", f"--output={refused}/t"],
+            "run": ["-m", "pileshuffle", "run", f"--input={tmp_path}/in/*.tfrecord", f"--output={refused}/t"],
+            "loader": ["-c", "import sys; " + LOADER, f"{refused}/t"]}[command]
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and "permission denied" in last and f"{gcs_emulator.FORBIDDEN}/t" in last, done.stderr
+    if command != "loader":
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
