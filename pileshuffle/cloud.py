@@ -26,11 +26,11 @@ import sys
 import threading
 import time
 
-from pileshuffle.errors import InputError
+from pileshuffle.errors import InputError, PileshuffleError
 
 __all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "ATTEMPT_SECONDS", "emulator",
            "arrow_gcs", "use_emulator_in_beam", "first_contact", "explain", "create_if_absent", "patiently",
-           "report_retries", "refused"]
+           "report_retries", "refused", "refusals_explained"]
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 # pyarrow's default is 15 minutes of retries, and without credentials it waits out all of them.
@@ -208,6 +208,25 @@ def refused(error: BaseException) -> bool:
     """Whether a client's error says the request was refused (permission, credentials): no
     retry or fallback changes that, and the user must hear it as such, not as "not found"."""
     return bool(_REFUSED.search(str(error)))
+
+
+def refusals_explained(operation):
+    """``operation`` (its first argument a path, a pattern or a list of them), with a refusal
+    by a remote store (``refused``: permission, credentials) raised as an ``InputError`` naming
+    the path and the cause in one line. Every ``storage`` operation wears it."""
+    @functools.wraps(operation)
+    def explained(where, *args, **kwargs):
+        try:
+            return operation(where, *args, **kwargs)
+        except PileshuffleError:
+            raise
+        except Exception as error:
+            path = where[0] if isinstance(where, (list, tuple)) and where else where
+            if isinstance(path, str) and refused(error):
+                raise InputError(path, explain(error)) from None
+            raise
+
+    return explained
 
 
 def explain(error: BaseException) -> str:

@@ -19,14 +19,12 @@ Invariants every backend keeps:
 
 import dataclasses
 import errno
-import functools
 import json
 import os
 import posixpath
 import sys
 
 from pileshuffle import cloud
-from pileshuffle.errors import InputError, PileshuffleError
 from pileshuffle.names import literal_pattern
 
 # the compressions ``open_read`` and ``open_write`` take (Beam's names); AUTO: what the name says
@@ -44,25 +42,6 @@ class FileInfo:
 def is_remote(path: str) -> bool:
     """Whether ``path`` is on an object store or other remote file system (it has a ``scheme://``)."""
     return "://" in path
-
-
-def _explained(operation):
-    """``operation`` (its first argument a path, a pattern or a list of them), with a refusal
-    by a remote store (permission, credentials) raised as an ``InputError`` naming the path
-    and the cause in one line."""
-    @functools.wraps(operation)
-    def explained(where, *args, **kwargs):
-        try:
-            return operation(where, *args, **kwargs)
-        except PileshuffleError:
-            raise
-        except Exception as error:
-            path = where[0] if isinstance(where, (list, tuple)) and where else where
-            if isinstance(path, str) and cloud.refused(error):
-                raise InputError(path, cloud.explain(error)) from None
-            raise
-
-    return explained
 
 
 def _beam(*paths):
@@ -112,7 +91,7 @@ def compression_of(path: str) -> str:
 
 # -- reading ---------------------------------------------------------------------------------------
 
-@_explained
+@cloud.refusals_explained
 def match(pattern: str) -> list:
     """The files ``pattern`` (a glob) matches, as ``FileInfo``s; [] when none do."""
     if _uses_beam():
@@ -155,7 +134,7 @@ def pattern_regex(pattern: str):
     return re.compile(fnmatch.translate(pattern))
 
 
-@_explained
+@cloud.refusals_explained
 def exists(path: str, filesystem=None) -> bool:
     """Whether a file (or folder) is at ``path``, on ``filesystem`` when one is given."""
     if filesystem is not None:
@@ -173,7 +152,7 @@ def exists(path: str, filesystem=None) -> bool:
     return _patiently(path, fs, lambda: fs.get_file_info(where)).type != pafs.FileType.NotFound
 
 
-@_explained
+@cloud.refusals_explained
 def size(path: str) -> int:
     """The size in bytes of the file at ``path`` (whatever characters its name holds)."""
     if not is_remote(path):
@@ -181,7 +160,7 @@ def size(path: str) -> int:
     return match(literal_pattern(path))[0].size
 
 
-@_explained
+@cloud.refusals_explained
 def open_read(path: str, compression: str = AUTO):
     """A binary stream of ``path``'s contents, decompressed as its name says (``AUTO``)."""
     if _uses_beam():
@@ -192,7 +171,7 @@ def open_read(path: str, compression: str = AUTO):
     return fs.open_input_stream(where, compression=GZIP if wanted == GZIP else None)
 
 
-@_explained
+@cloud.refusals_explained
 def read_buffer(path: str, filesystem=None):
     """The whole file as a ``pyarrow.Buffer``, decompressed when its name ends in .gz: a local
     file is memory-mapped (the page cache itself: no copy); a remote one read in one request."""
@@ -230,14 +209,14 @@ def read_json(path: str, filesystem=None):
     return json.loads(read_buffer(path, filesystem).to_pybytes())
 
 
-@_explained
+@cloud.refusals_explained
 def open_random_access(path: str, filesystem=None):
     """A seekable ``pyarrow`` file (what Parquet's reader needs), read in the reader's own requests."""
     fs, where = arrow_filesystem(path, filesystem)
     return _patiently(path, fs, lambda: fs.open_input_file(where))
 
 
-@_explained
+@cloud.refusals_explained
 def open_mapped(path: str, filesystem=None):
     """A ``pyarrow`` input over the file: memory-mapped when local (only the pages read are
     touched), else a stream."""
@@ -250,7 +229,7 @@ def open_mapped(path: str, filesystem=None):
     return _patiently(path, fs, lambda: fs.open_input_stream(where))
 
 
-@_explained
+@cloud.refusals_explained
 def list_folder(folder: str, filesystem=None) -> list:
     """The paths of the files directly in ``folder`` ([] when it does not exist)."""
     if filesystem is None and _uses_beam():
@@ -263,7 +242,7 @@ def list_folder(folder: str, filesystem=None) -> list:
     return [scheme + i.path for i in infos if i.type == pafs.FileType.File]
 
 
-@_explained
+@cloud.refusals_explained
 def is_folder(path: str, filesystem=None) -> bool:
     """Whether ``path`` is a folder (remote: the file system says it is a directory)."""
     if filesystem is None and not is_remote(path):
@@ -276,7 +255,7 @@ def is_folder(path: str, filesystem=None) -> bool:
 
 # -- writing ---------------------------------------------------------------------------------------
 
-@_explained
+@cloud.refusals_explained
 def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "application/octet-stream"):
     """A new binary file at ``path`` (its local folder made), compressed as asked."""
     if _uses_beam():
@@ -288,7 +267,7 @@ def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "app
     return fs.open_output_stream(where, compression=GZIP if compression == GZIP else None)
 
 
-@_explained
+@cloud.refusals_explained
 def write_whole(path: str, data: bytes):
     """Write ``data`` to ``path`` so that it appears whole or not at all: locally a temp file
     renamed over it; on an object store one upload (an object exists only once complete)."""
@@ -307,7 +286,7 @@ def write_whole(path: str, data: bytes):
             os.remove(temp)
 
 
-@_explained
+@cloud.refusals_explained
 def create_exclusive(path: str, data: bytes, temp: str):
     """Write ``data`` to ``path`` whole (first to ``temp``), failing with ``FileExistsError`` if
     ``path`` exists. Of two writers one wins: on a local disk by an atomic hard link, on Cloud
@@ -336,7 +315,7 @@ def create_exclusive(path: str, data: bytes, temp: str):
                 delete([temp])
 
 
-@_explained
+@cloud.refusals_explained
 def rename(sources: list, destinations: list):
     """Move each source to its destination (replacing it). Atomic per file on a local disk; on
     an object store a copy then a delete."""
@@ -349,7 +328,7 @@ def rename(sources: list, destinations: list):
         fs.move(arrow_filesystem(source)[1], arrow_filesystem(destination)[1])
 
 
-@_explained
+@cloud.refusals_explained
 def delete(paths: list):
     """Delete files (a local folder with its contents); a missing path is an error."""
     if _uses_beam():
@@ -366,7 +345,7 @@ def delete(paths: list):
             fs.delete_file(where)
 
 
-@_explained
+@cloud.refusals_explained
 def delete_tree(folder: str) -> bool:
     """Delete a folder and everything in it; whether there was anything. On an object store a
     folder is the objects under its prefix, which ``exists`` and ``delete`` of the bare name do

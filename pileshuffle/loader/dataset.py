@@ -24,6 +24,7 @@ from pileshuffle.loader import split
 from pileshuffle.loader.arguments import (check_world_size, checked_batch_size, checked_columns, describe_identity,
                                           whole_number)
 from pileshuffle.loader.batching import list_batches, payloads, table_batches
+from pileshuffle.loader.cache import DEFAULT_LIMIT, PileCache
 from pileshuffle.loader.order import EpochOrder
 from pileshuffle.loader.outputs import open_output, store_version_of
 from pileshuffle.loader.prefetch import prefetched
@@ -43,17 +44,26 @@ class ShuffledDataset:
     ``path``: an output prefix, ``{P}-manifest.json``, ``{P}-store`` or a store manifest.
     ``iter(ds)`` yields ``bytes`` (TFRecord payloads, JSONL lines without the newline)
     or ``dict`` rows (Parquet); ``ds.batches(n)`` yields batches. See docs/loader.md.
+
+    ``cache_dir``: a local folder keeping the files of piles loaded from a remote output (gs://,
+    s3://) for later epochs, shared safely by a host's processes (DataLoader workers); None (the
+    default): no cache; local outputs are read in place. ``cache_limit``: bytes the folder may
+    hold, least recently used evicted first: an int, or a string such as ``"50GB"``, ``"500MB"``
+    (decimal: 1 GB = 10**9 bytes; ``GiB`` = 2**30); a larger file is read uncached. The cache
+    never changes the records, their order or a state.
     """
 
     def __init__(self, path, *, seed=0, epoch=0, reshuffle=True, mix=1, rank=0, world_size=1,
-                 columns=None, remainder="drop", prefetch=True, filesystem=None):
+                 columns=None, remainder="drop", prefetch=True, filesystem=None, cache_dir=None,
+                 cache_limit=DEFAULT_LIMIT):
         self.seed, self.mix = whole_number("seed", seed, 0, _SEEDS), whole_number("mix", mix, 1)
         self.world_size = whole_number("world_size", world_size, 1)
         self.rank = whole_number("rank", rank, 0, self.world_size, "world_size")
         self.reshuffle, self.remainder, self.prefetch = bool(reshuffle), remainder, bool(prefetch)
         epoch = whole_number("epoch", epoch, 0)
         split.rank_share(0, self.rank, self.world_size, remainder)  # checks the remainder
-        self.output = open_output(str(path), filesystem, checked_columns(columns))
+        cache = PileCache.of(cache_dir, cache_limit)
+        self.output = open_output(str(path), filesystem, checked_columns(columns), cache)
         if columns is not None and self.format != "parquet":
             raise ValueError(f"columns={list(columns)!r}: {self.output.location} holds {self.format} records, "
                              "which have no columns (columns= selects Parquet columns)")

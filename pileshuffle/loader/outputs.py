@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from pileshuffle import names, storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.loader.cache import FileFacts, caches
 from pileshuffle.loader.piles import (BYTES_SCHEMA, NoOutputError, PileRef, Source, file_exists, read_json, resolve,
                                       sub_pile_of)
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
@@ -83,20 +84,22 @@ def _prefix_and_kind(fs, path: str):
     return path, None
 
 
-def open_output(path: str, filesystem=None, columns=None) -> Output:
+def open_output(path: str, filesystem=None, columns=None, cache=None) -> Output:
     """The finished output at ``path``: a prefix, ``{P}-manifest.json``, ``{P}-store`` or
-    one of its ``manifest-*.json`` (that version). Refuses a path with no manifest."""
+    one of its ``manifest-*.json`` (that version). Refuses a path with no manifest. Its piles'
+    files are read through ``cache`` (a ``loader.cache.PileCache``) when they are remote."""
     fs, fs_path = resolve(path, filesystem)
     prefix, store_manifest = _prefix_and_kind(fs, fs_path)
     columns = tuple(columns) if columns is not None else None
+    cache = cache if cache is not None and caches(fs) else None  # a local output is read in place
     if store_manifest is None and file_exists(fs, names.manifest_path(prefix)):
-        return _open_shards(fs, prefix, columns)
+        return _open_shards(fs, prefix, columns, cache)
     if store_manifest is None:
         store_manifest = _current_store_manifest(fs, names.store_dir(prefix))
     if store_manifest is None:
         raise NoOutputError(path, f"no finished output: no {names.manifest_path(prefix)} and no store manifest "
                                   f"({names.store_dir(prefix)}/{names.STORE_MANIFEST_GLOB}); {_what_to_give(fs, fs_path)}")
-    return _open_store(fs, store_manifest, columns)
+    return _open_store(fs, store_manifest, columns, cache)
 
 
 def _what_to_give(fs, path: str) -> str:
@@ -154,39 +157,58 @@ def _check_format(manifest: dict, where: str) -> str:
     return name
 
 
-def _open_shards(fs, prefix: str, columns) -> Output:
+def _listed_size(entry: dict):
+    """A file's size as its manifest entry lists it (``bytes``), or None when it lists none."""
+    return None if entry.get("bytes") is None else int(entry["bytes"])
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _open_shards(fs, prefix: str, columns, cache) -> Output:
     where = names.manifest_path(prefix)
     manifest = read_json(fs, where)
     name = _check_format(manifest, where)
-    source = Source(name, fs, columns, int(manifest["num_piles"]))
     directory = posixpath.dirname(prefix)
-    piles = tuple(
-        PileRef(i, int(shard["records"]), (posixpath.join(directory, posixpath.basename(shard["path"])),), False, source)
-        for i, shard in enumerate(manifest["shards"])
-    )
+    paths = [posixpath.join(directory, posixpath.basename(shard["path"])) for shard in manifest["shards"]]
+    version = _digest(manifest)  # the whole manifest: any other run written here is another version
+    facts = {path: FileFacts(_listed_size(shard), version) for path, shard in zip(paths, manifest["shards"])}
+    source = Source(name, fs, columns, int(manifest["num_piles"]), cache, facts)
+    piles = tuple(PileRef(i, int(shard["records"]), (path,), False, source)
+                  for i, (path, shard) in enumerate(zip(paths, manifest["shards"])))
     schema = _schema(source, piles)
     fingerprint = Fingerprint.from_json(manifest["output_fingerprint"])
     return Output(prefix, name, piles, schema, fingerprint, "shards", _identity_of("shards", manifest, fingerprint))
 
 
-def _open_store(fs, manifest_path: str, columns) -> Output:
+def _open_store(fs, manifest_path: str, columns, cache) -> Output:
     manifest = read_json(fs, manifest_path)
     if manifest.get("kind") != names.STORE_KIND:
         raise InputError(manifest_path, f"is not a pileshuffle store manifest (its kind is not {names.STORE_KIND!r})")
     name = _check_format(manifest, manifest_path)
     num_piles = int(manifest["num_piles"])
-    source = Source(name, fs, columns, num_piles)
     directory = posixpath.dirname(manifest_path)
-    files = {p: [] for p in range(num_piles)}
+    files, facts = {p: [] for p in range(num_piles)}, {}
     for generation in sorted(manifest["generations"], key=lambda g: g["generation"]):
         for entry in sorted(generation["files"], key=lambda f: f["writer"]):
-            files[int(entry["pile"])].append(
-                (posixpath.join(directory, entry["path"]), int(entry["records"]), int(entry.get("bytes") or 0)))
+            path = posixpath.join(directory, entry["path"])
+            files[int(entry["pile"])].append((path, int(entry["records"]), int(entry.get("bytes") or 0)))
+            facts[path] = FileFacts(_listed_size(entry), _store_file_version(manifest, generation, entry))
+    source = Source(name, fs, columns, num_piles, cache, facts)
     limit = int(manifest.get("max_pile_bytes") or 0)
     piles = tuple(ref for p in range(num_piles) for ref in _store_pile(source, p, files[p], limit))
     fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
     return Output(manifest_path, name, piles, _schema(source, piles), fingerprint, "store",
                   _identity_of("store", manifest, fingerprint))
+
+
+def _store_file_version(manifest: dict, generation: dict, entry: dict) -> str:
+    """A store data file's version: its manifest entry, its generation's number and creation
+    time, and the store's seed, piles and format. Appending leaves the versions of the files
+    already there as they were; a store written again at the same path has new ones."""
+    return _digest([manifest.get("seed"), manifest.get("num_piles"), manifest.get("format"),
+                    manifest.get("compression"), generation.get("generation"), generation.get("created"), entry])
 
 
 def _store_pile(source: Source, pile: int, files: list, limit: int) -> list:

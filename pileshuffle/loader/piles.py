@@ -50,12 +50,13 @@ def file_exists(fs, path: str) -> bool:
     return storage.exists(path, fs)
 
 
-def _read_bytes(fs, path: str) -> pa.Buffer:
-    """A whole file (``storage.read_buffer``: local files mapped, .gz decompressed); errors name the file."""
+def _read_bytes(fs, path: str, name: str = None) -> pa.Buffer:
+    """A whole file (``storage.read_buffer``: local files mapped, .gz decompressed); errors name
+    the file (as ``name``: a cached copy's errors name the remote file)."""
     try:
         return storage.read_buffer(path, fs)
     except (OSError, pa.ArrowException) as error:
-        raise InputError(path, f"cannot be read: {error}") from error
+        raise InputError(name or path, f"cannot be read: {error}") from error
 
 
 def read_json(fs, path: str) -> dict:
@@ -207,38 +208,62 @@ def _gather(tables, rows: np.ndarray) -> pa.Table:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """How to read an output's files: format, filesystem, the columns wanted (Parquet)."""
+    """How to read an output's files: format, filesystem, the columns wanted (Parquet), and
+    the local cache of its remote files (``loader.cache``; None: read where they are) with
+    what the manifest says of each file (``facts``: path -> ``FileFacts``)."""
 
     format: str
     filesystem: object
     columns: tuple = None
     num_piles: int = 1
+    cache: object = None
+    facts: dict = dataclasses.field(default=None, compare=False)
+
+    def _read(self, path: str, read):
+        """``read(filesystem, path)``: of the file's local copy when it is cached, else of the
+        file where it is. ``read`` parses the whole file, so a damaged copy fails inside it
+        (and the cache drops it and reads the remote file instead)."""
+        facts = self.facts.get(path) if self.cache is not None and self.facts else None
+        if facts is None:
+            return read(self.filesystem, path)
+        return self.cache.read(self.filesystem, path, facts, read)
 
     def read_shard(self, path: str) -> Block:
         fmt = get_format(self.format)
-        if fmt.record_column is None:
+
+        def block(fs, where):
+            if fmt.record_column is not None:
+                buffer = _read_bytes(fs, where, path)
+                return Block(fmt.payload_views(buffer, path, 0), (buffer,))
             try:
-                with storage.open_random_access(path, self.filesystem) as handle:
+                with storage.open_random_access(where, fs) as handle:
                     return Block(tables=(fmt.read_rows(handle, self.columns),))
             except (OSError, pa.ArrowException) as error:
                 raise InputError(path, f"cannot be read as {fmt.name}: {error}") from error
-        buffer = _read_bytes(self.filesystem, path)
-        return Block(fmt.payload_views(buffer, path, 0), (buffer,))
+
+        return self._read(path, block)
 
     def read_store_keys(self, path: str) -> np.ndarray:
         """The ``_pileshuffle_key`` column of a store file (local files: memory-mapped, so
         only the keys' pages are read)."""
-        try:
-            with storage.open_mapped(path, self.filesystem) as mapped:
-                parts = [batch.column(KEY_COLUMN).to_numpy() for batch in pa.ipc.open_stream(mapped)]
-        except (OSError, pa.ArrowException, KeyError) as error:
-            raise InputError(path, f"cannot be read as a pile store data file: {error}") from error
-        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
+        def keys(fs, where):
+            try:
+                with storage.open_mapped(where, fs) as mapped:
+                    parts = [batch.column(KEY_COLUMN).to_numpy() for batch in pa.ipc.open_stream(mapped)]
+            except (OSError, pa.ArrowException, KeyError) as error:
+                raise InputError(path, f"cannot be read as a pile store data file: {error}") from error
+            return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
+        return self._read(path, keys)
 
     def read_store_file(self, path: str):
         """``(block, keys)`` of one store data file (an Arrow IPC stream)."""
+        return self._read(path, lambda fs, where: self._store_file(fs, where, path))
+
+    def _store_file(self, fs, where: str, path: str):
         try:  # from the whole file's buffer (local: memory-mapped), so the columns are views, not copies
-            table = pa.ipc.open_stream(_read_bytes(self.filesystem, path)).read_all()
+            table = pa.ipc.open_stream(_read_bytes(fs, where, path)).read_all()
         except (OSError, pa.ArrowException) as error:
             raise InputError(path, f"cannot be read as an Arrow IPC stream: {error}") from error
         if KEY_COLUMN not in table.column_names:
