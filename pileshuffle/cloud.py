@@ -223,6 +223,9 @@ def refusals_explained(operation):
         except Exception as error:
             path = where[0] if isinstance(where, (list, tuple)) and where else where
             if isinstance(path, str) and refused(error):
+                filesystem = kwargs.get("filesystem", args[0] if args else None)
+                if getattr(filesystem, "type_name", "") == "gcs" and "://" not in path:
+                    path = f"gs://{path}"  # a path on a pyarrow file system: named as the user wrote it
                 raise InputError(path, explain(error)) from None
             raise
 

@@ -352,6 +352,22 @@ def test_a_refused_permission_is_one_line_naming_the_path(gcs, tmp_path, command
             "loader": ["-c", "import sys; " + LOADER, f"{refused}/t"]}[command]
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
     last = done.stderr.strip().splitlines()[-1]
-    assert done.returncode != 0 and "permission denied" in last and f"{gcs_emulator.FORBIDDEN}/t" in last, done.stderr
+    assert done.returncode != 0 and "permission denied" in last and f"{refused}/t" in last, done.stderr
     if command != "loader":
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_rerun_bundle_on_gcs_writes_its_shard_once_under_its_final_name(inputs, gcs, tmp_path, monkeypatch):
+    """Runners re-run bundles: each shard is written twice (straight to its final name on a new
+    gs:// output); the output equals the plain run's, and nothing is left beside it."""
+    import pileshuffle.transforms.write as write
+    from test_reliability import _flaky_write_class, _Twice
+
+    local_in, remote_in = inputs["tfrecord"]
+    run_shuffle(local_in, str(tmp_path / "t"), "--num_piles=4", "--seed=9")
+    _Twice.seen.clear()
+    monkeypatch.setattr(write, "WriteShard", _flaky_write_class())
+    run_shuffle(remote_in, f"{gcs}/t", "--num_piles=4", "--seed=9")
+    assert len(_Twice.seen) == 4
+    assert gs_shard_bytes(f"{gcs}/t") == shard_bytes(str(tmp_path / "t"))
+    assert len(storage.match(f"{gcs}/**")) == 5  # 4 shards and the manifest

@@ -407,14 +407,14 @@ def _flaky_write_class():
     class FlakyWrite(WriteShard):
         """Every pile is written twice; the first attempt's output is lost."""
 
-        def process(self, pile):
+        def process(self, pile, direct=False):
             self._release_fragments = False  # runners that re-run bundles keep fragments to the end
             key = ("write", pile.index)
             if key not in _Twice.seen:
                 _Twice.seen.add(key)
-                for _ in super().process(pile):
+                for _ in super().process(pile, direct):
                     pass
-            yield from super().process(pile)
+            yield from super().process(pile, direct)
 
     return FlakyWrite
 

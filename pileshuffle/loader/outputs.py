@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pileshuffle import names, storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, total
-from pileshuffle.loader.cache import FileFacts, caches
+from pileshuffle.loader.cache import FileFacts, caches, remote_name
 from pileshuffle.loader.piles import (BYTES_SCHEMA, NoOutputError, PileRef, Source, file_exists, read_json, resolve,
                                       sub_pile_of)
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
@@ -97,8 +97,9 @@ def open_output(path: str, filesystem=None, columns=None, cache=None) -> Output:
     if store_manifest is None:
         store_manifest = _current_store_manifest(fs, names.store_dir(prefix))
     if store_manifest is None:
-        raise NoOutputError(path, f"no finished output: no {names.manifest_path(prefix)} and no store manifest "
-                                  f"({names.store_dir(prefix)}/{names.STORE_MANIFEST_GLOB}); {_what_to_give(fs, fs_path)}")
+        shown = remote_name(fs, prefix)  # as the user wrote it: gs://...
+        raise NoOutputError(path, f"no finished output: no {names.manifest_path(shown)} and no store manifest "
+                                  f"({names.store_dir(shown)}/{names.STORE_MANIFEST_GLOB}); {_what_to_give(fs, fs_path)}")
     return _open_store(fs, store_manifest, columns, cache)
 
 
