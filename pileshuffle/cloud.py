@@ -29,7 +29,7 @@ import time
 from pileshuffle.errors import InputError, PileshuffleError
 
 __all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "ATTEMPT_SECONDS", "emulator",
-           "arrow_gcs", "use_emulator_in_beam", "first_contact", "explain", "create_if_absent", "patiently",
+           "arrow_gcs", "configure_beam", "first_contact", "explain", "create_if_absent", "patiently",
            "report_retries", "refused", "refusals_explained"]
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
@@ -73,12 +73,12 @@ def arrow_gcs(retry_seconds: float = ATTEMPT_SECONDS):
     return _arrow_gcs(emulator(), retry_seconds)
 
 
-def use_emulator_in_beam():
-    """Report google-cloud-storage's retries (``report_retries``), skip its telemetry's bucket
-    reads, and with an emulator named,
-    tell Beam's credential cache there are none (anonymous), as Beam itself concludes after 4
-    retried lookups. Beam has no option for it: this sets the cache
-    its ``auth`` module keeps (tests/test_gcs.py times a Beam process to catch a change)."""
+def configure_beam():
+    """Set up this process's Beam for Cloud Storage (idempotent, before its first request):
+    report google-cloud-storage's retries (``report_retries``), skip its telemetry's bucket reads,
+    and with an emulator named, tell Beam's credential cache there are none (anonymous), as Beam
+    itself concludes after 4 retried lookups. Beam has no option for it: this sets the cache its
+    ``auth`` module keeps (tests/test_gcs.py times a Beam process to catch a change)."""
     report_retries()
     # google-cloud-storage >= 3 reads the bucket's metadata for its telemetry with every new client,
     # and Beam makes a client per file operation: one more billed class B read per operation

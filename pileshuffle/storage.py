@@ -45,11 +45,11 @@ def is_remote(path: str) -> bool:
 
 
 def _beam(*paths):
-    """Beam's ``FileSystems``, once the endpoint rule holds in Beam (``cloud.use_emulator_in_beam``)
+    """Beam's ``FileSystems``, once the endpoint rule holds in Beam (``cloud.configure_beam``)
     and the remote paths' bucket answered (``cloud.first_contact``)."""
     from apache_beam.io.filesystems import FileSystems
 
-    cloud.use_emulator_in_beam()
+    cloud.configure_beam()
     for path in paths:
         cloud.first_contact(path)
     return FileSystems

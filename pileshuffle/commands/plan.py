@@ -105,7 +105,7 @@ def gcs_operations(plan: Plan) -> dict:
     - a list returns 1,000 objects; no pile is split again (``plan`` prints the chance);
     - not counted: retries, Dataflow's staging of the job, each worker process's first look at
       a bucket (1 B). (google-cloud-storage >= 3 would read the bucket's metadata for each new
-      client, one per Beam file operation: ``cloud.use_emulator_in_beam`` turns that off.)"""
+      client, one per Beam file operation: ``cloud.configure_beam`` turns that off.)"""
     files, piles = len(plan.sources), plan.num_piles
     sampled = 2 * (plan.format == "tfrecord") + 4 * files * (plan.format == "parquet")  # the plan: sizes, footers
     steps = {
