@@ -8,6 +8,7 @@ shuffle gives about 50%; 100% means the output kept the input order.
 import glob
 import json
 import os
+import re
 import struct
 
 import numpy as np
@@ -64,6 +65,9 @@ def count_records(fmt, paths):
     return sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
 
 
+_JSON_INDEX = re.compile(rb'"index":\s*(\d+)')
+
+
 def probe_indices(fmt, paths, limit=PROBE_RECORDS):
     out = []
     for path in paths:
@@ -75,7 +79,7 @@ def probe_indices(fmt, paths, limit=PROBE_RECORDS):
         elif fmt == "jsonl":
             with open(path, "rb") as handle:
                 for line in handle:
-                    out.append(int(line[10 : line.index(b",")]))  # {"index": N, ...
+                    out.append(int(_JSON_INDEX.search(line).group(1)))  # {"index": N, ... (DuckDB: no space)
                     if len(out) >= limit:
                         break
         else:

@@ -12,6 +12,9 @@ from measure import warm
 from workspace import DATA, GB, HERE, OUT, PY, log, pileshuffle_command
 
 SEED = 1  # every shuffling row's seed, so reruns shuffle the same way
+# DuckDB out of core starts at this memory_limit, about pileshuffle's peak on these sets (0.6-0.8 GB),
+# and doubles it until DuckDB finishes (bench/duckdb_shuffle.py says which limit did)
+DUCKDB_MEMORY_LIMIT = "1GB"
 QUICK_DIVISOR = 50  # --quick divides every record count by this (a smoke run)
 
 
@@ -45,9 +48,13 @@ def row_plan(scale):
         ("cat-parquet", "cat", "parquet", "parquet"),
         ("floor-parquet", "floor", "parquet", "parquet"),
         ("pileshuffle-parquet", "pileshuffle", "parquet", "parquet"),
+        ("duckdb-parquet", "duckdb", "parquet", "parquet"),
+        ("duckdb-parquet-ram", "duckdb-ram", "parquet", "parquet"),
         ("cat-jsonl", "cat", "jsonl", "jsonl"),
         ("floor-jsonl", "floor", "jsonl", "jsonl"),
         ("pileshuffle-jsonl", "pileshuffle", "jsonl", "jsonl"),
+        ("duckdb-jsonl", "duckdb", "jsonl", "jsonl"),
+        ("duckdb-jsonl-ram", "duckdb-ram", "jsonl", "jsonl"),
         ("shuf-jsonl", "shuf", "jsonl", "jsonl"),
     ]
 
@@ -107,6 +114,10 @@ def command_for(kind, fmt, data, out_dir, piles):
     if kind == "pileshuffle":
         return [*pileshuffle_command(), "run", "--input", data["pattern"], "--output", prefix, "--format", fmt,
                 "--seed", str(SEED)], prefix + "-*-of-*"
+    if kind in ("duckdb", "duckdb-ram"):
+        limit = ["--memory_limit", DUCKDB_MEMORY_LIMIT] if kind == "duckdb" else []
+        return [PY, os.path.join(HERE, "duckdb_shuffle.py"), "--format", fmt, "--input", data["pattern"],
+                "--output", prefix, *limit], f"{prefix}.{fmt}"
     if kind == "beam-common":
         return [PY, os.path.join(HERE, "beam_common.py"), "--input", data["pattern"], "--output", prefix], prefix + "-*-of-*"
     raise ValueError(kind)

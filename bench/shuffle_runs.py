@@ -88,6 +88,10 @@ def check_row_output(row, outputs, out_dir, piles):
         row["notes"] = f"{len(files)} shard(s); pipeline {info.get('seconds', float('nan')):.2f} s"
     elif kind == "shuf":
         row["notes"] = "GNU shuf, whole input in RAM"
+    elif kind in ("duckdb", "duckdb-ram"):
+        info = stdout_json(name)
+        row["notes"] = (f"DuckDB ORDER BY random(), memory_limit {info.get('memory_limit')}"
+                        + (f" after {info['attempts'] - 1} out-of-memory attempt(s)" if info.get("attempts", 1) > 1 else ""))
 
 
 def run_rounds(plan, datasets, piles, repeat, timeout, keep, idle_wait):
