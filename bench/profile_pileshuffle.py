@@ -3,13 +3,14 @@
     .venv/bin/pip install py-spy                 # once
     .venv/bin/python bench/profile_pileshuffle.py            # 1 GB TFRecord data set (bench/.data, generated if missing)
     .venv/bin/python bench/profile_pileshuffle.py --quick    # 1/50 size
+    .venv/bin/python bench/profile_pileshuffle.py --format parquet           # or jsonl: make bench's 1 GB set
     .venv/bin/python bench/profile_pileshuffle.py --raw bench/.out/profile/pileshuffle-tfrecord.txt   # summarize an existing profile
 
 py-spy samples every process of the run (the launcher and Beam's SDK worker processes)
 at --rate Hz, active threads only (on-CPU time, not waiting), and writes collapsed stacks.
 The summary gives each process role's share of the samples, the functions where samples
 land ("self", by function), and inclusive shares of pileshuffle's own functions and of a
-few cost categories. Output: bench/.out/profile/summary.md (and stdout).
+few cost categories. Output: bench/.out/profile/summary-FORMAT.md (and stdout).
 """
 
 import argparse
@@ -27,6 +28,7 @@ sys.path.insert(0, HERE)
 import datagen  # noqa: E402
 
 OUT = os.path.join(HERE, ".out", "profile")
+SETS = {"tfrecord": (1_000_000, 1000), "parquet": (1_000_000, 1000), "jsonl": (2_000_000, 500)}  # make bench's 1 GB sets
 DATA = os.path.join(HERE, ".data")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
@@ -140,6 +142,7 @@ def main(argv=None):
     parser.add_argument("--rate", type=int, default=50, help="samples per second per process")
     parser.add_argument("--raw", help="summarize this existing py-spy raw file instead of running")
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--format", choices=sorted(SETS), default="tfrecord", help="the 1 GB data set of make bench to run on")
     args = parser.parse_args(argv)
     os.makedirs(OUT, exist_ok=True)
     raw = args.raw
@@ -149,15 +152,16 @@ def main(argv=None):
         if not os.path.exists(py_spy):
             sys.exit("py-spy is not installed: .venv/bin/pip install py-spy")
         div = 50 if args.quick else 1
-        data = datagen.dataset(DATA, "tfrecord", 1_000_000 // div, 8, 1000, seed=0, log=lambda m: print(m, file=sys.stderr))
+        records, record_bytes = SETS[args.format]
+        data = datagen.dataset(DATA, args.format, records // div, 8, record_bytes, seed=0, log=lambda m: print(m, file=sys.stderr))
         run_dir = os.path.join(OUT, "run")
         shutil.rmtree(run_dir, ignore_errors=True)
         os.makedirs(run_dir)
-        raw = os.path.join(OUT, "pileshuffle-tfrecord.txt")
+        raw = os.path.join(OUT, f"pileshuffle-{args.format}.txt")
         subprocess.run(["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True)
         cmd = [py_spy, "record", "--subprocesses", "--nonblocking", "--rate", str(args.rate), "--format", "raw", "-o", raw, "--",
                os.path.join(os.path.dirname(sys.executable), "pileshuffle"), "run", "--input", data["pattern"],
-               "--output", os.path.join(run_dir, "train"), "--format", "tfrecord", "--seed", "1"]
+               "--output", os.path.join(run_dir, "train"), "--format", args.format, "--seed", "1"]
         started = time.perf_counter()
         result = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - started
@@ -169,11 +173,11 @@ def main(argv=None):
         if result.returncode != 0:
             sys.exit(f"profiled run failed:\n{result.stderr[-3000:]}")
         header = [f"# Profile of `pileshuffle run` on {data['name']} ({data['bytes'] / 1e6:,.0f} MB)", "",
-                  f"command: `{' '.join(cmd[:6])} ... pileshuffle run --input ... --format tfrecord --seed 1`", "",
+                  f"command: `{' '.join(cmd[:6])} ... pileshuffle run --input ... --format {args.format} --seed 1`", "",
                   f"wall under py-spy: {wall:.1f} s (sampling slows the run a little)", "",
                   "pileshuffle's summary:", "", "```", summary_lines, "```", ""]
     text = "\n".join(header) + summarize(parse(raw), args.top) + "\n"
-    with open(os.path.join(OUT, "summary.md"), "w") as handle:
+    with open(os.path.join(OUT, f"summary-{args.format}.md"), "w") as handle:
         handle.write(text)
     print(text)
 
