@@ -16,14 +16,18 @@ shards and delivers batches of 256 records:
 - ``pyarrow-inorder`` ``pq.ParquetFile(f).iter_batches(256)`` over the files (Parquet's plain reader)
 - ``inorder``         ``ShuffledDataset(reshuffle=False).batches(256)``: the loader's own reader, no shuffle
 - ``kK``              ``ShuffledDataset(epoch=1, mix=K).batches(256)``: the reshuffling loader, in-process
-- ``kK-dl2``          ``DataLoader(ds.torch(batch_size=256), batch_size=None, num_workers=2)``
+- ``k1-numpy``        the same with ``as_numpy=True`` (Parquet): the dicts of numpy arrays the -dlN rows convert
+- ``kK-dlN``          ``DataLoader(ds.torch(batch_size=256), batch_size=None, num_workers=N)``, N = 1, 2, 4
                       (Parquet: dicts of numpy arrays, which the DataLoader turns into tensors)
 - ``k1-dl2-arrow``    the same with ``ds.torch(batch_size=256, as_numpy=False)``: Parquet batches
                       cross as ``pyarrow.RecordBatch``es
 - ``kK-tf``           ``ds.tf(batch_size=256)``: the same batches as a tf.data.Dataset
+- ``dl2-ready``       2 DataLoader workers handing out one ready batch of 256 x 1,000 bytes through the
+                      loader's shared-memory handoff: the DataLoader's and the handoff's own cost, no loading
 
 Each row runs in its own process (``--row``); the parent samples the RSS of the row's process
-tree every 20 ms. The time is the child's: from just before the first batch is asked for to the
+tree every 20 ms (the peak of the tree's sum, and each process's own peak: the row's main
+process and its largest DataLoader worker). The time is the child's: from just before the first batch is asked for to the
 last (imports, interpreter start and building the pipeline excluded); MB/s is the shards' file
 bytes over that time, so MB/s and records/s give the same ratios.
 """

@@ -21,20 +21,20 @@ def child_env():
 
 
 def tree_rss(proc):
-    """(sum of RSS over the process and its descendants, largest single RSS)."""
+    """{pid: RSS} of the process and its descendants (DataLoader workers)."""
     import psutil
 
     try:
         procs = [proc] + proc.children(recursive=True)
     except psutil.Error:
-        return 0, 0
-    sizes = []
+        return {}
+    sizes = {}
     for p in procs:
         try:
-            sizes.append(p.memory_info().rss)
+            sizes[p.pid] = p.memory_info().rss
         except psutil.Error:
             pass
-    return sum(sizes), max(sizes, default=0)
+    return sizes
 
 
 def measure_row(name, kind, mix, data, timeout):
@@ -44,14 +44,16 @@ def measure_row(name, kind, mix, data, timeout):
 
     subprocess.run(["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True)  # warm page cache, untimed
     cmd = [PY, ENTRY, "--row", kind, "--mix", str(mix or 1), "--data", json.dumps(data)]
-    peak = [0, 0]
+    peak, own = [0, 0], {}  # [tree's sum, largest process]; pid -> that process's peak
     stop = threading.Event()
     proc = psutil.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=child_env())
 
     def sample():
         while not stop.is_set():
-            total, largest = tree_rss(proc)
-            peak[0], peak[1] = max(peak[0], total), max(peak[1], largest)
+            sizes = tree_rss(proc)
+            peak[0], peak[1] = max(peak[0], sum(sizes.values())), max([peak[1], *sizes.values()])
+            for pid, rss in sizes.items():
+                own[pid] = max(own.get(pid, 0), rss)
             stop.wait(SAMPLE_SECONDS)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -74,7 +76,9 @@ def measure_row(name, kind, mix, data, timeout):
     row = {"name": name, "kind": kind, "mix": mix, "format": data["format"], "ok": result["records"] == data["records"],
            "records": result["records"], "seconds": result["seconds"], "cpu_seconds": result["cpu_seconds"],
            "records_per_s": result["records"] / result["seconds"], "mb_per_s": data["bytes"] / MB / result["seconds"],
-           "peak_rss": peak[0], "peak_rss_process": peak[1], "rss_before": result["rss_before"]}
+           "peak_rss": peak[0], "peak_rss_process": peak[1], "rss_before": result["rss_before"],
+           "peak_rss_main": own.get(proc.pid, 0),
+           "peak_rss_worker": max((v for pid, v in own.items() if pid != proc.pid), default=0)}
     if not row["ok"]:
         row["error"] = f"delivered {result['records']} records, expected {data['records']}"
     log(f"[{name}] {row['seconds']:.2f} s, {row['mb_per_s']:,.0f} MB/s, peak RSS {peak[0] / MB:,.0f} MB"

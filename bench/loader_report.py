@@ -6,6 +6,7 @@ import statistics
 from workspace import MB
 
 RSS_ALLOWANCE = 200 * MB  # the issue's allowance above (K+1) piles: interpreter, imports, buffers
+DELIVERING = ("dl1", "dl2", "dl4", "dl2-arrow", "tf-adapter")  # rows that hand the in-process batches on: x in-process
 
 
 def pile_bytes(data):
@@ -27,6 +28,8 @@ def fastest_rounds(plan, attempts):
         best["rounds_seconds"] = [round(a["seconds"], 3) for a in good]
         best["peak_rss"] = max(a["peak_rss"] for a in good)
         best["peak_rss_process"] = max(a["peak_rss_process"] for a in good)
+        best["peak_rss_main"] = max(a.get("peak_rss_main", 0) for a in good)
+        best["peak_rss_worker"] = max(a.get("peak_rss_worker", 0) for a in good)
         rows.append(best)
     return rows
 
@@ -42,14 +45,19 @@ def add_ratios_and_targets(rows, data):
         r["cpu_x_inorder"] = base["median_cpu_seconds"] / r["median_cpu_seconds"] if base and base.get("ok") else None
         r["x_tf_shuffle"] = (tfs["median_seconds"] / r["median_seconds"]
                              if r["format"] == "tfrecord" and tfs and tfs.get("ok") else None)
+        here = by_name.get(f"{r['format']}-k{r['mix']}") if r["kind"] in (*DELIVERING, "dl2-ready") else None
+        r["x_in_process"] = here["median_seconds"] / r["median_seconds"] if here and here.get("ok") else None
         r["targets"] = targets(r, by_name, data[r["format"]])
 
 
 def targets(row, by_name, data):
     """The issue's targets for a reshuffling loader row, judged on medians: [(target, ok, value)]."""
-    if row["kind"] not in ("loader", "dl2", "dl2-arrow", "tf-adapter") or not row.get("ok"):
+    if row["kind"] not in ("loader", *DELIVERING) or not row.get("ok"):
         return []
     fmt, out = row["format"], []
+    if row["kind"] in ("dl2", "dl2-arrow") and row.get("x_in_process") is not None:
+        ratio = row["x_in_process"]
+        out.append((f">=0.6x in-process k{row['mix']}", ratio >= 0.6, f"{ratio:.2f}x"))
     base = by_name.get(f"{fmt}-inorder")
     if base and base.get("ok") and row["kind"] == "loader":
         ratio = base["median_seconds"] / row["median_seconds"]
@@ -65,8 +73,9 @@ def targets(row, by_name, data):
 
 
 def table(rows):
-    header = ["row", "records/s", "MB/s", "median s", "x in-order", "x tf-shuffle", "cpu s", "cpu x in-order",
-              "peak RSS MB", "largest proc MB", "RSS before MB", "above imports MB", "targets"]
+    header = ["row", "records/s", "MB/s", "median s", "x in-order", "x in-process", "x tf-shuffle", "cpu s",
+              "cpu x in-order", "peak RSS MB", "largest proc MB", "main / worker MB", "RSS before MB",
+              "above imports MB", "targets"]
     body = []
     for r in rows:
         if not r.get("ok"):
@@ -75,9 +84,11 @@ def table(rows):
         body.append([
             r["name"], f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:,.0f}", f"{r['median_seconds']:.2f}",
             "-" if r.get("x_inorder") is None else f"{r['x_inorder']:.2f}",
+            "-" if r.get("x_in_process") is None else f"{r['x_in_process']:.2f}",
             "-" if r.get("x_tf_shuffle") is None else f"{r['x_tf_shuffle']:.2f}",
             f"{r['median_cpu_seconds']:.2f}", "-" if r.get("cpu_x_inorder") is None else f"{r['cpu_x_inorder']:.2f}",
-            f"{r['peak_rss'] / MB:,.0f}", f"{r['peak_rss_process'] / MB:,.0f}", f"{r['rss_before'] / MB:,.0f}",
+            f"{r['peak_rss'] / MB:,.0f}", f"{r['peak_rss_process'] / MB:,.0f}", main_and_worker(r),
+            f"{r['rss_before'] / MB:,.0f}",
             f"{(r['peak_rss_process'] - r['rss_before']) / MB:,.0f}",
             "; ".join(f"{t}: {'PASS' if ok else 'FAIL'} ({v})" for t, ok, v in r.get("targets", [])),
         ])
@@ -86,14 +97,22 @@ def table(rows):
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])
 
 
+def main_and_worker(row):
+    """The row's main process's own peak RSS and its largest DataLoader worker's ('-' without workers)."""
+    worker = row.get("peak_rss_worker", 0)
+    return f"{row.get('peak_rss_main', 0) / MB:,.0f} / {worker / MB:,.0f}" if worker else "-"
+
+
 LEGEND = """\
 records/s, MB/s: the row's fastest round (MB/s = shard file bytes / time; 1 MB = 10^6 B); median s: its median
 round. x in-order: the median speed of the row / that of the loader's in-order read of the same shards (same
-format); x tf-shuffle: / that of tf.data's shuffle(62,500).batch(256) (TFRecord). cpu s: median CPU seconds of
-the row's process (all threads) and its DataLoader workers over the same span; cpu x in-order: in-order's / the
-row's (steadier than wall times when other jobs share the cores; wall ratios are the targets). peak RSS: the largest sum of
-RSS over the row's process tree (DataLoader workers included); largest proc: the largest single process's RSS
-(what the (K+1) x pile + 200 MB target is judged on: each DataLoader worker holds its own piles); RSS before:
-the row's process just before its first batch (interpreter + imports: torch's ~0.2 GB, TensorFlow's ~0.5 GB);
-above imports: largest proc - RSS before (the data the row holds). DataLoader workers are forked from the main
-process but count its shared library pages only once they touch them, so for the -dl2 rows this understates."""
+format); x in-process: / that of the same mix read in-process (kK: list[bytes], or Parquet RecordBatches);
+x tf-shuffle: / that of tf.data's shuffle(62,500).batch(256) (TFRecord). cpu s: median CPU seconds of the row's
+process (all threads) and its DataLoader workers over the same span; cpu x in-order: in-order's / the row's
+(steadier than wall times when other jobs share the cores; wall ratios are the targets). peak RSS: the largest
+sum of RSS over the row's process tree (DataLoader workers included); largest proc: the largest single
+process's RSS (what the (K+1) x pile + 200 MB target is judged on: each DataLoader worker holds its own piles);
+main / worker: each one's own peak (the row's process, its largest DataLoader worker); RSS before: the row's
+process just before its first batch (interpreter + imports: torch's ~0.2 GB, TensorFlow's ~0.5 GB); above
+imports: largest proc - RSS before (the data the row holds). DataLoader workers are forked from the main
+process but count its shared library pages only once they touch them, so for the -dlN rows this understates."""

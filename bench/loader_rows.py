@@ -19,11 +19,18 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("inorder", "inorder", 1, ("tfrecord", "parquet")),
     ("k1", "loader", 1, ("tfrecord", "parquet")),
     ("k4", "loader", 4, ("tfrecord", "parquet")),
+    ("k1-numpy", "loader-numpy", 1, ("parquet",)),
+    ("k1-dl1", "dl1", 1, ("tfrecord", "parquet")),
     ("k1-dl2", "dl2", 1, ("tfrecord", "parquet")),
+    ("k1-dl4", "dl4", 1, ("tfrecord", "parquet")),
     ("k4-dl2", "dl2", 4, ("tfrecord", "parquet")),
     ("k1-dl2-arrow", "dl2-arrow", 1, ("parquet",)),
+    ("dl2-ready", "dl2-ready", 1, ("tfrecord",)),  # mix 1: compared with k1
     ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
 ]
+
+
+DATALOADER_KINDS = {"dl1": 1, "dl2": 2, "dl4": 4}  # kind -> DataLoader num_workers (dicts of tensors for Parquet)
 
 
 def row_plan():
@@ -90,8 +97,8 @@ def count_any(batch):
     return len(batch)
 
 
-def loader_rows(prefix, mix, reshuffle=True):
-    return loader_dataset(prefix, mix, reshuffle).batches(BATCH), count_any
+def loader_rows(prefix, mix, reshuffle=True, as_numpy=False):
+    return loader_dataset(prefix, mix, reshuffle).batches(BATCH, as_numpy=as_numpy), count_any
 
 
 def dataloader_rows(prefix, mix, workers, as_numpy=True):
@@ -100,6 +107,25 @@ def dataloader_rows(prefix, mix, workers, as_numpy=True):
     torch_dataset = loader_dataset(prefix, mix).torch(batch_size=BATCH, as_numpy=as_numpy)
     loader = DataLoader(torch_dataset, batch_size=None, num_workers=workers)
     return loader, count_any
+
+
+def ready_rows(records, workers):
+    """A DataLoader whose workers hand out one ready batch of ``BATCH`` x 1,000 bytes again and
+    again (``records`` in all) through the loader's shared-memory handoff: what the DataLoader
+    and the handoff cost without any loading, the most a loader can deliver through them."""
+    import pyarrow as pa
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    from pileshuffle.loader.handoff import BytesOnArrival
+
+    class Ready(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            array = pa.array([bytes(1000)] * BATCH, pa.large_binary())
+            for start in range(info.id * BATCH, records, info.num_workers * BATCH):
+                yield BytesOnArrival(array.slice(0, min(BATCH, records - start)), ring=True)
+
+    return DataLoader(Ready(), batch_size=None, num_workers=workers), count_any
 
 
 def tf_adapter_rows(prefix, mix):
@@ -119,10 +145,14 @@ def row_batches(kind, data, mix):
         return loader_rows(data["prefix"], 1, reshuffle=False)
     if kind == "loader":
         return loader_rows(data["prefix"], mix)
-    if kind == "dl2":
-        return dataloader_rows(data["prefix"], mix, workers=2)
+    if kind == "loader-numpy":
+        return loader_rows(data["prefix"], mix, as_numpy=True)
+    if kind in DATALOADER_KINDS:
+        return dataloader_rows(data["prefix"], mix, workers=DATALOADER_KINDS[kind])
     if kind == "dl2-arrow":
         return dataloader_rows(data["prefix"], mix, workers=2, as_numpy=False)
+    if kind == "dl2-ready":
+        return ready_rows(data["records"], workers=2)
     if kind == "tf-adapter":
         return tf_adapter_rows(data["prefix"], mix)
     raise ValueError(kind)

@@ -110,7 +110,8 @@ class ShuffledDataset:
                 f"{len(self)} records, position {self._position})")
 
     def torch(self, *, batch_size=None, **kwargs):
-        """A ``torch.utils.data.IterableDataset`` of these records (see ``loader.torch``)."""
+        """A ``torch.utils.data.IterableDataset`` of these records, or with ``batch_size`` of
+        ``batches()``: the same types through DataLoader workers (see ``loader.torch``)."""
         batch_size = checked_batch_size(batch_size)  # checked before torch's import
         from pileshuffle.loader.torch import TorchDataset
 

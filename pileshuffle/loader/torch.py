@@ -28,11 +28,11 @@ import pyarrow as pa
 import torch.utils.data
 from torch.utils.data import default_convert, get_worker_info
 
+from pileshuffle.loader.batching import array_batches
+from pileshuffle.loader.handoff import ArrowOnArrival, BytesOnArrival, arrow_batch, reduced
 from pileshuffle.loader.passes import PassClock
 
-__all__ = [
-    "TorchDataset", "TensorsOnArrival", "ArrowOnArrival", "worker_states", "loader_states", "round_robin"
-]
+__all__ = ["TorchDataset", "TensorsOnArrival", "worker_states", "loader_states", "round_robin"]
 
 # torchdata's StatefulDataLoader state keys (torchdata.stateful_dataloader, 0.8 - 0.11)
 _SNAPSHOT, _STEPS_SINCE_SNAPSHOT = "_snapshot", "_steps_since_snapshot"
@@ -48,6 +48,14 @@ class TorchDataset(torch.utils.data.IterableDataset):
     which the DataLoader turns into tensors) or a ``pyarrow.RecordBatch`` (``as_numpy=False``).
     Batching in the worker costs one inter-process message per batch instead of one Python
     step per record in the DataLoader.
+
+    The training loop receives the same with or without workers: ``list[bytes]``, a dict of
+    tensors (strings and binary: numpy object arrays) or a ``RecordBatch``. From a worker a
+    batch crosses as its buffers in shared memory (``loader.handoff``: a bytes batch is one
+    values buffer plus int64 offsets, a Parquet batch its Arrow IPC message), and the main
+    process makes the ``bytes``, numpy columns and tensors. A ``collate_fn`` of one's own runs
+    in the worker on ``BytesOnArrival`` or ``TensorsOnArrival``, which read like the list or
+    dict (what it returns crosses as the DataLoader sends it).
     """
 
     def __init__(self, dataset, *, batch_size=None, drop_last=False, as_numpy=True):
@@ -134,12 +142,15 @@ class TorchDataset(torch.utils.data.IterableDataset):
     def _items(self, part):
         if self.batch_size is None:
             return iter(part)
+        if get_worker_info() is None:  # the main process: part.batches() as they are
+            if self.dataset.format != "parquet" or not self.as_numpy:
+                return part.batches(self.batch_size, drop_last=self.drop_last)
+            return map(_writable, part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=True))
         if self.dataset.format != "parquet":
-            return part.batches(self.batch_size, drop_last=self.drop_last)
-        batches = part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=self.as_numpy)
-        if get_worker_info() is None:
-            return map(_writable, batches) if self.as_numpy else batches
-        return map(TensorsOnArrival if self.as_numpy else ArrowOnArrival, batches)
+            arrays = _payload_arrays(part, self.batch_size, self.drop_last)
+            return (BytesOnArrival(array, ring=True) for array in arrays)
+        arrival = TensorsOnArrival if self.as_numpy else ArrowOnArrival
+        return (arrival(batch, ring=True) for batch in part.batches(self.batch_size, drop_last=self.drop_last))
 
     # -- state
 
@@ -171,21 +182,29 @@ class TorchDataset(torch.utils.data.IterableDataset):
 
 
 class TensorsOnArrival:
-    """A DataLoader worker's batch of numpy columns that the main process unpickles as the
-    dict of tensors the DataLoader would have made (``default_convert``). The numbers cross
-    the worker's pipe inside the pickle, instead of one shared-memory segment (a file, a
-    socket round trip) per tensor, which cost more than a small column's bytes: Parquet
-    through 2 workers went from 60 to ~380 MB/s (bench/loader.py, parquet-k1-dl2). It reads
-    like the dict of numpy arrays it carries (for a ``collate_fn`` of one's own in the worker),
-    but is no ``Mapping``, which the DataLoader would turn into tensors in the worker."""
+    """A DataLoader worker's Parquet batch (a ``pyarrow.RecordBatch``) that the main process
+    unpickles as the dict of tensors the DataLoader makes of numpy columns (``default_convert``:
+    numbers and bools as tensors, strings and binary as numpy object arrays). The batch crosses
+    as its Arrow IPC message (``ring``: through the worker's shared memory, ``loader.handoff``)
+    and becomes numpy in the main process; per tensor torch would make one shared-memory segment
+    and a socket round trip, which cost more than a small column's bytes. In the worker it reads
+    like the dict of numpy arrays (for a ``collate_fn`` of one's own) but is no ``Mapping``,
+    which the DataLoader would turn into tensors in the worker."""
 
-    __slots__ = ("columns",)
+    __slots__ = ("batch", "ring", "_columns")
 
-    def __init__(self, columns):
-        self.columns = columns
+    def __init__(self, batch, *, ring=False):
+        self.batch, self.ring, self._columns = batch, ring, None
+
+    @property
+    def columns(self) -> dict:
+        """The numpy columns (made on first use), as ``ds.batches(as_numpy=True)`` gives them."""
+        if self._columns is None:
+            self._columns = _numpy_columns(self.batch)
+        return self._columns
 
     def __reduce__(self):
-        return default_convert, (self.columns,)
+        return reduced([self.batch.serialize()], _tensors, (self.batch.schema,), ring=self.ring)
 
     def __getitem__(self, name):
         return self.columns[name]
@@ -206,21 +225,31 @@ class TensorsOnArrival:
         return self.columns.values()
 
 
-class ArrowOnArrival:
-    """A DataLoader worker's ``pyarrow.RecordBatch`` sent as its Arrow IPC message: pickle
-    would send the whole buffers a sliced batch points into (a loaded pile per batch)."""
-
-    __slots__ = ("batch",)
-
-    def __init__(self, batch):
-        self.batch = batch
-
-    def __reduce__(self):
-        return _read_batch, (self.batch.serialize(), self.batch.schema)
+def _numpy_columns(batch) -> dict:
+    """A batch's columns as ``ShuffledDataset.batches(as_numpy=True)`` makes them (a table's
+    ``to_numpy``)."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    return {name: column.to_numpy() for name, column in zip(table.column_names, table.columns)}
 
 
-def _read_batch(message, schema):
-    return pa.ipc.read_record_batch(message, schema)
+def _tensors(views, schema):
+    """The main process's side of ``TensorsOnArrival``."""
+    return default_convert(_writable(_numpy_columns(arrow_batch(views, schema))))
+
+
+def _payload_arrays(part, batch_size, drop_last):
+    """``part.batches(batch_size, drop_last=drop_last)`` of a bytes format as ``large_binary``
+    arrays (``batching.array_batches``): the same records and position, no ``bytes`` made in
+    the worker. The position is set at once, as ``batches()`` sets it."""
+    tables = part._tables(batch_size)
+
+    def arrays():
+        for array in array_batches(tables, batch_size):
+            part._position += len(array)  # as ShuffledDataset._batches: a batch counts once yielded, a dropped one too
+            if len(array) == batch_size or not drop_last:
+                yield array
+
+    return arrays()
 
 
 def _writable(columns):
