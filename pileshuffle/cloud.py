@@ -29,7 +29,7 @@ import time
 from pileshuffle.errors import InputError, PileshuffleError
 
 __all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "ATTEMPT_SECONDS", "emulator",
-           "arrow_gcs", "configure_beam", "first_contact", "explain", "create_if_absent", "patiently",
+           "arrow_gcs", "configure_beam", "first_contact", "explain", "create_if_absent", "patiently", "patiently_on",
            "report_retries", "refused", "refusals_explained"]
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
@@ -135,6 +135,14 @@ def patiently(path: str, attempt):
             tries += 1
             print(f"pileshuffle: {path}: {explain(error)}; retrying ({waited:.0f} s so far)", file=sys.stderr)
             time.sleep(min(2.0 ** tries, 16.0))
+
+
+def patiently_on(path: str, filesystem, attempt):
+    """``attempt()`` of a request to ``filesystem`` (pyarrow's): ``patiently`` unless it is the
+    local file system, whose errors are not transient."""
+    import pyarrow.fs as pafs
+
+    return attempt() if isinstance(filesystem, pafs.LocalFileSystem) else patiently(path, attempt)
 
 
 class _RetryReport(logging.Handler):

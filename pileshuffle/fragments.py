@@ -16,7 +16,7 @@ import pyarrow as pa
 from pileshuffle import interrupt, storage
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.names import fragment_name, temp_name
+from pileshuffle.names import fragment_name
 
 __all__ = ["Fragment", "FragmentFiles", "to_ipc", "read_batches", "read_table", "read_tables", "write_failure"]
 
@@ -99,8 +99,7 @@ class FragmentFiles:
         entry = self._open.get(pile)
         try:
             if entry is None:
-                final = self.final_path(pile)
-                temp = final if storage.is_remote(final) else temp_name(final, self._attempt)
+                temp = storage.writing_name(self.final_path(pile), self._attempt)
                 handle = storage.open_write(temp, "uncompressed")
                 entry = self._open[pile] = [handle, pa.ipc.new_stream(handle, table.schema), temp, 0, 0, Fingerprint()]
             entry[1].write_table(table)
@@ -118,9 +117,7 @@ class FragmentFiles:
                 handle, writer = self._open[pile][:2]
                 writer.close()
                 handle.close()
-            moves = [(self._open[p][2], self.final_path(p)) for p in piles if self._open[p][2] != self.final_path(p)]
-            if moves:
-                storage.rename(*map(list, zip(*moves)))
+            storage.put_in_place([self._open[p][2] for p in piles], [self.final_path(p) for p in piles])
         except Exception as error:  # a buffered writer reports a full disk when it is closed
             raise write_failure(self._directory, error, sum(self._open[p][4] for p in piles)) from error
         committed = [(p, self.final_path(p), *self._open[p][3:]) for p in piles]

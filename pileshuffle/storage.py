@@ -25,7 +25,7 @@ import posixpath
 import sys
 
 from pileshuffle import cloud
-from pileshuffle.names import literal_pattern
+from pileshuffle.names import literal_pattern, temp_name
 
 # the compressions ``open_read`` and ``open_write`` take (Beam's names); AUTO: what the name says
 GZIP, AUTO, UNCOMPRESSED = "gzip", "auto", "uncompressed"
@@ -110,7 +110,7 @@ def match(pattern: str) -> list:
     fs, where = arrow_filesystem(pattern)
     folder = posixpath.dirname(where) if is_remote(pattern) else os.path.dirname(where)
     try:
-        infos = _patiently(pattern, fs, lambda: fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True)))
+        infos = cloud.patiently_on(pattern, fs, lambda: fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True)))
     except OSError:
         if is_remote(pattern):
             raise
@@ -140,7 +140,7 @@ def exists(path: str, filesystem=None) -> bool:
     if filesystem is not None:
         import pyarrow.fs as pafs
 
-        return _patiently(path, filesystem, lambda: filesystem.get_file_info(path)).type != pafs.FileType.NotFound
+        return cloud.patiently_on(path, filesystem, lambda: filesystem.get_file_info(path)).type != pafs.FileType.NotFound
     if not is_remote(path):
         return os.path.exists(path)
     if _uses_beam():
@@ -149,7 +149,7 @@ def exists(path: str, filesystem=None) -> bool:
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(path)
-    return _patiently(path, fs, lambda: fs.get_file_info(where)).type != pafs.FileType.NotFound
+    return cloud.patiently_on(path, fs, lambda: fs.get_file_info(where)).type != pafs.FileType.NotFound
 
 
 @cloud.refusals_explained
@@ -186,7 +186,7 @@ def read_buffer(path: str, filesystem=None):
         with open_read(path) as handle:
             return pa.py_buffer(handle.read())
     fs, where = arrow_filesystem(path, filesystem)
-    return _patiently(path, fs, lambda: _read_whole(fs, where))
+    return cloud.patiently_on(path, fs, lambda: _read_whole(fs, where))
 
 
 def _read_whole(fs, where: str):
@@ -195,13 +195,6 @@ def _read_whole(fs, where: str):
             return stream.read_buffer()
     with fs.open_input_file(where) as handle:  # one read of known size: ~10x a stream's read_buffer()
         return handle.read_buffer(handle.size())
-
-
-def _patiently(path: str, fs, attempt):
-    """``attempt()``; on a remote file system retried through transient errors (``cloud.patiently``)."""
-    import pyarrow.fs as pafs
-
-    return attempt() if isinstance(fs, pafs.LocalFileSystem) else cloud.patiently(path, attempt)
 
 
 def read_json(path: str, filesystem=None):
@@ -213,7 +206,7 @@ def read_json(path: str, filesystem=None):
 def open_random_access(path: str, filesystem=None):
     """A seekable ``pyarrow`` file (what Parquet's reader needs), read in the reader's own requests."""
     fs, where = arrow_filesystem(path, filesystem)
-    return _patiently(path, fs, lambda: fs.open_input_file(where))
+    return cloud.patiently_on(path, fs, lambda: fs.open_input_file(where))
 
 
 @cloud.refusals_explained
@@ -226,7 +219,7 @@ def open_mapped(path: str, filesystem=None):
     if isinstance(filesystem, pafs.LocalFileSystem) or (filesystem is None and not is_remote(path)):
         return pa.memory_map(path)
     fs, where = arrow_filesystem(path, filesystem)
-    return _patiently(path, fs, lambda: fs.open_input_stream(where))
+    return cloud.patiently_on(path, fs, lambda: fs.open_input_stream(where))
 
 
 @cloud.refusals_explained
@@ -237,7 +230,7 @@ def list_folder(folder: str, filesystem=None) -> list:
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(folder, filesystem)
-    infos = _patiently(folder, fs, lambda: fs.get_file_info(pafs.FileSelector(where, allow_not_found=True)))
+    infos = cloud.patiently_on(folder, fs, lambda: fs.get_file_info(pafs.FileSelector(where, allow_not_found=True)))
     scheme = folder.split("://", 1)[0] + "://" if is_remote(folder) and filesystem is None else ""
     return [scheme + i.path for i in infos if i.type == pafs.FileType.File]
 
@@ -315,6 +308,21 @@ def create_exclusive(path: str, data: bytes, temp: str):
                 delete([temp])
 
 
+def writing_name(final: str, token: str) -> str:
+    """Where to write a file that must appear at ``final`` whole: locally a temporary name beside
+    it (``put_in_place`` renames it); on an object store ``final`` itself, since an object appears
+    only when its upload completes and a rename there is a copy and a delete."""
+    return final if is_remote(final) else temp_name(final, token)
+
+
+def put_in_place(written: list, finals: list):
+    """Move each file written under ``writing_name`` onto its final name (those written there
+    already stay)."""
+    moves = [(w, f) for w, f in zip(written, finals) if w != f]
+    if moves:
+        rename([w for w, _ in moves], [f for _, f in moves])
+
+
 @cloud.refusals_explained
 def rename(sources: list, destinations: list):
     """Move each source to its destination (replacing it). Atomic per file on a local disk; on
@@ -387,4 +395,4 @@ def arrow_filesystem(path: str, filesystem=None):
 __all__ = ["AUTO", "GZIP", "UNCOMPRESSED", "FileInfo", "arrow_filesystem", "compression_of", "delete",
            "create_exclusive", "delete_tree", "exists", "is_folder", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
            "open_mapped", "open_random_access", "open_read", "open_write", "read_buffer", "read_json", "rename", "size", "split",
-           "write_whole"]
+           "write_whole", "writing_name", "put_in_place"]

@@ -64,8 +64,7 @@ class WriteShard(beam.DoFn):
     def process(self, pile, direct=False):
         fmt = get_format(self._format_name)
         staged = _shard_path(self._prefix, pile.index, pile.num_piles, fmt.suffix(self._compression), direct)
-        # an object appears only when its upload completes: no temp name (a rename is a copy there)
-        temp = staged if storage.is_remote(staged) else f"{staged}.tmp-{uuid.uuid4().hex[:12]}"
+        temp = storage.writing_name(staged, uuid.uuid4().hex[:12])
         written = [Fingerprint()]
         schema = [self._schema]
 
@@ -82,8 +81,7 @@ class WriteShard(beam.DoFn):
             with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
                 with storage.open_write(temp, fmt.shard_handle_compression(self._compression)) as handle:
                     fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
-                if temp != staged:
-                    storage.rename([temp], [staged])
+                storage.put_in_place([temp], [staged])
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
         if written[0] != pile.fingerprint:
@@ -198,9 +196,7 @@ class Finalize(beam.DoFn):
         with interrupt.publishing():  # Ctrl-C takes effect before this step or after it, never inside
             self._replace_old_outputs(old, finals)
             try:
-                moves = [(staged[p].staged_path, finals[p]) for p in range(num_piles) if staged[p].staged_path != finals[p]]
-                if moves:
-                    storage.rename(*map(list, zip(*moves)))
+                storage.put_in_place([staged[p].staged_path for p in range(num_piles)], finals)
                 if remote:  # one upload, whole or absent: the commit point (no rename is atomic there)
                     storage.write_whole(manifest_path(self._prefix), json.dumps(manifest, indent=1).encode())
                 else:
