@@ -2,7 +2,7 @@
 data set, ``COPY (SELECT * FROM <input> ORDER BY random()) TO <output>``, on 2 threads.
 
     python bench/duckdb_shuffle.py --format parquet --input 'data/*.parquet' --output out/train
-    python bench/duckdb_shuffle.py ... --memory_limit 1GB     # out of core: spills to --output's folder
+    python bench/duckdb_shuffle.py ... --memory_limit 800MB   # out of core: spills to --output's folder
 
 Out of core, a ``memory_limit`` DuckDB cannot finish under ("Out of Memory Error") is doubled
 and the query run again, up to ``MAX_LIMIT_GB``: the JSON line it prints last says which limit
@@ -19,6 +19,12 @@ import duckdb
 
 MAX_LIMIT_GB = 16  # the machine has 24 GiB: above this DuckDB is not out of core any more
 SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
+
+
+def megabytes(limit: str) -> float:
+    """``800MB`` or ``1GB`` (DuckDB's decimal units) in MB."""
+    number, unit = limit.upper()[:-2], limit.upper()[-2:]
+    return float(number) * {"MB": 1, "GB": 1000}[unit]
 
 
 def query(fmt: str, pattern: str, output: str) -> str:
@@ -53,10 +59,9 @@ def main(argv=None):
             seconds = shuffle(args.format, args.input, output, limit, args.threads)
             break
         except duckdb.OutOfMemoryException:
-            gigabytes = float(limit.upper().rstrip("GB")) * 2
-            if not limit or gigabytes > MAX_LIMIT_GB:
+            if not limit or megabytes(limit) * 2 > MAX_LIMIT_GB * 1000:
                 raise
-            limit = f"{gigabytes:g}GB"
+            limit = f"{megabytes(limit) * 2:g}MB"
     print(json.dumps({"seconds": seconds, "memory_limit": limit or "default", "attempts": attempts}))
 
 

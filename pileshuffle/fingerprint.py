@@ -41,15 +41,81 @@ def payload_hashes(crcs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def crc32c_of_slices(data, offsets: np.ndarray, trim_end: int = 0) -> np.ndarray:
-    """CRC32C of ``data[offsets[i] : offsets[i+1] - trim_end]`` for every i."""
+    """CRC32C of ``data[offsets[i] : offsets[i+1] - trim_end]`` for every i: values of at most
+    ``_ACROSS_MAX_BYTES`` all at once (``_crc32c_across``), longer ones one call each."""
+    starts = np.asarray(offsets[:-1], dtype=np.int64)
+    lengths = np.asarray(offsets[1:], dtype=np.int64) - starts - trim_end
+    crcs = np.empty(len(starts), dtype=np.uint64)
+    short = lengths <= _ACROSS_MAX_BYTES
+    if short.any():
+        crcs[short] = _crc32c_across(np.frombuffer(data, dtype=np.uint8), starts[short], lengths[short])
+    if not short.all():
+        crcs[~short] = _crc32c_each(data, starts[~short], lengths[~short])
+    return crcs
+
+
+def _crc32c_each(data, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """CRC32C of each slice, one ``google_crc32c`` call and one slice copy per slice."""
     data = data if isinstance(data, bytes) else memoryview(data).tobytes()
     value = google_crc32c.value
-    bounds = offsets.tolist()
     return np.fromiter(
-        (value(data[a : b - trim_end]) for a, b in zip(bounds[:-1], bounds[1:])),
+        (value(data[a : a + n]) for a, n in zip(starts.tolist(), lengths.tolist())),
         dtype=np.uint64,
-        count=len(bounds) - 1,
+        count=len(starts),
     )
+
+
+# A Python call per value costs about 200-400 ns whatever its length; CRC32C run across all
+# values at once costs about 0.6 ns per value byte per pass (numpy, 4 bytes a step): it is the
+# cheaper one up to about 50 bytes (125,000 values: 10 against 23 ms at 16 bytes, 14 against
+# 23 at 32, 26 against 22 at 64). Short values are ids, names, labels and categories: a table
+# with many such columns made one call per value per column.
+_ACROSS_MAX_BYTES = 32
+
+
+def _crc32c_tables() -> np.ndarray:
+    """Slicing-by-4 tables of the reflected CRC32C polynomial: ``tables[k][b]`` is the
+    register change of byte ``b`` followed by ``k`` zero bytes."""
+    first = np.zeros(256, dtype=np.uint32)
+    for byte in range(256):
+        register = byte
+        for _ in range(8):
+            register = (register >> 1) ^ (0x82F63B78 if register & 1 else 0)
+        first[byte] = register
+    tables = [first]
+    for _ in range(3):
+        tables.append((tables[-1] >> np.uint32(8)) ^ first[tables[-1] & np.uint32(0xFF)])
+    return np.stack(tables)
+
+
+_CRC32C_TABLES = _crc32c_tables()
+
+
+def _crc32c_across(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """CRC32C of ``raw[starts[i] : starts[i] + lengths[i]]`` for every i, the table-driven
+    algorithm run across all slices at once: longest first, so the slices that still have
+    a byte at position ``k`` are a prefix; four bytes a step, then the shorter ones' last
+    bytes one at a time. Equal to ``google_crc32c.value`` of each slice (tests check)."""
+    order = np.argsort(-lengths, kind="stable")
+    starts, lengths = starts[order], lengths[order]
+    longest = int(lengths[0]) if len(lengths) else 0
+    # having[k]: how many slices have a byte at position k (lengths are in decreasing order)
+    having = len(lengths) - np.searchsorted(lengths[::-1], np.arange(longest + 4), side="right")
+    table, t3, t2, t1, t0 = _CRC32C_TABLES[0], *_CRC32C_TABLES[::-1]
+    register = np.full(len(starts), 0xFFFFFFFF, dtype=np.uint32)
+    for k in range(0, longest, 4):
+        whole = int(having[k + 3])  # slices with all four bytes k..k+3
+        if whole:
+            at = starts[:whole] + k
+            word = register[:whole] ^ (raw[at].astype(np.uint32) | raw[at + 1].astype(np.uint32) << 8
+                                       | raw[at + 2].astype(np.uint32) << 16 | raw[at + 3].astype(np.uint32) << 24)
+            register[:whole] = t3[word & 0xFF] ^ t2[(word >> 8) & 0xFF] ^ t1[(word >> 16) & 0xFF] ^ t0[word >> 24]
+        for j in range(k, k + 3):  # slices ending inside this step: their bytes one at a time
+            ending = register[whole : int(having[j])]
+            ending[:] = table[(ending ^ raw[starts[whole : int(having[j])] + j]) & 0xFF] ^ (ending >> 8)
+    crcs = np.empty(len(starts), dtype=np.uint64)
+    crcs[order] = register ^ np.uint32(0xFFFFFFFF)
+    return crcs
 
 
 def binary_column_parts(column):

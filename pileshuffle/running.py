@@ -93,8 +93,8 @@ def execute(options, build, partitions: int, on_failure=None, wait=None):
     does; returns Beam's result when not waited for (Dataflow), else None. ``on_failure()``
     cleans up after a failed pipeline."""
 
-    from pileshuffle.runners import (dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults,
-                                     make_runner)
+    from pileshuffle.runners import (dask_defaults, dataflow_defaults, graph_defaults, is_dask, is_dataflow, is_local,
+                                     local_defaults, make_runner)
 
     if is_local(options):
         options = local_defaults(options)
@@ -102,6 +102,6 @@ def execute(options, build, partitions: int, on_failure=None, wait=None):
         options = dask_defaults(options, types.SimpleNamespace(sources=range(max(1, partitions))))
     if is_dataflow(options):
         options = dataflow_defaults(options)
-    pipeline = beam.Pipeline(runner=make_runner(options), options=options)
+    pipeline = beam.Pipeline(runner=make_runner(options), options=graph_defaults(options))
     build(pipeline)
     return run_pipeline(pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure and on_failure())

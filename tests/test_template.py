@@ -162,6 +162,17 @@ def test_dataflow_runs_are_not_waited_for():
     assert should_wait(PipelineOptions(["--runner=DataflowRunner"]), True) is True
 
 
+def test_the_templates_graph_skips_beams_type_check_unless_asked_for():
+    from apache_beam.options.pipeline_options import TypeOptions
+
+    from pileshuffle.runners import graph_defaults
+
+    for argv in ([], ["--runner=DataflowRunner"], ["--runner=DaskRunner"]):
+        assert graph_defaults(PipelineOptions(argv)).view_as(TypeOptions).pipeline_type_check is False
+    asked = graph_defaults(PipelineOptions(["--pipeline_type_check"]))
+    assert asked.view_as(TypeOptions).pipeline_type_check is True
+
+
 def test_dataflow_launch_submits_and_returns_without_waiting(tmp_path, template_input, monkeypatch, capsys):
     """What the launcher VM does, short of the API call: plan, translate the graph for Dataflow
     (Beam's --dry_run stops before submitting), return at once, default the worker image to

@@ -21,8 +21,8 @@ from pileshuffle.errors import OutputError, user_message
 from pileshuffle.options import PileshuffleOptions, check_argv, check_values, help_text, parse_flag, wants_help
 from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
 from pileshuffle.plan import Plan, make_plan, space_note, taken_output
-from pileshuffle.runners import (dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults,
-                                 make_runner, submitted)
+from pileshuffle.runners import (dask_defaults, dataflow_defaults, graph_defaults, is_dask, is_dataflow, is_local,
+                                 local_defaults, make_runner, submitted)
 from pileshuffle.running import run_pipeline, shows_progress
 from pileshuffle.store.layout import command_line
 from pileshuffle.transforms.graph import build
@@ -75,7 +75,7 @@ def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worke
     if not quiet:
         print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
               f"({plan.num_piles_reason})", file=sys.stderr)
-    pipeline = beam.Pipeline(runner=make_runner(options), options=options)
+    pipeline = beam.Pipeline(runner=make_runner(options), options=graph_defaults(options))
     build(pipeline, plan, started, release_fragments=is_local(options))
     showing = progress.showing(len(plan.sources), plan.input_bytes, plan.num_piles,
                                enabled=not quiet and shows_progress(options))

@@ -1,0 +1,40 @@
+"""Per-record CRC32C, the root of every fingerprint: computed across many values at once for
+short values and one call each for long ones, always equal to ``google_crc32c`` per value."""
+
+import google_crc32c
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pileshuffle.fingerprint import column_hashes, crc32c_of_slices, payload_hashes
+
+values_lists = st.lists(st.binary(min_size=0, max_size=80), min_size=0, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=values_lists, trim=st.sampled_from([0, 1, 4]))
+def test_crc32c_of_slices_equals_one_crc32c_per_value(values, trim):
+    framed = [value + b"\n" * trim for value in values]  # the trimmed bytes: a line's newline, a frame's footer
+    data = b"".join(framed)
+    offsets = np.cumsum([0] + [len(v) for v in framed]).astype(np.int64)
+    got = crc32c_of_slices(data, offsets, trim)
+    assert got.dtype == np.uint64
+    assert got.tolist() == [google_crc32c.value(value) for value in values]
+
+
+def test_short_and_long_values_mixed_in_one_column_hash_as_each_alone():
+    rng = np.random.default_rng(7)
+    values = [rng.bytes(int(n)) for n in rng.integers(0, 200, 2_000)]  # both sides of the 32-byte split
+    mixed = column_hashes(pa.array(values, pa.binary()))
+    alone = [int(column_hashes(pa.array([v], pa.binary()))[0]) for v in values[:300]]
+    assert mixed[:300].tolist() == alone
+    expected = payload_hashes([google_crc32c.value(v) for v in values], [len(v) for v in values])
+    assert mixed.tolist() == expected.tolist()
+
+
+def test_a_sliced_arrow_column_hashes_its_own_values():
+    array = pa.array([b"a" * n for n in range(40)] + [None, b""], pa.binary())
+    whole = column_hashes(array)
+    assert column_hashes(array.slice(5, 20)).tolist() == whole[5:25].tolist()
+    assert len(set(whole[:40].tolist())) == 40  # every length of "a...a" hashes differently
