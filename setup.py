@@ -42,6 +42,7 @@ setuptools.setup(
             "hypothesis>=6",
             "scipy>=1.11",
             "duckdb>=1.0",
+            "webdataset>=0.2",  # reads the tar shards back as WebDataset users do
             "psutil>=5.9",
             "tensorflow-cpu>=2.16",
             "dask>=2024.1",

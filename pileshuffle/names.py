@@ -123,6 +123,7 @@ def temp_name(path: str, token: str) -> str:
 RECORD_COLUMN = "record"  # a payload, as a user sees it (bytes formats; composed runs)
 FRAME_COLUMN = "tfrecord_frame"  # a whole TFRecord frame as read (length, CRCs, data): copied verbatim
 LINE_COLUMN = "line"  # a JSONL line with its newline
+TAR_SAMPLE_COLUMN = "tar_sample"  # a WebDataset sample's raw tar bytes: its members' headers, data and padding
 KEY_COLUMN = "_pileshuffle_key"  # U, the record's uint64 sort key
 HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carried to pass 2
 
@@ -192,7 +193,7 @@ __all__ = [
     "MANIFEST_SUFFIX", "SHARD_NAME", "SHARD_TAIL", "SHARD_NUMBERS", "JOURNAL_PREFIX", "WORK_PREFIX",
     "WORK_DIRECTORY", "shard_name", "manifest_path", "prefix_of_manifest", "staging_dir", "output_lock_path",
     "journal_name", "staged_manifest_name", "work_dir_name", "literal_pattern", "shard_pattern", "temp_name",
-    "RECORD_COLUMN", "FRAME_COLUMN", "LINE_COLUMN", "KEY_COLUMN", "HASH_COLUMN", "FRAGMENT_EXTENSION",
+    "RECORD_COLUMN", "FRAME_COLUMN", "LINE_COLUMN", "TAR_SAMPLE_COLUMN", "KEY_COLUMN", "HASH_COLUMN", "FRAGMENT_EXTENSION",
     "source_writer_name", "split_writer_name", "fragment_name", "STORE_SUFFIX", "STORE_LOCK_NAME",
     "STORE_MANIFEST_NAME", "STORE_MANIFEST_GLOB", "GENERATION_DIR", "STORE_FILE", "store_dir",
     "store_manifest_name", "generation_dir_name", "store_writer_name", "data_file_name", "is_store_file"

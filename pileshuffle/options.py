@@ -89,9 +89,9 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
               "gs://my-bucket/shuffled/train", regex=r"^[^\n,*?]+$", metavar="PREFIX"),
     Parameter("format", "Record format",
               "Format of input and output records. auto: from the input files' extension (.tfrecord, .parquet, "
-              ".jsonl, with .gz for the byte formats); every file must say the same. Give a format to read files "
+              ".jsonl, .tar, with .gz for the byte formats); every file must say the same. Give a format to read files "
               "whose names say none.", "parquet",
-              default="auto", choices=("auto", "tfrecord", "parquet", "jsonl")),
+              default="auto", choices=("auto", "tfrecord", "parquet", "jsonl", "tar")),
     Parameter("compression", "Output compression",
               "auto: as the input (gzip if every input is .gz; Parquet: snappy); none; gzip. Parquet also takes snappy, zstd.",
               "auto", default="auto", choices=("auto", "none", "gzip", "snappy", "zstd")),

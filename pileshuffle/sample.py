@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from pileshuffle import storage
 from pileshuffle.formats.tfrecord import frame
 
-__all__ = ["INDEX_DIGITS", "WRITERS", "payloads", "index_of", "split_counts", "write_tfrecord", "write_jsonl",
+__all__ = ["INDEX_DIGITS", "WRITERS", "payloads", "index_of", "split_counts", "write_tfrecord", "write_jsonl", "write_tar",
            "parquet_table", "write_parquet", "main"]
 
 INDEX_DIGITS = 12  # a record starts with its index in this many ASCII digits, then "|": room for 10^12 records
@@ -121,7 +121,34 @@ def write_parquet(directory, records=1000, files=4, record_bytes=100, seed=0, na
     return paths
 
 
-WRITERS = {"tfrecord": write_tfrecord, "jsonl": write_jsonl, "parquet": write_parquet}  # format -> its writer
+def write_tar(directory, records=1000, files=4, record_bytes=100, seed=0, name="part", classes=10, first=0):
+    """Samples first..first+records-1 as WebDataset shards ``{name}-NNN.tar``: sample i is key ``{i:09d}``
+    with members ``.cls`` (its class, ASCII: classes in order, ``classes`` of them, as a
+    capture written one class at a time) and ``.bin`` (``payloads``); reproducible headers
+    (mtime 0, root owner, mode 0644). Their paths."""
+    import io
+    import tarfile
+
+    def member(archive, member_name, data):
+        info = tarfile.TarInfo(member_name)
+        info.size, info.mtime, info.mode = len(data), 0, 0o644
+        archive.addfile(info, io.BytesIO(data))
+
+    paths, start = [], first
+    for f, count in enumerate(split_counts(records, files)):
+        def write(handle, start=start, count=count):
+            with tarfile.open(fileobj=handle, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+                for i, payload in zip(range(start, start + count), payloads(start, count, record_bytes, seed)):
+                    member(archive, f"{i:09d}.cls", b"%d" % ((i - first) * classes // max(1, records)))
+                    member(archive, f"{i:09d}.bin", payload)
+
+        paths.append(storage.join(directory, f"{name}-{f:03d}.tar"))
+        _write_file(paths[-1], write)
+        start += count
+    return paths
+
+
+WRITERS = {"tfrecord": write_tfrecord, "jsonl": write_jsonl, "parquet": write_parquet, "tar": write_tar}  # format -> its writer
 
 
 def _count_problem(args):

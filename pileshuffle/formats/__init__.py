@@ -2,12 +2,13 @@
 
 from pileshuffle.formats.base import RECORD_COLUMN, Payloads, ReadReport, RecordFormat
 from pileshuffle.formats.parquet import ParquetFormat
+from pileshuffle.formats.tar import TarFormat
 from pileshuffle.formats.text import JsonlFormat
 from pileshuffle.formats.tfrecord import TFRecordFormat
 from pileshuffle.names import SHARD_NUMBERS
 from pileshuffle.storage import compression_of
 
-FORMATS = {f.name: f for f in (TFRecordFormat(), ParquetFormat(), JsonlFormat())}
+FORMATS = {f.name: f for f in (TFRecordFormat(), ParquetFormat(), JsonlFormat(), TarFormat())}
 
 
 def get_format(name: str) -> RecordFormat:
@@ -18,7 +19,7 @@ def get_format(name: str) -> RecordFormat:
         raise ValueError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
 
 
-# The one table from a file name's extension to its format (`.tar` goes here when it comes).
+# The one table from a file name's extension to its format.
 # A compression suffix Beam detects (.gz, .bz2, .zst, ...) follows it in byte formats; a
 # TFDS-style shard tail (`-00000-of-00010`) may follow the extension.
 FORMAT_OF_EXTENSION = {
@@ -26,6 +27,7 @@ FORMAT_OF_EXTENSION = {
     ".tfrecords": "tfrecord",
     ".parquet": "parquet",  # also Spark's part-00000-....snappy.parquet: the codec is inside the file
     ".jsonl": "jsonl",
+    ".tar": "tar",  # WebDataset shards; .tar.gz too
 }
 
 

@@ -184,6 +184,11 @@ class RecordFormat:
         in a store file's ``record_column``; checks what the format can check, naming ``path``."""
         raise NotImplementedError(f"{self.name} is a row format: the loader reads it with read_rows")
 
+    def records_of(self, payloads: list) -> list:
+        """What the loader hands out for these payloads (``bytes``): the payloads themselves,
+        or a format's own form of a record (a WebDataset sample's dict)."""
+        return payloads
+
     def read_rows(self, handle, columns=None) -> pa.Table:
         """A row format's whole shard from an open file (``columns``: those only)."""
         raise NotImplementedError(f"{self.name} is a bytes format: the loader reads it with payload_views")

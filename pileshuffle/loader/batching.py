@@ -4,7 +4,7 @@ of rows (``as_numpy`` and Parquet). No batch keeps a loaded step's buffers alive
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["payloads", "payload_array", "list_batches", "array_batches", "table_batches"]
+__all__ = ["payloads", "object_array", "payload_array", "list_batches", "array_batches", "table_batches"]
 
 
 def payloads(table) -> list:
@@ -12,6 +12,13 @@ def payloads(table) -> list:
     and read from there, which takes 0.75x the time of turning the views into ``bytes``
     one by one from random places in a pile (0.95x in written order)."""
     return table.column(0).cast(pa.large_binary()).to_pylist()
+
+
+def object_array(records: list) -> np.ndarray:
+    """``records`` (``bytes``, a WebDataset sample's dicts) as a 1-d numpy object array."""
+    array = np.empty(len(records), dtype=object)
+    array[:] = records
+    return array
 
 
 def payload_array(table) -> pa.LargeBinaryArray:

@@ -20,10 +20,11 @@ import copy
 import numpy as np
 import pyarrow as pa
 
+from pileshuffle.formats import get_format
 from pileshuffle.loader import split
 from pileshuffle.loader.arguments import (check_world_size, checked_batch_size, checked_columns, describe_identity,
                                           whole_number)
-from pileshuffle.loader.batching import list_batches, payloads, table_batches
+from pileshuffle.loader.batching import list_batches, object_array, payloads, table_batches
 from pileshuffle.loader.cache import DEFAULT_LIMIT, PileCache
 from pileshuffle.loader.order import EpochOrder
 from pileshuffle.loader.outputs import open_output, store_version_of
@@ -340,8 +341,9 @@ class ShuffledDataset:
 
     def _records(self, tables):
         rows = self.format == "parquet"
+        fmt = get_format(self.format)
         for table in tables:
-            records = table.to_pylist() if rows else payloads(table)
+            records = table.to_pylist() if rows else fmt.records_of(payloads(table))
             del table  # holds a step's buffers: let the next step's load find it gone
             for record in records:
                 self._position += 1
@@ -365,11 +367,8 @@ class ShuffledDataset:
 
     def _batch(self, batch, as_numpy: bool):
         if self.format != "parquet":
-            if not as_numpy:
-                return batch
-            array = np.empty(len(batch), dtype=object)
-            array[:] = batch
-            return {"record": array}
+            batch = get_format(self.format).records_of(batch)
+            return {"record": object_array(batch)} if as_numpy else batch
         if as_numpy:
             return {name: column.to_numpy() for name, column in zip(batch.column_names, batch.columns)}
         batches = batch.combine_chunks().to_batches()

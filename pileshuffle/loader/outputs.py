@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from pileshuffle import names, storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.formats import FORMATS
 from pileshuffle.loader.cache import FileFacts, caches, remote_name
 from pileshuffle.loader.piles import (BYTES_SCHEMA, NoOutputError, PileRef, Source, file_exists, read_json, resolve,
                                       sub_pile_of)
@@ -153,8 +154,8 @@ def _check_format(manifest: dict, where: str) -> str:
     if names.format_problem(manifest):
         raise InputError(where, names.format_problem(manifest))
     name = manifest.get("format")
-    if name not in ("tfrecord", "jsonl", "parquet"):
-        raise InputError(where, f"names format {name!r}; the loader reads tfrecord, jsonl and parquet")
+    if name not in FORMATS:
+        raise InputError(where, f"names format {name!r}; the loader reads {', '.join(FORMATS)}")
     return name
 
 

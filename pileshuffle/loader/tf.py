@@ -35,6 +35,8 @@ CHUNK_BYTES = 8 << 20  # and about this many payload bytes (wide records: images
 
 def to_tf(dataset, *, batch_size=None, drop_last=False):
     """``dataset``'s records (or batches of ``batch_size``) as a ``tf.data.Dataset``."""
+    if dataset.format == "tar":
+        raise NotImplementedError("ds.tf() does not read WebDataset tar shards yet: iterate the dataset, or use ds.torch()")
     size = chunk_records(dataset)
 
     def chunks():

@@ -148,7 +148,7 @@ class TorchDataset(torch.utils.data.IterableDataset):
             return map(_writable, part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=True))
         if self.dataset.format != "parquet":
             arrays = _payload_arrays(part, self.batch_size, self.drop_last)
-            return (BytesOnArrival(array, ring=True) for array in arrays)
+            return (BytesOnArrival(array, ring=True, format=self.dataset.format) for array in arrays)
         arrival = TensorsOnArrival if self.as_numpy else ArrowOnArrival
         return (arrival(batch, ring=True) for batch in part.batches(self.batch_size, drop_last=self.drop_last))
 

@@ -1,0 +1,277 @@
+"""WebDataset tar shards: a record is a *sample*, the consecutive members sharing a key.
+
+A sample's key is WebDataset's: a member's name up to the first dot of its base name
+(``train/000123.jpg`` -> key ``train/000123``, extension ``jpg``). A record travels as the
+sample's raw tar bytes (column ``tar_sample``): each member's header blocks (PAX and GNU
+long-name headers included), data and padding, in the input's order. A shard is those
+samples copied back to back, then tar's end-of-archive marker (two zero blocks): no header
+is rewritten, so the same input and seed give the same bytes, every member of a sample
+moves with it, and nothing of the input is dropped but its end marker. Entries that are not
+files but carry no data (directories, global PAX headers) travel with the sample after
+them (the last sample: before them); links and devices are refused.
+"""
+
+import re
+
+import numpy as np
+
+from pileshuffle import storage
+from pileshuffle.errors import InputError
+from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, Payloads, binary_table, open_input, read_block
+from pileshuffle.formats.views import payload_views, raw_bytes
+from pileshuffle.names import TAR_SAMPLE_COLUMN
+from pileshuffle.storage import compression_of
+
+__all__ = ["TarFormat", "KEY_FIELD", "END_OF_ARCHIVE", "key_of", "sample_dict", "sample_keys"]
+
+BLOCK = 512  # tar's unit: a header is one block, data is padded to whole blocks
+END_OF_ARCHIVE = bytes(2 * BLOCK)
+KEY_FIELD = "__key__"  # WebDataset's name for a sample's key in its dict
+_ZERO_BLOCK = bytes(BLOCK)
+_FILES = (b"0", b"\0", b"7")  # regular files (7, contiguous, reads as regular everywhere)
+_NAMING = (b"x", b"L")  # PAX per-file and GNU long-name headers: the next member's name
+_CARRIED = (b"x", b"L", b"K", b"g", b"5")  # no data of a sample's own: travel with the next member
+_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's base_plus_ext; refuses an empty key
+
+
+def key_of(name: str):
+    """``(key, extension)`` of a member name by WebDataset's rule, or None."""
+    match = _KEY.match(name)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def _number(field: bytes) -> int:
+    """A numeric header field: octal text ended by NUL or space, or base-256 when its first
+    byte has the high bit set (GNU's form for sizes of 8 GiB and more)."""
+    if field[0] & 0x80:
+        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _is_header(block: bytes) -> bool:
+    """Whether ``block`` is a tar header: its checksum field matches its bytes."""
+    try:
+        stored = _number(block[148:156])
+    except ValueError:
+        return False
+    return stored == sum(block[:148]) + 8 * ord(" ") + sum(block[156:])
+
+
+def _header_name(block: bytes) -> str:
+    name = block[:100].split(b"\0", 1)[0]
+    prefix = block[345:500].split(b"\0", 1)[0] if block[257:262] == b"ustar" else b""
+    return (prefix + b"/" + name if prefix else name).decode("utf-8", "surrogateescape")
+
+
+def _extended_name(kind: bytes, data: bytes):
+    """The member name a PAX (``path=``) or GNU long-name header gives, or None."""
+    if kind == b"L":
+        return data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        if space < 0 or not data[pos:space].isdigit():
+            return None
+        length = int(data[pos:space])
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        if key == b"path":
+            return value.decode("utf-8", "surrogateescape")
+        pos += length
+    return None
+
+
+class _Walk:
+    """The file members of tar bytes ``buf`` (bytes or a memoryview), header by header.
+
+    ``members``: ``(begin, data, size, end, name)`` per file member: ``begin`` is where the
+    entries carried with it start, ``data``/``size`` its data, ``end`` the end of its padding.
+    ``stop``: where the walk stopped: the end-of-archive marker (``ended``), else the ``begin``
+    of an entry ``buf`` does not hold whole, or of the entry with a corrupt header (then
+    ``problem`` is the InputError to raise once the members before it are used). ``tail``:
+    the end of the entries carried after the last member. Errors name ``path`` and the
+    offset ``base`` + position in the file."""
+
+    def __init__(self, buf, path: str, base: int = 0):
+        self.members, self.ended, self.path, self.base, self.problem = [], False, path, base, None
+        self.stop = self.tail = self._walk(buf)
+
+    def _walk(self, buf) -> int:
+        pos = begin = 0
+        name = None
+        while pos + BLOCK <= len(buf):
+            block = bytes(buf[pos : pos + BLOCK])
+            if block == _ZERO_BLOCK:
+                if name is not None:
+                    raise InputError(self.path, "has a long-name header with no member after it", self.base + begin)
+                self.ended = True
+                self.tail = pos
+                return pos
+            if not _is_header(block):
+                if self.base + pos == 0:
+                    raise InputError(self.path, "is not a tar file: its first 512 bytes are no tar header", 0)
+                self.problem = InputError(self.path, "has a corrupt tar header (its checksum does not match)",
+                                          self.base + pos)
+                return begin
+            kind, size = block[156:157], _number(block[124:136])
+            end = pos + BLOCK + -(-size // BLOCK) * BLOCK
+            if end > len(buf):
+                return begin
+            if kind in _NAMING:
+                name = _extended_name(kind, bytes(buf[pos + BLOCK : pos + BLOCK + size])) or name
+            if kind in _CARRIED:
+                pos = end
+                continue
+            member = name if name is not None else _header_name(block)
+            if kind not in _FILES:
+                raise InputError(self.path, f"member {member!r} is not a file (tar type {kind.decode('latin-1')!r}): "
+                                            "WebDataset samples hold files", self.base + begin)
+            self.members.append((begin, pos + BLOCK, size, end, member))
+            pos = begin = end
+            name = None
+        return begin
+
+
+def _sample_bounds(walk: _Walk, keys_seen: set, complete: bool):
+    """``(bounds, kept)``: sample boundaries (offsets into the walked bytes: first sample's
+    start, then each next one's, then the last one's end) and the index of the first member
+    not in them. The last sample is held back unless ``complete`` (a later read may extend
+    it). A member without a key, or a key met again after other keys, is an InputError."""
+    members = walk.members
+    firsts, last_key = [], None
+    for index, (begin, _, _, _, name) in enumerate(members):
+        found = key_of(name)
+        if found is None:
+            raise InputError(walk.path, f"member {name!r} has no key: WebDataset names members KEY.EXTENSION",
+                             walk.base + begin)
+        if found[0] != last_key:
+            if found[0] in keys_seen:
+                raise InputError(walk.path, f"key {found[0]!r} appears twice (member {name!r}): a sample's members "
+                                            "are consecutive", walk.base + begin)
+            keys_seen.add(found[0])
+            firsts.append(index)
+            last_key = found[0]
+    kept = len(members)
+    if firsts and not complete:
+        kept = firsts.pop()
+        keys_seen.discard(last_key)
+    if not firsts:
+        return [], kept
+    end = walk.tail if kept == len(members) else members[kept][0]
+    return [members[i][0] for i in firsts] + [end], kept
+
+
+def sample_dict(payload) -> dict:
+    """A sample's raw tar bytes as WebDataset's dict: ``{"__key__": key, extension: data, ...}``."""
+    payload = bytes(payload)
+    sample = {}
+    for _, data, size, _, name in _Walk(payload, "a tar sample").members:
+        key, extension = key_of(name)
+        sample[KEY_FIELD] = key
+        sample[extension] = payload[data : data + size]
+    return sample
+
+
+def sample_keys(data, offsets: np.ndarray) -> list:
+    """The key of each sample ``data[offsets[i]:offsets[i+1]]`` (raw tar bytes): from its first
+    header's name fields when that header is a file's (vectorized), else by walking it."""
+    starts = np.asarray(offsets[:-1], dtype=np.int64)
+    if not len(starts):
+        return []
+    raw = np.frombuffer(data, dtype=np.uint8)
+    heads = raw[starts[:, None] + np.arange(BLOCK)]
+    plain = np.isin(heads[:, 156], np.frombuffer(b"0\x007", dtype=np.uint8))
+    keys = []
+    for i, head in enumerate(heads):
+        if plain[i]:
+            name = _header_name(head.tobytes())
+        else:
+            name = _Walk(data[starts[i] : offsets[i + 1]], "a tar sample").members[0][4]
+        keys.append(key_of(name)[0])
+    return keys
+
+
+def _check_unique(keys: list, seen: set):
+    """Add ``keys`` to ``seen``; a key already there is an InputError naming it."""
+    for key in keys:
+        if key in seen:
+            raise InputError("the input", f"WebDataset key {key!r} names two samples that were shuffled into one "
+                                          "shard, where they would read back as one: give every sample of the "
+                                          "data set its own key (two input files, or two appends to a store, "
+                                          "used the same keys)")
+        seen.add(key)
+
+
+class TarFormat(Payloads):
+    """WebDataset tar shards: a record is one sample, held as its raw tar bytes."""
+
+    name = "tar"
+    extension = ".tar"
+    record_column = TAR_SAMPLE_COLUMN
+
+    def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
+        """Samples in file order. With ``skip_corrupt`` a damaged header or a truncated end
+        stops the file's read there: the samples before it are kept, the rest is reported
+        skipped (a tar has no marks to find the next header by)."""
+        try:
+            yield from self._samples(path, chunk_bytes)
+        except InputError as error:
+            if not skip_corrupt or report is None or error.offset is None or error.path != path:
+                raise
+            report.skip(path, error.offset, error.problem, 0, max(0, self._size(path) - error.offset))
+
+    def _samples(self, path, chunk_bytes):
+        compressed = compression_of(path) != "uncompressed"
+        buf, base, keys_seen = b"", 0, set()
+        with open_input(path) as handle:
+            while True:
+                block = read_block(handle, path, chunk_bytes, compressed)
+                buf = buf + block if buf else block
+                walk = _Walk(buf, path, base)
+                at_end = walk.ended or not block or walk.problem is not None
+                if not block and walk.problem is None and walk.stop < len(buf):
+                    raise InputError(path, f"is truncated: the entry at this offset runs past the end of the file "
+                                           f"({len(buf) - walk.stop:,} bytes left)", base + walk.stop)
+                bounds, kept = _sample_bounds(walk, keys_seen, complete=at_end)
+                if bounds:
+                    yield binary_table(TAR_SAMPLE_COLUMN, buf, np.asarray(bounds, dtype=np.int64))
+                if walk.problem is not None:
+                    raise walk.problem
+                if at_end:
+                    return
+                cut = walk.members[kept][0] if kept < len(walk.members) else walk.stop
+                base, buf = base + cut, buf[cut:]
+
+    @staticmethod
+    def _size(path) -> int:
+        try:
+            return storage.size(path)
+        except Exception:  # a compressed or vanished file: the skipped bytes are not known
+            return 0
+
+    def write_shard(self, handle, tables, compression, schema=None):
+        """Samples back to back, then the end-of-archive marker. Two samples with one key
+        would read back as one (WebDataset groups members by key): refused, naming the key."""
+        written, keys = 0, set()
+        for table in tables:
+            data, offsets = binary_column_parts(table.column(0))
+            _check_unique(sample_keys(memoryview(data), offsets), keys)
+            handle.write(memoryview(data))
+            written += table.num_rows
+        handle.write(END_OF_ARCHIVE)
+        return written
+
+    def payload_views(self, buffer, path, buffer_index):
+        raw = raw_bytes(buffer, path)
+        walk = _Walk(memoryview(buffer), path)
+        if walk.problem is not None:
+            raise walk.problem
+        if not walk.ended and walk.stop < len(raw):
+            raise InputError(path, "is truncated: the entry at this offset runs past the end of the file", walk.stop)
+        bounds, _ = _sample_bounds(walk, set(), complete=True)
+        bounds = np.asarray(bounds or [0], dtype=np.int64)
+        return payload_views(raw, bounds[:-1], np.diff(bounds), buffer_index)
+
+    def records_of(self, payloads: list) -> list:
+        return [sample_dict(payload) for payload in payloads]
