@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from helpers import manifest as read_manifest
 from helpers import read_tfrecord_payloads, run_shuffle, sample_run, shards
 from pileshuffle import sample
+from pileshuffle.errors import InputError
 from pileshuffle.formats import get_format
 from pileshuffle.commands.quality import main as quality_main
 from pileshuffle.quality import orders, training
@@ -132,11 +133,53 @@ def test_labels_from_json_keys_and_parquet_columns(tmp_path):
     assert report.summary["records_used"] == 3000  # fewer records than the sample: all of them
 
 
+def _example(label: int, animal: bytes) -> bytes:
+    import tensorflow as tf
+
+    return tf.train.Example(features=tf.train.Features(feature={
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+        "animal": tf.train.Feature(bytes_list=tf.train.BytesList(value=[animal])),
+        "pixels": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5] * 20)),
+    })).SerializeToString()
+
+
+def test_labels_from_tf_train_example_features_and_tar_members(tmp_path):
+    from pileshuffle.formats.tfrecord import frame
+
+    classes = [i * 4 // 2000 for i in range(2000)]  # written one class at a time
+    (tmp_path / "ex").mkdir()
+    for part in range(2):
+        records = [_example(c, b"cat" if c % 2 else b"dog") for c in classes[part * 1000 : (part + 1) * 1000]]
+        (tmp_path / "ex" / f"p{part}.tfrecord").write_bytes(b"".join(frame(r) for r in records))
+    out = str(tmp_path / "out" / "ex")
+    run_shuffle(str(tmp_path / "ex" / "*.tfrecord"), out, "--num_piles=3", "--seed=4")
+    for field, count in (("label", 4), ("animal", 2)):
+        report = measure(get_format("tfrecord"), inputs(str(tmp_path / "ex" / "*.tfrecord")), shards(out),
+                         read_manifest(out), label=Label(field=field), batch_size=50, compare=True)
+        assert report.summary["label"]["classes"] == count and report.summary["batch_dispersion_p"] >= ALPHA
+        assert by_policy(report.summary)["no shuffle"]["batch_dispersion"] > 20  # the input order is one class at a time
+    with pytest.raises(InputError, match="has no feature 'colour'"):
+        measure(get_format("tfrecord"), inputs(str(tmp_path / "ex" / "*.tfrecord")), shards(out), read_manifest(out),
+                label=Label(field="colour"))
+
+    sample.write_tar(str(tmp_path / "tar"), records=2000, files=2, record_bytes=100, classes=5)
+    out = str(tmp_path / "out" / "t")
+    run_shuffle(str(tmp_path / "tar" / "*.tar"), out, "--num_piles=3", "--seed=4")
+    report = measure(get_format("tar"), inputs(str(tmp_path / "tar" / "*.tar")), shards(out), read_manifest(out),
+                     label=Label(field="cls"), batch_size=50, compare=True)
+    assert report.summary["label"]["classes"] == 5 and report.summary["batch_dispersion_p"] >= ALPHA
+    assert by_policy(report.summary)["no shuffle"]["batch_dispersion"] > 20
+    with pytest.raises(InputError, match="has no member 'jpg'"):
+        measure(get_format("tar"), inputs(str(tmp_path / "tar" / "*.tar")), shards(out), read_manifest(out),
+                label=Label(field="jpg"))
+
+
 def test_bad_arguments_are_one_clear_error(finished, tmp_path, capsys):
     pattern, out = finished
     common = [f"--input={pattern}", f"--report={tmp_path / 'r'}"]
     assert quality_main([*common, f"--output={out}", "--label=animal"]) == 2
-    assert "is TFRecord: --label reads a Parquet column or a JSON key" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "tf.train.Example" in err and "--label_bytes" in err, err  # the sample payloads are no Examples
     assert quality_main([*common, f"--output={out}", "--label_bytes=3"]) == 2
     assert "--label_bytes takes START:END" in capsys.readouterr().err
     assert quality_main([*common, f"--output={tmp_path / 'nothing'}"]) == 2

@@ -49,7 +49,8 @@ def parse(argv):
     parser.add_argument("--output", required=True, help="the run's --output prefix")
     parser.add_argument("--report", required=True, help="directory for quality.json, quality.png, training.png")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--label", help="label field: a Parquet column or JSON key")
+    which.add_argument("--label", help="label field: a Parquet column, a JSON key, a tf.train.Example feature "
+                                       "(TFRecord: int64 or bytes) or a tar member's extension (cls)")
     which.add_argument("--label_bytes", help="label = payload bytes START:END (TFRecord, JSONL)")
     parser.add_argument("--compare", action="store_true",
                         help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's epochs")

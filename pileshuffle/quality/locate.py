@@ -18,7 +18,9 @@ import pyarrow as pa
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import holder_of, record_hashes
-from pileshuffle.names import FRAME_COLUMN, HASH_COLUMN, KEY_COLUMN, LINE_COLUMN
+from pileshuffle.formats.example import NotAnExample, feature_values
+from pileshuffle.formats.tar import KEY_FIELD, sample_dict
+from pileshuffle.names import FRAME_COLUMN, HASH_COLUMN, KEY_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
 
 __all__ = ["threshold_for", "Label", "Scan", "scan", "scan_store", "match", "class_ids"]
 
@@ -32,10 +34,18 @@ def threshold_for(records: int, sample: int) -> int:
     return int(_HASH_SPACE * sample // records)
 
 
+def _label_text(values: list) -> str:
+    """A label's values as the text labels compare by: one value as itself (bytes as UTF-8),
+    several as a JSON list."""
+    texts = [v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v for v in values]
+    return str(texts[0]) if len(texts) == 1 else json.dumps(texts)
+
+
 @dataclasses.dataclass(frozen=True)
 class Label:
-    """What a record's label is: a Parquet column or JSON key (``field``), or the payload
-    bytes ``start:end`` (at most 8 bytes; bytes past a record's end read as 0)."""
+    """What a record's label is: ``field``, a Parquet column, a JSON key, a ``tf.train.Example``
+    feature (TFRecord) or a member's extension (tar, e.g. ``cls``); or the payload bytes
+    ``start:end`` (at most 8 bytes; bytes past a record's end read as 0)."""
 
     field: str = None
     start: int = None
@@ -57,10 +67,9 @@ class Label:
             return self._byte_codes(table, path)
         if table.column_names == [LINE_COLUMN]:
             return self._json_values(table, path)
+        if table.column_names in ([FRAME_COLUMN], [TAR_SAMPLE_COLUMN]):
+            return self._payload_values(table, path)
         if self.field not in table.column_names:
-            if table.column_names == [FRAME_COLUMN]:
-                raise InputError(path, "is TFRecord: --label reads a Parquet column or a JSON key; "
-                                       "use --label_bytes START:END for TFRecord payloads")
             raise InputError(path, f"has no column {self.field!r} (columns: {', '.join(table.column_names)})")
         column = table.column(self.field)
         try:  # values as text, so every chunk's labels compare alike (nulls: "null")
@@ -76,6 +85,29 @@ class Label:
                 out.append(json.dumps(json.loads(data[a:b])[self.field], default=str))
             except (ValueError, KeyError, TypeError, IndexError):
                 raise InputError(path, f"a line ({data[a:b][:60]!r}) is not a JSON object with key {self.field!r}") from None
+        return np.array(out, dtype=object)
+
+    def _payload_values(self, table, path):
+        """Labels from payloads: a ``tf.train.Example`` feature (TFRecord), a member (tar)."""
+        holder = holder_of(table)
+        data, offsets = binary_column_parts(table.column(0))
+        data, out = data.to_pybytes(), []
+        for index, (a, b) in enumerate(zip((offsets[:-1] + holder.before).tolist(), (offsets[1:] - holder.after).tolist())):
+            if holder.name == "tar":
+                sample = sample_dict(data[a:b])
+                values = [sample[self.field]] if self.field in sample else None
+                where = f"the sample {sample[KEY_FIELD]!r}"
+            else:
+                try:
+                    values = feature_values(data[a:b], self.field)
+                except NotAnExample as error:
+                    raise InputError(path, f"record {index} of a chunk is no tf.train.Example ({error}): --label reads "
+                                           "a feature of one; use --label_bytes START:END for other payloads") from None
+                where = "a tf.train.Example"
+            if values is None:
+                what = "member" if holder.name == "tar" else "feature"
+                raise InputError(path, f"{where} has no {what} {self.field!r}")
+            out.append(_label_text(values))
         return np.array(out, dtype=object)
 
     def _byte_codes(self, table, path):
