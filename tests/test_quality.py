@@ -73,6 +73,17 @@ def test_cli_report_compares_policies_and_draws_the_figures(finished, tmp_path):
     # pile-order reshuffles carry batches over (8 piles: ~8x at mix=1, ~1.25x at mix=4); a re-read output repeats them
     assert policies["loader, mix=1"]["remeet_ratio"] > 4 > 2 > policies["loader, mix=4"]["remeet_ratio"]
     assert policies["pileshuffle output"]["remeet"] == 1.0
+    # the shuffle radius: neighbours as far apart in the input as a uniform order puts them (median 0.29 of N,
+    # as many within a pile's records as uniform), or near each other (a shuffle buffer, files in order)
+    uniform_median = 1 - 1 / math.sqrt(2)
+    for good in ("loader, mix=1", "loader, mix=4", "pileshuffle output"):
+        assert abs(policies[good]["radius_median"] - uniform_median) < 0.02, good
+        assert 0.9 < policies[good]["radius_within_ratio"] < 1.1 and policies[good]["radius_p"] >= ALPHA, good
+    assert policies["no shuffle"]["radius_median"] == 1 / RECORDS
+    assert policies["file order shuffled"]["radius_median"] < 0.001  # neighbours are neighbours in their file
+    assert policies["file order shuffled"]["radius_within_ratio"] > 4  # all near: 1 / the uniform share (0.23)
+    assert policies["shuffle buffer"]["radius_within_ratio"] > 2 and policies["shuffle buffer"]["radius_p"] < ALPHA
+    assert "radius median" in proc.stdout and "near x uniform" in proc.stdout
     # the training effect: sorted data ruins one epoch of SGD, a uniform order does not
     best = training.BEST_ACCURACY
     assert policies["pileshuffle output"]["held_out_accuracy"] > best - 0.03

@@ -10,6 +10,10 @@ every delivered record, in order. Under a uniform permutation:
   independent, and its chi-square over its degrees of freedom (the *dispersion*) is ~1.
 Between two epochs: a record's positions are uncorrelated, and two records that shared a
 batch share one again with probability (b-1)/(n-1).
+The *shuffle radius* ("Dataset Shuffling at Scale"): how far apart in the input two records
+delivered one after the other were. Under a uniform permutation |a - b|/n has the
+triangular density 2(1 - r) on (0, 1): mean 1/3, median 1 - 1/sqrt(2) (0.29), and a share
+2w/n - (w/n)^2 of neighbours were within w records of each other.
 """
 
 import numpy as np
@@ -17,10 +21,42 @@ from scipy import stats
 
 __all__ = [
     "UNIFORM_DISPLACEMENT", "block_table", "independence", "order_metrics", "batch_counts", "batch_metrics",
-    "binomial_reference", "carry_over", "combined_p"
+    "binomial_reference", "carry_over", "combined_p", "UNIFORM_RADIUS", "radius", "within_uniform"
 ]
 
 UNIFORM_DISPLACEMENT = stats.triang(c=0.5, loc=-1.0, scale=2.0)  # (y - x)/n under a uniform permutation: 1 - |d| on (-1, 1)
+
+
+UNIFORM_RADIUS = stats.triang(c=0.0, loc=0.0, scale=1.0)  # |a - b|/n of neighbours under a uniform permutation
+
+
+def within_uniform(window: int, n: int) -> float:
+    """The share of neighbours within ``window`` positions of each other in the input under a
+    uniform permutation of ``n`` records (exact: distinct positions, distance 1 .. window-1)."""
+    w = min(max(int(window), 1), n)
+    return (2 * (w - 1) * n - (w - 1) * w) / (n * (n - 1)) if n > 1 else 1.0
+
+
+def radius(order: np.ndarray, window: int) -> dict:
+    """The shuffle radius of a delivered ``order`` (input positions, every record, in delivery
+    order): |distance in the input| of neighbours, over n; its mean and median, a KS test
+    against the uniform law, and the share within ``window`` records against the uniform one."""
+    order = np.asarray(order, dtype=np.int64)
+    n = len(order)
+    gaps = np.abs(np.diff(order))
+    scaled = gaps / max(n, 1)
+    ks = stats.kstest(scaled, UNIFORM_RADIUS.cdf) if len(gaps) else None
+    within = float(np.mean(gaps < window)) if len(gaps) else 0.0
+    expected = within_uniform(window, n)
+    return {
+        "radius_mean": float(scaled.mean()) if len(gaps) else 0.0,
+        "radius_median": float(np.median(scaled)) if len(gaps) else 0.0,
+        "radius_p": float(ks.pvalue) if ks else 1.0,
+        "radius_window": int(window),
+        "radius_within_window": within,
+        "radius_within_window_uniform": expected,
+        "radius_within_ratio": within / expected if expected else 0.0,
+    }
 
 
 def _blocks_for(pairs: int) -> int:

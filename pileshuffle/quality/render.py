@@ -60,6 +60,15 @@ def _displacement(ax, row, n):
     ax.set_xlabel("(delivered - input) / N", fontsize=8)
 
 
+def _radius(ax, row):
+    ax.hist(row.radii, bins=40, range=(0, 1), density=True, color="tab:blue", alpha=0.7)
+    grid = np.linspace(0, 1, 101)
+    ax.plot(grid, metrics.UNIFORM_RADIUS.pdf(grid), color="black", lw=1, label="uniform")
+    ax.set_title(f"radius: median {row.numbers['radius_median']:.3f}, near x{row.numbers['radius_within_ratio']:.0f}",
+                 fontsize=8)
+    ax.set_xlabel("|input distance| of neighbours / N", fontsize=8)
+
+
 def _balance(ax, row, report):
     if row.labels is None:
         ax.axis("off")
@@ -75,10 +84,10 @@ def _balance(ax, row, report):
 
 def quality_figure(report, path):
     """Draw ``report`` to ``path`` (PNG; a path or a binary file): per policy, the positions scatter, the block table,
-    the displacement histogram, label balance per batch and, when compared, the next epoch."""
+    the displacement histogram, label balance per batch and, when compared, the next epoch and the shuffle radius."""
     plt = _pyplot()
     compare = len(report.rows) > 1
-    columns = 5 if compare else 4
+    columns = 6 if compare else 4
     figure, axes = plt.subplots(len(report.rows), columns, figsize=(3.0 * columns, 2.6 * len(report.rows)), squeeze=False)
     n = report.records
     for line, row in zip(axes, report.rows):
@@ -93,6 +102,7 @@ def quality_figure(report, path):
             _scatter(line[4], row.y, row.next_y, n, "position, this epoch", "position, next epoch")
             line[4].set_title(f"next epoch: corr={row.numbers['epoch_correlation']:+.2f}, "
                               f"re-meet x{row.numbers['remeet_ratio']:.0f}", fontsize=8)
+            _radius(line[5], row)
         for ax in line:
             ax.tick_params(labelsize=7)
     figure.tight_layout()

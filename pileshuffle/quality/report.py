@@ -24,6 +24,7 @@ __all__ = [
 
 ALPHA = 1e-4  # a p-value below this rejects uniformity
 _MAX_LABEL_CLASSES = 1000
+_DRAWN_RADII = 200_000  # neighbours whose radius the figure draws (the numbers use all)
 TRAINING_RECORDS = 200_000  # larger runs train on every k-th input record, in the order delivered
 _READER_FORMAT_HINT = re.compile(r"(?:\s*\([^()]*|;[^;]*)--format\)?$")  # a reader's "give --format" clause
 
@@ -38,6 +39,7 @@ class Row:
     y: np.ndarray
     labels: np.ndarray = None
     next_y: np.ndarray = None
+    radii: np.ndarray = None  # the shuffle radius of (at most _DRAWN_RADII) neighbours, over n: the figure's
     curve: dict = None
     numbers: dict = dataclasses.field(default_factory=dict)
 
@@ -193,27 +195,30 @@ def _compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_s
     n = int(sum(pile_sizes))
     written = orders.pileshuffle_order(source.file_records, seed)
     task = training.cats_then_dogs(len(range(0, n, training_stride(n))), seed)
+    window = math.ceil(n / max(1, num_piles))  # "near": within one pile's records, the buffer row's memory
     rows = []
     for policy, (first, second) in _input_policies(source.file_records, seed, num_piles).items():
         where, where_next = orders.inverse(first), orders.inverse(second)
         labels = None if input_ids is None else input_ids[first]
         row = Row(policy, own.x, where[own.x], labels, where_next[own.x])
-        rows.append(_complete(row, where, where_next, first, n, batch_size, task))
+        rows.append(_complete(row, where, where_next, first, n, batch_size, task, window))
     for mix in (1, 4):
         first, second = (orders.epoch_positions(pile_sizes, seed, epoch, mix) for epoch in (1, 2))
         where, where_next = orders.inverse(first), orders.inverse(second)
         labels = None if own.labels is None else own.labels[first]
         row = Row(f"loader, mix={mix}", own.x, where[own.y], labels, where_next[own.y])
-        rows.append(_complete(row, where, where_next, written[first], n, batch_size, task))
+        rows.append(_complete(row, where, where_next, written[first], n, batch_size, task, window))
     own.next_y = own.y  # the shards read again: the same order
-    _complete(own, np.arange(n), np.arange(n), written, n, batch_size, task)
+    _complete(own, np.arange(n), np.arange(n), written, n, batch_size, task, window)
     own.numbers["reproduced"] = float(np.mean(orders.inverse(written)[own.x] == own.y)) if len(own.x) else 1.0
     return rows + [own]
 
 
-def _complete(row: Row, where, where_next, training_order, n, batch_size, task) -> Row:
+def _complete(row: Row, where, where_next, training_order, n, batch_size, task, window) -> Row:
     """Fill in a row's numbers: order and batch statistics (unless measured already),
-    carry-over into the next epoch, one epoch of training, the verdict."""
+    carry-over into the next epoch, the shuffle radius of the delivered order
+    (``training_order``: input positions in delivery order) with ``window`` records as the
+    near distance, one epoch of training, the verdict."""
     if not row.numbers:
         row.numbers = metrics.order_metrics(row.x, row.y, n)
         if row.labels is not None:
@@ -221,6 +226,8 @@ def _complete(row: Row, where, where_next, training_order, n, batch_size, task) 
     row.numbers.update(metrics.carry_over(where, where_next, batch_size))
     uniform_rate = row.numbers["remeet_uniform"]
     row.numbers["remeet_ratio"] = row.numbers["remeet"] / uniform_rate if uniform_rate else 0.0
+    row.numbers.update(metrics.radius(training_order, window))
+    row.radii = np.abs(np.diff(training_order[: _DRAWN_RADII + 1])) / max(n, 1)
     row.curve = training.train_one_epoch(task, thin(training_order, training_stride(n)))
     row.numbers["held_out_accuracy"] = row.curve["accuracy"][-1] if row.curve["accuracy"] else None
     row.numbers["uniform"] = _uniform(row.numbers)
@@ -246,13 +253,17 @@ def text_summary(report: Report) -> str:
     lines.append(f"  verdict: {verdict} (every p-value >= {ALPHA:g})")
     if "policies" in s:
         lines += ["", policies_table(s["policies"]),
+                  "  radius: how far apart in the input neighbours in the delivered order were (median, over N; uniform "
+                  f"{1 - 1 / math.sqrt(2):.3f}); near: neighbours within one pile's records ({s['policies'][0]['radius_window']:,}), "
+                  "over the uniform share",
                   f"  pileshuffle's output order reproduced from its seed for {s['pileshuffle_order_reproduced']:.1%} of the sample"]
     return "\n".join(lines)
 
 
 def policies_table(policies, markdown=False) -> str:
     """The policies' numbers as a table: aligned text, or a Markdown table with ``markdown``."""
-    header = ["policy", "spearman", "block chi2 p", "displacement p", "batch dispersion", "epoch corr", "re-meet x uniform", "held-out acc", "uniform"]
+    header = ["policy", "spearman", "block chi2 p", "displacement p", "batch dispersion", "epoch corr", "re-meet x uniform",
+              "radius median", "near x uniform", "held-out acc", "uniform"]
 
     def pvalue(p):
         return f"{p:.2g}" if p >= 1e-99 else "<1e-99"
@@ -260,7 +271,8 @@ def policies_table(policies, markdown=False) -> str:
     def cells(p):
         return [p["policy"], f"{p['spearman']:+.3f}", pvalue(p["block_chi2_p"]), pvalue(p["displacement_p"]),
                 f"{p['batch_dispersion']:.{2 if p['batch_dispersion'] < 10 else 1}f}" if "batch_dispersion" in p else "-",
-                f"{p['epoch_correlation']:+.3f}", f"{p['remeet_ratio']:.1f}",
+                f"{p['epoch_correlation']:+.3f}", f"{p['remeet_ratio']:.1f}", f"{p['radius_median']:.3f}",
+                f"{p['radius_within_ratio']:.1f}",
                 "-" if p["held_out_accuracy"] is None else f"{p['held_out_accuracy']:.3f}", "yes" if p["uniform"] else "no"]
 
     rows = [cells(p) for p in policies]
