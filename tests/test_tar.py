@@ -172,6 +172,18 @@ def test_dataloader_workers_carry_the_dicts(class_ordered):
     assert keys != [s["__key__"] for s in ShuffledDataset(prefix, epoch=1)]
 
 
+def test_tf_data_gets_a_dict_of_strings_per_member_in_the_loaders_order(class_ordered):
+    pytest.importorskip("tensorflow")
+    _, prefix, _ = class_ordered
+    elements = list(ShuffledDataset(prefix, epoch=2).tf())
+    expected = list(ShuffledDataset(prefix, epoch=2))
+    assert len(elements) == RECORDS and set(elements[0]) == {"__key__", "cls", "bin"}
+    assert [{k: v.numpy() for k, v in e.items()} for e in elements] == \
+        [{k: (v.encode() if k == "__key__" else v) for k, v in s.items()} for s in expected]
+    batch = next(iter(ShuffledDataset(prefix, epoch=2).tf(batch_size=64, drop_last=True)))
+    assert {k: tuple(v.shape) for k, v in batch.items()} == {"__key__": (64,), "cls": (64,), "bin": (64,)}
+
+
 def test_a_store_appends_and_materializes_tar_samples(tmp_path):
     sample.write_tar(str(tmp_path / "a"), records=120, files=2, record_bytes=200, classes=3)
     sample.write_tar(str(tmp_path / "b"), records=80, files=1, record_bytes=200, classes=2, first=120, name="more")

@@ -3,7 +3,9 @@
 Invariants:
 - TFRecord and JSONL records are ``tf.string`` scalars (a TFRecord payload is the serialized
   ``tf.train.Example`` as written: ``.batch(n).map(lambda x: tf.io.parse_example(x, spec))``);
-  Parquet rows are dicts with one scalar tensor per column of ``ds.schema``. With
+  Parquet rows are dicts with one scalar tensor per column of ``ds.schema``; a tar sample is a
+  dict of ``tf.string`` scalars: ``__key__`` and one per member extension of the first sample
+  (a sample without one of them has ``b""`` there, members of other extensions are left out). With
   ``batch_size`` the elements are those batches instead (vectors, a dict of vectors).
 - The elements are the dataset's own records in its own order: the generator hands TensorFlow
   chunks of ``ds.batches(chunk_records(ds))`` (one Python-to-TensorFlow conversion per chunk,
@@ -27,7 +29,7 @@ import copy
 import pyarrow as pa
 import tensorflow as tf
 
-__all__ = ["CHUNK_RECORDS", "CHUNK_BYTES", "to_tf", "chunk_records", "state_in_epoch", "tf_dtype"]
+__all__ = ["CHUNK_RECORDS", "CHUNK_BYTES", "to_tf", "chunk_records", "state_in_epoch", "tf_dtype", "sample_members"]
 
 CHUNK_RECORDS = 8192  # records per generator step at most; tf.data cuts them into elements in C++
 CHUNK_BYTES = 8 << 20  # and about this many payload bytes (wide records: images, documents)
@@ -35,18 +37,21 @@ CHUNK_BYTES = 8 << 20  # and about this many payload bytes (wide records: images
 
 def to_tf(dataset, *, batch_size=None, drop_last=False):
     """``dataset``'s records (or batches of ``batch_size``) as a ``tf.data.Dataset``."""
-    if dataset.format == "tar":
-        raise NotImplementedError("ds.tf() does not read WebDataset tar shards yet: iterate the dataset, or use ds.torch()")
     size = chunk_records(dataset)
+    members = sample_members(dataset) if dataset.format == "tar" else None
 
     def chunks():
+        if members is not None:
+            for batch in dataset.batches(size):
+                yield {name: [sample.get(name, b"") for sample in batch] for name in members}
+            return
         if dataset.format != "parquet":
             yield from dataset.batches(size)
             return
         for batch in dataset.batches(size):
             yield _numpy_columns(batch, dataset.output.location)
 
-    records = tf.data.Dataset.from_generator(chunks, output_signature=_batch_spec(dataset))
+    records = tf.data.Dataset.from_generator(chunks, output_signature=_batch_spec(dataset, members))
     if batch_size is None:
         return records.unbatch()
     return records.rebatch(batch_size, drop_remainder=drop_last)
@@ -77,9 +82,25 @@ def _numpy_columns(batch, location):
     return {name: column.to_numpy(zero_copy_only=False) for name, column in zip(batch.schema.names, batch.columns)}
 
 
-def _batch_spec(dataset):
+def sample_members(dataset) -> list:
+    """The names a tar dataset's ``tf.data`` elements hold: ``__key__`` and the member
+    extensions of its first sample (of its first non-empty pile, read once)."""
+    from pileshuffle.formats import get_format
+    from pileshuffle.loader.batching import payloads
+
+    for pile in dataset.output.piles:
+        if pile.records:
+            first = get_format("tar").records_of(payloads(pile.load().slice(0, 1)))[0]
+            return [name for name in first]
+    return ["__key__"]
+
+
+def _batch_spec(dataset, members=None):
     """The ``output_signature`` of one batch: a ``tf.string`` vector for TFRecord and JSONL,
-    a dict of vectors (one per column, dtype from ``dataset.schema``) for Parquet."""
+    a dict of vectors (one per column, dtype from ``dataset.schema``) for Parquet, a dict of
+    ``tf.string`` vectors (``members``) for tar samples."""
+    if members is not None:
+        return {name: tf.TensorSpec(shape=(None,), dtype=tf.string) for name in members}
     if dataset.format != "parquet":
         return tf.TensorSpec(shape=(None,), dtype=tf.string)
     return {field.name: tf.TensorSpec(shape=(None,), dtype=tf_dtype(field)) for field in dataset.schema}
