@@ -2,7 +2,9 @@
 
 Order probe: the input index carried by the first ``PROBE_RECORDS`` output records (in
 shard order); reported as the share of adjacent pairs whose index ascends. A uniform
-shuffle gives about 50%; 100% means the output kept the input order.
+shuffle gives about 50%; 100% means the output kept the input order. A WebDataset sample's index
+is its key (bench/datagen.py's tar sets); a tar-as-tfrecord payload's is in the ``{"index": i}``
+that ends it.
 """
 
 import glob
@@ -57,7 +59,23 @@ def count_lines(path):
             count += block.count(b"\n")
 
 
+def tar_samples(path, limit=None):
+    """WebDataset samples of a tar file as dicts (``__key__`` and one entry per member), in order."""
+    from pileshuffle.formats import get_format
+
+    tar, out = get_format("tar"), []
+    for table in tar.read_chunks(path):
+        out += tar.records_of(table.column(0).to_pylist()[: None if limit is None else limit - len(out)])
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
 def count_records(fmt, paths):
+    if fmt == "tar":
+        from pileshuffle.formats import get_format
+
+        return sum(table.num_rows for p in paths for table in get_format("tar").read_chunks(p))
     if fmt == "tfrecord":
         return sum(count_tfrecord(p) for p in paths)
     if fmt == "jsonl":
@@ -66,6 +84,14 @@ def count_records(fmt, paths):
 
 
 _JSON_INDEX = re.compile(rb'"index":\s*(\d+)')
+_LAST_JSON_INDEX = re.compile(rb'\{"index": (\d+)\}$')
+
+
+def payload_index(payload):
+    """The input index of a TFRecord payload: its first 12 digits, or (tar-as-tfrecord: a sample's
+    jpg + cls + json) the ``{"index": i}`` that ends it."""
+    head = payload[:INDEX_DIGITS]
+    return int(head) if head.isdigit() else int(_LAST_JSON_INDEX.search(payload).group(1))
 
 
 def probe_indices(fmt, paths, limit=PROBE_RECORDS):
@@ -75,7 +101,9 @@ def probe_indices(fmt, paths, limit=PROBE_RECORDS):
             break
         need = limit - len(out)
         if fmt == "tfrecord":
-            out += [int(p[:INDEX_DIGITS]) for p in tfrecord_payloads(path, need)]
+            out += [payload_index(p) for p in tfrecord_payloads(path, need)]
+        elif fmt == "tar":
+            out += [int(sample["__key__"]) for sample in tar_samples(path, need)]
         elif fmt == "jsonl":
             with open(path, "rb") as handle:
                 for line in handle:

@@ -6,7 +6,11 @@ Records carry their input index like ``pileshuffle.sample`` does, so the same he
 - JSONL: ``{"index": i, "label": l, "text": "<filler>"}`` lines of ~500 bytes (varying);
 - Parquet: ``index`` int64, ``label`` int32, ``weight`` float64, ``name`` string,
   ``payload`` binary (index digits + filler); snappy (pyarrow's default), one row group per
-  file as ``pq.write_table`` writes it.
+  file as ``pq.write_table`` writes it;
+- tar (WebDataset): samples ``{key}.jpg`` (random bytes, 2,500-3,500), ``{key}.cls`` (class id
+  ``i * 10 // N`` as ASCII: a capture written one class at a time), ``{key}.json``
+  (``{"index": i}``), key = 9 index digits; USTAR headers as ``tarfile`` writes them;
+- tar-as-tfrecord: the same samples as TFRecords, payload = jpg + cls + json data.
 A data set directory is complete only when its ``dataset.json`` exists (written last).
 """
 
@@ -15,6 +19,7 @@ import json
 import os
 import shutil
 import struct
+import tarfile
 import time
 
 import google_crc32c
@@ -64,14 +69,17 @@ def payload_block(rng, start: int, count: int, payload_bytes: int) -> np.ndarray
     return block
 
 
-def _write_blocks(directory, records, files, extension, render):
-    """Records 0..records-1 over ``files`` files, written BLOCK_RECORDS at a time;
-    ``render(start, count)`` returns the bytes (or buffer) of one block."""
+def _write_blocks(directory, records, files, extension, render, block=BLOCK_RECORDS, end=None):
+    """Records 0..records-1 over ``files`` files, written ``block`` records at a time;
+    ``render(start, count)`` returns the bytes (or buffer) of one block, ``end(handle)`` (if
+    given) ends each file."""
     start = 0
     for f, count in enumerate(split_counts(records, files)):
         with open(os.path.join(directory, f"part-{f:05d}.{extension}"), "wb") as handle:
-            for block_start in range(start, start + count, BLOCK_RECORDS):
-                handle.write(render(block_start, min(BLOCK_RECORDS, start + count - block_start)))
+            for block_start in range(start, start + count, block):
+                handle.write(render(block_start, min(block, start + count - block_start)))
+            if end is not None:
+                end(handle)
         start += count
 
 
@@ -135,8 +143,69 @@ def write_jsonl(directory, records, files, record_bytes=500, seed=0):
     _write_blocks(directory, records, files, "jsonl", render)
 
 
-WRITERS = {"tfrecord": write_tfrecord, "parquet": write_parquet, "jsonl": write_jsonl}
-SUFFIX = {"tfrecord": "tfrecord", "parquet": "parquet", "jsonl": "jsonl"}
+# ~1 GB of tar: a sample is ~5.8 KB of it (3 headers, a ~3,000-byte jpg, cls and json, each padded to 512 B)
+TAR_SAMPLES_PER_GB = 172_000
+TAR_JPG_BYTES = 3000  # the tar sets' record_bytes: a sample's mean jpg size
+TAR_BLOCK_SAMPLES = 10_000  # samples per rendered block (~58 MB of tar); both tar sets draw per block: keep equal
+JPG_SPREAD = 500  # a sample's jpg has record_bytes +- this many bytes: sizes vary a little, like photos'
+CLASSES = 10  # sample i of N has class i * CLASSES // N: in order, a capture written one class at a time
+ZEROS = bytes(tarfile.BLOCKSIZE)
+
+
+def tar_samples(block_start, n, records, jpg_bytes, seed):
+    """Samples block_start..block_start+n-1 of ``records``: [(key, [(extension, data), ...])]."""
+    rng = np.random.default_rng([seed, 3, block_start])
+    ends = np.cumsum(rng.integers(jpg_bytes - JPG_SPREAD, jpg_bytes + JPG_SPREAD + 1, n)).tolist()
+    pool = rng.bytes(ends[-1])
+    starts = [0] + ends[:-1]
+    return [(f"{i:09d}", [("jpg", pool[starts[k] : ends[k]]), ("cls", b"%d" % (i * CLASSES // records)),
+                          ("json", b'{"index": %d}' % i)])
+            for k, i in enumerate(range(block_start, block_start + n))]
+
+
+def tar_member(name, data):
+    """[header, data, padding] of one member: the USTAR header ``tarfile`` writes (mode 0o644, mtime 0)."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, 0
+    return [info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict"), data, ZEROS[: -len(data) % tarfile.BLOCKSIZE]]
+
+
+def end_tar(handle):
+    """tarfile's end of archive: two zero blocks, then zeros up to a whole record (10 KiB)."""
+    handle.write(ZEROS * 2)
+    handle.write(bytes(-handle.tell() % tarfile.RECORDSIZE))
+
+
+def write_tar(directory, records, files, record_bytes=3000, seed=0):
+    """WebDataset shards: ``records`` samples (jpg of about ``record_bytes``, cls, json)."""
+
+    def render(block_start, n):
+        return b"".join(part for key, members in tar_samples(block_start, n, records, record_bytes, seed)
+                        for ext, data in members for part in tar_member(f"{key}.{ext}", data))
+
+    _write_blocks(directory, records, files, "tar", render, TAR_BLOCK_SAMPLES, end_tar)
+
+
+def tfrecord_frame(payload):
+    """One TFRecord: length, its masked CRC, ``payload``, its masked CRC."""
+    length = struct.pack("<Q", len(payload))
+    return b"".join((length, struct.pack("<I", masked_crc(length)), payload, struct.pack("<I", masked_crc(payload))))
+
+
+def write_tar_as_tfrecord(directory, records, files, record_bytes=3000, seed=0):
+    """The tar set's samples as TFRecords: one per sample, payload = its jpg + cls + json data."""
+
+    def render(block_start, n):
+        return b"".join(tfrecord_frame(b"".join(data for _, data in members))
+                        for _, members in tar_samples(block_start, n, records, record_bytes, seed))
+
+    _write_blocks(directory, records, files, "tfrecord", render, TAR_BLOCK_SAMPLES)
+
+
+WRITERS = {"tfrecord": write_tfrecord, "parquet": write_parquet, "jsonl": write_jsonl, "tar": write_tar,
+           "tar-as-tfrecord": write_tar_as_tfrecord}
+SUFFIX = {"tfrecord": "tfrecord", "parquet": "parquet", "jsonl": "jsonl", "tar": "tar", "tar-as-tfrecord": "tfrecord"}
+FILE_FORMAT = {"tar-as-tfrecord": "tfrecord"}  # the pileshuffle format of a set's files, where not its name
 
 
 def dataset(root, fmt, records, files, record_bytes, seed=0, log=print):
@@ -159,7 +228,7 @@ def dataset(root, fmt, records, files, record_bytes, seed=0, log=print):
     info = {
         "name": name,
         "params": params,
-        "format": fmt,
+        "format": FILE_FORMAT.get(fmt, fmt),
         "records": records,
         "directory": directory,
         "pattern": os.path.join(directory, f"*.{SUFFIX[fmt]}"),

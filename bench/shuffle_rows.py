@@ -26,6 +26,9 @@ def dataset_specs(scale, quick):
         "tfrecord": ("tfrecord", 1_000_000 // div, 8, 1000),
         "parquet": ("parquet", 1_000_000 // div, 8, 1000),
         "jsonl": ("jsonl", 2_000_000 // div, 8, 500),
+        "tar": ("tar", datagen.TAR_SAMPLES_PER_GB // div, 8, datagen.TAR_JPG_BYTES),
+        # the tar set's samples as TFRecords (~0.5 GB): the same payload bytes without tar's headers
+        "tar-as-tfrecord": ("tar-as-tfrecord", datagen.TAR_SAMPLES_PER_GB // div, 8, datagen.TAR_JPG_BYTES),
     }
     if scale > 1:
         specs = {"tfrecord-1x": specs["tfrecord"], "tfrecord": ("tfrecord", 1_000_000 * scale // div, 8 * scale, 1000)}
@@ -57,6 +60,9 @@ def row_plan(scale):
         ("duckdb-jsonl", "duckdb", "jsonl", "jsonl"),
         ("duckdb-jsonl-ram", "duckdb-ram", "jsonl", "jsonl"),
         ("shuf-jsonl", "shuf", "jsonl", "jsonl"),
+        ("cat-tar", "cat", "tar", "tar"),
+        ("pileshuffle-tar", "pileshuffle", "tar", "tar"),
+        ("pileshuffle-tar-as-tfrecord", "pileshuffle", "tar-as-tfrecord", "tfrecord"),
     ]
 
 

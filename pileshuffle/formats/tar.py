@@ -12,6 +12,7 @@ them (the last sample: before them); links and devices are refused.
 """
 
 import re
+from zlib import adler32
 
 import numpy as np
 
@@ -50,13 +51,20 @@ def _number(field: bytes) -> int:
     return int(text, 8) if text else 0
 
 
+def _byte_sum(block: bytes) -> int:
+    """The sum of a 512-byte block's bytes, in C: Adler-32's first half is 1 + the sum of
+    the bytes mod 65521, exact for 256 bytes (at most 65,280)."""
+    return (adler32(block[:256]) & 0xFFFF) + (adler32(block[256:]) & 0xFFFF) - 2
+
+
 def _is_header(block: bytes) -> bool:
-    """Whether ``block`` is a tar header: its checksum field matches its bytes."""
+    """Whether ``block`` is a tar header: its checksum field matches its bytes (the field
+    itself counted as spaces)."""
     try:
         stored = _number(block[148:156])
     except ValueError:
         return False
-    return stored == sum(block[:148]) + 8 * ord(" ") + sum(block[156:])
+    return stored == _byte_sum(block) - sum(block[148:156]) + 8 * ord(" ")
 
 
 def _header_name(block: bytes) -> str:
