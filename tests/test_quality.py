@@ -41,6 +41,19 @@ def inputs(pattern):
     return sorted(glob.glob(pattern))
 
 
+def label_report(fmt, pattern, out, field, compare=True):
+    """The report of the run ``out`` of ``pattern`` with ``--label field``, batches of 50."""
+    return measure(get_format(fmt), inputs(pattern), shards(out), read_manifest(out), label=Label(field=field),
+                   batch_size=50, compare=compare)
+
+
+def assert_balanced_only_when_shuffled(report, classes):
+    """Every batch of the output holds the classes as a uniform order would; input order
+    (written one class at a time) does not."""
+    assert report.summary["label"]["classes"] == classes and report.summary["batch_dispersion_p"] >= ALPHA
+    assert by_policy(report.summary)["no shuffle"]["batch_dispersion"] > 20
+
+
 def by_policy(summary):
     return {p["policy"].split(" (")[0]: p for p in summary["policies"]}
 
@@ -127,10 +140,7 @@ def test_labels_from_json_keys_and_parquet_columns(tmp_path):
     (tmp_path / "in" / "b.jsonl").write_text("".join(lines[1700:]))
     out = str(tmp_path / "out" / "j")
     run_shuffle(str(tmp_path / "in" / "*.jsonl"), out, "--format=jsonl", "--num_piles=3", "--seed=2")
-    report = measure(get_format("jsonl"), inputs(str(tmp_path / "in" / "*.jsonl")), shards(out), read_manifest(out),
-                     label=Label(field="animal"), batch_size=50, compare=True)
-    assert report.summary["label"]["classes"] == 2 and report.summary["batch_dispersion_p"] >= ALPHA
-    assert by_policy(report.summary)["no shuffle"]["batch_dispersion"] > 20
+    assert_balanced_only_when_shuffled(label_report("jsonl", str(tmp_path / "in" / "*.jsonl"), out, "animal"), 2)
     with pytest.raises(ValueError, match="takes 3,000 values; label balance needs a categorical label"):
         measure(get_format("jsonl"), inputs(str(tmp_path / "in" / "*.jsonl")), shards(out), read_manifest(out),
                 label=Label(field="i"))
@@ -165,24 +175,16 @@ def test_labels_from_tf_train_example_features_and_tar_members(tmp_path):
     out = str(tmp_path / "out" / "ex")
     run_shuffle(str(tmp_path / "ex" / "*.tfrecord"), out, "--num_piles=3", "--seed=4")
     for field, count in (("label", 4), ("animal", 2)):
-        report = measure(get_format("tfrecord"), inputs(str(tmp_path / "ex" / "*.tfrecord")), shards(out),
-                         read_manifest(out), label=Label(field=field), batch_size=50, compare=True)
-        assert report.summary["label"]["classes"] == count and report.summary["batch_dispersion_p"] >= ALPHA
-        assert by_policy(report.summary)["no shuffle"]["batch_dispersion"] > 20  # the input order is one class at a time
+        assert_balanced_only_when_shuffled(label_report("tfrecord", str(tmp_path / "ex" / "*.tfrecord"), out, field), count)
     with pytest.raises(InputError, match="has no feature 'colour'"):
-        measure(get_format("tfrecord"), inputs(str(tmp_path / "ex" / "*.tfrecord")), shards(out), read_manifest(out),
-                label=Label(field="colour"))
+        label_report("tfrecord", str(tmp_path / "ex" / "*.tfrecord"), out, "colour", compare=False)
 
     sample.write_tar(str(tmp_path / "tar"), records=2000, files=2, record_bytes=100, classes=5)
     out = str(tmp_path / "out" / "t")
     run_shuffle(str(tmp_path / "tar" / "*.tar"), out, "--num_piles=3", "--seed=4")
-    report = measure(get_format("tar"), inputs(str(tmp_path / "tar" / "*.tar")), shards(out), read_manifest(out),
-                     label=Label(field="cls"), batch_size=50, compare=True)
-    assert report.summary["label"]["classes"] == 5 and report.summary["batch_dispersion_p"] >= ALPHA
-    assert by_policy(report.summary)["no shuffle"]["batch_dispersion"] > 20
+    assert_balanced_only_when_shuffled(label_report("tar", str(tmp_path / "tar" / "*.tar"), out, "cls"), 5)
     with pytest.raises(InputError, match="has no member 'jpg'"):
-        measure(get_format("tar"), inputs(str(tmp_path / "tar" / "*.tar")), shards(out), read_manifest(out),
-                label=Label(field="jpg"))
+        label_report("tar", str(tmp_path / "tar" / "*.tar"), out, "jpg", compare=False)
 
 
 def test_bad_arguments_are_one_clear_error(finished, tmp_path, capsys):
