@@ -65,7 +65,9 @@ def tar_samples(path, limit=None):
 
     tar, out = get_format("tar"), []
     for table in tar.read_chunks(path):
-        out += tar.records_of(table.column(0).to_pylist()[: None if limit is None else limit - len(out)])
+        if limit is not None:
+            table = table.slice(0, limit - len(out))
+        out += tar.records_of(table.column(0).to_pylist())
         if limit is not None and len(out) >= limit:
             break
     return out

@@ -204,7 +204,8 @@ def write_tar_as_tfrecord(directory, records, files, record_bytes=3000, seed=0):
 
 WRITERS = {"tfrecord": write_tfrecord, "parquet": write_parquet, "jsonl": write_jsonl, "tar": write_tar,
            "tar-as-tfrecord": write_tar_as_tfrecord}
-SUFFIX = {"tfrecord": "tfrecord", "parquet": "parquet", "jsonl": "jsonl", "tar": "tar", "tar-as-tfrecord": "tfrecord"}
+SUFFIX = {"tfrecord": "tfrecord", "parquet": "parquet", "jsonl": "jsonl", "tar": "tar",
+          "tar-as-tfrecord": "tfrecord"}
 FILE_FORMAT = {"tar-as-tfrecord": "tfrecord"}  # the pileshuffle format of a set's files, where not its name
 
 

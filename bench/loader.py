@@ -1,6 +1,6 @@
 """Read-side benchmark: the loader against tf.data and an in-order read, one run, one table.
 
-    python bench/loader.py                  # 1 GB TFRecord and Parquet, 3 rounds
+    python bench/loader.py                  # 1 GB TFRecord, Parquet and WebDataset tar, 3 rounds
     python bench/loader.py --scale 4        # 4 GB of each (piles stay ~64 MB: 16 x scale piles)
     python bench/loader.py --quick          # 1/50 of the sizes: a smoke run
     python bench/loader.py --only 'tfrecord-*' --repeat 1
@@ -8,12 +8,15 @@
 
 Data: ``bench/datagen.py``'s 1,000,000 x 1,000-byte records (TFRecord, and the same rows as
 Parquet) in 8 files, shuffled once by ``python -m pileshuffle run --num_piles 16 --seed 1`` into
-16 piles of 62,500 records (~64 MB), cached under ``bench/.data/``. Every row reads those 16
-shards and delivers batches of 256 records:
+16 piles of 62,500 records (~64 MB), cached under ``bench/.data/``; the tar rows read datagen's
+~1 GB of WebDataset samples (172,000 of ~5.8 KB: jpg, cls, json) shuffled the same way into 16
+piles. Every row reads those 16 shards and delivers batches of 256 records:
 
 - ``tf-inorder``      ``tf.data.TFRecordDataset(files).batch(256)``
 - ``tf-shuffle``      ``tf.data.TFRecordDataset(files).shuffle(62_500).batch(256)`` (one pile of memory)
 - ``pyarrow-inorder`` ``pq.ParquetFile(f).iter_batches(256)`` over the files (Parquet's plain reader)
+- ``webdataset-inorder`` ``webdataset.WebDataset(files, shardshuffle=False).batched(256, collation_fn=None)``
+                      (tar): WebDataset's reader, lists of sample dicts like the loader's tar batches
 - ``inorder``         ``ShuffledDataset(reshuffle=False).batches(256)``: the loader's own reader, no shuffle
 - ``kK``              ``ShuffledDataset(epoch=1, mix=K).batches(256)``: the reshuffling loader, in-process
 - ``k1-numpy``        the same with ``as_numpy=True`` (Parquet): the dicts of numpy arrays the -dlN rows convert

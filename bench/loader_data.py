@@ -1,5 +1,6 @@
-"""The loader bench's data: bench/datagen.py's records shuffled once by ``pileshuffle run`` into
-piles of ~64 MB, cached under bench/.data/."""
+"""The loader bench's data: bench/datagen.py's records (TFRecord, Parquet: 1,000,000 x 1,000 bytes
+per GB; tar: its ~1 GB of WebDataset samples) shuffled once by ``pileshuffle run`` into piles of
+~64 MB, cached under bench/.data/."""
 
 import json
 import os
@@ -7,19 +8,21 @@ import shutil
 import subprocess
 
 from loader_measure import child_env
-from loader_rows import RECORDS_PER_PILE, SEED
+from loader_rows import SEED
 from workspace import DATA, PY, REPO, log
 
 QUICK_DIVISOR = 50  # --quick divides every record count by this (a smoke run)
+PILES_PER_GB = 16  # ~64 MB piles (16 x 62,500 x 1,000-byte records per GB)
 
 
 def shuffled_output(fmt, scale, quick):
     """The prefix of a finished ``pileshuffle run`` output of the bench data (made once)."""
     import datagen
 
-    records = 1_000_000 * scale // (QUICK_DIVISOR if quick else 1)
-    piles = max(1, records // RECORDS_PER_PILE)
-    source = datagen.dataset(DATA, fmt, records, 8 * scale, 1000, seed=0, log=log)
+    div = QUICK_DIVISOR if quick else 1
+    per_gb, record_bytes = (datagen.TAR_SAMPLES_PER_GB, datagen.TAR_JPG_BYTES) if fmt == "tar" else (1_000_000, 1000)
+    piles = max(1, PILES_PER_GB * scale // div)
+    source = datagen.dataset(DATA, fmt, per_gb * scale // div, 8 * scale, record_bytes, seed=0, log=log)
     directory = os.path.join(DATA, f"loader-{source['name']}-p{piles}")
     prefix = os.path.join(directory, "train")
     if not os.path.exists(prefix + "-manifest.json"):

@@ -1,7 +1,7 @@
 """The loader bench's rows: which there are and, run inside a row's own process (``loader.py
 --row``), the batches each row reads and how their consumption is timed.
 
-Heavy libraries (psutil, TensorFlow, torch, pyarrow, pileshuffle.loader) are imported inside the
+Heavy libraries (psutil, TensorFlow, torch, pyarrow, webdataset, pileshuffle.loader) are imported inside the
 row that needs them, so a row's "RSS before" counts only its own imports.
 """
 
@@ -16,8 +16,9 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("tf-inorder", "tf-inorder", None, ("tfrecord",)),
     ("tf-shuffle", "tf-shuffle", None, ("tfrecord",)),
     ("pyarrow-inorder", "pyarrow-inorder", None, ("parquet",)),
-    ("inorder", "inorder", 1, ("tfrecord", "parquet")),
-    ("k1", "loader", 1, ("tfrecord", "parquet")),
+    ("webdataset-inorder", "webdataset-inorder", None, ("tar",)),
+    ("inorder", "inorder", 1, ("tfrecord", "parquet", "tar")),
+    ("k1", "loader", 1, ("tfrecord", "parquet", "tar")),
     ("k4", "loader", 4, ("tfrecord", "parquet")),
     ("k1-numpy", "loader-numpy", 1, ("parquet",)),
     ("k1-dl1", "dl1", 1, ("tfrecord", "parquet")),
@@ -30,12 +31,13 @@ ROWS = [  # (name suffix, kind, mix, formats)
 ]
 
 
+FORMATS = ("tfrecord", "parquet", "tar")  # the data each row of ROWS may read, in run order
 DATALOADER_KINDS = {"dl1": 1, "dl2": 2, "dl4": 4}  # kind -> DataLoader num_workers (dicts of tensors for Parquet)
 
 
 def row_plan():
     """(name, kind, mix, format) of every row, in run order."""
-    return [(f"{fmt}-{suffix}", kind, mix, fmt) for fmt in ("tfrecord", "parquet")
+    return [(f"{fmt}-{suffix}", kind, mix, fmt) for fmt in FORMATS
             for suffix, kind, mix, formats in ROWS if fmt in formats]
 
 
@@ -79,6 +81,14 @@ def pyarrow_rows(files):
             yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH)
 
     return batches(), lambda b: b.num_rows
+
+
+def webdataset_rows(files):
+    """WebDataset's own reader of the shards, in order: batches are lists of sample dicts
+    (``__key__``, ``__url__`` and one bytes entry per member), as the loader's tar batches are."""
+    import webdataset as wds
+
+    return wds.WebDataset(files, shardshuffle=False).batched(BATCH, collation_fn=None), len
 
 
 def loader_dataset(prefix, mix, reshuffle=True):
@@ -141,6 +151,8 @@ def row_batches(kind, data, mix):
         return tf_rows(data["files"], shuffle=True)
     if kind == "pyarrow-inorder":
         return pyarrow_rows(data["files"])
+    if kind == "webdataset-inorder":
+        return webdataset_rows(data["files"])
     if kind == "inorder":
         return loader_rows(data["prefix"], 1, reshuffle=False)
     if kind == "loader":

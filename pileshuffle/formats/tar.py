@@ -171,8 +171,27 @@ def _sample_bounds(walk: _Walk, keys_seen: set, complete: bool):
 
 
 def sample_dict(payload) -> dict:
-    """A sample's raw tar bytes as WebDataset's dict: ``{"__key__": key, extension: data, ...}``."""
+    """A sample's raw tar bytes (as a shard holds them: checked when it was read) as
+    WebDataset's dict: ``{"__key__": key, extension: data, ...}``. Plain ustar members are
+    read straight from their header fields; a sample with any other entry is walked."""
     payload = bytes(payload)
+    sample, pos, end = {}, 0, len(payload)
+    while pos < end:
+        if payload[pos + 156 : pos + 157] not in _FILES or payload[pos + 345] != 0:  # extended, carried, prefixed
+            return _walked_sample(payload)
+        size = int(payload[pos + 124 : pos + 136].split(b"\0", 1)[0].strip() or b"0", 8)
+        name = payload[pos : pos + 100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        cut = name.rfind("/") + 1
+        dot = name.find(".", cut)
+        if dot <= cut:
+            return _walked_sample(payload)
+        sample[KEY_FIELD] = name[:dot]
+        sample[name[dot + 1 :]] = payload[pos + BLOCK : pos + BLOCK + size]
+        pos += BLOCK + -(-size // BLOCK) * BLOCK
+    return sample
+
+
+def _walked_sample(payload: bytes) -> dict:
     sample = {}
     for _, data, size, _, name in _Walk(payload, "a tar sample").members:
         key, extension = key_of(name)
