@@ -47,8 +47,9 @@ def _number(field: bytes) -> int:
     byte has the high bit set (GNU's form for sizes of 8 GiB and more)."""
     if field[0] & 0x80:
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip()
-    return int(text, 8) if text else 0
+    end = field.find(b"\0")
+    text = field if end < 0 else field[:end]
+    return int(text, 8) if text.strip() else 0
 
 
 def _byte_sum(block: bytes) -> int:
