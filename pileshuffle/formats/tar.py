@@ -27,7 +27,7 @@ from pileshuffle.storage import compression_of
 __all__ = ["TarFormat", "KEY_FIELD", "END_OF_ARCHIVE", "key_of", "sample_dict", "sample_keys"]
 
 BLOCK = 512  # tar's unit: a header is one block, data is padded to whole blocks
-END_OF_ARCHIVE = bytes(2 * BLOCK)
+END_OF_ARCHIVE = bytes(2 * BLOCK)  # tar's end-of-archive marker: two zero blocks (a shard ends with it)
 KEY_FIELD = "__key__"  # WebDataset's name for a sample's key in its dict
 _ZERO_BLOCK = bytes(BLOCK)
 _FILES = (b"0", b"\0", b"7")  # regular files (7, contiguous, reads as regular everywhere)
