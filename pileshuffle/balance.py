@@ -1,0 +1,113 @@
+"""Class rebalancing at shard creation: how many copies of each record pass 1 writes.
+
+A ``Policy`` turns the class counts into a target count per class. The copies of a class's
+records come from each record's *rank* in its class (its place among the class's records in
+the input's canonical order: sources in order, each in file order) by systematic sampling
+with a seeded start:
+
+    copies(k) = floor(((k + 1) * t + phase) / n) - floor((k * t + phase) / n)
+
+for the k-th of the class's n records, t its target and ``phase`` in [0, n) drawn from the
+seed and the class. In exact integers the copies of a class add up to t exactly, and they
+are spread evenly over the input's order (every record gets floor(t/n) or ceil(t/n) copies;
+undersampling keeps an evenly spaced 1 in n/t). Each copy then draws a key of its own, so
+the copies spread uniformly over the output.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+__all__ = ["KINDS", "Policy", "copies", "class_phase", "labels_text"]
+
+KINDS = ("uniform", "sqrt")  # the named policies; anything else is explicit weights "a=0.5,b=0.3"
+
+
+def labels_text(values) -> str:
+    """Class names for messages: the first few, sorted."""
+    names = sorted(values)
+    return ", ".join(repr(n) for n in names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """How class counts become targets: ``uniform`` (every class as large as the largest),
+    ``sqrt`` (class ratios become their square roots) or explicit ``weights`` (target shares);
+    with ``undersample`` large classes are cut down to the smallest instead of small ones
+    copied up (no record is ever dropped without it)."""
+
+    kind: str
+    weights: tuple = ()  # ((class, weight), ...) for explicit weights
+    undersample: bool = False
+
+    @classmethod
+    def parse(cls, text: str, undersample: bool = False) -> "Policy":
+        """``uniform``, ``sqrt`` or ``a=0.5,b=0.3,c=0.2`` (weights need not add up to 1)."""
+        text = (text or "").strip()
+        if text in KINDS:
+            return cls(text, (), bool(undersample))
+        weights = []
+        for part in text.split(","):
+            name, sep, value = part.partition("=")
+            try:
+                weight = float(value)
+            except ValueError:
+                weight = None
+            if not sep or not name.strip() or weight is None or not math.isfinite(weight) or weight <= 0:
+                raise ValueError(f"--balance {text!r}: give uniform, sqrt or weights CLASS=WEIGHT,... with "
+                                 f"positive weights (e.g. cat=0.5,dog=0.3,bird=0.2); {part.strip()!r} is not one")
+            weights.append((name.strip(), weight))
+        names = [n for n, _ in weights]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--balance {text!r}: a class is given twice")
+        return cls("weights", tuple(weights), bool(undersample))
+
+    def targets(self, counts: dict) -> dict:
+        """``{class: target}`` for ``{class: count}`` (counts of the classes present). Weights
+        must name exactly the classes present (a ValueError lists the differences)."""
+        counts = {c: int(n) for c, n in counts.items() if int(n) > 0}
+        if not counts:
+            return {}
+        if self.kind == "weights":
+            shares = dict(self.weights)
+            missing, unknown = set(counts) - set(shares), set(shares) - set(counts)
+            if missing or unknown:
+                parts = ([f"no weight for {labels_text(missing)}"] if missing else []) + \
+                        ([f"no record of {labels_text(unknown)}"] if unknown else [])
+                raise ValueError(f"--balance: {'; '.join(parts)} (classes in the data: {labels_text(counts)})")
+        else:
+            shares = {c: (1.0 if self.kind == "uniform" else math.sqrt(n)) for c, n in counts.items()}
+        # the scale that makes every target >= its count (oversampling) or <= it (undersampling)
+        ratios = [counts[c] / shares[c] for c in counts]
+        scale = min(ratios) if self.undersample else max(ratios)
+        bound = min if self.undersample else max
+        return {c: bound(counts[c], int(round(scale * shares[c]))) for c in counts}
+
+    def describe(self) -> str:
+        what = self.kind if self.kind != "weights" else ",".join(f"{c}={w:g}" for c, w in self.weights)
+        return f"{what}, {'undersampling' if self.undersample else 'oversampling'}"
+
+
+def class_phase(seed: int, label: str, count: int) -> int:
+    """The seeded start in [0, ``count``) of a class's systematic sample."""
+    if count <= 0:
+        return 0
+    entropy = [int(seed) & 0xFFFFFFFFFFFFFFFF, *label.encode("utf-8")]
+    word = int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
+    return word % count
+
+
+def copies(ranks: np.ndarray, count: int, target: int, phase: int) -> np.ndarray:
+    """Copies of the records of ranks ``ranks`` (0 .. count-1) of a class of ``count``
+    records whose copies add up to ``target`` (module docstring). Exact integer arithmetic
+    (Python integers past 2**62)."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+    if count <= 0 or not len(ranks):
+        return np.zeros(len(ranks), dtype=np.int64)
+    if count * max(target, 1) + count < 2**62:
+        low = (ranks * target + phase) // count
+        high = ((ranks + 1) * target + phase) // count
+        return (high - low).astype(np.int64)
+    return np.array([((k + 1) * target + phase) // count - (k * target + phase) // count for k in ranks.tolist()],
+                    dtype=np.int64)
