@@ -10,7 +10,6 @@ sample (duplicate records) are dropped: their positions are ambiguous.
 """
 
 import dataclasses
-import json
 
 import numpy as np
 import pyarrow as pa
@@ -18,9 +17,8 @@ import pyarrow as pa
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import holder_of, record_hashes
-from pileshuffle.formats.example import NotAnExample, feature_values
-from pileshuffle.formats.tar import KEY_FIELD, sample_dict
-from pileshuffle.names import FRAME_COLUMN, HASH_COLUMN, KEY_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
+from pileshuffle.formats.labels import record_labels
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
 __all__ = ["threshold_for", "Label", "Scan", "scan", "scan_store", "match", "class_ids"]
 
@@ -32,13 +30,6 @@ def threshold_for(records: int, sample: int) -> int:
     if records <= sample:
         return _HASH_SPACE
     return int(_HASH_SPACE * sample // records)
-
-
-def _label_text(values: list) -> str:
-    """A label's values as the text labels compare by: one value as itself (bytes as UTF-8),
-    several as a JSON list."""
-    texts = [v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v for v in values]
-    return str(texts[0]) if len(texts) == 1 else json.dumps(texts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,50 +56,7 @@ class Label:
         """One label value per record of a chunk: text (fields) or uint64 codes (bytes)."""
         if self.field is None:
             return self._byte_codes(table, path)
-        if table.column_names == [LINE_COLUMN]:
-            return self._json_values(table, path)
-        if table.column_names in ([FRAME_COLUMN], [TAR_SAMPLE_COLUMN]):
-            return self._payload_values(table, path)
-        if self.field not in table.column_names:
-            raise InputError(path, f"has no column {self.field!r} (columns: {', '.join(table.column_names)})")
-        column = table.column(self.field)
-        try:  # values as text, so every chunk's labels compare alike (nulls: "null")
-            return column.cast(pa.string()).fill_null("null").to_numpy(zero_copy_only=False)
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # nested types
-            return np.array([json.dumps(v, default=str) for v in column.to_pylist()], dtype=object)
-
-    def _json_values(self, table, path):
-        data, offsets = binary_column_parts(table.column(LINE_COLUMN))
-        data, out = data.to_pybytes(), []
-        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-            try:
-                out.append(json.dumps(json.loads(data[a:b])[self.field], default=str))
-            except (ValueError, KeyError, TypeError, IndexError):
-                raise InputError(path, f"a line ({data[a:b][:60]!r}) is not a JSON object with key {self.field!r}") from None
-        return np.array(out, dtype=object)
-
-    def _payload_values(self, table, path):
-        """Labels from payloads: a ``tf.train.Example`` feature (TFRecord), a member (tar)."""
-        holder = holder_of(table)
-        data, offsets = binary_column_parts(table.column(0))
-        data, out = data.to_pybytes(), []
-        for index, (a, b) in enumerate(zip((offsets[:-1] + holder.before).tolist(), (offsets[1:] - holder.after).tolist())):
-            if holder.name == "tar":
-                sample = sample_dict(data[a:b])
-                values = [sample[self.field]] if self.field in sample else None
-                where = f"the sample {sample[KEY_FIELD]!r}"
-            else:
-                try:
-                    values = feature_values(data[a:b], self.field)
-                except NotAnExample as error:
-                    raise InputError(path, f"record {index} of a chunk is no tf.train.Example ({error}): --label reads "
-                                           "a feature of one; use --label_bytes START:END for other payloads") from None
-                where = "a tf.train.Example"
-            if values is None:
-                what = "member" if holder.name == "tar" else "feature"
-                raise InputError(path, f"{where} has no {what} {self.field!r}")
-            out.append(_label_text(values))
-        return np.array(out, dtype=object)
+        return record_labels(table, self.field, path)
 
     def _byte_codes(self, table, path):
         holder = holder_of(table)

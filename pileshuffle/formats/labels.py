@@ -1,0 +1,77 @@
+"""A record's label as text, in any format: a Parquet column, a JSON key of a JSONL line, a
+feature of the ``tf.train.Example`` a TFRecord holds, or a member of a tar sample.
+
+Labels are compared as text so that every chunk's labels (and the quality report's and
+``--balance``'s classes) agree: one value as itself (bytes as UTF-8), several as a JSON
+list; a Parquet null is ``"null"``. A record without the label is an ``InputError`` naming
+the file (``path``).
+"""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from pileshuffle.errors import InputError
+from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.formats import holder_of
+from pileshuffle.formats.example import NotAnExample, feature_values
+from pileshuffle.formats.tar import KEY_FIELD, sample_dict
+from pileshuffle.names import FRAME_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
+
+__all__ = ["record_labels", "label_text"]
+
+
+def label_text(values: list) -> str:
+    """A label's values as the text labels compare by (module docstring)."""
+    texts = [v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v for v in values]
+    return str(texts[0]) if len(texts) == 1 else json.dumps(texts)
+
+
+def record_labels(table: pa.Table, field: str, path: str) -> np.ndarray:
+    """The label ``field`` of every record of a records table, as text (object array)."""
+    if table.column_names == [LINE_COLUMN]:
+        return _json_labels(table, field, path)
+    if table.column_names in ([FRAME_COLUMN], [TAR_SAMPLE_COLUMN]):
+        return _payload_labels(table, field, path)
+    if field not in table.column_names:
+        raise InputError(path, f"has no column {field!r} (columns: {', '.join(table.column_names)})")
+    column = table.column(field)
+    try:
+        return column.cast(pa.string()).fill_null("null").to_numpy(zero_copy_only=False)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # nested types
+        return np.array([json.dumps(v, default=str) for v in column.to_pylist()], dtype=object)
+
+
+def _json_labels(table, field, path):
+    data, offsets = binary_column_parts(table.column(LINE_COLUMN))
+    data, out = data.to_pybytes(), []
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        try:
+            out.append(json.dumps(json.loads(data[a:b])[field], default=str))
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise InputError(path, f"a line ({data[a:b][:60]!r}) is not a JSON object with key {field!r}") from None
+    return np.array(out, dtype=object)
+
+
+def _payload_labels(table, field, path):
+    """Labels from payloads: a ``tf.train.Example`` feature (TFRecord), a member (tar)."""
+    holder = holder_of(table)
+    data, offsets = binary_column_parts(table.column(0))
+    data, out = data.to_pybytes(), []
+    for index, (a, b) in enumerate(zip((offsets[:-1] + holder.before).tolist(), (offsets[1:] - holder.after).tolist())):
+        if holder.name == "tar":
+            sample = sample_dict(data[a:b])
+            values = [sample[field]] if field in sample else None
+            where = f"the sample {sample[KEY_FIELD]!r}"
+        else:
+            try:
+                values = feature_values(data[a:b], field)
+            except NotAnExample as error:
+                raise InputError(path, f"record {index} of a chunk is no tf.train.Example ({error}): --label reads "
+                                       "a feature of one; use --label_bytes START:END for other payloads") from None
+            where = "a tf.train.Example"
+        if values is None:
+            raise InputError(path, f"{where} has no {'member' if holder.name == 'tar' else 'feature'} {field!r}")
+        out.append(label_text(values))
+    return np.array(out, dtype=object)
