@@ -116,7 +116,8 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
     Parameter("overwrite", "Overwrite output", "Replace an existing output with the same prefix.", "true",
               flag=True, regex=r"^(true|false)$"),
     Parameter("skip_corrupt", "Skip corrupt records",
-              "Skip corrupt TFRecord records (resynchronising at the next valid record) and report them, instead of failing.",
+              "Skip corrupt TFRecord records (resynchronising at the next valid record) and report them, instead of "
+              "failing; a tar shard is read up to a damaged header and the rest of it is reported skipped.",
               "false", flag=True, regex=r"^(true|false)$"),
     Parameter("quiet", "No progress lines",
               "Print no progress on stderr. Without it a local run shows pass 1 (files and bytes read, MB/s, ETA) "
