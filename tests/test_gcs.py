@@ -15,7 +15,7 @@ import pytest
 from helpers import FAST, run_shuffle, shard_bytes
 from pileshuffle import names, sample, storage
 
-FORMATS = ["tfrecord", "jsonl", "parquet"]
+FORMATS = ["tfrecord", "jsonl", "parquet", "tar"]
 FAIL_FAST_SECONDS = 30  # the issue's bound for every Cloud Storage failure
 
 
@@ -204,7 +204,7 @@ def outputs(inputs, gcs_root, tmp_path_factory):
     """Per format, ``(local output, gs:// output)`` of the same run."""
     local, remote = tmp_path_factory.mktemp("out"), f"{gcs_root}/outputs-{uuid.uuid4().hex[:8]}"
     found = {}
-    for fmt in ("tfrecord", "parquet"):
+    for fmt in ("tfrecord", "parquet", "tar"):
         args = [f"--format={fmt}", "--num_piles=4", "--seed=3"]
         run_shuffle(inputs[fmt][0], str(local / fmt), *args)
         run_shuffle(inputs[fmt][1], f"{remote}/{fmt}", *args)
@@ -212,7 +212,7 @@ def outputs(inputs, gcs_root, tmp_path_factory):
     return found
 
 
-@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet", "tar"])
 def test_the_loader_reads_gcs_as_it_reads_local(outputs, fmt):
     from pileshuffle.loader import ShuffledDataset
 
