@@ -162,6 +162,32 @@ def test_the_loader_hands_out_webdataset_dicts_a_new_order_each_epoch(class_orde
     assert len(batch) == 64 and set(batch[0]) == {"__key__", "cls", "bin"}
 
 
+def test_a_resumed_epoch_delivers_the_rest_and_the_next_epoch_follows(class_ordered):
+    _, prefix, _ = class_ordered
+    whole = [s["__key__"] for s in ShuffledDataset(prefix, epoch=4)]
+    first = ShuffledDataset(prefix, epoch=4)
+    seen = [s["__key__"] for _, s in zip(range(250), first)]
+    resumed = ShuffledDataset(prefix)
+    resumed.load_state_dict(first.state_dict())
+    assert seen + [s["__key__"] for s in resumed] == whole
+    assert [s["__key__"] for s in resumed] == [s["__key__"] for s in ShuffledDataset(prefix, epoch=5)]
+
+
+def test_the_loader_names_a_damaged_shard_and_the_offset(class_ordered, tmp_path):
+    _, prefix, _ = class_ordered
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in glob.glob(prefix + "*"):
+        (copy / os.path.basename(path)).write_bytes(open(path, "rb").read())
+    victim = copy / os.path.basename(shards(prefix)[2])
+    data = bytearray(victim.read_bytes())
+    data[2 * 512 + 10] ^= 0x55  # the second member's header (after .cls: one header, one data block)
+    victim.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="corrupt tar header") as error:
+        list(ShuffledDataset(str(copy / "train"), epoch=1))
+    assert victim.name in str(error.value) and error.value.offset == 2 * 512
+
+
 def test_dataloader_workers_carry_the_dicts(class_ordered):
     torch = pytest.importorskip("torch")
     _, prefix, _ = class_ordered
