@@ -22,7 +22,7 @@ from pileshuffle import interrupt, storage
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
-from pileshuffle.options import PileshuffleOptions, check_compression, check_values, parse_bytes
+from pileshuffle.parameters import PileshuffleOptions, check_compression, check_values, parse_bytes
 from pileshuffle.output_files import OutputFiles, check_replaceable, discard_unpublished, remove_tree
 from pileshuffle.store.layout import FileLock, is_store
 

@@ -20,7 +20,8 @@ from helpers import FAST, manifest, run_shuffle, shard_bytes, shards
 from pileshuffle import sample
 from pileshuffle.errors import InputError, UsageError
 from pileshuffle.commands.metadata import template_metadata
-from pileshuffle.options import PARAMETERS, check_argv
+from pileshuffle.options import check_argv
+from pileshuffle.parameters import PARAMETERS
 
 PY = sys.executable
 

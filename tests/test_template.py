@@ -16,7 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from helpers import manifest, read_tfrecord_payloads, shard_bytes, shards
 from pileshuffle import sample
 from pileshuffle.commands.metadata import template_metadata
-from pileshuffle.options import PARAMETERS, PileshuffleOptions, parse_bytes, parse_flag
+from pileshuffle.parameters import PARAMETERS, PileshuffleOptions, parse_bytes, parse_flag
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(REPO, "templates")

@@ -4,7 +4,8 @@ the template's parameters (``options.PARAMETERS``); templates/metadata.json is i
 import argparse
 import json
 
-from pileshuffle.options import PARAMETERS, parse_command
+from pileshuffle.options import parse_command
+from pileshuffle.parameters import PARAMETERS
 
 __all__ = ["template_metadata", "main"]
 

@@ -306,7 +306,8 @@ def main(argv=None):
     import sys
 
     from pileshuffle.errors import PileshuffleError
-    from pileshuffle.options import PARAMETERS, Parameter, check_argv, help_text, parse_flag, wants_help
+    from pileshuffle.options import check_argv, help_text, wants_help
+    from pileshuffle.parameters import PARAMETERS, Parameter, parse_flag
     from pileshuffle.runners import is_local, local_defaults
 
     json_flag = Parameter("json", "JSON", "Print the plan as JSON (the machine form) instead of text.", "false",

@@ -18,7 +18,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pileshuffle import progress
 from pileshuffle.commands.report import reporting_errors, shards_at_stake_on_interrupt, summary
 from pileshuffle.errors import OutputError, user_message
-from pileshuffle.options import PileshuffleOptions, check_argv, check_values, help_text, parse_flag, wants_help
+from pileshuffle.options import check_argv, help_text, wants_help
+from pileshuffle.parameters import PileshuffleOptions, check_values, parse_flag
 from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
 from pileshuffle.plan import Plan, make_plan, space_note, taken_output
 from pileshuffle.runners import (dask_defaults, dataflow_defaults, graph_defaults, is_dask, is_dataflow, is_local,

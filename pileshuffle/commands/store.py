@@ -19,7 +19,7 @@ from pileshuffle.commands.report import as_command, shards_at_stake_on_interrupt
 from pileshuffle.commands.store_options import (AppendOptions, MaterializeOptions, append_options, expire_options,
                                                 gc_options, materialize_options)
 from pileshuffle.errors import InputError, OutputError, UsageError
-from pileshuffle.options import PileshuffleOptions
+from pileshuffle.parameters import PileshuffleOptions
 from pileshuffle.output_files import remove_tree
 from pileshuffle.running import execute
 from pileshuffle.store import layout
@@ -212,7 +212,7 @@ def append(options) -> dict:
 def materialize(options) -> dict:
     """``pileshuffle materialize``: the second pass over a store, as ``options``
     (``MaterializeOptions``, or its command-line arguments) say; returns the written manifest."""
-    from pileshuffle.options import parse_bytes
+    from pileshuffle.parameters import parse_bytes
     from pileshuffle.output_files import discard_unpublished, read_manifest
     from pileshuffle.plan import check_shard_output, taken_output, work_dir_for
     from pileshuffle.transforms.write import WritePiles

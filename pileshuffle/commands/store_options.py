@@ -9,7 +9,8 @@ import dataclasses
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.errors import UsageError
-from pileshuffle.options import check_command_argv, check_max_pile_bytes
+from pileshuffle.options import check_command_argv
+from pileshuffle.parameters import check_max_pile_bytes
 from pileshuffle.store.expire import DEFAULT_GRACE_SECONDS, check_grace_seconds
 
 __all__ = ["AppendOptions", "ExpireOptions", "GcOptions", "MaterializeOptions", "append_options", "expire_options",

@@ -1,0 +1,201 @@
+"""The template's parameters, defined once, and the checks of their values: ``--help``,
+the pipeline's option parser, ``templates/metadata.json`` and ``check_values`` are all
+generated from ``PARAMETERS``. Reading a command line (unknown options, Beam's own) is
+``options``' job.
+"""
+
+import dataclasses
+import re
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pileshuffle.errors import UsageError
+from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES
+
+__all__ = [
+    "Parameter", "parse_bytes", "parse_flag", "PARAMETERS", "PileshuffleOptions", "check_values", "check_max_pile_bytes",
+    "check_compression"
+]
+
+_MIN_MAX_PILE_BYTES = 1 << 20  # with --num_piles=auto, where it sets the number of piles
+_MIN_SPLIT_BYTES = 16 << 10  # with a given --num_piles, where it only sets the sub-pile size
+_MAX_SEED = (1 << 64) - 1  # seeds are 64-bit: larger ones would alias smaller ones
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One template parameter: its option (``--name``), label, help text and example (what
+    ``--help`` and metadata.json show), its default (None: required) and what a value may
+    be (``choices``, ``regex``, ``kind``; ``flag``: true or false, given bare)."""
+    name: str
+    label: str
+    help: str
+    example: str
+    default: object = None
+    choices: tuple = ()
+    regex: str = None
+    kind: type = str
+    flag: bool = False
+    metavar: str = "VALUE"
+
+    @property
+    def optional(self) -> bool:
+        return self.default is not None or self.flag
+
+    @property
+    def usage(self) -> str:
+        """``--name VALUE`` as ``--help`` shows it."""
+        if self.flag:
+            return f"--{self.name}"
+        return f"--{self.name} " + ("{" + ",".join(self.choices) + "}" if self.choices else self.metavar)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)$")
+
+
+def parse_bytes(text) -> int:
+    """'256MiB', '1G', '64MB', '1048576' -> bytes (every unit is binary: MB = MiB)."""
+    found = _SIZE.match(str(text).strip())
+    if not found or found.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (a number with KiB, MiB, GiB or TiB, e.g. 128MiB)")
+    return int(float(found.group(1)) * _UNITS[found.group(2).lower()])
+
+
+_FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "": True, "0": False, "false": False, "no": False,
+               "off": False}
+
+
+def parse_flag(text) -> bool:
+    """A flag's value: true for 1/true/yes/on or a bare flag, else false."""
+    return _FLAG_WORDS.get(str(text).lower(), False)
+
+
+PARAMETERS = (  # the template's parameters, in the order --help and metadata.json show them
+    Parameter("input", "Input files",
+              "Comma-separated file patterns to shuffle: local paths or any location Beam's FileSystems opens (gs://...). "
+              "Compression is detected from each file name (.gz).",
+              "gs://my-bucket/data/train-*.tfrecord", regex=r"^[^\n]+$", metavar="PATTERNS"),
+    Parameter("output", "Output prefix",
+              "Path prefix of the output: shards are {output}-00000-of-00064.tfrecord etc., plus {output}-manifest.json.",
+              "gs://my-bucket/shuffled/train", regex=r"^[^\n,*?]+$", metavar="PREFIX"),
+    Parameter("format", "Record format",
+              "Format of input and output records. auto: from the input files' extension (.tfrecord, .parquet, "
+              ".jsonl, .tar, with .gz for the byte formats); every file must say the same. Give a format to read files "
+              "whose names say none.", "parquet",
+              default="auto", choices=("auto", "tfrecord", "parquet", "jsonl", "tar")),
+    Parameter("compression", "Output compression",
+              "auto: as the input (gzip if every input is .gz; Parquet: snappy); none; gzip. Parquet also takes snappy, zstd.",
+              "auto", default="auto", choices=("auto", "none", "gzip", "snappy", "zstd")),
+    Parameter("num_piles", "Number of piles",
+              "Number of piles = output shards, or auto to size piles from the input and max_pile_bytes.", "auto",
+              default="auto", regex=r"^(auto|[1-9][0-9]*)$", metavar="{auto,N}"),
+    Parameter("max_pile_bytes", "Largest pile in memory",
+              "Upper bound on the records of one pile held in a worker's memory (auto plans piles of at most this with "
+              "s + 6*sqrt(s) headroom; a larger pile is split again). Suffixes KiB, MiB, GiB; at least 1MiB with num_piles=auto.",
+              "128MiB", default=f"{DEFAULT_MAX_PILE_BYTES >> 20}MiB", regex=r"^[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?$",
+              metavar="SIZE"),
+    Parameter("seed", "Random seed", "Seed of the shuffle: the same input, seed and piles give the same bytes.", "42",
+              default="0", regex=r"^[0-9]+$", kind=int, metavar="N"),
+    Parameter("intermediate", "Intermediate mode",
+              "files: pass 1 writes pile fragments to the temp location and only their names are grouped (bounded memory "
+              "on local runners); shuffle: records are grouped in per-pile chunks by the runner (use on Dataflow's Shuffle).",
+              "files", default="files", choices=("files", "shuffle")),
+    Parameter("layout", "Output layout",
+              "shards: shuffled shards (both passes); store: pass 1 only, into a pile store {output}-store/ that "
+              "`pileshuffle append` extends, `expire` trims and `materialize` or the loader turns into shuffled order.",
+              "shards", default="shards", choices=("shards", "store")),
+    Parameter("overwrite", "Overwrite output", "Replace an existing output with the same prefix.", "true",
+              flag=True, regex=r"^(true|false)$"),
+    Parameter("skip_corrupt", "Skip corrupt records",
+              "Skip corrupt TFRecord records (resynchronising at the next valid record) and report them, instead of "
+              "failing; a tar shard is read up to a damaged header and the rest of it is reported skipped.",
+              "false", flag=True, regex=r"^(true|false)$"),
+    Parameter("quiet", "No progress lines",
+              "Print no progress on stderr. Without it a local run shows pass 1 (files and bytes read, MB/s, ETA) "
+              "and pass 2 (piles written): a live line on a terminal, a line every few seconds otherwise.",
+              "false", flag=True, regex=r"^(true|false)$"),
+)
+
+
+class PileshuffleOptions(PipelineOptions):
+    """Beam pipeline options of the template (Beam's own options, such as --runner and
+    --temp_location, come from Beam)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        for parameter in PARAMETERS:
+            if parameter.flag:
+                parser.add_argument(f"--{parameter.name}", nargs="?", const=True, default=False, type=parse_flag,
+                                    help=parameter.help)
+            else:
+                parser.add_argument(f"--{parameter.name}", default=parameter.default, help=parameter.help,
+                                    choices=parameter.choices or None, required=False)
+
+
+def check_values(values, parameters=PARAMETERS):
+    """Every value a user can mistype, checked before anything runs (UsageError naming the option)."""
+    names = {p.name for p in parameters}
+    for p in parameters:
+        value = getattr(values, p.name, None)
+        if value is None:
+            continue
+        if p.flag and not isinstance(value, bool) and str(value).lower() not in _FLAG_WORDS:
+            raise UsageError(f"--{p.name}: {value!r} is not true or false")
+        if p.choices and value not in p.choices:
+            raise UsageError(f"--{p.name}: {value!r} is not one of {', '.join(p.choices)}")
+    if "num_piles" in names:
+        _check_num_piles(getattr(values, "num_piles", "auto"))
+    if "max_pile_bytes" in names:
+        check_max_pile_bytes(getattr(values, "max_pile_bytes", None), str(getattr(values, "num_piles", "auto")) == "auto")
+    if "seed" in names:
+        _check_seed(getattr(values, "seed", 0))
+    if {"format", "compression"} <= names:
+        check_compression(getattr(values, "format", "auto"), getattr(values, "compression", "auto"))
+
+
+def _check_num_piles(value):
+    text = str(value).strip()
+    if text == "auto":
+        return
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise UsageError(f"--num_piles: must be auto or a whole number of at least 1, not {value!r}")
+
+
+def check_max_pile_bytes(value, auto: bool):
+    """With ``--num_piles=auto`` the value sets the number of piles: below 1 MiB each pile's
+    fixed costs (a shard file, a fragment per input file, a task) outweigh its records (1 KiB
+    on 25 MB made 24,613 piles, more than records, at 0.8 MB/s). With a given number of piles
+    it only sets the size of the sub-piles a large pile is loaded in: at least 16 KiB."""
+    if value is None:
+        return
+    try:
+        size = parse_bytes(value)
+    except ValueError as error:
+        raise UsageError(f"--max_pile_bytes: {error}") from None
+    if auto and size < _MIN_MAX_PILE_BYTES:
+        raise UsageError(
+            f"--max_pile_bytes: {value} is below the minimum of 1MiB with --num_piles=auto: smaller piles cost more "
+            "in per-pile work (a shard, a fragment per input file) than they save in memory; give --num_piles to "
+            "choose the number of piles yourself")
+    if size < _MIN_SPLIT_BYTES:
+        raise UsageError(f"--max_pile_bytes: {value} is below the minimum of 16KiB (the smallest sub-pile worth loading)")
+
+
+def _check_seed(value):
+    text = str(value).strip()
+    if not re.fullmatch(r"[0-9]+", text) or int(text) > _MAX_SEED:
+        raise UsageError(f"--seed: must be a whole number from 0 to 2**64-1, not {value!r}")
+
+
+def check_compression(format_name, compression):
+    """Refuse a ``--compression`` that ``--format`` does not write (UsageError); a format name
+    that is not a format (``auto``) passes: the inputs decide it later."""
+    from pileshuffle.formats import FORMATS
+
+    fmt = FORMATS.get(format_name)
+    if fmt is not None and compression not in fmt.compressions:
+        raise UsageError(f"--compression: {format_name} output takes {', '.join(fmt.compressions)}, not {compression!r}")
+
+
