@@ -19,7 +19,9 @@ import math
 
 import numpy as np
 
-__all__ = ["KINDS", "Policy", "copies", "class_phase", "labels_text"]
+from pileshuffle.errors import UsageError
+
+__all__ = ["KINDS", "Policy", "copies", "class_phase", "labels_text", "ClassPlan", "class_plan"]
 
 KINDS = ("uniform", "sqrt")  # the named policies; anything else is explicit weights "a=0.5,b=0.3"
 
@@ -84,9 +86,9 @@ class Policy:
         bound = min if self.undersample else max
         return {c: bound(counts[c], int(round(scale * shares[c]))) for c in counts}
 
-    def describe(self) -> str:
-        what = self.kind if self.kind != "weights" else ",".join(f"{c}={w:g}" for c, w in self.weights)
-        return f"{what}, {'undersampling' if self.undersample else 'oversampling'}"
+    def spec(self) -> str:
+        """The policy as ``--balance`` takes it (``parse(spec(), undersample)`` gives it back)."""
+        return self.kind if self.kind != "weights" else ",".join(f"{c}={w!r}" for c, w in self.weights)
 
 
 def class_phase(seed: int, label: str, count: int) -> int:
@@ -111,3 +113,49 @@ def copies(ranks: np.ndarray, count: int, target: int, phase: int) -> np.ndarray
         return (high - low).astype(np.int64)
     return np.array([((k + 1) * target + phase) // count - (k * target + phase) // count for k in ranks.tolist()],
                     dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassPlan:
+    """What pass 1 needs to copy every source's records: per class its count, target and
+    phase, and per source the rank its first record of each class has (``first``)."""
+
+    counts: dict
+    targets: dict
+    phases: dict
+    first: dict  # source id -> {class: rank of the source's first record of it}
+
+    def copier(self, source: int):
+        """A function from one chunk's labels (in file order) to its records' copies, for
+        the chunks of ``source`` in order."""
+        ranks = dict(self.first.get(source, {}))
+
+        def copies_of(labels: np.ndarray) -> np.ndarray:
+            labels = np.asarray(labels, dtype=object)
+            out = np.zeros(len(labels), dtype=np.int64)
+            for label in dict.fromkeys(labels.tolist()):
+                where = np.flatnonzero(labels == label)
+                if label not in self.counts:
+                    raise ValueError(f"class {label!r} was not counted by the first pass: the input changed during the run")
+                start = ranks.get(label, 0)
+                out[where] = copies(np.arange(start, start + len(where)), self.counts[label], self.targets[label],
+                                    self.phases[label])
+                ranks[label] = start + len(where)
+            return out
+
+        return copies_of
+
+
+def class_plan(per_source: list, policy: Policy, seed: int) -> ClassPlan:
+    """The ``ClassPlan`` of ``per_source`` = ``[(source id, {class: count}), ...]`` (any order)."""
+    counts, first = {}, {}
+    for source, classes in sorted(per_source, key=lambda item: item[0]):
+        first[source] = {label: counts.get(label, 0) for label in classes}
+        for label, n in classes.items():
+            counts[label] = counts.get(label, 0) + int(n)
+    try:
+        targets = policy.targets(counts)
+    except ValueError as error:  # known only once the classes are counted: still the option's fault
+        raise UsageError(str(error)) from None
+    phases = {label: class_phase(seed, label, n) for label, n in counts.items()}
+    return ClassPlan(counts, targets, phases, first)

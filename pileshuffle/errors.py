@@ -36,7 +36,7 @@ class IntegrityError(PileshuffleError):
     """What was written does not account for what was read."""
 
 
-_WRAPPED = re.compile(r"(?:InputError|OutputError|IntegrityError|PileshuffleError): (.+)")
+_WRAPPED = re.compile(r"(?:InputError|OutputError|UsageError|IntegrityError|PileshuffleError): (.+)")
 _RUNNER_SUFFIX = re.compile(r"\s*\[while running '[^\]]*'\]\s*$")  # Beam appends the failing step
 
 

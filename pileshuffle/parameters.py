@@ -14,7 +14,7 @@ from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES
 
 __all__ = [
     "Parameter", "parse_bytes", "parse_flag", "PARAMETERS", "PileshuffleOptions", "check_values", "check_max_pile_bytes",
-    "check_compression"
+    "check_compression", "balance_policy"
 ]
 
 _MIN_MAX_PILE_BYTES = 1 << 20  # with --num_piles=auto, where it sets the number of piles
@@ -108,6 +108,18 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
               "shards", default="shards", choices=("shards", "store")),
     Parameter("overwrite", "Overwrite output", "Replace an existing output with the same prefix.", "true",
               flag=True, regex=r"^(true|false)$"),
+    Parameter("label_field", "Label field (for balance)",
+              "The class of every record, for --balance: a Parquet column, a JSON key, a tf.train.Example feature "
+              "(TFRecord) or a member extension (tar, e.g. cls). (--label itself is Beam's: Dataflow job labels.)",
+              "label", default="", regex=r"^[^\n]*$", metavar="FIELD"),
+    Parameter("balance", "Class balance",
+              "Write each --label_field class to a target count, the copies spread over the output: uniform (every class "
+              "as large as the largest), sqrt (class ratios become their square roots) or CLASS=WEIGHT,... (target "
+              "shares). A first pass counts the classes. Records are copied, none dropped, unless --undersample.",
+              "uniform", default="", regex=r"^[^\n]*$", metavar="POLICY"),
+    Parameter("undersample", "Undersample instead",
+              "With --balance: cut large classes down (an evenly spaced subset) instead of copying small ones up.",
+              "false", flag=True, regex=r"^(true|false)$"),
     Parameter("skip_corrupt", "Skip corrupt records",
               "Skip corrupt TFRecord records (resynchronising at the next valid record) and report them, instead of "
               "failing; a tar shard is read up to a damaged header and the rest of it is reported skipped.",
@@ -153,6 +165,27 @@ def check_values(values, parameters=PARAMETERS):
         _check_seed(getattr(values, "seed", 0))
     if {"format", "compression"} <= names:
         check_compression(getattr(values, "format", "auto"), getattr(values, "compression", "auto"))
+    if "balance" in names:
+        balance_policy(values)
+
+
+def balance_policy(values):
+    """The ``balance.Policy`` that ``--label_field``, ``--balance`` and ``--undersample`` ask for, or
+    None; a half-given or malformed request is a UsageError naming the option."""
+    from pileshuffle.balance import Policy
+
+    label, policy = (getattr(values, name, "") or "" for name in ("label_field", "balance"))
+    undersample = parse_flag(getattr(values, "undersample", False))
+    if not policy:
+        if label or undersample:
+            raise UsageError(f"--{'label_field' if label else 'undersample'}: only means something with --balance POLICY")
+        return None
+    if not label:
+        raise UsageError("--balance: needs --label_field FIELD (the record's class: a column, JSON key, feature or member)")
+    try:
+        return Policy.parse(policy, undersample)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _check_num_piles(value):

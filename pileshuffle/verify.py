@@ -19,6 +19,8 @@ Checks, each reported as one line:
 import posixpath
 import re
 
+import numpy as np
+
 from pileshuffle import storage
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
@@ -213,7 +215,7 @@ class ShardVerifier:
             self.problem(f"output fingerprint ({_describe(output_fp)}) differs from the manifest's "
                          f"({_recorded(recorded)})")
         recorded_in = manifest.get("input_fingerprint")
-        if recorded_in is not None and Fingerprint.from_json(recorded_in) != output_fp:
+        if recorded_in is not None and "balance" not in manifest and Fingerprint.from_json(recorded_in) != output_fp:
             self.problem(f"the manifest's input fingerprint ({_recorded(recorded_in)}) differs from the output's "
                          f"({_describe(output_fp)})")
 
@@ -248,12 +250,41 @@ class ShardVerifier:
             recorded_skips = manifest.get("skipped", {}).get("records", 0)
             if recorded_skips != skipped:
                 self.problem(f"reading the input skips {skipped} corrupt record(s); the manifest says {recorded_skips}")
+        balance = (manifest or {}).get("balance")
+        if balance is not None:  # the output holds the input's records with --balance's copies
+            input_fp = _with_copies(fmt, sources, manifest, skip_corrupt)
         if self.output_fp is not None and input_fp != self.output_fp:
             lost = input_fp.records - self.output_fp.records
             what = (f"{lost:,} record(s) missing from the output" if lost > 0
                     else f"the output has {-lost:,} record(s) more" if lost < 0
                     else "the same count but different records")
             self.problem(f"input and output differ ({what}): input {_describe(input_fp)}; output {_describe(self.output_fp)}")
+
+
+def _with_copies(fmt, sources, manifest: dict, skip_corrupt: bool) -> Fingerprint:
+    """The fingerprint of the input's records each as many times as ``--balance`` copies it,
+    recomputed from the input (class counts, then each record's copies) as the run did."""
+    from pileshuffle.balance import Policy, class_plan
+    from pileshuffle.formats import ReadReport, record_hashes, record_lengths
+    from pileshuffle.formats.labels import record_labels
+
+    options = manifest.get("options", {})
+    field, policy = options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample")))
+    per_source = []
+    for source in sources:
+        counts = {}
+        for table in fmt.read_chunks(source.path, skip_corrupt=skip_corrupt, report=ReadReport()):
+            for label in record_labels(table, field, source.path).tolist():
+                counts[label] = counts.get(label, 0) + 1
+        per_source.append((source.id, counts))
+    plan, total = class_plan(per_source, policy, int(manifest.get("seed") or 0)), Fingerprint()
+    for source in sources:
+        copies_of = plan.copier(source.id)
+        for table in fmt.read_chunks(source.path, skip_corrupt=skip_corrupt, report=ReadReport()):
+            copies = copies_of(record_labels(table, field, source.path))
+            rows = np.repeat(np.arange(table.num_rows), copies)
+            total += Fingerprint.of(record_hashes(table)[rows], int((record_lengths(table) * copies).sum()))
+    return total
 
 
 def verify_shards(input_glob, output_prefix: str, format=None) -> list:

@@ -90,3 +90,122 @@ def test_weights_must_name_exactly_the_classes_present():
         Policy.parse("cat=1,dog=1").targets(COUNTS)
     with pytest.raises(ValueError, match="no record of 'fish'"):
         Policy.parse("cat=1,dog=1,bird=1,fish=1").targets(COUNTS)
+
+
+# --- run --label_field FIELD --balance POLICY: real pipelines ----------------------------------------
+
+import collections  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import glob  # noqa: E402
+import json  # noqa: E402
+
+from helpers import assert_verified, manifest, refused, run_shuffle, shard_bytes, shards  # noqa: E402
+from pileshuffle import sample  # noqa: E402
+
+CLASS_ORDER = {"cat": 900, "dog": 90, "bird": 10}  # written one class at a time
+
+
+@pytest.fixture(scope="module")
+def animals(tmp_path_factory):
+    root = tmp_path_factory.mktemp("animals")
+    lines, i = [], 0
+    for animal, n in CLASS_ORDER.items():
+        for _ in range(n):
+            lines.append(json.dumps({"i": i, "animal": animal, "text": "x" * (i % 40)}) + "\n")
+            i += 1
+    (root / "in").mkdir()
+    (root / "in" / "a.jsonl").write_text("".join(lines[:600]))
+    (root / "in" / "b.jsonl").write_text("".join(lines[600:]))
+    return str(root / "in" / "*.jsonl"), root
+
+
+def delivered(prefix):
+    return [json.loads(line) for path in shards(prefix) for line in open(path)]
+
+
+@pytest.mark.parametrize("policy, undersample, expected", [
+    ("uniform", False, {"cat": 900, "dog": 900, "bird": 900}),
+    ("uniform", True, {"cat": 10, "dog": 10, "bird": 10}),
+    ("sqrt", False, {"cat": 900, "dog": round(math.sqrt(90 * 900)), "bird": round(math.sqrt(10 * 900))}),
+    ("cat=2,dog=1,bird=1", False, {"cat": 900, "dog": 450, "bird": 450}),
+])
+def test_a_balanced_run_hits_every_target_exactly_and_verify_proves_it(animals, tmp_path, policy, undersample, expected):
+    pattern, _ = animals
+    prefix = str(tmp_path / "out" / "t")
+    args = ["--label_field=animal", f"--balance={policy}", "--num_piles=3", "--seed=9"] + (["--undersample"] if undersample else [])
+    written = run_shuffle(pattern, prefix, *args)
+    records = delivered(prefix)
+    assert collections.Counter(r["animal"] for r in records) == expected
+    assert written["balance"]["records_before"] == CLASS_ORDER and written["balance"]["records_after"] == expected
+    assert written["input_fingerprint"]["records"] == 1000 and written["totals"]["records"] == sum(expected.values())
+    copies = collections.Counter()  # every record of a class copied floor or ceil of target / count times
+    for r in records:
+        copies[(r["animal"], r["i"])] += 1
+    for (animal, _), k in copies.items():
+        assert k in {expected[animal] // CLASS_ORDER[animal], -(-expected[animal] // CLASS_ORDER[animal])}
+    assert_verified(pattern, prefix)
+
+
+def test_copies_spread_over_the_whole_output_and_a_rerun_gives_the_same_bytes(animals, tmp_path):
+    pattern, _ = animals
+    args = ["--label_field=animal", "--balance=uniform", "--num_piles=4", "--seed=3"]
+    first, again = str(tmp_path / "a" / "t"), str(tmp_path / "b" / "t")
+    run_shuffle(pattern, first, *args)
+    run_shuffle(pattern, again, *args)
+    assert shard_bytes(first) == shard_bytes(again)
+    records = delivered(first)
+    for part in (records[:900], records[900:1800], records[1800:]):  # each third holds each class's share
+        shares = collections.Counter(r["animal"] for r in part)
+        assert all(250 < shares[a] < 350 for a in CLASS_ORDER), shares
+    birds = [n for n, r in enumerate(records) if r["animal"] == "bird" and r["i"] == 995]
+    assert len(birds) == 90 and min(np.diff(birds)) > 0 and max(birds) - min(birds) > 1500  # one bird's copies, spread
+    other = str(tmp_path / "c" / "t")
+    run_shuffle(pattern, other, *args[:-1], "--seed=4")
+    assert shard_bytes(other) != shard_bytes(first)
+
+
+def test_verify_finds_a_lost_copy_and_a_changed_label(animals, tmp_path):
+    from pileshuffle.commands.verify import verify
+
+    pattern, root = animals
+    prefix = str(tmp_path / "out" / "t")
+    run_shuffle(pattern, prefix, "--label_field=animal", "--balance=uniform", "--num_piles=2")
+    first = shards(prefix)[0]
+    lines = open(first).readlines()
+    open(first, "w").writelines(lines[1:])
+    assert verify(pattern, prefix, None)
+    open(first, "w").writelines(lines)
+    assert verify(pattern, prefix, None) == []
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    for path in glob.glob(pattern):
+        text = open(path).read().replace('"animal": "dog"', '"animal": "cat"', 1)
+        (changed / path.rsplit("/", 1)[-1]).write_text(text)
+    problems = verify(str(changed / "*.jsonl"), prefix, None)
+    assert any("input" in p for p in problems), problems
+
+
+def test_balance_refusals_are_one_line(animals, tmp_path, capsys):
+    pattern, _ = animals
+    out = [f"--input={pattern}", f"--output={tmp_path}/o"]
+    assert "needs --label_field" in refused(capsys, "run", *out, "--balance=uniform")
+    assert "only means something with --balance" in refused(capsys, "run", *out, "--label_field=animal")
+    assert "'cat=x' is not one" in refused(capsys, "run", *out, "--label_field=animal", "--balance=cat=x")
+    for args, words in ((["--label_field=animal", "--balance=cat=1,dog=1"], ["no weight for 'bird'"]),
+                        (["--label_field=colour", "--balance=uniform"], [".jsonl: a line", "colour"])):
+        done = subprocess.run([sys.executable, "-m", "pileshuffle", "run", *out, *args], capture_output=True, text=True,
+                              timeout=300)  # known only once the first pass has read the classes
+        errors = [line for line in done.stderr.splitlines() if line.startswith("pileshuffle: error: ")]
+        assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+        assert all(word in errors[0] for word in words), errors
+    assert not glob.glob(f"{tmp_path}/o-*")
+
+
+def test_tar_samples_balance_by_their_cls_member(tmp_path):
+    sample.write_tar(str(tmp_path / "in"), records=400, files=2, record_bytes=60, classes=4)
+    prefix = str(tmp_path / "out" / "t")
+    written = run_shuffle(str(tmp_path / "in" / "*.tar"), prefix, "--label_field=cls", "--balance=uniform",
+                          "--undersample", "--num_piles=2")
+    assert written["balance"]["records_after"] == {"0": 100, "1": 100, "2": 100, "3": 100}
+    assert manifest(prefix)["totals"]["records"] == 400

@@ -22,13 +22,19 @@ def summary(manifest: dict) -> str:
     totals = manifest["totals"]
     seconds = manifest.get("wall_seconds") or manifest.get("seconds") or float("nan")
     piles = manifest["pile_records"]
+    balance = manifest.get("balance")
     lines = [
-        f"records   {totals['records']:,} (fingerprints of input and output match)",
+        f"records   {totals['records']:,} (fingerprints of input and output match)" if not balance else
+        f"records   {totals['records']:,}: the input's {manifest['input_fingerprint']['records']:,} and their copies "
+        f"(fingerprints of what pass 1 put in and the output match)",
         f"bytes     {totals['payload_bytes']:,} payload, {totals['shard_bytes']:,} in {manifest['num_piles']} shard(s)",
         f"piles     {manifest['num_piles']}; records per pile "
         f"min {piles['min']:,} / mean {piles['mean']:,.0f} / max {piles['max']:,}; split again: {manifest['piles_split']}",
         f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
     ]
+    if balance:
+        lines.append(f"balance   {balance['label']!r}, {balance['policy']}: " + ", ".join(
+            f"{c} {balance['records_before'][c]:,} -> {balance['records_after'][c]:,}" for c in sorted(balance['records_before'])))
     if manifest.get("inputs_left_out"):
         left_out = manifest["inputs_left_out"]
         lines.append(f"left out  {len(left_out)} file(s) that --input matched but pileshuffle wrote: {describe_left_out(left_out)}")

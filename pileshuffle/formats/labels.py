@@ -2,8 +2,8 @@
 feature of the ``tf.train.Example`` a TFRecord holds, or a member of a tar sample.
 
 Labels are compared as text so that every chunk's labels (and the quality report's and
-``--balance``'s classes) agree: one value as itself (bytes as UTF-8), several as a JSON
-list; a Parquet null is ``"null"``. A record without the label is an ``InputError`` naming
+``--balance``'s classes) agree: a string or bytes (UTF-8) as itself, a number as its JSON
+text, several values as a JSON list; a Parquet null is ``"null"``. A record without the label is an ``InputError`` naming
 the file (``path``).
 """
 
@@ -48,7 +48,8 @@ def _json_labels(table, field, path):
     data, out = data.to_pybytes(), []
     for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
         try:
-            out.append(json.dumps(json.loads(data[a:b])[field], default=str))
+            value = json.loads(data[a:b])[field]
+            out.append(value if isinstance(value, str) else json.dumps(value, default=str))
         except (ValueError, KeyError, TypeError, IndexError):
             raise InputError(path, f"a line ({data[a:b][:60]!r}) is not a JSON object with key {field!r}") from None
     return np.array(out, dtype=object)

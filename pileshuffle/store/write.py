@@ -122,9 +122,9 @@ class _WriteStoreGroup(beam.DoFn):
         for source in group.sources:
             report, fingerprint = ReadReport(), Fingerprint()
             stream = _generation_stream(self._generation, source.id)
-            for table, keys, hashes, lengths in keyed_chunks(fmt, source, self._seed, stream, self._chunk_bytes,
-                                                             self._skip_corrupt, report):
-                fingerprint += Fingerprint.of(hashes, int(lengths.sum()))
+            for table, keys, hashes, lengths, read in keyed_chunks(fmt, source, self._seed, stream, self._chunk_bytes,
+                                                                   self._skip_corrupt, report):
+                fingerprint += read
                 for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
                     files.append(pile, part, part_fingerprint)
             yield SourceStats.of(source, fingerprint, report)

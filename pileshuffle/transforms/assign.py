@@ -20,6 +20,7 @@ from pileshuffle import progress
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, parts_by_pile, records_table
+from pileshuffle.formats.labels import record_labels
 from pileshuffle.fragments import Fragment, FragmentFiles, to_ipc
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, source_writer_name
 from pileshuffle.tuning import prepare_worker
@@ -39,7 +40,8 @@ class Source:
 
 @dataclasses.dataclass(frozen=True)
 class SourceStats:
-    """What pass 1 read from one source."""
+    """What pass 1 read from one source (``fingerprint``) and put into the piles (``emitted``:
+    the records with their copies under ``--balance``; None: the records as read)."""
 
     source: int
     path: str
@@ -47,11 +49,17 @@ class SourceStats:
     skipped_records: int = 0
     skipped_bytes: int = 0
     problems: tuple = ()
+    emitted: Fingerprint = None
+    classes: tuple = ()  # under --balance: ((class, records read, records emitted), ...)
 
     @staticmethod
-    def of(source: Source, fingerprint: Fingerprint, report: ReadReport) -> "SourceStats":
+    def of(source: Source, fingerprint: Fingerprint, report: ReadReport, emitted=None, classes=None) -> "SourceStats":
         return SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
-                           tuple(report.problems))
+                           tuple(report.problems), emitted, tuple((c, r, e) for c, (r, e) in sorted((classes or {}).items())))
+
+    @property
+    def put_in(self) -> Fingerprint:
+        return self.fingerprint if self.emitted is None else self.emitted
 
 
 def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, num_piles: int):
@@ -64,14 +72,55 @@ def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths
         yield pile, part, Fingerprint.of(hashes[rows], int(lengths[rows].sum()))
 
 
-def keyed_chunks(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool, report):
-    """``(table, keys, hashes, lengths)`` for each chunk of ``source`` in file order: keys
-    are ``record_keys(seed, stream, position)``, a pure function of the input."""
+def keyed_chunks(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool, report,
+                 balance=None, tally=None):
+    """``(table, keys, hashes, lengths, read)`` for each chunk of ``source`` in file order:
+    keys are ``record_keys(seed, stream, position)``, a pure function of the input; ``read``
+    is the chunk's fingerprint as read. With ``balance`` (``(label field, ClassPlan)``) each
+    record comes as many times as its copies say, each copy a position of its own, and ``tally``
+    (a dict) adds up ``class -> [records read, records emitted]``."""
     index = 0
+    copies_of = None if balance is None else balance[1].copier(source.id)
     for table in fmt.read_chunks(source.path, chunk_bytes, skip_corrupt, report):
+        hashes, lengths = record_hashes(table), record_lengths(table)
+        read = Fingerprint.of(hashes, int(lengths.sum()))
+        if copies_of is not None:
+            labels = record_labels(table, balance[0], source.path)
+            copies = copies_of(labels)
+            for label, read_n, emitted_n in _class_tally(labels, copies):
+                counted = tally.setdefault(label, [0, 0]) if tally is not None else [0, 0]
+                counted[0], counted[1] = counted[0] + read_n, counted[1] + emitted_n
+            rows = np.repeat(np.arange(table.num_rows), copies)
+            table, hashes, lengths = table.take(rows), hashes[rows], lengths[rows]
         keys = keymath.record_keys(seed, stream, index, table.num_rows)
         index += table.num_rows
-        yield table, keys, record_hashes(table), record_lengths(table)
+        yield table, keys, hashes, lengths, read
+
+
+def _class_tally(labels, copies):
+    """``(class, records, copies)`` of one chunk's labels and copies."""
+    labels = np.asarray(labels, dtype=object).astype(str)
+    names, inverse = np.unique(labels, return_inverse=True)
+    read = np.bincount(inverse, minlength=len(names))
+    emitted = np.bincount(inverse, weights=copies, minlength=len(names)).astype(np.int64)
+    return zip(names.tolist(), read.tolist(), emitted.tolist())
+
+
+class CountClasses(beam.DoFn):
+    """``--balance``'s first pass: ``(source id, {class: records})`` of one source, read as
+    pass 1 reads it (the same records under ``skip_corrupt``)."""
+
+    def __init__(self, format_name, field, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False):
+        self._format_name, self._field, self._chunk_bytes, self._skip_corrupt = format_name, field, chunk_bytes, skip_corrupt
+
+    def process(self, source: Source):
+        counts = {}
+        for table in get_format(self._format_name).read_chunks(source.path, self._chunk_bytes, self._skip_corrupt,
+                                                               ReadReport()):
+            labels, found = np.unique(record_labels(table, self._field, source.path).astype(str), return_counts=True)
+            for label, n in zip(labels.tolist(), found.tolist()):
+                counts[label] = counts.get(label, 0) + n
+        yield source.id, counts
 
 
 class _PileWriter:
@@ -104,27 +153,33 @@ class ReadSourceToPiles(beam.DoFn):
     Main output: ``(pile, Fragment)``; tagged ``stats``: one ``SourceStats`` per source.
     """
 
-    def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False):
+    def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
+                 skip_corrupt=False, label=None):
         self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
         self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
+        self._label = label
 
     def setup(self):
         prepare_worker()
 
-    def process(self, source: Source):
+    def process(self, source: Source, classes=None):
+        """``classes``: the ``ClassPlan`` side input under ``--balance`` (None: no copies)."""
         report = ReadReport()
         writer = _PileWriter(self._fragments_dir, source_writer_name(source.id))
+        balance, tally = (None, None) if classes is None else ((self._label, classes), {})
         chunks = keyed_chunks(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
-                              self._chunk_bytes, self._skip_corrupt, report)
-        fingerprint = Fingerprint()
-        for chunk_index, (table, keys, hashes, lengths) in enumerate(chunks):
-            fingerprint += Fingerprint.of(hashes, int(lengths.sum()))
+                              self._chunk_bytes, self._skip_corrupt, report, balance, tally)
+        fingerprint, emitted = Fingerprint(), Fingerprint()
+        for chunk_index, (table, keys, hashes, lengths, read) in enumerate(chunks):
+            fingerprint += read
+            emitted += Fingerprint.of(hashes, int(lengths.sum()))
             for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
                 yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
-            progress.read(source, int(lengths.sum()))
+            progress.read(source, read.bytes)
         yield from writer.commit((source.id, 0))
         progress.file_read(source)
-        yield beam.pvalue.TaggedOutput(STATS_TAG, SourceStats.of(source, fingerprint, report))
+        stats = SourceStats.of(source, fingerprint, report, None if balance is None else emitted, tally)
+        yield beam.pvalue.TaggedOutput(STATS_TAG, stats)
 
 
 def _as_table(batch) -> pa.Table:
@@ -205,4 +260,4 @@ class AssignPiles(beam.DoFn):
 
 
 __all__ = ["Source", "SourceStats", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "split_by_pile", "ReadSourceToPiles",
-           "AssignPiles"]
+           "AssignPiles", "CountClasses"]

@@ -4,7 +4,8 @@ import apache_beam as beam
 
 from pileshuffle import storage
 from pileshuffle.fragments import Fragment
-from pileshuffle.transforms.assign import STATS_TAG, ReadSourceToPiles, SourceStats
+from pileshuffle.balance import class_plan
+from pileshuffle.transforms.assign import STATS_TAG, CountClasses, ReadSourceToPiles, SourceStats
 from pileshuffle.transforms.shuffle import GroupIntoPiles
 from pileshuffle.transforms.write import WritePiles
 
@@ -21,7 +22,8 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
         | "SpreadSources" >> beam.Reshuffle()
     )
     pass1 = sources | "ReadSourceToPiles" >> beam.ParDo(
-        ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt)
+        ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt,
+                          label=plan.label), **_class_plan(sources, plan)
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it
     # does not separate tags), so each branch keeps only its own type; elsewhere a no-op.
@@ -36,6 +38,18 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
             release_fragments=release_fragments,
         )
     )
+
+
+def _class_plan(sources, plan) -> dict:
+    """Under ``--balance``, pass 1's side input ``classes``: a first pass counts every
+    source's classes, and ``balance.class_plan`` turns the counts into each record's copies."""
+    if plan.balance is None:
+        return {}
+    counts = (sources
+              | "CountClasses" >> beam.ParDo(CountClasses(plan.format, plan.label, skip_corrupt=plan.skip_corrupt))
+              | "AllCounts" >> beam.combiners.ToList()
+              | "ClassPlan" >> beam.Map(class_plan, plan.balance, plan.seed))
+    return {"classes": beam.pvalue.AsSingleton(counts)}
 
 
 def _is_fragment_element(element) -> bool:
@@ -61,5 +75,7 @@ def _manifest_fields(plan) -> dict:
             "max_pile_bytes": plan.max_pile_bytes,
             "intermediate": plan.intermediate,
             "skip_corrupt": plan.skip_corrupt,
+            **({"label_field": plan.label, "balance": plan.balance.spec(), "undersample": plan.balance.undersample}
+               if plan.balance else {}),
         },
     }

@@ -31,7 +31,8 @@ from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manife
 from pileshuffle.output_files import OutputFiles, check_replaceable, file_name, remove_tree, write_journal
 from pileshuffle.tuning import prepare_worker
 
-__all__ = ["WriteShard", "PreparePublication", "check_accounted", "Finalize", "schema_json", "KeyByNone", "WritePiles"]
+__all__ = ["WriteShard", "PreparePublication", "check_accounted", "balance_section", "Finalize", "schema_json", "KeyByNone",
+           "WritePiles"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +166,17 @@ def check_accounted(sources, read: Fingerprint, written: Fingerprint, purpose: s
         )
 
 
+def balance_section(sources, options: dict) -> dict:
+    """The manifest's ``balance``: the label, the policy and the records per class before
+    and after (``SourceStats.classes`` added up)."""
+    before, after = {}, {}
+    for source in sources:
+        for label, read, emitted in source.classes:
+            before[label], after[label] = before.get(label, 0) + read, after.get(label, 0) + emitted
+    policy = options.get("balance", "") + (", undersampling" if options.get("undersample") else ", oversampling")
+    return {"label": options.get("label_field"), "policy": policy, "records_before": before, "records_after": after}
+
+
 class Finalize(beam.DoFn):
     """Check, complete, publish: the only step that creates final names."""
 
@@ -180,8 +192,9 @@ class Finalize(beam.DoFn):
         fmt = get_format(self._format_name)
         num_piles = self._num_piles or (shards[0].num_piles if shards else 0)
         input_fp = total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
+        put_in = total(s.put_in for s in sources) if sources else input_fp  # with --balance's copies
         output_fp = total(s.written for s in shards)
-        check_accounted(sources, input_fp, output_fp, "shuffle", "wrote")
+        check_accounted(sources, put_in, output_fp, "shuffle", "wrote")
         old = check_replaceable(self._prefix, self._overwrite)  # before any final name changes
         schema = self._schema or next((s.schema for s in shards if s.schema is not None), None)
         staged = {s.pile: s for s in shards}
@@ -257,6 +270,8 @@ class Finalize(beam.DoFn):
         }
         if sources:
             manifest["inputs"] = [{"path": s.path, "records": s.fingerprint.records} for s in sources]
+        if any(s.classes for s in sources):
+            manifest["balance"] = balance_section(sources, self._fields.get("options", {}))
         if schema is not None:
             manifest["schema"] = schema_json(schema)
         return manifest
