@@ -209,3 +209,15 @@ def test_tar_samples_balance_by_their_cls_member(tmp_path):
                           "--undersample", "--num_piles=2")
     assert written["balance"]["records_after"] == {"0": 100, "1": 100, "2": 100, "3": 100}
     assert manifest(prefix)["totals"]["records"] == 400
+
+
+def test_plan_says_a_counting_pass_reads_the_input_first(animals, tmp_path, capsys):
+    from helpers import succeeded
+
+    pattern, _ = animals
+    args = ["plan", f"--input={pattern}", f"--output={tmp_path}/o", "--label_field=animal", "--balance=sqrt"]
+    out, _ = succeeded(capsys, *args)
+    assert "balance" in out and "a first pass reads the input to count the classes" in out
+    out, _ = succeeded(capsys, *args, "--json")
+    assert json.loads(out)["balance"] == {"label_field": "animal", "policy": "sqrt", "undersample": False,
+                                          "counting_pass": True}

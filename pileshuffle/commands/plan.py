@@ -171,6 +171,8 @@ def plan_text(plan: Plan, options) -> str:
         ("input", f"{len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes ({_size(plan.input_bytes)})"),
         ("records", f"about {plan.estimated_records:,} of {plan.mean_record_bytes:,.0f} bytes on average{guessed}"),
     ]
+    if plan.balance is not None:
+        lines.append(("balance", _balance_text(plan)))
     if plan.left_out:
         lines.append(("left out", f"{len(plan.left_out):,} matched file(s) that pileshuffle wrote: "
                                   f"{describe_left_out(plan.left_out)}"))
@@ -262,6 +264,13 @@ def _free(plan: Plan, location: str) -> str:
     return f"; {_size(free)} free{shared}"
 
 
+def _balance_text(plan: Plan) -> str:
+    """What ``--balance`` adds: the counting pass, and why the sizes below are the input's."""
+    how = "cutting large classes down" if plan.balance.undersample else "copying small classes up"
+    return (f"{plan.label!r} by {plan.balance.spec()}, {how}: a first pass reads the input to count the classes "
+            "(exact counts, not a sample), so the input is read twice; sizes below are the input's")
+
+
 def plan_json(plan: Plan, options) -> dict:
     """The machine form: the original keys, then the numbers ``plan_text`` shows."""
     sizes = _pile_sizes(plan)
@@ -290,6 +299,8 @@ def plan_json(plan: Plan, options) -> dict:
         "replaces": plan.unpublished,
         "layout": plan.layout,
         "runner": _runner_description(options)[0],
+        "balance": None if plan.balance is None else {"label_field": plan.label, "policy": plan.balance.spec(),
+                                                     "undersample": plan.balance.undersample, "counting_pass": True},
     }
 
 
