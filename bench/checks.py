@@ -136,6 +136,11 @@ def check_output(fmt, paths, expected_records, manifest_path=None):
             manifest = json.load(handle)
         records = manifest["totals"]["records"]
         source = "manifest"
+        if "balance" in manifest:  # --balance: the input's records were all read; the output holds their copies
+            read = manifest["input_fingerprint"]["records"]
+            ok = read == expected_records and records == sum(manifest["balance"]["records_after"].values())
+            text = f"{'ok' if ok else 'FAIL'} {read:,} read, {records:,} with copies ({source})"
+            return ok, text, ascending_share(probe_indices(fmt, paths))
     else:
         records = count_records(fmt, paths)
         source = "counted"

@@ -8,7 +8,7 @@ import statistics
 
 import checks
 from measure import log_tail, measure, stdout_json, wait_for_idle, warm
-from shuffle_rows import command_for
+from shuffle_rows import EXTRA_ARGS, command_for
 from workspace import GB, OUT, log
 
 
@@ -18,7 +18,7 @@ def run_row(name, kind, fmt, data, piles, timeout, keep, idle_wait):
     out_dir = os.path.join(OUT, name)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
-    cmd, outputs = command_for(kind, fmt, data, out_dir, piles)
+    cmd, outputs = command_for(kind, fmt, data, out_dir, piles, EXTRA_ARGS.get(name, ()))
     warm(data["files"])
     waited, _ = wait_for_idle(idle_wait) if idle_wait > 0 else (0.0, None)
     if waited >= 2:
