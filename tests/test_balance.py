@@ -240,3 +240,14 @@ def test_json_labels_read_by_arrow_equal_the_line_by_line_reading():
 
     with pytest.raises(InputError, match="is not a JSON object with key 's'"):
         record_labels(missing, "s", "m.jsonl")
+
+
+def test_quality_says_in_one_line_that_it_does_not_measure_a_balanced_output_yet(animals, tmp_path, capsys):
+    from pileshuffle.commands.quality import main as quality_main
+
+    pattern, _ = animals
+    prefix = str(tmp_path / "out" / "t")
+    run_shuffle(pattern, prefix, "--label_field=animal", "--balance=uniform", "--num_piles=2")
+    assert quality_main([f"--input={pattern}", f"--output={prefix}", f"--report={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert "written with --balance" in err and "verify --input" in err and "Traceback" not in err

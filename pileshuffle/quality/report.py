@@ -88,6 +88,10 @@ def _input_policies(file_records, seed: int, num_piles: int) -> dict:
 def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batch_size=256, compare=False):
     """The report of one finished run (see the module docstring). ``output``: the shards'
     paths in order, or a pile store opened by the loader (``loader.outputs.open_output``)."""
+    if "balance" in manifest:
+        raise UsageError(f"{manifest.get('output', 'the output')} was written with --balance: its copies change what a "
+                         "uniform order looks like, and quality does not measure such outputs yet (issue 24); "
+                         "`pileshuffle verify --input` proves its records and copies")
     total = int(manifest["totals"]["records"])
     threshold = locate.threshold_for(total, sample)
     try:
