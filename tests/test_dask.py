@@ -145,3 +145,17 @@ def test_dask_runner_names_resolve_without_a_cluster():
         assert is_dask(options) and not is_local(options)
         assert isinstance(make_runner(options), DaskRunner)
     assert collections.Counter(is_dask(PipelineOptions([f"--runner={n}"])) for n in ("DirectRunner", "DataflowRunner")) == {False: 2}
+
+
+def test_a_balanced_run_on_dask_equals_the_local_one(tmp_path, cluster):
+    import json
+
+    lines = [json.dumps({"i": i, "animal": "cat" if i < 270 else "dog"}) + "\n" for i in range(300)]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(lines[:150]))
+    (tmp_path / "in" / "b.jsonl").write_text("".join(lines[150:]))
+    args = ["--label_field=animal", "--balance=uniform", "--num_piles=3", "--seed=2"]
+    local = run_shuffle(str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "local" / "t"), *args)
+    run_shuffle(str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "dask" / "t"), *args, runner_args=dask_args(cluster))
+    assert shard_bytes(str(tmp_path / "dask" / "t")) == shard_bytes(str(tmp_path / "local" / "t"))
+    assert local["balance"]["records_after"] == {"cat": 270, "dog": 270}
