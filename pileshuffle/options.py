@@ -31,7 +31,7 @@ def help_text(prog: str, summary: str, parameters=PARAMETERS) -> str:
     lines = [f"usage: {prog} --input PATTERNS --output PREFIX [options] [Beam options]", "", *textwrap.wrap(summary, 96),
              "", "options:"]
     for p in parameters:
-        default = "required" if not p.optional else f"default: {'false' if p.flag else p.default}"
+        default = "required" if not p.optional else f"default: {'false' if p.flag else p.default or 'none'}"
         lines.append(f"  {p.usage}  ({default})")
         lines += textwrap.wrap(p.help, width=96, initial_indent=" " * 6, subsequent_indent=" " * 6)
     lines += ["  -h, --help  show this help and exit", "", _BEAM_OPTIONS_NOTE]

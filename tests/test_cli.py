@@ -56,7 +56,7 @@ def test_help_lists_every_parameter_with_its_default_and_the_metadata_help_text(
         help_text = entry["helpText"].rsplit(" Example: ", 1)[0]
         assert f"--{entry['name']}" in text
         assert one_line(help_text) in text, entry["name"]
-        default = "required" if not entry["isOptional"] else f"default: {'false' if parameter.flag else parameter.default}"
+        default = "required" if not entry["isOptional"] else f"default: {'false' if parameter.flag else parameter.default or 'none'}"
         assert re.search(rf"--{entry['name']}\b[^(]*\({re.escape(default)}\)", text), (entry["name"], default)
     for beam_option in ("--runner", "--temp_location", "Dataflow", "Dask"):
         assert beam_option in text
