@@ -19,12 +19,11 @@ Checks, each reported as one line:
 import posixpath
 import re
 
-import numpy as np
-
 from pileshuffle import storage
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import FORMATS, get_format, read_fingerprint
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
 from pileshuffle.names import SHARD_TAIL, manifest_path, shard_pattern
 from pileshuffle.output_files import read_manifest
 from pileshuffle.transforms.write import schema_json
@@ -265,25 +264,18 @@ def _with_copies(fmt, sources, manifest: dict, skip_corrupt: bool) -> Fingerprin
     """The fingerprint of the input's records each as many times as ``--balance`` copies it,
     recomputed from the input (class counts, then each record's copies) as the run did."""
     from pileshuffle.balance import Policy, class_plan
-    from pileshuffle.formats import ReadReport, record_hashes, record_lengths
-    from pileshuffle.formats.labels import record_labels
+    from pileshuffle.formats import ReadReport
+    from pileshuffle.transforms.assign import INPUT_STREAM, class_counts, keyed_chunks
 
     options = manifest.get("options", {})
     field, policy = options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample")))
-    per_source = []
+    seed = int(manifest.get("seed") or 0)
+    plan = class_plan([(s.id, class_counts(fmt, s, field, skip_corrupt=skip_corrupt)) for s in sources], policy, seed)
+    total = Fingerprint()
     for source in sources:
-        counts = {}
-        for table in fmt.read_chunks(source.path, skip_corrupt=skip_corrupt, report=ReadReport()):
-            for label in record_labels(table, field, source.path).tolist():
-                counts[label] = counts.get(label, 0) + 1
-        per_source.append((source.id, counts))
-    plan, total = class_plan(per_source, policy, int(manifest.get("seed") or 0)), Fingerprint()
-    for source in sources:
-        copies_of = plan.copier(source.id)
-        for table in fmt.read_chunks(source.path, skip_corrupt=skip_corrupt, report=ReadReport()):
-            copies = copies_of(record_labels(table, field, source.path))
-            rows = np.repeat(np.arange(table.num_rows), copies)
-            total += Fingerprint.of(record_hashes(table)[rows], int((record_lengths(table) * copies).sum()))
+        for _, _, hashes, lengths, _ in keyed_chunks(fmt, source, seed, (INPUT_STREAM, source.id), DEFAULT_CHUNK_BYTES,
+                                                     skip_corrupt, ReadReport(), (field, plan)):
+            total += Fingerprint.of(hashes, int(lengths.sum()))
     return total
 
 

@@ -71,12 +71,17 @@ def thin(order: np.ndarray, stride: int) -> np.ndarray:
     return order[order % stride == 0] // stride
 
 
+def _one_pile(records: int, num_piles: int) -> int:
+    """The records of one pile: the shuffle buffer row's memory and the radius's near distance."""
+    return math.ceil(records / max(1, num_piles))
+
+
 def _input_policies(file_records, seed: int, num_piles: int) -> dict:
     """``{policy: (epoch-1 order, epoch-2 order)}`` of the shuffles that reorder the input
     itself: no shuffle, file order, a one-pile shuffle buffer over shuffled files."""
     records = int(sum(file_records))
     rng = np.random.default_rng([seed, 0x0A11CE])
-    buffer = math.ceil(records / max(1, num_piles))
+    buffer = _one_pile(records, num_piles)
     return {
         "no shuffle": (np.arange(records), np.arange(records)),
         "file order shuffled": tuple(orders.file_order(file_records, rng) for _ in range(2)),
@@ -199,7 +204,7 @@ def _compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_s
     n = int(sum(pile_sizes))
     written = orders.pileshuffle_order(source.file_records, seed)
     task = training.cats_then_dogs(len(range(0, n, training_stride(n))), seed)
-    window = math.ceil(n / max(1, num_piles))  # "near": within one pile's records, the buffer row's memory
+    window = _one_pile(n, num_piles)  # "near": within one pile's records, the buffer row's memory
     rows = []
     for policy, (first, second) in _input_policies(source.file_records, seed, num_piles).items():
         where, where_next = orders.inverse(first), orders.inverse(second)

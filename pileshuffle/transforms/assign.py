@@ -87,9 +87,10 @@ def keyed_chunks(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int
         if copies_of is not None:
             labels = record_labels(table, balance[0], source.path)
             copies = copies_of(labels)
-            for label, read_n, emitted_n in _class_tally(labels, copies):
-                counted = tally.setdefault(label, [0, 0]) if tally is not None else [0, 0]
-                counted[0], counted[1] = counted[0] + read_n, counted[1] + emitted_n
+            if tally is not None:
+                for label, read_n, emitted_n in _class_tally(labels, copies):
+                    counted = tally.setdefault(label, [0, 0])
+                    counted[0], counted[1] = counted[0] + read_n, counted[1] + emitted_n
             rows = np.repeat(np.arange(table.num_rows), copies)
             table, hashes, lengths = table.take(rows), hashes[rows], lengths[rows]
         keys = keymath.record_keys(seed, stream, index, table.num_rows)
@@ -106,21 +107,26 @@ def _class_tally(labels, copies):
     return zip(names.tolist(), read.tolist(), emitted.tolist())
 
 
+def class_counts(fmt, source: Source, field: str, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False) -> dict:
+    """``{class: records}`` of one source, read as pass 1 reads it (the same records under
+    ``skip_corrupt``): what ``--balance``'s first pass and ``verify`` count."""
+    counts = {}
+    for table in fmt.read_chunks(source.path, chunk_bytes, skip_corrupt, ReadReport()):
+        labels, found = np.unique(record_labels(table, field, source.path).astype(str), return_counts=True)
+        for label, n in zip(labels.tolist(), found.tolist()):
+            counts[label] = counts.get(label, 0) + n
+    return counts
+
+
 class CountClasses(beam.DoFn):
-    """``--balance``'s first pass: ``(source id, {class: records})`` of one source, read as
-    pass 1 reads it (the same records under ``skip_corrupt``)."""
+    """``--balance``'s first pass: ``(source id, class_counts)`` of one source."""
 
     def __init__(self, format_name, field, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False):
         self._format_name, self._field, self._chunk_bytes, self._skip_corrupt = format_name, field, chunk_bytes, skip_corrupt
 
     def process(self, source: Source):
-        counts = {}
-        for table in get_format(self._format_name).read_chunks(source.path, self._chunk_bytes, self._skip_corrupt,
-                                                               ReadReport()):
-            labels, found = np.unique(record_labels(table, self._field, source.path).astype(str), return_counts=True)
-            for label, n in zip(labels.tolist(), found.tolist()):
-                counts[label] = counts.get(label, 0) + n
-        yield source.id, counts
+        yield source.id, class_counts(get_format(self._format_name), source, self._field, self._chunk_bytes,
+                                      self._skip_corrupt)
 
 
 class _PileWriter:
@@ -172,7 +178,8 @@ class ReadSourceToPiles(beam.DoFn):
         fingerprint, emitted = Fingerprint(), Fingerprint()
         for chunk_index, (table, keys, hashes, lengths, read) in enumerate(chunks):
             fingerprint += read
-            emitted += Fingerprint.of(hashes, int(lengths.sum()))
+            if balance is not None:
+                emitted += Fingerprint.of(hashes, int(lengths.sum()))
             for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
                 yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
             progress.read(source, read.bytes)
@@ -260,4 +267,4 @@ class AssignPiles(beam.DoFn):
 
 
 __all__ = ["Source", "SourceStats", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "split_by_pile", "ReadSourceToPiles",
-           "AssignPiles", "CountClasses"]
+           "AssignPiles", "CountClasses", "class_counts"]
