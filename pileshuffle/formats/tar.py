@@ -180,7 +180,7 @@ def sample_dict(payload) -> dict:
     while pos < end:
         if payload[pos + 156 : pos + 157] not in _FILES or payload[pos + 345] != 0:  # extended, carried, prefixed
             return _walked_sample(payload)
-        size = int(payload[pos + 124 : pos + 136].split(b"\0", 1)[0].strip() or b"0", 8)
+        size = _number(payload[pos + 124 : pos + 136])
         name = payload[pos : pos + 100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         cut = name.rfind("/") + 1
         dot = name.find(".", cut)
@@ -203,19 +203,11 @@ def _walked_sample(payload: bytes) -> dict:
 
 def sample_keys(data, offsets: np.ndarray) -> list:
     """The key of each sample ``data[offsets[i]:offsets[i+1]]`` (raw tar bytes): from its first
-    header's name fields when that header is a file's (vectorized), else by walking it."""
-    starts = np.asarray(offsets[:-1], dtype=np.int64)
-    if not len(starts):
-        return []
-    raw = np.frombuffer(data, dtype=np.uint8)
-    heads = raw[starts[:, None] + np.arange(BLOCK)]
-    plain = np.isin(heads[:, 156], np.frombuffer(b"0\x007", dtype=np.uint8))
+    header's name fields when that header is a file's, else by walking the sample."""
     keys = []
-    for i, head in enumerate(heads):
-        if plain[i]:
-            name = _header_name(head.tobytes())
-        else:
-            name = _Walk(data[starts[i] : offsets[i + 1]], "a tar sample").members[0][4]
+    for start, end in zip(np.asarray(offsets[:-1]).tolist(), np.asarray(offsets[1:]).tolist()):
+        head = bytes(data[start : start + BLOCK])
+        name = _header_name(head) if head[156:157] in _FILES else _Walk(data[start:end], "a tar sample").members[0][4]
         keys.append(key_of(name)[0])
     return keys
 
