@@ -69,6 +69,19 @@ def test_run_on_gcs_gives_the_local_bytes(inputs, gcs, tmp_path, fmt, intermedia
     assert leftovers == []  # no staging, work or temp objects
 
 
+def test_a_balanced_run_on_gcs_gives_the_local_bytes_and_verifies(inputs, gcs, tmp_path):
+    from pileshuffle.commands.verify import verify
+
+    local_in, remote_in = inputs["tar"]
+    weights = ",".join(f"{c}={2 if c == 0 else 1}" for c in range(10))  # sample.write_tar: 10 classes of 240
+    args = ["--label_field=cls", f"--balance={weights}", "--undersample", "--num_piles=3", "--seed=5"]
+    local = run_shuffle(local_in, str(tmp_path / "b"), *args)
+    remote = run_shuffle(remote_in, f"{gcs}/b", *args)
+    assert gs_shard_bytes(f"{gcs}/b") == shard_bytes(str(tmp_path / "b"))
+    assert remote["balance"] == local["balance"] and local["totals"]["records"] == 240 + 9 * 120
+    assert verify(remote_in, f"{gcs}/b", None) == []
+
+
 def test_verify_plan_and_quality_on_gcs(inputs, gcs):
     local_in, remote_in = inputs["tfrecord"]
     run_shuffle(remote_in, f"{gcs}/t", "--num_piles=3", "--seed=2")
