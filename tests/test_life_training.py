@@ -13,6 +13,11 @@ The model is plain: per epoch, the set of records delivered over all ranks. Inva
 - a checkpoint of one output is refused on a re-run with another seed, and accepted again on a
   re-run that writes the same bytes.
 
+The same life is lived by a ``Mixture`` of two outputs (``MixtureLife``), whose epochs hold
+records more than once: the model is then the epoch's multiset, made from each output's own
+epochs read alone and the interleave's counts, and "nothing twice" becomes "nothing more often
+than the epoch holds it".
+
 ``PILESHUFFLE_LIFE_EXAMPLES`` sets the number of lives (default: a few, for ``make test``).
 """
 
@@ -25,7 +30,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from pileshuffle import sample
-from pileshuffle.loader import ShuffledDataset
+from pileshuffle.loader import Mixture, ShuffledDataset
 
 from helpers import run_shuffle, sample_run
 
@@ -39,8 +44,21 @@ PATHS = ("inproc", "plain", "stateful", "tf")
 EXAMPLES = int(os.environ.get("PILESHUFFLE_LIFE_EXAMPLES", "6"))
 
 
+MIX_WEIGHTS, MIX_EPOCH, MIX_SECOND = [2, 1], 250, 97  # a Mixture's weights, epoch length, second output's records
+
+
 def index(record) -> int:
     return sample.index_of(record)
+
+
+def open_reader(prefix, rank, world, epoch):
+    """The job's reader: one output, or (a tuple of two prefixes) a Mixture of both that
+    restarts them (each output's own seed: SEED, SEED + 1)."""
+    if isinstance(prefix, str):
+        return ShuffledDataset(prefix, seed=SEED, rank=rank, world_size=world, epoch=epoch)
+    sources = [ShuffledDataset(p, seed=SEED + i) for i, p in enumerate(prefix)]
+    return Mixture(sources, MIX_WEIGHTS, seed=SEED, stop="restart", records_per_epoch=MIX_EPOCH, rank=rank,
+                   world_size=world, epoch=epoch)
 
 
 class Rank:
@@ -48,7 +66,8 @@ class Rank:
 
     def __init__(self, prefix, path, rank, world, workers, epoch, resume=None):
         self.path, self.workers = path, (0 if path in ("inproc", "tf") else workers)
-        self.ds = ShuffledDataset(prefix, seed=SEED, rank=rank, world_size=world, epoch=epoch)
+        self.ds = open_reader(prefix, rank, world, epoch)
+        self.key = index if isinstance(prefix, str) else bytes
         self.taken = 0  # batches (records for tf) of this epoch by this split, for loader_states / state_after
         self.loader, self.it = None, None
         if path in ("plain", "stateful"):
@@ -64,7 +83,7 @@ class Rank:
             self.resume(resume)
 
     def resume(self, state):
-        if self.path == "stateful" and isinstance(state, dict) and "dataset" not in state:
+        if self.path == "stateful" and isinstance(state, dict) and "consumer" not in state:
             self.loader.load_state_dict(state)  # the loader's own state: exact
         elif self.path in ("plain", "stateful"):
             self.tds.load_state_dict(state)
@@ -90,7 +109,7 @@ class Rank:
                 batch = next(self.it)
             except StopIteration:
                 break
-            records = [index(r) for r in (batch.numpy().tolist() if self.path == "tf" else batch)]
+            records = [self.key(r) for r in (batch.numpy().tolist() if self.path == "tf" else batch)]
             self.taken += len(records) if self.path == "tf" else 1
             out.append(records)
         return out
@@ -190,7 +209,7 @@ class TrainingLife(RuleBasedStateMachine):
         for rank in self.ranks:
             rank.start_pass()
 
-    @precondition(lambda self: self.path in ("inproc", "plain"))
+    @precondition(lambda self: self.path in ("inproc", "plain") and isinstance(self.prefix, str))
     @rule()
     def rerun_the_output_under_the_job(self):
         """The output is re-run with another seed (the checkpoint is refused), then with its
@@ -209,17 +228,21 @@ class TrainingLife(RuleBasedStateMachine):
             rank.taken = before.taken
             rank.start_pass()
 
+    def epoch_multiset(self, epoch) -> collections.Counter:
+        """The model: every record of the output once."""
+        return collections.Counter(range(RECORDS))
+
     @invariant()
     def nothing_repeats_in_an_epoch(self):
         if hasattr(self, "delivered"):
-            repeated = [i for i, n in self.delivered.items() if n > 1]
-            assert not repeated, f"records delivered twice in epoch {self.epoch}: {repeated[:10]}"
+            held = self.epoch_multiset(self.epoch)
+            repeated = [i for i, n in self.delivered.items() if n > held[i]]
+            assert not repeated, f"records delivered more often than epoch {self.epoch} holds them: {repeated[:10]}"
 
     def check_epoch_complete(self):
-        missing = RECORDS - len(self.delivered)
+        missing = sum((self.epoch_multiset(self.epoch) - self.delivered).values())
         assert 0 <= missing <= self.splits_dropped, (
             f"epoch {self.epoch}: {missing} records never delivered (the splits may drop {self.splits_dropped})")
-        assert set(self.delivered) <= set(range(RECORDS))
         if self.one_split:
             expected = uninterrupted(self.prefix, self.path, self.world, self.ranks[0].workers, self.epoch)
             for r in range(self.world):
@@ -258,3 +281,42 @@ def test_a_training_jobs_life(job_output):
     _UNINTERRUPTED.clear()
     run_state_machine_as_test(TrainingLife, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=8, deadline=None, suppress_health_check=list(HealthCheck)))
+
+
+class MixtureLife(TrainingLife):
+    """The same life through a Mixture of the job's output and a second one (``open_reader``)."""
+
+    _held = {}
+
+    def epoch_multiset(self, epoch) -> collections.Counter:
+        """The model: output i's records at its stream positions [count_i(eL), count_i((e+1)L))
+        of the interleave, its stream being its own epochs (read alone) back to back."""
+        if (self.prefix, epoch) not in self._held:
+            self._held[self.prefix, epoch] = self._epoch_multiset(epoch)
+        return self._held[self.prefix, epoch]
+
+    def _epoch_multiset(self, epoch) -> collections.Counter:
+        mixture = open_reader(self.prefix, 0, 1, 0)
+        held = collections.Counter()
+        for i, prefix in enumerate(self.prefix):
+            start, stop = (mixture._interleave.count(i, n * MIX_EPOCH) for n in (epoch, epoch + 1))
+            stream, own_epoch = [], 0
+            while len(stream) < stop:
+                stream += list(ShuffledDataset(prefix, seed=SEED + i, epoch=own_epoch))
+                own_epoch += 1
+            held.update(stream[start:stop])
+        return held
+
+
+@pytest.fixture(scope="module")
+def second_output(tmp_path_factory):
+    return sample_run(tmp_path_factory, "tfrecord", "--num_piles=3", "--seed=4", records=MIX_SECOND, files=1,
+                      record_bytes=24, seed=9)[1]
+
+
+def test_a_training_jobs_life_on_a_mixture(job_output, second_output):
+    MixtureLife.pattern, MixtureLife.prefix = None, (job_output[1], second_output)
+    _UNINTERRUPTED.clear()
+    run_state_machine_as_test(MixtureLife, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=8, deadline=None, suppress_health_check=list(HealthCheck)))
+    _UNINTERRUPTED.clear()

@@ -36,12 +36,12 @@ def checked_columns(columns):
     return columns
 
 
-def check_world_size(output, world_size: int, remainder: str):
-    """Refuse a split in which every rank would read nothing although the output has records."""
-    if remainder == "drop" and 0 < output.records < world_size:
+def check_world_size(records: int, location: str, world_size: int, remainder: str):
+    """Refuse a split in which every rank would read nothing although there are ``records``."""
+    if remainder == "drop" and 0 < records < world_size:
         raise ValueError(
-            f"world_size {world_size} is larger than the {output.records} records of {output.location}: with "
-            f"remainder='drop' every rank would get {output.records // world_size} records; use "
+            f"world_size {world_size} is larger than the {records} records of {location}: with "
+            f"remainder='drop' every rank would get {records // world_size} records; use "
             "remainder='pad' (each rank gets 1, some repeated) or fewer ranks")
 
 

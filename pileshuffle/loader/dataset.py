@@ -1,31 +1,19 @@
 """ShuffledDataset: a finished output read back for training, reshuffled every epoch.
 
-Invariants:
+Invariants (epochs, splits, passes and states: ``loader.consumer``):
 - An epoch is one global sequence (``order.EpochOrder``), a pure function of
-  ``(output, seed, epoch, mix, reshuffle)``; a consumer (rank, worker) reads a list of
-  ranges of it (``split``), and only loads the piles those ranges read.
-- ``position`` counts the records this consumer has yielded this epoch; a state is
-  ``(ranges, position)`` plus what identifies the sequence (the output's identity, seed,
-  mix, epoch), so resuming is exact, and refused on any other sequence.
-- A *pass* is one ``iter()`` / ``batches()`` (a ``ds.tf()`` iteration is one too). Each new
-  pass reads the next epoch, unless ``set_epoch(e)`` was called since the last pass (then
-  epoch e from its start) or a state was loaded (then the rest of that state's epoch, once).
+  ``(output, seed, epoch, mix, reshuffle)``; a consumer only loads the piles its ranges read.
 - The next step of the epoch is built on a background thread while the current one is
   read (``steps.Steps``): with ``mix=K``, at most K + 1 piles are loaded at once, plus
   the batch being built.
 """
 
-import copy
-
-import numpy as np
 import pyarrow as pa
 
-from pileshuffle.formats import get_format
 from pileshuffle.loader import split
-from pileshuffle.loader.arguments import (check_world_size, checked_batch_size, checked_columns, describe_identity,
-                                          whole_number)
-from pileshuffle.loader.batching import list_batches, object_array, payloads, table_batches
+from pileshuffle.loader.arguments import check_world_size, checked_columns, describe_identity, whole_number
 from pileshuffle.loader.cache import DEFAULT_LIMIT, PileCache
+from pileshuffle.loader.consumer import STATE_FORMAT, Consumer
 from pileshuffle.loader.order import EpochOrder
 from pileshuffle.loader.outputs import open_output, store_version_of
 from pileshuffle.loader.prefetch import prefetched
@@ -33,13 +21,10 @@ from pileshuffle.loader.steps import Steps, ranks_loaded
 
 __all__ = ["STATE_FORMAT", "ShuffledDataset"]
 
-STATE_FORMAT = 2  # 2: ``dataset`` is the output's identity dict (1 was an order-blind fingerprint)
-_SEEDS = 1 << 64  # seeds are 64-bit words (keys.stream_key)
-_RECORD_PIECE = 1024  # records turned into Python objects at a time by iter()
 _TAKE_ROWS = 8192  # Parquet rows gathered per take
 
 
-class ShuffledDataset:
+class ShuffledDataset(Consumer):
     """The records of a finished output (shards or a pile store) in a seeded order per epoch.
 
     ``path``: an output prefix, ``{P}-manifest.json``, ``{P}-store`` or a store manifest.
@@ -57,20 +42,16 @@ class ShuffledDataset:
     def __init__(self, path, *, seed=0, epoch=0, reshuffle=True, mix=1, rank=0, world_size=1,
                  columns=None, remainder="drop", prefetch=True, filesystem=None, cache_dir=None,
                  cache_limit=DEFAULT_LIMIT):
-        self.seed, self.mix = whole_number("seed", seed, 0, _SEEDS), whole_number("mix", mix, 1)
-        self.world_size = whole_number("world_size", world_size, 1)
-        self.rank = whole_number("rank", rank, 0, self.world_size, "world_size")
-        self.reshuffle, self.remainder, self.prefetch = bool(reshuffle), remainder, bool(prefetch)
+        super().__init__(seed=seed, rank=rank, world_size=world_size, remainder=remainder, prefetch=prefetch)
+        self.mix, self.reshuffle = whole_number("mix", mix, 1), bool(reshuffle)
         epoch = whole_number("epoch", epoch, 0)
-        split.rank_share(0, self.rank, self.world_size, remainder)  # checks the remainder
         cache = PileCache.of(cache_dir, cache_limit)
         self.output = open_output(str(path), filesystem, checked_columns(columns), cache)
         if columns is not None and self.format != "parquet":
             raise ValueError(f"columns={list(columns)!r}: {self.output.location} holds {self.format} records, "
                              "which have no columns (columns= selects Parquet columns)")
-        self._parts = ()  # ((worker, num_workers), ...) of a for_worker view
         self._pile_records = tuple(p.records for p in self.output.piles)
-        check_world_size(self.output, self.world_size, remainder)
+        check_world_size(self.output.records, self.output.location, self.world_size, remainder)
         self._start_epoch(epoch)
 
     # --- what it is -------------------------------------------------------------
@@ -83,182 +64,28 @@ class ShuffledDataset:
         return self.output.schema
 
     @property
-    def epoch(self) -> int:
-        return self._order.epoch
-
-    @property
     def order(self) -> EpochOrder:
         """This epoch's global order (``order.positions()`` gives it as arrays)."""
         return self._order
 
-    @property
-    def ranges(self) -> list:
-        """The global positions this consumer reads this epoch, in order."""
-        return list(self._ranges)
-
-    @property
-    def position(self) -> int:
-        """Records this consumer has yielded this epoch."""
-        return self._position
-
-    def __len__(self) -> int:
-        return split.length(self._ranges)
-
     def __repr__(self):
-        where = f"rank {self.rank}/{self.world_size}" + "".join(f", worker {w}/{n}" for w, n in self._parts)
         return (f"ShuffledDataset({self.output.location!r}, {self.format}, {len(self.output.piles)} piles, "
-                f"seed={self.seed}, epoch={self.epoch}, mix={self.mix}, reshuffle={self.reshuffle}, {where}, "
+                f"seed={self.seed}, epoch={self.epoch}, mix={self.mix}, reshuffle={self.reshuffle}, {self._where()}, "
                 f"{len(self)} records, position {self._position})")
 
-    def torch(self, *, batch_size=None, **kwargs):
-        """A ``torch.utils.data.IterableDataset`` of these records, or with ``batch_size`` of
-        ``batches()``: the same types through DataLoader workers (see ``loader.torch``)."""
-        batch_size = checked_batch_size(batch_size)  # checked before torch's import
-        from pileshuffle.loader.torch import TorchDataset
+    # --- what a Consumer asks ----------------------------------------------------
+    @property
+    def outputs(self) -> tuple:
+        """The outputs read (one)."""
+        return (self.output,)
 
-        return TorchDataset(self, batch_size=batch_size, **kwargs)
+    def _order_of(self, epoch: int) -> EpochOrder:
+        return EpochOrder(self._pile_records, self.seed, epoch, self.mix, self.reshuffle)
 
-    def tf(self, *, batch_size=None, **kwargs):
-        """A ``tf.data.Dataset`` of these records (see ``loader.tf``)."""
-        batch_size = checked_batch_size(batch_size)  # checked before TensorFlow's import
-        from pileshuffle.loader.tf import to_tf
+    def _identity(self) -> dict:
+        return {"dataset": self.output.identity, "seed": self.seed, "mix": self.mix, "reshuffle": self.reshuffle}
 
-        return to_tf(self, batch_size=batch_size, **kwargs)
-
-    # --- epochs and splits ------------------------------------------------------
-    def _split_of(self, consumer) -> list:
-        """The standard ranges of ``consumer`` = [rank, world_size, worker, num_workers, ...] this epoch."""
-        ranges = split.rank_share(self._order.total, consumer[0], consumer[1], self.remainder)
-        return _worker_parts(ranges, zip(consumer[2::2], consumer[3::2]))
-
-    def _start_epoch(self, epoch: int):
-        self._order = EpochOrder(self._pile_records, self.seed, epoch, self.mix, self.reshuffle)
-        self._ranges = self._split_of(self._consumer())
-        self._position = 0
-        self._resume_at = None  # where the next iteration starts (a loaded state's position)
-        self._resumed = None
-        self._passed = False  # a pass has started since this epoch was set or a state loaded
-
-    def set_epoch(self, epoch: int):
-        """The next pass reads epoch ``epoch`` from its start. Only when no pass has started
-        since a state of that same epoch was loaded does the state stay (so a resumed state
-        survives the usual ``set_epoch`` at an epoch's start)."""
-        epoch = whole_number("epoch", epoch, 0)
-        if epoch != self.epoch or self._passed:
-            self._start_epoch(epoch)
-
-    def _begin_pass(self):
-        """A new pass: the next epoch if a pass has started since ``set_epoch`` or
-        ``load_state_dict``, else the epoch (and position) they set."""
-        if self._passed:
-            self._start_epoch(self.epoch + 1)
-        self._passed = True
-
-    def _next_pass(self) -> "ShuffledDataset":
-        """This dataset as its next pass will begin (itself, or a copy at the next epoch)."""
-        if not self._passed:
-            return self
-        upcoming = copy.copy(self)
-        upcoming._start_epoch(self.epoch + 1)
-        return upcoming
-
-    def _at_epoch(self, epoch: int) -> "ShuffledDataset":
-        """A copy whose next pass reads ``epoch`` from its start (this dataset itself when its
-        next pass would: its own epoch, where a loaded state may be waiting)."""
-        if not self._passed and self.epoch == epoch:
-            return self
-        view = copy.copy(self)
-        view._start_epoch(epoch)
-        return view
-
-    def for_worker(self, worker: int, num_workers: int) -> "ShuffledDataset":
-        """A view reading contiguous part ``worker`` of ``num_workers`` of what this
-        dataset's next pass would read (this epoch's rest, or the next epoch's share). After
-        ``load_state_dict(list)`` of exactly the split this view belongs to, the view
-        resumes its own state instead (the uninterrupted order)."""
-        num_workers = whole_number("num_workers", num_workers, 1)
-        worker = whole_number("worker", worker, 0, num_workers, "num_workers")
-        view = copy.copy(self._next_pass())
-        if (worker, num_workers) != (0, 1):
-            view._parts = view._parts + ((worker, num_workers),)
-        own = _own_state(view._resumed, view) if view._resumed else None
-        if own is not None:
-            view._resume(own)
-        else:
-            view._ranges = split.part(split.tail(view._ranges, view._resume_at or 0), worker, num_workers)
-            view._position = view._resume_at = 0
-        return view
-
-    # --- state ------------------------------------------------------------------
-    def _consumer(self) -> list:
-        return [self.rank, self.world_size, *(x for part in self._parts for x in part)]
-
-    def state_after(self, n: int) -> dict:
-        """The state of this consumer once it has yielded ``n`` records this epoch
-        (a function of ``n`` alone)."""
-        if not 0 <= int(n) <= len(self):
-            raise ValueError(f"n must be in 0..{len(self)}, got {n}")
-        return {
-            "format": STATE_FORMAT,
-            "dataset": self.output.identity,
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "mix": self.mix,
-            "reshuffle": self.reshuffle,
-            "consumer": self._consumer(),
-            "ranges": [[int(a), int(b)] for a, b in self._ranges],
-            "position": int(n),
-        }
-
-    def state_dict(self) -> dict:
-        """Small and JSON-serializable: where this consumer is in this epoch."""
-        return self.state_after(self._position)
-
-    def load_state_dict(self, state):
-        """Resume. One state (this consumer's): continue exactly where it stopped. A
-        list of the states of *all* consumers of an earlier split: if that split is this
-        one (same world size and workers), each consumer continues its own state; else
-        this consumer reads its part of the union of their unfinished tails, dealt out
-        again in global order (``split.redeal``): nothing lost, nothing repeated."""
-        states = list(state) if isinstance(state, (list, tuple)) else [state]
-        if not states:
-            raise ValueError("load_state_dict() of an empty list")
-        for one in states:
-            self._check_state(one)
-        epochs = {int(one["epoch"]) for one in states}
-        if len(epochs) > 1:
-            raise ValueError(f"the states are of different epochs {sorted(epochs)}")
-        if epochs != {self.epoch}:
-            self._start_epoch(epochs.pop())
-        self._passed = False
-        if isinstance(state, dict):
-            if list(state["consumer"]) != self._consumer():
-                raise ValueError(
-                    f"this state is of consumer (rank, world_size, worker, num_workers...) = {state['consumer']}, not "
-                    f"{self._consumer()}: to change the split, pass the states of all consumers as a list")
-            self._resume(state)
-            return
-        self._resumed = states
-        own = _own_state(states, self)
-        if own is not None:
-            self._resume(own)
-            return
-        tails = (r for one in states for r in split.tail([tuple(x) for x in one["ranges"]], int(one["position"])))
-        ranges = split.redeal(split.union(tails), self.rank, self.world_size, self.remainder)
-        self._ranges, self._position, self._resume_at = _worker_parts(ranges, self._parts), 0, 0
-
-    def _resume(self, state: dict):
-        """Continue ``state`` (one of this consumer's): its ranges, from its position."""
-        self._ranges, self._position = [tuple(r) for r in state["ranges"]], int(state["position"])
-        self._resume_at = self._position
-
-    def _check_state(self, state: dict):
-        """Refuse a state that is not of this output's sequence, saying how it differs."""
-        if not isinstance(state, dict) or "format" not in state:
-            raise ValueError(f"not a ShuffledDataset state: {state!r:.200}")
-        if state["format"] != STATE_FORMAT:
-            raise ValueError(f"a ShuffledDataset state of format {state['format']}, made by another version of "
-                             f"pileshuffle; this one reads format {STATE_FORMAT} (start the epoch afresh)")
+    def _check_identity(self, state: dict):
         if state["dataset"] != self.output.identity:
             version = store_version_of(self.output, state["dataset"]) if self.output.kind == "store" else None
             hint = f"; the store version it was saved on is still readable: ShuffledDataset({version!r})" if version else ""
@@ -270,10 +97,12 @@ class ShuffledDataset:
         for name in ("seed", "mix", "reshuffle"):
             if state[name] != getattr(self, name):
                 raise ValueError(f"the state has {name}={state[name]!r} but the dataset {name}={getattr(self, name)!r}")
-        if not 0 <= int(state["position"]) <= split.length([tuple(r) for r in state["ranges"]]):
-            raise ValueError(f"the state's position {state['position']} is outside its ranges")
 
     # --- reading ----------------------------------------------------------------
+    def _read(self, ranges, step):
+        """Tables of this epoch's ``ranges``, in order, cut at multiples of ``step`` records."""
+        return self._tables_from(self._plan(ranges), step)
+
     def _plan(self, ranges) -> list:
         """``[(step, [(lo, hi), ...]), ...]``: the steps to read, in order, and the
         pieces of each (positions within the step) to read."""
@@ -300,16 +129,6 @@ class ShuffledDataset:
         steps = [step for step, _ in upcoming._plan(split.tail(upcoming._ranges, upcoming._resume_at or 0))]
         return [int(upcoming._order.pile_order[r]) for r in ranks_loaded(upcoming._order, steps)]
 
-    def _tables(self, step: int):
-        """Tables of at most ``step`` records, in order, from where this iteration starts
-        (a loaded state's position, else 0); the caller advances ``_position``. Sets the
-        position at once (not lazily), so ``state_dict()`` is right before the first
-        record is taken."""
-        self._begin_pass()
-        start, self._resume_at = self._resume_at or 0, None
-        self._position = start
-        return self._tables_from(self._plan(split.tail(self._ranges, start)), step)
-
     def _tables_from(self, plan, step):
         """Pieces cut at multiples of ``step`` records of this iteration, so that a batch
         is one piece except where it straddles two steps of the epoch. Reshuffled Parquet
@@ -334,65 +153,3 @@ class ShuffledDataset:
             del block
             if self.output.decoded:  # the step's columns came from Arrow's pool: give its pages back now
                 pa.default_memory_pool().release_unused()
-
-    def __iter__(self):
-        """The records from this epoch's start, or from a loaded state's position."""
-        return self._records(self._tables(_RECORD_PIECE))
-
-    def _records(self, tables):
-        rows = self.format == "parquet"
-        fmt = get_format(self.format)
-        for table in tables:
-            records = table.to_pylist() if rows else fmt.records_of(payloads(table))
-            del table  # holds a step's buffers: let the next step's load find it gone
-            for record in records:
-                self._position += 1
-                yield record
-
-    def batches(self, batch_size: int, *, drop_last: bool = False, as_numpy: bool = False):
-        """Batches of ``batch_size`` records (the last may be shorter unless ``drop_last``):
-        ``list[bytes]`` (TFRecord, JSONL), ``pyarrow.RecordBatch`` (Parquet), or with
-        ``as_numpy`` a ``dict`` of numpy arrays (``{"record": object array of bytes}``
-        for bytes formats)."""
-        batch_size = checked_batch_size(batch_size)
-        return self._batches(self._tables(batch_size), batch_size, drop_last, as_numpy)
-
-    def _batches(self, tables, batch_size, drop_last, as_numpy):
-        parts = table_batches if self.format == "parquet" else list_batches
-        for batch in parts(tables, batch_size):
-            size = len(batch) if isinstance(batch, list) else batch.num_rows
-            self._position += size  # a batch counts as read once yielded; a dropped last one too
-            if size == batch_size or not drop_last:
-                yield self._batch(batch, as_numpy)
-
-    def _batch(self, batch, as_numpy: bool):
-        if self.format != "parquet":
-            batch = get_format(self.format).records_of(batch)
-            return {"record": object_array(batch)} if as_numpy else batch
-        if as_numpy:
-            return {name: column.to_numpy() for name, column in zip(batch.column_names, batch.columns)}
-        batches = batch.combine_chunks().to_batches()
-        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=batch.schema)
-
-
-def _worker_parts(ranges, parts) -> list:
-    """A rank's ``ranges`` cut for nested workers: ``parts`` = ((worker, num_workers), ...)."""
-    for worker, num_workers in parts:
-        ranges = split.part(ranges, worker, num_workers)
-    return ranges
-
-
-def _own_state(states, dataset):
-    """``dataset``'s own state in ``states`` if they are exactly the states of all
-    consumers of its split, each with its standard ranges; else None."""
-    mine = dataset._consumer()
-    shape = mine[1::2]  # world_size, num_workers, ...
-    consumers = {tuple(s["consumer"]) for s in states}
-    if len(consumers) != len(states) or len(states) != int(np.prod(shape)):
-        return None
-    for state in states:
-        if list(state["consumer"][1::2]) != shape:
-            return None
-        if [tuple(r) for r in state["ranges"]] != dataset._split_of(state["consumer"]):
-            return None
-    return next((s for s in states if list(s["consumer"]) == mine), None)

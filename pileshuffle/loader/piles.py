@@ -130,6 +130,16 @@ class Block:
         return Block(tables=self.tables, rows=self._table_rows(np.asarray(indices, np.int64)))
 
     @staticmethod
+    def of_table(table: pa.Table) -> "Block":
+        """The records of a table ``slice`` made, as a Block again (bytes formats: the
+        binary views and their buffers, no data copied)."""
+        if not pa.types.is_binary_view(table.schema.field(0).type):
+            return Block(tables=(table,))
+        chunks = [Block(np.frombuffer(array.buffers()[1], np.uint8).reshape(-1, 16)[array.offset:][:len(array)],
+                        tuple(array.buffers()[2:])) for array in table.column(0).chunks]
+        return Block.concat(chunks) if chunks else Block(np.empty((0, 16), np.uint8), ())
+
+    @staticmethod
     def interleave(blocks, places) -> "Block":
         """``blocks`` one after another, then record i of that put at place ``places[i]``
         (None: as they are), in one pass."""

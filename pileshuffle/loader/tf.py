@@ -49,7 +49,7 @@ def to_tf(dataset, *, batch_size=None, drop_last=False):
             yield from dataset.batches(size)
             return
         for batch in dataset.batches(size):
-            yield _numpy_columns(batch, dataset.output.location)
+            yield _numpy_columns(batch, " and ".join(output.location for output in dataset.outputs))
 
     records = tf.data.Dataset.from_generator(chunks, output_signature=_batch_spec(dataset, members))
     if batch_size is None:
@@ -59,8 +59,8 @@ def to_tf(dataset, *, batch_size=None, drop_last=False):
 
 def chunk_records(dataset):
     """Records per generator step: ``CHUNK_RECORDS``, fewer for records of over 1 KB on average."""
-    written = dataset.output.fingerprint
-    mean_bytes = written.bytes / max(1, written.records)
+    written = [output.fingerprint for output in dataset.outputs]
+    mean_bytes = sum(w.bytes for w in written) / max(1, sum(w.records for w in written))
     return max(1, min(CHUNK_RECORDS, int(CHUNK_BYTES // max(1.0, mean_bytes))))
 
 
@@ -88,7 +88,7 @@ def sample_members(dataset) -> list:
     from pileshuffle.formats import get_format
     from pileshuffle.loader.batching import payloads
 
-    for pile in dataset.output.piles:
+    for pile in (pile for output in dataset.outputs for pile in output.piles):
         if pile.records:
             first = get_format("tar").records_of(payloads(pile.load().slice(0, 1)))[0]
             return [name for name in first]
