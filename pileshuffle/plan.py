@@ -19,7 +19,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from pileshuffle import keys as keymath
 from pileshuffle import interrupt, storage
-from pileshuffle.errors import InputError, OutputError, UsageError
+from pileshuffle.errors import InputError, OutputError
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
 from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
@@ -207,14 +207,6 @@ def space_note(plan: Plan) -> str:
     return "this run needs " + " and ".join(parts) if parts else "the disk is full"
 
 
-def _balance(opts):
-    """``--balance``'s policy (None without it); a pile store does not take it yet."""
-    policy = balance_policy(opts)
-    if policy is not None and opts.layout == "store":
-        raise UsageError("--balance: --layout store does not take it yet (issue 24): balance a shard output")
-    return policy
-
-
 def make_plan(options: PipelineOptions) -> Plan:
     """Everything decided before the pipeline starts. It only reads: it lists and samples
     the input and looks at the output's files; ``taken_output`` does the writing, under
@@ -263,7 +255,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         replace_existing=bool(opts.overwrite),
         skip_corrupt=bool(opts.skip_corrupt),
         label=opts.label_field or None,
-        balance=_balance(opts),
+        balance=balance_policy(opts),
         layout=opts.layout,
         schema=schema,
         input_bytes=sum(s.size for s in sources),

@@ -28,7 +28,7 @@ from pileshuffle.names import SHARD_TAIL, manifest_path, shard_pattern
 from pileshuffle.output_files import read_manifest
 from pileshuffle.transforms.write import schema_json
 
-__all__ = ["matching_files", "ShardVerifier", "verify_shards"]
+__all__ = ["matching_files", "ShardVerifier", "verify_shards", "copies_fingerprint"]
 
 
 def _basename(path: str) -> str:
@@ -262,14 +262,22 @@ class ShardVerifier:
 
 def _with_copies(fmt, sources, manifest: dict, skip_corrupt: bool) -> Fingerprint:
     """The fingerprint of the input's records each as many times as ``--balance`` copies it,
-    recomputed from the input (class counts, then each record's copies) as the run did."""
-    from pileshuffle.balance import Policy, class_plan
-    from pileshuffle.formats import ReadReport
-    from pileshuffle.transforms.assign import INPUT_STREAM, class_counts, keyed_chunks
+    recomputed from the input as the run did (``copies_fingerprint``)."""
+    from pileshuffle.balance import Policy
 
     options = manifest.get("options", {})
     field, policy = options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample")))
-    seed = int(manifest.get("seed") or 0)
+    return copies_fingerprint(fmt, sources, field, policy, int(manifest.get("seed") or 0), skip_corrupt)
+
+
+def copies_fingerprint(fmt, sources, field: str, policy, seed: int, skip_corrupt: bool = False) -> Fingerprint:
+    """The fingerprint of ``sources``' records (``Source``s, ids = ranks as pass 1 numbered
+    them) each as many times as ``policy`` copies it: their classes counted, then each
+    record's copies, as pass 1 computes them (for a shard output, and a store's generation)."""
+    from pileshuffle.balance import class_plan
+    from pileshuffle.formats import ReadReport
+    from pileshuffle.transforms.assign import INPUT_STREAM, class_counts, keyed_chunks
+
     plan = class_plan([(s.id, class_counts(fmt, s, field, skip_corrupt=skip_corrupt)) for s in sources], policy, seed)
     total = Fingerprint()
     for source in sources:

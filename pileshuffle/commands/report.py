@@ -33,8 +33,7 @@ def summary(manifest: dict) -> str:
         f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
     ]
     if balance:
-        lines.append(f"balance   {balance['label']!r}, {balance['policy']}: " + ", ".join(
-            f"{c} {balance['records_before'][c]:,} -> {balance['records_after'][c]:,}" for c in sorted(balance['records_before'])))
+        lines.append(_balance_line(balance))
     if manifest.get("inputs_left_out"):
         left_out = manifest["inputs_left_out"]
         lines.append(f"left out  {len(left_out)} file(s) that --input matched but pileshuffle wrote: {describe_left_out(left_out)}")
@@ -87,6 +86,12 @@ def reporting_errors(command) -> int:
         return 2
 
 
+def _balance_line(balance: dict) -> str:
+    """A manifest's (or a store generation's) ``balance`` section: the records per class before and after."""
+    return f"balance   {balance['label']!r}, {balance['policy']}: " + ", ".join(
+        f"{c} {balance['records_before'][c]:,} -> {balance['records_after'][c]:,}" for c in sorted(balance['records_before']))
+
+
 def store_summary(manifest: dict) -> str:
     """A store version in a few lines: live generations and records, the newest generation, time."""
     generations = manifest["generations"]
@@ -98,6 +103,8 @@ def store_summary(manifest: dict) -> str:
         lines.append(f"newest    generation {newest['generation']}: {newest['records']:,} records from "
                      f"{len(newest['inputs'])} input file(s), {len(newest['files'])} file(s) "
                      f"({newest.get('writers', 1)} writer(s) x {manifest['num_piles']} piles at most)")
+        if newest.get("balance"):
+            lines.append(_balance_line(newest["balance"]))
     seconds = manifest.get("wall_seconds")
     if seconds and newest is not None:
         lines.append(f"time      {seconds:.2f} s, {newest['payload_bytes'] / 1e6 / seconds:,.1f} MB/s")

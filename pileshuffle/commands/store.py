@@ -15,6 +15,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from pileshuffle import interrupt, names, running, storage
+from pileshuffle.balance import Policy
 from pileshuffle.commands.report import as_command, shards_at_stake_on_interrupt, store_summary
 from pileshuffle.commands.store_options import (AppendOptions, MaterializeOptions, append_options, expire_options,
                                                 gc_options, materialize_options)
@@ -145,12 +146,16 @@ def run_store(options, wait=None, hold_worker_stderr=False):
         raise OutputError(f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
                           f"(readers take shards first); choose another --output")
     sources = plan.sources  # match_inputs leaves store files out
+    base = layout.new_manifest(plan.format, plan.compression, plan.num_piles, plan.seed, plan.max_pile_bytes,
+                               schema_json(plan.schema) if plan.schema is not None else None,
+                               None if plan.balance is None else (plan.label, plan.balance))
     with _store_lock(prefix, layout.command_line()) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
             first = current["generations"][:1]
             if (len(current["generations"]) == 1 and first[0]["generation"] == 0 and _same_inputs(first[0], sources)
-                    and (current["seed"], current["num_piles"], current["format"]) == (plan.seed, plan.num_piles, plan.format)):
+                    and (current["seed"], current["num_piles"], current["format"]) == (plan.seed, plan.num_piles, plan.format)
+                    and current.get("options") == base.get("options")):
                 print(f"pileshuffle: {names.store_dir(prefix)} already holds these inputs as generation 0 "
                       f"(version {current['version']}): nothing to do", file=sys.stderr)
                 layout.release_lock(prefix, token)
@@ -158,8 +163,6 @@ def run_store(options, wait=None, hold_worker_stderr=False):
             raise OutputError(f"a store exists at {names.store_dir(prefix)} (version {current['version']}): add data "
                               f"with `pileshuffle append --store {prefix} --input ...`, or delete it first (--overwrite "
                               "never replaces a store: it holds every generation's data)")
-        base = layout.new_manifest(plan.format, plan.compression, plan.num_piles, plan.seed, plan.max_pile_bytes,
-                                   schema_json(plan.schema) if plan.schema is not None else None)
         print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
               f"{names.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
         return _write_generation(options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
@@ -182,6 +185,7 @@ def append(options) -> dict:
             raise OutputError(f"no store at {names.store_dir(prefix)}: create one with `pileshuffle run --layout store "
                               f"--output {prefix} --input ...`")
         _at_stake_on_interrupt(prefix, base["version"])
+        _refuse_other_balance(prefix, base, args)
         sources = match_inputs(args.input)  # never a store's own files
         check_format_fits(sources, base["format"], names.store_dir(prefix))
         newest = base["generations"][-1] if base["generations"] else None
@@ -202,6 +206,32 @@ def append(options) -> dict:
               f"{base['next_generation']} of {names.store_dir(prefix)}", file=sys.stderr)
         return _write_generation(args.beam, prefix, base, sources, base["seed"], args.skip_corrupt, token,
                                  allow_duplicates=args.allow_duplicate_inputs)
+
+
+def _refuse_other_balance(prefix: str, base: dict, args: AppendOptions):
+    """Every generation is balanced with the policy the store was created with
+    (``layout.store_balance``): a balance option given to ``append`` must be the store's."""
+    asked, store = args.balance_asked(), names.store_dir(prefix)
+    if not asked:
+        return
+    if layout.store_balance(base) is None:
+        given = " ".join(f"--{name}" if value is True else f"--{name} {value}" for name, value in asked.items())
+        raise UsageError(f"{given}: {store} was created without --balance, so it cannot balance a generation; create a "
+                         f"new store with `pileshuffle run --layout store --label_field FIELD --balance POLICY ...`")
+    stored = base["options"]
+    for name, value in asked.items():
+        same = Policy.parse(value).spec() == stored[name] if name == "balance" else value == stored[name]
+        if not same:
+            policy = f"--label_field {stored['label_field']} --balance {stored['balance']}" + (
+                " --undersample" if stored["undersample"] else "")
+            raise UsageError(f"--{name} {_option_text(value)} differs from the store's {_option_text(stored[name])}: "
+                             f"{store} balances every generation with {policy}; leave the option out to use the "
+                             f"store's, or create a new store")
+
+
+def _option_text(value) -> str:
+    """A balance option's value as the command line gives it (flags as true/false)."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 # --- expire and gc -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import dataclasses
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pileshuffle.balance import Policy
 from pileshuffle.errors import UsageError
 from pileshuffle.options import check_command_argv
 from pileshuffle.parameters import check_max_pile_bytes
@@ -25,13 +26,30 @@ def _no_beam_options():
 
 @dataclasses.dataclass(frozen=True)
 class AppendOptions:
-    """``pileshuffle append``: the records of ``input`` as the store's next generation."""
+    """``pileshuffle append``: the records of ``input`` as the store's next generation.
+    ``label_field``, ``balance``, ``undersample``: None takes the store's (a store balances
+    every generation as it was created to); a value must be the store's."""
 
     store: str
     input: str
     skip_corrupt: bool = False
     allow_duplicate_inputs: bool = False
     beam: PipelineOptions = dataclasses.field(default_factory=_no_beam_options)  # runner, temp location, ...
+    label_field: str = None
+    balance: str = None
+    undersample: bool = None
+
+    def __post_init__(self):
+        if self.balance is not None:
+            try:
+                Policy.parse(self.balance)
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+
+    def balance_asked(self) -> dict:
+        """The balance options given, by name (``--label_field``, ``--balance``, ``--undersample``)."""
+        asked = {"label_field": self.label_field, "balance": self.balance, "undersample": self.undersample}
+        return {name: value for name, value in asked.items() if value is not None}
 
     def describe(self) -> str:
         return f"pileshuffle append --store {self.store} --input {self.input}"
@@ -106,9 +124,14 @@ def append_options(argv) -> AppendOptions:
         "are exactly a live generation's (copies of its inputs: the same fingerprint), so that their records appear "
         "twice in every epoch; without it such an append is refused (the newest generation's exact inputs are still "
         "'nothing to do': a re-run)"))
+    parser.add_argument("--label_field", help="the store's label field (default: the store's; another is refused)")
+    parser.add_argument("--balance", help="the store's --balance policy (default: the store's; another is refused: "
+                                          "each generation is balanced on its own class counts with the store's policy)")
+    parser.add_argument("--undersample", action="store_true", default=None,
+                        help="as the store was created (default: the store's; refused if it was created without)")
     args, beam_args = check_command_argv(parser, argv)
     return AppendOptions(args.store, args.input, args.skip_corrupt, args.allow_duplicate_inputs,
-                         PipelineOptions(beam_args))
+                         PipelineOptions(beam_args), args.label_field, args.balance, args.undersample)
 
 
 def materialize_options(argv) -> MaterializeOptions:

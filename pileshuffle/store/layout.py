@@ -27,6 +27,7 @@ import sys
 import uuid
 
 from pileshuffle import __version__, interrupt, storage
+from pileshuffle.balance import Policy
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.names import GENERATION_DIR, LEGACY_STORE_FORMAT, STORE_KIND
 from pileshuffle.names import STORE_LOCK_NAME as LOCK_NAME
@@ -37,7 +38,7 @@ from pileshuffle.names import store_manifest_name as manifest_name
 
 __all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
            "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
-           "new_manifest", "next_manifest", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
+           "new_manifest", "next_manifest", "balance_options", "store_balance", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
            "remove_if_empty", "remove_unpublished", "command_line"]
 
 
@@ -144,8 +145,9 @@ def publish_manifest(prefix: str, manifest: dict):
     _write_exclusive(storage.join(store_dir(prefix), manifest_name(manifest["version"])), data)
 
 
-def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None) -> dict:
-    """Version 0: the empty store a first generation is published onto."""
+def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None, balance=None) -> dict:
+    """Version 0: the empty store a first generation is published onto; ``balance``
+    (``(label field, balance.Policy)``) balances every generation it will hold."""
     manifest = {
         **manifest_header(STORE_KIND), "store_format": LEGACY_STORE_FORMAT, "version": 0,
         "pileshuffle_version": __version__,
@@ -155,7 +157,24 @@ def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, sche
     }
     if schema is not None:
         manifest["schema"] = schema
+    if balance is not None:
+        manifest["options"] = balance_options(*balance)
     return manifest
+
+
+def balance_options(label: str, policy) -> dict:
+    """A store manifest's ``options``: the ``--balance`` it was created with (the keys a
+    balanced shard manifest's ``options`` has)."""
+    return {"label_field": label, "balance": policy.spec(), "undersample": policy.undersample}
+
+
+def store_balance(manifest: dict):
+    """``(label field, balance.Policy)`` that balances each of the store's generations on its
+    own class counts, or None (a store created without ``--balance``)."""
+    options = manifest.get("options") or {}
+    if not options.get("balance"):
+        return None
+    return options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample")))
 
 
 def next_manifest(base: dict, generations: list, next_generation: int = None) -> dict:

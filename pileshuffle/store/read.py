@@ -6,6 +6,7 @@ writer) order, as the fragments of a ``transforms.shuffle.Pile``: its ``ordered(
 order ``materialize`` writes and the loader yields with ``reshuffle=False`` at epoch 0.
 """
 
+import collections
 
 from pileshuffle import names, storage
 from pileshuffle.fingerprint import Fingerprint, binary_column_parts
@@ -104,7 +105,8 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
 
 
 def _check_input(input_glob: str, manifest: dict, fmt) -> list:
-    """The input files hold exactly the live generations' records (as a multiset)."""
+    """The input files hold exactly the live generations' records (as a multiset); in a
+    balanced store, each generation's with its copies (``_check_copies``)."""
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.fingerprint import total
     from pileshuffle.inputs import match_inputs
@@ -112,6 +114,8 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
 
     try:
         sources = match_inputs(input_glob)  # leaves store files out
+        if layout.store_balance(manifest) is not None:
+            return _check_copies(sources, manifest, fmt)
         found = total(read_fingerprint(fmt, s.path)[0] for s in sources)
     except PileshuffleError as error:
         return [f"input {error}"]
@@ -121,6 +125,60 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
 
         return [f"the input is not the store's live generations: {how_records_differ(found, live)}"]
     return []
+
+
+def _check_copies(sources, manifest: dict, fmt) -> list:
+    """A balanced store: every live generation holds exactly its own input files' records,
+    each as many times as the store's policy copies it on that generation's class counts
+    (recomputed from its files among ``sources``, ``_generation_sources``); every source
+    must be one of some generation's."""
+    from pileshuffle.fingerprint import how_records_differ
+    from pileshuffle.verify import copies_fingerprint
+
+    field, policy = layout.store_balance(manifest)
+    problems, used = [], set()
+    for generation in manifest["generations"]:
+        own, missing = _generation_sources(generation, sources)
+        used.update(s.path for s in own)
+        if missing:
+            problems.append(f"generation {generation['generation']}: its input {missing} is not in --input (or has "
+                            f"another size): its copies cannot be recomputed")
+            continue
+        skipped = bool(generation["skipped"]["records"])  # read as the append read it
+        copied, recorded = (copies_fingerprint(fmt, own, field, policy, int(manifest["seed"]), skipped),
+                            Fingerprint.from_json(generation["fingerprint"]))
+        if copied != recorded:
+            problems.append(f"generation {generation['generation']} is not its input with the copies --balance gives: "
+                            f"{how_records_differ(copied, recorded)}")
+    extra = [s.path for s in sources if s.path not in used]
+    if extra:
+        problems.append(f"the input holds {len(extra)} file(s) that no live generation was read from: "
+                        + ", ".join(extra[:3]) + (" ..." if len(extra) > 3 else ""))
+    return problems
+
+
+def _generation_sources(generation: dict, sources) -> tuple:
+    """``(sources, missing)``: ``generation``'s input files among ``sources``, numbered by
+    their rank in its ``inputs`` (as its append numbered them), and the first one not found
+    (None). A file is found by identity and size, as ``append`` recognises it, else (a copy
+    elsewhere) by the one file of its name and size."""
+    from pileshuffle.inputs import file_identity
+    from pileshuffle.transforms.assign import Source
+
+    by_identity = {(file_identity(s.path), s.size): s for s in sources}
+    by_name = collections.defaultdict(list)
+    for source in sources:
+        by_name[(source.path.rsplit("/", 1)[-1], source.size)].append(source)
+    own = []
+    for rank, entry in enumerate(generation["inputs"]):
+        size, name = entry.get("bytes"), entry["path"].rsplit("/", 1)[-1]
+        found = by_identity.get((entry.get("identity") or file_identity(entry["path"]), size))
+        if found is None and len(by_name[(name, size)]) == 1:
+            found = by_name[(name, size)][0]
+        if found is None:
+            return own, entry["path"]
+        own.append(Source(rank, found.path, found.size))
+    return own, None
 
 
 def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:

@@ -11,6 +11,11 @@ Keys: generation 0 uses ``run``'s stream ``(INPUT_STREAM, source id)``, so a sto
 materializes to ``run``'s exact bytes; generation g > 0 uses
 ``(GENERATION_STREAM, g, source id)`` (source id = rank in that generation's inputs).
 
+A store created with ``--balance`` balances every generation on its own class counts: a
+counting pass over the generation's sources, then each record written as many times as
+its copies say, each copy with a key of its own (``run``'s ``keyed_chunks``), so the
+copies spread over the piles as in ``run``.
+
 ``PublishGeneration`` runs once, after every file is written: it checks that the files
 account for every record read (counts and fingerprints) and writes the next manifest
 version, exclusively. Every DoFn here emits from ``process`` (Beam's DaskRunner drops
@@ -32,7 +37,8 @@ from pileshuffle.names import store_writer_name
 from pileshuffle.output_files import remove_tree
 from pileshuffle.store import layout
 from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, keyed_chunks, split_by_pile
-from pileshuffle.transforms.write import KeyByNone, check_accounted, schema_json
+from pileshuffle.transforms.graph import counted_classes
+from pileshuffle.transforms.write import KeyByNone, balance_section, check_accounted, schema_json
 from pileshuffle.tuning import prepare_worker
 
 __all__ = ["GENERATION_STREAM", "STORE_WRITERS", "WriterGroup", "writer_groups", "PublishGeneration", "stored_schema",
@@ -107,27 +113,34 @@ class _StoreFiles(FragmentFiles):
 
 class _WriteStoreGroup(beam.DoFn):
     """Pass 1 of one writer group into the store: emits one ``SourceStats`` per source and
-    one ``_StoreFile`` per pile that received records."""
+    one ``_StoreFile`` per pile that received records. With the ``classes`` side input (a
+    ``ClassPlan``) each record is written as many times as its copies say."""
 
-    def __init__(self, store, generation, format_name, seed, num_piles, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False):
+    def __init__(self, store, generation, format_name, seed, num_piles, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False,
+                 label=None):
         self._store, self._generation, self._format_name = store, generation, format_name
         self._seed, self._num_piles, self._chunk_bytes, self._skip_corrupt = seed, num_piles, chunk_bytes, skip_corrupt
+        self._label = label
 
     def setup(self):
         prepare_worker()
 
-    def process(self, group: WriterGroup):
+    def process(self, group: WriterGroup, classes=None):
         files = _StoreFiles(self._store, self._generation, group.writer)
         fmt = get_format(self._format_name)
+        balance = None if classes is None else (self._label, classes)
         for source in group.sources:
-            report, fingerprint = ReadReport(), Fingerprint()
+            report, fingerprint, emitted = ReadReport(), Fingerprint(), Fingerprint()
+            tally = None if balance is None else {}
             stream = _generation_stream(self._generation, source.id)
             for table, keys, hashes, lengths, read in keyed_chunks(fmt, source, self._seed, stream, self._chunk_bytes,
-                                                                   self._skip_corrupt, report):
+                                                                   self._skip_corrupt, report, balance, tally):
                 fingerprint += read
+                if balance is not None:  # what the files must hold: the records with their copies
+                    emitted += Fingerprint.of(hashes, int(lengths.sum()))
                 for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
                     files.append(pile, part, part_fingerprint)
-            yield SourceStats.of(source, fingerprint, report)
+            yield SourceStats.of(source, fingerprint, report, None if balance is None else emitted, tally)
         yield from files.commit_files()
 
 
@@ -170,8 +183,8 @@ class PublishGeneration(beam.DoFn):
         files = sorted((i for i in items if isinstance(i, _StoreFile)), key=lambda f: (f.pile, f.writer))
         sources = sorted((i for i in items if isinstance(i, SourceStats)), key=lambda s: s.source)
         stored = total(f.fingerprint for f in files)
-        read = total(s.fingerprint for s in sources) if sources else stored
-        check_accounted(sources, read, stored, "add to the store", "the store files hold")
+        put_in = total(s.put_in for s in sources) if sources else stored  # with --balance's copies
+        check_accounted(sources, put_in, stored, "add to the store", "the store files hold")
         if self._refuse_copies:
             _refuse_copy(self._prefix, self._base, stored, [s.path for s in sources])
         current = layout.manifest_versions(self._prefix)
@@ -193,6 +206,8 @@ class PublishGeneration(beam.DoFn):
                         "problems": [p for s in sources for p in s.problems][:100]},
             "files": [f.to_json() for f in files],
         }
+        if any(s.classes for s in sources):
+            generation["balance"] = balance_section(sources, base["options"])
         manifest = layout.next_manifest(base, [*base["generations"], generation], self._generation + 1)
         with interrupt.publishing():  # Ctrl-C takes effect before or after, and no version is published after it
             layout.publish_manifest(self._prefix, manifest)
@@ -258,17 +273,32 @@ def _publish(items, prefix, base, generation, writers, lock_token=None, input_si
 def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corrupt=False, lock_token=None,
                      input_sizes=None, input_identities=None, allow_duplicates=False):
     """The template's graph for one generation: writer groups -> files -> publish (refused,
-    unless ``allow_duplicates``, when its records are exactly a live generation's)."""
-    store = names.store_dir(prefix)
+    unless ``allow_duplicates``, when its records are exactly a live generation's). A
+    balanced store (``layout.store_balance``) first counts this generation's classes."""
+    store, balance = names.store_dir(prefix), layout.store_balance(base)
+    label = None if balance is None else balance[0]
     items = (
         pipeline
         | "ListWriterGroups" >> beam.Create(groups)
         | "SpreadWriterGroups" >> beam.Reshuffle()
         | "WriteStoreGroup" >> beam.ParDo(_WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
-                                                           skip_corrupt=skip_corrupt))
+                                                           skip_corrupt=skip_corrupt, label=label),
+                                          **_generation_classes(pipeline, groups, base["format"], balance, seed,
+                                                                skip_corrupt))
     )
     return _publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
                     refuse_copies=not allow_duplicates)
+
+
+def _generation_classes(pipeline, groups, format_name, balance, seed, skip_corrupt) -> dict:
+    """In a balanced store, ``_WriteStoreGroup``'s ``classes`` side input: this generation's
+    sources counted on their own (``counted_classes``, as ``run`` counts); else nothing."""
+    if balance is None:
+        return {}
+    sources = (pipeline
+               | "ListSources" >> beam.Create([s for g in groups for s in g.sources])
+               | "SpreadSources" >> beam.Reshuffle())
+    return counted_classes(sources, format_name, balance[0], balance[1], seed, skip_corrupt)
 
 
 class WritePileStore(beam.PTransform):
@@ -277,7 +307,8 @@ class WritePileStore(beam.PTransform):
 
     The store is created (version 1) if it does not exist, with ``format``, ``num_piles``
     and ``seed`` (what materialize and the loader report); an existing store must have the
-    same format and number of piles. Each pile becomes one data file (writer 0): at most
+    same format and number of piles, and no ``--balance`` (a balanced store's generations
+    come from ``append``). Each pile becomes one data file (writer 0): at most
     ``num_piles`` files per generation. Records are stored in ShuffleToPiles' canonical
     fragment order with their keys; ShuffleToPiles' keys come from ``seed`` (unkeyed:
     uniform but not reproducible; ``keyed=True``: a function of the ids). The store's
@@ -305,6 +336,11 @@ class WritePileStore(beam.PTransform):
             layout.release_lock(self._prefix, token)
             raise OutputError(f"the store {names.store_dir(self._prefix)} holds {base['format']} in "
                               f"{base['num_piles']} piles, not {self._format} in {self._num_piles}")
+        if layout.store_balance(base) is not None:
+            layout.release_lock(self._prefix, token)
+            raise OutputError(f"the store {names.store_dir(self._prefix)} balances every generation by "
+                              f"{base['options']['label_field']!r} ({base['options']['balance']}); WritePileStore writes "
+                              f"records as they come: add them with `pileshuffle append`")
         generation = base["next_generation"]
         layout.remove_unpublished(self._prefix)
         items = piles | "WriteStorePile" >> beam.ParDo(

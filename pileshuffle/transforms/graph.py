@@ -9,7 +9,7 @@ from pileshuffle.transforms.assign import STATS_TAG, CountClasses, ReadSourceToP
 from pileshuffle.transforms.shuffle import GroupIntoPiles
 from pileshuffle.transforms.write import WritePiles
 
-__all__ = ["build"]
+__all__ = ["build", "counted_classes"]
 
 
 def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool = False):
@@ -41,14 +41,20 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
 
 
 def _class_plan(sources, plan) -> dict:
-    """Under ``--balance``, pass 1's side input ``classes``: a first pass counts every
-    source's classes, and ``balance.class_plan`` turns the counts into each record's copies."""
+    """Under ``--balance``, pass 1's side input ``classes`` (``counted_classes``)."""
     if plan.balance is None:
         return {}
+    return counted_classes(sources, plan.format, plan.label, plan.balance, plan.seed, plan.skip_corrupt)
+
+
+def counted_classes(sources, format_name: str, label: str, policy, seed: int, skip_corrupt: bool = False) -> dict:
+    """``{"classes": side input}`` for pass 1 over the ``Source`` PCollection ``sources``: a
+    first pass counts every source's classes, and ``balance.class_plan`` turns the counts into
+    each record's copies (the same for ``run`` and each generation of a store)."""
     counts = (sources
-              | "CountClasses" >> beam.ParDo(CountClasses(plan.format, plan.label, skip_corrupt=plan.skip_corrupt))
+              | "CountClasses" >> beam.ParDo(CountClasses(format_name, label, skip_corrupt=skip_corrupt))
               | "AllCounts" >> beam.combiners.ToList()
-              | "ClassPlan" >> beam.Map(class_plan, plan.balance, plan.seed))
+              | "ClassPlan" >> beam.Map(class_plan, policy, seed))
     return {"classes": beam.pvalue.AsSingleton(counts)}
 
 
