@@ -15,25 +15,33 @@ QUICK_DIVISOR = 50  # --quick divides every record count by this (a smoke run)
 PILES_PER_GB = 16  # ~64 MB piles (16 x 62,500 x 1,000-byte records per GB)
 
 
-def shuffled_output(fmt, scale, quick):
-    """The prefix of a finished ``pileshuffle run`` output of the bench data (made once)."""
+def shuffled_output(fmt, scale, quick, seed=SEED):
+    """The prefix of a finished ``pileshuffle run --seed seed`` output of the bench data (made once)."""
     import datagen
 
     div = QUICK_DIVISOR if quick else 1
     per_gb, record_bytes = (datagen.TAR_SAMPLES_PER_GB, datagen.TAR_JPG_BYTES) if fmt == "tar" else (1_000_000, 1000)
     piles = max(1, PILES_PER_GB * scale // div)
     source = datagen.dataset(DATA, fmt, per_gb * scale // div, 8 * scale, record_bytes, seed=0, log=log)
-    directory = os.path.join(DATA, f"loader-{source['name']}-p{piles}")
+    directory = os.path.join(DATA, f"loader-{source['name']}-p{piles}" + (f"-s{seed}" if seed != SEED else ""))
     prefix = os.path.join(directory, "train")
     if not os.path.exists(prefix + "-manifest.json"):
         shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory)
         log(f"shuffling {source['name']} into {piles} piles ...")
         subprocess.run([PY, "-m", "pileshuffle", "run", "--input", source["pattern"], "--output", prefix,
-                        "--format", fmt, "--num_piles", str(piles), "--seed", str(SEED)],
+                        "--format", fmt, "--num_piles", str(piles), "--seed", str(seed)],
                        check=True, cwd=REPO, env=child_env())
     with open(prefix + "-manifest.json") as handle:
         manifest = json.load(handle)
     files = [os.path.join(directory, os.path.basename(s["path"])) for s in manifest["shards"]]
     return {"prefix": prefix, "format": fmt, "files": files, "records": manifest["totals"]["records"],
             "bytes": sum(os.path.getsize(f) for f in files), "piles": len(files)}
+
+
+def mixture_data(data, scale, quick):
+    """``data`` with a second output of the same records (another run seed) for the mixture rows:
+    ``prefixes`` both outputs, ``files`` both outputs' shards (both warmed); records and bytes
+    stay one output's (the row delivers one output's worth)."""
+    second = shuffled_output(data["format"], scale, quick, seed=SEED + 1)
+    return {**data, "prefixes": [data["prefix"], second["prefix"]], "files": data["files"] + second["files"]}

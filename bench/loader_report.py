@@ -9,6 +9,9 @@ RSS_ALLOWANCE = 200 * MB  # the issue's allowance above (K+1) piles: interpreter
 DELIVERING = ("dl1", "dl2", "dl4", "dl2-arrow", "tf-adapter")  # rows that hand the in-process batches on: x in-process
 
 
+MIXING_ALLOWANCE = 32 * MB  # a mixture's chunk of 8,192 records being mixed, and its take's copy (Parquet)
+
+
 def pile_bytes(data):
     return data["bytes"] / data["piles"]
 
@@ -52,6 +55,8 @@ def add_ratios_and_targets(rows, data):
 
 def targets(row, by_name, data):
     """The issue's targets for a reshuffling loader row, judged on medians: [(target, ok, value)]."""
+    if row["kind"] == "mixture":
+        return mixture_targets(row, by_name, data)
     if row["kind"] not in ("loader", *DELIVERING) or not row.get("ok"):
         return []
     fmt, out = row["format"], []
@@ -72,6 +77,24 @@ def targets(row, by_name, data):
     return out
 
 
+def mixture_targets(row, by_name, data):
+    """A Mixture of two outputs: at least 0.8x one output's reshuffling row (the same records
+    per epoch); memory within the loader's bound per source: what it holds above its imports
+    at most twice what one output's row holds, plus ``MIXING_ALLOWANCE`` (the records being mixed)."""
+    alone = by_name.get(f"{row['format']}-k{row['mix']}")
+    if not row.get("ok") or not alone or not alone.get("ok"):
+        return []
+    ratio = alone["median_seconds"] / row["median_seconds"]
+    held, bound = above_imports(row), 2 * above_imports(alone) + MIXING_ALLOWANCE
+    return [(f">=0.8x one output (k{row['mix']})", ratio >= 0.8, f"{ratio:.2f}x"),
+            (f"above imports<=2x one output's+{MIXING_ALLOWANCE / MB:.0f}MB={bound / MB:,.0f}MB", held <= bound,
+             f"{held / MB:,.0f} MB")]
+
+
+def above_imports(row):
+    return row["peak_rss_process"] - row["rss_before"]
+
+
 def table(rows):
     header = ["row", "records/s", "MB/s", "median s", "x in-order", "x in-process", "x tf-shuffle", "cpu s",
               "cpu x in-order", "peak RSS MB", "largest proc MB", "main / worker MB", "RSS before MB",
@@ -89,7 +112,7 @@ def table(rows):
             f"{r['median_cpu_seconds']:.2f}", "-" if r.get("cpu_x_inorder") is None else f"{r['cpu_x_inorder']:.2f}",
             f"{r['peak_rss'] / MB:,.0f}", f"{r['peak_rss_process'] / MB:,.0f}", main_and_worker(r),
             f"{r['rss_before'] / MB:,.0f}",
-            f"{(r['peak_rss_process'] - r['rss_before']) / MB:,.0f}",
+            f"{above_imports(r) / MB:,.0f}",
             "; ".join(f"{t}: {'PASS' if ok else 'FAIL'} ({v})" for t, ok, v in r.get("targets", [])),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]

@@ -28,6 +28,7 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("k1-dl2-arrow", "dl2-arrow", 1, ("parquet",)),
     ("dl2-ready", "dl2-ready", 1, ("tfrecord",)),  # mix 1: compared with k1
     ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
+    ("k1-mix2", "mixture", 1, ("tfrecord", "parquet")),  # Mixture of this output and a second shuffle of the data
 ]
 
 
@@ -138,6 +139,16 @@ def ready_rows(records, workers):
     return DataLoader(Ready(), batch_size=None, num_workers=workers), count_any
 
 
+def mixture_rows(data, mix):
+    """``Mixture([output, second output], [1, 1], stop="restart", records_per_epoch=N)``: the
+    same N records per epoch as one output's row, half from each (each its own reader)."""
+    from pileshuffle.loader import Mixture, ShuffledDataset
+
+    sources = [ShuffledDataset(prefix, seed=SEED + i, mix=mix) for i, prefix in enumerate(data["prefixes"])]
+    mixture = Mixture(sources, [1, 1], seed=SEED, stop="restart", records_per_epoch=data["records"], epoch=1)
+    return mixture.batches(BATCH), count_any
+
+
 def tf_adapter_rows(prefix, mix):
     dataset = loader_dataset(prefix, mix).tf(batch_size=BATCH)
     return dataset, count_any
@@ -167,6 +178,8 @@ def row_batches(kind, data, mix):
         return ready_rows(data["records"], workers=2)
     if kind == "tf-adapter":
         return tf_adapter_rows(data["prefix"], mix)
+    if kind == "mixture":
+        return mixture_rows(data, mix)
     raise ValueError(kind)
 
 

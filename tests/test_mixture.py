@@ -266,3 +266,17 @@ def test_a_split_dataset_is_refused_as_a_source(outputs):
         Mixture([ShuffledDataset(outputs["a"], rank=1, world_size=2), outputs["b"]], [1, 1])
     with pytest.raises(ValueError, match="stop must be"):
         mixture(outputs, stop="longest")
+
+
+def test_a_mixture_of_gcs_outputs_reads_as_the_local_one(gcs, tmp_path):
+    """The same runs written locally and to gs:// (the emulator) mix into the same stream."""
+    prefixes = {"local": [], "remote": []}
+    for name, seed, records, layout in (("a", 1, A_RECORDS, "shards"), ("b", 2, B_RECORDS, "store")):
+        sample.write_tfrecord(str(tmp_path / name), records=records, files=2, record_bytes=40, seed=seed)
+        for where, root in (("local", str(tmp_path / "out")), ("remote", gcs)):
+            run_shuffle(str(tmp_path / name / "*.tfrecord"), f"{root}/{name}", "--num_piles=3", f"--layout={layout}")
+            prefixes[where].append(f"{root}/{name}")
+    remote, local = (Mixture(prefixes[where], [0.7, 0.3], seed=3, stop="restart", records_per_epoch=2000)
+                     for where in ("remote", "local"))
+    assert list(remote) == list(local)
+    assert list(remote) == list(local)  # and the next epoch
