@@ -242,12 +242,15 @@ def test_json_labels_read_by_arrow_equal_the_line_by_line_reading():
         record_labels(missing, "s", "m.jsonl")
 
 
-def test_quality_says_in_one_line_that_it_does_not_measure_a_balanced_output_yet(animals, tmp_path, capsys):
+def test_quality_measures_a_balanced_output_against_its_input_with_the_copies(animals, tmp_path, capsys):
     from pileshuffle.commands.quality import main as quality_main
 
     pattern, _ = animals
     prefix = str(tmp_path / "out" / "t")
     run_shuffle(pattern, prefix, "--label_field=animal", "--balance=uniform", "--num_piles=2")
-    assert quality_main([f"--input={pattern}", f"--output={prefix}", f"--report={tmp_path / 'r'}"]) == 2
-    err = capsys.readouterr().err
-    assert "written with --balance" in err and "verify --input" in err and "Traceback" not in err
+    assert quality_main([f"--input={pattern}", f"--output={prefix}", f"--report={tmp_path / 'r'}", "--label=animal"]) == 0
+    out, err = capsys.readouterr()
+    assert "2,700 records, 2,700 located by hash" in out and "1,000 records with their copies (2,700)" in out
+    assert "consistent with a uniform permutation" in out and "class shares (field 'animal')" in out
+    assert "error" not in err and "Traceback" not in err
+    assert json.loads((tmp_path / "r" / "quality.json").read_text())["class_shares"]["batches_after"] == 2700 // 256

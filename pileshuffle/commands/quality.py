@@ -7,8 +7,14 @@ Writes ``DIR/quality.json``, ``DIR/quality.png`` (and ``DIR/training.png`` with
 ``--compare``) and prints a one-screen summary. Needs no index field: output records are
 located in the input by their fingerprint hash, on a hash-value sample of about
 ``--sample`` records (memory bounded on any input size). ``--label`` and ``--compare``
-hold one label / a few positions per record (O(N) memory). matplotlib is imported only to
+hold one label / a few positions per record (O(N) memory). A ``--balance`` output is
+measured against its input with each record repeated by its copies; with a label the
+report shows each class's share per batch before and after. matplotlib is imported only to
 draw the figures; a run never imports it.
+
+With ``--mixture PREFIX=WEIGHT,...`` it measures a ``loader.Mixture`` of finished outputs
+instead: each dataset's share per batch and per sliding window against its weight, beside
+independent coin flips (``quality.mixture``); it writes ``DIR/mixture.json``.
 """
 
 import argparse
@@ -36,7 +42,9 @@ def _at_least(minimum: int):
     return parse
 
 
-USAGE = "pileshuffle quality --input PATTERNS --output PREFIX --report DIR [--label FIELD | --label_bytes START:END] [--compare] [--sample N]"
+USAGE = ("pileshuffle quality --input PATTERNS --output PREFIX --report DIR [--label FIELD | --label_bytes START:END] "
+         "[--compare] [--sample N]\n       pileshuffle quality --mixture PREFIX=WEIGHT,... --report DIR "
+         "[--stop first|restart] [--records_per_epoch N] [--seed S] [--batch_size N]")
 
 
 def parse(argv):
@@ -45,8 +53,8 @@ def parse(argv):
 
     parser = argparse.ArgumentParser(prog="pileshuffle quality", usage=USAGE, allow_abbrev=False,
                                      description="Measure and draw how uniform a finished run's order is.")
-    parser.add_argument("--input", required=True, help="the run's --input patterns")
-    parser.add_argument("--output", required=True, help="the run's --output prefix")
+    parser.add_argument("--input", help="the run's --input patterns")
+    parser.add_argument("--output", help="the run's --output prefix")
     parser.add_argument("--report", required=True, help="directory for quality.json, quality.png, training.png")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--label", help="label field: a Parquet column, a JSON key, a tf.train.Example feature "
@@ -56,8 +64,19 @@ def parse(argv):
                         help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's epochs")
     parser.add_argument("--sample", type=_at_least(MIN_SAMPLE), default=100_000,
                         help=f"records to locate by hash (default 100000, at least {MIN_SAMPLE})")
-    parser.add_argument("--batch_size", type=_at_least(1), default=256, help="batch size for label balance and re-meeting")
-    return parse_command(parser, argv)
+    parser.add_argument("--batch_size", type=_at_least(1), default=256,
+                        help="batch size for label balance, class shares, re-meeting and a mixture's windows")
+    mixing = parser.add_argument_group("a Mixture instead of a run (pileshuffle.loader.Mixture)")
+    mixing.add_argument("--mixture", help="finished outputs and their weights: PREFIX=WEIGHT,PREFIX=WEIGHT")
+    mixing.add_argument("--stop", choices=("first", "restart"), default="first", help="the Mixture's stop (default first)")
+    mixing.add_argument("--records_per_epoch", type=_at_least(1), help="the Mixture's records_per_epoch")
+    mixing.add_argument("--seed", type=_at_least(0), default=0, help="the Mixture's seed (default 0)")
+    args = parse_command(parser, argv)
+    if not args.mixture and not (args.input and args.output):
+        parser.error("give --input and --output (a finished run), or --mixture (outputs and weights)")
+    if args.mixture and (args.input or args.output or args.label or args.label_bytes or args.compare):
+        parser.error("--mixture measures the mixture alone: leave out --input, --output, --label and --compare")
+    return args
 
 
 def _figure(draw):
@@ -146,11 +165,13 @@ def main(argv=None) -> int:
     from pileshuffle.inputs import check_format_fits, match_inputs
     from pileshuffle.quality.locate import Label
 
-    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     problem = report_problem(args.report)
     if problem:
         print(f"pileshuffle quality: error: --report {args.report}: {problem}", file=sys.stderr)
         return 2
+    if args.mixture:
+        return _mixture_main(args)
+    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     try:
         label = Label.parse_bytes(args.label_bytes) if args.label_bytes else Label(field=args.label) if args.label else None
         manifest, output = finished_output(prefix)
@@ -173,3 +194,26 @@ def main(argv=None) -> int:
 
 
 __all__ = ["USAGE", "finished_output", "main", "parse", "report_problem", "write_report"]
+
+
+def _mixture_main(args) -> int:
+    """``pileshuffle quality --mixture``: the mixture's shares per window, printed and written."""
+    from pileshuffle import interrupt
+    from pileshuffle.errors import PileshuffleError
+    from pileshuffle.loader import Mixture
+    from pileshuffle.quality.mixture import parse_mixture, text_lines, window_shares
+
+    try:
+        prefixes, weights = parse_mixture(args.mixture)
+        mixture = Mixture(prefixes, weights, seed=args.seed, stop=args.stop, records_per_epoch=args.records_per_epoch)
+        section = window_shares(mixture, args.batch_size)
+    except (PileshuffleError, ValueError) as error:
+        print(f"pileshuffle quality: error: {error}", file=sys.stderr)
+        return 2
+    print("\n".join(text_lines(section)))
+    path = storage.join(args.report, "mixture.json")
+    with interrupt.publishing():  # written whole: Ctrl-C waits for it
+        storage.write_whole(path, json.dumps({"mixture": section}, indent=1).encode())
+    print(f"report written to {args.report}: mixture.json")
+    return 0
+

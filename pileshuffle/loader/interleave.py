@@ -4,13 +4,15 @@ endless mixed stream reads.
 - Weights become whole numbers ``W_i`` with period ``Q = sum(W_i)``: exactly (as fractions)
   when their common denominator is at most ``MAX_PERIOD`` (0.7, 0.2, 0.1 -> 7, 2, 1), else
   rounded to multiples of 1 / ``ROUNDED_PERIOD`` (each source at least 1).
-- Position n reads the source furthest behind its share: the largest ``W_i * (n + 1) - Q * c_i``
-  (``c_i``: its records among positions 0 .. n-1), ties going to a seeded priority among the
-  sources. After ``Q`` positions every source has read exactly ``W_i`` records and the
-  deficits are back at zero, so the pattern repeats every ``Q`` positions, and any
+- The pattern is a Pfair schedule (Baruah et al. 1996) on one processor: source i's k-th record
+  (from 1) may take a position from ``floor((k - 1) * Q / W_i)`` on and must take one before
+  ``ceil(k * Q / W_i)``; each position goes to the released record with the earliest deadline,
+  ties to a seeded priority among the sources. The shares sum to 1 and earliest-deadline-first
+  is optimal on one processor, so every record meets its window: after ``Q`` positions every
+  source has read exactly ``W_i`` records, the pattern repeats every ``Q`` positions, and any
   position's source, or any source's count up to a position, is computed alone.
-- So every prefix of the stream holds each source's share within 1 record, and every
-  window of n positions within 2 records of ``n * W_i / Q`` (within 1 with two sources;
+- So every prefix of the stream holds each source's share to less than 1 record (the windows'
+  definition), and every window of n positions to less than 2 (less than 1 with two sources;
   tests/test_mixture.py checks both over random weights); independent coin flips would be
   off by about ``sqrt(n * w * (1 - w))``.
 """
@@ -26,7 +28,7 @@ from pileshuffle import keys as keymath
 
 __all__ = ["MAX_PERIOD", "ROUNDED_PERIOD", "whole_weights", "Interleave"]
 
-MAX_PERIOD = 1 << 16  # exact weights up to this common denominator (the pattern is built in ~0.2 s)
+MAX_PERIOD = 1 << 16  # exact weights up to this common denominator (a pattern of 65,536 is built in ~0.5 s)
 ROUNDED_PERIOD = MAX_PERIOD  # otherwise weights are rounded to 1/65,536: far below any window's noise
 _PRIORITY_STREAM = 0x4D49585052  # "MIXPR"
 
@@ -89,12 +91,16 @@ def _pattern(weights: tuple, priority: tuple) -> np.ndarray:
     count, period = len(weights), sum(weights)
     shares = np.array(weights, dtype=np.int64)
     tie = np.array(priority, dtype=np.int64)
-    deficit = np.zeros(count, dtype=np.int64)
+    taken = np.zeros(count, dtype=np.int64)
     pattern = np.empty(period, dtype=np.uint8 if count <= 256 else np.uint32)
-    for n in range(period):
-        deficit += shares
-        source = int(np.argmax(deficit * count + tie))
-        deficit[source] -= period
-        pattern[n] = source
+    for position in range(period):
+        released = taken * period // shares <= position
+        deadline = -((taken + 1) * period // -shares)  # ceil((taken + 1) * Q / W)
+        rank = np.where(released, deadline * count - tie, np.iinfo(np.int64).max)
+        source = int(np.argmin(rank))
+        if not released[source]:
+            raise AssertionError(f"no source released at position {position} of {weights}")  # impossible: shares sum to 1
+        taken[source] += 1
+        pattern[position] = source
     pattern.flags.writeable = False
     return pattern

@@ -7,6 +7,12 @@ threshold, and matching hashes pair an input position with an output position. H
 values are independent of positions, so the kept records are a uniform sample, and the
 threshold bounds memory whatever the input size. Hashes seen more than once in the input
 sample (duplicate records) are dropped: their positions are ambiguous.
+
+A ``--balance`` output holds each input record as many times as its copies say (none, for
+a record undersampling cut). Its order is measured against the input with each record
+repeated by its copies (``scan_with_copies``: pass 1's own expansion, ``keyed_chunks``), and
+the copies of one record, which share a hash, are paired with its output places by their
+pass-1 keys (``match``): pass 2 writes records in key order, so this is the run's own pairing.
 """
 
 import dataclasses
@@ -20,7 +26,7 @@ from pileshuffle.formats import holder_of, record_hashes
 from pileshuffle.formats.labels import record_labels
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
-__all__ = ["threshold_for", "Label", "Scan", "scan", "scan_store", "match", "class_ids"]
+__all__ = ["threshold_for", "Label", "Scan", "scan", "scan_with_copies", "scan_store", "match", "class_ids"]
 
 _HASH_SPACE = 2**64
 
@@ -100,20 +106,22 @@ class Scan:
     positions: np.ndarray
     labels: np.ndarray = None
     longest: int = 0  # the longest payload, when a --label_bytes label was read
+    keys: np.ndarray = None  # the sampled records' pass-1 keys (``scan_with_copies``)
 
     @property
     def records(self) -> int:
         return int(sum(self.file_records))
 
     @staticmethod
-    def joined(file_records, hashes, positions, labels=None, longest=0) -> "Scan":
-        """A scan from per-chunk parts (``labels`` None: no label asked for)."""
+    def joined(file_records, hashes, positions, labels=None, longest=0, keys=None) -> "Scan":
+        """A scan from per-chunk parts (``labels``, ``keys`` None: not asked for)."""
         return Scan(
             file_records,
             np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
             np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
             None if labels is None else (np.concatenate(labels) if labels else np.zeros(0, np.int64)),
             longest,
+            None if keys is None else (np.concatenate(keys) if keys else np.zeros(0, np.uint64)),
         )
 
 
@@ -137,6 +145,41 @@ def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
         file_records.append(count)
         position += count
     return Scan.joined(file_records, hashes, positions, labels if label is not None else None, longest)
+
+
+def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = None) -> Scan:
+    """``scan`` of the input of a ``--balance`` run with each record repeated by its copies, as
+    pass 1 emits them (its own ``class_counts``, ``class_plan`` and ``keyed_chunks``, from the
+    manifest's label field, policy, seed and ``skip_corrupt``): positions count the copies,
+    ``file_records`` are the copies per file, and ``keys`` the sampled copies' pass-1 keys."""
+    from pileshuffle.balance import Policy, class_plan
+    from pileshuffle.formats import ReadReport
+    from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
+    from pileshuffle.transforms.assign import INPUT_STREAM, Source, class_counts, keyed_chunks
+
+    options = manifest.get("options", {})
+    field, skip = options["label_field"], bool(options.get("skip_corrupt"))
+    seed = int(manifest.get("seed") or 0)
+    sources = [Source(number, path, 0) for number, path in enumerate(paths)]  # ids: ranks in the sorted file list
+    plan = class_plan([(s.id, class_counts(fmt, s, field, skip_corrupt=skip)) for s in sources],
+                      Policy.parse(options["balance"], bool(options.get("undersample"))), seed)
+    file_records, hashes, positions, keys, labels = [], [], [], [], []
+    position = longest = 0
+    for source in sources:
+        count = 0
+        for table, chunk_keys, chunk_hashes, _, _ in keyed_chunks(fmt, source, seed, (INPUT_STREAM, source.id),
+                                                                   DEFAULT_CHUNK_BYTES, skip, ReadReport(), (field, plan)):
+            kept = np.flatnonzero(chunk_hashes < np.uint64(threshold)) if threshold < _HASH_SPACE else np.arange(len(chunk_hashes))
+            hashes.append(chunk_hashes[kept])
+            keys.append(chunk_keys[kept])
+            positions.append(kept + position + count)
+            if label is not None:
+                labels.append(label.values(table, source.path))
+                longest = max(longest, label.longest(table))
+            count += table.num_rows
+        file_records.append(count)
+        position += count
+    return Scan.joined(file_records, hashes, positions, labels if label is not None else None, longest, keys)
 
 
 def scan_store(output, threshold: int, label: Label = None) -> Scan:
@@ -179,8 +222,11 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
 
 
 def match(source: Scan, target: Scan):
-    """``(x, y, duplicates)``: input and output positions of the sampled records found on
-    both sides; hashes repeated in the input sample are left out (their count returned)."""
+    """``(x, y, left_out)``: input and output positions of the sampled records found on
+    both sides, in output order. Hashes repeated in the input sample are left out (their
+    count returned), unless ``source`` has pass-1 keys (``_match_copies``)."""
+    if source.keys is not None:
+        return _match_copies(source, target)
     unique, first, counts = np.unique(source.hashes, return_index=True, return_counts=True)
     single = counts == 1
     unique, where = unique[single], source.positions[first[single]]
@@ -188,6 +234,25 @@ def match(source: Scan, target: Scan):
     slot = np.minimum(slot, max(len(unique) - 1, 0))
     found = (unique[slot] == target.hashes) if len(unique) else np.zeros(len(target.hashes), bool)
     return where[slot[found]], target.positions[found], int(counts[~single].sum())
+
+
+def _match_copies(source: Scan, target: Scan):
+    """``match`` for an input with its copies: the records of one hash (a record's copies, or
+    identical records) are paired in key order with their output places in output order, as
+    pass 2 wrote them. A hash found a different number of times on the two sides (not so on
+    the run's own input) is left out: the count returned is of its output records."""
+    by_key = np.lexsort((source.keys, source.hashes))
+    in_hashes, x = source.hashes[by_key], source.positions[by_key]
+    by_place = np.lexsort((target.positions, target.hashes))
+    out_hashes, y = target.hashes[by_place], target.positions[by_place]
+    in_unique, in_counts = np.unique(in_hashes, return_counts=True)
+    out_unique, out_counts = np.unique(out_hashes, return_counts=True)
+    common, at_in, at_out = np.intersect1d(in_unique, out_unique, assume_unique=True, return_indices=True)
+    paired = common[in_counts[at_in] == out_counts[at_out]]
+    keep_in, keep_out = np.isin(in_hashes, paired), np.isin(out_hashes, paired)
+    x, y = x[keep_in], y[keep_out]  # the same hashes, each as often, in the same (hash) order: aligned
+    back = np.argsort(y, kind="stable")
+    return x[back], y[back], int(np.isin(out_hashes, common).sum() - keep_out.sum())
 
 
 def class_ids(*value_arrays):

@@ -3,7 +3,8 @@
 ``quality.png``: one row per policy (one row without ``--compare``); columns: input against
 delivered position (a sample), the input-block x output-block table over its expectation,
 the displacement histogram against the uniform permutation's triangle, label counts per
-batch against the binomial (with a label), and where each record lands in the next epoch.
+batch against the binomial (with a label), where each record lands in the next epoch and,
+with a label, each class's share per batch before and after (on the run's own row).
 ``training.png``: held-out loss and accuracy against SGD step, one curve per policy.
 """
 
@@ -14,6 +15,7 @@ from pileshuffle.quality import metrics, training
 __all__ = ["quality_figure", "training_figure"]
 
 _SCATTER_POINTS = 3000
+_CLASS_BARS = 12  # classes drawn (the rarest before); quality.json holds every class
 
 
 def _p(value: float) -> str:
@@ -82,12 +84,32 @@ def _balance(ax, row, report):
     ax.set_xlabel(f"records of the first class in a batch of {b}", fontsize=8)
 
 
+def _class_shares(ax, section):
+    """Each class's share (bars: before grey, after blue) with the 5-95% range of its share
+    per batch (before: the input uniformly shuffled; after: the output), rarest first."""
+    shown = sorted(section["classes"], key=lambda row: (row["share_before"], str(row["class"])))[:_CLASS_BARS]
+    where = np.arange(len(shown))
+    for offset, share, spread, colour, name in ((-0.2, "share_before", "before_uniform", "tab:gray", "before"),
+                                                (0.2, "share_after", "after", "tab:blue", "after")):
+        heights = np.array([row[share] for row in shown])
+        ranges = [row[spread] or {"p5": h, "p95": h} for row, h in zip(shown, heights)]
+        errors = np.array([[max(h - r["p5"], 0) for r, h in zip(ranges, heights)],
+                           [max(r["p95"] - h, 0) for r, h in zip(ranges, heights)]])
+        ax.bar(where + offset, heights, width=0.4, color=colour, alpha=0.8, label=name, yerr=errors, capsize=2)
+    ax.set_xticks(where, [str(row["class"])[:10] for row in shown], fontsize=7, rotation=30)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    ax.set_title(f"class share, 5-95% per batch of {section['batch_size']}", fontsize=8)
+
+
 def quality_figure(report, path):
     """Draw ``report`` to ``path`` (PNG; a path or a binary file): per policy, the positions scatter, the block table,
-    the displacement histogram, label balance per batch and, when compared, the next epoch and the shuffle radius."""
+    the displacement histogram, label balance per batch and, when compared, the next epoch and the shuffle radius;
+    with a label, the class shares before and after on the run's own row."""
     plt = _pyplot()
     compare = len(report.rows) > 1
-    columns = 6 if compare else 4
+    section = report.summary.get("class_shares")
+    columns = (6 if compare else 4) + (1 if section else 0)
     figure, axes = plt.subplots(len(report.rows), columns, figsize=(3.0 * columns, 2.6 * len(report.rows)), squeeze=False)
     n = report.records
     for line, row in zip(axes, report.rows):
@@ -103,6 +125,11 @@ def quality_figure(report, path):
             line[4].set_title(f"next epoch: corr={row.numbers['epoch_correlation']:+.2f}, "
                               f"re-meet x{row.numbers['remeet_ratio']:.0f}", fontsize=8)
             _radius(line[5], row)
+        if section:
+            if row is report.rows[-1]:  # the run's own row (last when compared)
+                _class_shares(line[-1], section)
+            else:
+                line[-1].axis("off")
         for ax in line:
             ax.tick_params(labelsize=7)
     figure.tight_layout()

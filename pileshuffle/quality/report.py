@@ -15,7 +15,7 @@ import re
 import numpy as np
 
 from pileshuffle.errors import InputError, UsageError
-from pileshuffle.quality import MIN_SAMPLE, locate, metrics, orders, training
+from pileshuffle.quality import MIN_SAMPLE, classes, locate, metrics, orders, training
 
 __all__ = [
     "ALPHA", "TRAINING_RECORDS", "Row", "Report", "training_stride", "thin", "measure", "text_summary",
@@ -92,15 +92,18 @@ def _input_policies(file_records, seed: int, num_piles: int) -> dict:
 
 def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batch_size=256, compare=False):
     """The report of one finished run (see the module docstring). ``output``: the shards'
-    paths in order, or a pile store opened by the loader (``loader.outputs.open_output``)."""
-    if "balance" in manifest:
-        raise UsageError(f"{manifest.get('output', 'the output')} was written with --balance: its copies change what a "
-                         "uniform order looks like, and quality does not measure such outputs yet (issue 24); "
-                         "`pileshuffle verify --input` proves its records and copies")
+    paths in order, or a pile store opened by the loader (``loader.outputs.open_output``).
+    A ``--balance`` output is measured against its input with each record repeated by its
+    copies (``locate.scan_with_copies``); the class shares compare the input as it is."""
     total = int(manifest["totals"]["records"])
     threshold = locate.threshold_for(total, sample)
+    balanced = _balanced(manifest)
     try:
-        source = locate.scan(fmt, input_paths, threshold, label if compare else None)
+        if balanced:
+            source = locate.scan_with_copies(fmt, input_paths, manifest, threshold, label if compare else None)
+            before = locate.scan(fmt, input_paths, 0, label) if label is not None else None  # labels only
+        else:
+            source = before = locate.scan(fmt, input_paths, threshold, label)
     except InputError as error:
         raise _without_format_hint(error, fmt) from None
     if isinstance(output, (list, tuple)):
@@ -108,21 +111,24 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
     else:
         target = locate.scan_store(output, threshold, label)
     if source.records != target.records:
-        raise InputError(_named(input_paths),
-                         f"hold {source.records:,} records, the output {target.records:,}: pass the run's own --input")
+        copies = " with --balance's copies" if balanced else ""
+        raise InputError(_named(input_paths), f"hold {source.records:,} records{copies}, the output {target.records:,}: "
+                                              "pass the run's own --input")
     x, y, duplicates = locate.match(source, target)
     _check_located(len(x), len(target.hashes) - duplicates, input_paths)
     n = target.records
-    input_ids = output_ids = values = None
+    input_ids = output_ids = values = before_ids = None
     if label is not None:
         _check_label_reach(label, target)
-        ids, values = locate.class_ids(*([source.labels] if compare else []), target.labels)
+        copied = [source.labels] if balanced and compare else []
+        ids, values = locate.class_ids(before.labels, target.labels, *copied)
         if len(values) > _MAX_LABEL_CLASSES:
             raise ValueError(f"the label ({label.describe()}) takes {len(values):,} values; label balance needs a "
                              f"categorical label (at most {_MAX_LABEL_CLASSES:,} values)")
         if len(values) > 1:  # one class: every batch is all of it, the test has nothing to test
-            input_ids, output_ids = (ids[0], ids[1]) if compare else (None, ids[0])
-    own = Row("pileshuffle output", x, y, output_ids, numbers=metrics.order_metrics(x, y, n))
+            before_ids, output_ids = ids[0], ids[1]
+            input_ids = ids[-1] if copied else before_ids  # the order's input: with the copies on a balanced run
+    own = Row("pileshuffle output", x, y, output_ids, numbers=metrics.order_metrics(x, y, n, given_x=balanced))
     summary = {
         "records": n,
         "records_used": int(len(x)),
@@ -132,15 +138,18 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         "seed": manifest.get("seed"),
         **own.numbers,
     }
+    if balanced:
+        summary["balance"] = _balance_summary(manifest)
     share = None
     if output_ids is not None:
         own.numbers.update(metrics.batch_metrics(output_ids, batch_size))
         share = float(np.mean(output_ids == 0))
         summary.update({k: own.numbers[k] for k in ("batch_size", "batches", "batch_dispersion", "batch_dispersion_p")})
         summary["label"] = {"what": label.describe(), "classes": len(values), "first_class_share": share}
+        summary["class_shares"] = classes.class_shares(before_ids, output_ids, values, batch_size, label.describe())
     elif label is not None:
         summary["label"] = {"what": label.describe(), "classes": len(values), "note": _one_value_note(label, values, n)}
-    summary["uniform"] = _uniform(own.numbers)
+    summary["uniform"] = own.numbers["uniform"] = _uniform(own.numbers)  # the figure reads the row's
     rows = [own]
     if compare:
         rows = _compare_policies(own, source, target.file_records, manifest, input_ids, batch_size)
@@ -148,6 +157,31 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         summary["policies"] = [{"policy": r.policy, **r.numbers} for r in rows]
         summary["training"] = {"task": "cats then dogs, one epoch of SGD (batch 32)", "best_accuracy": training.BEST_ACCURACY}
     return Report(n, summary, rows, share, batch_size)
+
+
+def _balanced(manifest) -> bool:
+    """Whether the output was written with ``--balance`` (a shard manifest's or a store's
+    ``options`` say so). A store balances each generation on its own class counts: one of
+    several generations is refused (the input with its copies is recomputed as one run's)."""
+    if not (manifest.get("options") or {}).get("balance"):
+        return False
+    generations = manifest.get("generations") or []
+    if len(generations) > 1:
+        raise UsageError(f"the store holds {len(generations)} generations, each balanced by --balance on its own "
+                         "class counts: quality measures a balanced store of one generation (or a balanced run's shards)")
+    return True
+
+
+def _balance_summary(manifest) -> dict:
+    """What the order of a ``--balance`` output is compared with: its input with each record
+    repeated by its copies (paired with the output's records by their pass-1 keys)."""
+    options = manifest.get("options") or {}
+    balance = manifest.get("balance") or ((manifest.get("generations") or [{}])[0].get("balance") or {})
+    return {"label_field": options.get("label_field"), "policy": balance.get("policy", options.get("balance")),
+            "undersample": bool(options.get("undersample")),
+            "input_records": int(sum(balance.get("records_before", {}).values())),
+            "records": int(manifest["totals"]["records"]),
+            "order_input": "the input with each record repeated by its copies, in pass 1's order"}
 
 
 def _named(paths) -> str:
@@ -199,8 +233,10 @@ def _compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_s
     output: its rows take the sample's measured output positions (and the output's labels)
     through the loader's epoch order. Training needs every record's input position: it
     uses the run's order re-derived from its seed (``reproduced`` says how much of the
-    sample it matches: 100% for ``run`` and a store's first generation)."""
+    sample it matches: 100% for ``run`` and a store's first generation). On a ``--balance``
+    run the input positions count the copies (``source``: ``locate.scan_with_copies``)."""
     seed, num_piles = int(manifest.get("seed") or 0), int(manifest["num_piles"])
+    given_x = _balanced(manifest)  # the sample's input positions come in clusters of copies
     n = int(sum(pile_sizes))
     written = orders.pileshuffle_order(source.file_records, seed)
     task = training.cats_then_dogs(len(range(0, n, training_stride(n))), seed)
@@ -210,26 +246,27 @@ def _compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_s
         where, where_next = orders.inverse(first), orders.inverse(second)
         labels = None if input_ids is None else input_ids[first]
         row = Row(policy, own.x, where[own.x], labels, where_next[own.x])
-        rows.append(_complete(row, where, where_next, first, n, batch_size, task, window))
+        rows.append(_complete(row, where, where_next, first, n, batch_size, task, window, given_x))
     for mix in (1, 4):
         first, second = (orders.epoch_positions(pile_sizes, seed, epoch, mix) for epoch in (1, 2))
         where, where_next = orders.inverse(first), orders.inverse(second)
         labels = None if own.labels is None else own.labels[first]
         row = Row(f"loader, mix={mix}", own.x, where[own.y], labels, where_next[own.y])
-        rows.append(_complete(row, where, where_next, written[first], n, batch_size, task, window))
+        rows.append(_complete(row, where, where_next, written[first], n, batch_size, task, window, given_x))
     own.next_y = own.y  # the shards read again: the same order
     _complete(own, np.arange(n), np.arange(n), written, n, batch_size, task, window)
     own.numbers["reproduced"] = float(np.mean(orders.inverse(written)[own.x] == own.y)) if len(own.x) else 1.0
     return rows + [own]
 
 
-def _complete(row: Row, where, where_next, training_order, n, batch_size, task, window) -> Row:
-    """Fill in a row's numbers: order and batch statistics (unless measured already),
+def _complete(row: Row, where, where_next, training_order, n, batch_size, task, window, given_x=False) -> Row:
+    """Fill in a row's numbers: order and batch statistics (unless measured already; ``given_x``:
+    see ``metrics.order_metrics``),
     carry-over into the next epoch, the shuffle radius of the delivered order
     (``training_order``: input positions in delivery order) with ``window`` records as the
     near distance, one epoch of training, the verdict."""
     if not row.numbers:
-        row.numbers = metrics.order_metrics(row.x, row.y, n)
+        row.numbers = metrics.order_metrics(row.x, row.y, n, given_x)
         if row.labels is not None:
             row.numbers.update(metrics.batch_metrics(row.labels, batch_size))
     row.numbers.update(metrics.carry_over(where, where_next, batch_size))
@@ -246,12 +283,21 @@ def _complete(row: Row, where, where_next, training_order, n, batch_size, task, 
 def text_summary(report: Report) -> str:
     """One screen: the numbers and what they mean."""
     s = report.summary
+    balance = s.get("balance")
+    left_out = "left out: copies not matching" if balance else "duplicates left out"
     lines = [
         f"pileshuffle quality: {s['records']:,} records, {s['records_used']:,} located by hash "
-        f"({s['duplicates_left_out']:,} duplicates left out), {s['num_piles']} piles",
+        f"({s['duplicates_left_out']:,} {left_out}), {s['num_piles']} piles",
+    ]
+    if balance:
+        lines.append(f"  balanced ({balance['label_field']!r}, {balance['policy']}): the order's input is the input's "
+                     f"{balance['input_records']:,} records with their copies ({balance['records']:,}), copies paired "
+                     "by their pass-1 keys")
+    law = "its law given the sampled input positions" if balance else "the triangular law"
+    lines += [
         f"  spearman(input, output)   {s['spearman']:+.4f}   (uniform: 0 +- {1 / math.sqrt(max(s['records_used'] - 1, 1)):.4f}; p={s['spearman_p']:.3g})",
         f"  block chi2 ({s['blocks']}x{s['blocks']})      {s['block_chi2']:.1f} on {s['block_chi2_dof']} dof, p={s['block_chi2_p']:.3g}",
-        f"  displacement KS           {s['displacement_ks']:.4f}   p={s['displacement_p']:.3g} (vs the triangular law)",
+        f"  displacement KS           {s['displacement_ks']:.4f}   p={s['displacement_p']:.3g} (vs {law})",
     ]
     if "batch_dispersion" in s:
         lines.append(f"  label balance per batch   dispersion {s['batch_dispersion']:.3f} over {s['batches']:,} batches of "
@@ -260,6 +306,8 @@ def text_summary(report: Report) -> str:
         lines.append(f"  label balance per batch   left out: {s['label']['note']}")
     verdict = "consistent with a uniform permutation" if s["uniform"] else "NOT uniform"
     lines.append(f"  verdict: {verdict} (every p-value >= {ALPHA:g})")
+    if "class_shares" in s:
+        lines += classes.text_lines(s["class_shares"])
     if "policies" in s:
         lines += ["", policies_table(s["policies"]),
                   "  radius: how far apart in the input neighbours in the delivered order were (median, over N; uniform "
