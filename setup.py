@@ -35,6 +35,7 @@ setuptools.setup(
         "tf": ["tensorflow-cpu>=2.16"],
         "dask": [*PIPELINE, "dask>=2024.1", "distributed>=2024.1"],  # a Beam runner: nothing without the pipeline
         "torch": ["torch>=2.1", "torchdata>=0.8"],
+        "grain": ["grain>=0.2.18"],  # ds.grain(): Grain's IterDataset API (JAX itself is not needed)
         "report": [*PIPELINE, "matplotlib>=3.7", "scipy>=1.11"],  # the `quality` command's figures
         "test": [
             *PIPELINE,
@@ -50,6 +51,7 @@ setuptools.setup(
             "torch==2.13.0",  # the CPU-only wheel on these machines; any other version pulls CUDA
             "torchdata>=0.8",
             "matplotlib>=3.7",
+            "grain>=0.2.18",
             "gcp-storage-emulator>=2024.1",  # local Cloud Storage for the gs:// tests (fake-gcs-server breaks Beam's batch deletes)
         ],
     },

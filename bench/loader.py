@@ -28,6 +28,10 @@ piles. Every row reads those 16 shards and delivers batches of 256 records:
 - ``k1-mix2``         ``Mixture([output, output2], [1, 1], stop="restart", records_per_epoch=N).batches(256)``:
                       the same N records per epoch, half from each of two outputs (output2: the same data
                       shuffled with another run seed), each source its own reader holding its own piles
+- ``k1-grain``        ``ds.grain().batch(256, batch_fn=list)``: the loader as a Grain IterDataset, in-process
+- ``k1-grain-mp2``    the same batched in 2 ``mp_prefetch`` worker processes
+- ``arrayrecord-grain-shuffle`` Grain's own global shuffle over the same records written as ArrayRecord
+                      (``MapDataset.source(ArrayRecordDataSource(files)).shuffle(1).batch(256)``: a random read per record)
 - ``dl2-ready``       2 DataLoader workers handing out one ready batch of 256 x 1,000 bytes through the
                       loader's shared-memory handoff: the DataLoader's and the handoff's own cost, no loading
 
@@ -47,7 +51,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from loader_data import QUICK_DIVISOR, mixture_data, shuffled_output  # noqa: E402
+from loader_data import QUICK_DIVISOR, arrayrecord_data, mixture_data, shuffled_output  # noqa: E402
 from loader_measure import measure_row  # noqa: E402
 from loader_report import LEGEND, add_ratios_and_targets, fastest_rounds, pile_bytes, table  # noqa: E402
 from loader_rows import BATCH, row_plan, run_row_here  # noqa: E402
@@ -79,7 +83,10 @@ def main(argv=None):
         print("\n".join(p[0] for p in row_plan()))
         return 0
     data = {fmt: shuffled_output(fmt, args.scale, args.quick) for fmt in sorted({p[3] for p in plan})}
-    mixed = {fmt: mixture_data(data[fmt], args.scale, args.quick) for fmt in sorted({p[3] for p in plan if p[1] == "mixture"})}
+    special = {"mixture": {fmt: mixture_data(data[fmt], args.scale, args.quick)
+                           for fmt in sorted({p[3] for p in plan if p[1] == "mixture"})},
+               "arrayrecord-shuffle": {fmt: arrayrecord_data(data[fmt])
+                                       for fmt in sorted({p[3] for p in plan if p[1] == "arrayrecord-shuffle"})}}
     title = (f"pileshuffle loader bench: scale {args.scale}{' (quick)' if args.quick else ''}, batches of {BATCH}, "
              + "; ".join(f"{d['format']} {d['records']:,} records, {d['bytes'] / MB:,.0f} MB in {d['piles']} piles "
                          f"of {pile_bytes(d) / MB:,.0f} MB" for d in data.values()))
@@ -88,7 +95,7 @@ def main(argv=None):
     for round_index in range(args.repeat):
         log(f"round {round_index + 1} of {args.repeat}")
         for name, kind, mix, fmt in plan:
-            attempts[name].append(measure_row(name, kind, mix, (mixed if kind == "mixture" else data)[fmt], args.timeout))
+            attempts[name].append(measure_row(name, kind, mix, special.get(kind, data)[fmt], args.timeout))
     rows = fastest_rounds(plan, attempts)
     add_ratios_and_targets(rows, data)
     print()

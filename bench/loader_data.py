@@ -45,3 +45,23 @@ def mixture_data(data, scale, quick):
     stay one output's (the row delivers one output's worth)."""
     second = shuffled_output(data["format"], scale, quick, seed=SEED + 1)
     return {**data, "prefixes": [data["prefix"], second["prefix"]], "files": data["files"] + second["files"]}
+
+
+def arrayrecord_data(data):
+    """``data`` with ``arrayrecord``: its shards' records written once as ArrayRecord files
+    (one per shard, beside it), for Grain's own random-access shuffle; ``files`` those files."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from pileshuffle.loader import ShuffledDataset
+
+    paths = [os.path.splitext(path)[0] + ".array_record" for path in data["files"]]
+    if not all(os.path.exists(p) for p in paths):
+        log("writing the shards' records as ArrayRecord ...")
+        for pile, path in zip(ShuffledDataset(data["prefix"]).output.piles, paths):
+            writer = ArrayRecordWriter(path + ".tmp", "group_size:1")
+            for payload in pile.load().slice(0, pile.records).column(0).to_pylist():
+                writer.write(payload)
+            writer.close()
+            os.replace(path + ".tmp", path)
+    return {**data, "arrayrecord": paths, "files": paths,
+            "bytes": sum(os.path.getsize(p) for p in paths)}

@@ -6,7 +6,7 @@ import statistics
 from workspace import MB
 
 RSS_ALLOWANCE = 200 * MB  # the allowance above (K+1) piles: interpreter, imports, buffers
-DELIVERING = ("dl1", "dl2", "dl4", "dl2-arrow", "tf-adapter")  # rows that hand the in-process batches on: x in-process
+DELIVERING = ("dl1", "dl2", "dl4", "dl2-arrow", "tf-adapter", "grain", "grain-mp2")  # rows that hand the in-process batches on: x in-process
 
 
 MIXING_ALLOWANCE = 32 * MB  # a mixture's chunk of 8,192 records being mixed, and its take's copy (Parquet)

@@ -29,6 +29,9 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("dl2-ready", "dl2-ready", 1, ("tfrecord",)),  # mix 1: compared with k1
     ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
     ("k1-mix2", "mixture", 1, ("tfrecord", "parquet")),  # Mixture of this output and a second shuffle of the data
+    ("k1-grain", "grain", 1, ("tfrecord",)),
+    ("k1-grain-mp2", "grain-mp2", 1, ("tfrecord",)),
+    ("arrayrecord-grain-shuffle", "arrayrecord-shuffle", None, ("tfrecord",)),
 ]
 
 
@@ -149,6 +152,26 @@ def mixture_rows(data, mix):
     return mixture.batches(BATCH), count_any
 
 
+def grain_rows(prefix, mix, workers=0):
+    """``ds.grain().batch(256, batch_fn=list)`` (lists of bytes, as the loader's batches), with
+    ``workers``: batched in ``mp_prefetch`` worker processes."""
+    import grain
+
+    dataset = loader_dataset(prefix, mix).grain().batch(BATCH, batch_fn=list)
+    if workers:
+        dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    return dataset, count_any
+
+
+def arrayrecord_shuffle_rows(paths):
+    """Grain's own global shuffle: ``MapDataset.source(ArrayRecordDataSource(files)).shuffle(seed)
+    .batch(256)`` over the same records written as ArrayRecord (random reads, one per record)."""
+    import grain
+
+    source = grain.sources.ArrayRecordDataSource(paths)
+    return grain.MapDataset.source(source).shuffle(seed=SEED).batch(BATCH, batch_fn=list), count_any
+
+
 def tf_adapter_rows(prefix, mix):
     dataset = loader_dataset(prefix, mix).tf(batch_size=BATCH)
     return dataset, count_any
@@ -180,6 +203,12 @@ def row_batches(kind, data, mix):
         return tf_adapter_rows(data["prefix"], mix)
     if kind == "mixture":
         return mixture_rows(data, mix)
+    if kind == "grain":
+        return grain_rows(data["prefix"], mix)
+    if kind == "grain-mp2":
+        return grain_rows(data["prefix"], mix, workers=2)
+    if kind == "arrayrecord-shuffle":
+        return arrayrecord_shuffle_rows(data["arrayrecord"])
     raise ValueError(kind)
 
 

@@ -1,6 +1,7 @@
 """A training job's life as a state machine (issue 19, part C): batches taken on every rank,
 checkpoints through each path (in-process ``state_dict``, a plain DataLoader with
-``loader_states``, torchdata's ``StatefulDataLoader``, tf.data with ``state_after``), preemption
+``loader_states``, torchdata's ``StatefulDataLoader``, tf.data with ``state_after``, Grain's
+iterator ``get_state``/``set_state``, its ranks taking batches in lockstep), preemption
 and resume with the same or another world size and number of workers, epochs started with or
 without ``set_epoch`` or skipped, and the output re-run under the job.
 
@@ -22,6 +23,7 @@ than the epoch holds it".
 """
 
 import collections
+import itertools
 import json
 import os
 
@@ -40,7 +42,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
 RECORDS = 301  # divisible by no world size below
 BATCH = 16
 SEED = 7  # the loader's seed
-PATHS = ("inproc", "plain", "stateful", "tf")
+PATHS = ("inproc", "plain", "stateful", "tf", "grain")
+IN_PROCESS = ("inproc", "tf", "grain")  # paths without DataLoader workers
 EXAMPLES = int(os.environ.get("PILESHUFFLE_LIFE_EXAMPLES", "6"))
 
 
@@ -65,7 +68,8 @@ class Rank:
     """One rank of the job through one checkpoint path: its dataset, its loader, its stream."""
 
     def __init__(self, prefix, path, rank, world, workers, epoch, resume=None):
-        self.path, self.workers = path, (0 if path in ("inproc", "tf") else workers)
+        self.path, self.workers = path, (0 if path in IN_PROCESS else workers)
+        self.rank, self.pending = rank, None
         self.ds = open_reader(prefix, rank, world, epoch)
         self.key = index if isinstance(prefix, str) else bytes
         self.taken = 0  # batches (records for tf) of this epoch by this split, for loader_states / state_after
@@ -79,11 +83,15 @@ class Rank:
             self.loader = kind(self.tds, batch_size=None, num_workers=self.workers)
         elif path == "tf":
             self.tf = self.ds.tf(batch_size=BATCH)
+        elif path == "grain":
+            self.grain = self.ds.grain()
         if resume is not None:
             self.resume(resume)
 
     def resume(self, state):
-        if self.path == "stateful" and isinstance(state, dict) and "consumer" not in state:
+        if self.path == "grain":  # an iterator's state; after an elastic change any old host's (all alike in lockstep)
+            self.pending = state[min(self.rank, len(state) - 1)] if isinstance(state, list) else state
+        elif self.path == "stateful" and isinstance(state, dict) and "consumer" not in state:
             self.loader.load_state_dict(state)  # the loader's own state: exact
         elif self.path in ("plain", "stateful"):
             self.tds.load_state_dict(state)
@@ -98,6 +106,11 @@ class Rank:
             self.it = iter(self.loader)
         elif self.path == "tf":
             self.it = iter(self.tf)
+        elif self.path == "grain":
+            self.it = iter(self.grain)
+            if self.pending is not None:
+                self.it.set_state(self.pending)
+                self.pending = None
         else:
             self.it = iter(self.ds.batches(BATCH))
 
@@ -106,7 +119,7 @@ class Rank:
         out = []
         for _ in range(n):
             try:
-                batch = next(self.it)
+                batch = next(self.it) if self.path != "grain" else _batch_of(self.it)
             except StopIteration:
                 break
             records = [self.key(r) for r in (batch.numpy().tolist() if self.path == "tf" else batch)]
@@ -125,6 +138,8 @@ class Rank:
             state = self.loader.state_dict()
         elif self.path == "tf":
             state = state_in_epoch(self.ds, epoch, self.taken)
+        elif self.path == "grain":
+            state = self.it.get_state()
         else:
             state = self.ds.state_dict()
         return json.loads(json.dumps(state))
@@ -140,6 +155,14 @@ class Rank:
     def close(self):
         self.it = None
         self.loader = None
+
+
+def _batch_of(iterator) -> list:
+    """The next ``BATCH`` records of a Grain iterator (fewer at the end; none: StopIteration)."""
+    batch = list(itertools.islice(iterator, BATCH))
+    if not batch:
+        raise StopIteration
+    return batch
 
 
 class TrainingLife(RuleBasedStateMachine):
@@ -162,11 +185,13 @@ class TrainingLife(RuleBasedStateMachine):
 
     @rule(rank=st.integers(0, 2), n=st.integers(1, 6))
     def take_batches(self, rank, n):
-        rank = rank % self.world
-        batches = self.ranks[rank].take(n)
-        self.streams[rank] += batches
-        for batch in batches:
-            self.delivered.update(batch)
+        """n batches on one rank; on the Grain path on every rank (synchronous training, which
+        its elastic restore assumes)."""
+        for rank in (range(self.world) if self.path == "grain" else [rank % self.world]):
+            batches = self.ranks[rank].take(n)
+            self.streams[rank] += batches
+            for batch in batches:
+                self.delivered.update(batch)
 
     @rule(how=st.sampled_from(["set_epoch", "implicit", "skip"]))
     def finish_epoch(self, how):
@@ -193,7 +218,7 @@ class TrainingLife(RuleBasedStateMachine):
         old = self.ranks
         for rank in old:
             rank.close()
-        if not elastic or (world, workers if self.path not in ("inproc", "tf") else 0) == (
+        if not elastic or (world, workers if self.path not in IN_PROCESS else 0) == (
                 self.world, self.ranks[0].workers):
             self.ranks = [Rank(self.prefix, self.path, r, self.world, self.workers, self.epoch, saved[r])
                           for r in range(self.world)]

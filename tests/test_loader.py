@@ -86,9 +86,9 @@ def written_records(prefix, fmt):
 FORMATS = ["tfrecord_out", "gzip_out", "jsonl_out", "parquet_out"]
 
 
-def test_import_needs_no_beam_tensorflow_or_torch():
+def test_import_needs_no_beam_tensorflow_torch_or_grain():
     code = ("import sys, pileshuffle.loader; "
-            "print(sorted(m for m in ('apache_beam', 'tensorflow', 'torch') if m in sys.modules))")
+            "print(sorted(m for m in ('apache_beam', 'tensorflow', 'torch', 'grain', 'jax') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 

@@ -85,6 +85,14 @@ class Consumer:
 
         return to_tf(self, batch_size=batch_size, **kwargs)
 
+    def grain(self, *, shard_options=None, num_epochs=1):
+        """A ``grain.IterDataset`` of these records: per host (``rank``/``world_size``, or Grain's
+        ``shard_options``), per ``mp_prefetch`` worker, ``num_epochs`` epochs per iterator (None:
+        endless), its iterators' state the loader's (see ``loader.grain``)."""
+        from pileshuffle.loader.grain import GrainDataset
+
+        return GrainDataset(self, shard_options=shard_options, num_epochs=num_epochs)
+
     # --- epochs and splits ------------------------------------------------------
     def _split_of(self, consumer) -> list:
         """The standard ranges of ``consumer`` = [rank, world_size, worker, num_workers, ...] this epoch."""
