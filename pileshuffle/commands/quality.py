@@ -42,9 +42,8 @@ def _at_least(minimum: int):
     return parse
 
 
-USAGE = ("pileshuffle quality --input PATTERNS --output PREFIX --report DIR [--label FIELD | --label_bytes START:END] "
-         "[--compare] [--sample N]\n       pileshuffle quality --mixture PREFIX=WEIGHT,... --report DIR "
-         "[--stop first|restart] [--records_per_epoch N] [--seed S] [--batch_size N]")
+USAGE = ("pileshuffle quality (--input PATTERNS --output PREFIX | --mixture PREFIX=WEIGHT,...) --report DIR "
+         "[--label FIELD | --label_bytes START:END] [--compare] [--sample N] [--batch_size N]")
 
 
 def parse(argv):
