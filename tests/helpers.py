@@ -41,6 +41,23 @@ def shuffled_sample(factory, fmt, *args, records, files=3, **write):
     return sample_run(factory, fmt, *args, records=records, files=files, **write)[1]
 
 
+CLASS_ORDER = {"cat": 900, "dog": 90, "bird": 10}  # the --balance tests' classes, written one class at a time
+
+
+def write_animals(root) -> str:
+    """JSONL of ``CLASS_ORDER``'s records ``{"i", "animal", "text"}`` in two files under
+    ``root/in``, one class after another (the worst input order); their pattern."""
+    lines, i = [], 0
+    for animal, n in CLASS_ORDER.items():
+        for _ in range(n):
+            lines.append(json.dumps({"i": i, "animal": animal, "text": "x" * (i % 40)}) + "\n")
+            i += 1
+    (root / "in").mkdir()
+    (root / "in" / "a.jsonl").write_text("".join(lines[:600]))
+    (root / "in" / "b.jsonl").write_text("".join(lines[600:]))
+    return str(root / "in" / "*.jsonl")
+
+
 # -- reading outputs ------------------------------------------------------------------------------
 
 

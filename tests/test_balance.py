@@ -100,24 +100,13 @@ import sys  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
 
-from helpers import assert_verified, manifest, refused, run_shuffle, shard_bytes, shards  # noqa: E402
+from helpers import CLASS_ORDER, assert_verified, manifest, refused, run_shuffle, shard_bytes, shards, write_animals  # noqa: E402
 from pileshuffle import sample  # noqa: E402
-
-CLASS_ORDER = {"cat": 900, "dog": 90, "bird": 10}  # written one class at a time
-
 
 @pytest.fixture(scope="module")
 def animals(tmp_path_factory):
     root = tmp_path_factory.mktemp("animals")
-    lines, i = [], 0
-    for animal, n in CLASS_ORDER.items():
-        for _ in range(n):
-            lines.append(json.dumps({"i": i, "animal": animal, "text": "x" * (i % 40)}) + "\n")
-            i += 1
-    (root / "in").mkdir()
-    (root / "in" / "a.jsonl").write_text("".join(lines[:600]))
-    (root / "in" / "b.jsonl").write_text("".join(lines[600:]))
-    return str(root / "in" / "*.jsonl"), root
+    return write_animals(root), root
 
 
 def delivered(prefix):

@@ -14,14 +14,13 @@ import pytest
 from scipy import stats
 
 from helpers import manifest as read_manifest
-from helpers import run_shuffle, shards
+from helpers import CLASS_ORDER, run_shuffle, shards, write_animals
 from pileshuffle.commands.quality import main as quality_main
 from pileshuffle.formats import get_format
 from pileshuffle.quality import metrics
 from pileshuffle.quality.locate import Label
 from pileshuffle.quality.report import ALPHA, measure
 
-CLASS_ORDER = {"cat": 900, "dog": 90, "bird": 10}  # written one class at a time: the input order is the worst
 BATCH = 32
 PER_BATCH = ("mean", "p5", "p95", "empty")
 
@@ -29,15 +28,7 @@ PER_BATCH = ("mean", "p5", "p95", "empty")
 @pytest.fixture(scope="module")
 def animals(tmp_path_factory):
     root = tmp_path_factory.mktemp("animals")
-    lines, i = [], 0
-    for animal, n in CLASS_ORDER.items():
-        for _ in range(n):
-            lines.append(json.dumps({"i": i, "animal": animal, "text": "x" * (i % 40)}) + "\n")
-            i += 1
-    (root / "in").mkdir()
-    (root / "in" / "a.jsonl").write_text("".join(lines[:600]))
-    (root / "in" / "b.jsonl").write_text("".join(lines[600:]))
-    return str(root / "in" / "*.jsonl"), root
+    return write_animals(root), root
 
 
 def run(animals, name, *args):

@@ -4,7 +4,21 @@ of rows (``as_numpy`` and Parquet). No batch keeps a loaded step's buffers alive
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["payloads", "object_array", "payload_array", "list_batches", "array_batches", "table_batches"]
+__all__ = ["cut_at_steps", "payloads", "object_array", "payload_array", "list_batches", "array_batches", "table_batches"]
+
+
+def cut_at_steps(tables, step: int):
+    """``tables`` cut so that a cut falls at every multiple of ``step`` records, counted
+    from the first: a batch of ``step`` is one piece unless it straddles two tables."""
+    filled = 0
+    for table in tables:
+        start = 0
+        while start < table.num_rows:
+            stop = min(table.num_rows, start + step - filled)
+            filled = (filled + stop - start) % step
+            yield table.slice(start, stop - start)
+            start = stop
+        del table  # holds a step's buffers: let the next step's load find it gone
 
 
 def payloads(table) -> list:

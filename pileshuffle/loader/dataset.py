@@ -11,7 +11,9 @@ Invariants (epochs, splits, passes and states: ``loader.consumer``):
 import pyarrow as pa
 
 from pileshuffle.loader import split
-from pileshuffle.loader.arguments import check_world_size, checked_columns, describe_identity, whole_number
+from pileshuffle.loader.arguments import (check_world_size, checked_columns,
+                                          describe_identity, whole_number)
+from pileshuffle.loader.batching import cut_at_steps
 from pileshuffle.loader.cache import DEFAULT_LIMIT, PileCache
 from pileshuffle.loader.consumer import STATE_FORMAT, Consumer
 from pileshuffle.loader.order import EpochOrder
@@ -139,17 +141,14 @@ class ShuffledDataset(Consumer):
             return steps(planned[0]), planned[1]
 
         loaded = prefetched(plan, load) if self.prefetch else map(load, plan)
-        filled = 0
+        return cut_at_steps(self._gathered(loaded), step)
+
+    def _gathered(self, loaded):
+        """The planned pieces of each loaded step as tables of at most ``_TAKE_ROWS`` records."""
         for block, pieces in loaded:
             for lo, hi in pieces:
                 for chunk in range(lo, hi, _TAKE_ROWS):
-                    table, start = block.slice(chunk, min(hi, chunk + _TAKE_ROWS)), 0
-                    while start < table.num_rows:
-                        stop = min(table.num_rows, start + step - filled)
-                        filled = (filled + stop - start) % step
-                        yield table.slice(start, stop - start)
-                        start = stop
-                    del table
+                    yield block.slice(chunk, min(hi, chunk + _TAKE_ROWS))
             del block
             if self.output.decoded:  # the step's columns came from Arrow's pool: give its pages back now
                 pa.default_memory_pool().release_unused()

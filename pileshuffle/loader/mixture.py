@@ -28,7 +28,9 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle import keys as keymath
-from pileshuffle.loader.arguments import check_world_size, describe_identity, whole_number
+from pileshuffle.loader.arguments import (check_world_size, describe_identity,
+                                          whole_number)
+from pileshuffle.loader.batching import cut_at_steps
 from pileshuffle.loader.consumer import Consumer
 from pileshuffle.loader.dataset import ShuffledDataset
 from pileshuffle.loader.interleave import Interleave
@@ -158,17 +160,14 @@ class Mixture(Consumer):
     # --- reading ----------------------------------------------------------------
     def _read(self, ranges, step):
         """Tables of this epoch's ``ranges``, in order, cut at multiples of ``step`` records."""
-        filled = 0
+        return cut_at_steps(self._chunks(ranges), step)
+
+    def _chunks(self, ranges):
+        """The ranges' records mixed ``_CHUNK`` positions at a time."""
         for a, b in ranges:
             readers = [_Rows(self._source_tables(i, a, b)) for i in range(len(self.sources))]
             for lo in range(a, b, _CHUNK):
-                table, start = self._mixed(readers, lo, min(b, lo + _CHUNK)), 0
-                while start < table.num_rows:
-                    stop = min(table.num_rows, start + step - filled)
-                    filled = (filled + stop - start) % step
-                    yield table.slice(start, stop - start)
-                    start = stop
-                del table
+                yield self._mixed(readers, lo, min(b, lo + _CHUNK))
 
     def _source_tables(self, source: int, a: int, b: int):
         """Source ``source``'s records for this epoch's positions ``a .. b-1``, in order
