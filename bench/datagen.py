@@ -7,6 +7,9 @@ Records carry their input index like ``pileshuffle.sample`` does, so the same he
 - Parquet: ``index`` int64, ``label`` int32, ``weight`` float64, ``name`` string,
   ``payload`` binary (index digits + filler); snappy (pyarrow's default), one row group per
   file as ``pq.write_table`` writes it;
+- labels (JSONL, Parquet) are 0-9 drawn uniformly, or with ``shares`` (e.g. ``(70, 20, 10)``)
+  classes 0, 1, ... in exactly those percentages of every block (a file, for Parquet), in a
+  random order: an imbalanced set for ``--balance`` (bench/shuffle_rows.py);
 - tar (WebDataset): samples ``{key}.jpg`` (random bytes, 2,500-3,500), ``{key}.cls`` (class id
   ``i * 10 // N`` as ASCII: a capture written one class at a time), ``{key}.json``
   (``{"index": i}``), key = 9 index digits; USTAR headers as ``tarfile`` writes them;
@@ -69,6 +72,14 @@ def payload_block(rng, start: int, count: int, payload_bytes: int) -> np.ndarray
     return block
 
 
+def class_labels(rng, n: int, shares) -> np.ndarray:
+    """``n`` labels: class k in ``shares[k]`` percent of them (largest remainders), randomly ordered."""
+    exact = np.asarray(shares, dtype=np.float64) * n / sum(shares)
+    counts = np.floor(exact).astype(np.int64)
+    counts[np.argsort(counts - exact)[: n - int(counts.sum())]] += 1
+    return rng.permutation(np.repeat(np.arange(len(shares)), counts))
+
+
 def _write_blocks(directory, records, files, extension, render, block=BLOCK_RECORDS, end=None):
     """Records 0..records-1 over ``files`` files, written ``block`` records at a time;
     ``render(start, count)`` returns the bytes (or buffer) of one block, ``end(handle)`` (if
@@ -101,7 +112,7 @@ def write_tfrecord(directory, records, files, record_bytes=1000, seed=0):
     _write_blocks(directory, records, files, "tfrecord", render)
 
 
-def write_parquet(directory, records, files, record_bytes=1000, seed=0):
+def write_parquet(directory, records, files, record_bytes=1000, seed=0, shares=None):
     payload_bytes = max(INDEX_DIGITS + 1, record_bytes - 40)
     start = 0
     for f, count in enumerate(split_counts(records, files)):
@@ -112,7 +123,8 @@ def write_parquet(directory, records, files, record_bytes=1000, seed=0):
         table = pa.table(
             {
                 "index": index,
-                "label": pa.array(rng.integers(0, 10, count, dtype=np.int32)),
+                "label": pa.array(rng.integers(0, 10, count, dtype=np.int32) if shares is None
+                                  else class_labels(rng, count, shares).astype(np.int32)),
                 "weight": pa.array(rng.random(count)),
                 "name": pc.binary_join_element_wise("item-", pc.cast(pa.array(index), pa.string()), ""),
                 "payload": pa.Array.from_buffers(pa.large_binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(payload)])
@@ -123,7 +135,7 @@ def write_parquet(directory, records, files, record_bytes=1000, seed=0):
         start += count
 
 
-def write_jsonl(directory, records, files, record_bytes=500, seed=0):
+def write_jsonl(directory, records, files, record_bytes=500, seed=0, shares=None):
     """Lines of about ``record_bytes`` (filler length varies by +-57 bytes)."""
     overhead = 43  # {"index": N, "label": L, "text": "..."}\n around the filler, for ~6-digit N
     low, high = max(1, record_bytes - overhead - 57), max(2, record_bytes - overhead + 58)
@@ -131,7 +143,7 @@ def write_jsonl(directory, records, files, record_bytes=500, seed=0):
     def render(block_start, n):
         rng = np.random.default_rng([seed, 2, block_start])
         lengths = rng.integers(low, high, n)
-        labels = rng.integers(0, 10, n).tolist()
+        labels = (rng.integers(0, 10, n) if shares is None else class_labels(rng, n, shares)).tolist()
         ends = np.cumsum(lengths).tolist()
         pool = rng.integers(97, 123, size=int(ends[-1]), dtype=np.uint8).tobytes()
         starts = [0] + ends[:-1]
@@ -209,12 +221,14 @@ SUFFIX = {"tfrecord": "tfrecord", "parquet": "parquet", "jsonl": "jsonl", "tar":
 FILE_FORMAT = {"tar-as-tfrecord": "tfrecord"}  # the pileshuffle format of a set's files, where not its name
 
 
-def dataset(root, fmt, records, files, record_bytes, seed=0, log=print):
-    """The directory of a cached data set (generated if missing); returns its description."""
-    name = f"{fmt}-{records}x{record_bytes}-{files}f-s{seed}"
+def dataset(root, fmt, records, files, record_bytes, seed=0, log=print, shares=None):
+    """The directory of a cached data set (generated if missing); returns its description.
+    ``shares``: imbalanced labels (JSONL, Parquet; module docstring)."""
+    name = f"{fmt}-{records}x{record_bytes}-{files}f-s{seed}" + ("" if shares is None else "-c" + "-".join(map(str, shares)))
     directory = os.path.join(root, name)
     stamp = os.path.join(directory, "dataset.json")
-    params = {"version": VERSION, "format": fmt, "records": records, "files": files, "record_bytes": record_bytes, "seed": seed}
+    params = {"version": VERSION, "format": fmt, "records": records, "files": files, "record_bytes": record_bytes, "seed": seed,
+              **({} if shares is None else {"shares": list(shares)})}
     if os.path.exists(stamp):
         with open(stamp) as handle:
             info = json.load(handle)
@@ -224,7 +238,7 @@ def dataset(root, fmt, records, files, record_bytes, seed=0, log=print):
     os.makedirs(directory)
     log(f"generating {name} ...")
     started = time.perf_counter()
-    WRITERS[fmt](directory, records, files, record_bytes, seed)
+    WRITERS[fmt](directory, records, files, record_bytes, seed, **({} if shares is None else {"shares": shares}))
     paths = sorted(glob.glob(os.path.join(directory, f"*.{SUFFIX[fmt]}")))
     info = {
         "name": name,

@@ -4,6 +4,7 @@
     .venv/bin/python bench/profile_pileshuffle.py            # 1 GB TFRecord data set (bench/.data, generated if missing)
     .venv/bin/python bench/profile_pileshuffle.py --quick    # 1/50 size
     .venv/bin/python bench/profile_pileshuffle.py --format parquet           # or jsonl: make bench's 1 GB set
+    .venv/bin/python bench/profile_pileshuffle.py --format jsonl --balance   # --balance uniform on the imbalanced set
     .venv/bin/python bench/profile_pileshuffle.py --raw bench/.out/profile/pileshuffle-tfrecord.txt   # summarize an existing profile
 
 py-spy samples every process of the run (the launcher and Beam's SDK worker processes)
@@ -26,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import datagen  # noqa: E402
+from shuffle_rows import BALANCED_RECORDS, IMBALANCE  # noqa: E402
 
 OUT = os.path.join(HERE, ".out", "profile")
 SETS = {"tfrecord": (1_000_000, 1000), "parquet": (1_000_000, 1000), "jsonl": (2_000_000, 500)}  # make bench's 1 GB sets
@@ -45,6 +47,10 @@ def is_wait(leaf: str) -> bool:
 
 CATEGORIES = [  # (name, predicate on a frame's "func (file)") -- inclusive, first match per stack wins
     ("python imports (start-up)", lambda f: "importlib._bootstrap" in f),
+    ("--balance: counting pass (CountClasses)", lambda f: f.startswith(("CountClasses.", "class_counts "))),
+    ("--balance: pass 1 labels (record_labels)", lambda f: f.startswith("record_labels ")),
+    ("--balance: pass 1 copies (copiers, tallies)", lambda f: "copies_of " in f or f.startswith(("_class_tally ", "_code_tally "))),
+    ("pass 2: split of a pile over max_pile_bytes (Pile.split)", lambda f: f.startswith("Pile.split ")),
     ("pass 1: TFRecord frame walk + CRC (scan_frames)", lambda f: f.startswith("scan_frames ")),
     ("pass 1: record fingerprints (record_hashes)", lambda f: f.startswith("record_hashes ") and "formats/__init__" in f),
     ("pass 1: keys (record_keys)", lambda f: f.startswith("record_keys ")),
@@ -52,9 +58,9 @@ CATEGORIES = [  # (name, predicate on a frame's "func (file)") -- inclusive, fir
     ("pass 1: fragment writes (FragmentFiles.append/commit)", lambda f: f.startswith("FragmentFiles.")),
     ("pass 1: reading input blocks", lambda f: f.startswith("read_block ") or f.startswith("read_chunks ")),
     ("pass 2: reading fragments (read_table)", lambda f: f.startswith("read_table ") or f.startswith("read_batches ")),
-    ("pass 2: order + take (Pile.tables)", lambda f: f.startswith("Pile.tables ")),
+    ("pass 2: order + take (Pile.ordered)", lambda f: f.startswith(("Pile.tables ", "Pile.ordered "))),
     ("pass 2: output fingerprints (fingerprint_of)", lambda f: f.startswith("fingerprint_of ")),
-    ("pass 2: shard writes (write_shard)", lambda f: f.startswith("TFRecordFormat.write_shard ") or f.startswith("write_shard ")),
+    ("pass 2: shard writes (write_shard)", lambda f: ".write_shard " in f or f.startswith("write_shard ")),
     ("plan: mean_record_bytes / check", lambda f: f.startswith("make_plan ")),
     ("Beam runner / worker machinery (other)", lambda f: "apache_beam" in f),
 ]
@@ -143,6 +149,8 @@ def main(argv=None):
     parser.add_argument("--raw", help="summarize this existing py-spy raw file instead of running")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--format", choices=sorted(SETS), default="tfrecord", help="the 1 GB data set of make bench to run on")
+    parser.add_argument("--balance", action="store_true",
+                        help="jsonl, parquet: --label_field label --balance uniform on make bench's imbalanced set")
     args = parser.parse_args(argv)
     os.makedirs(OUT, exist_ok=True)
     raw = args.raw
@@ -152,16 +160,18 @@ def main(argv=None):
         if not os.path.exists(py_spy):
             sys.exit("py-spy is not installed: .venv/bin/pip install py-spy")
         div = 50 if args.quick else 1
-        records, record_bytes = SETS[args.format]
-        data = datagen.dataset(DATA, args.format, records // div, 8, record_bytes, seed=0, log=lambda m: print(m, file=sys.stderr))
+        records, record_bytes = BALANCED_RECORDS[args.format] if args.balance else SETS[args.format]
+        data = datagen.dataset(DATA, args.format, records // div, 8, record_bytes, seed=0, log=lambda m: print(m, file=sys.stderr),
+                               shares=IMBALANCE if args.balance else None)
+        extra = ["--label_field", "label", "--balance", "uniform"] if args.balance else []
         run_dir = os.path.join(OUT, "run")
         shutil.rmtree(run_dir, ignore_errors=True)
         os.makedirs(run_dir)
-        raw = os.path.join(OUT, f"pileshuffle-{args.format}.txt")
+        raw = os.path.join(OUT, f"pileshuffle-{args.format}{'-balance' if args.balance else ''}.txt")
         subprocess.run(["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True)
         cmd = [py_spy, "record", "--subprocesses", "--nonblocking", "--rate", str(args.rate), "--format", "raw", "-o", raw, "--",
                os.path.join(os.path.dirname(sys.executable), "pileshuffle"), "run", "--input", data["pattern"],
-               "--output", os.path.join(run_dir, "train"), "--format", args.format, "--seed", "1"]
+               "--output", os.path.join(run_dir, "train"), "--format", args.format, "--seed", "1", *extra]
         started = time.perf_counter()
         result = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - started
@@ -173,11 +183,11 @@ def main(argv=None):
         if result.returncode != 0:
             sys.exit(f"profiled run failed:\n{result.stderr[-3000:]}")
         header = [f"# Profile of `pileshuffle run` on {data['name']} ({data['bytes'] / 1e6:,.0f} MB)", "",
-                  f"command: `{' '.join(cmd[:6])} ... pileshuffle run --input ... --format {args.format} --seed 1`", "",
+                  f"command: `{' '.join(cmd[:6])} ... pileshuffle run --input ... --format {args.format} --seed 1 {' '.join(extra)}`", "",
                   f"wall under py-spy: {wall:.1f} s (sampling slows the run a little)", "",
                   "pileshuffle's summary:", "", "```", summary_lines, "```", ""]
     text = "\n".join(header) + summarize(parse(raw), args.top) + "\n"
-    with open(os.path.join(OUT, f"summary-{args.format}.md"), "w") as handle:
+    with open(os.path.join(OUT, f"summary-{args.format}{'-balance' if args.balance else ''}.md"), "w") as handle:
         handle.write(text)
     print(text)
 

@@ -4,6 +4,7 @@ piles the floor and pileshuffle get, and the command each row runs."""
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -17,10 +18,20 @@ SEED = 1  # every shuffling row's seed, so reruns shuffle the same way
 # 2026-11-26: Parquet runs out of memory at 600 MB and finishes at 800 MB; JSONL finishes at 600 MB.
 DUCKDB_MEMORY_LIMIT = {"parquet": "800MB", "jsonl": "600MB"}
 QUICK_DIVISOR = 50  # --quick divides every record count by this (a smoke run)
+# --balance rows (issue 24's bar: at most 1.2x a plain run of the same output size): an input whose
+# labels are three classes of 70/20/10 %, which --balance uniform writes as 3 x 70 % = 2.1x its
+# records, and a plain set of exactly that many records of the same sizes (the same generator).
+IMBALANCE = (70, 20, 10)
+BALANCED_RECORDS = {"jsonl": (1_000_000, 500), "parquet": (500_000, 1000)}  # ~0.5 GB in, ~1.05 GB out
+
+
+def balanced_output_records(records, shares=IMBALANCE):
+    """Records ``--balance uniform`` writes of ``records`` labelled in ``shares``: every class as large as the largest."""
+    return len(shares) * records * max(shares) // sum(shares)
 
 
 def dataset_specs(scale, quick):
-    """{data set key: (format, records, files, record bytes)}: ~1 GB per format at scale 1."""
+    """{data set key: (format, records, files, record bytes[, label shares])}: ~1 GB per format at scale 1."""
     div = QUICK_DIVISOR if quick else 1
     specs = {
         "tfrecord": ("tfrecord", 1_000_000 // div, 8, 1000),
@@ -30,6 +41,9 @@ def dataset_specs(scale, quick):
         # the tar set's samples as TFRecords (~0.5 GB): the same payload bytes without tar's headers
         "tar-as-tfrecord": ("tar-as-tfrecord", datagen.TAR_SAMPLES_PER_GB // div, 8, datagen.TAR_JPG_BYTES),
     }
+    for fmt, (records, record_bytes) in BALANCED_RECORDS.items():
+        specs[f"{fmt}-imbalanced"] = (fmt, records // div, 8, record_bytes, IMBALANCE)
+        specs[f"{fmt}-balanced-size"] = (fmt, balanced_output_records(records // div), 8, record_bytes)
     if scale > 1:
         specs = {"tfrecord-1x": specs["tfrecord"], "tfrecord": ("tfrecord", 1_000_000 * scale // div, 8 * scale, 1000)}
     return specs
@@ -52,6 +66,7 @@ def row_plan(scale):
         ("cat-parquet", "cat", "parquet", "parquet"),
         ("floor-parquet", "floor", "parquet", "parquet"),
         ("pileshuffle-parquet", "pileshuffle", "parquet", "parquet"),
+        ("pileshuffle-parquet-balanced", "pileshuffle", "parquet", "parquet"),
         ("duckdb-parquet", "duckdb", "parquet", "parquet"),
         ("duckdb-parquet-ram", "duckdb-ram", "parquet", "parquet"),
         ("cat-jsonl", "cat", "jsonl", "jsonl"),
@@ -64,6 +79,12 @@ def row_plan(scale):
         ("cat-tar", "cat", "tar", "tar"),
         ("pileshuffle-tar", "pileshuffle", "tar", "tar"),
         ("pileshuffle-tar-as-tfrecord", "pileshuffle", "tar-as-tfrecord", "tfrecord"),
+        *[row for fmt in BALANCED_RECORDS for row in (
+            (f"balance-{fmt}-same-output", "pileshuffle", f"{fmt}-balanced-size", fmt),  # plain, as many records as balanced out
+            (f"balance-{fmt}", "pileshuffle", f"{fmt}-imbalanced", fmt),  # --balance uniform: 2.1x the input's records
+            (f"balance-{fmt}-piles", "pileshuffle", f"{fmt}-imbalanced", fmt),  # the same, piles sized for the output
+            (f"balance-{fmt}-same-input", "pileshuffle", f"{fmt}-imbalanced", fmt),  # plain, the same input
+        )],
     ]
 
 
@@ -91,11 +112,12 @@ def prepare_datasets(plan, scale, quick):
     piles and warm the page cache; returns ({key: data set}, {key: piles})."""
     specs = dataset_specs(scale, quick)
     datasets, piles = {}, {}
-    for key in sorted({p[2] for p in plan}, key=list(specs).index):
-        fmt, records, files, record_bytes = specs[key]
-        datasets[key] = datagen.dataset(DATA, fmt, records, files, record_bytes, seed=0, log=log)
+    referenced = {key for name, *_ in plan for arg in EXTRA_ARGS.get(name, ()) for key in _PILES_OF.findall(arg)}
+    for key in sorted({p[2] for p in plan} | referenced, key=list(specs).index):
+        fmt, records, files, record_bytes, *shares = specs[key]
+        datasets[key] = datagen.dataset(DATA, fmt, records, files, record_bytes, seed=0, log=log, shares=(shares or [None])[0])
     for key, data in datasets.items():
-        if any(p[2] == key and p[1] in ("floor", "pileshuffle") for p in plan):
+        if key in referenced or any(p[2] == key and p[1] in ("floor", "pileshuffle") for p in plan):
             piles[key] = planned_piles(data, data["format"])
             log(f"{data['name']}: pileshuffle's auto plan chooses {piles[key]} piles (the floor uses the same)")
     need = 3 * max(d["bytes"] for d in datasets.values())
@@ -108,11 +130,23 @@ def prepare_datasets(plan, scale, quick):
     return datasets, piles
 
 
-# Rows that run pileshuffle with options of their own. The JSONL set's labels are 0-9, drawn
-# uniformly: --balance uniform copies each class up to the largest (+0.3%), so the balanced
-# run writes about the plain run's output: its time over the plain row's is --balance's cost
-# (the counting pass and the labels), issue 24's bar being 1.2x.
-EXTRA_ARGS = {"pileshuffle-jsonl-balanced": ("--label_field", "label", "--balance", "uniform")}
+# Rows that run pileshuffle with options of their own. The JSONL and Parquet sets' labels are 0-9,
+# drawn uniformly: --balance uniform copies each class up to the largest (+0.2-0.3%), so the
+# balanced run writes about the plain run's output: its time over the plain row's is --balance's
+# cost where it copies almost nothing (the counting pass and the labels). balance-FORMAT: the imbalanced sets (IMBALANCE), judged
+# against balance-FORMAT-same-output (bench/shuffle_targets.py).
+# "{piles:KEY}" stands for the piles pileshuffle's auto plan chooses for data set KEY (extra_args).
+BALANCE_ARGS = ("--label_field", "label", "--balance", "uniform")
+EXTRA_ARGS = {"pileshuffle-jsonl-balanced": BALANCE_ARGS, "pileshuffle-parquet-balanced": BALANCE_ARGS,
+              **{f"balance-{fmt}": BALANCE_ARGS for fmt in BALANCED_RECORDS},
+              **{f"balance-{fmt}-piles": (*BALANCE_ARGS, "--num_piles", f"{{piles:{fmt}-balanced-size}}")
+                 for fmt in BALANCED_RECORDS}}
+_PILES_OF = re.compile(r"\{piles:([^}]+)\}")
+
+
+def extra_args(name, piles):
+    """A row's own options (EXTRA_ARGS), each "{piles:KEY}" replaced by data set KEY's planned piles."""
+    return tuple(_PILES_OF.sub(lambda m: str(piles[m.group(1)]), arg) for arg in EXTRA_ARGS.get(name, ()))
 
 
 def command_for(kind, fmt, data, out_dir, piles, extra=()):

@@ -8,17 +8,17 @@ import statistics
 
 import checks
 from measure import log_tail, measure, stdout_json, wait_for_idle, warm
-from shuffle_rows import EXTRA_ARGS, command_for
+from shuffle_rows import command_for, extra_args
 from workspace import GB, OUT, log
 
 
-def run_row(name, kind, fmt, data, piles, timeout, keep, idle_wait):
+def run_row(name, kind, fmt, data, piles, timeout, keep, idle_wait, extra=()):
     """One run of a row in a fresh bench/.out/NAME: warm its input, wait for quiet, measure it,
-    check its output; returns the row's result dict."""
+    check its output; returns the row's result dict. ``extra``: the row's own options."""
     out_dir = os.path.join(OUT, name)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
-    cmd, outputs = command_for(kind, fmt, data, out_dir, piles, EXTRA_ARGS.get(name, ()))
+    cmd, outputs = command_for(kind, fmt, data, out_dir, piles, extra)
     warm(data["files"])
     waited, _ = wait_for_idle(idle_wait) if idle_wait > 0 else (0.0, None)
     if waited >= 2:
@@ -104,7 +104,8 @@ def run_rounds(plan, datasets, piles, repeat, timeout, keep, idle_wait):
         if repeat > 1:
             log(f"round {round_index + 1} of {repeat}")
         for name, kind, key, fmt in plan:
-            attempts[name].append(run_row(name, kind, fmt, datasets[key], piles.get(key), timeout, keep, idle_wait))
+            attempts[name].append(run_row(name, kind, fmt, datasets[key], piles.get(key), timeout, keep, idle_wait,
+                                          extra_args(name, piles)))
     return attempts
 
 

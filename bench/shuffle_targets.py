@@ -6,6 +6,7 @@ from workspace import GB
 RSS_TARGET = 1 * GB  # the issue's bound on a pileshuffle run's peak tree RSS
 FLOOR_TARGET = 0.7  # TFRecord: at most this share of the plain 2-pass floor's time (issue 22)
 DUCKDB_TARGET = 1.5  # Parquet, JSONL: at least this many times DuckDB's out-of-core throughput (issue 22)
+BALANCE_TARGET = 1.2  # --balance: at most this many times a plain run of the same output size (issue 24)
 
 
 def verdict(ok):
@@ -21,6 +22,20 @@ def _against_duckdb(ps, duck):
     return [(name, speed >= DUCKDB_TARGET, f"{speed:.2f}x (medians)"),
             ("RSS<=DuckDB's", ps["peak_rss_bytes"] <= duck["peak_rss_bytes"],
              f"{ps['peak_rss_bytes'] / GB:.2f} vs {duck['peak_rss_bytes'] / GB:.2f} GB")]
+
+
+def _balance_items(bal, same_output, same_input):
+    """issue 24's bar on the medians: a ``--balance`` row over the plain run of as many records as
+    it writes; its ratio to the plain run of the same input goes into its notes (no bar, for reading)."""
+    name = f"wall<={BALANCE_TARGET}x plain of the same output size"
+    if same_input:
+        ratio = bal["median_wall_seconds"] / same_input["median_wall_seconds"]
+        bal["notes"] = f"{bal['notes']}; x plain of the same input: {ratio:.2f} (medians)"
+    if not same_output:
+        return [(name, None, "no same-output row")]
+    ratio = bal["median_wall_seconds"] / same_output["median_wall_seconds"]
+    return [(name, ratio <= BALANCE_TARGET, f"{ratio:.2f}x (medians {bal['median_wall_seconds']:.2f} vs "
+                                            f"{same_output['median_wall_seconds']:.2f} s)")]
 
 
 def evaluate_targets(rows, scale):
@@ -54,6 +69,13 @@ def evaluate_targets(rows, scale):
             ps = good(f"pileshuffle-{fmt}")
             if ps:
                 results[ps["name"]] = [*_against_duckdb(ps, good(f"duckdb-{fmt}")), rss(ps)]
+            for bal in (good(f"balance-{fmt}"), good(f"balance-{fmt}-piles")):  # default piles; piles for the output
+                if bal:
+                    results[bal["name"]] = [*_balance_items(bal, good(f"balance-{fmt}-same-output"),
+                                                            good(f"balance-{fmt}-same-input")), rss(bal)]
+            near = good(f"pileshuffle-{fmt}-balanced")  # labels already balanced: the output is the input's size (+0.3%)
+            if near:
+                results[near["name"]] = [*_balance_items(near, ps, None), rss(near)]
     else:
         big, one = good("pileshuffle-tfrecord"), good("pileshuffle-tfrecord-1x")
         if big:

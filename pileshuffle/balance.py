@@ -125,16 +125,18 @@ class ClassPlan:
     phases: dict
     first: dict  # source id -> {class: rank of the source's first record of it}
 
-    def copier(self, source: int):
+    def copier(self, source: int, classes=None):
         """A function from one chunk's labels (in file order) to its records' copies, for
-        the chunks of ``source`` in order."""
+        the chunks of ``source`` in order; with ``classes`` (names), from class codes
+        (indices into ``classes``) instead of labels."""
         ranks = dict(self.first.get(source, {}))
 
-        def copies_of(labels: np.ndarray) -> np.ndarray:
-            labels = np.asarray(labels, dtype=object)
-            out = np.zeros(len(labels), dtype=np.int64)
-            for label in dict.fromkeys(labels.tolist()):
-                where = np.flatnonzero(labels == label)
+        def by_codes(codes: np.ndarray, names) -> np.ndarray:
+            out = np.zeros(len(codes), dtype=np.int64)
+            order = np.argsort(codes, kind="stable")  # each class's records, in file order
+            bounds = np.concatenate(([0], np.cumsum(np.bincount(codes, minlength=len(names)))))
+            for code in np.flatnonzero(np.diff(bounds)).tolist():
+                label, where = names[code], order[bounds[code]:bounds[code + 1]]
                 if label not in self.counts:
                     raise ValueError(f"class {label!r} was not counted by the first pass: the input changed during the run")
                 start = ranks.get(label, 0)
@@ -142,6 +144,12 @@ class ClassPlan:
                                     self.phases[label])
                 ranks[label] = start + len(where)
             return out
+
+        def copies_of(values) -> np.ndarray:
+            if classes is not None:
+                return by_codes(np.asarray(values, dtype=np.int64), classes)
+            names, codes = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
+            return by_codes(codes.reshape(-1), names.tolist())
 
         return copies_of
 

@@ -148,6 +148,17 @@ def fragment_name(writer: str, pile: int) -> str:
     return f"{writer}-p{pile:06d}{FRAGMENT_EXTENSION}"
 
 
+# -- a --balance run's class codes (its work folder: the counting pass writes them, pass 1 reads them) ----
+
+CLASS_CODES_DIR = "classes"  # in the work folder
+
+
+def class_codes_names(source_id: int) -> tuple:
+    """``(codes, classes)``: the files of one source's labels as the counting pass read them,
+    each record's class code (uint32) and the classes in code order (JSON)."""
+    return f"s{source_id:06d}.codes", f"s{source_id:06d}.classes.json"
+
+
 # -- a pile store ------------------------------------------------------------------------------
 
 STORE_SUFFIX = "-store"  # after the prefix: a pile store's folder
@@ -194,7 +205,8 @@ __all__ = [
     "WORK_DIRECTORY", "shard_name", "manifest_path", "prefix_of_manifest", "staging_dir", "output_lock_path",
     "journal_name", "staged_manifest_name", "work_dir_name", "literal_pattern", "shard_pattern", "temp_name",
     "RECORD_COLUMN", "FRAME_COLUMN", "LINE_COLUMN", "TAR_SAMPLE_COLUMN", "KEY_COLUMN", "HASH_COLUMN", "FRAGMENT_EXTENSION",
-    "source_writer_name", "split_writer_name", "fragment_name", "STORE_SUFFIX", "STORE_LOCK_NAME",
+    "source_writer_name", "split_writer_name", "fragment_name", "CLASS_CODES_DIR", "class_codes_names",
+    "STORE_SUFFIX", "STORE_LOCK_NAME",
     "STORE_MANIFEST_NAME", "STORE_MANIFEST_GLOB", "GENERATION_DIR", "STORE_FILE", "store_dir",
     "store_manifest_name", "generation_dir_name", "store_writer_name", "data_file_name", "is_store_file"
 ]

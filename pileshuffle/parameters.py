@@ -120,6 +120,10 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
     Parameter("undersample", "Undersample instead",
               "With --balance: cut large classes down (an evenly spaced subset) instead of copying small ones up.",
               "false", flag=True, regex=r"^(true|false)$"),
+    Parameter("keep_unlabeled", "Keep unlabeled records",
+              "With --balance: a record without the --label_field label (or whose label cannot be read) is the class "
+              "null, as a null label is, instead of stopping the run.",
+              "false", flag=True, regex=r"^(true|false)$"),
     Parameter("skip_corrupt", "Skip corrupt records",
               "Skip corrupt TFRecord records (resynchronising at the next valid record) and report them, instead of "
               "failing; a tar shard is read up to a damaged header and the rest of it is reported skipped.",
@@ -171,15 +175,20 @@ def check_values(values, parameters=PARAMETERS):
 
 def balance_policy(values):
     """The ``balance.Policy`` that ``--label_field``, ``--balance`` and ``--undersample`` ask for, or
-    None; a half-given or malformed request is a UsageError naming the option."""
+    None; a half-given or malformed request (``--keep_unlabeled`` too) is a UsageError naming the option."""
     from pileshuffle.balance import Policy
 
     label, policy = (getattr(values, name, "") or "" for name in ("label_field", "balance"))
     undersample = parse_flag(getattr(values, "undersample", False))
+    keep_unlabeled = parse_flag(getattr(values, "keep_unlabeled", False))
     if not policy:
-        if label or undersample:
-            raise UsageError(f"--{'label_field' if label else 'undersample'}: only means something with --balance POLICY")
+        given = [name for name, value in (("label_field", label), ("undersample", undersample),
+                                          ("keep_unlabeled", keep_unlabeled)) if value]
+        if given:
+            raise UsageError(f"--{given[0]}: only means something with --balance POLICY")
         return None
+    if keep_unlabeled and getattr(values, "layout", "shards") == "store":
+        raise UsageError("--keep_unlabeled: --layout store does not take it yet (issue 24): give it to a shard output")
     if not label:
         raise UsageError("--balance: needs --label_field FIELD (the record's class: a column, JSON key, feature or member)")
     try:

@@ -19,7 +19,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from pileshuffle import keys as keymath
 from pileshuffle import interrupt, storage
-from pileshuffle.errors import InputError, OutputError
+from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
 from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
@@ -64,6 +64,7 @@ class Plan:
     mean_record_bytes: float = 1.0  # as Arrow holds a record, from a sample
     label: str = None  # --label: the class field (with --balance)
     balance: object = None  # --balance: a balance.Policy (a first pass counts the classes)
+    keep_unlabeled: bool = False  # --keep_unlabeled: a record without the label is the class "null"
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
 
     @property
@@ -165,6 +166,15 @@ def _space_needed(fmt, sources, intermediate, work_dir, staging) -> dict:
     return needs
 
 
+def _check_balance_fits(format_name: str, policy):
+    """Refuse copies of tar samples: a copy keeps its sample's WebDataset key (no header is
+    rewritten), and a shard cannot hold a key twice (it would read back as one sample)."""
+    if format_name == "tar" and policy is not None and not policy.undersample:
+        raise UsageError("--balance on tar samples copies samples, and a copy keeps its sample's WebDataset key, "
+                         "which one shard cannot hold twice: give --undersample (cuts, no copies), or balance the "
+                         "samples before writing them as tar")
+
+
 def _check_free_space(needs: dict) -> dict:
     """Warn when a local location has less free space than the run will write there
     (locations on one filesystem add up). Returns ``{location: (needed, free)}``;
@@ -227,6 +237,7 @@ def make_plan(options: PipelineOptions) -> Plan:
     sources = inputs.sources
     fmt = resolve_format(opts.format, sources)
     check_compression(fmt.name, opts.compression)
+    _check_balance_fits(fmt.name, balance_policy(opts))
     if all(s.size == 0 for s in sources):
         raise InputError(sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle")
     schema = check_schemas(fmt, sources)
@@ -256,6 +267,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         skip_corrupt=bool(opts.skip_corrupt),
         label=opts.label_field or None,
         balance=balance_policy(opts),
+        keep_unlabeled=bool(opts.keep_unlabeled),
         layout=opts.layout,
         schema=schema,
         input_bytes=sum(s.size for s in sources),

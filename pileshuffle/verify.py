@@ -267,22 +267,23 @@ def _with_copies(fmt, sources, manifest: dict, skip_corrupt: bool) -> Fingerprin
 
     options = manifest.get("options", {})
     field, policy = options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample")))
-    return copies_fingerprint(fmt, sources, field, policy, int(manifest.get("seed") or 0), skip_corrupt)
+    return copies_fingerprint(fmt, sources, field, policy, int(manifest.get("seed") or 0), skip_corrupt,
+                              bool(options.get("keep_unlabeled")))
 
 
-def copies_fingerprint(fmt, sources, field: str, policy, seed: int, skip_corrupt: bool = False) -> Fingerprint:
+def copies_fingerprint(fmt, sources, field: str, policy, seed: int, skip_corrupt: bool = False,
+                       keep_unlabeled: bool = False) -> Fingerprint:
     """The fingerprint of ``sources``' records (``Source``s, ids = ranks as pass 1 numbered
     them) each as many times as ``policy`` copies it: their classes counted, then each
     record's copies, as pass 1 computes them (for a shard output, and a store's generation)."""
-    from pileshuffle.balance import class_plan
     from pileshuffle.formats import ReadReport
-    from pileshuffle.transforms.assign import INPUT_STREAM, class_counts, keyed_chunks
+    from pileshuffle.transforms.assign import INPUT_STREAM, copies_balance, keyed_chunks
 
-    plan = class_plan([(s.id, class_counts(fmt, s, field, skip_corrupt=skip_corrupt)) for s in sources], policy, seed)
+    balance = copies_balance(fmt, sources, field, policy, seed, skip_corrupt, keep_unlabeled)
     total = Fingerprint()
     for source in sources:
         for _, _, hashes, lengths, _ in keyed_chunks(fmt, source, seed, (INPUT_STREAM, source.id), DEFAULT_CHUNK_BYTES,
-                                                     skip_corrupt, ReadReport(), (field, plan)):
+                                                     skip_corrupt, ReadReport(), balance):
             total += Fingerprint.of(hashes, int(lengths.sum()))
     return total
 

@@ -243,3 +243,11 @@ def test_quality_measures_a_balanced_output_against_its_input_with_the_copies(an
     assert "consistent with a uniform permutation" in out and "class shares (field 'animal')" in out
     assert "error" not in err and "Traceback" not in err
     assert json.loads((tmp_path / "r" / "quality.json").read_text())["class_shares"]["batches_after"] == 2700 // 256
+
+
+def test_copies_of_tar_samples_are_refused_before_anything_runs(tmp_path, capsys):
+    """A copy keeps its sample's key, which a shard cannot hold twice: refused at planning."""
+    sample.write_tar(str(tmp_path / "in"), records=40, files=1, record_bytes=60, classes=4)
+    err = refused(capsys, "run", f"--input={tmp_path}/in/*.tar", f"--output={tmp_path}/out/t", "--label_field=cls",
+                  "--balance=uniform", option="--undersample")
+    assert "WebDataset key" in err and not (tmp_path / "out").exists()

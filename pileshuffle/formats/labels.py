@@ -3,8 +3,17 @@ feature of the ``tf.train.Example`` a TFRecord holds, or a member of a tar sampl
 
 Labels are compared as text so that every chunk's labels (and the quality report's and
 ``--balance``'s classes) agree: a string or bytes (UTF-8) as itself, a number as its JSON
-text, several values as a JSON list; a Parquet null is ``"null"``. A record without the label is an ``InputError`` naming
-the file (``path``).
+text, several values as a JSON list; a Parquet or JSON null is ``"null"``. A record without
+the label, or whose label cannot be read (a line that is no JSON object, a payload that is no
+``tf.train.Example``), is an ``InputError`` naming the file (``path``) and the record's place
+in it (line, record or sample number: ``first`` is how many records of the file come before
+the table); with ``keep_unlabeled`` it is the class ``"null"`` instead (``NULL_CLASS``).
+
+``file_labels`` reads only what the labels need (a Parquet file's label column, a JSONL
+file's lines without splitting them into records): ``--balance``'s counting pass. Where
+labels cost a parse (JSON, ``tf.train.Example``, tar headers) the counting pass keeps them
+for pass 1 (``ClassCodesWriter``, ``ClassCodesReader``: 4 bytes a record), so each label is
+parsed once.
 """
 
 import json
@@ -12,14 +21,21 @@ import json
 import numpy as np
 import pyarrow as pa
 
+from pileshuffle import storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import holder_of
+from pileshuffle.formats.base import open_input, read_block
 from pileshuffle.formats.example import NotAnExample, feature_values
 from pileshuffle.formats.tar import KEY_FIELD, sample_dict
 from pileshuffle.names import FRAME_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
 
-__all__ = ["record_labels", "label_text"]
+__all__ = ["record_labels", "label_text", "file_labels", "label_counts", "NULL_CLASS", "ClassCodesWriter",
+           "ClassCodesReader"]
+
+NULL_CLASS = "null"  # a null label's class, and a missing label's with keep_unlabeled
+_KEEP_HINT = "; with --balance, --keep_unlabeled makes such records the class null"
+_NEWLINE = 10
 
 
 def label_text(values: list) -> str:
@@ -28,19 +44,163 @@ def label_text(values: list) -> str:
     return str(texts[0]) if len(texts) == 1 else json.dumps(texts)
 
 
-def record_labels(table: pa.Table, field: str, path: str) -> np.ndarray:
-    """The label ``field`` of every record of a records table, as text (object array)."""
+def record_labels(table: pa.Table, field: str, path: str, first: int = 0, keep_unlabeled: bool = False) -> np.ndarray:
+    """The label ``field`` of every record of a records table, as text (object array);
+    ``first``: the records of ``path`` before the table (module docstring)."""
+    return _objects(_labels(table, field, path, first, keep_unlabeled))
+
+
+def file_labels(fmt, path: str, field: str, chunk_bytes: int, skip_corrupt=False, report=None, keep_unlabeled=False):
+    """Yield the labels of every record of the file ``path`` in order, a chunk at a time (Arrow
+    string arrays or object arrays: ``label_counts`` counts either), reading no more than the
+    labels need: the same records and labels as ``record_labels`` of ``fmt.read_chunks``."""
+    if fmt.name == "parquet":
+        yield from _parquet_file_labels(path, field, keep_unlabeled)
+    elif fmt.name == "jsonl":
+        yield from _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled)
+    else:
+        first = 0
+        for table in fmt.read_chunks(path, chunk_bytes, skip_corrupt, report):
+            yield _labels(table, field, path, first, keep_unlabeled)
+            first += table.num_rows
+
+
+def label_counts(labels) -> dict:
+    """``{class: records}`` of one chunk's labels (``file_labels``' or ``record_labels``')."""
+    if isinstance(labels, pa.Array):
+        import pyarrow.compute as pc
+
+        found = pc.value_counts(labels)
+        return dict(zip(found.field("values").to_pylist(), found.field("counts").to_pylist()))
+    names, found = np.unique(np.asarray(labels, dtype=object).astype(str), return_counts=True)
+    return dict(zip(names.tolist(), found.tolist()))
+
+
+class ClassCodesWriter:
+    """One source's labels as the counting pass reads them, for pass 1: each record's class
+    code (uint32, little-endian, written as it comes) to ``codes_path``, and on ``close`` the
+    classes in code order (a JSON list) to ``classes_path``. ``close`` returns ``{class: records}``."""
+
+    def __init__(self, codes_path: str, classes_path: str):
+        self._classes_path, self._codes, self._counts = classes_path, {}, np.zeros(0, np.int64)
+        self._handle = storage.open_write(codes_path)
+
+    def add(self, labels):
+        """One chunk's labels (``file_labels``' or ``record_labels``')."""
+        if isinstance(labels, pa.Array):
+            encoded = labels.dictionary_encode()
+            names, inverse = encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
+        else:
+            names, inverse = np.unique(np.asarray(labels, dtype=object), return_inverse=True)
+            names = names.tolist()
+        mapping = np.array([self._codes.setdefault(name, len(self._codes)) for name in names], dtype="<u4")
+        codes = mapping[inverse.reshape(-1)] if len(names) else np.zeros(0, "<u4")
+        self._handle.write(codes.tobytes())
+        found = np.bincount(codes, minlength=len(self._codes))
+        self._counts = found + np.pad(self._counts, (0, len(found) - len(self._counts)))
+
+    def close(self) -> dict:
+        self._handle.close()
+        storage.write_whole(self._classes_path, json.dumps(list(self._codes)).encode())
+        return dict(sorted(zip(self._codes, self._counts.tolist())))
+
+
+class ClassCodesReader:
+    """Pass 1's side of ``ClassCodesWriter``: the class codes of the next ``count`` records of
+    the source (``take``) and the classes they index (``classes``); ``path`` (the source) is
+    named when the file changed between the passes."""
+
+    def __init__(self, codes_path: str, classes_path: str, path: str):
+        self.classes = storage.read_json(classes_path)
+        self._handle, self._path = storage.open_read(codes_path, "uncompressed"), path
+
+    def take(self, count: int) -> np.ndarray:
+        """The uint32 class codes of the next ``count`` records."""
+        data = b""
+        while len(data) < 4 * count:
+            block = self._handle.read(4 * count - len(data))
+            if not block:
+                raise InputError(self._path, "has more records than the first pass counted: it changed during the run")
+            data += block
+        return np.frombuffer(data, "<u4")
+
+    def close(self):
+        extra = self._handle.read(1)
+        self._handle.close()
+        if extra:
+            raise InputError(self._path, "has fewer records than the first pass counted: it changed during the run")
+
+
+def _objects(labels) -> np.ndarray:
+    if isinstance(labels, pa.Array):
+        return labels.to_numpy(zero_copy_only=False).astype(object)
+    return labels
+
+
+def _labels(table, field, path, first, keep_unlabeled):
     if table.column_names == [LINE_COLUMN]:
-        return _json_labels(table, field, path)
+        data, offsets = binary_column_parts(table.column(LINE_COLUMN))
+        return _json_labels(data, table.num_rows, field, path, first, keep_unlabeled, offsets)
     if table.column_names in ([FRAME_COLUMN], [TAR_SAMPLE_COLUMN]):
-        return _payload_labels(table, field, path)
+        return _payload_labels(table, field, path, first, keep_unlabeled)
     if field not in table.column_names:
-        raise InputError(path, f"has no column {field!r} (columns: {', '.join(table.column_names)})")
-    column = table.column(field)
+        if keep_unlabeled:
+            return pa.array(np.full(table.num_rows, NULL_CLASS, dtype=object), pa.string())
+        raise InputError(path, f"has no column {field!r} (columns: {', '.join(table.column_names)}){_KEEP_HINT}")
+    return _column_labels(table.column(field))
+
+
+def _column_labels(column):
+    """A column's labels: an Arrow string array (numbers as their text, nulls ``"null"``)."""
     try:
-        return column.cast(pa.string()).fill_null("null").to_numpy(zero_copy_only=False)
+        labels = column.cast(pa.string()).fill_null(NULL_CLASS)
+        return labels.combine_chunks() if isinstance(labels, pa.ChunkedArray) else labels
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # nested types
         return np.array([json.dumps(v, default=str) for v in column.to_pylist()], dtype=object)
+
+
+def _parquet_file_labels(path, field, keep_unlabeled):
+    """The label column of a Parquet file alone (a projection: no other column is read)."""
+    import pyarrow.parquet as pq
+
+    with open_input(path, "uncompressed") as handle:
+        try:
+            parquet = pq.ParquetFile(handle)
+        except (pa.ArrowInvalid, OSError) as error:
+            raise InputError(path, f"is not a Parquet file ({error})") from error
+        names = parquet.schema_arrow.names
+        if field not in names:
+            if keep_unlabeled:
+                yield pa.array(np.full(parquet.metadata.num_rows, NULL_CLASS, dtype=object), pa.string())
+                return
+            raise InputError(path, f"has no column {field!r} (columns: {', '.join(names)}){_KEEP_HINT}")
+        try:
+            for batch in parquet.iter_batches(batch_size=1 << 16, columns=[field], use_threads=False):
+                yield _column_labels(batch.column(0))
+        except (pa.ArrowInvalid, OSError) as error:
+            raise InputError(path, f"cannot be read as Parquet ({error})") from error
+
+
+def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled):
+    """A JSONL file's labels, block by block of whole lines: the lines as ``JsonlFormat.read_chunks``
+    cuts them (a last line without a newline is one), not split into records first."""
+    from pileshuffle.storage import compression_of
+
+    compressed, carry, lines = compression_of(path) != "uncompressed", b"", 0
+    with open_input(path) as handle:
+        while True:
+            block = read_block(handle, path, chunk_bytes, compressed)
+            if not block:
+                break
+            buf = carry + block if carry else block
+            end = buf.rfind(b"\n") + 1
+            if end:
+                count = int(np.count_nonzero(np.frombuffer(buf, np.uint8, end) == _NEWLINE))
+                yield _json_labels(pa.py_buffer(buf).slice(0, end), count, field, path, lines, keep_unlabeled)
+                lines += count
+            carry = buf[end:]
+    if carry:
+        yield _json_labels(pa.py_buffer(carry + b"\n"), 1, field, path, lines, keep_unlabeled)
 
 
 # JSON label types Arrow's reader extracts in C++ (only the label's field is built), with the
@@ -49,13 +209,17 @@ def record_labels(table: pa.Table, field: str, path: str) -> np.ndarray:
 _ARROW_JSON_TYPES = (pa.string(), pa.int64(), pa.bool_())
 
 
-def _json_labels(table, field, path):
-    data, offsets = binary_column_parts(table.column(LINE_COLUMN))
+def _json_labels(data, lines, field, path, first, keep_unlabeled, offsets=None):
+    """The labels of ``lines`` JSON lines ``data`` (their ``offsets`` if known)."""
     for kind in _ARROW_JSON_TYPES:
         column = _arrow_json_column(data, field, kind)
-        if column is not None and len(column) == table.num_rows and not column.null_count:
-            return column.cast(pa.string()).to_numpy(zero_copy_only=False).astype(object)
-    return _json_labels_line_by_line(data, offsets, field, path)
+        # Arrow skips blank lines: a count that differs goes line by line, which names them
+        if column is not None and len(column) == lines and (keep_unlabeled or not column.null_count):
+            return column.cast(pa.string()).fill_null(NULL_CLASS)
+    if offsets is None:
+        newlines = np.flatnonzero(np.frombuffer(data, np.uint8) == _NEWLINE)
+        offsets = np.concatenate(([0], newlines + 1))
+    return _json_labels_line_by_line(data, offsets, field, path, first, keep_unlabeled)
 
 
 def _arrow_json_column(data, field, kind):
@@ -67,40 +231,51 @@ def _arrow_json_column(data, field, kind):
         read = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(use_threads=False,
                                                                                 block_size=max(1 << 20, data.size + 1)),
                             parse_options=options)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
         return None
     return read.column(field).combine_chunks()
 
 
-def _json_labels_line_by_line(data, offsets, field, path):
+def _json_labels_line_by_line(data, offsets, field, path, first=0, keep_unlabeled=False):
     data, out = data.to_pybytes(), []
-    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+    for index, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
         try:
             value = json.loads(data[a:b])[field]
             out.append(value if isinstance(value, str) else json.dumps(value, default=str))
         except (ValueError, KeyError, TypeError, IndexError):
-            raise InputError(path, f"a line ({data[a:b][:60]!r}) is not a JSON object with key {field!r}") from None
+            if not keep_unlabeled:
+                raise InputError(path, f"a line (line {first + index + 1:,} of the file: {data[a:b].rstrip()[:60]!r}) is "
+                                       f"not a JSON object with key {field!r}{_KEEP_HINT}") from None
+            out.append(NULL_CLASS)
     return np.array(out, dtype=object)
 
 
-def _payload_labels(table, field, path):
+def _payload_labels(table, field, path, first, keep_unlabeled):
     """Labels from payloads: a ``tf.train.Example`` feature (TFRecord), a member (tar)."""
     holder = holder_of(table)
     data, offsets = binary_column_parts(table.column(0))
     data, out = data.to_pybytes(), []
     for index, (a, b) in enumerate(zip((offsets[:-1] + holder.before).tolist(), (offsets[1:] - holder.after).tolist())):
+        number = first + index + 1
         if holder.name == "tar":
             sample = sample_dict(data[a:b])
             values = [sample[field]] if field in sample else None
-            where = f"the sample {sample[KEY_FIELD]!r}"
+            where = f"sample {number:,} of the file (key {sample[KEY_FIELD]!r})"
         else:
             try:
                 values = feature_values(data[a:b], field)
             except NotAnExample as error:
-                raise InputError(path, f"record {index} of a chunk is no tf.train.Example ({error}): --label reads "
-                                       "a feature of one; use --label_bytes START:END for other payloads") from None
-            where = "a tf.train.Example"
+                if keep_unlabeled:
+                    values = None
+                else:
+                    raise InputError(path, f"record {number:,} of the file is no tf.train.Example ({error}): --label "
+                                           "reads a feature of one; use --label_bytes START:END for other payloads") from None
+            where = f"record {number:,} of the file (a tf.train.Example)"
         if values is None:
-            raise InputError(path, f"{where} has no {'member' if holder.name == 'tar' else 'feature'} {field!r}")
+            if keep_unlabeled:
+                out.append(NULL_CLASS)
+                continue
+            what = "member" if holder.name == "tar" else "feature"
+            raise InputError(path, f"{where} has no {what} {field!r}{_KEEP_HINT}")
         out.append(label_text(values))
     return np.array(out, dtype=object)

@@ -152,23 +152,23 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
     pass 1 emits them (its own ``class_counts``, ``class_plan`` and ``keyed_chunks``, from the
     manifest's label field, policy, seed and ``skip_corrupt``): positions count the copies,
     ``file_records`` are the copies per file, and ``keys`` the sampled copies' pass-1 keys."""
-    from pileshuffle.balance import Policy, class_plan
+    from pileshuffle.balance import Policy
     from pileshuffle.formats import ReadReport
     from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
-    from pileshuffle.transforms.assign import INPUT_STREAM, Source, class_counts, keyed_chunks
+    from pileshuffle.transforms.assign import INPUT_STREAM, Source, copies_balance, keyed_chunks
 
     options = manifest.get("options", {})
     field, skip = options["label_field"], bool(options.get("skip_corrupt"))
     seed = int(manifest.get("seed") or 0)
     sources = [Source(number, path, 0) for number, path in enumerate(paths)]  # ids: ranks in the sorted file list
-    plan = class_plan([(s.id, class_counts(fmt, s, field, skip_corrupt=skip)) for s in sources],
-                      Policy.parse(options["balance"], bool(options.get("undersample"))), seed)
+    balance = copies_balance(fmt, sources, field, Policy.parse(options["balance"], bool(options.get("undersample"))),
+                             seed, skip, bool(options.get("keep_unlabeled")))
     file_records, hashes, positions, keys, labels = [], [], [], [], []
     position = longest = 0
     for source in sources:
         count = 0
         for table, chunk_keys, chunk_hashes, _, _ in keyed_chunks(fmt, source, seed, (INPUT_STREAM, source.id),
-                                                                   DEFAULT_CHUNK_BYTES, skip, ReadReport(), (field, plan)):
+                                                                   DEFAULT_CHUNK_BYTES, skip, ReadReport(), balance):
             kept = np.flatnonzero(chunk_hashes < np.uint64(threshold)) if threshold < _HASH_SPACE else np.arange(len(chunk_hashes))
             hashes.append(chunk_hashes[kept])
             keys.append(chunk_keys[kept])

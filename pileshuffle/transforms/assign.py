@@ -16,13 +16,13 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from pileshuffle import keys as keymath
-from pileshuffle import progress
+from pileshuffle import progress, storage
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, parts_by_pile, records_table
-from pileshuffle.formats.labels import record_labels
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, records_table
+from pileshuffle.formats.labels import ClassCodesReader, ClassCodesWriter, file_labels, label_counts, record_labels
 from pileshuffle.fragments import Fragment, FragmentFiles, to_ipc
-from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, source_writer_name
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, class_codes_names, source_writer_name
 from pileshuffle.tuning import prepare_worker
 
 STATS_TAG = "stats"  # the tag of pass 1's side output: one SourceStats per source
@@ -62,40 +62,88 @@ class SourceStats:
         return self.fingerprint if self.emitted is None else self.emitted
 
 
-def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, num_piles: int):
+def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, num_piles: int,
+                  rows: np.ndarray = None):
     """Yield ``(pile, part, fingerprint)`` for every non-empty pile of a chunk; each part
     keeps the chunk's order and carries each record's key (``KEY_COLUMN``) and pass-1
-    hash (``HASH_COLUMN``, so pass 2 can account for every record without hashing it again)."""
-    table = table.append_column(KEY_COLUMN, pa.array(keys, type=pa.uint64()))
-    table = table.append_column(HASH_COLUMN, pa.array(hashes, type=pa.uint64()))
-    for pile, part, rows in parts_by_pile(table, keymath.pile_of(keys, num_piles), num_piles):
-        yield pile, part, Fingerprint.of(hashes[rows], int(lengths[rows].sum()))
+    hash (``HASH_COLUMN``, so pass 2 can account for every record without hashing it again).
+    With ``rows`` (``keyed_rows``' copies) the chunk is ``table.take(rows)``: each pile's part is
+    taken on its own (one ``take`` of a chunk with its copies would pass glibc's 32 MiB heap
+    limit at 2x copies, and each new mapping costs page faults)."""
+    order, bounds = keymath.group_by_pile(keymath.pile_of(keys, num_piles), num_piles)
+    if rows is None:
+        taken = table.take(order)
+        taken = taken.append_column(KEY_COLUMN, pa.array(keys[order], type=pa.uint64()))
+        taken = taken.append_column(HASH_COLUMN, pa.array(hashes[order], type=pa.uint64()))
+    for pile in np.flatnonzero(np.diff(bounds)).tolist():
+        start, stop = int(bounds[pile]), int(bounds[pile + 1])
+        picked = order[start:stop]
+        if rows is None:
+            part = taken.slice(start, stop - start)
+        else:
+            part = table.take(rows[picked]).append_column(KEY_COLUMN, pa.array(keys[picked], type=pa.uint64()))
+            part = part.append_column(HASH_COLUMN, pa.array(hashes[picked], type=pa.uint64()))
+        yield pile, part, Fingerprint.of(hashes[picked], int(lengths[picked].sum()))
 
 
 def keyed_chunks(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool, report,
                  balance=None, tally=None):
     """``(table, keys, hashes, lengths, read)`` for each chunk of ``source`` in file order:
     keys are ``record_keys(seed, stream, position)``, a pure function of the input; ``read``
-    is the chunk's fingerprint as read. With ``balance`` (``(label field, ClassPlan)``) each
-    record comes as many times as its copies say, each copy a position of its own, and ``tally``
-    (a dict) adds up ``class -> [records read, records emitted]``."""
-    index = 0
+    is the chunk's fingerprint as read. With ``balance`` (``(label field, ClassPlan)``, or
+    ``(label field, ClassPlan, keep_unlabeled)``) each record comes as many times as its copies
+    say, each copy a position of its own, and ``tally`` (a dict) adds up ``class -> [records
+    read, records emitted]``."""
+    for table, keys, hashes, lengths, read, rows in keyed_rows(fmt, source, seed, stream, chunk_bytes, skip_corrupt,
+                                                               report, balance, tally):
+        yield (table if rows is None else table.take(rows)), keys, hashes, lengths, read
+
+
+def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool, report,
+               balance=None, tally=None, stored=None):
+    """``keyed_chunks`` with each chunk as read: ``(table, keys, hashes, lengths, read, rows)``,
+    where ``rows`` (None without ``balance``) picks the records with their copies
+    (``table.take(rows)``), and ``keys``, ``hashes`` and ``lengths`` are the copies'. With
+    ``stored`` (a ``ClassCodesReader`` of the source) labels come from the counting pass
+    instead of being parsed again."""
+    index, first = 0, 0
     copies_of = None if balance is None else balance[1].copier(source.id)
+    if stored is not None:
+        copies_of = balance[1].copier(source.id, stored.classes)
+    keep_unlabeled = balance is not None and len(balance) > 2 and bool(balance[2])
     for table in fmt.read_chunks(source.path, chunk_bytes, skip_corrupt, report):
         hashes, lengths = record_hashes(table), record_lengths(table)
         read = Fingerprint.of(hashes, int(lengths.sum()))
-        if copies_of is not None:
-            labels = record_labels(table, balance[0], source.path)
+        if copies_of is None:
+            keys = keymath.record_keys(seed, stream, index, table.num_rows)
+            index += table.num_rows
+            yield table, keys, hashes, lengths, read, None
+            continue
+        if stored is None:
+            labels = record_labels(table, balance[0], source.path, first, keep_unlabeled)
             copies = copies_of(labels)
-            if tally is not None:
-                for label, read_n, emitted_n in _class_tally(labels, copies):
-                    counted = tally.setdefault(label, [0, 0])
-                    counted[0], counted[1] = counted[0] + read_n, counted[1] + emitted_n
-            rows = np.repeat(np.arange(table.num_rows), copies)
-            table, hashes, lengths = table.take(rows), hashes[rows], lengths[rows]
-        keys = keymath.record_keys(seed, stream, index, table.num_rows)
-        index += table.num_rows
-        yield table, keys, hashes, lengths, read
+            found = _class_tally(labels, copies) if tally is not None else ()
+        else:
+            codes = stored.take(table.num_rows)
+            copies = copies_of(codes)
+            found = _code_tally(codes, copies, stored.classes) if tally is not None else ()
+        first += table.num_rows
+        for label, read_n, emitted_n in found:
+            counted = tally.setdefault(label, [0, 0])
+            counted[0], counted[1] = counted[0] + read_n, counted[1] + emitted_n
+        rows = np.repeat(np.arange(table.num_rows), copies)
+        keys = keymath.record_keys(seed, stream, index, len(rows))
+        index += len(rows)
+        yield table, keys, hashes[rows], lengths[rows], read, rows
+    if stored is not None:
+        stored.close()
+
+
+def _code_tally(codes, copies, classes):
+    """``_class_tally`` from class codes (``ClassCodesReader``)."""
+    read = np.bincount(codes, minlength=len(classes))
+    emitted = np.bincount(codes, weights=copies, minlength=len(classes)).astype(np.int64)
+    return [(classes[c], int(read[c]), int(emitted[c])) for c in np.flatnonzero(read).tolist()]
 
 
 def _class_tally(labels, copies):
@@ -107,26 +155,57 @@ def _class_tally(labels, copies):
     return zip(names.tolist(), read.tolist(), emitted.tolist())
 
 
-def class_counts(fmt, source: Source, field: str, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False) -> dict:
+def class_counts(fmt, source: Source, field: str, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False,
+                 keep_unlabeled=False) -> dict:
     """``{class: records}`` of one source, read as pass 1 reads it (the same records under
-    ``skip_corrupt``): what ``--balance``'s first pass and ``verify`` count."""
+    ``skip_corrupt``): what ``--balance``'s first pass and ``verify`` count. Only the labels
+    are read (``file_labels``: a Parquet file's label column, a JSONL file's lines unsplit)."""
     counts = {}
-    for table in fmt.read_chunks(source.path, chunk_bytes, skip_corrupt, ReadReport()):
-        labels, found = np.unique(record_labels(table, field, source.path).astype(str), return_counts=True)
-        for label, n in zip(labels.tolist(), found.tolist()):
+    for labels in file_labels(fmt, source.path, field, chunk_bytes, skip_corrupt, ReadReport(), keep_unlabeled):
+        for label, n in label_counts(labels).items():
             counts[label] = counts.get(label, 0) + n
-    return counts
+    return dict(sorted(counts.items()))
+
+
+def copies_balance(fmt, sources, field: str, policy, seed: int, skip_corrupt=False, keep_unlabeled=False) -> tuple:
+    """``keyed_chunks``' ``balance`` for a run or a generation made with ``--balance``
+    (``policy``: a ``balance.Policy``): ``sources``' classes counted as its first pass counted
+    them, turned into copies under its seed: what ``verify`` and ``quality`` recompute."""
+    from pileshuffle.balance import class_plan
+
+    counts = [(s.id, class_counts(fmt, s, field, skip_corrupt=skip_corrupt, keep_unlabeled=keep_unlabeled))
+              for s in sources]
+    return field, class_plan(counts, policy, seed), keep_unlabeled
+
+
+def _codes_paths(codes_dir, format_name, source: Source):
+    """Where the counting pass keeps ``source``'s class codes for pass 1 (``ClassCodesWriter``),
+    or None: not kept for Parquet, whose labels are a column pass 1 decodes anyway."""
+    if codes_dir is None or format_name == "parquet":
+        return None
+    return tuple(storage.join(codes_dir, name) for name in class_codes_names(source.id))
 
 
 class CountClasses(beam.DoFn):
-    """``--balance``'s first pass: ``(source id, class_counts)`` of one source."""
+    """``--balance``'s first pass: ``(source id, class_counts)`` of one source; with
+    ``codes_dir`` each record's class is kept there for pass 1 (``ReadSourceToPiles``)."""
 
-    def __init__(self, format_name, field, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False):
+    def __init__(self, format_name, field, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, keep_unlabeled=False,
+                 codes_dir=None):
         self._format_name, self._field, self._chunk_bytes, self._skip_corrupt = format_name, field, chunk_bytes, skip_corrupt
+        self._keep_unlabeled, self._codes_dir = keep_unlabeled, codes_dir
 
     def process(self, source: Source):
-        yield source.id, class_counts(get_format(self._format_name), source, self._field, self._chunk_bytes,
-                                      self._skip_corrupt)
+        fmt, paths = get_format(self._format_name), _codes_paths(self._codes_dir, self._format_name, source)
+        if paths is None:
+            yield source.id, class_counts(fmt, source, self._field, self._chunk_bytes, self._skip_corrupt,
+                                          self._keep_unlabeled)
+            return
+        writer = ClassCodesWriter(*paths)
+        for labels in file_labels(fmt, source.path, self._field, self._chunk_bytes, self._skip_corrupt, ReadReport(),
+                                  self._keep_unlabeled):
+            writer.add(labels)
+        yield source.id, writer.close()
 
 
 class _PileWriter:
@@ -160,10 +239,10 @@ class ReadSourceToPiles(beam.DoFn):
     """
 
     def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                 skip_corrupt=False, label=None):
+                 skip_corrupt=False, label=None, keep_unlabeled=False, codes_dir=None):
         self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
         self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
-        self._label = label
+        self._label, self._keep_unlabeled, self._codes_dir = label, keep_unlabeled, codes_dir
 
     def setup(self):
         prepare_worker()
@@ -172,15 +251,17 @@ class ReadSourceToPiles(beam.DoFn):
         """``classes``: the ``ClassPlan`` side input under ``--balance`` (None: no copies)."""
         report = ReadReport()
         writer = _PileWriter(self._fragments_dir, source_writer_name(source.id))
-        balance, tally = (None, None) if classes is None else ((self._label, classes), {})
-        chunks = keyed_chunks(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
-                              self._chunk_bytes, self._skip_corrupt, report, balance, tally)
+        balance, tally = (None, None) if classes is None else ((self._label, classes, self._keep_unlabeled), {})
+        paths = None if classes is None else _codes_paths(self._codes_dir, self._format_name, source)
+        chunks = keyed_rows(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
+                            self._chunk_bytes, self._skip_corrupt, report, balance, tally,
+                            None if paths is None else ClassCodesReader(*paths, source.path))
         fingerprint, emitted = Fingerprint(), Fingerprint()
-        for chunk_index, (table, keys, hashes, lengths, read) in enumerate(chunks):
+        for chunk_index, (table, keys, hashes, lengths, read, rows) in enumerate(chunks):
             fingerprint += read
             if balance is not None:
                 emitted += Fingerprint.of(hashes, int(lengths.sum()))
-            for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
+            for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles, rows):
                 yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
             progress.read(source, read.bytes)
         yield from writer.commit((source.id, 0))
@@ -266,5 +347,5 @@ class AssignPiles(beam.DoFn):
         return out
 
 
-__all__ = ["Source", "SourceStats", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "split_by_pile", "ReadSourceToPiles",
-           "AssignPiles", "CountClasses", "class_counts"]
+__all__ = ["Source", "SourceStats", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "keyed_rows", "split_by_pile",
+           "ReadSourceToPiles", "AssignPiles", "CountClasses", "class_counts", "copies_balance"]

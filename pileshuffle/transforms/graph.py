@@ -4,6 +4,7 @@ import apache_beam as beam
 
 from pileshuffle import storage
 from pileshuffle.fragments import Fragment
+from pileshuffle.names import CLASS_CODES_DIR
 from pileshuffle.balance import class_plan
 from pileshuffle.transforms.assign import STATS_TAG, CountClasses, ReadSourceToPiles, SourceStats
 from pileshuffle.transforms.shuffle import GroupIntoPiles
@@ -16,6 +17,7 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
     """The template's graph: one leaf (Finalize), so runners that run only the last
     leaf (Dask) still run all of it."""
     fragments_dir = storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
+    codes_dir = storage.join(plan.work_dir, CLASS_CODES_DIR)  # --balance: labels from the counting pass to pass 1
     sources = (
         pipeline
         | "ListSources" >> beam.Create(plan.sources)
@@ -23,7 +25,8 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
     )
     pass1 = sources | "ReadSourceToPiles" >> beam.ParDo(
         ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt,
-                          label=plan.label), **_class_plan(sources, plan)
+                          label=plan.label, keep_unlabeled=plan.keep_unlabeled, codes_dir=codes_dir),
+        **_class_plan(sources, plan, codes_dir)
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it
     # does not separate tags), so each branch keeps only its own type; elsewhere a no-op.
@@ -40,19 +43,23 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
     )
 
 
-def _class_plan(sources, plan) -> dict:
+def _class_plan(sources, plan, codes_dir) -> dict:
     """Under ``--balance``, pass 1's side input ``classes`` (``counted_classes``)."""
     if plan.balance is None:
         return {}
-    return counted_classes(sources, plan.format, plan.label, plan.balance, plan.seed, plan.skip_corrupt)
+    return counted_classes(sources, plan.format, plan.label, plan.balance, plan.seed, plan.skip_corrupt,
+                           plan.keep_unlabeled, codes_dir)
 
 
-def counted_classes(sources, format_name: str, label: str, policy, seed: int, skip_corrupt: bool = False) -> dict:
+def counted_classes(sources, format_name: str, label: str, policy, seed: int, skip_corrupt: bool = False,
+                    keep_unlabeled: bool = False, codes_dir: str = None) -> dict:
     """``{"classes": side input}`` for pass 1 over the ``Source`` PCollection ``sources``: a
     first pass counts every source's classes, and ``balance.class_plan`` turns the counts into
-    each record's copies (the same for ``run`` and each generation of a store)."""
+    each record's copies (the same for ``run`` and each generation of a store). With
+    ``codes_dir`` the first pass keeps each record's class there for pass 1 (``CountClasses``)."""
     counts = (sources
-              | "CountClasses" >> beam.ParDo(CountClasses(format_name, label, skip_corrupt=skip_corrupt))
+              | "CountClasses" >> beam.ParDo(CountClasses(format_name, label, skip_corrupt=skip_corrupt,
+                                                          keep_unlabeled=keep_unlabeled, codes_dir=codes_dir))
               | "AllCounts" >> beam.combiners.ToList()
               | "ClassPlan" >> beam.Map(class_plan, policy, seed))
     return {"classes": beam.pvalue.AsSingleton(counts)}
@@ -83,5 +90,6 @@ def _manifest_fields(plan) -> dict:
             "skip_corrupt": plan.skip_corrupt,
             **({"label_field": plan.label, "balance": plan.balance.spec(), "undersample": plan.balance.undersample}
                if plan.balance else {}),
+            **({"keep_unlabeled": True} if plan.balance and plan.keep_unlabeled else {}),
         },
     }
