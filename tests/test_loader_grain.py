@@ -168,3 +168,19 @@ def test_the_jax_example_in_docs_runs_as_written(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "3072 records, each once" in done.stdout
+
+
+def test_grains_own_checkpoint_handler_saves_and_restores_it(output, tmp_path):
+    """grain.checkpoint.CheckpointHandler (what Orbax's Grain handler is) writes the iterator's
+    state as process_0-of-1.json and restores it into a new iterator: the rest follows exactly."""
+    from etils import epath
+
+    handler = grain.checkpoint.CheckpointHandler()
+    it = iter(dataset(output).grain().map(len).batch(10))
+    [next(it) for _ in range(17)]
+    handler.save(epath.Path(tmp_path), item=it)
+    rest = [x.tolist() for x in it]
+    saved = json.loads((tmp_path / "process_0-of-1.json").read_text())
+    assert saved["pileshuffle"]["position"] == 170
+    again = handler.restore(epath.Path(tmp_path), item=iter(dataset(output).grain().map(len).batch(10)))
+    assert [x.tolist() for x in again] == rest
