@@ -13,7 +13,7 @@ materializes to ``run``'s exact bytes; generation g > 0 uses
 
 A store created with ``--balance`` balances every generation on its own class counts: a
 counting pass over the generation's sources, then each record written as many times as
-its copies say, each copy with a key of its own (``run``'s ``keyed_chunks``), so the
+its copies say, each copy with a key of its own (``run``'s ``keyed_rows``, each pile's part taken on its own), so the
 copies spread over the piles as in ``run``.
 
 ``PublishGeneration`` runs once, after every file is written: it checks that the files
@@ -36,7 +36,7 @@ from pileshuffle.fragments import FragmentFiles, read_batches
 from pileshuffle.names import store_writer_name
 from pileshuffle.output_files import remove_tree
 from pileshuffle.store import layout
-from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, keyed_chunks, split_by_pile
+from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, keyed_rows, split_by_pile
 from pileshuffle.transforms.graph import counted_classes
 from pileshuffle.transforms.write import KeyByNone, balance_section, check_accounted, schema_json
 from pileshuffle.tuning import prepare_worker
@@ -133,12 +133,12 @@ class _WriteStoreGroup(beam.DoFn):
             report, fingerprint, emitted = ReadReport(), Fingerprint(), Fingerprint()
             tally = None if balance is None else {}
             stream = _generation_stream(self._generation, source.id)
-            for table, keys, hashes, lengths, read in keyed_chunks(fmt, source, self._seed, stream, self._chunk_bytes,
-                                                                   self._skip_corrupt, report, balance, tally):
+            for table, keys, hashes, lengths, read, rows in keyed_rows(fmt, source, self._seed, stream, self._chunk_bytes,
+                                                                       self._skip_corrupt, report, balance, tally):
                 fingerprint += read
                 if balance is not None:  # what the files must hold: the records with their copies
                     emitted += Fingerprint.of(hashes, int(lengths.sum()))
-                for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
+                for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles, rows):
                     files.append(pile, part, part_fingerprint)
             yield SourceStats.of(source, fingerprint, report, None if balance is None else emitted, tally)
         yield from files.commit_files()
