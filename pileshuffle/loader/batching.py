@@ -4,7 +4,19 @@ of rows (``as_numpy`` and Parquet). No batch keeps a loaded step's buffers alive
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["cut_at_steps", "payloads", "object_array", "payload_array", "list_batches", "array_batches", "table_batches"]
+__all__ = ["TAKE_ROWS", "gathered", "cut_at_steps", "payloads", "object_array", "payload_array", "list_batches", "array_batches", "table_batches"]
+
+
+TAKE_ROWS = 8192  # records gathered into a table at a time (Parquet rows are copied: never a whole step)
+
+
+def gathered(blocks):
+    """``loader.piles.Block``s (views of loaded piles) as tables of at most ``TAKE_ROWS``
+    records each, in order."""
+    for block in blocks:
+        for start in range(0, block.num_rows, TAKE_ROWS):
+            yield block.slice(start, min(block.num_rows, start + TAKE_ROWS))
+        del block  # the generator of blocks may give a step's pages back before the next
 
 
 def cut_at_steps(tables, step: int):

@@ -13,7 +13,7 @@ import pyarrow as pa
 from pileshuffle.loader import split
 from pileshuffle.loader.arguments import (check_world_size, checked_columns,
                                           describe_identity, whole_number)
-from pileshuffle.loader.batching import cut_at_steps
+from pileshuffle.loader.batching import cut_at_steps, gathered
 from pileshuffle.loader.cache import DEFAULT_LIMIT, PileCache
 from pileshuffle.loader.consumer import STATE_FORMAT, Consumer
 from pileshuffle.loader.order import EpochOrder
@@ -22,8 +22,6 @@ from pileshuffle.loader.prefetch import prefetched
 from pileshuffle.loader.steps import Steps, ranks_loaded
 
 __all__ = ["STATE_FORMAT", "ShuffledDataset"]
-
-_TAKE_ROWS = 8192  # Parquet rows gathered per take
 
 
 class ShuffledDataset(Consumer):
@@ -102,8 +100,26 @@ class ShuffledDataset(Consumer):
 
     # --- reading ----------------------------------------------------------------
     def _read(self, ranges, step):
-        """Tables of this epoch's ``ranges``, in order, cut at multiples of ``step`` records."""
-        return self._tables_from(self._plan(ranges), step)
+        """Tables of this epoch's ``ranges``, in order, cut at multiples of ``step`` records
+        (a batch is one piece except where it straddles two steps); reshuffled Parquet rows
+        are gathered ``TAKE_ROWS`` at a time (never a copy of a whole step)."""
+        return cut_at_steps(gathered(self._blocks(ranges)), step)
+
+    def _blocks(self, ranges):
+        """This epoch's ``ranges`` as Blocks over the loaded piles (nothing copied), in order;
+        each step is built on the prefetch thread while the one before is read."""
+        steps = Steps(self.output, self._order)
+
+        def load(planned):
+            return steps(planned[0]), planned[1]
+
+        plan = self._plan(ranges)
+        for block, pieces in prefetched(plan, load) if self.prefetch else map(load, plan):
+            for lo, hi in pieces:
+                yield block.part(lo, hi)
+            del block
+            if self.output.decoded:  # the step's columns came from Arrow's pool: give its pages back now
+                pa.default_memory_pool().release_unused()
 
     def _plan(self, ranges) -> list:
         """``[(step, [(lo, hi), ...]), ...]``: the steps to read, in order, and the
@@ -130,25 +146,3 @@ class ShuffledDataset(Consumer):
         upcoming = self._next_pass()
         steps = [step for step, _ in upcoming._plan(split.tail(upcoming._ranges, upcoming._resume_at or 0))]
         return [int(upcoming._order.pile_order[r]) for r in ranks_loaded(upcoming._order, steps)]
-
-    def _tables_from(self, plan, step):
-        """Pieces cut at multiples of ``step`` records of this iteration, so that a batch
-        is one piece except where it straddles two steps of the epoch. Reshuffled Parquet
-        rows are gathered ``_TAKE_ROWS`` at a time (never a copy of a whole step)."""
-        steps = Steps(self.output, self._order)
-
-        def load(planned):
-            return steps(planned[0]), planned[1]
-
-        loaded = prefetched(plan, load) if self.prefetch else map(load, plan)
-        return cut_at_steps(self._gathered(loaded), step)
-
-    def _gathered(self, loaded):
-        """The planned pieces of each loaded step as tables of at most ``_TAKE_ROWS`` records."""
-        for block, pieces in loaded:
-            for lo, hi in pieces:
-                for chunk in range(lo, hi, _TAKE_ROWS):
-                    yield block.slice(chunk, min(hi, chunk + _TAKE_ROWS))
-            del block
-            if self.output.decoded:  # the step's columns came from Arrow's pool: give its pages back now
-                pa.default_memory_pool().release_unused()

@@ -30,7 +30,7 @@ import pyarrow as pa
 from pileshuffle import keys as keymath
 from pileshuffle.loader.arguments import (check_world_size, describe_identity,
                                           whole_number)
-from pileshuffle.loader.batching import cut_at_steps
+from pileshuffle.loader.batching import cut_at_steps, gathered
 from pileshuffle.loader.consumer import Consumer
 from pileshuffle.loader.dataset import ShuffledDataset
 from pileshuffle.loader.interleave import Interleave
@@ -160,55 +160,55 @@ class Mixture(Consumer):
     # --- reading ----------------------------------------------------------------
     def _read(self, ranges, step):
         """Tables of this epoch's ``ranges``, in order, cut at multiples of ``step`` records."""
-        return cut_at_steps(self._chunks(ranges), step)
+        return cut_at_steps(gathered(self._chunks(ranges)), step)
 
     def _chunks(self, ranges):
-        """The ranges' records mixed ``_CHUNK`` positions at a time."""
+        """The ranges' records mixed ``_CHUNK`` positions at a time, as Blocks over the sources'
+        loaded piles: the only copy is the final gather, as for one output."""
         for a, b in ranges:
-            readers = [_Rows(self._source_tables(i, a, b)) for i in range(len(self.sources))]
+            readers = [_Rows(self._source_blocks(i, a, b)) for i in range(len(self.sources))]
             for lo in range(a, b, _CHUNK):
                 yield self._mixed(readers, lo, min(b, lo + _CHUNK))
 
-    def _source_tables(self, source: int, a: int, b: int):
-        """Source ``source``'s records for this epoch's positions ``a .. b-1``, in order
-        (a generator: a source with none there never loads a pile)."""
+    def _source_blocks(self, source: int, a: int, b: int):
+        """Source ``source``'s records for this epoch's positions ``a .. b-1``, in order, as
+        Blocks (a generator: a source with none there never loads a pile)."""
         order, length = self._order, self._lengths[source]
         start = order.bases[source] + self._interleave.count(source, order.offset + a)
         stop = order.bases[source] + self._interleave.count(source, order.offset + b)
         while start < stop:
             epoch, lo = divmod(start, length)
             hi = min(length, lo + stop - start)
-            yield from self.sources[source]._at_epoch(epoch)._read([(lo, hi)], _CHUNK)
+            yield from self.sources[source]._at_epoch(epoch)._blocks([(lo, hi)])
             start += hi - lo
 
-    def _mixed(self, readers, lo: int, hi: int) -> pa.Table:
+    def _mixed(self, readers, lo: int, hi: int) -> Block:
         """Positions ``lo .. hi-1``: each source's next records, put where the pattern says."""
         sources = self.sources_at(lo, hi)
         counts = np.bincount(sources, minlength=len(readers))
         parts = [readers[i].take(int(n)) for i, n in enumerate(counts) if n]
         if len(parts) == 1:
             return parts[0]
-        grouped = np.argsort(sources, kind="stable")  # record j of the parts one after another goes to grouped[j]
-        return Block.interleave([Block.of_table(part) for part in parts], grouped).slice(0, len(grouped))
+        return Block.interleave(parts, np.argsort(sources, kind="stable"))  # record j of the parts goes to place j
 
 
 class _Rows:
-    """Exactly ``n`` rows at a time from a stream of tables."""
+    """Exactly ``n`` records at a time (one Block) from a stream of Blocks."""
 
-    def __init__(self, tables):
-        self._tables, self._held = iter(tables), None
+    def __init__(self, blocks):
+        self._blocks, self._held = iter(blocks), None
 
-    def take(self, n: int) -> pa.Table:
+    def take(self, n: int) -> Block:
         parts = []
         while n:
             if self._held is None or self._held.num_rows == 0:
-                self._held = next(self._tables, None)
+                self._held = next(self._blocks, None)
                 if self._held is None:
                     raise RuntimeError("a mixture source ran out before its count (a bug: counts are exact)")
-            piece = self._held.slice(0, n)
-            self._held, n = self._held.slice(piece.num_rows), n - piece.num_rows
-            parts.append(piece)
-        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            size = min(n, self._held.num_rows)
+            parts.append(self._held.part(0, size))
+            self._held, n = self._held.part(size, self._held.num_rows), n - size
+        return parts[0] if len(parts) == 1 else Block.concat(parts)
 
 
 def _check_alike(sources):
