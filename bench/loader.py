@@ -28,6 +28,7 @@ piles. Every row reads those 16 shards and delivers batches of 256 records:
 - ``k1-mix2``         ``Mixture([output, output2], [1, 1], stop="restart", records_per_epoch=N).batches(256)``:
                       the same N records per epoch, half from each of two outputs (output2: the same data
                       shuffled with another run seed), each source its own reader holding its own piles
+- ``k1-iter``         ``iter(ds)``: the reshuffling loader one record at a time (what Grain reads)
 - ``k1-grain``        ``ds.grain().batch(256, batch_fn=list)``: the loader as a Grain IterDataset, in-process
 - ``k1-grain-mp2``    the same batched in 2 ``mp_prefetch`` worker processes
 - ``arrayrecord-grain-shuffle`` Grain's own global shuffle over the same records written as ArrayRecord

@@ -29,6 +29,7 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("dl2-ready", "dl2-ready", 1, ("tfrecord",)),  # mix 1: compared with k1
     ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
     ("k1-mix2", "mixture", 1, ("tfrecord", "parquet")),  # Mixture of this output and a second shuffle of the data
+    ("k1-iter", "loader-iter", 1, ("tfrecord",)),  # iter(ds): one record at a time, as Grain takes them
     ("k1-grain", "grain", 1, ("tfrecord",)),
     ("k1-grain-mp2", "grain-mp2", 1, ("tfrecord",)),
     ("arrayrecord-grain-shuffle", "arrayrecord-shuffle", None, ("tfrecord",)),
@@ -191,6 +192,8 @@ def row_batches(kind, data, mix):
         return loader_rows(data["prefix"], 1, reshuffle=False)
     if kind == "loader":
         return loader_rows(data["prefix"], mix)
+    if kind == "loader-iter":
+        return iter(loader_dataset(data["prefix"], mix)), lambda record: 1
     if kind == "loader-numpy":
         return loader_rows(data["prefix"], mix, as_numpy=True)
     if kind in DATALOADER_KINDS:
