@@ -25,9 +25,10 @@ from pileshuffle import storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import holder_of
-from pileshuffle.formats.base import open_input, read_block
+from pileshuffle.formats.base import open_input
 from pileshuffle.formats.example import NotAnExample, feature_values
 from pileshuffle.formats.tar import KEY_FIELD, sample_dict
+from pileshuffle.formats.text import line_blocks
 from pileshuffle.names import FRAME_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
 
 __all__ = ["record_labels", "label_text", "file_labels", "label_counts", "NULL_CLASS", "ClassCodesWriter",
@@ -182,25 +183,13 @@ def _parquet_file_labels(path, field, keep_unlabeled):
 
 
 def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled):
-    """A JSONL file's labels, block by block of whole lines: the lines as ``JsonlFormat.read_chunks``
-    cuts them (a last line without a newline is one), not split into records first."""
-    from pileshuffle.storage import compression_of
-
-    compressed, carry, lines = compression_of(path) != "uncompressed", b"", 0
-    with open_input(path) as handle:
-        while True:
-            block = read_block(handle, path, chunk_bytes, compressed)
-            if not block:
-                break
-            buf = carry + block if carry else block
-            end = buf.rfind(b"\n") + 1
-            if end:
-                count = int(np.count_nonzero(np.frombuffer(buf, np.uint8, end) == _NEWLINE))
-                yield _json_labels(pa.py_buffer(buf).slice(0, end), count, field, path, lines, keep_unlabeled)
-                lines += count
-            carry = buf[end:]
-    if carry:
-        yield _json_labels(pa.py_buffer(carry + b"\n"), 1, field, path, lines, keep_unlabeled)
+    """A JSONL file's labels, block by block of whole lines as ``JsonlFormat.read_chunks`` cuts
+    them (``text.line_blocks``), not split into records first."""
+    lines = 0
+    for buf, end in line_blocks(path, chunk_bytes):
+        count = int(np.count_nonzero(np.frombuffer(buf, np.uint8, end) == _NEWLINE))
+        yield _json_labels(pa.py_buffer(buf).slice(0, end), count, field, path, lines, keep_unlabeled)
+        lines += count
 
 
 # JSON label types Arrow's reader extracts in C++ (only the label's field is built), with the

@@ -17,7 +17,7 @@ from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import LINE_COLUMN
 from pileshuffle.storage import compression_of
 
-__all__ = ["JsonlFormat"]
+__all__ = ["JsonlFormat", "line_blocks"]
 
 _NEWLINE = 10
 
@@ -58,6 +58,25 @@ def _check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before: int):
                            "is UTF-8 text; a binary file (TFRecord, Parquet) needs its own --format")
 
 
+def line_blocks(path: str, chunk_bytes: int):
+    """``(buf, end)`` for each block of about ``chunk_bytes`` of a text file's whole lines, in
+    order: ``buf[:end]`` are complete lines (no line spans two blocks; a last line without a
+    newline comes as one with it), ``buf[end:]`` holds no newline."""
+    compressed, carry = compression_of(path) != "uncompressed", b""
+    with open_input(path) as handle:
+        while True:
+            block = read_block(handle, path, chunk_bytes, compressed)
+            if not block:
+                break
+            buf = carry + block if carry else block
+            end = buf.rfind(b"\n") + 1
+            if end:
+                yield buf, end
+            carry = buf[end:]
+    if carry:
+        yield carry + b"\n", len(carry) + 1
+
+
 class JsonlFormat(Payloads):
     """JSON Lines: a record is a line; it travels with its newline (a last line without one
     gets one when written)."""
@@ -71,24 +90,12 @@ class JsonlFormat(Payloads):
         return _line_views(buffer, path, buffer_index)
 
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
-        compressed = compression_of(path) != "uncompressed"
-        buf, lines = b"", 0
-        with open_input(path) as handle:
-            while True:
-                block = read_block(handle, path, chunk_bytes, compressed)
-                if not block:
-                    break
-                buf = buf + block if buf else block
-                bounds = _line_bounds(buf)
-                if len(bounds) > 1:
-                    _check_text(path, buf, bounds, lines)
-                    yield binary_table(LINE_COLUMN, buf, bounds)
-                    lines += len(bounds) - 1
-                buf = buf[int(bounds[-1]) :]
-        if buf:
-            last = np.array([0, len(buf) + 1])
-            _check_text(path, buf + b"\n", last, lines)
-            yield binary_table(LINE_COLUMN, buf + b"\n", last)
+        lines = 0
+        for buf, _ in line_blocks(path, chunk_bytes):
+            bounds = _line_bounds(buf)
+            _check_text(path, buf, bounds, lines)
+            yield binary_table(LINE_COLUMN, buf, bounds)
+            lines += len(bounds) - 1
 
     def write_shard(self, handle, tables, compression, schema=None):
         written = 0
