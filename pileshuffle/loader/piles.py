@@ -110,7 +110,9 @@ class Block:
             return Block(self.views[start:stop], self.buffers)
         if self.rows is None and len(self.tables) == 1:
             return Block(tables=(self.tables[0].slice(start, stop - start),))
-        return Block(tables=self.tables, rows=self._table_rows(np.arange(start, stop, dtype=np.int64)))
+        if self.rows is not None:
+            return Block(tables=self.tables, rows=self.rows[start:stop])  # a view: a Mixture takes parts again and again
+        return Block(tables=self.tables, rows=np.arange(start, stop, dtype=np.int64))
 
     def compact(self) -> "Block":
         """The same records copied into one new buffer (Parquet: one new table):
