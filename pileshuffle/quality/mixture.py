@@ -31,36 +31,33 @@ def parse_mixture(text: str):
 
 
 def _counts_per_window(sources: np.ndarray, count: int, size: int):
-    """Per dataset: its records in each consecutive batch of ``size``, and the largest
-    deviation from its share over every sliding window of ``size``."""
-    batches = len(sources) // size
-    per_batch = np.stack([np.bincount(np.repeat(np.arange(batches), size), sources[:batches * size] == i,
-                                      minlength=batches) for i in range(count)]) if batches else np.zeros((count, 0))
+    """Per dataset: its records in each consecutive batch of ``size`` (``sources`` holds at
+    least one), and in every sliding window of ``size``."""
+    batches = sources[: len(sources) // size * size].reshape(-1, size)
+    per_batch = [np.count_nonzero(batches == i, axis=1) for i in range(count)]
     sliding = []
     for i in range(count):
         cumulative = np.concatenate([[0], np.cumsum(sources == i, dtype=np.int64)])
-        held = cumulative[size:] - cumulative[:-size] if len(sources) >= size else np.zeros(0)
-        sliding.append(held)
+        sliding.append(cumulative[size:] - cumulative[:-size])
     return per_batch, sliding
 
 
 def _stats(per_batch, sliding, share, size) -> dict:
-    expected = share * size
     return {
-        "mean_per_batch": float(per_batch.mean()) if per_batch.size else None,
-        "min_per_batch": int(per_batch.min()) if per_batch.size else None,
-        "max_per_batch": int(per_batch.max()) if per_batch.size else None,
-        "batches_without": float((per_batch == 0).mean()) if per_batch.size else None,
-        "max_deviation": float(np.abs(sliding - expected).max()) if len(sliding) else None,
+        "mean_per_batch": float(per_batch.mean()),
+        "min_per_batch": int(per_batch.min()),
+        "max_per_batch": int(per_batch.max()),
+        "batches_without": float((per_batch == 0).mean()),
+        "max_deviation": float(np.abs(sliding - share * size).max()),
     }
 
 
 def window_shares(mixture, batch_size: int) -> dict:
     """The report's ``mixture`` section for ``mixture``'s current epoch (module docstring)."""
-    if mixture.records_per_epoch < batch_size:
+    total = min(mixture.records_per_epoch, MAX_POSITIONS)
+    if total < batch_size:
         raise ValueError(f"the mixture's epoch holds {mixture.records_per_epoch:,} records, fewer than one batch of "
                          f"{batch_size:,}: give a smaller --batch_size")
-    total = min(mixture.records_per_epoch, MAX_POSITIONS)
     count = len(mixture.sources)
     shares = np.array(mixture.weights, dtype=np.float64) / sum(mixture.weights)
     sources = mixture.sources_at(0, total).astype(np.int64)
@@ -71,7 +68,7 @@ def window_shares(mixture, batch_size: int) -> dict:
         datasets.append({
             "output": source.output.location,
             "weight": float(shares[i]),
-            "share": float((sources == i).mean()) if total else None,
+            "share": float((sources == i).mean()),
             "mixture": _stats(mixed[0][i], mixed[1][i], shares[i], batch_size),
             "coin_flips": _stats(flipped[0][i], flipped[1][i], shares[i], batch_size),
         })
