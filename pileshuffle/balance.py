@@ -125,13 +125,12 @@ class ClassPlan:
     phases: dict
     first: dict  # source id -> {class: rank of the source's first record of it}
 
-    def copier(self, source: int, classes=None):
-        """A function from one chunk's labels (in file order) to its records' copies, for
-        the chunks of ``source`` in order; with ``classes`` (names), from class codes
-        (indices into ``classes``) instead of labels."""
+    def copier(self, source: int):
+        """A function from one chunk's classes, as codes (indices into ``names``, in file
+        order), to its records' copies, for the chunks of ``source`` in order."""
         ranks = dict(self.first.get(source, {}))
 
-        def by_codes(codes: np.ndarray, names) -> np.ndarray:
+        def copies_of(codes: np.ndarray, names) -> np.ndarray:
             out = np.zeros(len(codes), dtype=np.int64)
             order = np.argsort(codes, kind="stable")  # each class's records, in file order
             bounds = np.concatenate(([0], np.cumsum(np.bincount(codes, minlength=len(names)))))
@@ -144,12 +143,6 @@ class ClassPlan:
                                     self.phases[label])
                 ranks[label] = start + len(where)
             return out
-
-        def copies_of(values) -> np.ndarray:
-            if classes is not None:
-                return by_codes(np.asarray(values, dtype=np.int64), classes)
-            names, codes = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
-            return by_codes(codes.reshape(-1), names.tolist())
 
         return copies_of
 

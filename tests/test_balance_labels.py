@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import assert_verified, manifest, refused, run_shuffle, shards
+from helpers import assert_verified, refused, run_shuffle, shards
 from pileshuffle.errors import InputError
 from pileshuffle.formats import ReadReport, get_format
 from pileshuffle.formats.labels import ClassCodesReader, ClassCodesWriter, file_labels, label_counts, record_labels
@@ -227,6 +227,7 @@ def test_class_codes_give_pass_1_the_labels_and_counts_of_the_counting_pass(tmp_
 @pytest.mark.parametrize("policy, undersample", [("uniform", False), ("sqrt", True), ("a=1,b=3,c=2,d=1", False)])
 def test_copies_from_class_codes_are_the_class_plans_own(policy, undersample):
     from pileshuffle.balance import Policy, class_plan
+    from pileshuffle.transforms.assign import class_codes
 
     rng = np.random.default_rng(7)
     classes = ["a", "b", "c", "d"]
@@ -236,7 +237,7 @@ def test_copies_from_class_codes_are_the_class_plans_own(policy, undersample):
               for s, codes in sources.items()]
     plan = class_plan(counts, Policy.parse(policy, undersample), seed=11)
     for s, codes in sources.items():
-        by_label, by_code = plan.copier(s), plan.copier(s, classes)
+        from_labels, from_codes = plan.copier(s), plan.copier(s)
         for chunk in np.array_split(codes, 5):
             labels = np.array([classes[c] for c in chunk.tolist()], dtype=object)
-            assert by_code(chunk).tolist() == by_label(labels).tolist()
+            assert from_codes(chunk, classes).tolist() == from_labels(*class_codes(labels)).tolist()

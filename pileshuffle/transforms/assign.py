@@ -108,8 +108,6 @@ def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, 
     instead of being parsed again."""
     index, first = 0, 0
     copies_of = None if balance is None else balance[1].copier(source.id)
-    if stored is not None:
-        copies_of = balance[1].copier(source.id, stored.classes)
     keep_unlabeled = balance is not None and len(balance) > 2 and bool(balance[2])
     for table in fmt.read_chunks(source.path, chunk_bytes, skip_corrupt, report):
         hashes, lengths = record_hashes(table), record_lengths(table)
@@ -120,13 +118,11 @@ def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, 
             yield table, keys, hashes, lengths, read, None
             continue
         if stored is None:
-            labels = record_labels(table, balance[0], source.path, first, keep_unlabeled)
-            copies = copies_of(labels)
-            found = _class_tally(labels, copies) if tally is not None else ()
+            codes, classes = class_codes(record_labels(table, balance[0], source.path, first, keep_unlabeled))
         else:
-            codes = stored.take(table.num_rows)
-            copies = copies_of(codes)
-            found = _code_tally(codes, copies, stored.classes) if tally is not None else ()
+            codes, classes = stored.take(table.num_rows), stored.classes
+        copies = copies_of(codes, classes)
+        found = _tally(codes, copies, classes) if tally is not None else ()
         first += table.num_rows
         for label, read_n, emitted_n in found:
             counted = tally.setdefault(label, [0, 0])
@@ -139,20 +135,18 @@ def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, 
         stored.close()
 
 
-def _code_tally(codes, copies, classes):
-    """``_class_tally`` from class codes (``ClassCodesReader``)."""
+def class_codes(labels) -> tuple:
+    """``(codes, classes)`` of one chunk's labels: ``classes`` the distinct labels (sorted),
+    ``codes`` each record's index into them, as the counting pass's ``ClassCodesReader`` gives."""
+    classes, codes = np.unique(np.asarray(labels, dtype=object).astype(str), return_inverse=True)
+    return codes.reshape(-1), classes.tolist()
+
+
+def _tally(codes, copies, classes):
+    """``(class, records read, records emitted)`` of one chunk's class codes and copies."""
     read = np.bincount(codes, minlength=len(classes))
     emitted = np.bincount(codes, weights=copies, minlength=len(classes)).astype(np.int64)
     return [(classes[c], int(read[c]), int(emitted[c])) for c in np.flatnonzero(read).tolist()]
-
-
-def _class_tally(labels, copies):
-    """``(class, records, copies)`` of one chunk's labels and copies."""
-    labels = np.asarray(labels, dtype=object).astype(str)
-    names, inverse = np.unique(labels, return_inverse=True)
-    read = np.bincount(inverse, minlength=len(names))
-    emitted = np.bincount(inverse, weights=copies, minlength=len(names)).astype(np.int64)
-    return zip(names.tolist(), read.tolist(), emitted.tolist())
 
 
 def class_counts(fmt, source: Source, field: str, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False,
@@ -348,4 +342,4 @@ class AssignPiles(beam.DoFn):
 
 
 __all__ = ["Source", "SourceStats", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "keyed_rows", "split_by_pile",
-           "ReadSourceToPiles", "AssignPiles", "CountClasses", "class_counts", "copies_balance"]
+           "ReadSourceToPiles", "AssignPiles", "CountClasses", "class_codes", "class_counts", "copies_balance"]
