@@ -13,7 +13,7 @@ materializes to ``run``'s exact bytes; generation g > 0 uses
 
 A store created with ``--balance`` balances every generation on its own class counts: a
 counting pass over the generation's sources, then each record written as many times as
-its copies say, each copy with a key of its own (``run``'s ``keyed_rows``, each pile's part taken on its own), so the
+its copies say, each copy with a key of its own (``run``'s ``assign.SourcePiles``), so the
 copies spread over the piles as in ``run``.
 
 ``PublishGeneration`` runs once, after every file is written: it checks that the files
@@ -30,13 +30,13 @@ import pyarrow as pa
 from pileshuffle import interrupt, names, storage
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
-from pileshuffle.formats import ReadReport, get_format
+from pileshuffle.formats import get_format
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
 from pileshuffle.fragments import FragmentFiles, read_batches
 from pileshuffle.names import store_writer_name
 from pileshuffle.output_files import remove_tree
 from pileshuffle.store import layout
-from pileshuffle.transforms.assign import INPUT_STREAM, SourceStats, keyed_rows, split_by_pile
+from pileshuffle.transforms.assign import INPUT_STREAM, SourcePiles, SourceStats
 from pileshuffle.transforms.graph import counted_classes
 from pileshuffle.transforms.write import KeyByNone, balance_section, check_accounted, schema_json
 from pileshuffle.tuning import prepare_worker
@@ -130,17 +130,12 @@ class _WriteStoreGroup(beam.DoFn):
         fmt = get_format(self._format_name)
         balance = None if classes is None else (self._label, classes)
         for source in group.sources:
-            report, fingerprint, emitted = ReadReport(), Fingerprint(), Fingerprint()
-            tally = None if balance is None else {}
-            stream = _generation_stream(self._generation, source.id)
-            for table, keys, hashes, lengths, read, rows in keyed_rows(fmt, source, self._seed, stream, self._chunk_bytes,
-                                                                       self._skip_corrupt, report, balance, tally):
-                fingerprint += read
-                if balance is not None:  # what the files must hold: the records with their copies
-                    emitted += Fingerprint.of(hashes, int(lengths.sum()))
-                for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles, rows):
+            reading = SourcePiles(fmt, source, self._seed, _generation_stream(self._generation, source.id),
+                                  self._chunk_bytes, self._skip_corrupt, self._num_piles, balance)
+            for _, _, parts in reading:
+                for pile, part, part_fingerprint in parts:
                     files.append(pile, part, part_fingerprint)
-            yield SourceStats.of(source, fingerprint, report, None if balance is None else emitted, tally)
+            yield reading.stats()
         yield from files.commit_files()
 
 

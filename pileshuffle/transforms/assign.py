@@ -86,6 +86,31 @@ def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths
         yield pile, part, Fingerprint.of(hashes[picked], int(lengths[picked].sum()))
 
 
+class SourcePiles:
+    """One source read into pile parts (``keyed_rows``, ``split_by_pile``), for run's pass 1 and
+    the store writer: iterating gives ``(chunk index, chunk fingerprint as read, parts)``,
+    ``parts`` yielding ``(pile, part, fingerprint)``; then ``stats()`` is the source's
+    ``SourceStats`` (with ``balance``, what went into the piles and the class tally too)."""
+
+    def __init__(self, fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool,
+                 num_piles: int, balance=None, stored=None):
+        self._source, self._report, self._num_piles = source, ReadReport(), num_piles
+        self._read, self._emitted = Fingerprint(), None if balance is None else Fingerprint()
+        self._tally = None if balance is None else {}
+        self._chunks = keyed_rows(fmt, source, seed, stream, chunk_bytes, skip_corrupt, self._report, balance,
+                                  self._tally, stored)
+
+    def __iter__(self):
+        for chunk_index, (table, keys, hashes, lengths, read, rows) in enumerate(self._chunks):
+            self._read += read
+            if self._emitted is not None:  # what the piles must hold: the records with their copies
+                self._emitted += Fingerprint.of(hashes, int(lengths.sum()))
+            yield chunk_index, read, split_by_pile(table, keys, hashes, lengths, self._num_piles, rows)
+
+    def stats(self) -> SourceStats:
+        return SourceStats.of(self._source, self._read, self._report, self._emitted, self._tally)
+
+
 def keyed_chunks(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool, report,
                  balance=None, tally=None):
     """``(table, keys, hashes, lengths, read)`` for each chunk of ``source`` in file order:
@@ -243,25 +268,19 @@ class ReadSourceToPiles(beam.DoFn):
 
     def process(self, source: Source, classes=None):
         """``classes``: the ``ClassPlan`` side input under ``--balance`` (None: no copies)."""
-        report = ReadReport()
         writer = _PileWriter(self._fragments_dir, source_writer_name(source.id))
-        balance, tally = (None, None) if classes is None else ((self._label, classes, self._keep_unlabeled), {})
+        balance = None if classes is None else (self._label, classes, self._keep_unlabeled)
         paths = None if classes is None else _codes_paths(self._codes_dir, self._format_name, source)
-        chunks = keyed_rows(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
-                            self._chunk_bytes, self._skip_corrupt, report, balance, tally,
-                            None if paths is None else ClassCodesReader(*paths, source.path))
-        fingerprint, emitted = Fingerprint(), Fingerprint()
-        for chunk_index, (table, keys, hashes, lengths, read, rows) in enumerate(chunks):
-            fingerprint += read
-            if balance is not None:
-                emitted += Fingerprint.of(hashes, int(lengths.sum()))
-            for pile, part, part_fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles, rows):
+        reading = SourcePiles(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
+                              self._chunk_bytes, self._skip_corrupt, self._num_piles, balance,
+                              None if paths is None else ClassCodesReader(*paths, source.path))
+        for chunk_index, read, parts in reading:
+            for pile, part, part_fingerprint in parts:
                 yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
             progress.read(source, read.bytes)
         yield from writer.commit((source.id, 0))
         progress.file_read(source)
-        stats = SourceStats.of(source, fingerprint, report, None if balance is None else emitted, tally)
-        yield beam.pvalue.TaggedOutput(STATS_TAG, stats)
+        yield beam.pvalue.TaggedOutput(STATS_TAG, reading.stats())
 
 
 def _as_table(batch) -> pa.Table:
@@ -341,5 +360,5 @@ class AssignPiles(beam.DoFn):
         return out
 
 
-__all__ = ["Source", "SourceStats", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "keyed_rows", "split_by_pile",
+__all__ = ["Source", "SourceStats", "SourcePiles", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "keyed_rows", "split_by_pile",
            "ReadSourceToPiles", "AssignPiles", "CountClasses", "class_codes", "class_counts", "copies_balance"]
