@@ -129,22 +129,8 @@ def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
     """``paths`` read in order with ``fmt``: the records whose hash is below ``threshold``
     (a hash-value sample, the same records in input and output) and, given ``label``,
     every record's label value."""
-    file_records, hashes, positions, labels = [], [], [], []
-    position = longest = 0
-    for path in paths:
-        count = 0
-        for table in fmt.read_chunks(path):
-            chunk_hashes = record_hashes(table)
-            kept = np.flatnonzero(chunk_hashes < np.uint64(threshold)) if threshold < _HASH_SPACE else np.arange(len(chunk_hashes))
-            hashes.append(chunk_hashes[kept])
-            positions.append(kept + position + count)
-            if label is not None:
-                labels.append(label.values(table, path))
-                longest = max(longest, label.longest(table))
-            count += table.num_rows
-        file_records.append(count)
-        position += count
-    return Scan.joined(file_records, hashes, positions, labels if label is not None else None, longest)
+    files = ((path, ((table, record_hashes(table), None) for table in fmt.read_chunks(path))) for path in paths)
+    return _sampled(files, threshold, label, keys=False)
 
 
 def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = None) -> Scan:
@@ -163,23 +149,33 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
     sources = [Source(number, path, 0) for number, path in enumerate(paths)]  # ids: ranks in the sorted file list
     balance = copies_balance(fmt, sources, field, Policy.parse(options["balance"], bool(options.get("undersample"))),
                              seed, skip, bool(options.get("keep_unlabeled")))
-    file_records, hashes, positions, keys, labels = [], [], [], [], []
+    files = ((source.path, ((table, hashes, keys) for table, keys, hashes, _, _ in keyed_chunks(
+        fmt, source, seed, (INPUT_STREAM, source.id), DEFAULT_CHUNK_BYTES, skip, ReadReport(), balance)))
+        for source in sources)
+    return _sampled(files, threshold, label, keys=True)
+
+
+def _sampled(files, threshold: int, label, keys: bool) -> Scan:
+    """The ``Scan`` of ``files`` = ``[(path, chunks)]`` in order, each chunk ``(table, hashes,
+    pass-1 keys or None)``: the records whose hash is below ``threshold``, and labels."""
+    file_records, hashes, positions, sampled_keys, labels = [], [], [], [], []
     position = longest = 0
-    for source in sources:
+    for path, chunks in files:
         count = 0
-        for table, chunk_keys, chunk_hashes, _, _ in keyed_chunks(fmt, source, seed, (INPUT_STREAM, source.id),
-                                                                   DEFAULT_CHUNK_BYTES, skip, ReadReport(), balance):
+        for table, chunk_hashes, chunk_keys in chunks:
             kept = np.flatnonzero(chunk_hashes < np.uint64(threshold)) if threshold < _HASH_SPACE else np.arange(len(chunk_hashes))
             hashes.append(chunk_hashes[kept])
-            keys.append(chunk_keys[kept])
             positions.append(kept + position + count)
+            if keys:
+                sampled_keys.append(chunk_keys[kept])
             if label is not None:
-                labels.append(label.values(table, source.path))
+                labels.append(label.values(table, path))
                 longest = max(longest, label.longest(table))
             count += table.num_rows
         file_records.append(count)
         position += count
-    return Scan.joined(file_records, hashes, positions, labels if label is not None else None, longest, keys)
+    return Scan.joined(file_records, hashes, positions, labels if label is not None else None, longest,
+                       sampled_keys if keys else None)
 
 
 def scan_store(output, threshold: int, label: Label = None) -> Scan:
