@@ -3,6 +3,7 @@ store), checked against plain models: the interleave's counts, each source's own
 alone, and the record multisets of splits and resumes."""
 
 import collections
+import importlib.util
 import json
 import subprocess
 import sys
@@ -281,6 +282,15 @@ def test_a_mixture_of_gcs_outputs_reads_as_the_local_one(gcs, tmp_path):
                      for where in ("remote", "local"))
     assert list(remote) == list(local)
     assert list(remote) == list(local)  # and the next epoch
+    if importlib.util.find_spec("grain"):  # the Grain adapter reads gs:// as locally
+        assert list(remote.grain()) == list(local.grain())
+    from pileshuffle import storage
+    from pileshuffle.commands.quality import main as quality_main
+
+    mixture_flag = "--mixture=" + ",".join(f"{p}={w}" for p, w in zip(prefixes["remote"], (0.7, 0.3)))
+    assert quality_main([mixture_flag, f"--report={gcs}/report", "--stop=restart", "--records_per_epoch=2000"]) == 0
+    section = storage.read_json(f"{gcs}/report/mixture.json")
+    assert section["mixture"]["records_per_epoch"] == 2000 and section["mixture"]["datasets"][1]["weight"] == 0.3
 
 
 def test_quality_reports_each_datasets_share_per_window_against_its_weight(outputs, tmp_path, capsys):
