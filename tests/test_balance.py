@@ -212,25 +212,6 @@ def test_plan_says_a_counting_pass_reads_the_input_first(animals, tmp_path, caps
                                           "counting_pass": True}
 
 
-def test_json_labels_read_by_arrow_equal_the_line_by_line_reading():
-    from pileshuffle.fingerprint import binary_column_parts
-    from pileshuffle.formats.base import binary_table
-    from pileshuffle.formats.labels import _json_labels_line_by_line, record_labels
-
-    rows = [{"s": "cat", "n": 3, "b": True, "f": 1.0, "l": [1, 2], "u": "é"}, {"s": "dog", "n": -1, "b": False, "f": 0.5,
-                                                                              "l": [3], "u": "ü"}] * 50
-    lines = [json.dumps(r) + "\n" for r in rows]
-    table = binary_table("line", "".join(lines).encode(), np.cumsum([0] + [len(l.encode()) for l in lines]))
-    data, offsets = binary_column_parts(table.column(0))
-    for field in "snbflu":
-        assert record_labels(table, field, "x").tolist() == _json_labels_line_by_line(data, offsets, field, "x").tolist()
-    missing = binary_table("line", b'{"s": "cat"}\n{"t": 1}\n', np.array([0, 13, 22]))
-    from pileshuffle.errors import InputError
-
-    with pytest.raises(InputError, match="is not a JSON object with key 's'"):
-        record_labels(missing, "s", "m.jsonl")
-
-
 def test_quality_measures_a_balanced_output_against_its_input_with_the_copies(animals, tmp_path, capsys):
     from pileshuffle.commands.quality import main as quality_main
 

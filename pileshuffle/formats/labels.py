@@ -9,8 +9,9 @@ the label, or whose label cannot be read (a line that is no JSON object, a paylo
 in it (line, record or sample number: ``first`` is how many records of the file come before
 the table); with ``keep_unlabeled`` it is the class ``"null"`` instead (``NULL_CLASS``).
 
-``file_labels`` reads only what the labels need (a Parquet file's label column, a JSONL
-file's lines without splitting them into records): ``--balance``'s counting pass. Where
+``file_labels`` reads only what the labels need (a Parquet file's label column; a JSONL line's
+label is found without parsing the line when it can be: ``json_labels``): ``--balance``'s
+counting pass. Where
 labels cost a parse (JSON, ``tf.train.Example``, tar headers) the counting pass keeps them
 for pass 1 (``ClassCodesWriter``, ``ClassCodesReader``: 4 bytes a record), so each label is
 parsed once.
@@ -27,16 +28,13 @@ from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import holder_of
 from pileshuffle.formats.base import open_input
 from pileshuffle.formats.example import NotAnExample, feature_values
+from pileshuffle.formats.json_labels import KEEP_HINT, NULL_CLASS, json_labels
 from pileshuffle.formats.tar import KEY_FIELD, sample_dict
-from pileshuffle.formats.text import line_blocks
 from pileshuffle.names import FRAME_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
 
 __all__ = ["record_labels", "label_text", "file_labels", "label_counts", "NULL_CLASS", "ClassCodesWriter",
            "ClassCodesReader"]
 
-NULL_CLASS = "null"  # a null label's class, and a missing label's with keep_unlabeled
-_KEEP_HINT = "; with --balance, --keep_unlabeled makes such records the class null"
-_NEWLINE = 10
 
 
 def label_text(values: list) -> str:
@@ -57,8 +55,6 @@ def file_labels(fmt, path: str, field: str, chunk_bytes: int, skip_corrupt=False
     labels need: the same records and labels as ``record_labels`` of ``fmt.read_chunks``."""
     if fmt.name == "parquet":
         yield from _parquet_file_labels(path, field, keep_unlabeled)
-    elif fmt.name == "jsonl":
-        yield from _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled)
     else:
         first = 0
         for table in fmt.read_chunks(path, chunk_bytes, skip_corrupt, report):
@@ -140,14 +136,13 @@ def _objects(labels) -> np.ndarray:
 
 def _labels(table, field, path, first, keep_unlabeled):
     if table.column_names == [LINE_COLUMN]:
-        data, offsets = binary_column_parts(table.column(LINE_COLUMN))
-        return _json_labels(data, table.num_rows, field, path, first, keep_unlabeled, offsets)
+        return json_labels(table.column(LINE_COLUMN), field, path, first, keep_unlabeled)
     if table.column_names in ([FRAME_COLUMN], [TAR_SAMPLE_COLUMN]):
         return _payload_labels(table, field, path, first, keep_unlabeled)
     if field not in table.column_names:
         if keep_unlabeled:
             return pa.array(np.full(table.num_rows, NULL_CLASS, dtype=object), pa.string())
-        raise InputError(path, f"has no column {field!r} (columns: {', '.join(table.column_names)}){_KEEP_HINT}")
+        raise InputError(path, f"has no column {field!r} (columns: {', '.join(table.column_names)}){KEEP_HINT}")
     return _column_labels(table.column(field))
 
 
@@ -174,69 +169,12 @@ def _parquet_file_labels(path, field, keep_unlabeled):
             if keep_unlabeled:
                 yield pa.array(np.full(parquet.metadata.num_rows, NULL_CLASS, dtype=object), pa.string())
                 return
-            raise InputError(path, f"has no column {field!r} (columns: {', '.join(names)}){_KEEP_HINT}")
+            raise InputError(path, f"has no column {field!r} (columns: {', '.join(names)}){KEEP_HINT}")
         try:
             for batch in parquet.iter_batches(batch_size=1 << 16, columns=[field], use_threads=False):
                 yield _column_labels(batch.column(0))
         except (pa.ArrowInvalid, OSError) as error:
             raise InputError(path, f"cannot be read as Parquet ({error})") from error
-
-
-def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled):
-    """A JSONL file's labels, block by block of whole lines as ``JsonlFormat.read_chunks`` cuts
-    them (``text.line_blocks``), not split into records first."""
-    lines = 0
-    for buf, end in line_blocks(path, chunk_bytes):
-        count = int(np.count_nonzero(np.frombuffer(buf, np.uint8, end) == _NEWLINE))
-        yield _json_labels(pa.py_buffer(buf).slice(0, end), count, field, path, lines, keep_unlabeled)
-        lines += count
-
-
-# JSON label types Arrow's reader extracts in C++ (only the label's field is built), with the
-# text each has: a string as itself, an integer and a bool as their JSON text. 4x faster than
-# json.loads per line (0.15 against 0.6 s per 91 MB); other types go line by line.
-_ARROW_JSON_TYPES = (pa.string(), pa.int64(), pa.bool_())
-
-
-def _json_labels(data, lines, field, path, first, keep_unlabeled, offsets=None):
-    """The labels of ``lines`` JSON lines ``data`` (their ``offsets`` if known)."""
-    for kind in _ARROW_JSON_TYPES:
-        column = _arrow_json_column(data, field, kind)
-        # Arrow skips blank lines: a count that differs goes line by line, which names them
-        if column is not None and len(column) == lines and (keep_unlabeled or not column.null_count):
-            return column.cast(pa.string()).fill_null(NULL_CLASS)
-    if offsets is None:
-        newlines = np.flatnonzero(np.frombuffer(data, np.uint8) == _NEWLINE)
-        offsets = np.concatenate(([0], newlines + 1))
-    return _json_labels_line_by_line(data, offsets, field, path, first, keep_unlabeled)
-
-
-def _arrow_json_column(data, field, kind):
-    """Column ``field`` of the JSON lines ``data`` read as ``kind`` by Arrow, or None."""
-    import pyarrow.json as pj
-
-    options = pj.ParseOptions(explicit_schema=pa.schema([(field, kind)]), unexpected_field_behavior="ignore")
-    try:
-        read = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(use_threads=False,
-                                                                                block_size=max(1 << 20, data.size + 1)),
-                            parse_options=options)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
-        return None
-    return read.column(field).combine_chunks()
-
-
-def _json_labels_line_by_line(data, offsets, field, path, first=0, keep_unlabeled=False):
-    data, out = data.to_pybytes(), []
-    for index, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
-        try:
-            value = json.loads(data[a:b])[field]
-            out.append(value if isinstance(value, str) else json.dumps(value, default=str))
-        except (ValueError, KeyError, TypeError, IndexError):
-            if not keep_unlabeled:
-                raise InputError(path, f"a line (line {first + index + 1:,} of the file: {data[a:b].rstrip()[:60]!r}) is "
-                                       f"not a JSON object with key {field!r}{_KEEP_HINT}") from None
-            out.append(NULL_CLASS)
-    return np.array(out, dtype=object)
 
 
 def _payload_labels(table, field, path, first, keep_unlabeled):
@@ -265,6 +203,6 @@ def _payload_labels(table, field, path, first, keep_unlabeled):
                 out.append(NULL_CLASS)
                 continue
             what = "member" if holder.name == "tar" else "feature"
-            raise InputError(path, f"{where} has no {what} {field!r}{_KEEP_HINT}")
+            raise InputError(path, f"{where} has no {what} {field!r}{KEEP_HINT}")
         out.append(label_text(values))
     return np.array(out, dtype=object)
