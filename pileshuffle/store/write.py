@@ -28,6 +28,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from pileshuffle import interrupt, names, storage
+from pileshuffle.balance import ClassPlanner
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format
@@ -113,22 +114,23 @@ class _StoreFiles(FragmentFiles):
 
 class _WriteStoreGroup(beam.DoFn):
     """Pass 1 of one writer group into the store: emits one ``SourceStats`` per source and
-    one ``_StoreFile`` per pile that received records. With the ``classes`` side input (a
-    ``ClassPlan``) each record is written as many times as its copies say."""
+    one ``_StoreFile`` per pile that received records. With the ``counts`` side input (the
+    counting pass's, planned under ``policy``) each record is written as many times as its
+    copies say."""
 
     def __init__(self, store, generation, format_name, seed, num_piles, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False,
-                 label=None):
+                 label=None, policy=None):
         self._store, self._generation, self._format_name = store, generation, format_name
         self._seed, self._num_piles, self._chunk_bytes, self._skip_corrupt = seed, num_piles, chunk_bytes, skip_corrupt
-        self._label = label
+        self._label, self._planner = label, None if policy is None else ClassPlanner(policy, seed)
 
     def setup(self):
         prepare_worker()
 
-    def process(self, group: WriterGroup, classes=None):
+    def process(self, group: WriterGroup, counts=None):
         files = _StoreFiles(self._store, self._generation, group.writer)
         fmt = get_format(self._format_name)
-        balance = None if classes is None else (self._label, classes)
+        balance = None if counts is None else (self._label, self._planner(counts))
         for source in group.sources:
             reading = SourcePiles(fmt, source, self._seed, _generation_stream(self._generation, source.id),
                                   self._chunk_bytes, self._skip_corrupt, self._num_piles, balance)
@@ -271,29 +273,28 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
     unless ``allow_duplicates``, when its records are exactly a live generation's). A
     balanced store (``layout.store_balance``) first counts this generation's classes."""
     store, balance = names.store_dir(prefix), layout.store_balance(base)
-    label = None if balance is None else balance[0]
+    label, policy = (None, None) if balance is None else balance
     items = (
         pipeline
         | "ListWriterGroups" >> beam.Create(groups)
         | "SpreadWriterGroups" >> beam.Reshuffle()
         | "WriteStoreGroup" >> beam.ParDo(_WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
-                                                           skip_corrupt=skip_corrupt, label=label),
-                                          **_generation_classes(pipeline, groups, base["format"], balance, seed,
-                                                                skip_corrupt))
+                                                           skip_corrupt=skip_corrupt, label=label, policy=policy),
+                                          **_generation_classes(pipeline, groups, base["format"], label, skip_corrupt))
     )
     return _publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
                     refuse_copies=not allow_duplicates)
 
 
-def _generation_classes(pipeline, groups, format_name, balance, seed, skip_corrupt) -> dict:
-    """In a balanced store, ``_WriteStoreGroup``'s ``classes`` side input: this generation's
+def _generation_classes(pipeline, groups, format_name, label, skip_corrupt) -> dict:
+    """In a balanced store, ``_WriteStoreGroup``'s ``counts`` side input: this generation's
     sources counted on their own (``counted_classes``, as ``run`` counts); else nothing."""
-    if balance is None:
+    if label is None:
         return {}
     sources = (pipeline
                | "ListSources" >> beam.Create([s for g in groups for s in g.sources])
                | "SpreadSources" >> beam.Reshuffle())
-    return counted_classes(sources, format_name, balance[0], balance[1], seed, skip_corrupt)
+    return counted_classes(sources, format_name, label, skip_corrupt)
 
 
 class WritePileStore(beam.PTransform):

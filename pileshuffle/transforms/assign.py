@@ -17,6 +17,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from pileshuffle import keys as keymath
 from pileshuffle import progress, storage
+from pileshuffle.balance import ClassPlanner
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, records_table
@@ -258,19 +259,20 @@ class ReadSourceToPiles(beam.DoFn):
     """
 
     def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                 skip_corrupt=False, label=None, keep_unlabeled=False, codes_dir=None):
+                 skip_corrupt=False, label=None, keep_unlabeled=False, codes_dir=None, policy=None):
         self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
         self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
         self._label, self._keep_unlabeled, self._codes_dir = label, keep_unlabeled, codes_dir
+        self._planner = None if policy is None else ClassPlanner(policy, seed)
 
     def setup(self):
         prepare_worker()
 
-    def process(self, source: Source, classes=None):
-        """``classes``: the ``ClassPlan`` side input under ``--balance`` (None: no copies)."""
+    def process(self, source: Source, counts=None):
+        """``counts``: the counting pass's side input under ``--balance`` (None: no copies)."""
         writer = _PileWriter(self._fragments_dir, source_writer_name(source.id))
-        balance = None if classes is None else (self._label, classes, self._keep_unlabeled)
-        paths = None if classes is None else _codes_paths(self._codes_dir, self._format_name, source)
+        balance = None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
+        paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)
         reading = SourcePiles(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
                               self._chunk_bytes, self._skip_corrupt, self._num_piles, balance,
                               None if paths is None else ClassCodesReader(*paths, source.path))

@@ -5,7 +5,6 @@ import apache_beam as beam
 from pileshuffle import storage
 from pileshuffle.fragments import Fragment
 from pileshuffle.names import CLASS_CODES_DIR
-from pileshuffle.balance import class_plan
 from pileshuffle.transforms.assign import STATS_TAG, CountClasses, ReadSourceToPiles, SourceStats
 from pileshuffle.transforms.shuffle import GroupIntoPiles
 from pileshuffle.transforms.write import WritePiles
@@ -25,8 +24,9 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
     )
     pass1 = sources | "ReadSourceToPiles" >> beam.ParDo(
         ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt,
-                          label=plan.label, keep_unlabeled=plan.keep_unlabeled, codes_dir=codes_dir),
-        **_class_plan(sources, plan, codes_dir)
+                          label=plan.label, keep_unlabeled=plan.keep_unlabeled, codes_dir=codes_dir,
+                          policy=plan.balance),
+        **_class_counts(sources, plan, codes_dir)
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it
     # does not separate tags), so each branch keeps only its own type; elsewhere a no-op.
@@ -43,26 +43,23 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
     )
 
 
-def _class_plan(sources, plan, codes_dir) -> dict:
-    """Under ``--balance``, pass 1's side input ``classes`` (``counted_classes``)."""
+def _class_counts(sources, plan, codes_dir) -> dict:
+    """Under ``--balance``, pass 1's side input ``counts`` (``counted_classes``)."""
     if plan.balance is None:
         return {}
-    return counted_classes(sources, plan.format, plan.label, plan.balance, plan.seed, plan.skip_corrupt,
-                           plan.keep_unlabeled, codes_dir)
+    return counted_classes(sources, plan.format, plan.label, plan.skip_corrupt, plan.keep_unlabeled, codes_dir)
 
 
-def counted_classes(sources, format_name: str, label: str, policy, seed: int, skip_corrupt: bool = False,
-                    keep_unlabeled: bool = False, codes_dir: str = None) -> dict:
-    """``{"classes": side input}`` for pass 1 over the ``Source`` PCollection ``sources``: a
-    first pass counts every source's classes, and ``balance.class_plan`` turns the counts into
-    each record's copies (the same for ``run`` and each generation of a store). With
-    ``codes_dir`` the first pass keeps each record's class there for pass 1 (``CountClasses``)."""
-    counts = (sources
-              | "CountClasses" >> beam.ParDo(CountClasses(format_name, label, skip_corrupt=skip_corrupt,
-                                                          keep_unlabeled=keep_unlabeled, codes_dir=codes_dir))
-              | "AllCounts" >> beam.combiners.ToList()
-              | "ClassPlan" >> beam.Map(class_plan, policy, seed))
-    return {"classes": beam.pvalue.AsSingleton(counts)}
+def counted_classes(sources, format_name: str, label: str, skip_corrupt: bool = False, keep_unlabeled: bool = False,
+                    codes_dir: str = None) -> dict:
+    """``{"counts": side input}`` for pass 1 over the ``Source`` PCollection ``sources``: a first
+    pass counts every source's classes, ``[(source id, {class: count}), ...]``, which pass 1
+    turns into each record's copies (``balance.ClassPlanner``; the same for ``run`` and each
+    generation of a store). With ``codes_dir`` the first pass keeps each record's class there
+    for pass 1 (``CountClasses``)."""
+    counts = sources | "CountClasses" >> beam.ParDo(CountClasses(format_name, label, skip_corrupt=skip_corrupt,
+                                                                 keep_unlabeled=keep_unlabeled, codes_dir=codes_dir))
+    return {"counts": beam.pvalue.AsList(counts)}
 
 
 def _is_fragment_element(element) -> bool:
