@@ -86,6 +86,15 @@ class Policy:
         bound = min if self.undersample else max
         return {c: bound(counts[c], int(round(scale * shares[c]))) for c in counts}
 
+    def growth(self, counts: dict) -> float:
+        """Records written per record read for ``{class: count}``, or 1.0 when the counts do not
+        fit the policy (a sample without some weighted class)."""
+        try:
+            targets = self.targets(counts)
+        except ValueError:
+            return 1.0
+        return sum(targets.values()) / max(1, sum(counts.values())) if targets else 1.0
+
     def spec(self) -> str:
         """The policy as ``--balance`` takes it (``parse(spec(), undersample)`` gives it back)."""
         return self.kind if self.kind != "weights" else ",".join(f"{c}={w!r}" for c, w in self.weights)

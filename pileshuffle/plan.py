@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from pileshuffle import keys as keymath
 from pileshuffle import interrupt, storage
 from pileshuffle.errors import InputError, OutputError, UsageError
+from pileshuffle.formats.labels import sampled_label_counts
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
 from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
@@ -32,6 +33,7 @@ __all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "mean_record_bytes", "work_di
 _log = logging.getLogger("pileshuffle")
 
 _SAMPLE_BYTES = 1 << 20  # what a plan reads of an input file to size its records (its first MiB)
+_LABEL_SAMPLE_FILES = 8  # --balance: files whose first labels estimate the output's size (a request each on gs://)
 RECORD_OVERHEAD = 16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
 _GZIP_EXPANSION_GUESS = 4.0  # a .gz input's uncompressed size is unknown until it is read whole: guess 4x
 
@@ -66,10 +68,16 @@ class Plan:
     balance: object = None  # --balance: a balance.Policy (a first pass counts the classes)
     keep_unlabeled: bool = False  # --keep_unlabeled: a record without the label is the class "null"
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
+    growth: float = 1.0  # --balance: records written per record read, from a sample of labels
 
     @property
     def estimated_records(self) -> int:
         return max(1, round(self.estimated_bytes / self.mean_record_bytes))
+
+    @property
+    def written_records(self) -> int:
+        """The records the piles will hold: the input's with ``--balance``'s copies (an estimate)."""
+        return max(1, round(self.estimated_records * self.growth))
 
     @property
     def fragment_files(self) -> int:
@@ -94,15 +102,27 @@ def _estimated_bytes(sources) -> int:
     return int(sum(s.size * (_GZIP_EXPANSION_GUESS if compression_of(s.path) != "uncompressed" else 1) for s in sources))
 
 
-def _choose_num_piles(requested, mean, total, max_pile_bytes):
-    """``(piles, why)`` for ``--num_piles`` given the mean record size and the input bytes."""
+def _choose_num_piles(requested, mean, total, max_pile_bytes, growth=1.0):
+    """``(piles, why)`` for ``--num_piles`` given the mean record size, the input bytes and the
+    records ``--balance`` writes per record read (``growth``)."""
     if str(requested) != "auto":
         return int(requested), "as requested"
     per_record = mean + RECORD_OVERHEAD  # as a pile holds it: records of `mean` bytes, each with its key and hash
-    piles = keymath.auto_num_piles(total / mean * per_record, per_record, max_pile_bytes)
-    reason = (f"auto: about {total / 1e6:,.0f} MB of {mean:,.0f}-byte records, piles of at most "
+    piles = keymath.auto_num_piles(total * growth / mean * per_record, per_record, max_pile_bytes)
+    written = "" if growth == 1.0 else f" written {growth:.2f} times over by --balance (a sample of the labels),"
+    reason = (f"auto: about {total / 1e6:,.0f} MB of {mean:,.0f}-byte records,{written} piles of at most "
               f"{max_pile_bytes / 2**20:,.0f} MiB with s + 6*sqrt(s) headroom")
     return piles, reason
+
+
+def _balance_growth(fmt, sources, label: str, policy) -> float:
+    """Records ``--balance`` writes per record read, estimated from the first MiB of labels of
+    up to ``_LABEL_SAMPLE_FILES`` files spread over the input, so that auto piles and the space
+    check fit the output (a 2x output in piles sized for the input splits every pile in pass 2)."""
+    if policy is None:
+        return 1.0
+    picked = sources[::max(1, len(sources) // _LABEL_SAMPLE_FILES)][:_LABEL_SAMPLE_FILES]
+    return policy.growth(sampled_label_counts(fmt, [s.path for s in picked if s.size], label, _SAMPLE_BYTES))
 
 
 def work_dir_for(output: str, temp_location) -> str:
@@ -243,7 +263,8 @@ def make_plan(options: PipelineOptions) -> Plan:
     schema = check_schemas(fmt, sources)
     max_pile_bytes = parse_bytes(opts.max_pile_bytes)
     mean, total = mean_record_bytes(fmt, sources), _estimated_bytes(sources)
-    num_piles, reason = _choose_num_piles(opts.num_piles, mean, total, max_pile_bytes)
+    growth = _balance_growth(fmt, sources, opts.label_field, balance_policy(opts))
+    num_piles, reason = _choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
     if num_piles > max(1, total / mean):
         _log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
                      num_piles, f"{round(total / mean):,}")
@@ -251,6 +272,7 @@ def make_plan(options: PipelineOptions) -> Plan:
     needs = _space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output))
     if opts.layout == "store":
         needs = {store_dir(output): _fragment_bytes(fmt, sources)}
+    needs = {location: int(need * growth) for location, need in needs.items()}  # --balance writes copies
     space = _check_free_space(needs)
     plan = Plan(
         format=fmt.name,
@@ -279,6 +301,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         unpublished=outputs.unpublished,
         mean_record_bytes=mean,
         estimated_bytes=total,
+        growth=growth,
     )
     if plan.layout != "store" and plan.fragment_files > fragment_limit(work_dir):
         _log.warning("%s", fragment_warning(plan))

@@ -53,7 +53,7 @@ class PileSizes:
 
 
 def _pile_sizes(plan: Plan) -> PileSizes:
-    return PileSizes(plan.estimated_records, plan.num_piles, plan.mean_record_bytes + RECORD_OVERHEAD, plan.max_pile_bytes)
+    return PileSizes(plan.written_records, plan.num_piles, plan.mean_record_bytes + RECORD_OVERHEAD, plan.max_pile_bytes)
 
 
 # -- Cloud Storage operations of a run, counted from the code (Beam 2.77's gcsio under storage.py) --
@@ -265,10 +265,11 @@ def _free(plan: Plan, location: str) -> str:
 
 
 def _balance_text(plan: Plan) -> str:
-    """What ``--balance`` adds: the counting pass, and why the sizes below are the input's."""
+    """What ``--balance`` adds: the counting pass, and the output's size estimated from a sample."""
     how = "cutting large classes down" if plan.balance.undersample else "copying small classes up"
     return (f"{plan.label!r} by {plan.balance.spec()}, {how}: a first pass reads the input to count the classes "
-            "(exact counts, not a sample), so the input is read twice; sizes below are the input's")
+            f"(exact counts, not a sample), so the input is read twice; a sample of labels says about "
+            f"{plan.growth:.2f} records written per record read, which the piles and sizes below count")
 
 
 def plan_json(plan: Plan, options) -> dict:
@@ -300,7 +301,8 @@ def plan_json(plan: Plan, options) -> dict:
         "layout": plan.layout,
         "runner": _runner_description(options)[0],
         "balance": None if plan.balance is None else {"label_field": plan.label, "policy": plan.balance.spec(),
-                                                     "undersample": plan.balance.undersample, "counting_pass": True},
+                                                     "undersample": plan.balance.undersample, "counting_pass": True,
+                                                     "growth_estimate": round(plan.growth, 4)},
     }
 
 

@@ -32,7 +32,7 @@ from pileshuffle.formats.json_labels import KEEP_HINT, NULL_CLASS, json_labels
 from pileshuffle.formats.tar import KEY_FIELD, sample_dict
 from pileshuffle.names import FRAME_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
 
-__all__ = ["record_labels", "label_text", "file_labels", "label_counts", "NULL_CLASS", "ClassCodesWriter",
+__all__ = ["record_labels", "label_text", "file_labels", "label_counts", "sampled_label_counts", "NULL_CLASS", "ClassCodesWriter",
            "ClassCodesReader"]
 
 
@@ -60,6 +60,23 @@ def file_labels(fmt, path: str, field: str, chunk_bytes: int, skip_corrupt=False
         for table in fmt.read_chunks(path, chunk_bytes, skip_corrupt, report):
             yield _labels(table, field, path, first, keep_unlabeled)
             first += table.num_rows
+
+
+def sampled_label_counts(fmt, paths: list, field: str, sample_bytes: int) -> dict:
+    """``{class: records}`` of the first labels (about ``sample_bytes`` of records, a Parquet
+    file's first batch of its label column) of each file of ``paths``: an estimate of the
+    classes' shares; missing labels are the class ``"null"``, a file that cannot be read is left out."""
+    counts = {}
+    for path in paths:
+        labels = file_labels(fmt, path, field, sample_bytes, keep_unlabeled=True)
+        try:
+            for label, n in label_counts(next(labels, [])).items():
+                counts[label] = counts.get(label, 0) + n
+        except InputError:
+            continue
+        finally:
+            labels.close()
+    return counts
 
 
 def label_counts(labels) -> dict:
