@@ -91,3 +91,37 @@ def test_field_names_with_pattern_and_json_characters_are_read_as_written(field)
     assert json_labels(lines_array(lines), field, "x").to_pylist() == ["v", "2"]
     other = [json.dumps({"ab" if field == "a.b" else "zz": 1, field: 3}) + "\n"]
     assert json_labels(lines_array(other), field, "x").to_pylist() == ["3"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), min_size=1, max_size=40),
+       st.booleans(), st.integers(4, 64))
+def test_line_views_give_the_lines_of_line_blocks_from_one_reused_buffer(tmp_path_factory, lines, last_newline,
+                                                                          chunk_bytes):
+    """Lines longer than a block, a last line without its newline, and gzip (line_blocks' path)."""
+    import gzip
+
+    from pileshuffle.formats.text import line_blocks, line_views
+
+    data = b"\n".join(lines) + (b"\n" if last_newline else b"")
+    root = tmp_path_factory.mktemp("lines")
+    (root / "a.jsonl").write_bytes(data)
+    (root / "b.jsonl.gz").write_bytes(gzip.compress(data))
+    expected = [bytes(buf[:end]) for buf, end in line_blocks(str(root / "a.jsonl"), chunk_bytes)]
+    expected = [line + b"\n" for line in b"".join(expected).split(b"\n")[:-1]]
+    for name in ("a.jsonl", "b.jsonl.gz"):
+        got = []
+        for views, raw in line_views(str(root / name), chunk_bytes):
+            got += views.to_pylist()  # copied out before the next block overwrites the buffer
+            assert raw.tobytes() == b"".join(views.to_pylist())
+        parts = data.split(b"\n")
+        assert got == expected == [part + b"\n" for part in (parts[:-1] if parts[-1] == b"" else parts)]
+
+
+def test_the_counting_pass_names_a_line_that_is_no_text_as_pass_1_does(tmp_path):
+    from pileshuffle.formats import get_format
+    from pileshuffle.formats.labels import file_labels
+
+    (tmp_path / "a.jsonl").write_bytes(b'{"y": 1}\n' * 3 + b'{"y": "\xff\xfe"}\n' + b'{"y": 2}\n')
+    with pytest.raises(InputError, match=r"line 4 is not text \(invalid UTF-8"):
+        list(file_labels(get_format("jsonl"), str(tmp_path / "a.jsonl"), "y", 1 << 20))

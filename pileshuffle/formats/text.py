@@ -17,7 +17,7 @@ from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import LINE_COLUMN
 from pileshuffle.storage import compression_of
 
-__all__ = ["JsonlFormat", "line_blocks"]
+__all__ = ["JsonlFormat", "line_blocks", "line_views", "check_text"]
 
 _NEWLINE = 10
 
@@ -45,7 +45,7 @@ def _first_non_text(buf: bytes, end: int):
     return min(found) if found else None
 
 
-def _check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before: int):
+def check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before: int):
     """Refuse the complete lines ``buf[:bounds[-1]]`` unless they are text, naming the
     first bad line (counted from the start of the file)."""
     bad = _first_non_text(buf, int(bounds[-1]))
@@ -77,6 +77,47 @@ def line_blocks(path: str, chunk_bytes: int):
         yield carry + b"\n", len(carry) + 1
 
 
+def line_views(path: str, chunk_bytes: int):
+    """``(lines, raw)`` for each block of about ``chunk_bytes`` of a text file's whole lines, in
+    order, as ``line_blocks`` cuts them: ``lines`` a binary array of the lines with their
+    newlines, ``raw`` their bytes. Both lie in ONE buffer that the next block overwrites (no
+    allocation, no copy of a block's tail): keep nothing of them, only what is made from them.
+    Lines are not checked to be text (``check_text``). A compressed file goes through
+    ``line_blocks``, which allocates each block."""
+    if compression_of(path) != "uncompressed":
+        for buf, end in line_blocks(path, chunk_bytes):
+            yield _lines_of(memoryview(buf)[:end])
+        return
+    with open_input(path) as handle:
+        buf, held = bytearray(2 * chunk_bytes), 0
+        while True:
+            if len(buf) - held < chunk_bytes:  # a line longer than a block: a larger buffer
+                buf = buf[:held] + bytearray(held + 2 * chunk_bytes)
+            view = memoryview(buf)
+            try:
+                read = handle.readinto(view[held:held + chunk_bytes])
+            except OSError as error:
+                raise InputError(path, f"cannot be read: {error}") from error
+            filled = held + (read or 0)
+            if not read:
+                if held:  # a last line without a newline gets one
+                    buf[held:held + 1] = b"\n"
+                    yield _lines_of(view[:held + 1])
+                return
+            end = buf.rfind(b"\n", 0, filled) + 1
+            if end:
+                yield _lines_of(view[:end])
+                buf[:filled - end] = buf[end:filled]
+            held = filled - end
+
+
+def _lines_of(data: memoryview) -> tuple:
+    raw = np.frombuffer(data, np.uint8)
+    offsets = np.zeros(1, np.int32)
+    offsets = np.concatenate((offsets, (np.flatnonzero(raw == _NEWLINE) + 1).astype(np.int32)))
+    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)]), raw
+
+
 class JsonlFormat(Payloads):
     """JSON Lines: a record is a line; it travels with its newline (a last line without one
     gets one when written)."""
@@ -93,7 +134,7 @@ class JsonlFormat(Payloads):
         lines = 0
         for buf, _ in line_blocks(path, chunk_bytes):
             bounds = _line_bounds(buf)
-            _check_text(path, buf, bounds, lines)
+            check_text(path, buf, bounds, lines)
             yield binary_table(LINE_COLUMN, buf, bounds)
             lines += len(bounds) - 1
 
