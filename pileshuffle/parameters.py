@@ -187,8 +187,6 @@ def balance_policy(values):
         if given:
             raise UsageError(f"--{given[0]}: only means something with --balance POLICY")
         return None
-    if keep_unlabeled and getattr(values, "layout", "shards") == "store":
-        raise UsageError("--keep_unlabeled: --layout store does not take it yet (issue 24): give it to a shard output")
     if not label:
         raise UsageError("--balance: needs --label_field FIELD (the record's class: a column, JSON key, feature or member)")
     try:

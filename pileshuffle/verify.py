@@ -221,6 +221,14 @@ class ShardVerifier:
     def _check_input(self, fmt, manifest):
         from pileshuffle.inputs import match_inputs
 
+        store = (manifest or {}).get("store") or {}
+        if (store.get("options") or {}).get("balance") and "balance" not in manifest:
+            self.problem(f"materialized from the store {store['prefix']} (version {store['version']}), whose "
+                         f"{len(store['generations'])} generations are each balanced on their own class counts: "
+                         f"their copies cannot be recomputed as one run's; verify the store itself "
+                         f"(pileshuffle verify --input ... --output {store['prefix']})")
+            return
+
         try:
             sources = match_inputs(self.input_glob, self.prefix)
         except PileshuffleError as error:
@@ -240,6 +248,8 @@ class ShardVerifier:
         self.input_fp = input_fp
         if manifest is not None:
             recorded = manifest.get("input_fingerprint")
+            if "store" in manifest and "balance" in manifest:  # materialized: it read the stored copies, not the input
+                recorded = None
             if recorded is not None and Fingerprint.from_json(recorded) != input_fp:
                 self.problem(f"the input now reads as {_describe(input_fp)}, not as the manifest recorded "
                              f"({_recorded(recorded)}): the input changed or the run read it wrongly")

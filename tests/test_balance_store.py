@@ -209,3 +209,63 @@ def test_write_pile_store_refuses_a_balanced_store(days, tmp_path):
     with pytest.raises(OutputError, match="balances every generation by 'animal'.*pileshuffle append"):
         _ = piles | WritePileStore(prefix, format="jsonl", num_piles=3, seed=9)
     assert not os.path.exists(layout.lock_path(prefix))
+
+
+def test_a_store_keeps_unlabeled_records_as_the_class_null_in_every_generation(days, tmp_path):
+    """--keep_unlabeled on a store: recorded in its options, used by every append (a store made
+    without it refuses an unlabeled record, and refuses the option on append), by verify, by
+    materialize (the bytes of run --keep_unlabeled)."""
+    day0, _ = days
+
+    def with_unlabeled(name, counts, start):
+        pattern = write_day(str(tmp_path / name), counts, start, 1)
+        with open(glob.glob(pattern)[0], "a") as handle:  # 5 records without the label
+            handle.writelines(json.dumps({"i": start + 5000 + k, "text": "none"}) + "\n" for k in range(5))
+        return pattern
+
+    unlabeled, later = with_unlabeled("mixed", {"cat": 40, "dog": 10}, 30_000), with_unlabeled("later", {"dog": 8}, 40_000)
+    prefix = str(tmp_path / "keep" / "t")
+    store_run(unlabeled, prefix, "--keep_unlabeled")
+    manifest = layout.read_store_manifest(prefix)
+    assert manifest["options"] == {"label_field": "animal", "balance": "uniform", "undersample": False,
+                                   "keep_unlabeled": True}
+    assert manifest["generations"][0]["balance"]["records_before"] == {"cat": 40, "dog": 10, "null": 5}
+    manifest = append(prefix, later)
+    assert manifest["generations"][1]["balance"]["records_after"] == {"dog": 8, "null": 8}
+    assert_verified(f"{unlabeled},{later}", prefix)
+    materialized, ran = str(tmp_path / "mat" / "t"), str(tmp_path / "run" / "t")
+    one = str(tmp_path / "one" / "t")
+    store_run(unlabeled, one, "--keep_unlabeled")
+    commands.materialize([f"--store={one}", f"--output={materialized}", *FAST])
+    run_shuffle(unlabeled, ran, *BALANCE, "--keep_unlabeled")
+    assert shard_bytes(materialized) == shard_bytes(ran)
+    plain = str(tmp_path / "plain" / "t")
+    store_run(day0, plain)
+    error = refused_by_cli("append", f"--store={plain}", f"--input={unlabeled}", "--keep_unlabeled")
+    assert "--keep_unlabeled true differs from the store's false" in error, error
+    error = refused_by_cli("append", f"--store={plain}", f"--input={unlabeled}")
+    assert "line 51 of the file" in error and "--keep_unlabeled" in error, error
+
+
+def test_materialize_records_the_stores_balance_and_verify_says_what_it_can_check(days, tmp_path):
+    """One generation: run --balance's manifest (options, counts) and verify --input recomputes its
+    copies. Several: each generation was balanced on its own counts, so verify --input points
+    at the store, which it verifies."""
+    day0, day1 = days
+    prefix, ran = str(tmp_path / "store" / "t"), str(tmp_path / "run" / "t")
+    store_run(day0, prefix)
+    run_shuffle(day0, ran, *BALANCE)
+    one = str(tmp_path / "one" / "t")
+    commands.materialize([f"--store={prefix}", f"--output={one}", *FAST])
+    written, expected = (json.load(open(f"{p}-manifest.json")) for p in (one, ran))
+    assert written["balance"] == expected["balance"]
+    assert {k: written["options"][k] for k in ("label_field", "balance", "undersample")} == {
+        k: expected["options"][k] for k in ("label_field", "balance", "undersample")}
+    assert verify(day0, one) == []
+    append(prefix, day1)
+    two = str(tmp_path / "two" / "t")
+    commands.materialize([f"--store={prefix}", f"--output={two}", *FAST])
+    assert "balance" not in json.load(open(f"{two}-manifest.json"))
+    problems = verify(f"{day0},{day1}", two)
+    assert len(problems) == 1 and "2 generations are each balanced on their own class counts" in problems[0], problems
+    assert verify(f"{day0},{day1}", prefix) == []

@@ -148,7 +148,7 @@ def run_store(options, wait=None, hold_worker_stderr=False):
     sources = plan.sources  # match_inputs leaves store files out
     base = layout.new_manifest(plan.format, plan.compression, plan.num_piles, plan.seed, plan.max_pile_bytes,
                                schema_json(plan.schema) if plan.schema is not None else None,
-                               None if plan.balance is None else (plan.label, plan.balance))
+                               None if plan.balance is None else (plan.label, plan.balance, plan.keep_unlabeled))
     with _store_lock(prefix, layout.command_line()) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
@@ -220,11 +220,13 @@ def _refuse_other_balance(prefix: str, base: dict, args: AppendOptions):
                          f"new store with `pileshuffle run --layout store --label_field FIELD --balance POLICY ...`")
     stored = base["options"]
     for name, value in asked.items():
-        same = Policy.parse(value).spec() == stored[name] if name == "balance" else value == stored[name]
+        ours = stored.get(name, False)  # keep_unlabeled is written only when given
+        same = Policy.parse(value).spec() == ours if name == "balance" else value == ours
         if not same:
             policy = f"--label_field {stored['label_field']} --balance {stored['balance']}" + (
-                " --undersample" if stored["undersample"] else "")
-            raise UsageError(f"--{name} {_option_text(value)} differs from the store's {_option_text(stored[name])}: "
+                " --undersample" if stored["undersample"] else "") + (
+                " --keep_unlabeled" if stored.get("keep_unlabeled") else "")
+            raise UsageError(f"--{name} {_option_text(value)} differs from the store's {_option_text(ours)}: "
                              f"{store} balances every generation with {policy}; leave the option out to use the "
                              f"store's, or create a new store")
 
@@ -275,6 +277,11 @@ def materialize(options) -> dict:
         "store": {"prefix": prefix, "version": manifest["version"],
                   "generations": [g["generation"] for g in manifest["generations"]]},
     }
+    if layout.store_balance(manifest) is not None:  # the store's --balance, and its counts
+        fields["store"]["options"] = manifest["options"]
+        if len(manifest["generations"]) == 1:  # run --balance's bytes: its manifest's options and counts too
+            fields["options"].update(manifest["options"])
+            fields["balance"] = manifest["generations"][0]["balance"]
     started = time.time()
 
     def build(pipeline):

@@ -27,7 +27,7 @@ def _no_beam_options():
 @dataclasses.dataclass(frozen=True)
 class AppendOptions:
     """``pileshuffle append``: the records of ``input`` as the store's next generation.
-    ``label_field``, ``balance``, ``undersample``: None takes the store's (a store balances
+    ``label_field``, ``balance``, ``undersample``, ``keep_unlabeled``: None takes the store's (a store balances
     every generation as it was created to); a value must be the store's."""
 
     store: str
@@ -38,6 +38,7 @@ class AppendOptions:
     label_field: str = None
     balance: str = None
     undersample: bool = None
+    keep_unlabeled: bool = None
 
     def __post_init__(self):
         if self.balance is not None:
@@ -47,8 +48,10 @@ class AppendOptions:
                 raise UsageError(str(error)) from None
 
     def balance_asked(self) -> dict:
-        """The balance options given, by name (``--label_field``, ``--balance``, ``--undersample``)."""
-        asked = {"label_field": self.label_field, "balance": self.balance, "undersample": self.undersample}
+        """The balance options given, by name (``--label_field``, ``--balance``, ``--undersample``,
+        ``--keep_unlabeled``)."""
+        asked = {"label_field": self.label_field, "balance": self.balance, "undersample": self.undersample,
+                 "keep_unlabeled": self.keep_unlabeled}
         return {name: value for name, value in asked.items() if value is not None}
 
     def describe(self) -> str:
@@ -129,9 +132,12 @@ def append_options(argv) -> AppendOptions:
                                           "each generation is balanced on its own class counts with the store's policy)")
     parser.add_argument("--undersample", action="store_true", default=None,
                         help="as the store was created (default: the store's; refused if it was created without)")
+    parser.add_argument("--keep_unlabeled", action="store_true", default=None,
+                        help="as the store was created (default: the store's; refused if it was created without)")
     args, beam_args = check_command_argv(parser, argv)
     return AppendOptions(args.store, args.input, args.skip_corrupt, args.allow_duplicate_inputs,
-                         PipelineOptions(beam_args), args.label_field, args.balance, args.undersample)
+                         PipelineOptions(beam_args), args.label_field, args.balance, args.undersample,
+                         args.keep_unlabeled)
 
 
 def materialize_options(argv) -> MaterializeOptions:

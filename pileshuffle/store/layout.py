@@ -162,19 +162,21 @@ def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, sche
     return manifest
 
 
-def balance_options(label: str, policy) -> dict:
+def balance_options(label: str, policy, keep_unlabeled: bool = False) -> dict:
     """A store manifest's ``options``: the ``--balance`` it was created with (the keys a
-    balanced shard manifest's ``options`` has)."""
-    return {"label_field": label, "balance": policy.spec(), "undersample": policy.undersample}
+    balanced shard manifest's ``options`` has; ``keep_unlabeled`` only when given)."""
+    return {"label_field": label, "balance": policy.spec(), "undersample": policy.undersample,
+            **({"keep_unlabeled": True} if keep_unlabeled else {})}
 
 
 def store_balance(manifest: dict):
-    """``(label field, balance.Policy)`` that balances each of the store's generations on its
-    own class counts, or None (a store created without ``--balance``)."""
+    """``(label field, balance.Policy, keep_unlabeled)`` that balances each of the store's
+    generations on its own class counts, or None (a store created without ``--balance``)."""
     options = manifest.get("options") or {}
     if not options.get("balance"):
         return None
-    return options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample")))
+    return (options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample"))),
+            bool(options.get("keep_unlabeled")))
 
 
 def next_manifest(base: dict, generations: list, next_generation: int = None) -> dict:

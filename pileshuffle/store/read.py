@@ -135,7 +135,7 @@ def _check_copies(sources, manifest: dict, fmt) -> list:
     from pileshuffle.fingerprint import how_records_differ
     from pileshuffle.verify import copies_fingerprint
 
-    field, policy = layout.store_balance(manifest)
+    field, policy, keep_unlabeled = layout.store_balance(manifest)
     problems, used = [], set()
     for generation in manifest["generations"]:
         own, missing = _generation_sources(generation, sources)
@@ -145,7 +145,7 @@ def _check_copies(sources, manifest: dict, fmt) -> list:
                             f"another size): its copies cannot be recomputed")
             continue
         skipped = bool(generation["skipped"]["records"])  # read as the append read it
-        copied, recorded = (copies_fingerprint(fmt, own, field, policy, int(manifest["seed"]), skipped),
+        copied, recorded = (copies_fingerprint(fmt, own, field, policy, int(manifest["seed"]), skipped, keep_unlabeled),
                             Fingerprint.from_json(generation["fingerprint"]))
         if copied != recorded:
             problems.append(f"generation {generation['generation']} is not its input with the copies --balance gives: "

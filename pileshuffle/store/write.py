@@ -119,10 +119,11 @@ class _WriteStoreGroup(beam.DoFn):
     copies say."""
 
     def __init__(self, store, generation, format_name, seed, num_piles, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False,
-                 label=None, policy=None):
+                 label=None, policy=None, keep_unlabeled=False):
         self._store, self._generation, self._format_name = store, generation, format_name
         self._seed, self._num_piles, self._chunk_bytes, self._skip_corrupt = seed, num_piles, chunk_bytes, skip_corrupt
         self._label, self._planner = label, None if policy is None else ClassPlanner(policy, seed)
+        self._keep_unlabeled = keep_unlabeled
 
     def setup(self):
         prepare_worker()
@@ -130,7 +131,7 @@ class _WriteStoreGroup(beam.DoFn):
     def process(self, group: WriterGroup, counts=None):
         files = _StoreFiles(self._store, self._generation, group.writer)
         fmt = get_format(self._format_name)
-        balance = None if counts is None else (self._label, self._planner(counts))
+        balance = None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
         for source in group.sources:
             reading = SourcePiles(fmt, source, self._seed, _generation_stream(self._generation, source.id),
                                   self._chunk_bytes, self._skip_corrupt, self._num_piles, balance)
@@ -273,20 +274,22 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
     unless ``allow_duplicates``, when its records are exactly a live generation's). A
     balanced store (``layout.store_balance``) first counts this generation's classes."""
     store, balance = names.store_dir(prefix), layout.store_balance(base)
-    label, policy = (None, None) if balance is None else balance
+    label, policy, keep_unlabeled = (None, None, False) if balance is None else balance
     items = (
         pipeline
         | "ListWriterGroups" >> beam.Create(groups)
         | "SpreadWriterGroups" >> beam.Reshuffle()
         | "WriteStoreGroup" >> beam.ParDo(_WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
-                                                           skip_corrupt=skip_corrupt, label=label, policy=policy),
-                                          **_generation_classes(pipeline, groups, base["format"], label, skip_corrupt))
+                                                           skip_corrupt=skip_corrupt, label=label, policy=policy,
+                                                           keep_unlabeled=keep_unlabeled),
+                                          **_generation_classes(pipeline, groups, base["format"], label, skip_corrupt,
+                                                                keep_unlabeled))
     )
     return _publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
                     refuse_copies=not allow_duplicates)
 
 
-def _generation_classes(pipeline, groups, format_name, label, skip_corrupt) -> dict:
+def _generation_classes(pipeline, groups, format_name, label, skip_corrupt, keep_unlabeled) -> dict:
     """In a balanced store, ``_WriteStoreGroup``'s ``counts`` side input: this generation's
     sources counted on their own (``counted_classes``, as ``run`` counts); else nothing."""
     if label is None:
@@ -294,7 +297,7 @@ def _generation_classes(pipeline, groups, format_name, label, skip_corrupt) -> d
     sources = (pipeline
                | "ListSources" >> beam.Create([s for g in groups for s in g.sources])
                | "SpreadSources" >> beam.Reshuffle())
-    return counted_classes(sources, format_name, label, skip_corrupt)
+    return counted_classes(sources, format_name, label, skip_corrupt, keep_unlabeled)
 
 
 class WritePileStore(beam.PTransform):
