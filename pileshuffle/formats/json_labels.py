@@ -37,7 +37,17 @@ KEEP_HINT = "; with --balance, --keep_unlabeled makes such records the class nul
 _SPACE = r"[ \t\r\n]*"
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
 _PLAIN = r'"[^"\\]*"|0|-?[1-9][0-9]*|true|false|null'  # values whose text is their label ("-0" is 0 to json)
-_QUOTE, _VALUE_ENDS, _BEFORE_VALUE = ord('"'), np.frombuffer(b',} \t\r\n', np.uint8), np.frombuffer(b': \t\r\n', np.uint8)
+_QUOTE = ord('"')
+
+
+def _byte_set(members: bytes) -> np.ndarray:
+    """A 256-entry table: ``table[byte]`` says whether ``byte`` is one of ``members``."""
+    table = np.zeros(256, bool)
+    table[np.frombuffer(members, np.uint8)] = True
+    return table
+
+
+_VALUE_ENDS, _BEFORE_VALUE = _byte_set(b",} \t\r\n"), _byte_set(b": \t\r\n")
 # JSON label types Arrow's reader extracts in C++ (only the label's field is built), with the
 # text each has: a string as itself, an integer and a bool as their JSON text.
 _ARROW_JSON_TYPES = (pa.string(), pa.int64(), pa.bool_())
@@ -84,7 +94,7 @@ def _matched(lines: pa.Array, field: str) -> pa.Array:
     raw = np.frombuffer(data, np.uint8)
     start = offsets[rows] + pc.find_substring(heads, key.decode()).to_numpy()[rows] + len(key)
     while len(start):  # over the colon and the spaces between key and value
-        step = np.isin(raw[start], _BEFORE_VALUE)
+        step = _BEFORE_VALUE[raw[start]]
         if not step.any():
             break
         start = start + step
@@ -93,11 +103,14 @@ def _matched(lines: pa.Array, field: str) -> pa.Array:
     end, going = start.copy(), np.arange(len(start))
     while len(going):  # to the closing quote, or the first comma, brace or space
         byte = raw[end[going]]
-        going = going[~np.where(quoted[going], byte == _QUOTE, np.isin(byte, _VALUE_ENDS))]
+        going = going[~np.where(quoted[going], byte == _QUOTE, _VALUE_ENDS[byte])]
         end[going] += 1
+    labels = _strings(raw, start, end)
+    if len(rows) == len(lines):
+        return labels
     found = np.zeros(len(lines), bool)
     found[rows] = True
-    return pc.replace_with_mask(pa.nulls(len(lines), pa.string()), pa.array(found), _strings(raw, start, end))
+    return pc.replace_with_mask(pa.nulls(len(lines), pa.string()), pa.array(found), labels)
 
 
 @functools.lru_cache(maxsize=16)
