@@ -141,7 +141,9 @@ class ClassPlan:
 
         def copies_of(codes: np.ndarray, names) -> np.ndarray:
             out = np.zeros(len(codes), dtype=np.int64)
-            order = np.argsort(codes, kind="stable")  # each class's records, in file order
+            # each class's records, in file order (numpy's stable sort is a radix sort on 16-bit
+            # codes: 0.23 against 0.86 ms per 32,768 codes as uint32)
+            order = np.argsort(codes.astype(np.uint16) if len(names) <= 1 << 16 else codes, kind="stable")
             bounds = np.concatenate(([0], np.cumsum(np.bincount(codes, minlength=len(names)))))
             for code in np.flatnonzero(np.diff(bounds)).tolist():
                 label, where = names[code], order[bounds[code]:bounds[code + 1]]
