@@ -11,6 +11,7 @@ output is someone else's: a run refuses it, naming it, and never replaces or del
 
 import dataclasses
 import json
+import os
 import uuid
 
 from pileshuffle import storage
@@ -20,7 +21,7 @@ from pileshuffle.names import (JOURNAL_PREFIX, format_problem, journal_name, lit
                                shard_pattern, staging_dir)
 
 __all__ = ["OutputFiles", "read_manifest", "file_name", "write_journal", "check_replaceable", "discard_unpublished",
-           "remove_tree"]
+           "remove_tree", "missing_local_folders", "remove_empty_folders"]
 
 
 def read_manifest(prefix: str) -> dict:
@@ -136,6 +137,28 @@ def discard_unpublished(prefix: str) -> list:
         storage.delete(files.unpublished)
     remove_tree(staging_dir(prefix))
     return files.unpublished
+
+
+def missing_local_folders(directory: str) -> list:
+    """The folders of a local ``directory`` that do not exist yet, deepest first."""
+    missing = []
+    if "://" in directory:
+        return missing
+    folder = os.path.abspath(directory)
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
+
+
+def remove_empty_folders(folders: list):
+    """Remove ``folders`` (``missing_local_folders``', deepest first) while they are empty: what
+    a command created and left nothing in; one that holds files (another run's) stays."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            break
 
 
 def remove_tree(directory: str):

@@ -24,7 +24,8 @@ from pileshuffle.formats.labels import sampled_label_counts
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
 from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
-from pileshuffle.output_files import OutputFiles, check_replaceable, discard_unpublished, remove_tree
+from pileshuffle.output_files import (OutputFiles, check_replaceable, discard_unpublished, missing_local_folders,
+                                      remove_empty_folders, remove_tree)
 from pileshuffle.store.layout import FileLock, is_store
 
 __all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "mean_record_bytes", "work_dir_for", "check_writable",
@@ -139,7 +140,7 @@ def check_writable(directory: str, what: str):
     """Write and delete a probe file in ``directory``, one step Ctrl-C does not cut; leaves no
     directory it created (and removes only empty ones: another run may be filling the same folder)."""
     probe = storage.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
-    missing = _missing_local_folders(directory)
+    missing = missing_local_folders(directory)
     try:
         with interrupt.not_cut():  # a Ctrl-C between the write and the delete left the probe behind
             with storage.open_write(probe, "uncompressed") as handle:
@@ -148,23 +149,7 @@ def check_writable(directory: str, what: str):
     except Exception as error:
         raise OutputError(f"cannot write to {what} {directory}: {error}") from error
     finally:
-        for folder in missing:  # deepest first
-            try:
-                os.rmdir(folder)
-            except OSError:
-                break
-
-
-def _missing_local_folders(directory: str) -> list:
-    """The folders of a local ``directory`` that do not exist yet, deepest first."""
-    missing = []
-    if "://" in directory:
-        return missing
-    folder = os.path.abspath(directory)
-    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
-        missing.append(folder)
-        folder = os.path.dirname(folder)
-    return missing
+        remove_empty_folders(missing)
 
 
 _FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing, the 8-byte key and 8-byte hash per record

@@ -292,3 +292,20 @@ def test_a14_plan_only_reads_and_describes_a_store(tmp_path, tfrecord_input):
     assert store.returncode == 0, store.stderr
     assert f"{output}-store/" in store.stdout and "-00000-of-" not in store.stdout and "staging" not in store.stdout
     assert "generation 0" in store.stdout
+
+
+def test_a_refused_run_and_a_refused_store_leave_no_folder_they_created(tmp_path):
+    """Refused in pass 1 (weights naming a class the data lacks): the output's new folders go too;
+    a folder that holds something stays, and a run that succeeds keeps its own."""
+    (tmp_path / "in.jsonl").write_text('{"y": "a"}\n{"y": "b"}\n{"y": "a"}\n')
+    bad = ["--label_field=y", "--balance=a=1,c=2", "--quiet"]
+    for extra in ([], ["--layout=store"]):
+        done = cli("run", f"--input={tmp_path / 'in.jsonl'}", f"--output={tmp_path / 'new' / 'deep' / 't'}", *bad, *extra)
+        assert done.returncode == 2 and "no record of 'c'" in done.stderr, done.stderr
+        assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "other").write_text("another run's")
+    done = cli("run", f"--input={tmp_path / 'in.jsonl'}", f"--output={tmp_path / 'kept' / 't'}", *bad)
+    assert done.returncode == 2 and sorted(os.listdir(tmp_path / "kept")) == ["other"]
+    done = cli("run", f"--input={tmp_path / 'in.jsonl'}", f"--output={tmp_path / 'ok' / 't'}", "--quiet")
+    assert done.returncode == 0 and (tmp_path / "ok" / "t-manifest.json").exists(), done.stderr

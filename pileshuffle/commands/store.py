@@ -21,7 +21,7 @@ from pileshuffle.commands.store_options import (AppendOptions, MaterializeOption
                                                 gc_options, materialize_options)
 from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.parameters import PileshuffleOptions
-from pileshuffle.output_files import remove_tree
+from pileshuffle.output_files import missing_local_folders, remove_empty_folders, remove_tree
 from pileshuffle.running import execute
 from pileshuffle.store import layout
 from pileshuffle.store import write as store_write
@@ -92,7 +92,7 @@ def _store_lock(prefix: str, command: str):
     has nothing to publish. A refusal, failure or Ctrl-C releases it and removes the store
     folder if that holds nothing else: a first run that published nothing leaves no
     ``-store`` folder."""
-    token = None
+    token, created = None, missing_local_folders(storage.split(prefix)[0])
     try:  # taking the lock too: a Ctrl-C as it is taken leaves neither the lock nor the folder it made
         token = layout.StoreLock(prefix, command).acquire()
         yield token
@@ -101,6 +101,7 @@ def _store_lock(prefix: str, command: str):
             if token is not None:
                 layout.release_lock(prefix, token)
             layout.remove_if_empty(prefix)
+            remove_empty_folders(created)  # and the folders above it this command made
         raise
 
 

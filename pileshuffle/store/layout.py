@@ -35,6 +35,7 @@ from pileshuffle.names import STORE_MANIFEST_GLOB
 from pileshuffle.names import STORE_MANIFEST_NAME as MANIFEST_NAME
 from pileshuffle.names import STORE_SUFFIX, format_problem, generation_dir_name, manifest_header, store_dir
 from pileshuffle.names import store_manifest_name as manifest_name
+from pileshuffle.output_files import missing_local_folders, remove_empty_folders
 
 __all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
            "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
@@ -247,11 +248,15 @@ class FileLock:
 
     @contextlib.contextmanager
     def held(self):
+        """Hold the lock; on leaving, release it and remove the local folders taking it created
+        if they are empty (a failed or refused command leaves no folder behind)."""
+        created = missing_local_folders(storage.split(self.path)[0])
         token = self.acquire()
         try:
             yield token
         finally:
             self.release(token)
+            remove_empty_folders(created)
 
     def _create(self, data: bytes):
         try:
