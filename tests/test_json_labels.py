@@ -125,3 +125,12 @@ def test_the_counting_pass_names_a_line_that_is_no_text_as_pass_1_does(tmp_path)
     (tmp_path / "a.jsonl").write_bytes(b'{"y": 1}\n' * 3 + b'{"y": "\xff\xfe"}\n' + b'{"y": 2}\n')
     with pytest.raises(InputError, match=r"line 4 is not text \(invalid UTF-8"):
         list(file_labels(get_format("jsonl"), str(tmp_path / "a.jsonl"), "y", 1 << 20))
+
+
+def test_a_label_past_the_lines_first_bytes_is_read_by_the_parsers():
+    from pileshuffle.formats.json_labels import _HEAD_BYTES
+
+    lines = ['{"t": "' + "x" * _HEAD_BYTES + '", "y": 5}\n', '{"y": 6, "t": "' + "x" * _HEAD_BYTES + '"}\n']
+    heads = pa.array([line.encode()[:_HEAD_BYTES] for line in lines], pa.binary())
+    assert _matched(heads, "y").to_pylist() == [None, "6"]
+    assert json_labels(lines_array(lines), "y", "x").to_pylist() == ["5", "6"] == by_json(lines)

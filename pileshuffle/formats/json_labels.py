@@ -9,14 +9,15 @@ must find the same classes.
 1. ``_matched``: lines whose object opens with keys that hold strings without escapes, numbers,
    ``true``, ``false`` or ``null``, none of them the key, until the key, whose value is a string
    without escapes, an integer, ``true``, ``false`` or ``null``: the lines of nearly every data
-   set. One RE2 match per line says so (pyarrow's ``match_substring_regex`` on the line's first
-   bytes, DFA only), the first occurrence of the quoted key is then the key (no string before it
+   set whose label is in the line's first ``_HEAD_BYTES``. One RE2 match per line says so
+   (pyarrow's ``match_substring_regex`` on those bytes, DFA only), the first occurrence of the quoted key is then the key (no string before it
    is the key, and no quote is escaped), and the value is read after it with numpy: 0.08 s per
    125 MB of 500-byte lines against 0.13 for ``extract_regex`` and 0.23 for Arrow's JSON reader.
    Every key before it is a top-level key (no bracket opened), and so is it. The rest of the
    line is not parsed: a line broken after its label keeps its label.
 2. ``_arrow_read``: Arrow's JSON reader over the other lines of a block (labels after nested
-   values, strings with escapes). It refuses a key named twice; such lines go to 3.
+   values or later in the line, strings with escapes). It refuses a key named twice; such
+   lines go to 3.
 3. ``_line_by_line``: ``json.loads``, the first of a key named twice winning, as in 1.
 """
 
@@ -51,9 +52,10 @@ _VALUE_ENDS, _BEFORE_VALUE = _byte_set(b",} \t\r\n"), _byte_set(b": \t\r\n")
 # JSON label types Arrow's reader extracts in C++ (only the label's field is built), with the
 # text each has: a string as itself, an integer and a bool as their JSON text.
 _ARROW_JSON_TYPES = (pa.string(), pa.int64(), pa.bool_())
-# Tier 1 matches a line's first bytes first: RE2 then stops at them instead of scanning the rest of
-# the line for a later match it will not take (0.09 against 0.13 s per 125 MB of 500-byte lines);
-# lines whose label comes later are matched whole.
+# Tier 1 matches a line's first bytes: RE2 then stops at them instead of scanning the rest of the
+# line for a later match it will not take (0.09 against 0.13 s per 125 MB of 500-byte lines); a
+# match there is the line's match (anchored at the start, no "$"). Lines whose label comes later
+# go to Arrow's reader.
 _HEAD_BYTES = 256
 
 
@@ -65,9 +67,8 @@ def json_labels(lines, field: str, path: str, first: int = 0, keep_unlabeled: bo
 
     if isinstance(lines, pa.ChunkedArray):
         lines = lines.chunk(0) if lines.num_chunks == 1 else lines.combine_chunks()
-    # a match in a line's head is its match in the whole line (anchored at the start, no "$")
     labels = _matched(pc.binary_slice(lines, 0, _HEAD_BYTES), field)
-    for read in (lambda rest, _: _matched(rest, field), lambda rest, _: _arrow_read(rest, field, keep_unlabeled),
+    for read in (lambda rest, _: _arrow_read(rest, field, keep_unlabeled),
                  lambda rest, at: _line_by_line(rest.to_pylist(), at + first + 1, field, path, keep_unlabeled)):
         unread = labels.is_null()
         if not unread.true_count:
@@ -80,7 +81,8 @@ def json_labels(lines, field: str, path: str, first: int = 0, keep_unlabeled: bo
 
 
 def _matched(lines: pa.Array, field: str) -> pa.Array:
-    """Tier 1 (module docstring): each line's label, or null where tier 1 cannot read it."""
+    """Tier 1 (module docstring) over ``lines`` as given (the lines' heads): each line's label,
+    or null where tier 1 cannot read it."""
     import pyarrow.compute as pc
 
     from pileshuffle.fingerprint import binary_column_parts
@@ -88,11 +90,10 @@ def _matched(lines: pa.Array, field: str) -> pa.Array:
     key = json.dumps(field, ensure_ascii=False).encode()
     if b"\\" in key:  # a key JSON escapes is never matched as written
         return pa.nulls(len(lines), pa.string())
-    heads = pc.binary_slice(lines, 0, _HEAD_BYTES)
-    rows = np.flatnonzero(pc.match_substring_regex(heads, _tier1_pattern(key)).to_numpy(zero_copy_only=False))
+    rows = np.flatnonzero(pc.match_substring_regex(lines, _tier1_pattern(key)).to_numpy(zero_copy_only=False))
     data, offsets = binary_column_parts(lines)
     raw = np.frombuffer(data, np.uint8)
-    start = offsets[rows] + pc.find_substring(heads, key.decode()).to_numpy()[rows] + len(key)
+    start = offsets[rows] + pc.find_substring(lines, key.decode()).to_numpy()[rows] + len(key)
     while len(start):  # over the colon and the spaces between key and value
         step = _BEFORE_VALUE[raw[start]]
         if not step.any():
