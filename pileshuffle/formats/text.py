@@ -112,10 +112,8 @@ def line_views(path: str, chunk_bytes: int):
 
 
 def _lines_of(data: memoryview) -> tuple:
-    raw = np.frombuffer(data, np.uint8)
-    offsets = np.zeros(1, np.int32)
-    offsets = np.concatenate((offsets, (np.flatnonzero(raw == _NEWLINE) + 1).astype(np.int32)))
-    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)]), raw
+    """``(lines, raw)`` of whole lines ``data``: a binary array over it (no copy) and its bytes."""
+    return binary_table(LINE_COLUMN, data, _line_bounds(data)).column(0).chunk(0), np.frombuffer(data, np.uint8)
 
 
 class JsonlFormat(Payloads):
