@@ -21,7 +21,8 @@ import numpy as np
 
 from pileshuffle.errors import UsageError
 
-__all__ = ["KINDS", "Policy", "copies", "class_phase", "labels_text", "ClassPlan", "class_plan", "ClassPlanner"]
+__all__ = ["KINDS", "Policy", "copies", "class_phase", "labels_text", "ClassPlan", "class_plan", "ClassPlanner",
+           "manifest_options", "from_manifest_options"]
 
 KINDS = ("uniform", "sqrt")  # the named policies; anything else is explicit weights "a=0.5,b=0.3"
 
@@ -98,6 +99,23 @@ class Policy:
     def spec(self) -> str:
         """The policy as ``--balance`` takes it (``parse(spec(), undersample)`` gives it back)."""
         return self.kind if self.kind != "weights" else ",".join(f"{c}={w!r}" for c, w in self.weights)
+
+
+def manifest_options(label: str, policy: Policy, keep_unlabeled: bool = False) -> dict:
+    """What a manifest's ``options`` (a shard output's or a store's) record of ``--balance``:
+    ``label_field``, ``balance`` (the policy as given), ``undersample``, and ``keep_unlabeled``
+    only when given."""
+    return {"label_field": label, "balance": policy.spec(), "undersample": policy.undersample,
+            **({"keep_unlabeled": True} if keep_unlabeled else {})}
+
+
+def from_manifest_options(options: dict):
+    """``(label field, Policy, keep_unlabeled)`` of a manifest's ``options``
+    (``manifest_options``'), or None: written without ``--balance``."""
+    if not options.get("balance"):
+        return None
+    return (options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample"))),
+            bool(options.get("keep_unlabeled")))
 
 
 def class_phase(seed: int, label: str, count: int) -> int:

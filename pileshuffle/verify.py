@@ -273,12 +273,10 @@ class ShardVerifier:
 def _with_copies(fmt, sources, manifest: dict, skip_corrupt: bool) -> Fingerprint:
     """The fingerprint of the input's records each as many times as ``--balance`` copies it,
     recomputed from the input as the run did (``copies_fingerprint``)."""
-    from pileshuffle.balance import Policy
+    from pileshuffle.balance import from_manifest_options
 
-    options = manifest.get("options", {})
-    field, policy = options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample")))
-    return copies_fingerprint(fmt, sources, field, policy, int(manifest.get("seed") or 0), skip_corrupt,
-                              bool(options.get("keep_unlabeled")))
+    field, policy, keep_unlabeled = from_manifest_options(manifest.get("options", {}))
+    return copies_fingerprint(fmt, sources, field, policy, int(manifest.get("seed") or 0), skip_corrupt, keep_unlabeled)
 
 
 def copies_fingerprint(fmt, sources, field: str, policy, seed: int, skip_corrupt: bool = False,

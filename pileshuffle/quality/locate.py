@@ -138,17 +138,16 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
     pass 1 emits them (its own ``class_counts``, ``class_plan`` and ``keyed_chunks``, from the
     manifest's label field, policy, seed and ``skip_corrupt``): positions count the copies,
     ``file_records`` are the copies per file, and ``keys`` the sampled copies' pass-1 keys."""
-    from pileshuffle.balance import Policy
+    from pileshuffle.balance import from_manifest_options
     from pileshuffle.formats import ReadReport
     from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
     from pileshuffle.transforms.assign import INPUT_STREAM, Source, copies_balance, keyed_chunks
 
     options = manifest.get("options", {})
-    field, skip = options["label_field"], bool(options.get("skip_corrupt"))
+    (field, policy, keep_unlabeled), skip = from_manifest_options(options), bool(options.get("skip_corrupt"))
     seed = int(manifest.get("seed") or 0)
     sources = [Source(number, path, 0) for number, path in enumerate(paths)]  # ids: ranks in the sorted file list
-    balance = copies_balance(fmt, sources, field, Policy.parse(options["balance"], bool(options.get("undersample"))),
-                             seed, skip, bool(options.get("keep_unlabeled")))
+    balance = copies_balance(fmt, sources, field, policy, seed, skip, keep_unlabeled)
     files = ((source.path, ((table, hashes, keys) for table, keys, hashes, _, _ in keyed_chunks(
         fmt, source, seed, (INPUT_STREAM, source.id), DEFAULT_CHUNK_BYTES, skip, ReadReport(), balance)))
         for source in sources)

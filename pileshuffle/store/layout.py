@@ -27,7 +27,7 @@ import sys
 import uuid
 
 from pileshuffle import __version__, interrupt, storage
-from pileshuffle.balance import Policy
+from pileshuffle.balance import from_manifest_options, manifest_options
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.names import GENERATION_DIR, LEGACY_STORE_FORMAT, STORE_KIND
 from pileshuffle.names import STORE_LOCK_NAME as LOCK_NAME
@@ -39,7 +39,7 @@ from pileshuffle.output_files import missing_local_folders, remove_empty_folders
 
 __all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
            "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
-           "new_manifest", "next_manifest", "balance_options", "store_balance", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
+           "new_manifest", "next_manifest", "store_balance", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
            "remove_if_empty", "remove_unpublished", "command_line"]
 
 
@@ -148,7 +148,8 @@ def publish_manifest(prefix: str, manifest: dict):
 
 def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None, balance=None) -> dict:
     """Version 0: the empty store a first generation is published onto; ``balance``
-    (``(label field, balance.Policy)``) balances every generation it will hold."""
+    (``(label field, balance.Policy, keep_unlabeled)``, recorded as ``balance.manifest_options``)
+    balances every generation it will hold."""
     manifest = {
         **manifest_header(STORE_KIND), "store_format": LEGACY_STORE_FORMAT, "version": 0,
         "pileshuffle_version": __version__,
@@ -159,25 +160,14 @@ def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, sche
     if schema is not None:
         manifest["schema"] = schema
     if balance is not None:
-        manifest["options"] = balance_options(*balance)
+        manifest["options"] = manifest_options(*balance)
     return manifest
-
-
-def balance_options(label: str, policy, keep_unlabeled: bool = False) -> dict:
-    """A store manifest's ``options``: the ``--balance`` it was created with (the keys a
-    balanced shard manifest's ``options`` has; ``keep_unlabeled`` only when given)."""
-    return {"label_field": label, "balance": policy.spec(), "undersample": policy.undersample,
-            **({"keep_unlabeled": True} if keep_unlabeled else {})}
 
 
 def store_balance(manifest: dict):
     """``(label field, balance.Policy, keep_unlabeled)`` that balances each of the store's
     generations on its own class counts, or None (a store created without ``--balance``)."""
-    options = manifest.get("options") or {}
-    if not options.get("balance"):
-        return None
-    return (options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample"))),
-            bool(options.get("keep_unlabeled")))
+    return from_manifest_options(manifest.get("options") or {})
 
 
 def next_manifest(base: dict, generations: list, next_generation: int = None) -> dict:

@@ -3,6 +3,7 @@
 import apache_beam as beam
 
 from pileshuffle import storage
+from pileshuffle.balance import manifest_options
 from pileshuffle.fragments import Fragment
 from pileshuffle.names import CLASS_CODES_DIR
 from pileshuffle.transforms.assign import STATS_TAG, CountClasses, ReadSourceToPiles, SourceStats
@@ -85,8 +86,6 @@ def _manifest_fields(plan) -> dict:
             "max_pile_bytes": plan.max_pile_bytes,
             "intermediate": plan.intermediate,
             "skip_corrupt": plan.skip_corrupt,
-            **({"label_field": plan.label, "balance": plan.balance.spec(), "undersample": plan.balance.undersample}
-               if plan.balance else {}),
-            **({"keep_unlabeled": True} if plan.balance and plan.keep_unlabeled else {}),
+            **(manifest_options(plan.label, plan.balance, plan.keep_unlabeled) if plan.balance else {}),
         },
     }
