@@ -242,13 +242,14 @@ def make_plan(options: PipelineOptions) -> Plan:
     sources = inputs.sources
     fmt = resolve_format(opts.format, sources)
     check_compression(fmt.name, opts.compression)
-    _check_balance_fits(fmt.name, balance_policy(opts))
+    policy = balance_policy(opts)
+    _check_balance_fits(fmt.name, policy)
     if all(s.size == 0 for s in sources):
         raise InputError(sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle")
     schema = check_schemas(fmt, sources)
     max_pile_bytes = parse_bytes(opts.max_pile_bytes)
     mean, total = mean_record_bytes(fmt, sources), _estimated_bytes(sources)
-    growth = _balance_growth(fmt, sources, opts.label_field, balance_policy(opts))
+    growth = _balance_growth(fmt, sources, opts.label_field, policy)
     num_piles, reason = _choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
     if num_piles > max(1, total / mean):
         _log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
@@ -273,7 +274,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         replace_existing=bool(opts.overwrite),
         skip_corrupt=bool(opts.skip_corrupt),
         label=opts.label_field or None,
-        balance=balance_policy(opts),
+        balance=policy,
         keep_unlabeled=bool(opts.keep_unlabeled),
         layout=opts.layout,
         schema=schema,

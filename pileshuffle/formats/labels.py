@@ -11,8 +11,7 @@ the table); with ``keep_unlabeled`` it is the class ``"null"`` instead (``NULL_C
 
 ``file_labels`` reads only what the labels need (a Parquet file's label column; a JSONL line's
 label is found without parsing the line when it can be: ``json_labels``): ``--balance``'s
-counting pass. Where
-labels cost a parse (JSON, ``tf.train.Example``, tar headers) the counting pass keeps them
+counting pass. Where labels cost a parse (JSON, ``tf.train.Example``, tar headers) the counting pass keeps them
 for pass 1 (``ClassCodesWriter``, ``ClassCodesReader``: 4 bytes a record), so each label is
 parsed once.
 """
@@ -33,9 +32,8 @@ from pileshuffle.formats.tar import KEY_FIELD, sample_dict
 from pileshuffle.formats.text import check_text, line_views
 from pileshuffle.names import FRAME_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
 
-__all__ = ["record_labels", "label_text", "file_labels", "label_counts", "sampled_label_counts", "NULL_CLASS", "ClassCodesWriter",
-           "ClassCodesReader"]
-
+__all__ = ["record_labels", "label_text", "file_labels", "label_counts", "sampled_label_counts", "NULL_CLASS",
+           "ClassCodesWriter", "ClassCodesReader"]
 
 
 def label_text(values: list) -> str:

@@ -179,7 +179,8 @@ def class_counts(fmt, source: Source, field: str, chunk_bytes=DEFAULT_CHUNK_BYTE
                  keep_unlabeled=False) -> dict:
     """``{class: records}`` of one source, read as pass 1 reads it (the same records under
     ``skip_corrupt``): what ``--balance``'s first pass and ``verify`` count. Only the labels
-    are read (``file_labels``: a Parquet file's label column, a JSONL file's lines unsplit)."""
+    are read (``file_labels``: a Parquet file's label column, a JSONL line's label found without
+    parsing the line where it can be)."""
     counts = {}
     for labels in file_labels(fmt, source.path, field, chunk_bytes, skip_corrupt, ReadReport(), keep_unlabeled):
         for label, n in label_counts(labels).items():
