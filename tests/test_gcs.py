@@ -82,6 +82,35 @@ def test_a_balanced_run_on_gcs_gives_the_local_bytes_and_verifies(inputs, gcs, t
     assert verify(remote_in, f"{gcs}/b", None) == []
 
 
+def test_a_balanced_jsonl_run_and_store_on_gcs_give_the_local_bytes(gcs, tmp_path):
+    """The counting pass's JSONL reader (a reused buffer filled by readinto), the plan's sample of
+    labels (auto piles sized for the output) and --keep_unlabeled, read from gs://."""
+    from pileshuffle.commands.verify import verify
+    from pileshuffle.store import layout
+
+    labels = ["a"] * 700 + ["b"] * 200 + ["c"] * 97 + [None] * 3
+    lines = [json.dumps({"i": i, **({"y": y} if y else {}), "t": "x" * (i % 50)}) + "\n" for i, y in enumerate(labels)]
+    local_in, remote_in = tmp_path / "in", f"{gcs}/balanced-in"
+    local_in.mkdir()
+    for part in range(2):
+        data = "".join(lines[part::2]).encode()
+        (local_in / f"p{part}.jsonl").write_bytes(data)
+        with storage.open_write(f"{remote_in}/p{part}.jsonl", "uncompressed") as handle:
+            handle.write(data)
+    args = ["--label_field=y", "--balance=uniform", "--keep_unlabeled", "--max_pile_bytes=1MiB", "--seed=4"]
+    local = run_shuffle(str(local_in / "*.jsonl"), str(tmp_path / "b"), *args)
+    remote = run_shuffle(f"{remote_in}/*.jsonl", f"{gcs}/jb", *args)
+    assert gs_shard_bytes(f"{gcs}/jb") == shard_bytes(str(tmp_path / "b"))
+    assert remote["balance"] == local["balance"] and remote["options"] == local["options"]
+    assert "written 2.80 times over by --balance" in remote["options"]["num_piles_reason"]  # the sample, read on gs://
+    assert remote["balance"]["records_after"] == {"a": 700, "b": 700, "c": 700, "null": 700}
+    assert verify(f"{remote_in}/*.jsonl", f"{gcs}/jb", None) == []
+    run_shuffle(f"{remote_in}/*.jsonl", f"{gcs}/js", "--layout=store", *args)
+    stored = layout.read_store_manifest(f"{gcs}/js")
+    assert stored["generations"][0]["balance"] == remote["balance"] and stored["options"]["keep_unlabeled"] is True
+    assert verify(f"{remote_in}/*.jsonl", f"{gcs}/js", None) == []
+
+
 def test_verify_plan_and_quality_on_gcs(inputs, gcs):
     local_in, remote_in = inputs["tfrecord"]
     run_shuffle(remote_in, f"{gcs}/t", "--num_piles=3", "--seed=2")
