@@ -154,9 +154,10 @@ CLASS_CODES_DIR = "classes"  # in the work folder
 
 
 def class_codes_names(source_id: int) -> tuple:
-    """``(codes, classes)``: the files of one source's labels as the counting pass read them,
-    each record's class code (uint32) and the classes in code order (JSON)."""
-    return f"s{source_id:06d}.codes", f"s{source_id:06d}.classes.json"
+    """``(codes, classes, lines)``: the files of one source's labels as the counting pass read them,
+    each record's class code (uint32), the classes in code order (JSON) and, for JSONL, each
+    line's length (uint32)."""
+    return f"s{source_id:06d}.codes", f"s{source_id:06d}.classes.json", f"s{source_id:06d}.lines"
 
 
 # -- a pile store ------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Records without a label under ``--balance`` (issue 24): refused naming the file and the
 record's place in it, in every format, or kept as the class ``null`` with ``--keep_unlabeled``;
-and the counting pass's own readers (label column alone, JSONL lines unsplit, class codes kept
-for pass 1) give exactly pass 1's labels."""
+and the counting pass's own readers (label column alone, JSONL lines unsplit, class codes and
+JSONL line lengths kept for pass 1) give exactly pass 1's labels and lines; a file changed
+between the passes is refused."""
 
+import gzip
 import io
 import json
 import subprocess
@@ -17,7 +19,8 @@ import pytest
 from helpers import assert_verified, refused, run_shuffle, shards
 from pileshuffle.errors import InputError
 from pileshuffle.formats import ReadReport, get_format
-from pileshuffle.formats.labels import ClassCodesReader, ClassCodesWriter, file_labels, label_counts, record_labels
+from pileshuffle.formats.labels import (ClassCodesReader, ClassCodesWriter, file_labels, kept_class_counts, label_counts,
+                                        record_labels)
 from pileshuffle.formats.tfrecord import frame
 
 BALANCE = ["--label_field=y", "--balance=uniform", "--num_piles=2", "--seed=3"]
@@ -222,6 +225,56 @@ def test_class_codes_give_pass_1_the_labels_and_counts_of_the_counting_pass(tmp_
     reader.take(5)
     with pytest.raises(InputError, match="in.jsonl: has fewer records than the first pass counted"):
         reader.close()
+
+
+def _kept_lines(tmp_path, path, chunk_bytes):
+    """The counting pass over the JSONL file ``path`` (``kept_class_counts``): the files it keeps
+    for pass 1, ``(codes, classes, lines)``."""
+    kept = tuple(str(tmp_path / name) for name in ("s.codes", "s.classes.json", "s.lines"))
+    kept_class_counts(get_format("jsonl"), str(path), "y", chunk_bytes, ClassCodesWriter(*kept))
+    return kept
+
+
+def _lines_read(chunks) -> list:
+    return [line for table in chunks for line in table.column(0).to_pylist()]
+
+
+@pytest.mark.parametrize("text", [
+    "".join(json.dumps({"y": i % 3, "pad": "x" * (i % 41)}) + "\n" for i in range(400)),
+    '{"y": 1}\n{"y": "a"}\n{"y": 2, "t": "no newline at the end"}',
+    json.dumps({"y": 0, "long": "x" * 5000}) + "\n" + '{"y": 1}\n' * 3,  # a line longer than a block
+    "",
+])
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz"])
+def test_pass_1_reads_a_jsonl_file_by_the_lines_the_counting_pass_found(tmp_path, text, name):
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    fmt = get_format("jsonl")
+    for chunk_bytes in (700, 16 << 20):
+        codes, classes, lines = _kept_lines(tmp_path, path, chunk_bytes)
+        reader = ClassCodesReader(codes, classes, str(path), lines)
+        tables = list(reader.chunks(fmt, chunk_bytes))
+        assert _lines_read(tables) == _lines_read(fmt.read_chunks(str(path), chunk_bytes))
+        assert all(t.nbytes <= chunk_bytes + 5100 for t in tables)
+        reader.take(sum(t.num_rows for t in tables))
+        reader.close()
+
+
+@pytest.mark.parametrize("change", [
+    lambda b: b.replace(b'"y": 7', b'"y": 70', 1),  # a line grew
+    lambda b: b + b'{"y": 1}\n',  # a line more
+    lambda b: b[:b.rindex(b"{")],  # the last line gone
+    lambda b: b[:-5],  # cut in the last line
+])
+def test_a_jsonl_file_changed_after_the_counting_pass_is_refused_by_pass_1(tmp_path, change):
+    path = tmp_path / "a.jsonl"
+    write_jsonl(path, [{"y": i % 9, "i": i} for i in range(300)])
+    codes, classes, lines = _kept_lines(tmp_path, path, 1000)
+    path.write_bytes(change(path.read_bytes()))
+    reader = ClassCodesReader(codes, classes, str(path), lines)
+    with pytest.raises(InputError, match="a.jsonl: changed during the run: its lines are not where the first pass"):
+        for table in reader.chunks(get_format("jsonl"), 1000):
+            reader.take(table.num_rows)
 
 
 @pytest.mark.parametrize("policy, undersample", [("uniform", False), ("sqrt", True), ("a=1,b=3,c=2,d=1", False)])

@@ -83,8 +83,9 @@ def test_a_balanced_run_on_gcs_gives_the_local_bytes_and_verifies(inputs, gcs, t
 
 
 def test_a_balanced_jsonl_run_and_store_on_gcs_give_the_local_bytes(gcs, tmp_path):
-    """The counting pass's JSONL reader (a reused buffer filled by readinto), the plan's sample of
-    labels (auto piles sized for the output) and --keep_unlabeled, read from gs://."""
+    """The counting pass's JSONL reader (a reused buffer filled by readinto), pass 1's reading by
+    the lines it found (their lengths kept in the work folder), the plan's sample of labels (auto
+    piles sized for the output) and --keep_unlabeled, on gs://."""
     from pileshuffle.commands.verify import verify
     from pileshuffle.store import layout
 

@@ -13,7 +13,7 @@ the table); with ``keep_unlabeled`` it is the class ``"null"`` instead (``NULL_C
 label is found without parsing the line when it can be: ``json_labels``): ``--balance``'s
 counting pass. Where labels cost a parse (JSON, ``tf.train.Example``, tar headers) the counting pass keeps them
 for pass 1 (``ClassCodesWriter``, ``ClassCodesReader``: 4 bytes a record), so each label is
-parsed once.
+parsed once; of JSONL it keeps each line's length too (4 more), so each line is found once.
 """
 
 import json
@@ -23,17 +23,17 @@ import pyarrow as pa
 
 from pileshuffle import storage
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.fingerprint import binary_column_parts, binary_lengths
 from pileshuffle.formats import holder_of
-from pileshuffle.formats.base import open_input
+from pileshuffle.formats.base import ReadReport, open_input
 from pileshuffle.formats.example import NotAnExample, feature_values
 from pileshuffle.formats.json_labels import KEEP_HINT, NULL_CLASS, json_labels
 from pileshuffle.formats.tar import KEY_FIELD, sample_dict
-from pileshuffle.formats.text import check_text, line_views
+from pileshuffle.formats.text import check_text, known_line_chunks, line_views
 from pileshuffle.names import FRAME_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
 
 __all__ = ["record_labels", "label_text", "file_labels", "label_counts", "sampled_label_counts", "NULL_CLASS",
-           "ClassCodesWriter", "ClassCodesReader"]
+           "ClassCodesWriter", "ClassCodesReader", "kept_class_counts"]
 
 
 def label_text(values: list) -> str:
@@ -55,7 +55,7 @@ def file_labels(fmt, path: str, field: str, chunk_bytes: int, skip_corrupt=False
     if fmt.name == "parquet":
         yield from _parquet_file_labels(path, field, keep_unlabeled)
     elif fmt.name == "jsonl":
-        yield from _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled)
+        yield from (labels for labels, _ in _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled))
     else:
         first = 0
         for table in fmt.read_chunks(path, chunk_bytes, skip_corrupt, report):
@@ -93,15 +93,19 @@ def label_counts(labels) -> dict:
 
 class ClassCodesWriter:
     """One source's labels as the counting pass reads them, for pass 1: each record's class
-    code (uint32, little-endian, written as it comes) to ``codes_path``, and on ``close`` the
-    classes in code order (a JSON list) to ``classes_path``. ``close`` returns ``{class: records}``."""
+    code (uint32, little-endian, written as it comes) to ``codes_path``, on ``close`` the classes
+    in code order (a JSON list) to ``classes_path``, and with ``lines_path`` (JSONL) each line's
+    length with its newline (uint32), so that pass 1 need not look for the lines again.
+    ``close`` returns ``{class: records}``."""
 
-    def __init__(self, codes_path: str, classes_path: str):
+    def __init__(self, codes_path: str, classes_path: str, lines_path: str = None):
         self._classes_path, self._codes, self._counts = classes_path, {}, np.zeros(0, np.int64)
         self._handle = storage.open_write(codes_path)
+        self._lines = None if lines_path is None else storage.open_write(lines_path)
 
-    def add(self, labels):
-        """One chunk's labels (``file_labels``' or ``record_labels``')."""
+    def add(self, labels, line_lengths=None):
+        """One chunk's labels (``file_labels``' or ``record_labels``'), and its lines' lengths
+        when the writer keeps them."""
         if isinstance(labels, pa.Array):
             encoded = labels.dictionary_encode()
             names, inverse = encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
@@ -111,39 +115,88 @@ class ClassCodesWriter:
         mapping = np.array([self._codes.setdefault(name, len(self._codes)) for name in names], dtype="<u4")
         codes = mapping[inverse.reshape(-1)] if len(names) else np.zeros(0, "<u4")
         self._handle.write(codes.tobytes())
+        if self._lines is not None:
+            self._lines.write(np.asarray(line_lengths, "<u4").tobytes())
         found = np.bincount(codes, minlength=len(self._codes))
         self._counts = found + np.pad(self._counts, (0, len(found) - len(self._counts)))
 
     def close(self) -> dict:
         self._handle.close()
+        if self._lines is not None:
+            self._lines.close()
         storage.write_whole(self._classes_path, json.dumps(list(self._codes)).encode())
         return dict(sorted(zip(self._codes, self._counts.tolist())))
 
 
+def kept_class_counts(fmt, path: str, field: str, chunk_bytes: int, writer: ClassCodesWriter, skip_corrupt=False,
+                      keep_unlabeled=False) -> dict:
+    """``--balance``'s counting pass over the file ``path``: every record's class (and every
+    JSONL line's length) to ``writer``; its ``{class: records}``."""
+    if fmt.name == "jsonl":
+        for labels, lines in _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled):
+            writer.add(labels, binary_lengths(lines))
+    else:
+        for labels in file_labels(fmt, path, field, chunk_bytes, skip_corrupt, ReadReport(), keep_unlabeled):
+            writer.add(labels)
+    return writer.close()
+
+
 class ClassCodesReader:
     """Pass 1's side of ``ClassCodesWriter``: the class codes of the next ``count`` records of
-    the source (``take``) and the classes they index (``classes``); ``path`` (the source) is
-    named when the file changed between the passes."""
+    the source ``path`` (``take``) and the classes they index (``classes``); with ``lines_path``
+    the source's tables read by the lines the counting pass found (``chunks``). A file that
+    changed between the passes is an ``InputError``."""
 
-    def __init__(self, codes_path: str, classes_path: str, path: str):
+    def __init__(self, codes_path: str, classes_path: str, path: str, lines_path: str = None):
         self.classes = storage.read_json(classes_path)
         self._handle, self._path = storage.open_read(codes_path, "uncompressed"), path
+        self._lines = None if lines_path is None else storage.open_read(lines_path, "uncompressed")
+        self._lengths, self._lengths_ended = np.zeros(0, "<u4"), False
+
+    def chunks(self, fmt, chunk_bytes: int, skip_corrupt=False, report=None):
+        """The source's tables as ``fmt.read_chunks`` gives them."""
+        if self._lines is None:
+            return fmt.read_chunks(self._path, chunk_bytes, skip_corrupt, report)
+        return known_line_chunks(self._path, self._next_lengths, chunk_bytes)
+
+    def _next_lengths(self, max_bytes: int) -> np.ndarray:
+        """The lengths of the next lines that fit in ``max_bytes`` (at least one; none at the end)."""
+        while not self._lengths_ended and int(self._lengths.sum(dtype=np.int64)) < max_bytes:
+            data = _read_up_to(self._lines, 4 * _LENGTHS_READ)
+            self._lengths_ended = len(data) < 4 * _LENGTHS_READ
+            self._lengths = np.concatenate((self._lengths, np.frombuffer(data, "<u4")))
+        fit = max(1, int(np.searchsorted(np.cumsum(self._lengths, dtype=np.int64), max_bytes, side="right")))
+        taken, self._lengths = self._lengths[:fit], self._lengths[fit:]
+        return taken
 
     def take(self, count: int) -> np.ndarray:
         """The uint32 class codes of the next ``count`` records."""
-        data = b""
-        while len(data) < 4 * count:
-            block = self._handle.read(4 * count - len(data))
-            if not block:
-                raise InputError(self._path, "has more records than the first pass counted: it changed during the run")
-            data += block
+        data = _read_up_to(self._handle, 4 * count)
+        if len(data) < 4 * count:
+            raise InputError(self._path, "has more records than the first pass counted: it changed during the run")
         return np.frombuffer(data, "<u4")
 
     def close(self):
         extra = self._handle.read(1)
         self._handle.close()
+        if self._lines is not None:
+            self._lines.close()
         if extra:
             raise InputError(self._path, "has fewer records than the first pass counted: it changed during the run")
+
+
+_LENGTHS_READ = 1 << 16  # line lengths pass 1 reads at a time (256 KiB)
+
+
+def _read_up_to(handle, size: int) -> bytes:
+    """``size`` bytes of ``handle``, or fewer at its end."""
+    data = b""
+    while len(data) < size:
+        block = handle.read(size - len(data))
+        if not block:
+            break
+        data += block
+    return data
 
 
 def _objects(labels) -> np.ndarray:
@@ -201,9 +254,10 @@ _LABEL_BLOCK_BYTES = 4 << 20
 
 
 def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled):
-    """A JSONL file's labels, its blocks (of at most ``_LABEL_BLOCK_BYTES``) read into one reused
-    buffer (``text.line_views``: the labels are copied out of it), its lines checked to be text
-    only when a label fails; else pass 1 checks them (1.1 against 1.55 CPU-s per GB at 16 MiB)."""
+    """``(labels, lines)`` for each block of a JSONL file, of at most ``_LABEL_BLOCK_BYTES``, read
+    into one reused buffer (``text.line_views``: keep only what is made of ``lines``), its lines
+    checked to be text only when a label fails; else pass 1 checks them (1.1 against 1.55 CPU-s
+    per GB at 16 MiB)."""
     first = 0
     for lines, raw in line_views(path, min(chunk_bytes, _LABEL_BLOCK_BYTES)):
         try:
@@ -212,7 +266,7 @@ def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled):
         except (InputError, pa.ArrowInvalid):  # a line that is no text is named as pass 1 names it
             check_text(path, raw.tobytes(), np.frombuffer(lines.buffers()[1], np.int32), first)
             raise
-        yield labels
+        yield labels, lines
         first += len(lines)
 
 

@@ -21,7 +21,8 @@ from pileshuffle.balance import ClassPlanner
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, records_table
-from pileshuffle.formats.labels import ClassCodesReader, ClassCodesWriter, file_labels, label_counts, record_labels
+from pileshuffle.formats.labels import (ClassCodesReader, ClassCodesWriter, file_labels, kept_class_counts, label_counts,
+                                        record_labels)
 from pileshuffle.fragments import Fragment, FragmentFiles, to_ipc
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, class_codes_names, source_writer_name
 from pileshuffle.tuning import prepare_worker
@@ -131,11 +132,13 @@ def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, 
     where ``rows`` (None without ``balance``) picks the records with their copies
     (``table.take(rows)``), and ``keys``, ``hashes`` and ``lengths`` are the copies'. With
     ``stored`` (a ``ClassCodesReader`` of the source) labels come from the counting pass
-    instead of being parsed again."""
+    instead of being parsed again (and a JSONL file's lines are read where it found them)."""
     index, first = 0, 0
     copies_of = None if balance is None else balance[1].copier(source.id)
     keep_unlabeled = balance is not None and len(balance) > 2 and bool(balance[2])
-    for table in fmt.read_chunks(source.path, chunk_bytes, skip_corrupt, report):
+    chunks = fmt.read_chunks(source.path, chunk_bytes, skip_corrupt, report) if stored is None else \
+        stored.chunks(fmt, chunk_bytes, skip_corrupt, report)
+    for table in chunks:
         hashes, lengths = record_hashes(table), record_lengths(table)
         read = Fingerprint.of(hashes, int(lengths.sum()))
         if copies_of is None:
@@ -200,11 +203,13 @@ def copies_balance(fmt, sources, field: str, policy, seed: int, skip_corrupt=Fal
 
 
 def _codes_paths(codes_dir, format_name, source: Source):
-    """Where the counting pass keeps ``source``'s class codes for pass 1 (``ClassCodesWriter``),
-    or None: not kept for Parquet, whose labels are a column pass 1 decodes anyway."""
+    """``(codes, classes, lines)``: where the counting pass keeps ``source``'s class codes for pass 1
+    (``ClassCodesWriter``; lines None but for JSONL), or None: not kept for Parquet, whose labels
+    are a column pass 1 decodes anyway."""
     if codes_dir is None or format_name == "parquet":
         return None
-    return tuple(storage.join(codes_dir, name) for name in class_codes_names(source.id))
+    codes, classes, lines = (storage.join(codes_dir, name) for name in class_codes_names(source.id))
+    return codes, classes, lines if format_name == "jsonl" else None
 
 
 class CountClasses(beam.DoFn):
@@ -222,11 +227,8 @@ class CountClasses(beam.DoFn):
             yield source.id, class_counts(fmt, source, self._field, self._chunk_bytes, self._skip_corrupt,
                                           self._keep_unlabeled)
             return
-        writer = ClassCodesWriter(*paths)
-        for labels in file_labels(fmt, source.path, self._field, self._chunk_bytes, self._skip_corrupt, ReadReport(),
-                                  self._keep_unlabeled):
-            writer.add(labels)
-        yield source.id, writer.close()
+        yield source.id, kept_class_counts(fmt, source.path, self._field, self._chunk_bytes, ClassCodesWriter(*paths),
+                                           self._skip_corrupt, self._keep_unlabeled)
 
 
 class _PileWriter:
@@ -276,7 +278,7 @@ class ReadSourceToPiles(beam.DoFn):
         paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)
         reading = SourcePiles(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
                               self._chunk_bytes, self._skip_corrupt, self._num_piles, balance,
-                              None if paths is None else ClassCodesReader(*paths, source.path))
+                              None if paths is None else ClassCodesReader(*paths[:2], source.path, paths[2]))
         for chunk_index, read, parts in reading:
             for pile, part, part_fingerprint in parts:
                 yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
