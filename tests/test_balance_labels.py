@@ -265,6 +265,7 @@ def test_pass_1_reads_a_jsonl_file_by_the_lines_the_counting_pass_found(tmp_path
     lambda b: b + b'{"y": 1}\n',  # a line more
     lambda b: b[:b.rindex(b"{")],  # the last line gone
     lambda b: b[:-5],  # cut in the last line
+    lambda b: b[:-2] + b"\n",  # the last line a byte shorter
 ])
 def test_a_jsonl_file_changed_after_the_counting_pass_is_refused_by_pass_1(tmp_path, change):
     path = tmp_path / "a.jsonl"

@@ -127,8 +127,8 @@ def known_line_chunks(path: str, next_lengths, chunk_bytes: int):
                 break
             bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
             buf = _read_exactly(handle, path, int(bounds[-1]), compressed)
-            if len(buf) == bounds[-1] - 1:  # the last line, without its newline: it gets one, as line_blocks gives it
-                buf += b"\n"
+            if len(buf) == bounds[-1] - 1 and buf and buf[-1:] != b"\n":  # a last line without its newline:
+                buf += b"\n"  # it gets one, as line_blocks gives it
             if len(buf) != bounds[-1] or (np.frombuffer(buf, np.uint8)[bounds[1:] - 1] != _NEWLINE).any():
                 raise InputError(path, _CHANGED)
             check_text(path, buf, bounds, lines)

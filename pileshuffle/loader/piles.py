@@ -215,7 +215,9 @@ def _gather(tables, rows: np.ndarray) -> pa.Table:
              for p in range(len(tables)) if bounds[p + 1] > bounds[p]]
     if not parts:
         return tables[0].slice(0, 0)
-    return pa.concat_tables(parts).take(np.argsort(by_owner))
+    places = np.empty_like(by_owner)  # the inverse of by_owner: where each taken row goes
+    places[by_owner] = np.arange(len(rows))
+    return pa.concat_tables(parts).take(places)
 
 
 @dataclasses.dataclass(frozen=True)
