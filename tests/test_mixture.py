@@ -249,6 +249,31 @@ def test_parquet_and_jsonl_mix_too_and_their_columns_must_agree(tmp_path):
         Mixture([str(tmp_path / "parquetx"), str(tmp_path / "jsonlx")], [1, 1])
 
 
+def test_a_parquet_mixture_reads_each_output_in_its_own_order_where_the_pattern_says(tmp_path):
+    """Parquet rows are gathered from many pile tables at once (``piles._gather``): every position
+    holds the next row of the source the pattern names, in that source's own epoch order."""
+    for name, seed in (("x", 1), ("y", 2)):
+        sample.WRITERS["parquet"](str(tmp_path / f"in-{name}"), records=400, files=2, record_bytes=60, seed=seed)
+        run_shuffle(str(tmp_path / f"in-{name}" / "*.parquet"), str(tmp_path / name), "--num_piles=3")
+
+    def own(name, seed, epochs):
+        return [tuple(r.values()) for e in range(epochs) for r in ShuffledDataset(str(tmp_path / name), seed=seed, epoch=e)]
+
+    x, y = own("x", 11, 2), own("y", 12, 3)
+    assert not set(x) & set(y)
+    def mixture():
+        return Mixture([ShuffledDataset(str(tmp_path / "x"), seed=11), ShuffledDataset(str(tmp_path / "y"), seed=12)],
+                       [1, 3], stop="restart", records_per_epoch=1000)
+
+    mix = mixture()
+    rows = [tuple(r.values()) for r in mix]
+    got = [0 if r in set(x) else 1 for r in rows]
+    assert got == mix.sources_at(0, 1000).tolist()
+    assert [r for r, s in zip(rows, got) if s == 0] == x[:got.count(0)]
+    assert [r for r, s in zip(rows, got) if s == 1] == y[:got.count(1)]
+    assert [tuple(r.values()) for b in mixture().batches(64) for r in b.to_pylist()] == rows
+
+
 def test_states_of_another_mixture_or_of_a_dataset_are_refused(outputs):
     mix = mixture(outputs)
     state = mix.state_dict()
