@@ -7,6 +7,8 @@ import importlib.util
 import json
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -132,6 +134,34 @@ def test_each_dataset_is_read_in_its_own_epoch_order(outputs):
     own_a = [r for r in stream if r in outputs["records"][0]]
     a_epochs = list(ShuffledDataset(outputs["a"], seed=11)) + list(ShuffledDataset(outputs["a"], seed=11, epoch=1))
     assert own_a == a_epochs[:len(own_a)]
+
+
+def test_the_sources_piles_load_one_at_a_time_on_one_thread_each_source_in_its_own_order(outputs, monkeypatch):
+    """A mixture's sources share one prefetch thread (``Mixture._step_loads``): never two loads
+    at once (their buffers together passed twice one output's memory), and each source loads
+    the piles it would load alone for the records it gives, in its own order."""
+    from pileshuffle.loader.piles import PileRef
+
+    seen, loading, most, load = [], [0], [0], PileRef.load
+
+    def watched(self, *args, **kwargs):
+        loading[0] += 1
+        most[0] = max(most[0], loading[0])
+        time.sleep(0.003)  # room for a second load to overlap, were there one
+        try:
+            return load(self, *args, **kwargs)
+        finally:
+            loading[0] -= 1
+            seen.append((self.files[0], self.index, threading.current_thread().name))
+
+    monkeypatch.setattr(PileRef, "load", watched)
+    a, b = ShuffledDataset(outputs["a"], seed=11), ShuffledDataset(outputs["b"], seed=12)
+    mix = Mixture([a, b], [3, 2], stop="restart", records_per_epoch=20000)  # 3 chunks; 4 epochs of a, 8 of b
+    assert len(list(mix)) == 20000
+    assert most[0] == 1 and {thread for *_, thread in seen} == {"pileshuffle-prefetch"}
+    for name, epochs, seed in (("a", 4, 11), ("b", 8, 12)):
+        alone = [p for e in range(epochs) for p in ShuffledDataset(outputs[name], seed=seed, epoch=e).piles_to_load()]
+        assert [index for path, index, _ in seen if path.startswith(outputs[name])] == alone, name
 
 
 def test_epochs_differ_and_the_same_seed_gives_the_same_stream(outputs):

@@ -8,6 +8,8 @@ Invariants (epochs, splits, passes and states: ``loader.consumer``):
   the batch being built.
 """
 
+import functools
+
 import pyarrow as pa
 
 from pileshuffle.loader import split
@@ -19,7 +21,7 @@ from pileshuffle.loader.consumer import STATE_FORMAT, Consumer
 from pileshuffle.loader.order import EpochOrder
 from pileshuffle.loader.outputs import open_output, store_version_of
 from pileshuffle.loader.prefetch import prefetched
-from pileshuffle.loader.steps import Steps, ranks_loaded
+from pileshuffle.loader.steps import Steps, load_step, ranks_loaded, stepped_blocks
 
 __all__ = ["STATE_FORMAT", "ShuffledDataset"]
 
@@ -108,18 +110,17 @@ class ShuffledDataset(Consumer):
     def _blocks(self, ranges):
         """This epoch's ``ranges`` as Blocks over the loaded piles (nothing copied), in order;
         each step is built on the prefetch thread while the one before is read."""
-        steps = Steps(self.output, self._order)
+        loads = [planned[1:] for planned in self._step_loads(ranges)]
+        yield from stepped_blocks(prefetched(loads, load_step) if self.prefetch else map(load_step, loads),
+                                  self.output.decoded)
 
-        def load(planned):
-            return steps(planned[0]), planned[1]
-
-        plan = self._plan(ranges)
-        for block, pieces in prefetched(plan, load) if self.prefetch else map(load, plan):
-            for lo, hi in pieces:
-                yield block.part(lo, hi)
-            del block
-            if self.output.decoded:  # the step's columns came from Arrow's pool: give its pages back now
-                pa.default_memory_pool().release_unused()
+    def _step_loads(self, ranges) -> list:
+        """``[(first, load, pieces), ...]``: the steps ``ranges`` read, in order, each as the
+        epoch position of its first record read, a function building it (``steps.Steps``: call
+        them in order) and its pieces (``_plan``)."""
+        steps, starts = Steps(self.output, self._order), self._order.step_starts
+        return [(int(starts[step]) + pieces[0][0], functools.partial(steps, step), pieces)
+                for step, pieces in self._plan(ranges)]
 
     def _plan(self, ranges) -> list:
         """``[(step, [(lo, hi), ...]), ...]``: the steps to read, in order, and the

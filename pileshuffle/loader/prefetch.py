@@ -2,7 +2,8 @@
 
 ``prefetched(items, load)`` yields ``load(item)`` in order. The thread loads item i+1
 while the caller holds item i and waits before loading i+2 until the caller has taken
-i+1: at most two loaded items exist at once (the caller's and the next). An error in
+i+1: at most two loaded items exist at once (the caller's and the next); with ``ahead=n``
+it loads up to n items past the last one taken (a Mixture: one per source). An error in
 ``load`` is raised in the caller. Closing the generator (or Ctrl-C while the caller waits)
 stops the thread without waiting for it: it ends after the load it may be doing (a load
 can take seconds; a daemon thread never keeps the process alive).
@@ -21,14 +22,14 @@ class _Failed:
         self.error = error
 
 
-def prefetched(items, load):
-    """``load(item)`` for each of ``items`` in order, the next one loaded on a background
-    thread; at most two loaded items exist at once (see the module docstring)."""
+def prefetched(items, load, ahead: int = 1):
+    """``load(item)`` for each of ``items`` in order, the next ``ahead`` loaded on a background
+    thread; at most ``ahead + 1`` loaded items exist at once (see the module docstring)."""
     items = list(items)
     if not items:
         return
     ready = queue.Queue()
-    may_load = threading.Semaphore(1)
+    may_load = threading.Semaphore(ahead)
     stop = threading.Event()
 
     def work():

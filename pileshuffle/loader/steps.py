@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from pileshuffle.loader.piles import Block
 
-__all__ = ["Steps", "ranks_loaded"]
+__all__ = ["Steps", "ranks_loaded", "load_step", "stepped_blocks"]
 
 
 class Steps:
@@ -55,3 +55,20 @@ def ranks_loaded(order, steps) -> list:
         loaded |= set(ranks)
         loaded.discard(step - order.width + 1)
     return out
+
+
+def load_step(planned: tuple) -> tuple:
+    """``(block, pieces)`` of a planned step ``(load, pieces)``: its Block built."""
+    load, pieces = planned
+    return load(), pieces
+
+
+def stepped_blocks(loaded, decoded: bool):
+    """The pieces of each loaded step ``(block, pieces)`` of ``loaded``, in order, as Blocks;
+    ``decoded`` (Parquet): each step's pages go back to Arrow's pool once its pieces are read."""
+    for block, pieces in loaded:
+        for lo, hi in pieces:
+            yield block.part(lo, hi)
+        del block
+        if decoded:
+            pa.default_memory_pool().release_unused()
