@@ -2,6 +2,7 @@
 transformations and mp_prefetch worker processes, on real outputs."""
 
 import collections
+import itertools
 import json
 import subprocess
 import sys
@@ -92,6 +93,21 @@ def test_an_elastic_restore_from_two_hosts_to_three_and_back_to_two_loses_and_re
     delivered = collections.Counter(taken)
     assert max(delivered.values()) == 1 and set(delivered) <= set(whole)
     assert len(whole) - len(delivered) <= 1 + 2 + 1  # at most what each split's remainder="drop" leaves out
+
+
+def test_hosts_restored_elastically_after_their_whole_share_read_nothing_more_of_the_epoch(output):
+    """A seam the training life found: every old host had read its share, so nothing is left
+    to deal out. The new host's part was empty, and falsy, so it read the whole epoch again."""
+    three = [iter(dataset(output, rank=r, world_size=3).grain(num_epochs=None)) for r in range(3)]
+    shares = [list(itertools.islice(it, len(dataset(output, rank=r, world_size=3)))) for r, it in enumerate(three)]
+    saved = [json.loads(json.dumps(it.get_state())) for it in three]
+    assert saved[0]["pileshuffle"]["position"] == len(shares[0]) and saved[0]["pileshuffle"]["epoch"] == 0
+    one = iter(dataset(output).grain())
+    one.set_state(saved[0])
+    assert list(one) == []
+    endless = iter(dataset(output).grain(num_epochs=None))
+    endless.set_state(saved[0])
+    assert list(itertools.islice(endless, 5)) == list(dataset(output, epoch=1))[:5]  # then the next epoch
 
 
 def test_mp_prefetch_workers_read_every_record_once_and_resume(output):

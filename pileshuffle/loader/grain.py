@@ -73,7 +73,8 @@ class GrainIterator(grain.DatasetIterator):
         iterator is made: Grain makes iterators in the main process that it never reads
         (``mp_prefetch``) and pickles the dataset for each worker after that."""
         if not self._reading:
-            self._part = self._part or self._dataset.for_worker(*self._worker)
+            if self._part is None:  # (not ``or``: a part with nothing left to read is empty, and falsy)
+                self._part = self._dataset.for_worker(*self._worker)
             self._dataset.set_epoch(self._part.epoch)
             self._dataset._begin_pass()
             self._reading = True
@@ -98,7 +99,7 @@ class GrainIterator(grain.DatasetIterator):
     def get_state(self) -> dict:
         """The state; before the first record, that of the pass's start (no pass begun: Grain
         asks iterators in the main process that it never reads)."""
-        part = self._part or self._dataset.for_worker(*self._worker)
+        part = self._dataset.for_worker(*self._worker) if self._part is None else self._part
         return {"pileshuffle": part.state_dict(), "pool": self._pool}
 
     def set_state(self, state: dict):
@@ -120,7 +121,7 @@ class GrainIterator(grain.DatasetIterator):
         self._start(part, pool)
 
     def __str__(self) -> str:
-        return f"GrainIterator({self._part or self._dataset!r})"
+        return f"GrainIterator({self._dataset if self._part is None else self._part!r})"
 
 
 def _tails_in_lockstep(part, old, pool, position: int) -> list:
