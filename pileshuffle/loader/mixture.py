@@ -17,7 +17,8 @@ Invariants:
   positions: a state saved with one world size or worker count resumes with another. A
   state names every source's identity, the weights, the seed, ``stop`` and ``L``.
 - Memory: each source holds what its own reader holds (``mix=K``: K + 1 piles) plus one
-  chunk of ``_CHUNK`` records being mixed.
+  chunk of ``_CHUNK`` records being mixed; the sources' piles load on one thread, one at a
+  time, in the order the mixed stream first reads them (``Mixture._step_loads``).
 """
 
 import collections
