@@ -18,7 +18,7 @@ from pileshuffle.keys import group_by_pile
 from pileshuffle.names import RECORD_COLUMN
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "ReadReport", "RecordFormat", "Payloads", "binary_table", "records_table",
-           "open_input", "read_block", "parts_by_pile"]
+           "open_input", "read_block", "read_up_to", "parts_by_pile"]
 
 DEFAULT_CHUNK_BYTES = 16 << 20  # input bytes per chunk a reader yields: one chunk's table is what pass 1 holds per file
 
@@ -77,6 +77,17 @@ def read_block(handle, path: str, size: int, compressed: bool) -> bytes:
     if not block and compressed and _stream_cut_short(handle):
         raise InputError(path, "is truncated: the compressed stream ends before its end-of-stream marker")
     return block
+
+
+def read_up_to(handle, path: str, size: int, compressed: bool = False) -> bytes:
+    """``size`` bytes of ``handle`` (``read_block`` until it has them): fewer only at the end."""
+    data = read_block(handle, path, size, compressed)
+    while 0 < len(data) < size:
+        more = read_block(handle, path, size - len(data), compressed)
+        if not more:
+            break
+        data += more
+    return data
 
 
 def _stream_cut_short(handle) -> bool:

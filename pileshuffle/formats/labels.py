@@ -25,7 +25,7 @@ from pileshuffle import storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts, binary_lengths
 from pileshuffle.formats import holder_of
-from pileshuffle.formats.base import ReadReport, open_input
+from pileshuffle.formats.base import ReadReport, open_input, read_up_to
 from pileshuffle.formats.example import NotAnExample, feature_values
 from pileshuffle.formats.json_labels import KEEP_HINT, NULL_CLASS, json_labels
 from pileshuffle.formats.tar import KEY_FIELD, sample_dict
@@ -150,6 +150,7 @@ class ClassCodesReader:
     def __init__(self, codes_path: str, classes_path: str, path: str, lines_path: str = None):
         self.classes = storage.read_json(classes_path)
         self._handle, self._path = storage.open_read(codes_path, "uncompressed"), path
+        self._codes_path, self._lines_path = codes_path, lines_path
         self._lines = None if lines_path is None else storage.open_read(lines_path, "uncompressed")
         self._lengths, self._lengths_ended = np.zeros(0, "<u4"), False
 
@@ -162,7 +163,7 @@ class ClassCodesReader:
     def _next_lengths(self, max_bytes: int) -> np.ndarray:
         """The lengths of the next lines that fit in ``max_bytes`` (at least one; none at the end)."""
         while not self._lengths_ended and int(self._lengths.sum(dtype=np.int64)) < max_bytes:
-            data = _read_up_to(self._lines, 4 * _LENGTHS_READ)
+            data = read_up_to(self._lines, self._lines_path, 4 * _LENGTHS_READ)
             self._lengths_ended = len(data) < 4 * _LENGTHS_READ
             self._lengths = np.concatenate((self._lengths, np.frombuffer(data, "<u4")))
         fit = max(1, int(np.searchsorted(np.cumsum(self._lengths, dtype=np.int64), max_bytes, side="right")))
@@ -171,7 +172,7 @@ class ClassCodesReader:
 
     def take(self, count: int) -> np.ndarray:
         """The uint32 class codes of the next ``count`` records."""
-        data = _read_up_to(self._handle, 4 * count)
+        data = read_up_to(self._handle, self._codes_path, 4 * count)
         if len(data) < 4 * count:
             raise InputError(self._path, "has more records than the first pass counted: it changed during the run")
         return np.frombuffer(data, "<u4")
@@ -186,17 +187,6 @@ class ClassCodesReader:
 
 
 _LENGTHS_READ = 1 << 16  # line lengths pass 1 reads at a time (256 KiB)
-
-
-def _read_up_to(handle, size: int) -> bytes:
-    """``size`` bytes of ``handle``, or fewer at its end."""
-    data = b""
-    while len(data) < size:
-        block = handle.read(size - len(data))
-        if not block:
-            break
-        data += block
-    return data
 
 
 def _objects(labels) -> np.ndarray:

@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_input, read_block
+from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_input, read_block,
+                                      read_up_to)
 from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import LINE_COLUMN
 from pileshuffle.storage import compression_of
@@ -126,7 +127,7 @@ def known_line_chunks(path: str, next_lengths, chunk_bytes: int):
             if not len(lengths):
                 break
             bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
-            buf = _read_exactly(handle, path, int(bounds[-1]), compressed)
+            buf = read_up_to(handle, path, int(bounds[-1]), compressed)
             if len(buf) == bounds[-1] - 1 and buf and buf[-1:] != b"\n":  # a last line without its newline:
                 buf += b"\n"  # it gets one, as line_blocks gives it
             if len(buf) != bounds[-1] or (np.frombuffer(buf, np.uint8)[bounds[1:] - 1] != _NEWLINE).any():
@@ -139,17 +140,6 @@ def known_line_chunks(path: str, next_lengths, chunk_bytes: int):
 
 
 _CHANGED = "changed during the run: its lines are not where the first pass found them"
-
-
-def _read_exactly(handle, path: str, size: int, compressed: bool) -> bytes:
-    """``size`` bytes of ``handle``, or fewer at the end of the file."""
-    data = read_block(handle, path, size, compressed)
-    while 0 < len(data) < size:
-        more = read_block(handle, path, size - len(data), compressed)
-        if not more:
-            break
-        data += more
-    return data
 
 
 def _lines_of(data: memoryview) -> tuple:
