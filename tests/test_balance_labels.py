@@ -214,14 +214,14 @@ def test_class_codes_give_pass_1_the_labels_and_counts_of_the_counting_pass(tmp_
     for chunk in chunks:
         writer.add(chunk)
     assert writer.close() == {"a": 2, "b": 2, "c": 2} == label_counts(pa.array(["b", "a", "b", "c", "a", "c"]))
-    reader = ClassCodesReader(codes, classes, "in.jsonl")
+    reader = ClassCodesReader(codes, classes, None, "in.jsonl")
     named = [reader.classes[c] for n in (4, 2) for c in reader.take(n).tolist()]
     assert named == ["b", "a", "b", "c", "a", "c"]
     reader.close()
-    reader = ClassCodesReader(codes, classes, "in.jsonl")
+    reader = ClassCodesReader(codes, classes, None, "in.jsonl")
     with pytest.raises(InputError, match="in.jsonl: has more records than the first pass counted"):
         reader.take(7)
-    reader = ClassCodesReader(codes, classes, "in.jsonl")
+    reader = ClassCodesReader(codes, classes, None, "in.jsonl")
     reader.take(5)
     with pytest.raises(InputError, match="in.jsonl: has fewer records than the first pass counted"):
         reader.close()
@@ -252,7 +252,7 @@ def test_pass_1_reads_a_jsonl_file_by_the_lines_the_counting_pass_found(tmp_path
     fmt = get_format("jsonl")
     for chunk_bytes in (700, 16 << 20):
         codes, classes, lines = _kept_lines(tmp_path, path, chunk_bytes)
-        reader = ClassCodesReader(codes, classes, str(path), lines)
+        reader = ClassCodesReader(codes, classes, lines, str(path))
         tables = list(reader.chunks(fmt, chunk_bytes))
         assert _lines_read(tables) == _lines_read(fmt.read_chunks(str(path), chunk_bytes))
         assert all(t.nbytes <= chunk_bytes + 5100 for t in tables)
@@ -272,7 +272,7 @@ def test_a_jsonl_file_changed_after_the_counting_pass_is_refused_by_pass_1(tmp_p
     write_jsonl(path, [{"y": i % 9, "i": i} for i in range(300)])
     codes, classes, lines = _kept_lines(tmp_path, path, 1000)
     path.write_bytes(change(path.read_bytes()))
-    reader = ClassCodesReader(codes, classes, str(path), lines)
+    reader = ClassCodesReader(codes, classes, lines, str(path))
     with pytest.raises(InputError, match="a.jsonl: changed during the run: its lines are not where the first pass"):
         for table in reader.chunks(get_format("jsonl"), 1000):
             reader.take(table.num_rows)

@@ -142,12 +142,12 @@ def kept_class_counts(fmt, path: str, field: str, chunk_bytes: int, writer: Clas
 
 
 class ClassCodesReader:
-    """Pass 1's side of ``ClassCodesWriter``: the class codes of the next ``count`` records of
-    the source ``path`` (``take``) and the classes they index (``classes``); with ``lines_path``
-    the source's tables read by the lines the counting pass found (``chunks``). A file that
-    changed between the passes is an ``InputError``."""
+    """Pass 1's side of ``ClassCodesWriter`` (the same paths, then the source ``path``): the
+    class codes of the next ``count`` records (``take``) and the classes they index
+    (``classes``); with ``lines_path`` the source's tables read by the lines the counting pass
+    found (``chunks``). A file that changed between the passes is an ``InputError``."""
 
-    def __init__(self, codes_path: str, classes_path: str, path: str, lines_path: str = None):
+    def __init__(self, codes_path: str, classes_path: str, lines_path: str, path: str):
         self.classes = storage.read_json(classes_path)
         self._handle, self._path = storage.open_read(codes_path, "uncompressed"), path
         self._codes_path, self._lines_path = codes_path, lines_path

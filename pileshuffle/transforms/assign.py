@@ -278,7 +278,7 @@ class ReadSourceToPiles(beam.DoFn):
         paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)
         reading = SourcePiles(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
                               self._chunk_bytes, self._skip_corrupt, self._num_piles, balance,
-                              None if paths is None else ClassCodesReader(*paths[:2], source.path, paths[2]))
+                              None if paths is None else ClassCodesReader(*paths, source.path))
         for chunk_index, read, parts in reading:
             for pile, part, part_fingerprint in parts:
                 yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
