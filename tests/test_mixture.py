@@ -164,6 +164,24 @@ def test_the_sources_piles_load_one_at_a_time_on_one_thread_each_source_in_its_o
         assert [index for path, index, _ in seen if path.startswith(outputs[name])] == alone, name
 
 
+def test_a_long_epoch_is_planned_as_it_is_read(outputs, monkeypatch):
+    """An epoch of 10 million positions holds thousands of epochs of each small source: the
+    first batch must not wait for all of them to be planned (it took 0.8 s when it did)."""
+    planned, plan = [], ShuffledDataset._step_loads
+
+    def counting(self, ranges):
+        planned.append(self.epoch)
+        return plan(self, ranges)
+
+    monkeypatch.setattr(ShuffledDataset, "_step_loads", counting)
+    batches = mixture(outputs, stop="restart", records_per_epoch=10_000_000).batches(256)
+    next(batches)
+    # the first chunk (8,192 positions) reads 4,096 records of each: 2 epochs of a, 5 of b; the
+    # prefetch thread is at most 2 loads past it, one more epoch of each at most
+    assert len(planned) <= 2 + 5 + 2, len(planned)
+    batches.close()
+
+
 def test_epochs_differ_and_the_same_seed_gives_the_same_stream(outputs):
     mix = mixture(outputs)
     first, second = list(mix), list(mix)

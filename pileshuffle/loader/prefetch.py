@@ -9,6 +9,7 @@ stops the thread without waiting for it: it ends after the load it may be doing 
 can take seconds; a daemon thread never keeps the process alive).
 """
 
+import itertools
 import queue
 import threading
 
@@ -24,10 +25,13 @@ class _Failed:
 
 def prefetched(items, load, ahead: int = 1):
     """``load(item)`` for each of ``items`` in order, the next ``ahead`` loaded on a background
-    thread; at most ``ahead + 1`` loaded items exist at once (see the module docstring)."""
-    items = list(items)
-    if not items:
+    thread; at most ``ahead + 1`` loaded items exist at once (see the module docstring).
+    ``items`` may be a generator: the thread takes each item as it loads it."""
+    items = iter(items)
+    first = next(items, _DONE)
+    if first is _DONE:
         return
+    items = itertools.chain((first,), items)
     ready = queue.Queue()
     may_load = threading.Semaphore(ahead)
     stop = threading.Event()
