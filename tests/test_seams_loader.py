@@ -4,6 +4,8 @@ on any output but its own, and meaningless arguments are refused where they are 
 
 import collections
 import json
+import os
+import re
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from pileshuffle import sample
+from pileshuffle.errors import InputError
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.torch import loader_states
 
@@ -276,3 +279,22 @@ def test_a_shard_with_records_added_after_the_run_is_refused(tmp_path_factory):
         handle.write(b'{"extra": 1}\n')
     with pytest.raises(Exception, match=r"holds \d+ records where the manifest lists"):
         list(ShuffledDataset(prefix, reshuffle=False))
+
+
+def test_a_jsonl_shard_cut_inside_a_line_is_refused_by_name_alone_and_in_a_mixture(tmp_path_factory):
+    """Cut inside its last line, a JSONL shard still reads as many lines (a last line needs no
+    newline): only its size, which the manifest lists, says it changed."""
+    import glob
+
+    from pileshuffle.loader import Mixture
+
+    prefix = shuffled_sample(tmp_path_factory, "jsonl", "--num_piles=2", records=50, files=1, record_bytes=20)
+    shard = sorted(glob.glob(f"{prefix}-*-of-*.jsonl"))[1]
+    size = os.path.getsize(shard)
+    os.truncate(shard, size - 3)
+    cut = re.escape(f"{shard}: is {size - 3:,} bytes where its manifest lists {size:,}: changed after it was written")
+    with pytest.raises(InputError, match=cut):
+        list(ShuffledDataset(prefix))
+    with pytest.raises(InputError, match=cut):
+        list(Mixture([prefix, prefix], [1, 1]))
+

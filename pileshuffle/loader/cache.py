@@ -67,6 +67,13 @@ class FileFacts:
     size: int = None
     version: str = ""
 
+    def check_size(self, name: str, size: int, then: str = ""):
+        """Refuse (an InputError naming ``name``) a file of ``size`` bytes when the manifest lists
+        another size; ``then``: what is not done because of it."""
+        if self.size is not None and size != self.size:
+            raise InputError(name, f"is {size:,} bytes where its manifest lists {self.size:,}: changed after it "
+                                   f"was written (`pileshuffle verify` says how){then}")
+
 
 def parse_limit(value) -> int:
     """``cache_limit`` in bytes: a whole number of bytes, or a string such as ``"50GB"``,
@@ -236,9 +243,7 @@ class PileCache:
         than the limit."""
         with storage.open_random_access(path, filesystem) as remote:
             size = remote.size()
-            if facts.size is not None and size != facts.size:
-                raise InputError(uri, f"is {size:,} bytes where its manifest lists {facts.size:,}: changed after "
-                                      "it was written (`pileshuffle verify` says how); not cached")
+            facts.check_size(uri, size, "; not cached")
             if size > self.limit:
                 return False
             listed = _listed_crc32c(remote)

@@ -257,6 +257,14 @@ class Source:
 
         return self._read(path, block)
 
+    def check_shard_size(self, path: str, block: Block):
+        """Refuse a shard (``read_shard``'s ``block``) whose bytes are not the manifest's, where its
+        records do not show it: a JSONL shard cut inside a line still reads as lines. (A .gz
+        stream and Parquet's footer check themselves.)"""
+        facts = (self.facts or {}).get(path)
+        if facts is not None and block.tables is None and not path.endswith(".gz"):
+            facts.check_size(path, sum(buffer.size for buffer in block.buffers))
+
     def read_store_keys(self, path: str) -> np.ndarray:
         """The ``_pileshuffle_key`` column of a store file (local files: memory-mapped, so
         only the keys' pages are read)."""
@@ -324,18 +332,25 @@ class PileRef:
     def load(self, part=None, order=None) -> Block:
         """The pile's records (sub-pile ``part``, else this ref's), as written, or in
         ``order`` (indices into that)."""
-        block = self._written(part or self.part)
+        shards = self._shards(part or self.part)
+        block = self._stored(part or self.part) if shards is None else Block.concat(b for _, b in shards)
         if (part is None or part == self.part) and block.num_rows != self.records:
             raise InputError(", ".join(self.files), f"holds {block.num_rows:,} records where the manifest lists "
                                                     f"{self.records:,}: changed after it was written "
                                                     "(`pileshuffle verify` says how)")
+        for path, shard in shards or ():
+            self.source.check_shard_size(path, shard)
         return block if order is None else block.reorder(order)
 
-    def _written(self, part) -> Block:
-        if not self.keyed:
-            if part is not None:
-                raise ValueError("only keyed piles (stores) load in sub-piles")
-            return Block.concat(self.source.read_shard(path) for path in self.files)
+    def _shards(self, part):
+        """``[(path, Block), ...]`` of a shard output's pile, read; None for a store's."""
+        if self.keyed:
+            return None
+        if part is not None:
+            raise ValueError("only keyed piles (stores) load in sub-piles")
+        return [(path, self.source.read_shard(path)) for path in self.files]
+
+    def _stored(self, part) -> Block:
         blocks, keys = [], []
         for path in self.files:
             block, file_keys = self.source.read_store_file(path)
