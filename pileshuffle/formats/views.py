@@ -13,9 +13,10 @@ import pyarrow as pa
 
 from pileshuffle.errors import InputError
 
-__all__ = ["payload_views", "raw_bytes", "value_views", "view_array"]
+__all__ = ["VIEW_ITEM", "payload_views", "raw_bytes", "shift_buffers", "value_views", "view_array"]
 
 _MAX_BUFFER_BYTES = 2**31 - 1  # a view's offset is an int32
+VIEW_ITEM = np.dtype((np.void, 16))  # one view as one numpy item: 8x faster to gather or scatter than (n, 16) uint8
 
 
 def payload_views(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, buffer_index: int) -> np.ndarray:
@@ -61,3 +62,14 @@ def value_views(values: pa.Buffer, offsets: np.ndarray) -> np.ndarray:
 def view_array(views: np.ndarray, buffers) -> pa.Array:
     """A ``binary_view`` Arrow array over ``buffers`` from view rows (no data copied)."""
     return pa.Array.from_buffers(pa.binary_view(), len(views), [None, pa.py_buffer(np.ascontiguousarray(views)), *buffers])
+
+
+def shift_buffers(views: np.ndarray, by: int) -> np.ndarray:
+    """``views`` pointing ``by`` buffers further (a copy; inline views stay as they are),
+    or ``views`` themselves when ``by`` is 0: the callers copy them anyway."""
+    if not by:
+        return views
+    shifted = views.copy()
+    out_of_line = shifted[:, :4].view("<i4").ravel() > 12
+    shifted[out_of_line, 8:12] = (shifted[out_of_line, 8:12].view("<i4") + by).view(np.uint8)
+    return shifted

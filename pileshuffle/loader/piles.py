@@ -24,7 +24,8 @@ from pileshuffle import storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import get_format
-from pileshuffle.formats.views import value_views, view_array
+from pileshuffle.formats.views import VIEW_ITEM, shift_buffers, value_views, view_array
+from pileshuffle.loader.gather import gather
 from pileshuffle.loader.order import sort_by_key
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, RECORD_COLUMN
 
@@ -32,7 +33,6 @@ __all__ = ["BYTES_SCHEMA", "NoOutputError", "resolve", "file_exists", "read_json
            "PileRef"]
 
 BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])  # what a bytes format's batches hold: the payloads
-_VIEW = np.dtype((np.void, 16))  # one Arrow binary view
 
 
 class NoOutputError(InputError):
@@ -73,9 +73,9 @@ class Block:
     moves 16-byte views, never payloads). Parquet: single-chunk tables one after
     another (one per pile) and ``rows``, the records in order as indices into them
     (None: all of them, in order); reordering only composes ``rows``, and ``slice``
-    gathers them, from each table apart (Arrow's take over a chunked table copies every
-    chunk's values first). ``slice`` gives a ``pyarrow.Table``; ``part``/``reorder``
-    give Blocks."""
+    gathers them (``loader.gather``: each value copied once). The same table objects
+    are kept from load to gather (``gather`` keeps each pile's views while it lives).
+    ``slice`` gives a ``pyarrow.Table``; ``part``/``reorder`` give Blocks."""
 
     views: np.ndarray = None
     buffers: tuple = ()
@@ -95,7 +95,7 @@ class Block:
         if self.tables is None:
             return pa.table({RECORD_COLUMN: view_array(self.views[start:stop], self.buffers)})
         if self.rows is not None:
-            return _gather(self.tables, self.rows[start:stop])
+            return gather(self.tables, self.rows[start:stop])
         parts, offset = [], 0
         for table in self.tables:
             lo, hi = max(start, offset), min(stop, offset + table.num_rows)
@@ -154,9 +154,9 @@ class Block:
             rows[places] = joined.rows if joined.rows is not None else np.arange(len(places), dtype=np.int64)
             return Block(tables=joined.tables, rows=rows)
         views, buffers, start = np.empty((len(places), 16), np.uint8), [], 0
-        items = views.view(_VIEW).ravel()  # one 16-byte item per record: 8x faster to scatter than (n, 16)
+        items = views.view(VIEW_ITEM).ravel()  # one 16-byte item per record: 8x faster to scatter than (n, 16)
         for block in blocks:
-            items[places[start : start + block.num_rows]] = _shift_buffers(block.views, len(buffers)).view(_VIEW).ravel()
+            items[places[start : start + block.num_rows]] = shift_buffers(block.views, len(buffers)).view(VIEW_ITEM).ravel()
             buffers += block.buffers
             start += block.num_rows
         return Block(views, tuple(buffers))
@@ -172,25 +172,20 @@ class Block:
             return blocks[0]
         views, buffers = [np.zeros((0, 16), np.uint8)], []
         for block in blocks:
-            views.append(_shift_buffers(block.views, len(buffers)))
+            views.append(shift_buffers(block.views, len(buffers)))
             buffers += block.buffers
         return Block(np.concatenate(views), tuple(buffers))
 
 
-def _shift_buffers(views: np.ndarray, by: int) -> np.ndarray:
-    """``views`` pointing ``by`` buffers further (a copy; inline views stay as they are),
-    or ``views`` themselves when ``by`` is 0: the callers copy them anyway."""
-    if not by:
-        return views
-    shifted = views.copy()
-    out_of_line = shifted[:, :4].view("<i4").ravel() > 12
-    shifted[out_of_line, 8:12] = (shifted[out_of_line, 8:12].view("<i4") + by).view(np.uint8)
-    return shifted
+def _one_chunk(table: pa.Table) -> pa.Table:
+    """``table`` itself when each column is one chunk (the same object: ``gather`` keeps
+    what it made of it), else its chunks combined."""
+    return table if all(column.num_chunks == 1 for column in table.columns) else table.combine_chunks()
 
 
 def _concat_tables(blocks) -> Block:
     """Table blocks one after another: their tables, and their rows shifted to match."""
-    tables = tuple(t.combine_chunks() for b in blocks for t in b.tables)  # 1 chunk: no copy
+    tables = tuple(_one_chunk(t) for b in blocks for t in b.tables)
     if all(b.rows is None for b in blocks):
         return Block(tables=tables)
     rows, offset = [], 0
@@ -199,25 +194,6 @@ def _concat_tables(blocks) -> Block:
         rows.append((block.rows if block.rows is not None else np.arange(size, dtype=np.int64)) + offset)
         offset += size
     return Block(tables=tables, rows=np.concatenate(rows))
-
-
-def _gather(tables, rows: np.ndarray) -> pa.Table:
-    """``rows`` (indices into ``tables`` one after another) as one table: each table's rows taken
-    in ascending order (its pages in order: 4.1 against 5.0 ms per 8,192 rows of two piles in
-    their order), then put in place by one more take."""
-    if len(tables) == 1:
-        return tables[0].take(rows)
-    starts = np.cumsum([0] + [t.num_rows for t in tables])
-    ascending = np.argsort(rows)
-    sorted_rows = rows[ascending]
-    bounds = np.searchsorted(sorted_rows, starts)
-    parts = [tables[p].take(sorted_rows[bounds[p] : bounds[p + 1]] - starts[p])
-             for p in range(len(tables)) if bounds[p + 1] > bounds[p]]
-    if not parts:
-        return tables[0].slice(0, 0)
-    places = np.empty_like(ascending)  # the inverse of ascending: where each taken row goes
-    places[ascending] = np.arange(len(rows))
-    return pa.concat_tables(parts).take(places)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,82 @@
+"""``loader.gather``: rows of several Parquet pile tables as one table, against Arrow's own
+take over the tables joined."""
+
+import gc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pileshuffle.loader import gather as gathering
+
+_TYPES = {  # column -> (type, how to make n values of it from a numpy generator)
+    "i8": (pa.int8(), lambda g, n: g.integers(-128, 128, n)),
+    "u16": (pa.uint16(), lambda g, n: g.integers(0, 2**16, n)),
+    "i64": (pa.int64(), lambda g, n: g.integers(-(2**62), 2**62, n)),
+    "f32": (pa.float32(), lambda g, n: g.standard_normal(n).astype(np.float32)),
+    "f64": (pa.float64(), lambda g, n: g.standard_normal(n)),
+    "flag": (pa.bool_(), lambda g, n: g.integers(0, 2, n).astype(bool)),
+    "short": (pa.string(), lambda g, n: ["é" * int(k) for k in g.integers(0, 7, n)]),  # 0..12 bytes: inline views
+    "text": (pa.string(), lambda g, n: [f"record {k:06d} " + "x" * int(k % 40) for k in g.integers(0, 10**6, n)]),
+    "blob": (pa.binary(), lambda g, n: [bytes(g.integers(0, 256, int(k), dtype=np.uint8)) for k in g.integers(0, 300, n)]),
+    "empty": (pa.binary(), lambda g, n: [b""] * n),
+    "vector": (pa.list_(pa.float32()), lambda g, n: [list(g.standard_normal(int(k)).astype(np.float32)) for k in g.integers(0, 4, n)]),
+    "category": (pa.dictionary(pa.int8(), pa.string()), lambda g, n: [("a", "b", "c")[k] for k in g.integers(0, 3, n)]),
+}
+
+
+def _table(g, n, names, nulls):
+    """``n`` rows of the columns ``names``; ``nulls``: some values of each column null."""
+    columns = {}
+    for name in names:
+        kind, make = _TYPES[name]
+        values = list(make(g, n))
+        if nulls:
+            values = [None if g.random() < 0.2 else v for v in values]
+        columns[name] = pa.array(values, type=pa.string() if kind == pa.dictionary(pa.int8(), pa.string()) else kind)
+        if pa.types.is_dictionary(kind):
+            columns[name] = columns[name].dictionary_encode().cast(kind)
+    table = pa.table(columns).replace_schema_metadata({"source": "test"})
+    return table
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4), names=st.sets(st.sampled_from(sorted(_TYPES)), min_size=1),
+       nulls=st.booleans(), sliced=st.booleans(), repeats=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_the_gather_is_arrows_take_over_the_tables_joined(sizes, names, nulls, sliced, repeats, seed):
+    """Any columns, nulls or not, sliced tables (offsets), rows repeated or not, empty tables and no rows."""
+    g = np.random.default_rng(seed)
+    names = sorted(names)
+    tables = []
+    for n in sizes:
+        table = _table(g, n + 5 * sliced, names, nulls)
+        tables.append(table.slice(3, n).combine_chunks() if sliced else table)
+    total = sum(sizes)
+    count = int(g.integers(0, 2 * total + 1)) if total else 0
+    rows = g.integers(0, total, count) if repeats and total else g.permutation(total)[:count]
+    got = gathering.gather(tuple(tables), rows.astype(np.int64))
+    want = pa.concat_tables(tables).take(rows.astype(np.int64))
+    assert got.schema == want.schema and got.schema.metadata == want.schema.metadata
+    assert got.to_pylist() == want.to_pylist()  # dictionaries: the same values, each table's own dictionary
+
+
+def test_long_values_of_two_piles_are_copied_into_place_and_their_views_die_with_the_piles():
+    g = np.random.default_rng(5)
+    piles = tuple(_table(g, 1000, ["blob", "i64", "text"], nulls=False) for _ in range(2))
+    rows = g.permutation(2000)[:1500]
+    got = gathering.gather(piles, rows)
+    assert got.equals(pa.concat_tables(piles).take(rows))
+    assert got.column("blob").chunk(0).buffers()[2].size == sum(len(v) for v in got.column("blob").to_pylist())
+    assert {id(p) for p in piles} <= set(gathering._ITEMS)
+    del piles
+    gc.collect()
+    assert not gathering._ITEMS
+
+
+@pytest.mark.parametrize("nulls", [False, True])
+def test_a_gather_of_one_table_is_its_take(nulls):
+    table = _table(np.random.default_rng(1), 50, sorted(_TYPES), nulls)
+    rows = np.random.default_rng(2).permutation(50)
+    assert gathering.gather((table,), rows).equals(table.take(rows))
