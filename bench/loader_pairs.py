@@ -1,0 +1,64 @@
+"""Two loader bench rows run in turn, A B A B ..., each in a fresh process, and the ratio of
+their times taken pair by pair: for rows whose times swing run to run more than the gap
+between them (the Parquet mixture against one output: page faults, see docs/performance.md).
+
+    python bench/loader_pairs.py parquet-k1 parquet-k1-mix2 --pairs 16
+    python bench/loader_pairs.py parquet-k1 parquet-k1-mix2 --pairs 16 --b-first
+
+Each run is ``loader.py``'s own measure (``loader_measure.measure_row``: its page cache warmed,
+its RSS sampled). Prints every pair, then the median ratio time(A) / time(B) and its range:
+above 1, B is slower.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from loader_data import mixture_data, shuffled_output  # noqa: E402
+from loader_measure import measure_row  # noqa: E402
+from loader_rows import row_plan  # noqa: E402
+
+
+def row_data(plan_row, scale, quick):
+    """What ``measure_row`` reads for a row of ``row_plan``."""
+    _, kind, _, fmt = plan_row
+    data = shuffled_output(fmt, scale, quick)
+    return mixture_data(data, scale, quick) if kind == "mixture" else data
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a", help="a row name of loader.py --list (the yardstick)")
+    parser.add_argument("b", help="another row name")
+    parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--b-first", action="store_true", help="run B before A in each pair")
+    parser.add_argument("--scale", type=int, default=1)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args(argv)
+    plan = {row[0]: row for row in row_plan()}
+    for name in (args.a, args.b):
+        if name not in plan:
+            parser.error(f"no row {name!r}: see python bench/loader.py --list")
+    rows = [(plan[name], row_data(plan[name], args.scale, args.quick)) for name in (args.a, args.b)]
+    ratios = []
+    for _ in range(args.pairs):
+        times = {}
+        for (name, kind, mix, _), data in (rows[::-1] if args.b_first else rows):
+            result = measure_row(name, kind, mix, data, args.timeout)
+            if not result.get("ok"):
+                sys.exit(f"{name} failed: {result.get('error')}")
+            times[name] = result["seconds"]
+        ratios.append(times[args.a] / times[args.b])
+        print(f"{args.a} {times[args.a]:.2f} s  {args.b} {times[args.b]:.2f} s  ratio {ratios[-1]:.2f}", flush=True)
+    print(f"time({args.a}) / time({args.b}) over {len(ratios)} pairs: median {statistics.median(ratios):.2f}, "
+          f"range {min(ratios):.2f}-{max(ratios):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
