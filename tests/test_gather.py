@@ -1,14 +1,19 @@
 """``loader.gather``: rows of several Parquet pile tables as one table, against Arrow's own
-take over the tables joined."""
+take over the tables joined; then through real outputs of a user's Parquet (several piles
+per step, and a Mixture)."""
 
 import gc
+import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from helpers import manifest, run_shuffle, shards
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pileshuffle.loader import Mixture, ShuffledDataset, epoch_order
 from pileshuffle.loader import gather as gathering
 
 _TYPES = {  # column -> (type, how to make n values of it from a numpy generator)
@@ -80,3 +85,57 @@ def test_a_gather_of_one_table_is_its_take(nulls):
     table = _table(np.random.default_rng(1), 50, sorted(_TYPES), nulls)
     rows = np.random.default_rng(2).permutation(50)
     assert gathering.gather((table,), rows).equals(table.take(rows))
+
+
+def _user_parquet(directory, seed, records=300, files=3):
+    """A user's Parquet input of every column kind the gather treats apart, some values null."""
+    g = np.random.default_rng(seed)
+    os.makedirs(directory)
+    start = 0
+    for f in range(files):
+        n = records // files
+        table = _table(g, n, ["i8", "f32", "flag", "short", "blob", "vector"], nulls=False)
+        table = table.append_column("id", pa.array(np.arange(start, start + n) + seed * 10**6))
+        table = table.append_column("maybe", pa.array([None if k % 7 == 0 else f"v{k}" for k in range(start, start + n)]))
+        pq.write_table(table, os.path.join(directory, f"part-{f}.parquet"), row_group_size=37)
+        start += n
+
+
+def _written(prefix):
+    return [row for path in shards(prefix) for row in pq.read_table(path).to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def user_outputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gather")
+    outputs = []
+    for seed in (1, 2):
+        _user_parquet(str(root / f"in{seed}"), seed)
+        run_shuffle(str(root / f"in{seed}" / "*.parquet"), str(root / f"out{seed}"), "--num_piles=5", f"--seed={seed}")
+        outputs.append(str(root / f"out{seed}"))
+    return outputs
+
+
+@pytest.mark.parametrize("mix", [1, 2, 9])
+def test_a_real_output_read_over_several_piles_is_each_record_where_the_epoch_order_says(user_outputs, mix):
+    """A shard output of a user's Parquet (nulls, lists, bools, short and long values) read with
+    a step over ``mix`` piles: the rows of every batch are the shards' rows in the epoch order."""
+    prefix = user_outputs[0]
+    written = _written(prefix)
+    sizes = [s["records"] for s in manifest(prefix)["shards"]]
+    starts = np.concatenate(([0], np.cumsum(sizes)))
+    pile, index = epoch_order(sizes, seed=9, epoch=3, mix=mix)
+    want = [written[i] for i in (starts[pile] + index).tolist()]
+    got = [row for batch in ShuffledDataset(prefix, seed=9, mix=mix, epoch=3).batches(7) for row in batch.to_pylist()]
+    assert got == want
+    assert {r["id"] for r in got} == set(range(1_000_000, 1_000_300))
+
+
+def test_a_mixture_of_real_outputs_puts_each_sources_next_row_where_its_pattern_says(user_outputs):
+    alone = [[row for row in ShuffledDataset(prefix, seed=s, mix=2)] for s, prefix in enumerate(user_outputs)]
+    mixture = Mixture([ShuffledDataset(prefix, seed=s, mix=2) for s, prefix in enumerate(user_outputs)], [1, 2], seed=4)
+    rows = [row for batch in mixture.batches(50) for row in batch.to_pylist()]
+    sources = mixture.sources_at(0, len(rows)).tolist()
+    assert [r for r, s in zip(rows, sources) if s == 0] == alone[0][:sources.count(0)]
+    assert [r for r, s in zip(rows, sources) if s == 1] == alone[1][:sources.count(1)]
+    assert sum(r["maybe"] is None for r in rows) > 0 and any(r["vector"] for r in rows)
