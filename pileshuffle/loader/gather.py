@@ -30,7 +30,7 @@ def gather(tables, rows: np.ndarray) -> pa.Table:
         starts = np.cumsum([0] + [t.num_rows for t in tables])
         owner = np.searchsorted(starts, rows, side="right") - 1
         local = rows - starts[owner]
-        picks = [(np.flatnonzero(owner == p), local[owner == p]) for p in range(len(tables))]
+        picks = [(np.flatnonzero(mine), local[mine]) for mine in (owner == p for p in range(len(tables)))]
         for i in itemized:
             gathered[i] = _gather_items(tables, i, picks)
     return pa.Table.from_arrays([gathered[i] for i in range(len(schema))], schema=schema)
