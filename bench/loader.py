@@ -52,7 +52,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from loader_data import QUICK_DIVISOR, arrayrecord_data, mixture_data, shuffled_output  # noqa: E402
+from loader_data import QUICK_DIVISOR, plan_data  # noqa: E402
 from loader_measure import measure_row  # noqa: E402
 from loader_report import LEGEND, add_ratios_and_targets, fastest_rounds, pile_bytes, table  # noqa: E402
 from loader_rows import BATCH, row_plan, run_row_here  # noqa: E402
@@ -83,11 +83,7 @@ def main(argv=None):
     if args.list:
         print("\n".join(p[0] for p in row_plan()))
         return 0
-    data = {fmt: shuffled_output(fmt, args.scale, args.quick) for fmt in sorted({p[3] for p in plan})}
-    special = {"mixture": {fmt: mixture_data(data[fmt], args.scale, args.quick)
-                           for fmt in sorted({p[3] for p in plan if p[1] == "mixture"})},
-               "arrayrecord-shuffle": {fmt: arrayrecord_data(data[fmt])
-                                       for fmt in sorted({p[3] for p in plan if p[1] == "arrayrecord-shuffle"})}}
+    data, reads = plan_data(plan, args.scale, args.quick)
     title = (f"pileshuffle loader bench: scale {args.scale}{' (quick)' if args.quick else ''}, batches of {BATCH}, "
              + "; ".join(f"{d['format']} {d['records']:,} records, {d['bytes'] / MB:,.0f} MB in {d['piles']} piles "
                          f"of {pile_bytes(d) / MB:,.0f} MB" for d in data.values()))
@@ -96,7 +92,7 @@ def main(argv=None):
     for round_index in range(args.repeat):
         log(f"round {round_index + 1} of {args.repeat}")
         for name, kind, mix, fmt in plan:
-            attempts[name].append(measure_row(name, kind, mix, special.get(kind, data)[fmt], args.timeout))
+            attempts[name].append(measure_row(name, kind, mix, reads[name], args.timeout))
     rows = fastest_rounds(plan, attempts)
     add_ratios_and_targets(rows, data)
     print()

@@ -65,3 +65,17 @@ def arrayrecord_data(data):
             os.replace(path + ".tmp", path)
     return {**data, "arrayrecord": paths, "files": paths,
             "bytes": sum(os.path.getsize(p) for p in paths)}
+
+
+def plan_data(plan, scale, quick):
+    """``(outputs, reads)``: each format's shuffled output that ``plan``'s rows read, and what each
+    row reads by name (``measure_row``'s ``data``): the output, with a second output for the
+    mixture rows and as ArrayRecord files for the ArrayRecord row (each made once per format)."""
+    outputs = {fmt: shuffled_output(fmt, scale, quick) for fmt in sorted({row[3] for row in plan})}
+    special = {"mixture": lambda data: mixture_data(data, scale, quick), "arrayrecord-shuffle": arrayrecord_data}
+    made, reads = {}, {}
+    for name, kind, _, fmt in plan:
+        if kind in special and (kind, fmt) not in made:
+            made[kind, fmt] = special[kind](outputs[fmt])
+        reads[name] = made.get((kind, fmt), outputs[fmt])
+    return outputs, reads

@@ -18,16 +18,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from loader_data import mixture_data, shuffled_output  # noqa: E402
+from loader_data import plan_data  # noqa: E402
 from loader_measure import measure_row  # noqa: E402
 from loader_rows import row_plan  # noqa: E402
-
-
-def row_data(plan_row, scale, quick):
-    """What ``measure_row`` reads for a row of ``row_plan``."""
-    _, kind, _, fmt = plan_row
-    data = shuffled_output(fmt, scale, quick)
-    return mixture_data(data, scale, quick) if kind == "mixture" else data
 
 
 def main(argv=None):
@@ -44,7 +37,8 @@ def main(argv=None):
     for name in (args.a, args.b):
         if name not in plan:
             parser.error(f"no row {name!r}: see python bench/loader.py --list")
-    rows = [(plan[name], row_data(plan[name], args.scale, args.quick)) for name in (args.a, args.b)]
+    _, reads = plan_data([plan[args.a], plan[args.b]], args.scale, args.quick)
+    rows = [(plan[name], reads[name]) for name in (args.a, args.b)]
     ratios = []
     for _ in range(args.pairs):
         times = {}
