@@ -25,9 +25,11 @@ piles. Every row reads those 16 shards and delivers batches of 256 records:
 - ``k1-dl2-arrow``    the same with ``ds.torch(batch_size=256, as_numpy=False)``: Parquet batches
                       cross as ``pyarrow.RecordBatch``es
 - ``kK-tf``           ``ds.tf(batch_size=256)``: the same batches as a tf.data.Dataset
-- ``k1-mix2``         ``Mixture([output, output2], [1, 1], stop="restart", records_per_epoch=N).batches(256)``:
-                      the same N records per epoch, half from each of two outputs (output2: the same data
-                      shuffled with another run seed), each source its own reader holding its own piles
+- ``k1-mix2``         ``Mixture([output, output2], [1, 1]).batches(256)``: an epoch of the mixture is an
+                      epoch of each of two outputs (output2: the same data shuffled with another run seed),
+                      2N records, each source its own reader holding its own piles; compared per record
+- ``k1-mix2-half``    the same with ``stop="restart", records_per_epoch=N``: one output's N records, half
+                      of each output's epoch (the piles across that half are loaded in both epochs)
 - ``k1-iter``         ``iter(ds)``: the reshuffling loader one record at a time (what Grain reads)
 - ``k1-grain``        ``ds.grain().batch(256, batch_fn=list)``: the loader as a Grain IterDataset, in-process
 - ``k1-grain-mp2``    the same batched in 2 ``mp_prefetch`` worker processes
@@ -37,10 +39,13 @@ piles. Every row reads those 16 shards and delivers batches of 256 records:
                       loader's shared-memory handoff: the DataLoader's and the handoff's own cost, no loading
 
 Each row runs in its own process (``--row``); the parent samples the RSS of the row's process
-tree every 20 ms (the peak of the tree's sum, and each process's own peak: the row's main
+tree every 20 ms from the start of its timed span (the peak of the tree's sum, and each process's own peak: the row's main
 process and its largest DataLoader worker). The time is the child's: from just before the first batch is asked for to the
 last (imports, interpreter start and building the pipeline excluded); MB/s is the shards' file
-bytes over that time, so MB/s and records/s give the same ratios.
+bytes over that time. Before its timed span each row's process touches and frees 1 GB of fresh
+memory (``--touch-mb``): on this VM a process's first touch of memory costs ~15x a second touch
+(``bench/first_touch.py``), a once-per-process cost like the imports, and the shards' files are
+read into the page cache first for the same reason.
 """
 
 import argparse
@@ -55,7 +60,7 @@ sys.path.insert(0, HERE)
 from loader_data import QUICK_DIVISOR, plan_data  # noqa: E402
 from loader_measure import measure_row  # noqa: E402
 from loader_report import LEGEND, add_ratios_and_targets, fastest_rounds, pile_bytes, table  # noqa: E402
-from loader_rows import BATCH, row_plan, run_row_here  # noqa: E402
+from loader_rows import BATCH, TOUCH_MB, row_plan, run_row_here  # noqa: E402
 from workspace import MB, OUT, log  # noqa: E402
 
 
@@ -70,13 +75,17 @@ def argument_parser():
     parser.add_argument("--row", help=argparse.SUPPRESS)  # the child's side of one row (loader_measure.measure_row)
     parser.add_argument("--mix", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--mark", help=argparse.SUPPRESS)
+    parser.add_argument("--touch-mb", type=int, default=TOUCH_MB,
+                        help=f"each row's process first touches and frees this much fresh memory, untimed "
+                             f"(default {TOUCH_MB}; 0: none; see loader_rows.touch_memory)")
     return parser
 
 
 def main(argv=None):
     args = argument_parser().parse_args(argv)
     if args.row:
-        run_row_here(args.row, json.loads(args.data), args.mix)
+        run_row_here(args.row, json.loads(args.data), args.mix, args.touch_mb, args.mark)
         return 0
     only = [p.strip() for p in args.only.split(",") if p.strip()]
     plan = [p for p in row_plan() if not only or any(fnmatch.fnmatch(p[0], o) or p[0] == o for o in only)]
@@ -92,7 +101,7 @@ def main(argv=None):
     for round_index in range(args.repeat):
         log(f"round {round_index + 1} of {args.repeat}")
         for name, kind, mix, fmt in plan:
-            attempts[name].append(measure_row(name, kind, mix, reads[name], args.timeout))
+            attempts[name].append(measure_row(name, kind, mix, reads[name], args.timeout, args.touch_mb))
     rows = fastest_rounds(plan, attempts)
     add_ratios_and_targets(rows, data)
     print()
@@ -103,7 +112,8 @@ def main(argv=None):
     print(f"\ncommand: python bench/loader.py {' '.join(given)}".rstrip())
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "loader-results.json"), "w") as handle:
-        json.dump({"title": title, "command": given, "data": data, "rows": rows}, handle, indent=1)
+        json.dump({"title": title, "command": given, "touch_mb": args.touch_mb, "data": data, "rows": rows}, handle,
+                  indent=1)
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

@@ -39,12 +39,16 @@ def shuffled_output(fmt, scale, quick, seed=SEED):
             "bytes": sum(os.path.getsize(f) for f in files), "piles": len(files)}
 
 
-def mixture_data(data, scale, quick):
+def mixture_data(data, scale, quick, half=False):
     """``data`` with a second output of the same records (another run seed) for the mixture rows:
     ``prefixes`` both outputs, ``files`` both outputs' shards (both warmed); records and bytes
-    stay one output's (the row delivers one output's worth)."""
+    both outputs' (an epoch of the mixture reads an epoch of each), or with ``half`` one
+    output's (that row delivers one output's worth)."""
     second = shuffled_output(data["format"], scale, quick, seed=SEED + 1)
-    return {**data, "prefixes": [data["prefix"], second["prefix"]], "files": data["files"] + second["files"]}
+    mixed = {**data, "prefixes": [data["prefix"], second["prefix"]], "files": data["files"] + second["files"]}
+    if not half:
+        mixed.update(records=data["records"] + second["records"], bytes=data["bytes"] + second["bytes"])
+    return mixed
 
 
 def arrayrecord_data(data):
@@ -72,7 +76,9 @@ def plan_data(plan, scale, quick):
     row reads by name (``measure_row``'s ``data``): the output, with a second output for the
     mixture rows and as ArrayRecord files for the ArrayRecord row (each made once per format)."""
     outputs = {fmt: shuffled_output(fmt, scale, quick) for fmt in sorted({row[3] for row in plan})}
-    special = {"mixture": lambda data: mixture_data(data, scale, quick), "arrayrecord-shuffle": arrayrecord_data}
+    special = {"mixture": lambda data: mixture_data(data, scale, quick),
+               "mixture-half": lambda data: mixture_data(data, scale, quick, half=True),
+               "arrayrecord-shuffle": arrayrecord_data}
     made, reads = {}, {}
     for name, kind, _, fmt in plan:
         if kind in special and (kind, fmt) not in made:

@@ -4,8 +4,10 @@
 import json
 import os
 import subprocess
+import tempfile
 import threading
 
+from loader_rows import TOUCH_MB
 from workspace import HERE, MB, PY, REPO, log
 
 SAMPLE_SECONDS = 0.02  # RSS sampling period: rows last well under a second at --quick
@@ -37,19 +39,30 @@ def tree_rss(proc):
     return sizes
 
 
-def measure_row(name, kind, mix, data, timeout):
+def measure_row(name, kind, mix, data, timeout, touch_mb=TOUCH_MB):
     """One run of a row: its result dict, with ``ok`` False and an ``error`` when it failed or
-    delivered a wrong number of records."""
+    delivered a wrong number of records. ``touch_mb``: the row's process first touches and frees
+    that much fresh memory, untimed (``loader_rows.touch_memory``). RSS is sampled from the
+    start of the timed span (the row's process creates the file ``mark`` there)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return _measure_row(name, kind, mix, data, timeout, touch_mb, os.path.join(scratch, "timed"))
+
+
+def _measure_row(name, kind, mix, data, timeout, touch_mb, mark):
     import psutil
 
     subprocess.run(["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True)  # warm page cache, untimed
-    cmd = [PY, ENTRY, "--row", kind, "--mix", str(mix or 1), "--data", json.dumps(data)]
+    cmd = [PY, ENTRY, "--row", kind, "--mix", str(mix or 1), "--data", json.dumps(data), "--touch-mb", str(touch_mb),
+           "--mark", mark]
     peak, own = [0, 0], {}  # [tree's sum, largest process]; pid -> that process's peak
     stop = threading.Event()
     proc = psutil.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=child_env())
 
     def sample():
         while not stop.is_set():
+            if not os.path.exists(mark):  # not timed yet: building the row, touching memory
+                stop.wait(SAMPLE_SECONDS / 4)
+                continue
             sizes = tree_rss(proc)
             peak[0], peak[1] = max(peak[0], sum(sizes.values())), max([peak[1], *sizes.values()])
             for pid, rss in sizes.items():

@@ -4,10 +4,11 @@ between them (the Parquet mixture against one output: page faults, see docs/perf
 
     python bench/loader_pairs.py parquet-k1 parquet-k1-mix2 --pairs 16
     python bench/loader_pairs.py parquet-k1 parquet-k1-mix2 --pairs 16 --b-first
+    python bench/loader_pairs.py parquet-k1 parquet-k1-mix2 --pairs 8 --touch-mb 0
 
 Each run is ``loader.py``'s own measure (``loader_measure.measure_row``: its page cache warmed,
-its RSS sampled). Prints every pair, then the median ratio time(A) / time(B) and its range:
-above 1, B is slower.
+its RSS sampled). Prints every pair, then the median ratio of B's records/s to A's and its
+range: below 1, B is slower (per record: a mixture row may deliver more records than A).
 """
 
 import argparse
@@ -20,7 +21,7 @@ sys.path.insert(0, HERE)
 
 from loader_data import plan_data  # noqa: E402
 from loader_measure import measure_row  # noqa: E402
-from loader_rows import row_plan  # noqa: E402
+from loader_rows import TOUCH_MB, row_plan  # noqa: E402
 
 
 def main(argv=None):
@@ -32,6 +33,9 @@ def main(argv=None):
     parser.add_argument("--scale", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--touch-mb", type=int, default=TOUCH_MB,
+                        help=f"each row's process first touches and frees this much fresh memory, untimed "
+                             f"(default {TOUCH_MB}, as loader.py; 0: none; loader_rows.touch_memory)")
     args = parser.parse_args(argv)
     plan = {row[0]: row for row in row_plan()}
     for name in (args.a, args.b):
@@ -41,15 +45,15 @@ def main(argv=None):
     rows = [(plan[name], reads[name]) for name in (args.a, args.b)]
     ratios = []
     for _ in range(args.pairs):
-        times = {}
+        times, speeds = {}, {}
         for (name, kind, mix, _), data in (rows[::-1] if args.b_first else rows):
-            result = measure_row(name, kind, mix, data, args.timeout)
+            result = measure_row(name, kind, mix, data, args.timeout, args.touch_mb)
             if not result.get("ok"):
                 sys.exit(f"{name} failed: {result.get('error')}")
-            times[name] = result["seconds"]
-        ratios.append(times[args.a] / times[args.b])
+            times[name], speeds[name] = result["seconds"], result["records_per_s"]
+        ratios.append(speeds[args.b] / speeds[args.a])
         print(f"{args.a} {times[args.a]:.2f} s  {args.b} {times[args.b]:.2f} s  ratio {ratios[-1]:.2f}", flush=True)
-    print(f"time({args.a}) / time({args.b}) over {len(ratios)} pairs: median {statistics.median(ratios):.2f}, "
+    print(f"records/s of {args.b} / {args.a} over {len(ratios)} pairs: median {statistics.median(ratios):.2f}, "
           f"range {min(ratios):.2f}-{max(ratios):.2f}")
     return 0
 

@@ -10,6 +10,8 @@ import time
 
 SEED = 1  # the loader's seed and tf.data's shuffle seed
 BATCH = 256  # records per batch every row delivers
+TOUCH_MB = 1024  # fresh memory each row's process touches and frees before its timed span (touch_memory):
+# more than any row grows into (a mixture: ~450 MB; 4 DataLoader workers: ~1 GB together)
 RECORDS_PER_PILE = 62_500  # ~64 MB piles of 1,000-byte records; also tf.data's shuffle buffer (one pile)
 
 ROWS = [  # (name suffix, kind, mix, formats)
@@ -29,6 +31,7 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("dl2-ready", "dl2-ready", 1, ("tfrecord",)),  # mix 1: compared with k1
     ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
     ("k1-mix2", "mixture", 1, ("tfrecord", "parquet")),  # Mixture of this output and a second shuffle of the data
+    ("k1-mix2-half", "mixture-half", 1, ("tfrecord", "parquet")),  # the same, N records: half of each output's epoch
     ("k1-iter", "loader-iter", 1, ("tfrecord",)),  # iter(ds): one record at a time, as Grain takes them
     ("k1-grain", "grain", 1, ("tfrecord",)),
     ("k1-grain-mp2", "grain-mp2", 1, ("tfrecord",)),
@@ -143,13 +146,17 @@ def ready_rows(records, workers):
     return DataLoader(Ready(), batch_size=None, num_workers=workers), count_any
 
 
-def mixture_rows(data, mix):
-    """``Mixture([output, second output], [1, 1], stop="restart", records_per_epoch=N)``: the
-    same N records per epoch as one output's row, half from each (each its own reader)."""
+def mixture_rows(data, mix, half=False):
+    """``Mixture([output, second output], [1, 1])``: an epoch of the mixture is an epoch of each
+    output (2N records, each source its own reader). ``half``: ``stop="restart",
+    records_per_epoch=N``, the same N records as one output's row, half of each output's epoch."""
     from pileshuffle.loader import Mixture, ShuffledDataset
 
     sources = [ShuffledDataset(prefix, seed=SEED + i, mix=mix) for i, prefix in enumerate(data["prefixes"])]
-    mixture = Mixture(sources, [1, 1], seed=SEED, stop="restart", records_per_epoch=data["records"], epoch=1)
+    if half:
+        mixture = Mixture(sources, [1, 1], seed=SEED, stop="restart", records_per_epoch=data["records"], epoch=1)
+    else:
+        mixture = Mixture(sources, [1, 1], seed=SEED, epoch=1)
     return mixture.batches(BATCH), count_any
 
 
@@ -178,6 +185,18 @@ def tf_adapter_rows(prefix, mix):
     return dataset, count_any
 
 
+def touch_memory(megabytes):
+    """Touch ``megabytes`` of fresh memory and free it, before the timed span. On a VM whose host
+    takes back the guest's free pages, a process's first touch of memory costs ~15x a touch of
+    memory freed a moment ago (``bench/first_touch.py``: 2.1 against 0.14 ms/MB here): a cost
+    once per process, like its imports, that would otherwise land on whichever row grows most.
+    This makes the pages every row grows into recent, as ``cat`` makes its files cached."""
+    if megabytes:
+        import numpy as np
+
+        np.ones(megabytes << 20, np.uint8)
+
+
 def row_batches(kind, data, mix):
     """(the row's iterable of batches, a function counting a batch's records)."""
     if kind == "tf-inorder":
@@ -204,8 +223,8 @@ def row_batches(kind, data, mix):
         return ready_rows(data["records"], workers=2)
     if kind == "tf-adapter":
         return tf_adapter_rows(data["prefix"], mix)
-    if kind == "mixture":
-        return mixture_rows(data, mix)
+    if kind in ("mixture", "mixture-half"):
+        return mixture_rows(data, mix, half=kind == "mixture-half")
     if kind == "grain":
         return grain_rows(data["prefix"], mix)
     if kind == "grain-mp2":
@@ -215,9 +234,13 @@ def row_batches(kind, data, mix):
     raise ValueError(kind)
 
 
-def run_row_here(kind, data, mix):
-    """The child's side: build the row's pipeline, time its batches, print one JSON line."""
+def run_row_here(kind, data, mix, touch_mb=0, mark=None):
+    """The child's side: build the row's pipeline, time its batches, print one JSON line;
+    ``mark``: a file created when the timed span starts (the parent samples RSS from then)."""
     batches, count = row_batches(kind, data, mix)
+    touch_memory(touch_mb)
+    if mark:
+        open(mark, "w").close()
     rss_before = rss_now()
     records, seconds, cpu = drain(batches, count)
     print(json.dumps({"records": records, "seconds": seconds, "cpu_seconds": cpu, "rss_before": rss_before}), flush=True)
