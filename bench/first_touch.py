@@ -36,6 +36,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--pause", type=float, default=3.0)
     args = parser.parse_args(argv)
+    if args.mb < 1 or args.rounds < 1:
+        parser.error("--mb and --rounds need at least 1")
     first, again = [], []
     for index in range(args.rounds):
         out = subprocess.run([sys.executable, "-c", CHILD, str(args.mb)], capture_output=True, text=True, check=True)
