@@ -190,9 +190,12 @@ def touch_memory(megabytes):
     takes back the guest's free pages, a process's first touch of memory costs ~15x a touch of
     memory freed a moment ago (``bench/first_touch.py``: 2.1 against 0.14 ms/MB here): a cost
     once per process, like its imports, that would otherwise land on whichever row grows most.
-    This makes the pages every row grows into recent, as ``cat`` makes its files cached."""
-    if megabytes:
-        b"\x01" * (megabytes << 20)  # written whole (memset), freed at once; no import (RSS before stays the row's)
+    This makes the pages every row grows into recent, as ``cat`` makes its files cached. (Touched
+    as ``bytes``, in 4 KB pages, it did not: the Parquet mixture's paired median stayed 0.85.)"""
+    if megabytes:  # numpy's large arrays are in huge pages, as Arrow's pool's are (pyarrow imports numpy anyway)
+        import numpy as np
+
+        np.ones(megabytes << 20, np.uint8)
 
 
 def row_batches(kind, data, mix):
