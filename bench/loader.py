@@ -58,9 +58,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from loader_data import QUICK_DIVISOR, plan_data  # noqa: E402
-from loader_measure import measure_row  # noqa: E402
+from loader_measure import add_touch_option, measure_row  # noqa: E402
 from loader_report import LEGEND, add_ratios_and_targets, fastest_rounds, pile_bytes, table  # noqa: E402
-from loader_rows import BATCH, TOUCH_MB, row_plan, run_row_here  # noqa: E402
+from loader_rows import BATCH, row_plan, run_row_here  # noqa: E402
 from workspace import MB, OUT, log  # noqa: E402
 
 
@@ -76,9 +76,7 @@ def argument_parser():
     parser.add_argument("--mix", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--mark", help=argparse.SUPPRESS)
-    parser.add_argument("--touch-mb", type=int, default=TOUCH_MB,
-                        help=f"each row's process first touches and frees this much fresh memory, untimed "
-                             f"(default {TOUCH_MB}; 0: none; see loader_rows.touch_memory)")
+    add_touch_option(parser)
     return parser
 
 

@@ -39,6 +39,13 @@ def tree_rss(proc):
     return sizes
 
 
+def add_touch_option(parser, default=TOUCH_MB):
+    """``--touch-mb`` (``measure_row``'s ``touch_mb``) on a bench CLI's ``parser``."""
+    parser.add_argument("--touch-mb", type=int, default=default,
+                        help=f"each row's process first touches and frees this much fresh memory, untimed "
+                             f"(default {default}; 0: none; see loader_rows.touch_memory)")
+
+
 def measure_row(name, kind, mix, data, timeout, touch_mb=TOUCH_MB):
     """One run of a row: its result dict, with ``ok`` False and an ``error`` when it failed or
     delivered a wrong number of records. ``touch_mb``: the row's process first touches and frees

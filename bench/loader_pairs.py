@@ -20,8 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from loader_data import plan_data  # noqa: E402
-from loader_measure import measure_row  # noqa: E402
-from loader_rows import TOUCH_MB, row_plan  # noqa: E402
+from loader_measure import add_touch_option, measure_row  # noqa: E402
+from loader_rows import row_plan  # noqa: E402
 
 
 def main(argv=None):
@@ -33,9 +33,7 @@ def main(argv=None):
     parser.add_argument("--scale", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--touch-mb", type=int, default=TOUCH_MB,
-                        help=f"each row's process first touches and frees this much fresh memory, untimed "
-                             f"(default {TOUCH_MB}, as loader.py; 0: none; loader_rows.touch_memory)")
+    add_touch_option(parser)
     args = parser.parse_args(argv)
     plan = {row[0]: row for row in row_plan()}
     for name in (args.a, args.b):
