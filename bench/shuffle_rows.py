@@ -25,6 +25,11 @@ IMBALANCE = (70, 20, 10)
 BALANCED_RECORDS = {"jsonl": (1_000_000, 500), "parquet": (500_000, 1000)}  # ~0.5 GB in, ~1.05 GB out
 
 
+# Issue 35's rows: 1 GB of Parquet at 16, 1,024 and 4,096 piles in both intermediate modes (4,096 piles
+# over 1 GB has the records per (chunk, pile) of 10 TB in 10,000 piles); judged in shuffle_targets.
+MANY_PILES, MANY_PILES_MODES = (16, 1024, 4096), ("files", "shuffle")
+
+
 def balanced_output_records(records, shares=IMBALANCE):
     """Records ``--balance uniform`` writes of ``records`` labelled in ``shares``: every class as large as the largest."""
     return len(shares) * records * max(shares) // sum(shares)
@@ -79,6 +84,7 @@ def row_plan(scale):
         ("cat-tar", "cat", "tar", "tar"),
         ("pileshuffle-tar", "pileshuffle", "tar", "tar"),
         ("pileshuffle-tar-as-tfrecord", "pileshuffle", "tar-as-tfrecord", "tfrecord"),
+        *[(f"piles-{mode}-{m}", "pileshuffle", "parquet", "parquet") for mode in MANY_PILES_MODES for m in MANY_PILES],
         *[row for fmt in BALANCED_RECORDS for row in (
             (f"balance-{fmt}-same-output", "pileshuffle", f"{fmt}-balanced-size", fmt),  # plain, as many records as balanced out
             (f"balance-{fmt}", "pileshuffle", f"{fmt}-imbalanced", fmt),  # --balance uniform: 2.1x the input's records
@@ -140,7 +146,9 @@ BALANCE_ARGS = ("--label_field", "label", "--balance", "uniform")
 EXTRA_ARGS = {"pileshuffle-jsonl-balanced": BALANCE_ARGS, "pileshuffle-parquet-balanced": BALANCE_ARGS,
               **{f"balance-{fmt}": BALANCE_ARGS for fmt in BALANCED_RECORDS},
               **{f"balance-{fmt}-piles": (*BALANCE_ARGS, "--num_piles", f"{{piles:{fmt}-balanced-size}}")
-                 for fmt in BALANCED_RECORDS}}
+                 for fmt in BALANCED_RECORDS},
+              **{f"piles-{mode}-{m}": ("--num_piles", str(m), "--intermediate", mode)
+                 for mode in MANY_PILES_MODES for m in MANY_PILES}}
 _PILES_OF = re.compile(r"\{piles:([^}]+)\}")
 
 

@@ -7,6 +7,20 @@ RSS_TARGET = 1 * GB  # the issue's bound on a pileshuffle run's peak tree RSS
 FLOOR_TARGET = 0.7  # TFRecord: at most this share of the plain 2-pass floor's time (issue 22)
 DUCKDB_TARGET = 1.5  # Parquet, JSONL: at least this many times DuckDB's out-of-core throughput (issue 22)
 BALANCE_TARGET = 1.2  # --balance: at most this many times a plain run of the same output size (issue 24)
+MANY_PILES_TARGET, MANY_PILES_RSS = 1.5, 1.5 * GB  # 1 GB in 4,096 piles: at most 1.5x the 16-pile time, 1.5 GB (issue 35)
+
+
+def _many_piles_items(row, sixteen):
+    """issue 35's bar for a many-piles row: its median over the same mode's 16-pile median, and its peak."""
+    items = [("RSS<=1.5GB", row["peak_rss_bytes"] <= MANY_PILES_RSS, f"{row['peak_rss_bytes'] / GB:.2f} GB")]
+    if not row["name"].endswith("-4096"):
+        return items
+    name = f"wall<={MANY_PILES_TARGET}x 16 piles"
+    if not sixteen:
+        return [*items, (name, None, "no 16-pile row")]
+    ratio = row["median_wall_seconds"] / sixteen["median_wall_seconds"]
+    return [*items, (name, ratio <= MANY_PILES_TARGET, f"{ratio:.2f}x (medians {row['median_wall_seconds']:.2f} vs "
+                                                       f"{sixteen['median_wall_seconds']:.2f} s)")]
 
 
 def verdict(ok):
@@ -76,6 +90,11 @@ def evaluate_targets(rows, scale):
             near = good(f"pileshuffle-{fmt}-balanced")  # labels already balanced: the output is the input's size (+0.3%)
             if near:
                 results[near["name"]] = [*_balance_items(near, ps, None), rss(near)]
+        for mode in ("files", "shuffle"):
+            for m in (16, 1024, 4096):
+                row = good(f"piles-{mode}-{m}")
+                if row:
+                    results[row["name"]] = _many_piles_items(row, good(f"piles-{mode}-16"))
     else:
         big, one = good("pileshuffle-tfrecord"), good("pileshuffle-tfrecord-1x")
         if big:

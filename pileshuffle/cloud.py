@@ -29,7 +29,7 @@ import time
 from pileshuffle.errors import InputError, PileshuffleError
 
 __all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "ATTEMPT_SECONDS", "emulator",
-           "arrow_gcs", "configure_beam", "first_contact", "explain", "create_if_absent", "patiently", "patiently_on",
+           "arrow_gcs", "configure_beam", "first_contact", "explain", "create_if_absent", "read_range", "patiently", "patiently_on",
            "report_retries", "refused", "refusals_explained"]
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
@@ -118,6 +118,19 @@ def create_if_absent(path: str, data: bytes):
         if blob.download_as_bytes() == data:  # a retried request whose first attempt went through
             return
         raise FileExistsError(17, f"{path} exists") from None
+
+
+def read_range(path: str, offset: int, length: int) -> bytes:
+    """``length`` bytes of the ``gs://`` object ``path`` from ``offset``: one ranged GET (no
+    metadata read first), retried like every other request (``patiently``)."""
+    first_contact(path)
+    bucket, _, name = path[len("gs://"):].partition("/")
+    blob = _storage_client(emulator()).bucket(bucket).blob(name)
+    data = patiently(path, lambda: blob.download_as_bytes(start=offset, end=offset + length - 1, checksum=None,
+                                                          timeout=FIRST_CONTACT_SECONDS * 4))
+    if len(data) != length:
+        raise OSError(f"{path}: read {len(data):,} bytes at {offset:,} where {length:,} were expected (a shorter object)")
+    return data
 
 
 def patiently(path: str, attempt):

@@ -27,6 +27,8 @@ class Fragment:
 
     ``order`` sorts fragments of a pile into the canonical order; ``path`` (files mode)
     or ``payload`` (shuffle mode) holds the IPC stream; ``fingerprint`` is what pass 1 put in.
+    With ``length`` the stream is the byte range ``offset .. offset+length`` of ``path`` (a
+    segment of a pass-1 run, ``pileshuffle.runs``); without it, the whole file.
     """
 
     order: tuple
@@ -35,6 +37,8 @@ class Fragment:
     fingerprint: Fingerprint
     path: str = None
     payload: bytes = None
+    offset: int = 0
+    length: int = None
 
 
 def to_ipc(table: pa.Table) -> bytes:
@@ -50,6 +54,9 @@ def _ipc_source(fragment: Fragment, whole: bool):
     """The fragment's IPC stream: its payload, or its file (read at once if ``whole``)."""
     if fragment.payload is not None:
         yield pa.py_buffer(fragment.payload)
+        return
+    if fragment.length is not None:
+        yield storage.read_range(fragment.path, fragment.offset, fragment.length)
         return
     if whole and not storage.is_remote(fragment.path):
         with pa.memory_map(fragment.path) as mapped:  # local: the page cache itself, no copy

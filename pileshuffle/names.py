@@ -131,6 +131,7 @@ HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carri
 # -- pile fragments (a run's work folder) --------------------------------------------------------
 
 FRAGMENT_EXTENSION = ".arrows"  # Arrow IPC streams: pile fragments and store data files
+RUN_EXTENSION = ".run"  # pass 1's runs: pile segments in pile order and their index (pileshuffle.runs)
 
 
 def source_writer_name(source_id: int) -> str:
@@ -141,6 +142,11 @@ def source_writer_name(source_id: int) -> str:
 def split_writer_name(token: str, depth: int, index: int) -> str:
     """The name of the fragments an oversized pile is split into (depth: how often split)."""
     return f"{token}-d{depth}-p{index:06d}"
+
+
+def run_name(writer: str, run: int) -> str:
+    """The ``run``-th run pass 1's ``writer`` (a group of sources, a bundle) writes (``pileshuffle.runs``)."""
+    return f"{writer}-r{run:05d}{RUN_EXTENSION}"
 
 
 def fragment_name(writer: str, pile: int) -> str:
@@ -205,8 +211,8 @@ __all__ = [
     "MANIFEST_SUFFIX", "SHARD_NAME", "SHARD_TAIL", "SHARD_NUMBERS", "JOURNAL_PREFIX", "WORK_PREFIX",
     "WORK_DIRECTORY", "shard_name", "manifest_path", "prefix_of_manifest", "staging_dir", "output_lock_path",
     "journal_name", "staged_manifest_name", "work_dir_name", "literal_pattern", "shard_pattern", "temp_name",
-    "RECORD_COLUMN", "FRAME_COLUMN", "LINE_COLUMN", "TAR_SAMPLE_COLUMN", "KEY_COLUMN", "HASH_COLUMN", "FRAGMENT_EXTENSION",
-    "source_writer_name", "split_writer_name", "fragment_name", "CLASS_CODES_DIR", "class_codes_names",
+    "RECORD_COLUMN", "FRAME_COLUMN", "LINE_COLUMN", "TAR_SAMPLE_COLUMN", "KEY_COLUMN", "HASH_COLUMN", "FRAGMENT_EXTENSION", "RUN_EXTENSION",
+    "source_writer_name", "split_writer_name", "run_name", "fragment_name", "CLASS_CODES_DIR", "class_codes_names",
     "STORE_SUFFIX", "STORE_LOCK_NAME",
     "STORE_MANIFEST_NAME", "STORE_MANIFEST_GLOB", "GENERATION_DIR", "STORE_FILE", "store_dir",
     "store_manifest_name", "generation_dir_name", "store_writer_name", "data_file_name", "is_store_file"

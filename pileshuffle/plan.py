@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import re
 import shutil
@@ -23,13 +24,14 @@ from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.formats.labels import sampled_label_counts
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
+from pileshuffle.runs import DEFAULT_RUN_BYTES, auto_run_bytes
 from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
 from pileshuffle.output_files import (OutputFiles, check_replaceable, discard_unpublished, missing_local_folders,
                                       remove_empty_folders, remove_tree)
 from pileshuffle.store.layout import FileLock, is_store
 
 __all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "mean_record_bytes", "work_dir_for", "check_writable",
-           "check_shard_output", "taken_output", "space_note", "fragment_limit", "fragment_warning"]
+           "check_shard_output", "taken_output", "space_note", "piles_reached"]
 
 _log = logging.getLogger("pileshuffle")
 
@@ -70,6 +72,14 @@ class Plan:
     keep_unlabeled: bool = False  # --keep_unlabeled: a record without the label is the class "null"
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
     growth: float = 1.0  # --balance: records written per record read, from a sample of labels
+    run_bytes: int = DEFAULT_RUN_BYTES  # --run_bytes: pass 1's buffer per writer (pileshuffle.runs)
+
+    @property
+    def source_groups(self) -> list:
+        """Pass 1's units of work: the sources in groups of at least ``run_bytes`` (``assign.source_groups``)."""
+        from pileshuffle.transforms.assign import source_groups
+
+        return source_groups(self.sources, self.run_bytes)
 
     @property
     def estimated_records(self) -> int:
@@ -80,10 +90,27 @@ class Plan:
         """The records the piles will hold: the input's with ``--balance``'s copies (an estimate)."""
         return max(1, round(self.estimated_records * self.growth))
 
-    @property
-    def fragment_files(self) -> int:
-        """Files mode's pass-1 fragments, at most one per (input file, pile)."""
-        return len(self.sources) * self.num_piles if self.intermediate == "files" else 0
+    def run_shape(self) -> tuple:
+        """``(runs, parts)`` expected of pass 1 (``pileshuffle.runs``): each group of sources
+        flushes its records, with their keys and hashes, in runs of ``run_bytes``; a run of n
+        records reaches M(1 - (1 - 1/M)^n) piles, one part (a segment, an element) each. Files
+        mode writes one object per run; both modes send one element per part."""
+        per_byte = self.written_records / max(1, self.input_bytes)  # records per byte on disk
+        held_per_record = self.mean_record_bytes + RECORD_OVERHEAD
+        runs = parts = 0.0
+        for group in self.source_groups:
+            records = per_byte * sum(s.size for s in group)
+            count = max(1, math.ceil(records * held_per_record / self.run_bytes)) if records else 0
+            runs += count
+            parts += count * piles_reached(self.num_piles, records / count) if count else 0
+        return round(runs), round(parts)
+
+
+def piles_reached(num_piles: int, records: float) -> float:
+    """Expected non-empty piles of ``records`` records: M(1 - (1 - 1/M)^n)."""
+    if records <= 0 or num_piles == 1:
+        return float(records > 0)
+    return -num_piles * math.expm1(records * math.log1p(-1 / num_piles))
 
 
 def mean_record_bytes(fmt, sources) -> float:
@@ -268,6 +295,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         num_piles=num_piles,
         num_piles_reason=reason,
         max_pile_bytes=max_pile_bytes,
+        run_bytes=auto_run_bytes(num_piles) if str(opts.run_bytes) == "auto" else parse_bytes(opts.run_bytes),
         seed=int(opts.seed),
         intermediate=opts.intermediate,
         work_dir=work_dir,
@@ -289,8 +317,6 @@ def make_plan(options: PipelineOptions) -> Plan:
         estimated_bytes=total,
         growth=growth,
     )
-    if plan.layout != "store" and plan.fragment_files > fragment_limit(work_dir):
-        _log.warning("%s", fragment_warning(plan))
     return plan
 
 
@@ -364,23 +390,4 @@ def taken_output(output: str, overwrite: bool, work_dir: str, command: str):
                          len(removed), output)
         remove_tree(work_dir)
         yield
-
-
-# -- what a person decides from: `pileshuffle plan` ------------------------------------------------
-
-_OBJECT_STORE_FRAGMENTS = 100_000  # object stores list, create and delete ~100,000 small objects well
-_LOCAL_FRAGMENTS = 1_000_000  # ... and a local file system ten times as many
-
-
-def fragment_limit(location: str) -> int:
-    """How many fragment files ``location``'s file system handles well (an object store fewer than a disk)."""
-    return _OBJECT_STORE_FRAGMENTS if "://" in location else _LOCAL_FRAGMENTS
-
-
-def fragment_warning(plan: Plan) -> str:
-    """Why a files-mode plan writes too many fragments for its temp location, and what to use instead."""
-    return (f"--intermediate=files writes up to {plan.fragment_files:,} fragment files ({len(plan.sources):,} input "
-            f"files x {plan.num_piles:,} piles) under {plan.work_dir}, more than the {fragment_limit(plan.work_dir):,} "
-            "that file system handles well: use --intermediate=shuffle (the runner's shuffle; Dataflow's Shuffle service)")
-
 

@@ -99,7 +99,7 @@ def execute(options, build, partitions: int, on_failure=None, wait=None):
     if is_local(options):
         options = local_defaults(options)
     if is_dask(options):
-        options = dask_defaults(options, types.SimpleNamespace(sources=range(max(1, partitions))))
+        options = dask_defaults(options, partitions)
     if is_dataflow(options):
         options = dataflow_defaults(options)
     pipeline = beam.Pipeline(runner=make_runner(options), options=graph_defaults(options))

@@ -1,18 +1,18 @@
 """Every file operation, for local paths and object stores (gs://, s3://), behind one interface.
 
-Callers pass paths; which library does the work is this module's business:
-- in a process that has imported Apache Beam (the pipeline, its workers, the commands), Beam's
-  ``FileSystems``: the file systems and credentials the pipeline's options configure;
-- elsewhere (a training host's loader: Beam need not be installed), ``pyarrow.fs``, or the
-  ``pyarrow.fs.FileSystem`` a caller hands in (``ShuffledDataset(filesystem=...)``).
-``PILESHUFFLE_STORAGE=beam|arrow`` overrides the choice (tests of both).
+Callers pass paths; which library does the work is this module's business: in a process that
+has imported Apache Beam (the pipeline, its workers, the commands), Beam's ``FileSystems`` (the
+file systems and credentials the pipeline's options configure); elsewhere (a training host's
+loader) ``pyarrow.fs``, or the ``pyarrow.fs.FileSystem`` a caller hands in. Ranged reads of
+gs:// go through google-cloud-storage (one GET each). ``PILESHUFFLE_STORAGE=beam|arrow``
+overrides the choice (tests of both).
 
 Invariants every backend keeps:
 - a path is local unless it has a scheme (``gs://...``); ``join`` keeps that form;
 - ``match`` takes a glob and returns ``(path, size)`` pairs, none (not an error) when nothing matches;
   a literal path with ``[ * ?`` in it matches through ``names.literal_pattern``;
-- ``open_read`` decompresses what the name says (``.gz``) unless told otherwise;
-- ``read_buffer`` maps a local file (no copy); a remote one is read in one request;
+- ``open_read`` decompresses what the name says (``.gz``) unless told otherwise; ``read_buffer``
+  and ``read_range`` map a local file (no copy) and read a remote one in one request;
 - an object store has no folders and no atomic rename: ``delete_tree`` deletes the objects under
   a prefix, and publication never relies on rename being atomic there (the manifest is the commit).
 """
@@ -89,15 +89,12 @@ def compression_of(path: str) -> str:
     return GZIP if path.lower().endswith(".gz") else UNCOMPRESSED
 
 
-# -- reading ---------------------------------------------------------------------------------------
-
 @cloud.refusals_explained
 def match(pattern: str) -> list:
     """The files ``pattern`` (a glob) matches, as ``FileInfo``s; [] when none do."""
     if _uses_beam():
-        FileSystems = _beam(pattern)
         try:
-            found = FileSystems.match([pattern])[0].metadata_list
+            found = _beam(pattern).match([pattern])[0].metadata_list
         except Exception as error:  # BeamIOError when nothing matches
             if cloud.refused(error):
                 raise
@@ -137,18 +134,13 @@ def pattern_regex(pattern: str):
 @cloud.refusals_explained
 def exists(path: str, filesystem=None) -> bool:
     """Whether a file (or folder) is at ``path``, on ``filesystem`` when one is given."""
-    if filesystem is not None:
-        import pyarrow.fs as pafs
-
-        return cloud.patiently_on(path, filesystem, lambda: filesystem.get_file_info(path)).type != pafs.FileType.NotFound
-    if not is_remote(path):
+    if filesystem is None and not is_remote(path):
         return os.path.exists(path)
-    if _uses_beam():
-        FileSystems = _beam(path)
-        return FileSystems.exists(path)
+    if filesystem is None and _uses_beam():
+        return _beam(path).exists(path)
     import pyarrow.fs as pafs
 
-    fs, where = arrow_filesystem(path)
+    fs, where = arrow_filesystem(path, filesystem)
     return cloud.patiently_on(path, fs, lambda: fs.get_file_info(where)).type != pafs.FileType.NotFound
 
 
@@ -164,8 +156,7 @@ def size(path: str) -> int:
 def open_read(path: str, compression: str = AUTO):
     """A binary stream of ``path``'s contents, decompressed as its name says (``AUTO``)."""
     if _uses_beam():
-        FileSystems = _beam(path)
-        return FileSystems.open(path, compression_type=compression)
+        return _beam(path).open(path, compression_type=compression)
     fs, where = arrow_filesystem(path)
     wanted = compression_of(path) if compression == AUTO else compression
     return fs.open_input_stream(where, compression=GZIP if wanted == GZIP else None)
@@ -189,12 +180,28 @@ def read_buffer(path: str, filesystem=None):
     return cloud.patiently_on(path, fs, lambda: _read_whole(fs, where))
 
 
+@cloud.refusals_explained
+def read_range(path: str, offset: int, length: int):
+    """``length`` bytes of ``path`` from ``offset`` (an OSError if fewer), a ``pyarrow.Buffer``:
+    locally a slice of a memory map (no copy), on gs:// one ranged GET (no metadata read)."""
+    import pyarrow as pa
+
+    if path.startswith("gs://"):
+        data = pa.py_buffer(cloud.read_range(path, offset, length))
+    else:
+        with pa.memory_map(path) if not is_remote(path) else open_random_access(path) as handle:
+            data = handle.seek(offset) is not None and handle.read_buffer(length)
+    if data.size != length:
+        raise OSError(errno.EIO, f"{path}: holds no {length:,} bytes at offset {offset:,} (cut short?)")
+    return data
+
+
 def _read_whole(fs, where: str):
     if where.endswith(".gz"):
         with fs.open_input_stream(where, compression="gzip") as stream:
             return stream.read_buffer()
-    with fs.open_input_file(where) as handle:  # one read of known size: ~10x a stream's read_buffer()
-        return handle.read_buffer(handle.size())
+    with fs.open_input_file(where) as handle:
+        return handle.read_buffer(handle.size())  # one read of known size: ~10x a stream's read_buffer()
 
 
 def read_json(path: str, filesystem=None):
@@ -252,8 +259,7 @@ def is_folder(path: str, filesystem=None) -> bool:
 def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "application/octet-stream"):
     """A new binary file at ``path`` (its local folder made), compressed as asked."""
     if _uses_beam():
-        FileSystems = _beam(path)
-        return FileSystems.create(path, mime_type=mime_type, compression_type=compression)
+        return _beam(path).create(path, mime_type=mime_type, compression_type=compression)
     if not is_remote(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fs, where = arrow_filesystem(path)
@@ -285,8 +291,7 @@ def create_exclusive(path: str, data: bytes, temp: str):
     ``path`` exists. Of two writers one wins: on a local disk by an atomic hard link, on Cloud
     Storage by an upload on the precondition that no object is there (``ifGenerationMatch=0``).
     On another object store the check comes just before the rename: callers exclude each other
-    by a lock. One step that
-    Ctrl-C does not cut (``interrupt.not_cut``): ``temp`` never outlives it."""
+    by a lock. One step that Ctrl-C does not cut (``interrupt.not_cut``): ``temp`` never outlives it."""
     from pileshuffle import interrupt
 
     with interrupt.not_cut():
@@ -328,9 +333,7 @@ def rename(sources: list, destinations: list):
     """Move each source to its destination (replacing it). Atomic per file on a local disk; on
     an object store a copy then a delete."""
     if _uses_beam():
-        FileSystems = _beam(*sources[:1], *destinations[:1])
-        FileSystems.rename(list(sources), list(destinations))
-        return
+        return _beam(*sources[:1], *destinations[:1]).rename(list(sources), list(destinations))
     fs, _ = arrow_filesystem(sources[0]) if sources else (None, None)
     for source, destination in zip(sources, destinations):
         fs.move(arrow_filesystem(source)[1], arrow_filesystem(destination)[1])
@@ -340,9 +343,7 @@ def rename(sources: list, destinations: list):
 def delete(paths: list):
     """Delete files (a local folder with its contents); a missing path is an error."""
     if _uses_beam():
-        FileSystems = _beam(*paths[:1])
-        FileSystems.delete(list(paths))
-        return
+        return _beam(*paths[:1]).delete(list(paths))
     import pyarrow.fs as pafs
 
     for path in paths:
@@ -392,7 +393,7 @@ def arrow_filesystem(path: str, filesystem=None):
     return pafs.LocalFileSystem(), path
 
 
-__all__ = ["AUTO", "GZIP", "UNCOMPRESSED", "FileInfo", "arrow_filesystem", "compression_of", "delete",
-           "create_exclusive", "delete_tree", "exists", "is_folder", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
-           "open_mapped", "open_random_access", "open_read", "open_write", "read_buffer", "read_json", "rename", "size", "split",
-           "write_whole", "writing_name", "put_in_place"]
+__all__ = ["AUTO", "GZIP", "UNCOMPRESSED", "FileInfo", "arrow_filesystem", "compression_of", "delete", "create_exclusive",
+           "delete_tree", "exists", "is_folder", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
+           "open_mapped", "open_random_access", "open_read", "open_write", "read_buffer", "read_json", "read_range", "rename",
+           "size", "split", "write_whole", "writing_name", "put_in_place"]

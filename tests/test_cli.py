@@ -308,31 +308,33 @@ def test_plan_speaks_to_a_person_and_json_keeps_the_machine_form(inputs, tmp_pat
     assert text.returncode == 0, text.stderr
     heads = [line[:14].strip() for line in text.stdout.splitlines()]
     assert heads == ["input", "records", "piles", "pile size", "split again", "memory", "temp space", "output space",
-                     "fragments", "gcs requests", "output", "runner"], text.stdout
+                     "pass 1", "gcs requests", "output", "runner"], text.stdout
     assert "3 tfrecord file(s)" in text.stdout and "s + 6*sqrt(s)" in text.stdout
-    assert "up to 12 files (3 input files x 4 piles)" in text.stdout and "FnApiRunner" in text.stdout
+    assert "3 run objects" in text.stdout and "12 pile parts" in text.stdout and "FnApiRunner" in text.stdout
     machine = json.loads(cli("plan", *args, "--json").stdout)
-    assert machine["files"] == 3 and machine["num_piles"] == 4 and machine["fragment_files"] == 12
+    assert machine["files"] == 3 and machine["num_piles"] == 4 and (machine["runs"], machine["parts"]) == (3, 12)
     assert {"input_bytes", "reason", "output", "compression", "intermediate", "work_dir", "estimated_records",
             "split_probability", "space", "runner"} <= set(machine)
     assert 2400 < machine["estimated_records"] < 3600
     assert not (tmp_path / "o").exists() or os.listdir(tmp_path / "o") == []
 
 
-def test_plan_warns_about_fragment_counts_in_files_mode(inputs, tmp_path):
+def test_plan_counts_runs_not_files_times_piles(inputs, tmp_path):
+    """40,000 piles over 3 files: pass 1 writes 3 runs (one per group of files), whose parts the
+    plan counts; nothing grows as files x piles, so there is nothing to warn about."""
     from pileshuffle.commands.plan import plan_text
     from pileshuffle.plan import make_plan
 
     options = PipelineOptions([f"--input={inputs}/*.tfrecord", f"--output={tmp_path}/o", "--num_piles=40000"])
     plan = make_plan(options)
-    assert "warning" not in plan_text(plan, options)  # 120,000 local files: fine on a disk
+    runs, parts = plan.run_shape()
+    assert runs == 3 and 2800 < parts < 2900  # ~2,880 records reach ~2,780-2,880 distinct piles of 40,000
     on_gcs = dataclasses.replace(plan, work_dir="gs://bucket/tmp/.pileshuffle-work-0123")
     text = plan_text(on_gcs, options)
-    assert "warning       --intermediate=files writes up to 120,000 fragment files (3 input files x 40,000 piles)" in text
-    assert "use --intermediate=shuffle" in text
+    assert "warning" not in text and f"{runs:,} run objects" in text and f"{parts:,} pile parts" in text
     shuffled = plan_text(dataclasses.replace(on_gcs, intermediate="shuffle"), options)
-    assert "warning" not in shuffled and "fragments" not in shuffled
-    assert "through the runner's GroupByKey" in shuffled
+    assert "run objects" not in shuffled and f"{parts:,} pile parts" in shuffled
+    assert "through the runner's GroupByKey" in shuffled and "the local runner keeps all of it in memory" in shuffled
 
 
 def test_split_probability_agrees_with_the_binomial():

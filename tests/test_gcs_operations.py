@@ -41,12 +41,18 @@ def test_operations_grow_with_piles_files_sizes_and_the_intermediate_mode(jsonl,
     assert more_piles["input"] == ops["input"] and more_piles["checks"] == ops["checks"]
 
     files = gcs_operations(dataclasses.replace(plan, intermediate="files"))
-    assert files["fragments"] == (3 * 8, 4 * 3 * 8)  # 2,000 records per file reach all 8 piles: one upload each
-    assert files["total"][0] - ops["total"][0] == 24 and files["total"][1] - ops["total"][1] == 96
+    assert files["runs"] == (3, 3 * (8 + 2))  # 3 small files, a group each: a run each, read as 8 segments, 2 lookups
+    assert files["total"][0] - ops["total"][0] == 3 and files["total"][1] - ops["total"][1] == 30
 
-    sparse = dataclasses.replace(plan, intermediate="files", num_piles=4096)  # 2,000 records reach ~1,600 of 4,096
-    class_a, class_b = gcs_operations(sparse)["fragments"]
-    assert 3 * 1500 < class_b / 4 < 3 * 1700 and class_a == class_b / 4 + 4  # + 4 more pages listed at clean-up
+    # many piles, many files: objects grow with the runs, reads with (run, pile) segments; never files x piles
+    many = [Source(i, f"gs://b/in/{i}", 64 * MiB) for i in range(64)]
+    big = dataclasses.replace(plan, intermediate="files", sources=many, input_bytes=64 * 64 * MiB,
+                              estimated_bytes=64 * 64 * MiB, num_piles=4096, run_bytes=256 * MiB)
+    runs, parts = big.run_shape()
+    class_a, class_b = gcs_operations(big)["runs"]
+    # 16 groups of 4 files (256 MiB each); each holds 256 MiB of records plus 16 bytes a record: 2 runs
+    assert runs == 32 and class_a == runs and class_b == parts + 2 * runs
+    assert 32 * 4000 < parts <= 32 * 4096 < 64 * 4096 / 1.9
 
     sized = [Source(i, f"gs://b/in/{i}", 100 * MiB) for i in range(3)]  # 7 reads of 16 MiB each, metadata, end
     bigger = gcs_operations(dataclasses.replace(plan, sources=sized, input_bytes=300 * MiB))
@@ -69,7 +75,7 @@ def test_both_renderings_carry_the_operations(jsonl, tmp_path, capsys):
     assert main([f"--input={jsonl}", f"--output={tmp_path}/o/t", "--num_piles=8", "--intermediate=files", "--json"]) == 0
     machine = json.loads(capsys.readouterr().out)["gcs_operations"]
     assert (machine["class_a"], machine["class_b"]) == (class_a, class_b)
-    assert set(machine["steps"]) == {"checks", "input", "fragments", "shards"}
+    assert set(machine["steps"]) == {"checks", "input", "runs", "shards"}
     assert sum(s["class_a"] for s in machine["steps"].values()) == class_a
     assert plan_json(dataclasses.replace(plan, layout="store"), options)["gcs_operations"] is None
 

@@ -258,8 +258,8 @@ def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_da
     fragments = os.path.join(work_dir_for(output, None), "fragments")
     staging = staging_dir(output)
     points = {
-        "pass 1: first fragment being written": lambda: files_in(fragments, lambda n: ".tmp-" in n),
-        "pass 1: fragments of a source committed": lambda: files_in(fragments, lambda n: n.endswith(".arrows")),
+        "pass 1: first run being written": lambda: files_in(fragments, lambda n: ".tmp-" in n),
+        "pass 1: a run in place": lambda: files_in(fragments, lambda n: n.endswith(".run")),
         "pass 2: first shard being written": lambda: files_in(staging, lambda n: n.startswith("shard-")),
         "pass 2: half the shards staged": lambda: len(
             files_in(staging, lambda n: n.startswith("shard-") and ".tmp-" not in n)) >= CRASH_PILES // 2,
@@ -336,29 +336,27 @@ def test_the_local_runner_does_not_retry_a_failed_bundle():
     assert FailOnce.calls == 1
 
 
-def test_pass_1_run_twice_for_a_source_replaces_its_fragments(tmp_path, tfrecord_input):
-    from pileshuffle.fragments import FragmentFiles
+def test_pass_1_run_twice_for_a_source_replaces_its_runs(tmp_path, tfrecord_input, monkeypatch):
+    import pileshuffle.runs as runs
     from pileshuffle.inputs import match_inputs
     from pileshuffle.transforms.assign import ReadSourceToPiles
 
     source = match_inputs(tfrecord_input)[0]
     directory = str(tmp_path / "fragments")
-    dofn = ReadSourceToPiles("tfrecord", 5, 4, directory, chunk_bytes=20_000)
+    dofn = ReadSourceToPiles("tfrecord", 5, 4, directory, chunk_bytes=20_000, run_bytes=60_000)
 
     def snapshot():
         return {n: open(os.path.join(directory, n), "rb").read() for n in sorted(os.listdir(directory))}
 
-    first = list(dofn.process(source))
+    first = list(dofn.process((source,)))
     committed = snapshot()
-    original = FragmentFiles.commit
-    FragmentFiles.commit = lambda self: (_ for _ in ()).throw(RuntimeError("worker died before commit"))
-    try:
+    assert len(committed) >= 3 and all(runs.read_run_index(b).shape[1] == 4 for b in committed.values())
+    with monkeypatch.context() as patched:
+        patched.setattr(runs.storage, "put_in_place", lambda *a: (_ for _ in ()).throw(RuntimeError("worker died")))
         with pytest.raises(RuntimeError):
-            list(dofn.process(source))
-    finally:
-        FragmentFiles.commit = original
+            list(dofn.process((source,)))
     assert {n for n in snapshot() if ".tmp-" not in n} == set(committed)
-    second = list(dofn.process(source))
+    second = list(dofn.process((source,)))
     finished = {n: b for n, b in snapshot().items() if ".tmp-" not in n}
     assert finished == committed  # same names, same bytes: replaced, not duplicated
     plain = lambda outputs: [repr(getattr(x, "value", x)) for x in outputs]  # noqa: E731
@@ -372,31 +370,31 @@ class _Twice:
 
 
 def _flaky_read_class():
-    from pileshuffle.fragments import FragmentFiles
+    from pileshuffle.runs import PileRuns
     from pileshuffle.transforms.assign import ReadSourceToPiles
 
     class FlakyRead(ReadSourceToPiles):
-        """Every source is attempted three times, as a retrying runner would: attempt 1
-        commits its fragments but its output is lost; attempt 2 dies before committing
-        (temp fragments stay behind); attempt 3 succeeds."""
+        """Every group of sources is attempted three times, as a retrying runner would: attempt 1
+        writes its runs but its output is lost; attempt 2 dies before its first run is in place;
+        attempt 3 succeeds."""
 
-        def process(self, source):
-            key = ("read", source.id)
+        def process(self, group):
+            key = ("read", group[0].id)
             if key not in _Twice.seen:
                 _Twice.seen.add(key)
-                self._chunk_bytes = 20_000
-                for _ in super().process(source):
+                self._chunk_bytes, self._run_bytes = 20_000, 60_000
+                for _ in super().process(group):
                     pass
-                original = FragmentFiles.commit
-                FragmentFiles.commit = lambda self: (_ for _ in ()).throw(RuntimeError("died"))
+                original = PileRuns._write_run
+                PileRuns._write_run = lambda *a: (_ for _ in ()).throw(RuntimeError("died"))
                 try:
-                    for _ in super().process(source):
+                    for _ in super().process(group):
                         pass
                 except RuntimeError:
                     pass
                 finally:
-                    FragmentFiles.commit = original
-            yield from super().process(source)
+                    PileRuns._write_run = original
+            yield from super().process(group)
 
     return FlakyRead
 
@@ -431,7 +429,7 @@ def test_rerun_bundles_neither_duplicate_nor_lose_records(tmp_path, tfrecord_inp
     monkeypatch.setattr(write, "WriteShard", _flaky_write_class())
     retried = str(tmp_path / "retried" / "train")
     run_shuffle(tfrecord_input, retried, "--num_piles=4", "--seed=9", f"--intermediate={intermediate}")
-    assert {k for k, _ in _Twice.seen} == {"read", "write"} and len(_Twice.seen) == 3 + 4
+    assert {k for k, _ in _Twice.seen} == {"read", "write"} and sum(k == "write" for k, _ in _Twice.seen) == 4
     assert digests(retried) == digests(plain)
     assert manifest(retried)["totals"]["records"] == 3000
     assert temp_leftovers(str(tmp_path / "retried")) == []

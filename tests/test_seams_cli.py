@@ -104,12 +104,11 @@ def test_a_scheduler_address_gets_a_short_connect_timeout():
 
     from pileshuffle.runners import DASK_CONNECT_SECONDS, dask_defaults
 
-    plan = type("Plan", (), {"sources": [1, 2]})()
-    given = dask_defaults(PipelineOptions(["--dask_client_address=tcp://h:8786"]), plan).view_as(DaskOptions)
+    given = dask_defaults(PipelineOptions(["--dask_client_address=tcp://h:8786"]), 2).view_as(DaskOptions)
     assert given.timeout == DASK_CONNECT_SECONDS < 30
-    told = dask_defaults(PipelineOptions(["--dask_client_address=tcp://h:8786", "--dask_connection_timeout=60"]), plan)
+    told = dask_defaults(PipelineOptions(["--dask_client_address=tcp://h:8786", "--dask_connection_timeout=60"]), 2)
     assert told.view_as(DaskOptions).timeout == 60
-    local = dask_defaults(PipelineOptions([]), plan).view_as(DaskOptions)  # a LocalCluster starts processes: no limit
+    local = dask_defaults(PipelineOptions([]), 2).view_as(DaskOptions)  # a LocalCluster starts processes: no limit
     assert local.timeout is None
 
 

@@ -68,6 +68,8 @@ def test_example_values_pass_the_regexes_and_the_pipeline_option_parser(paramete
         assert value == example
     if parameter.name == "max_pile_bytes":
         assert parse_bytes(value) > 0 and parse_bytes(parameter.default) > 0
+    if parameter.name == "run_bytes":
+        assert parse_bytes(value) > 0 and parameter.default == "auto"
     if parameter.kind is int:
         int(value)
 
@@ -101,7 +103,7 @@ def template_args(input_glob, output):
     """Every template parameter, as ``--name=value`` (what the flex launcher passes)."""
     values = {
         "input": input_glob, "output": output, "format": "tfrecord", "compression": "none", "num_piles": "4",
-        "max_pile_bytes": "1MiB", "seed": "42", "intermediate": "files", "overwrite": "true", "skip_corrupt": "false", "quiet": "false",
+        "max_pile_bytes": "1MiB", "run_bytes": "auto", "seed": "42", "intermediate": "files", "overwrite": "true", "skip_corrupt": "false", "quiet": "false",
         "layout": "shards", "label_field": "", "balance": "", "undersample": "false", "keep_unlabeled": "false",
     }
     assert set(values) == {p.name for p in PARAMETERS}, "a new parameter needs a value here"

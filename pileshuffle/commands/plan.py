@@ -12,7 +12,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.inputs import describe_left_out, describe_skipped
 from pileshuffle.names import manifest_path, staging_dir, store_dir
-from pileshuffle.plan import RECORD_OVERHEAD, Plan, fragment_limit, fragment_warning, make_plan
+from pileshuffle.plan import RECORD_OVERHEAD, Plan, make_plan
+from pileshuffle.runners import LOCAL_SHUFFLE_HOLD
+from pileshuffle.runs import SEGMENT_OVERHEAD
 from pileshuffle.storage import is_remote
 
 __all__ = ["PileSizes", "gcs_operations", "plan_text", "plan_json", "main"]
@@ -59,6 +61,7 @@ def _pile_sizes(plan: Plan) -> PileSizes:
 # -- Cloud Storage operations of a run, counted from the code (Beam 2.77's gcsio under storage.py) --
 _READ_REQUEST_BYTES = 16 << 20  # one ranged GET: Beam's gcsio read buffer (16 MiB); formats read 16 MiB at a time too
 _LIST_PAGE = 1000  # objects per list request (storage.objects.list's largest page)
+_RUN_B = 2  # class B per pass-1 run beside its segments' reads: two lookups (Beam's upload and delete; counted on the emulator)
 # counted on the emulator: 14 lists (the plan's and Finalize's output checks, clean-ups) + uploads of the 2 write
 # probes, the lock, the journal and the manifest; the bucket's first look, manifest checks, the plan's sample, the
 # lookups before deleting the probes, journal and lock, and the reads of the lock and the manifest
@@ -76,17 +79,9 @@ def _read_requests(fmt: str, size: int) -> int:
     return reads
 
 
-def _piles_reached(plan: Plan, size: int) -> float:
-    """Expected non-empty piles of an input file of ``size`` bytes: M(1 - (1 - 1/M)^n) for its n records."""
-    records = plan.estimated_records * size / max(1, plan.input_bytes)
-    if records <= 0 or plan.num_piles == 1:
-        return float(records > 0)
-    return -plan.num_piles * math.expm1(records * math.log1p(-1 / plan.num_piles))
-
-
 def gcs_operations(plan: Plan) -> dict:
     """Cloud Storage operations a run of a shard-layout ``plan`` makes with every path on gs://,
-    as ``{step: (class A, class B)}`` for "checks", "input", "fragments" (files mode only),
+    as ``{step: (class A, class B)}`` for "checks", "input", "runs" (files mode only),
     "shards" and "total". Class A: uploads, copies, lists; class B: reads of objects and their
     metadata; deletes are free. Counted from the code and checked against the emulator (exact
     for JSONL, within one read per file for TFRecord and Parquet), assuming:
@@ -96,9 +91,9 @@ def gcs_operations(plan: Plan) -> dict:
     - reading an input file: its metadata (Beam's reader reloads it), one read per started
       16 MiB, one that finds the end (Parquet: its footer); TFRecord adds 2-3 (``_read_requests``);
       the plan reads each Parquet footer twice (4);
-    - files mode writes one fragment per (input file, pile it reaches): M(1 - (1 - 1/M)^n) of
-      n records; each is uploaded straight to its name (1 A), read whole (metadata + one read)
-      and deleted after a lookup (Beam's delete matches each path): 4 B;
+    - files mode writes one run per ``run_bytes`` a group of sources holds (``Plan.run_shape``),
+      each uploaded straight to its name (1 A) and deleted at the end (2 lookups: 2 B); pass 2
+      reads each (run, pile) segment in one ranged GET with no metadata read (1 B each);
     - a shard of a new output is uploaded straight to its final name (1 A) and its size looked
       up (2 B); the publication is prepared with listings, lookups and a journal (3 A, 5 B). (Replacing a
       finished output with --overwrite stages each shard and copies it: 1 A more per shard.)
@@ -113,8 +108,8 @@ def gcs_operations(plan: Plan) -> dict:
         "input": (0, sum(_read_requests(plan.format, s.size) for s in plan.sources)),
     }
     if plan.intermediate == "files":
-        fragments = round(sum(_piles_reached(plan, s.size) for s in plan.sources))
-        steps["fragments"] = (fragments + max(0, math.ceil(fragments / _LIST_PAGE) - 1), 4 * fragments)
+        runs, parts = plan.run_shape()
+        steps["runs"] = (runs + max(0, math.ceil(runs / _LIST_PAGE) - 1), parts + _RUN_B * runs)
     steps["shards"] = (piles + _PREPARE_A, 2 * piles + _PREPARE_B)
     steps["total"] = tuple(sum(part[i] for part in steps.values()) for i in (0, 1))
     return steps
@@ -194,36 +189,56 @@ def plan_text(plan: Plan, options) -> str:
                         f"{_chance(sizes.split_probability)}"),
     ]
     per_pile = _PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
+    held = min(plan.run_bytes, plan.written_records * (plan.mean_record_bytes + RECORD_OVERHEAD))
     if in_flight:
-        lines.append(("memory", f"about {_size(per_pile)} per pile being written x {in_flight} at a time + "
-                                f"{_size(_LOCAL_BASE_BYTES)} = {_size(per_pile * in_flight + _LOCAL_BASE_BYTES)} peak"))
+        peak = max(per_pile, held) * in_flight + _LOCAL_BASE_BYTES
+        lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
+                                f"{_size(per_pile)} per pile being written; x {in_flight} at a time + "
+                                f"{_size(_LOCAL_BASE_BYTES)} = {_size(peak)} peak"))
     else:
-        lines.append(("memory", f"about {_size(per_pile)} per pile in flight on a worker, plus "
-                                f"{_size(_SDK_PROCESS_BYTES)} per SDK process (docs/dataflow.md: worker memory)"))
+        lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
+                                f"{_size(per_pile)} per pile in flight, plus {_size(_SDK_PROCESS_BYTES)} per SDK "
+                                "process (docs/dataflow.md: worker memory)"))
     staging = staging_dir(plan.output)
     if plan.work_dir in plan.needs:
         lines.append(("temp space", f"about {_size(plan.needs[plan.work_dir])} at {plan.work_dir} (pass-1 "
-                                    f"fragments, removed at the end){_free(plan, plan.work_dir)}"))
+                                    f"runs, removed at the end){_free(plan, plan.work_dir)}"))
     if staging in plan.needs:
         how = ("uploaded to their final names; staged and copied when they replace a finished output"
                if is_remote(plan.output) else f"staged in {staging}, then renamed")
         lines.append(("output space", f"about {_size(plan.needs[staging])} (shards, {how}){_free(plan, staging)}"))
-    if plan.intermediate == "files":
-        lines.append(("fragments", f"up to {plan.fragment_files:,} files ({len(plan.sources):,} input files x "
-                                   f"{plan.num_piles:,} piles) under {plan.work_dir}"))
-    else:
-        shuffled = plan.estimated_records * (plan.mean_record_bytes + RECORD_OVERHEAD)
+    lines.append(("pass 1", _pass1_text(plan)))
+    if plan.intermediate == "shuffle":
+        shuffled = plan.written_records * (plan.mean_record_bytes + RECORD_OVERHEAD) + plan.run_shape()[1] * SEGMENT_OVERHEAD
         lines.append(("shuffle", f"about {_size(shuffled)} through the runner's GroupByKey (--intermediate=shuffle: "
-                                 "the records with their keys and hashes)"))
+                                 "the records with their keys and hashes)" + _runner_holds(options, shuffled)))
     lines.append(("gcs requests", _operations_text(plan)))
     lines += [
         ("output", f"{plan.output}-00000-of-{plan.num_piles:05d}... + {manifest_path(plan.output)}, compression "
                    f"{plan.compression}, seed {plan.seed}"),
         ("runner", runner),
     ]
-    if plan.fragment_files > fragment_limit(plan.work_dir):
-        lines.append(("warning", fragment_warning(plan)))
     return "\n".join(f"{label:<14}{text}" for label, text in lines)
+
+
+def _pass1_text(plan: Plan) -> str:
+    """What pass 1 makes: its units of work, its buffer, its runs (files mode) and the parts they send."""
+    runs, parts = plan.run_shape()
+    groups = len(plan.source_groups)
+    where = (f"{runs:,} run objects under {plan.work_dir} (one per {_mib(plan.run_bytes)} held), "
+             if plan.intermediate == "files" else f"{runs:,} flushes of {_mib(plan.run_bytes)}, ")
+    held = plan.written_records * (plan.mean_record_bytes + RECORD_OVERHEAD)
+    return (f"{groups:,} group(s) of input files, each held in --run_bytes {_mib(plan.run_bytes)} per worker thread; "
+            f"{where}{parts:,} pile parts of about {_size(held / max(1, parts))} each sent through the GroupByKey")
+
+
+def _runner_holds(options, shuffled: float) -> str:
+    """What the local runner holds of a shuffle-mode run: its GroupByKey keeps every element in memory."""
+    runner, in_flight = _runner_description(options)
+    if not in_flight:
+        return ""
+    return (f"; the local runner keeps all of it in memory, about {LOCAL_SHUFFLE_HOLD}x: "
+            f"{_size(shuffled * LOCAL_SHUFFLE_HOLD)} (use --intermediate=files locally)")
 
 
 def _operations_text(plan: Plan) -> str:
@@ -290,7 +305,9 @@ def plan_json(plan: Plan, options) -> dict:
         "expected_pile_records": sizes.expected,
         "headroom_pile_records": sizes.headroom,
         "split_probability": sizes.split_probability,
-        "fragment_files": plan.fragment_files,
+        "run_bytes": plan.run_bytes,
+        "runs": plan.run_shape()[0] if plan.intermediate == "files" else 0,
+        "parts": plan.run_shape()[1],
         "gcs_operations": _operations_json(plan),
         "space": {location: {"needed": plan.needs.get(location, need), "free": free}
                   for location, (need, free) in plan.space.items()},

@@ -22,7 +22,8 @@ from pileshuffle.options import check_argv, help_text, wants_help
 from pileshuffle.parameters import PileshuffleOptions, check_values, parse_flag
 from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
 from pileshuffle.plan import Plan, make_plan, space_note, taken_output
-from pileshuffle.runners import (dask_defaults, dataflow_defaults, graph_defaults, is_dask, is_dataflow, is_local,
+from pileshuffle.runners import (check_local_shuffle_fits, dask_defaults, dataflow_defaults, graph_defaults, is_dask,
+                                 is_dataflow, is_local,
                                  local_defaults, make_runner, submitted)
 from pileshuffle.running import run_pipeline, shows_progress
 from pileshuffle.store.layout import command_line
@@ -62,8 +63,10 @@ def run(options=None, wait=None, hold_worker_stderr=False):
     started = time.time()
     keep_freed_memory()
     plan = make_plan(options)
+    if is_local(options):
+        check_local_shuffle_fits(plan)
     if is_dask(options):
-        options = dask_defaults(options, plan)
+        options = dask_defaults(options, len(plan.source_groups))
     if is_dataflow(options):
         options = dataflow_defaults(options)
     with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line()):

@@ -23,8 +23,8 @@ from pileshuffle.formats import ReadReport, get_format, record_hashes, record_le
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, records_table
 from pileshuffle.formats.labels import (ClassCodesReader, ClassCodesWriter, file_labels, kept_class_counts, label_counts,
                                         record_labels)
-from pileshuffle.fragments import Fragment, FragmentFiles, to_ipc
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, class_codes_names, source_writer_name
+from pileshuffle.runs import DEFAULT_RUN_BYTES, PileRuns
 from pileshuffle.tuning import prepare_worker
 
 STATS_TAG = "stats"  # the tag of pass 1's side output: one SourceStats per source
@@ -231,61 +231,86 @@ class CountClasses(beam.DoFn):
                                            self._skip_corrupt, self._keep_unlabeled)
 
 
-class _PileWriter:
-    """Where pass-1 parts go: fragment files (files mode) or IPC elements (shuffle mode)."""
+_MIN_GROUPS = 16  # a small input is still cut into this many units of work, so every worker has some
 
-    def __init__(self, fragments_dir, name: str):
-        self._files = FragmentFiles(fragments_dir, name) if fragments_dir else None
 
-    def add(self, order: tuple, pile: int, part: pa.Table, fingerprint: Fingerprint):
-        """Files mode appends and returns nothing; shuffle mode returns the element."""
-        if self._files is not None:
-            self._files.append(pile, part, fingerprint)
-            return ()
-        return ((pile, Fragment(order, part.num_rows, part.nbytes, fingerprint, payload=to_ipc(part))),)
-
-    def commit(self, order: tuple):
-        if self._files is None:
-            return []
-        return [
-            (pile, Fragment(order, records, nbytes, fingerprint, path=path))
-            for pile, path, records, nbytes, fingerprint in self._files.commit()
-        ]
+def source_groups(sources, budget: int) -> list:
+    """``sources`` (in id order) cut into pass 1's units of work: runs of consecutive sources of
+    at least ``budget`` bytes on disk each, or of a sixteenth of the input if that is less (so a
+    small input still spreads over the workers); the last may be less, a larger source is alone.
+    A writer's buffer then fills before it flushes however small the files are. A pure function
+    of the file list and the budget: a re-run forms the same groups and writes the same runs."""
+    target = min(budget, sum(s.size for s in sources) / _MIN_GROUPS)
+    groups, group, held = [], [], 0
+    for source in sources:
+        group.append(source)
+        held += source.size
+        if held >= target:
+            groups.append(tuple(group))
+            group, held = [], 0
+    if group:
+        groups.append(tuple(group))
+    return groups
 
 
 class ReadSourceToPiles(beam.DoFn):
-    """Pass 1 of the template: read one source, key its records, write its pile fragments.
+    """Pass 1 of the template: read a group of sources (``source_groups``), key their records,
+    and write their piles' parts as runs of up to ``run_bytes`` each (``runs.PileRuns``).
 
     Keys are ``record_keys(seed, (INPUT_STREAM, source.id), index)``: a pure function of
-    the input, so every runner and worker count produces the same piles.
-    Main output: ``(pile, Fragment)``; tagged ``stats``: one ``SourceStats`` per source.
+    the input, so every runner, worker count and grouping produces the same piles.
+    Main output: ``(pile, Fragment)``, one per (run, pile); tagged ``stats``: one ``SourceStats``
+    per source. Everything is emitted from ``process`` (Beam's DaskRunner drops ``finish_bundle``'s).
     """
 
     def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                 skip_corrupt=False, label=None, keep_unlabeled=False, codes_dir=None, policy=None):
+                 skip_corrupt=False, label=None, keep_unlabeled=False, codes_dir=None, policy=None,
+                 run_bytes=DEFAULT_RUN_BYTES):
         self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
         self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
         self._label, self._keep_unlabeled, self._codes_dir = label, keep_unlabeled, codes_dir
         self._planner = None if policy is None else ClassPlanner(policy, seed)
+        self._run_bytes = run_bytes
 
     def setup(self):
         prepare_worker()
 
-    def process(self, source: Source, counts=None):
-        """``counts``: the counting pass's side input under ``--balance`` (None: no copies)."""
-        writer = _PileWriter(self._fragments_dir, source_writer_name(source.id))
+    def process(self, group, counts=None):
+        """``group``: a tuple of ``Source`` (one ``Source`` alone is a group of one). ``counts``:
+        the counting pass's side input under ``--balance`` (None: no copies)."""
+        group = (group,) if isinstance(group, Source) else tuple(group)
+        runs = PileRuns(self._num_piles, self._run_bytes, source_writer_name(group[0].id), self._fragments_dir,
+                        (group[0].id,))
         balance = None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
-        paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)
-        reading = SourcePiles(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
-                              self._chunk_bytes, self._skip_corrupt, self._num_piles, balance,
-                              None if paths is None else ClassCodesReader(*paths, source.path))
-        for chunk_index, read, parts in reading:
-            for pile, part, part_fingerprint in parts:
-                yield from writer.add((source.id, chunk_index), pile, part, part_fingerprint)
-            progress.read(source, read.bytes)
-        yield from writer.commit((source.id, 0))
-        progress.file_read(source)
-        yield beam.pvalue.TaggedOutput(STATS_TAG, reading.stats())
+        for source in group:
+            paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)
+            stats = _SourceReading(source, balance is not None)
+            chunks = keyed_rows(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
+                                self._chunk_bytes, self._skip_corrupt, stats.report, balance, stats.tally,
+                                None if paths is None else ClassCodesReader(*paths, source.path))
+            for table, keys, hashes, lengths, read, rows in chunks:
+                stats.add(read, hashes, lengths)
+                yield from runs.add(table, keys, hashes, lengths, rows)
+                progress.read(source, read.bytes)
+            progress.file_read(source)
+            yield beam.pvalue.TaggedOutput(STATS_TAG, stats.stats())
+        yield from runs.flush()
+
+
+class _SourceReading:
+    """What pass 1 has read of one source so far, for its ``SourceStats``."""
+
+    def __init__(self, source: Source, copies: bool):
+        self.source, self.report, self.read = source, ReadReport(), Fingerprint()
+        self.emitted, self.tally = (Fingerprint(), {}) if copies else (None, None)
+
+    def add(self, read: Fingerprint, hashes: np.ndarray, lengths: np.ndarray):
+        self.read += read
+        if self.emitted is not None:  # what the piles must hold: the records with their copies
+            self.emitted += Fingerprint.of(hashes, int(lengths.sum()))
+
+    def stats(self) -> SourceStats:
+        return SourceStats.of(self.source, self.read, self.report, self.emitted, self.tally)
 
 
 def _as_table(batch) -> pa.Table:
@@ -320,17 +345,19 @@ class AssignPiles(beam.DoFn):
     ``(seed, id)`` (reproducible: the same ids give the same order on any runner).
     """
 
-    def __init__(self, seed, num_piles, keyed, fragments_dir=None, batch_bytes=DEFAULT_CHUNK_BYTES):
+    def __init__(self, seed, num_piles, keyed, fragments_dir=None, batch_bytes=DEFAULT_CHUNK_BYTES,
+                 run_bytes=DEFAULT_RUN_BYTES):
         self._seed, self._num_piles, self._keyed = seed, num_piles, keyed
-        self._fragments_dir, self._batch_bytes = fragments_dir, batch_bytes
+        self._fragments_dir, self._batch_bytes, self._run_bytes = fragments_dir, batch_bytes, run_bytes
 
     def setup(self):
         prepare_worker()
 
     def start_bundle(self):
         self._nonce = int.from_bytes(os.urandom(8), "little")
-        self._writer = _PileWriter(self._fragments_dir, f"b{self._nonce:016x}")
-        self._buffer, self._ids, self._buffered_bytes, self._drawn, self._flushes = [], [], 0, 0, 0
+        self._runs = PileRuns(self._num_piles, self._run_bytes, f"b{self._nonce:016x}", self._fragments_dir,
+                              (self._nonce,))
+        self._buffer, self._ids, self._buffered_bytes, self._drawn = [], [], 0, 0
 
     def process(self, element):
         if self._keyed:
@@ -339,13 +366,14 @@ class AssignPiles(beam.DoFn):
         self._buffer.append(element)
         self._buffered_bytes += element.nbytes if isinstance(element, (pa.RecordBatch, pa.Table)) else len(element)
         if self._buffered_bytes >= self._batch_bytes:
-            yield from self._flush()
+            yield from self._hold()
 
     def finish_bundle(self):
-        for pile, fragment in [*self._flush(), *self._writer.commit((self._nonce, 0))]:
+        for pile, fragment in [*self._hold(), *self._runs.flush()]:
             yield WindowedValue((pile, fragment), MIN_TIMESTAMP, [GlobalWindow()])
 
-    def _flush(self):
+    def _hold(self):
+        """Key the buffered elements and hand them to the bundle's runs; the elements of any run that fills."""
         if not self._buffer:
             return []
         table = _as_table(self._buffer)
@@ -356,14 +384,9 @@ class AssignPiles(beam.DoFn):
         else:
             keys = keymath.record_keys(self._seed, (INPUT_STREAM + 1, self._nonce), self._drawn, table.num_rows)
             self._drawn += table.num_rows
-        hashes, lengths = record_hashes(table), record_lengths(table)
-        order = (self._nonce, self._flushes)
-        self._buffer, self._ids, self._buffered_bytes, self._flushes = [], [], 0, self._flushes + 1
-        out = []
-        for pile, part, fingerprint in split_by_pile(table, keys, hashes, lengths, self._num_piles):
-            out.extend(self._writer.add(order, pile, part, fingerprint))
-        return out
+        self._buffer, self._ids, self._buffered_bytes = [], [], 0
+        return self._runs.add(table, keys, record_hashes(table), record_lengths(table))
 
 
 __all__ = ["Source", "SourceStats", "SourcePiles", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "keyed_rows", "split_by_pile",
-           "ReadSourceToPiles", "AssignPiles", "CountClasses", "class_codes", "class_counts", "copies_balance"]
+           "source_groups", "ReadSourceToPiles", "AssignPiles", "CountClasses", "class_codes", "class_counts", "copies_balance"]

@@ -1,4 +1,4 @@
-"""The template's graph: listed sources -> pass 1 (ReadSourceToPiles) -> GroupIntoPiles -> WritePiles."""
+"""The template's graph: listed source groups -> pass 1 (ReadSourceToPiles) -> GroupIntoPiles -> WritePiles."""
 
 import apache_beam as beam
 
@@ -22,11 +22,16 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
         pipeline
         | "ListSources" >> beam.Create(plan.sources)
         | "SpreadSources" >> beam.Reshuffle()
+    ) if plan.balance is not None else None
+    groups = (
+        pipeline
+        | "ListSourceGroups" >> beam.Create(plan.source_groups)
+        | "SpreadSourceGroups" >> beam.Reshuffle()
     )
-    pass1 = sources | "ReadSourceToPiles" >> beam.ParDo(
+    pass1 = groups | "ReadSourceToPiles" >> beam.ParDo(
         ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt,
                           label=plan.label, keep_unlabeled=plan.keep_unlabeled, codes_dir=codes_dir,
-                          policy=plan.balance),
+                          policy=plan.balance, run_bytes=plan.run_bytes),
         **_class_counts(sources, plan, codes_dir)
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it

@@ -23,6 +23,7 @@ from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats.base import parts_by_pile
 from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_tables
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
+from pileshuffle.runs import auto_run_bytes
 from pileshuffle.transforms.assign import AssignPiles
 from pileshuffle.tuning import prepare_worker
 
@@ -176,21 +177,25 @@ class ShuffleToPiles(beam.PTransform):
     pure function of ``(seed, ids)``: reproducible on any runner. Unkeyed, the order is
     uniform but differs between runs (records have no stable identity to key on).
 
-    ``temp_location`` selects the ``files`` intermediate mode: pass 1 writes fragments
-    there and only their names go through GroupByKey (memory: one pile per worker).
-    Without it (``shuffle`` mode) records go through GroupByKey in per-pile chunks.
+    ``temp_location`` selects the ``files`` intermediate mode: pass 1 writes runs there
+    (``pileshuffle.runs``) and only byte ranges go through GroupByKey (memory: one pile per
+    worker). Without it (``shuffle`` mode) records go through GroupByKey in per-pile parts.
+    Either way a bundle's parts are gathered up to ``run_bytes`` (default ``auto_run_bytes``)
+    before they leave it, so parts stay large at any pile count.
     Write the result with ``WritePiles``, which also removes the fragments.
 
     Not on Beam's DaskRunner (it drops ``finish_bundle`` outputs, where pass 1 flushes):
     applying it there raises ``UnsupportedRunnerError``.
     """
 
-    def __init__(self, num_piles, seed=0, keyed=False, temp_location=None, max_pile_bytes=DEFAULT_MAX_PILE_BYTES):
+    def __init__(self, num_piles, seed=0, keyed=False, temp_location=None, max_pile_bytes=DEFAULT_MAX_PILE_BYTES,
+                 run_bytes=None):
         super().__init__()
         if int(num_piles) < 1:
             raise ValueError(f"num_piles must be at least 1, got {num_piles}")
         self.num_piles, self.seed, self.keyed = int(num_piles), int(seed), keyed
         self.max_pile_bytes = int(max_pile_bytes)
+        self.run_bytes = auto_run_bytes(self.num_piles) if run_bytes is None else int(run_bytes)
         self.work_dir = storage.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}") if temp_location else None
 
     def expand(self, records):
@@ -198,6 +203,7 @@ class ShuffleToPiles(beam.PTransform):
         fragments_dir = storage.join(self.work_dir, "fragments") if self.work_dir else None
         return (
             records
-            | "AssignPiles" >> beam.ParDo(AssignPiles(self.seed, self.num_piles, self.keyed, fragments_dir))
+            | "AssignPiles" >> beam.ParDo(AssignPiles(self.seed, self.num_piles, self.keyed, fragments_dir,
+                                                          run_bytes=self.run_bytes))
             | "GroupIntoPiles" >> GroupIntoPiles(self.num_piles, self.max_pile_bytes, self.work_dir)
         )

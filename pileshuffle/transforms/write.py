@@ -96,7 +96,7 @@ class WriteShard(beam.DoFn):
         yield _ShardStats(
             pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
             pile.fingerprint, written[0], pile.split_count(), pile.work_dir,
-            schema[0] if self._format_name == "parquet" else None,
+            schema[0] if self._format_name == "parquet" and self._schema is None else None,  # Finalize's, if unknown
         )
 
 
@@ -137,7 +137,7 @@ def _release(pile):
     then peaks at about one copy of the data instead of two, and the next shard reuses
     the freed page cache. Only for runners that never re-run a finished bundle (the local
     runner fails the whole run instead), since a re-run would need the fragments."""
-    paths = [f.path for f in pile.fragments if f.path]
+    paths = [f.path for f in pile.fragments if f.path and f.length is None]  # a run's segments: removed at the end
     try:
         if paths:
             storage.delete(paths)
