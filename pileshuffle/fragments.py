@@ -1,11 +1,10 @@
-"""Pile fragments: the records of one pile from one source (or bundle), as Arrow IPC.
+"""Pile fragments: the records of one pile from one writer, as an Arrow IPC stream.
 
-In ``files`` mode a fragment is a file under the run's temp location with a deterministic
-name, so a re-run bundle replaces its fragments instead of duplicating them: locally
-written under a temporary name and renamed; on an object store uploaded straight to that
-name (an object appears only when its upload completes; a rename there is a copy). In ``shuffle`` mode the same IPC bytes travel
-through the runner's GroupByKey instead. Either way pass 2 reads them back identically.
-"""
+A ``Fragment`` names where pass 2 finds them: a byte range of a pass-1 run (files mode,
+``pileshuffle.runs``), its own payload (shuffle mode), or a whole file (the sub-piles of a
+split pile, ``FragmentFiles``: deterministic names, written under a temporary name and renamed
+locally, uploaded straight to the name on an object store, so a re-run replaces rather than
+duplicates). Either way pass 2 reads them back identically."""
 
 import contextlib
 import dataclasses

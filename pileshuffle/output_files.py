@@ -11,6 +11,7 @@ output is someone else's: a run refuses it, naming it, and never replaces or del
 
 import dataclasses
 import json
+import logging
 import os
 import uuid
 
@@ -161,10 +162,14 @@ def remove_empty_folders(folders: list):
             break
 
 
-def remove_tree(directory: str):
-    """Delete a directory tree if it exists, local or on an object store (best effort:
-    leftovers are only temp files)."""
+def remove_tree(directory: str) -> bool:
+    """Delete a directory tree if it exists, local or on an object store. A failure does not
+    stop the command (leftovers are only temp files, which the next run to the same output
+    removes), but it is reported, naming the folder and why, on stderr; returns whether it went."""
     try:
         storage.delete_tree(directory)
-    except Exception:
-        pass
+        return True
+    except Exception as error:  # noqa: BLE001 - reported, not swallowed
+        logging.getLogger("pileshuffle").warning("could not remove %s (%s): delete it by hand, or run the same command "
+                                                  "again to the same output", directory, error)
+        return False

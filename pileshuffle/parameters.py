@@ -210,7 +210,7 @@ def _check_num_piles(value):
 
 def check_max_pile_bytes(value, auto: bool):
     """With ``--num_piles=auto`` the value sets the number of piles: below 1 MiB each pile's
-    fixed costs (a shard file, a fragment per input file, a task) outweigh its records (1 KiB
+    fixed costs (a shard file, a part per pass-1 run, a task) outweigh its records (1 KiB
     on 25 MB made 24,613 piles, more than records, at 0.8 MB/s). With a given number of piles
     it only sets the size of the sub-piles a large pile is loaded in: at least 16 KiB."""
     if value is None:
@@ -222,7 +222,7 @@ def check_max_pile_bytes(value, auto: bool):
     if auto and size < _MIN_MAX_PILE_BYTES:
         raise UsageError(
             f"--max_pile_bytes: {value} is below the minimum of 1MiB with --num_piles=auto: smaller piles cost more "
-            "in per-pile work (a shard, a fragment per input file) than they save in memory; give --num_piles to "
+            "in per-pile work (a shard, a part per pass-1 run) than they save in memory; give --num_piles to "
             "choose the number of piles yourself")
     if size < _MIN_SPLIT_BYTES:
         raise UsageError(f"--max_pile_bytes: {value} is below the minimum of 16KiB (the smallest sub-pile worth loading)")

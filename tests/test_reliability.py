@@ -406,7 +406,6 @@ def _flaky_write_class():
         """Every pile is written twice; the first attempt's output is lost."""
 
         def process(self, pile, direct=False):
-            self._release_fragments = False  # runners that re-run bundles keep fragments to the end
             key = ("write", pile.index)
             if key not in _Twice.seen:
                 _Twice.seen.add(key)

@@ -108,3 +108,48 @@ def test_thousands_of_piles_over_many_small_files_write_few_runs(tmp_path):
         outputs[mode] = digests(out)
     assert outputs["files"] == outputs["shuffle"]
     assert_verified(pattern, str(tmp_path / "files" / "t"))
+
+
+def test_a_work_folder_that_cannot_be_removed_is_reported_not_swallowed(tmp_path):
+    """Clean-up after publishing: a leftover it cannot delete (here a file made immutable, which
+    even root cannot delete) leaves the output published and says which folder, on stderr."""
+    import shutil
+    import subprocess
+    import sys
+
+    from pileshuffle.plan import work_dir_for
+
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    source = str(tmp_path / "in")
+    sample.write_jsonl(source, records=2_000, files=2, record_bytes=100)
+    output = str(tmp_path / "out" / "t")
+    work_dir = work_dir_for(output, None)
+    os.makedirs(work_dir)
+    stuck = os.path.join(work_dir, "stuck")
+    open(stuck, "w").close()
+    if subprocess.run(["chattr", "+i", stuck], capture_output=True).returncode != 0:
+        pytest.skip("this file system has no immutable files")
+    try:
+        done = subprocess.run([sys.executable, "-m", "pileshuffle", "run", f"--input={source}/*.jsonl",
+                               f"--output={output}", "--num_piles=4", "--quiet"], capture_output=True, text=True,
+                              timeout=300)
+    finally:
+        subprocess.run(["chattr", "-i", stuck])
+    assert done.returncode == 0, done.stderr
+    assert manifest(output)["totals"]["records"] == 2_000
+    assert f"could not remove {work_dir}" in done.stderr
+
+
+def test_local_runs_keep_off_the_grpc_data_plane_that_grew_without_bound():
+    """Beam's multi_threading mode grew to 5-24 GB in 2 of 5 runs of 1 GB in 4,096 piles
+    (docs/performance.md, Many piles); in_memory runs the same threads without it. A user's own
+    --direct_running_mode still wins."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from pileshuffle.runners import local_defaults
+
+    chosen = local_defaults(PipelineOptions([])).view_as(DirectOptions)
+    assert chosen.direct_running_mode == "in_memory" and chosen.direct_num_workers == 0
+    given = local_defaults(PipelineOptions(["--direct_running_mode=multi_threading"])).view_as(DirectOptions)
+    assert given.direct_running_mode == "multi_threading"

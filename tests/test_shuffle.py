@@ -217,12 +217,9 @@ def test_cli_run_prints_summary(tfrecord_input, tmp_path):
     assert "records   3,000" in proc.stdout and "MB/s" in proc.stdout and "min " in proc.stdout
 
 
-@pytest.mark.parametrize("release", [True, False])
-def test_written_piles_release_their_fragments_only_when_asked(tmp_path, release):
-    """Local runs (which never re-run a bundle) delete a pile's fragments as soon as its
-    shard is written, so temp space peaks at one copy of the data; elsewhere they stay."""
-    import os
-
+def test_a_pile_of_whole_fragment_files_is_written_in_key_order(tmp_path):
+    """A split pile's sub-piles are whole fragment files (not run segments): pass 2 reads them
+    whole and orders the records by their keys."""
     import pyarrow as pa
 
     from pileshuffle.fingerprint import Fingerprint
@@ -240,10 +237,8 @@ def test_written_piles_release_their_fragments_only_when_asked(tmp_path, release
     files.append(0, table, Fingerprint.of(hashes, 6))
     ((_, path, count, nbytes, fingerprint),) = files.commit()
     pile = Pile(0, 1, (Fragment((0, 0), count, nbytes, fingerprint, path=path),))
-    writer = WriteShard("jsonl", "none", str(tmp_path / "out" / "x"), release_fragments=release)
-    (stats,) = list(writer.process(pile))
+    (stats,) = list(WriteShard("jsonl", "none", str(tmp_path / "out" / "x")).process(pile))
     assert open(stats.staged_path, "rb").read() == b"bb\nccc\na\n"
-    assert os.path.exists(path) is not release
 
 
 def test_plan_reports_without_writing_anything(three_mb_input, tmp_path):

@@ -124,7 +124,7 @@ def _runner_description(options) -> tuple:
     if is_local(options):
         direct = options.view_as(DirectOptions)
         threads = direct.direct_num_workers or os.cpu_count() or 1
-        mode = direct.direct_running_mode or "multi_threading"
+        mode = direct.direct_running_mode or "in_memory"
         return f"local: Beam's FnApiRunner on this machine, {threads} worker(s) ({mode})", threads
     if is_dataflow(options):
         region = options.view_as(GoogleCloudOptions).region or "(no --region)"

@@ -80,7 +80,7 @@ def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worke
         print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
               f"({plan.num_piles_reason})", file=sys.stderr)
     pipeline = beam.Pipeline(runner=make_runner(options), options=graph_defaults(options))
-    build(pipeline, plan, started, release_fragments=is_local(options))
+    build(pipeline, plan, started)
     showing = progress.showing(len(plan.sources), plan.input_bytes, plan.num_piles,
                                enabled=not quiet and shows_progress(options))
 

@@ -13,7 +13,7 @@ from pileshuffle.transforms.write import WritePiles
 __all__ = ["build", "counted_classes"]
 
 
-def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool = False):
+def build(pipeline: beam.Pipeline, plan, started: float):
     """The template's graph: one leaf (Finalize), so runners that run only the last
     leaf (Dask) still run all of it."""
     fragments_dir = storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
@@ -44,7 +44,6 @@ def build(pipeline: beam.Pipeline, plan, started: float, release_fragments: bool
         | "WritePiles" >> WritePiles(
             plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
             schema=plan.schema, expected=stats, manifest_fields=_manifest_fields(plan), started=started,
-            release_fragments=release_fragments,
         )
     )
 

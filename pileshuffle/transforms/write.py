@@ -55,9 +55,8 @@ class _ShardStats:
 class WriteShard(beam.DoFn):
     """Pass 2: write one pile's records, in order, as one shard (temp file, then rename)."""
 
-    def __init__(self, format_name, compression, prefix, schema=None, release_fragments=False):
+    def __init__(self, format_name, compression, prefix, schema=None):
         self._format_name, self._compression, self._prefix, self._schema = format_name, compression, prefix, schema
-        self._release_fragments = release_fragments
 
     def setup(self):
         prepare_worker()
@@ -90,8 +89,6 @@ class WriteShard(beam.DoFn):
                 f"pile {pile.index}: pass 1 put in {pile.fingerprint.records} records but pass 2 wrote "
                 f"{written[0].records} to {staged} (fingerprints {pile.fingerprint} vs {written[0]})"
             )
-        if self._release_fragments:
-            _release(pile)
         progress.pile_written()
         yield _ShardStats(
             pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
@@ -129,20 +126,6 @@ class PreparePublication(beam.DoFn):
         finals = [shard_name(self._prefix, p, self._num_piles, self._suffix) for p in range(self._num_piles)]
         write_journal(self._prefix, finals + [manifest_path(self._prefix)], [])
         yield True
-
-
-@interrupt.writes
-def _release(pile):
-    """Delete a written pile's fragment files at once (best effort): the run's temp space
-    then peaks at about one copy of the data instead of two, and the next shard reuses
-    the freed page cache. Only for runners that never re-run a finished bundle (the local
-    runner fails the whole run instead), since a re-run would need the fragments."""
-    paths = [f.path for f in pile.fragments if f.path and f.length is None]  # a run's segments: removed at the end
-    try:
-        if paths:
-            storage.delete(paths)
-    except Exception:
-        pass  # Finalize removes the whole work directory anyway
 
 
 def _pile_size_summary(shards):
@@ -317,20 +300,17 @@ class WritePiles(beam.PTransform):
     formats, a Parquet codec (snappy, zstd, gzip, none) for Parquet. ``expected``: an
     optional PCollection of pass-1 ``SourceStats`` to check the output against (the
     template passes it); without it each shard is checked against what pass 1 put in
-    its pile. ``release_fragments``: delete each pile's fragments as soon as its shard
-    is written (only on runners that never re-run a bundle, such as the local runner).
     Returns a PCollection holding the manifest dict.
     """
 
     def __init__(self, prefix, format, compression="none", num_piles=None, overwrite=False, schema=None,
-                 expected=None, manifest_fields=None, started=None, release_fragments=False):
+                 expected=None, manifest_fields=None, started=None):
         super().__init__()
         fmt = get_format(format)
         self._prefix, self._format = prefix, fmt.name
         self._compression = compression if fmt.name != "parquet" else fmt.output_compression(compression, [])
         self._num_piles, self._overwrite, self._schema = num_piles, overwrite, schema
         self._expected, self._fields, self._started = expected, dict(manifest_fields or {}), started
-        self._release_fragments = release_fragments
 
     def expand(self, piles):
         suffix = get_format(self._format).suffix(self._compression)
@@ -339,7 +319,7 @@ class WritePiles(beam.PTransform):
             | "StartPublication" >> beam.Create([None])
             | "PreparePublication" >> beam.ParDo(PreparePublication(self._prefix, self._num_piles, suffix, self._overwrite)))
         shards = piles | "WriteShard" >> beam.ParDo(
-            WriteShard(self._format, self._compression, self._prefix, self._schema, self._release_fragments), direct)
+            WriteShard(self._format, self._compression, self._prefix, self._schema), direct)
         parts = (shards,) if self._expected is None else (shards, self._expected)
         return (
             parts
