@@ -86,6 +86,11 @@ class Plan:
         return max(1, round(self.estimated_bytes / self.mean_record_bytes))
 
     @property
+    def held_bytes(self) -> float:
+        """The written records as the piles hold them: each with its 8-byte key and 8-byte hash."""
+        return self.written_records * (self.mean_record_bytes + RECORD_OVERHEAD)
+
+    @property
     def written_records(self) -> int:
         """The records the piles will hold: the input's with ``--balance``'s copies (an estimate)."""
         return max(1, round(self.estimated_records * self.growth))

@@ -256,7 +256,7 @@ def check_local_shuffle_fits(plan):
     estimate passes 80% of the memory available, before it takes the machine."""
     if plan.intermediate != "shuffle":
         return
-    held = LOCAL_SHUFFLE_HOLD * plan.written_records * (plan.mean_record_bytes + 16)  # + key and hash
+    held = LOCAL_SHUFFLE_HOLD * plan.held_bytes
     available = available_memory()
     if available is not None and held > 0.8 * available:
         from pileshuffle.errors import UsageError

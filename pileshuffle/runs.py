@@ -31,13 +31,14 @@ its runs; they are removed when the whole output is published.
 """
 
 import dataclasses
+import uuid
 
 import numpy as np
 import pyarrow as pa
 
 from pileshuffle import interrupt, keys as keymath, storage
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.fragments import Fragment, write_failure
+from pileshuffle.fragments import Fragment, to_ipc, write_failure
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
 
 __all__ = ["DEFAULT_RUN_BYTES", "RUN_MAGIC", "SEGMENT_OVERHEAD", "auto_run_bytes", "PileRuns", "read_run_index"]
@@ -112,7 +113,7 @@ class PileRuns:
     @interrupt.writes  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
     def _write_run(self, held, order) -> list:
         final = storage.join(self._directory, run_name(self._writer, self._runs))
-        temp = storage.writing_name(final, f"{self._runs:05d}")
+        temp = storage.writing_name(final, uuid.uuid4().hex[:12])  # an attempt's own: two never share one
         elements, index, offset = [], [], 0
         try:
             with storage.open_write(temp) as handle:
@@ -182,17 +183,9 @@ def _encoder(schema: pa.Schema):
     marker). The schema message is encoded once: the bytes equal ``pa.ipc.new_stream``'s. A schema
     with dictionary columns goes through the stream writer, which writes their dictionaries."""
     if any(pa.types.is_dictionary(field.type) for field in schema):
-        return _ipc_bytes
+        return lambda batch: to_ipc(pa.Table.from_batches([batch]))
     head = schema.serialize().to_pybytes()
     return lambda batch: b"".join((head, batch.serialize().to_pybytes(), _END_OF_STREAM))
-
-
-def _ipc_bytes(batch: pa.RecordBatch) -> bytes:
-    """``batch`` as one Arrow IPC stream, written by Arrow's stream writer."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
 
 
 def read_run_index(data: bytes) -> np.ndarray:

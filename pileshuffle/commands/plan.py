@@ -189,7 +189,7 @@ def plan_text(plan: Plan, options) -> str:
                         f"{_chance(sizes.split_probability)}"),
     ]
     per_pile = _PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
-    held = min(plan.run_bytes, plan.written_records * (plan.mean_record_bytes + RECORD_OVERHEAD))
+    held = min(plan.run_bytes, plan.held_bytes)
     if in_flight:
         peak = max(per_pile, held) * in_flight + _LOCAL_BASE_BYTES
         lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
@@ -209,7 +209,7 @@ def plan_text(plan: Plan, options) -> str:
         lines.append(("output space", f"about {_size(plan.needs[staging])} (shards, {how}){_free(plan, staging)}"))
     lines.append(("pass 1", _pass1_text(plan)))
     if plan.intermediate == "shuffle":
-        shuffled = plan.written_records * (plan.mean_record_bytes + RECORD_OVERHEAD) + plan.run_shape()[1] * SEGMENT_OVERHEAD
+        shuffled = plan.held_bytes + plan.run_shape()[1] * SEGMENT_OVERHEAD
         lines.append(("shuffle", f"about {_size(shuffled)} through the runner's GroupByKey (--intermediate=shuffle: "
                                  "the records with their keys and hashes)" + _runner_holds(options, shuffled)))
     lines.append(("gcs requests", _operations_text(plan)))
@@ -227,9 +227,8 @@ def _pass1_text(plan: Plan) -> str:
     groups = len(plan.source_groups)
     where = (f"{runs:,} run objects under {plan.work_dir} (one per {_mib(plan.run_bytes)} held), "
              if plan.intermediate == "files" else f"{runs:,} flushes of {_mib(plan.run_bytes)}, ")
-    held = plan.written_records * (plan.mean_record_bytes + RECORD_OVERHEAD)
     return (f"{groups:,} group(s) of input files, each held in --run_bytes {_mib(plan.run_bytes)} per worker thread; "
-            f"{where}{parts:,} pile parts of about {_size(held / max(1, parts))} each sent through the GroupByKey")
+            f"{where}{parts:,} pile parts of about {_size(plan.held_bytes / max(1, parts))} each sent through the GroupByKey")
 
 
 def _runner_holds(options, shuffled: float) -> str:
@@ -289,7 +288,7 @@ def _balance_text(plan: Plan) -> str:
 
 def plan_json(plan: Plan, options) -> dict:
     """The machine form: the original keys, then the numbers ``plan_text`` shows."""
-    sizes = _pile_sizes(plan)
+    sizes, (runs, parts) = _pile_sizes(plan), plan.run_shape()
     return {
         "files": len(plan.sources),
         "input_bytes": plan.input_bytes,
@@ -306,8 +305,8 @@ def plan_json(plan: Plan, options) -> dict:
         "headroom_pile_records": sizes.headroom,
         "split_probability": sizes.split_probability,
         "run_bytes": plan.run_bytes,
-        "runs": plan.run_shape()[0] if plan.intermediate == "files" else 0,
-        "parts": plan.run_shape()[1],
+        "runs": runs if plan.intermediate == "files" else 0,
+        "parts": parts,
         "gcs_operations": _operations_json(plan),
         "space": {location: {"needed": plan.needs.get(location, need), "free": free}
                   for location, (need, free) in plan.space.items()},

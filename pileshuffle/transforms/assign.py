@@ -91,8 +91,9 @@ def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths
 class SourcePiles:
     """One source read into pile parts (``keyed_rows``, ``split_by_pile``), for run's pass 1 and
     the store writer: iterating gives ``(chunk index, chunk fingerprint as read, parts)``,
-    ``parts`` yielding ``(pile, part, fingerprint)``; then ``stats()`` is the source's
-    ``SourceStats`` (with ``balance``, what went into the piles and the class tally too)."""
+    ``parts`` yielding ``(pile, part, fingerprint)``; ``keyed()`` gives ``keyed_rows``' chunks
+    whole instead (run's pass 1 holds them in ``PileRuns``). Either way ``stats()`` is then the
+    source's ``SourceStats`` (with ``balance``, what went into the piles and the class tally too)."""
 
     def __init__(self, fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool,
                  num_piles: int, balance=None, stored=None):
@@ -103,11 +104,16 @@ class SourcePiles:
                                   self._tally, stored)
 
     def __iter__(self):
-        for chunk_index, (table, keys, hashes, lengths, read, rows) in enumerate(self._chunks):
+        for chunk_index, (table, keys, hashes, lengths, read, rows) in enumerate(self.keyed()):
+            yield chunk_index, read, split_by_pile(table, keys, hashes, lengths, self._num_piles, rows)
+
+    def keyed(self):
+        """``keyed_rows``' ``(table, keys, hashes, lengths, read, rows)`` of each chunk, counted for ``stats()``."""
+        for table, keys, hashes, lengths, read, rows in self._chunks:
             self._read += read
             if self._emitted is not None:  # what the piles must hold: the records with their copies
                 self._emitted += Fingerprint.of(hashes, int(lengths.sum()))
-            yield chunk_index, read, split_by_pile(table, keys, hashes, lengths, self._num_piles, rows)
+            yield table, keys, hashes, lengths, read, rows
 
     def stats(self) -> SourceStats:
         return SourceStats.of(self._source, self._read, self._report, self._emitted, self._tally)
@@ -284,33 +290,15 @@ class ReadSourceToPiles(beam.DoFn):
         balance = None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
         for source in group:
             paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)
-            stats = _SourceReading(source, balance is not None)
-            chunks = keyed_rows(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
-                                self._chunk_bytes, self._skip_corrupt, stats.report, balance, stats.tally,
-                                None if paths is None else ClassCodesReader(*paths, source.path))
-            for table, keys, hashes, lengths, read, rows in chunks:
-                stats.add(read, hashes, lengths)
+            reading = SourcePiles(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
+                                  self._chunk_bytes, self._skip_corrupt, self._num_piles, balance,
+                                  None if paths is None else ClassCodesReader(*paths, source.path))
+            for table, keys, hashes, lengths, read, rows in reading.keyed():
                 yield from runs.add(table, keys, hashes, lengths, rows)
                 progress.read(source, read.bytes)
             progress.file_read(source)
-            yield beam.pvalue.TaggedOutput(STATS_TAG, stats.stats())
+            yield beam.pvalue.TaggedOutput(STATS_TAG, reading.stats())
         yield from runs.flush()
-
-
-class _SourceReading:
-    """What pass 1 has read of one source so far, for its ``SourceStats``."""
-
-    def __init__(self, source: Source, copies: bool):
-        self.source, self.report, self.read = source, ReadReport(), Fingerprint()
-        self.emitted, self.tally = (Fingerprint(), {}) if copies else (None, None)
-
-    def add(self, read: Fingerprint, hashes: np.ndarray, lengths: np.ndarray):
-        self.read += read
-        if self.emitted is not None:  # what the piles must hold: the records with their copies
-            self.emitted += Fingerprint.of(hashes, int(lengths.sum()))
-
-    def stats(self) -> SourceStats:
-        return SourceStats.of(self.source, self.read, self.report, self.emitted, self.tally)
 
 
 def _as_table(batch) -> pa.Table:
