@@ -18,6 +18,7 @@ __all__ = [
 ]
 
 _MIN_MAX_PILE_BYTES = 1 << 20  # with --num_piles=auto, where it sets the number of piles
+_MIN_RUN_BYTES = 1 << 20  # --run_bytes: below it every chunk is its own run, parts as small as before runs
 _MIN_SPLIT_BYTES = 16 << 10  # with a given --num_piles, where it only sets the sub-pile size
 _MAX_SEED = (1 << 64) - 1  # seeds are 64-bit: larger ones would alias smaller ones
 
@@ -170,6 +171,8 @@ def check_values(values, parameters=PARAMETERS):
         _check_num_piles(getattr(values, "num_piles", "auto"))
     if "max_pile_bytes" in names:
         check_max_pile_bytes(getattr(values, "max_pile_bytes", None), str(getattr(values, "num_piles", "auto")) == "auto")
+    if "run_bytes" in names:
+        _check_run_bytes(getattr(values, "run_bytes", "auto"))
     if "seed" in names:
         _check_seed(getattr(values, "seed", 0))
     if {"format", "compression"} <= names:
@@ -226,6 +229,20 @@ def check_max_pile_bytes(value, auto: bool):
             "choose the number of piles yourself")
     if size < _MIN_SPLIT_BYTES:
         raise UsageError(f"--max_pile_bytes: {value} is below the minimum of 16KiB (the smallest sub-pile worth loading)")
+
+
+def _check_run_bytes(value):
+    """``--run_bytes``: auto, or a size of at least 1 MiB (a 16 MiB input chunk is then held whole)."""
+    text = str(value).strip()
+    if text == "auto":
+        return
+    try:
+        size = parse_bytes(text)
+    except ValueError as error:
+        raise UsageError(f"--run_bytes: {error}") from None
+    if size < _MIN_RUN_BYTES:
+        raise UsageError(f"--run_bytes: {value} is below the minimum of 1MiB: pass 1 would write a run per input "
+                         "chunk, with parts as small as a chunk's share of each pile; give auto or more")
 
 
 def _check_seed(value):

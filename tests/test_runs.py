@@ -153,3 +153,20 @@ def test_local_runs_keep_off_the_grpc_data_plane_that_grew_without_bound():
     assert chosen.direct_running_mode == "in_memory" and chosen.direct_num_workers == 0
     given = local_defaults(PipelineOptions(["--direct_running_mode=multi_threading"])).view_as(DirectOptions)
     assert given.direct_running_mode == "multi_threading"
+
+
+@pytest.mark.parametrize("value, said", [("0", "below the minimum of 1MiB"), ("512KiB", "below the minimum of 1MiB"),
+                                         ("abc", "not a size: 'abc'")])
+def test_a_run_bytes_that_is_no_budget_is_refused_in_one_line(tmp_path, value, said):
+    import subprocess
+    import sys
+
+    source = str(tmp_path / "in")
+    sample.write_jsonl(source, records=100, files=1, record_bytes=100)
+    for command in ("run", "plan"):
+        done = subprocess.run([sys.executable, "-m", "pileshuffle", command, f"--input={source}/*.jsonl",
+                               f"--output={tmp_path}/o/t", f"--run_bytes={value}"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+        assert f"--run_bytes: " in done.stderr and said in done.stderr, done.stderr
+    assert not (tmp_path / "o").exists() or os.listdir(tmp_path / "o") == []
