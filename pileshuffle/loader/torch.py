@@ -281,10 +281,12 @@ def _resumed_part(dataset, states, worker, num_workers):
 
 
 def _own_part(parts, state):
-    """The index of the part ``state`` is a state of (same consumer, same ranges), or None."""
+    """The index of the part ``state`` is a state of (same output, epoch and consumer), or
+    None. Its ranges are not compared: after an elastic resume a consumer's ranges are its
+    share of the redealt tails, not the standard split's, and its state still continues it."""
     for index, part in enumerate(parts):
         fresh = part.state_dict()
-        if all(state.get(key) == value for key, value in fresh.items() if key != "position"):
+        if all(state.get(key) == value for key, value in fresh.items() if key not in ("position", "ranges")):
             return index
     return None
 
