@@ -228,6 +228,9 @@ class TrainingLife(RuleBasedStateMachine):
             everything = [state for rank, one in zip(old, saved) for state in rank.consumer_states(one)]
             self.world, self.workers = world, workers
             self.ranks = [Rank(self.prefix, self.path, r, world, workers, self.epoch, everything) for r in range(world)]
+            if (world, max(1, self.ranks[0].workers)) == (len(old), max(1, old[0].workers)):
+                for rank, before in zip(self.ranks, old):  # 0 and 1 workers are one split: resumed exactly
+                    rank.taken = before.taken
             self.streams = [[] for _ in range(world)]
             self.one_split = False
             self.splits_dropped += world - 1
