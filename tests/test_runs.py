@@ -16,7 +16,7 @@ from pileshuffle import sample
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import record_hashes, record_lengths
 from pileshuffle.formats.base import records_table
-from pileshuffle.fragments import read_table
+from pileshuffle.fragments import Fragment, read_joined, read_table, to_ipc
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.plan import make_plan
 from pileshuffle.runs import PileRuns, auto_run_bytes, read_run_index
@@ -61,6 +61,36 @@ def test_a_run_is_its_piles_segments_in_pile_order_with_an_index(tmp_path):
     assert total(f.fingerprint for _, f in elements) == total(Fingerprint.of(h, int(n.sum())) for _, _, h, n in fed)
     with pytest.raises(ValueError, match="not a pileshuffle run"):
         read_run_index(data[:-1])
+
+
+def test_a_piles_parts_read_in_place_equal_each_part_read_as_a_stream(tmp_path):
+    """``read_joined`` reads a segment's one batch in place under a schema parsed once; a segment
+    of another schema (other metadata), with a dictionary column, of two batches, or a whole
+    file is read as a stream: the table equals reading every part alone, in order, whatever
+    the mix (its speed: bench's piles-* rows)."""
+    def table(start, **metadata):
+        return pa.table({"i": pa.array(range(start, start + 3), pa.int64()), "s": ["a", "b", "c"]}).replace_schema_metadata(
+            metadata or None)
+
+    segments = [to_ipc(t) for t in (table(0), table(3), table(6, source=b"other"), table(9))]
+    run = tmp_path / "w-r00000.run"
+    run.write_bytes(b"".join(segments))
+    offsets = np.cumsum([0] + [len(s) for s in segments]).tolist()
+    ranged = [Fragment((0, n), 3, 0, Fingerprint(), path=str(run), offset=offsets[n], length=len(s))
+              for n, s in enumerate(segments)]
+    whole = tmp_path / "whole.arrow"
+    whole.write_bytes(to_ipc(table(12)))
+    two_batches = pa.concat_tables([table(18), table(21)])
+    parts = [*ranged, Fragment((1,), 3, 0, Fingerprint(), path=str(whole)),
+             Fragment((2,), 3, 0, Fingerprint(), payload=to_ipc(table(15))),
+             Fragment((3,), 6, 0, Fingerprint(), payload=to_ipc(two_batches))]
+    joined = read_joined(parts)
+    assert joined.column("i").to_pylist() == list(range(24)) == [
+        v for f in parts for v in read_table(f).column("i").to_pylist()]
+    assert joined.schema.metadata is None and read_joined(ranged[2:3]).schema.metadata == {b"source": b"other"}
+    dictionary = [pa.table({"s": pa.array(list(v)).dictionary_encode()}) for v in ("ab", "bc")]
+    read = read_joined([Fragment((n,), 2, 0, Fingerprint(), payload=to_ipc(t)) for n, t in enumerate(dictionary)])
+    assert read.column("s").to_pylist() == list("abbc")
 
 
 def test_parts_grow_with_the_budget_not_with_the_input_chunk(tmp_path):

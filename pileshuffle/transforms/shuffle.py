@@ -21,7 +21,7 @@ from pileshuffle import keys as keymath
 from pileshuffle import storage
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats.base import parts_by_pile
-from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_tables
+from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_joined
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
 from pileshuffle.runs import auto_run_bytes
 from pileshuffle.transforms.assign import AssignPiles
@@ -91,7 +91,7 @@ class Pile:
             return
         if not self.fragments:
             return
-        table = pa.concat_tables(read_tables(self.fragments)).combine_chunks()
+        table = read_joined(self.fragments).combine_chunks()
         order = np.argsort(table.column(KEY_COLUMN).to_numpy(), kind="stable")
         records = table.drop_columns([KEY_COLUMN])
         step = max(1, int(_OUTPUT_SLICE_BYTES * len(order) / max(1, records.nbytes)))
