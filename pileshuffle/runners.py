@@ -186,13 +186,23 @@ def dask_defaults(options: PipelineOptions, units: int) -> PipelineOptions:
 def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
     """Workers need pileshuffle installed: the template image is also the SDK container
     (templates/Dockerfile bakes its own name into ``PILESHUFFLE_SDK_CONTAINER_IMAGE``),
-    so default ``--sdk_container_image`` to it when the launch did not name one."""
-    from apache_beam.options.pipeline_options import WorkerOptions
+    so default ``--sdk_container_image`` to it when the launch did not name one. With no image
+    and no package to stage (``--setup_file``, ``--extra_package``) the workers would start
+    Beam's stock image, which has no pileshuffle, and fail on their first bundle after minutes
+    of start-up: refused (``UsageError``) before anything is read or staged."""
+    from apache_beam.options.pipeline_options import SetupOptions, WorkerOptions
 
-    worker = options.view_as(WorkerOptions)
+    from pileshuffle.errors import UsageError
+
+    worker, setup = options.view_as(WorkerOptions), options.view_as(SetupOptions)
     image = os.environ.get("PILESHUFFLE_SDK_CONTAINER_IMAGE")
     if image and not worker.sdk_container_image:
         worker.sdk_container_image = image
+    if not (worker.sdk_container_image or worker.worker_harness_container_image or setup.setup_file
+            or setup.extra_packages):
+        raise UsageError("--runner DataflowRunner: the workers would start Beam's stock image, which has no "
+                         "pileshuffle; give --sdk_container_image (the template's image: make template-build) or "
+                         "--setup_file ./setup.py (installed on every worker as it starts)")
     return options
 
 

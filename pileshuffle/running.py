@@ -12,10 +12,10 @@ import types
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions
 
-from pileshuffle.errors import unwrapped, user_message
+from pileshuffle.errors import UsageError, unwrapped, user_message
 from pileshuffle.runners import close_client, is_local, should_wait
 
-__all__ = ["run_pipeline", "shows_progress", "HOLD_WORKER_STDERR", "execute"]
+__all__ = ["run_pipeline", "new_pipeline", "shows_progress", "HOLD_WORKER_STDERR", "execute"]
 
 
 def run_pipeline(pipeline, options, wait, hold_worker_stderr, on_failure, showing=None):
@@ -46,6 +46,21 @@ def run_pipeline(pipeline, options, wait, hold_worker_stderr, on_failure, showin
             if ours is not None and ours is not error:
                 raise ours from error
             raise
+
+
+def new_pipeline(options) -> beam.Pipeline:
+    """A pipeline on the runner ``options`` name. Beam checks the runner's options here
+    (Dataflow's project, region and locations): what it refuses is one line (``UsageError``)."""
+    from pileshuffle.runners import graph_defaults, make_runner
+
+    try:
+        return beam.Pipeline(runner=make_runner(options), options=graph_defaults(options))
+    except ValueError as error:
+        text = str(error)
+        if not text.startswith("Pipeline has validations errors"):
+            raise
+        problems = " ".join(line.strip() for line in text.splitlines()[1:] if line.strip())
+        raise UsageError(f"the runner refused its options: {problems}") from None
 
 
 def shows_progress(options) -> bool:
@@ -93,8 +108,7 @@ def execute(options, build, partitions: int, on_failure=None, wait=None):
     does; returns Beam's result when not waited for (Dataflow), else None. ``on_failure()``
     cleans up after a failed pipeline."""
 
-    from pileshuffle.runners import (dask_defaults, dataflow_defaults, graph_defaults, is_dask, is_dataflow, is_local,
-                                     local_defaults, make_runner)
+    from pileshuffle.runners import dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults
 
     if is_local(options):
         options = local_defaults(options)
@@ -102,6 +116,6 @@ def execute(options, build, partitions: int, on_failure=None, wait=None):
         options = dask_defaults(options, partitions)
     if is_dataflow(options):
         options = dataflow_defaults(options)
-    pipeline = beam.Pipeline(runner=make_runner(options), options=graph_defaults(options))
+    pipeline = new_pipeline(options)
     build(pipeline)
     return run_pipeline(pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure and on_failure())

@@ -12,7 +12,6 @@ template launcher must not block on the job); ``--runner=DaskRunner`` (with
 import sys
 import time
 
-import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle import progress
@@ -22,10 +21,9 @@ from pileshuffle.options import check_argv, help_text, wants_help
 from pileshuffle.parameters import PileshuffleOptions, check_values, parse_flag
 from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
 from pileshuffle.plan import Plan, make_plan, space_note, taken_output
-from pileshuffle.runners import (check_local_shuffle_fits, dask_defaults, dataflow_defaults, graph_defaults, is_dask,
-                                 is_dataflow, is_local,
-                                 local_defaults, make_runner, submitted)
-from pileshuffle.running import run_pipeline, shows_progress
+from pileshuffle.runners import (check_local_shuffle_fits, dask_defaults, dataflow_defaults, is_dask, is_dataflow,
+                                 is_local, local_defaults, submitted)
+from pileshuffle.running import new_pipeline, run_pipeline, shows_progress
 from pileshuffle.store.layout import command_line
 from pileshuffle.transforms.graph import build
 from pileshuffle.tuning import keep_freed_memory
@@ -60,6 +58,8 @@ def run(options=None, wait=None, hold_worker_stderr=False):
     shards_at_stake_on_interrupt(values.output)
     if is_local(options):
         options = local_defaults(options)
+    if is_dataflow(options):
+        options = dataflow_defaults(options)
     started = time.time()
     keep_freed_memory()
     plan = make_plan(options)
@@ -67,8 +67,6 @@ def run(options=None, wait=None, hold_worker_stderr=False):
         check_local_shuffle_fits(plan)
     if is_dask(options):
         options = dask_defaults(options, len(plan.source_groups))
-    if is_dataflow(options):
-        options = dataflow_defaults(options)
     with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line()):
         return _run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr)
 
@@ -79,7 +77,7 @@ def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worke
     if not quiet:
         print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
               f"({plan.num_piles_reason})", file=sys.stderr)
-    pipeline = beam.Pipeline(runner=make_runner(options), options=graph_defaults(options))
+    pipeline = new_pipeline(options)
     build(pipeline, plan, started)
     showing = progress.showing(len(plan.sources), plan.input_bytes, plan.num_piles,
                                enabled=not quiet and shows_progress(options))

@@ -1,0 +1,73 @@
+"""The Dataflow job a launch would submit, written for real: Beam's DataflowRunner with
+``--template_location`` translates the graph, stages the pipeline on the Cloud Storage emulator and
+writes the job's JSON instead of submitting it (no Google API is called). Checked: the workers'
+image, the steps, the parameters the job carries, and that nothing is written at the output;
+and what a launch that could not work is told, in one line, before anything is staged."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from pileshuffle import sample, storage
+
+IMAGE = "us-central1-docker.pkg.dev/my-project/pileshuffle/pileshuffle:2026-11-27"
+PROJECT = ["--project=my-project-123", "--region=us-central1"]
+
+
+def launch(gcs, *args, image=IMAGE):
+    """``pileshuffle run --runner DataflowRunner`` writing its job to ``{gcs}/job.json``."""
+    locations = [f"--temp_location={gcs}/tmp", f"--staging_location={gcs}/staging", f"--template_location={gcs}/job.json"]
+    env = {k: v for k, v in os.environ.items() if k != "PILESHUFFLE_SDK_CONTAINER_IMAGE"}
+    return subprocess.run([sys.executable, "-m", "pileshuffle", "run", f"--input={gcs}/in/*.jsonl",
+                           f"--output={gcs}/out/data", "--format=jsonl", "--num_piles=8", "--runner=DataflowRunner",
+                           *locations, *([f"--sdk_container_image={image}"] if image else []), *args],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def staged_pipeline(gcs) -> beam_runner_api_pb2.Pipeline:
+    [path] = [f.path for f in storage.match(f"{gcs}/staging/*/pipeline.pb")]
+    return beam_runner_api_pb2.Pipeline.FromString(storage.read_buffer(path).to_pybytes())
+
+
+@pytest.mark.parametrize("intermediate", ["files", "shuffle"])
+def test_the_job_runs_the_image_steps_and_parameters_it_was_launched_with(gcs, intermediate):
+    sample.write_jsonl(f"{gcs}/in", records=300, files=3)
+    done = launch(gcs, *PROJECT, f"--intermediate={intermediate}", "--run_bytes=32MiB", "--seed=9")
+    assert done.returncode == 0, done.stderr
+    job = storage.read_json(f"{gcs}/job.json")
+    pool = job["environment"]["workerPools"][0]
+    assert pool["workerHarnessContainerImage"] == IMAGE
+    assert {c["containerImage"] for c in pool["sdkHarnessContainerImages"]} == {IMAGE}
+    options = job["environment"]["sdkPipelineOptions"]["options"]
+    assert {k: options[k] for k in ("input", "output", "format", "num_piles", "intermediate", "run_bytes", "seed")} == {
+        "input": f"{gcs}/in/*.jsonl", "output": f"{gcs}/out/data", "format": "jsonl", "num_piles": "8",
+        "intermediate": intermediate, "run_bytes": "32MiB", "seed": "9"}
+    pipeline = staged_pipeline(gcs)
+    names = [t.unique_name for t in pipeline.components.transforms.values()]
+    for step in ("ListSourceGroups", "ReadSourceToPiles", "GroupIntoPiles/GroupByPile", "WritePiles/WriteShard",
+                 "WritePiles/Finalize"):
+        assert names.count(step) == 1, step
+    assert [n for n in names if n.startswith("Spread") and "/" not in n] == ["SpreadSourceGroups"]  # spread once
+    assert {e.payload.decode(errors="replace").count(IMAGE) for e in pipeline.components.environments.values()} == {1}
+    assert storage.match(f"{gcs}/out/*") == []  # a launch writes nothing at the output
+
+
+def test_a_launch_without_an_image_for_the_workers_is_refused_before_anything_is_staged(gcs):
+    sample.write_jsonl(f"{gcs}/in", records=50, files=1)
+    done = launch(gcs, *PROJECT, image=None)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "--sdk_container_image" in done.stderr and "--setup_file" in done.stderr
+    assert storage.match(f"{gcs}/staging/**") == [] and storage.match(f"{gcs}/job.json") == []
+    staged = launch(gcs, *PROJECT, "--setup_file=./setup.py", image=None)  # a package to install is enough
+    assert staged.returncode == 0, staged.stderr
+
+
+def test_options_the_runner_refuses_are_one_line(gcs):
+    sample.write_jsonl(f"{gcs}/in", records=50, files=1)
+    done = launch(gcs, "--project=p", "--region=us-central1")
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "the runner refused its options: Invalid Project ID (p)" in done.stderr
