@@ -27,7 +27,8 @@ _MAX_SEED = (1 << 64) - 1  # seeds are 64-bit: larger ones would alias smaller o
 class Parameter:
     """One template parameter: its option (``--name``), label, help text and example (what
     ``--help`` and metadata.json show), its default (None: required) and what a value may
-    be (``choices``, ``regex``, ``kind``; ``flag``: true or false, given bare)."""
+    be (``choices``, ``regex``, ``kind``; ``flag``: true or false, given bare; ``param_type``: what
+    the Dataflow Console asks for)."""
     name: str
     label: str
     help: str
@@ -38,6 +39,7 @@ class Parameter:
     kind: type = str
     flag: bool = False
     metavar: str = "VALUE"
+    param_type: str = "TEXT"  # metadata.json's paramType (flags: BOOLEAN); on Dataflow paths must be gs://
 
     @property
     def optional(self) -> bool:
@@ -77,10 +79,10 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
     Parameter("input", "Input files",
               "Comma-separated file patterns to shuffle: local paths or any location Beam's FileSystems opens (gs://...). "
               "Compression is detected from each file name (.gz).",
-              "gs://my-bucket/data/train-*.tfrecord", regex=r"^[^\n]+$", metavar="PATTERNS"),
+              "gs://my-bucket/data/train-*.tfrecord", regex=r"^[^\n]+$", metavar="PATTERNS", param_type="GCS_READ_FILE"),
     Parameter("output", "Output prefix",
               "Path prefix of the output: shards are {output}-00000-of-00064.tfrecord etc., plus {output}-manifest.json.",
-              "gs://my-bucket/shuffled/train", regex=r"^[^\n,*?]+$", metavar="PREFIX"),
+              "gs://my-bucket/shuffled/train", regex=r"^[^\n,*?]+$", metavar="PREFIX", param_type="GCS_WRITE_FILE"),
     Parameter("format", "Record format",
               "Format of input and output records. auto: from the input files' extension (.tfrecord, .parquet, "
               ".jsonl, .tar, with .gz for the byte formats); every file must say the same. Give a format to read files "

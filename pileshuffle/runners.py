@@ -203,7 +203,23 @@ def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
         raise UsageError("--runner DataflowRunner: the workers would start Beam's stock image, which has no "
                          "pileshuffle; give --sdk_container_image (the template's image: make template-build) or "
                          "--setup_file ./setup.py (installed on every worker as it starts)")
+    _refuse_local_paths(options)
     return options
+
+
+def _refuse_local_paths(options):
+    """A Dataflow job's workers cannot reach the launching machine's files: ``--input`` and
+    ``--output`` must name an object store (gs://), else ``UsageError`` naming the path."""
+    from pileshuffle.errors import UsageError
+    from pileshuffle.parameters import PileshuffleOptions
+    from pileshuffle.storage import is_remote
+
+    values = options.view_as(PileshuffleOptions)
+    for name, paths in (("--input", (values.input or "").split(",")), ("--output", [values.output or ""])):
+        local = [path.strip() for path in paths if path.strip() and not is_remote(path.strip())]
+        if local:
+            raise UsageError(f"{name}: {local[0]} is a local path, which a Dataflow job's workers cannot reach; "
+                             "give a gs:// path")
 
 
 def should_wait(options, wait) -> bool:

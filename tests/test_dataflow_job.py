@@ -37,7 +37,7 @@ def staged_pipeline(gcs) -> beam_runner_api_pb2.Pipeline:
 def test_the_job_runs_the_image_steps_and_parameters_it_was_launched_with(gcs, intermediate):
     sample.write_jsonl(f"{gcs}/in", records=300, files=3)
     done = launch(gcs, *PROJECT, f"--intermediate={intermediate}", "--run_bytes=32MiB", "--seed=9")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and "job submitted" in done.stderr, done.stderr  # not waited for
     job = storage.read_json(f"{gcs}/job.json")
     pool = job["environment"]["workerPools"][0]
     assert pool["workerHarnessContainerImage"] == IMAGE
@@ -71,3 +71,15 @@ def test_options_the_runner_refuses_are_one_line(gcs):
     done = launch(gcs, "--project=p", "--region=us-central1")
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert "the runner refused its options: Invalid Project ID (p)" in done.stderr
+
+
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_a_local_input_or_output_on_dataflow_is_refused_naming_it(gcs, tmp_path, where):
+    """Workers run elsewhere: a path on the launching machine is refused before anything is read."""
+    sample.write_jsonl(f"{gcs}/in", records=50, files=1)
+    sample.write_jsonl(str(tmp_path / "in"), records=50, files=1)
+    local = {"input": f"--input={gcs}/in/*.jsonl,{tmp_path}/in/*.jsonl", "output": f"--output={tmp_path}/out/data"}
+    done = launch(gcs, *PROJECT, local[where])
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert f"--{where}: {tmp_path}" in done.stderr and "gs://" in done.stderr.splitlines()[-1]
+    assert storage.match(f"{gcs}/staging/**") == [] and not (tmp_path / "out").exists()

@@ -1,7 +1,7 @@
 """The Dataflow flex template: metadata.json, option parsing, the entry point, the Dockerfile.
 
 No Docker engine, gcloud or GCP here: these tests check what the launcher and the image
-rely on (files, parameters, entry point, a Dataflow dry-run translation of the graph).
+rely on (files, parameters, entry point); the translated Dataflow job itself: test_dataflow_job.py.
 """
 
 import json
@@ -43,7 +43,13 @@ def test_metadata_lists_every_parameter_with_an_example():
         assert entry["label"] and entry["helpText"]
         assert entry["helpText"].endswith(f" Example: {parameter.example}")
         assert entry["isOptional"] == (parameter.name not in ("input", "output"))
-        assert set(entry) <= {"name", "label", "helpText", "isOptional", "regexes"}
+        assert set(entry) <= {"name", "label", "helpText", "isOptional", "paramType", "regexes"}
+    assert {name: e["paramType"] for name, e in entries.items() if e["paramType"] != "TEXT"} == {
+        "input": "GCS_READ_FILE", "output": "GCS_WRITE_FILE",
+        **{p.name: "BOOLEAN" for p in PARAMETERS if p.flag}}
+    for name in ("input", "output"):  # the template runs on Dataflow: a local path is refused at launch
+        assert entries[name]["regexes"][0].startswith("^gs://")
+        assert not re.fullmatch(entries[name]["regexes"][0], "/data/train")
 
 
 def examples_from_help_text():
@@ -173,35 +179,6 @@ def test_the_templates_graph_skips_beams_type_check_unless_asked_for():
         assert graph_defaults(PipelineOptions(argv)).view_as(TypeOptions).pipeline_type_check is False
     asked = graph_defaults(PipelineOptions(["--pipeline_type_check"]))
     assert asked.view_as(TypeOptions).pipeline_type_check is True
-
-
-def test_dataflow_launch_submits_and_returns_without_waiting(tmp_path, template_input, monkeypatch, capsys):
-    """What the launcher VM does, short of the API call: plan, translate the graph for Dataflow
-    (Beam's --dry_run stops before submitting), return at once, default the worker image to
-    the template image, read no manifest."""
-    import pileshuffle.commands.run as pipeline
-    import pileshuffle.plan as plan
-
-    image = "us-central1-docker.pkg.dev/my-project/pileshuffle/pileshuffle:test"
-    monkeypatch.setenv("PILESHUFFLE_SDK_CONTAINER_IMAGE", image)
-    # the temp location is on GCS: skip the writability probe and the leftover cleanup (no network here)
-    monkeypatch.setattr(plan, "check_writable", lambda *args: None)
-    monkeypatch.setattr(plan, "remove_tree", lambda *args: None)
-    monkeypatch.setattr(pipeline, "remove_tree", lambda *args: None)
-    output = str(tmp_path / "out" / "train")
-    argv = template_args(template_input, output) + [
-        "--intermediate=shuffle", "--runner=DataflowRunner", "--dry_run=True", "--project=my-project",
-        "--region=us-central1", "--temp_location=gs://my-bucket/tmp", "--staging_location=gs://my-bucket/staging",
-    ]
-    assert pipeline.main(argv) == 0
-    assert "job submitted" in capsys.readouterr().err
-    result = pipeline.run(argv)
-    assert not isinstance(result, dict)
-    proto = result.job.proto_pipeline
-    names = {t.unique_name for t in proto.components.transforms.values()}
-    assert {"ReadSourceToPiles", "GroupIntoPiles", "WritePiles"} <= names
-    assert [image.encode() in e.payload for e in proto.components.environments.values()] == [True]
-    assert not os.path.exists(f"{output}-manifest.json")
 
 
 # -- Dockerfile, Cloud Build config, Makefile -----------------------------------------------------

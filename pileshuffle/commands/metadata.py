@@ -19,9 +19,12 @@ def template_metadata() -> dict:
             "label": p.label,
             "helpText": f"{p.help} Example: {p.example}",
             "isOptional": p.optional,
+            "paramType": "BOOLEAN" if p.flag else p.param_type,
         }
         if p.choices:
             entry["regexes"] = ["^(" + "|".join(p.choices) + ")$"]
+        elif p.param_type.startswith("GCS_"):  # the template runs on Dataflow: its paths are on Cloud Storage
+            entry["regexes"] = [p.regex.replace("^", "^gs://", 1)]
         elif p.regex:
             entry["regexes"] = [p.regex]
         parameters.append(entry)
