@@ -46,9 +46,10 @@ demo: $(STAMP)
 	$(BIN)/pileshuffle verify --input '$(DEMO_DIR)/input/*.tfrecord' --output $(DEMO_DIR)/shuffled/train
 	$(BIN)/pileshuffle quality --input '$(DEMO_DIR)/input/*.tfrecord' --output $(DEMO_DIR)/shuffled/train --report $(DEMO_DIR)/report --label_bytes 6:7 --compare
 
-## test: the whole suite (real pipelines on generated data).
+## test: the whole suite (real pipelines on generated data), one test file per worker: TEST_WORKERS=2 (CI's cores).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 ## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator; SCALE=10 for 10 GB.
 bench: $(STAMP)

@@ -40,6 +40,7 @@ setuptools.setup(
         "test": [
             *PIPELINE,
             "pytest>=8",
+            "pytest-xdist>=3.5",  # make test: two workers, a test file each (CI has 2 cores)
             "hypothesis>=6",
             "scipy>=1.11",
             "duckdb>=1.0",

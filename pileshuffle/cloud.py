@@ -184,21 +184,37 @@ def first_contact(path: str):
     an ``InputError`` naming ``path`` and the cause otherwise. Only ``gs://`` paths are checked."""
     if not path.startswith("gs://"):
         return
-    bucket = path[len("gs://"):].split("/", 1)[0]
+    bucket, _, name = path[len("gs://"):].partition("/")
     key = (emulator(), bucket)
     with _contact_lock:
         if key in _contacted:
             return
-    import pyarrow.fs as pafs
-
     try:
-        found = arrow_gcs(FIRST_CONTACT_SECONDS).get_file_info(bucket)
+        found = _bucket_found(bucket, name)
     except OSError as error:
         raise InputError(path, explain(error)) from None
-    if found.type == pafs.FileType.NotFound:
+    if not found:
         raise InputError(path, f"bucket gs://{bucket} does not exist{_where()}")
     with _contact_lock:
         _contacted.add(key)
+
+
+def _bucket_found(bucket: str, name: str) -> bool:
+    """Whether ``bucket`` exists, asked as an object reader may: the GET of ``name`` itself
+    (storage.objects.get) first; only when nothing is there, the bucket's own GET
+    (storage.buckets.get, which object roles lack: its refusal, after an object request that
+    was allowed, says the bucket is there)."""
+    import pyarrow.fs as pafs
+
+    gcs = arrow_gcs(FIRST_CONTACT_SECONDS)
+    if name.strip("/") and gcs.get_file_info(f"{bucket}/{name}").type != pafs.FileType.NotFound:
+        return True
+    try:
+        return gcs.get_file_info(bucket).type != pafs.FileType.NotFound
+    except OSError as error:
+        if name.strip("/") and refused(error):
+            return True
+        raise
 
 
 def _where() -> str:

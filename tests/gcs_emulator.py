@@ -6,7 +6,9 @@ writers would both "win". ``start`` adds it: an upload with that precondition on
 object gets Cloud Storage's answer, 412 Precondition Failed (checked and created under one lock).
 The same tests run against a real bucket (PILESHUFFLE_TEST_BUCKET), where the service enforces it.
 It also injects the faults the tests need on purpose, on objects named for them: a 503 outage
-and a refused permission (403).
+and a refused permission (403); and on buckets named for it, the refusal of the bucket's own GET
+that a caller with only object permissions gets (roles/storage.objectAdmin has no
+storage.buckets.get).
 """
 
 import threading
@@ -14,7 +16,7 @@ from http import HTTPStatus
 
 from gcp_storage_emulator import server as emulator_server
 from gcp_storage_emulator.exceptions import NotFound
-from gcp_storage_emulator.handlers import objects
+from gcp_storage_emulator.handlers import buckets, objects
 
 PRECONDITION_FAILED = {"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
                                  "errors": [{"reason": "conditionNotMet", "domain": "global",
@@ -89,10 +91,27 @@ def _refused_when_named(handler):
     return refused
 
 
+# Buckets whose name holds OBJECTS_ONLY refuse their own GET with 403: objects in them are served.
+OBJECTS_ONLY = "objects-only"
+
+
+def _bucket_get_refused_when_named(handler):
+    def refused(request, response, storage, *args, **kwargs):
+        if OBJECTS_ONLY in request.path:
+            response.status = HTTPStatus.FORBIDDEN
+            response.json(PERMISSION_DENIED)
+            return
+        return handler(request, response, storage, *args, **kwargs)
+
+    return refused
+
+
 def _inject_outages():
     for _, handlers in emulator_server.HANDLERS:
         for method, handler in list(handlers.items()):
-            if handler in (objects.get, objects.download):
+            if handler is buckets.get:
+                handlers[method] = _bucket_get_refused_when_named(handler)
+            elif handler in (objects.get, objects.download):
                 handlers[method] = _refused_when_named(_unavailable_for_a_while(handler))
             elif handler in (objects.ls, objects.insert):
                 handlers[method] = _refused_when_named(handler)

@@ -414,3 +414,29 @@ def test_a_rerun_bundle_on_gcs_writes_its_shard_once_under_its_final_name(inputs
     assert len(_Twice.seen) == 4
     assert gs_shard_bytes(f"{gcs}/t") == shard_bytes(str(tmp_path / "t"))
     assert len(storage.match(f"{gcs}/**")) == 5  # 4 shards and the manifest
+
+
+def test_a_caller_with_only_object_permissions_runs_verifies_and_reads(gcs_root, tmp_path):
+    """roles/storage.objectAdmin has no storage.buckets.get: the first contact with a bucket asks
+    at object level, so a refused bucket GET (the emulator refuses it on buckets named
+    ``objects-only``) stops nothing; the bytes equal a local run's."""
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        pytest.skip("the refusal is injected by the emulator")
+    import gcs_emulator
+    from google.cloud import storage as gcs_client
+
+    bucket = f"pileshuffle-{gcs_emulator.OBJECTS_ONLY}-{uuid.uuid4().hex[:6]}"
+    gcs_client.Client.create_anonymous_client().create_bucket(bucket, project="test")
+    root = f"gs://{bucket}"
+    local = sample.write_jsonl(str(tmp_path / "in"), records=300, files=2)
+    sample.write_jsonl(f"{root}/in", records=300, files=2)
+    for args in ([], ["--overwrite"]):  # a first run (nothing at the output yet), then a re-run over it
+        done = cli("run", f"--input={root}/in/*.jsonl", f"--output={root}/out/t", "--num_piles=3", "--seed=4", *args)
+        assert done.returncode == 0, done.stderr
+    run_shuffle(",".join(local), str(tmp_path / "out" / "t"), "--num_piles=3", "--seed=4")
+    assert gs_shard_bytes(f"{root}/out/t") == shard_bytes(str(tmp_path / "out" / "t"))
+    verified = cli("verify", f"--input={root}/in/*.jsonl", f"--output={root}/out/t")
+    assert verified.returncode == 0, verified.stderr
+    read = subprocess.run([sys.executable, "-c", "import sys; " + LOADER, f"{root}/out/t"], capture_output=True,
+                          text=True, timeout=120)
+    assert read.returncode == 0 and read.stdout.strip() == "300", read.stderr

@@ -260,7 +260,8 @@ def test_a14_parquet_columns_in_another_order_are_named_not_dumped(tmp_path):
         run_shuffle(f"{tmp_path}/in/*", str(tmp_path / "o" / "t"), "--format=parquet", "--num_piles=2")
     message = str(caught.value)
     assert "the same columns in another order: column 0 is 'label' here, 'index' there" in message
-    assert "payload" not in message and len(message) < 300
+    said = message.replace(str(tmp_path), "")  # the paths' length is the test folder's, not the message's
+    assert "payload" not in said and len(said) < 250
 
 
 def test_a14_verify_accepts_a_parquet_output_with_a_map_column(tmp_path):

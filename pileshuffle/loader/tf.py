@@ -66,9 +66,12 @@ def chunk_records(dataset):
 
 def state_in_epoch(dataset, epoch, n):
     """The state after ``n`` records of epoch ``epoch``, computed on a copy: a running pipeline
-    (``.repeat()``) may have moved ``dataset`` on to the next epoch already."""
+    (``.repeat()``) may have moved ``dataset`` on to the next epoch already. The epoch under way
+    keeps its split: after an elastic resume that is the redealt tails (``n`` counted since the
+    resume), not the standard split, which ``set_epoch`` would restore."""
     probe = copy.copy(dataset)
-    probe.set_epoch(epoch)
+    if probe.epoch != epoch:
+        probe.set_epoch(epoch)
     return probe.state_after(n)
 
 
