@@ -206,13 +206,13 @@ def _bucket_found(bucket: str, name: str) -> bool:
     was allowed, says the bucket is there)."""
     import pyarrow.fs as pafs
 
-    gcs = arrow_gcs(FIRST_CONTACT_SECONDS)
-    if name.strip("/") and gcs.get_file_info(f"{bucket}/{name}").type != pafs.FileType.NotFound:
+    gcs, named = arrow_gcs(FIRST_CONTACT_SECONDS), bool(name.strip("/"))
+    if named and gcs.get_file_info(f"{bucket}/{name}").type != pafs.FileType.NotFound:
         return True
     try:
         return gcs.get_file_info(bucket).type != pafs.FileType.NotFound
     except OSError as error:
-        if name.strip("/") and refused(error):
+        if named and refused(error):
             return True
         raise
 

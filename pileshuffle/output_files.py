@@ -162,14 +162,12 @@ def remove_empty_folders(folders: list):
             break
 
 
-def remove_tree(directory: str) -> bool:
+def remove_tree(directory: str):
     """Delete a directory tree if it exists, local or on an object store. A failure does not
     stop the command (leftovers are only temp files, which the next run to the same output
-    removes), but it is reported, naming the folder and why, on stderr; returns whether it went."""
+    removes), but it is reported, naming the folder and why, on stderr."""
     try:
         storage.delete_tree(directory)
-        return True
     except Exception as error:  # noqa: BLE001 - reported, not swallowed
         logging.getLogger("pileshuffle").warning("could not remove %s (%s): delete it by hand, or run the same command "
                                                   "again to the same output", directory, error)
-        return False

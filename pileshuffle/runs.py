@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from pileshuffle import interrupt, keys as keymath, storage
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.fragments import END_OF_STREAM, Fragment, to_ipc, write_failure
+from pileshuffle.fragments import END_OF_STREAM, Fragment, has_dictionaries, to_ipc, write_failure
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
 
 __all__ = ["DEFAULT_RUN_BYTES", "RUN_MAGIC", "SEGMENT_OVERHEAD", "auto_run_bytes", "PileRuns", "read_run_index"]
@@ -179,7 +179,7 @@ def _encoder(schema: pa.Schema):
     """A function from a record batch to its segment: one Arrow IPC stream (schema, the batch, end
     marker). The schema message is encoded once: the bytes equal ``pa.ipc.new_stream``'s. A schema
     with dictionary columns goes through the stream writer, which writes their dictionaries."""
-    if any(pa.types.is_dictionary(field.type) for field in schema):
+    if has_dictionaries(schema):
         return lambda batch: to_ipc(pa.Table.from_batches([batch]))
     head = schema.serialize().to_pybytes()
     return lambda batch: b"".join((head, batch.serialize().to_pybytes(), END_OF_STREAM))
