@@ -30,10 +30,10 @@ DEMO_DIR ?= demo-data
 
 .PHONY: install demo test bench metadata api template-build template-run clean
 
-$(STAMP): setup.py
+$(STAMP): setup.py templates/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[pipeline,test]'
+	$(BIN)/pip install --quiet --constraint templates/constraints.txt -e '.[pipeline,test]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,10 +1,17 @@
 """Seeded key derivation and pile arithmetic.
 
 Every record gets a 64-bit uniform number U that is a pure function of
-``(seed, stream, index)``: ``stream`` names where the record came from (an input
-file, a pile being split again) and ``index`` is its position there. U comes from
-numpy's counter-based Philox generator, one key per stream, so any slice of a
-stream can be computed on its own and equals the same slice of the whole stream.
+``(seed, stream, position)``: ``stream`` names where the record came from (an input
+file, a pile being split again) and ``position`` its place there.
+
+- An input record's position is where it starts in its file: the byte offset of a line,
+  frame or tar sample (in the decompressed stream), a Parquet row's number. U is
+  ``position_keys``: a keyed 64-bit mix of the position, so a reader of any byte range of
+  a file computes its records' keys alone and a file gives the same keys however it is
+  split (manifest format_version 1.1; 1.0 keyed the n-th record of a file by ``record_keys``).
+- Records without a place in a file (composed use, the loader's draws) take ``record_keys``:
+  numpy's counter-based Philox generator, one key per stream, any slice of it computable
+  on its own.
 
 The pile of a record is the top digit of U in base M, ``floor(U * M / 2**64)``
 (exact, in 64-bit halves), never ``U % M``. Pass 2 orders each pile by U, i.e. by
@@ -16,7 +23,7 @@ import math
 
 import numpy as np
 
-__all__ = ["stream_key", "record_keys", "pile_of", "group_by_pile", "auto_num_piles"]
+__all__ = ["stream_key", "record_keys", "position_keys", "pile_of", "group_by_pile", "auto_num_piles"]
 
 _PHILOX_WORDS_PER_COUNTER = 4
 
@@ -36,6 +43,36 @@ def record_keys(seed: int, stream: tuple, start: int, count: int) -> np.ndarray:
     generator = np.random.Philox(key=stream_key(seed, *stream), counter=counter)
     skip = start % _PHILOX_WORDS_PER_COUNTER
     return generator.random_raw(skip + count)[skip:]
+
+
+_MIX_1, _MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # SplitMix64's finalizer
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer (Stafford's Mix13), in place: a bijection of uint64 whose output
+    bits each depend on every input bit (SplitMix64, a counter through it, passes BigCrush)."""
+    z ^= z >> np.uint64(30)
+    z *= _MIX_1
+    z ^= z >> np.uint64(27)
+    z *= _MIX_2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def position_keys(seed: int, stream: tuple, positions: np.ndarray, copies: np.ndarray = None) -> np.ndarray:
+    """U of the records at ``positions`` of ``stream`` (uint64 array): two rounds of ``_mix``
+    keyed by the stream's Philox key words, ``mix(mix(position + k0) ^ (k1 + copy * golden))``.
+    Distinct positions of a stream give distinct keys (each step is a bijection); ``copies``
+    (under ``--balance``, the copy number of each key, 0 for the first) makes a record's copies
+    keys of their own, the first equal to the record's key without copies. About 20 ns a key on this machine (Philox: 8)."""
+    k0, k1 = stream_key(seed, *stream)
+    with np.errstate(over="ignore"):
+        z = np.asarray(positions, dtype=np.uint64) + k0
+        z = _mix(z)
+        salt = k1 if copies is None else np.asarray(copies, dtype=np.uint64) * _GOLDEN + k1
+        z ^= salt
+        return _mix(z)
 
 
 def pile_of(keys: np.ndarray, num_piles: int) -> np.ndarray:

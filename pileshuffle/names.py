@@ -26,7 +26,7 @@ SHARDS_KIND = "pileshuffle-shards"  # a shard output's manifest
 STORE_KIND = "pileshuffle-store"  # a store's manifest version
 # MAJOR.MINOR of the manifests' schema: a MINOR adds keys old readers may ignore; a MAJOR
 # changes what a key means, and a reader refuses a MAJOR newer than its own.
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"  # 1.1: input records keyed by their place in the file (keys.position_keys), not their rank
 LEGACY_STORE_FORMAT = 1  # stores' manifests carried `store_format: 1` before `format_version`; kept for older readers
 
 
@@ -134,9 +134,10 @@ FRAGMENT_EXTENSION = ".arrows"  # Arrow IPC streams: pile fragments and store da
 RUN_EXTENSION = ".run"  # pass 1's runs: pile segments in pile order and their index (pileshuffle.runs)
 
 
-def source_writer_name(source_id: int) -> str:
-    """The name pass 1 gives the fragments of one source (one per pile)."""
-    return f"s{source_id:06d}"
+def source_writer_name(source_id: int, span_start: int = 0) -> str:
+    """The name pass 1 gives the runs of a group of sources that starts with this source (the
+    span of its file from byte ``span_start``)."""
+    return f"s{source_id:06d}" + (f"-b{span_start:013d}" if span_start else "")
 
 
 def split_writer_name(token: str, depth: int, index: int) -> str:

@@ -22,7 +22,7 @@ from pileshuffle.names import (JOURNAL_PREFIX, format_problem, journal_name, lit
                                shard_pattern, staging_dir)
 
 __all__ = ["OutputFiles", "read_manifest", "file_name", "write_journal", "check_replaceable", "discard_unpublished",
-           "remove_tree", "missing_local_folders", "remove_empty_folders"]
+           "remove_tree", "missing_local_folders", "remove_empty_folders", "lock_holder_at", "release_lock_file"]
 
 
 def read_manifest(prefix: str) -> dict:
@@ -171,3 +171,21 @@ def remove_tree(directory: str):
     except Exception as error:  # noqa: BLE001 - reported, not swallowed
         logging.getLogger("pileshuffle").warning("could not remove %s (%s): delete it by hand, or run the same command "
                                                   "again to the same output", directory, error)
+
+
+def lock_holder_at(path: str):
+    """The holder (dict) of the lock file at ``path`` (``store.layout.FileLock``), None if unlocked."""
+    try:
+        return storage.read_json(path)
+    except Exception:
+        return {} if storage.exists(path) else None
+
+
+def release_lock_file(path: str, token: str):
+    """Remove the lock file at ``path`` if ``token`` still holds it (best effort): what a lock's
+    holder does, and a job handed a shard output's lock once it has published."""
+    try:
+        if (lock_holder_at(path) or {}).get("token") == token:
+            storage.delete([path])
+    except Exception:
+        pass

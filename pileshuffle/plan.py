@@ -3,10 +3,9 @@ format, what is skipped, one name per file, their schema), the number of piles, 
 and staging locations, the output check (which files a run may replace).
 Cheap, and it only reads: it lists files and reads at most a MiB of one of them and
 Parquet footers. What ``run`` writes before pass 1 (probes, the output lock, removing what
-an unfinished run left) is here too, apart: ``taken_output`` (shared with ``materialize``:
-every command that writes shards checks and takes its output the same way)."""
+an unfinished run left) is ``output_lock.taken_output`` (shared with ``materialize``: every
+command that writes shards checks and takes its output the same way)."""
 
-import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -21,17 +20,17 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from pileshuffle import keys as keymath
 from pileshuffle import interrupt, storage
 from pileshuffle.errors import InputError, OutputError, UsageError
+from pileshuffle.formats import get_format
 from pileshuffle.formats.labels import sampled_label_counts
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
-from pileshuffle.names import manifest_path, output_lock_path, staging_dir, store_dir, work_dir_name
+from pileshuffle.names import manifest_path, staging_dir, store_dir, work_dir_name
 from pileshuffle.runs import DEFAULT_RUN_BYTES, auto_run_bytes
 from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
-from pileshuffle.output_files import (OutputFiles, check_replaceable, discard_unpublished, missing_local_folders,
-                                      remove_empty_folders, remove_tree)
-from pileshuffle.store.layout import FileLock, is_store
+from pileshuffle.output_files import OutputFiles, check_replaceable, missing_local_folders, remove_empty_folders
+from pileshuffle.store.layout import is_store
 
 __all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "mean_record_bytes", "work_dir_for", "check_writable",
-           "check_shard_output", "taken_output", "space_note", "piles_reached"]
+           "check_shard_output", "space_note", "piles_reached"]
 
 _log = logging.getLogger("pileshuffle")
 
@@ -76,10 +75,12 @@ class Plan:
 
     @property
     def source_groups(self) -> list:
-        """Pass 1's units of work: the sources in groups of at least ``run_bytes`` (``assign.source_groups``)."""
-        from pileshuffle.transforms.assign import source_groups
+        """Pass 1's units of work: the sources (a large file in spans, but under --balance, whose
+        copies follow each file's order) in groups (``assign``)."""
+        from pileshuffle.transforms.assign import source_groups, split_sources
 
-        return source_groups(self.sources, self.run_bytes)
+        fmt = get_format(self.format) if self.balance is None else None
+        return source_groups(split_sources(self.sources, self.run_bytes, fmt) if fmt else self.sources, self.run_bytes)
 
     @property
     def estimated_records(self) -> int:
@@ -104,7 +105,7 @@ class Plan:
         held_per_record = self.mean_record_bytes + RECORD_OVERHEAD
         runs = parts = 0.0
         for group in self.source_groups:
-            records = per_byte * sum(s.size for s in group)
+            records = per_byte * sum(s.span_bytes for s in group)
             count = max(1, math.ceil(records * held_per_record / self.run_bytes)) if records else 0
             runs += count
             parts += count * piles_reached(self.num_piles, records / count) if count else 0
@@ -130,9 +131,7 @@ def mean_record_bytes(fmt, sources) -> float:
 
 def _estimated_bytes(sources) -> int:
     """The input's bytes uncompressed: exact for plain files, ``_GZIP_EXPANSION_GUESS`` times the size for .gz."""
-    from pileshuffle.storage import compression_of
-
-    return int(sum(s.size * (_GZIP_EXPANSION_GUESS if compression_of(s.path) != "uncompressed" else 1) for s in sources))
+    return int(sum(s.size * (_GZIP_EXPANSION_GUESS if storage.compression_of(s.path) != "uncompressed" else 1) for s in sources))
 
 
 def _choose_num_piles(requested, mean, total, max_pile_bytes, growth=1.0):
@@ -256,7 +255,7 @@ def space_note(plan: Plan) -> str:
 
 def make_plan(options: PipelineOptions) -> Plan:
     """Everything decided before the pipeline starts. It only reads: it lists and samples
-    the input and looks at the output's files; ``taken_output`` does the writing, under
+    the input and looks at the output's files; ``output_lock.taken_output`` does the writing, under
     the output's lock."""
     opts = options.view_as(PileshuffleOptions)
     check_values(opts)
@@ -362,37 +361,4 @@ def _refuse_hiding_a_store(output: str):
         raise OutputError(f"a pile store exists at {store_dir(output)}/: shards at --output {output} would hide it from "
                           f"the loader and verify (they read {manifest_path(output)} first); write the shards elsewhere, "
                           f"e.g. `pileshuffle materialize --store {output} --output OTHER`")
-
-
-class _OutputLock(FileLock):
-    """``{output}.pileshuffle-lock``: held by a ``run`` from before it touches the output's
-    files until it has published or cleaned up, so two runs never share a work folder."""
-
-    def __init__(self, output: str, command: str):
-        super().__init__(output_lock_path(output), command, f"output {output}")
-
-    def refusal(self, holder: dict) -> str:
-        return (f"output {self.what[len('output '):]} is locked by a run started at {holder.get('since')} (pid "
-                f"{holder.get('pid')} on {holder.get('host')}: `{holder.get('command')}`); wait for it to finish, or "
-                f"delete {self.path} if that process is gone")
-
-
-@contextlib.contextmanager
-def taken_output(output: str, overwrite: bool, work_dir: str, command: str):
-    """Hold the shard output ``output`` (from ``check_shard_output``) for a command that writes
-    it, with ``work_dir`` its temp folder. First probe that both locations can be written
-    (leaving nothing behind), then take ``_OutputLock`` (released on success, failure and
-    Ctrl-C) and, under it, check the output again (another command may have published
-    meanwhile) and remove what an unfinished run left: the files its journal lists, its
-    staging and work folders."""
-    check_writable(staging_dir(output), "the output location")
-    check_writable(work_dir, "the temp location")
-    with _OutputLock(output, command).held():
-        check_shard_output(output, overwrite)
-        removed = discard_unpublished(output)
-        if removed:
-            _log.warning("removed %d file(s) under %s that an unfinished run was publishing (its journal lists them)",
-                         len(removed), output)
-        remove_tree(work_dir)
-        yield
 

@@ -98,7 +98,7 @@ class Progress:
         self.files, self.total_bytes, self.num_piles = files, total_bytes, num_piles
         self.stream, self.live, self.interval = stream, live, interval
         self.lock = threading.Lock()
-        self.done_files, self.counted = 0, {}  # source id -> bytes counted so far
+        self.done_files, self.counted, self.file_bytes = 0, {}, {}  # bytes counted by (source id, span) and by file
         self.pass1 = self._line(total_bytes, "pass 1", _PASS1_FORMAT, unit="B", unit_scale=True)
         self.pass2 = None
 
@@ -107,17 +107,20 @@ class Progress:
 
     def read(self, source, nbytes):
         with self.lock:
-            self._count(source, min(nbytes, source.size - self.counted.get(source.id, 0)))
+            self._count(source, min(nbytes, source.span_bytes - self.counted.get((source.id, source.span), 0)))
 
     def file_read(self, source):
+        """``source`` (a file, or a span of one) is read: a file is done when all its bytes are."""
         with self.lock:
-            self.done_files += 1
-            self._count(source, source.size - self.counted.get(source.id, 0))
+            rest = source.span_bytes - self.counted.get((source.id, source.span), 0)
+            self.done_files += source.span is None or self.file_bytes.get(source.id, 0) + rest >= source.size
+            self._count(source, rest)
 
     def _count(self, source, nbytes):
         if self.pass1 is None or nbytes < 0:
             return
-        self.counted[source.id] = self.counted.get(source.id, 0) + nbytes
+        self.counted[source.id, source.span] = self.counted.get((source.id, source.span), 0) + nbytes
+        self.file_bytes[source.id] = self.file_bytes.get(source.id, 0) + nbytes
         self.pass1.update(nbytes, f"{self.done_files}/{self.files} files")
 
     def pile_written(self):

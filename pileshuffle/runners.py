@@ -6,15 +6,18 @@ image as SDK container, and no waiting (the flex template launcher must not bloc
 """
 
 import os
+import time
+import uuid
 
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TypeOptions
+from apache_beam.options.pipeline_options import (DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions,
+                                                  TypeOptions)
 
 from pileshuffle.names import manifest_path
 
 __all__ = [
     "LOCAL_RUNNERS", "DASK_RUNNER", "DASK_CONNECT_SECONDS", "given_options", "graph_defaults", "local_defaults", "runner_name", "runner_problem",
     "is_dask", "is_dataflow", "make_runner", "dask_runner", "is_local", "dask_defaults", "dataflow_defaults",
-    "should_wait", "close_client", "submitted", "LOCAL_SHUFFLE_HOLD", "available_memory", "check_local_shuffle_fits"
+    "should_wait", "outliving_job", "close_client", "submitted", "LOCAL_SHUFFLE_HOLD", "available_memory", "check_local_shuffle_fits"
 ]
 
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")  # --runner values run in-process
@@ -204,7 +207,19 @@ def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
                          "pileshuffle; give --sdk_container_image (the template's image: make template-build) or "
                          "--setup_file ./setup.py (installed on every worker as it starts)")
     _refuse_local_paths(options)
+    cloud = options.view_as(GoogleCloudOptions)
+    if not cloud.job_name:  # named before the launch: the output's lock names the job that holds it
+        cloud.job_name = f"pileshuffle-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
     return options
+
+
+def outliving_job(options, wait=None):
+    """The name of the job this launch submits and leaves running (Dataflow, not waited for),
+    which holds the output's lock after the launcher returns; None when this process runs or
+    waits for the job, or builds a template (no job runs)."""
+    if not is_dataflow(options) or should_wait(options, wait) or options.view_as(GoogleCloudOptions).template_location:
+        return None
+    return options.view_as(GoogleCloudOptions).job_name
 
 
 def _refuse_local_paths(options):

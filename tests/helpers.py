@@ -61,6 +61,15 @@ def write_animals(root) -> str:
 # -- reading outputs ------------------------------------------------------------------------------
 
 
+def input_places(paths, fmt="tfrecord"):
+    """Where each input file's records start, as pass 1 keys them (``RecordFormat.read_placed``)."""
+    import numpy as np
+
+    from pileshuffle.formats import get_format
+
+    return [np.concatenate([places for _, places in get_format(fmt).read_placed(p)]) for p in sorted(paths)]
+
+
 def shards(output):
     return sorted(p for p in glob.glob(f"{output}-*-of-*") if not p.endswith("manifest.json"))
 

@@ -236,7 +236,14 @@ def _kept_lines(tmp_path, path, chunk_bytes):
 
 
 def _lines_read(chunks) -> list:
-    return [line for table in chunks for line in table.column(0).to_pylist()]
+    """The lines of ``read_placed``-style ``(table, places)`` chunks, checked to be at their places."""
+    lines, place = [], 0
+    for table, places in chunks:
+        for line, at in zip(table.column(0).to_pylist(), places.tolist()):
+            assert at == place
+            lines.append(line)
+            place += len(line)
+    return lines
 
 
 @pytest.mark.parametrize("text", [
@@ -254,9 +261,9 @@ def test_pass_1_reads_a_jsonl_file_by_the_lines_the_counting_pass_found(tmp_path
         codes, classes, lines = _kept_lines(tmp_path, path, chunk_bytes)
         reader = ClassCodesReader(codes, classes, lines, str(path))
         tables = list(reader.chunks(fmt, chunk_bytes))
-        assert _lines_read(tables) == _lines_read(fmt.read_chunks(str(path), chunk_bytes))
-        assert all(t.nbytes <= chunk_bytes + 5100 for t in tables)
-        reader.take(sum(t.num_rows for t in tables))
+        assert _lines_read(tables) == _lines_read(fmt.read_placed(str(path), chunk_bytes))
+        assert all(t.nbytes <= chunk_bytes + 5100 for t, _ in tables)
+        reader.take(sum(t.num_rows for t, _ in tables))
         reader.close()
 
 
@@ -274,7 +281,7 @@ def test_a_jsonl_file_changed_after_the_counting_pass_is_refused_by_pass_1(tmp_p
     path.write_bytes(change(path.read_bytes()))
     reader = ClassCodesReader(codes, classes, lines, str(path))
     with pytest.raises(InputError, match="a.jsonl: changed during the run: its lines are not where the first pass"):
-        for table in reader.chunks(get_format("jsonl"), 1000):
+        for table, _ in reader.chunks(get_format("jsonl"), 1000):
             reader.take(table.num_rows)
 
 

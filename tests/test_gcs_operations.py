@@ -41,8 +41,10 @@ def test_operations_grow_with_piles_files_sizes_and_the_intermediate_mode(jsonl,
     assert more_piles["input"] == ops["input"] and more_piles["checks"] == ops["checks"]
 
     files = gcs_operations(dataclasses.replace(plan, intermediate="files"))
-    assert files["runs"] == (3, 3 * (8 + 2))  # 3 small files, a group each: a run each, read as 8 segments, 2 lookups
-    assert files["total"][0] - ops["total"][0] == 3 and files["total"][1] - ops["total"][1] == 30
+    # 3 small files, each cut into 5 spans (a unit of work is a sixteenth of the input), a group each:
+    # a run each, read as 8 segments, 2 lookups
+    assert len(plan.source_groups) == 15 and files["runs"] == (15, 15 * (8 + 2))
+    assert files["total"][0] - ops["total"][0] == 15 and files["total"][1] - ops["total"][1] == 150
 
     # many piles, many files: objects grow with the runs, reads with (run, pile) segments; never files x piles
     many = [Source(i, f"gs://b/in/{i}", 64 * MiB) for i in range(64)]
@@ -54,9 +56,12 @@ def test_operations_grow_with_piles_files_sizes_and_the_intermediate_mode(jsonl,
     assert runs == 32 and class_a == runs and class_b == parts + 2 * runs
     assert 32 * 4000 < parts <= 32 * 4096 < 64 * 4096 / 1.9
 
-    sized = [Source(i, f"gs://b/in/{i}", 100 * MiB) for i in range(3)]  # 7 reads of 16 MiB each, metadata, end
-    bigger = gcs_operations(dataclasses.replace(plan, sources=sized, input_bytes=300 * MiB))
+    zipped = [Source(i, f"gs://b/in/{i}.jsonl.gz", 100 * MiB) for i in range(3)]  # read whole: 7 reads of 16 MiB, metadata, end
+    bigger = gcs_operations(dataclasses.replace(plan, sources=zipped, input_bytes=300 * MiB))
     assert bigger["input"] == (0, 3 * (1 + 7 + 1))
+    sized = [Source(i, f"gs://b/in/{i}.jsonl", 100 * MiB) for i in range(3)]  # 5 spans of 20 MiB: metadata, 2 reads each
+    spans = gcs_operations(dataclasses.replace(plan, sources=sized, input_bytes=300 * MiB))
+    assert spans["input"] == (0, 3 * 5 * (1 + 2))
     many = [Source(i, f"gs://b/in/{i}", MiB) for i in range(2500)]  # listing the input: 3 pages of 1,000
     listed = gcs_operations(dataclasses.replace(plan, sources=many, input_bytes=2500 * MiB))
     assert listed["checks"][0] - ops["checks"][0] == 2 and listed["input"] == (0, 2500 * 3)

@@ -1,9 +1,12 @@
 """Golden bytes: fixed runs whose output bytes must never change by accident.
 
 Each case writes seeded sample data, runs the real pipeline and hashes every file the
-output consists of (shards; for a store its pile files, then its ``materialize``). The
-digests below were recorded at commit c8957d5, before the house refactor: a refactor
-keeps them; a deliberate format change updates them in the same commit and says why.
+output consists of (shards; for a store its pile files, then its ``materialize``). A
+refactor keeps the digests; a deliberate change updates them in the same commit and says why.
+Recorded at c8957d5; updated on purpose when pass 1 began to key a record by its place in its
+file (``keys.position_keys``, manifest format_version 1.1) instead of its rank, so that a large
+file read in spans gives the same keys: the JSONL and Parquet cases are read in 18 spans (a
+unit of work is a sixteenth of this small input) and give the digests of the files read whole.
 """
 
 import hashlib
@@ -15,13 +18,13 @@ from pileshuffle import sample
 from helpers import run_shuffle, shards
 
 GOLDEN = {
-    "tfrecord-files": "2d42d284668259b42f8447d55507f1d68543a7f2ce33490b62cbbe476e5aed2b",
-    "tfrecord-shuffle": "2d42d284668259b42f8447d55507f1d68543a7f2ce33490b62cbbe476e5aed2b",
-    "tfrecord-gzip": "b33926b8c150015a2511c094e78f099c1f1387d95d865cc13a8ff7ad117f9275",
-    "jsonl": "fb3ce4e630261d1c277afa34c22884b2770539fe1258368090d4a0c9f688e552",
-    "parquet": "092f40098583c98def2f12147ab1a4ca89c62d5b974017611c411fe18cb588cd",
-    "store": "de0f77c4a3644c4657e9feebc1cd3893eaaf866939f5e2b18f5b403e4458670b",
-    "store-materialized": "2d42d284668259b42f8447d55507f1d68543a7f2ce33490b62cbbe476e5aed2b",
+    "tfrecord-files": "121486397396061d78c28bdad7b9a4fec138ebb5d6526da0bb9ce728c1b405f5",
+    "tfrecord-shuffle": "121486397396061d78c28bdad7b9a4fec138ebb5d6526da0bb9ce728c1b405f5",
+    "tfrecord-gzip": "f3c2f0de643a7ec240bd16e2db6ec824090c9a3540317ab2bd9fb7dfddcaf936",
+    "jsonl": "f6740de30e197b470879e536d34eb6fedb62683e442fab552258867e5fe8085d",
+    "parquet": "74dd1c421b5f48cadfd499c0633813a50498b7ac2a02243562d87bf62c92317b",
+    "store": "b840492ef7221a9bb7a6ed2bec900c7641d5958461ab5430394d16de00b0d8e0",
+    "store-materialized": "121486397396061d78c28bdad7b9a4fec138ebb5d6526da0bb9ce728c1b405f5",
 }
 
 

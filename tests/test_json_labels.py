@@ -107,7 +107,7 @@ def test_line_views_give_the_lines_of_line_blocks_from_one_reused_buffer(tmp_pat
     root = tmp_path_factory.mktemp("lines")
     (root / "a.jsonl").write_bytes(data)
     (root / "b.jsonl.gz").write_bytes(gzip.compress(data))
-    expected = [bytes(buf[:end]) for buf, end in line_blocks(str(root / "a.jsonl"), chunk_bytes)]
+    expected = [bytes(buf[:end]) for buf, end, _ in line_blocks(str(root / "a.jsonl"), chunk_bytes)]
     expected = [line + b"\n" for line in b"".join(expected).split(b"\n")[:-1]]
     for name in ("a.jsonl", "b.jsonl.gz"):
         got = []

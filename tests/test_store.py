@@ -225,7 +225,7 @@ def test_later_generations_draw_keys_from_their_own_stream(tmp_path):
     """The same file appended again (another path) gets other keys; generation 0's keys are run's."""
     from pileshuffle.names import KEY_COLUMN
     from pileshuffle.fragments import read_table
-    from pileshuffle.keys import record_keys
+    from pileshuffle.keys import position_keys
 
     sample.write_tfrecord(str(tmp_path / "a"), records=500, files=1, record_bytes=40)
     os.makedirs(tmp_path / "b")
@@ -234,8 +234,9 @@ def test_later_generations_draw_keys_from_their_own_stream(tmp_path):
     run_store(str(tmp_path / "a" / "*.tfrecord"), prefix, "--num_piles=1", "--seed=4")
     append(prefix, str(tmp_path / "b" / "*.tfrecord"), "--allow_duplicate_inputs")  # the same records again
     keys = [read_table(f).column(KEY_COLUMN).to_numpy() for f in live_piles(prefix, layout.read_store_manifest(prefix))[0].fragments]
-    assert (keys[0] == record_keys(4, (0, 0), 0, 500)).all()
-    assert (keys[1] == record_keys(4, (store_write.GENERATION_STREAM, 1, 0), 0, 500)).all()
+    places = np.arange(500) * (12 + 40 + 4)  # a frame: header, 40-byte payload, footer
+    assert (keys[0] == position_keys(4, (0, 0), places)).all()
+    assert (keys[1] == position_keys(4, (store_write.GENERATION_STREAM, 1, 0), places)).all()
     assert not np.isin(keys[1], keys[0]).any()
 
 

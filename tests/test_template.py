@@ -203,7 +203,8 @@ def test_dockerfile_parses_and_uses_the_documented_images():
     assert {word for word, _ in instructions} <= known
     args = dict(rest.split("=", 1) for word, rest in instructions if word == "ARG" and "=" in rest)
     froms = [rest for word, rest in instructions if word == "FROM"]
-    assert args["LAUNCHER_IMAGE"].startswith("gcr.io/dataflow-templates-base/python311-template-launcher-base:")
+    assert re.fullmatch(r"gcr\.io/dataflow-templates-base/python311-template-launcher-base:\d{8}-rc\d\d",
+                        args["LAUNCHER_IMAGE"]), "a dated release of the launcher base image, never latest"
     assert froms[0] == "${LAUNCHER_IMAGE} AS launcher"
     assert froms[-1] == "apache/beam_python3.11_sdk:${BEAM_VERSION}"
     import apache_beam
@@ -213,6 +214,26 @@ def test_dockerfile_parses_and_uses_the_documented_images():
                     "/opt/google/dataflow/python_template_launcher") in instructions
     entrypoint = next(rest for word, rest in instructions if word == "ENTRYPOINT")
     assert json.loads(entrypoint) == ["/opt/apache/beam/boot"]
+
+
+def test_the_image_installs_the_dependency_versions_the_tests_ran_with():
+    """templates/constraints.txt pins pileshuffle's dependencies; this environment (made by make
+    install with the same file) has exactly them, and the image installs the package under it."""
+    from importlib.metadata import version
+
+    pins = {}
+    for line in open(os.path.join(TEMPLATES, "constraints.txt")):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, pinned = line.partition("==")
+            pins[name] = pinned
+    assert set(pins) == {"apache-beam", "pyarrow", "numpy", "google-crc32c", "tqdm"}
+    assert {name: version(name) for name in pins} == pins
+    args = dict(rest.split("=", 1) for word, rest in dockerfile_instructions() if word == "ARG" and "=" in rest)
+    assert args["BEAM_VERSION"] == pins["apache-beam"]
+    install = next(rest for word, rest in dockerfile_instructions() if word == "RUN" and "pip install" in rest)
+    assert "--constraint /tmp/pileshuffle-src/constraints.txt" in install and "pip check" in install
+    assert "--constraint templates/constraints.txt" in open(os.path.join(REPO, "Makefile")).read()
 
 
 def test_dockerfile_env_paths_point_at_files_copied_from_the_repo():

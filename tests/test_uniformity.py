@@ -14,11 +14,13 @@ fixed, so the outcome is deterministic; over fresh seed sets a uniform order wou
 a test with probability <= 4e-4 (Bonferroni), about 1.6e-3 for the four uniform tests here.
 """
 
+import glob
+
 import numpy as np
 import pytest
 from scipy import stats
 
-from helpers import read_tfrecord_payloads, run_shuffle, shards
+from helpers import input_places, read_tfrecord_payloads, run_shuffle, shards
 from pileshuffle import keys as keymath
 from pileshuffle import sample
 from pileshuffle.quality import metrics, orders
@@ -92,7 +94,8 @@ def test_pipeline_order_is_uniform_over_20_seeds_and_a_bad_order_is_rejected(gen
         order = np.array([sample.index_of(r) for r in read_tfrecord_payloads(shards(out))])
         assert sorted(order.tolist()) == list(range(RECORDS))
         # the position-level simulation the loader and report tests build on is the pipeline's order exactly
-        assert np.array_equal(order, orders.pileshuffle_order(FILE_RECORDS, seed))
+        places = input_places(glob.glob(str(generated / "in" / "*.tfrecord")))
+        assert np.array_equal(order, orders.pileshuffle_order(places, seed))
         found.append(order)
     assert_uniform(found)
     assert_rejected([pass_two_without_its_sort(seed) for seed in SEEDS])

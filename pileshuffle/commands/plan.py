@@ -71,8 +71,11 @@ _FIXED_A, _FIXED_B = 19, 20
 _PREPARE_A, _PREPARE_B = 3, 5
 
 
-def _read_requests(fmt: str, size: int) -> int:
-    """Class B operations of reading one input file of ``size`` bytes in pass 1 (see ``gcs_operations``)."""
+def _read_requests(fmt: str, source) -> int:
+    """Class B operations of reading one input file, or a span of one, in pass 1 (see ``gcs_operations``)."""
+    if source.span is not None:  # its metadata, each started 16 MiB (the line across its end with it); Parquet's footer
+        return 1 + math.ceil((source.span_bytes + 1) / _READ_REQUEST_BYTES) + (fmt == "parquet")
+    size = source.size
     reads = 1 + math.ceil(size / _READ_REQUEST_BYTES) + 1  # its metadata, each started 16 MiB, the end (or footer)
     if fmt == "tfrecord":  # its size looked up first (2), a frame header read across the first 16 MiB boundary
         reads += 2 + (size > _READ_REQUEST_BYTES)
@@ -90,6 +93,7 @@ def gcs_operations(plan: Plan) -> dict:
       upload is one); a rename is a copy (A) and a delete, as Beam's GCSFileSystem does it;
     - reading an input file: its metadata (Beam's reader reloads it), one read per started
       16 MiB, one that finds the end (Parquet: its footer); TFRecord adds 2-3 (``_read_requests``);
+      a span of a large file (``sources.split_sources``): its metadata and its 16 MiB reads;
       the plan reads each Parquet footer twice (4);
     - files mode writes one run per ``run_bytes`` a group of sources holds (``Plan.run_shape``),
       each uploaded straight to its name (1 A) and deleted at the end (2 lookups: 2 B); pass 2
@@ -105,7 +109,7 @@ def gcs_operations(plan: Plan) -> dict:
     sampled = 2 * (plan.format == "tfrecord") + 4 * files * (plan.format == "parquet")  # the plan: sizes, footers
     steps = {
         "checks": (_FIXED_A + math.ceil(files / _LIST_PAGE), _FIXED_B + sampled),
-        "input": (0, sum(_read_requests(plan.format, s.size) for s in plan.sources)),
+        "input": (0, sum(_read_requests(plan.format, s) for group in plan.source_groups for s in group)),
     }
     if plan.intermediate == "files":
         runs, parts = plan.run_shape()

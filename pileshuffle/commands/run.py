@@ -20,9 +20,10 @@ from pileshuffle.errors import OutputError, user_message
 from pileshuffle.options import check_argv, help_text, wants_help
 from pileshuffle.parameters import PileshuffleOptions, check_values, parse_flag
 from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
-from pileshuffle.plan import Plan, make_plan, space_note, taken_output
+from pileshuffle.output_lock import taken_output
+from pileshuffle.plan import Plan, make_plan, space_note
 from pileshuffle.runners import (check_local_shuffle_fits, dask_defaults, dataflow_defaults, is_dask, is_dataflow,
-                                 is_local, local_defaults, submitted)
+                                 is_local, local_defaults, outliving_job, submitted)
 from pileshuffle.running import new_pipeline, run_pipeline, shows_progress
 from pileshuffle.store.layout import command_line
 from pileshuffle.transforms.graph import build
@@ -67,18 +68,21 @@ def run(options=None, wait=None, hold_worker_stderr=False):
         check_local_shuffle_fits(plan)
     if is_dask(options):
         options = dask_defaults(options, len(plan.source_groups))
-    with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line()):
-        return _run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr)
+    job = outliving_job(options, wait)  # a Dataflow job holds the output's lock after this launcher returns
+    with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line(), job) as token:
+        return _run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr,
+                         token if job else None)
 
 
-def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worker_stderr):
+def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worker_stderr, lock_token=None):
     """Run a prepared plan (under the output's lock): the pipeline, then its manifest with
-    what ``--input`` matched but the run did not read."""
+    what ``--input`` matched but the run did not read. ``lock_token``: the job releases the
+    output's lock once it has published (a job that outlives this process)."""
     if not quiet:
         print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
               f"({plan.num_piles_reason})", file=sys.stderr)
     pipeline = new_pipeline(options)
-    build(pipeline, plan, started)
+    build(pipeline, plan, started, lock_token)
     showing = progress.showing(len(plan.sources), plan.input_bytes, plan.num_piles,
                                enabled=not quiet and shows_progress(options))
 

@@ -247,7 +247,8 @@ def materialize(options) -> dict:
     (``MaterializeOptions``, or its command-line arguments) say; returns the written manifest."""
     from pileshuffle.parameters import parse_bytes
     from pileshuffle.output_files import discard_unpublished, read_manifest
-    from pileshuffle.plan import check_shard_output, taken_output, work_dir_for
+    from pileshuffle.output_lock import taken_output
+    from pileshuffle.plan import check_shard_output, work_dir_for
     from pileshuffle.transforms.write import WritePiles
 
     args = options if isinstance(options, MaterializeOptions) else materialize_options(options)

@@ -18,7 +18,7 @@ from pileshuffle.keys import group_by_pile
 from pileshuffle.names import RECORD_COLUMN
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "ReadReport", "RecordFormat", "Payloads", "binary_table", "records_table",
-           "open_input", "read_block", "read_up_to", "parts_by_pile"]
+           "open_input", "open_at", "read_block", "read_up_to", "parts_by_pile"]
 
 DEFAULT_CHUNK_BYTES = 16 << 20  # input bytes per chunk a reader yields: one chunk's table is what pass 1 holds per file
 
@@ -64,6 +64,34 @@ def open_input(path: str, compression: str = storage.AUTO):
         yield handle
     finally:
         handle.close()
+
+
+@contextlib.contextmanager
+def open_at(path: str, offset: int = 0):
+    """An uncompressed file open for reading from byte ``offset``, and seekable (Parquet's reader
+    seeks): Beam's handle where Beam reads (it seeks by ranged reads), else Arrow's random-access
+    file (Arrow's streams cannot seek). Errors name the path."""
+    with open_input(path, storage.UNCOMPRESSED) as handle:
+        if handle.seekable():
+            _seek(handle, path, offset)
+            yield handle
+            return
+    try:
+        handle = storage.open_random_access(path)
+    except Exception as error:
+        raise InputError(path, f"cannot be opened: {error}") from error
+    try:
+        _seek(handle, path, offset)
+        yield handle
+    finally:
+        handle.close()
+
+
+def _seek(handle, path: str, offset: int):
+    try:
+        handle.seek(offset)
+    except Exception as error:
+        raise InputError(path, f"cannot be read from byte {offset:,}: {error}") from error
 
 
 def read_block(handle, path: str, size: int, compressed: bool) -> bytes:
@@ -122,7 +150,8 @@ class RecordFormat:
     Every step of a record's life asks the format:
 
     ==========================  ==========================================================
-    pass 1: read a source        ``read_chunks`` (file order; corrupt input named or skipped)
+    pass 1: read a source        ``read_placed`` (file order, with each record's position; a
+                                 span of a large file; corrupt input named or skipped)
     pass 1: split by pile        ``split_by_pile`` (any format: rows taken, order kept)
     fragments and piles          Arrow IPC of the chunk's table with the key and hash columns
                                  (``fragments.py``, any format)
@@ -150,8 +179,21 @@ class RecordFormat:
             return "gzip" if gz else "none"
         return compression
 
+    def can_split(self, path: str) -> bool:
+        """Whether ``read_placed`` can read a ``span`` of the file ``path`` on its own."""
+        return False
+
     def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
         """Yield the records of ``path`` in file order as tables of about ``chunk_bytes``."""
+        for table, _ in self.read_placed(path, chunk_bytes, skip_corrupt, report):
+            yield table
+
+    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+        """``read_chunks`` with each record's place in the file: ``(table, positions)``, an int64
+        position per record where it starts (a byte offset in the uncompressed stream; a Parquet
+        row's number), the ``keys.position_keys`` of pass 1. With ``span`` = ``(start, stop)``
+        (where ``can_split``), only the records a reader of those bytes owns: spans that
+        cover a file give each record once, at the same position, whatever their bounds."""
         raise NotImplementedError
 
     def mean_record_bytes(self, path, sample_bytes):

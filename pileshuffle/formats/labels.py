@@ -155,9 +155,9 @@ class ClassCodesReader:
         self._lengths, self._lengths_ended = np.zeros(0, "<u4"), False
 
     def chunks(self, fmt, chunk_bytes: int, skip_corrupt=False, report=None):
-        """The source's tables as ``fmt.read_chunks`` gives them."""
+        """The source's ``(table, positions)`` as ``fmt.read_placed`` gives them."""
         if self._lines is None:
-            return fmt.read_chunks(self._path, chunk_bytes, skip_corrupt, report)
+            return fmt.read_placed(self._path, chunk_bytes, skip_corrupt, report)
         return known_line_chunks(self._path, self._next_lengths, chunk_bytes)
 
     def _next_lengths(self, max_bytes: int) -> np.ndarray:

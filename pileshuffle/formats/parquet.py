@@ -5,11 +5,12 @@ the first input file's Arrow schema (its key-value metadata included) in row gro
 of about 64 MiB (``_ROW_GROUP_BYTES``). Every input file must have that same schema.
 """
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pileshuffle.errors import InputError
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_input
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_at, open_input
 
 __all__ = ["ParquetFormat"]
 
@@ -30,6 +31,27 @@ def _mean_row_bytes(metadata) -> float:
     rows = metadata.num_rows
     size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
     return size / rows if rows else 1.0
+
+
+def _row_group_start(group) -> int:
+    """Where a row group's bytes start: its first column chunk's first page."""
+    column = group.column(0)
+    dictionary = column.dictionary_page_offset if column.has_dictionary_page else None
+    return min(o for o in (dictionary, column.data_page_offset) if o is not None)
+
+
+def _row_groups_in(metadata, span) -> tuple:
+    """``(row groups, the number of each one's first row, their rows)`` of a file, or of those
+    whose bytes start in ``span`` = ``(start, stop)``: spans that cover the file own each once."""
+    groups, firsts, sizes, row = [], [], [], 0
+    for index in range(metadata.num_row_groups):
+        group = metadata.row_group(index)
+        if span is None or span[0] <= _row_group_start(group) < span[1]:
+            groups.append(index)
+            firsts.append(row)
+            sizes.append(group.num_rows)
+        row += group.num_rows
+    return groups, np.asarray(firsts, dtype=np.int64), sizes
 
 
 class ParquetFormat(RecordFormat):
@@ -66,13 +88,23 @@ class ParquetFormat(RecordFormat):
             metadata = _parquet_file(handle, path).metadata
         return _mean_row_bytes(metadata) if metadata.num_rows else None
 
-    def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
-        with open_input(path, "uncompressed") as handle:
+    def can_split(self, path):
+        return True  # by row groups
+
+    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+        """Rows with their numbers in the file; a ``span`` reads the row groups that start in it."""
+        with open_at(path) as handle:
             parquet = _parquet_file(handle, path)
             rows = max(1, int(chunk_bytes / max(1.0, _mean_row_bytes(parquet.metadata))))
+            groups, first_rows, sizes = _row_groups_in(parquet.metadata, span)
+            read_before = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))  # rows of the groups read before each
+            done = 0
             try:
-                for batch in parquet.iter_batches(batch_size=rows, use_threads=False):
-                    yield pa.Table.from_batches([batch], schema=parquet.schema_arrow)
+                for batch in parquet.iter_batches(batch_size=rows, row_groups=groups, use_threads=False):
+                    read = np.arange(done, done + batch.num_rows, dtype=np.int64)
+                    group = np.searchsorted(read_before, read, side="right") - 1
+                    yield pa.Table.from_batches([batch], schema=parquet.schema_arrow), first_rows[group] + read - read_before[group]
+                    done += batch.num_rows
             except (pa.ArrowInvalid, OSError) as error:
                 raise InputError(path, f"cannot be read as Parquet ({error})") from error
 

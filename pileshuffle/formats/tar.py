@@ -230,10 +230,12 @@ class TarFormat(Payloads):
     extension = ".tar"
     record_column = TAR_SAMPLE_COLUMN
 
-    def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
-        """Samples in file order. With ``skip_corrupt`` a damaged header or a truncated end
+    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+        """Samples in file order, each at the offset of its first entry. With ``skip_corrupt`` a damaged header or a truncated end
         stops the file's read there: the samples before it are kept, the rest is reported
         skipped (a tar has no marks to find the next header by)."""
+        if span is not None:
+            raise ValueError("tar files are read whole")
         try:
             yield from self._samples(path, chunk_bytes)
         except InputError as error:
@@ -255,7 +257,8 @@ class TarFormat(Payloads):
                                            f"({len(buf) - walk.stop:,} bytes left)", base + walk.stop)
                 bounds, kept = _sample_bounds(walk, keys_seen, complete=at_end)
                 if bounds:
-                    yield binary_table(TAR_SAMPLE_COLUMN, buf, np.asarray(bounds, dtype=np.int64))
+                    bounds = np.asarray(bounds, dtype=np.int64)
+                    yield binary_table(TAR_SAMPLE_COLUMN, buf, bounds), base + bounds[:-1]
                 if walk.problem is not None:
                     raise walk.problem
                 if at_end:

@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
-from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_input, read_block,
-                                      read_up_to)
+from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_at, open_input,
+                                      read_block, read_up_to)
 from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import LINE_COLUMN
 from pileshuffle.storage import compression_of
@@ -46,36 +46,53 @@ def _first_non_text(buf: bytes, end: int):
     return min(found) if found else None
 
 
-def check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before: int):
+def check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before, base: int = 0):
     """Refuse the complete lines ``buf[:bounds[-1]]`` unless they are text, naming the
-    first bad line (counted from the start of the file)."""
+    first bad line: counted from the start of the file, or (``lines_before`` None: a span's
+    reader does not know it) by its byte offset, ``base`` being ``buf[0]``'s."""
     bad = _first_non_text(buf, int(bounds[-1]))
     if bad is None:
         return
     position, what = bad
     line = int(np.searchsorted(bounds, position, side="right")) - 1
     column = position - int(bounds[line])
-    raise InputError(path, f"line {lines_before + line + 1:,} is not text ({what} at byte {column} of the line): JSONL "
+    where = (f"the line at byte {base + int(bounds[line]):,}" if lines_before is None
+             else f"line {lines_before + line + 1:,}")
+    raise InputError(path, f"{where} is not text ({what} at byte {column} of the line): JSONL "
                            "is UTF-8 text; a binary file (TFRecord, Parquet) needs its own --format")
 
 
-def line_blocks(path: str, chunk_bytes: int):
-    """``(buf, end)`` for each block of about ``chunk_bytes`` of a text file's whole lines, in
-    order: ``buf[:end]`` are complete lines (no line spans two blocks; a last line without a
-    newline comes as one with it), ``buf[end:]`` holds no newline."""
+def line_blocks(path: str, chunk_bytes: int, span=None):
+    """``(buf, end, base)`` for each block of about ``chunk_bytes`` of a text file's whole lines,
+    in order: ``buf[:end]`` are complete lines (no line spans two blocks; a last line without a
+    newline comes as one with it), ``buf[end:]`` holds no newline, ``base`` is ``buf[0]``'s
+    offset in the file. With ``span`` = ``(start, stop)`` (an uncompressed file) only the lines
+    that start in ``[start, stop)``: a line belongs to the span where it starts, so spans that
+    cover a file give each line once, whatever their bounds."""
     compressed, carry = compression_of(path) != "uncompressed", b""
-    with open_input(path) as handle:
-        while True:
+    start, stop = span or (0, None)
+    base, skipping = max(0, start - 1), start > 0  # from the byte before the span: a newline there starts a line at ``start``
+    with (open_at(path, base) if skipping else open_input(path)) as handle:
+        while stop is None or base < stop:
             block = read_block(handle, path, chunk_bytes, compressed)
             if not block:
                 break
             buf = carry + block if carry else block
+            if skipping:  # the line under way at ``start`` is the span before's
+                newline = buf.find(b"\n")
+                buf, base, carry = (b"", base + len(buf), b"") if newline < 0 else (buf[newline + 1:], base + newline + 1, b"")
+                skipping = newline < 0
+                if skipping or not buf or (stop is not None and base >= stop):
+                    continue  # (the loop ends when the first line of ours would start at or past ``stop``)
             end = buf.rfind(b"\n") + 1
+            if stop is not None and base + end >= stop:  # the last line to read starts before ``stop``
+                yield buf, buf.find(b"\n", stop - 1 - base) + 1, base
+                return
             if end:
-                yield buf, end
-            carry = buf[end:]
-    if carry:
-        yield carry + b"\n", len(carry) + 1
+                yield buf, end, base
+            carry, base = buf[end:], base + end
+    if carry and not skipping and (stop is None or base < stop):
+        yield carry + b"\n", len(carry) + 1, base
 
 
 def line_views(path: str, chunk_bytes: int):
@@ -86,7 +103,7 @@ def line_views(path: str, chunk_bytes: int):
     Lines are not checked to be text (``check_text``). A compressed file goes through
     ``line_blocks``, which allocates each block."""
     if compression_of(path) != "uncompressed":
-        for buf, end in line_blocks(path, chunk_bytes):
+        for buf, end, _ in line_blocks(path, chunk_bytes):
             yield _lines_of(memoryview(buf)[:end])
         return
     with open_input(path) as handle:
@@ -113,14 +130,14 @@ def line_views(path: str, chunk_bytes: int):
 
 
 def known_line_chunks(path: str, next_lengths, chunk_bytes: int):
-    """``JsonlFormat.read_chunks``' tables of a file whose lines were found before (``--balance``'s
+    """``JsonlFormat.read_placed``' ``(table, positions)`` of a file whose lines were found before (``--balance``'s
     counting pass keeps their lengths): ``next_lengths(max_bytes)`` gives the lengths, newline
     included, of the next lines that fit in ``max_bytes`` (at least one; none at the end). Each
     block is read at its size and not searched for newlines again (38 ms per 125 MB of 16 MiB
     blocks), only checked to be text with each line ending in a newline where it ended before
     and nothing after the last: a file that changed since is an ``InputError``. (A change that
     keeps every line's length is not seen, as pass 1 does not see it in the labels either.)"""
-    compressed, lines = compression_of(path) != "uncompressed", 0
+    compressed, lines, base = compression_of(path) != "uncompressed", 0, 0
     with open_input(path) as handle:
         while True:
             lengths = next_lengths(chunk_bytes)
@@ -132,9 +149,9 @@ def known_line_chunks(path: str, next_lengths, chunk_bytes: int):
                 buf += b"\n"  # it gets one, as line_blocks gives it
             if len(buf) != bounds[-1] or (np.frombuffer(buf, np.uint8)[bounds[1:] - 1] != _NEWLINE).any():
                 raise InputError(path, _CHANGED)
-            check_text(path, buf, bounds, lines)
-            yield binary_table(LINE_COLUMN, buf, bounds)
-            lines += len(lengths)
+            check_text(path, buf, bounds, lines, base)
+            yield binary_table(LINE_COLUMN, buf, bounds), base + bounds[:-1]
+            lines, base = lines + len(lengths), base + int(bounds[-1])
         if read_block(handle, path, 1, compressed):
             raise InputError(path, _CHANGED)
 
@@ -159,13 +176,18 @@ class JsonlFormat(Payloads):
     def payload_views(self, buffer, path, buffer_index):
         return _line_views(buffer, path, buffer_index)
 
-    def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
-        lines = 0
-        for buf, _ in line_blocks(path, chunk_bytes):
-            bounds = _line_bounds(buf)
-            check_text(path, buf, bounds, lines)
-            yield binary_table(LINE_COLUMN, buf, bounds)
-            lines += len(bounds) - 1
+    def can_split(self, path):
+        return compression_of(path) == "uncompressed"  # a compressed stream is read from its start
+
+    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+        """Lines with their byte offsets (``line_blocks``; a span's reader names a bad line by its offset)."""
+        lines = 0 if not span or not span[0] else None
+        for buf, end, base in line_blocks(path, chunk_bytes, span):
+            lines_only = memoryview(buf)[:end]
+            bounds = _line_bounds(lines_only)
+            check_text(path, buf, bounds, lines, base)
+            yield binary_table(LINE_COLUMN, lines_only, bounds), base + bounds[:-1]
+            lines = None if lines is None else lines + len(bounds) - 1
 
     def write_shard(self, handle, tables, compression, schema=None):
         written = 0

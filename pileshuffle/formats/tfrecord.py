@@ -135,7 +135,9 @@ class TFRecordFormat(Payloads):
     def payload_views(self, buffer, path, buffer_index):
         return _tfrecord_views(buffer, path, buffer_index)
 
-    def read_chunks(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None):
+    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+        if span is not None:
+            raise ValueError("TFRecord files are read whole")
         compressed = compression_of(path) != "uncompressed"
         file_size = None if compressed else _size_of(path)
         buf, base, eof = b"", 0, False
@@ -170,7 +172,7 @@ class TFRecordFormat(Payloads):
 
     @staticmethod
     def _drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size=None):
-        """Yield every complete frame of ``buf``; return the unread tail and its file offset.
+        """Yield every complete frame of ``buf`` (``(table, positions)``); return the unread tail and its file offset.
 
         Under ``skip_corrupt`` a corrupt frame is skipped up to the next valid frame
         (searched over at most 4 chunks, or to the end of the file). A length field that
@@ -179,7 +181,7 @@ class TFRecordFormat(Payloads):
         while True:
             starts, end, problem = scan_frames(buf, base)
             if starts:
-                yield binary_table(FRAME_COLUMN, buf, np.append(starts, end))
+                yield binary_table(FRAME_COLUMN, buf, np.append(starts, end)), base + np.asarray(starts, np.int64)
             if problem is None and file_size is not None and len(buf) - end >= HEADER_BYTES:
                 need = HEADER_BYTES + struct.unpack_from("<Q", buf, end)[0] + FOOTER_BYTES
                 if base + end + need > file_size:

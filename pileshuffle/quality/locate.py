@@ -26,7 +26,9 @@ from pileshuffle.formats import holder_of, record_hashes
 from pileshuffle.formats.labels import record_labels
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
-__all__ = ["threshold_for", "Label", "Scan", "scan", "scan_with_copies", "scan_store", "match", "class_ids"]
+_INPUT_STREAM = 0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
+
+__all__ = ["threshold_for", "Label", "Scan", "scan", "run_keys", "scan_with_copies", "scan_store", "match", "class_ids"]
 
 _HASH_SPACE = 2**64
 
@@ -107,14 +109,15 @@ class Scan:
     labels: np.ndarray = None
     longest: int = 0  # the longest payload, when a --label_bytes label was read
     keys: np.ndarray = None  # the sampled records' pass-1 keys (``scan_with_copies``)
+    order_keys: np.ndarray = None  # every record's pass-1 key, in input order (a scan of a run's input)
 
     @property
     def records(self) -> int:
         return int(sum(self.file_records))
 
     @staticmethod
-    def joined(file_records, hashes, positions, labels=None, longest=0, keys=None) -> "Scan":
-        """A scan from per-chunk parts (``labels``, ``keys`` None: not asked for)."""
+    def joined(file_records, hashes, positions, labels=None, longest=0, keys=None, order_keys=None) -> "Scan":
+        """A scan from per-chunk parts (``labels``, ``keys``, ``order_keys`` None: not asked for)."""
         return Scan(
             file_records,
             np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
@@ -122,15 +125,34 @@ class Scan:
             None if labels is None else (np.concatenate(labels) if labels else np.zeros(0, np.int64)),
             longest,
             None if keys is None else (np.concatenate(keys) if keys else np.zeros(0, np.uint64)),
+            None if order_keys is None else (np.concatenate(order_keys) if order_keys else np.zeros(0, np.uint64)),
         )
 
 
-def scan(fmt, paths, threshold: int, label: Label = None) -> Scan:
+def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None) -> Scan:
     """``paths`` read in order with ``fmt``: the records whose hash is below ``threshold``
-    (a hash-value sample, the same records in input and output) and, given ``label``,
-    every record's label value."""
-    files = ((path, ((table, record_hashes(table), None) for table in fmt.read_chunks(path))) for path in paths)
-    return _sampled(files, threshold, label, keys=False)
+    (a hash-value sample, the same records in input and output), given ``label`` every
+    record's label value, and given ``keys_of`` (a run's input: ``run_keys``) every record's pass-1 key."""
+
+    def chunks(number, path):
+        first = 0
+        for table, places in fmt.read_placed(path):
+            yield table, record_hashes(table), None if keys_of is None else keys_of(number, places, first)
+            first += table.num_rows
+
+    return _sampled(((path, chunks(number, path)) for number, path in enumerate(paths)), threshold, label, keys=False)
+
+
+def run_keys(manifest: dict):
+    """``scan``'s ``keys_of`` for the input of the run that wrote ``manifest``: ``(file number,
+    places, rank of the first) -> keys`` as its pass 1 drew them: by place (format_version 1.1
+    on), by rank in the file (1.0)."""
+    from pileshuffle.keys import position_keys, record_keys
+
+    seed = int(manifest.get("seed") or 0)
+    if tuple(int(n) for n in str(manifest.get("format_version", "1.0")).split(".")) >= (1, 1):
+        return lambda number, places, first: position_keys(seed, (_INPUT_STREAM, number), places)
+    return lambda number, places, first: record_keys(seed, (_INPUT_STREAM, number), first, len(places))
 
 
 def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = None) -> Scan:
@@ -156,8 +178,9 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
 
 def _sampled(files, threshold: int, label, keys: bool) -> Scan:
     """The ``Scan`` of ``files`` = ``[(path, chunks)]`` in order, each chunk ``(table, hashes,
-    pass-1 keys or None)``: the records whose hash is below ``threshold``, and labels."""
-    file_records, hashes, positions, sampled_keys, labels = [], [], [], [], []
+    pass-1 keys or None)``: the records whose hash is below ``threshold`` (with ``keys``, their
+    keys), labels, and every key given."""
+    file_records, hashes, positions, sampled_keys, labels, order_keys = [], [], [], [], [], []
     position = longest = 0
     for path, chunks in files:
         count = 0
@@ -167,6 +190,8 @@ def _sampled(files, threshold: int, label, keys: bool) -> Scan:
             positions.append(kept + position + count)
             if keys:
                 sampled_keys.append(chunk_keys[kept])
+            if chunk_keys is not None:
+                order_keys.append(chunk_keys)
             if label is not None:
                 labels.append(label.values(table, path))
                 longest = max(longest, label.longest(table))
@@ -174,7 +199,7 @@ def _sampled(files, threshold: int, label, keys: bool) -> Scan:
         file_records.append(count)
         position += count
     return Scan.joined(file_records, hashes, positions, labels if label is not None else None, longest,
-                       sampled_keys if keys else None)
+                       sampled_keys if keys else None, order_keys if order_keys else None)
 
 
 def scan_store(output, threshold: int, label: Label = None) -> Scan:

@@ -8,8 +8,8 @@ the shuffle policies are what they are on positions alone.
 - ``shuffle_buffer``: tf.data's ``shuffle(buffer_size)`` (also PyTorch iterable pipelines,
   WebDataset's ``shuffle``): fill a buffer, then repeatedly emit a uniformly chosen slot
   and refill it with the next record; at the end the buffer drains in random order;
-- ``pileshuffle_order``: the 2-pass shuffle on positions, with the run's own keys
-  (``keys.record_keys(seed, (0, source), index)``), so it equals a run's output order;
+- ``pileshuffle_order``: the 2-pass shuffle, with the run's own keys (``keys.position_keys``
+  of each record's place in its file), so given the places it equals a run's output order;
 - ``epoch_positions``: the loader's epoch order (``pileshuffle.loader.order``): piles in a
   seeded permutation, each pile's records spread over a sliding window of ``mix`` piles.
 """
@@ -59,21 +59,24 @@ def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> n
     return out
 
 
-def pileshuffle_keys(file_records, seed: int) -> np.ndarray:
-    """Pass 1's key U of every input record, in input order."""
-    parts = [keymath.record_keys(seed, (_INPUT_STREAM, source), 0, int(count)) for source, count in enumerate(file_records)]
+def pileshuffle_keys(file_places, seed: int) -> np.ndarray:
+    """Pass 1's key U of every input record, in input order. ``file_places[f]``: where file f's
+    records start (``RecordFormat.read_placed``), or a count n for places ``0..n-1`` (the rows
+    of a Parquet file; for a simulation, any file)."""
+    parts = [keymath.position_keys(seed, (_INPUT_STREAM, source), np.arange(int(places)) if np.ndim(places) == 0 else places)
+             for source, places in enumerate(file_places)]
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
-def pileshuffle_order(file_records, seed: int) -> np.ndarray:
-    """The output order of ``pileshuffle run`` on files of these sizes: all records sorted
-    by U (pile = top digits of U, pass 2 sorts each pile by U)."""
-    return np.argsort(pileshuffle_keys(file_records, seed), kind="stable").astype(np.int64)
+def pileshuffle_order(file_places, seed: int) -> np.ndarray:
+    """The output order of ``pileshuffle run`` on files whose records are at these places
+    (``pileshuffle_keys``): all records sorted by U (pile = top digits of U, pass 2 sorts each pile by U)."""
+    return np.argsort(pileshuffle_keys(file_places, seed), kind="stable").astype(np.int64)
 
 
-def pile_records(file_records, seed: int, num_piles: int) -> np.ndarray:
+def pile_records(file_places, seed: int, num_piles: int) -> np.ndarray:
     """Records per pile of that run."""
-    return np.bincount(keymath.pile_of(pileshuffle_keys(file_records, seed), num_piles), minlength=num_piles)
+    return np.bincount(keymath.pile_of(pileshuffle_keys(file_places, seed), num_piles), minlength=num_piles)
 
 
 def epoch_positions(pile_sizes, seed: int, epoch: int, mix: int = 1) -> np.ndarray:

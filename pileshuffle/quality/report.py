@@ -103,7 +103,7 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
             source = locate.scan_with_copies(fmt, input_paths, manifest, threshold, label if compare else None)
             before = locate.scan(fmt, input_paths, 0, label) if label is not None else None  # labels only
         else:
-            source = before = locate.scan(fmt, input_paths, threshold, label)
+            source = before = locate.scan(fmt, input_paths, threshold, label, locate.run_keys(manifest))
     except InputError as error:
         raise _without_format_hint(error, fmt) from None
     if isinstance(output, (list, tuple)):
@@ -238,7 +238,7 @@ def _compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_s
     seed, num_piles = int(manifest.get("seed") or 0), int(manifest["num_piles"])
     given_x = _balanced(manifest)  # the sample's input positions come in clusters of copies
     n = int(sum(pile_sizes))
-    written = orders.pileshuffle_order(source.file_records, seed)
+    written = np.argsort(source.order_keys, kind="stable")  # the run's order, from its seed
     task = training.cats_then_dogs(len(range(0, n, training_stride(n))), seed)
     window = _one_pile(n, num_piles)  # "near": within one pile's records, the buffer row's memory
     rows = []

@@ -35,7 +35,7 @@ from pileshuffle.names import STORE_MANIFEST_GLOB
 from pileshuffle.names import STORE_MANIFEST_NAME as MANIFEST_NAME
 from pileshuffle.names import STORE_SUFFIX, format_problem, generation_dir_name, manifest_header, store_dir
 from pileshuffle.names import store_manifest_name as manifest_name
-from pileshuffle.output_files import missing_local_folders, remove_empty_folders
+from pileshuffle.output_files import lock_holder_at, missing_local_folders, release_lock_file, remove_empty_folders
 
 __all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
            "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
@@ -196,6 +196,7 @@ class FileLock:
     command: str
     what: str = ""  # what the lock guards, as a refusal names it
     same_process_is_stale: bool = False  # composed use: a failed pipeline of this process left it
+    job: str = None  # a job that outlives this process holds the lock after it (``held(handed_over=True)``)
 
     def acquire(self) -> str:
         """Take the lock; returns its token. It returns the token or leaves no lock of its own:
@@ -203,13 +204,13 @@ class FileLock:
         ends) removes it again."""
         token = uuid.uuid4().hex
         holder = {"command": self.command, "host": socket.gethostname(), "pid": os.getpid(), "since": now_iso(),
-                  "token": token}
+                  "token": token, **({"job": self.job} if self.job else {})}
         data = json.dumps(holder).encode()
         for _ in range(3):
             try:
                 self._create(data)
             except FileExistsError:
-                current = _holder_of(self.path)
+                current = lock_holder_at(self.path)
                 if current is not None and not self._stale(current):
                     raise OutputError(self.refusal(current)) from None
                 try:
@@ -230,21 +231,22 @@ class FileLock:
     def release(self, token: str):
         """Remove the lock if ``token`` still holds it (best effort; Ctrl-C does not cut it)."""
         with interrupt.not_cut():
-            try:
-                if (_holder_of(self.path) or {}).get("token") == token:
-                    storage.delete([self.path])
-            except Exception:
-                pass
+            release_lock_file(self.path, token)
 
     @contextlib.contextmanager
-    def held(self):
+    def held(self, handed_over: bool = False):
         """Hold the lock; on leaving, release it and remove the local folders taking it created
-        if they are empty (a failed or refused command leaves no folder behind)."""
+        if they are empty (a failed or refused command leaves no folder behind). ``handed_over``:
+        on leaving without an error the lock stays, held by ``job``, which releases it (by its token)."""
         created = missing_local_folders(storage.split(self.path)[0])
         token = self.acquire()
         try:
             yield token
-        finally:
+        except BaseException:
+            self.release(token)
+            remove_empty_folders(created)
+            raise
+        if not handed_over:
             self.release(token)
             remove_empty_folders(created)
 
@@ -261,7 +263,8 @@ class FileLock:
             raise OutputError(f"cannot write the lock {self.path}: {error}") from error
 
     def _stale(self, holder: dict) -> bool:
-        if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        """Whether the holder is gone: a process of this host that no longer runs (a job's lock is never stale)."""
+        if holder.get("job") or holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
             return False
         if holder["pid"] == os.getpid():
             return self.same_process_is_stale
@@ -283,14 +286,6 @@ class StoreLock(FileLock):
         self.prefix = prefix
 
 
-def _holder_of(path: str):
-    """The holder (dict) of the lock file at ``path``, None if unlocked."""
-    try:
-        return storage.read_json(path)
-    except Exception:
-        return {} if storage.exists(path) else None
-
-
 def lock_path(prefix: str) -> str:
     """The store lock's path: ``{P}-store/LOCK``."""
     return storage.join(store_dir(prefix), LOCK_NAME)
@@ -298,7 +293,7 @@ def lock_path(prefix: str) -> str:
 
 def lock_holder(prefix: str):
     """The store lock's holder (dict), None if unlocked."""
-    return _holder_of(lock_path(prefix))
+    return lock_holder_at(lock_path(prefix))
 
 
 def release_lock(prefix: str, token: str):

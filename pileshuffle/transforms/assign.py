@@ -4,7 +4,6 @@ All per-record work is vectorized over a chunk: keys come from numpy, records mo
 with one Arrow ``take`` per chunk, and each pile's part is a zero-copy slice.
 """
 
-import dataclasses
 import hashlib
 import os
 
@@ -25,43 +24,11 @@ from pileshuffle.formats.labels import (ClassCodesReader, ClassCodesWriter, file
                                         record_labels)
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, class_codes_names, source_writer_name
 from pileshuffle.runs import DEFAULT_RUN_BYTES, PileRuns
+from pileshuffle.sources import Source, SourceStats, source_groups, split_sources, stats_by_file  # noqa: F401 (this module's API too)
 from pileshuffle.tuning import prepare_worker
 
 STATS_TAG = "stats"  # the tag of pass 1's side output: one SourceStats per source
 INPUT_STREAM = 0  # key stream tag of input records: (INPUT_STREAM, source id)
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """One input file; ``id`` is its rank in the sorted file list."""
-
-    id: int
-    path: str
-    size: int
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceStats:
-    """What pass 1 read from one source (``fingerprint``) and put into the piles (``emitted``:
-    the records with their copies under ``--balance``; None: the records as read)."""
-
-    source: int
-    path: str
-    fingerprint: Fingerprint
-    skipped_records: int = 0
-    skipped_bytes: int = 0
-    problems: tuple = ()
-    emitted: Fingerprint = None
-    classes: tuple = ()  # under --balance: ((class, records read, records emitted), ...)
-
-    @staticmethod
-    def of(source: Source, fingerprint: Fingerprint, report: ReadReport, emitted=None, classes=None) -> "SourceStats":
-        return SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
-                           tuple(report.problems), emitted, tuple((c, r, e) for c, (r, e) in sorted((classes or {}).items())))
-
-    @property
-    def put_in(self) -> Fingerprint:
-        return self.fingerprint if self.emitted is None else self.emitted
 
 
 def split_by_pile(table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, num_piles: int,
@@ -121,8 +88,8 @@ class SourcePiles:
 
 def keyed_chunks(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool, report,
                  balance=None, tally=None):
-    """``(table, keys, hashes, lengths, read)`` for each chunk of ``source`` in file order:
-    keys are ``record_keys(seed, stream, position)``, a pure function of the input; ``read``
+    """``(table, keys, hashes, lengths, read)`` for each chunk of ``source`` (of its ``span``) in file
+    order: keys are ``position_keys(seed, stream, positions)``, a pure function of the input; ``read``
     is the chunk's fingerprint as read. With ``balance`` (``(label field, ClassPlan)``, or
     ``(label field, ClassPlan, keep_unlabeled)``) each record comes as many times as its copies
     say, each copy a position of its own, and ``tally`` (a dict) adds up ``class -> [records
@@ -139,18 +106,16 @@ def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, 
     (``table.take(rows)``), and ``keys``, ``hashes`` and ``lengths`` are the copies'. With
     ``stored`` (a ``ClassCodesReader`` of the source) labels come from the counting pass
     instead of being parsed again (and a JSONL file's lines are read where it found them)."""
-    index, first = 0, 0
+    first = 0
     copies_of = None if balance is None else balance[1].copier(source.id)
     keep_unlabeled = balance is not None and len(balance) > 2 and bool(balance[2])
-    chunks = fmt.read_chunks(source.path, chunk_bytes, skip_corrupt, report) if stored is None else \
+    chunks = fmt.read_placed(source.path, chunk_bytes, skip_corrupt, report, source.span) if stored is None else \
         stored.chunks(fmt, chunk_bytes, skip_corrupt, report)
-    for table in chunks:
+    for table, positions in chunks:
         hashes, lengths = record_hashes(table), record_lengths(table)
         read = Fingerprint.of(hashes, int(lengths.sum()))
         if copies_of is None:
-            keys = keymath.record_keys(seed, stream, index, table.num_rows)
-            index += table.num_rows
-            yield table, keys, hashes, lengths, read, None
+            yield table, keymath.position_keys(seed, stream, positions), hashes, lengths, read, None
             continue
         if stored is None:
             codes, classes = class_codes(record_labels(table, balance[0], source.path, first, keep_unlabeled))
@@ -163,8 +128,8 @@ def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, 
             counted = tally.setdefault(label, [0, 0])
             counted[0], counted[1] = counted[0] + read_n, counted[1] + emitted_n
         rows = np.repeat(np.arange(table.num_rows), copies)
-        keys = keymath.record_keys(seed, stream, index, len(rows))
-        index += len(rows)
+        copy_numbers = np.arange(len(rows)) - np.repeat(np.cumsum(copies) - copies, copies)
+        keys = keymath.position_keys(seed, stream, positions[rows], copy_numbers)
         yield table, keys, hashes[rows], lengths[rows], read, rows
     if stored is not None:
         stored.close()
@@ -237,34 +202,12 @@ class CountClasses(beam.DoFn):
                                            self._skip_corrupt, self._keep_unlabeled)
 
 
-_MIN_GROUPS = 16  # a small input is still cut into this many units of work, so every worker has some
-
-
-def source_groups(sources, budget: int) -> list:
-    """``sources`` (in id order) cut into pass 1's units of work: runs of consecutive sources of
-    at least ``budget`` bytes on disk each, or of a sixteenth of the input if that is less (so a
-    small input still spreads over the workers); the last may be less, a larger source is alone.
-    A writer's buffer then fills before it flushes however small the files are. A pure function
-    of the file list and the budget: a re-run forms the same groups and writes the same runs."""
-    target = min(budget, sum(s.size for s in sources) / _MIN_GROUPS)
-    groups, group, held = [], [], 0
-    for source in sources:
-        group.append(source)
-        held += source.size
-        if held >= target:
-            groups.append(tuple(group))
-            group, held = [], 0
-    if group:
-        groups.append(tuple(group))
-    return groups
-
-
 class ReadSourceToPiles(beam.DoFn):
     """Pass 1 of the template: read a group of sources (``source_groups``), key their records,
     and write their piles' parts as runs of up to ``run_bytes`` each (``runs.PileRuns``).
 
-    Keys are ``record_keys(seed, (INPUT_STREAM, source.id), index)``: a pure function of
-    the input, so every runner, worker count and grouping produces the same piles.
+    Keys are ``position_keys(seed, (INPUT_STREAM, source.id), position in the file)``: a pure
+    function of the input, so every runner, worker count, grouping and split produces the same piles.
     Main output: ``(pile, Fragment)``, one per (run, pile); tagged ``stats``: one ``SourceStats``
     per source. Everything is emitted from ``process`` (Beam's DaskRunner drops ``finish_bundle``'s).
     """
@@ -285,8 +228,9 @@ class ReadSourceToPiles(beam.DoFn):
         """``group``: a tuple of ``Source`` (one ``Source`` alone is a group of one). ``counts``:
         the counting pass's side input under ``--balance`` (None: no copies)."""
         group = (group,) if isinstance(group, Source) else tuple(group)
-        runs = PileRuns(self._num_piles, self._run_bytes, source_writer_name(group[0].id), self._fragments_dir,
-                        (group[0].id,))
+        start = group[0].span[0] if group[0].span else 0
+        runs = PileRuns(self._num_piles, self._run_bytes, source_writer_name(group[0].id, start), self._fragments_dir,
+                        (group[0].id, start))
         balance = None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
         for source in group:
             paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)
@@ -377,4 +321,4 @@ class AssignPiles(beam.DoFn):
 
 
 __all__ = ["Source", "SourceStats", "SourcePiles", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "keyed_rows", "split_by_pile",
-           "source_groups", "ReadSourceToPiles", "AssignPiles", "CountClasses", "class_codes", "class_counts", "copies_balance"]
+           "source_groups", "split_sources", "stats_by_file", "ReadSourceToPiles", "AssignPiles", "CountClasses", "class_codes", "class_counts", "copies_balance"]

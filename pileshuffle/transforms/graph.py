@@ -13,9 +13,10 @@ from pileshuffle.transforms.write import WritePiles
 __all__ = ["build", "counted_classes"]
 
 
-def build(pipeline: beam.Pipeline, plan, started: float):
+def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None):
     """The template's graph: one leaf (Finalize), so runners that run only the last
-    leaf (Dask) still run all of it."""
+    leaf (Dask) still run all of it. ``lock_token``: Finalize releases the output's lock
+    (``output_lock``) after publishing: a job that outlives its launcher holds it."""
     fragments_dir = storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
     codes_dir = storage.join(plan.work_dir, CLASS_CODES_DIR)  # --balance: labels from the counting pass to pass 1
     sources = (
@@ -44,6 +45,7 @@ def build(pipeline: beam.Pipeline, plan, started: float):
         | "WritePiles" >> WritePiles(
             plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
             schema=plan.schema, expected=stats, manifest_fields=_manifest_fields(plan), started=started,
+            release_lock=lock_token,
         )
     )
 

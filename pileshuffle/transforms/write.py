@@ -26,9 +26,11 @@ from pileshuffle.errors import InputError, IntegrityError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
 from pileshuffle.fragments import write_failure
-from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manifest_path, shard_name,
+from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manifest_path, output_lock_path, shard_name,
                                staged_manifest_name, staging_dir)
-from pileshuffle.output_files import OutputFiles, check_replaceable, file_name, remove_tree, write_journal
+from pileshuffle.output_files import (OutputFiles, check_replaceable, file_name, release_lock_file, remove_tree,
+                                      write_journal)
+from pileshuffle.transforms.assign import stats_by_file
 from pileshuffle.tuning import prepare_worker
 
 __all__ = ["WriteShard", "PreparePublication", "check_accounted", "balance_section", "Finalize", "schema_json", "KeyByNone",
@@ -163,15 +165,17 @@ def balance_section(sources, options: dict) -> dict:
 class Finalize(beam.DoFn):
     """Check, complete, publish: the only step that creates final names."""
 
-    def __init__(self, prefix, format_name, compression, num_piles, overwrite, schema, manifest_fields, started):
+    def __init__(self, prefix, format_name, compression, num_piles, overwrite, schema, manifest_fields, started,
+                 release_lock=None):
         self._prefix, self._format_name, self._compression = prefix, format_name, compression
+        self._release_lock = release_lock  # the output lock's token, when this job holds the lock
         self._num_piles, self._overwrite, self._schema = num_piles, overwrite, schema
         self._fields, self._started = manifest_fields, started
 
     def process(self, element, direct=False):
         _, items = element
         shards = sorted((i for i in items if isinstance(i, _ShardStats)), key=lambda s: s.pile)
-        sources = sorted((i for i in items if not isinstance(i, _ShardStats)), key=lambda s: s.source)
+        sources = stats_by_file(i for i in items if not isinstance(i, _ShardStats))
         fmt = get_format(self._format_name)
         num_piles = self._num_piles or (shards[0].num_piles if shards else 0)
         input_fp = total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
@@ -200,6 +204,8 @@ class Finalize(beam.DoFn):
             except Exception as error:
                 raise write_failure(self._prefix, error) from error
         self._remove_work(shards)
+        if self._release_lock:  # the job that was handed the output's lock (output_lock) lets it go
+            release_lock_file(output_lock_path(self._prefix), self._release_lock)
         yield manifest
 
     @interrupt.writes
@@ -304,8 +310,9 @@ class WritePiles(beam.PTransform):
     """
 
     def __init__(self, prefix, format, compression="none", num_piles=None, overwrite=False, schema=None,
-                 expected=None, manifest_fields=None, started=None):
+                 expected=None, manifest_fields=None, started=None, release_lock=None):
         super().__init__()
+        self._release_lock = release_lock
         fmt = get_format(format)
         self._prefix, self._format = prefix, fmt.name
         self._compression = compression if fmt.name != "parquet" else fmt.output_compression(compression, [])
@@ -328,6 +335,6 @@ class WritePiles(beam.PTransform):
             | "GatherForFinalize" >> beam.GroupByKey()
             | "Finalize" >> beam.ParDo(
                 Finalize(self._prefix, self._format, self._compression, self._num_piles, self._overwrite,
-                         self._schema, self._fields, self._started or time.time()), direct
+                         self._schema, self._fields, self._started or time.time(), self._release_lock), direct
             )
         )

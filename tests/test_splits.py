@@ -1,0 +1,187 @@
+"""A large file read in spans by several workers: every record once, keyed as when read whole.
+
+A span is a byte range of a file; a record belongs to the span it starts in (a JSONL line at its
+first byte, a Parquet row group at its first page). Readers are checked against the whole read
+for any cut (hypothesis), then the real pipeline for any split size: the same bytes out.
+"""
+
+import glob
+import gzip
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import manifest, run_shuffle, shard_bytes
+from pileshuffle.errors import InputError
+from pileshuffle.formats import get_format
+from pileshuffle.sources import Source, source_groups, split_sources, stats_by_file
+
+
+def read_spans(fmt, path, cuts, chunk_bytes):
+    """``read_placed`` of each span between sorted ``cuts`` (0 and the size included), joined."""
+    tables, places = [], []
+    for start, stop in zip(cuts, cuts[1:]):
+        for table, where in fmt.read_placed(path, chunk_bytes, span=(start, stop)):
+            assert table.num_rows == len(where)
+            tables.append(table)
+            places.append(where)
+    return tables, np.concatenate(places) if places else np.zeros(0, np.int64)
+
+
+def whole(fmt, path):
+    read = list(fmt.read_placed(path, 1 << 20))
+    return [t for t, _ in read], np.concatenate([p for _, p in read]) if read else np.zeros(0, np.int64)
+
+
+def same_records(a, b, column):
+    flatten = lambda tables: [v for t in tables for v in t.column(column).to_pylist()]  # noqa: E731
+    return flatten(a) == flatten(b)
+
+
+text = st.text(st.characters(blacklist_characters="\n\x00", blacklist_categories=("Cs",)), max_size=30)
+lines = st.lists(text.map(str.encode), min_size=1, max_size=60)  # UTF-8 of any width
+
+
+@given(lines=lines, last_newline=st.booleans(), cuts=st.lists(st.floats(0, 1), max_size=12),
+       chunk_bytes=st.sampled_from([1, 7, 64, 1 << 20]))
+@settings(max_examples=150, deadline=None)
+def test_jsonl_spans_give_every_line_once_at_its_offset(tmp_path_factory, lines, last_newline, cuts, chunk_bytes):
+    """Cuts anywhere (mid-line, on a newline, past a line start, spans shorter than a line,
+    empty spans), a last line without its newline, blocks smaller than a line."""
+    path = str(tmp_path_factory.mktemp("jsonl") / "one.jsonl")
+    data = b"\n".join(lines) + (b"\n" if last_newline else b"")
+    with open(path, "wb") as f:
+        f.write(data)
+    size = len(data)
+    bounds = sorted({0, size, *(int(c * size) for c in cuts)})
+    fmt = get_format("jsonl")
+    tables, places = read_spans(fmt, path, bounds, chunk_bytes)
+    expected_tables, expected_places = whole(fmt, path)
+    assert places.tolist() == expected_places.tolist()
+    assert same_records(tables, expected_tables, "line")
+    starts = [0] + [i + 1 for i, byte in enumerate(data[:-1]) if byte == 10]  # a line starts after each newline
+    assert places.tolist() == (starts if size else [])
+
+
+@given(groups=st.lists(st.integers(1, 40), min_size=1, max_size=8), cuts=st.lists(st.floats(0, 1), max_size=10),
+       dictionary=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_parquet_spans_give_every_row_group_once_with_its_row_numbers(tmp_path_factory, groups, cuts, dictionary):
+    path = str(tmp_path_factory.mktemp("parquet") / "one.parquet")
+    rows = sum(groups)
+    table = pa.table({"i": np.arange(rows), "s": [f"row {i % 7}" for i in range(rows)]})
+    with pq.ParquetWriter(path, table.schema, use_dictionary=dictionary) as writer:
+        at = 0
+        for n in groups:
+            writer.write_table(table.slice(at, n))
+            at += n
+    size = os.path.getsize(path)
+    bounds = sorted({0, size, *(int(c * size) for c in cuts)})
+    fmt = get_format("parquet")
+    tables, places = read_spans(fmt, path, bounds, chunk_bytes=64)
+    assert places.tolist() == list(range(rows))
+    assert [v for t in tables for v in t.column("i").to_pylist()] == list(range(rows))
+
+
+def test_large_files_are_cut_into_spans_that_cover_them_and_nothing_else_is(tmp_path):
+    """Spans tile a file; a gzip JSONL, a TFRecord and a small file are read whole; units are
+    the budget, or a sixteenth of the input if less."""
+    big = Source(0, "big.jsonl", 1_000_000)
+    zipped, framed, small = Source(1, "big.jsonl.gz", 1_000_000), Source(2, "x.tfrecord", 1_000_000), Source(3, "s.jsonl", 10)
+    spans = split_sources([big, small], budget=50_000, fmt=get_format("jsonl"))
+    cut = [s.span for s in spans if s.id == 0]
+    assert len(cut) == 20 and cut[0][0] == 0  # 20 units of 50,000 bytes and cut[-1][1] == big.size
+    assert all(a[1] == b[0] for a, b in zip(cut, cut[1:]))
+    assert spans[-1] == small and spans[-1].span is None
+    assert split_sources([zipped], 100_000, get_format("jsonl")) == [zipped]
+    assert split_sources([framed], 100_000, get_format("tfrecord")) == [framed]
+    assert [len(g) for g in source_groups(spans, 50_000)] == [1] * 20 + [1]
+    assert len(split_sources([big], budget=10**9, fmt=get_format("jsonl"))) == 16  # a sixteenth of the input
+
+
+def _write_big_jsonl(path, records):
+    rng = np.random.default_rng(3)
+    with open(path, "w") as f:
+        for i in range(records):
+            f.write(json.dumps({"i": i, "text": "w" * int(rng.integers(0, 200))}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def big_inputs(tmp_path_factory):
+    """One 24 MB JSONL file and one Parquet file of 96 row groups: large enough that a unit of
+    work (a sixteenth of the input, or --run_bytes) cuts them into 16 to 24 spans."""
+    root = tmp_path_factory.mktemp("big")
+    _write_big_jsonl(str(root / "one.jsonl"), 200_000)
+    rows = 96 * 4000
+    table = pa.table({"i": np.arange(rows), "text": ["x" * (i % 97) for i in range(rows)]})
+    pq.write_table(table, str(root / "one.parquet"), row_group_size=4000, compression="none", use_dictionary=False)
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_one_large_file_gives_the_same_bytes_for_any_split_size(big_inputs, tmp_path, fmt):
+    """The unit of work is --run_bytes or a sixteenth of the input: 1 MiB and auto cut the file
+    into different spans, read by different bundles; every shard is byte for byte the same, the
+    manifest lists the file once with all its records, and verify proves it."""
+    path = str(big_inputs / f"one.{fmt}")
+    size = os.path.getsize(path)
+    spans = [len(split_sources([Source(0, path, size)], budget, get_format(fmt))) for budget in (1 << 20, 256 << 20)]
+    assert spans == [size // (1 << 20), 16]  # spans of one to two units
+    outputs = {}
+    for run_bytes in ("1MiB", "auto"):
+        out = str(tmp_path / run_bytes / "s")
+        run_shuffle(path, out, "--num_piles=7", "--seed=5", f"--run_bytes={run_bytes}", "--quiet")
+        outputs[run_bytes] = shard_bytes(out)
+        listed = manifest(out)["inputs"]
+        assert len(listed) == 1 and listed[0]["records"] == manifest(out)["totals"]["records"]
+    assert outputs["1MiB"] == outputs["auto"]
+    from pileshuffle.verify import verify_shards
+
+    assert verify_shards(path, str(tmp_path / "auto" / "s")) == []
+
+
+def test_a_span_reader_names_a_bad_line_by_its_byte_offset(tmp_path):
+    path = str(tmp_path / "bad.jsonl")
+    with open(path, "wb") as f:
+        f.write(b'{"a": 1}\n' * 100 + b'{"a": "\x00"}\n' + b'{"a": 1}\n' * 100)
+    fmt = get_format("jsonl")
+    with pytest.raises(InputError, match=r"the line at byte 900 is not text \(a NUL byte"):
+        read_spans(fmt, path, [0, 450, os.path.getsize(path)], 1 << 20)
+    with pytest.raises(InputError, match=r"line 101 is not text"):
+        whole(fmt, path)
+
+
+def test_span_stats_add_up_per_file():
+    from pileshuffle.fingerprint import Fingerprint
+    from pileshuffle.sources import SourceStats
+
+    a = SourceStats(0, "f", Fingerprint.of(np.array([1, 2], np.uint64), 10), 1, 5, ("x",))
+    b = SourceStats(0, "f", Fingerprint.of(np.array([3], np.uint64), 4), 0, 0, ())
+    c = SourceStats(1, "g", Fingerprint.of(np.array([9], np.uint64), 1))
+    merged = stats_by_file([c, b, a])
+    assert [m.source for m in merged] == [0, 1]
+    assert merged[0].fingerprint == Fingerprint.of(np.array([1, 2, 3], np.uint64), 14)
+    assert (merged[0].skipped_records, merged[0].skipped_bytes, merged[0].problems) == (1, 5, ("x",))
+
+
+def test_a_gzip_jsonl_file_is_read_whole_and_keyed_as_its_plain_form(tmp_path):
+    """A compressed stream cannot be entered mid-way: read whole, its lines keyed by their
+    offsets in the decompressed text, so it shuffles exactly as the plain file does."""
+    plain = str(tmp_path / "plain" / "a.jsonl")
+    os.makedirs(os.path.dirname(plain))
+    _write_big_jsonl(plain, 3000)
+    zipped = str(tmp_path / "gz" / "a.jsonl.gz")
+    os.makedirs(os.path.dirname(zipped))
+    with open(plain, "rb") as src, gzip.open(zipped, "wb") as dst:
+        dst.write(src.read())
+    for where in (plain, zipped):
+        run_shuffle(where, str(tmp_path / os.path.basename(os.path.dirname(where)) / "out" / "s"), "--num_piles=3",
+                    "--seed=2", "--compression=none", "--quiet")
+    assert shard_bytes(str(tmp_path / "plain" / "out" / "s")) == shard_bytes(str(tmp_path / "gz" / "out" / "s"))
+    assert len(glob.glob(str(tmp_path / "gz" / "out" / "s-*.jsonl"))) == 3
