@@ -30,7 +30,7 @@ import threading
 
 __all__ = [
     "EXIT_CODE", "interrupted", "describe", "writing", "writes", "publishing", "not_cut", "handling",
-    "message"
+    "message", "stop_writes", "allow_writes"
 ]
 
 EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
@@ -48,6 +48,7 @@ class _State:
     steps = {}  # thread id -> how many writing steps it is inside
     not_cut_main = False  # the main thread is inside a step Ctrl-C does not cut (``not_cut``)
     deferred = False  # Ctrl-C came then: it takes effect when that step ends
+    stopped = False  # a run failed: its runner's threads start no writing step (``stop_writes``)
     lines = None  # sys.stderr while the command runs (``_LineEnds``)
 
 
@@ -91,6 +92,8 @@ def writing():
     with _steps:
         if _State.interrupted:
             raise KeyboardInterrupt("interrupted (Ctrl-C)")
+        if _State.stopped and threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("the run has failed: its workers write nothing more")
         _State.steps[me] = _State.steps.get(me, 0) + 1
     try:
         yield
@@ -110,6 +113,22 @@ def writes(function):
             return function(*args, **kwargs)
 
     return step
+
+
+def stop_writes():
+    """A run failed in the main thread while the local runner's worker threads may still run
+    its other bundles: from now on no writing step starts outside the main thread (until
+    ``allow_writes``, as the next run starts), and those under way are waited for, so the
+    clean-up that follows removes everything the failed run wrote."""
+    me = threading.get_ident()
+    with _steps:
+        _State.stopped = True
+        _steps.wait_for(lambda: not any(n for thread, n in _State.steps.items() if thread != me), _STEP_WAIT_SECONDS)
+
+
+def allow_writes():
+    """A run starts: its workers may write (``stop_writes`` ended a failed one's)."""
+    _State.stopped = False
 
 
 @contextlib.contextmanager

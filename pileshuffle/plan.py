@@ -80,7 +80,8 @@ class Plan:
         from pileshuffle.transforms.assign import source_groups, split_sources
 
         fmt = get_format(self.format) if self.balance is None else None
-        return source_groups(split_sources(self.sources, self.run_bytes, fmt) if fmt else self.sources, self.run_bytes)
+        spans = split_sources(self.sources, self.run_bytes, fmt, self.skip_corrupt) if fmt else self.sources
+        return source_groups(spans, self.run_bytes)
 
     @property
     def estimated_records(self) -> int:

@@ -12,6 +12,7 @@ import types
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions
 
+from pileshuffle import interrupt
 from pileshuffle.errors import UsageError, unwrapped, user_message
 from pileshuffle.runners import close_client, is_local, should_wait
 
@@ -27,6 +28,7 @@ def run_pipeline(pipeline, options, wait, hold_worker_stderr, on_failure, showin
     holding = _worker_stderr(held) if hold_worker_stderr and is_local(options) else contextlib.nullcontext()
     with showing or contextlib.nullcontext(), holding:
         try:
+            interrupt.allow_writes()
             result = pipeline.run()
             if not should_wait(options, wait):
                 return result
@@ -39,6 +41,8 @@ def run_pipeline(pipeline, options, wait, hold_worker_stderr, on_failure, showin
             return None
         except BaseException as error:
             held.ours = user_message(error) is not None
+            if is_local(options):  # its other bundles may still run: they write nothing more
+                interrupt.stop_writes()
             replacement = on_failure(error)
             if replacement is not None:
                 raise replacement from error
@@ -74,7 +78,9 @@ def _worker_stderr(state):
     """Hold what is written to file descriptor 2 while a local pipeline runs: the local
     runner's worker processes print their own tracebacks there. It is passed on
     afterwards, except when the run failed with one of our errors (``state.ours``): then
-    only our own lines are, and ``main`` reports the error in one line."""
+    only our own lines are, ``main`` reports the error in one line, and what the runner's
+    threads still print (bundles refused once the run failed: ``interrupt.stop_writes``) is
+    dropped: file descriptor 2 goes to /dev/null, ``sys.stderr`` to the real stderr."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -87,7 +93,13 @@ def _worker_stderr(state):
             yield state
         finally:
             sys.stderr.flush()
-            os.dup2(saved, 2)
+            if state.ours:  # the runner's threads may still fail noisily: file descriptor 2 stays quiet,
+                sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)  # our lines go to the real stderr
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 2)
+                os.close(null)
+            else:
+                os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
             text = capture.read().decode(errors="replace")

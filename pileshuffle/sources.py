@@ -9,9 +9,10 @@ manifest and its checks. Pure: the same file list and budget give the same units
 
 import dataclasses
 
+from pileshuffle.errors import IntegrityError
 from pileshuffle.fingerprint import Fingerprint
 
-__all__ = ["Source", "SourceStats", "split_sources", "source_groups", "stats_by_file"]
+__all__ = ["Source", "SourceStats", "split_sources", "source_groups", "stats_by_file", "check_spans_chain"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +44,14 @@ class SourceStats:
     problems: tuple = ()
     emitted: Fingerprint = None
     classes: tuple = ()  # under --balance: ((class, records read, records emitted), ...)
+    span: tuple = None  # the bytes of the file read (None: all of it)
+    reached: tuple = None  # ``ReadReport.reached``: where the span's first record starts, where the next span's must
 
     @staticmethod
     def of(source: Source, fingerprint: Fingerprint, report, emitted=None, classes=None) -> "SourceStats":
         return SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
-                           tuple(report.problems), emitted, tuple((c, r, e) for c, (r, e) in sorted((classes or {}).items())))
+                           tuple(report.problems), emitted, tuple((c, r, e) for c, (r, e) in sorted((classes or {}).items())),
+                           source.span, report.reached)
 
     @property
     def put_in(self) -> Fingerprint:
@@ -56,15 +60,42 @@ class SourceStats:
 
 def stats_by_file(stats) -> list:
     """``SourceStats`` of the spans of one file added up into the file's, in file id order
-    (one per file: what a manifest lists and ``verify`` compares)."""
+    (one per file: what a manifest lists and ``verify`` compares), once ``check_spans_chain``."""
     by_file = {}
-    for one in sorted(stats, key=lambda s: s.source):
-        held = by_file.get(one.source)
-        by_file[one.source] = one if held is None else dataclasses.replace(
-            held, fingerprint=held.fingerprint + one.fingerprint, skipped_records=held.skipped_records + one.skipped_records,
-            skipped_bytes=held.skipped_bytes + one.skipped_bytes, problems=held.problems + one.problems,
-            emitted=None if held.emitted is None else held.emitted + one.emitted)
-    return list(by_file.values())
+    for one in sorted(stats, key=lambda s: (s.source, s.span or ())):
+        by_file.setdefault(one.source, []).append(one)
+    merged = []
+    for spans in by_file.values():
+        check_spans_chain(spans)
+        whole = spans[0]
+        for one in spans[1:]:
+            whole = dataclasses.replace(
+                whole, fingerprint=whole.fingerprint + one.fingerprint, skipped_records=whole.skipped_records + one.skipped_records,
+                skipped_bytes=whole.skipped_bytes + one.skipped_bytes, problems=whole.problems + one.problems,
+                emitted=None if whole.emitted is None else whole.emitted + one.emitted)
+        merged.append(dataclasses.replace(whole, span=None, reached=None))
+    return merged
+
+
+def check_spans_chain(spans):
+    """Refuse (``IntegrityError``) the spans of one file (in file order) unless their readers agree
+    where records start: a span whose first record was found by a search (a TFRecord frame by its
+    CRCs) must start it where the span before stopped walking, and one that found none must lie
+    wholly before that place. Otherwise a payload read as a record, and records would be lost or
+    repeated: nothing is published."""
+    walk = None  # where the walk of the spans so far goes on
+    for one in spans:
+        if one.reached is None:
+            continue
+        first, goes_on = one.reached
+        if walk is not None and (first != walk if first is not None else walk < one.span[1]):
+            raise IntegrityError(
+                f"{one.path}: read in spans, its readers disagree where records start (the span from byte "
+                f"{one.span[0]:,} starts at byte {first if first is not None else 'none'}, the one before ends at "
+                f"byte {walk:,}): a record's payload holds bytes that read as a whole record there; nothing was "
+                "published. Such a file cannot be read in spans: give it compressed (.gz is read whole) or as smaller files")
+        walk = goes_on if first is not None else walk
+    return None
 
 
 _MIN_GROUPS = 16  # a small input is still cut into this many units of work, so every worker has some
@@ -75,7 +106,7 @@ def _unit_bytes(sources, budget: int) -> float:
     return min(budget, sum(s.span_bytes for s in sources) / _MIN_GROUPS)
 
 
-def split_sources(sources, budget: int, fmt) -> list:
+def split_sources(sources, budget: int, fmt, skip_corrupt: bool = False) -> list:
     """``sources`` with each file of two units (``_unit_bytes``) or more that ``fmt`` can read in
     spans (``RecordFormat.can_split``) cut into spans of one to two units, so several workers
     read one large file. Spans are byte ranges; ``fmt`` gives each record to the span it starts in."""
@@ -83,7 +114,7 @@ def split_sources(sources, budget: int, fmt) -> list:
     split = []
     for source in sources:
         pieces = int(source.size // unit) if unit > 0 else 1  # spans of one to two units: each a group alone
-        if pieces <= 1 or not fmt.can_split(source.path):
+        if pieces <= 1 or not fmt.can_split(source.path, skip_corrupt):
             split.append(source)
             continue
         bounds = [source.size * i // pieces for i in range(pieces + 1)]

@@ -310,9 +310,10 @@ def test_plan_speaks_to_a_person_and_json_keeps_the_machine_form(inputs, tmp_pat
     assert heads == ["input", "records", "piles", "pile size", "split again", "memory", "temp space", "output space",
                      "pass 1", "gcs requests", "output", "runner"], text.stdout
     assert "3 tfrecord file(s)" in text.stdout and "s + 6*sqrt(s)" in text.stdout
-    assert "3 run objects" in text.stdout and "12 pile parts" in text.stdout and "FnApiRunner" in text.stdout
+    # 3 files of 123 kB, each read in 5 spans (a unit of work is a sixteenth of the input): a run each
+    assert "15 run objects" in text.stdout and "60 pile parts" in text.stdout and "FnApiRunner" in text.stdout
     machine = json.loads(cli("plan", *args, "--json").stdout)
-    assert machine["files"] == 3 and machine["num_piles"] == 4 and (machine["runs"], machine["parts"]) == (3, 12)
+    assert machine["files"] == 3 and machine["num_piles"] == 4 and (machine["runs"], machine["parts"]) == (15, 60)
     assert {"input_bytes", "reason", "output", "compression", "intermediate", "work_dir", "estimated_records",
             "split_probability", "space", "runner"} <= set(machine)
     assert 2400 < machine["estimated_records"] < 3600
@@ -320,15 +321,16 @@ def test_plan_speaks_to_a_person_and_json_keeps_the_machine_form(inputs, tmp_pat
 
 
 def test_plan_counts_runs_not_files_times_piles(inputs, tmp_path):
-    """40,000 piles over 3 files: pass 1 writes 3 runs (one per group of files), whose parts the
-    plan counts; nothing grows as files x piles, so there is nothing to warn about."""
+    """40,000 piles over 3 files: pass 1 writes 15 runs (one per span: a unit of work is a sixteenth
+    of this small input), whose parts the plan counts; nothing grows as files x piles, so there is
+    nothing to warn about."""
     from pileshuffle.commands.plan import plan_text
     from pileshuffle.plan import make_plan
 
     options = PipelineOptions([f"--input={inputs}/*.tfrecord", f"--output={tmp_path}/o", "--num_piles=40000"])
     plan = make_plan(options)
     runs, parts = plan.run_shape()
-    assert runs == 3 and 2800 < parts < 2900  # ~2,880 records reach ~2,780-2,880 distinct piles of 40,000
+    assert runs == 15 and 2800 < parts < 2900  # ~2,880 records reach ~2,780-2,880 distinct piles of 40,000
     on_gcs = dataclasses.replace(plan, work_dir="gs://bucket/tmp/.pileshuffle-work-0123")
     text = plan_text(on_gcs, options)
     assert "warning" not in text and f"{runs:,} run objects" in text and f"{parts:,} pile parts" in text

@@ -90,8 +90,8 @@ def test_parquet_spans_give_every_row_group_once_with_its_row_numbers(tmp_path_f
 
 
 def test_large_files_are_cut_into_spans_that_cover_them_and_nothing_else_is(tmp_path):
-    """Spans tile a file; a gzip JSONL, a TFRecord and a small file are read whole; units are
-    the budget, or a sixteenth of the input if less."""
+    """Spans tile a file; a gzip JSONL, a TFRecord under --skip_corrupt and a small file are read
+    whole; units are the budget, or a sixteenth of the input if less."""
     big = Source(0, "big.jsonl", 1_000_000)
     zipped, framed, small = Source(1, "big.jsonl.gz", 1_000_000), Source(2, "x.tfrecord", 1_000_000), Source(3, "s.jsonl", 10)
     spans = split_sources([big, small], budget=50_000, fmt=get_format("jsonl"))
@@ -100,7 +100,8 @@ def test_large_files_are_cut_into_spans_that_cover_them_and_nothing_else_is(tmp_
     assert all(a[1] == b[0] for a, b in zip(cut, cut[1:]))
     assert spans[-1] == small and spans[-1].span is None
     assert split_sources([zipped], 100_000, get_format("jsonl")) == [zipped]
-    assert split_sources([framed], 100_000, get_format("tfrecord")) == [framed]
+    assert len(split_sources([framed], 100_000, get_format("tfrecord"))) == 16
+    assert split_sources([framed], 100_000, get_format("tfrecord"), skip_corrupt=True) == [framed]  # skips need the walk
     assert [len(g) for g in source_groups(spans, 50_000)] == [1] * 20 + [1]
     assert len(split_sources([big], budget=10**9, fmt=get_format("jsonl"))) == 16  # a sixteenth of the input
 
@@ -114,17 +115,19 @@ def _write_big_jsonl(path, records):
 
 @pytest.fixture(scope="module")
 def big_inputs(tmp_path_factory):
-    """One 24 MB JSONL file and one Parquet file of 96 row groups: large enough that a unit of
-    work (a sixteenth of the input, or --run_bytes) cuts them into 16 to 24 spans."""
+    """One 24 MB JSONL file, one Parquet file of 96 row groups, one 24 MB TFRecord file: large
+    enough that a unit of work (a sixteenth of the input, or --run_bytes) cuts them into 16 to 24 spans."""
     root = tmp_path_factory.mktemp("big")
     _write_big_jsonl(str(root / "one.jsonl"), 200_000)
     rows = 96 * 4000
     table = pa.table({"i": np.arange(rows), "text": ["x" * (i % 97) for i in range(rows)]})
     pq.write_table(table, str(root / "one.parquet"), row_group_size=4000, compression="none", use_dictionary=False)
+    rng = np.random.default_rng(4)
+    _tfrecord_file(str(root / "one.tfrecord"), [b"%d " % i + bytes(int(n)) for i, n in enumerate(rng.integers(0, 400, 110_000))])
     return root
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "tfrecord"])
 def test_one_large_file_gives_the_same_bytes_for_any_split_size(big_inputs, tmp_path, fmt):
     """The unit of work is --run_bytes or a sixteenth of the input: 1 MiB and auto cut the file
     into different spans, read by different bundles; every shard is byte for byte the same, the
@@ -185,3 +188,115 @@ def test_a_gzip_jsonl_file_is_read_whole_and_keyed_as_its_plain_form(tmp_path):
                     "--seed=2", "--compression=none", "--quiet")
     assert shard_bytes(str(tmp_path / "plain" / "out" / "s")) == shard_bytes(str(tmp_path / "gz" / "out" / "s"))
     assert len(glob.glob(str(tmp_path / "gz" / "out" / "s-*.jsonl"))) == 3
+
+
+def _tfrecord_file(path, payloads):
+    from pileshuffle.formats.tfrecord import frame
+
+    with open(path, "wb") as f:
+        for payload in payloads:
+            f.write(frame(payload))
+
+
+def read_tfrecord_spans(path, cuts, chunk_bytes):
+    """``read_spans`` for TFRecord, with each span's ``reached`` checked to chain (``check_spans_chain``)."""
+    from pileshuffle.formats import ReadReport
+    from pileshuffle.sources import SourceStats, check_spans_chain
+
+    fmt, tables, places, stats = get_format("tfrecord"), [], [], []
+    for start, stop in zip(cuts, cuts[1:]):
+        report = ReadReport()
+        for table, where in fmt.read_placed(path, chunk_bytes, report=report, span=(start, stop)):
+            tables.append(table)
+            places.append(where)
+        stats.append(SourceStats(0, path, None, span=(start, stop), reached=report.reached))
+    check_spans_chain(stats)
+    return tables, np.concatenate(places) if places else np.zeros(0, np.int64)
+
+
+payloads = st.lists(st.one_of(st.binary(max_size=60), st.integers(0, 3000).map(lambda n: bytes(n))), min_size=1, max_size=40)
+
+
+@given(payloads=payloads, cuts=st.lists(st.floats(0, 1), max_size=10), chunk_bytes=st.sampled_from([16, 100, 1 << 20]))
+@settings(max_examples=150, deadline=None)
+def test_tfrecord_spans_find_their_first_frame_by_its_crcs_and_give_every_frame_once(tmp_path_factory, payloads, cuts,
+                                                                                    chunk_bytes):
+    """Cuts anywhere (in a header, a payload of zeros, a footer), frames larger than a block,
+    empty payloads: the frames of all spans are the whole read's, at the same places."""
+    path = str(tmp_path_factory.mktemp("tfrecord") / "one.tfrecord")
+    _tfrecord_file(path, payloads)
+    size = os.path.getsize(path)
+    bounds = sorted({0, size, *(int(c * size) for c in cuts)})
+    tables, places = read_tfrecord_spans(path, bounds, chunk_bytes)
+    expected_tables, expected_places = whole(get_format("tfrecord"), path)
+    assert places.tolist() == expected_places.tolist()
+    assert same_records(tables, expected_tables, "tfrecord_frame")
+
+
+@pytest.mark.parametrize("inner_frames, copies", [(4000, 4), (16000, 1)], ids=["payloads-in-a-span", "spans-in-a-payload"])
+def test_a_payload_that_reads_as_a_frame_across_a_span_boundary_fails_the_run_and_publishes_nothing(
+        tmp_path, inner_frames, copies):
+    """A record whose payload is itself a TFRecord file (a frame inside a frame): a span that
+    starts inside it finds an inner frame by its CRCs, and its walk breaks at the outer frame's
+    footer (some span's always does: the one that holds that footer began inside the payload). The
+    run stops before publishing, naming the file and why; read whole (.gz), the same records shuffle.
+    (A walk that would not break is caught by the spans' chain: the next test.)"""
+    from pileshuffle.formats.tfrecord import frame
+
+    inner = b"".join(frame(b"inner %d " % i + bytes(200)) for i in range(inner_frames))  # ~0.9 or 3.6 MB of frames
+    path = tmp_path / "in" / "nested.tfrecord"
+    path.parent.mkdir()
+    _tfrecord_file(str(path), [b"first"] + [inner] * copies + [b"last %d" % i for i in range(20_000)])
+    out = str(tmp_path / "out" / "s")
+    from pileshuffle.errors import PileshuffleError
+
+    with pytest.raises(PileshuffleError, match=r"nested\.tfrecord at byte offset \d+: corrupt record: the length field "
+                                                r"fails its CRC where a record of the file read from its middle ends: a "
+                                                r"record's payload holds TFRecord records, and such a file cannot be read in "
+                                                r"spans \(give it compressed"):
+        run_shuffle(str(path), out, "--num_piles=3", "--seed=1")
+    assert glob.glob(out + "*") == [] or not os.path.exists(out + "-manifest.json")
+    zipped = tmp_path / "gz" / "nested.tfrecord.gz"
+    zipped.parent.mkdir()
+    zipped.write_bytes(gzip.compress(path.read_bytes(), compresslevel=1))
+    run_shuffle(str(zipped), str(tmp_path / "gz-out" / "s"), "--num_piles=3", "--seed=1", "--compression=none")
+    assert manifest(str(tmp_path / "gz-out" / "s"))["totals"]["records"] == 1 + copies + 20_000
+
+
+def test_spans_whose_readers_disagree_where_records_start_publish_nothing():
+    """``check_spans_chain``: each span that searched for its first record must start it where the
+    walk of the spans before goes on; a span with no record must lie wholly before that place."""
+    from pileshuffle.errors import IntegrityError
+    from pileshuffle.sources import SourceStats, check_spans_chain
+
+    def spans(*reached, size=400):
+        cuts = [i * size // len(reached) for i in range(len(reached) + 1)]
+        return [SourceStats(0, "f.tfrecord", None, span=(a, b), reached=r) for (a, b), r in zip(zip(cuts, cuts[1:]), reached)]
+
+    check_spans_chain(spans((0, 130), (130, 230), (230, 400), (None, None)))  # the last span holds no record start
+    check_spans_chain(spans((0, 350), (None, None), (350, 400), (None, None)))  # a record over a whole span
+    check_spans_chain(spans(None, None))  # spans that did not search (JSONL, Parquet)
+    for bad in (spans((0, 130), (120, 230)),  # overlap: a payload read as records
+                spans((0, 130), (140, 230)),  # a gap: records skipped
+                spans((0, 150), (None, None), (None, None), (None, None))):  # the walk ends inside a span that found none
+        with pytest.raises(IntegrityError, match=r"f\.tfrecord: read in spans, its readers disagree where records start"):
+            check_spans_chain(bad)
+
+
+def test_a_damaged_frame_in_a_file_read_in_spans_is_named_at_its_offset(big_inputs, tmp_path):
+    """Strict reading in spans refuses damage as the whole read does: the run fails naming the file
+    and the damaged frame's offset, and publishes nothing."""
+    from pileshuffle.errors import InputError
+
+    data = bytearray((big_inputs / "one.tfrecord").read_bytes())
+    places = whole(get_format("tfrecord"), str(big_inputs / "one.tfrecord"))[1]
+    damaged = int(places[len(places) * 2 // 3])
+    data[damaged + 14] ^= 0xFF  # a payload byte: the data fails its CRC
+    path = tmp_path / "in" / "one.tfrecord"
+    path.parent.mkdir()
+    path.write_bytes(bytes(data))
+    out = str(tmp_path / "out" / "s")
+    with pytest.raises(InputError, match=rf"one\.tfrecord at byte offset {damaged}: corrupt record: the data \(\d+ bytes\) fails its CRC"):
+        run_shuffle(str(path), out, "--num_piles=3", "--seed=1")
+    assert not os.path.exists(out + "-manifest.json") and glob.glob(out + "-0*") == []
+

@@ -30,6 +30,7 @@ class ReadReport:
     skipped_records: int = 0
     skipped_bytes: int = 0
     problems: list = dataclasses.field(default_factory=list)
+    reached: tuple = None  # a span's reader that finds its first record by a search: (its first record, where the next span's must be)
 
     def skip(self, path, offset, problem, records, nbytes):
         self.skipped_records += records
@@ -179,7 +180,7 @@ class RecordFormat:
             return "gzip" if gz else "none"
         return compression
 
-    def can_split(self, path: str) -> bool:
+    def can_split(self, path: str, skip_corrupt: bool = False) -> bool:
         """Whether ``read_placed`` can read a ``span`` of the file ``path`` on its own."""
         return False
 

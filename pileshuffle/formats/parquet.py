@@ -88,7 +88,7 @@ class ParquetFormat(RecordFormat):
             metadata = _parquet_file(handle, path).metadata
         return _mean_row_bytes(metadata) if metadata.num_rows else None
 
-    def can_split(self, path):
+    def can_split(self, path, skip_corrupt=False):
         return True  # by row groups
 
     def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):

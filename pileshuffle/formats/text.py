@@ -176,7 +176,7 @@ class JsonlFormat(Payloads):
     def payload_views(self, buffer, path, buffer_index):
         return _line_views(buffer, path, buffer_index)
 
-    def can_split(self, path):
+    def can_split(self, path, skip_corrupt=False):
         return compression_of(path) == "uncompressed"  # a compressed stream is read from its start
 
     def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):

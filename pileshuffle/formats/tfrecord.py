@@ -17,7 +17,8 @@ from pileshuffle.crc import (FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, mask_cr
                              payloads_match_stored_crcs, stored_data_crcs, unmask_crcs)
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts, payload_hashes
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_input, read_block
+from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_at, open_input,
+                                      read_block)
 from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import FRAME_COLUMN
 from pileshuffle.storage import compression_of
@@ -26,6 +27,8 @@ __all__ = ["TFRecordFormat", "frame", "scan_frames"]
 
 _CRC_WINDOW_BYTES = 2 << 20
 
+_IN_SPANS = (" where a record of the file read from its middle ends: a record's payload holds TFRecord records, and "
+             "such a file cannot be read in spans (give it compressed, .gz is read whole, or as smaller files)")
 _NOT_TFRECORD = " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
 
 
@@ -87,6 +90,38 @@ def scan_frames(buf: bytes, base_offset: int = 0):
     return starts, pos, None
 
 
+def _synced(handle, path: str, base: int, chunk_bytes: int, file_size):
+    """``(bytes from the first valid frame at or after file offset base, its offset)``, reading
+    ``handle`` (at ``base``) as far as needed; ``(None, None)`` when none is before the end. A
+    candidate's length and its masked CRC must match, its frame fit in the file and its data pass
+    its CRC (read whole to check)."""
+    buf, looked = b"", -1  # looked: the last position known not to start a valid frame
+    while True:
+        block = read_block(handle, path, chunk_bytes, False)
+        buf += block
+        at = _resync(buf, looked)
+        while at is not None and file_size is not None and base + at + HEADER_BYTES + struct.unpack_from("<Q", buf, at)[0] + FOOTER_BYTES > file_size:
+            at = _resync(buf, at)  # a length past the end of the file: no frame
+        if at is not None and at + HEADER_BYTES + struct.unpack_from("<Q", buf, at)[0] + FOOTER_BYTES <= len(buf):
+            return buf[at:], base + at  # whole in buf: _resync checked its data
+        if not block:
+            return None, None
+        if at is None:  # keep what may still start a frame: a header cut by the block end
+            keep = min(len(buf), HEADER_BYTES - 1)
+            base, buf, looked = base + len(buf) - keep, buf[len(buf) - keep:], -1
+        else:
+            looked = at - 1  # its data runs past what was read: read more, look at it again
+
+
+def _header_at(path: str, offset: int) -> bool:
+    """Whether a length and its valid CRC start at ``offset``: a walk that broke 4 bytes before
+    one broke on a frame's footer, the walk of a span begun inside a payload that holds frames
+    (damage never breaks a walk there: a frame is at least 16 bytes)."""
+    with open_at(path, offset) as handle:
+        header = handle.read(HEADER_BYTES)
+    return len(header) == HEADER_BYTES and masked_crc(header[:8]) == struct.unpack_from("<I", header, 8)[0]
+
+
 def _size_of(path):
     try:
         return storage.size(path)
@@ -135,21 +170,57 @@ class TFRecordFormat(Payloads):
     def payload_views(self, buffer, path, buffer_index):
         return _tfrecord_views(buffer, path, buffer_index)
 
+    def can_split(self, path, skip_corrupt=False):
+        # a damaged file under --skip_corrupt is read whole: where a skip resumes is the walk's from the start
+        return compression_of(path) == "uncompressed" and not skip_corrupt
+
     def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
         if span is not None:
-            raise ValueError("TFRecord files are read whole")
+            yield from self._read_span(path, chunk_bytes, span, report)
+            return
         compressed = compression_of(path) != "uncompressed"
         file_size = None if compressed else _size_of(path)
-        buf, base, eof = b"", 0, False
         with open_input(path) as handle:
-            while not eof:
-                block = read_block(handle, path, chunk_bytes, compressed)
-                eof = not block
-                buf = buf + block if buf else block
-                buf, base = yield from self._drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size)
-                if buf and not eof:  # finish the frame cut by the block end, so the next block starts on a frame
-                    buf = self._complete_frame(handle, path, buf, chunk_bytes, compressed)
-                    buf, base = yield from self._drain(path, buf, base, False, skip_corrupt, report, chunk_bytes, file_size)
+            yield from self._frames(handle, path, b"", 0, compressed, skip_corrupt, report, chunk_bytes, file_size)
+
+    def _read_span(self, path, chunk_bytes, span, report):
+        """The frames that start in ``span`` = ``(start, stop)`` (strict reading): from the first
+        frame at or after ``start`` whose length and data pass their CRCs through the last that
+        starts before ``stop``, read whole. ``report.reached`` = ``(where the first starts, where the
+        walk goes on)``, or ``(None, None)``: ``sources.stats_by_file`` checks that a file's spans
+        chain, so a payload that reads as a frame across a boundary fails the run, never silently."""
+        start, stop = span
+        file_size = _size_of(path)
+        report.reached = (None, None)
+        with open_at(path, start) as handle:
+            buf, first = _synced(handle, path, start, chunk_bytes, file_size)
+            if buf is None or first >= stop:
+                return
+            try:
+                for table, places in self._frames(handle, path, buf, first, False, False, report, chunk_bytes, file_size):
+                    owned = int(np.searchsorted(places, stop))
+                    if owned:
+                        yield table.slice(0, owned), places[:owned]
+                    if owned < len(places):  # the walk goes on past the span (that frame checked whole)
+                        report.reached = (first, int(places[owned]))
+                        return
+            except InputError as error:  # damage, or a walk begun inside a payload that holds frames
+                if error.offset is None or not _header_at(path, error.offset + FOOTER_BYTES):
+                    raise
+                raise InputError(path, error.problem + _IN_SPANS, error.offset) from None
+            report.reached = (first, file_size)
+
+    def _frames(self, handle, path, buf, base, compressed, skip_corrupt, report, chunk_bytes, file_size):
+        """``(table, places)`` of every frame from file offset ``base`` (``buf``: bytes read there) to the end."""
+        eof = False
+        while not eof:
+            block = read_block(handle, path, chunk_bytes, compressed)
+            eof = not block
+            buf = buf + block if buf else block
+            buf, base = yield from self._drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size)
+            if buf and not eof:  # finish the frame cut by the block end, so the next block starts on a frame
+                buf = self._complete_frame(handle, path, buf, chunk_bytes, compressed)
+                buf, base = yield from self._drain(path, buf, base, False, skip_corrupt, report, chunk_bytes, file_size)
         if buf:
             self._truncated(path, buf, base, skip_corrupt, report)
 
