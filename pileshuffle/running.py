@@ -93,9 +93,9 @@ def _worker_stderr(state):
             yield state
         finally:
             sys.stderr.flush()
-            if state.ours:  # the runner's threads may still fail noisily: file descriptor 2 stays quiet,
-                sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)  # our lines go to the real stderr
-                null = os.open(os.devnull, os.O_WRONLY)
+            if state.ours and _writes_to_fd_2(sys.stderr):  # the runner's threads may still fail noisily:
+                sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)  # our lines go to the real stderr,
+                null = os.open(os.devnull, os.O_WRONLY)  # file descriptor 2 stays quiet
                 os.dup2(null, 2)
                 os.close(null)
             else:
@@ -107,6 +107,14 @@ def _worker_stderr(state):
                 text = "".join(line for line in text.splitlines(keepends=True) if _OWN_LINE.match(line))
             sys.stderr.write(text)
             sys.stderr.flush()
+
+
+def _writes_to_fd_2(stream) -> bool:
+    """Whether ``stream`` writes to file descriptor 2 (the command line's; not a test's capture)."""
+    try:
+        return stream.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 _OWN_LINE = re.compile(r"^(?:pileshuffle|[A-Z]+ pileshuffle[\w.]*): ")  # our prints and our loggers' records

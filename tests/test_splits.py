@@ -24,13 +24,20 @@ from pileshuffle.sources import Source, source_groups, split_sources, stats_by_f
 
 
 def read_spans(fmt, path, cuts, chunk_bytes):
-    """``read_placed`` of each span between sorted ``cuts`` (0 and the size included), joined."""
-    tables, places = [], []
+    """``read_placed`` of each span between sorted ``cuts`` (0 and the size included), joined, with
+    the spans checked to chain as pass 1's are (``check_spans_chain``)."""
+    from pileshuffle.formats import ReadReport
+    from pileshuffle.sources import SourceStats, check_spans_chain
+
+    tables, places, stats = [], [], []
     for start, stop in zip(cuts, cuts[1:]):
-        for table, where in fmt.read_placed(path, chunk_bytes, span=(start, stop)):
+        report = ReadReport()
+        for table, where in fmt.read_placed(path, chunk_bytes, report=report, span=(start, stop)):
             assert table.num_rows == len(where)
             tables.append(table)
             places.append(where)
+        stats.append(SourceStats(0, path, None, span=(start, stop), reached=report.reached))
+    check_spans_chain(stats)
     return tables, np.concatenate(places) if places else np.zeros(0, np.int64)
 
 
@@ -102,6 +109,9 @@ def test_large_files_are_cut_into_spans_that_cover_them_and_nothing_else_is(tmp_
     assert split_sources([zipped], 100_000, get_format("jsonl")) == [zipped]
     assert len(split_sources([framed], 100_000, get_format("tfrecord"))) == 16
     assert split_sources([framed], 100_000, get_format("tfrecord"), skip_corrupt=True) == [framed]  # skips need the walk
+    shards = Source(4, "x.tar", 1_000_000)
+    assert len(split_sources([shards], 100_000, get_format("tar"))) == 16
+    assert split_sources([shards], 100_000, get_format("tar"), skip_corrupt=True) == [shards]
     assert [len(g) for g in source_groups(spans, 50_000)] == [1] * 20 + [1]
     assert len(split_sources([big], budget=10**9, fmt=get_format("jsonl"))) == 16  # a sixteenth of the input
 
@@ -115,8 +125,9 @@ def _write_big_jsonl(path, records):
 
 @pytest.fixture(scope="module")
 def big_inputs(tmp_path_factory):
-    """One 24 MB JSONL file, one Parquet file of 96 row groups, one 24 MB TFRecord file: large
-    enough that a unit of work (a sixteenth of the input, or --run_bytes) cuts them into 16 to 24 spans."""
+    """One 24 MB JSONL file, one Parquet file of 96 row groups, one 24 MB TFRecord file, one 33 MB
+    WebDataset tar: large enough that a unit of work (a sixteenth of the input, or --run_bytes)
+    cuts them into 16 to 33 spans."""
     root = tmp_path_factory.mktemp("big")
     _write_big_jsonl(str(root / "one.jsonl"), 200_000)
     rows = 96 * 4000
@@ -124,10 +135,14 @@ def big_inputs(tmp_path_factory):
     pq.write_table(table, str(root / "one.parquet"), row_group_size=4000, compression="none", use_dictionary=False)
     rng = np.random.default_rng(4)
     _tfrecord_file(str(root / "one.tfrecord"), [b"%d " % i + bytes(int(n)) for i, n in enumerate(rng.integers(0, 400, 110_000))])
+    import tarfile
+
+    _tar_file(str(root / "one.tar"), [(f"s{i:06d}", [("jpg", int(n)), ("cls", 1)]) for i, n in
+                                      enumerate(rng.integers(0, 1500, 12_000))], tarfile.PAX_FORMAT)
     return root
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "tfrecord"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "tfrecord", "tar"])
 def test_one_large_file_gives_the_same_bytes_for_any_split_size(big_inputs, tmp_path, fmt):
     """The unit of work is --run_bytes or a sixteenth of the input: 1 MiB and auto cut the file
     into different spans, read by different bundles; every shard is byte for byte the same, the
@@ -198,22 +213,6 @@ def _tfrecord_file(path, payloads):
             f.write(frame(payload))
 
 
-def read_tfrecord_spans(path, cuts, chunk_bytes):
-    """``read_spans`` for TFRecord, with each span's ``reached`` checked to chain (``check_spans_chain``)."""
-    from pileshuffle.formats import ReadReport
-    from pileshuffle.sources import SourceStats, check_spans_chain
-
-    fmt, tables, places, stats = get_format("tfrecord"), [], [], []
-    for start, stop in zip(cuts, cuts[1:]):
-        report = ReadReport()
-        for table, where in fmt.read_placed(path, chunk_bytes, report=report, span=(start, stop)):
-            tables.append(table)
-            places.append(where)
-        stats.append(SourceStats(0, path, None, span=(start, stop), reached=report.reached))
-    check_spans_chain(stats)
-    return tables, np.concatenate(places) if places else np.zeros(0, np.int64)
-
-
 payloads = st.lists(st.one_of(st.binary(max_size=60), st.integers(0, 3000).map(lambda n: bytes(n))), min_size=1, max_size=40)
 
 
@@ -227,10 +226,36 @@ def test_tfrecord_spans_find_their_first_frame_by_its_crcs_and_give_every_frame_
     _tfrecord_file(path, payloads)
     size = os.path.getsize(path)
     bounds = sorted({0, size, *(int(c * size) for c in cuts)})
-    tables, places = read_tfrecord_spans(path, bounds, chunk_bytes)
+    tables, places = read_spans(get_format("tfrecord"), path, bounds, chunk_bytes)
     expected_tables, expected_places = whole(get_format("tfrecord"), path)
     assert places.tolist() == expected_places.tolist()
     assert same_records(tables, expected_tables, "tfrecord_frame")
+
+
+@given(payloads=payloads, damaged=st.floats(0, 1), where=st.sampled_from(["length", "length crc", "payload", "footer"]),
+       cuts=st.lists(st.floats(0, 1), max_size=8), chunk_bytes=st.sampled_from([16, 100, 1 << 20]))
+@settings(max_examples=150, deadline=None)
+def test_a_damaged_frame_anywhere_fails_a_read_in_spans_for_any_cuts(tmp_path_factory, payloads, damaged, where, cuts,
+                                                                     chunk_bytes):
+    """Strict reading never loses a damaged frame: whichever span it falls in (the first one's
+    first frame too, at a span's start, across a boundary), some span's walk refuses it or the
+    spans do not chain."""
+    from pileshuffle.errors import PileshuffleError
+    from pileshuffle.formats.tfrecord import frame
+
+    frames = [frame(p) for p in payloads]
+    index = min(int(damaged * len(frames)), len(frames) - 1)
+    at = sum(len(f) for f in frames[:index]) + {"length": 0, "length crc": 9, "payload": 12, "footer": len(frames[index]) - 1}[where]
+    if where == "payload" and len(payloads[index]) == 0:
+        at += 1  # no payload byte: damage the footer
+    data = bytearray(b"".join(frames))
+    data[at] ^= 0x20
+    path = str(tmp_path_factory.mktemp("damaged") / "one.tfrecord")
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    size = len(data)
+    with pytest.raises(PileshuffleError):
+        read_spans(get_format("tfrecord"), path, sorted({0, size, *(int(c * size) for c in cuts)}), chunk_bytes)
 
 
 @pytest.mark.parametrize("inner_frames, copies", [(4000, 4), (16000, 1)], ids=["payloads-in-a-span", "spans-in-a-payload"])
@@ -300,3 +325,81 @@ def test_a_damaged_frame_in_a_file_read_in_spans_is_named_at_its_offset(big_inpu
         run_shuffle(str(path), out, "--num_piles=3", "--seed=1")
     assert not os.path.exists(out + "-manifest.json") and glob.glob(out + "-0*") == []
 
+
+
+def _tar_file(path, samples, tar_format):
+    """A WebDataset tar: each sample ``(key, [(extension, size), ...])`` as consecutive members."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tar_format) as archive:
+        for number, (key, members) in enumerate(samples):
+            for extension, size in members:
+                data = (b"%d." % number + extension.encode()) * (size // 4 + 1)
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size = size
+                archive.addfile(info, io.BytesIO(data[:size]))
+
+
+tar_samples = st.lists(
+    st.tuples(st.sampled_from(["s", "dir/s", "a/very/long/path/" + "d" * 120 + "/s"]),  # long: PAX or GNU headers
+              st.lists(st.tuples(st.sampled_from(["jpg", "cls", "json"]), st.integers(0, 1500)), min_size=1, max_size=3,
+                       unique_by=lambda m: m[0])),
+    min_size=1, max_size=25)
+
+
+@given(samples=tar_samples, cuts=st.lists(st.floats(0, 1), max_size=10), tar_format=st.sampled_from(["pax", "gnu"]),
+       chunk_bytes=st.sampled_from([512, 3000, 1 << 20]))
+@settings(max_examples=120, deadline=None)
+def test_tar_spans_move_each_boundary_to_a_sample_start_both_sides_agree_on(tmp_path_factory, samples, cuts, tar_format,
+                                                                           chunk_bytes):
+    """Cuts anywhere (a header, a PAX or GNU long-name entry, data, the end-of-archive blocks),
+    samples of one to three members: the samples of all spans are the whole read's, at the same
+    places, and the spans chain."""
+    import tarfile
+
+    path = str(tmp_path_factory.mktemp("tar") / "one.tar")
+    keyed = [(f"{prefix}{number:05d}", members) for number, (prefix, members) in enumerate(samples)]
+    _tar_file(path, keyed, tarfile.PAX_FORMAT if tar_format == "pax" else tarfile.GNU_FORMAT)
+    size = os.path.getsize(path)
+    bounds = sorted({0, size, *(int(c * size) for c in cuts)})
+    tables, places = read_spans(get_format("tar"), path, bounds, chunk_bytes)
+    expected_tables, expected_places = whole(get_format("tar"), path)
+    assert places.tolist() == expected_places.tolist()
+    assert same_records(tables, expected_tables, "tar_sample")
+
+
+def test_a_tar_member_holding_a_tar_archive_fails_the_run_in_spans_and_shuffles_read_whole(tmp_path):
+    """A sample whose member is itself a tar archive: a span boundary inside it finds the inner
+    headers. The span before walks the real members and finds no sample starting where the span
+    after begins: the run stops before publishing, naming the file and the offset; read whole
+    (.gz), the same samples shuffle."""
+    import io
+    import tarfile
+
+    inner = io.BytesIO()
+    with tarfile.open(fileobj=inner, mode="w") as archive:
+        for i in range(3000):
+            info = tarfile.TarInfo(f"inner{i:05d}.txt")
+            info.size = 100
+            archive.addfile(info, io.BytesIO(bytes(100)))
+    path = tmp_path / "in" / "nested.tar"
+    path.parent.mkdir()
+    with tarfile.open(path, "w") as archive:
+        for i in range(400):
+            data = inner.getvalue() if i % 100 == 50 else b"x" * 3000
+            info = tarfile.TarInfo(f"s{i:05d}.{'tar' if i % 100 == 50 else 'bin'}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    from pileshuffle.errors import PileshuffleError
+
+    out = str(tmp_path / "out" / "s")
+    with pytest.raises(PileshuffleError, match=r"nested\.tar.*a tar member's data holds what reads as tar headers here: such "
+                                                r"a file cannot be read in spans"):
+        run_shuffle(str(path), out, "--num_piles=3", "--seed=1")
+    assert not os.path.exists(out + "-manifest.json") and glob.glob(out + "-0*") == []
+    zipped = tmp_path / "gz" / "nested.tar.gz"
+    zipped.parent.mkdir()
+    zipped.write_bytes(gzip.compress(path.read_bytes(), compresslevel=1))
+    run_shuffle(str(zipped), str(tmp_path / "gz-out" / "s"), "--num_piles=3", "--seed=1", "--compression=none")
+    assert manifest(str(tmp_path / "gz-out" / "s"))["totals"]["records"] == 400

@@ -9,6 +9,10 @@ is rewritten, so the same input and seed give the same bytes, every member of a 
 moves with it, and nothing of the input is dropped but its end marker. Entries that are not
 files but carry no data (directories, global PAX headers) travel with the sample after
 them (the last sample: before them); links and devices are refused.
+
+A large file is read in spans (``TarFormat._read_span``): a span boundary moves to a sample
+start both sides find alike, found from the first block at or after it that passes a tar
+header's checksum; the walk of the span before checks that it is one.
 """
 
 import re
@@ -19,7 +23,7 @@ import numpy as np
 from pileshuffle import storage
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, Payloads, binary_table, open_input, read_block
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, Payloads, binary_table, open_at, open_input, read_block
 from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import TAR_SAMPLE_COLUMN
 from pileshuffle.storage import compression_of
@@ -171,6 +175,77 @@ def _sample_bounds(walk: _Walk, keys_seen: set, complete: bool):
     return [members[i][0] for i in firsts] + [end], kept
 
 
+def _boundary(walk: _Walk, stop: int) -> tuple:
+    """``(first, moved)``: indexes into ``walk.members`` of the first member whose own header is
+    at or after file offset ``stop`` (its name may come from entries before it), and of the
+    member a span boundary at ``stop`` moves to: from the second member after ``first`` on, the
+    first whose key differs from the member's before it. Each None when not in these members."""
+    own_headers = [walk.base + data - BLOCK for _, data, _, _, _ in walk.members]
+    first = next((i for i, at in enumerate(own_headers) if at >= stop), None)
+    if first is None:
+        return None, None
+    keys = [_key(name) for _, _, _, _, name in walk.members]
+    return first, next((i for i in range(first + 2, len(keys)) if keys[i] != keys[i - 1]), None)
+
+
+def _key(name: str) -> str:
+    return (key_of(name) or (name,))[0]
+
+
+def _moved(path: str, offset: int, chunk_bytes: int):
+    """Where a span boundary at file ``offset`` moves to (``_past_boundary``): a sample's start, or None."""
+    aligned = -(-offset // BLOCK) * BLOCK
+    with open_at(path, aligned) as handle:
+        return _past_boundary(handle, path, aligned, chunk_bytes)[1]
+
+
+def _cut_at(walk: _Walk, limit: int, at_end: bool) -> bool:
+    """Keep the members of ``walk`` before relative offset ``limit``, which must be where one
+    begins (or the archive's end); whether the walk reached it."""
+    begins = [begin for begin, _, _, _, _ in walk.members]
+    if limit in begins:
+        index = begins.index(limit)
+        walk.members, walk.tail, walk.problem = walk.members[:index], limit, None
+        return True
+    if any(b > limit for b in begins) or (walk.ended and walk.tail < limit) or (at_end and walk.problem is None):
+        raise InputError(walk.path, "a tar member's data holds what reads as tar headers here: such a file cannot "
+                                    "be read in spans (give it compressed, .gz is read whole, or as smaller files)",
+                         walk.base + limit)
+    return False
+
+
+def _past_boundary(handle, path: str, base: int, chunk_bytes: int) -> tuple:
+    """``(bytes from the first sample of a span, its file offset)``: from the first block at or
+    after ``base`` (aligned) that passes a tar header's checksum, past the boundary
+    (``_boundary``); ``(None, None)`` when the archive ends first."""
+    buf = b""
+    while True:  # the first header
+        block = read_block(handle, path, chunk_bytes, False)
+        if not block:
+            return None, None
+        buf += block
+        whole = len(buf) // BLOCK * BLOCK
+        at = next((p for p in range(0, whole, BLOCK) if _is_header(bytes(buf[p:p + BLOCK]))), None)
+        if at is not None:
+            buf, base = buf[at:], base + at
+            break
+        buf, base = buf[whole:], base + whole
+    while True:  # then the boundary
+        walk = _Walk(buf, path, base)
+        _, boundary = _boundary(walk, base)
+        if boundary is not None:
+            cut = walk.members[boundary][0]
+            return buf[cut:], base + cut
+        if walk.problem is not None:
+            raise walk.problem
+        if walk.ended:
+            return None, None
+        block = read_block(handle, path, chunk_bytes, False)
+        if not block:
+            return None, None
+        buf += block
+
+
 def sample_dict(payload) -> dict:
     """A sample's raw tar bytes (as a shard holds them: checked when it was read) as
     WebDataset's dict: ``{"__key__": key, extension: data, ...}``. Plain ustar members are
@@ -230,41 +305,66 @@ class TarFormat(Payloads):
     extension = ".tar"
     record_column = TAR_SAMPLE_COLUMN
 
+    def can_split(self, path, skip_corrupt=False):
+        # under --skip_corrupt a damage ends the file's read: where is known only walking from the start
+        return compression_of(path) == "uncompressed" and not skip_corrupt
+
     def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
         """Samples in file order, each at the offset of its first entry. With ``skip_corrupt`` a damaged header or a truncated end
         stops the file's read there: the samples before it are kept, the rest is reported
-        skipped (a tar has no marks to find the next header by)."""
+        skipped (a tar has no marks to find the next header by). With ``span`` (strict
+        reading): the samples ``_read_span`` gives it."""
         if span is not None:
-            raise ValueError("tar files are read whole")
+            yield from self._read_span(path, chunk_bytes, span, report)
+            return
         try:
-            yield from self._samples(path, chunk_bytes)
+            with open_input(path) as handle:
+                yield from self._samples(handle, path, b"", 0, chunk_bytes, compression_of(path) != "uncompressed")
         except InputError as error:
             if not skip_corrupt or report is None or error.offset is None or error.path != path:
                 raise
             report.skip(path, error.offset, error.problem, 0, max(0, self._size(path) - error.offset))
 
-    def _samples(self, path, chunk_bytes):
-        compressed = compression_of(path) != "uncompressed"
-        buf, base, keys_seen = b"", 0, set()
-        with open_input(path) as handle:
-            while True:
-                block = read_block(handle, path, chunk_bytes, compressed)
-                buf = buf + block if buf else block
-                walk = _Walk(buf, path, base)
-                at_end = walk.ended or not block or walk.problem is not None
-                if not block and walk.problem is None and walk.stop < len(buf):
-                    raise InputError(path, f"is truncated: the entry at this offset runs past the end of the file "
-                                           f"({len(buf) - walk.stop:,} bytes left)", base + walk.stop)
-                bounds, kept = _sample_bounds(walk, keys_seen, complete=at_end)
-                if bounds:
-                    bounds = np.asarray(bounds, dtype=np.int64)
-                    yield binary_table(TAR_SAMPLE_COLUMN, buf, bounds), base + bounds[:-1]
-                if walk.problem is not None:
-                    raise walk.problem
-                if at_end:
-                    return
-                cut = walk.members[kept][0] if kept < len(walk.members) else walk.stop
-                base, buf = base + cut, buf[cut:]
+    def _read_span(self, path, chunk_bytes, span, report):
+        """The samples of ``span`` = ``(start, stop)``: from the one its start moves to (``_moved``)
+        up to the one its stop moves to (the walk checks it is a sample start: a member's data may
+        hold what reads as tar headers). ``report.reached``: ``(first, the next span's first or the
+        file's size)`` for ``sources.check_spans_chain``; ``(None, None)``: none here."""
+        start, stop = span
+        report.reached = (None, None)
+        size = self._size(path)
+        first = 0 if not start else _moved(path, start, chunk_bytes)
+        limit = None if stop >= size else _moved(path, stop, chunk_bytes)
+        if first is None or (limit is not None and first >= limit):
+            return
+        with open_at(path, first) as handle:
+            yield from self._samples(handle, path, b"", first, chunk_bytes, False, limit)
+        report.reached = (first, size if limit is None else limit)
+
+    def _samples(self, handle, path, buf, base, chunk_bytes, compressed, limit=None):
+        """``(table, places)`` of the samples from file offset ``base`` (``buf``: bytes read there) to
+        the archive's end, or to the one that starts at offset ``limit`` (``_cut_at``)."""
+        keys_seen = set()
+        while True:
+            block = read_block(handle, path, chunk_bytes, compressed)
+            buf = buf + block if buf else block
+            walk = _Walk(buf, path, base)
+            at_end = walk.ended or not block or walk.problem is not None
+            if not block and not walk.ended and walk.problem is None and walk.stop < len(buf):
+                raise InputError(path, f"is truncated: the entry at this offset runs past the end of the file "
+                                       f"({len(buf) - walk.stop:,} bytes left)", base + walk.stop)
+            if limit is not None:
+                at_end = _cut_at(walk, limit - base, at_end) or at_end
+            bounds, kept = _sample_bounds(walk, keys_seen, complete=at_end)
+            if bounds:
+                bounds = np.asarray(bounds, dtype=np.int64)
+                yield binary_table(TAR_SAMPLE_COLUMN, buf, bounds), base + bounds[:-1]
+            if walk.problem is not None:
+                raise walk.problem
+            if at_end:
+                return
+            cut = walk.members[kept][0] if kept < len(walk.members) else walk.stop
+            base, buf = base + cut, buf[cut:]
 
     @staticmethod
     def _size(path) -> int:

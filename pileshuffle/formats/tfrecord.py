@@ -184,16 +184,16 @@ class TFRecordFormat(Payloads):
             yield from self._frames(handle, path, b"", 0, compressed, skip_corrupt, report, chunk_bytes, file_size)
 
     def _read_span(self, path, chunk_bytes, span, report):
-        """The frames that start in ``span`` = ``(start, stop)`` (strict reading): from the first
-        frame at or after ``start`` whose length and data pass their CRCs through the last that
-        starts before ``stop``, read whole. ``report.reached`` = ``(where the first starts, where the
+        """The frames that start in ``span`` = ``(start, stop)`` (strict reading): from the file's
+        start, or from the first frame at or after ``start`` whose length and data pass their CRCs,
+        through the last that starts before ``stop``, read whole. ``report.reached`` = ``(where the first starts, where the
         walk goes on)``, or ``(None, None)``: ``sources.stats_by_file`` checks that a file's spans
         chain, so a payload that reads as a frame across a boundary fails the run, never silently."""
         start, stop = span
         file_size = _size_of(path)
         report.reached = (None, None)
         with open_at(path, start) as handle:
-            buf, first = _synced(handle, path, start, chunk_bytes, file_size)
+            buf, first = (b"", 0) if not start else _synced(handle, path, start, chunk_bytes, file_size)  # the first: walked
             if buf is None or first >= stop:
                 return
             try:
