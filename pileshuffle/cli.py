@@ -16,6 +16,8 @@ import sys
 
 __all__ = ["Command", "COMMANDS", "main", "entry"]
 
+CLOSED_STDOUT_EXIT_CODE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`
+
 
 @dataclasses.dataclass(frozen=True)
 class Command:
@@ -78,7 +80,7 @@ def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {command.description}" for name, command in COMMANDS.items()]
     return "\n".join(["usage: pileshuffle COMMAND [options]", "", "commands:", *lines, "",
-                      "'pileshuffle COMMAND --help' shows a command's options."])
+                      "'pileshuffle COMMAND --help' shows a command's options; 'pileshuffle --version' the version."])
 
 
 def main(argv=None):
@@ -87,6 +89,11 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]].main(argv[1:], argv[0])
+    if argv == ["--version"]:
+        from pileshuffle import __version__
+
+        print(f"pileshuffle {__version__}")
+        return 0
     asked = bool(argv) and argv[0] in ("-h", "--help")
     if argv and not asked:
         print(f"pileshuffle: error: unknown command {argv[0]!r}", file=sys.stderr)
@@ -99,14 +106,19 @@ def entry():
     process that is still alive, exit without tearing the interpreter down. Every output
     is closed and renamed by then; the teardown (freeing Beam's and Arrow's objects one by
     one, joining their thread pools) took 0.4 s of a 6 s run. An exception exits normally;
-    Ctrl-C exits with one line and code 130 (``pileshuffle.interrupt``)."""
+    Ctrl-C exits with one line and code 130 (``pileshuffle.interrupt``); a closed stdout
+    quietly, with the code a shell reports for a process SIGPIPE ended (141)."""
     from pileshuffle import interrupt
 
     named = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in COMMANDS else None
-    with interrupt.handling(named):
-        code = main()
-    logging.shutdown()
-    sys.stdout.flush()
+    try:
+        with interrupt.handling(named):
+            code = main()
+        logging.shutdown()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader of stdout is gone (`pileshuffle plan ... | head`): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = CLOSED_STDOUT_EXIT_CODE
     sys.stderr.flush()
     if multiprocessing.active_children():
         sys.exit(code)

@@ -294,14 +294,21 @@ def describe_skipped(skipped: dict) -> str:
                      for why, names in groups.items())
 
 
+RESERVED_PREFIX = "_pileshuffle_"  # columns the piles add to every record (names.KEY_COLUMN, names.HASH_COLUMN)
+
+
 def check_schemas(fmt, sources):
     """The common schema of all sources (Parquet), or None; a mismatch names both files
-    and the first difference."""
+    and the first difference, a column pileshuffle reserves (``RESERVED_PREFIX``) the file."""
     first_schema, first_path = None, None
     for source in sources:
         schema = fmt.check_source(source.path)
         if schema is None:
             continue
+        reserved = [name for name in schema.names if name.startswith(RESERVED_PREFIX)]
+        if reserved:
+            raise InputError(source.path, f"has a column named {reserved[0]!r}: names starting {RESERVED_PREFIX!r} are "
+                                          "pileshuffle's own (each record's key and hash in the piles); rename it")
         if first_schema is None:
             first_schema, first_path = schema, source.path
         elif not schema.equals(first_schema, check_metadata=False):

@@ -1,5 +1,6 @@
 """Ctrl-C in a command: one line on stderr, exit code 130, nothing half published, no
-temp file left behind.
+temp file left behind. SIGTERM (what ``timeout``, Docker, Kubernetes and Slurm send) and
+SIGHUP (a closed terminal) are handled alike, with exit codes 143 and 129 (128 + the signal).
 
 ``handling(command)`` wraps a command-line command (``cli.entry``). The local runner runs
 DoFns in worker threads that go on after Ctrl-C stops the main thread, so:
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each stops a command as Ctrl-C does
 _STEP_WAIT_SECONDS = 60.0  # Ctrl-C waits this long at most for other threads' steps to end
 _UNWIND_SECONDS = 10.0  # then the command's clean-up; past this the process exits anyway
 
@@ -44,6 +46,7 @@ class _State:
     unfinished = None  # what the line says when nothing was published (``describe``)
     finished = None  # what it says when the result was published before Ctrl-C came
     interrupted = False
+    signum = signal.SIGINT  # the signal that stopped the command: its exit code is 128 + it
     published = False
     steps = {}  # thread id -> how many writing steps it is inside
     not_cut_main = False  # the main thread is inside a step Ctrl-C does not cut (``not_cut``)
@@ -160,16 +163,19 @@ def not_cut():
 
 @contextlib.contextmanager
 def handling(command: str):
-    """Run a command's ``main`` so that Ctrl-C ends it as this module says. Does nothing
-    when SIGINT is ignored or handled by someone else (a background job, an embedding
-    program) or outside the main thread."""
-    ours = (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    """Run a command's ``main`` so that Ctrl-C, SIGTERM and SIGHUP end it as this module says.
+    A signal that is ignored or handled by someone else (a background job, ``nohup``, an
+    embedding program) is left alone; outside the main thread nothing is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
+    ours = [s for s in _SIGNALS if signal.getsignal(s) is defaults[s]]
     if not ours:
         yield
         return
     _State.command, _State.stderr, _State.published = command, os.dup(2), False
-    previous, stream = signal.signal(signal.SIGINT, _on_sigint), sys.stderr
+    previous, stream = {s: signal.signal(s, _on_sigint) for s in ours}, sys.stderr
     sys.stderr = _State.lines = _LineEnds(stream)
     try:
         yield
@@ -178,7 +184,8 @@ def handling(command: str):
             _exit()
         raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         if sys.stderr is _State.lines:
             sys.stderr = stream
     if _State.interrupted:  # a command that caught the interrupt and returned
@@ -190,6 +197,7 @@ def _on_sigint(signum, frame):
         if not _State.not_cut_main:
             _exit()
         return
+    _State.signum = signum
     _silence()
     if _State.not_cut_main:  # let the main thread finish that step first
         _State.deferred = True
@@ -228,6 +236,8 @@ def _silence():
 def message() -> str:
     """The one line: what was interrupted, and whether it had published its result."""
     name = f"pileshuffle {_State.command}" if _State.command else "pileshuffle"
+    if _State.signum != signal.SIGINT:
+        name += f" ({signal.Signals(_State.signum).name})"
     if _State.published:
         return f"{name}: interrupted after {_State.finished or 'it had published its result'}"
     return f"{name}: interrupted; {_State.unfinished}" if _State.unfinished else f"{name}: interrupted"
@@ -240,4 +250,4 @@ def _exit():
         os.write(_State.stderr if _State.stderr is not None else 2, (start + message() + "\n").encode())
     except OSError:
         pass
-    os._exit(EXIT_CODE)
+    os._exit(128 + _State.signum)

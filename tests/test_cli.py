@@ -358,3 +358,38 @@ def test_generate_is_a_command_module_too(tmp_path):
     paths = done.stdout.split()
     assert len(paths) == 2 and all(os.path.exists(p) for p in paths)
     assert sum(len(open(p).readlines()) for p in paths) == 10
+
+
+def test_a_pile_count_beyond_what_memory_can_hold_is_refused_by_plan_and_run_alike(inputs, tmp_path):
+    """`--num_piles 1000000000` on a few thousand records once ran this machine out of its 23 GB
+    (each pile costs ~2 KB of bookkeeping: a shard, accounted for and listed in the manifest).
+    Now `plan` and `run` refuse it in one line, with the bound and what auto would choose, before
+    anything is written; the refusal takes the time of any option error (Beam's import)."""
+    import time
+
+    for command in ("plan", "run"):
+        began = time.perf_counter()
+        done = cli(command, "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), "--num_piles=1000000000")
+        seconds = time.perf_counter() - began
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert re.search(r"--num_piles 1,000,000,000: each pile costs about 2,048 bytes of memory .* 2,048\.0 GB in all, more "
+                         r"than half the [\d.,]+ GB available here: at most [\d,]+ piles \(--num_piles auto chooses 1 for this "
+                         r"input\)", line), line
+        assert seconds < 15 and not (tmp_path / "o").exists()
+    assert cli("plan", "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), "--num_piles=100000").returncode == 0
+
+
+def test_version_and_type_information():
+    """`pileshuffle --version` says the version the manifests record; the package ships its
+    PEP 561 marker (py.typed) so type checkers read its annotations."""
+    import importlib.resources
+
+    import pileshuffle
+
+    done = cli("--version")
+    assert (done.returncode, done.stdout) == (0, f"pileshuffle {pileshuffle.__version__}\n")
+    assert "--version" in cli("--help").stdout
+    assert importlib.resources.files("pileshuffle").joinpath("py.typed").is_file()
+    setup = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")).read()
+    assert 'package_data={"pileshuffle": ["py.typed"]}' in setup

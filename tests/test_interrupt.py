@@ -39,16 +39,17 @@ class Interrupted:
     def __init__(self, code, before, after, seconds):
         self.code, self.before, self.after, self.seconds = code, before, after, seconds
 
-    def check(self, command: str, *words):
-        """Exit code 130, promptly; one line after the signal (at most one more that was
-        already on its way), naming the command and saying it was interrupted; no traceback."""
+    def check(self, command: str, *words, code=SIGNAL_EXIT_CODE):
+        """Exit code 130 (or ``code``), promptly; one line after the signal (at most one more that
+        was already on its way), naming the command and saying it was interrupted; no traceback."""
         everything = "".join(self.before + self.after)
-        assert self.code == SIGNAL_EXIT_CODE, (self.code, everything[-3000:])
+        assert self.code == code, (self.code, everything[-3000:])
         assert self.seconds < PROMPT_SECONDS, self.seconds
         assert "Traceback" not in everything and "KeyboardInterrupt" not in everything, everything[-3000:]
         assert 1 <= len(self.after) <= 2, self.after
         last = self.after[-1]
-        assert last.startswith(f"pileshuffle {command}: interrupted"), last
+        assert last.startswith(f"pileshuffle {command}: interrupted") or (
+            code != SIGNAL_EXIT_CODE and last.startswith(f"pileshuffle {command} (")), last
         for word in words:
             assert word in last, (word, last)
 
@@ -59,8 +60,8 @@ def _no_sigint_inherited():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def interrupt_when(argv, started, cwd=None, timeout=120) -> Interrupted:
-    """Run ``pileshuffle ARGV``; once ``started(pid)`` is true, send SIGINT."""
+def interrupt_when(argv, started, cwd=None, timeout=120, signum=signal.SIGINT) -> Interrupted:
+    """Run ``pileshuffle ARGV``; once ``started(pid)`` is true, send SIGINT (or ``signum``)."""
     process = subprocess.Popen([PY, "-m", "pileshuffle", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, cwd=cwd, preexec_fn=_no_sigint_inherited)
     lines = []
@@ -72,7 +73,7 @@ def interrupt_when(argv, started, cwd=None, timeout=120) -> Interrupted:
         assert time.time() < deadline, "never started"
         time.sleep(0.002)
     seen = len(lines)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     sent = time.time()
     try:
         code = process.wait(timeout=timeout)
@@ -170,6 +171,23 @@ def test_run_interrupted_publishes_nothing_and_the_rerun_writes_the_same_bytes(d
     cli(*argv)
     assert shard_bytes(output) == shard_bytes(str(data / "reference" / "data"))
     assert temp_leftovers(str(tmp_path / "out")) == []
+
+
+@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP")])
+def test_run_terminated_or_hung_up_is_stopped_as_ctrl_c_stops_it(data, tmp_path, signum, name):
+    """SIGTERM (timeout, Docker, Kubernetes, Slurm) and SIGHUP (a closed terminal) mid-pass-1:
+    exit 128 + the signal, one line naming it, nothing published or left (lock, work folder),
+    and the re-run writes the bytes of a run never stopped. Before: killed by the signal
+    (exit -15), nothing said, the lock and the work folder left."""
+    output = str(tmp_path / "out" / "data")
+    argv = ["run", f"--input={inputs(data)}", f"--output={output}", *SEED_OPTIONS]
+    started = exists(str(tmp_path / "out" / ".pileshuffle-work-*" / "fragments" / "*"))
+    stopped = interrupt_when(argv, started, signum=signum)
+    stopped.check("run", output, "nothing was published", code=128 + signum)
+    assert stopped.after[-1].startswith(f"pileshuffle run ({name}): interrupted")
+    assert final_outputs(output) == [] and temp_leftovers(str(tmp_path / "out")) == []
+    cli(*argv)
+    assert shard_bytes(output) == shard_bytes(str(data / "reference" / "data"))
 
 
 @pytest.mark.parametrize("moment", ["staged", "published"])
@@ -393,3 +411,14 @@ def test_the_line_starts_on_its_own_line_after_a_print_cut_between_text_and_newl
                           preexec_fn=_no_sigint_inherited)  # a background job's SIG_IGN would keep handling() out
     assert done.returncode == 130
     assert done.stderr.splitlines()[-1] == "pileshuffle x: interrupted", done.stderr
+
+
+def test_a_closed_stdout_ends_the_command_quietly(data, tmp_path):
+    """`pileshuffle plan ... | head` with the reader gone before the plan is printed: no
+    BrokenPipeError traceback, nothing on stderr, exit 141 (as a shell reports SIGPIPE). Before:
+    a traceback and exit 1."""
+    process = subprocess.Popen([PY, "-m", "pileshuffle", "plan", f"--input={inputs(data)}", f"--output={tmp_path}/o"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # the reader is gone before anything is written
+    _, err = process.communicate(timeout=120)
+    assert (process.returncode, err.decode()) == (141, "")

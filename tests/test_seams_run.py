@@ -310,3 +310,28 @@ def test_a_refused_run_and_a_refused_store_leave_no_folder_they_created(tmp_path
     assert done.returncode == 2 and sorted(os.listdir(tmp_path / "kept")) == ["other"]
     done = cli("run", f"--input={tmp_path / 'in.jsonl'}", f"--output={tmp_path / 'ok' / 't'}", "--quiet")
     assert done.returncode == 0 and (tmp_path / "ok" / "t-manifest.json").exists(), done.stderr
+
+
+@pytest.mark.parametrize("column", ["_pileshuffle_key", "_pileshuffle_hash", "_pileshuffle_anything"])
+@pytest.mark.parametrize("layout", ["shards", "store"])
+def test_an_input_column_with_a_reserved_name_is_refused_naming_the_file(tmp_path, column, layout):
+    """Pass 1 adds `_pileshuffle_key` and `_pileshuffle_hash` to every record. An input column of
+    that name broke `run` with a Beam traceback, and `run --layout store` wrote a store that
+    verify, materialize and the loader crashed on. Now both refuse it in one line before any
+    write, naming the file and the column."""
+    os.makedirs(tmp_path / "in")
+    path = str(tmp_path / "in" / "part-0.parquet")
+    pq.write_table(pa.table({"x": [1, 2, 3], column: [4, 5, 6]}), path)
+    output = str(tmp_path / "out" / "data")
+    done = cli("run", f"--input={path}", f"--output={output}", "--num_piles=2", f"--layout={layout}", *FAST)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"pileshuffle: error: {path}: has a column named {column!r}: names starting '_pileshuffle_' are pileshuffle's own "
+        "(each record's key and hash in the piles); rename it")
+    assert not os.path.exists(tmp_path / "out") or temp_leftovers(str(tmp_path / "out")) == []
+    assert not glob_any(str(tmp_path / "out"))
+
+
+def glob_any(directory):
+    """Whatever a command left under ``directory`` (files only)."""
+    return [os.path.join(r, n) for r, _, names in os.walk(directory) for n in names]
