@@ -37,7 +37,7 @@ _log = logging.getLogger("pileshuffle")
 _SAMPLE_BYTES = 1 << 20  # what a plan reads of an input file to size its records (its first MiB)
 _LABEL_SAMPLE_FILES = 8  # --balance: files whose first labels estimate the output's size (a request each on gs://)
 RECORD_OVERHEAD = 16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
-_GZIP_EXPANSION_GUESS = 4.0  # a .gz input's uncompressed size is unknown until it is read whole: guess 4x
+_GZIP_EXPANSION_GUESS = 4.0  # a compressed input's expansion when no sample can tell (not gzip)
 
 
 @dataclasses.dataclass
@@ -121,8 +121,8 @@ def piles_reached(num_piles: int, records: float) -> float:
 
 
 def mean_record_bytes(fmt, sources) -> float:
-    """Mean stored bytes per record, from the first MiB of the first source that has a record
-    there (Parquet: from its footer)."""
+    """Mean bytes per record as Arrow holds it, from the first MiB of the first source that has
+    a record there (Parquet: its first rows decoded)."""
     for source in sources:
         mean = fmt.mean_record_bytes(source.path, _SAMPLE_BYTES) if source.size else None
         if mean:
@@ -130,9 +130,32 @@ def mean_record_bytes(fmt, sources) -> float:
     return 1.0
 
 
-def _estimated_bytes(sources) -> int:
-    """The input's bytes uncompressed: exact for plain files, ``_GZIP_EXPANSION_GUESS`` times the size for .gz."""
-    return int(sum(s.size * (_GZIP_EXPANSION_GUESS if storage.compression_of(s.path) != "uncompressed" else 1) for s in sources))
+def _estimated_bytes(fmt, sources, mean: float) -> int:
+    """The input's records as Arrow holds them: Parquet's rows (its footers) of ``mean`` bytes
+    each (``mean_record_bytes``: a decoded sample), a plain file's size, a compressed file's size
+    times the expansion of a sample of the first one (``_expansion``)."""
+    if fmt.name == "parquet":
+        return int(sum(fmt.row_count(s.path) for s in sources if s.size) * mean)
+    compressed = [s for s in sources if storage.compression_of(s.path) != storage.UNCOMPRESSED]
+    ratio = _expansion(compressed[0].path) if compressed else 1.0
+    return int(sum(s.size * (ratio if s in compressed else 1) for s in sources))
+
+
+def _expansion(path: str) -> float:
+    """Bytes out per byte in of a compressed file's first MiB (gzip; else ``_GZIP_EXPANSION_GUESS``)."""
+    import zlib
+
+    if storage.compression_of(path) != storage.GZIP:
+        return _GZIP_EXPANSION_GUESS
+    with storage.open_read(path, storage.UNCOMPRESSED) as handle:
+        head = handle.read(_SAMPLE_BYTES)
+    inflate = zlib.decompressobj(wbits=47)  # a gzip (or zlib) header
+    try:
+        out = len(inflate.decompress(head, 64 * _SAMPLE_BYTES))
+    except zlib.error:  # pass 1 names what is wrong with the file
+        return _GZIP_EXPANSION_GUESS
+    used = len(head) - len(inflate.unconsumed_tail)
+    return max(1.0, out / used) if used else _GZIP_EXPANSION_GUESS
 
 
 def _choose_num_piles(requested, mean, total, max_pile_bytes, growth=1.0):
@@ -148,14 +171,12 @@ def _choose_num_piles(requested, mean, total, max_pile_bytes, growth=1.0):
     return piles, reason
 
 
-PILE_BOOKKEEPING_BYTES = 2048  # a pile's memory beside its records (its shard's accounting and manifest entry):
-# measured, peak RSS 196 MB at 1,000 piles and 383 MB at 100,000 (5,000 records, one file)
+PILE_BOOKKEEPING_BYTES = 2048  # a pile's memory beside its records; measured: 196 MB at 1,000 piles, 383 MB at 100,000
 
 
 def _check_num_piles(num_piles: int, auto):
-    """Refuse (``UsageError``, before anything runs) a pile count whose bookkeeping alone would
-    pass half the memory available here (8 GiB where it cannot be read); ``auto()``: what
-    ``--num_piles auto`` would choose, for the message."""
+    """Refuse (``UsageError``) a pile count whose bookkeeping alone would pass half the memory available
+    here (8 GiB where it cannot be read); ``auto()``: what ``--num_piles auto`` chooses, for the message."""
     from pileshuffle.runners import available_memory
 
     budget = (available_memory() or 16 << 30) // 2
@@ -204,21 +225,14 @@ def check_writable(directory: str, what: str):
 
 
 _FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing, the 8-byte key and 8-byte hash per record
-_PARQUET_EXPANSION_GUESS = 2.0  # Arrow in memory vs compressed Parquet pages
 
 
-def _fragment_bytes(fmt, sources) -> int:
-    """About what pass 1 writes as Arrow fragments or store files: the input uncompressed, in Arrow."""
-    expanded = _estimated_bytes(sources) * (_PARQUET_EXPANSION_GUESS if fmt.name == "parquet" else 1)
-    return int(expanded * _FRAGMENT_OVERHEAD)
-
-
-def _space_needed(fmt, sources, intermediate, work_dir, staging) -> dict:
-    """Bytes a run writes at each location before it finishes: pass-1 fragments (files
-    mode) and the staged shards (about the input)."""
+def _space_needed(sources, total: int, intermediate, work_dir, staging) -> dict:
+    """Bytes a run writes at each location before it finishes: pass-1 runs (files mode: the
+    input as Arrow holds it, ``total``, with their framing) and the staged shards (about the input)."""
     needs = {staging: sum(s.size for s in sources)}
     if intermediate == "files":
-        needs[work_dir] = needs.get(work_dir, 0) + _fragment_bytes(fmt, sources)
+        needs[work_dir] = needs.get(work_dir, 0) + int(total * _FRAGMENT_OVERHEAD)
     return needs
 
 
@@ -299,7 +313,8 @@ def make_plan(options: PipelineOptions) -> Plan:
         raise InputError(sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle")
     schema = check_schemas(fmt, sources)
     max_pile_bytes = parse_bytes(opts.max_pile_bytes)
-    mean, total = mean_record_bytes(fmt, sources), _estimated_bytes(sources)
+    mean = mean_record_bytes(fmt, sources)
+    total = _estimated_bytes(fmt, sources, mean)
     growth = _balance_growth(fmt, sources, opts.label_field, policy)
     num_piles, reason = _choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
     _check_num_piles(num_piles, lambda: _choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0])
@@ -307,9 +322,9 @@ def make_plan(options: PipelineOptions) -> Plan:
         _log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
                      num_piles, f"{round(total / mean):,}")
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
-    needs = _space_needed(fmt, sources, opts.intermediate, work_dir, staging_dir(output))
+    needs = _space_needed(sources, total, opts.intermediate, work_dir, staging_dir(output))
     if opts.layout == "store":
-        needs = {store_dir(output): _fragment_bytes(fmt, sources)}
+        needs = {store_dir(output): int(total * _FRAGMENT_OVERHEAD)}
     needs = {location: int(need * growth) for location, need in needs.items()}  # --balance writes copies
     space = _check_free_space(needs)
     plan = Plan(

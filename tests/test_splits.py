@@ -46,6 +46,16 @@ def whole(fmt, path):
     return [t for t, _ in read], np.concatenate([p for _, p in read]) if read else np.zeros(0, np.int64)
 
 
+def assert_spans_read_as_whole(format_name, path, cuts, chunk_bytes):
+    """The file read in the spans between ``cuts`` (fractions of its size) gives the whole read's
+    records, at the same places."""
+    fmt, size = get_format(format_name), os.path.getsize(path)
+    tables, places = read_spans(fmt, path, sorted({0, size, *(int(c * size) for c in cuts)}), chunk_bytes)
+    expected_tables, expected_places = whole(fmt, path)
+    assert places.tolist() == expected_places.tolist()
+    assert same_records(tables, expected_tables, fmt.record_column)
+
+
 def same_records(a, b, column):
     flatten = lambda tables: [v for t in tables for v in t.column(column).to_pylist()]  # noqa: E731
     return flatten(a) == flatten(b)
@@ -224,12 +234,7 @@ def test_tfrecord_spans_find_their_first_frame_by_its_crcs_and_give_every_frame_
     empty payloads: the frames of all spans are the whole read's, at the same places."""
     path = str(tmp_path_factory.mktemp("tfrecord") / "one.tfrecord")
     _tfrecord_file(path, payloads)
-    size = os.path.getsize(path)
-    bounds = sorted({0, size, *(int(c * size) for c in cuts)})
-    tables, places = read_spans(get_format("tfrecord"), path, bounds, chunk_bytes)
-    expected_tables, expected_places = whole(get_format("tfrecord"), path)
-    assert places.tolist() == expected_places.tolist()
-    assert same_records(tables, expected_tables, "tfrecord_frame")
+    assert_spans_read_as_whole("tfrecord", path, cuts, chunk_bytes)
 
 
 @given(payloads=payloads, damaged=st.floats(0, 1), where=st.sampled_from(["length", "length crc", "payload", "footer"]),
@@ -361,12 +366,7 @@ def test_tar_spans_move_each_boundary_to_a_sample_start_both_sides_agree_on(tmp_
     path = str(tmp_path_factory.mktemp("tar") / "one.tar")
     keyed = [(f"{prefix}{number:05d}", members) for number, (prefix, members) in enumerate(samples)]
     _tar_file(path, keyed, tarfile.PAX_FORMAT if tar_format == "pax" else tarfile.GNU_FORMAT)
-    size = os.path.getsize(path)
-    bounds = sorted({0, size, *(int(c * size) for c in cuts)})
-    tables, places = read_spans(get_format("tar"), path, bounds, chunk_bytes)
-    expected_tables, expected_places = whole(get_format("tar"), path)
-    assert places.tolist() == expected_places.tolist()
-    assert same_records(tables, expected_tables, "tar_sample")
+    assert_spans_read_as_whole("tar", path, cuts, chunk_bytes)
 
 
 def test_a_tar_member_holding_a_tar_archive_fails_the_run_in_spans_and_shuffles_read_whole(tmp_path):

@@ -15,7 +15,7 @@ from pileshuffle.names import manifest_path, staging_dir, store_dir
 from pileshuffle.plan import RECORD_OVERHEAD, Plan, make_plan
 from pileshuffle.runners import LOCAL_SHUFFLE_HOLD
 from pileshuffle.runs import SEGMENT_OVERHEAD
-from pileshuffle.storage import is_remote
+from pileshuffle.storage import UNCOMPRESSED, compression_of, is_remote
 
 __all__ = ["PileSizes", "gcs_operations", "plan_text", "plan_json", "main"]
 
@@ -94,7 +94,7 @@ def gcs_operations(plan: Plan) -> dict:
     - reading an input file: its metadata (Beam's reader reloads it), one read per started
       16 MiB, one that finds the end (Parquet: its footer); TFRecord adds 2-3 (``_read_requests``);
       a span of a large file (``sources.split_sources``): its metadata and its 16 MiB reads;
-      the plan reads each Parquet footer twice (4);
+      the plan reads each Parquet footer three times (6: schema, rows, the first file's sample);
     - files mode writes one run per ``run_bytes`` a group of sources holds (``Plan.run_shape``),
       each uploaded straight to its name (1 A) and deleted at the end (2 lookups: 2 B); pass 2
       reads each (run, pile) segment in one ranged GET with no metadata read (1 B each);
@@ -106,7 +106,7 @@ def gcs_operations(plan: Plan) -> dict:
       a bucket (1 B). (google-cloud-storage >= 3 would read the bucket's metadata for each new
       client, one per Beam file operation: ``cloud.configure_beam`` turns that off.)"""
     files, piles = len(plan.sources), plan.num_piles
-    sampled = 2 * (plan.format == "tfrecord") + 4 * files * (plan.format == "parquet")  # the plan: sizes, footers
+    sampled = 2 * (plan.format == "tfrecord") + 6 * files * (plan.format == "parquet")  # the plan: sizes, footers
     steps = {
         "checks": (_FIXED_A + math.ceil(files / _LIST_PAGE), _FIXED_B + sampled),
         "input": (0, sum(_read_requests(plan.format, s) for group in plan.source_groups for s in group)),
@@ -165,7 +165,8 @@ def plan_text(plan: Plan, options) -> str:
     sizes = _pile_sizes(plan)
     runner, in_flight = _runner_description(options)
     pile_bytes = sizes.headroom * sizes.record_bytes
-    guessed = " (guessing 4x for .gz input)" if plan.estimated_bytes != plan.input_bytes else ""
+    compressed = any(compression_of(src.path) != UNCOMPRESSED for src in plan.sources)
+    guessed = " (compressed input: from the expansion of a sample)" if compressed and plan.format != "parquet" else ""
     lines = [
         ("input", f"{len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes ({_size(plan.input_bytes)})"),
         ("records", f"about {plan.estimated_records:,} of {plan.mean_record_bytes:,.0f} bytes on average{guessed}"),

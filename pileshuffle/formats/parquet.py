@@ -83,10 +83,24 @@ class ParquetFormat(RecordFormat):
             return _parquet_file(handle, path).schema_arrow
 
     def mean_record_bytes(self, path, sample_bytes):
-        """From the footer: decoding a first batch would read a whole row group."""
-        with open_input(path, "uncompressed") as handle:
-            metadata = _parquet_file(handle, path).metadata
-        return _mean_row_bytes(metadata) if metadata.num_rows else None
+        """Its first rows decoded (at most 1,024, about ``sample_bytes`` by the footer): the footer's
+        sizes are of encoded pages, which dictionaries and run lengths shrink without limit (a
+        0.6 MB zstd file of 303 MB of rows says 9 bytes a row). Reads only those rows' pages."""
+        with open_at(path) as handle:
+            parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=_LOADER_READ_BYTES)
+            if not parquet.metadata.num_rows:
+                return None
+            rows = int(min(1024, max(1, sample_bytes // max(1.0, _mean_row_bytes(parquet.metadata)))))
+            try:
+                batch = next(parquet.iter_batches(batch_size=rows, use_threads=False))
+            except (pa.ArrowInvalid, OSError) as error:
+                raise InputError(path, f"cannot be read as Parquet ({error})") from error
+        return batch.nbytes / batch.num_rows if batch.num_rows else None
+
+    def row_count(self, path) -> int:
+        """The rows of the file, from its footer."""
+        with open_at(path) as handle:
+            return _parquet_file(handle, path).metadata.num_rows
 
     def can_split(self, path, skip_corrupt=False):
         return True  # by row groups
