@@ -95,7 +95,6 @@ def check_spans_chain(spans):
                 f"byte {walk:,}): a record's payload holds bytes that read as a whole record there; nothing was "
                 "published. Such a file cannot be read in spans: give it compressed (.gz is read whole) or as smaller files")
         walk = goes_on if first is not None else walk
-    return None
 
 
 _MIN_GROUPS = 16  # a small input is still cut into this many units of work, so every worker has some

@@ -67,7 +67,7 @@ lines = st.lists(text.map(str.encode), min_size=1, max_size=60)  # UTF-8 of any 
 
 @given(lines=lines, last_newline=st.booleans(), cuts=st.lists(st.floats(0, 1), max_size=12),
        chunk_bytes=st.sampled_from([1, 7, 64, 1 << 20]))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_jsonl_spans_give_every_line_once_at_its_offset(tmp_path_factory, lines, last_newline, cuts, chunk_bytes):
     """Cuts anywhere (mid-line, on a newline, past a line start, spans shorter than a line,
     empty spans), a last line without its newline, blocks smaller than a line."""
@@ -227,7 +227,7 @@ payloads = st.lists(st.one_of(st.binary(max_size=60), st.integers(0, 3000).map(l
 
 
 @given(payloads=payloads, cuts=st.lists(st.floats(0, 1), max_size=10), chunk_bytes=st.sampled_from([16, 100, 1 << 20]))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_tfrecord_spans_find_their_first_frame_by_its_crcs_and_give_every_frame_once(tmp_path_factory, payloads, cuts,
                                                                                     chunk_bytes):
     """Cuts anywhere (in a header, a payload of zeros, a footer), frames larger than a block,
@@ -239,7 +239,7 @@ def test_tfrecord_spans_find_their_first_frame_by_its_crcs_and_give_every_frame_
 
 @given(payloads=payloads, damaged=st.floats(0, 1), where=st.sampled_from(["length", "length crc", "payload", "footer"]),
        cuts=st.lists(st.floats(0, 1), max_size=8), chunk_bytes=st.sampled_from([16, 100, 1 << 20]))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_a_damaged_frame_anywhere_fails_a_read_in_spans_for_any_cuts(tmp_path_factory, payloads, damaged, where, cuts,
                                                                      chunk_bytes):
     """Strict reading never loses a damaged frame: whichever span it falls in (the first one's
@@ -355,7 +355,7 @@ tar_samples = st.lists(
 
 @given(samples=tar_samples, cuts=st.lists(st.floats(0, 1), max_size=10), tar_format=st.sampled_from(["pax", "gnu"]),
        chunk_bytes=st.sampled_from([512, 3000, 1 << 20]))
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 def test_tar_spans_move_each_boundary_to_a_sample_start_both_sides_agree_on(tmp_path_factory, samples, cuts, tar_format,
                                                                            chunk_bytes):
     """Cuts anywhere (a header, a PAX or GNU long-name entry, data, the end-of-archive blocks),
