@@ -85,7 +85,11 @@ def _check_beam_values(argv):
     from pileshuffle.runners import runner_problem
 
     argv = _before_separator(argv)
-    values, _ = _beam_parser().parse_known_args(argv)
+    values, rest = _beam_parser().parse_known_args(argv)
+    stray = [a for a in rest if not a.startswith("-")]
+    if stray:  # it would be dropped silently: an unquoted pattern the shell expanded, a value without its option
+        raise UsageError(f"{stray[0]!r} is not an option or an option's value (options are --name=value; quote a "
+                         "pattern so that the shell does not expand it)")
     problem = runner_problem(values.runner)
     if problem:
         raise UsageError(problem)
@@ -108,6 +112,7 @@ def check_argv(argv, parameters=PARAMETERS):
     """Refuse unknown options and bad values of ``parameters`` in ``argv`` (UsageError).
     Returns the parsed values of ``parameters`` (an ``argparse.Namespace``)."""
     _refuse_unknown(_option_names(argv), [p.name for p in parameters])
+    _refuse_repeated(_option_names(argv), [p.name for p in parameters])
     values = _parse_own(argv, parameters)
     check_values(values, parameters)
     _check_required(values, parameters)
@@ -129,6 +134,7 @@ def check_command_argv(parser: argparse.ArgumentParser, argv):
     own = _long_options(parser)
     template_only = {f"--{p.name}" for p in PARAMETERS} - {f"--{o}" for o in own}  # run's options mean nothing here
     _refuse_unknown(_option_names(argv), own, template_only, prog=parser.prog)
+    _refuse_repeated(_option_names(argv), own)
     args, rest = parser.parse_known_args(argv)
     _check_beam_values(rest)
     return args, rest
@@ -149,6 +155,15 @@ def parse_command(parser: argparse.ArgumentParser, argv):
 def _long_options(parser: argparse.ArgumentParser) -> list:
     """The names of ``parser``'s ``--name`` options."""
     return [a[2:] for action in parser._actions for a in action.option_strings if a.startswith("--")]
+
+
+def _refuse_repeated(names, own):
+    """Raise UsageError for the first of our ``own`` options given twice (argparse keeps the last
+    silently: `--seed 1 ... --seed 2` would shuffle with 2). Beam's may repeat (``--experiments``)."""
+    mine = [name for name in names if name in set(own)]
+    twice = next((name for name in mine if mine.count(name) > 1), None)
+    if twice:
+        raise UsageError(f"--{twice}: given {mine.count(twice)} times; give it once")
 
 
 def _option_names(argv) -> list:

@@ -421,3 +421,25 @@ def test_plan_sizes_compressed_parquet_by_its_rows_and_gzip_by_a_decompressed_sa
         handle.writelines(lines)
     plan = make_plan(PipelineOptions([f"--input={tmp_path}/gz/*.jsonl.gz", f"--output={tmp_path}/o2"]))
     assert abs(plan.estimated_records - 20_000) < 2_000, plan.estimated_records
+
+
+@pytest.mark.parametrize("command, given, refusal", [
+    ("run", ["--seed=1", "--seed=2"], "--seed: given 2 times; give it once"),
+    ("plan", ["--num_piles=2", "--num_piles", "3"], "--num_piles: given 2 times; give it once"),
+    ("run", ["--quiet", "true", "stray"], "'stray' is not an option or an option's value"),
+    ("run", ["extra.tfrecord"], "'extra.tfrecord' is not an option or an option's value"),  # an unquoted glob, expanded
+])
+def test_a_repeated_option_or_a_stray_word_is_refused_not_dropped(inputs, tmp_path, command, given, refusal):
+    """argparse kept the last of a repeated option (`--seed 1 --seed 2` shuffled with 2) and
+    dropped words that are no option's value (an unquoted pattern the shell expanded: all files
+    but the first ignored). Now both are refused in one line, before anything runs; Beam's
+    repeatable options (--experiments) still repeat."""
+    done = cli(command, "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), *given)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [f"pileshuffle: error: {refusal}" + done.stderr.strip().split(refusal, 1)[1]]
+    assert not (tmp_path / "o").exists()
+    materialize = cli("materialize", "--store", str(tmp_path / "s"), "--output", str(tmp_path / "m"), "stray")
+    assert materialize.returncode == 2 and "'stray' is not an option" in materialize.stderr
+    repeated = cli("plan", "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), "--experiments=a",
+                   "--experiments=b")
+    assert repeated.returncode == 0, repeated.stderr
