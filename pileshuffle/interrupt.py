@@ -123,10 +123,15 @@ def stop_writes():
     its other bundles: from now on no writing step starts outside the main thread (until
     ``allow_writes``, as the next run starts), and those under way are waited for, so the
     clean-up that follows removes everything the failed run wrote."""
-    me = threading.get_ident()
     with _steps:
         _State.stopped = True
-        _steps.wait_for(lambda: not any(n for thread, n in _State.steps.items() if thread != me), _STEP_WAIT_SECONDS)
+        _wait_for_other_threads_steps()
+
+
+def _wait_for_other_threads_steps():
+    """Under ``_steps``: wait (at most ``_STEP_WAIT_SECONDS``) until no other thread is inside a writing step."""
+    me = threading.get_ident()
+    _steps.wait_for(lambda: not any(n for thread, n in _State.steps.items() if thread != me), _STEP_WAIT_SECONDS)
 
 
 def allow_writes():
@@ -207,10 +212,9 @@ def _on_sigint(signum, frame):
 
 def _interrupt():
     """Let no step start, wait for other threads' steps to end, then unwind the main thread."""
-    me = threading.get_ident()
     with _steps:
         _State.interrupted = True
-        _steps.wait_for(lambda: not any(n for thread, n in _State.steps.items() if thread != me), _STEP_WAIT_SECONDS)
+        _wait_for_other_threads_steps()
     watchdog = threading.Timer(_UNWIND_SECONDS, _exit)
     watchdog.daemon = True
     watchdog.start()

@@ -19,9 +19,9 @@ _ROW_GROUP_BYTES = 64 << 20
 _CODECS = {"auto": "snappy", "none": "none", "gzip": "gzip", "snappy": "snappy", "zstd": "zstd"}
 
 
-def _parquet_file(handle, path):
+def _parquet_file(handle, path, **options):
     try:
-        return pq.ParquetFile(handle)
+        return pq.ParquetFile(handle, **options)
     except (pa.ArrowInvalid, OSError) as error:
         raise InputError(path, f"is not a Parquet file ({error})") from error
 
@@ -87,7 +87,7 @@ class ParquetFormat(RecordFormat):
         sizes are of encoded pages, which dictionaries and run lengths shrink without limit (a
         0.6 MB zstd file of 303 MB of rows says 9 bytes a row). Reads only those rows' pages."""
         with open_at(path) as handle:
-            parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=_LOADER_READ_BYTES)
+            parquet = _parquet_file(handle, path, pre_buffer=False, buffer_size=_LOADER_READ_BYTES)
             if not parquet.metadata.num_rows:
                 return None
             rows = int(min(1024, max(1, sample_bytes // max(1.0, _mean_row_bytes(parquet.metadata)))))
