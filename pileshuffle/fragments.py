@@ -14,11 +14,12 @@ import uuid
 import pyarrow as pa
 
 from pileshuffle import interrupt, storage
+from pileshuffle.checksums import Crc32cWriter
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.names import fragment_name
 
-__all__ = ["Fragment", "FragmentFiles", "to_ipc", "read_batches", "read_table", "read_joined",
+__all__ = ["Fragment", "FragmentFiles", "CommittedFile", "to_ipc", "read_batches", "read_table", "read_joined",
            "has_dictionaries", "END_OF_STREAM", "write_failure"]
 
 
@@ -141,9 +142,21 @@ def write_failure(location: str, error: Exception, needed: int = None) -> Output
     return OutputError(f"cannot write to {location}: {error}{need}")
 
 
+@dataclasses.dataclass(frozen=True)
+class CommittedFile:
+    """One pile's file, in place: its records, their Arrow bytes, fingerprint, and the file's CRC32C."""
+
+    pile: int
+    path: str
+    records: int
+    nbytes: int
+    fingerprint: Fingerprint
+    crc32c: str
+
+
 class FragmentFiles:
     """Appends tables to one fragment file per pile for a single writer ``name``;
-    ``commit()`` puts them in place and returns ``(pile, path, records, nbytes, fingerprint)``."""
+    ``commit()`` puts them in place and returns a ``CommittedFile`` per pile."""
 
     def __init__(self, directory: str, name: str):
         self._directory, self._name = directory, name
@@ -159,7 +172,7 @@ class FragmentFiles:
         try:
             if entry is None:
                 temp = storage.writing_name(self.final_path(pile), self._attempt)
-                handle = storage.open_write(temp, "uncompressed")
+                handle = Crc32cWriter(storage.open_write(temp, "uncompressed"))
                 entry = self._open[pile] = [handle, pa.ipc.new_stream(handle, table.schema), temp, 0, 0, Fingerprint()]
             entry[1].write_table(table)
         except OSError as error:
@@ -179,6 +192,6 @@ class FragmentFiles:
             storage.put_in_place([self._open[p][2] for p in piles], [self.final_path(p) for p in piles])
         except Exception as error:  # a buffered writer reports a full disk when it is closed
             raise write_failure(self._directory, error, sum(self._open[p][4] for p in piles)) from error
-        committed = [(p, self.final_path(p), *self._open[p][3:]) for p in piles]
+        committed = [CommittedFile(p, self.final_path(p), *self._open[p][3:], self._open[p][0].hex()) for p in piles]
         self._open = {}
         return committed

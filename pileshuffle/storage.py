@@ -42,6 +42,11 @@ def is_remote(path: str) -> bool:
     return "://" in path
 
 
+def is_local(filesystem, path: str) -> bool:
+    """Whether ``path`` on ``filesystem`` (a ``pyarrow.fs`` one, or None: by the path) is a local file."""
+    return not is_remote(path) if filesystem is None else filesystem.type_name == "local"
+
+
 def _beam(*paths):
     """Beam's ``FileSystems``, once the endpoint rule holds in Beam (``cloud.configure_beam``)
     and the remote paths' bucket answered (``cloud.first_contact``)."""
@@ -71,15 +76,11 @@ def join(base: str, *parts: str) -> str:
 
 def split(path: str) -> tuple:
     """``(folder, name)``."""
-    if is_remote(path):
-        head, _, tail = path.rstrip("/").rpartition("/")
-        return head, tail
-    return os.path.split(path)
+    return path.rstrip("/").rpartition("/")[::2] if is_remote(path) else os.path.split(path)
 
 
 def compression_of(path: str) -> str:
-    """``gzip`` when the name ends in ``.gz`` (case-insensitive), else ``uncompressed``; with Beam
-    loaded, whatever Beam detects from the name (.bz2, .zst, ...)."""
+    """``gzip`` for a name ending in ``.gz`` (any case), else ``uncompressed``; with Beam, what Beam detects."""
     if _uses_beam():
         from apache_beam.io.filesystem import CompressionTypes
 
@@ -166,10 +167,8 @@ def read_buffer(path: str, filesystem=None):
     """The whole file as a ``pyarrow.Buffer``, decompressed when its name ends in .gz: a local
     file is memory-mapped (the page cache itself: no copy); a remote one read in one request."""
     import pyarrow as pa
-    import pyarrow.fs as pafs
 
-    local = isinstance(filesystem, pafs.LocalFileSystem) or (filesystem is None and not is_remote(path))
-    if local and not path.endswith(".gz"):
+    if is_local(filesystem, path) and not path.endswith(".gz"):
         with pa.memory_map(path) as mapped:
             return mapped.read_buffer()
     if filesystem is None and _uses_beam():
@@ -222,9 +221,8 @@ def open_mapped(path: str, filesystem=None):
     """A ``pyarrow`` input over the file: memory-mapped when local (only the pages read are
     touched), else a stream."""
     import pyarrow as pa
-    import pyarrow.fs as pafs
 
-    if isinstance(filesystem, pafs.LocalFileSystem) or (filesystem is None and not is_remote(path)):
+    if is_local(filesystem, path):
         return pa.memory_map(path)
     fs, where = arrow_filesystem(path, filesystem)
     return cloud.patiently_on(path, fs, lambda: fs.open_input_stream(where))
@@ -395,6 +393,6 @@ def arrow_filesystem(path: str, filesystem=None):
 
 
 __all__ = ["AUTO", "GZIP", "UNCOMPRESSED", "FileInfo", "arrow_filesystem", "compression_of", "delete", "create_exclusive",
-           "delete_tree", "exists", "is_folder", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
+           "delete_tree", "exists", "is_folder", "is_local", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
            "open_mapped", "open_random_access", "open_read", "open_write", "read_buffer", "read_json", "read_range", "rename",
            "size", "split", "write_whole", "writing_name", "put_in_place"]

@@ -4,8 +4,9 @@ duplicated or corrupted.
 Checks, each reported as one line:
 - shard names are complete: ``{output}-00000-of-M`` .. ``{output}-(M-1)-of-M`` with the
   format's suffix, and nothing else under the prefix (other shard counts, temp files);
+- every shard's bytes have the size and CRC32C its manifest lists (one line per damaged shard);
 - every shard reads back whole with the format's reader (TFRecord: both CRCs of every
-  record; Parquet: the file opens, every row group reads, its schema is the manifest's);
+  record; Parquet: the file opens, every row group reads with its pages' CRCs, its schema is the manifest's);
 - the manifest matches the files: per-shard path, records and bytes, the totals and the
   output fingerprint;
 - the input (re-read as the run read it, skipping corrupt records only if the run did)
@@ -18,8 +19,10 @@ Checks, each reported as one line:
 
 import posixpath
 import re
+import zlib
 
 from pileshuffle import storage
+from pileshuffle.checksums import crc32c_mismatch, unreadable_bytes
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import FORMATS, get_format, read_fingerprint
@@ -166,6 +169,11 @@ class ShardVerifier:
         output_fp = Fingerprint()
         all_read = True
         for index, (path, size) in shards.items():
+            damage = _damage(path, size, listed.get(index))
+            if damage is not None:  # one line per damaged shard: the checks of what it holds would repeat it
+                self.problem(f"shard {path} is damaged: {damage}")
+                all_read = False
+                continue
             try:
                 fingerprint, _, schema = read_fingerprint(fmt, path)
                 if fmt.name == "parquet":
@@ -268,6 +276,20 @@ class ShardVerifier:
                     else f"the output has {-lost:,} record(s) more" if lost < 0
                     else "the same count but different records")
             self.problem(f"input and output differ ({what}): input {_describe(input_fp)}; output {_describe(self.output_fp)}")
+
+
+def _damage(path: str, size: int, entry) -> str:
+    """How a shard's bytes differ from the CRC32C its manifest ``entry`` lists (and its size, then), else None."""
+    if entry is None or entry.get("crc32c") is None:
+        return None
+    try:
+        data = storage.read_buffer(path)
+    except (OSError, zlib.error, ValueError) as error:  # pyarrow's errors are OSError or ValueError
+        return unreadable_bytes(path, error).removeprefix("is damaged: ")
+    mismatch = crc32c_mismatch(data, entry["crc32c"])
+    if mismatch is not None and entry.get("bytes") not in (None, size):
+        return f"it is {size:,} bytes where its manifest lists {entry['bytes']:,}"
+    return mismatch
 
 
 def _with_copies(fmt, sources, manifest: dict, skip_corrupt: bool) -> Fingerprint:

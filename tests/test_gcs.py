@@ -126,14 +126,22 @@ def test_verify_plan_and_quality_on_gcs(inputs, gcs):
     assert not os.path.exists("gs:")  # it once wrote a local folder named gs:
 
 
-def test_verify_on_gcs_names_a_damaged_shard(inputs, gcs):
-    run_shuffle(inputs["tfrecord"][1], f"{gcs}/t", "--num_piles=2", "--seed=2")
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_verify_and_the_loader_on_gcs_name_a_damaged_shard(inputs, gcs, fmt, tmp_path):
+    from pileshuffle.errors import InputError
+    from pileshuffle.loader import ShuffledDataset
+
+    run_shuffle(inputs[fmt][1], f"{gcs}/t", f"--format={fmt}", "--num_piles=2", "--seed=2")
     shard = storage.read_json(names.manifest_path(f"{gcs}/t"))["shards"][1]["path"]
     data = bytearray(storage.read_buffer(shard).to_pybytes())
-    data[40] ^= 0xFF
+    data[len(data) // 2] ^= 0x10  # a record's byte (Parquet: a page's): every reader still parses it
     storage.write_whole(shard, bytes(data))
     done = cli("verify", f"--output={gcs}/t")
-    assert done.returncode != 0 and shard in done.stderr + done.stdout
+    assert done.returncode == 1 and done.stderr.count("FAILED") == 1 and f"shard {shard} is damaged" in done.stderr
+    for cache in (None, str(tmp_path / "cache")):  # read where it is (one request), and through the cache
+        with pytest.raises(InputError, match="is damaged|corrupt record") as refused:  # TFRecord: its frames' CRCs
+            list(ShuffledDataset(f"{gcs}/t", seed=1, cache_dir=cache))
+        assert refused.value.path == shard
 
 
 KILLED_BEFORE_THE_MANIFEST = """

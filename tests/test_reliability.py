@@ -596,7 +596,8 @@ def _one_fragment_pile(tmp_path, keys, max_pile_bytes):
                       HASH_COLUMN: pa.array(np.zeros(len(keys), np.uint64))})
     files = FragmentFiles(str(tmp_path / "fragments"), "s000000")
     files.append(0, table, Fingerprint())
-    ((_, path, records, nbytes, _),) = files.commit()
+    (committed,) = files.commit()
+    path, records, nbytes = committed.path, committed.records, committed.nbytes
     fragment = Fragment((0, 0), records, nbytes, Fingerprint(), path=path)
     return Pile(0, 1, (fragment,), max_pile_bytes, str(tmp_path / "work")), payloads
 

@@ -235,7 +235,8 @@ def test_a_pile_of_whole_fragment_files_is_written_in_key_order(tmp_path):
         HASH_COLUMN, pa.array(hashes, pa.uint64()))
     files = FragmentFiles(str(tmp_path / "fragments"), "s000000")
     files.append(0, table, Fingerprint.of(hashes, 6))
-    ((_, path, count, nbytes, fingerprint),) = files.commit()
+    (committed,) = files.commit()
+    path, count, nbytes, fingerprint = committed.path, committed.records, committed.nbytes, committed.fingerprint
     pile = Pile(0, 1, (Fragment((0, 0), count, nbytes, fingerprint, path=path),))
     (stats,) = list(WriteShard("jsonl", "none", str(tmp_path / "out" / "x")).process(pile))
     assert open(stats.staged_path, "rb").read() == b"bb\nccc\na\n"

@@ -36,6 +36,17 @@ def run_copy(good_run, tmp_path):
     return str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train")
 
 
+def written_before_checksums(output):
+    """The output as a 1.1 run wrote it (no CRC32C per shard): verify's checks of what a shard holds
+    then find the damage the CRC32C finds first in a 1.2 output (tests/test_integrity.py)."""
+    def strip(found):
+        found["format_version"] = "1.1"
+        for entry in found["shards"]:
+            del entry["crc32c"]
+    rewrite_manifest(output, strip)
+    return output
+
+
 def one_problem(problems, *words):
     assert problems, "verify found nothing wrong"
     text = "\n".join(problems)
@@ -88,6 +99,7 @@ def test_a_shard_of_another_run_and_a_temp_file(run_copy):
 
 def test_a_flipped_byte_in_a_shard_fails_its_crc(run_copy):
     pattern, output = run_copy
+    written_before_checksums(output)
     path = shards(output)[1]
     data = bytearray(open(path, "rb").read())
     starts = frame_starts(bytes(data))
@@ -98,6 +110,7 @@ def test_a_flipped_byte_in_a_shard_fails_its_crc(run_copy):
 
 def test_a_truncated_shard(run_copy):
     pattern, output = run_copy
+    written_before_checksums(output)
     path = shards(output)[3]
     data = open(path, "rb").read()
     open(path, "wb").write(data[:-7])
@@ -107,6 +120,7 @@ def test_a_truncated_shard(run_copy):
 def test_a_record_replaced_by_another_valid_record(run_copy):
     """Same count, same bytes, every CRC valid: only the fingerprint can tell."""
     pattern, output = run_copy
+    written_before_checksums(output)
     path = shards(output)[0]
     data = open(path, "rb").read()
     starts = frame_starts(data) + [len(data)]
@@ -119,6 +133,7 @@ def test_a_record_replaced_by_another_valid_record(run_copy):
 
 def test_a_duplicated_record_in_place_of_a_lost_one(run_copy):
     pattern, output = run_copy
+    written_before_checksums(output)
     path = shards(output)[0]
     data = open(path, "rb").read()
     starts = frame_starts(data) + [len(data)]
@@ -168,6 +183,7 @@ def test_parquet_shard_with_another_schema_and_a_broken_parquet_shard(tmp_path, 
     output = str(tmp_path / "out" / "train")
     run_shuffle(parquet_input, output, "--format=parquet", "--num_piles=3")
     assert_verified(parquet_input, output)
+    written_before_checksums(output)
     first, second = shards(output)[:2]
     table = pq.read_table(first)
     pq.write_table(table.set_column(1, "label", table.column("label").cast(pa.int64())), first)

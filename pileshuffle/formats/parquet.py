@@ -20,8 +20,9 @@ _CODECS = {"auto": "snappy", "none": "none", "gzip": "gzip", "snappy": "snappy",
 
 
 def _parquet_file(handle, path, **options):
+    """The ParquetFile at ``handle``; its pages' CRCs (where the writer stored them) are checked as they are read."""
     try:
-        return pq.ParquetFile(handle, **options)
+        return pq.ParquetFile(handle, page_checksum_verification=True, **options)
     except (pa.ArrowInvalid, OSError) as error:
         raise InputError(path, f"is not a Parquet file ({error})") from error
 

@@ -162,6 +162,7 @@ class TFRecordFormat(Payloads):
     name = "tfrecord"
     extension = ".tfrecord"
     record_column = FRAME_COLUMN
+    checks_every_byte = True  # each frame's length and data under their CRCs: the loader's CRC32C would repeat them
     before, after = HEADER_BYTES, FOOTER_BYTES
 
     def record_hashes(self, table):

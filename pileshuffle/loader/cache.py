@@ -62,10 +62,11 @@ _LOCAL = pafs.LocalFileSystem()
 @dataclasses.dataclass(frozen=True)
 class FileFacts:
     """What an output's manifest says of one of its files: ``size`` in bytes (None: it lists
-    none) and ``version``, a string that differs between outputs whose files may differ."""
+    none), ``version``, a string that differs between outputs whose files may differ, and ``crc32c``."""
 
     size: int = None
     version: str = ""
+    crc32c: str = None  # the file's CRC32C as the manifest lists it (checksums), None when it lists none
 
     def check_size(self, name: str, size: int, then: str = ""):
         """Refuse (an InputError naming ``name``) a file of ``size`` bytes when the manifest lists

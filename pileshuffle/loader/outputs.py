@@ -175,7 +175,8 @@ def _open_shards(fs, prefix: str, columns, cache) -> Output:
     directory = posixpath.dirname(prefix)
     paths = [posixpath.join(directory, posixpath.basename(shard["path"])) for shard in manifest["shards"]]
     version = _digest(manifest)  # the whole manifest: any other run written here is another version
-    facts = {path: FileFacts(_listed_size(shard), version) for path, shard in zip(paths, manifest["shards"])}
+    facts = {path: FileFacts(_listed_size(shard), version, shard.get("crc32c"))
+             for path, shard in zip(paths, manifest["shards"])}
     source = Source(name, fs, columns, int(manifest["num_piles"]), cache, facts)
     piles = tuple(PileRef(i, int(shard["records"]), (path,), False, source)
                   for i, (path, shard) in enumerate(zip(paths, manifest["shards"])))
@@ -196,7 +197,8 @@ def _open_store(fs, manifest_path: str, columns, cache) -> Output:
         for entry in sorted(generation["files"], key=lambda f: f["writer"]):
             path = posixpath.join(directory, entry["path"])
             files[int(entry["pile"])].append((path, int(entry["records"]), int(entry.get("bytes") or 0)))
-            facts[path] = FileFacts(_listed_size(entry), _store_file_version(manifest, generation, entry))
+            facts[path] = FileFacts(_listed_size(entry), _store_file_version(manifest, generation, entry),
+                                    entry.get("crc32c"))
     source = Source(name, fs, columns, num_piles, cache, facts)
     limit = int(manifest.get("max_pile_bytes") or 0)
     piles = tuple(ref for p in range(num_piles) for ref in _store_pile(source, p, files[p], limit))
@@ -240,8 +242,12 @@ def _schema(source: Source, piles) -> pa.Schema:
             schema = pa.ipc.open_stream(stream).schema
         schema = pa.schema([f for f in schema if f.name not in (KEY_COLUMN, HASH_COLUMN)], schema.metadata)
     else:
-        with storage.open_random_access(path, source.filesystem) as handle:
-            schema = pq.ParquetFile(handle).schema_arrow
+        try:
+            with storage.open_random_access(path, source.filesystem) as handle:
+                schema = pq.ParquetFile(handle).schema_arrow
+        except (OSError, pa.ArrowException) as error:
+            raise InputError(path, f"cannot be read as Parquet ({error}); `pileshuffle verify` says how it is "
+                                   "damaged") from error
     if source.columns is None:
         return schema
     missing = [c for c in source.columns if c not in schema.names]

@@ -21,10 +21,12 @@ import pyarrow as pa
 
 from pileshuffle import keys as keymath
 from pileshuffle import storage
+from pileshuffle.checksums import check_crc32c, unreadable_bytes
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import get_format
 from pileshuffle.formats.views import VIEW_ITEM, shift_buffers, value_views, view_array
+from pileshuffle.loader.cache import remote_name
 from pileshuffle.loader.gather import gather
 from pileshuffle.loader.order import sort_by_key
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, RECORD_COLUMN
@@ -56,7 +58,7 @@ def _read_bytes(fs, path: str, name: str = None) -> pa.Buffer:
     try:
         return storage.read_buffer(path, fs)
     except (OSError, pa.ArrowException) as error:
-        raise InputError(name or path, f"cannot be read: {error}") from error
+        raise InputError(name or path, unreadable_bytes(path, error)) from error
 
 
 def read_json(fs, path: str) -> dict:
@@ -219,27 +221,35 @@ class Source:
         return self.cache.read(self.filesystem, path, facts, read)
 
     def read_shard(self, path: str) -> Block:
-        fmt = get_format(self.format)
+        """A shard's records, its bytes proven by the CRC32C its manifest lists (when it lists one)."""
+        fmt, name, listed = get_format(self.format), remote_name(self.filesystem, path), self._listed_crc32c(path)
 
         def block(fs, where):
             if fmt.record_column is not None:
-                buffer = _read_bytes(fs, where, path)
-                return Block(fmt.payload_views(buffer, path, 0), (buffer,))
+                buffer = _read_bytes(fs, where, name)
+                views = fmt.payload_views(buffer, name, 0)  # the format's own checks name the place first
+                self._check_size(path, name, buffer.size)
+                if not fmt.checks_every_byte:
+                    check_crc32c(name, buffer, listed)
+                return Block(views, (buffer,))
             try:
-                with storage.open_random_access(where, fs) as handle:
+                with _proven_random_access(fs, where, name, listed) as handle:
                     return Block(tables=(fmt.read_rows(handle, self.columns),))
             except (OSError, pa.ArrowException) as error:
-                raise InputError(path, f"cannot be read as {fmt.name}: {error}") from error
+                raise InputError(name, f"cannot be read as {fmt.name}: {error}") from error
 
         return self._read(path, block)
 
-    def check_shard_size(self, path: str, block: Block):
-        """Refuse a shard (``read_shard``'s ``block``) whose bytes are not the manifest's, where its
-        records do not show it: a JSONL shard cut inside a line still reads as lines. (A .gz
-        stream and Parquet's footer check themselves.)"""
+    def _listed_crc32c(self, path: str):
+        """The CRC32C the manifest lists for ``path`` (None: it lists none)."""
         facts = (self.facts or {}).get(path)
-        if facts is not None and block.tables is None and not path.endswith(".gz"):
-            facts.check_size(path, sum(buffer.size for buffer in block.buffers))
+        return None if facts is None else facts.crc32c
+
+    def _check_size(self, path: str, name: str, size: int):
+        """Refuse a shard whose bytes are not as many as its manifest lists (a .gz: decompressed, unlisted)."""
+        facts = (self.facts or {}).get(path)
+        if facts is not None and not path.endswith(".gz"):
+            facts.check_size(name, size)
 
     def read_store_keys(self, path: str) -> np.ndarray:
         """The ``_pileshuffle_key`` column of a store file (local files: memory-mapped, so
@@ -260,8 +270,10 @@ class Source:
         return self._read(path, lambda fs, where: self._store_file(fs, where, path))
 
     def _store_file(self, fs, where: str, path: str):
-        try:  # from the whole file's buffer (local: memory-mapped), so the columns are views, not copies
-            table = pa.ipc.open_stream(_read_bytes(fs, where, path)).read_all()
+        buffer = _read_bytes(fs, where, remote_name(self.filesystem, path))  # local: mapped; columns are views
+        check_crc32c(remote_name(self.filesystem, path), buffer, self._listed_crc32c(path))
+        try:
+            table = pa.ipc.open_stream(buffer).read_all()
         except (OSError, pa.ArrowException) as error:
             raise InputError(path, f"cannot be read as an Arrow IPC stream: {error}") from error
         if KEY_COLUMN not in table.column_names:
@@ -282,6 +294,22 @@ class Source:
             views = value_views(buffer, offsets) if column == RECORD_COLUMN else fmt.payload_views(buffer, path, 0)
             blocks.append(Block(views, (buffer,)))
         return Block.concat(blocks), keys
+
+
+def _proven_random_access(fs, where: str, path: str, listed: str):
+    """A random-access file over a Parquet shard whose bytes have the CRC32C ``listed`` (None: not
+    checked). A local file is checked through a memory map closed before the reader's own reads (its
+    pages stay in the page cache, not in this process), a remote one read whole, checked, and read
+    from memory: one request instead of the reader's many."""
+    if listed is None:
+        return storage.open_random_access(where, fs)
+    if storage.is_local(fs, where):
+        with storage.open_mapped(where, fs) as mapped:
+            check_crc32c(path, mapped.read_buffer(), listed)
+        return storage.open_random_access(where, fs)
+    buffer = _read_bytes(fs, where, path)
+    check_crc32c(path, buffer, listed)
+    return pa.BufferReader(buffer)
 
 
 def sub_pile_of(keys: np.ndarray, num_piles: int, ways: int) -> np.ndarray:
@@ -314,8 +342,6 @@ class PileRef:
             raise InputError(", ".join(self.files), f"holds {block.num_rows:,} records where the manifest lists "
                                                     f"{self.records:,}: changed after it was written "
                                                     "(`pileshuffle verify` says how)")
-        for path, shard in shards or ():
-            self.source.check_shard_size(path, shard)
         return block if order is None else block.reorder(order)
 
     def _shards(self, part):

@@ -9,6 +9,7 @@ order ``materialize`` writes and the loader yields with ``reshuffle=False`` at e
 import collections
 
 from pileshuffle import names, storage
+from pileshuffle.checksums import crc32c_mismatch
 from pileshuffle.fingerprint import Fingerprint, binary_column_parts
 from pileshuffle.formats import get_format, record_hashes, record_lengths
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames
@@ -188,6 +189,9 @@ def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
         size = storage.size(path)
         if size != entry["bytes"]:
             return f"store file {path} is damaged: {size:,} bytes, the manifest says {entry['bytes']:,}"
+        mismatch = crc32c_mismatch(storage.read_buffer(path), entry.get("crc32c"))
+        if mismatch is not None:
+            return f"store file {path} is damaged: {mismatch}"
         table = read_table(Fragment((0,), entry["records"], size, Fingerprint(), path=path))
     except Exception as error:
         return f"store file {path} is damaged: cannot be read as Arrow IPC ({type(error).__name__}: {error})"

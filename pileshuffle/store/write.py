@@ -86,11 +86,12 @@ class _StoreFile:
     records: int
     bytes: int
     fingerprint: Fingerprint
+    crc32c: str
     work_dir: str = None  # composed use: the fragments' run directory, removed after publishing
 
     def to_json(self) -> dict:
         return {"path": self.path, "pile": self.pile, "writer": self.writer, "records": self.records,
-                "bytes": self.bytes, "fingerprint": self.fingerprint.to_json()}
+                "bytes": self.bytes, "crc32c": self.crc32c, "fingerprint": self.fingerprint.to_json()}
 
 
 class _StoreFiles(FragmentFiles):
@@ -107,9 +108,9 @@ class _StoreFiles(FragmentFiles):
         return layout.join(self._store, self.relative(pile))
 
     def commit_files(self, work_dir=None):
-        return [_StoreFile(self._generation, pile, self._writer, self.relative(pile), records, storage.size(path),
-                           fingerprint, work_dir)
-                for pile, path, records, _, fingerprint in self.commit()]
+        return [_StoreFile(self._generation, f.pile, self._writer, self.relative(f.pile), f.records,
+                           storage.size(f.path), f.fingerprint, f.crc32c, work_dir)
+                for f in self.commit()]
 
 
 class _WriteStoreGroup(beam.DoFn):

@@ -111,9 +111,9 @@ class Pile:
                 )
                 for sub, part, _ in parts_by_pile(table, keymath.pile_of(digits, ways), ways):
                     files.append(sub, part, Fingerprint())
-        for sub, path, records, nbytes, _ in files.commit():
-            fragment = Fragment((0,), records, nbytes, Fingerprint(), path=path)
-            yield Pile(sub, ways, (fragment,), self.max_pile_bytes, self.work_dir, self.depth + 1)
+        for sub in files.commit():
+            fragment = Fragment((0,), sub.records, sub.nbytes, Fingerprint(), path=sub.path)
+            yield Pile(sub.pile, ways, (fragment,), self.max_pile_bytes, self.work_dir, self.depth + 1)
 
     def split_count(self) -> int:
         return 1 if self.needs_split else 0

@@ -22,6 +22,7 @@ import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError
 
 from pileshuffle import __version__, interrupt, progress, storage
+from pileshuffle.checksums import Crc32cWriter
 from pileshuffle.errors import InputError, IntegrityError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
@@ -50,6 +51,7 @@ class _ShardStats:
     put_in: Fingerprint
     written: Fingerprint
     split: int
+    crc32c: str
     work_dir: str = None
     schema: pa.Schema = None
 
@@ -81,7 +83,7 @@ class WriteShard(beam.DoFn):
 
         try:
             with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
-                with storage.open_write(temp, fmt.shard_handle_compression(self._compression)) as handle:
+                with Crc32cWriter(storage.open_write(temp, fmt.shard_handle_compression(self._compression))) as handle:
                     fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
                 storage.put_in_place([temp], [staged])
         except (OSError, BeamIOError) as error:
@@ -94,7 +96,7 @@ class WriteShard(beam.DoFn):
         progress.pile_written()
         yield _ShardStats(
             pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
-            pile.fingerprint, written[0], pile.split_count(), pile.work_dir,
+            pile.fingerprint, written[0], pile.split_count(), handle.hex(), pile.work_dir,
             schema[0] if self._format_name == "parquet" and self._schema is None else None,  # Finalize's, if unknown
         )
 
@@ -212,12 +214,13 @@ class Finalize(beam.DoFn):
     def _write_empty_shard(self, fmt, pile, num_piles, suffix, schema, direct):
         path = _shard_path(self._prefix, pile, num_piles, suffix, direct)
         try:
-            with storage.open_write(path, fmt.shard_handle_compression(self._compression)) as handle:
+            with Crc32cWriter(storage.open_write(path, fmt.shard_handle_compression(self._compression))) as handle:
                 fmt.write_shard(handle, [], self._compression, schema)
         except OSError as error:
             raise write_failure(staging_dir(self._prefix), error) from error
         progress.pile_written()
-        return _ShardStats(pile, num_piles, path, 0, storage.size(path), 0, Fingerprint(), Fingerprint(), 0)
+        return _ShardStats(pile, num_piles, path, 0, storage.size(path), 0, Fingerprint(), Fingerprint(), 0,
+                           handle.hex())
 
     def _replace_old_outputs(self, old: OutputFiles, finals):
         """Journal the publication, then delete the old files the new shards do not
@@ -238,9 +241,7 @@ class Finalize(beam.DoFn):
             "format": self._format_name,
             "compression": self._compression,
             "num_piles": num_piles,
-            "shards": [
-                {"path": finals[p], "records": staged[p].records, "bytes": staged[p].file_bytes} for p in range(num_piles)
-            ],
+            "shards": [_shard_entry(finals[p], staged[p]) for p in range(num_piles)],
             "totals": {
                 "records": output_fp.records,
                 "payload_bytes": output_fp.bytes,
@@ -281,6 +282,11 @@ class Finalize(beam.DoFn):
         dirs = {staging_dir(self._prefix)} | {s.work_dir for s in shards if s.work_dir}
         for directory in sorted(dirs):
             remove_tree(directory)
+
+
+def _shard_entry(path: str, shard: _ShardStats) -> dict:
+    """A shard as the manifest lists it (docs/format.md)."""
+    return {"path": path, "records": shard.records, "bytes": shard.file_bytes, "crc32c": shard.crc32c}
 
 
 def schema_json(schema: pa.Schema) -> dict:
