@@ -46,12 +46,13 @@ class SourceStats:
     classes: tuple = ()  # under --balance: ((class, records read, records emitted), ...)
     span: tuple = None  # the bytes of the file read (None: all of it)
     reached: tuple = None  # ``ReadReport.reached``: where the span's first record starts, where the next span's must
+    blank_lines: int = 0  # JSONL's blank lines, which are no records
 
     @staticmethod
     def of(source: Source, fingerprint: Fingerprint, report, emitted=None, classes=None) -> "SourceStats":
         return SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
                            tuple(report.problems), emitted, tuple((c, r, e) for c, (r, e) in sorted((classes or {}).items())),
-                           source.span, report.reached)
+                           source.span, report.reached, report.blank_lines)
 
     @property
     def put_in(self) -> Fingerprint:
@@ -72,6 +73,7 @@ def stats_by_file(stats) -> list:
             whole = dataclasses.replace(
                 whole, fingerprint=whole.fingerprint + one.fingerprint, skipped_records=whole.skipped_records + one.skipped_records,
                 skipped_bytes=whole.skipped_bytes + one.skipped_bytes, problems=whole.problems + one.problems,
+                blank_lines=whole.blank_lines + one.blank_lines,
                 emitted=None if whole.emitted is None else whole.emitted + one.emitted)
         merged.append(dataclasses.replace(whole, span=None, reached=None))
     return merged

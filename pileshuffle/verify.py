@@ -243,7 +243,7 @@ class ShardVerifier:
             self.problem(f"input: {error}")
             return
         skip_corrupt = bool((manifest or {}).get("options", {}).get("skip_corrupt"))
-        input_fp, skipped, per_file = Fingerprint(), 0, {}
+        input_fp, skipped, blank, per_file = Fingerprint(), 0, 0, {}
         for source in sources:
             try:
                 fingerprint, report, _ = read_fingerprint(fmt, source.path, skip_corrupt)
@@ -252,6 +252,7 @@ class ShardVerifier:
                 return
             input_fp += fingerprint
             skipped += report.skipped_records
+            blank += report.blank_lines
             per_file[source.path] = fingerprint.records
         self.input_fp = input_fp
         if manifest is not None:
@@ -267,6 +268,9 @@ class ShardVerifier:
             recorded_skips = manifest.get("skipped", {}).get("records", 0)
             if recorded_skips != skipped:
                 self.problem(f"reading the input skips {skipped} corrupt record(s); the manifest says {recorded_skips}")
+            recorded_blank = manifest.get("skipped", {}).get("blank_lines")
+            if recorded_blank is not None and recorded_blank != blank:
+                self.problem(f"the input holds {blank:,} blank line(s); the manifest says {recorded_blank:,}")
         balance = (manifest or {}).get("balance")
         if balance is not None:  # the output holds the input's records with --balance's copies
             input_fp = _with_copies(fmt, sources, manifest, skip_corrupt)

@@ -152,7 +152,8 @@ def test_keep_unlabeled_puts_a_missing_key_a_json_null_and_an_unreadable_line_in
     (tmp_path / "in").mkdir()
     write_jsonl(tmp_path / "in" / "a.jsonl", [{"y": "cat"}] * 6 + [{"y": None}, {"x": 1}, "[1, 2]", "", {"y": "dog"}])
     written = run_shuffle(f"{tmp_path}/in/*.jsonl", f"{tmp_path}/o", *BALANCE, "--keep_unlabeled")
-    assert written["balance"]["records_before"] == {"cat": 6, "dog": 1, "null": 4}
+    assert written["balance"]["records_before"] == {"cat": 6, "dog": 1, "null": 3}  # the blank line is no record
+    assert written["skipped"]["blank_lines"] == 1
 
 
 def test_keep_unlabeled_is_refused_where_it_means_nothing(tmp_path, capsys):

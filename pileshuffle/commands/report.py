@@ -47,6 +47,8 @@ def summary(manifest: dict) -> str:
                      + (", ..." if len(duplicates) > 3 else ""))
     if manifest["skipped"]["records"]:
         lines.append(f"skipped   {manifest['skipped']['records']} corrupt record(s), {manifest['skipped']['bytes']:,} bytes")
+    if manifest["skipped"].get("blank_lines"):
+        lines.append(f"blank     {manifest['skipped']['blank_lines']:,} blank line(s) in the input: not records")
     lines.append(f"manifest  {manifest_path(manifest['output'])}")
     return "\n".join(lines)
 

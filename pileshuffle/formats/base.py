@@ -25,10 +25,12 @@ DEFAULT_CHUNK_BYTES = 16 << 20  # input bytes per chunk a reader yields: one chu
 
 @dataclasses.dataclass
 class ReadReport:
-    """What a reader skipped under ``skip_corrupt`` (it skips nothing otherwise)."""
+    """What a reader skipped under ``skip_corrupt`` (it skips nothing otherwise), and the blank
+    lines of a JSONL file, which are no records."""
 
     skipped_records: int = 0
     skipped_bytes: int = 0
+    blank_lines: int = 0
     problems: list = dataclasses.field(default_factory=list)
     reached: tuple = None  # a span's reader that finds its first record by a search: (its first record, where the next span's must be)
 

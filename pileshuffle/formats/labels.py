@@ -29,7 +29,7 @@ from pileshuffle.formats.base import ReadReport, open_input, read_up_to
 from pileshuffle.formats.example import NotAnExample, feature_values
 from pileshuffle.formats.json_labels import KEEP_HINT, NULL_CLASS, json_labels
 from pileshuffle.formats.tar import KEY_FIELD, sample_dict
-from pileshuffle.formats.text import check_text, known_line_chunks, line_views
+from pileshuffle.formats.text import check_text, json_records, known_line_chunks, line_views
 from pileshuffle.names import FRAME_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
 
 __all__ = ["record_labels", "label_text", "file_labels", "label_counts", "sampled_label_counts", "NULL_CLASS",
@@ -158,7 +158,7 @@ class ClassCodesReader:
         """The source's ``(table, positions)`` as ``fmt.read_placed`` gives them."""
         if self._lines is None:
             return fmt.read_placed(self._path, chunk_bytes, skip_corrupt, report)
-        return known_line_chunks(self._path, self._next_lengths, chunk_bytes)
+        return known_line_chunks(self._path, self._next_lengths, chunk_bytes, report)
 
     def _next_lengths(self, max_bytes: int) -> np.ndarray:
         """The lengths of the next lines that fit in ``max_bytes`` (at least one; none at the end)."""
@@ -250,8 +250,10 @@ def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled):
     per GB at 16 MiB)."""
     first = 0
     for lines, raw in line_views(path, min(chunk_bytes, _LABEL_BLOCK_BYTES)):
-        try:
-            labels = json_labels(lines, field, path, first, keep_unlabeled)
+        try:  # the records among the lines (json_records: no BOM, no blank line), as pass 1 reads them
+            offsets = np.frombuffer(lines.buffers()[1], np.int32)[lines.offset:lines.offset + len(lines) + 1]
+            records = json_records(raw, offsets, 0 if first == 0 else -1)[0].column(0)
+            labels = json_labels(records, field, path, first, keep_unlabeled)
             labels.validate(full=True)
         except (InputError, pa.ArrowInvalid):  # a line that is no text is named as pass 1 names it
             check_text(path, raw.tobytes(), np.frombuffer(lines.buffers()[1], np.int32), first)

@@ -5,6 +5,11 @@ by copying bytes; a last line without a newline is a record and gets one. Lines 
 found with numpy, never parsed as JSON; but every line must be UTF-8 text without NUL
 bytes (checked per chunk in C: memchr and Arrow's UTF-8 validation, about 0.1 ms per MB),
 so a binary file given as JSONL (a TFRecord, say) is refused, naming its first bad line.
+
+What JSON readers skip is no record (``json_records``): a UTF-8 byte order mark at a file's
+start is not part of its first line, and a blank line (spaces, tabs and CRs only) is none,
+counted in ``ReadReport.blank_lines``. A line ending in CRLF keeps its ``\r``: JSON takes it
+as whitespace, and the fingerprints prove the bytes as they are.
 """
 
 import numpy as np
@@ -18,15 +23,48 @@ from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import LINE_COLUMN
 from pileshuffle.storage import compression_of
 
-__all__ = ["JsonlFormat", "line_blocks", "line_views", "known_line_chunks", "check_text"]
+__all__ = ["JsonlFormat", "line_blocks", "line_views", "known_line_chunks", "check_text", "json_records"]
 
 _NEWLINE = 10
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
+_BLANK = b" \t\r\n"  # what a blank line holds
+_BLANK_STARTS = np.frombuffer(_BLANK, dtype=np.uint8)
 
 
 def _line_bounds(buf: bytes) -> np.ndarray:
     """Offsets of the complete lines in ``buf``: 0, then one past each newline."""
     newlines = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == _NEWLINE)
     return np.concatenate(([0], newlines + 1))
+
+
+def json_records(data, bounds: np.ndarray, base: int) -> tuple:
+    """``(records, positions, blank)`` of the whole lines ``data[bounds[i]:bounds[i+1]]``, ``data[0]``
+    being at ``base`` in the file: a one-column ``line`` table of the lines that are JSONL records,
+    a UTF-8 byte order mark at the file's start left out of the first, their places in the file, and
+    how many blank lines were left out. Lines with no blank one among them stay views of ``data``."""
+    offsets = np.asarray(bounds, dtype=np.int64)
+    if base == 0 and len(offsets) > 1 and bytes(data[:3]) == _BOM:
+        offsets = offsets.copy()
+        offsets[0] = len(_BOM)
+    records, positions = binary_table(LINE_COLUMN, data, offsets), base + offsets[:-1]
+    blank = _blank_lines(data, offsets)
+    if len(blank):
+        keep = np.ones(len(positions), dtype=bool)
+        keep[blank] = False
+        records, positions = records.filter(pa.array(keep)), positions[keep]
+    return records, positions, len(blank)
+
+
+def _blank_lines(data, offsets: np.ndarray) -> np.ndarray:
+    """The numbers of the lines that hold only spaces, tabs and CRs before their newline: looked
+    at whole only where a line starts with one of those (a record never does, so this is one
+    look-up per line)."""
+    if len(offsets) < 2:
+        return np.zeros(0, dtype=np.int64)
+    first = np.frombuffer(data, dtype=np.uint8)[offsets[:-1]]
+    maybe = np.flatnonzero(np.isin(first, _BLANK_STARTS))
+    return np.array([i for i in maybe.tolist() if not bytes(data[offsets[i]:offsets[i + 1]]).strip(_BLANK)],
+                    dtype=np.int64)
 
 
 def _first_non_text(buf: bytes, end: int):
@@ -129,7 +167,7 @@ def line_views(path: str, chunk_bytes: int):
             held = filled - end
 
 
-def known_line_chunks(path: str, next_lengths, chunk_bytes: int):
+def known_line_chunks(path: str, next_lengths, chunk_bytes: int, report=None):
     """``JsonlFormat.read_placed``' ``(table, positions)`` of a file whose lines were found before (``--balance``'s
     counting pass keeps their lengths): ``next_lengths(max_bytes)`` gives the lengths, newline
     included, of the next lines that fit in ``max_bytes`` (at least one; none at the end). Each
@@ -150,10 +188,17 @@ def known_line_chunks(path: str, next_lengths, chunk_bytes: int):
             if len(buf) != bounds[-1] or (np.frombuffer(buf, np.uint8)[bounds[1:] - 1] != _NEWLINE).any():
                 raise InputError(path, _CHANGED)
             check_text(path, buf, bounds, lines, base)
-            yield binary_table(LINE_COLUMN, buf, bounds), base + bounds[:-1]
+            records, positions, blank = json_records(buf, bounds, base)
+            _count_blank(report, blank)
+            yield records, positions
             lines, base = lines + len(lengths), base + int(bounds[-1])
         if read_block(handle, path, 1, compressed):
             raise InputError(path, _CHANGED)
+
+
+def _count_blank(report, blank: int):
+    if report is not None:
+        report.blank_lines += blank
 
 
 _CHANGED = "changed during the run: its lines are not where the first pass found them"
@@ -186,7 +231,9 @@ class JsonlFormat(Payloads):
             lines_only = memoryview(buf)[:end]
             bounds = _line_bounds(lines_only)
             check_text(path, buf, bounds, lines, base)
-            yield binary_table(LINE_COLUMN, lines_only, bounds), base + bounds[:-1]
+            records, positions, blank = json_records(lines_only, bounds, base)
+            _count_blank(report, blank)
+            yield records, positions
             lines = None if lines is None else lines + len(bounds) - 1
 
     def write_shard(self, handle, tables, compression, schema=None):

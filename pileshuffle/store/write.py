@@ -202,7 +202,8 @@ class PublishGeneration(beam.DoFn):
             "writers": self._writers,
             "skipped": {"records": sum(s.skipped_records for s in sources),
                         "bytes": sum(s.skipped_bytes for s in sources),
-                        "problems": [p for s in sources for p in s.problems][:100]},
+                        "problems": [p for s in sources for p in s.problems][:100],
+                        "blank_lines": sum(s.blank_lines for s in sources)},
             "files": [f.to_json() for f in files],
         }
         if any(s.classes for s in sources):

@@ -255,6 +255,7 @@ class Finalize(beam.DoFn):
                 "records": sum(s.skipped_records for s in sources),
                 "bytes": sum(s.skipped_bytes for s in sources),
                 "problems": [p for s in sources for p in s.problems][:100],
+                "blank_lines": sum(s.blank_lines for s in sources),
             },
             "seconds": seconds,
         }
