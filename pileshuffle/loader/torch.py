@@ -32,7 +32,7 @@ from pileshuffle.loader.batching import array_batches
 from pileshuffle.loader.handoff import ArrowOnArrival, BytesOnArrival, arrow_batch, reduced
 from pileshuffle.loader.passes import PassClock
 
-__all__ = ["TorchDataset", "TensorsOnArrival", "worker_states", "loader_states", "round_robin"]
+__all__ = ["TorchDataset", "TensorsOnArrival", "torch_ready", "worker_states", "loader_states", "round_robin"]
 
 # torchdata's StatefulDataLoader state keys (torchdata.stateful_dataloader, 0.8 - 0.11)
 _SNAPSHOT, _STEPS_SINCE_SNAPSHOT = "_snapshot", "_steps_since_snapshot"
@@ -142,15 +142,16 @@ class TorchDataset(torch.utils.data.IterableDataset):
     def _items(self, part):
         if self.batch_size is None:
             return iter(part)
-        if get_worker_info() is None:  # the main process: part.batches() as they are
-            if self.dataset.format != "parquet" or not self.as_numpy:
-                return part.batches(self.batch_size, drop_last=self.drop_last)
-            return map(_writable, part.batches(self.batch_size, drop_last=self.drop_last, as_numpy=True))
+        if get_worker_info() is None and self.dataset.format != "parquet":  # the main process: as they are
+            return part.batches(self.batch_size, drop_last=self.drop_last)
         if self.dataset.format != "parquet":
             arrays = _payload_arrays(part, self.batch_size, self.drop_last)
             return (BytesOnArrival(array, ring=True, format=self.dataset.format) for array in arrays)
+        batches = (torch_ready(batch, self.as_numpy) for batch in part.batches(self.batch_size, drop_last=self.drop_last))
+        if get_worker_info() is None:
+            return (_writable(_numpy_columns(batch)) for batch in batches) if self.as_numpy else batches
         arrival = TensorsOnArrival if self.as_numpy else ArrowOnArrival
-        return (arrival(batch, ring=True) for batch in part.batches(self.batch_size, drop_last=self.drop_last))
+        return (arrival(batch, ring=True) for batch in batches)
 
     # -- state
 
@@ -223,6 +224,31 @@ class TensorsOnArrival:
 
     def values(self):
         return self.columns.values()
+
+
+def torch_ready(batch: pa.RecordBatch, tensors: bool = True) -> pa.RecordBatch:
+    """A Parquet batch as the torch adapter hands it out, the same with and without workers (docs/loader.md,
+    "Column types"): a dictionary column as its values; for tensors (``tensors``) also a timestamp,
+    date, time or duration column as its integers (counts of its unit; a timestamp's since the
+    epoch, UTC), and a null in a number, bool or such column refused, naming it (a tensor cannot hold
+    one: it would be a float or object array in that batch only). Strings and binary keep nulls (None)."""
+    columns = []
+    for field, column in zip(batch.schema, batch.columns):
+        kind = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+        if kind != field.type:
+            column = column.cast(kind)
+        if tensors and pa.types.is_temporal(kind):
+            column = column.view(pa.int32() if kind.bit_width == 32 else pa.int64())
+        if tensors and column.null_count and _is_tensor(column.type):
+            raise ValueError(f"ds.torch(): column {field.name!r} has null values, which a tensor cannot hold: fill "
+                             "them in the data, or leave the column out with columns=[...]")
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
+def _is_tensor(kind) -> bool:
+    """Whether a column of ``kind`` becomes a tensor (numbers and bools; strings and binary stay numpy objects)."""
+    return pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind)
 
 
 def _numpy_columns(batch) -> dict:
