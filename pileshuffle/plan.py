@@ -10,9 +10,7 @@ import dataclasses
 import hashlib
 import logging
 import math
-import os
 import re
-import shutil
 import uuid
 
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
@@ -27,10 +25,11 @@ from pileshuffle.names import manifest_path, staging_dir, store_dir, work_dir_na
 from pileshuffle.runs import DEFAULT_RUN_BYTES, auto_run_bytes
 from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
 from pileshuffle.output_files import OutputFiles, check_replaceable, missing_local_folders, remove_empty_folders
+from pileshuffle.space import FRAGMENT_OVERHEAD, free_space, space_needed
 from pileshuffle.store.layout import is_store
 
 __all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "mean_record_bytes", "work_dir_for", "check_writable",
-           "check_shard_output", "space_note", "piles_reached"]
+           "check_shard_output", "piles_reached"]
 
 _log = logging.getLogger("pileshuffle")
 
@@ -224,18 +223,6 @@ def check_writable(directory: str, what: str):
         remove_empty_folders(missing)
 
 
-_FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing, the 8-byte key and 8-byte hash per record
-
-
-def _space_needed(sources, total: int, intermediate, work_dir, staging) -> dict:
-    """Bytes a run writes at each location before it finishes: pass-1 runs (files mode: the
-    input as Arrow holds it, ``total``, with their framing) and the staged shards (about the input)."""
-    needs = {staging: sum(s.size for s in sources)}
-    if intermediate == "files":
-        needs[work_dir] = needs.get(work_dir, 0) + int(total * _FRAGMENT_OVERHEAD)
-    return needs
-
-
 def _check_balance_fits(format_name: str, policy):
     """Refuse copies of tar samples: a copy keeps its sample's WebDataset key (no header is
     rewritten), and a shard cannot hold a key twice (it would read back as one sample)."""
@@ -243,48 +230,6 @@ def _check_balance_fits(format_name: str, policy):
         raise UsageError("--balance on tar samples copies samples, and a copy keeps its sample's WebDataset key, "
                          "which one shard cannot hold twice: give --undersample (cuts, no copies), or balance the "
                          "samples before writing them as tar")
-
-
-def _check_free_space(needs: dict) -> dict:
-    """Warn when a local location has less free space than the run will write there
-    (locations on one filesystem add up). Returns ``{location: (needed, free)}``;
-    ``free`` is None where it cannot be known (remote filesystems)."""
-    devices, space = {}, {}
-    for location, need in needs.items():
-        if "://" in location:
-            space[location] = (need, None)
-            continue
-        existing = os.path.abspath(location)
-        while not os.path.exists(existing) and os.path.dirname(existing) != existing:
-            existing = os.path.dirname(existing)
-        try:
-            free, device = shutil.disk_usage(existing).free, os.stat(existing).st_dev
-        except OSError:
-            space[location] = (need, None)
-            continue
-        entry = devices.setdefault(device, [0, free, []])
-        entry[0] += need
-        entry[2].append(location)
-    for need, free, locations in devices.values():
-        for location in locations:
-            space[location] = (need, free)
-        if free < need:
-            _log.warning("%s %s %s bytes free but this run will write about %s bytes there (pass-1 fragments and "
-                         "staged shards); it will fail if the disk fills up", " and ".join(locations),
-                         "have" if len(locations) > 1 else "has", f"{free:,}", f"{need:,}")
-    return space
-
-
-def space_note(plan: Plan) -> str:
-    """What the run needs where (``plan.space``), for the message of a run that ran out of space."""
-    groups = {}  # locations on one filesystem share (needed, free)
-    for location, need_free in plan.space.items():
-        groups.setdefault(need_free, []).append(location)
-    parts = []
-    for (need, free), locations in groups.items():
-        known = "" if free is None else f" ({free:,} were free when it started)"
-        parts.append(f"about {need:,} bytes at {' and '.join(locations)}{known}")
-    return "this run needs " + " and ".join(parts) if parts else "the disk is full"
 
 
 def make_plan(options: PipelineOptions) -> Plan:
@@ -322,11 +267,11 @@ def make_plan(options: PipelineOptions) -> Plan:
         _log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
                      num_piles, f"{round(total / mean):,}")
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
-    needs = _space_needed(sources, total, opts.intermediate, work_dir, staging_dir(output))
+    needs = space_needed(sources, total, opts.intermediate, work_dir, staging_dir(output))
     if opts.layout == "store":
-        needs = {store_dir(output): int(total * _FRAGMENT_OVERHEAD)}
+        needs = {store_dir(output): int(total * FRAGMENT_OVERHEAD)}
     needs = {location: int(need * growth) for location, need in needs.items()}  # --balance writes copies
-    space = _check_free_space(needs)
+    space = free_space(needs)
     plan = Plan(
         format=fmt.name,
         sources=sources,

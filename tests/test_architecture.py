@@ -17,7 +17,7 @@ LAYERS = {
     0: ["names", "keys", "crc", "checksums", "fingerprint", "errors", "tuning", "interrupt", "progress", "balance", "sources"],
     1: ["cloud", "storage"],
     2: ["formats"],
-    3: ["fragments", "runs", "transforms", "inputs", "options", "parameters", "runners", "running", "output_files", "sample"],
+    3: ["fragments", "runs", "space", "transforms", "inputs", "options", "parameters", "runners", "running", "output_files", "sample"],
     4: ["store"],
     5: ["plan", "output_lock"],
     6: ["verify", "store.read"],

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -444,29 +445,23 @@ def twelve_mb(tmp_path):
     return str(tmp_path / "in" / "*.tfrecord")
 
 
-def test_temp_location_fills_up(small_tmpfs, twelve_mb, caplog):
+def test_a_run_the_disk_cannot_hold_is_refused_before_it_writes(small_tmpfs, twelve_mb, tmp_path, caplog):
+    """12 MB of input on an 8 MB disk: the pass-1 runs and the staged shards (about 25 MB) cannot fit,
+    which the plan knows; run refuses up front, naming where, what it needs and what is free. (A disk
+    that fills during a run anyway is test_injected_enospc's.)"""
     output = os.path.join(small_tmpfs, "train")  # fragments go beside the output by default
     with pytest.raises(OutputError) as caught:
         run_shuffle(twelve_mb, output, "--num_piles=4")
     message = str(caught.value)
-    assert "No space left on device" in message and ".pileshuffle-work-" in message, message
-    assert "needed about" in message and "this run needs about" in message
-    assert "were free when it started" in message and "[while running" not in message
-    assert any("bytes free but this run will write about" in r.getMessage() for r in caplog.records)
-    assert_nothing_published(output)
+    assert message.startswith("not enough disk space: ") and ".pileshuffle-work-" in message, message
+    assert "pileshuffle-staging" in message and "bytes free" in message and "nothing was written" in message
+    assert os.listdir(small_tmpfs) == []  # not even the lock
+    with pytest.raises(OutputError, match=f"not enough disk space: {re.escape(output)}.pileshuffle-staging has"):
+        run_shuffle(twelve_mb, output, "--num_piles=4", f"--temp_location={tmp_path / 'temp'}")  # the shards alone
+    assert os.listdir(small_tmpfs) == [] and temp_leftovers(str(tmp_path)) == []
+    with pytest.raises(OutputError, match="not enough disk space"):
+        run_shuffle(twelve_mb, output, "--layout=store", "--num_piles=4")
     assert os.listdir(small_tmpfs) == []
-
-
-def test_output_location_fills_up(small_tmpfs, twelve_mb, tmp_path):
-    output = os.path.join(small_tmpfs, "train")
-    with pytest.raises(OutputError) as caught:
-        run_shuffle(twelve_mb, output, "--num_piles=4", f"--temp_location={tmp_path / 'temp'}")
-    message = str(caught.value)
-    assert "No space left on device" in message and f"{output}.pileshuffle-staging" in message, message
-    assert "needed about" in message
-    assert_nothing_published(output)
-    assert os.listdir(small_tmpfs) == []
-    assert temp_leftovers(str(tmp_path / "temp")) == []
 
 
 class _FullDisk(io.RawIOBase):
@@ -510,26 +505,31 @@ def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location)
     assert_nothing_published(output)
 
 
-def test_space_estimate_warns_before_pass_1(tmp_path, tfrecord_input, monkeypatch, caplog):
+def test_plan_and_run_agree_on_a_disk_too_small(tmp_path, tfrecord_input, monkeypatch, capsys):
     import shutil as shutil_module
 
     import pileshuffle.plan as plan_module
+    import pileshuffle.space as space_module
     from apache_beam.options.pipeline_options import PipelineOptions
+    from pileshuffle.commands.plan import main as plan_main
 
     usage = shutil_module.disk_usage(str(tmp_path))
-    monkeypatch.setattr(plan_module.shutil, "disk_usage", lambda path: usage._replace(free=1000))
+    monkeypatch.setattr(space_module.shutil, "disk_usage", lambda path: usage._replace(free=1000))
     output = str(tmp_path / "out" / "train")
-    plan = plan_module.make_plan(PipelineOptions([f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4"]))
-    warnings = [r.getMessage() for r in caplog.records if r.name == "pileshuffle"]
-    assert len(warnings) == 1, warnings
+    args = [f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4"]
+    plan = plan_module.make_plan(PipelineOptions(args))
     (need, free), = set(plan.space.values())  # work dir and staging share one filesystem
     assert free == 1000 and need > 1.9 * plan.input_bytes
-    assert f"1,000 bytes free but this run will write about {need:,} bytes" in warnings[0]
-    assert plan.work_dir in warnings[0] and "pileshuffle-staging" in warnings[0]
-    caplog.clear()
+    assert plan_main(args) == 0
+    printed = capsys.readouterr().out
+    assert "NOT ENOUGH" in printed and "`run` refuses it" in printed
+    with pytest.raises(OutputError) as refused:
+        run_shuffle(tfrecord_input, output, "--num_piles=4")
+    assert f"have 1,000 bytes free, and this run writes about {need:,} bytes" in str(refused.value)
+    assert plan.work_dir in str(refused.value) and "pileshuffle-staging" in str(refused.value)
+    assert not os.path.exists(os.path.dirname(output)) or os.listdir(os.path.dirname(output)) == []
     monkeypatch.undo()
-    plan_module.make_plan(PipelineOptions([f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4"]))
-    assert [r for r in caplog.records if r.name == "pileshuffle"] == []
+    assert plan_main(args) == 0 and "NOT ENOUGH" not in capsys.readouterr().out
 
 
 # --- oversized piles -------------------------------------------------------------------------

@@ -280,7 +280,8 @@ def _free(plan: Plan, location: str) -> str:
     if free is None:
         return ""
     shared = " on that disk for both" if need != plan.needs[location] else ""
-    return f"; {_size(free)} free{shared}"
+    short = f": NOT ENOUGH for the {_size(need)} this run writes there, so `run` refuses it" if free < need else ""
+    return f"; {_size(free)} free{shared}{short}"
 
 
 def _balance_text(plan: Plan) -> str:

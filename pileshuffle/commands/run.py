@@ -21,7 +21,8 @@ from pileshuffle.options import check_argv, help_text, wants_help
 from pileshuffle.parameters import PileshuffleOptions, check_values, parse_flag
 from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
 from pileshuffle.output_lock import taken_output
-from pileshuffle.plan import Plan, make_plan, space_note
+from pileshuffle.plan import Plan, make_plan
+from pileshuffle.space import check_space, space_note
 from pileshuffle.runners import (check_local_shuffle_fits, dask_defaults, dataflow_defaults, is_dask, is_dataflow,
                                  is_local, local_defaults, outliving_job, submitted)
 from pileshuffle.running import new_pipeline, run_pipeline, shows_progress
@@ -64,6 +65,7 @@ def run(options=None, wait=None, hold_worker_stderr=False):
     started = time.time()
     keep_freed_memory()
     plan = make_plan(options)
+    check_space(plan.space)
     if is_local(options):
         check_local_shuffle_fits(plan)
     if is_dask(options):
@@ -91,7 +93,7 @@ def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worke
         discard_unpublished(plan.output)
         message = user_message(error)
         if message and "No space left" in message:
-            return OutputError(f"{message}; {space_note(plan)}")
+            return OutputError(f"{message}; {space_note(plan.space)}")
         return None
 
     result = run_pipeline(pipeline, options, wait, hold_worker_stderr, failed, showing)

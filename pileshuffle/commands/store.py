@@ -137,11 +137,13 @@ def run_store(options, wait=None, hold_worker_stderr=False):
     generation 0 of a new store (manifest version 1)."""
     from pileshuffle.names import manifest_path
     from pileshuffle.plan import make_plan
+    from pileshuffle.space import check_space
     from pileshuffle.transforms.write import schema_json
 
     running.HOLD_WORKER_STDERR["on"] = hold_worker_stderr
     _at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
     plan = make_plan(options)
+    check_space(plan.space)
     prefix = plan.output
     if storage.exists(manifest_path(prefix)):
         raise OutputError(f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
