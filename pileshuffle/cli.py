@@ -66,6 +66,7 @@ COMMANDS = {  # name -> Command: what `pileshuffle NAME` runs, in the order the 
     "run": Command("pileshuffle.pipeline", "shuffle: the template's pipeline (same options as python -m pileshuffle.pipeline)"),
     "plan": Command("pileshuffle.commands.plan", "show what a run would do (files, bytes, piles, memory, space) without running it"),
     "verify": Command("pileshuffle.commands.verify", "re-read input and output and prove nothing was lost, duplicated or corrupted"),
+    "info": Command("pileshuffle.commands.info", "say what a finished output or a pile store holds, from its manifest"),
     "append": Command("pileshuffle.commands.store", "add new input files to a pile store (run --layout store) as a new generation", "append_main"),
     "expire": Command("pileshuffle.commands.store", "drop a pile store's oldest generations (--keep_generations N, --before TIME)", "expire_main"),
     "gc": Command("pileshuffle.commands.store", "delete a pile store's files that no recent manifest version lists", "gc_main"),

@@ -16,7 +16,7 @@ from pileshuffle.formats import RecordFormat, format_of_name, get_format, known_
 from pileshuffle.names import SHARD_NAME, WORK_DIRECTORY, is_store_file, manifest_path, prefix_of_manifest
 from pileshuffle.transforms.assign import Source
 
-__all__ = ["Inputs", "select_inputs", "match_inputs", "file_identity", "resolve_format", "check_format_fits",
+__all__ = ["Inputs", "split_patterns", "select_inputs", "match_inputs", "file_identity", "resolve_format", "check_format_fits",
            "own_file", "describe_left_out", "describe_skipped", "check_schemas", "describe_difference"]
 
 
@@ -36,6 +36,13 @@ class Inputs:
     duplicates: dict  # path -> the name kept: other names of a file already matched
 
 
+def split_patterns(text: str) -> list:
+    """The patterns of a comma-separated ``--input``, each stripped; a comma that is part of a
+    path is written ``\\,`` (``--input 'data/a\\,b.jsonl,more/*.jsonl'``)."""
+    parts = re.split(r"(?<!\\),", text or "")
+    return [p.strip().replace("\\,", ",") for p in parts if p.strip()]
+
+
 def select_inputs(patterns: str, output: str = None) -> Inputs:
     """The files matching comma-separated ``patterns``, sorted and de-duplicated by their
     real identity (``file_identity``), and every matched name left out: pileshuffle's own
@@ -45,7 +52,7 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
     refused. A pattern that matches only the shards of another finished output (and its
     manifest) keeps them: shuffling an output again."""
     candidates, left_out, skipped = [], {}, {}
-    for rank, pattern in enumerate(p.strip() for p in patterns.split(",") if p.strip()):
+    for rank, pattern in enumerate(split_patterns(patterns)):
         found, passed_over = _list_pattern(pattern)
         skipped.update(passed_over)
         if not found and not passed_over:
@@ -225,14 +232,24 @@ def resolve_format(requested: str, sources) -> RecordFormat:
     for source in sources:
         name = format_of_name(source.path)
         if name is None:
-            raise InputError(source.path, f"cannot tell its format from its name (known extensions: "
-                                          f"{known_extensions()}, each may end in .gz but .parquet): give --format")
+            raise InputError(source.path, _unknown_format(source.path, sources))
         if first is None:
             first = (name, source.path)
         elif name != first[0]:
             raise InputError(source.path, f"is {name} by its name but {first[1]} is {first[0]}: one run reads one "
                                           "format (give --format to read every file as one format)")
     return get_format(first[0])
+
+
+def _unknown_format(path: str, sources) -> str:
+    """Why ``path``'s format is unknown, and what to do: narrow a pattern that also matches
+    files of a known format (a README.md beside the data), else give --format."""
+    known = sorted({format_of_name(s.path) for s in sources} - {None})
+    if len(known) == 1:
+        return (f"matched beside {known[0]} files, and its name says no format: narrow --input to the data "
+                f"(e.g. a pattern ending in *.{known[0]}), or give --format to read every matched file as one format")
+    return (f"cannot tell its format from its name (known extensions: {known_extensions()}, each may end in .gz "
+            "but .parquet): give --format")
 
 
 def check_format_fits(sources, format_name: str, holder: str):

@@ -77,8 +77,8 @@ def parse_flag(text) -> bool:
 
 PARAMETERS = (  # the template's parameters, in the order --help and metadata.json show them
     Parameter("input", "Input files",
-              "Comma-separated file patterns to shuffle: local paths or any location Beam's FileSystems opens (gs://...). "
-              "Compression is detected from each file name (.gz).",
+              "Comma-separated file patterns to shuffle: local paths or any location Beam's FileSystems opens (gs://...); "
+              "a comma inside a path is written \\,. Compression is detected from each file name (.gz).",
               "gs://my-bucket/data/train-*.tfrecord", regex=r"^[^\n]+$", metavar="PATTERNS", param_type="GCS_READ_FILE"),
     Parameter("output", "Output prefix",
               "Path prefix of the output: shards are {output}-00000-of-00064.tfrecord etc., plus {output}-manifest.json.",

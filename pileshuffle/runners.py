@@ -226,11 +226,12 @@ def _refuse_local_paths(options):
     """A Dataflow job's workers cannot reach the launching machine's files: ``--input`` and
     ``--output`` must name an object store (gs://), else ``UsageError`` naming the path."""
     from pileshuffle.errors import UsageError
+    from pileshuffle.inputs import split_patterns
     from pileshuffle.parameters import PileshuffleOptions
     from pileshuffle.storage import is_remote
 
     values = options.view_as(PileshuffleOptions)
-    for name, paths in (("--input", (values.input or "").split(",")), ("--output", [values.output or ""])):
+    for name, paths in (("--input", split_patterns(values.input)), ("--output", [values.output or ""])):
         local = [path.strip() for path in paths if path.strip() and not is_remote(path.strip())]
         if local:
             raise UsageError(f"{name}: {local[0]} is a local path, which a Dataflow job's workers cannot reach; "

@@ -47,12 +47,13 @@ class SourceStats:
     span: tuple = None  # the bytes of the file read (None: all of it)
     reached: tuple = None  # ``ReadReport.reached``: where the span's first record starts, where the next span's must
     blank_lines: int = 0  # JSONL's blank lines, which are no records
+    size: int = None  # the file's bytes (all of it, also for a span)
 
     @staticmethod
     def of(source: Source, fingerprint: Fingerprint, report, emitted=None, classes=None) -> "SourceStats":
         return SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
                            tuple(report.problems), emitted, tuple((c, r, e) for c, (r, e) in sorted((classes or {}).items())),
-                           source.span, report.reached, report.blank_lines)
+                           source.span, report.reached, report.blank_lines, source.size)
 
     @property
     def put_in(self) -> Fingerprint:

@@ -42,7 +42,7 @@ def _at_least(minimum: int):
     return parse
 
 
-USAGE = ("pileshuffle quality (--input PATTERNS --output PREFIX | --mixture PREFIX=WEIGHT,...) --report DIR "
+USAGE = ("pileshuffle quality (--input PATTERNS --output PREFIX | --mixture PREFIX=WEIGHT,...) [--report DIR] "
          "[--label FIELD | --label_bytes START:END] [--compare] [--sample N] [--batch_size N]")
 
 
@@ -54,7 +54,8 @@ def parse(argv):
                                      description="Measure and draw how uniform a finished run's order is.")
     parser.add_argument("--input", help="the run's --input patterns")
     parser.add_argument("--output", help="the run's --output prefix")
-    parser.add_argument("--report", required=True, help="directory for quality.json, quality.png, training.png")
+    parser.add_argument("--report", help="directory for quality.json, quality.png, training.png (without it: the "
+                                          "statistics are printed only)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--label", help="label field: a Parquet column, a JSON key, a tf.train.Example feature "
                                        "(TFRecord: int64 or bytes) or a tar member's extension (cls)")
@@ -152,8 +153,8 @@ def main(argv=None) -> int:
     from pileshuffle import interrupt
 
     args = parse(argv)
-    interrupt.describe(f"no report was written to {args.report}; run it again to measure",
-                       f"it had written its report to {args.report}")
+    interrupt.describe(f"no report was written to {args.report}; run it again to measure" if args.report else
+                       "nothing was written; run it again to measure", f"it had written its report to {args.report}")
     try:
         from pileshuffle.quality.report import measure, text_summary
     except ImportError as error:
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
     from pileshuffle.inputs import check_format_fits, match_inputs
     from pileshuffle.quality.locate import Label
 
-    problem = report_problem(args.report)
+    problem = report_problem(args.report) if args.report else None
     if problem:
         print(f"pileshuffle quality: error: --report {args.report}: {problem}", file=sys.stderr)
         return 2
@@ -182,6 +183,8 @@ def main(argv=None) -> int:
         print(f"pileshuffle quality: error: {error}", file=sys.stderr)
         return 2
     print(text_summary(report))
+    if not args.report:
+        return 0
     with interrupt.publishing():  # the report's files are written as one set: Ctrl-C waits for them
         try:
             written = write_report(report, args.report)
@@ -210,6 +213,8 @@ def _mixture_main(args) -> int:
         print(f"pileshuffle quality: error: {error}", file=sys.stderr)
         return 2
     print("\n".join(text_lines(section)))
+    if not args.report:
+        return 0
     path = storage.join(args.report, "mixture.json")
     with interrupt.publishing():  # written whole: Ctrl-C waits for it
         storage.write_whole(path, json.dumps({"mixture": section}, indent=1).encode())

@@ -14,9 +14,10 @@ import time
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pileshuffle import progress
+from pileshuffle import progress, storage
 from pileshuffle.commands.report import reporting_errors, shards_at_stake_on_interrupt, summary
-from pileshuffle.errors import OutputError, user_message
+from pileshuffle.errors import OutputError, PileshuffleError, user_message
+from pileshuffle.names import SHARDS_KIND, manifest_path
 from pileshuffle.options import check_argv, help_text, wants_help
 from pileshuffle.parameters import PileshuffleOptions, check_values, parse_flag
 from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
@@ -27,7 +28,7 @@ from pileshuffle.runners import (check_local_shuffle_fits, dask_defaults, datafl
                                  is_local, local_defaults, outliving_job, submitted)
 from pileshuffle.running import new_pipeline, run_pipeline, shows_progress
 from pileshuffle.store.layout import command_line
-from pileshuffle.transforms.graph import build
+from pileshuffle.transforms.graph import build, manifest_fields
 from pileshuffle.tuning import keep_freed_memory
 
 __all__ = ["main", "pipeline_options", "report", "run"]
@@ -64,6 +65,11 @@ def run(options=None, wait=None, hold_worker_stderr=False):
         options = dataflow_defaults(options)
     started = time.time()
     keep_freed_memory()
+    finished = _this_run_finished(options)
+    if finished is not None:
+        print(f"pileshuffle: {values.output} already holds this run's output (the same options, seed and input files "
+              "by path and size): nothing to do", file=sys.stderr)
+        return finished
     plan = make_plan(options)
     check_space(plan.space)
     if is_local(options):
@@ -74,6 +80,27 @@ def run(options=None, wait=None, hold_worker_stderr=False):
     with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line(), job) as token:
         return _run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr,
                          token if job else None)
+
+
+def _this_run_finished(options):
+    """The manifest at ``--output`` when it is of this very run (its seed and options as this plan
+    would record them, its input files by path and size) and ``--overwrite`` is not given; else None."""
+    values = options.view_as(PileshuffleOptions)
+    if parse_flag(values.overwrite) or not values.output or not storage.exists(manifest_path(values.output)):
+        return None
+    try:
+        manifest = read_manifest(values.output)
+        values.overwrite = True  # plan as the run would, over its own output (planning only reads)
+        plan = make_plan(options)
+    except PileshuffleError:
+        return None
+    finally:
+        values.overwrite = False
+    fields = manifest_fields(plan)
+    inputs = {(i.get("path"), i.get("bytes")) for i in manifest.get("inputs", [])}
+    same = (manifest.get("kind") == SHARDS_KIND and manifest.get("seed") == fields["seed"]
+            and manifest.get("options") == fields["options"] and inputs == {(s.path, s.size) for s in plan.sources})
+    return manifest if same else None
 
 
 def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worker_stderr, lock_token=None):

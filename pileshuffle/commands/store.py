@@ -20,7 +20,7 @@ from pileshuffle.commands.report import as_command, shards_at_stake_on_interrupt
 from pileshuffle.commands.store_options import (AppendOptions, MaterializeOptions, append_options, expire_options,
                                                 gc_options, materialize_options)
 from pileshuffle.errors import InputError, OutputError, UsageError
-from pileshuffle.parameters import PileshuffleOptions
+from pileshuffle.parameters import PileshuffleOptions, parse_flag
 from pileshuffle.output_files import missing_local_folders, remove_empty_folders, remove_tree
 from pileshuffle.running import execute
 from pileshuffle.store import layout
@@ -166,8 +166,9 @@ def run_store(options, wait=None, hold_worker_stderr=False):
             raise OutputError(f"a store exists at {names.store_dir(prefix)} (version {current['version']}): add data "
                               f"with `pileshuffle append --store {prefix} --input ...`, or delete it first (--overwrite "
                               "never replaces a store: it holds every generation's data)")
-        print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
-              f"{names.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
+        if not parse_flag(options.view_as(PileshuffleOptions).quiet):
+            print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
+                  f"{names.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})", file=sys.stderr)
         return _write_generation(options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait)
 
 
@@ -205,8 +206,9 @@ def append(options) -> dict:
             expected = stored_schema(prefix, base["generations"][0]["files"][0]["path"]) if base["generations"] else None
             detail = describe_difference(expected, schema) if expected is not None else "different columns"
             raise InputError(sources[0].path, f"has a different schema from the store's: {detail}")
-        print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> generation "
-              f"{base['next_generation']} of {names.store_dir(prefix)}", file=sys.stderr)
+        if not args.quiet:
+            print(f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> generation "
+                  f"{base['next_generation']} of {names.store_dir(prefix)}", file=sys.stderr)
         return _write_generation(args.beam, prefix, base, sources, base["seed"], args.skip_corrupt, token,
                                  allow_duplicates=args.allow_duplicate_inputs)
 

@@ -39,6 +39,7 @@ class AppendOptions:
     balance: str = None
     undersample: bool = None
     keep_unlabeled: bool = None
+    quiet: bool = False  # no start line on stderr (as run --quiet)
 
     def __post_init__(self):
         if self.balance is not None:
@@ -68,6 +69,7 @@ class MaterializeOptions:
     overwrite: bool = False
     max_pile_bytes: str = None  # None: the store's
     beam: PipelineOptions = dataclasses.field(default_factory=_no_beam_options)
+    quiet: bool = False  # as run --quiet (materialize prints only its summary and warnings anyway)
 
     def __post_init__(self):
         check_max_pile_bytes(self.max_pile_bytes, auto=False)  # the store fixes the number of piles
@@ -113,6 +115,11 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(prog=f"pileshuffle {command}", allow_abbrev=False, description=description)
 
 
+def _add_quiet(parser: argparse.ArgumentParser):
+    parser.add_argument("--quiet", action="store_true",
+                        help="print no start line or progress on stderr, as run --quiet (the summary is still printed)")
+
+
 def append_options(argv) -> AppendOptions:
     """``pileshuffle append``'s command line as ``AppendOptions`` (Beam's options inside)."""
     parser = _parser("append", (
@@ -134,10 +141,11 @@ def append_options(argv) -> AppendOptions:
                         help="as the store was created (default: the store's; refused if it was created without)")
     parser.add_argument("--keep_unlabeled", action="store_true", default=None,
                         help="as the store was created (default: the store's; refused if it was created without)")
+    _add_quiet(parser)
     args, beam_args = check_command_argv(parser, argv)
     return AppendOptions(args.store, args.input, args.skip_corrupt, args.allow_duplicate_inputs,
                          PipelineOptions(beam_args), args.label_field, args.balance, args.undersample,
-                         args.keep_unlabeled)
+                         args.keep_unlabeled, args.quiet)
 
 
 def materialize_options(argv) -> MaterializeOptions:
@@ -150,9 +158,10 @@ def materialize_options(argv) -> MaterializeOptions:
     parser.add_argument("--version", type=int, help="the manifest version to read (default: the current one)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output with this prefix")
     parser.add_argument("--max_pile_bytes", help="load piles larger than this in sub-piles (default: the store's)")
+    _add_quiet(parser)
     args, beam_args = check_command_argv(parser, argv)
     return MaterializeOptions(args.store, args.output, args.version, args.overwrite, args.max_pile_bytes,
-                              PipelineOptions(beam_args))
+                              PipelineOptions(beam_args), args.quiet)
 
 
 def expire_options(argv) -> ExpireOptions:

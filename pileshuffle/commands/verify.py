@@ -53,6 +53,10 @@ def _verify_command(argv):
     parser.add_argument("--input", help="the run's --input patterns (omit to check the output and manifest only)")
     parser.add_argument("--output", required=True, help="the run's --output prefix")
     parser.add_argument("--format", choices=sorted(FORMATS), help="default: the manifest's")
+    parser.add_argument("--skip_corrupt", action="store_true",
+                        help="taken as run takes it, so that a run's options can be given again; verify reads the "
+                             "input as the run did, skipping corrupt records only if its manifest says it did")
+    parser.add_argument("--quiet", action="store_true", help="as run --quiet: verify prints only its report anyway")
     args = parse_command(parser, argv)
     interrupt.describe(f"{args.output} was not checked to the end; verify changes nothing, so run it again to check")
     if _is_store(args.output):

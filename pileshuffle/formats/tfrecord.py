@@ -30,6 +30,16 @@ _CRC_WINDOW_BYTES = 2 << 20
 _IN_SPANS = (" where a record of the file read from its middle ends: a record's payload holds TFRecord records, and "
              "such a file cannot be read in spans (give it compressed, .gz is read whole, or as smaller files)")
 _NOT_TFRECORD = " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _not_tfrecord(first_bytes) -> str:
+    """The hint for a file whose first frame's header fails: gzip's magic (a compressed TFRecord
+    named without .gz, as tf.data's compression_type="GZIP" allows), else another format."""
+    if bytes(first_bytes[:2]) == _GZIP_MAGIC:
+        return (" (the file starts with gzip's magic bytes: it is compressed; name it .tfrecord.gz, which "
+                "pileshuffle reads as gzip)")
+    return _NOT_TFRECORD
 
 
 def frame(payload: bytes) -> bytes:
@@ -262,7 +272,7 @@ class TFRecordFormat(Payloads):
             if problem is None:
                 return buf[end:], base + end
             if not skip_corrupt:
-                raise InputError(path, problem + (_NOT_TFRECORD if base + end == 0 and "length" in problem else ""),
+                raise InputError(path, problem + (_not_tfrecord(buf) if base + end == 0 and "length" in problem else ""),
                                  base + end)
             good = _resync(buf, end)
             if good is None and not eof and len(buf) - end < 4 * chunk_bytes:

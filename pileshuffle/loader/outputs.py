@@ -174,6 +174,7 @@ def _open_shards(fs, prefix: str, columns, cache) -> Output:
     name = _check_format(manifest, where)
     directory = posixpath.dirname(prefix)
     paths = [posixpath.join(directory, posixpath.basename(shard["path"])) for shard in manifest["shards"]]
+    _check_not_renamed(fs, prefix, paths)
     version = _digest(manifest)  # the whole manifest: any other run written here is another version
     facts = {path: FileFacts(_listed_size(shard), version, shard.get("crc32c"))
              for path, shard in zip(paths, manifest["shards"])}
@@ -183,6 +184,18 @@ def _open_shards(fs, prefix: str, columns, cache) -> Output:
     schema = _schema(source, piles)
     fingerprint = Fingerprint.from_json(manifest["output_fingerprint"])
     return Output(prefix, name, piles, schema, fingerprint, "shards", _identity_of("shards", manifest, fingerprint))
+
+
+def _check_not_renamed(fs, prefix: str, paths: list):
+    """Refuse a shard output whose files were renamed after the run: its manifest names the shards
+    as they were written (``P-00000-of-M``), so another prefix means they are not where it says."""
+    written = posixpath.basename(paths[0]).rsplit("-", 3)[0] if paths else None
+    if written is not None and written != posixpath.basename(prefix):
+        shown = remote_name(fs, prefix)
+        raise InputError(names.manifest_path(shown), f"lists shards named {posixpath.basename(paths[0])}, ..., as the "
+                                                      f"run wrote them, not {posixpath.basename(shown)}-...: the output "
+                                                      f"was renamed after it was written; rename its files back to "
+                                                      f"{written}-*")
 
 
 def _open_store(fs, manifest_path: str, columns, cache) -> Output:

@@ -10,7 +10,7 @@ from pileshuffle.transforms.assign import STATS_TAG, CountClasses, ReadSourceToP
 from pileshuffle.transforms.shuffle import GroupIntoPiles
 from pileshuffle.transforms.write import WritePiles
 
-__all__ = ["build", "counted_classes"]
+__all__ = ["build", "counted_classes", "manifest_fields"]
 
 
 def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None):
@@ -44,7 +44,7 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
         | "GroupIntoPiles" >> GroupIntoPiles(plan.num_piles, plan.max_pile_bytes, plan.work_dir)
         | "WritePiles" >> WritePiles(
             plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
-            schema=plan.schema, expected=stats, manifest_fields=_manifest_fields(plan), started=started,
+            schema=plan.schema, expected=stats, manifest_fields=manifest_fields(plan), started=started,
             release_lock=lock_token,
         )
     )
@@ -79,7 +79,7 @@ def _is_source_stats(element) -> bool:
     return isinstance(element, SourceStats)
 
 
-def _manifest_fields(plan) -> dict:
+def manifest_fields(plan) -> dict:
     """What the shard manifest records of the plan: output, seed and the options that shaped it."""
     return {
         "output": plan.output,

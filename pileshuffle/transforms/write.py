@@ -260,7 +260,7 @@ class Finalize(beam.DoFn):
             "seconds": seconds,
         }
         if sources:
-            manifest["inputs"] = [{"path": s.path, "records": s.fingerprint.records} for s in sources]
+            manifest["inputs"] = [{"path": s.path, "records": s.fingerprint.records, "bytes": s.size} for s in sources]
         if any(s.classes for s in sources):
             manifest["balance"] = balance_section(sources, self._fields.get("options", {}))
         if schema is not None:

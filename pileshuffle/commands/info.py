@@ -1,0 +1,106 @@
+"""``pileshuffle info --output PREFIX``: what a finished output or a pile store holds, from its
+manifest alone (nothing else is read): its kind and version, format, records and files, the seed
+and options that made it, and what its manifest proves. ``--json``: the same as one JSON object.
+"""
+
+import argparse
+import json
+import sys
+
+from pileshuffle import storage
+from pileshuffle.commands.report import reporting_errors
+from pileshuffle.errors import InputError
+from pileshuffle.names import STORE_KIND, format_problem, manifest_path, store_dir
+from pileshuffle.options import parse_command
+from pileshuffle.output_files import read_manifest
+from pileshuffle.store import layout
+
+__all__ = ["main", "describe"]
+
+
+def describe(prefix: str) -> dict:
+    """What the manifest at ``prefix`` (a shard output's, else the store's current one) says, as
+    the lines ``info`` prints (``{name: text}``); an InputError when there is neither."""
+    if storage.exists(manifest_path(prefix)):
+        manifest = read_manifest(prefix)
+        where = manifest_path(prefix)
+    else:
+        manifest = layout.read_store_manifest(layout.store_prefix(prefix))
+        where = store_dir(layout.store_prefix(prefix))
+        if manifest is None:
+            raise InputError(prefix, f"holds no finished output: no {manifest_path(prefix)} and no pile store "
+                                     f"{store_dir(prefix)}/ (give the prefix a run wrote, e.g. out/train)")
+    problem = format_problem(manifest)
+    if problem:
+        raise InputError(where, problem)
+    lines = _store_lines(manifest) if manifest.get("kind") == STORE_KIND else _shard_lines(manifest)
+    return {"manifest": where, **lines}
+
+
+def _shard_lines(manifest: dict) -> dict:
+    totals, piles, options = manifest["totals"], manifest["pile_records"], manifest.get("options", {})
+    fingerprint = manifest["output_fingerprint"]
+    checked = "each shard's size and CRC32C" if all("crc32c" in s for s in manifest["shards"]) else "each shard's size"
+    made = f"seed {manifest['seed']}" if "seed" in manifest else "a composed pipeline (WritePiles)"
+    if options:
+        made += (f"; {manifest['num_piles']} piles ({options.get('num_piles_reason', '')}), intermediate "
+                 f"{options.get('intermediate')}" + (", skipping corrupt records" if options.get("skip_corrupt") else ""))
+    if manifest.get("store"):
+        made += f"; materialized from {manifest['store']['prefix']} version {manifest['store']['version']}"
+    skipped = manifest.get("skipped", {})
+    return {
+        "kind": f"shard output (format_version {manifest.get('format_version', '1.0')}, pileshuffle "
+                f"{manifest.get('pileshuffle_version', '?')})",
+        "format": f"{manifest['format']}, compression {manifest['compression']}",
+        "records": f"{totals['records']:,} in {manifest['num_piles']} shard(s) (per shard min {piles['min']:,} / "
+                   f"mean {piles['mean']:,.0f} / max {piles['max']:,}); {totals['payload_bytes']:,} payload bytes, "
+                   f"{totals['shard_bytes']:,} in files",
+        "made by": made,
+        "input": (f"{len(manifest.get('inputs', []))} file(s); {skipped.get('records', 0)} corrupt record(s) skipped, "
+                  f"{skipped.get('blank_lines', 0)} blank line(s)") if "inputs" in manifest else "records handed to WritePiles",
+        "proves": (f"the output's records are the input's ({fingerprint['records']:,} records, hash sum "
+                   f"{fingerprint['hash_sum']}, xor {fingerprint['hash_xor']})"
+                   + (" with --balance's copies" if manifest.get("balance") else "")
+                   + f"; {checked} are listed (`pileshuffle verify` re-checks all of it)"),
+    }
+
+
+def _store_lines(manifest: dict) -> dict:
+    generations = manifest["generations"]
+    listed = ", ".join(f"{g['generation']} ({g['records']:,} records from {len(g['inputs'])} file(s), "
+                       f"{g.get('created', '?')})" for g in generations[:5]) + (", ..." if len(generations) > 5 else "")
+    checked = "CRC32C" if all("crc32c" in f for g in generations for f in g["files"]) else "sizes"
+    return {
+        "kind": f"pile store, version {manifest['version']} (format_version {manifest.get('format_version', '1.0')})",
+        "format": f"{manifest['format']}; materialize writes compression {manifest['compression']}",
+        "records": f"{manifest['totals']['records']:,} in {len(generations)} live generation(s), "
+                   f"{manifest['num_piles']} piles; {manifest['totals']['payload_bytes']:,} payload bytes",
+        "made by": f"seed {manifest['seed']}" + (f"; balanced: {manifest['options']}" if manifest.get("options") else ""),
+        "generations": listed or "none live",
+        "proves": f"each generation's files hold its inputs' records (fingerprints), their {checked} listed "
+                  "(`pileshuffle verify` re-checks all of it)",
+    }
+
+
+def main(argv=None) -> int:
+    """``pileshuffle info``: the lines of ``describe``, or ``--json``; exit code 2 for no output there."""
+    parser = argparse.ArgumentParser(prog="pileshuffle info", allow_abbrev=False,
+                                     description="What a finished output or a pile store holds, from its manifest.")
+    parser.add_argument("--output", required=True, help="the prefix a run wrote (its --output), or a store's prefix")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    args = parse_command(parser, argv)
+
+    def show() -> int:
+        lines = describe(args.output.rstrip("/") if "://" not in args.output else args.output)
+        if args.json:
+            print(json.dumps(lines, indent=1))
+        else:
+            width = max(map(len, lines))
+            print("\n".join(f"{name:<{width}}  {text}" for name, text in lines.items()))
+        return 0
+
+    return reporting_errors(show)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
