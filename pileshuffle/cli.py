@@ -88,6 +88,15 @@ def main(argv=None):
     """``pileshuffle COMMAND [options]`` (``argv`` without the program name): the command's exit
     code; no command, or an unknown one, prints the usage (exit code 2; 0 for ``--help``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("run", "plan"):  # before Beam's import: a count that would take the machine
+        from pileshuffle.errors import UsageError
+        from pileshuffle.pile_bound import check_num_piles_argv
+
+        try:
+            check_num_piles_argv(argv[1:])
+        except UsageError as error:
+            print(f"pileshuffle: error: {error}", file=sys.stderr)
+            return 2
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]].main(argv[1:], argv[0])
     if argv == ["--version"]:

@@ -25,6 +25,7 @@ from pileshuffle.names import manifest_path, staging_dir, store_dir, work_dir_na
 from pileshuffle.runs import DEFAULT_RUN_BYTES, auto_run_bytes
 from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
 from pileshuffle.output_files import OutputFiles, check_replaceable, missing_local_folders, remove_empty_folders
+from pileshuffle.pile_bound import check_num_piles
 from pileshuffle.space import FRAGMENT_OVERHEAD, free_space, space_needed
 from pileshuffle.store.layout import is_store
 
@@ -170,23 +171,6 @@ def _choose_num_piles(requested, mean, total, max_pile_bytes, growth=1.0):
     return piles, reason
 
 
-PILE_BOOKKEEPING_BYTES = 2048  # a pile's memory beside its records; measured: 196 MB at 1,000 piles, 383 MB at 100,000
-
-
-def _check_num_piles(num_piles: int, auto):
-    """Refuse (``UsageError``) a pile count whose bookkeeping alone would pass half the memory available
-    here (8 GiB where it cannot be read); ``auto()``: what ``--num_piles auto`` chooses, for the message."""
-    from pileshuffle.runners import available_memory
-
-    budget = (available_memory() or 16 << 30) // 2
-    most = budget // PILE_BOOKKEEPING_BYTES
-    if num_piles > most:
-        raise UsageError(f"--num_piles {num_piles:,}: each pile costs about {PILE_BOOKKEEPING_BYTES:,} bytes of memory beside "
-                         f"its records (a shard, accounted for and listed in the manifest), {num_piles * PILE_BOOKKEEPING_BYTES / 1e9:,.1f} "
-                         f"GB in all, more than half the {2 * budget / 1e9:,.1f} GB available here: at most {most:,} piles "
-                         f"(--num_piles auto chooses {auto():,} for this input)")
-
-
 def _balance_growth(fmt, sources, label: str, policy) -> float:
     """Records ``--balance`` writes per record read, estimated from the first MiB of labels of
     up to ``_LABEL_SAMPLE_FILES`` files spread over the input, so that auto piles and the space
@@ -262,7 +246,7 @@ def make_plan(options: PipelineOptions) -> Plan:
     total = _estimated_bytes(fmt, sources, mean)
     growth = _balance_growth(fmt, sources, opts.label_field, policy)
     num_piles, reason = _choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
-    _check_num_piles(num_piles, lambda: _choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0])
+    check_num_piles(num_piles, lambda: _choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0])
     if num_piles > max(1, total / mean):
         _log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
                      num_piles, f"{round(total / mean):,}")

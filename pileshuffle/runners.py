@@ -13,11 +13,12 @@ from apache_beam.options.pipeline_options import (DirectOptions, GoogleCloudOpti
                                                   TypeOptions)
 
 from pileshuffle.names import manifest_path
+from pileshuffle.pile_bound import available_memory
 
 __all__ = [
     "LOCAL_RUNNERS", "DASK_RUNNER", "DASK_CONNECT_SECONDS", "given_options", "graph_defaults", "local_defaults", "runner_name", "runner_problem",
     "is_dask", "is_dataflow", "make_runner", "dask_runner", "is_local", "dask_defaults", "dataflow_defaults",
-    "should_wait", "outliving_job", "close_client", "submitted", "LOCAL_SHUFFLE_HOLD", "available_memory", "check_local_shuffle_fits"
+    "should_wait", "outliving_job", "close_client", "submitted", "LOCAL_SHUFFLE_HOLD", "check_local_shuffle_fits"
 ]
 
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")  # --runner values run in-process
@@ -278,18 +279,6 @@ def submitted(result, options_output: str) -> str:
 
 
 LOCAL_SHUFFLE_HOLD = 5  # the local runner's GroupByKey holds a shuffled byte about 5 times (measured: 5.2-7.9 GB at 1 GB)
-
-
-def available_memory() -> int:
-    """This machine's available memory in bytes (``MemAvailable``), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def check_local_shuffle_fits(plan):
