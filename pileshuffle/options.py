@@ -13,6 +13,7 @@ import textwrap
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.errors import UsageError
+from pileshuffle.help_style import WIDTH, option_lines
 from pileshuffle.parameters import PARAMETERS, check_values
 
 __all__ = ["help_text", "wants_help", "check_argv", "check_command_argv", "parse_command"]
@@ -28,12 +29,11 @@ docs/dataflow.md and docs/dask.md."""
 
 def help_text(prog: str, summary: str, parameters=PARAMETERS) -> str:
     """``--help``: every parameter with its default and the help text metadata.json carries."""
-    lines = [f"usage: {prog} --input PATTERNS --output PREFIX [options] [Beam options]", "", *textwrap.wrap(summary, 96),
+    lines = [f"usage: {prog} --input PATTERNS --output PREFIX [options] [Beam options]", "", *textwrap.wrap(summary, WIDTH),
              "", "options:"]
     for p in parameters:
-        default = "required" if not p.optional else f"default: {'false' if p.flag else p.default or 'none'}"
-        lines.append(f"  {p.usage}  ({default})")
-        lines += textwrap.wrap(p.help, width=96, initial_indent=" " * 6, subsequent_indent=" " * 6)
+        lines += option_lines(p.usage, "required" if not p.optional else "default: false" if p.flag else
+                              f"default: {p.default or 'none'}", p.help)
     lines += ["  -h, --help  show this help and exit", "", _BEAM_OPTIONS_NOTE]
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from pileshuffle import storage
 from pileshuffle.formats.tfrecord import frame
+from pileshuffle.help_style import CommandParser
 
 __all__ = ["INDEX_DIGITS", "WRITERS", "payloads", "index_of", "split_counts", "write_tfrecord", "write_jsonl", "write_tar",
            "parquet_table", "write_parquet", "main"]
@@ -165,11 +166,9 @@ def _count_problem(args):
 
 def main(argv=None):
     """``pileshuffle generate``: write sample data and print the files' paths."""
-    import argparse
-
     from pileshuffle.options import parse_command
 
-    parser = argparse.ArgumentParser(prog="pileshuffle generate", allow_abbrev=False,
+    parser = CommandParser(prog="pileshuffle generate", allow_abbrev=False,
                                      description="Write sample data whose records carry their index.")
     parser.add_argument("--format", choices=sorted(WRITERS), default="tfrecord")
     parser.add_argument("--output_dir", required=True)

@@ -106,3 +106,23 @@ def test_a_path_with_a_comma_is_given_with_an_escaped_comma(trial, tmp_path, cap
     out, _ = succeeded(capsys, "run", f"--input={given}", f"--output={tmp_path}/o", "--num_piles=2", "--quiet")
     assert "records   500" in out
     assert "does not exist" in refused(capsys, "run", f"--input={tmp_path}/odd/a,b.tfrecord", f"--output={tmp_path}/p")
+
+
+def test_every_command_s_help_has_one_look(capsys):
+    """Usage, summary, then each option with (required) or (default: ...) and its help below:
+    run's look, also for the commands argparse parses (they printed argparse's own); metadata takes none."""
+    import re
+
+    from pileshuffle.cli import COMMANDS, main
+
+    for name in COMMANDS:
+        capsys.readouterr()
+        try:
+            code = main([name, "--help"])
+        except SystemExit as done:
+            code = done.code
+        out = capsys.readouterr().out
+        assert code == 0 and out.startswith(f"usage: pileshuffle {name}") and "\noptions:\n" in out, (name, out)
+        options = [line for line in out.splitlines() if line.startswith("  --")]
+        assert (options or name == "metadata") and all(re.search(r"\((required|default: .*)\)$", line) for line in options), (name, options)
+        assert "show this help message and exit" not in out, name

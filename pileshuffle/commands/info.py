@@ -3,13 +3,13 @@ manifest alone (nothing else is read): its kind and version, format, records and
 and options that made it, and what its manifest proves. ``--json``: the same as one JSON object.
 """
 
-import argparse
 import json
 import sys
 
 from pileshuffle import storage
 from pileshuffle.commands.report import reporting_errors
 from pileshuffle.errors import InputError
+from pileshuffle.help_style import CommandParser
 from pileshuffle.names import STORE_KIND, format_problem, manifest_path, store_dir
 from pileshuffle.options import parse_command
 from pileshuffle.output_files import read_manifest
@@ -84,9 +84,9 @@ def _store_lines(manifest: dict) -> dict:
 
 def main(argv=None) -> int:
     """``pileshuffle info``: the lines of ``describe``, or ``--json``; exit code 2 for no output there."""
-    parser = argparse.ArgumentParser(prog="pileshuffle info", allow_abbrev=False,
+    parser = CommandParser(prog="pileshuffle info", allow_abbrev=False,
                                      description="What a finished output or a pile store holds, from its manifest.")
-    parser.add_argument("--output", required=True, help="the prefix a run wrote (its --output), or a store's prefix")
+    parser.add_argument("--output", required=True, metavar="PREFIX", help="the prefix a run wrote (its --output), or a store's prefix")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     args = parse_command(parser, argv)
 

@@ -1,9 +1,9 @@
 """``pileshuffle metadata``: the Dataflow flex template's metadata.json, made from the one list of
 the template's parameters (``options.PARAMETERS``); templates/metadata.json is its output."""
 
-import argparse
 import json
 
+from pileshuffle.help_style import CommandParser
 from pileshuffle.options import parse_command
 from pileshuffle.parameters import PARAMETERS
 
@@ -38,7 +38,7 @@ def template_metadata() -> dict:
 
 def main(argv=None):
     """``pileshuffle metadata``: print the Dataflow flex template's metadata.json."""
-    parse_command(argparse.ArgumentParser(prog="pileshuffle metadata", allow_abbrev=False,
+    parse_command(CommandParser(prog="pileshuffle metadata", allow_abbrev=False,
                                           description="Print the Dataflow flex template's metadata.json."), argv or [])
     print(json.dumps(template_metadata(), indent=2))
     return 0

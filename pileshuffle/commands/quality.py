@@ -26,6 +26,7 @@ import tempfile
 
 from pileshuffle import storage
 from pileshuffle.errors import InputError
+from pileshuffle.help_style import CommandParser
 from pileshuffle.quality import MIN_SAMPLE
 
 
@@ -50,7 +51,7 @@ def parse(argv):
     """The command's options (unknown options and bad values: a usage error, exit code 2)."""
     from pileshuffle.options import parse_command
 
-    parser = argparse.ArgumentParser(prog="pileshuffle quality", usage=USAGE, allow_abbrev=False,
+    parser = CommandParser(prog="pileshuffle quality", usage=USAGE, allow_abbrev=False,
                                      description="Measure and draw how uniform a finished run's order is.")
     parser.add_argument("--input", help="the run's --input patterns")
     parser.add_argument("--output", help="the run's --output prefix")

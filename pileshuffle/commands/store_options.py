@@ -10,6 +10,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.balance import Policy
 from pileshuffle.errors import UsageError
+from pileshuffle.help_style import CommandParser
 from pileshuffle.options import check_command_argv
 from pileshuffle.parameters import check_max_pile_bytes
 from pileshuffle.store.expire import DEFAULT_GRACE_SECONDS, check_grace_seconds
@@ -112,7 +113,7 @@ class GcOptions:
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=f"pileshuffle {command}", allow_abbrev=False, description=description)
+    return CommandParser(prog=f"pileshuffle {command}", allow_abbrev=False, description=description)
 
 
 def _add_quiet(parser: argparse.ArgumentParser):
@@ -126,8 +127,8 @@ def append_options(argv) -> AppendOptions:
         "Add the records of --input to the pile store at --store as a new generation: pass 1 only, into the store's "
         "piles, keys from (seed, generation, file, position). Existing files are never rewritten; the new generation "
         "is live once the next manifest version is published (written last)."))
-    parser.add_argument("--store", required=True, help=_STORE_HELP)
-    parser.add_argument("--input", required=True, help="comma-separated file patterns of the new records")
+    parser.add_argument("--store", required=True, metavar="PREFIX", help=_STORE_HELP)
+    parser.add_argument("--input", required=True, metavar="PATTERNS", help="comma-separated file patterns of the new records")
     parser.add_argument("--skip_corrupt", action="store_true", help="skip corrupt TFRecord records and report them")
     parser.add_argument("--allow_duplicate_inputs", action="store_true", help=(
         "add files that a live generation already holds (same real file and size) again, or files whose records "
@@ -153,8 +154,8 @@ def materialize_options(argv) -> MaterializeOptions:
     parser = _parser("materialize", (
         "The second pass over a pile store: write its live records as the shards and manifest `pileshuffle run` "
         "writes (byte-identical to `run` for the same inputs, seed and piles)."))
-    parser.add_argument("--store", required=True, help=_STORE_HELP)
-    parser.add_argument("--output", required=True, help="prefix of the shards to write")
+    parser.add_argument("--store", required=True, metavar="PREFIX", help=_STORE_HELP)
+    parser.add_argument("--output", required=True, metavar="PREFIX", help="prefix of the shards to write")
     parser.add_argument("--version", type=int, help="the manifest version to read (default: the current one)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output with this prefix")
     parser.add_argument("--max_pile_bytes", help="load piles larger than this in sub-piles (default: the store's)")
@@ -170,7 +171,7 @@ def expire_options(argv) -> ExpireOptions:
         "Drop whole generations from a pile store: the next manifest version without them is published first; their "
         "files are deleted once no version published within --grace_seconds lists them (readers that opened an older "
         "version finish their epoch)."))
-    parser.add_argument("--store", required=True, help="the store's prefix P")
+    parser.add_argument("--store", required=True, metavar="PREFIX", help="the store's prefix P")
     parser.add_argument("--keep_generations", type=int, help="keep the N newest live generations")
     parser.add_argument("--before", help="drop generations created before this UTC time (ISO 8601, e.g. 2026-11-01)")
     parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS,
@@ -187,7 +188,7 @@ def gc_options(argv) -> GcOptions:
     """``pileshuffle gc``'s command line as ``GcOptions``."""
     parser = _parser("gc", "Delete a pile store's files that no manifest version within --grace_seconds lists, "
                            "and older versions.")
-    parser.add_argument("--store", required=True, help="the store's prefix P")
+    parser.add_argument("--store", required=True, metavar="PREFIX", help="the store's prefix P")
     parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS)
     args, _ = check_command_argv(parser, argv)
     return GcOptions(args.store, args.grace_seconds)

@@ -2,12 +2,12 @@
 given, and prove nothing was lost, duplicated or corrupted. Exit code 0: every check passed;
 1: problems, each on a line; 2: nothing to verify at ``--output``."""
 
-import argparse
 import sys
 
 from pileshuffle import interrupt, names, storage
 from pileshuffle.commands.report import reporting_errors
 from pileshuffle.formats import FORMATS
+from pileshuffle.help_style import CommandParser
 from pileshuffle.names import manifest_path, shard_pattern
 from pileshuffle.options import parse_command
 from pileshuffle.store import layout
@@ -46,12 +46,12 @@ def main(argv=None):
 
 
 def _verify_command(argv):
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="pileshuffle verify", allow_abbrev=False,
         description="Re-read input and output of a finished run: counts, fingerprints, shard integrity, manifest.",
     )
-    parser.add_argument("--input", help="the run's --input patterns (omit to check the output and manifest only)")
-    parser.add_argument("--output", required=True, help="the run's --output prefix")
+    parser.add_argument("--input", metavar="PATTERNS", help="the run's --input patterns (omit to check the output and manifest only)")
+    parser.add_argument("--output", required=True, metavar="PREFIX", help="the run's --output prefix")
     parser.add_argument("--format", choices=sorted(FORMATS), help="default: the manifest's")
     parser.add_argument("--skip_corrupt", action="store_true",
                         help="taken as run takes it, so that a run's options can be given again; verify reads the "
