@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from helpers import FAST, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
+from helpers import FAST, manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
 from pileshuffle import sample
 from pileshuffle.errors import InputError, OutputError
 
@@ -75,8 +75,8 @@ def test_jsonl_last_line_without_newline_and_long_lines(tmp_path):
     result = run_shuffle(str(src / "*.jsonl"), out, "--format=jsonl", "--num_piles=2")
     got = b"".join(shard_bytes(out)).split(b"\n")
     assert got[-1] == b""
-    assert sorted(got[:-1]) == sorted([b"one", b"", b"two", long_line, b"last-without-newline"])
-    assert result["totals"]["records"] == 5
+    assert sorted(got[:-1]) == sorted([b"one", b"two", long_line, b"last-without-newline"])  # a blank line is none
+    assert result["totals"]["records"] == 4 and result["skipped"]["blank_lines"] == 1
 
 
 def test_parquet_schema_metadata_rows_and_duckdb(parquet_input, tmp_path):
@@ -137,8 +137,9 @@ def test_rerun_gives_same_bytes_and_overwrite_is_required(tfrecord_input, tmp_pa
     out = str(tmp_path / "out" / "r")
     run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1")
     first = shard_bytes(out)
+    assert run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1") == manifest(out)  # the same run: nothing to do
     with pytest.raises(OutputError, match="already exists.*--overwrite"):
-        run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1")
+        run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=2")
     run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1", "--overwrite")
     assert shard_bytes(out) == first
     run_shuffle(tfrecord_input, out, "--num_piles=2", "--seed=1", "--overwrite")

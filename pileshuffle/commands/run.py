@@ -65,12 +65,15 @@ def run(options=None, wait=None, hold_worker_stderr=False):
         options = dataflow_defaults(options)
     started = time.time()
     keep_freed_memory()
-    finished = _this_run_finished(options)
-    if finished is not None:
+    try:
+        plan = make_plan(options)
+    except OutputError:  # such as a finished output there: this very run's is nothing to do
+        finished = _this_run_finished(options)
+        if finished is None:
+            raise
         print(f"pileshuffle: {values.output} already holds this run's output (the same options, seed and input files "
               "by path and size): nothing to do", file=sys.stderr)
         return finished
-    plan = make_plan(options)
     check_space(plan.space)
     if is_local(options):
         check_local_shuffle_fits(plan)
@@ -86,7 +89,7 @@ def _this_run_finished(options):
     """The manifest at ``--output`` when it is of this very run (its seed and options as this plan
     would record them, its input files by path and size) and ``--overwrite`` is not given; else None."""
     values = options.view_as(PileshuffleOptions)
-    if parse_flag(values.overwrite) or not values.output or not storage.exists(manifest_path(values.output)):
+    if parse_flag(values.overwrite) or not storage.exists(manifest_path(values.output)):
         return None
     try:
         manifest = read_manifest(values.output)
