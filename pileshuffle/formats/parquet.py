@@ -62,9 +62,11 @@ class ParquetFormat(RecordFormat):
     compressions = tuple(_CODECS)
 
     def read_rows(self, handle, columns=None):
-        # no pre-buffering, 1 MiB reads, one thread: a load's temporaries were 2.8x the table
-        # whole (a 62 MB pile), 2.1x so; row group by row group costs 1.5x the CPU
-        parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=_LOADER_READ_BYTES)
+        # a file: no pre-buffering, 1 MiB reads, one thread (a load's temporaries were 2.8x the table
+        # whole (a 62 MB pile), 2.1x so; row group by row group costs 1.5x the CPU); a shard in
+        # memory (mapped, or fetched whole): its column chunks are read as slices of it, no copy
+        in_memory = isinstance(handle, pa.BufferReader)
+        parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=0 if in_memory else _LOADER_READ_BYTES)
         return parquet.read(columns=columns, use_threads=False)
 
     def suffix(self, compression):
