@@ -8,8 +8,8 @@ For a file that is not ``.gz`` it is the CRC32C that Cloud Storage keeps for eve
 Google's crc32c library (the one ``google_crc32c`` wraps) computes it at about 8 GB/s here. Its
 Python binding holds the GIL for anything but ``bytes``, so a loader thread checking a shard
 stopped the thread handing out batches (an epoch of 1 GB TFRecord: 0.81x with the binding, 0.91x
-calling the same library through ``ctypes``, which lets go of the GIL; /tmp/crc_cost2.py in the
-2026-11-27 note). Large buffers go through ``ctypes`` where that library is found.
+calling the same library through ``ctypes``, which lets go of the GIL: check on against off in one
+process, medians of 5, 2026-11-27). Large buffers go through ``ctypes`` where that library is found.
 """
 
 import ctypes

@@ -301,8 +301,9 @@ def _proven_random_access(fs, where: str, path: str, listed: str):
     checked, read 1 MiB at a time). A checked shard is held whole, where it is: a local file
     memory-mapped, a remote one fetched in one request; the reader parses its column chunks in
     place (``ParquetFormat.read_rows``), so the pages the check touched are read, not copied again:
-    0.97x the epoch without a check, where a check beside the reader's own 1 MiB reads made 0.84x
-    (/tmp/pqvar.py, 2026-11-27 note). The mapped pages count in RSS as page cache, one shard at a time."""
+    0.97x the epoch of the loader before checksums, where a check beside its 1 MiB reads made 0.84x
+    (in-process, medians of 5; bench pairs: docs/performance.md, "Integrity on read"). The mapped
+    pages count in RSS as page cache, one shard at a time."""
     if listed is None:
         return storage.open_random_access(where, fs)
     buffer = _read_bytes(fs, where, path)
