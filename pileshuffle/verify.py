@@ -6,7 +6,7 @@ Checks, each reported as one line:
   format's suffix, and nothing else under the prefix (other shard counts, temp files);
 - every shard's bytes have the size and CRC32C its manifest lists (one line per damaged shard);
 - every shard reads back whole with the format's reader (TFRecord: both CRCs of every
-  record; Parquet: the file opens, every row group reads with its pages' CRCs, its schema is the manifest's);
+  record; Parquet: the file opens, every row group reads, its schema is the manifest's);
 - the manifest matches the files: per-shard path, records and bytes, the totals and the
   output fingerprint;
 - the input (re-read as the run read it, skipping corrupt records only if the run did)

@@ -259,8 +259,8 @@ def _schema(source: Source, piles) -> pa.Schema:
             with storage.open_random_access(path, source.filesystem) as handle:
                 schema = pq.ParquetFile(handle).schema_arrow
         except (OSError, pa.ArrowException) as error:
-            raise InputError(path, f"cannot be read as Parquet ({error}); `pileshuffle verify` says how it is "
-                                   "damaged") from error
+            raise InputError(remote_name(source.filesystem, path), f"cannot be read as Parquet ({error}); "
+                                                                   "`pileshuffle verify` says how it is damaged") from error
     if source.columns is None:
         return schema
     missing = [c for c in source.columns if c not in schema.names]

@@ -270,14 +270,15 @@ class Source:
         return self._read(path, lambda fs, where: self._store_file(fs, where, path))
 
     def _store_file(self, fs, where: str, path: str):
-        buffer = _read_bytes(fs, where, remote_name(self.filesystem, path))  # local: mapped; columns are views
-        check_crc32c(remote_name(self.filesystem, path), buffer, self._listed_crc32c(path))
+        name = remote_name(self.filesystem, path)
+        buffer = _read_bytes(fs, where, name)  # the whole file (local: mapped), so the columns are views
+        check_crc32c(name, buffer, self._listed_crc32c(path))
         try:
             table = pa.ipc.open_stream(buffer).read_all()
         except (OSError, pa.ArrowException) as error:
-            raise InputError(path, f"cannot be read as an Arrow IPC stream: {error}") from error
+            raise InputError(name, f"cannot be read as an Arrow IPC stream: {error}") from error
         if KEY_COLUMN not in table.column_names:
-            raise InputError(path, f"has no {KEY_COLUMN} column: not a pile store data file")
+            raise InputError(name, f"has no {KEY_COLUMN} column: not a pile store data file")
         keys = table.column(KEY_COLUMN).to_numpy()
         fmt = get_format(self.format)
         if fmt.record_column is None:

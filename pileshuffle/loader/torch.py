@@ -142,13 +142,14 @@ class TorchDataset(torch.utils.data.IterableDataset):
     def _items(self, part):
         if self.batch_size is None:
             return iter(part)
-        if get_worker_info() is None and self.dataset.format != "parquet":  # the main process: as they are
-            return part.batches(self.batch_size, drop_last=self.drop_last)
+        in_worker = get_worker_info() is not None
         if self.dataset.format != "parquet":
+            if not in_worker:  # the main process: part.batches() as they are
+                return part.batches(self.batch_size, drop_last=self.drop_last)
             arrays = _payload_arrays(part, self.batch_size, self.drop_last)
             return (BytesOnArrival(array, ring=True, format=self.dataset.format) for array in arrays)
         batches = (torch_ready(batch, self.as_numpy) for batch in part.batches(self.batch_size, drop_last=self.drop_last))
-        if get_worker_info() is None:
+        if not in_worker:
             return (_writable(_numpy_columns(batch)) for batch in batches) if self.as_numpy else batches
         arrival = TensorsOnArrival if self.as_numpy else ArrowOnArrival
         return (arrival(batch, ring=True) for batch in batches)
@@ -227,11 +228,10 @@ class TensorsOnArrival:
 
 
 def torch_ready(batch: pa.RecordBatch, tensors: bool = True) -> pa.RecordBatch:
-    """A Parquet batch as the torch adapter hands it out, the same with and without workers (docs/loader.md,
-    "Column types"): a dictionary column as its values; for tensors (``tensors``) also a timestamp,
-    date, time or duration column as its integers (counts of its unit; a timestamp's since the
-    epoch, UTC), and a null in a number, bool or such column refused, naming it (a tensor cannot hold
-    one: it would be a float or object array in that batch only). Strings and binary keep nulls (None)."""
+    """A Parquet batch as the torch adapter hands it out, with and without workers (docs/loader.md, "Column
+    types"): a dictionary column as its values; for ``tensors`` also a timestamp, date, time or duration
+    column as its integers (counts of its unit; a timestamp's since the epoch, UTC), and a null in a number,
+    bool or such column refused, naming it (a tensor cannot hold one). Strings and binary keep None."""
     columns = []
     for field, column in zip(batch.schema, batch.columns):
         kind = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
