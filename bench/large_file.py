@@ -21,7 +21,7 @@ import sys
 import pyarrow.parquet as pq
 
 from datagen import dataset
-from measure import measure, wait_for_idle, warm
+from measure import measure_run
 from workspace import DATA, OUT
 
 ROW_GROUP_ROWS = 16_384
@@ -52,16 +52,9 @@ def one_file(info) -> str:
 
 def run(fmt, pattern, name, files):
     out = os.path.join(OUT, "large_file", name)
-    shutil.rmtree(out, ignore_errors=True)
-    warm(files)
-    wait_for_idle(30)
     cmd = [sys.executable, "-m", "pileshuffle", "run", "--input", pattern, "--output", os.path.join(out, "s"),
            "--num_piles", "16", "--seed", "1", "--quiet"]
-    got = measure(cmd, f"large_file-{name}", timeout=1800)
-    if got.returncode != 0:
-        raise SystemExit(f"{name}: pileshuffle run failed ({got.returncode}); see bench/.out/logs/large_file-{name}.err")
-    shutil.rmtree(out, ignore_errors=True)
-    return got
+    return measure_run(cmd, f"large_file-{name}", out, files)
 
 
 def main(argv=None):

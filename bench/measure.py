@@ -102,6 +102,21 @@ def warm(files):
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
 
 
+def measure_run(cmd, name, out, files, timeout=1800):
+    """``measure`` a ``pileshuffle run`` writing under ``out`` on a warm page cache and a quiet
+    machine; exits naming its log if it fails; ``out`` is removed before and after."""
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    warm(files)
+    wait_for_idle(30)
+    got = measure(cmd, name, timeout=timeout)
+    if got.returncode != 0:
+        raise SystemExit(f"{name}: pileshuffle run failed ({got.returncode}); see bench/.out/logs/{name}.err")
+    shutil.rmtree(out, ignore_errors=True)
+    return got
+
+
 def log_tail(name, lines=15):
     path = os.path.join(OUT, "logs", f"{name}.err")
     try:

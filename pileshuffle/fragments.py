@@ -19,8 +19,8 @@ from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.names import fragment_name
 
-__all__ = ["Fragment", "FragmentFiles", "CommittedFile", "to_ipc", "read_batches", "read_table", "read_joined",
-           "has_dictionaries", "END_OF_STREAM", "write_failure"]
+__all__ = ["Fragment", "FragmentFiles", "CommittedFile", "to_ipc", "segment_encoder", "read_batches", "read_table",
+           "read_joined", "has_dictionaries", "END_OF_STREAM", "write_failure"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +104,16 @@ def read_joined(fragments) -> pa.Table:
     if batches:
         tables.append(pa.Table.from_batches(batches))
     return pa.concat_tables(tables)
+
+
+def segment_encoder(schema: pa.Schema):
+    """A function from a record batch to its segment: one Arrow IPC stream (schema, the batch, end
+    marker). The schema message is encoded once: the bytes equal ``pa.ipc.new_stream``'s. A schema
+    with dictionary columns goes through the stream writer, which writes their dictionaries."""
+    if has_dictionaries(schema):
+        return lambda batch: to_ipc(pa.Table.from_batches([batch]))
+    head = schema.serialize().to_pybytes()
+    return lambda batch: b"".join((head, batch.serialize().to_pybytes(), END_OF_STREAM))
 
 
 def has_dictionaries(schema: pa.Schema) -> bool:

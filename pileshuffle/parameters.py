@@ -99,10 +99,12 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
               "s + 6*sqrt(s) headroom; a larger pile is split again). Suffixes KiB, MiB, GiB; at least 1MiB with num_piles=auto.",
               "128MiB", default=f"{DEFAULT_MAX_PILE_BYTES >> 20}MiB", regex=r"^[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?$",
               metavar="SIZE"),
-    Parameter("run_bytes", "Pass-1 buffer per writer",
-              "How much of pass 1's output one writer holds before it writes it as one pile-ordered run (files mode) or "
-              "sends it as one element per pile (shuffle mode): a pile's part is about run_bytes / num_piles. auto: "
-              "num_piles x 64KiB, at least 64MiB and at most 1GiB. Memory: one buffer per worker thread.",
+    Parameter("run_bytes", "Pass-1 run per writer",
+              "How much of pass 1's output one writer gathers before it writes it as one pile-ordered run (files mode) "
+              "or sends it as one element per pile (shuffle mode): a pile's part is about run_bytes / num_piles. auto: "
+              "num_piles x 64KiB, at least 64MiB and at most 1GiB; files mode on an object store (gs://): num_piles x "
+              "256KiB, up to 32GiB, as pass 2 pays a request per part there. Memory: up to 1GiB per worker thread; a "
+              "larger run is spilled to the local temp folder and merged.",
               "512MiB", default="auto", regex=r"^(auto|[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?)$", metavar="{auto,SIZE}"),
     Parameter("seed", "Random seed", "Seed of the shuffle: the same input, seed and piles give the same bytes.", "42",
               default="0", regex=r"^[0-9]+$", kind=int, metavar="N"),

@@ -22,7 +22,7 @@ from pileshuffle.formats import get_format
 from pileshuffle.formats.labels import sampled_label_counts
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, staging_dir, store_dir, work_dir_name
-from pileshuffle.runs import DEFAULT_RUN_BYTES, auto_run_bytes
+from pileshuffle.runs import DEFAULT_RUN_BYTES, MAX_HELD_BYTES, run_bytes_for
 from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
 from pileshuffle.output_files import OutputFiles, check_replaceable, missing_local_folders, remove_empty_folders
 from pileshuffle.pile_bound import check_num_piles
@@ -37,6 +37,7 @@ _log = logging.getLogger("pileshuffle")
 _SAMPLE_BYTES = 1 << 20  # what a plan reads of an input file to size its records (its first MiB)
 _LABEL_SAMPLE_FILES = 8  # --balance: files whose first labels estimate the output's size (a request each on gs://)
 RECORD_OVERHEAD = 16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
+_UNIT_SPARE = 0.95  # a unit of pass-1 work fills this much of a run (the records' held size is an estimate)
 _GZIP_EXPANSION_GUESS = 4.0  # a compressed input's expansion when no sample can tell (not gzip)
 
 
@@ -71,7 +72,25 @@ class Plan:
     keep_unlabeled: bool = False  # --keep_unlabeled: a record without the label is the class "null"
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
     growth: float = 1.0  # --balance: records written per record read, from a sample of labels
-    run_bytes: int = DEFAULT_RUN_BYTES  # --run_bytes: pass 1's buffer per writer (pileshuffle.runs)
+    run_bytes: int = DEFAULT_RUN_BYTES  # --run_bytes: pass 1's run size per writer (pileshuffle.runs)
+
+    @property
+    def held_per_writer(self) -> int:
+        """What a pass-1 writer holds in memory: its run, up to ``MAX_HELD_BYTES`` (more is spilled)."""
+        return min(self.run_bytes, MAX_HELD_BYTES)
+
+    @property
+    def spilled_per_writer(self) -> int:
+        """What a pass-1 writer spills to local disk at most (``pileshuffle.spills``): its largest
+        run, 0 if every run fits in memory."""
+        largest = min(self.run_bytes, max(self.group_held_bytes(), default=0))
+        return int(largest) if largest > MAX_HELD_BYTES else 0
+
+    def group_held_bytes(self) -> list:
+        """Each group of sources' records as pass 1 holds them: with their keys and hashes."""
+        per_byte = self.written_records / max(1, self.input_bytes)  # records per byte on disk
+        held_per_record = self.mean_record_bytes + RECORD_OVERHEAD
+        return [per_byte * sum(s.span_bytes for s in group) * held_per_record for group in self.source_groups]
 
     @property
     def source_groups(self) -> list:
@@ -80,8 +99,17 @@ class Plan:
         from pileshuffle.transforms.assign import source_groups, split_sources
 
         fmt = get_format(self.format) if self.balance is None else None
-        spans = split_sources(self.sources, self.run_bytes, fmt, self.skip_corrupt) if fmt else self.sources
-        return source_groups(spans, self.run_bytes)
+        spans = split_sources(self.sources, self.unit_bytes, fmt, self.skip_corrupt) if fmt else self.sources
+        return source_groups(spans, self.unit_bytes)
+
+    @property
+    def unit_bytes(self) -> int:
+        """Pass 1's unit of work, in input bytes: what fills one run of ``run_bytes`` as pass 1
+        holds it (records with their keys and hashes; compressed input grows), 5% to spare. A
+        unit of ``run_bytes`` on disk held a little more than a run: a second, tiny run each,
+        whose parts doubled the reads of pass 2."""
+        held_per_byte = self.held_bytes / max(1, self.input_bytes)
+        return max(1, int(_UNIT_SPARE * self.run_bytes / max(held_per_byte, 1e-9)))
 
     @property
     def estimated_records(self) -> int:
@@ -102,15 +130,20 @@ class Plan:
         flushes its records, with their keys and hashes, in runs of ``run_bytes``; a run of n
         records reaches M(1 - (1 - 1/M)^n) piles, one part (a segment, an element) each. Files
         mode writes one object per run; both modes send one element per part."""
-        per_byte = self.written_records / max(1, self.input_bytes)  # records per byte on disk
         held_per_record = self.mean_record_bytes + RECORD_OVERHEAD
         runs = parts = 0.0
-        for group in self.source_groups:
-            records = per_byte * sum(s.span_bytes for s in group)
-            count = max(1, math.ceil(records * held_per_record / self.run_bytes)) if records else 0
+        for held in self.group_held_bytes():
+            records = held / held_per_record
+            count = max(1, math.ceil(held / self.run_bytes)) if records else 0
             runs += count
             parts += count * piles_reached(self.num_piles, records / count) if count else 0
         return round(runs), round(parts)
+
+
+def _runs_on_object_store(opts, work_dir: str) -> bool:
+    """Whether pass 1 writes runs to an object store, where pass 2 pays a request per part
+    (``runs.auto_run_bytes``): files mode, shards, a remote temp location."""
+    return opts.intermediate == "files" and opts.layout == "shards" and storage.is_remote(work_dir)
 
 
 def piles_reached(num_piles: int, records: float) -> float:
@@ -264,7 +297,8 @@ def make_plan(options: PipelineOptions) -> Plan:
         num_piles=num_piles,
         num_piles_reason=reason,
         max_pile_bytes=max_pile_bytes,
-        run_bytes=auto_run_bytes(num_piles) if str(opts.run_bytes) == "auto" else parse_bytes(opts.run_bytes),
+        run_bytes=run_bytes_for(opts.run_bytes if str(opts.run_bytes) == "auto" else parse_bytes(opts.run_bytes),
+                                num_piles, _runs_on_object_store(opts, work_dir)),
         seed=int(opts.seed),
         intermediate=opts.intermediate,
         work_dir=work_dir,

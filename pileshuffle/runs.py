@@ -1,11 +1,17 @@
-"""Pass-1 runs: a writer's pile parts gathered up to a memory budget, written in pile order.
+"""Pass-1 runs: a writer's pile parts gathered up to a run size, written in pile order.
 
 A pass-1 writer (one group of input files in the template, one bundle of ``ShuffleToPiles``)
 keys each chunk it reads and sorts the chunk by pile (one ``take``). It holds the sorted chunks
-until they reach ``budget`` bytes (or its input ends), then *flushes* them as one **run**: for
-every pile the held chunks reach, one **segment** holding that pile's records from all of them.
-So a pile's part grows with the budget, not with the input chunk: at M piles a run of B bytes
+until they reach ``budget`` bytes (``--run_bytes``, or its input ends), then *flushes* them as one
+**run**: for every pile the chunks reach, one **segment** holding that pile's records from all of
+them. So a pile's part grows with the run, not with the input chunk: at M piles a run of B bytes
 gives parts of about B / M bytes, however the input is cut into files and chunks.
+
+A run larger than memory may hold (``MAX_HELD_BYTES``, 1 GiB) waits on the local disk: each time
+the writer holds that much it writes it as one **spill** (``_Spills``: an Arrow IPC stream of the
+held records in pile order), and the flush reads its spills back memory-mapped and merges them as
+it would merge held chunks. The run is the one a flush of all its chunks from memory would write:
+the same records in the same order (Spark's sort-based shuffle spills and merges the same way).
 
 A segment is one Arrow IPC stream (schema, one record batch, end marker) of the pile's records
 in the writer's order, with two more columns: ``KEY_COLUMN`` (U, uint64) and ``HASH_COLUMN``
@@ -31,31 +37,51 @@ its runs; they are removed when the whole output is published.
 """
 
 import dataclasses
+import os
+import shutil
+import tempfile
 import uuid
+import weakref
 
 import numpy as np
 import pyarrow as pa
 
 from pileshuffle import interrupt, keys as keymath, storage
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.fragments import END_OF_STREAM, Fragment, has_dictionaries, to_ipc, write_failure
+from pileshuffle.fragments import Fragment, segment_encoder, write_failure
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
 
-__all__ = ["DEFAULT_RUN_BYTES", "RUN_MAGIC", "SEGMENT_OVERHEAD", "auto_run_bytes", "PileRuns", "read_run_index"]
+__all__ = ["DEFAULT_RUN_BYTES", "MAX_HELD_BYTES", "RUN_MAGIC", "SEGMENT_OVERHEAD", "auto_run_bytes", "run_bytes_for",
+           "PileRuns", "read_run_index"]
 
 DEFAULT_RUN_BYTES = 256 << 20  # a writer's budget where no pile count is known (ShuffleToPiles' default)
+MAX_HELD_BYTES = 1 << 30  # a writer holds at most this in memory; a larger run is spilled to local disk and merged
 _PART_BYTES = 64 << 10  # auto: a run gives each pile a part of about this much...
-_MIN_RUN_BYTES, _MAX_RUN_BYTES = 64 << 20, 1 << 30  # ...within these bounds
+_MIN_RUN_BYTES, _MAX_RUN_BYTES = 64 << 20, 1 << 30  # ...within these bounds, all held in memory
+_REMOTE_PART_BYTES, _MAX_REMOTE_RUN_BYTES = 256 << 10, 32 << 30  # auto for runs on an object store (spilled)
+_MAX_MERGED_PART = 64 << 20  # a spilled run stops growing at this much per pile: the merge holds one part 3 times
 RUN_MAGIC = b"PSRUN001"
 SEGMENT_OVERHEAD = 1000  # bytes of a segment beside its records: schema, batch header, end marker (measured:
 # 560 for a bytes format's 3 columns, 1,070 for a 5-column Parquet table's 7)
 _WINDOW_BYTES = 32 << 20  # a flush gathers about this many bytes of neighbouring piles at a time
+_LENGTH_COLUMN = "_pileshuffle_length"  # a spill's column of each record's payload bytes
 
 
-def auto_run_bytes(num_piles: int) -> int:
+def auto_run_bytes(num_piles: int, remote: bool = False) -> int:
     """``--run_bytes=auto``: ``num_piles`` parts of 64 KiB (about 64 records of 1 KB per element),
-    at least 64 MiB and at most 1 GiB: at 100,000 piles a part is then about 10 KiB."""
+    at least 64 MiB and at most 1 GiB, all held in memory: at 100,000 piles a part is then about
+    10 KiB. With ``remote`` (files mode on an object store, where pass 2 pays a request per part)
+    parts of 256 KiB, up to 32 GiB: beyond ``MAX_HELD_BYTES`` the run is spilled to local disk."""
+    if remote:
+        return int(min(_MAX_REMOTE_RUN_BYTES, max(_MIN_RUN_BYTES, num_piles * _REMOTE_PART_BYTES)))
     return int(min(_MAX_RUN_BYTES, max(_MIN_RUN_BYTES, num_piles * _PART_BYTES)))
+
+
+def run_bytes_for(value, num_piles: int, remote: bool = False) -> int:
+    """The run size pass 1 uses for ``--run_bytes`` ``value`` (``"auto"``, None or bytes): a run
+    larger than memory holds is cut where its parts would pass 64 MiB, which the merge holds."""
+    run_bytes = auto_run_bytes(num_piles, remote) if value in (None, "auto") else int(value)
+    return int(min(run_bytes, max(MAX_HELD_BYTES, num_piles * _MAX_MERGED_PART)))
 
 
 @dataclasses.dataclass
@@ -68,56 +94,71 @@ class _Held:
 
 
 class PileRuns:
-    """Holds a writer's keyed chunks up to ``budget`` bytes; each flush is one run.
+    """Gathers a writer's keyed chunks into runs of ``budget`` bytes (as Arrow holds them).
 
-    ``add`` and ``flush`` return the ``(pile, Fragment)`` elements of the runs they made (none
-    while the budget holds). ``directory`` given: files mode, runs are objects there named
-    ``run_name(writer, n)``; None: shuffle mode, segments are element payloads. Memory: the
-    held chunks (at most ``budget`` plus one chunk) and one window of about 32 MiB at a flush.
+    ``add`` and ``flush`` return the ``(pile, Fragment)`` elements of the runs they make (none
+    while a run is filling). ``directory`` given: files mode, runs are objects there named
+    ``run_name(writer, n)``; None: shuffle mode, segments are element payloads, made as they are
+    taken. Memory: the held chunks (at most ``MAX_HELD_BYTES`` or ``budget``, plus one chunk) and one
+    window of about 32 MiB at a flush; a larger run is spilled to local disk and merged (``spills``).
     """
 
     def __init__(self, num_piles: int, budget: int, writer: str, directory: str = None, order: tuple = ()):
         self._num_piles, self._budget, self._writer, self._directory = num_piles, int(budget), writer, directory
         self._order, self._held, self._held_bytes, self._runs = tuple(order), [], 0, 0
+        self._hold, self._spills = min(self._budget, MAX_HELD_BYTES), _Spills()
 
     @property
     def runs(self) -> int:
         """How many runs this writer has flushed."""
         return self._runs
 
-    def add(self, table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, rows=None) -> list:
+    def add(self, table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, rows=None):
         """Hold one chunk (``rows``: the records with their copies are ``table.take(rows)``)."""
         if len(keys) == 0:
-            return []
+            return ()
         order, bounds = keymath.group_by_pile(keymath.pile_of(keys, self._num_piles), self._num_piles)
         taken = table.take(order if rows is None else rows[order])
         taken = taken.append_column(KEY_COLUMN, pa.array(keys[order], type=pa.uint64()))
         taken = taken.append_column(HASH_COLUMN, pa.array(hashes[order], type=pa.uint64()))
         self._held.append(_Held(taken, bounds, lengths[order]))
         self._held_bytes += taken.nbytes
-        return self.flush() if self._held_bytes >= self._budget else []
+        if self._held_bytes < self._hold:
+            return ()
+        if self._spills.bytes + self._held_bytes < self._budget:
+            self._spill()
+            return ()
+        return self.flush()
 
-    def flush(self) -> list:
-        """Write what is held as one run; its ``(pile, Fragment)`` elements (none if nothing is held)."""
-        if not self._held:
-            return []
-        held, self._held, self._held_bytes = self._held, [], 0
+    def flush(self):
+        """Make what is held (and spilled) one run; its ``(pile, Fragment)`` elements (none if
+        nothing is held). Files mode: a list, once the run is in place; shuffle mode: an iterator."""
+        if not self._held and not self._spills:
+            return ()
+        if self._spills and self._held:
+            self._spill()  # the rest too: the merge reads spills only
+        size = self._spills.bytes or self._held_bytes
+        held, done = self._spills.take() if self._spills else (self._held, None)
+        self._held, self._held_bytes = [], 0
         order = (*self._order, self._runs)
-        if self._directory is None:
-            elements = [(pile, Fragment(order, *facts, payload=segment)) for pile, segment, facts in _segments(held)]
-        else:
-            elements = self._write_run(held, order)
         self._runs += 1
-        return elements
+        segments = _segments(held, done)
+        if self._directory is None:
+            return ((pile, Fragment(order, *facts, payload=segment)) for pile, segment, facts in segments)
+        return self._write_run(segments, size, order)
+
+    def _spill(self):
+        held, self._held, self._held_bytes = self._held, [], 0
+        self._spills.write(held)
 
     @interrupt.writes  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
-    def _write_run(self, held, order) -> list:
-        final = storage.join(self._directory, run_name(self._writer, self._runs))
+    def _write_run(self, segments, size: int, order) -> list:
+        final = storage.join(self._directory, run_name(self._writer, self._runs - 1))
         temp = storage.writing_name(final, uuid.uuid4().hex[:12])  # an attempt's own: two never share one
         elements, index, offset = [], [], 0
         try:
             with storage.open_write(temp) as handle:
-                for pile, segment, facts in _segments(held):
+                for pile, segment, facts in segments:
                     handle.write(segment)
                     elements.append((pile, Fragment(order, *facts, path=final, offset=offset, length=len(segment))))
                     index.append((pile, offset, len(segment), facts[0]))
@@ -126,14 +167,26 @@ class PileRuns:
                 handle.write(table + len(table).to_bytes(8, "little") + RUN_MAGIC)
             storage.put_in_place([temp], [final])
         except OSError as error:  # a buffered writer reports a full disk when it is closed
-            raise write_failure(self._directory, error, sum(h.table.nbytes for h in held) - offset) from error
+            raise write_failure(self._directory, error, size - offset) from error
         return elements
 
 
-def _segments(held):
+def _segments(held, done=None):
     """``(pile, segment bytes, (records, nbytes, fingerprint))`` for every pile the held chunks
-    reach, in pile order; each pile's records in held order (chunk by chunk). Neighbouring piles
-    are gathered a window of about ``_WINDOW_BYTES`` at a time: a slice of each chunk, one take."""
+    reach, in pile order; each pile's records in held order (chunk by chunk), a window of
+    neighbouring piles at a time (``_windows``, ``_gather``). ``done`` is called at the end."""
+    try:
+        for start, stop in _windows(held):
+            gathered = _gather(held, start, stop)
+            if gathered is not None:
+                yield from _window_segments(*gathered)
+    finally:
+        if done is not None:
+            done()
+
+
+def _windows(held):
+    """``(start, stop)``: the piles in ranges of about ``_WINDOW_BYTES`` of held records each."""
     num_piles = len(held[0].bounds) - 1
     counts = sum(np.diff(h.bounds) for h in held)
     mean = sum(h.table.nbytes for h in held) / max(1, int(counts.sum()))
@@ -142,47 +195,86 @@ def _segments(held):
     while start < num_piles:
         before = reached[start - 1] if start else 0.0
         stop = min(num_piles, max(start + 1, int(np.searchsorted(reached, before + _WINDOW_BYTES, side="right"))))
-        yield from _window_segments(held, start, stop)
+        yield start, stop
         start = stop
 
 
-def _window_segments(held, start: int, stop: int):
-    """The segments of piles ``start .. stop-1``: each chunk's slice of them, put in pile order."""
+def _gather(held, start: int, stop: int):
+    """``(table, piles, lengths)`` of piles ``start .. stop-1``: each chunk's slice of them, put
+    in pile order (one take; chunk order kept within a pile); None if no chunk reaches them."""
     slices, piles, lengths = [], [], []
     for h in held:
         first, last = int(h.bounds[start]), int(h.bounds[stop])
         if last > first:
             slices.append(h.table.slice(first, last - first))
             piles.append(np.repeat(np.arange(start, stop), np.diff(h.bounds[start : stop + 1])))
-            lengths.append(h.lengths[first:last])
+            lengths.append(np.asarray(h.lengths[first:last]))
     if not slices:
-        return
+        return None
     piles = np.concatenate(piles)
-    order = np.argsort(piles, kind="stable")  # pile-major, chunk order kept within a pile
-    window = pa.concat_tables(slices).combine_chunks().take(order)
+    order = np.argsort(piles, kind="stable")
+    return pa.concat_tables(slices).combine_chunks().take(order), piles[order], np.concatenate(lengths)[order]
+
+
+def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray):
+    """The segments of a gathered window (``_gather``), one per pile."""
     batch = window.to_batches()[0] if window.num_rows else None
-    piles, lengths = piles[order], np.concatenate(lengths)[order]
     firsts = np.concatenate([[0], np.flatnonzero(np.diff(piles)) + 1])
     counts = np.diff(np.append(firsts, len(piles)))
     hashes = window.column(HASH_COLUMN).to_numpy()
     with np.errstate(over="ignore"):
         sums = np.add.reduceat(hashes, firsts)
     xors, payloads = np.bitwise_xor.reduceat(hashes, firsts), np.add.reduceat(lengths, firsts)
-    encode = _encoder(window.schema)
+    encode = segment_encoder(window.schema)
     for pile, first, count, total, xor, payload in zip(piles[firsts].tolist(), firsts.tolist(), counts.tolist(),
                                                        sums.tolist(), xors.tolist(), payloads.tolist()):
         part = batch.slice(first, count)
         yield pile, encode(part), (count, part.nbytes, Fingerprint(count, payload, total, xor))
 
 
-def _encoder(schema: pa.Schema):
-    """A function from a record batch to its segment: one Arrow IPC stream (schema, the batch, end
-    marker). The schema message is encoded once: the bytes equal ``pa.ipc.new_stream``'s. A schema
-    with dictionary columns goes through the stream writer, which writes their dictionaries."""
-    if has_dictionaries(schema):
-        return lambda batch: to_ipc(pa.Table.from_batches([batch]))
-    head = schema.serialize().to_pybytes()
-    return lambda batch: b"".join((head, batch.serialize().to_pybytes(), END_OF_STREAM))
+class _Spills:
+    """A run's spills on the local disk (``tempfile``'s folder): each one Arrow IPC stream of held
+    chunks gathered in pile order a window at a time (``_gather``), with each record's payload
+    length as one more column, and the spill's pile bounds kept in memory (8 bytes a pile). Read
+    back memory-mapped as held chunks, a spill is merged like any: the merge is a flush."""
+
+    def __init__(self):
+        self._folder, self._spilled, self.bytes = None, [], 0
+
+    def __bool__(self) -> bool:
+        return bool(self._spilled)
+
+    def write(self, held):
+        """Write ``held`` (chunks in pile order each) as one spill."""
+        if self._folder is None:
+            self._folder = tempfile.mkdtemp(prefix="pileshuffle-spill-")
+            self._remove = weakref.finalize(self, shutil.rmtree, self._folder, True)  # also at exit
+        path, held_bytes = os.path.join(self._folder, f"{len(self._spilled):05d}.spill"), sum(h.table.nbytes for h in held)
+        try:
+            with pa.OSFile(path, "wb") as sink:
+                writer = None
+                for start, stop in _windows(held):
+                    gathered = _gather(held, start, stop)
+                    if gathered is not None:
+                        table = gathered[0].append_column(_LENGTH_COLUMN, pa.array(gathered[2], pa.int64()))
+                        writer = writer or pa.ipc.new_stream(sink, table.schema)
+                        writer.write_table(table)
+                writer.close()
+        except OSError as error:
+            raise write_failure(self._folder, error, held_bytes) from error
+        self._spilled.append((path, np.concatenate([[0], np.cumsum(sum(np.diff(h.bounds) for h in held))])))
+        self.bytes += held_bytes
+
+    def take(self) -> tuple:
+        """``(held chunks, done)``: the spills, memory-mapped, and what removes them; the
+        spills of the next run start anew."""
+        held = []
+        for path, bounds in self._spilled:
+            table = pa.ipc.open_stream(pa.memory_map(path)).read_all()
+            held.append(_Held(table.drop_columns([_LENGTH_COLUMN]), bounds, table.column(_LENGTH_COLUMN)))
+        done = self._remove
+        self._folder, self._spilled, self.bytes = None, [], 0
+        return held, done
 
 
 def read_run_index(data: bytes) -> np.ndarray:

@@ -8,6 +8,7 @@ manifest and its checks. Pure: the same file list and budget give the same units
 """
 
 import dataclasses
+import math
 
 from pileshuffle.errors import IntegrityError
 from pileshuffle.fingerprint import Fingerprint
@@ -109,13 +110,14 @@ def _unit_bytes(sources, budget: int) -> float:
 
 
 def split_sources(sources, budget: int, fmt, skip_corrupt: bool = False) -> list:
-    """``sources`` with each file of two units (``_unit_bytes``) or more that ``fmt`` can read in
-    spans (``RecordFormat.can_split``) cut into spans of one to two units, so several workers
-    read one large file. Spans are byte ranges; ``fmt`` gives each record to the span it starts in."""
+    """``sources`` with each file of two units (``_unit_bytes``) or more, or of more than
+    ``budget``, that ``fmt`` can read in spans (``RecordFormat.can_split``) cut into equal spans of
+    one to two units and at most ``budget`` (what fills one run), so several workers read one
+    large file. Spans are byte ranges; ``fmt`` gives each record to the span it starts in."""
     unit = _unit_bytes(sources, budget)
     split = []
     for source in sources:
-        pieces = int(source.size // unit) if unit > 0 else 1  # spans of one to two units: each a group alone
+        pieces = max(int(source.size // unit), math.ceil(source.size / budget)) if unit > 0 else 1
         if pieces <= 1 or not fmt.can_split(source.path, skip_corrupt):
             split.append(source)
             continue
@@ -126,13 +128,17 @@ def split_sources(sources, budget: int, fmt, skip_corrupt: bool = False) -> list
 
 def source_groups(sources, budget: int) -> list:
     """``sources`` (in id order, spans in file order) cut into pass 1's units of work: runs of
-    consecutive sources of at least a unit (``_unit_bytes``) each; the last may be less, a larger
-    source is alone. A writer's buffer then fills before it flushes however small the files are.
-    A pure function of the file list and the budget: a re-run forms the same groups and writes
-    the same runs."""
+    consecutive sources of at least a unit (``_unit_bytes``) each, the last may be less, and of
+    at most ``budget`` (what fills one run: a group beyond it would spill into a second, tiny run
+    whose parts double pass 2's reads); a larger source is alone. A writer's run then fills
+    however small the files are. A pure function of the file list and the budget: a re-run
+    forms the same groups and writes the same runs."""
     target = _unit_bytes(sources, budget)
     groups, group, held = [], [], 0
     for source in sources:
+        if group and held + source.span_bytes > budget:
+            groups.append(tuple(group))
+            group, held = [], 0
         group.append(source)
         held += source.span_bytes
         if held >= target:

@@ -52,9 +52,10 @@ def test_operations_grow_with_piles_files_sizes_and_the_intermediate_mode(jsonl,
                               estimated_bytes=64 * 64 * MiB, num_piles=4096, run_bytes=256 * MiB)
     runs, parts = big.run_shape()
     class_a, class_b = gcs_operations(big)["runs"]
-    # 16 groups of 4 files (256 MiB each); each holds 256 MiB of records plus 16 bytes a record: 2 runs
-    assert runs == 32 and class_a == runs and class_b == parts + 2 * runs
-    assert 32 * 4000 < parts <= 32 * 4096 < 64 * 4096 / 1.9
+    # 22 groups of at most 3 files (192 MiB): a unit of work fills at most one run of 256 MiB as pass 1
+    # holds it (with 16 bytes a record), so one run each (4 files a group held 1.16 x 256 MiB: 2 runs each)
+    assert runs == len(big.source_groups) == 22 and class_a == runs and class_b == parts + 2 * runs
+    assert 22 * 4000 < parts <= 22 * 4096 < 64 * 4096 / 2.9
 
     zipped = [Source(i, f"gs://b/in/{i}.jsonl.gz", 100 * MiB) for i in range(3)]  # read whole: 7 reads of 16 MiB, metadata, end
     bigger = gcs_operations(dataclasses.replace(plan, sources=zipped, input_bytes=300 * MiB))
@@ -102,16 +103,11 @@ def _storage_operations(method: str, url: str, body) -> list:
     return ["B"]
 
 
-@pytest.mark.parametrize("intermediate", ["files", "shuffle"])
-def test_the_counts_are_the_requests_of_a_real_run(jsonl, gcs, tmp_path, monkeypatch, intermediate):
+def storage_operations_seen(monkeypatch) -> list:
+    """The Cloud Storage operations (``"A"``, ``"B"``) every request from now on makes, as it makes them."""
     import requests
 
-    source = f"{gcs}/in"
-    sample.write_jsonl(source, records=6000, files=3, record_bytes=100)
-    args = ["--format=jsonl", "--num_piles=8", f"--intermediate={intermediate}"]
-    plan, _ = planned(f"{source}/*.jsonl", tmp_path, *args)
-    seen = []
-    send = requests.Session.request
+    seen, send = [], requests.Session.request
 
     def spy(session, method, url, *rest, **kwargs):
         if "/storage/v1" in url:
@@ -119,6 +115,16 @@ def test_the_counts_are_the_requests_of_a_real_run(jsonl, gcs, tmp_path, monkeyp
         return send(session, method, url, *rest, **kwargs)
 
     monkeypatch.setattr(requests.Session, "request", spy)
+    return seen
+
+
+@pytest.mark.parametrize("intermediate", ["files", "shuffle"])
+def test_the_counts_are_the_requests_of_a_real_run(jsonl, gcs, tmp_path, monkeypatch, intermediate):
+    source = f"{gcs}/in"
+    sample.write_jsonl(source, records=6000, files=3, record_bytes=100)
+    args = ["--format=jsonl", "--num_piles=8", f"--intermediate={intermediate}"]
+    plan, _ = planned(f"{source}/*.jsonl", tmp_path, *args)
+    seen = storage_operations_seen(monkeypatch)
     run_shuffle(f"{source}/*.jsonl", f"{gcs}/out/t", *args)
     class_a, class_b = gcs_operations(dataclasses.replace(plan, output=f"{gcs}/out/t"))["total"]
     # the first look at the bucket is pyarrow's (not through requests), and once per process

@@ -40,7 +40,7 @@ def test_a_run_is_its_piles_segments_in_pile_order_with_an_index(tmp_path):
     piles, runs = 64, PileRuns(64, 1 << 30, "s000000", str(tmp_path), (0,))
     fed = list(chunks(5, 400))
     for chunk in fed:
-        assert runs.add(*chunk) == []  # the budget holds: nothing leaves the writer yet
+        assert list(runs.add(*chunk)) == []  # the budget holds: nothing leaves the writer yet
     elements = runs.flush()
     assert runs.runs == 1 and os.listdir(tmp_path) == ["s000000-r00000.run"]
     data = open(tmp_path / "s000000-r00000.run", "rb").read()

@@ -194,7 +194,7 @@ def plan_text(plan: Plan, options) -> str:
                         f"{_chance(sizes.split_probability)}"),
     ]
     per_pile = _PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
-    held = min(plan.run_bytes, plan.held_bytes)
+    held = min(plan.held_per_writer, plan.held_bytes)
     if in_flight:
         peak = max(per_pile, held) * in_flight + _LOCAL_BASE_BYTES
         lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
@@ -230,10 +230,14 @@ def _pass1_text(plan: Plan) -> str:
     """What pass 1 makes: its units of work, its buffer, its runs (files mode) and the parts they send."""
     runs, parts = plan.run_shape()
     groups = len(plan.source_groups)
-    where = (f"{runs:,} run objects under {plan.work_dir} (one per {_mib(plan.run_bytes)} held), "
+    where = (f"{runs:,} run objects under {plan.work_dir} (one per {_mib(plan.run_bytes)}), "
              if plan.intermediate == "files" else f"{runs:,} flushes of {_mib(plan.run_bytes)}, ")
-    return (f"{groups:,} group(s) of input files, each held in --run_bytes {_mib(plan.run_bytes)} per worker thread; "
-            f"{where}{parts:,} pile parts of about {_size(plan.held_bytes / max(1, parts))} each sent through the GroupByKey")
+    spilled = plan.spilled_per_writer
+    spill = (f", up to {_size(spilled)} of them spilled to the local temp folder per worker thread and merged"
+             if spilled else "")
+    return (f"{groups:,} group(s) of input files, each in runs of --run_bytes {_mib(plan.run_bytes)} per worker thread"
+            f"{spill}; {where}{parts:,} pile parts of about {_size(plan.held_bytes / max(1, parts))} each sent through "
+            "the GroupByKey")
 
 
 def _runner_holds(options, shuffled: float) -> str:
@@ -311,6 +315,7 @@ def plan_json(plan: Plan, options) -> dict:
         "headroom_pile_records": sizes.headroom,
         "split_probability": sizes.split_probability,
         "run_bytes": plan.run_bytes,
+        "spilled_per_writer": plan.spilled_per_writer,
         "runs": runs if plan.intermediate == "files" else 0,
         "parts": parts,
         "gcs_operations": _operations_json(plan),

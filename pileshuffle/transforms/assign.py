@@ -5,6 +5,7 @@ with one Arrow ``take`` per chunk, and each pile's part is a zero-copy slice.
 """
 
 import hashlib
+import itertools
 import os
 
 import apache_beam as beam
@@ -301,7 +302,7 @@ class AssignPiles(beam.DoFn):
             yield from self._hold()
 
     def finish_bundle(self):
-        for pile, fragment in [*self._hold(), *self._runs.flush()]:
+        for pile, fragment in itertools.chain(self._hold(), self._runs.flush()):
             yield WindowedValue((pile, fragment), MIN_TIMESTAMP, [GlobalWindow()])
 
     def _hold(self):

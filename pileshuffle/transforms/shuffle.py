@@ -23,7 +23,7 @@ from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats.base import parts_by_pile
 from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_joined
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
-from pileshuffle.runs import auto_run_bytes
+from pileshuffle.runs import run_bytes_for
 from pileshuffle.transforms.assign import AssignPiles
 from pileshuffle.tuning import prepare_worker
 
@@ -180,8 +180,9 @@ class ShuffleToPiles(beam.PTransform):
     ``temp_location`` selects the ``files`` intermediate mode: pass 1 writes runs there
     (``pileshuffle.runs``) and only byte ranges go through GroupByKey (memory: one pile per
     worker). Without it (``shuffle`` mode) records go through GroupByKey in per-pile parts.
-    Either way a bundle's parts are gathered up to ``run_bytes`` (default ``auto_run_bytes``)
-    before they leave it, so parts stay large at any pile count.
+    Either way a bundle's parts are gathered into runs of ``run_bytes`` (default
+    ``runs.auto_run_bytes``; beyond 1 GiB spilled to local disk and merged) before they leave
+    it, so parts stay large at any pile count.
     Write the result with ``WritePiles``, which also removes the fragments.
 
     Not on Beam's DaskRunner (it drops ``finish_bundle`` outputs, where pass 1 flushes):
@@ -195,8 +196,8 @@ class ShuffleToPiles(beam.PTransform):
             raise ValueError(f"num_piles must be at least 1, got {num_piles}")
         self.num_piles, self.seed, self.keyed = int(num_piles), int(seed), keyed
         self.max_pile_bytes = int(max_pile_bytes)
-        self.run_bytes = auto_run_bytes(self.num_piles) if run_bytes is None else int(run_bytes)
         self.work_dir = storage.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}") if temp_location else None
+        self.run_bytes = run_bytes_for(run_bytes, self.num_piles, bool(temp_location) and storage.is_remote(temp_location))
 
     def expand(self, records):
         _refuse_runners_that_drop_finish_bundle_output(records.pipeline)
