@@ -51,13 +51,14 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
-## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, one large file; SCALE=10 for 10 GB.
+## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, spilled runs, one large file; SCALE=10 for 10 GB.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/loader.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/gcs.py
 	$(BIN)/python bench/pile_assembly.py
+	$(BIN)/python bench/spill_cost.py
 	$(BIN)/python bench/large_file.py
 
 ## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).

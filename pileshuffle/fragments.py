@@ -13,7 +13,7 @@ import uuid
 
 import pyarrow as pa
 
-from pileshuffle import interrupt, storage
+from pileshuffle import interrupt, memory_runs, storage
 from pileshuffle.checksums import Crc32cWriter
 from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
@@ -58,7 +58,8 @@ def _ipc_source(fragment: Fragment, whole: bool):
         yield pa.py_buffer(fragment.payload)
         return
     if fragment.length is not None:
-        yield storage.read_range(fragment.path, fragment.offset, fragment.length)
+        kept = memory_runs.segment(fragment.path, fragment.offset)
+        yield storage.read_range(fragment.path, fragment.offset, fragment.length) if kept is None else pa.py_buffer(kept)
         return
     if whole and not storage.is_remote(fragment.path):
         with pa.memory_map(fragment.path) as mapped:  # local: the page cache itself, no copy

@@ -15,7 +15,7 @@ import logging
 import os
 import uuid
 
-from pileshuffle import storage
+from pileshuffle import memory_runs, storage
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.fragments import write_failure
 from pileshuffle.names import (JOURNAL_PREFIX, format_problem, journal_name, literal_pattern, manifest_path,
@@ -163,9 +163,11 @@ def remove_empty_folders(folders: list):
 
 
 def remove_tree(directory: str):
-    """Delete a directory tree if it exists, local or on an object store. A failure does not
-    stop the command (leftovers are only temp files, which the next run to the same output
-    removes), but it is reported, naming the folder and why, on stderr."""
+    """Delete a directory tree if it exists, local or on an object store, and forget the runs kept
+    in memory under it (``memory_runs``). A failure does not stop the command (leftovers are only
+    temp files, which the next run to the same output removes), but it is reported, naming the
+    folder and why, on stderr."""
+    memory_runs.drop(directory)  # the runs kept in memory under it, too
     try:
         storage.delete_tree(directory)
     except Exception as error:  # noqa: BLE001 - reported, not swallowed

@@ -106,6 +106,13 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
               "256KiB, up to 32GiB, as pass 2 pays a request per part there. Memory: up to 1GiB per worker thread; a "
               "larger run is spilled to the local temp folder and merged.",
               "512MiB", default="auto", regex=r"^(auto|[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?)$", metavar="{auto,SIZE}"),
+    Parameter("memory", "Memory budget of a local run",
+              "How much memory a run on the local runner may use: what pass 1 and pass 2 hold, and pass 1's runs kept "
+              "in memory between the passes instead of in the temp folder (a run that does not fit goes there). auto: "
+              "60% of the memory available when it starts. The output is the same for any budget; one no larger than "
+              "what the passes hold (plan's memory line) keeps every run on disk. Other runners keep runs in the temp "
+              "location.",
+              "8GiB", default="auto", regex=r"^(auto|[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?)$", metavar="{auto,SIZE}"),
     Parameter("seed", "Random seed", "Seed of the shuffle: the same input, seed and piles give the same bytes.", "42",
               default="0", regex=r"^[0-9]+$", kind=int, metavar="N"),
     Parameter("intermediate", "Intermediate mode",
@@ -177,6 +184,8 @@ def check_values(values, parameters=PARAMETERS):
         check_max_pile_bytes(getattr(values, "max_pile_bytes", None), str(getattr(values, "num_piles", "auto")) == "auto")
     if "run_bytes" in names:
         _check_run_bytes(getattr(values, "run_bytes", "auto"))
+    if "memory" in names:
+        _check_memory(getattr(values, "memory", "auto"))
     if "seed" in names:
         _check_seed(getattr(values, "seed", 0))
     if {"format", "compression"} <= names:
@@ -247,6 +256,15 @@ def _check_run_bytes(value):
     if size < _MIN_RUN_BYTES:
         raise UsageError(f"--run_bytes: {value} is below the minimum of 1MiB: pass 1 would write a run per input "
                          "chunk, with parts as small as a chunk's share of each pile; give auto or more")
+
+
+def _check_memory(value):
+    """``--memory``: auto, or a size."""
+    if str(value).strip() != "auto":
+        try:
+            parse_bytes(value)
+        except ValueError as error:
+            raise UsageError(f"--memory: {error}") from None
 
 
 def _check_seed(value):

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import os
 import re
 import uuid
 
@@ -37,6 +38,10 @@ _log = logging.getLogger("pileshuffle")
 _SAMPLE_BYTES = 1 << 20  # what a plan reads of an input file to size its records (its first MiB)
 _LABEL_SAMPLE_FILES = 8  # --balance: files whose first labels estimate the output's size (a request each on gs://)
 RECORD_OVERHEAD = 16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
+PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
+LOCAL_BASE_BYTES = 600_000_000  # the local runner's process beside what the passes hold: Python, Beam, Arrow and its pool
+# (measured 2026-11-28: 0.96-1.0 GB peak RSS for 1 GB of Parquet in 16 piles, where the passes hold about 0.4 GB)
+AUTO_MEMORY_SHARE = 0.6  # --memory auto: this share of the memory available (the rest: the page cache, other work)
 _UNIT_SPARE = 0.95  # a unit of pass-1 work fills this much of a run (the records' held size is an estimate)
 _GZIP_EXPANSION_GUESS = 4.0  # a compressed input's expansion when no sample can tell (not gzip)
 
@@ -73,6 +78,8 @@ class Plan:
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
     growth: float = 1.0  # --balance: records written per record read, from a sample of labels
     run_bytes: int = DEFAULT_RUN_BYTES  # --run_bytes: pass 1's run size per writer (pileshuffle.runs)
+    memory_budget: int = 0  # --memory: what a local run may use (0: not a local in-process run)
+    memory_for_runs: int = 0  # of it, pass-1 runs kept in memory between the passes (pileshuffle.memory_runs)
 
     @property
     def held_per_writer(self) -> int:
@@ -81,7 +88,7 @@ class Plan:
 
     @property
     def spilled_per_writer(self) -> int:
-        """What a pass-1 writer spills to local disk at most (``pileshuffle.spills``): its largest
+        """What a pass-1 writer spills to local disk at most (``runs._Spills``): its largest
         run, 0 if every run fits in memory."""
         largest = min(self.run_bytes, max(self.group_held_bytes(), default=0))
         return int(largest) if largest > MAX_HELD_BYTES else 0
@@ -320,7 +327,37 @@ def make_plan(options: PipelineOptions) -> Plan:
         estimated_bytes=total,
         growth=growth,
     )
+    plan.memory_budget, plan.memory_for_runs = _memory_for_runs(plan, opts.memory, options)
     return plan
+
+
+def _memory_for_runs(plan: Plan, memory, options) -> tuple:
+    """``(--memory's budget, what of it keeps pass-1 runs in memory)``: the budget (auto: 60% of
+    the memory available) less what the passes hold at once (``_in_process_threads`` x the larger
+    of a writer's held chunks and a pile being ordered, ``PILE_MEMORY_FACTOR`` times its bytes) and
+    ``LOCAL_BASE_BYTES``. (0, 0) unless files mode writes shards on an in-process local runner."""
+    from pileshuffle.pile_bound import available_memory
+
+    threads = _in_process_threads(options)
+    if not threads or plan.intermediate != "files" or plan.layout != "shards":
+        return 0, 0
+    budget = int(AUTO_MEMORY_SHARE * (available_memory() or 0)) if str(memory) == "auto" else parse_bytes(memory)
+    pile = PILE_MEMORY_FACTOR * min(plan.max_pile_bytes, 1.05 * plan.held_bytes / plan.num_piles)
+    working = threads * max(plan.held_per_writer, pile) + LOCAL_BASE_BYTES
+    return budget, max(0, int(budget - working))
+
+
+def _in_process_threads(options) -> int:
+    """The worker threads of a local runner that runs both passes in this process (``in_memory``
+    or ``multi_threading``), else 0."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from pileshuffle.runners import is_local
+
+    direct = options.view_as(DirectOptions)
+    if not is_local(options) or (direct.direct_running_mode or "in_memory") not in ("in_memory", "multi_threading"):
+        return 0
+    return direct.direct_num_workers or os.cpu_count() or 1
 
 
 def check_shard_output(text: str, overwrite: bool) -> tuple:

@@ -46,7 +46,7 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle import interrupt, keys as keymath, storage
+from pileshuffle import interrupt, keys as keymath, memory_runs, storage
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.fragments import Fragment, segment_encoder, write_failure
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
@@ -100,11 +100,15 @@ class PileRuns:
     while a run is filling). ``directory`` given: files mode, runs are objects there named
     ``run_name(writer, n)``; None: shuffle mode, segments are element payloads, made as they are
     taken. Memory: the held chunks (at most ``MAX_HELD_BYTES`` or ``budget``, plus one chunk) and one
-    window of about 32 MiB at a flush; a larger run is spilled to local disk and merged (``spills``).
+    window of about 32 MiB at a flush; a larger run is spilled to local disk and merged
+    (``_Spills``). With ``memory`` (files mode), a run that fits in it is kept in this process's
+    memory instead of written (``memory_runs``).
     """
 
-    def __init__(self, num_piles: int, budget: int, writer: str, directory: str = None, order: tuple = ()):
+    def __init__(self, num_piles: int, budget: int, writer: str, directory: str = None, order: tuple = (),
+                 memory: int = 0):
         self._num_piles, self._budget, self._writer, self._directory = num_piles, int(budget), writer, directory
+        self._memory = int(memory)  # files mode: runs kept in this process's memory up to this (memory_runs)
         self._order, self._held, self._held_bytes, self._runs = tuple(order), [], 0, 0
         self._hold, self._spills = min(self._budget, MAX_HELD_BYTES), _Spills()
 
@@ -153,22 +157,37 @@ class PileRuns:
 
     @interrupt.writes  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
     def _write_run(self, segments, size: int, order) -> list:
+        """The run's elements, once it is in place: kept in memory if it fits what is left of
+        ``memory`` (``memory_runs``), else written to ``directory``."""
         final = storage.join(self._directory, run_name(self._writer, self._runs - 1))
+        if self._memory and size <= memory_runs.room(self._directory, self._memory):
+            kept = {}
+            elements, _ = _placed(segments, order, final, kept.__setitem__)
+            if memory_runs.keep(self._directory, self._memory, final, kept):
+                return elements
+            segments = [(pile, kept[f.offset], (f.records, f.nbytes, f.fingerprint)) for pile, f in elements]
         temp = storage.writing_name(final, uuid.uuid4().hex[:12])  # an attempt's own: two never share one
-        elements, index, offset = [], [], 0
         try:
             with storage.open_write(temp) as handle:
-                for pile, segment, facts in segments:
-                    handle.write(segment)
-                    elements.append((pile, Fragment(order, *facts, path=final, offset=offset, length=len(segment))))
-                    index.append((pile, offset, len(segment), facts[0]))
-                    offset += len(segment)
+                elements, index = _placed(segments, order, final, lambda _, segment: handle.write(segment))
                 table = np.asarray(index, dtype="<i8").reshape(-1, 4).tobytes()
                 handle.write(table + len(table).to_bytes(8, "little") + RUN_MAGIC)
             storage.put_in_place([temp], [final])
         except OSError as error:  # a buffered writer reports a full disk when it is closed
-            raise write_failure(self._directory, error, size - offset) from error
+            raise write_failure(self._directory, error, size) from error
         return elements
+
+
+def _placed(segments, order, path: str, put) -> tuple:
+    """``(elements, index rows)`` of ``segments`` laid one after another in the run at ``path``,
+    each handed to ``put(offset, segment)`` as it is placed."""
+    elements, index, offset = [], [], 0
+    for pile, segment, facts in segments:
+        put(offset, segment)
+        elements.append((pile, Fragment(order, *facts, path=path, offset=offset, length=len(segment))))
+        index.append((pile, offset, len(segment), facts[0]))
+        offset += len(segment)
+    return elements, index
 
 
 def _segments(held, done=None):

@@ -380,7 +380,7 @@ def test_ctrl_c_during_a_run_on_gcs_leaves_nothing_and_the_rerun_gives_the_same_
 
     sample.write_tfrecord(str(tmp_path / "in"), records=60_000, files=4, record_bytes=200)
     sample.write_tfrecord(f"{gcs}/in", records=60_000, files=4, record_bytes=200)
-    args = ["--num_piles=4", "--seed=3", "--intermediate=files"]
+    args = ["--num_piles=4", "--seed=3", "--intermediate=files", "--memory=1MiB"]  # runs uploaded, not kept in memory
     run_shuffle(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "t"), *args)
     fragments = lambda pid: bool(storage.match(f"{gcs}/.pileshuffle-work-*/fragments/*"))  # noqa: E731: pass 1 is writing
     stopped = interrupt_when(["run", f"--input={gcs}/in/*.tfrecord", f"--output={gcs}/t", *args], fragments)

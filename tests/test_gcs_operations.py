@@ -118,11 +118,12 @@ def storage_operations_seen(monkeypatch) -> list:
     return seen
 
 
-@pytest.mark.parametrize("intermediate", ["files", "shuffle"])
-def test_the_counts_are_the_requests_of_a_real_run(jsonl, gcs, tmp_path, monkeypatch, intermediate):
+@pytest.mark.parametrize("intermediate, memory", [("files", "1MiB"), ("files", "auto"), ("shuffle", "auto")])
+def test_the_counts_are_the_requests_of_a_real_run(jsonl, gcs, tmp_path, monkeypatch, intermediate, memory):
+    """Files mode with runs uploaded (``--memory`` too small to keep any) and with runs kept in memory."""
     source = f"{gcs}/in"
     sample.write_jsonl(source, records=6000, files=3, record_bytes=100)
-    args = ["--format=jsonl", "--num_piles=8", f"--intermediate={intermediate}"]
+    args = ["--format=jsonl", "--num_piles=8", f"--intermediate={intermediate}", f"--memory={memory}"]
     plan, _ = planned(f"{source}/*.jsonl", tmp_path, *args)
     seen = storage_operations_seen(monkeypatch)
     run_shuffle(f"{source}/*.jsonl", f"{gcs}/out/t", *args)

@@ -157,13 +157,15 @@ def inputs(data):
 # --- run ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("intermediate", ["files", "shuffle"])
-def test_run_interrupted_publishes_nothing_and_the_rerun_writes_the_same_bytes(data, tmp_path, intermediate):
-    """Files mode: interrupted in pass 1, once the work folder holds fragments. Shuffle
-    mode: in pass 2, once the staging folder holds a shard."""
+@pytest.mark.parametrize("intermediate, memory", [("files", "1MiB"), ("files", "auto"), ("shuffle", "auto")])
+def test_run_interrupted_publishes_nothing_and_the_rerun_writes_the_same_bytes(data, tmp_path, intermediate, memory):
+    """Files mode with runs on disk (``--memory`` too small to keep any): interrupted in pass 1,
+    once the work folder holds runs. Runs kept in memory, and shuffle mode: in pass 2, once the
+    staging folder holds a shard."""
     output = str(tmp_path / "out" / "data")
-    argv = ["run", f"--input={inputs(data)}", f"--output={output}", f"--intermediate={intermediate}", *SEED_OPTIONS]
-    started = (exists(str(tmp_path / "out" / ".pileshuffle-work-*" / "fragments" / "*")) if intermediate == "files"
+    argv = ["run", f"--input={inputs(data)}", f"--output={output}", f"--intermediate={intermediate}", *SEED_OPTIONS,
+            f"--memory={memory}"]
+    started = (exists(str(tmp_path / "out" / ".pileshuffle-work-*" / "fragments" / "*")) if memory == "1MiB"
                else exists(f"{output}.pileshuffle-staging/shard-*"))
     interrupt_when(argv, started).check("run", output, "nothing was published")
     assert final_outputs(output) == []
@@ -180,7 +182,7 @@ def test_run_terminated_or_hung_up_is_stopped_as_ctrl_c_stops_it(data, tmp_path,
     and the re-run writes the bytes of a run never stopped. Before: killed by the signal
     (exit -15), nothing said, the lock and the work folder left."""
     output = str(tmp_path / "out" / "data")
-    argv = ["run", f"--input={inputs(data)}", f"--output={output}", *SEED_OPTIONS]
+    argv = ["run", f"--input={inputs(data)}", f"--output={output}", *SEED_OPTIONS, "--memory=1MiB"]  # runs on disk
     started = exists(str(tmp_path / "out" / ".pileshuffle-work-*" / "fragments" / "*"))
     stopped = interrupt_when(argv, started, signum=signum)
     stopped.check("run", output, "nothing was published", code=128 + signum)

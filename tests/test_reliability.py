@@ -228,7 +228,7 @@ def crash_data(tmp_path_factory):
 
 def crash_command(pattern, output):
     return [sys.executable, "-m", "pileshuffle", "run", f"--input={pattern}", f"--output={output}",
-            f"--num_piles={CRASH_PILES}", "--seed=11"]
+            f"--num_piles={CRASH_PILES}", "--seed=11", "--memory=1MiB"]  # runs on disk: their seams are killed
 
 
 def digests(output):
@@ -497,7 +497,7 @@ def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location)
     monkeypatch.setattr(FileSystems, "create", staticmethod(failing(FileSystems.create)))
     output = str(tmp_path / "out" / "train")
     with pytest.raises(OutputError) as caught:
-        run_shuffle(tfrecord_input, output, "--num_piles=4")
+        run_shuffle(tfrecord_input, output, "--num_piles=4", "--memory=1MiB")  # runs on disk, not kept in memory
     message = str(caught.value)
     assert message.startswith("cannot write to ") and location in message and "No space left on device" in message
     assert "[while running" not in message and "\n" not in message

@@ -164,7 +164,8 @@ def test_spilled_runs_on_gs_make_the_objects_and_requests_plan_counts(small_file
     holds, the requests ``plan`` counts, the bytes of the local run."""
     from test_gcs_operations import storage_operations_seen
 
-    args = ["--format=jsonl", "--num_piles=64", "--run_bytes=4MiB", "--intermediate=files", "--seed=5"]
+    args = ["--format=jsonl", "--num_piles=64", "--run_bytes=4MiB", "--intermediate=files", "--seed=5",
+            "--memory=1MiB"]  # runs uploaded, not kept in memory
     local = str(tmp_path / "local" / "t")
     run_shuffle(f"{small_files}/*.jsonl", local, *args)
     source = f"{gcs}/in"

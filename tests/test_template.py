@@ -109,7 +109,7 @@ def template_args(input_glob, output):
     """Every template parameter, as ``--name=value`` (what the flex launcher passes)."""
     values = {
         "input": input_glob, "output": output, "format": "tfrecord", "compression": "none", "num_piles": "4",
-        "max_pile_bytes": "1MiB", "run_bytes": "auto", "seed": "42", "intermediate": "files", "overwrite": "true", "skip_corrupt": "false", "quiet": "false",
+        "max_pile_bytes": "1MiB", "run_bytes": "auto", "memory": "auto", "seed": "42", "intermediate": "files", "overwrite": "true", "skip_corrupt": "false", "quiet": "false",
         "layout": "shards", "label_field": "", "balance": "", "undersample": "false", "keep_unlabeled": "false",
     }
     assert set(values) == {p.name for p in PARAMETERS}, "a new parameter needs a value here"

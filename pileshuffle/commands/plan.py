@@ -12,15 +12,13 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.inputs import describe_left_out, describe_skipped
 from pileshuffle.names import manifest_path, staging_dir, store_dir
-from pileshuffle.plan import RECORD_OVERHEAD, Plan, make_plan
+from pileshuffle.plan import LOCAL_BASE_BYTES, PILE_MEMORY_FACTOR, RECORD_OVERHEAD, Plan, make_plan
 from pileshuffle.runners import LOCAL_SHUFFLE_HOLD
 from pileshuffle.runs import SEGMENT_OVERHEAD
 from pileshuffle.storage import UNCOMPRESSED, compression_of, is_remote
 
 __all__ = ["PileSizes", "gcs_operations", "plan_text", "plan_json", "main"]
 
-_PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
-_LOCAL_BASE_BYTES = 300_000_000  # Python, Beam and Arrow in the local runner's one process (measured: 0.53 GB peak at 1 GB)
 _SDK_PROCESS_BYTES = 1_000_000_000  # per SDK process on a Dataflow worker (docs/dataflow.md)
 
 
@@ -95,7 +93,8 @@ def gcs_operations(plan: Plan) -> dict:
       16 MiB, one that finds the end (Parquet: its footer); TFRecord adds 2-3 (``_read_requests``);
       a span of a large file (``sources.split_sources``): its metadata and its 16 MiB reads;
       the plan reads each Parquet footer three times (6: schema, rows, the first file's sample);
-    - files mode writes one run per ``run_bytes`` a group of sources holds (``Plan.run_shape``),
+    - files mode writes one run per ``run_bytes`` a group of sources holds (``Plan.run_shape``;
+      none for the share of them a local run keeps in memory, ``Plan.memory_for_runs``),
       each uploaded straight to its name (1 A) and deleted at the end (2 lookups: 2 B); pass 2
       reads each (run, pile) segment in one ranged GET with no metadata read (1 B each);
     - a shard of a new output is uploaded straight to its final name (1 A) and its size looked
@@ -113,6 +112,8 @@ def gcs_operations(plan: Plan) -> dict:
     }
     if plan.intermediate == "files":
         runs, parts = plan.run_shape()
+        on_disk = max(0.0, 1 - plan.memory_for_runs / max(1.0, plan.held_bytes))  # runs kept in memory make none
+        runs, parts = round(runs * on_disk), round(parts * on_disk)
         steps["runs"] = (runs + max(0, math.ceil(runs / _LIST_PAGE) - 1), parts + _RUN_B * runs)
     steps["shards"] = (piles + _PREPARE_A, 2 * piles + _PREPARE_B)
     steps["total"] = tuple(sum(part[i] for part in steps.values()) for i in (0, 1))
@@ -193,13 +194,13 @@ def plan_text(plan: Plan, options) -> str:
         ("split again", f"chance that some pile exceeds {_mib(plan.max_pile_bytes)} and is split again (same order): "
                         f"{_chance(sizes.split_probability)}"),
     ]
-    per_pile = _PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
+    per_pile = PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
     held = min(plan.held_per_writer, plan.held_bytes)
     if in_flight:
-        peak = max(per_pile, held) * in_flight + _LOCAL_BASE_BYTES
+        peak = max(per_pile, held) * in_flight + LOCAL_BASE_BYTES
         lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
                                 f"{_size(per_pile)} per pile being written; x {in_flight} at a time + "
-                                f"{_size(_LOCAL_BASE_BYTES)} = {_size(peak)} peak"))
+                                f"{_size(LOCAL_BASE_BYTES)} = {_size(peak)} peak{_kept_text(plan)}"))
     else:
         lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
                                 f"{_size(per_pile)} per pile in flight, plus {_size(_SDK_PROCESS_BYTES)} per SDK "
@@ -224,6 +225,16 @@ def plan_text(plan: Plan, options) -> str:
         ("runner", runner),
     ]
     return "\n".join(f"{label:<14}{text}" for label, text in lines)
+
+
+def _kept_text(plan: Plan) -> str:
+    """What ``--memory`` keeps of the runs between the passes (local files-mode runs)."""
+    if not plan.memory_budget:
+        return ""
+    kept = min(plan.memory_for_runs, plan.held_bytes)
+    where = "all of them" if kept >= plan.held_bytes else "the rest in the temp folder"
+    return (f"; --memory {_size(plan.memory_budget)}: up to {_size(kept)} of pass-1 runs in memory between the "
+            f"passes ({where})")
 
 
 def _pass1_text(plan: Plan) -> str:
@@ -316,6 +327,8 @@ def plan_json(plan: Plan, options) -> dict:
         "split_probability": sizes.split_probability,
         "run_bytes": plan.run_bytes,
         "spilled_per_writer": plan.spilled_per_writer,
+        "memory_budget": plan.memory_budget,
+        "memory_for_runs": plan.memory_for_runs,
         "runs": runs if plan.intermediate == "files" else 0,
         "parts": parts,
         "gcs_operations": _operations_json(plan),

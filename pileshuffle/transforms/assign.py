@@ -215,12 +215,12 @@ class ReadSourceToPiles(beam.DoFn):
 
     def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
                  skip_corrupt=False, label=None, keep_unlabeled=False, codes_dir=None, policy=None,
-                 run_bytes=DEFAULT_RUN_BYTES):
+                 run_bytes=DEFAULT_RUN_BYTES, memory_for_runs=0):
         self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
         self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
         self._label, self._keep_unlabeled, self._codes_dir = label, keep_unlabeled, codes_dir
         self._planner = None if policy is None else ClassPlanner(policy, seed)
-        self._run_bytes = run_bytes
+        self._run_bytes, self._memory_for_runs = run_bytes, memory_for_runs
 
     def setup(self):
         prepare_worker()
@@ -231,7 +231,7 @@ class ReadSourceToPiles(beam.DoFn):
         group = (group,) if isinstance(group, Source) else tuple(group)
         start = group[0].span[0] if group[0].span else 0
         runs = PileRuns(self._num_piles, self._run_bytes, source_writer_name(group[0].id, start), self._fragments_dir,
-                        (group[0].id, start))
+                        (group[0].id, start), self._memory_for_runs)
         balance = None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
         for source in group:
             paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)

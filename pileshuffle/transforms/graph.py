@@ -32,7 +32,7 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     pass1 = groups | "ReadSourceToPiles" >> beam.ParDo(
         ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt,
                           label=plan.label, keep_unlabeled=plan.keep_unlabeled, codes_dir=codes_dir,
-                          policy=plan.balance, run_bytes=plan.run_bytes),
+                          policy=plan.balance, run_bytes=plan.run_bytes, memory_for_runs=plan.memory_for_runs),
         **_class_counts(sources, plan, codes_dir)
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it

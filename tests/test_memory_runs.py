@@ -1,0 +1,93 @@
+"""``--memory`` (``pileshuffle.memory_runs``): on the local runner pass-1 runs that fit in the budget
+stay in memory between the passes, the rest go to the temp folder; the same bytes for any budget,
+nothing kept after the run (published or failed), and ``plan`` says what the budget keeps."""
+
+import glob
+import hashlib
+import os
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from helpers import assert_verified, manifest, run_shuffle, shards
+from pileshuffle import memory_runs, runs, sample
+from pileshuffle.errors import InputError
+from pileshuffle.plan import make_plan
+
+MiB = 1 << 20
+
+
+def digests(prefix):
+    return [hashlib.sha256(open(p, "rb").read()).hexdigest() for p in shards(prefix)]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """24 JSONL files of 500 records of ~200 bytes (units of work of 2 files, a run of about 230 kB each)."""
+    directory = tmp_path_factory.mktemp("memory_in")
+    sample.write_jsonl(str(directory), records=12_000, files=24, record_bytes=200)
+    return str(directory)
+
+
+def kept_runs(monkeypatch) -> list:
+    """The runs ``memory_runs.keep`` keeps from now on (their paths)."""
+    kept, real = [], memory_runs.keep
+    monkeypatch.setattr(memory_runs, "keep", lambda *a: real(*a) and (kept.append(a[2]) or True))
+    return kept
+
+
+def written_runs(monkeypatch) -> list:
+    """The runs written to the temp folder from now on (their paths)."""
+    written, real = [], runs.storage.put_in_place
+    monkeypatch.setattr(runs.storage, "put_in_place", lambda temps, finals: written.extend(finals) or real(temps, finals))
+    return written
+
+
+def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(files, tmp_path, monkeypatch):
+    pattern = f"{files}/*.jsonl"
+    plan = make_plan(PipelineOptions([f"--input={pattern}", f"--output={tmp_path}/p/t", "--num_piles=32"]))
+    working = plan.memory_budget - plan.memory_for_runs  # what the passes hold: no room for runs in a budget this small
+    runs_planned = plan.run_shape()[0]
+    assert runs_planned >= 8
+    seen = {}
+    for name, budget in (("disk", working), ("both", working + 1 * MiB), ("memory", "auto")):
+        kept, written = kept_runs(monkeypatch), written_runs(monkeypatch)
+        out = str(tmp_path / name / "t")
+        run_shuffle(pattern, out, "--num_piles=32", "--seed=9", f"--memory={budget}")
+        seen[name] = digests(out)
+        made = len(kept) + len([w for w in written if w.endswith(".run")])
+        assert made == runs_planned and memory_runs.kept_bytes() == 0  # every run accounted for; none kept after
+        assert {"disk": not kept, "both": 0 < len(kept) < made, "memory": len(kept) == made}[name], (name, len(kept))
+        monkeypatch.undo()
+    assert seen["disk"] == seen["both"] == seen["memory"]
+    assert manifest(str(tmp_path / "memory" / "t"))["totals"]["records"] == 12_000
+    assert_verified(pattern, str(tmp_path / "memory" / "t"))
+
+
+def test_a_failed_run_keeps_nothing_in_memory(files, tmp_path, monkeypatch):
+    """Pass 1 keeps the runs of the files before a bad one; the failure drops them with the work folder."""
+    source = tmp_path / "in"
+    source.mkdir()
+    for path in sorted(glob.glob(f"{files}/*.jsonl"))[:12]:
+        (source / os.path.basename(path)).write_bytes(open(path, "rb").read())
+    (source / "zz-bad.jsonl").write_bytes(b'{"ok": 1}\n' * 50 + b'{"a": "\x00"}\n')  # a NUL byte: not text
+    kept = kept_runs(monkeypatch)
+    with pytest.raises(InputError, match="zz-bad.jsonl"):
+        run_shuffle(f"{source}/*.jsonl", str(tmp_path / "o" / "t"), "--num_piles=8", "--direct_num_workers=1")
+    assert kept and memory_runs.kept_bytes() == 0
+    assert not os.path.exists(tmp_path / "o" / "t-manifest.json")
+
+
+def test_plan_says_what_the_budget_keeps(files, tmp_path, capsys):
+    from pileshuffle.commands.plan import main
+
+    args = [f"--input={files}/*.jsonl", f"--output={tmp_path}/o/t", "--num_piles=32"]
+    assert main(args + ["--memory=4GiB"]) == 0
+    line = [t for t in capsys.readouterr().out.splitlines() if t.startswith("memory")][0]
+    assert "--memory 4.3 GB" in line and "pass-1 runs in memory" in line
+    plan = make_plan(PipelineOptions(args + ["--memory=4GiB"]))
+    assert plan.memory_budget == 4 << 30 and 0 < plan.memory_for_runs < plan.memory_budget
+    shuffled = make_plan(PipelineOptions(args + ["--memory=4GiB", "--intermediate=shuffle"]))
+    assert (shuffled.memory_budget, shuffled.memory_for_runs) == (0, 0)  # the runner holds shuffle mode's parts
+    assert main(args + ["--memory=lots"]) == 2
+    assert "--memory: not a size: 'lots'" in capsys.readouterr().err
