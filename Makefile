@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/gcs.py
 	$(BIN)/python bench/pile_assembly.py
 	$(BIN)/python bench/spill_cost.py
+	$(BIN)/python bench/memory_budget.py
 	$(BIN)/python bench/large_file.py
 
 ## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).

@@ -39,8 +39,7 @@ _SAMPLE_BYTES = 1 << 20  # what a plan reads of an input file to size its record
 _LABEL_SAMPLE_FILES = 8  # --balance: files whose first labels estimate the output's size (a request each on gs://)
 RECORD_OVERHEAD = 16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
 PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
-LOCAL_BASE_BYTES = 600_000_000  # the local runner's process beside what the passes hold: Python, Beam, Arrow and its pool
-# (measured 2026-11-28: 0.96-1.0 GB peak RSS for 1 GB of Parquet in 16 piles, where the passes hold about 0.4 GB)
+LOCAL_BASE_BYTES = 600_000_000  # the process beside what the passes hold (a 1 GB run measured 0.96-1.0 GB, passes 0.4)
 AUTO_MEMORY_SHARE = 0.6  # --memory auto: this share of the memory available (the rest: the page cache, other work)
 _UNIT_SPARE = 0.95  # a unit of pass-1 work fills this much of a run (the records' held size is an estimate)
 _GZIP_EXPANSION_GUESS = 4.0  # a compressed input's expansion when no sample can tell (not gzip)
@@ -352,12 +351,13 @@ def _in_process_threads(options) -> int:
     or ``multi_threading``), else 0."""
     from apache_beam.options.pipeline_options import DirectOptions
 
-    from pileshuffle.runners import is_local
+    from pileshuffle.runners import given_options, is_local
 
     direct = options.view_as(DirectOptions)
     if not is_local(options) or (direct.direct_running_mode or "in_memory") not in ("in_memory", "multi_threading"):
         return 0
-    return direct.direct_num_workers or os.cpu_count() or 1
+    given = "direct_num_workers" in given_options(options)  # not given: one per core (runners.local_defaults)
+    return (direct.direct_num_workers if given else 0) or os.cpu_count() or 1
 
 
 def check_shard_output(text: str, overwrite: bool) -> tuple:

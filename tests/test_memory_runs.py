@@ -9,7 +9,7 @@ import os
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from helpers import assert_verified, manifest, run_shuffle, shards
+from helpers import FAST, assert_verified, manifest, run_shuffle, shards
 from pileshuffle import memory_runs, runs, sample
 from pileshuffle.errors import InputError
 from pileshuffle.plan import make_plan
@@ -45,7 +45,7 @@ def written_runs(monkeypatch) -> list:
 
 def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(files, tmp_path, monkeypatch):
     pattern = f"{files}/*.jsonl"
-    plan = make_plan(PipelineOptions([f"--input={pattern}", f"--output={tmp_path}/p/t", "--num_piles=32"]))
+    plan = make_plan(PipelineOptions([f"--input={pattern}", f"--output={tmp_path}/p/t", "--num_piles=32", *FAST]))
     working = plan.memory_budget - plan.memory_for_runs  # what the passes hold: no room for runs in a budget this small
     runs_planned = plan.run_shape()[0]
     assert runs_planned >= 8
@@ -87,6 +87,11 @@ def test_plan_says_what_the_budget_keeps(files, tmp_path, capsys):
     assert "--memory 4.3 GB" in line and "pass-1 runs in memory" in line
     plan = make_plan(PipelineOptions(args + ["--memory=4GiB"]))
     assert plan.memory_budget == 4 << 30 and 0 < plan.memory_for_runs < plan.memory_budget
+    if (os.cpu_count() or 1) > 1:  # one worker thread per core unless told otherwise, as the runner will run
+        alone = make_plan(PipelineOptions(args + ["--memory=4GiB", "--direct_num_workers=1"]))
+        assert alone.memory_for_runs > plan.memory_for_runs
+    assert main(args + ["--memory=64MiB"]) == 0
+    assert "no more than the passes hold, so every pass-1 run goes to disk" in capsys.readouterr().out
     shuffled = make_plan(PipelineOptions(args + ["--memory=4GiB", "--intermediate=shuffle"]))
     assert (shuffled.memory_budget, shuffled.memory_for_runs) == (0, 0)  # the runner holds shuffle mode's parts
     assert main(args + ["--memory=lots"]) == 2

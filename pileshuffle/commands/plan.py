@@ -231,6 +231,8 @@ def _kept_text(plan: Plan) -> str:
     """What ``--memory`` keeps of the runs between the passes (local files-mode runs)."""
     if not plan.memory_budget:
         return ""
+    if not plan.memory_for_runs:
+        return f"; --memory {_size(plan.memory_budget)}: no more than the passes hold, so every pass-1 run goes to disk"
     kept = min(plan.memory_for_runs, plan.held_bytes)
     where = "all of them" if kept >= plan.held_bytes else "the rest in the temp folder"
     return (f"; --memory {_size(plan.memory_budget)}: up to {_size(kept)} of pass-1 runs in memory between the "
