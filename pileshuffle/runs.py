@@ -195,10 +195,8 @@ def _segments(held, done=None):
     reach, in pile order; each pile's records in held order (chunk by chunk), a window of
     neighbouring piles at a time (``_windows``, ``_gather``). ``done`` is called at the end."""
     try:
-        for start, stop in _windows(held):
-            gathered = _gather(held, start, stop)
-            if gathered is not None:
-                yield from _window_segments(*gathered)
+        for gathered in _gathered(held):
+            yield from _window_segments(*gathered)
     finally:
         if done is not None:
             done()
@@ -216,6 +214,14 @@ def _windows(held):
         stop = min(num_piles, max(start + 1, int(np.searchsorted(reached, before + _WINDOW_BYTES, side="right"))))
         yield start, stop
         start = stop
+
+
+def _gathered(held):
+    """Every window's ``_gather`` that some chunk reaches, in pile order."""
+    for start, stop in _windows(held):
+        gathered = _gather(held, start, stop)
+        if gathered is not None:
+            yield gathered
 
 
 def _gather(held, start: int, stop: int):
@@ -272,12 +278,10 @@ class _Spills:
         try:
             with pa.OSFile(path, "wb") as sink:
                 writer = None
-                for start, stop in _windows(held):
-                    gathered = _gather(held, start, stop)
-                    if gathered is not None:
-                        table = gathered[0].append_column(_LENGTH_COLUMN, pa.array(gathered[2], pa.int64()))
-                        writer = writer or pa.ipc.new_stream(sink, table.schema)
-                        writer.write_table(table)
+                for window, _, lengths in _gathered(held):
+                    table = window.append_column(_LENGTH_COLUMN, pa.array(lengths, pa.int64()))
+                    writer = writer or pa.ipc.new_stream(sink, table.schema)
+                    writer.write_table(table)
                 writer.close()
         except OSError as error:
             raise write_failure(self._folder, error, held_bytes) from error
