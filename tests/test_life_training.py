@@ -350,10 +350,11 @@ def test_a_training_jobs_life_on_a_mixture(job_output, second_output):
     _UNINTERRUPTED.clear()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known defect (found 2026-11-28, present at e217783): after elastic resumes "
-                                       "2 -> 3 -> 1 ranks through Grain a Mixture hands a record out twice in one epoch")
 def test_a_mixture_through_grain_resumed_elastically_twice_repeats_no_record(job_output, second_output):
-    """The example hypothesis found in the mixture's life, replayed step by step."""
+    """The example hypothesis found in the mixture's life, replayed step by step: the first
+    elastic restore dealt the rest unequally (51, 51, 52), the hosts ran out one record apart,
+    and the second restored host 0's state (51 in) as every host's, reading host 2's last record
+    again (Grain's elastic restores now deal equal parts)."""
     MixtureLife.pattern, MixtureLife.prefix = None, (job_output[1], second_output)
     _UNINTERRUPTED.clear()
     life = MixtureLife()

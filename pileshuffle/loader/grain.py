@@ -14,8 +14,12 @@ Invariants:
   exactly. A state saved by host r of N restores on host r' of M (**elastic**) under the
   assumption of synchronous training: every host had taken as many records as this one when
   the checkpoint was taken. Then the old hosts' unfinished tails (each the same number of
-  records in) are dealt out again among the M hosts, in global order: nothing lost or
-  repeated. ``pool`` holds the records the current split was dealt from (None: the
+  records in) are dealt out again among the M hosts, in global order, in equal parts
+  (``split.redeal(..., equal=True)``; ``remainder="drop"`` leaves out fewer than M records,
+  as the standard split does): nothing repeated. Parts of unequal sizes would break the
+  lockstep the next elastic restore assumes: a host whose shorter part ran out stops one
+  record before the others, and its state says the others were where it was (a record read
+  twice). ``pool`` holds the records the current split was dealt from (None: the
   standard split), so that a split made by an elastic restore can be restored elastically
   again. The number of ``mp_prefetch`` workers must stay the same (Grain's state has one
   entry per worker); each worker's stream is dealt again on its own.
@@ -116,7 +120,7 @@ class GrainIterator(grain.DatasetIterator):
                              f"{list(self._worker)}: Grain restores each mp_prefetch worker's state, so keep the "
                              "number of workers; the number of hosts may change")
         pool = _tails_in_lockstep(part, old, pool, int(saved["position"]))
-        part._ranges = split.redeal(pool, part.rank, part.world_size, part.remainder)
+        part._ranges = split.redeal(pool, part.rank, part.world_size, part.remainder, equal=True)
         part._position = part._resume_at = 0
         self._start(part, pool)
 
@@ -134,7 +138,7 @@ def _tails_in_lockstep(part, old, pool, position: int) -> list:
         if pool is None:
             ranges = part._split_of([rank, old[1], *worker_parts])
         else:
-            ranges = split.redeal([tuple(r) for r in pool], rank, old[1], part.remainder)
+            ranges = split.redeal([tuple(r) for r in pool], rank, old[1], part.remainder, equal=True)
         tails += split.tail(ranges, min(position, split.length(ranges)))
     return split.union(tails)
 

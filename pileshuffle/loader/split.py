@@ -11,8 +11,10 @@ one after another. Nothing here reads data.
   differ by at most one; every position of the share is in exactly one part.
 - ``redeal``: resuming with another split: the union of all consumers' unfinished
   tails, in global order, dealt out again in contiguous parts. ``"drop"`` drops nothing
-  here (parts differ by at most one record); ``"pad"`` pads to equal parts by repeating
-  the start of the remaining sequence.
+  here (parts differ by at most one record), unless ``equal``: then, as in the standard
+  split, every rank gets ``N // world_size`` and the last ``N % world_size`` are nobody's
+  (hosts in lockstep need equal parts); ``"pad"`` pads to equal parts by repeating the
+  start of the remaining sequence.
 """
 
 import math
@@ -104,9 +106,13 @@ def rank_share(total: int, rank: int, world_size: int, remainder: str = "drop") 
     return _cyclic_cut(whole, rank * each, (rank + 1) * each)
 
 
-def redeal(remaining, rank: int, world_size: int, remainder: str = "drop") -> list:
-    """This rank's share of ``remaining`` (ranges in global order) in a new split."""
+def redeal(remaining, rank: int, world_size: int, remainder: str = "drop", *, equal: bool = False) -> list:
+    """This rank's share of ``remaining`` (ranges in global order) in a new split; with
+    ``equal``, every rank's share the same size (``"drop"`` leaves out fewer than ``world_size``)."""
     _check(rank, world_size, remainder)
+    if remainder == "drop" and equal:
+        each = length(remaining) // world_size
+        return _cut(remaining, rank * each, (rank + 1) * each)
     if remainder == "drop":
         return part(remaining, rank, world_size)
     each = math.ceil(length(remaining) / world_size)
