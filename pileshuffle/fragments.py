@@ -114,7 +114,7 @@ def segment_encoder(schema: pa.Schema):
     if has_dictionaries(schema):
         return lambda batch: to_ipc(pa.Table.from_batches([batch]))
     head = schema.serialize().to_pybytes()
-    return lambda batch: b"".join((head, batch.serialize().to_pybytes(), END_OF_STREAM))
+    return lambda batch: b"".join((head, batch.serialize(), END_OF_STREAM))  # join copies the Buffer once
 
 
 def has_dictionaries(schema: pa.Schema) -> bool:

@@ -1,5 +1,6 @@
 """Per-record CRC32C, the root of every fingerprint: computed across many values at once for
-short values and one call each for long ones, always equal to ``google_crc32c`` per value."""
+short values and one call each for long ones, or by the compiled loop once a process has hashed
+enough values, always equal to ``google_crc32c`` per value."""
 
 import google_crc32c
 import numpy as np
@@ -7,6 +8,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pytest
+
+from pileshuffle import compiled_crc, fingerprint
 from pileshuffle.fingerprint import column_hashes, crc32c_of_slices, payload_hashes
 
 values_lists = st.lists(st.binary(min_size=0, max_size=80), min_size=0, max_size=60)
@@ -21,6 +25,42 @@ def test_crc32c_of_slices_equals_one_crc32c_per_value(values, trim):
     got = crc32c_of_slices(data, offsets, trim)
     assert got.dtype == np.uint64
     assert got.tolist() == [google_crc32c.value(value) for value in values]
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=values_lists, trim=st.sampled_from([0, 1, 4]))
+def test_the_compiled_loop_equals_one_crc32c_per_value(values, trim):
+    framed = [value + b"\n" * trim for value in values]
+    offsets = np.cumsum([0] + [len(v) for v in framed]).astype(np.int64)
+    got = compiled_crc.slice_crcs(np.frombuffer(b"".join(framed), np.uint8), offsets[:-1], np.diff(offsets) - trim)
+    assert got.dtype == np.uint64
+    assert got.tolist() == [google_crc32c.value(value) for value in values]
+
+
+def test_the_compiled_loop_refuses_slices_outside_its_buffer():
+    raw = np.zeros(10, np.uint8)
+    for starts, lengths in (([0], [11]), ([8], [3]), ([-1], [2]), ([2], [-1])):
+        with pytest.raises(ValueError, match="outside a buffer of 10 bytes"):
+            compiled_crc.slice_crcs(raw, np.array(starts), np.array(lengths))
+
+
+def test_a_process_hashes_in_python_until_the_values_would_have_paid_for_compiling(monkeypatch):
+    monkeypatch.setattr(fingerprint, "_COMPILE_AFTER_VALUES", 1_500)
+    monkeypatch.setattr(fingerprint, "_values_hashed_in_python", 0)
+    compiled_calls = []
+    monkeypatch.setattr(compiled_crc, "slice_crcs", lambda *args: compiled_calls.append(len(args[1])) or None)
+    values = [bytes([n % 251]) * (n % 300) for n in range(1_000)]
+    data, offsets = b"".join(values), np.cumsum([0] + [len(v) for v in values]).astype(np.int64)
+    expected = [google_crc32c.value(v) for v in values]
+    for _ in range(2):  # 2,000 values in Python: past the 1,500
+        assert crc32c_of_slices(data, offsets).tolist() == expected
+    assert compiled_calls == [] and fingerprint._values_hashed_in_python == 2_000
+    assert crc32c_of_slices(data, offsets).tolist() == expected  # None from the loop: Python again
+    assert compiled_calls == [1_000]
+    monkeypatch.undo()
+    monkeypatch.setattr(fingerprint, "_values_hashed_in_python", fingerprint._COMPILE_AFTER_VALUES)
+    assert crc32c_of_slices(data, offsets).tolist() == expected  # the real loop
+    assert fingerprint._values_hashed_in_python == fingerprint._COMPILE_AFTER_VALUES
 
 
 def test_short_and_long_values_mixed_in_one_column_hash_as_each_alone():

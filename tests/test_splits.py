@@ -406,3 +406,31 @@ def test_a_tar_member_holding_a_tar_archive_fails_the_run_in_spans_and_shuffles_
     zipped.write_bytes(gzip.compress(path.read_bytes(), compresslevel=1))
     run_shuffle(str(zipped), str(tmp_path / "gz-out" / "s"), "--num_piles=3", "--seed=1", "--compression=none")
     assert manifest(str(tmp_path / "gz-out" / "s"))["totals"]["records"] == 400
+
+
+def _whole_scan_resync(buf: bytes, start: int):
+    """What ``_resync`` answered when it scanned the whole buffer at once: the reference."""
+    import struct
+
+    from pileshuffle.crc import masked_crc
+    for pos in range(start + 1, len(buf) - 11):
+        if buf[pos + 4 : pos + 8] != bytes(4) or masked_crc(buf[pos : pos + 8]) != struct.unpack_from("<I", buf, pos + 8)[0]:
+            continue
+        end = pos + 16 + int.from_bytes(buf[pos : pos + 4], "little")
+        if end > len(buf) or masked_crc(buf[pos + 12 : end - 4]) == struct.unpack_from("<I", buf, end - 4)[0]:
+            return pos
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=st.lists(st.one_of(st.binary(max_size=120).map(lambda p: ("frame", p)), st.binary(max_size=60).map(lambda b: ("junk", b))),
+                      max_size=6), start=st.integers(-1, 400), window=st.sampled_from([1, 16, 64 << 10]))
+def test_a_span_start_finds_the_first_frame_window_by_window_as_a_whole_scan_does(parts, start, window):
+    from pileshuffle.formats import tfrecord
+    buf = b"".join(tfrecord.frame(p) if kind == "frame" else p for kind, p in parts)
+    start, default = min(start, len(buf)), tfrecord._RESYNC_WINDOW_BYTES
+    tfrecord._RESYNC_WINDOW_BYTES = window  # small ones: many windows, frames across their edges
+    try:
+        assert tfrecord._resync(buf, start) == _whole_scan_resync(buf, start)
+    finally:
+        tfrecord._RESYNC_WINDOW_BYTES = default

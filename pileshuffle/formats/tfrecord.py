@@ -26,6 +26,7 @@ from pileshuffle.storage import compression_of
 __all__ = ["TFRecordFormat", "frame", "scan_frames"]
 
 _CRC_WINDOW_BYTES = 2 << 20
+_RESYNC_WINDOW_BYTES = 64 << 10  # _resync's first look; each next window is twice the last
 
 _IN_SPANS = (" where a record of the file read from its middle ends: a record's payload holds TFRecord records, and "
              "such a file cannot be read in spans (give it compressed, .gz is read whole, or as smaller files)")
@@ -140,24 +141,30 @@ def _size_of(path):
 
 
 def _resync(buf: bytes, start: int):
-    """First position after ``start`` where a frame with a valid length CRC begins whose
-    data is valid or runs past the end of ``buf`` (read more to decide), or None.
-    Candidates are positions whose length's high 32 bits are zero (records under 4 GiB),
-    found with numpy; their length CRCs are checked vectorized, data CRCs one by one."""
-    size = len(buf)
-    last = size - HEADER_BYTES
-    if last <= start:
-        return None
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    window = raw[start + 1 : last + 8]
-    zero_high = np.ones(last - start, dtype=bool)
+    """First position after ``start`` where a frame with a valid length CRC begins whose data is
+    valid or runs past the end of ``buf`` (read more to decide), or None; looked for in windows, 64
+    KiB then doubling (a whole 16 MiB block was scanned for every span's start)."""
+    last, raw = len(buf) - HEADER_BYTES, np.frombuffer(buf, dtype=np.uint8)
+    first, window = start + 1, _RESYNC_WINDOW_BYTES
+    while first <= last:
+        stop = min(last + 1, first + window)
+        found = _first_frame_in(buf, raw, first, stop)
+        if found is not None:
+            return found
+        first, window = stop, window * 2
+    return None
+
+
+def _first_frame_in(buf: bytes, raw: np.ndarray, first: int, stop: int):
+    """``_resync``'s answer among ``first .. stop-1``: candidates (a length's high 32 bits zero,
+    records under 4 GiB) found with numpy, length CRCs checked vectorized, data CRCs one by one."""
+    size, zero_high = len(buf), np.ones(stop - first, dtype=bool)
     for byte in range(4, 8):
-        zero_high &= window[byte : byte + last - start] == 0
-    candidates = np.flatnonzero(zero_high) + start + 1
+        zero_high &= raw[first + byte : stop + byte] == 0
+    candidates = np.flatnonzero(zero_high) + first
     for batch in range(0, len(candidates), 1 << 20):
         at = candidates[batch : batch + (1 << 20)]
-        headers = raw[at[:, None] + np.arange(HEADER_BYTES)]
-        header_ok = length_crcs_ok(headers)
+        header_ok = length_crcs_ok(raw[at[:, None] + np.arange(HEADER_BYTES)])
         for pos in at[header_ok].tolist():
             end = pos + HEADER_BYTES + int.from_bytes(buf[pos : pos + 4], "little") + FOOTER_BYTES
             if end > size or masked_crc(buf[pos + HEADER_BYTES : end - FOOTER_BYTES]) == struct.unpack_from("<I", buf, end - FOOTER_BYTES)[0]:
