@@ -20,7 +20,7 @@ from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.names import fragment_name
 
 __all__ = ["Fragment", "FragmentFiles", "CommittedFile", "to_ipc", "segment_encoder", "read_batches", "read_table",
-           "read_joined", "has_dictionaries", "END_OF_STREAM", "write_failure"]
+           "read_joined", "has_dictionaries", "between_passes", "END_OF_STREAM", "write_failure"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,23 @@ def _ipc_source(fragment: Fragment, whole: bool):
         return
     with storage.open_read(fragment.path, "uncompressed") as handle:
         yield pa.py_buffer(handle.read()) if whole else handle
+
+
+def between_passes(fragments) -> tuple:
+    """``(written, kept, carried)``: bytes of ``fragments`` written to storage (runs and fragment
+    files; a whole file counted at its Arrow size), kept in memory (``memory_runs``), carried by
+    the runner as element payloads (shuffle mode). Asked before the runs are dropped."""
+    written = kept = carried = 0
+    for fragment in fragments:
+        if fragment.payload is not None:
+            carried += len(fragment.payload)
+        elif fragment.length is None:
+            written += fragment.nbytes
+        elif memory_runs.segment(fragment.path, fragment.offset) is None:
+            written += fragment.length
+        else:
+            kept += fragment.length
+    return written, kept, carried
 
 
 def read_batches(fragment: Fragment):

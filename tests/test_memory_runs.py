@@ -61,6 +61,12 @@ def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(files, tmp_p
         monkeypatch.undo()
     assert seen["disk"] == seen["both"] == seen["memory"]
     assert manifest(str(tmp_path / "memory" / "t"))["totals"]["records"] == 12_000
+    carried = {name: manifest(str(tmp_path / name / "t"))["between_passes"] for name in seen}
+    assert carried["disk"]["in_memory_bytes"] == carried["memory"]["written_bytes"] == 0
+    assert 0 < carried["both"]["in_memory_bytes"] and 0 < carried["both"]["written_bytes"]
+    segments = carried["disk"]["written_bytes"]  # the same segments wherever they were: the same bytes
+    assert segments == carried["memory"]["in_memory_bytes"] == sum(carried["both"].values())
+    assert 1.0 < segments / manifest(str(tmp_path / "disk" / "t"))["totals"]["payload_bytes"] < 1.3  # lines + keys and hashes
     assert_verified(pattern, str(tmp_path / "memory" / "t"))
 
 
@@ -96,3 +102,20 @@ def test_plan_says_what_the_budget_keeps(files, tmp_path, capsys):
     assert (shuffled.memory_budget, shuffled.memory_for_runs) == (0, 0)  # the runner holds shuffle mode's parts
     assert main(args + ["--memory=lots"]) == 2
     assert "--memory: not a size: 'lots'" in capsys.readouterr().err
+
+
+def test_the_summary_says_how_records_went_between_the_passes(files, tmp_path):
+    from pileshuffle.commands.report import summary
+    pattern = f"{files}/*.jsonl"
+    for mode, budget in (("files", "1MiB"), ("shuffle", "auto")):
+        out = str(tmp_path / mode / "t")
+        run_shuffle(pattern, out, "--num_piles=8", "--seed=9", f"--memory={budget}", f"--intermediate={mode}")
+        found = manifest(out)
+        carried, payload = found["between_passes"], found["totals"]["payload_bytes"]
+        line = next(l for l in summary(found).splitlines() if l.startswith("between"))
+        if mode == "files":  # a budget below what the passes hold: every run on disk
+            assert carried["written_bytes"] > payload and carried["in_memory_bytes"] == carried["shuffled_bytes"] == 0
+            assert line == f"between   {carried['written_bytes'] / 1e6:,.1f} MB written ({carried['written_bytes'] / payload:.2f} per payload byte)"
+        else:
+            assert carried["written_bytes"] == carried["in_memory_bytes"] == 0 and carried["shuffled_bytes"] > payload
+            assert line.endswith(f"{carried['shuffled_bytes'] / 1e6:,.1f} MB through the runner's shuffle")

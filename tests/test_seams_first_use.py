@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from helpers import refused, succeeded
-from pileshuffle import sample
+from pileshuffle import names, sample
 from pileshuffle.errors import InputError
 from pileshuffle.loader import ShuffledDataset
 
@@ -81,7 +81,7 @@ def test_quality_prints_its_statistics_without_a_report(trial, capsys):
 
 def test_info_says_what_an_output_and_a_store_hold(trial, capsys):
     out, _ = succeeded(capsys, "info", f"--output={trial}/out/t")
-    assert "shard output (format_version 1.2" in out and "500 in 2 shard(s)" in out and "seed 0" in out
+    assert f"shard output (format_version {names.FORMAT_VERSION}" in out and "500 in 2 shard(s)" in out and "seed 0" in out
     assert "CRC32C are listed" in out
     out, _ = succeeded(capsys, "info", f"--output={trial}/st/t", "--json")
     described = json.loads(out)

@@ -32,6 +32,8 @@ def summary(manifest: dict) -> str:
         f"min {piles['min']:,} / mean {piles['mean']:,.0f} / max {piles['max']:,}; split again: {manifest['piles_split']}",
         f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
     ]
+    if manifest.get("between_passes"):
+        lines.append(_between_passes_line(manifest["between_passes"], totals["payload_bytes"]))
     if balance:
         lines.append(_balance_line(balance))
     if manifest.get("inputs_left_out"):
@@ -51,6 +53,18 @@ def summary(manifest: dict) -> str:
         lines.append(f"blank     {manifest['skipped']['blank_lines']:,} blank line(s) in the input: not records")
     lines.append(f"manifest  {manifest_path(manifest['output'])}")
     return "\n".join(lines)
+
+
+def _between_passes_line(carried: dict, payload_bytes: int) -> str:
+    """How the records went from pass 1 to pass 2: written to storage (per payload byte), kept
+    in memory, carried by the runner's shuffle (what is nonzero; written always)."""
+    written = carried["written_bytes"]
+    parts = [f"{written / 1e6:,.1f} MB written ({written / max(1, payload_bytes):.2f} per payload byte)"]
+    if carried["in_memory_bytes"]:
+        parts.append(f"{carried['in_memory_bytes'] / 1e6:,.1f} MB kept in memory")
+    if carried["shuffled_bytes"]:
+        parts.append(f"{carried['shuffled_bytes'] / 1e6:,.1f} MB through the runner's shuffle")
+    return "between   " + ", ".join(parts)
 
 
 class _HideReportedErrors(logging.Filter):

@@ -26,7 +26,7 @@ from pileshuffle.checksums import Crc32cWriter
 from pileshuffle.errors import InputError, IntegrityError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
-from pileshuffle.fragments import write_failure
+from pileshuffle.fragments import between_passes, write_failure
 from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manifest_path, output_lock_path, shard_name,
                                staged_manifest_name, staging_dir)
 from pileshuffle.output_files import (OutputFiles, check_replaceable, file_name, release_lock_file, remove_tree,
@@ -54,6 +54,7 @@ class _ShardStats:
     crc32c: str
     work_dir: str = None
     schema: pa.Schema = None
+    between_passes: tuple = (0, 0, 0)  # fragments.between_passes of the pile
 
 
 class WriteShard(beam.DoFn):
@@ -69,6 +70,7 @@ class WriteShard(beam.DoFn):
         fmt = get_format(self._format_name)
         staged = _shard_path(self._prefix, pile.index, pile.num_piles, fmt.suffix(self._compression), direct)
         temp = storage.writing_name(staged, uuid.uuid4().hex[:12])
+        carried = between_passes(pile.fragments)
         written = [Fingerprint()]
         schema = [self._schema]
 
@@ -98,6 +100,7 @@ class WriteShard(beam.DoFn):
             pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
             pile.fingerprint, written[0], pile.split_count(), handle.hex(), pile.work_dir,
             schema[0] if self._format_name == "parquet" and self._schema is None else None,  # Finalize's, if unknown
+            carried,
         )
 
 
@@ -249,6 +252,8 @@ class Finalize(beam.DoFn):
             },
             "pile_records": _pile_size_summary([staged[p] for p in range(num_piles)]),
             "piles_split": sum(s.split for s in shards),
+            "between_passes": dict(zip(("written_bytes", "in_memory_bytes", "shuffled_bytes"),
+                                       (sum(s.between_passes[k] for s in shards) for k in range(3)))),
             "input_fingerprint": input_fp.to_json(),
             "output_fingerprint": output_fp.to_json(),
             "skipped": {
