@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The shuffle bench's peers (DuckDB, Polars, Ray Data, Hugging Face datasets) in a venv of their own.
+PEERS_VENV  ?= bench/.peers-venv
+PEERS_STAMP := $(PEERS_VENV)/.installed
 
 # Dataflow flex template (see docs/dataflow.md). BUCKET is a gs:// URL; REPOSITORY an
 # Artifact Registry Docker repository in REGION. Commas in INPUT are fine (comma-separated patterns).
@@ -28,7 +31,7 @@ EXTRA_PARAMETERS ?=
 
 DEMO_DIR ?= demo-data
 
-.PHONY: install demo test bench metadata api template-build template-run clean
+.PHONY: install peers demo test bench metadata api template-build template-run clean
 
 $(STAMP): setup.py templates/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +40,15 @@ $(STAMP): setup.py templates/constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(PEERS_STAMP): bench/peers-requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/pip install --quiet -r bench/peers-requirements.txt
+	touch $(PEERS_STAMP)
+
+## peers: the shuffle bench's peers in their own venv, bench/.peers-venv (bench/peers-requirements.txt).
+peers: $(PEERS_STAMP)
 
 ## demo: generate ~200 MB of sample TFRecords, shuffle them with the default (local) runner, verify, report its quality.
 demo: $(STAMP)
@@ -52,7 +64,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 ## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, spilled runs, one large file; SCALE=10 for 10 GB.
-bench: $(STAMP)
+bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/loader.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/store.py
@@ -60,6 +72,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/pile_assembly.py
 	$(BIN)/python bench/spill_cost.py
 	$(BIN)/python bench/memory_budget.py
+	$(BIN)/python bench/value_crc_cost.py
+	$(BIN)/python bench/run_compression.py
 	$(BIN)/python bench/large_file.py
 
 ## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).

@@ -9,7 +9,6 @@ that ends it.
 
 import glob
 import json
-import os
 import re
 import struct
 
@@ -149,12 +148,40 @@ def check_output(fmt, paths, expected_records, manifest_path=None):
     return ok, text, ascending_share(probe_indices(fmt, paths))
 
 
-def tree_bytes(directory):
-    total = 0
-    for root, _, files in os.walk(directory):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(root, name))
-            except OSError:
-                pass
-    return total
+ORDER_BLOCKS = 16  # the block table of pileshuffle's `quality` command on >= 2,560 records: 16 x 16, 225 dof
+
+
+def jsonl_indices(path, block_bytes=64 << 20):
+    """The ``"index"`` of every line of a JSONL file, in order, read in blocks cut at line ends."""
+    found, tail = [], b""
+    with open(path, "rb") as handle:
+        while block := handle.read(block_bytes):
+            lines, _, tail = (tail + block).rpartition(b"\n")
+            found += _JSON_INDEX.findall(lines)
+    found += _JSON_INDEX.findall(tail)
+    return np.array(found).astype(np.int64) if found else np.zeros(0, np.int64)
+
+
+def order_indices(fmt, paths):
+    """The input index of every output record, in output order (files in name order); None for tar."""
+    if fmt == "parquet":
+        return np.concatenate([pq.read_table(p, columns=["index"]).column(0).to_numpy() for p in paths])
+    if fmt == "jsonl":
+        return np.concatenate([jsonl_indices(p) for p in paths])
+    if fmt == "tfrecord":
+        return np.array([payload_index(r) for p in paths for r in tfrecord_payloads(p)], dtype=np.int64)
+    return None
+
+
+def block_chi2(indices, blocks=ORDER_BLOCKS):
+    """(chi2, dof) of the input block x output block table of a permutation given as the input
+    index of each output position, as pileshuffle's `quality` command computes it (its
+    ``metrics.block_table`` and ``independence``); a uniform permutation: chi2/dof ~ 1 +- sqrt(2/dof).
+    None when ``indices`` is not a permutation of 0..n-1 (--balance copies)."""
+    from pileshuffle.quality.metrics import block_table, independence
+
+    n = len(indices)
+    if n < blocks or indices.min() < 0 or indices.max() >= n or np.bincount(indices, minlength=n).max() != 1:
+        return None
+    chi2, dof, _ = independence(block_table(indices, np.arange(n), n, blocks))
+    return chi2, dof

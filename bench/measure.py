@@ -1,7 +1,8 @@
-"""Measuring one command as its own process tree: wall time, peak tree RSS, CPU seconds and
-the CPU other processes used meanwhile; waiting for the machine to go quiet; warming the
+"""Measuring one command as its own process tree: wall time, peak tree RSS, CPU seconds,
+the CPU other processes used meanwhile and the bytes under its output folder (peak and at exit); waiting for the machine to go quiet; warming the
 page cache; reading back what a measured command logged (bench/.out/logs/NAME.out|err)."""
 
+import itertools
 import json
 import os
 import resource
@@ -14,12 +15,14 @@ import psutil
 from workspace import OUT
 
 SAMPLE_SECONDS = 0.05  # RSS sampling period: short enough to catch a pass's peak, cheap for the sampler
+DISK_EVERY = 10  # the output folder's bytes are summed every DISK_EVERY-th RSS sample (0.5 s)
 
 
 class Measurement:
-    def __init__(self, returncode, wall, peak_rss, peak_procs, cpu, others):
+    def __init__(self, returncode, wall, peak_rss, peak_procs, cpu, others, peak_disk=None, end_disk=None):
         self.returncode, self.wall, self.peak_rss, self.peak_procs = returncode, wall, peak_rss, peak_procs
         self.cpu, self.others = cpu, others
+        self.peak_disk, self.end_disk = peak_disk, end_disk
 
 
 def busy_seconds():
@@ -45,7 +48,9 @@ def wait_for_idle(max_wait, threshold=0.25):
             return time.perf_counter() - started, used
 
 
-def tree_rss(proc):
+def tree_rss(proc, cpu_seen=None):
+    """(RSS summed over ``proc`` and its descendants, their number); with ``cpu_seen``, also
+    records each one's user + system CPU seconds so far under its pid."""
     try:
         procs = [proc] + proc.children(recursive=True)
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -53,31 +58,50 @@ def tree_rss(proc):
     total, alive = 0, 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            with p.oneshot():
+                total += p.memory_info().rss
+                if cpu_seen is not None:
+                    times = p.cpu_times()
+                    cpu_seen[p.pid] = times.user + times.system
             alive += 1
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             pass
     return total, alive
 
 
-def measure(cmd, name, timeout):
-    """Run ``cmd`` (stdout/stderr to bench/.out/logs/NAME.*); wall time and peak tree RSS."""
+def tree_bytes(directory):
+    """Bytes of the files under ``directory`` (0 if it does not exist)."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def measure(cmd, name, timeout, disk_dir=None):
+    """Run ``cmd`` (stdout/stderr to bench/.out/logs/NAME.*); wall time and peak tree RSS; with
+    ``disk_dir``, also the peak (sampled every 0.5 s) and final bytes of the files under it."""
     logs = os.path.join(OUT, "logs")
     os.makedirs(logs, exist_ok=True)
     cwd = os.path.join(OUT, "cwd")
     os.makedirs(cwd, exist_ok=True)
     os.sync()
     with open(os.path.join(logs, f"{name}.out"), "wb") as out, open(os.path.join(logs, f"{name}.err"), "wb") as err:
-        peak = [0, 0]
+        peak, cpu_seen = [0, 0, 0], {}
         stop = threading.Event()
         cpu_before, busy_before = children_cpu_seconds(), busy_seconds()
         started = time.perf_counter()
         proc = psutil.Popen(cmd, stdout=out, stderr=err, cwd=cwd)
 
         def sample():
-            while True:
-                rss, count = tree_rss(proc)
+            for tick in itertools.count():
+                rss, count = tree_rss(proc, cpu_seen)
                 peak[0], peak[1] = max(peak[0], rss), max(peak[1], count)
+                if disk_dir and tick % DISK_EVERY == 0:
+                    peak[2] = max(peak[2], tree_bytes(disk_dir))
                 if stop.wait(SAMPLE_SECONDS):
                     return
 
@@ -94,8 +118,13 @@ def measure(cmd, name, timeout):
         cpu, busy = children_cpu_seconds() - cpu_before, busy_seconds() - busy_before
         stop.set()
         sampler.join()
+    # getrusage counts only descendants reaped all the way up; a tree that leaves daemons to die
+    # unreaped (Ray's raylet and workers) is counted from the samples of each process's CPU instead
+    cpu = max(cpu, sum(cpu_seen.values()))
     others = max(0.0, busy - cpu) / (wall * (os.cpu_count() or 1))
-    return Measurement(returncode, wall, peak[0], peak[1], cpu, others)
+    end_disk = tree_bytes(disk_dir) if disk_dir else None
+    return Measurement(returncode, wall, peak[0], peak[1], cpu, others,
+                       max(peak[2], end_disk) if disk_dir else None, end_disk)
 
 
 def warm(files):

@@ -20,10 +20,10 @@ sys.path.insert(0, HERE)
 
 from machine import machine, machine_lines  # noqa: E402
 from shuffle_report import print_report, report_markdown, table_rows, write_results  # noqa: E402
-from shuffle_rows import QUICK_DIVISOR, SEED, prepare_datasets, row_plan, selected  # noqa: E402
+from shuffle_rows import PEER_KINDS, QUICK_DIVISOR, SEED, prepare_datasets, row_plan, selected  # noqa: E402
 from shuffle_runs import add_floor_ratios, fastest_runs, run_rounds  # noqa: E402
 from shuffle_targets import evaluate_targets  # noqa: E402
-from workspace import OUT  # noqa: E402
+from workspace import OUT, PEERS_PY  # noqa: E402
 
 
 def argument_parser():
@@ -56,6 +56,8 @@ def main(argv=None):
         return 0
     if not plan:
         parser.error(f"--only {args.only} selects no row (see --list)")
+    if any(p[1] in PEER_KINDS for p in plan) and not os.path.exists(PEERS_PY):
+        parser.error(f"the peers' rows run under {PEERS_PY}: `make peers` creates it (or leave them out with --only)")
 
     os.makedirs(OUT, exist_ok=True)
     m = machine()

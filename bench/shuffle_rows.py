@@ -10,7 +10,7 @@ import subprocess
 
 import datagen
 from measure import warm
-from workspace import DATA, GB, HERE, OUT, PY, log, pileshuffle_command
+from workspace import DATA, GB, HERE, OUT, PEERS_PY, PY, log, pileshuffle_command
 
 SEED = 1  # every shuffling row's seed, so reruns shuffle the same way
 # DuckDB out of core starts at pileshuffle's peak on these sets (Parquet 0.75-0.86 GB, JSONL 0.57-0.60 GB)
@@ -28,6 +28,9 @@ BALANCED_RECORDS = {"jsonl": (1_000_000, 500), "parquet": (500_000, 1000)}  # ~0
 # Issue 35's rows: 1 GB of Parquet at 16, 1,024 and 4,096 piles in both intermediate modes (4,096 piles
 # over 1 GB has the records per (chunk, pile) of 10 TB in 10,000 piles); judged in shuffle_targets.
 MANY_PILES, MANY_PILES_MODES = (16, 1024, 4096), ("files", "shuffle")
+# Issue 38's peers beside DuckDB, each run by bench/peer_shuffle.py in the peers' venv (PEERS_PY).
+PEERS = ("polars", "ray", "datasets")
+PEER_KINDS = ("duckdb", "duckdb-ram", *PEERS)  # the rows that need PEERS_PY
 
 
 def balanced_output_records(records, shares=IMBALANCE):
@@ -74,12 +77,14 @@ def row_plan(scale):
         ("pileshuffle-parquet-balanced", "pileshuffle", "parquet", "parquet"),
         ("duckdb-parquet", "duckdb", "parquet", "parquet"),
         ("duckdb-parquet-ram", "duckdb-ram", "parquet", "parquet"),
+        *[(f"{peer}-parquet", peer, "parquet", "parquet") for peer in PEERS],
         ("cat-jsonl", "cat", "jsonl", "jsonl"),
         ("floor-jsonl", "floor", "jsonl", "jsonl"),
         ("pileshuffle-jsonl", "pileshuffle", "jsonl", "jsonl"),
         ("pileshuffle-jsonl-balanced", "pileshuffle", "jsonl", "jsonl"),
         ("duckdb-jsonl", "duckdb", "jsonl", "jsonl"),
         ("duckdb-jsonl-ram", "duckdb-ram", "jsonl", "jsonl"),
+        *[(f"{peer}-jsonl", peer, "jsonl", "jsonl") for peer in PEERS],
         ("shuf-jsonl", "shuf", "jsonl", "jsonl"),
         ("cat-tar", "cat", "tar", "tar"),
         ("pileshuffle-tar", "pileshuffle", "tar", "tar"),
@@ -173,8 +178,12 @@ def command_for(kind, fmt, data, out_dir, piles, extra=()):
                 "--seed", str(SEED), *extra], prefix + "-*-of-*"
     if kind in ("duckdb", "duckdb-ram"):
         limit = ["--memory_limit", DUCKDB_MEMORY_LIMIT[fmt]] if kind == "duckdb" else []
-        return [PY, os.path.join(HERE, "duckdb_shuffle.py"), "--format", fmt, "--input", data["pattern"],
+        return [PEERS_PY, os.path.join(HERE, "duckdb_shuffle.py"), "--format", fmt, "--input", data["pattern"],
                 "--output", prefix, *limit], f"{prefix}.{fmt}"
+    if kind in PEERS:
+        output = f"{prefix}/*.{fmt}" if kind == "ray" else f"{prefix}.{fmt}"  # ray: a folder of files
+        return [PEERS_PY, os.path.join(HERE, "peer_shuffle.py"), "--peer", kind, "--format", fmt, "--input",
+                data["pattern"], "--output", prefix, "--seed", str(SEED)], output
     if kind == "beam-common":
         return [PY, os.path.join(HERE, "beam_common.py"), "--input", data["pattern"], "--output", prefix], prefix + "-*-of-*"
     raise ValueError(kind)

@@ -8,7 +8,7 @@ import statistics
 
 import checks
 from measure import log_tail, measure, stdout_json, wait_for_idle, warm
-from shuffle_rows import command_for, extra_args
+from shuffle_rows import PEERS, command_for, extra_args
 from workspace import GB, OUT, log
 
 
@@ -26,7 +26,7 @@ def run_row(name, kind, fmt, data, piles, timeout, keep, idle_wait, extra=()):
             + (" (they did not: running anyway)" if waited >= idle_wait else ""))
     shown = cmd if len(cmd) < 14 else cmd[:5] + [f"... ({len(data['files'])} input files)"]
     log(f"[{name}] {' '.join(shown)}")
-    m = measure(cmd, name, timeout)
+    m = measure(cmd, name, timeout, disk_dir=out_dir)
     row = {
         "name": name,
         "kind": kind,
@@ -45,6 +45,11 @@ def run_row(name, kind, fmt, data, piles, timeout, keep, idle_wait, extra=()):
         "cores_used": round(m.cpu / m.wall, 2),
         "other_processes_busy": round(m.others, 3),
         "idle_wait_seconds": round(waited, 1),
+        "peak_disk_bytes": m.peak_disk,  # everything under bench/.out/NAME: output, work files, spills, caches
+        "end_disk_bytes": m.end_disk,
+        "output_bytes": None,
+        "block_chi2": None,
+        "block_chi2_dof": None,
         "check_ok": None,
         "check": "",
         "ascending_pairs": None,
@@ -74,6 +79,8 @@ def check_row_output(row, outputs, out_dir, piles):
         ok, text, ascending = False, f"FAIL: {error}", None
     row["check_ok"], row["check"], row["ascending_pairs"] = ok, text, ascending
     row["output_files"] = len(files)
+    row["output_bytes"] = sum(os.path.getsize(f) for f in files)
+    add_order_check(row, files)
     if kind == "pileshuffle" and manifest and os.path.exists(manifest):
         with open(manifest) as handle:
             man = json.load(handle)
@@ -92,6 +99,22 @@ def check_row_output(row, outputs, out_dir, piles):
         info = stdout_json(name)
         row["notes"] = (f"DuckDB ORDER BY random(), memory_limit {info.get('memory_limit')}"
                         + (f" after {info['attempts'] - 1} out-of-memory attempt(s)" if info.get("attempts", 1) > 1 else ""))
+    elif kind in PEERS:
+        info = stdout_json(name)
+        row["notes"] = (f"{kind} {info.get('version')}; start {info.get('start_seconds', float('nan')):.2f} s, "
+                        f"shuffle {info.get('seconds', float('nan')):.2f} s; {len(files)} file(s)")
+
+
+def add_order_check(row, files):
+    """The row's block chi-square (bench/checks.block_chi2) over every output record, untimed."""
+    try:
+        indices = checks.order_indices(row["format"], files)
+        got = checks.block_chi2(indices) if indices is not None else None
+    except Exception as error:  # a malformed output already failed the count check
+        log(f"[{row['name']}] order check failed: {error}")
+        got = None
+    if got:
+        row["block_chi2"], row["block_chi2_dof"] = round(got[0], 1), got[1]
 
 
 def run_rounds(plan, datasets, piles, repeat, timeout, keep, idle_wait):

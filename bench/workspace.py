@@ -13,6 +13,9 @@ REPO = os.path.dirname(HERE)
 DATA = os.path.join(HERE, ".data")  # generated data sets, cached between runs (gitignored)
 OUT = os.path.join(HERE, ".out")  # outputs, logs and results of the last runs (gitignored)
 PY = sys.executable  # rows run under the interpreter the bench runs under (the venv's)
+# the peers (DuckDB, Polars, Ray Data, Hugging Face datasets) run in their own venv, never pileshuffle's:
+# `make peers` builds it from bench/peers-requirements.txt
+PEERS_PY = os.path.join(HERE, ".peers-venv", "bin", "python")
 GB = 1e9  # decimal units, as the tables print them
 MB = 1e6
 
