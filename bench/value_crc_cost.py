@@ -6,8 +6,8 @@ at once) against the compiled loop (pileshuffle/compiled_crc.py), and what compi
 
 Per value size: the median of --rounds over one 16 MB chunk (random bytes, lengths +-50%), both ways
 interleaved in one process; then, in fresh processes, the first compiled call (numba's import, typing
-and compile) against a process that never compiles. fingerprint.py's _COMPILE_AFTER_VALUES comes from
-these: compiling costs what about that many values cost one call each.
+and compile, which holds the GIL). fingerprint.py's _COMPILE_AFTER_SECONDS comes from it: a process
+compiles once it has spent that long hashing in Python, on every thread the compile stops.
 """
 
 import argparse
@@ -33,7 +33,7 @@ print(time.perf_counter() - began)
 
 def python_way(data, starts, lengths):
     offsets = np.append(starts, starts[-1] + lengths[-1])
-    fingerprint._values_hashed_in_python = 0  # never compiled: the Python way every call
+    fingerprint._python_seconds = 0.0  # never compiled: the Python way every call
     return fingerprint.crc32c_of_slices(data, offsets)
 
 

@@ -7,6 +7,7 @@ duplicated or altered record changes it.
 """
 
 import dataclasses
+import time
 
 import google_crc32c
 import numpy as np
@@ -42,37 +43,39 @@ def payload_hashes(crcs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def crc32c_of_slices(data, offsets: np.ndarray, trim_end: int = 0) -> np.ndarray:
     """CRC32C of ``data[offsets[i] : offsets[i+1] - trim_end]`` for every i: from the compiled
-    loop once this process has hashed ``_COMPILE_AFTER_VALUES`` values (``compiled_crc``), before
-    that values of at most ``_ACROSS_MAX_BYTES`` all at once (``_crc32c_across``), longer ones one
-    call each."""
+    loop (``compiled_crc``) once this process has spent ``_COMPILE_AFTER_SECONDS`` hashing in
+    Python; before that values of at most ``_ACROSS_MAX_BYTES`` all at once (``_crc32c_across``),
+    longer ones one call each."""
+    global _python_seconds
     starts = np.asarray(offsets[:-1], dtype=np.int64)
     lengths = np.asarray(offsets[1:], dtype=np.int64) - starts - trim_end
-    compiled = _compiled_slice_crcs(len(starts))
+    compiled = _compiled_slice_crcs()
     crcs = compiled(np.frombuffer(data, dtype=np.uint8), starts, lengths) if compiled else None
     if crcs is not None:
         return crcs
+    began = time.perf_counter()
     crcs = np.empty(len(starts), dtype=np.uint64)
     short = lengths <= _ACROSS_MAX_BYTES
     if short.any():
         crcs[short] = _crc32c_across(np.frombuffer(data, dtype=np.uint8), starts[short], lengths[short])
     if not short.all():
         crcs[~short] = _crc32c_each(data, starts[~short], lengths[~short])
+    _python_seconds += time.perf_counter() - began
     return crcs
 
 
-# Compiling ``compiled_crc``'s loop costs a process about 1.3 s, what a million values cost one
-# call each: a process compiles it once it has hashed that many values in Python (ski rental), so
-# a small run never pays for it and a long one pays at most twice the cheaper way's cost.
-_COMPILE_AFTER_VALUES = 1_000_000
-_values_hashed_in_python = 0
+# Compiling ``compiled_crc``'s loop costs a process 1.1-1.4 s here, during which numba holds the
+# GIL: every worker thread waits (2 threads: about 2.5 thread-seconds). A process compiles it once
+# it has spent that long hashing in Python (ski rental: a short run never pays for it, a long one
+# pays at most twice what the cheaper way would have cost); 1 GB of Parquet spends about 3.4 s.
+_COMPILE_AFTER_SECONDS = 2.5
+_python_seconds = 0.0
 
 
-def _compiled_slice_crcs(values: int):
-    """``compiled_crc.slice_crcs`` once this process has hashed ``_COMPILE_AFTER_VALUES`` values in
-    Python (then counting ``values`` more), or where numba is not installed: None."""
-    global _values_hashed_in_python
-    if _values_hashed_in_python < _COMPILE_AFTER_VALUES:
-        _values_hashed_in_python += values
+def _compiled_slice_crcs():
+    """``compiled_crc.slice_crcs`` once this process has spent ``_COMPILE_AFTER_SECONDS`` hashing in
+    Python, else (or where numba is not installed) None."""
+    if _python_seconds < _COMPILE_AFTER_SECONDS:
         return None
     try:
         from pileshuffle import compiled_crc

@@ -44,23 +44,24 @@ def test_the_compiled_loop_refuses_slices_outside_its_buffer():
             compiled_crc.slice_crcs(raw, np.array(starts), np.array(lengths))
 
 
-def test_a_process_hashes_in_python_until_the_values_would_have_paid_for_compiling(monkeypatch):
-    monkeypatch.setattr(fingerprint, "_COMPILE_AFTER_VALUES", 1_500)
-    monkeypatch.setattr(fingerprint, "_values_hashed_in_python", 0)
+def test_a_process_hashes_in_python_until_that_has_cost_what_compiling_does(monkeypatch):
+    monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
     compiled_calls = []
     monkeypatch.setattr(compiled_crc, "slice_crcs", lambda *args: compiled_calls.append(len(args[1])) or None)
     values = [bytes([n % 251]) * (n % 300) for n in range(1_000)]
     data, offsets = b"".join(values), np.cumsum([0] + [len(v) for v in values]).astype(np.int64)
     expected = [google_crc32c.value(v) for v in values]
-    for _ in range(2):  # 2,000 values in Python: past the 1,500
+    for _ in range(2):
         assert crc32c_of_slices(data, offsets).tolist() == expected
-    assert compiled_calls == [] and fingerprint._values_hashed_in_python == 2_000
+    spent = fingerprint._python_seconds
+    assert compiled_calls == [] and 0 < spent < fingerprint._COMPILE_AFTER_SECONDS  # both calls timed, in Python
+    monkeypatch.setattr(fingerprint, "_COMPILE_AFTER_SECONDS", spent)  # what has been spent pays for compiling now
     assert crc32c_of_slices(data, offsets).tolist() == expected  # None from the loop: Python again
     assert compiled_calls == [1_000]
     monkeypatch.undo()
-    monkeypatch.setattr(fingerprint, "_values_hashed_in_python", fingerprint._COMPILE_AFTER_VALUES)
-    assert crc32c_of_slices(data, offsets).tolist() == expected  # the real loop
-    assert fingerprint._values_hashed_in_python == fingerprint._COMPILE_AFTER_VALUES
+    monkeypatch.setattr(fingerprint, "_python_seconds", fingerprint._COMPILE_AFTER_SECONDS)
+    assert crc32c_of_slices(data, offsets).tolist() == expected  # the real loop: no Python time spent
+    assert fingerprint._python_seconds == fingerprint._COMPILE_AFTER_SECONDS
 
 
 def test_short_and_long_values_mixed_in_one_column_hash_as_each_alone():
