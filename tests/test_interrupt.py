@@ -55,9 +55,11 @@ class Interrupted:
 
 
 def _no_sigint_inherited():
-    """Ctrl-C reaches the child as it reaches a command in a terminal (a test runner that
-    ignores SIGINT would otherwise pass that on)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """Ctrl-C, SIGTERM and SIGHUP reach the child as they reach a command in a terminal (a test
+    runner that ignores them, such as one started with nohup, would otherwise pass that on, and
+    pileshuffle leaves an ignored signal alone)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def interrupt_when(argv, started, cwd=None, timeout=120, signum=signal.SIGINT) -> Interrupted:

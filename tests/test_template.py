@@ -227,7 +227,7 @@ def test_the_image_installs_the_dependency_versions_the_tests_ran_with():
         if line:
             name, _, pinned = line.partition("==")
             pins[name] = pinned
-    assert set(pins) == {"apache-beam", "pyarrow", "numpy", "google-crc32c", "tqdm"}
+    assert set(pins) == {"apache-beam", "pyarrow", "numpy", "google-crc32c", "tqdm", "numba", "llvmlite"}
     assert {name: version(name) for name in pins} == pins
     args = dict(rest.split("=", 1) for word, rest in dockerfile_instructions() if word == "ARG" and "=" in rest)
     assert args["BEAM_VERSION"] == pins["apache-beam"]
