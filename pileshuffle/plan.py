@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import logging
 import math
-import os
 import re
 import uuid
 
@@ -327,37 +326,28 @@ def make_plan(options: PipelineOptions) -> Plan:
         growth=growth,
     )
     plan.memory_budget, plan.memory_for_runs = _memory_for_runs(plan, opts.memory, options)
+    if plan.memory_for_runs and work_dir in needs:  # runs kept in memory never reach the temp folder
+        plan.needs[work_dir] = max(0, needs[work_dir] - plan.memory_for_runs)
+        plan.space = free_space(plan.needs)
     return plan
 
 
 def _memory_for_runs(plan: Plan, memory, options) -> tuple:
     """``(--memory's budget, what of it keeps pass-1 runs in memory)``: the budget (auto: 60% of
-    the memory available) less what the passes hold at once (``_in_process_threads`` x the larger
+    the memory available) less what the passes hold at once (``runners.in_process_threads`` x the larger
     of a writer's held chunks and a pile being ordered, ``PILE_MEMORY_FACTOR`` times its bytes) and
     ``LOCAL_BASE_BYTES``. (0, 0) unless files mode writes shards on an in-process local runner."""
     from pileshuffle.pile_bound import available_memory
 
-    threads = _in_process_threads(options)
+    from pileshuffle.runners import in_process_threads
+
+    threads = in_process_threads(options)
     if not threads or plan.intermediate != "files" or plan.layout != "shards":
         return 0, 0
     budget = int(AUTO_MEMORY_SHARE * (available_memory() or 0)) if str(memory) == "auto" else parse_bytes(memory)
     pile = PILE_MEMORY_FACTOR * min(plan.max_pile_bytes, 1.05 * plan.held_bytes / plan.num_piles)
     working = threads * max(plan.held_per_writer, pile) + LOCAL_BASE_BYTES
     return budget, max(0, int(budget - working))
-
-
-def _in_process_threads(options) -> int:
-    """The worker threads of a local runner that runs both passes in this process (``in_memory``
-    or ``multi_threading``), else 0."""
-    from apache_beam.options.pipeline_options import DirectOptions
-
-    from pileshuffle.runners import given_options, is_local
-
-    direct = options.view_as(DirectOptions)
-    if not is_local(options) or (direct.direct_running_mode or "in_memory") not in ("in_memory", "multi_threading"):
-        return 0
-    given = "direct_num_workers" in given_options(options)  # not given: one per core (runners.local_defaults)
-    return (direct.direct_num_workers if given else 0) or os.cpu_count() or 1
 
 
 def check_shard_output(text: str, overwrite: bool) -> tuple:

@@ -17,7 +17,7 @@ from pileshuffle.pile_bound import available_memory
 
 __all__ = [
     "LOCAL_RUNNERS", "DASK_RUNNER", "DASK_CONNECT_SECONDS", "given_options", "graph_defaults", "local_defaults", "runner_name", "runner_problem",
-    "is_dask", "is_dataflow", "make_runner", "dask_runner", "is_local", "dask_defaults", "dataflow_defaults",
+    "is_dask", "is_dataflow", "make_runner", "dask_runner", "is_local", "in_process_threads", "dask_defaults", "dataflow_defaults",
     "should_wait", "outliving_job", "close_client", "submitted", "LOCAL_SHUFFLE_HOLD", "check_local_shuffle_fits"
 ]
 
@@ -169,6 +169,17 @@ def dask_runner():
 def is_local(options) -> bool:
     """Whether the run is local (no ``--runner``, or a direct runner's name)."""
     return runner_name(options) in LOCAL_RUNNERS
+
+
+def in_process_threads(options) -> int:
+    """The worker threads of a local runner that runs both passes in this process (``in_memory``
+    or ``multi_threading``; one per core unless ``--direct_num_workers`` is given, as
+    ``local_defaults`` sets), else 0."""
+    direct = options.view_as(DirectOptions)
+    if not is_local(options) or (direct.direct_running_mode or "in_memory") not in ("in_memory", "multi_threading"):
+        return 0
+    given = "direct_num_workers" in given_options(options)
+    return (direct.direct_num_workers if given else 0) or os.cpu_count() or 1
 
 
 def dask_defaults(options: PipelineOptions, units: int) -> PipelineOptions:

@@ -119,3 +119,12 @@ def test_the_summary_says_how_records_went_between_the_passes(files, tmp_path):
         else:
             assert carried["written_bytes"] == carried["in_memory_bytes"] == 0 and carried["shuffled_bytes"] > payload
             assert line.endswith(f"{carried['shuffled_bytes'] / 1e6:,.1f} MB through the runner's shuffle")
+
+
+def test_runs_kept_in_memory_ask_no_temp_space(files, tmp_path):
+    """The space check (``run`` refuses a run the disk cannot hold) counts only the runs that go to disk."""
+    args = [f"--input={files}/*.jsonl", f"--output={tmp_path}/o/t", "--num_piles=32"]
+    on_disk, in_memory = (make_plan(PipelineOptions(args + [f"--memory={m}"])) for m in ("64MiB", "4GiB"))
+    assert on_disk.memory_for_runs == 0 < on_disk.needs[on_disk.work_dir]
+    assert in_memory.memory_for_runs > on_disk.needs[on_disk.work_dir]  # room for every run
+    assert in_memory.needs[in_memory.work_dir] == 0 and in_memory.space[in_memory.work_dir][0] < on_disk.space[on_disk.work_dir][0]

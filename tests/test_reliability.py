@@ -516,15 +516,17 @@ def test_plan_and_run_agree_on_a_disk_too_small(tmp_path, tfrecord_input, monkey
     usage = shutil_module.disk_usage(str(tmp_path))
     monkeypatch.setattr(space_module.shutil, "disk_usage", lambda path: usage._replace(free=1000))
     output = str(tmp_path / "out" / "train")
-    args = [f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4"]
+    args = [f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4", "--memory=1MiB"]  # runs on disk
     plan = plan_module.make_plan(PipelineOptions(args))
     (need, free), = set(plan.space.values())  # work dir and staging share one filesystem
     assert free == 1000 and need > 1.9 * plan.input_bytes
+    kept = plan_module.make_plan(PipelineOptions(args[:-1] + ["--memory=4GiB"]))  # runs kept in memory: shards only
+    assert 0.9 * plan.input_bytes < set(kept.space.values()).pop()[0] < 1.1 * plan.input_bytes
     assert plan_main(args) == 0
     printed = capsys.readouterr().out
     assert "NOT ENOUGH" in printed and "`run` refuses it" in printed
     with pytest.raises(OutputError) as refused:
-        run_shuffle(tfrecord_input, output, "--num_piles=4")
+        run_shuffle(tfrecord_input, output, "--num_piles=4", "--memory=1MiB")
     assert f"have 1,000 bytes free, and this run writes about {need:,} bytes" in str(refused.value)
     assert plan.work_dir in str(refused.value) and "pileshuffle-staging" in str(refused.value)
     assert not os.path.exists(os.path.dirname(output)) or os.listdir(os.path.dirname(output)) == []

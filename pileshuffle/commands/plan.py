@@ -207,8 +207,9 @@ def plan_text(plan: Plan, options) -> str:
                                 "process (docs/dataflow.md: worker memory)"))
     staging = staging_dir(plan.output)
     if plan.work_dir in plan.needs:
+        kept = " that --memory does not keep" if plan.memory_for_runs else ""
         lines.append(("temp space", f"about {_size(plan.needs[plan.work_dir])} at {plan.work_dir} (pass-1 "
-                                    f"runs, removed at the end){_free(plan, plan.work_dir)}"))
+                                    f"runs{kept}, removed at the end){_free(plan, plan.work_dir)}"))
     if staging in plan.needs:
         how = ("uploaded to their final names; staged and copied when they replace a finished output"
                if is_remote(plan.output) else f"staged in {staging}, then renamed")
