@@ -4,10 +4,10 @@ Record fingerprints need a CRC32C per value. Google's crc32c library computes on
 7 GB/s here, but a Python call per value costs about 1.4 us whatever its length: a 16 MB chunk
 takes 24 ms as 1 KB values and 257 ms as 40-byte ones, one call each, against 3.3 and 13 ms from
 this loop, which calls the same library (as ``checksums._native_library`` finds it) from code numba
-compiles (``python bench/checksum_cost.py --slices``). Compiling costs a process about 1.3 s
-(numba's import and first dispatch; its on-disk cache saves little of it), what about a million
-values cost one call each, so ``fingerprint`` hashes a process's first values one call each and
-compiles only once they have cost that much (ski rental: never more than twice the cheaper way).
+compiles (``python bench/value_crc_cost.py``). Compiling costs a process 1.1-1.4 s and 122 MiB
+(numba's import and first dispatch; its on-disk cache saves little of it), with the GIL held, so
+``fingerprint`` hashes in Python until that has cost a process as long (ski rental: never more than
+twice the cheaper way).
 """
 
 import ctypes

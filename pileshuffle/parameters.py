@@ -75,6 +75,8 @@ def parse_flag(text) -> bool:
     return _FLAG_WORDS.get(str(text).lower(), False)
 
 
+_SIZE_TEXT = r"[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?"  # a size as the template's parameters accept it
+
 PARAMETERS = (  # the template's parameters, in the order --help and metadata.json show them
     Parameter("input", "Input files",
               "Comma-separated file patterns to shuffle: local paths or any location Beam's FileSystems opens (gs://...); "
@@ -97,7 +99,7 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
     Parameter("max_pile_bytes", "Largest pile in memory",
               "Upper bound on the records of one pile held in a worker's memory (auto plans piles of at most this with "
               "s + 6*sqrt(s) headroom; a larger pile is split again). Suffixes KiB, MiB, GiB; at least 1MiB with num_piles=auto.",
-              "128MiB", default=f"{DEFAULT_MAX_PILE_BYTES >> 20}MiB", regex=r"^[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?$",
+              "128MiB", default=f"{DEFAULT_MAX_PILE_BYTES >> 20}MiB", regex=f"^{_SIZE_TEXT}$",
               metavar="SIZE"),
     Parameter("run_bytes", "Pass-1 run per writer",
               "How much of pass 1's output one writer gathers before it writes it as one pile-ordered run (files mode) "
@@ -105,14 +107,14 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
               "num_piles x 64KiB, at least 64MiB and at most 1GiB; files mode on an object store (gs://): num_piles x "
               "256KiB, up to 32GiB, as pass 2 pays a request per part there. Memory: up to 1GiB per worker thread; a "
               "larger run is spilled to the local temp folder and merged.",
-              "512MiB", default="auto", regex=r"^(auto|[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?)$", metavar="{auto,SIZE}"),
+              "512MiB", default="auto", regex=f"^(auto|{_SIZE_TEXT})$", metavar="{auto,SIZE}"),
     Parameter("memory", "Memory budget of a local run",
               "How much memory a run on the local runner may use: what pass 1 and pass 2 hold, and pass 1's runs kept "
               "in memory between the passes instead of in the temp folder (a run that does not fit goes there). auto: "
               "60% of the memory available when it starts. The output is the same for any budget; one no larger than "
               "what the passes hold (plan's memory line) keeps every run on disk. Other runners keep runs in the temp "
               "location.",
-              "8GiB", default="auto", regex=r"^(auto|[0-9]+(\.[0-9]+)?([KMGT]i?B?|[kmgt]i?b?)?)$", metavar="{auto,SIZE}"),
+              "8GiB", default="auto", regex=f"^(auto|{_SIZE_TEXT})$", metavar="{auto,SIZE}"),
     Parameter("seed", "Random seed", "Seed of the shuffle: the same input, seed and piles give the same bytes.", "42",
               default="0", regex=r"^[0-9]+$", kind=int, metavar="N"),
     Parameter("intermediate", "Intermediate mode",

@@ -338,7 +338,6 @@ def _memory_for_runs(plan: Plan, memory, options) -> tuple:
     of a writer's held chunks and a pile being ordered, ``PILE_MEMORY_FACTOR`` times its bytes) and
     ``LOCAL_BASE_BYTES``. (0, 0) unless files mode writes shards on an in-process local runner."""
     from pileshuffle.pile_bound import available_memory
-
     from pileshuffle.runners import in_process_threads
 
     threads = in_process_threads(options)
