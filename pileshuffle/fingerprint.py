@@ -8,6 +8,7 @@ duplicated or altered record changes it.
 
 import dataclasses
 import time
+import zlib
 
 import google_crc32c
 import numpy as np
@@ -15,7 +16,7 @@ import pyarrow as pa
 
 __all__ = [
     "how_records_differ",
-    "mix64", "payload_hashes", "crc32c_of_slices", "binary_column_parts", "Fingerprint", "total",
+    "mix64", "payload_hashes", "crc32c_of_slices", "crc32_of_slices", "binary_column_parts", "Fingerprint", "total",
     "column_hashes", "binary_lengths", "row_lengths", "row_hashes"
 ]
 
@@ -60,6 +61,24 @@ def crc32c_of_slices(data, offsets: np.ndarray, trim_end: int = 0) -> np.ndarray
         crcs[short] = _crc32c_across(np.frombuffer(data, dtype=np.uint8), starts[short], lengths[short])
     if not short.all():
         crcs[~short] = _crc32c_each(data, starts[~short], lengths[~short])
+    _python_seconds += time.perf_counter() - began
+    return crcs
+
+
+def crc32_of_slices(data, offsets: np.ndarray) -> np.ndarray:
+    """CRC-32 (zlib's) of ``data[offsets[i] : offsets[i+1]]`` for every i: from the compiled loop
+    once this process has paid for compiling it (as ``crc32c_of_slices``), else one call each."""
+    global _python_seconds
+    starts = np.asarray(offsets[:-1], dtype=np.int64)
+    lengths = np.asarray(offsets[1:], dtype=np.int64) - starts
+    compiled = _compiled_slice_crcs()
+    crcs = compiled(np.frombuffer(data, dtype=np.uint8), starts, lengths, "crc32") if compiled else None
+    if crcs is not None:
+        return crcs
+    began = time.perf_counter()
+    view = memoryview(data).cast("B")
+    crcs = np.fromiter((zlib.crc32(view[a : a + n]) for a, n in zip(starts.tolist(), lengths.tolist())),
+                       dtype=np.uint64, count=len(starts))
     _python_seconds += time.perf_counter() - began
     return crcs
 
@@ -223,14 +242,19 @@ def total(fingerprints) -> Fingerprint:
 _NULL_HASH = np.uint64(0x9E3779B97F4A7C15)
 
 
-def column_hashes(column) -> np.ndarray:
-    """A 64-bit hash of every value of an Arrow column (nulls hash to a constant)."""
+def column_hashes(column, strong: bool = False) -> np.ndarray:
+    """A 64-bit hash of every value of an Arrow column (nulls hash to a constant). A binary or
+    string value's hash is a mix of its CRC32C and length: 32 bits of its bytes; ``strong`` mixes
+    in its CRC-32 (zlib) too, for 64 (``dedup``'s content keys)."""
     array = _as_array(column)
     kind = array.type
     if pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
         filled = array.fill_null(b"" if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) else "")
         data, offsets = binary_column_parts(filled)
         hashes = payload_hashes(crc32c_of_slices(data, offsets), np.diff(offsets))
+        if strong:
+            with np.errstate(over="ignore"):
+                hashes = mix64(hashes + crc32_of_slices(data, offsets) * np.uint64(0x9E3779B97F4A7C15))
     elif pa.types.is_boolean(kind):
         hashes = mix64(array.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64) + np.uint64(1))
     elif _is_plain_fixed_width(kind):
@@ -281,12 +305,12 @@ def row_lengths(table: pa.Table) -> np.ndarray:
     return lengths
 
 
-def row_hashes(table: pa.Table) -> np.ndarray:
-    """A 64-bit hash of every row: the columns' value hashes mixed in column order."""
+def row_hashes(table: pa.Table, strong: bool = False) -> np.ndarray:
+    """A 64-bit hash of every row: the columns' value hashes (``column_hashes``) mixed in column order."""
     hashes = np.zeros(table.num_rows, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for position, column in enumerate(table.columns):
-            hashes = mix64(hashes * np.uint64(0x100000001B3) + column_hashes(column) + np.uint64(position))
+            hashes = mix64(hashes * np.uint64(0x100000001B3) + column_hashes(column, strong) + np.uint64(position))
     return hashes
 
 

@@ -14,7 +14,7 @@ from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES
 
 __all__ = [
     "Parameter", "parse_bytes", "parse_flag", "PARAMETERS", "PileshuffleOptions", "check_values", "check_max_pile_bytes",
-    "check_compression", "balance_policy"
+    "check_compression", "balance_policy", "dedup_of"
 ]
 
 _MIN_MAX_PILE_BYTES = 1 << 20  # with --num_piles=auto, where it sets the number of piles
@@ -143,6 +143,17 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
               "With --balance: a record without the --label_field label (or whose label cannot be read) is the class "
               "null, as a null label is, instead of stopping the run.",
               "false", flag=True, regex=r"^(true|false)$"),
+    Parameter("dedup", "Exact deduplication",
+              "exact: write each distinct record once (the first of its copies in input order), compared by its "
+              "bytes (a Parquet row by its values); duplicates meet in one pile, so it costs no extra pass. The manifest "
+              "and the summary say how many were dropped. key: by the value of --dedup_key (which alone means key). "
+              "none: keep every record.",
+              "key", default="none", choices=("none", "exact", "key")),
+    Parameter("dedup_key", "Deduplicate by field",
+              "Keep one record per value of this field (the first in input order): a Parquet column, a JSON key, a "
+              "tf.train.Example feature (TFRecord) or a member extension (tar), compared as --label_field compares "
+              "labels. A record without the field stops the run.",
+              "url", default="", regex=r"^[^\n]*$", metavar="FIELD"),
     Parameter("skip_corrupt", "Skip corrupt records",
               "Skip corrupt TFRecord records (resynchronising at the next valid record) and report them, instead of "
               "failing; a tar shard is read up to a damaged header and the rest of it is reported skipped.",
@@ -194,6 +205,27 @@ def check_values(values, parameters=PARAMETERS):
         check_compression(getattr(values, "format", "auto"), getattr(values, "compression", "auto"))
     if "balance" in names:
         balance_policy(values)
+    if "dedup" in names:
+        dedup_of(values)
+
+
+def dedup_of(values):
+    """The ``dedup.Dedup`` that ``--dedup`` and ``--dedup_key`` ask for, or None; both at once, or
+    with ``--balance``, is a UsageError."""
+    from pileshuffle.dedup import Dedup
+
+    kind = getattr(values, "dedup", "none") or "none"
+    field = getattr(values, "dedup_key", "") or ""
+    if kind == "exact" and field:
+        raise UsageError("--dedup exact and --dedup_key: give one (whole records, or one field's value)")
+    if kind == "key" and not field:
+        raise UsageError("--dedup key: needs --dedup_key FIELD (a column, JSON key, feature or member)")
+    if kind == "none" and not field:
+        return None
+    if getattr(values, "balance", ""):
+        raise UsageError("--dedup with --balance: balancing copies records that dedup would drop again; "
+                         "deduplicate in one run, then balance its output in another")
+    return Dedup(field or None)
 
 
 def balance_policy(values):

@@ -23,7 +23,8 @@ from pileshuffle.formats.labels import sampled_label_counts
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
 from pileshuffle.names import manifest_path, staging_dir, store_dir, work_dir_name
 from pileshuffle.runs import DEFAULT_RUN_BYTES, MAX_HELD_BYTES, run_bytes_for
-from pileshuffle.parameters import PileshuffleOptions, balance_policy, check_compression, check_values, parse_bytes
+from pileshuffle.parameters import (PileshuffleOptions, balance_policy, check_compression, check_values, dedup_of,
+                                   parse_bytes)
 from pileshuffle.output_files import OutputFiles, check_replaceable, missing_local_folders, remove_empty_folders
 from pileshuffle.pile_bound import check_num_piles
 from pileshuffle.space import FRAGMENT_OVERHEAD, free_space, space_needed
@@ -73,6 +74,7 @@ class Plan:
     label: str = None  # --label: the class field (with --balance)
     balance: object = None  # --balance: a balance.Policy (a first pass counts the classes)
     keep_unlabeled: bool = False  # --keep_unlabeled: a record without the label is the class "null"
+    dedup: object = None  # --dedup / --dedup_key: a dedup.Dedup (keys from content, duplicates dropped in pass 2)
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
     growth: float = 1.0  # --balance: records written per record read, from a sample of labels
     run_bytes: int = DEFAULT_RUN_BYTES  # --run_bytes: pass 1's run size per writer (pileshuffle.runs)
@@ -312,6 +314,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         label=opts.label_field or None,
         balance=policy,
         keep_unlabeled=bool(opts.keep_unlabeled),
+        dedup=dedup_of(opts),
         layout=opts.layout,
         schema=schema,
         input_bytes=sum(s.size for s in sources),

@@ -23,9 +23,10 @@ import zlib
 
 from pileshuffle import storage
 from pileshuffle.checksums import crc32c_mismatch, unreadable_bytes
+from pileshuffle.dedup import Dedup, distinct_fingerprint
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.formats import FORMATS, get_format, read_fingerprint
+from pileshuffle.formats import FORMATS, ReadReport, get_format, read_fingerprint
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
 from pileshuffle.names import SHARD_TAIL, manifest_path, shard_pattern
 from pileshuffle.output_files import read_manifest
@@ -91,6 +92,7 @@ class ShardVerifier:
         self.problems = []
         self.output_fp = self.input_fp = None
         self.num_shards = 0
+        self.manifest = None
 
     def problem(self, text):
         self.problems.append(text)
@@ -101,6 +103,7 @@ class ShardVerifier:
         except (ValueError, OSError) as error:
             self.problem(f"{manifest_path(self.prefix)} cannot be read as JSON: {error}")
             manifest = None
+        self.manifest = manifest
         if manifest is None and not self.problems:
             self.problem(f"no manifest at {manifest_path(self.prefix)}: the run did not finish (or wrote elsewhere)")
         fmt = self._format(manifest)
@@ -222,7 +225,8 @@ class ShardVerifier:
             self.problem(f"output fingerprint ({_describe(output_fp)}) differs from the manifest's "
                          f"({_recorded(recorded)})")
         recorded_in = manifest.get("input_fingerprint")
-        if recorded_in is not None and "balance" not in manifest and Fingerprint.from_json(recorded_in) != output_fp:
+        if (recorded_in is not None and "balance" not in manifest and "dedup" not in manifest
+                and Fingerprint.from_json(recorded_in) != output_fp):
             self.problem(f"the manifest's input fingerprint ({_recorded(recorded_in)}) differs from the output's "
                          f"({_describe(output_fp)})")
 
@@ -243,17 +247,25 @@ class ShardVerifier:
             self.problem(f"input: {error}")
             return
         skip_corrupt = bool((manifest or {}).get("options", {}).get("skip_corrupt"))
-        input_fp, skipped, blank, per_file = Fingerprint(), 0, 0, {}
-        for source in sources:
-            try:
-                fingerprint, report, _ = read_fingerprint(fmt, source.path, skip_corrupt)
-            except PileshuffleError as error:
-                self.problem(f"input {error}")
-                return
-            input_fp += fingerprint
-            skipped += report.skipped_records
-            blank += report.blank_lines
-            per_file[source.path] = fingerprint.records
+        dedup = Dedup.from_options((manifest or {}).get("options"))
+        input_fp, skipped, blank, per_file, distinct = Fingerprint(), 0, 0, {}, None
+        try:
+            if dedup is not None:
+                reports = []
+                input_fp, distinct = distinct_fingerprint(_content_chunks(fmt, sources, dedup, skip_corrupt, reports,
+                                                                          per_file))
+            else:
+                reports = []
+                for source in sources:
+                    fingerprint, report, _ = read_fingerprint(fmt, source.path, skip_corrupt)
+                    input_fp += fingerprint
+                    reports.append(report)
+                    per_file[source.path] = fingerprint.records
+        except PileshuffleError as error:
+            self.problem(f"input {error}")
+            return
+        skipped = sum(r.skipped_records for r in reports)
+        blank = sum(r.blank_lines for r in reports)
         self.input_fp = input_fp
         if manifest is not None:
             recorded = manifest.get("input_fingerprint")
@@ -274,12 +286,40 @@ class ShardVerifier:
         balance = (manifest or {}).get("balance")
         if balance is not None:  # the output holds the input's records with --balance's copies
             input_fp = _with_copies(fmt, sources, manifest, skip_corrupt)
+        if distinct is not None:  # the output holds the first of each distinct record
+            self._check_dedup_counts(manifest, input_fp, distinct)
+            input_fp = distinct
         if self.output_fp is not None and input_fp != self.output_fp:
             lost = input_fp.records - self.output_fp.records
             what = (f"{lost:,} record(s) missing from the output" if lost > 0
                     else f"the output has {-lost:,} record(s) more" if lost < 0
                     else "the same count but different records")
             self.problem(f"input and output differ ({what}): input {_describe(input_fp)}; output {_describe(self.output_fp)}")
+
+
+    def _check_dedup_counts(self, manifest: dict, read: Fingerprint, distinct: Fingerprint):
+        """The manifest's ``dedup`` counts are the input's: records read, distinct kept, dropped."""
+        section = manifest.get("dedup") or {}
+        found = {"records_read": read.records, "records_kept": distinct.records,
+                 "records_dropped": read.records - distinct.records}
+        for name, count in found.items():
+            if section.get(name) != count:
+                self.problem(f"the input holds {count:,} for the manifest's dedup {name}, which says {section.get(name)}")
+
+
+def _content_chunks(fmt, sources, dedup, skip_corrupt: bool, reports: list, per_file: dict):
+    """``(content hashes, record hashes, lengths)`` of every chunk of ``sources`` in input order, as
+    a ``--dedup`` run keys them (``Dedup.values``); each file's ``ReadReport`` appended to ``reports``."""
+    from pileshuffle.dedup import content_hashes
+    from pileshuffle.formats import record_hashes, record_lengths
+
+    for source in sources:
+        report, first = ReadReport(), 0
+        for table in fmt.read_chunks(source.path, DEFAULT_CHUNK_BYTES, skip_corrupt, report):
+            yield content_hashes(dedup.values(table, source.path, first)), record_hashes(table), record_lengths(table)
+            first += table.num_rows
+        reports.append(report)
+        per_file[source.path] = first
 
 
 def _damage(path: str, size: int, entry) -> str:

@@ -110,13 +110,16 @@ def test_typos_of_ours_beams_and_runners_options_name_the_right_one(typo, sugges
 
 
 def test_the_flex_launchers_arguments_and_runner_options_are_accepted():
-    launcher = [f"--{p.name}={p.example}" for p in PARAMETERS] + [
+    exclusive = ("dedup", "dedup_key")  # --dedup with --balance is refused: their examples are checked on their own
+    launcher = [f"--{p.name}={p.example}" for p in PARAMETERS if p.name not in exclusive] + [
         "--runner=DataflowRunner", "--project=p", "--region=us-central1", "--temp_location=gs://b/tmp",
         "--staging_location=gs://b/staging", "--sdk_container_image=i", "--job_name=j", "--service_account_email=a@b",
         "--number_of_worker_harness_threads=2", "--experiments=use_runner_v2", "--max_num_workers=20",
         "--worker_machine_type=n2-highmem-4", "--labels=a=b", "--setup_file=./setup.py"]
     values = check_argv(launcher)
     assert values.seed == "42" and values.input == PARAMETERS[0].example
+    values = check_argv([f"--{p.name}={p.example}" for p in PARAMETERS if p.name in exclusive or p.optional is False])
+    assert (values.dedup, values.dedup_key) == ("key", "url")
     check_argv(["--input=x", "--output=y", "--runner=DaskRunner", "--dask_client_address=tcp://h:8786",
                 "--dask_npartitions=8"])
     check_argv(["--input=x", "--output=y", "--direct_running_mode=in_memory", "--direct_num_workers=1", "--",

@@ -159,3 +159,19 @@ def test_a_balanced_run_on_dask_equals_the_local_one(tmp_path, cluster):
     run_shuffle(str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "dask" / "t"), *args, runner_args=dask_args(cluster))
     assert shard_bytes(str(tmp_path / "dask" / "t")) == shard_bytes(str(tmp_path / "local" / "t"))
     assert local["balance"]["records_after"] == {"cat": 270, "dog": 270}
+
+
+def test_a_dedup_run_on_dask_gives_the_local_bytes(tmp_path, cluster):
+    """--dedup exact on Dask: the same distinct records, in the same bytes; a pile of one record
+    repeated is split off and streamed on a worker as locally."""
+    (tmp_path / "in").mkdir()
+    for n in range(3):
+        lines = [b'{"i": %d}\n' % (i % 900) for i in range(n * 700, (n + 1) * 700)] + [b'{"i": "hot"}\n'] * 1500
+        (tmp_path / "in" / f"p{n}.jsonl").write_bytes(b"".join(lines))
+    pattern = str(tmp_path / "in" / "*.jsonl")
+    args = ["--dedup=exact", "--num_piles=3", "--max_pile_bytes=16KiB", f"--temp_location={tmp_path / 'tmp'}"]
+    local = run_shuffle(pattern, str(tmp_path / "local" / "o"), *args)
+    found = run_shuffle(pattern, str(tmp_path / "dask" / "o"), *args, runner_args=dask_args(cluster))
+    assert shard_bytes(str(tmp_path / "dask" / "o")) == shard_bytes(str(tmp_path / "local" / "o"))
+    assert found["dedup"] == local["dedup"] and found["dedup"]["records_kept"] == 901
+    assert found["dedup"]["largest_groups"][0]["copies"] == 4500

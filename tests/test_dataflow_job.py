@@ -84,3 +84,14 @@ def test_a_local_input_or_output_on_dataflow_is_refused_naming_it(gcs, tmp_path,
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert f"--{where}: {tmp_path}" in done.stderr and "gs://" in done.stderr.splitlines()[-1]
     assert storage.match(f"{gcs}/staging/**") == [] and not (tmp_path / "out").exists()
+
+
+def test_a_dedup_launch_carries_its_parameter_into_the_job(gcs):
+    """--dedup_key as a template parameter: the job's options carry it, the graph is the run's own (no extra pass)."""
+    sample.write_jsonl(f"{gcs}/in", records=300, files=3)
+    done = launch(gcs, *PROJECT, "--dedup_key=index")
+    assert done.returncode == 0 and "job submitted" in done.stderr, done.stderr
+    options = storage.read_json(f"{gcs}/job.json")["environment"]["sdkPipelineOptions"]["options"]
+    assert options["dedup_key"] == "index"
+    names = [t.unique_name for t in staged_pipeline(gcs).components.transforms.values()]
+    assert names.count("ReadSourceToPiles") == 1 and names.count("GroupIntoPiles/GroupByPile") == 1

@@ -111,6 +111,7 @@ def template_args(input_glob, output):
         "input": input_glob, "output": output, "format": "tfrecord", "compression": "none", "num_piles": "4",
         "max_pile_bytes": "1MiB", "run_bytes": "auto", "memory": "auto", "seed": "42", "intermediate": "files", "overwrite": "true", "skip_corrupt": "false", "quiet": "false",
         "layout": "shards", "label_field": "", "balance": "", "undersample": "false", "keep_unlabeled": "false",
+        "dedup": "none", "dedup_key": "",
     }
     assert set(values) == {p.name for p in PARAMETERS}, "a new parameter needs a value here"
     return [f"--{name}={value}" for name, value in values.items()]

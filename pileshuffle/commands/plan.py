@@ -172,8 +172,8 @@ def plan_text(plan: Plan, options) -> str:
         ("input", f"{len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes ({_size(plan.input_bytes)})"),
         ("records", f"about {plan.estimated_records:,} of {plan.mean_record_bytes:,.0f} bytes on average{guessed}"),
     ]
-    if plan.balance is not None:
-        lines.append(("balance", _balance_text(plan)))
+    lines += [(name, describe(plan)) for name, describe, asked in (("balance", _balance_text, plan.balance),
+                                                                    ("dedup", _dedup_text, plan.dedup)) if asked is not None]
     if plan.left_out:
         lines.append(("left out", f"{len(plan.left_out):,} matched file(s) that pileshuffle wrote: "
                                   f"{describe_left_out(plan.left_out)}"))
@@ -302,6 +302,13 @@ def _free(plan: Plan, location: str) -> str:
     return f"; {_size(free)} free{shared}{short}"
 
 
+def _dedup_text(plan: Plan) -> str:
+    """What ``--dedup`` compares and holds: no extra pass; a pile of one record repeated is streamed."""
+    what = "whole records by their bytes" if plan.dedup.field is None else f"the value of {plan.dedup.field!r}"
+    return (f"the first of each distinct record kept, by {what}; no extra pass (copies meet in one pile); pass 2 "
+            f"holds one pile ({_size(plan.max_pile_bytes)}) as without it, a pile of one record repeated streamed")
+
+
 def _balance_text(plan: Plan) -> str:
     """What ``--balance`` adds: the counting pass, and the output's size estimated from a sample."""
     how = "cutting large classes down" if plan.balance.undersample else "copying small classes up"
@@ -346,6 +353,7 @@ def plan_json(plan: Plan, options) -> dict:
         "balance": None if plan.balance is None else {"label_field": plan.label, "policy": plan.balance.spec(),
                                                      "undersample": plan.balance.undersample, "counting_pass": True,
                                                      "growth_estimate": round(plan.growth, 4)},
+        "dedup": None if plan.dedup is None else plan.dedup.options(),
     }
 
 

@@ -22,8 +22,9 @@ def summary(manifest: dict) -> str:
     totals = manifest["totals"]
     seconds = manifest.get("wall_seconds") or manifest.get("seconds") or float("nan")
     piles = manifest["pile_records"]
-    balance = manifest.get("balance")
+    balance, dedup = manifest.get("balance"), manifest.get("dedup")
     lines = [
+        _dedup_records_line(dedup) if dedup else
         f"records   {totals['records']:,} (fingerprints of input and output match)" if not balance else
         f"records   {totals['records']:,}: the input's {manifest['input_fingerprint']['records']:,} and their copies "
         f"(fingerprints of what pass 1 put in and the output match)",
@@ -100,6 +101,15 @@ def reporting_errors(command) -> int:
             raise
         print(f"pileshuffle: error: {message}", file=sys.stderr)
         return 2
+
+
+def _dedup_records_line(dedup: dict) -> str:
+    """A manifest's ``dedup`` section: records read, kept and dropped, and the largest group."""
+    by = "records" if dedup["by"] == "record" else f"values of {dedup['field']!r}"
+    largest = dedup["largest_groups"][0]["copies"] if dedup["largest_groups"] else 1
+    return (f"records   {dedup['records_kept']:,} distinct {by} kept of {dedup['records_read']:,} read; "
+            f"{dedup['records_dropped']:,} duplicates dropped (largest group: {largest:,} copies; "
+            f"fingerprints of what was read and what was kept and dropped match)")
 
 
 def _balance_line(balance: dict) -> str:

@@ -143,6 +143,9 @@ def run_store(options, wait=None, hold_worker_stderr=False):
     running.HOLD_WORKER_STDERR["on"] = hold_worker_stderr
     _at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
     plan = make_plan(options)
+    if plan.dedup is not None:
+        raise UsageError("--dedup with --layout store: a pile store keeps pass 1's piles unordered, and duplicates "
+                         "are dropped in pass 2; deduplicate into shards (--layout shards), or keep the store whole")
     check_space(plan.space)
     prefix = plan.output
     if storage.exists(manifest_path(prefix)):

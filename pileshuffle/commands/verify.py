@@ -75,6 +75,11 @@ def _verify_command(argv):
         return 1
     fp = verifier.output_fp
     checked = "input and output fingerprints match" if args.input else "input not re-read (no --input)"
+    dedup = (verifier.manifest or {}).get("dedup")
+    if args.input and dedup:
+        checked = (f"the output is exactly the input's distinct records, each once: {dedup['records_read']:,} read, "
+                   f"{dedup['records_kept']:,} distinct, {dedup['records_dropped']:,} duplicates left out "
+                   "(records compared by a 64-bit hash of their content)")
     print(f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards} shard(s) under {args.output}; "
           f"every shard reads back whole and matches the manifest; {checked} "
           f"(hash sum {fp.hash_sum:016x}, xor {fp.hash_xor:016x})")

@@ -28,7 +28,8 @@ from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
 _INPUT_STREAM = 0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
 
-__all__ = ["threshold_for", "Label", "Scan", "scan", "run_keys", "scan_with_copies", "scan_store", "match", "class_ids"]
+__all__ = ["threshold_for", "Label", "Scan", "scan", "run_keys", "scan_with_copies", "scan_distinct", "scan_store",
+           "match", "class_ids"]
 
 _HASH_SPACE = 2**64
 
@@ -174,6 +175,35 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
         fmt, source, seed, (INPUT_STREAM, source.id), DEFAULT_CHUNK_BYTES, skip, ReadReport(), balance)))
         for source in sources)
     return _sampled(files, threshold, label, keys=True)
+
+
+def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = None) -> Scan:
+    """``scan`` of the input of a ``--dedup`` run as its output holds it: the first record of each
+    content in input order (``dedup.Dedup``, from the manifest's options), positions counted among
+    them, and their pass-1 keys (content keys). Reads the input twice, and holds 8 bytes per record."""
+    from pileshuffle.dedup import DEDUP_STREAM, Dedup, content_hashes
+    from pileshuffle.keys import position_keys
+
+    dedup, seed = Dedup.from_options(manifest.get("options")), int(manifest.get("seed") or 0)
+    contents = []
+    for path in paths:
+        first = 0
+        for table in fmt.read_chunks(path):
+            contents.append(content_hashes(dedup.values(table, path, first)))
+            first += table.num_rows
+    contents = np.concatenate(contents) if contents else np.zeros(0, np.uint64)
+    is_first = np.zeros(len(contents), dtype=bool)
+    is_first[np.unique(contents, return_index=True)[1]] = True
+    at = [0]
+
+    def chunks(path):
+        for table in fmt.read_chunks(path):
+            kept = is_first[at[0] : at[0] + table.num_rows]
+            distinct = table.filter(pa.array(kept))
+            yield distinct, record_hashes(distinct), position_keys(seed, (DEDUP_STREAM,), contents[at[0] : at[0] + table.num_rows][kept])
+            at[0] += table.num_rows
+
+    return _sampled(((path, chunks(path)) for path in paths), threshold, label, keys=False)
 
 
 def _sampled(files, threshold: int, label, keys: bool) -> Scan:

@@ -102,6 +102,8 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         if balanced:
             source = locate.scan_with_copies(fmt, input_paths, manifest, threshold, label if compare else None)
             before = locate.scan(fmt, input_paths, 0, label) if label is not None else None  # labels only
+        elif "dedup" in manifest:  # the output holds the first of each distinct record: measured against those
+            source = before = locate.scan_distinct(fmt, input_paths, manifest, threshold, label)
         else:
             source = before = locate.scan(fmt, input_paths, threshold, label, locate.run_keys(manifest))
     except InputError as error:

@@ -154,6 +154,9 @@ class _WriteStorePile(beam.DoFn):
         prepare_worker()
 
     def process(self, pile):
+        if pile.dedup is not None:
+            raise OutputError(f"the store {self._store} keeps piles as pass 1 made them, duplicates included; "
+                              "ShuffleToPiles(dedup=...) drops them in pass 2: write its piles with WritePiles")
         if pile.num_piles != self._num_piles:
             raise OutputError(f"the store {self._store} has {self._num_piles} piles; these records were "
                               f"assigned to {pile.num_piles} (use ShuffleToPiles(num_piles={self._num_piles}))")

@@ -64,12 +64,12 @@ class SourcePiles:
     source's ``SourceStats`` (with ``balance``, what went into the piles and the class tally too)."""
 
     def __init__(self, fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool,
-                 num_piles: int, balance=None, stored=None):
+                 num_piles: int, balance=None, stored=None, dedup=None):
         self._source, self._report, self._num_piles = source, ReadReport(), num_piles
         self._read, self._emitted = Fingerprint(), None if balance is None else Fingerprint()
         self._tally = None if balance is None else {}
         self._chunks = keyed_rows(fmt, source, seed, stream, chunk_bytes, skip_corrupt, self._report, balance,
-                                  self._tally, stored)
+                                  self._tally, stored, dedup)
 
     def __iter__(self):
         for chunk_index, (table, keys, hashes, lengths, read, rows) in enumerate(self.keyed()):
@@ -101,12 +101,13 @@ def keyed_chunks(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int
 
 
 def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, skip_corrupt: bool, report,
-               balance=None, tally=None, stored=None):
+               balance=None, tally=None, stored=None, dedup=None):
     """``keyed_chunks`` with each chunk as read: ``(table, keys, hashes, lengths, read, rows)``,
     where ``rows`` (None without ``balance``) picks the records with their copies
     (``table.take(rows)``), and ``keys``, ``hashes`` and ``lengths`` are the copies'. With
     ``stored`` (a ``ClassCodesReader`` of the source) labels come from the counting pass
-    instead of being parsed again (and a JSONL file's lines are read where it found them)."""
+    instead of being parsed again (and a JSONL file's lines are read where it found them). With
+    ``dedup`` (a ``dedup.Dedup``; not with ``balance``) keys are content keys (``Dedup.keys``)."""
     first = 0
     copies_of = None if balance is None else balance[1].copier(source.id)
     keep_unlabeled = balance is not None and len(balance) > 2 and bool(balance[2])
@@ -116,7 +117,10 @@ def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, 
         hashes, lengths = record_hashes(table), record_lengths(table)
         read = Fingerprint.of(hashes, int(lengths.sum()))
         if copies_of is None:
-            yield table, keymath.position_keys(seed, stream, positions), hashes, lengths, read, None
+            keys = keymath.position_keys(seed, stream, positions) if dedup is None else \
+                dedup.keys(table, seed, source.path, first if not source.span or not source.span[0] else None, positions)
+            first += table.num_rows
+            yield table, keys, hashes, lengths, read, None
             continue
         if stored is None:
             codes, classes = class_codes(record_labels(table, balance[0], source.path, first, keep_unlabeled))
@@ -215,8 +219,9 @@ class ReadSourceToPiles(beam.DoFn):
 
     def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
                  skip_corrupt=False, label=None, keep_unlabeled=False, codes_dir=None, policy=None,
-                 run_bytes=DEFAULT_RUN_BYTES, memory_for_runs=0):
+                 run_bytes=DEFAULT_RUN_BYTES, memory_for_runs=0, dedup=None):
         self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
+        self._dedup = dedup
         self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
         self._label, self._keep_unlabeled, self._codes_dir = label, keep_unlabeled, codes_dir
         self._planner = None if policy is None else ClassPlanner(policy, seed)
@@ -237,7 +242,7 @@ class ReadSourceToPiles(beam.DoFn):
             paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)
             reading = SourcePiles(get_format(self._format_name), source, self._seed, (INPUT_STREAM, source.id),
                                   self._chunk_bytes, self._skip_corrupt, self._num_piles, balance,
-                                  None if paths is None else ClassCodesReader(*paths, source.path))
+                                  None if paths is None else ClassCodesReader(*paths, source.path), self._dedup)
             for table, keys, hashes, lengths, read, rows in reading.keyed():
                 yield from runs.add(table, keys, hashes, lengths, rows)
                 progress.read(source, read.bytes)
@@ -275,12 +280,13 @@ class AssignPiles(beam.DoFn):
 
     Unkeyed records draw U from a stream seeded by ``seed`` and a fresh random nonce per
     bundle (uniform, not reproducible); keyed ``(id, record)`` pairs draw U from
-    ``(seed, id)`` (reproducible: the same ids give the same order on any runner).
+    ``(seed, id)`` (reproducible: the same ids give the same order on any runner); with ``dedup``
+    records draw U from their content (``dedup.Dedup.keys``; ids, if any, are not used).
     """
 
     def __init__(self, seed, num_piles, keyed, fragments_dir=None, batch_bytes=DEFAULT_CHUNK_BYTES,
-                 run_bytes=DEFAULT_RUN_BYTES):
-        self._seed, self._num_piles, self._keyed = seed, num_piles, keyed
+                 run_bytes=DEFAULT_RUN_BYTES, dedup=None):
+        self._seed, self._num_piles, self._keyed, self._dedup = seed, num_piles, keyed, dedup
         self._fragments_dir, self._batch_bytes, self._run_bytes = fragments_dir, batch_bytes, run_bytes
 
     def setup(self):
@@ -310,7 +316,9 @@ class AssignPiles(beam.DoFn):
         if not self._buffer:
             return []
         table = _as_table(self._buffer)
-        if self._keyed:
+        if self._dedup is not None:
+            keys = self._dedup.keys(table, self._seed)
+        elif self._keyed:
             if table.num_rows != len(self._ids):
                 raise ValueError("keyed=True takes one (id, record) pair per record; a RecordBatch element needs one id per row")
             keys = _id_keys(self._seed, self._ids)

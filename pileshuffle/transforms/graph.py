@@ -32,7 +32,8 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     pass1 = groups | "ReadSourceToPiles" >> beam.ParDo(
         ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt,
                           label=plan.label, keep_unlabeled=plan.keep_unlabeled, codes_dir=codes_dir,
-                          policy=plan.balance, run_bytes=plan.run_bytes, memory_for_runs=plan.memory_for_runs),
+                          policy=plan.balance, run_bytes=plan.run_bytes, memory_for_runs=plan.memory_for_runs,
+                          dedup=plan.dedup),
         **_class_counts(sources, plan, codes_dir)
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it
@@ -41,7 +42,7 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     stats = pass1[STATS_TAG] | "OnlyStats" >> beam.Filter(_is_source_stats)
     return (
         fragments
-        | "GroupIntoPiles" >> GroupIntoPiles(plan.num_piles, plan.max_pile_bytes, plan.work_dir)
+        | "GroupIntoPiles" >> GroupIntoPiles(plan.num_piles, plan.max_pile_bytes, plan.work_dir, plan.dedup)
         | "WritePiles" >> WritePiles(
             plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
             schema=plan.schema, expected=stats, manifest_fields=manifest_fields(plan), started=started,
@@ -93,5 +94,6 @@ def manifest_fields(plan) -> dict:
             "intermediate": plan.intermediate,
             "skip_corrupt": plan.skip_corrupt,
             **(manifest_options(plan.label, plan.balance, plan.keep_unlabeled) if plan.balance else {}),
+            **(plan.dedup.options() if plan.dedup else {}),
         },
     }

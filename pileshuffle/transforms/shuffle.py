@@ -19,7 +19,9 @@ import pyarrow as pa
 
 from pileshuffle import keys as keymath
 from pileshuffle import storage
+from pileshuffle.dedup import distinct_in_order, stream_distinct
 from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.formats import record_lengths
 from pileshuffle.formats.base import parts_by_pile
 from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_joined
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
@@ -56,6 +58,8 @@ class Pile:
     max_pile_bytes: int = DEFAULT_MAX_PILE_BYTES
     work_dir: str = None
     depth: int = 0
+    dedup: object = None  # a dedup.Dedup: records with equal content keep only the first (pileshuffle.dedup)
+    single_key: bool = False  # every record has one key: under dedup, streamed (never loaded whole)
 
     @property
     def records(self) -> int:
@@ -83,17 +87,26 @@ class Pile:
         for table in self.ordered():
             yield table.drop_columns([HASH_COLUMN])
 
-    def ordered(self):
-        """Yield the records in final order, each with its pass-1 hash (``HASH_COLUMN``)."""
+    def ordered(self, dropped=None):
+        """Yield the records in final order, each with its pass-1 hash (``HASH_COLUMN``). Under
+        ``dedup`` only the first of each content; ``dropped`` (a ``dedup.Dropped``) counts the rest."""
+        if self.dedup is not None and self.single_key:
+            batches = (pa.Table.from_batches([b]).drop_columns([KEY_COLUMN]) for f in self.fragments for b in read_batches(f))
+            yield from stream_distinct(batches, _records_of, self.dedup, dropped)
+            return
         if self.needs_split:
             for sub_pile in self.split():
-                yield from sub_pile.ordered()
+                yield from sub_pile.ordered(dropped)
             return
         if not self.fragments:
             return
         table = read_joined(self.fragments).combine_chunks()
-        order = np.argsort(table.column(KEY_COLUMN).to_numpy(), kind="stable")
+        keys = table.column(KEY_COLUMN).to_numpy()
+        order = np.argsort(keys, kind="stable")
         records = table.drop_columns([KEY_COLUMN])
+        if self.dedup is not None:
+            user, hashes, lengths = _records_of(records)
+            order = order[distinct_in_order(user, order, keys[order], hashes[order], lengths[order], self.dedup, dropped)]
         step = max(1, int(_OUTPUT_SLICE_BYTES * len(order) / max(1, records.nbytes)))
         for start in range(0, len(order), step):
             yield records.take(order[start : start + step])
@@ -103,27 +116,39 @@ class Pile:
         ways = min(MAX_SPLIT_WAYS, max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2))  # one open file each
         split_dir = storage.join(self.work_dir, "splits")
         files = FragmentFiles(split_dir, split_writer_name(uuid.uuid4().hex[:12], self.depth, self.index))
+        key_range = {}  # sub-pile -> (lowest, highest) key: one key alone is one record repeated, under dedup
         for fragment in self.fragments:
             for batch in read_batches(fragment):
                 digits = _next_digits(batch.column(KEY_COLUMN).to_numpy(), self.num_piles)
                 table = pa.Table.from_batches([batch]).set_column(
                     batch.schema.get_field_index(KEY_COLUMN), KEY_COLUMN, pa.array(digits, type=pa.uint64())
                 )
-                for sub, part, _ in parts_by_pile(table, keymath.pile_of(digits, ways), ways):
+                for sub, part, rows in parts_by_pile(table, keymath.pile_of(digits, ways), ways):
                     files.append(sub, part, Fingerprint())
+                    low, high = key_range.get(sub, (digits[rows[0]], digits[rows[0]]))
+                    key_range[sub] = (min(low, digits[rows].min()), max(high, digits[rows].max()))
         for sub in files.commit():
             fragment = Fragment((0,), sub.records, sub.nbytes, Fingerprint(), path=sub.path)
-            yield Pile(sub.pile, ways, (fragment,), self.max_pile_bytes, self.work_dir, self.depth + 1)
+            low, high = key_range[sub.pile]
+            yield Pile(sub.pile, ways, (fragment,), self.max_pile_bytes, self.work_dir, self.depth + 1, self.dedup,
+                       bool(low == high))
 
     def split_count(self) -> int:
         return 1 if self.needs_split else 0
 
 
+def _records_of(table: pa.Table) -> tuple:
+    """``(records, hashes, lengths)`` of a table of records with their ``HASH_COLUMN``."""
+    records = table.drop_columns([HASH_COLUMN])
+    return records, table.column(HASH_COLUMN).to_numpy(), record_lengths(records)
+
+
 class _MakePile(beam.DoFn):
     """Pass 2 entry: ``(pile, fragments)`` from GroupByKey -> a ``Pile`` in canonical order."""
 
-    def __init__(self, num_piles, max_pile_bytes, work_dir):
+    def __init__(self, num_piles, max_pile_bytes, work_dir, dedup=None):
         self._num_piles, self._max_pile_bytes, self._work_dir = num_piles, max_pile_bytes, work_dir
+        self._dedup = dedup
 
     def setup(self):
         prepare_worker()
@@ -131,21 +156,22 @@ class _MakePile(beam.DoFn):
     def process(self, element):
         pile, fragments = element
         ordered = tuple(sorted(fragments, key=lambda f: f.order))
-        yield Pile(pile, self._num_piles, ordered, self._max_pile_bytes, self._work_dir)
+        yield Pile(pile, self._num_piles, ordered, self._max_pile_bytes, self._work_dir, dedup=self._dedup)
 
 
 class GroupIntoPiles(beam.PTransform):
-    """``(pile, Fragment)`` -> ``Pile``: the GroupByKey between the two passes."""
+    """``(pile, Fragment)`` -> ``Pile``: the GroupByKey between the two passes (``dedup``: the piles' ``Dedup``)."""
 
-    def __init__(self, num_piles, max_pile_bytes=DEFAULT_MAX_PILE_BYTES, work_dir=None):
+    def __init__(self, num_piles, max_pile_bytes=DEFAULT_MAX_PILE_BYTES, work_dir=None, dedup=None):
         super().__init__()
         self._num_piles, self._max_pile_bytes, self._work_dir = num_piles, max_pile_bytes, work_dir
+        self._dedup = dedup
 
     def expand(self, fragments):
         return (
             fragments
             | "GroupByPile" >> beam.GroupByKey()
-            | "MakePile" >> beam.ParDo(_MakePile(self._num_piles, self._max_pile_bytes, self._work_dir))
+            | "MakePile" >> beam.ParDo(_MakePile(self._num_piles, self._max_pile_bytes, self._work_dir, self._dedup))
         )
 
 
@@ -176,6 +202,9 @@ class ShuffleToPiles(beam.PTransform):
     Parquet). With ``keyed=True`` elements are ``(id, record)`` pairs and the order is a
     pure function of ``(seed, ids)``: reproducible on any runner. Unkeyed, the order is
     uniform but differs between runs (records have no stable identity to key on).
+    With ``dedup`` (a ``pileshuffle.dedup.Dedup``: ``Dedup()`` whole records, ``Dedup(field)`` one
+    field's value) a record's key is a seeded hash of its content, reproducible without ids: the
+    piles hold each distinct record once, the first of its group (``pileshuffle.dedup``).
 
     ``temp_location`` selects the ``files`` intermediate mode: pass 1 writes runs there
     (``pileshuffle.runs``) and only byte ranges go through GroupByKey (memory: one pile per
@@ -190,11 +219,11 @@ class ShuffleToPiles(beam.PTransform):
     """
 
     def __init__(self, num_piles, seed=0, keyed=False, temp_location=None, max_pile_bytes=DEFAULT_MAX_PILE_BYTES,
-                 run_bytes=None):
+                 run_bytes=None, dedup=None):
         super().__init__()
         if int(num_piles) < 1:
             raise ValueError(f"num_piles must be at least 1, got {num_piles}")
-        self.num_piles, self.seed, self.keyed = int(num_piles), int(seed), keyed
+        self.num_piles, self.seed, self.keyed, self.dedup = int(num_piles), int(seed), keyed, dedup
         self.max_pile_bytes = int(max_pile_bytes)
         self.work_dir = storage.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}") if temp_location else None
         self.run_bytes = run_bytes_for(run_bytes, self.num_piles, bool(temp_location) and storage.is_remote(temp_location))
@@ -205,6 +234,6 @@ class ShuffleToPiles(beam.PTransform):
         return (
             records
             | "AssignPiles" >> beam.ParDo(AssignPiles(self.seed, self.num_piles, self.keyed, fragments_dir,
-                                                          run_bytes=self.run_bytes))
-            | "GroupIntoPiles" >> GroupIntoPiles(self.num_piles, self.max_pile_bytes, self.work_dir)
+                                                          run_bytes=self.run_bytes, dedup=self.dedup))
+            | "GroupIntoPiles" >> GroupIntoPiles(self.num_piles, self.max_pile_bytes, self.work_dir, self.dedup)
         )

@@ -23,6 +23,7 @@ from apache_beam.io.filesystem import BeamIOError
 
 from pileshuffle import __version__, interrupt, progress, storage
 from pileshuffle.checksums import Crc32cWriter
+from pileshuffle.dedup import Dedup, Dropped, dedup_section
 from pileshuffle.errors import InputError, IntegrityError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, record_lengths
@@ -55,6 +56,9 @@ class _ShardStats:
     work_dir: str = None
     schema: pa.Schema = None
     between_passes: tuple = (0, 0, 0)  # fragments.between_passes of the pile
+    dropped: Fingerprint = Fingerprint()  # under dedup: the duplicates pass 2 left out
+    groups: tuple = ()  # under dedup: the pile's largest duplicate groups, dedup.Dropped.groups
+    dedup: Dedup = None  # the pile's Dedup (composed use: the manifest learns it here)
 
 
 class WriteShard(beam.DoFn):
@@ -72,6 +76,7 @@ class WriteShard(beam.DoFn):
         temp = storage.writing_name(staged, uuid.uuid4().hex[:12])
         carried = between_passes(pile.fragments)
         written = [Fingerprint()]
+        dropped = Dropped()
         schema = [self._schema]
 
         def counted(tables):
@@ -86,21 +91,22 @@ class WriteShard(beam.DoFn):
         try:
             with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
                 with Crc32cWriter(storage.open_write(temp, fmt.shard_handle_compression(self._compression))) as handle:
-                    fmt.write_shard(handle, counted(pile.ordered()), self._compression, self._schema)
+                    fmt.write_shard(handle, counted(pile.ordered(dropped)), self._compression, self._schema)
                 storage.put_in_place([temp], [staged])
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
-        if written[0] != pile.fingerprint:
+        if written[0] + dropped.fingerprint != pile.fingerprint:
+            left_out = f" and left out {dropped.fingerprint.records} duplicates" if dropped.fingerprint.records else ""
             raise IntegrityError(
                 f"pile {pile.index}: pass 1 put in {pile.fingerprint.records} records but pass 2 wrote "
-                f"{written[0].records} to {staged} (fingerprints {pile.fingerprint} vs {written[0]})"
+                f"{written[0].records} to {staged}{left_out} (fingerprints {pile.fingerprint} vs {written[0]})"
             )
         progress.pile_written()
         yield _ShardStats(
             pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
             pile.fingerprint, written[0], pile.split_count(), handle.hex(), pile.work_dir,
             schema[0] if self._format_name == "parquet" and self._schema is None else None,  # Finalize's, if unknown
-            carried,
+            carried, dropped.fingerprint, tuple(dropped.groups), pile.dedup,
         )
 
 
@@ -186,7 +192,9 @@ class Finalize(beam.DoFn):
         input_fp = total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
         put_in = total(s.put_in for s in sources) if sources else input_fp  # with --balance's copies
         output_fp = total(s.written for s in shards)
-        check_accounted(sources, put_in, output_fp, "shuffle", "wrote")
+        dropped = total(s.dropped for s in shards)
+        check_accounted(sources, put_in, output_fp + dropped, "shuffle",
+                        "wrote and left out as duplicates" if dropped.records else "wrote")
         old = check_replaceable(self._prefix, self._overwrite)  # before any final name changes
         schema = self._schema or next((s.schema for s in shards if s.schema is not None), None)
         staged = {s.pile: s for s in shards}
@@ -268,6 +276,9 @@ class Finalize(beam.DoFn):
             manifest["inputs"] = [{"path": s.path, "records": s.fingerprint.records, "bytes": s.size} for s in sources]
         if any(s.classes for s in sources):
             manifest["balance"] = balance_section(sources, self._fields.get("options", {}))
+        dedup = Dedup.from_options(self._fields.get("options", {})) or next((s.dedup for s in shards if s.dedup), None)
+        if dedup is not None:
+            manifest["dedup"] = dedup_section(dedup, input_fp, output_fp, [g for s in shards for g in s.groups])
         if schema is not None:
             manifest["schema"] = schema_json(schema)
         return manifest

@@ -1,0 +1,279 @@
+"""Exact deduplication inside the shuffle: a record's key U from its content, duplicates dropped in pass 2.
+
+With ``--dedup exact`` a record's key is a seeded function of the record (a bytes format's
+record as stored, which its payload determines; a Parquet row's values); with ``--dedup_key
+FIELD`` of one field's value (a Parquet column's value; a JSON key's, a ``tf.train.Example``
+feature's or a tar member's as text, as ``formats.labels`` reads labels). Equal contents get
+equal keys, so they meet in one pile and, after pass 2's sort by U, sit side by side; different
+contents get independent uniform keys: the output is a uniform permutation of the distinct records.
+
+- The content hash is 64 bits (``content_hashes``): per value CRC32C, CRC-32 (zlib) and length,
+  mixed (two CRCs of coprime generators: a CRC of degree 64); U is ``keys.position_keys(seed,
+  (DEDUP_STREAM,), hash)``, a keyed bijection of it.
+- Records whose keys tie are compared by their values (bytes, or Arrow equality), never by a
+  hash: a collision between different contents keeps both.
+- Kept: the first of each group in the pile's canonical order, which is input order (files in
+  sorted order, records in file order): a re-run keeps the same records, and writes the same bytes.
+- A group pass 2 cannot split by U (one record repeated more than a pile holds) is streamed,
+  never loaded whole (``stream_distinct``): memory is one batch and the group's distinct values.
+"""
+
+import dataclasses
+import heapq
+import os
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pileshuffle import keys as keymath
+from pileshuffle.errors import InputError
+from pileshuffle.fingerprint import Fingerprint, row_hashes
+from pileshuffle.formats.json_labels import KEEP_HINT
+
+__all__ = ["DEDUP_STREAM", "TOP_GROUPS", "Dedup", "Dropped", "distinct_in_order", "stream_distinct", "content_hashes",
+           "dedup_section", "distinct_fingerprint"]
+
+DEDUP_STREAM = 2  # the key stream of content keys (0: input positions, 1: composed use's draws)
+TOP_GROUPS = 10  # the largest duplicate groups a manifest lists
+_PREVIEW_CHARS = 80
+
+
+@dataclasses.dataclass(frozen=True)
+class Dedup:
+    """What makes two records duplicates: the whole record (``field`` None) or one field's value."""
+
+    field: str = None
+
+    def describe(self) -> str:
+        return "whole records" if self.field is None else f"the value of {self.field!r}"
+
+    def options(self) -> dict:
+        """The manifest's options (``from_options`` reads them back)."""
+        return {"dedup": "exact"} if self.field is None else {"dedup": "key", "dedup_key": self.field}
+
+    @classmethod
+    def from_options(cls, options: dict):
+        """The ``Dedup`` a manifest's options name, or None."""
+        kind = (options or {}).get("dedup")
+        return None if not kind else cls(options.get("dedup_key") if kind == "key" else None)
+
+    def values(self, records: pa.Table, path: str = "", first: int = 0, positions: np.ndarray = None) -> pa.Table:
+        """The columns two records must agree on to be duplicates (``records``: the user's columns).
+        A record without the field is an InputError naming ``path`` and the record: by its number
+        (``first``: the file's records before ``records``) or, where that is unknown (``first`` None:
+        a span of a file), by its ``positions`` entry."""
+        if self.field is None:
+            return records
+        from pileshuffle.formats import holder_of
+
+        try:
+            return self._field_values(records, path, 0 if first is None else first)
+        except InputError as error:
+            problem = error.problem.replace(KEEP_HINT, "")
+            if first is None and positions is not None:
+                row = next(i for i in range(records.num_rows) if not self._readable(records.slice(i, 1)))
+                unit = "byte" if holder_of(records).record_column is not None else "row"
+                problem = f"the record at {unit} {int(positions[row]):,} has no {self.field!r}, or it cannot be read"
+            raise InputError(path, f"{problem} (--dedup_key {self.field})") from None
+
+    def _readable(self, record: pa.Table) -> bool:
+        try:
+            self._field_values(record, "", 0)
+            return True
+        except InputError:
+            return False
+
+    def _field_values(self, records: pa.Table, path: str, first: int) -> pa.Table:
+        from pileshuffle.formats import holder_of
+        from pileshuffle.formats.labels import record_labels
+
+        if holder_of(records).record_column is None:  # rows: the column itself, any type, nulls equal
+            if self.field not in records.column_names:
+                raise InputError(path, f"has no column {self.field!r} for --dedup_key (columns: "
+                                       f"{', '.join(records.column_names)})")
+            return records.select([self.field])
+        labels = record_labels(records, self.field, path, first)
+        return pa.table({"value": pa.array(labels.tolist(), type=pa.string())})
+
+    def keys(self, records: pa.Table, seed: int, path: str = "", first: int = 0, positions: np.ndarray = None) -> np.ndarray:
+        """U of every record: a keyed bijection of its content hash (equal contents, equal keys)."""
+        return keymath.position_keys(seed, (DEDUP_STREAM,), content_hashes(self.values(records, path, first, positions)))
+
+
+def content_hashes(values: pa.Table) -> np.ndarray:
+    """A 64-bit hash of every row of ``values``: binary and string values by CRC32C, CRC-32 and length."""
+    return row_hashes(values, strong=True)
+
+
+@dataclasses.dataclass
+class Dropped:
+    """What pass 2 dropped from one pile: their fingerprint (with what it wrote, the pile's records)
+    and its largest groups, ``(copies, record hash, preview)`` each, at most ``TOP_GROUPS``."""
+
+    fingerprint: Fingerprint = dataclasses.field(default_factory=Fingerprint)
+    groups: list = dataclasses.field(default_factory=list)
+
+    def add(self, hashes: np.ndarray, lengths: np.ndarray):
+        self.fingerprint += Fingerprint.of(hashes, int(np.sum(lengths)))
+
+    def add_groups(self, groups):
+        self.groups = heapq.nlargest(TOP_GROUPS, [*self.groups, *groups], key=lambda g: (g[0], g[1]))
+
+
+def _same_rows(values: pa.Table, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Whether row ``left[i]`` of ``values`` equals row ``right[i]`` (nulls equal nulls), for every i."""
+    same = np.ones(len(left), dtype=bool)
+    if not len(left):
+        return same
+    for column in values.columns:
+        a, b = column.take(left), column.take(right)
+        try:
+            equal = pc.equal(a, b)
+            both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+            equal = pc.or_kleene(pc.fill_null(equal, False), both_null)
+            same &= np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError):  # nested types: compared as Python values
+            same &= np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist())], dtype=bool)
+    return same
+
+
+def _row(values: pa.Table, index: int) -> tuple:
+    return tuple(column[index].as_py() for column in values.columns)
+
+
+def _preview(records: pa.Table, index: int) -> str:
+    """A record's start, as text, for the manifest's largest groups."""
+    from pileshuffle.formats import holder_of
+
+    row = records.slice(index, 1).to_pylist()[0]
+    holder = holder_of(records)
+    if holder.record_column is not None:  # a bytes format: its payload, without a frame's header or a newline
+        value = row[holder.record_column][holder.before : len(row[holder.record_column]) - holder.after]
+        text = value.decode("utf-8", "backslashreplace")
+    else:
+        text = repr(row)
+    return text[:_PREVIEW_CHARS]
+
+
+def distinct_in_order(records: pa.Table, order: np.ndarray, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray,
+                      dedup: Dedup, dropped: Dropped = None) -> np.ndarray:
+    """Which rows to keep (bool array) of ``records.take(order)``, whose ``keys`` are in order (stable:
+    equal keys in canonical order), as are ``hashes`` and ``lengths``: the first of each distinct
+    content; the rest are added to ``dropped``."""
+    n = len(keys)
+    keep = np.ones(n, dtype=bool)
+    if n < 2:
+        return keep
+    run_starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    run_of = np.repeat(np.arange(len(run_starts)), np.diff(np.append(run_starts, n)))
+    members = np.flatnonzero(run_starts[run_of] != np.arange(n))  # rows after the first of their run
+    if not len(members):
+        return keep
+    involved = np.unique(np.concatenate((members, run_starts[run_of[members]])))
+    values = dedup.values(records.take(order[involved]), "a pile")
+    at = np.searchsorted(involved, np.arange(n))  # row -> its place in ``values`` (rows in ``involved`` only)
+    same = _same_rows(values, at[members], at[run_starts[run_of[members]]])
+    keep[members[same]] = False
+    for run in np.unique(run_of[members[~same]]).tolist():  # a tie of different contents: a hash collision
+        _keep_first_of_each(values, at, np.arange(run_starts[run], run_starts[run] + np.sum(run_of == run)), keep)
+    if dropped is not None:
+        gone = np.flatnonzero(~keep)
+        dropped.add(hashes[gone], lengths[gone])
+        copies = np.bincount(run_of[gone], minlength=len(run_starts)) + 1
+        largest = np.lexsort((hashes[run_starts], copies))[::-1][:TOP_GROUPS]  # as add_groups ranks: (copies, hash)
+        dropped.add_groups([(int(copies[r]), int(hashes[run_starts[r]]), _preview(records, int(order[run_starts[r]])))
+                            for r in largest.tolist() if copies[r] > 1])
+    return keep
+
+
+def _keep_first_of_each(values: pa.Table, at: np.ndarray, rows: np.ndarray, keep: np.ndarray):
+    """Within one run of equal keys, keep the first row of each distinct value (compared as Python values)."""
+    seen = set()
+    for row in rows.tolist():
+        value = _row(values, int(at[row]))
+        keep[row] = value not in seen
+        seen.add(value)
+
+
+def stream_distinct(batches, records_of, dedup: Dedup, dropped: Dropped = None):
+    """Yield the first record of each distinct content of ``batches`` (tables of one key's records,
+    in canonical order), holding one batch and the distinct values seen: a pile of one record
+    repeated is never loaded whole. ``records_of(table)`` gives ``(records, hashes, lengths)``."""
+    kept_values, groups = None, []  # groups: [copies, record hash, preview] of each kept value
+    for table in batches:
+        records, hashes, lengths = records_of(table)
+        values = dedup.values(records, "a pile")
+        keep = np.ones(table.num_rows, dtype=bool)
+        for k in range(0 if kept_values is None else kept_values.num_rows):  # usually one value
+            both = pa.concat_tables([kept_values.slice(k, 1), values])
+            same = _same_rows(both, np.zeros(table.num_rows, dtype=np.int64), np.arange(1, table.num_rows + 1))
+            groups[k][0] += int(np.sum(same & keep))
+            keep &= ~same
+        fresh = np.flatnonzero(keep)
+        new = fresh[distinct_in_order(records, fresh, np.zeros(len(fresh), np.uint64), hashes[fresh], lengths[fresh],
+                                      dedup)] if len(fresh) else fresh
+        for row in new.tolist():
+            same = _same_rows(values, np.full(len(fresh), row), fresh)
+            groups.append([int(np.sum(same)), int(hashes[row]), _preview(records, row)])
+        keep[:] = False
+        keep[new] = True
+        if dropped is not None:
+            dropped.add(hashes[~keep], lengths[~keep])
+        if len(new):
+            taken = values.take(new)
+            kept_values = taken if kept_values is None else pa.concat_tables([kept_values, taken])
+            yield table.take(new)
+    if dropped is not None:
+        dropped.add_groups([tuple(g) for g in groups if g[0] > 1])
+
+
+def dedup_section(dedup: Dedup, read: Fingerprint, kept: Fingerprint, groups) -> dict:
+    """The manifest's ``dedup``: what was compared, records read, kept and dropped, and the largest
+    duplicate groups (``Dropped.groups`` of every pile) with each group's copies and kept record."""
+    largest = heapq.nlargest(TOP_GROUPS, groups, key=lambda g: (g[0], g[1]))
+    return {
+        "by": "record" if dedup.field is None else "field",
+        **({} if dedup.field is None else {"field": dedup.field}),
+        "compared": "bytes" if dedup.field is None else "value",
+        "records_read": read.records,
+        "records_kept": kept.records,
+        "records_dropped": read.records - kept.records,
+        "bytes_dropped": read.bytes - kept.bytes,
+        "largest_groups": [{"copies": c, "record_hash": f"{h:016x}", "preview": p} for c, h, p in largest],
+    }
+
+
+_PARTS = 64  # distinct_fingerprint's partitions on disk: it holds 1/64 of the input's 24 bytes a record at once
+_TRIPLE = np.dtype([("content", "<u8"), ("hash", "<u8"), ("length", "<i8")])
+
+
+def distinct_fingerprint(chunks) -> tuple:
+    """``(read, distinct)`` fingerprints of the records of ``chunks`` (``(content hashes, record
+    hashes, lengths)`` in input order): all of them, and the first of each content hash. What
+    ``verify`` proves a dedup output against; records are one by their 64-bit content hash (the run
+    compares bytes: the two differ only where distinct contents share 64 bits). Each record's three
+    numbers wait in one of ``_PARTS`` files of the local temp folder, so memory is 1/64 of them."""
+    read = Fingerprint()
+    with tempfile.TemporaryDirectory(prefix="pileshuffle-verify-") as folder:
+        paths = [os.path.join(folder, f"{p:02d}") for p in range(_PARTS)]
+        handles = [open(path, "wb") for path in paths]
+        try:
+            for contents, hashes, lengths in chunks:
+                read += Fingerprint.of(hashes, int(np.sum(lengths)))
+                triples = np.empty(len(contents), dtype=_TRIPLE)
+                triples["content"], triples["hash"], triples["length"] = contents, hashes, lengths
+                part = (np.asarray(contents, dtype=np.uint64) >> np.uint64(58)).astype(np.int64)
+                order, bounds = keymath.group_by_pile(part, _PARTS)
+                for p in np.flatnonzero(np.diff(bounds)).tolist():
+                    handles[p].write(triples[order[bounds[p] : bounds[p + 1]]].tobytes())
+        finally:
+            for handle in handles:
+                handle.close()
+        distinct = Fingerprint()
+        for path in paths:
+            triples = np.fromfile(path, dtype=_TRIPLE)
+            _, first = np.unique(triples["content"], return_index=True)  # the first of each, in input order
+            distinct += Fingerprint.of(triples["hash"][first], int(triples["length"][first].sum()))
+    return read, distinct
