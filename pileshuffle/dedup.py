@@ -7,8 +7,9 @@ feature's or a tar member's as text, as ``formats.labels`` reads labels). Equal 
 equal keys, so they meet in one pile and, after pass 2's sort by U, sit side by side; different
 contents get independent uniform keys: the output is a uniform permutation of the distinct records.
 
-- The content hash is 64 bits (``content_hashes``): per value CRC32C, CRC-32 (zlib) and length,
-  mixed (two CRCs of coprime generators: a CRC of degree 64); U is ``keys.position_keys(seed,
+- The content hash is 64 bits (``Dedup.contents``): per value CRC32C, CRC-32 (zlib) and length,
+  mixed (two CRCs of coprime generators: a CRC of degree 64); a whole record's reuses its
+  fingerprint hash (its CRC32C) and adds the CRC-32. U is ``keys.position_keys(seed,
   (DEDUP_STREAM,), hash)``, a keyed bijection of it.
 - Records whose keys tie are compared by their values (bytes, or Arrow equality), never by a
   hash: a collision between different contents keeps both.
@@ -29,15 +30,16 @@ import pyarrow.compute as pc
 
 from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import Fingerprint, row_hashes
+from pileshuffle.fingerprint import Fingerprint, binary_column_parts, crc32_of_slices, mix64, row_hashes
 from pileshuffle.formats.json_labels import KEEP_HINT
 
 __all__ = ["DEDUP_STREAM", "TOP_GROUPS", "Dedup", "Dropped", "distinct_in_order", "stream_distinct", "content_hashes",
            "dedup_section", "distinct_fingerprint"]
 
-DEDUP_STREAM = 2  # the key stream of content keys (0: input positions, 1: composed use's draws)
+DEDUP_STREAM = 3  # the key stream of content keys (0: input positions, 1: composed use's draws, 2: store generations)
 TOP_GROUPS = 10  # the largest duplicate groups a manifest lists
 _PREVIEW_CHARS = 80
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,14 +99,38 @@ class Dedup:
         labels = record_labels(records, self.field, path, first)
         return pa.table({"value": pa.array(labels.tolist(), type=pa.string())})
 
-    def keys(self, records: pa.Table, seed: int, path: str = "", first: int = 0, positions: np.ndarray = None) -> np.ndarray:
+    def contents(self, records: pa.Table, hashes: np.ndarray, path: str = "", first: int = 0,
+                 positions: np.ndarray = None) -> np.ndarray:
+        """The 64-bit content hash of every record (``hashes``: their fingerprint hashes, which
+        whole records reuse: one more CRC each, not two), as run, verify and quality compute it."""
+        if self.field is None:
+            return content_hashes(records, hashes)
+        values = self.values(records, path, first, positions)
+        return row_hashes(values, strong=True)
+
+    def keys(self, records: pa.Table, seed: int, hashes: np.ndarray, path: str = "", first: int = 0,
+             positions: np.ndarray = None) -> np.ndarray:
         """U of every record: a keyed bijection of its content hash (equal contents, equal keys)."""
-        return keymath.position_keys(seed, (DEDUP_STREAM,), content_hashes(self.values(records, path, first, positions)))
+        return keymath.position_keys(seed, (DEDUP_STREAM,), self.contents(records, hashes, path, first, positions))
 
 
-def content_hashes(values: pa.Table) -> np.ndarray:
-    """A 64-bit hash of every row of ``values``: binary and string values by CRC32C, CRC-32 and length."""
-    return row_hashes(values, strong=True)
+def content_hashes(records: pa.Table, hashes: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of every whole record from its fingerprint hash (``formats.record_hashes``:
+    the payload's CRC32C and length, or a row's values) and the CRC-32 (zlib) of its payload, or of
+    each binary or string value of a row."""
+    from pileshuffle.formats import holder_of
+
+    holder, second = holder_of(records), np.zeros(records.num_rows, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        columns = [records.column(0)] if holder.record_column is not None else records.columns
+        for position, column in enumerate(columns):
+            if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)
+                    or pa.types.is_large_binary(column.type) or pa.types.is_large_string(column.type)):
+                continue  # a fixed-width value's fingerprint hash is a bijection of it already
+            data, offsets = binary_column_parts(column.fill_null(b"" if "binary" in str(column.type) else ""))
+            crcs = crc32_of_slices(data, offsets, getattr(holder, "before", 0), getattr(holder, "after", 0))
+            second = mix64(second * np.uint64(0x100000001B3) + crcs + np.uint64(position))
+        return mix64(np.asarray(hashes, dtype=np.uint64) + second * _GOLDEN)
 
 
 @dataclasses.dataclass

@@ -65,12 +65,12 @@ def crc32c_of_slices(data, offsets: np.ndarray, trim_end: int = 0) -> np.ndarray
     return crcs
 
 
-def crc32_of_slices(data, offsets: np.ndarray) -> np.ndarray:
-    """CRC-32 (zlib's) of ``data[offsets[i] : offsets[i+1]]`` for every i: from the compiled loop
-    once this process has paid for compiling it (as ``crc32c_of_slices``), else one call each."""
+def crc32_of_slices(data, offsets: np.ndarray, trim_start: int = 0, trim_end: int = 0) -> np.ndarray:
+    """CRC-32 (zlib's) of ``data[offsets[i] + trim_start : offsets[i+1] - trim_end]`` for every i: from
+    the compiled loop once this process has paid for compiling it (as ``crc32c_of_slices``), else one call each."""
     global _python_seconds
-    starts = np.asarray(offsets[:-1], dtype=np.int64)
-    lengths = np.asarray(offsets[1:], dtype=np.int64) - starts
+    starts = np.asarray(offsets[:-1], dtype=np.int64) + trim_start
+    lengths = np.asarray(offsets[1:], dtype=np.int64) - starts - trim_end
     compiled = _compiled_slice_crcs()
     crcs = compiled(np.frombuffer(data, dtype=np.uint8), starts, lengths, "crc32") if compiled else None
     if crcs is not None:

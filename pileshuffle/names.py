@@ -26,9 +26,10 @@ SHARDS_KIND = "pileshuffle-shards"  # a shard output's manifest
 STORE_KIND = "pileshuffle-store"  # a store's manifest version
 # MAJOR.MINOR of the manifests' schema: a MINOR adds keys old readers may ignore; a MAJOR
 # changes what a key means, and a reader refuses a MAJOR newer than its own.
-FORMAT_VERSION = "1.3"  # 1.1: input records keyed by their place in the file (keys.position_keys), not their rank;
+FORMAT_VERSION = "1.4"  # 1.1: input records keyed by their place in the file (keys.position_keys), not their rank;
 # 1.2: every shard and store data file listed with its CRC32C (checksums); 1.3: a shard output's
-# `between_passes` (bytes written, kept in memory, shuffled between the passes)
+# `between_passes` (bytes written, kept in memory, shuffled between the passes); 1.4: `--dedup`'s content keys
+# (stream 3) and a shard output's `dedup` section
 LEGACY_STORE_FORMAT = 1  # stores' manifests carried `store_format: 1` before `format_version`; kept for older readers
 
 

@@ -310,13 +310,13 @@ class ShardVerifier:
 def _content_chunks(fmt, sources, dedup, skip_corrupt: bool, reports: list, per_file: dict):
     """``(content hashes, record hashes, lengths)`` of every chunk of ``sources`` in input order, as
     a ``--dedup`` run keys them (``Dedup.values``); each file's ``ReadReport`` appended to ``reports``."""
-    from pileshuffle.dedup import content_hashes
     from pileshuffle.formats import record_hashes, record_lengths
 
     for source in sources:
         report, first = ReadReport(), 0
         for table in fmt.read_chunks(source.path, DEFAULT_CHUNK_BYTES, skip_corrupt, report):
-            yield content_hashes(dedup.values(table, source.path, first)), record_hashes(table), record_lengths(table)
+            hashes = record_hashes(table)
+            yield dedup.contents(table, hashes, source.path, first), hashes, record_lengths(table)
             first += table.num_rows
         reports.append(report)
         per_file[source.path] = first

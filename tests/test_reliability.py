@@ -630,3 +630,14 @@ def test_split_stops_on_records_that_share_one_key(tmp_path):
     pile, payloads = _one_fragment_pile(tmp_path, keys, max_pile_bytes=1000)
     written = [r for t in pile.tables() for r in t.column("record").to_pylist()]
     assert written == payloads
+
+
+def test_a_split_parquet_pile_gives_the_same_file(tmp_path):
+    """Parquet row groups end where the shard's bytes pass a multiple of the row-group size, not where
+    pass 2 cut its tables: a pile split into sub-piles gives the same file as the pile whole."""
+    sample.write_parquet(str(tmp_path / "in"), records=5000, files=3, record_bytes=100)
+    pattern = str(tmp_path / "in" / "*.parquet")
+    run_shuffle(pattern, str(tmp_path / "whole" / "o"), "--num_piles=4")
+    split = run_shuffle(pattern, str(tmp_path / "split" / "o"), "--num_piles=4", "--max_pile_bytes=16KiB")
+    assert split["piles_split"] == 4
+    assert digests(str(tmp_path / "split" / "o")) == digests(str(tmp_path / "whole" / "o"))

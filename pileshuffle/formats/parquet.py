@@ -126,18 +126,33 @@ class ParquetFormat(RecordFormat):
                 raise InputError(path, f"cannot be read as Parquet ({error})") from error
 
     def write_shard(self, handle, tables, compression, schema=None):
-        written = 0
-        writer = None
+        """Row groups end where the shard's running payload bytes (``row_lengths``) pass a multiple of
+        ``_ROW_GROUP_BYTES``: the same rows give the same file however ``tables`` cut them (a pile
+        whole, or in sub-piles)."""
+        from pileshuffle.fingerprint import row_lengths
+
+        writer, pending, before, written = None, [], 0, 0
         for table in tables:
-            if schema is None:
-                schema = table.schema
-            if writer is None:
-                writer = pq.ParquetWriter(handle, schema, compression=compression)
-            if table.num_rows:
-                row_bytes = max(1.0, table.nbytes / table.num_rows)
-                writer.write_table(table.cast(schema), row_group_size=max(1, int(_ROW_GROUP_BYTES / row_bytes)))
+            schema = schema or table.schema
+            writer = writer or pq.ParquetWriter(handle, schema, compression=compression)
+            table = table.cast(schema)
+            ends = before + np.cumsum(row_lengths(table))
+            cuts = np.flatnonzero(ends // _ROW_GROUP_BYTES > (ends - row_lengths(table)) // _ROW_GROUP_BYTES) + 1
+            start = 0
+            for cut in cuts.tolist():
+                _write_group(writer, [*pending, table.slice(start, cut - start)])
+                pending, start = [], cut
+            pending.append(table.slice(start))
+            before = int(ends[-1]) if len(ends) else before
             written += table.num_rows
-        if writer is None:
-            writer = pq.ParquetWriter(handle, schema, compression=compression)
+        writer = writer or pq.ParquetWriter(handle, schema, compression=compression)
+        _write_group(writer, pending)
         writer.close()
         return written
+
+
+def _write_group(writer, tables):
+    """``tables`` (one schema) as one row group (none when they hold no row)."""
+    rows = sum(t.num_rows for t in tables)
+    if rows:
+        writer.write_table(pa.concat_tables(tables), row_group_size=rows)

@@ -181,7 +181,7 @@ def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = Non
     """``scan`` of the input of a ``--dedup`` run as its output holds it: the first record of each
     content in input order (``dedup.Dedup``, from the manifest's options), positions counted among
     them, and their pass-1 keys (content keys). Reads the input twice, and holds 8 bytes per record."""
-    from pileshuffle.dedup import DEDUP_STREAM, Dedup, content_hashes
+    from pileshuffle.dedup import DEDUP_STREAM, Dedup
     from pileshuffle.keys import position_keys
 
     dedup, seed = Dedup.from_options(manifest.get("options")), int(manifest.get("seed") or 0)
@@ -189,7 +189,7 @@ def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = Non
     for path in paths:
         first = 0
         for table in fmt.read_chunks(path):
-            contents.append(content_hashes(dedup.values(table, path, first)))
+            contents.append(dedup.contents(table, record_hashes(table), path, first))
             first += table.num_rows
     contents = np.concatenate(contents) if contents else np.zeros(0, np.uint64)
     is_first = np.zeros(len(contents), dtype=bool)

@@ -118,7 +118,8 @@ def keyed_rows(fmt, source: Source, seed: int, stream: tuple, chunk_bytes: int, 
         read = Fingerprint.of(hashes, int(lengths.sum()))
         if copies_of is None:
             keys = keymath.position_keys(seed, stream, positions) if dedup is None else \
-                dedup.keys(table, seed, source.path, first if not source.span or not source.span[0] else None, positions)
+                dedup.keys(table, seed, hashes, source.path, first if not source.span or not source.span[0] else None,
+                           positions)
             first += table.num_rows
             yield table, keys, hashes, lengths, read, None
             continue
@@ -316,8 +317,9 @@ class AssignPiles(beam.DoFn):
         if not self._buffer:
             return []
         table = _as_table(self._buffer)
+        hashes = record_hashes(table)
         if self._dedup is not None:
-            keys = self._dedup.keys(table, self._seed)
+            keys = self._dedup.keys(table, self._seed, hashes)
         elif self._keyed:
             if table.num_rows != len(self._ids):
                 raise ValueError("keyed=True takes one (id, record) pair per record; a RecordBatch element needs one id per row")
@@ -326,7 +328,7 @@ class AssignPiles(beam.DoFn):
             keys = keymath.record_keys(self._seed, (INPUT_STREAM + 1, self._nonce), self._drawn, table.num_rows)
             self._drawn += table.num_rows
         self._buffer, self._ids, self._buffered_bytes = [], [], 0
-        return self._runs.add(table, keys, record_hashes(table), record_lengths(table))
+        return self._runs.add(table, keys, hashes, record_lengths(table))
 
 
 __all__ = ["Source", "SourceStats", "SourcePiles", "STATS_TAG", "INPUT_STREAM", "keyed_chunks", "keyed_rows", "split_by_pile",
