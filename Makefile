@@ -63,7 +63,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
-## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, spilled runs, one large file; SCALE=10 for 10 GB.
+## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, spilled runs, one large file, --dedup against DuckDB; SCALE=10 for 10 GB.
 bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/loader.py $(if $(SCALE),--scale $(SCALE),)
@@ -75,6 +75,7 @@ bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/value_crc_cost.py
 	$(BIN)/python bench/run_compression.py
 	$(BIN)/python bench/large_file.py
+	$(BIN)/python bench/dedup.py $(if $(SCALE),--size $(SCALE)GB --rounds 1,)
 
 ## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).
 metadata: $(STAMP)

@@ -48,20 +48,14 @@ def _zlib_crc32_at(typingctx, address, crc, pointer, length):
 
 
 @numba.njit(nogil=True)
-def _slice_crcs(address, raw, starts, lengths):
+def _slice_crcs(address, zlib, raw, starts, lengths):
     crcs = np.empty(len(starts), np.uint64)
     base = raw.ctypes.data
     for i in range(len(starts)):
-        crcs[i] = _extend_at(address, np.uint32(0), base + starts[i], lengths[i])
-    return crcs
-
-
-@numba.njit(nogil=True)
-def _slice_zlib_crcs(address, raw, starts, lengths):
-    crcs = np.empty(len(starts), np.uint64)
-    base = raw.ctypes.data
-    for i in range(len(starts)):
-        crcs[i] = _zlib_crc32_at(address, np.uint64(0), base + starts[i], lengths[i])
+        if zlib:
+            crcs[i] = _zlib_crc32_at(address, np.uint64(0), base + starts[i], lengths[i])
+        else:
+            crcs[i] = _extend_at(address, np.uint32(0), base + starts[i], lengths[i])
     return crcs
 
 
@@ -88,4 +82,4 @@ def slice_crcs(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, kind: s
         raise ValueError(f"slices outside a buffer of {raw.size:,} bytes")  # the loop reads memory unchecked
     if kind == "crc32" and len(lengths) and lengths.max() >= 2**32:
         return None  # zlib's length is 32 bits
-    return (_slice_zlib_crcs if kind == "crc32" else _slice_crcs)(address, raw, starts, lengths)
+    return _slice_crcs(address, kind == "crc32", raw, starts, lengths)

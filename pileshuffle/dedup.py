@@ -48,9 +48,6 @@ class Dedup:
 
     field: str = None
 
-    def describe(self) -> str:
-        return "whole records" if self.field is None else f"the value of {self.field!r}"
-
     def options(self) -> dict:
         """The manifest's options (``from_options`` reads them back)."""
         return {"dedup": "exact"} if self.field is None else {"dedup": "key", "dedup_key": self.field}
@@ -197,9 +194,12 @@ def distinct_in_order(records: pa.Table, order: np.ndarray, keys: np.ndarray, ha
     members = np.flatnonzero(run_starts[run_of] != np.arange(n))  # rows after the first of their run
     if not len(members):
         return keep
-    involved = np.unique(np.concatenate((members, run_starts[run_of[members]])))
-    values = dedup.values(records.take(order[involved]), "a pile")
-    at = np.searchsorted(involved, np.arange(n))  # row -> its place in ``values`` (rows in ``involved`` only)
+    if dedup.field is None:  # whole records: compared where they are
+        values, at = records, order
+    else:  # a field: read from the records that tie only
+        involved = np.unique(np.concatenate((members, run_starts[run_of[members]])))
+        values = dedup.values(records.take(order[involved]), "a pile")
+        at = np.searchsorted(involved, np.arange(n))  # sorted row -> its place in ``values`` (tied rows only)
     same = _same_rows(values, at[members], at[run_starts[run_of[members]]])
     keep[members[same]] = False
     for run in np.unique(run_of[members[~same]]).tolist():  # a tie of different contents: a hash collision

@@ -246,3 +246,22 @@ def test_quality_measures_a_dedup_output_against_the_distinct_input(tmp_path, ca
     distinct = len(expected("url"))
     assert report["records"] == distinct and report["records_used"] == distinct and report["uniform"], report
     assert "consistent with a uniform permutation" in capsys.readouterr().out
+
+
+def test_one_record_repeated_a_million_times_is_streamed_never_loaded_whole(tmp_path, monkeypatch):
+    """The issue's hot record at full count: 1,000,000 copies (14 MB) in a run whose piles hold 1 MiB.
+    Its pile is split, the one-key sub-pile streamed: no table pass 2 loads is larger than a pile."""
+    import pileshuffle.transforms.shuffle as shuffle
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes(b'{"hot": true}\n' * 1_000_000 + b"".join(b'{"i": %d}\n' % i for i in range(20_000)))
+    loaded, real_read_joined = [], shuffle.read_joined
+    monkeypatch.setattr(shuffle, "read_joined", lambda fragments: loaded.append(real_read_joined(fragments).nbytes) or
+                        real_read_joined(fragments))
+    found = run_shuffle(str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "o"), "--dedup=exact", "--num_piles=4",
+                        "--max_pile_bytes=1MiB")
+    assert found["dedup"]["records_kept"] == 20_001 and found["dedup"]["largest_groups"][0]["copies"] == 1_000_000
+    assert found["piles_split"] >= 1 and loaded and max(loaded) <= 1 << 20, loaded
+    lines = b"".join(shard_bytes(str(tmp_path / "o"))).splitlines()
+    assert len(lines) == 20_001 and lines.count(b'{"hot": true}') == 1
+    assert verify_shards(str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "o")) == []

@@ -2,6 +2,8 @@
 short values and one call each for long ones, or by the compiled loop once a process has hashed
 enough values, always equal to ``google_crc32c`` per value."""
 
+import zlib
+
 import google_crc32c
 import numpy as np
 import pyarrow as pa
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 import pytest
 
 from pileshuffle import compiled_crc, fingerprint
-from pileshuffle.fingerprint import column_hashes, crc32c_of_slices, payload_hashes
+from pileshuffle.fingerprint import column_hashes, crc32_of_slices, crc32c_of_slices, payload_hashes
 
 values_lists = st.lists(st.binary(min_size=0, max_size=80), min_size=0, max_size=60)
 
@@ -35,6 +37,18 @@ def test_the_compiled_loop_equals_one_crc32c_per_value(values, trim):
     got = compiled_crc.slice_crcs(np.frombuffer(b"".join(framed), np.uint8), offsets[:-1], np.diff(offsets) - trim)
     assert got.dtype == np.uint64
     assert got.tolist() == [google_crc32c.value(value) for value in values]
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=values_lists, before=st.sampled_from([0, 12]), after=st.sampled_from([0, 1, 4]))
+def test_crc32_of_slices_in_python_and_compiled_equals_zlib_per_payload(values, before, after):
+    """dedup's second CRC: zlib's CRC-32 of each payload, framing trimmed, by either path."""
+    framed = [b"h" * before + value + b"\n" * after for value in values]
+    offsets = np.cumsum([0] + [len(v) for v in framed]).astype(np.int64)
+    want = [zlib.crc32(value) for value in values]
+    assert crc32_of_slices(b"".join(framed), offsets, before, after).tolist() == want  # a short run: Python
+    starts, lengths = offsets[:-1] + before, np.diff(offsets) - before - after
+    assert compiled_crc.slice_crcs(np.frombuffer(b"".join(framed), np.uint8), starts, lengths, "crc32").tolist() == want
 
 
 def test_the_compiled_loop_refuses_slices_outside_its_buffer():

@@ -613,9 +613,9 @@ def test_split_recurses_when_capped_and_keeps_the_order(tmp_path, monkeypatch):
     depths = []
     real_ordered = shuffle.Pile.ordered
 
-    def recording(self):
+    def recording(self, dropped=None):
         depths.append(self.depth)
-        return real_ordered(self)
+        return real_ordered(self, dropped)
 
     monkeypatch.setattr(shuffle.Pile, "ordered", recording)
     written = [r for t in pile.tables() for r in t.column("record").to_pylist()]
