@@ -19,6 +19,7 @@ from helpers import manifest, read_tfrecord_payloads, refused, run_shuffle, shar
 from test_balance_labels import example
 from test_uniformity import ALPHA, assert_rejected, uniformity_pvalues
 from pileshuffle import ShuffleToPiles, WritePiles, sample
+from pileshuffle.commands.info import main as info_main
 from pileshuffle.commands.verify import main as verify_main
 from pileshuffle.dedup import Dedup, Dropped, distinct_in_order, stream_distinct
 from pileshuffle.formats.tfrecord import frame
@@ -92,6 +93,8 @@ def test_dedup_keeps_the_first_of_each_and_verify_proves_it(tmp_path, fmt, field
     assert verify_shards(pattern, str(tmp_path / "a" / "o")) == []
     assert verify_main(["--input", pattern, "--output", str(tmp_path / "a" / "o")]) == 0
     assert f"{read:,} read, {len(want):,} distinct, {read - len(want):,} duplicates" in capsys.readouterr().out
+    assert info_main(["--output", str(tmp_path / "a" / "o")]) == 0
+    assert f"{read - len(want):,} duplicate(s) of {read:,} read left out" in capsys.readouterr().out
     # split again into sub-piles, the repeated record streamed: the same bytes
     split = run_shuffle(pattern, str(tmp_path / "b" / "o"), option, "--num_piles=4", "--seed=3", "--max_pile_bytes=16KiB")
     assert split["piles_split"] > 0

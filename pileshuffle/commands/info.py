@@ -61,6 +61,8 @@ def _shard_lines(manifest: dict) -> dict:
         "proves": (f"the output's records are the input's ({fingerprint['records']:,} records, hash sum "
                    f"{fingerprint['hash_sum']}, xor {fingerprint['hash_xor']})"
                    + (" with --balance's copies" if manifest.get("balance") else "")
+                   + (f", the first of each distinct one: {manifest['dedup']['records_dropped']:,} duplicate(s) of "
+                      f"{manifest['dedup']['records_read']:,} read left out" if manifest.get("dedup") else "")
                    + f"; {checked} are listed (`pileshuffle verify` re-checks all of it)"),
     }
 
