@@ -25,26 +25,25 @@ from pileshuffle import checksums
 __all__ = ["slice_crcs"]
 
 
-@intrinsic
-def _extend_at(typingctx, address, crc, pointer, length):
-    """Call ``uint32_t crc32c_extend(uint32_t crc, const uint8_t *data, size_t count)`` at ``address``."""
-    def codegen(context, builder, signature, args):
-        byte_pointer = ir.IntType(8).as_pointer()
-        function_type = ir.FunctionType(ir.IntType(32), [ir.IntType(32), byte_pointer, ir.IntType(64)])
-        function = builder.inttoptr(args[0], function_type.as_pointer())
-        return builder.call(function, [args[1], builder.inttoptr(args[2], byte_pointer), args[3]])
-    return types.uint32(types.intp, types.uint32, types.intp, types.intp), codegen
+def _call_at(crc_bits: int, length_bits: int):
+    """An intrinsic ``(address, crc, pointer, length) -> crc`` that calls the C function at ``address``
+    taking and returning a ``crc_bits``-bit CRC, with a ``length_bits``-bit byte count."""
+    crc_type, length_type, numba_crc = ir.IntType(crc_bits), ir.IntType(length_bits), getattr(types, f"uint{crc_bits}")
+
+    @intrinsic
+    def call(typingctx, address, crc, pointer, length):
+        def codegen(context, builder, signature, args):
+            byte_pointer = ir.IntType(8).as_pointer()
+            signature_type = ir.FunctionType(crc_type, [crc_type, byte_pointer, length_type])
+            function = builder.inttoptr(args[0], signature_type.as_pointer())
+            count = args[3] if length_bits == 64 else builder.trunc(args[3], length_type)
+            return builder.call(function, [args[1], builder.inttoptr(args[2], byte_pointer), count])
+        return numba_crc(types.intp, numba_crc, types.intp, types.intp), codegen
+    return call
 
 
-@intrinsic
-def _zlib_crc32_at(typingctx, address, crc, pointer, length):
-    """Call zlib's ``uLong crc32(uLong crc, const Bytef *buf, uInt len)`` at ``address``."""
-    def codegen(context, builder, signature, args):
-        byte_pointer = ir.IntType(8).as_pointer()
-        function_type = ir.FunctionType(ir.IntType(64), [ir.IntType(64), byte_pointer, ir.IntType(32)])
-        function = builder.inttoptr(args[0], function_type.as_pointer())
-        return builder.call(function, [args[1], builder.inttoptr(args[2], byte_pointer), builder.trunc(args[3], ir.IntType(32))])
-    return types.uint64(types.intp, types.uint64, types.intp, types.intp), codegen
+_extend_at = _call_at(32, 64)  # uint32_t crc32c_extend(uint32_t crc, const uint8_t *data, size_t count)
+_zlib_crc32_at = _call_at(64, 32)  # zlib's uLong crc32(uLong crc, const Bytef *buf, uInt len)
 
 
 @numba.njit(nogil=True)

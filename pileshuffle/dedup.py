@@ -22,6 +22,7 @@ contents get independent uniform keys: the output is a uniform permutation of th
 import dataclasses
 import heapq
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -71,18 +72,20 @@ class Dedup:
             return self._field_values(records, path, 0 if first is None else first)
         except InputError as error:
             problem = error.problem.replace(KEEP_HINT, "")
-            if first is None and positions is not None:
-                row = next(i for i in range(records.num_rows) if not self._readable(records.slice(i, 1)))
+            if first is None and positions is not None:  # a span: the record named by its place, not its number
+                row, problem = next((i, p) for i in range(records.num_rows) for p in [self._problem(records.slice(i, 1))] if p)
                 unit = "byte" if holder_of(records).record_column is not None else "row"
-                problem = f"the record at {unit} {int(positions[row]):,} has no {self.field!r}, or it cannot be read"
+                problem = re.sub(r"\b(?:record|line|sample) 1 of the file", f"the record at {unit} {int(positions[row]):,}",
+                                 problem)
             raise InputError(path, f"{problem} (--dedup_key {self.field})") from None
 
-    def _readable(self, record: pa.Table) -> bool:
+    def _problem(self, record: pa.Table) -> str:
+        """Why the field of this one record cannot be read ("" when it can)."""
         try:
             self._field_values(record, "", 0)
-            return True
-        except InputError:
-            return False
+            return ""
+        except InputError as error:
+            return error.problem.replace(KEEP_HINT, "")
 
     def _field_values(self, records: pa.Table, path: str, first: int) -> pa.Table:
         from pileshuffle.formats import holder_of
@@ -90,7 +93,7 @@ class Dedup:
 
         if holder_of(records).record_column is None:  # rows: the column itself, any type, nulls equal
             if self.field not in records.column_names:
-                raise InputError(path, f"has no column {self.field!r} for --dedup_key (columns: "
+                raise InputError(path, f"has no column {self.field!r} (columns: "
                                        f"{', '.join(records.column_names)})")
             return records.select([self.field])
         labels = record_labels(records, self.field, path, first)
