@@ -281,6 +281,9 @@ def make_plan(options: PipelineOptions) -> Plan:
     if all(s.size == 0 for s in sources):
         raise InputError(sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle")
     schema = check_schemas(fmt, sources)
+    dedup = dedup_of(opts)
+    if dedup is not None and dedup.field and schema is not None and dedup.field not in schema.names:
+        raise UsageError(f"--dedup_key: the input has no column {dedup.field!r} (columns: {', '.join(schema.names)})")
     max_pile_bytes = parse_bytes(opts.max_pile_bytes)
     mean = mean_record_bytes(fmt, sources)
     total = _estimated_bytes(fmt, sources, mean)
@@ -314,7 +317,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         label=opts.label_field or None,
         balance=policy,
         keep_unlabeled=bool(opts.keep_unlabeled),
-        dedup=dedup_of(opts),
+        dedup=dedup,
         layout=opts.layout,
         schema=schema,
         input_bytes=sum(s.size for s in sources),
