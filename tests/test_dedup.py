@@ -103,13 +103,18 @@ def test_dedup_keeps_the_first_of_each_and_verify_proves_it(tmp_path, fmt, field
     assert split["dedup"] == section
 
 
-def test_shuffle_mode_and_a_rerun_give_the_same_bytes(tmp_path):
+def test_shuffle_mode_and_a_rerun_give_the_same_bytes_and_the_loader_reads_the_distinct_records(tmp_path):
+    from pileshuffle.loader import ShuffledDataset
+
     pattern = write_inputs(tmp_path / "in", "jsonl")
     outputs = []
     for name, mode in (("f1", "files"), ("f2", "files"), ("s", "shuffle")):
         run_shuffle(pattern, str(tmp_path / name / "o"), "--dedup=exact", "--num_piles=3", f"--intermediate={mode}")
         outputs.append(shard_bytes(str(tmp_path / name / "o")))
     assert outputs[0] == outputs[1] == outputs[2]
+    epochs = [[(r["url"], r["text"]) for r in map(json.loads, ShuffledDataset(str(tmp_path / "f1" / "o"), seed=2, epoch=e))]
+              for e in (0, 1)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(expected(False)) and epochs[0] != epochs[1]
 
 
 def test_verify_fails_when_the_input_gained_a_duplicate_or_a_record(tmp_path):
