@@ -35,7 +35,7 @@ from pileshuffle.fingerprint import Fingerprint, binary_column_parts, crc32_of_s
 from pileshuffle.formats.json_labels import KEEP_HINT
 
 __all__ = ["DEDUP_STREAM", "TOP_GROUPS", "Dedup", "Dropped", "distinct_in_order", "stream_distinct", "content_hashes",
-           "dedup_section", "distinct_fingerprint"]
+           "dedup_section", "distinct_fingerprint", "first_occurrences"]
 
 DEDUP_STREAM = 3  # the key stream of content keys (0: input positions, 1: composed use's draws, 2: store generations)
 TOP_GROUPS = 10  # the largest duplicate groups a manifest lists
@@ -274,35 +274,71 @@ def dedup_section(dedup: Dedup, read: Fingerprint, kept: Fingerprint, groups) ->
     }
 
 
-_PARTS = 64  # distinct_fingerprint's partitions on disk: it holds 1/64 of the input's 24 bytes a record at once
+_PARTS = 64  # the partitions on disk of the input's numbers: memory holds one, 1/64 of them
 _TRIPLE = np.dtype([("content", "<u8"), ("hash", "<u8"), ("length", "<i8")])
+_PLACED = np.dtype([("content", "<u8"), ("index", "<i8")])
+
+
+def _partitioned(rows, folder: str):
+    """The structured arrays ``rows`` (in input order, with a ``content`` field) written to ``_PARTS``
+    files in ``folder`` by the top bits of ``content``, then yielded a file at a time: each holds
+    every row of its content hashes, in input order."""
+    paths = [os.path.join(folder, f"part-{p:02d}") for p in range(_PARTS)]
+    handles, dtype = [open(path, "wb") for path in paths], None
+    try:
+        for chunk in rows:
+            dtype = chunk.dtype
+            order, bounds = keymath.group_by_pile((chunk["content"] >> np.uint64(58)).astype(np.int64), _PARTS)
+            for p in np.flatnonzero(np.diff(bounds)).tolist():
+                handles[p].write(chunk[order[bounds[p] : bounds[p + 1]]].tobytes())
+    finally:
+        for handle in handles:
+            handle.close()
+    for path in paths if dtype is not None else []:
+        yield np.fromfile(path, dtype=dtype)
 
 
 def distinct_fingerprint(chunks) -> tuple:
     """``(read, distinct)`` fingerprints of the records of ``chunks`` (``(content hashes, record
     hashes, lengths)`` in input order): all of them, and the first of each content hash. What
     ``verify`` proves a dedup output against; records are one by their 64-bit content hash (the run
-    compares bytes: the two differ only where distinct contents share 64 bits). Each record's three
-    numbers wait in one of ``_PARTS`` files of the local temp folder, so memory is 1/64 of them."""
-    read = Fingerprint()
+    compares bytes: the two differ only where distinct contents share 64 bits). The numbers, 24
+    bytes a record, wait in the local temp folder (``_partitioned``)."""
+    read = [Fingerprint()]
+
+    def triples():
+        for contents, hashes, lengths in chunks:
+            read[0] += Fingerprint.of(hashes, int(np.sum(lengths)))
+            rows = np.empty(len(contents), dtype=_TRIPLE)
+            rows["content"], rows["hash"], rows["length"] = contents, hashes, lengths
+            yield rows
+
+    distinct = Fingerprint()
     with tempfile.TemporaryDirectory(prefix="pileshuffle-verify-") as folder:
-        paths = [os.path.join(folder, f"{p:02d}") for p in range(_PARTS)]
-        handles = [open(path, "wb") for path in paths]
-        try:
-            for contents, hashes, lengths in chunks:
-                read += Fingerprint.of(hashes, int(np.sum(lengths)))
-                triples = np.empty(len(contents), dtype=_TRIPLE)
-                triples["content"], triples["hash"], triples["length"] = contents, hashes, lengths
-                part = (np.asarray(contents, dtype=np.uint64) >> np.uint64(58)).astype(np.int64)
-                order, bounds = keymath.group_by_pile(part, _PARTS)
-                for p in np.flatnonzero(np.diff(bounds)).tolist():
-                    handles[p].write(triples[order[bounds[p] : bounds[p + 1]]].tobytes())
-        finally:
-            for handle in handles:
-                handle.close()
-        distinct = Fingerprint()
-        for path in paths:
-            triples = np.fromfile(path, dtype=_TRIPLE)
-            _, first = np.unique(triples["content"], return_index=True)  # the first of each, in input order
-            distinct += Fingerprint.of(triples["hash"][first], int(triples["length"][first].sum()))
-    return read, distinct
+        for part in _partitioned(triples(), folder):
+            _, first = np.unique(part["content"], return_index=True)  # the first of each, in input order
+            distinct += Fingerprint.of(part["hash"][first], int(part["length"][first].sum()))
+    return read[0], distinct
+
+
+def first_occurrences(contents_chunks, folder: str) -> np.ndarray:
+    """Whether each record of ``contents_chunks`` (content hashes, in input order) is the first of its
+    content: a bool array memory-mapped in ``folder`` (1 byte a record on disk; the numbers it is made
+    from wait there too, ``_partitioned``)."""
+    count = [0]
+
+    def placed():
+        for contents in contents_chunks:
+            rows = np.empty(len(contents), dtype=_PLACED)
+            rows["content"], rows["index"] = contents, np.arange(count[0], count[0] + len(contents))
+            count[0] += len(contents)
+            yield rows
+
+    parts = _partitioned(placed(), folder)
+    part = next(parts, None)  # every row is written by now: count is known
+    is_first = np.lib.format.open_memmap(os.path.join(folder, "first.npy"), mode="w+", dtype=bool, shape=(count[0],))
+    while part is not None:
+        _, first = np.unique(part["content"], return_index=True)
+        is_first[part["index"][first]] = True
+        part = next(parts, None)
+    return is_first

@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import manifest, read_tfrecord_payloads, refused, run_shuffle, shard_bytes, shards
 from test_balance_labels import example
@@ -287,3 +289,25 @@ def test_a_dedup_key_a_file_lacks_is_one_line_naming_the_file(tmp_path, capsys, 
         assert re.search(rf"part-\d\.{fmt}: ", error) and says in error and "--dedup_key nope" in error, error
     assert "--balance" not in error, error
     assert not glob.glob(str(tmp_path / "o*"))
+
+
+@settings(max_examples=25, deadline=None)
+@given(contents=st.lists(st.integers(0, 40).map(lambda v: (v * 0x9E3779B97F4A7C15) % 2**64), max_size=300),
+       cut=st.integers(1, 50))
+def test_the_distinct_input_on_disk_equals_a_set_kept_in_memory(tmp_path_factory, contents, cut):
+    """verify's and quality's first-of-each (partitioned on disk) against a Python set in input order."""
+    from pileshuffle.dedup import distinct_fingerprint, first_occurrences
+    from pileshuffle.fingerprint import Fingerprint
+
+    values = np.array(contents, dtype=np.uint64)
+    hashes, lengths = values ^ np.uint64(7), np.arange(len(values)) % 5
+    seen, want = set(), []
+    for value in contents:
+        want.append(value not in seen)
+        seen.add(value)
+    chunks = [slice(a, a + cut) for a in range(0, len(values), cut)]
+    got = first_occurrences((values[c] for c in chunks), str(tmp_path_factory.mktemp("first")))
+    assert np.asarray(got).tolist() == want
+    read, distinct = distinct_fingerprint((values[c], hashes[c], lengths[c]) for c in chunks)
+    assert read == Fingerprint.of(hashes, int(lengths.sum()))
+    assert distinct == Fingerprint.of(hashes[np.array(want, bool)], int(lengths[np.array(want, bool)].sum()))

@@ -180,30 +180,33 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
 def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = None) -> Scan:
     """``scan`` of the input of a ``--dedup`` run as its output holds it: the first record of each
     content in input order (``dedup.Dedup``, from the manifest's options), positions counted among
-    them, and their pass-1 keys (content keys). Reads the input twice, and holds 8 bytes per record."""
-    from pileshuffle.dedup import DEDUP_STREAM, Dedup
+    them, and their pass-1 keys (content keys). Reads the input twice; which records are first waits
+    in the local temp folder (``dedup.first_occurrences``: 17 bytes a record), not in memory."""
+    import tempfile
+
+    from pileshuffle.dedup import DEDUP_STREAM, Dedup, first_occurrences
     from pileshuffle.keys import position_keys
 
     dedup, seed = Dedup.from_options(manifest.get("options")), int(manifest.get("seed") or 0)
-    contents = []
-    for path in paths:
+
+    def contents(path):
         first = 0
         for table in fmt.read_chunks(path):
-            contents.append(dedup.contents(table, record_hashes(table), path, first))
+            yield table, dedup.contents(table, record_hashes(table), path, first)
             first += table.num_rows
-    contents = np.concatenate(contents) if contents else np.zeros(0, np.uint64)
-    is_first = np.zeros(len(contents), dtype=bool)
-    is_first[np.unique(contents, return_index=True)[1]] = True
-    at = [0]
 
-    def chunks(path):
-        for table in fmt.read_chunks(path):
-            kept = is_first[at[0] : at[0] + table.num_rows]
-            distinct = table.filter(pa.array(kept))
-            yield distinct, record_hashes(distinct), position_keys(seed, (DEDUP_STREAM,), contents[at[0] : at[0] + table.num_rows][kept])
-            at[0] += table.num_rows
+    with tempfile.TemporaryDirectory(prefix="pileshuffle-quality-") as folder:
+        is_first = first_occurrences((c for path in paths for _, c in contents(path)), folder)
+        at = [0]
 
-    return _sampled(((path, chunks(path)) for path in paths), threshold, label, keys=False)
+        def distinct_chunks(path):
+            for table, content in contents(path):
+                kept = np.asarray(is_first[at[0] : at[0] + table.num_rows])
+                at[0] += table.num_rows
+                distinct = table.filter(pa.array(kept))
+                yield distinct, record_hashes(distinct), position_keys(seed, (DEDUP_STREAM,), content[kept])
+
+        return _sampled(((path, distinct_chunks(path)) for path in paths), threshold, label, keys=False)
 
 
 def _sampled(files, threshold: int, label, keys: bool) -> Scan:
