@@ -163,6 +163,14 @@ def test_a_field_missing_from_a_record_names_the_file_and_record(tmp_path, capsy
     assert not glob.glob(str(tmp_path / "o*"))
 
 
+def test_append_with_dedup_is_refused_naming_why(tmp_path, capsys):
+    (tmp_path / "a.jsonl").write_text('{"l": 1}\n{"l": 1}\n')
+    run_shuffle(str(tmp_path / "a.jsonl"), str(tmp_path / "s"), "--layout=store")
+    for option in ("--dedup=exact", "--dedup_key=l"):
+        error = refused(capsys, "append", "--store", str(tmp_path / "s"), "--input", str(tmp_path / "a.jsonl"), option)
+        assert "--dedup: a pile store keeps pass 1's piles with their duplicates" in error, error
+
+
 @pytest.mark.parametrize("args, option", [(["--dedup=exact", "--dedup_key=url"], "dedup"),
                                           (["--dedup=exact", "--balance=uniform", "--label_field=l"], "dedup"),
                                           (["--dedup=most"], "dedup"),

@@ -142,8 +142,13 @@ def append_options(argv) -> AppendOptions:
                         help="as the store was created (default: the store's; refused if it was created without)")
     parser.add_argument("--keep_unlabeled", action="store_true", default=None,
                         help="as the store was created (default: the store's; refused if it was created without)")
+    parser.add_argument("--dedup", help=argparse.SUPPRESS)  # refused with a reason, not as an unknown option
+    parser.add_argument("--dedup_key", help=argparse.SUPPRESS)
     _add_quiet(parser)
     args, beam_args = check_command_argv(parser, argv)
+    if args.dedup not in (None, "none") or args.dedup_key:
+        raise UsageError("--dedup: a pile store keeps pass 1's piles with their duplicates, which are dropped in pass 2 "
+                         "(docs/stores.md); deduplicate with `pileshuffle run --dedup` into shards")
     return AppendOptions(args.store, args.input, args.skip_corrupt, args.allow_duplicate_inputs,
                          PipelineOptions(beam_args), args.label_field, args.balance, args.undersample,
                          args.keep_unlabeled, args.quiet)
