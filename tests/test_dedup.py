@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import manifest, read_tfrecord_payloads, refused, run_shuffle, shard_bytes, shards
+from helpers import manifest, read_tfrecord_payloads, refused, run_shuffle, shard_bytes, shards, succeeded
 from test_balance_labels import example
 from test_uniformity import ALPHA, assert_rejected, uniformity_pvalues
 from pileshuffle import ShuffleToPiles, WritePiles, sample
@@ -161,6 +161,15 @@ def test_a_field_missing_from_a_record_names_the_file_and_record(tmp_path, capsy
                     "--dedup_key=url", "--direct_running_mode=in_memory")
     assert "a.jsonl" in error and "byte 26" in error and "'url'" in error, error
     assert not glob.glob(str(tmp_path / "o*"))
+
+
+def test_plan_says_what_a_dedup_run_compares_and_holds(tmp_path, capsys):
+    pattern = write_inputs(tmp_path / "in", "jsonl")
+    out, _ = succeeded(capsys, "plan", "--input", pattern, "--output", str(tmp_path / "o"), "--dedup_key=url")
+    line = next(line for line in out.splitlines() if line.startswith("dedup"))
+    assert "by the value of 'url'" in line and "no extra pass" in line and "streamed" in line, line
+    out, _ = succeeded(capsys, "plan", "--input", pattern, "--output", str(tmp_path / "o"), "--dedup=exact", "--json")
+    assert json.loads(out)["dedup"] == {"dedup": "exact"}
 
 
 def test_append_with_dedup_is_refused_naming_why(tmp_path, capsys):
