@@ -34,7 +34,7 @@ from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, binary_column_parts, crc32_of_slices, mix64, row_hashes
 from pileshuffle.formats.json_labels import KEEP_HINT
 
-__all__ = ["DEDUP_STREAM", "TOP_GROUPS", "Dedup", "Dropped", "distinct_in_order", "stream_distinct", "content_hashes",
+__all__ = ["DEDUP_STREAM", "TOP_GROUPS", "Dedup", "Dropped", "distinct_in_order", "stream_distinct",
            "dedup_section", "distinct_fingerprint", "first_occurrences"]
 
 DEDUP_STREAM = 3  # the key stream of content keys (0: input positions, 1: composed use's draws, 2: store generations)
@@ -101,35 +101,49 @@ class Dedup:
 
     def contents(self, records: pa.Table, hashes: np.ndarray, path: str = "", first: int = 0,
                  positions: np.ndarray = None) -> np.ndarray:
-        """The 64-bit content hash of every record (``hashes``: their fingerprint hashes, which
-        whole records reuse: one more CRC each, not two), as run, verify and quality compute it."""
-        if self.field is None:
-            return content_hashes(records, hashes)
-        values = self.values(records, path, first, positions)
-        return row_hashes(values, strong=True)
+        """The 64-bit content hash of every record (``hashes``: their fingerprint hashes, which whole
+        records reuse), as run, verify and quality compute it: a hash of CRC32C and length (the
+        fingerprint's; of the field's value, a one-column row) with the CRC-32 (zlib) of the bytes."""
+        if self.field is not None:
+            values = self.values(records, path, first, positions)
+            return _with_crc32(row_hashes(values), values.columns)
+        from pileshuffle.formats import holder_of
+
+        holder = holder_of(records)
+        if holder.record_column is None:  # rows: every binary or string value
+            return _with_crc32(hashes, records.columns)
+        return _with_crc32(hashes, [records.column(0)], holder.before, holder.after)  # a bytes format's payload
 
     def keys(self, records: pa.Table, seed: int, hashes: np.ndarray, path: str = "", first: int = 0,
              positions: np.ndarray = None) -> np.ndarray:
         """U of every record: a keyed bijection of its content hash (equal contents, equal keys)."""
         return keymath.position_keys(seed, (DEDUP_STREAM,), self.contents(records, hashes, path, first, positions))
 
+    def file_contents(self, fmt, path: str, skip_corrupt: bool = False, report=None):
+        """``(table, fingerprint hashes, content hashes)`` of every chunk of the file ``path`` in order:
+        what verify and quality recompute of a run's input."""
+        from pileshuffle.formats import record_hashes
 
-def content_hashes(records: pa.Table, hashes: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of every whole record from its fingerprint hash (``formats.record_hashes``:
-    the payload's CRC32C and length, or a row's values) and the CRC-32 (zlib) of its payload, or of
-    each binary or string value of a row."""
-    from pileshuffle.formats import holder_of
+        first = 0
+        for table in fmt.read_chunks(path, skip_corrupt=skip_corrupt, report=report):
+            hashes = record_hashes(table)
+            yield table, hashes, self.contents(table, hashes, path, first)
+            first += table.num_rows
 
-    holder, second = holder_of(records), np.zeros(records.num_rows, dtype=np.uint64)
+
+def _with_crc32(hashes: np.ndarray, columns, before: int = 0, after: int = 0) -> np.ndarray:
+    """``hashes`` (64-bit, from CRC32C and length) mixed with the CRC-32 (zlib) of each binary or string
+    value of ``columns``, in column order (``before``/``after``: framing bytes left out of each value);
+    fixed-width values are left as they are: their fingerprint hash is a bijection of them already."""
+    second = np.zeros(len(hashes), dtype=np.uint64)
     with np.errstate(over="ignore"):
-        columns = [records.column(0)] if holder.record_column is not None else records.columns
         for position, column in enumerate(columns):
             if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)
                     or pa.types.is_large_binary(column.type) or pa.types.is_large_string(column.type)):
-                continue  # a fixed-width value's fingerprint hash is a bijection of it already
+                continue
             data, offsets = binary_column_parts(column.fill_null(b"" if "binary" in str(column.type) else ""))
-            crcs = crc32_of_slices(data, offsets, getattr(holder, "before", 0), getattr(holder, "after", 0))
-            second = mix64(second * np.uint64(0x100000001B3) + crcs + np.uint64(position))
+            second = mix64(second * np.uint64(0x100000001B3) + crc32_of_slices(data, offsets, before, after)
+                           + np.uint64(position))
         return mix64(np.asarray(hashes, dtype=np.uint64) + second * _GOLDEN)
 
 

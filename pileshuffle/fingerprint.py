@@ -242,19 +242,14 @@ def total(fingerprints) -> Fingerprint:
 _NULL_HASH = np.uint64(0x9E3779B97F4A7C15)
 
 
-def column_hashes(column, strong: bool = False) -> np.ndarray:
-    """A 64-bit hash of every value of an Arrow column (nulls hash to a constant). A binary or
-    string value's hash is a mix of its CRC32C and length: 32 bits of its bytes; ``strong`` mixes
-    in its CRC-32 (zlib) too, for 64 (``dedup``'s content keys)."""
+def column_hashes(column) -> np.ndarray:
+    """A 64-bit hash of every value of an Arrow column (nulls hash to a constant)."""
     array = _as_array(column)
     kind = array.type
     if pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
         filled = array.fill_null(b"" if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) else "")
         data, offsets = binary_column_parts(filled)
         hashes = payload_hashes(crc32c_of_slices(data, offsets), np.diff(offsets))
-        if strong:
-            with np.errstate(over="ignore"):
-                hashes = mix64(hashes + crc32_of_slices(data, offsets) * np.uint64(0x9E3779B97F4A7C15))
     elif pa.types.is_boolean(kind):
         hashes = mix64(array.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64) + np.uint64(1))
     elif _is_plain_fixed_width(kind):
@@ -305,12 +300,12 @@ def row_lengths(table: pa.Table) -> np.ndarray:
     return lengths
 
 
-def row_hashes(table: pa.Table, strong: bool = False) -> np.ndarray:
+def row_hashes(table: pa.Table) -> np.ndarray:
     """A 64-bit hash of every row: the columns' value hashes (``column_hashes``) mixed in column order."""
     hashes = np.zeros(table.num_rows, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for position, column in enumerate(table.columns):
-            hashes = mix64(hashes * np.uint64(0x100000001B3) + column_hashes(column, strong) + np.uint64(position))
+            hashes = mix64(hashes * np.uint64(0x100000001B3) + column_hashes(column) + np.uint64(position))
     return hashes
 
 

@@ -249,13 +249,12 @@ class ShardVerifier:
         skip_corrupt = bool((manifest or {}).get("options", {}).get("skip_corrupt"))
         dedup = Dedup.from_options((manifest or {}).get("options"))
         input_fp, skipped, blank, per_file, distinct = Fingerprint(), 0, 0, {}, None
+        reports = []
         try:
             if dedup is not None:
-                reports = []
                 input_fp, distinct = distinct_fingerprint(_content_chunks(fmt, sources, dedup, skip_corrupt, reports,
                                                                           per_file))
             else:
-                reports = []
                 for source in sources:
                     fingerprint, report, _ = read_fingerprint(fmt, source.path, skip_corrupt)
                     input_fp += fingerprint
@@ -296,7 +295,6 @@ class ShardVerifier:
                     else "the same count but different records")
             self.problem(f"input and output differ ({what}): input {_describe(input_fp)}; output {_describe(self.output_fp)}")
 
-
     def _check_dedup_counts(self, manifest: dict, read: Fingerprint, distinct: Fingerprint):
         """The manifest's ``dedup`` counts are the input's: records read, distinct kept, dropped."""
         section = manifest.get("dedup") or {}
@@ -309,17 +307,16 @@ class ShardVerifier:
 
 def _content_chunks(fmt, sources, dedup, skip_corrupt: bool, reports: list, per_file: dict):
     """``(content hashes, record hashes, lengths)`` of every chunk of ``sources`` in input order, as
-    a ``--dedup`` run keys them (``Dedup.values``); each file's ``ReadReport`` appended to ``reports``."""
-    from pileshuffle.formats import record_hashes, record_lengths
+    a ``--dedup`` run keys them (``Dedup.file_contents``); each file's ``ReadReport`` appended to ``reports``."""
+    from pileshuffle.formats import record_lengths
 
     for source in sources:
-        report, first = ReadReport(), 0
-        for table in fmt.read_chunks(source.path, DEFAULT_CHUNK_BYTES, skip_corrupt, report):
-            hashes = record_hashes(table)
-            yield dedup.contents(table, hashes, source.path, first), hashes, record_lengths(table)
-            first += table.num_rows
+        report, records = ReadReport(), 0
+        for table, hashes, contents in dedup.file_contents(fmt, source.path, skip_corrupt, report):
+            yield contents, hashes, record_lengths(table)
+            records += table.num_rows
         reports.append(report)
-        per_file[source.path] = first
+        per_file[source.path] = records
 
 
 def _damage(path: str, size: int, entry) -> str:

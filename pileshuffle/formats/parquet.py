@@ -136,8 +136,9 @@ class ParquetFormat(RecordFormat):
             schema = schema or table.schema
             writer = writer or pq.ParquetWriter(handle, schema, compression=compression)
             table = table.cast(schema)
-            ends = before + np.cumsum(row_lengths(table))
-            cuts = np.flatnonzero(ends // _ROW_GROUP_BYTES > (ends - row_lengths(table)) // _ROW_GROUP_BYTES) + 1
+            lengths = row_lengths(table)
+            ends = before + np.cumsum(lengths)
+            cuts = np.flatnonzero(ends // _ROW_GROUP_BYTES > (ends - lengths) // _ROW_GROUP_BYTES) + 1
             start = 0
             for cut in cuts.tolist():
                 _write_group(writer, [*pending, table.slice(start, cut - start)])

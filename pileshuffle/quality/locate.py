@@ -188,19 +188,12 @@ def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = Non
     from pileshuffle.keys import position_keys
 
     dedup, seed = Dedup.from_options(manifest.get("options")), int(manifest.get("seed") or 0)
-
-    def contents(path):
-        first = 0
-        for table in fmt.read_chunks(path):
-            yield table, dedup.contents(table, record_hashes(table), path, first)
-            first += table.num_rows
-
     with tempfile.TemporaryDirectory(prefix="pileshuffle-quality-") as folder:
-        is_first = first_occurrences((c for path in paths for _, c in contents(path)), folder)
+        is_first = first_occurrences((c for path in paths for _, _, c in dedup.file_contents(fmt, path)), folder)
         at = [0]
 
         def distinct_chunks(path):
-            for table, content in contents(path):
+            for table, _, content in dedup.file_contents(fmt, path):
                 kept = np.asarray(is_first[at[0] : at[0] + table.num_rows])
                 at[0] += table.num_rows
                 distinct = table.filter(pa.array(kept))
