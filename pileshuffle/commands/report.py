@@ -106,9 +106,9 @@ def reporting_errors(command) -> int:
 def _dedup_records_line(dedup: dict) -> str:
     """A manifest's ``dedup`` section: records read, kept and dropped, and the largest group."""
     by = "records" if dedup["by"] == "record" else f"values of {dedup['field']!r}"
-    largest = dedup["largest_groups"][0]["copies"] if dedup["largest_groups"] else 1
+    largest = f"largest group: {dedup['largest_groups'][0]['copies']:,} copies; " if dedup["largest_groups"] else ""
     return (f"records   {dedup['records_kept']:,} distinct {by} kept of {dedup['records_read']:,} read; "
-            f"{dedup['records_dropped']:,} duplicates dropped (largest group: {largest:,} copies; "
+            f"{dedup['records_dropped']:,} duplicates dropped ({largest}"
             f"fingerprints of what was read and what was kept and dropped match)")
 
 
