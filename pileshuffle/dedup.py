@@ -34,7 +34,7 @@ from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, binary_column_parts, crc32_of_slices, mix64, row_hashes
 from pileshuffle.formats.json_labels import KEEP_HINT
 
-__all__ = ["DEDUP_STREAM", "TOP_GROUPS", "Dedup", "Dropped", "distinct_in_order", "stream_distinct",
+__all__ = ["DEDUP_STREAM", "TOP_GROUPS", "Dedup", "Dropped", "distinct_in_order", "content_groups", "stream_distinct",
            "dedup_section", "distinct_fingerprint", "first_occurrences"]
 
 DEDUP_STREAM = 3  # the key stream of content keys (0: input positions, 1: composed use's draws, 2: store generations)
@@ -238,6 +238,28 @@ def _keep_first_of_each(values: pa.Table, at: np.ndarray, rows: np.ndarray, keep
         value = _row(values, int(at[row]))
         keep[row] = value not in seen
         seen.add(value)
+
+
+def content_groups(values: pa.Table, keys: np.ndarray) -> np.ndarray:
+    """A group number for every row of ``values``, equal exactly where the rows' contents are equal:
+    rows tie on ``keys`` (content keys) first, then are compared by their values, as
+    ``distinct_in_order`` compares them (a key collision of different contents gives two groups)."""
+    n = len(keys)
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if n else np.zeros(0, np.int64)
+    run_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    groups = np.empty(n, dtype=np.int64)
+    groups[order] = run_of
+    members = np.flatnonzero(starts[run_of] != np.arange(n))  # sorted places after the first of their run
+    same = _same_rows(values, order[members], order[starts[run_of[members]]])
+    fresh = n
+    for run in np.unique(run_of[members[~same]]).tolist():  # a key collision: number each distinct value anew
+        seen = {}
+        for place in range(starts[run], starts[run] + int(np.sum(run_of == run))):
+            groups[order[place]] = seen.setdefault(_row(values, int(order[place])), fresh + len(seen))
+        fresh += len(seen)
+    return groups
 
 
 def stream_distinct(batches, records_of, dedup: Dedup, dropped: Dropped = None):

@@ -177,14 +177,15 @@ def test_append_with_dedup_is_refused_naming_why(tmp_path, capsys):
     run_shuffle(str(tmp_path / "a.jsonl"), str(tmp_path / "s"), "--layout=store")
     for option in ("--dedup=exact", "--dedup_key=l"):
         error = refused(capsys, "append", "--store", str(tmp_path / "s"), "--input", str(tmp_path / "a.jsonl"), option)
-        assert "--dedup: a pile store keeps pass 1's piles with their duplicates" in error, error
+        assert "--dedup: a store deduplicates as it was created" in error, error
 
 
 @pytest.mark.parametrize("args, option", [(["--dedup=exact", "--dedup_key=url"], "dedup"),
                                           (["--dedup=exact", "--balance=uniform", "--label_field=l"], "dedup"),
                                           (["--dedup=most"], "dedup"),
                                           (["--dedup=key"], "dedup_key"),
-                                          (["--dedup=exact", "--layout=store"], "dedup")])
+                                          (["--dedup=exact", "--layout=store", "--balance=uniform", "--label_field=l"],
+                                           "dedup")])
 def test_conflicting_dedup_options_are_usage_errors(tmp_path, capsys, args, option):
     (tmp_path / "a.jsonl").write_text('{"l": 1}\n')
     refused(capsys, "run", "--input", str(tmp_path / "a.jsonl"), "--output", str(tmp_path / "o"), *args, option=option)

@@ -67,6 +67,16 @@ def _shard_lines(manifest: dict) -> dict:
     }
 
 
+def _store_options_text(manifest: dict) -> str:
+    """How a store's generations are made beyond its seed: balanced, or deduplicated over the window."""
+    options = manifest.get("options") or {}
+    if options.get("dedup"):
+        what = "records" if options["dedup"] == "exact" else f"values of {options['dedup_key']!r}"
+        return (f"; deduplicated: {manifest['totals'].get('distinct', 0):,} distinct {what} visible, the oldest live "
+                f"copy of each")
+    return f"; balanced: {options}" if options else ""
+
+
 def _store_lines(manifest: dict) -> dict:
     generations = manifest["generations"]
     listed = ", ".join(f"{g['generation']} ({g['records']:,} records from {len(g['inputs'])} file(s), "
@@ -77,7 +87,7 @@ def _store_lines(manifest: dict) -> dict:
         "format": f"{manifest['format']}; materialize writes compression {manifest['compression']}",
         "records": f"{manifest['totals']['records']:,} in {len(generations)} live generation(s), "
                    f"{manifest['num_piles']} piles; {manifest['totals']['payload_bytes']:,} payload bytes",
-        "made by": f"seed {manifest['seed']}" + (f"; balanced: {manifest['options']}" if manifest.get("options") else ""),
+        "made by": f"seed {manifest['seed']}" + _store_options_text(manifest),
         "generations": listed or "none live",
         "proves": f"each generation's files hold its inputs' records (fingerprints), their {checked} listed "
                   "(`pileshuffle verify` re-checks all of it)",

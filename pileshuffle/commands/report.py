@@ -118,6 +118,15 @@ def _balance_line(balance: dict) -> str:
         f"{c} {balance['records_before'][c]:,} -> {balance['records_after'][c]:,}" for c in sorted(balance['records_before']))
 
 
+def _store_dedup_line(manifest: dict, dedup: dict) -> str:
+    """A dedup store: what the readers get, and the newest generation's copies."""
+    by = "records" if dedup["dedup"] == "exact" else f"values of {dedup['dedup_key']!r}"
+    earlier = sum(dedup["copies_of_earlier"].values())
+    return (f"distinct  {manifest['totals']['distinct']:,} distinct {by} visible in the window; the newest generation "
+            f"added {dedup['distinct_new']:,} new, {dedup['copies_within']:,} repeat(s) of its own and {earlier:,} of "
+            f"older live generations (hidden while those live)")
+
+
 def store_summary(manifest: dict) -> str:
     """A store version in a few lines: live generations and records, the newest generation, time."""
     generations = manifest["generations"]
@@ -131,6 +140,8 @@ def store_summary(manifest: dict) -> str:
                      f"({newest.get('writers', 1)} writer(s) x {manifest['num_piles']} piles at most)")
         if newest.get("balance"):
             lines.append(_balance_line(newest["balance"]))
+        if newest.get("dedup"):
+            lines.append(_store_dedup_line(manifest, newest["dedup"]))
     seconds = manifest.get("wall_seconds")
     if seconds and newest is not None:
         lines.append(f"time      {seconds:.2f} s, {newest['payload_bytes'] / 1e6 / seconds:,.1f} MB/s")

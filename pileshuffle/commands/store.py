@@ -143,9 +143,6 @@ def run_store(options, wait=None, hold_worker_stderr=False):
     running.HOLD_WORKER_STDERR["on"] = hold_worker_stderr
     _at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
     plan = make_plan(options)
-    if plan.dedup is not None:
-        raise UsageError("--dedup with --layout store: a pile store keeps pass 1's piles unordered, and duplicates "
-                         "are dropped in pass 2; deduplicate into shards (--layout shards), or keep the store whole")
     check_space(plan.space)
     prefix = plan.output
     if storage.exists(manifest_path(prefix)):
@@ -154,7 +151,8 @@ def run_store(options, wait=None, hold_worker_stderr=False):
     sources = plan.sources  # match_inputs leaves store files out
     base = layout.new_manifest(plan.format, plan.compression, plan.num_piles, plan.seed, plan.max_pile_bytes,
                                schema_json(plan.schema) if plan.schema is not None else None,
-                               None if plan.balance is None else (plan.label, plan.balance, plan.keep_unlabeled))
+                               None if plan.balance is None else (plan.label, plan.balance, plan.keep_unlabeled),
+                               plan.dedup)
     with _store_lock(prefix, layout.command_line()) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
@@ -286,6 +284,8 @@ def materialize(options) -> dict:
         "store": {"prefix": prefix, "version": manifest["version"],
                   "generations": [g["generation"] for g in manifest["generations"]]},
     }
+    if layout.store_dedup(manifest) is not None:  # each distinct record of the window once: `verify --input` proves it
+        fields["options"].update(manifest["options"])
     if layout.store_balance(manifest) is not None:  # the store's --balance, and its counts
         fields["store"]["options"] = manifest["options"]
         if len(manifest["generations"]) == 1:  # run --balance's bytes: its manifest's options and counts too

@@ -147,8 +147,9 @@ def append_options(argv) -> AppendOptions:
     _add_quiet(parser)
     args, beam_args = check_command_argv(parser, argv)
     if args.dedup not in (None, "none") or args.dedup_key:
-        raise UsageError("--dedup: a pile store keeps pass 1's piles with their duplicates, which are dropped in pass 2 "
-                         "(docs/stores.md); deduplicate with `pileshuffle run --dedup` into shards")
+        raise UsageError("--dedup: a store deduplicates as it was created: one made with `pileshuffle run --layout store "
+                         "--dedup ...` keeps each distinct record of its live window once through every append "
+                         "(docs/stores.md); leave the option out of append")
     return AppendOptions(args.store, args.input, args.skip_corrupt, args.allow_duplicate_inputs,
                          PipelineOptions(beam_args), args.label_field, args.balance, args.undersample,
                          args.keep_unlabeled, args.quiet)

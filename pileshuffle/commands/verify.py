@@ -103,6 +103,8 @@ def _verify_store_main(prefix: str, input_glob: str = None) -> int:
     print(f"pileshuffle verify: OK: store {names.store_dir(prefix)} version {manifest['version']}: "
           f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} generation(s), {files} file(s); "
           f"every file reads back whole and matches the manifest (counts, piles, fingerprints)"
+          + (f"; {manifest['totals']['distinct']:,} distinct records visible, every copies file as listed"
+             if "distinct" in manifest["totals"] else "")
           + ("; the input holds exactly the live generations' records" if input_glob else ""))
     return 0
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pileshuffle import names, storage
+from pileshuffle.copy_marks import hidden_rows
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import FORMATS
@@ -205,14 +206,18 @@ def _open_store(fs, manifest_path: str, columns, cache) -> Output:
     name = _check_format(manifest, manifest_path)
     num_piles = int(manifest["num_piles"])
     directory = posixpath.dirname(manifest_path)
-    files, facts = {p: [] for p in range(num_piles)}, {}
+    files, facts, copies = {p: [] for p in range(num_piles)}, {}, {}
+    live = frozenset(g["generation"] for g in manifest["generations"])
     for generation in sorted(manifest["generations"], key=lambda g: g["generation"]):
         for entry in sorted(generation["files"], key=lambda f: f["writer"]):
             path = posixpath.join(directory, entry["path"])
-            files[int(entry["pile"])].append((path, int(entry["records"]), int(entry.get("bytes") or 0)))
+            visible = int(entry["records"]) - hidden_rows(entry, live)
+            files[int(entry["pile"])].append((path, visible, int(entry.get("bytes") or 0)))
             facts[path] = FileFacts(_listed_size(entry), _store_file_version(manifest, generation, entry),
                                     entry.get("crc32c"))
-    source = Source(name, fs, columns, num_piles, cache, facts)
+            if hidden_rows(entry, live):
+                copies[path] = (posixpath.join(directory, entry["copies"]["path"]), entry["copies"].get("crc32c"), live)
+    source = Source(name, fs, columns, num_piles, cache, facts, copies)
     limit = int(manifest.get("max_pile_bytes") or 0)
     piles = tuple(ref for p in range(num_piles) for ref in _store_pile(source, p, files[p], limit))
     fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])

@@ -22,6 +22,7 @@ import pyarrow as pa
 from pileshuffle import keys as keymath
 from pileshuffle import storage
 from pileshuffle.checksums import check_crc32c, unreadable_bytes
+from pileshuffle.copy_marks import read_copies, visible_rows
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import get_format
@@ -210,6 +211,7 @@ class Source:
     num_piles: int = 1
     cache: object = None
     facts: dict = dataclasses.field(default=None, compare=False)
+    copies: dict = dataclasses.field(default=None, compare=False)  # a dedup store: path -> (copies path, crc32c, live)
 
     def _read(self, path: str, read):
         """``read(filesystem, path)``: of the file's local copy when it is cached, else of the
@@ -263,11 +265,27 @@ class Source:
                 raise InputError(path, f"cannot be read as a pile store data file: {error}") from error
             return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
-        return self._read(path, keys)
+        found = self._read(path, keys)
+        visible = self._visible_rows(path, len(found))
+        return found if visible is None else found[visible]
+
+    def _visible_rows(self, path: str, rows: int):
+        """In a dedup store, the rows of a data file that are not copies of a live earlier row
+        (``store.copies``); None where every row is."""
+        listed = (self.copies or {}).get(path)
+        if listed is None:
+            return None
+        where, crc32c, live = listed
+        name = remote_name(self.filesystem, where)
+        data = _read_bytes(self.filesystem, where, name)
+        check_crc32c(name, data, crc32c)
+        return visible_rows(rows, *read_copies(data, name), live)
 
     def read_store_file(self, path: str):
-        """``(block, keys)`` of one store data file (an Arrow IPC stream)."""
-        return self._read(path, lambda fs, where: self._store_file(fs, where, path))
+        """``(block, keys)`` of one store data file (an Arrow IPC stream): its visible rows."""
+        block, keys = self._read(path, lambda fs, where: self._store_file(fs, where, path))
+        visible = self._visible_rows(path, len(keys))
+        return (block, keys) if visible is None else (block.reorder(visible).compact(), keys[visible])
 
     def _store_file(self, fs, where: str, path: str):
         name = remote_name(self.filesystem, path)

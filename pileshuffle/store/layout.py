@@ -28,6 +28,7 @@ import uuid
 
 from pileshuffle import __version__, interrupt, storage
 from pileshuffle.balance import from_manifest_options, manifest_options
+from pileshuffle.copy_marks import hidden_rows
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.names import GENERATION_DIR, LEGACY_STORE_FORMAT, STORE_KIND
 from pileshuffle.names import STORE_LOCK_NAME as LOCK_NAME
@@ -39,7 +40,7 @@ from pileshuffle.output_files import lock_holder_at, missing_local_folders, rele
 
 __all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
            "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
-           "new_manifest", "next_manifest", "store_balance", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
+           "new_manifest", "next_manifest", "store_balance", "store_dedup", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
            "remove_if_empty", "remove_unpublished", "command_line"]
 
 
@@ -146,10 +147,12 @@ def publish_manifest(prefix: str, manifest: dict):
     _write_exclusive(storage.join(store_dir(prefix), manifest_name(manifest["version"])), data)
 
 
-def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None, balance=None) -> dict:
+def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None, balance=None,
+                 dedup=None) -> dict:
     """Version 0: the empty store a first generation is published onto; ``balance``
     (``(label field, balance.Policy, keep_unlabeled)``, recorded as ``balance.manifest_options``)
-    balances every generation it will hold."""
+    balances every generation it will hold; ``dedup`` (a ``dedup.Dedup``) keeps each distinct
+    record of the live window once (``store.copies``)."""
     manifest = {
         **manifest_header(STORE_KIND), "store_format": LEGACY_STORE_FORMAT, "version": 0,
         "pileshuffle_version": __version__,
@@ -161,6 +164,8 @@ def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, sche
         manifest["schema"] = schema
     if balance is not None:
         manifest["options"] = manifest_options(*balance)
+    if dedup is not None:
+        manifest["options"] = dedup.options()
     return manifest
 
 
@@ -168,6 +173,14 @@ def store_balance(manifest: dict):
     """``(label field, balance.Policy, keep_unlabeled)`` that balances each of the store's
     generations on its own class counts, or None (a store created without ``--balance``)."""
     return from_manifest_options(manifest.get("options") or {})
+
+
+def store_dedup(manifest: dict):
+    """The ``dedup.Dedup`` of a store created with ``--dedup`` (every generation keyed by content,
+    each distinct record of the window visible once), or None."""
+    from pileshuffle.dedup import Dedup
+
+    return Dedup.from_options(manifest.get("options"))
 
 
 def next_manifest(base: dict, generations: list, next_generation: int = None) -> dict:
@@ -178,6 +191,10 @@ def next_manifest(base: dict, generations: list, next_generation: int = None) ->
                 "next_generation": max(base.get("next_generation", 0), next_generation or 0)}
     manifest["totals"] = {"records": sum(g["records"] for g in generations),
                           "payload_bytes": sum(g["payload_bytes"] for g in generations)}
+    if store_dedup(base) is not None:  # the rows a reader gets: each distinct record of the window once
+        live = {g["generation"] for g in generations}
+        manifest["totals"]["distinct"] = manifest["totals"]["records"] - sum(
+            hidden_rows(f, live) for g in generations for f in g["files"])
     return manifest
 
 

@@ -8,8 +8,12 @@ order ``materialize`` writes and the loader yields with ``reshuffle=False`` at e
 
 import collections
 
+import numpy as np
+
 from pileshuffle import names, storage
 from pileshuffle.checksums import crc32c_mismatch
+from pileshuffle.copy_marks import hidden_rows, read_copies
+from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, binary_column_parts
 from pileshuffle.formats import get_format, record_hashes, record_lengths
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames
@@ -29,13 +33,15 @@ def _file_fragment(prefix: str, generation: int, entry: dict) -> Fragment:
 
 
 def live_piles(prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir: str = None) -> list:
-    """The store's ``num_piles`` piles at ``manifest``'s version (empty piles included)."""
+    """The store's ``num_piles`` piles at ``manifest``'s version (empty piles included); in a dedup
+    store, piles that keep the first live copy of each record (``store.copies``)."""
     fragments = {p: [] for p in range(manifest["num_piles"])}
     for generation in manifest["generations"]:
         for entry in generation["files"]:
             fragments[entry["pile"]].append(_file_fragment(prefix, generation["generation"], entry))
     limit = max_pile_bytes or manifest.get("max_pile_bytes") or DEFAULT_MAX_PILE_BYTES
-    return [Pile(p, manifest["num_piles"], tuple(sorted(f, key=lambda x: x.order)), limit, work_dir)
+    dedup = layout.store_dedup(manifest)  # the first live copy of each content: the rows the manifest counts visible
+    return [Pile(p, manifest["num_piles"], tuple(sorted(f, key=lambda x: x.order)), limit, work_dir, dedup=dedup)
             for p, f in fragments.items()]
 
 
@@ -87,7 +93,7 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
         found = Fingerprint()
         for entry in generation["files"]:
             path = layout.join(store, entry["path"])
-            problem = _check_file(path, entry, num_piles, fmt)
+            problem = _check_file(path, entry, num_piles, fmt) or _check_copies_file(store, generation["generation"], entry)
             if problem:
                 problems.append(Problem.of(f"{problem} (generation {generation['generation']})", generation["generation"]))
             found += Fingerprint.from_json(entry["fingerprint"])
@@ -97,9 +103,14 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
                                        generation["generation"]))
         records += generation["records"]
         payload += generation["payload_bytes"]
-    if manifest["totals"] != {"records": records, "payload_bytes": payload}:
+    totals = {"records": records, "payload_bytes": payload}
+    if layout.store_dedup(manifest) is not None:
+        live = {g["generation"] for g in manifest["generations"]}
+        totals["distinct"] = records - sum(hidden_rows(f, live) for g in manifest["generations"] for f in g["files"])
+    if manifest["totals"] != totals:
         problems.append(f"the manifest's totals {manifest['totals']} are not the sum of its generations "
-                        f"({records} records, {payload} payload bytes)")
+                        f"({records} records, {payload} payload bytes"
+                        + (f", {totals['distinct']} distinct)" if "distinct" in totals else ")"))
     if input_glob:
         problems += _check_input(input_glob, manifest, fmt)
     return problems, manifest
@@ -180,6 +191,35 @@ def _generation_sources(generation: dict, sources) -> tuple:
             return own, entry["path"]
         own.append(Source(rank, found.path, found.size))
     return own, None
+
+
+def _check_copies_file(store: str, generation: int, entry: dict) -> str:
+    """A dedup store's copies file of a data file (``copy_marks``): there, whole, rows ascending and
+    in the data file, each naming a generation up to its own, and counted as the manifest lists."""
+    copies = entry.get("copies")
+    if copies is None:
+        return None
+    path = layout.join(store, copies["path"])
+    if not storage.exists(path):
+        return f"copies file {path} is missing"
+    data, listed = storage.read_buffer(path), copies["bytes"]
+    if data.size != listed:
+        return f"copies file {path} is damaged: {data.size:,} bytes, the manifest says {listed:,}"
+    mismatch = crc32c_mismatch(data, copies.get("crc32c"))
+    if mismatch is not None:
+        return f"copies file {path} is damaged: {mismatch}"
+    try:
+        row, earlier = read_copies(data, path)
+    except InputError as error:
+        return str(error)
+    if len(row) and (row[0] < 0 or row[-1] >= entry["records"] or np.any(np.diff(row) <= 0)):
+        return f"copies file {path} is damaged: its rows are not ascending places in {entry['path']}"
+    if len(earlier) and (earlier.min() < 0 or earlier.max() > generation):
+        return f"copies file {path} is damaged: it names generations other than 0 to {generation}"
+    counts = collections.Counter(earlier.tolist())
+    if {str(g): counts[g] for g in sorted(counts)} != copies["earlier"]:
+        return f"copies file {path} does not hold the copies its manifest entry counts ({copies['earlier']})"
+    return None
 
 
 def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:

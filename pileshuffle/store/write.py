@@ -37,6 +37,7 @@ from pileshuffle.fragments import FragmentFiles, read_batches
 from pileshuffle.names import store_writer_name
 from pileshuffle.output_files import remove_tree
 from pileshuffle.store import layout
+from pileshuffle.store.copies import MarkEarlierCopies, generation_dedup
 from pileshuffle.transforms.assign import INPUT_STREAM, SourcePiles, SourceStats
 from pileshuffle.transforms.graph import counted_classes
 from pileshuffle.transforms.write import KeyByNone, balance_section, check_accounted, schema_json
@@ -88,10 +89,12 @@ class _StoreFile:
     fingerprint: Fingerprint
     crc32c: str
     work_dir: str = None  # composed use: the fragments' run directory, removed after publishing
+    copies: dict = None  # a dedup store: its rows that repeat an earlier live row (store.copies)
 
     def to_json(self) -> dict:
-        return {"path": self.path, "pile": self.pile, "writer": self.writer, "records": self.records,
-                "bytes": self.bytes, "crc32c": self.crc32c, "fingerprint": self.fingerprint.to_json()}
+        entry = {"path": self.path, "pile": self.pile, "writer": self.writer, "records": self.records,
+                 "bytes": self.bytes, "crc32c": self.crc32c, "fingerprint": self.fingerprint.to_json()}
+        return entry if self.copies is None else {**entry, "copies": self.copies}
 
 
 class _StoreFiles(FragmentFiles):
@@ -120,11 +123,11 @@ class _WriteStoreGroup(beam.DoFn):
     copies say."""
 
     def __init__(self, store, generation, format_name, seed, num_piles, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False,
-                 label=None, policy=None, keep_unlabeled=False):
+                 label=None, policy=None, keep_unlabeled=False, dedup=None):
         self._store, self._generation, self._format_name = store, generation, format_name
         self._seed, self._num_piles, self._chunk_bytes, self._skip_corrupt = seed, num_piles, chunk_bytes, skip_corrupt
         self._label, self._planner = label, None if policy is None else ClassPlanner(policy, seed)
-        self._keep_unlabeled = keep_unlabeled
+        self._keep_unlabeled, self._dedup = keep_unlabeled, dedup
 
     def setup(self):
         prepare_worker()
@@ -135,7 +138,7 @@ class _WriteStoreGroup(beam.DoFn):
         balance = None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
         for source in group.sources:
             reading = SourcePiles(fmt, source, self._seed, _generation_stream(self._generation, source.id),
-                                  self._chunk_bytes, self._skip_corrupt, self._num_piles, balance)
+                                  self._chunk_bytes, self._skip_corrupt, self._num_piles, balance, dedup=self._dedup)
             for _, _, parts in reading:
                 for pile, part, part_fingerprint in parts:
                     files.append(pile, part, part_fingerprint)
@@ -211,6 +214,8 @@ class PublishGeneration(beam.DoFn):
         }
         if any(s.classes for s in sources):
             generation["balance"] = balance_section(sources, base["options"])
+        if layout.store_dedup(base) is not None:
+            generation["dedup"] = generation_dedup(layout.store_dedup(base), self._generation, generation["files"])
         manifest = layout.next_manifest(base, [*base["generations"], generation], self._generation + 1)
         with interrupt.publishing():  # Ctrl-C takes effect before or after, and no version is published after it
             layout.publish_manifest(self._prefix, manifest)
@@ -278,7 +283,7 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
     """The template's graph for one generation: writer groups -> files -> publish (refused,
     unless ``allow_duplicates``, when its records are exactly a live generation's). A
     balanced store (``layout.store_balance``) first counts this generation's classes."""
-    store, balance = names.store_dir(prefix), layout.store_balance(base)
+    store, balance, dedup = names.store_dir(prefix), layout.store_balance(base), layout.store_dedup(base)
     label, policy, keep_unlabeled = (None, None, False) if balance is None else balance
     items = (
         pipeline
@@ -286,12 +291,33 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
         | "SpreadWriterGroups" >> beam.Reshuffle()
         | "WriteStoreGroup" >> beam.ParDo(_WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
                                                            skip_corrupt=skip_corrupt, label=label, policy=policy,
-                                                           keep_unlabeled=keep_unlabeled),
+                                                           keep_unlabeled=keep_unlabeled, dedup=dedup),
                                           **_generation_classes(pipeline, groups, base["format"], label, skip_corrupt,
                                                                 keep_unlabeled))
     )
+    if dedup is not None:
+        items = _marked_copies(items, store, base, generation, dedup)
     return _publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
                     refuse_copies=not allow_duplicates)
+
+
+class _KeyByPile(beam.DoFn):
+    """A data file keyed by its pile; anything else (``SourceStats``) under ``None``."""
+
+    def process(self, item):
+        yield (item.pile if isinstance(item, _StoreFile) else None, item)
+
+
+def _marked_copies(items, store, base, generation, dedup):
+    """A dedup store: each pile's new files with the rows that repeat an earlier live row recorded."""
+    older = {}
+    for live in base["generations"]:
+        for entry in sorted(live["files"], key=lambda f: f["writer"]):
+            older.setdefault(entry["pile"], []).append((live["generation"], entry["path"]))
+    return (items
+            | "KeyByPile" >> beam.ParDo(_KeyByPile())
+            | "GatherPiles" >> beam.GroupByKey()
+            | "MarkEarlierCopies" >> beam.ParDo(MarkEarlierCopies(store, generation, dedup, older)))
 
 
 def _generation_classes(pipeline, groups, format_name, label, skip_corrupt, keep_unlabeled) -> dict:
@@ -340,6 +366,11 @@ class WritePileStore(beam.PTransform):
             layout.release_lock(self._prefix, token)
             raise OutputError(f"the store {names.store_dir(self._prefix)} holds {base['format']} in "
                               f"{base['num_piles']} piles, not {self._format} in {self._num_piles}")
+        if layout.store_dedup(base) is not None:
+            layout.release_lock(self._prefix, token)
+            raise OutputError(f"the store {names.store_dir(self._prefix)} keys every record by its content to keep each "
+                              f"distinct one once (--dedup); WritePileStore's piles are keyed otherwise: add records "
+                              f"with `pileshuffle append`")
         if layout.store_balance(base) is not None:
             layout.release_lock(self._prefix, token)
             raise OutputError(f"the store {names.store_dir(self._prefix)} balances every generation by "
