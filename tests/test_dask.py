@@ -175,3 +175,21 @@ def test_a_dedup_run_on_dask_gives_the_local_bytes(tmp_path, cluster):
     assert shard_bytes(str(tmp_path / "dask" / "o")) == shard_bytes(str(tmp_path / "local" / "o"))
     assert found["dedup"] == local["dedup"] and found["dedup"]["records_kept"] == 901
     assert found["dedup"]["largest_groups"][0]["copies"] == 4500
+
+
+def test_a_dedup_store_on_dask_gives_the_local_files(tmp_path, cluster):
+    """run --layout store --dedup and append on Dask: the same data and copies files as locally."""
+    from test_store_dedup import write_generation
+
+    from pileshuffle.commands import store as commands
+    from pileshuffle.store import layout
+    from test_store import file_digests
+
+    patterns = [write_generation(str(tmp_path / "in"), g) for g in (0, 1)]
+    args = ["--dedup=exact", "--num_piles=3", "--seed=6"]
+    for where, runner in ((str(tmp_path / "local"), []), (str(tmp_path / "dask"), dask_args(cluster))):
+        run_shuffle(patterns[0], where, "--layout=store", *args, **({"runner_args": runner} if runner else {}))
+        commands.append([f"--store={where}", f"--input={patterns[1]}", *(runner or ["--runner=DirectRunner"])])
+    local, remote = file_digests(str(tmp_path / "local")), file_digests(str(tmp_path / "dask"))
+    assert remote == local and any(name.endswith(".copies.arrows") for name in local)
+    assert layout.read_store_manifest(str(tmp_path / "dask"))["totals"]["distinct"] == 1100

@@ -448,3 +448,34 @@ def test_a_caller_with_only_object_permissions_runs_verifies_and_reads(gcs_root,
     read = subprocess.run([sys.executable, "-c", "import sys; " + LOADER, f"{root}/out/t"], capture_output=True,
                           text=True, timeout=120)
     assert read.returncode == 0 and read.stdout.strip() == "300", read.stderr
+
+
+def test_a_dedup_store_on_gcs_equals_the_local_one(gcs, tmp_path):
+    """A dedup store's copies files written, listed and read on gs://: the same window, bytes and counts."""
+    from test_store_dedup import distinct, window_records, write_generation
+
+    from pileshuffle.commands import store as commands
+    from pileshuffle.store import layout
+    from pileshuffle.store.expire import expire
+    from pileshuffle.store.read import check_store
+
+    found = {}
+    for where in (str(tmp_path / "s"), f"{gcs}/ds"):
+        patterns = []
+        for g in (0, 1):
+            local = write_generation(str(tmp_path / "in"), g)
+            if where.startswith("gs://"):
+                for n in (0, 1):
+                    with storage.open_write(f"{gcs}/dedup-in/g{g}-{n}.jsonl", "uncompressed") as handle:
+                        handle.write(open(str(tmp_path / "in" / f"g{g}-{n}.jsonl"), "rb").read())
+                local = f"{gcs}/dedup-in/g{g}-*.jsonl"
+            patterns.append(local)
+        run_shuffle(patterns[0], where, "--layout=store", "--dedup=exact", "--num_piles=3", "--seed=4")
+        commands.append([f"--store={where}", f"--input={patterns[1]}", *FAST])
+        assert check_store(where)[0] == []
+        both = window_records(where)
+        expire(where, keep_generations=1, grace_seconds=0)
+        found[where] = (both, window_records(where), layout.read_store_manifest(where)["totals"])
+    local, remote = found.values()
+    assert remote == local and set(local[0]) == distinct([0, 1]) and set(local[1]) == distinct([1])
+    assert local[2]["distinct"] == 700

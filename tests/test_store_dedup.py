@@ -10,7 +10,10 @@ import subprocess
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
@@ -196,3 +199,38 @@ def test_append_takes_the_stores_dedup_and_write_pile_store_is_refused(tmp_path,
             (p | beam.Create([b"a", b"b"]) | ShuffleToPiles(num_piles=2, seed=1)
              | WritePileStore(prefix, format="jsonl", num_piles=2, seed=1))
     assert layout.lock_holder(prefix) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.lists(st.lists(st.integers(0, 7), max_size=6), max_size=3), min_size=1, max_size=3),
+                min_size=1, max_size=4),
+       st.integers(1, 5))
+def test_earlier_copies_is_the_newest_generation_of_an_earlier_equal_row(generations, buckets):
+    """Against a reference by brute force: generations of files of batches of small values, keyed so
+    that different values collide (key = value mod ``buckets``): a collision never makes a copy."""
+    from pileshuffle.dedup import Dedup
+    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+    from pileshuffle.store.copies import earlier_copies
+
+    def batch(values):
+        return pa.record_batch({"line": pa.array([b"v%d" % v for v in values], pa.binary()),
+                                KEY_COLUMN: pa.array([v % buckets for v in values], pa.uint64()),
+                                HASH_COLUMN: pa.array([0] * len(values), pa.uint64())})
+
+    *older, newest = [[[batch(values) for values in file] for file in generation] for generation in generations]
+    number = len(older)
+    found = earlier_copies(Dedup(), number, [lambda f=f: iter(f) for f in newest],
+                           ((g, (b for f in files for b in f)) for g, files in enumerate(older)))
+    met, expected = {}, []
+    for g, files in enumerate(older):
+        for file in files:
+            for b in file:
+                met.update((v, g) for v in b.column("line").to_pylist())
+    for file in newest:
+        marks = []
+        for b in file:
+            for v in b.column("line").to_pylist():
+                marks.append(met.get(v, -1))
+                met[v] = number
+        expected.append(marks)
+    assert [f.tolist() for f in found] == expected

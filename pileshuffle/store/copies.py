@@ -24,6 +24,7 @@ the tied rows).
 
 import collections
 import dataclasses
+import functools
 
 import apache_beam as beam
 import numpy as np
@@ -33,7 +34,7 @@ from pileshuffle import storage
 from pileshuffle.copy_marks import NONE, copies_name, encode_copies
 from pileshuffle.dedup import content_groups
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.fragments import Fragment, read_table
+from pileshuffle.fragments import Fragment, read_batches
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.store import layout
 from pileshuffle.tuning import prepare_worker
@@ -41,32 +42,79 @@ from pileshuffle.tuning import prepare_worker
 __all__ = ["earlier_copies", "write_copies", "generation_dedup", "MarkEarlierCopies"]
 
 
-def earlier_copies(dedup, generation: int, tables: list, older) -> list:
-    """``earlier`` of every row of ``tables`` (generation ``generation``'s files of one pile, in
-    writer order), one int32 array per table; ``older``: ``(generation, table)`` of the older live
-    generations' files of the pile, in canonical order (tables: records with key and hash columns)."""
-    sizes = [t.num_rows for t in tables]
-    if not sum(sizes):
-        return [np.zeros(0, np.int32) for _ in tables]
-    wanted = np.unique(np.concatenate([t.column(KEY_COLUMN).to_numpy() for t in tables]))
-    parts, generations = [], []
-    for number, table in older:
-        tied = np.isin(table.column(KEY_COLUMN).to_numpy(), wanted)
-        if tied.any():
-            parts.append(table.filter(pa.array(tied)))
-            generations.append(np.full(int(tied.sum()), number, np.int32))
-    parts += tables
-    generations += [np.full(n, generation, np.int32) for n in sizes]
-    table = pa.concat_tables(parts, promote_options="permissive")
-    groups = content_groups(dedup.values(table.drop_columns([KEY_COLUMN, HASH_COLUMN]), "a pile"),
-                            table.column(KEY_COLUMN).to_numpy())
-    of_row = np.concatenate(generations)
-    order = np.argsort(groups, kind="stable")  # each group's rows together, in canonical order
-    follows = np.concatenate(([False], groups[order][1:] == groups[order][:-1]))
-    earlier = np.empty(len(order), np.int32)
-    earlier[order] = np.where(follows, np.roll(of_row[order], 1), NONE)
-    mine = earlier[len(earlier) - sum(sizes):]
-    return np.split(mine, np.cumsum(sizes)[:-1])
+def earlier_copies(dedup, generation: int, files: list, older) -> list:
+    """``earlier`` of every row of ``files`` (generation ``generation``'s files of one pile, in writer
+    order: each a callable that yields its record batches), one int32 array per file; ``older``:
+    ``(generation, batches)`` of the older live generations' files of the pile, in canonical order
+    (batches: records with key and hash columns).
+
+    Streamed: memory holds one batch and the distinct contents whose key repeats (``_Seen``), so a
+    record repeated a million times is one entry, never loaded whole."""
+    keys = [np.concatenate([b.column(KEY_COLUMN).to_numpy() for b in batches()] or [np.zeros(0, np.uint64)])
+            for batches in files]
+    if not sum(map(len, keys)):
+        return [np.zeros(0, np.int32) for _ in keys]
+    wanted, counts = np.unique(np.concatenate(keys), return_counts=True)
+    repeated = wanted[counts > 1]  # keys more than one new row has
+    seen = _Seen(dedup)
+    for number, batches in older:
+        for batch in batches:
+            tied = _among(batch.column(KEY_COLUMN).to_numpy(), wanted)
+            if tied.any():
+                seen.mark(batch.filter(pa.array(tied)), number)
+    repeated = np.union1d(repeated, seen.keys)
+    marked = []
+    for batches in files:
+        parts = []
+        for batch in batches():
+            earlier = np.full(batch.num_rows, NONE, np.int32)
+            tied = np.flatnonzero(_among(batch.column(KEY_COLUMN).to_numpy(), repeated)) if len(repeated) else []
+            if len(tied):
+                earlier[tied] = seen.mark(batch.take(pa.array(tied)), generation)
+            parts.append(earlier)
+        marked.append(np.concatenate(parts) if parts else np.zeros(0, np.int32))
+    return marked
+
+
+class _Seen:
+    """The distinct contents met so far (in canonical order) whose key repeats: each one's key, its
+    value (``dedup.values``) and the newest generation holding a copy of it."""
+
+    def __init__(self, dedup):
+        self._dedup = dedup
+        self.keys, self._generations, self._values = np.zeros(0, np.uint64), np.zeros(0, np.int32), None
+
+    def mark(self, batch, generation: int) -> np.ndarray:
+        """``earlier`` of each row of ``batch`` (records of generation ``generation``, next in canonical
+        order), which then count as met."""
+        table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+        keys = table.column(KEY_COLUMN).to_numpy()
+        values = self._dedup.values(table.drop_columns([KEY_COLUMN, HASH_COLUMN]), "a pile")
+        held = np.flatnonzero(np.isin(self.keys, keys))  # met contents that share a key with the batch
+        both = values if not len(held) else pa.concat_tables([self._values.take(held), values],
+                                                             promote_options="permissive")
+        groups = content_groups(both, np.concatenate([self.keys[held], keys]))
+        generations = np.concatenate([self._generations[held], np.full(len(keys), generation, np.int32)])
+        order = np.argsort(groups, kind="stable")  # each group's rows together, met ones first
+        follows = np.concatenate(([False], groups[order][1:] == groups[order][:-1]))
+        earlier = np.empty(len(order), np.int32)
+        earlier[order] = np.where(follows, np.roll(generations[order], 1), NONE)
+        earlier = earlier[len(held):]
+        self._generations[held[np.isin(groups[: len(held)], groups[len(held):])]] = generation
+        fresh = np.flatnonzero(earlier == NONE)  # the first row of a content not met before
+        self.keys = np.concatenate([self.keys, keys[fresh]])
+        self._generations = np.concatenate([self._generations, np.full(len(fresh), generation, np.int32)])
+        taken = values.take(pa.array(fresh))
+        self._values = taken if self._values is None else pa.concat_tables([self._values, taken],
+                                                                           promote_options="permissive")
+        return earlier
+
+
+def _among(values: np.ndarray, ascending: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is in ``ascending`` (sorted, not empty): a binary search each, no
+    sort of ``values`` (``np.isin`` sorts both every call)."""
+    at = np.minimum(np.searchsorted(ascending, values), len(ascending) - 1)
+    return ascending[at] == values
 
 
 def write_copies(store: str, data_relative: str, earlier: np.ndarray):
@@ -110,11 +158,11 @@ class MarkEarlierCopies(beam.DoFn):
             yield from files
             return
         files = sorted(files, key=lambda f: f.writer)
-        tables = [_read(layout.join(self._store, f.path)) for f in files]
-        older = ((g, _read(layout.join(self._store, path))) for g, path in self._older.get(pile, ()))
-        for stored, earlier in zip(files, earlier_copies(self._dedup, self._generation, tables, older)):
+        batches = [functools.partial(_batches, layout.join(self._store, f.path)) for f in files]
+        older = ((g, _batches(layout.join(self._store, path))) for g, path in self._older.get(pile, ()))
+        for stored, earlier in zip(files, earlier_copies(self._dedup, self._generation, batches, older)):
             yield dataclasses.replace(stored, copies=write_copies(self._store, stored.path, earlier))
 
 
-def _read(path: str) -> pa.Table:
-    return read_table(Fragment((0,), 0, 0, Fingerprint(), path=path))
+def _batches(path: str):
+    return read_batches(Fragment((0,), 0, 0, Fingerprint(), path=path))
