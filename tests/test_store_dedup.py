@@ -188,6 +188,14 @@ def test_the_window_is_a_uniform_order_of_its_distinct_records(tmp_path):
     assert chi2_contingency(table).pvalue > 0.001
 
 
+def test_plan_says_what_a_dedup_store_keeps_and_holds(tmp_path, capsys):
+    pattern = write_generation(str(tmp_path / "in"), 0)
+    out, _ = succeeded(capsys, "plan", "--input", pattern, "--output", str(tmp_path / "o"), "--layout=store",
+                       "--dedup_key=url")
+    line = next(line for line in out.splitlines() if line.startswith("dedup"))
+    assert "oldest live copy), comparing the value of 'url'" in line and "one batch and the distinct" in line, line
+
+
 def test_append_takes_the_stores_dedup_and_write_pile_store_is_refused(tmp_path, capsys):
     prefix = str(tmp_path / "s")
     pattern = write_generation(str(tmp_path / "in"), 0)

@@ -305,6 +305,10 @@ def _free(plan: Plan, location: str) -> str:
 def _dedup_text(plan: Plan) -> str:
     """What ``--dedup`` compares and holds: no extra pass; a pile of one record repeated is streamed."""
     what = "whole records by their bytes" if plan.dedup.field is None else f"the value of {plan.dedup.field!r}"
+    if plan.layout == "store":
+        return (f"each distinct record of the live window once (its oldest live copy), comparing {what}; every append "
+                f"reads its own files and the window's files of each pile to mark later copies (hidden, never "
+                f"rewritten), holding one batch and the distinct contents that repeat")
     return (f"the first of each distinct record kept, by {what}; no extra pass (copies meet in one pile); pass 2 "
             f"holds one pile ({_size(plan.max_pile_bytes)}) as without it, a pile of one record repeated streamed")
 

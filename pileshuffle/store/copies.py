@@ -17,9 +17,10 @@ later copies, so it never hides a row that was visible.
 On disk: ``pileshuffle.copy_marks`` (a copies file beside each data file that has copies, and the
 manifest's ``copies`` entry).
 
-Cost: writing generation g reads its own files of each pile and the older live generations' files
-of that pile, keeping of those only the rows whose key ties (memory: one pile of g, one older file,
-the tied rows).
+Cost: writing generation g reads, pile by pile, its own files twice (keys, then records) and the
+older live generations' files of that pile once, keeping only rows whose key ties. Memory: one
+batch and the distinct contents whose key repeats (``_Seen``): a record repeated a million times is
+one entry.
 """
 
 import collections
