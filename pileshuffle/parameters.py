@@ -147,7 +147,8 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
               "exact: write each distinct record once (the first of its copies in input order), compared by its "
               "bytes (a Parquet row by its values); duplicates meet in one pile, so it costs no extra pass. The manifest "
               "and the summary say how many were dropped. key: by the value of --dedup_key (which alone means key). "
-              "none: keep every record.",
+              "none: keep every record. With --layout store: each distinct record of the store's live window once "
+              "(the oldest live copy), through every append and expire.",
               "key", default="none", choices=("none", "exact", "key")),
     Parameter("dedup_key", "Deduplicate by field",
               "Keep one record per value of this field (the first in input order): a Parquet column, a JSON key, a "

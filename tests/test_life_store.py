@@ -64,7 +64,7 @@ from pileshuffle.loader import ShuffledDataset
 from pileshuffle.store import layout
 from pileshuffle import names
 
-LIFE_EXAMPLES = int(os.environ.get("PILESHUFFLE_LIFE_EXAMPLES", "20"))
+LIFE_EXAMPLES = int(os.environ.get("PILESHUFFLE_LIFE_EXAMPLES", "16"))
 STEPS_PER_LIFE = 12
 POOL_FILES = 10  # input files `append` draws from: few, so that appends overlap often
 FILE_INDEX_STRIDE = 1000  # file k holds the records whose indices start at k * 1000

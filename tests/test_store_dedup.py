@@ -193,7 +193,7 @@ def test_plan_says_what_a_dedup_store_keeps_and_holds(tmp_path, capsys):
     out, _ = succeeded(capsys, "plan", "--input", pattern, "--output", str(tmp_path / "o"), "--layout=store",
                        "--dedup_key=url")
     line = next(line for line in out.splitlines() if line.startswith("dedup"))
-    assert "oldest live copy), comparing the value of 'url'" in line and "one batch and the distinct" in line, line
+    assert "oldest live copy), comparing the value of 'url'" in line and "a batch and the repeated contents" in line, line
 
 
 def test_append_takes_the_stores_dedup_and_write_pile_store_is_refused(tmp_path, capsys):

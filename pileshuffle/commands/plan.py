@@ -275,10 +275,7 @@ def _operations_text(plan: Plan) -> str:
 def _store_lines(plan: Plan, options) -> list:
     """What ``run --layout store`` writes: pass 1 only, into a new pile store."""
     from pileshuffle.store.write import STORE_WRITERS
-
-    sizes = _pile_sizes(plan)
-    store = store_dir(plan.output)
-    writers = min(STORE_WRITERS, len(plan.sources))
+    sizes, store, writers = _pile_sizes(plan), store_dir(plan.output), min(STORE_WRITERS, len(plan.sources))
     return [
         ("piles", f"{plan.num_piles:,} piles in the store ({plan.num_piles_reason}); the loader or `pileshuffle "
                   "materialize` orders them later"),
@@ -305,10 +302,9 @@ def _free(plan: Plan, location: str) -> str:
 def _dedup_text(plan: Plan) -> str:
     """What ``--dedup`` compares and holds: no extra pass; a pile of one record repeated is streamed."""
     what = "whole records by their bytes" if plan.dedup.field is None else f"the value of {plan.dedup.field!r}"
-    if plan.layout == "store":
-        return (f"each distinct record of the live window once (its oldest live copy), comparing {what}; every append "
-                f"reads its own files and the window's files of each pile to mark later copies (hidden, never "
-                f"rewritten), holding one batch and the distinct contents that repeat")
+    if plan.layout == "store":  # docs/stores.md, Deduplicated stores
+        return (f"each distinct record of the live window once (its oldest live copy), comparing {what}; an append reads "
+                "the window's files of each pile to mark later copies, holding a batch and the repeated contents")
     return (f"the first of each distinct record kept, by {what}; no extra pass (copies meet in one pile); pass 2 "
             f"holds one pile ({_size(plan.max_pile_bytes)}) as without it, a pile of one record repeated streamed")
 
