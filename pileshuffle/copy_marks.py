@@ -23,7 +23,7 @@ from pileshuffle.errors import InputError
 from pileshuffle.names import FRAGMENT_EXTENSION
 
 __all__ = ["COPIES_SUFFIX", "COPIES_SCHEMA", "NONE", "copies_name", "encode_copies", "read_copies", "hidden_rows",
-           "visible_rows"]
+           "visible_places"]
 
 COPIES_SUFFIX = ".copies.arrows"
 COPIES_SCHEMA = pa.schema([("row", pa.int64()), ("earlier", pa.int32())])
@@ -65,7 +65,7 @@ def hidden_rows(entry: dict, live) -> int:
     return sum(rows for generation, rows in earlier.items() if int(generation) in live)
 
 
-def visible_rows(rows: int, row: np.ndarray, earlier: np.ndarray, live) -> np.ndarray:
+def visible_places(rows: int, row: np.ndarray, earlier: np.ndarray, live) -> np.ndarray:
     """The places of a data file's ``rows`` rows that are visible while ``live`` generations are,
     given its copies file's ``row`` and ``earlier``."""
     hidden = np.zeros(rows, dtype=bool)

@@ -188,6 +188,17 @@ def test_the_window_is_a_uniform_order_of_its_distinct_records(tmp_path):
     assert chi2_contingency(table).pvalue > 0.001
 
 
+def test_quality_measures_the_window_against_the_distinct_input(tmp_path, capsys):
+    prefix = str(tmp_path / "s")
+    patterns = [write_generation(str(tmp_path / "in"), g) for g in (0, 1)]
+    run_shuffle(patterns[0], prefix, "--layout=store", "--dedup=exact", "--num_piles=3", "--seed=8")
+    append(prefix, patterns[1])
+    out, err = succeeded(capsys, "quality", f"--input={tmp_path / 'in' / '*.jsonl'}", f"--output={prefix}",
+                         f"--report={tmp_path / 'report'}")
+    assert "1,100 records, 1,100 located by hash (0 duplicates left out)" in out + err
+    assert "consistent with a uniform permutation" in out + err
+
+
 def test_plan_says_what_a_dedup_store_keeps_and_holds(tmp_path, capsys):
     pattern = write_generation(str(tmp_path / "in"), 0)
     out, _ = succeeded(capsys, "plan", "--input", pattern, "--output", str(tmp_path / "o"), "--layout=store",

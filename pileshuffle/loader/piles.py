@@ -22,7 +22,7 @@ import pyarrow as pa
 from pileshuffle import keys as keymath
 from pileshuffle import storage
 from pileshuffle.checksums import check_crc32c, unreadable_bytes
-from pileshuffle.copy_marks import read_copies, visible_rows
+from pileshuffle.copy_marks import read_copies, visible_places
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import binary_column_parts
 from pileshuffle.formats import get_format
@@ -266,12 +266,12 @@ class Source:
             return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
         found = self._read(path, keys)
-        visible = self._visible_rows(path, len(found))
+        visible = self.visible_rows(path, len(found))
         return found if visible is None else found[visible]
 
-    def _visible_rows(self, path: str, rows: int):
-        """In a dedup store, the rows of a data file that are not copies of a live earlier row
-        (``store.copies``); None where every row is."""
+    def visible_rows(self, path: str, rows: int):
+        """The places of the rows readers get of a store data file of ``rows`` rows: in a dedup
+        store, those that are no copy of a live earlier row (``copy_marks``); None: every row."""
         listed = (self.copies or {}).get(path)
         if listed is None:
             return None
@@ -279,12 +279,12 @@ class Source:
         name = remote_name(self.filesystem, where)
         data = _read_bytes(self.filesystem, where, name)
         check_crc32c(name, data, crc32c)
-        return visible_rows(rows, *read_copies(data, name), live)
+        return visible_places(rows, *read_copies(data, name), live)
 
     def read_store_file(self, path: str):
         """``(block, keys)`` of one store data file (an Arrow IPC stream): its visible rows."""
         block, keys = self._read(path, lambda fs, where: self._store_file(fs, where, path))
-        visible = self._visible_rows(path, len(keys))
+        visible = self.visible_rows(path, len(keys))
         return (block, keys) if visible is None else (block.reorder(visible).compact(), keys[visible])
 
     def _store_file(self, fs, where: str, path: str):

@@ -230,8 +230,9 @@ def _sampled(files, threshold: int, label, keys: bool) -> Scan:
 
 def scan_store(output, threshold: int, label: Label = None) -> Scan:
     """A pile store's records in written order (``output``: the loader's ``Output``):
-    piles in order, each pile's files (live generations, then writers) stably sorted by
-    key, with the pass-1 hashes the store keeps. One pile in memory at a time."""
+    piles in order, each pile's files (live generations, then writers; in a dedup store, the
+    rows readers get) stably sorted by key, with the pass-1 hashes the store keeps. One pile
+    in memory at a time."""
     from pileshuffle.loader.order import sort_by_key
     from pileshuffle.loader.piles import sub_pile_of
 
@@ -243,7 +244,9 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
         for path in pile.files:
             try:
                 with filesystem.open_input_stream(path) as stream:
-                    tables.append(pa.ipc.open_stream(stream).read_all())
+                    table = pa.ipc.open_stream(stream).read_all()
+                visible = pile.source.visible_rows(path, table.num_rows)  # a dedup store: copies hidden
+                tables.append(table if visible is None else table.take(visible))
             except FileNotFoundError:
                 raise InputError(path, f"is missing, but the store version read ({output.location}) lists it; "
                                        f"`pileshuffle verify --output` on the store names every damaged generation") from None

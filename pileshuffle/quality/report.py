@@ -95,14 +95,14 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
     paths in order, or a pile store opened by the loader (``loader.outputs.open_output``).
     A ``--balance`` output is measured against its input with each record repeated by its
     copies (``locate.scan_with_copies``); the class shares compare the input as it is."""
-    total = int(manifest["totals"]["records"])
+    total = int(manifest["totals"].get("distinct", manifest["totals"]["records"]))  # a dedup store: what readers get
     threshold = locate.threshold_for(total, sample)
     balanced = _balanced(manifest)
     try:
         if balanced:
             source = locate.scan_with_copies(fmt, input_paths, manifest, threshold, label if compare else None)
             before = locate.scan(fmt, input_paths, 0, label) if label is not None else None  # labels only
-        elif "dedup" in manifest:  # the output holds the first of each distinct record: measured against those
+        elif "dedup" in manifest or "dedup" in (manifest.get("options") or {}):  # the distinct records: against those
             source = before = locate.scan_distinct(fmt, input_paths, manifest, threshold, label)
         else:
             source = before = locate.scan(fmt, input_paths, threshold, label, locate.run_keys(manifest))
