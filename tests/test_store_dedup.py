@@ -207,6 +207,21 @@ def test_plan_says_what_a_dedup_store_keeps_and_holds(tmp_path, capsys):
     assert "oldest live copy), comparing the value of 'url'" in line and "a batch and the repeated contents" in line, line
 
 
+def test_a_copy_of_a_live_generation_is_appended_and_hidden(tmp_path):
+    """What a plain store refuses (a generation of exactly a live one's records) a dedup store takes:
+    every row is a copy, so the window is unchanged; expiring the original shows the copy."""
+    prefix = str(tmp_path / "s")
+    first = write_generation(str(tmp_path / "in"), 0)
+    again = write_generation(str(tmp_path / "again"), 0)  # the same records in other files
+    run_shuffle(first, prefix, "--layout=store", "--dedup=exact", "--num_piles=3", "--seed=2")
+    manifest = append(prefix, again)
+    added = manifest["generations"][1]["dedup"]  # its own 50 repeats follow its own first copies
+    assert (added["copies_of_earlier"], added["copies_within"], added["distinct_new"]) == ({"0": 600}, 50, 0)
+    assert manifest["totals"]["distinct"] == 600 and set(window_records(prefix)) == distinct([0])
+    expire(prefix, keep_generations=1, grace_seconds=0)
+    assert len(window_records(prefix)) == 600 and set(window_records(prefix)) == distinct([0])
+
+
 def test_append_takes_the_stores_dedup_and_write_pile_store_is_refused(tmp_path, capsys):
     prefix = str(tmp_path / "s")
     pattern = write_generation(str(tmp_path / "in"), 0)

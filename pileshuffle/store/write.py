@@ -281,7 +281,8 @@ def _publish(items, prefix, base, generation, writers, lock_token=None, input_si
 def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corrupt=False, lock_token=None,
                      input_sizes=None, input_identities=None, allow_duplicates=False):
     """The template's graph for one generation: writer groups -> files -> publish (refused,
-    unless ``allow_duplicates``, when its records are exactly a live generation's). A
+    unless ``allow_duplicates`` or the store deduplicates, when its records are exactly a live
+    generation's). A dedup store marks each file's copies of earlier rows before publishing. A
     balanced store (``layout.store_balance``) first counts this generation's classes."""
     store, balance, dedup = names.store_dir(prefix), layout.store_balance(base), layout.store_dedup(base)
     label, policy, keep_unlabeled = (None, None, False) if balance is None else balance
@@ -298,7 +299,7 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
     if dedup is not None:
         items = _marked_copies(items, store, base, generation, dedup)
     return _publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
-                    refuse_copies=not allow_duplicates)
+                    refuse_copies=not allow_duplicates and dedup is None)  # a dedup store hides copies
 
 
 class _KeyByPile(beam.DoFn):
