@@ -12,7 +12,8 @@ life (a timer would not be). The loader is interrupted in this process the same 
 
 The model is a plain mapping: live generation -> the input files it holds; each input file
 holds records that carry their index (``pileshuffle.sample``), so the live records are a
-multiset of indices. After every step:
+multiset of indices (a set, in half of the lives: a store made with ``--dedup exact``, where a
+file appended again with ``--allow_duplicate_inputs`` is hidden while an older copy lives). After every step:
 - the loader's epoch (``iter(ShuffledDataset(P))``) is exactly the model's multiset;
 - every published manifest is complete JSON of its version, the loader opens the newest,
   and it lists exactly the model's generations and their inputs; no manifest read while a
@@ -342,14 +343,17 @@ class StoreLife(RuleBasedStateMachine):
         return ",".join(self.input_path(k) for k in files)
 
     def expected(self, live=None) -> collections.Counter:
+        """The live records: every record of every live input, or, in a ``--dedup`` store, each once."""
         live = self.live if live is None else live
-        return collections.Counter(i for files in live.values() for k in files for i in indices_in_file(k))
+        found = collections.Counter(i for files in live.values() for k in files for i in indices_in_file(k))
+        return collections.Counter(set(found)) if self.dedup else found
 
     def live_files(self) -> list:
         return [k for g in sorted(self.live) for k in self.live[g]]
 
     def shard_options(self) -> list:
-        return [f"--format={self.fmt}", f"--num_piles={self.piles}", f"--seed={self.seed}", *FAST]
+        return [f"--format={self.fmt}", f"--num_piles={self.piles}", f"--seed={self.seed}", *FAST,
+                *(["--dedup=exact"] if self.dedup else [])]
 
     def published(self) -> dict:
         """The store's live generations as the current manifest lists them: generation -> input files."""
@@ -410,10 +414,12 @@ class StoreLife(RuleBasedStateMachine):
 
     # --- rules ---------------------------------------------------------------------------------
     @initialize(target=generations, fmt=st.sampled_from(["tfrecord", "jsonl", "parquet"]), piles=st.integers(2, 4),
-                seed=st.integers(0, 1000), files=FILES, interrupt_at_call=INTERRUPT_AT_CALL)
-    def create(self, fmt, piles, seed, files, interrupt_at_call):
-        """``run --layout store`` of ``files``: generation 0, version 1."""
-        self.fmt, self.piles, self.seed = fmt, piles, seed
+                seed=st.integers(0, 1000), files=FILES, interrupt_at_call=INTERRUPT_AT_CALL, dedup=st.booleans())
+    def create(self, fmt, piles, seed, files, interrupt_at_call, dedup):
+        """``run --layout store`` of ``files`` (with ``--dedup exact``: a store that shows each
+        record of the window once): generation 0, version 1."""
+        self.fmt, self.piles, self.seed, self.dedup = fmt, piles, seed, dedup
+        event(f"store: {'dedup' if dedup else 'plain'}")
         self.command(self.create_argv(files), interrupt_at_call, {0: tuple(sorted(files))})
         return self.published_generation(0)
 
