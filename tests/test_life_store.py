@@ -660,7 +660,7 @@ def test_a_refused_append_interrupted_while_it_releases_the_lock_leaves_no_lock(
     step Ctrl-C does not cut (``interrupt.not_cut``)."""
     life = StoreLife()
     try:
-        life.create(fmt="tfrecord", piles=2, files=[0, 1, 9], interrupt_at_call=None, seed=0)
+        life.create(fmt="tfrecord", piles=2, files=[0, 1, 9], interrupt_at_call=None, seed=0, dedup=False)
         life.append(duplicates=True, files=[0], interrupt_at_call=None)
         life.append(duplicates=True, files=[0], interrupt_at_call=53)
         life.append(duplicates=True, files=[0, 1], interrupt_at_call=None)

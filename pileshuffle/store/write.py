@@ -16,6 +16,10 @@ counting pass over the generation's sources, then each record written as many ti
 its copies say, each copy with a key of its own (``run``'s ``assign.SourcePiles``), so the
 copies spread over the piles as in ``run``.
 
+A store created with ``--dedup`` keys every generation's records by their content (stream 3,
+the store's seed) and, once the writers are done, marks each pile's copies of earlier rows in
+copies files beside the data files (``store.copies``) before publishing.
+
 ``PublishGeneration`` runs once, after every file is written: it checks that the files
 account for every record read (counts and fingerprints) and writes the next manifest
 version, exclusively. Every DoFn here emits from ``process`` (Beam's DaskRunner drops
