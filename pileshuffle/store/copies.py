@@ -31,7 +31,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle import storage
+from pileshuffle import names, storage
 from pileshuffle.copy_marks import NONE, copies_name, encode_copies
 from pileshuffle.dedup import content_groups
 from pileshuffle.fingerprint import Fingerprint
@@ -146,12 +146,20 @@ class MarkEarlierCopies(beam.DoFn):
     ``copies`` entry (and copies file) when some of its rows repeat an earlier live row; under pile
     ``None``, what else the generation's writers emitted, passed on."""
 
-    def __init__(self, store: str, generation: int, dedup, older_files: dict):
-        self._store, self._generation, self._dedup = store, generation, dedup
-        self._older = older_files  # pile -> [(generation, store-relative path), ...] in canonical order
+    def __init__(self, prefix: str, generation: int, dedup, base_version: int):
+        self._prefix, self._store = prefix, names.store_dir(prefix)
+        self._generation, self._dedup, self._base_version = generation, dedup, base_version
+        self._older = None  # pile -> [(generation, store-relative path), ...] in canonical order
 
     def setup(self):
+        """The older live files of each pile, from the base version's manifest (read here, not
+        carried in the pipeline: a window lists generations x writers x piles files)."""
         prepare_worker()
+        manifest = layout.read_store_manifest(self._prefix, self._base_version) if self._base_version else None
+        self._older = {}
+        for live in (manifest or {}).get("generations", []):
+            for entry in sorted(live["files"], key=lambda f: f["writer"]):
+                self._older.setdefault(entry["pile"], []).append((live["generation"], entry["path"]))
 
     def process(self, element):
         pile, files = element

@@ -301,7 +301,7 @@ def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corr
                                                                 keep_unlabeled))
     )
     if dedup is not None:
-        items = _marked_copies(items, store, base, generation, dedup)
+        items = _marked_copies(items, prefix, base, generation, dedup)
     return _publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
                     refuse_copies=not allow_duplicates and dedup is None)  # a dedup store hides copies
 
@@ -313,16 +313,12 @@ class _KeyByPile(beam.DoFn):
         yield (item.pile if isinstance(item, _StoreFile) else None, item)
 
 
-def _marked_copies(items, store, base, generation, dedup):
+def _marked_copies(items, prefix, base, generation, dedup):
     """A dedup store: each pile's new files with the rows that repeat an earlier live row recorded."""
-    older = {}
-    for live in base["generations"]:
-        for entry in sorted(live["files"], key=lambda f: f["writer"]):
-            older.setdefault(entry["pile"], []).append((live["generation"], entry["path"]))
     return (items
             | "KeyByPile" >> beam.ParDo(_KeyByPile())
             | "GatherPiles" >> beam.GroupByKey()
-            | "MarkEarlierCopies" >> beam.ParDo(MarkEarlierCopies(store, generation, dedup, older)))
+            | "MarkEarlierCopies" >> beam.ParDo(MarkEarlierCopies(prefix, generation, dedup, base["version"])))
 
 
 def _generation_classes(pipeline, groups, format_name, label, skip_corrupt, keep_unlabeled) -> dict:
