@@ -95,3 +95,14 @@ def test_a_dedup_launch_carries_its_parameter_into_the_job(gcs):
     assert options["dedup_key"] == "index"
     names = [t.unique_name for t in staged_pipeline(gcs).components.transforms.values()]
     assert names.count("ReadSourceToPiles") == 1 and names.count("GroupIntoPiles/GroupByPile") == 1
+
+
+def test_a_dedup_store_launch_marks_copies_in_the_job(gcs):
+    """run --layout store --dedup on Dataflow: the job writes the generation, marks each pile's copies
+    (MarkEarlierCopies reads the base manifest on the workers: the graph carries no file list)."""
+    sample.write_jsonl(f"{gcs}/in", records=300, files=3)
+    done = launch(gcs, *PROJECT, "--layout=store", "--dedup=exact", f"--output={gcs}/st/data")
+    assert done.returncode == 0, done.stderr
+    names = [t.unique_name for t in staged_pipeline(gcs).components.transforms.values()]
+    assert names.count("WriteStoreGroup") == 1 and names.count("MarkEarlierCopies") == 1, names
+    assert names.count("PublishGeneration") == 1
