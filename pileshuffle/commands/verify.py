@@ -103,10 +103,17 @@ def _verify_store_main(prefix: str, input_glob: str = None) -> int:
     print(f"pileshuffle verify: OK: store {names.store_dir(prefix)} version {manifest['version']}: "
           f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} generation(s), {files} file(s); "
           f"every file reads back whole and matches the manifest (counts, piles, fingerprints)"
-          + (f"; {manifest['totals']['distinct']:,} distinct records visible, every copies file as listed"
-             if "distinct" in manifest["totals"] else "")
-          + ("; the input holds exactly the live generations' records" if input_glob else ""))
+          + _visible_text(manifest) + ("; the input holds exactly the live generations' records" if input_glob else ""))
     return 0
+
+
+def _visible_text(manifest: dict) -> str:
+    """A dedup store: the records readers get, and that its copies files were checked."""
+    if "distinct" not in manifest["totals"]:
+        return ""
+    options = manifest["options"]
+    each = "record" if options["dedup"] == "exact" else f"{options['dedup_key']!r} value"
+    return f"; {manifest['totals']['distinct']:,} records visible (one per distinct {each}), every copies file as listed"
 
 
 if __name__ == "__main__":
