@@ -268,3 +268,20 @@ def test_earlier_copies_is_the_newest_generation_of_an_earlier_equal_row(generat
                 met[v] = number
         expected.append(marks)
     assert [f.tolist() for f in found] == expected
+
+
+def test_piles_grown_past_max_pile_bytes_load_in_sub_piles_with_their_copies_hidden(tmp_path):
+    """16 KiB piles: the loader opens each pile as sub-piles counted from the visible keys, and
+    materialize splits them again; both give the window once, in the same order."""
+    prefix = str(tmp_path / "s")
+    patterns = [write_generation(str(tmp_path / "in"), g) for g in WINDOW]
+    run_shuffle(patterns[0], prefix, "--layout=store", "--dedup=exact", "--num_piles=2", "--seed=3",
+                "--max_pile_bytes=16KiB")
+    for g in (1, 2):
+        append(prefix, patterns[g])
+    dataset = ShuffledDataset(prefix, reshuffle=False)
+    assert len(dataset.output.piles) > 2  # sub-piles
+    found = window_records(prefix)
+    assert len(found) == len(dataset) == 1200 and set(found) == distinct([0, 1, 2])
+    materialize(prefix, str(tmp_path / "m" / "m"))
+    assert b"".join(shard_bytes(str(tmp_path / "m" / "m"))).splitlines() == found
