@@ -206,9 +206,7 @@ def distinct_in_order(records: pa.Table, order: np.ndarray, keys: np.ndarray, ha
     keep = np.ones(n, dtype=bool)
     if n < 2:
         return keep
-    run_starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-    run_of = np.repeat(np.arange(len(run_starts)), np.diff(np.append(run_starts, n)))
-    members = np.flatnonzero(run_starts[run_of] != np.arange(n))  # rows after the first of their run
+    run_starts, run_of, members = _tie_runs(keys)
     if not len(members):
         return keep
     if dedup.field is None:  # whole records: compared where they are
@@ -220,7 +218,9 @@ def distinct_in_order(records: pa.Table, order: np.ndarray, keys: np.ndarray, ha
     same = _same_rows(values, at[members], at[run_starts[run_of[members]]])
     keep[members[same]] = False
     for run in np.unique(run_of[members[~same]]).tolist():  # a tie of different contents: a hash collision
-        _keep_first_of_each(values, at, np.arange(run_starts[run], run_starts[run] + np.sum(run_of == run)), keep)
+        rows = np.arange(run_starts[run], run_starts[run] + np.sum(run_of == run))
+        keep[rows] = False
+        keep[rows[np.unique(_value_ids(values, at[rows]), return_index=True)[1]]] = True  # the first of each value
     if dropped is not None:
         gone = np.flatnonzero(~keep)
         dropped.add(hashes[gone], lengths[gone])
@@ -231,13 +231,20 @@ def distinct_in_order(records: pa.Table, order: np.ndarray, keys: np.ndarray, ha
     return keep
 
 
-def _keep_first_of_each(values: pa.Table, at: np.ndarray, rows: np.ndarray, keep: np.ndarray):
-    """Within one run of equal keys, keep the first row of each distinct value (compared as Python values)."""
-    seen = set()
-    for row in rows.tolist():
-        value = _row(values, int(at[row]))
-        keep[row] = value not in seen
-        seen.add(value)
+def _tie_runs(ordered: np.ndarray) -> tuple:
+    """``(starts, run_of, members)`` of keys in order (1 or more): where each run of equal keys
+    starts, the run of every place, and the places after the first of their run."""
+    n = len(ordered)
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    run_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    return starts, run_of, np.flatnonzero(starts[run_of] != np.arange(n))
+
+
+def _value_ids(values: pa.Table, rows: np.ndarray) -> np.ndarray:
+    """A number for each of ``values``' ``rows``, 0, 1, ... in order of first appearance, equal where the
+    rows' values are (compared as Python values: the rows of one key that differ, a hash collision)."""
+    seen = {}
+    return np.array([seen.setdefault(_row(values, int(r)), len(seen)) for r in rows.tolist()], dtype=np.int64)
 
 
 def content_groups(values: pa.Table, keys: np.ndarray) -> np.ndarray:
@@ -245,20 +252,19 @@ def content_groups(values: pa.Table, keys: np.ndarray) -> np.ndarray:
     rows tie on ``keys`` (content keys) first, then are compared by their values, as
     ``distinct_in_order`` compares them (a key collision of different contents gives two groups)."""
     n = len(keys)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
     order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if n else np.zeros(0, np.int64)
-    run_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    starts, run_of, members = _tie_runs(keys[order])
     groups = np.empty(n, dtype=np.int64)
     groups[order] = run_of
-    members = np.flatnonzero(starts[run_of] != np.arange(n))  # sorted places after the first of their run
     same = _same_rows(values, order[members], order[starts[run_of[members]]])
     fresh = n
     for run in np.unique(run_of[members[~same]]).tolist():  # a key collision: number each distinct value anew
-        seen = {}
-        for place in range(starts[run], starts[run] + int(np.sum(run_of == run))):
-            groups[order[place]] = seen.setdefault(_row(values, int(order[place])), fresh + len(seen))
-        fresh += len(seen)
+        rows = order[starts[run] : starts[run] + int(np.sum(run_of == run))]
+        ids = _value_ids(values, rows)
+        groups[rows] = fresh + ids
+        fresh += int(ids.max()) + 1
     return groups
 
 
