@@ -69,11 +69,10 @@ def _shard_lines(manifest: dict) -> dict:
 
 def _store_options_text(manifest: dict) -> str:
     """How a store's generations are made beyond its seed: balanced, or deduplicated over the window."""
-    options = manifest.get("options") or {}
-    if options.get("dedup"):
-        what = "records" if options["dedup"] == "exact" else f"values of {options['dedup_key']!r}"
-        return (f"; deduplicated: {manifest['totals'].get('distinct', 0):,} distinct {what} visible, the oldest live "
-                f"copy of each")
+    options, dedup = manifest.get("options") or {}, layout.store_dedup(manifest)
+    if dedup is not None:
+        return (f"; deduplicated: {manifest['totals'].get('distinct', 0):,} distinct {dedup.units()} visible, the "
+                f"oldest live copy of each")
     return f"; balanced: {options}" if options else ""
 
 

@@ -105,7 +105,9 @@ def reporting_errors(command) -> int:
 
 def _dedup_records_line(dedup: dict) -> str:
     """A manifest's ``dedup`` section: records read, kept and dropped, and the largest group."""
-    by = "records" if dedup["by"] == "record" else f"values of {dedup['field']!r}"
+    from pileshuffle.dedup import Dedup
+
+    by = Dedup(dedup.get("field")).units()
     largest = f"largest group: {dedup['largest_groups'][0]['copies']:,} copies; " if dedup["largest_groups"] else ""
     return (f"records   {dedup['records_kept']:,} distinct {by} kept of {dedup['records_read']:,} read; "
             f"{dedup['records_dropped']:,} duplicates dropped ({largest}"
@@ -120,7 +122,9 @@ def _balance_line(balance: dict) -> str:
 
 def _store_dedup_line(manifest: dict, dedup: dict) -> str:
     """A dedup store: what the readers get, and the newest generation's copies."""
-    by = "records" if dedup["dedup"] == "exact" else f"values of {dedup['dedup_key']!r}"
+    from pileshuffle.dedup import Dedup
+
+    by = Dedup.from_options(dedup).units()
     earlier = sum(dedup["copies_of_earlier"].values())
     return (f"distinct  {manifest['totals']['distinct']:,} distinct {by} visible in the window; the newest generation "
             f"added {dedup['distinct_new']:,} new, {dedup['copies_within']:,} repeat(s) of its own and {earlier:,} of "

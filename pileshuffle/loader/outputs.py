@@ -211,11 +211,11 @@ def _open_store(fs, manifest_path: str, columns, cache) -> Output:
     for generation in sorted(manifest["generations"], key=lambda g: g["generation"]):
         for entry in sorted(generation["files"], key=lambda f: f["writer"]):
             path = posixpath.join(directory, entry["path"])
-            visible = int(entry["records"]) - hidden_rows(entry, live)
-            files[int(entry["pile"])].append((path, visible, int(entry.get("bytes") or 0)))
+            hidden = hidden_rows(entry, live)
+            files[int(entry["pile"])].append((path, int(entry["records"]) - hidden, int(entry.get("bytes") or 0)))
             facts[path] = FileFacts(_listed_size(entry), _store_file_version(manifest, generation, entry),
                                     entry.get("crc32c"))
-            if hidden_rows(entry, live):
+            if hidden:
                 copies[path] = (posixpath.join(directory, entry["copies"]["path"]), entry["copies"].get("crc32c"), live)
     source = Source(name, fs, columns, num_piles, cache, facts, copies)
     limit = int(manifest.get("max_pile_bytes") or 0)

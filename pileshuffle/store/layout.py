@@ -40,7 +40,7 @@ from pileshuffle.output_files import lock_holder_at, missing_local_folders, rele
 
 __all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
            "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
-           "new_manifest", "next_manifest", "store_balance", "store_dedup", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
+           "new_manifest", "next_manifest", "visible_records", "store_balance", "store_dedup", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
            "remove_if_empty", "remove_unpublished", "command_line"]
 
 
@@ -192,10 +192,15 @@ def next_manifest(base: dict, generations: list, next_generation: int = None) ->
     manifest["totals"] = {"records": sum(g["records"] for g in generations),
                           "payload_bytes": sum(g["payload_bytes"] for g in generations)}
     if store_dedup(base) is not None:  # the rows a reader gets: each distinct record of the window once
-        live = {g["generation"] for g in generations}
-        manifest["totals"]["distinct"] = manifest["totals"]["records"] - sum(
-            hidden_rows(f, live) for g in generations for f in g["files"])
+        manifest["totals"]["distinct"] = visible_records(generations)
     return manifest
+
+
+def visible_records(generations: list) -> int:
+    """The rows readers get of a dedup store whose live generations are ``generations``: every row
+    but those hidden by a live earlier copy (``copy_marks``)."""
+    live = {g["generation"] for g in generations}
+    return sum(f["records"] - hidden_rows(f, live) for g in generations for f in g["files"])
 
 
 # --- the lock ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 
 from pileshuffle import names, storage
 from pileshuffle.checksums import crc32c_mismatch
-from pileshuffle.copy_marks import hidden_rows, read_copies
+from pileshuffle.copy_marks import read_copies
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, binary_column_parts
 from pileshuffle.formats import get_format, record_hashes, record_lengths
@@ -105,8 +105,7 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
         payload += generation["payload_bytes"]
     totals = {"records": records, "payload_bytes": payload}
     if layout.store_dedup(manifest) is not None:
-        live = {g["generation"] for g in manifest["generations"]}
-        totals["distinct"] = records - sum(hidden_rows(f, live) for g in manifest["generations"] for f in g["files"])
+        totals["distinct"] = layout.visible_records(manifest["generations"])
     if manifest["totals"] != totals:
         problems.append(f"the manifest's totals {manifest['totals']} are not the sum of its generations "
                         f"({records} records, {payload} payload bytes"

@@ -218,8 +218,9 @@ class PublishGeneration(beam.DoFn):
         }
         if any(s.classes for s in sources):
             generation["balance"] = balance_section(sources, base["options"])
-        if layout.store_dedup(base) is not None:
-            generation["dedup"] = generation_dedup(layout.store_dedup(base), self._generation, generation["files"])
+        dedup = layout.store_dedup(base)
+        if dedup is not None:
+            generation["dedup"] = generation_dedup(dedup, self._generation, generation["files"])
         manifest = layout.next_manifest(base, [*base["generations"], generation], self._generation + 1)
         with interrupt.publishing():  # Ctrl-C takes effect before or after, and no version is published after it
             layout.publish_manifest(self._prefix, manifest)
