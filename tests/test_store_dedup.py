@@ -285,3 +285,21 @@ def test_piles_grown_past_max_pile_bytes_load_in_sub_piles_with_their_copies_hid
     assert len(found) == len(dataset) == 1200 and set(found) == distinct([0, 1, 2])
     materialize(prefix, str(tmp_path / "m" / "m"))
     assert b"".join(shard_bytes(str(tmp_path / "m" / "m"))).splitlines() == found
+
+
+def test_a_record_repeated_in_every_batch_is_one_entry_not_a_loaded_pile(monkeypatch):
+    """100,000 copies of one record over 50 batches: the copies are found comparing at most a batch
+    and the one content met before, never the whole pile (``plan``'s promise for a dedup store)."""
+    from pileshuffle import dedup as dedup_module
+    from pileshuffle.dedup import Dedup
+    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+    from pileshuffle.store import copies
+
+    compared = []
+    real = dedup_module.content_groups
+    monkeypatch.setattr(copies, "content_groups", lambda values, keys: compared.append(len(keys)) or real(values, keys))
+    batch = pa.record_batch({"line": pa.array([b"hot\n"] * 2000, pa.binary()),
+                             KEY_COLUMN: pa.array([7] * 2000, pa.uint64()), HASH_COLUMN: pa.array([1] * 2000, pa.uint64())})
+    [earlier] = copies.earlier_copies(Dedup(), 0, [lambda: iter([batch] * 50)], [])
+    assert earlier.tolist() == [-1] + [0] * 99_999
+    assert compared and max(compared) <= 2001, max(compared)
