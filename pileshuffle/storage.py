@@ -256,7 +256,12 @@ def is_folder(path: str, filesystem=None) -> bool:
 
 @cloud.refusals_explained
 def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "application/octet-stream"):
-    """A new binary file at ``path`` (its local folder made), compressed as asked."""
+    """A new binary file at ``path`` (its local folder made), compressed as asked. A local
+    uncompressed file is Python's own (no file-system layer: a pass-2 shard of a small pile
+    pays for its open and rename only)."""
+    if not is_remote(path) and compression == UNCOMPRESSED:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return open(path, "wb")
     if _uses_beam():
         return _beam(path).create(path, mime_type=mime_type, compression_type=compression)
     if not is_remote(path):
@@ -331,6 +336,10 @@ def put_in_place(written: list, finals: list):
 def rename(sources: list, destinations: list):
     """Move each source to its destination (replacing it). Atomic per file on a local disk; on
     an object store a copy then a delete."""
+    if sources and not is_remote(sources[0]):
+        for source, destination in zip(sources, destinations):
+            os.replace(source, destination)
+        return
     if _uses_beam():
         return _beam(*sources[:1], *destinations[:1]).rename(list(sources), list(destinations))
     fs, _ = arrow_filesystem(sources[0]) if sources else (None, None)

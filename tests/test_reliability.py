@@ -485,16 +485,16 @@ class _FullDisk(io.RawIOBase):
      ("pileshuffle-staging/manifest-", ".pileshuffle-staging")],
 )
 def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location):
-    from apache_beam.io.filesystems import FileSystems
+    import pileshuffle.storage as storage_module
 
-    def failing(real):
-        def create(path, *args, **kwargs):
-            handle = real(path, *args, **kwargs)
-            return _FullDisk(handle) if where in path else handle
-        return create
+    real = storage_module.open_write.__wrapped__
+
+    def open_write(path, *args, **kwargs):
+        handle = real(path, *args, **kwargs)
+        return _FullDisk(handle) if where in path else handle
 
     # every file a run writes is opened by it
-    monkeypatch.setattr(FileSystems, "create", staticmethod(failing(FileSystems.create)))
+    monkeypatch.setattr(storage_module, "open_write", storage_module.cloud.refusals_explained(open_write))
     output = str(tmp_path / "out" / "train")
     with pytest.raises(OutputError) as caught:
         run_shuffle(tfrecord_input, output, "--num_piles=4", "--memory=1MiB")  # runs on disk, not kept in memory

@@ -51,7 +51,8 @@ def known_extensions() -> str:
 
 
 __all__ = ["FORMATS", "FORMAT_OF_EXTENSION", "PAYLOADS", "RECORD_COLUMN", "ReadReport", "RecordFormat", "fingerprint_of", "holder_of",
-           "format_of_name", "get_format", "known_extensions", "read_fingerprint", "record_hashes", "record_lengths"]
+           "format_of_name", "get_format", "known_extensions", "read_fingerprint", "record_hashes", "record_lengths",
+           "records_bytes"]
 
 
 PAYLOADS = Payloads()  # the holder of bare ``record`` payloads (a composed run's bytes, a store's records)
@@ -75,6 +76,11 @@ def record_lengths(table):
     return holder_of(table).record_lengths(table)
 
 
+def records_bytes(table) -> int:
+    """Payload bytes of all records of a records table (``RecordFormat.records_bytes``)."""
+    return holder_of(table).records_bytes(table)
+
+
 def record_hashes(table):
     """A 64-bit hash of every record's payload (``RecordFormat.record_hashes``): the same
     records hash alike whether held as frames, lines, payloads, or rows by their values."""
@@ -85,7 +91,7 @@ def fingerprint_of(table):
     """The fingerprint of a records table, computed from its contents."""
     from pileshuffle.fingerprint import Fingerprint
 
-    return Fingerprint.of(record_hashes(table), int(record_lengths(table).sum()))
+    return Fingerprint.of(record_hashes(table), records_bytes(table))
 
 
 def read_fingerprint(fmt, path: str, skip_corrupt=False):

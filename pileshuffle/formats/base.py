@@ -229,6 +229,12 @@ class RecordFormat:
 
         return row_lengths(table)
 
+    def records_bytes(self, table: pa.Table) -> int:
+        """``record_lengths(table).sum()``, without a value per record."""
+        from pileshuffle.fingerprint import rows_bytes
+
+        return rows_bytes(table)
+
     def record_hashes(self, table: pa.Table) -> np.ndarray:
         """A 64-bit hash of every record's payload: the same payload hashes alike however it is
         held (frame, line, bare payload); a row format hashes a row's values."""
@@ -267,6 +273,11 @@ class Payloads(RecordFormat):
         from pileshuffle.fingerprint import binary_lengths
 
         return binary_lengths(table.column(0)) - self.framing
+
+    def records_bytes(self, table):
+        from pileshuffle.fingerprint import binary_bytes
+
+        return binary_bytes(table.column(0)) - self.framing * table.num_rows
 
     def record_hashes(self, table):
         from pileshuffle.fingerprint import binary_column_parts, crc32c_of_slices, payload_hashes

@@ -128,28 +128,49 @@ class ParquetFormat(RecordFormat):
     def write_shard(self, handle, tables, compression, schema=None):
         """Row groups end where the shard's running payload bytes (``row_lengths``) pass a multiple of
         ``_ROW_GROUP_BYTES``: the same rows give the same file however ``tables`` cut them (a pile
-        whole, or in sub-piles)."""
-        from pileshuffle.fingerprint import row_lengths
+        whole, or in sub-piles). Arrow writes through a buffer of its own: a page is not a call
+        into Python (a small pile's shard is a few of them, not 20-30)."""
+        from pileshuffle.fingerprint import row_lengths, rows_bytes
 
+        sink = pa.BufferedOutputStream(pa.PythonFile(_LeftOpen(handle), mode="w"), buffer_size=_SINK_BUFFER_BYTES)
         writer, pending, before, written = None, [], 0, 0
         for table in tables:
             schema = schema or table.schema
-            writer = writer or pq.ParquetWriter(handle, schema, compression=compression)
-            table = table.cast(schema)
-            lengths = row_lengths(table)
-            ends = before + np.cumsum(lengths)
-            cuts = np.flatnonzero(ends // _ROW_GROUP_BYTES > (ends - lengths) // _ROW_GROUP_BYTES) + 1
-            start = 0
-            for cut in cuts.tolist():
-                _write_group(writer, [*pending, table.slice(start, cut - start)])
-                pending, start = [], cut
-            pending.append(table.slice(start))
-            before = int(ends[-1]) if len(ends) else before
+            writer = writer or pq.ParquetWriter(sink, schema, compression=compression)
             written += table.num_rows
-        writer = writer or pq.ParquetWriter(handle, schema, compression=compression)
+            if not table.schema.equals(schema, check_metadata=True):
+                table = table.cast(schema)
+            after = before + rows_bytes(table)
+            if after // _ROW_GROUP_BYTES > before // _ROW_GROUP_BYTES:  # a group ends in this table: find the rows
+                lengths = row_lengths(table)
+                ends = before + np.cumsum(lengths)
+                cuts = np.flatnonzero(ends // _ROW_GROUP_BYTES > (ends - lengths) // _ROW_GROUP_BYTES) + 1
+                start = 0
+                for cut in cuts.tolist():
+                    _write_group(writer, [*pending, table.slice(start, cut - start)])
+                    pending, start = [], cut
+                table = table.slice(start)
+            pending.append(table)
+            before = after
+        writer = writer or pq.ParquetWriter(sink, schema, compression=compression)
         _write_group(writer, pending)
         writer.close()
+        sink.flush()
         return written
+
+
+_SINK_BUFFER_BYTES = 4 << 20
+
+
+class _LeftOpen:
+    """``handle`` for Arrow's sink, which closes what it wraps when it is dropped (and would
+    swallow an upload's failed close): here a close is left to the handle's owner."""
+
+    def __init__(self, handle):
+        self.write, self.flush, self.closed = handle.write, handle.flush, False
+
+    def close(self):
+        self.closed = True
 
 
 def _write_group(writer, tables):

@@ -15,7 +15,7 @@ from pileshuffle.checksums import crc32c_mismatch
 from pileshuffle.copy_marks import read_copies
 from pileshuffle.errors import InputError
 from pileshuffle.fingerprint import Fingerprint, binary_column_parts
-from pileshuffle.formats import get_format, record_hashes, record_lengths
+from pileshuffle.formats import get_format, record_hashes, records_bytes
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames
 from pileshuffle.fragments import Fragment, read_table
 from pileshuffle.keys import pile_of
@@ -249,7 +249,7 @@ def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
         if problem or end != len(data) or len(starts) != records.num_rows:
             return f"store file {path} is damaged: a TFRecord frame in it is corrupt ({problem or 'bad framing'})"
     hashes = record_hashes(records)
-    if Fingerprint.of(hashes, int(record_lengths(records).sum())) != Fingerprint.from_json(entry["fingerprint"]):
+    if Fingerprint.of(hashes, records_bytes(records)) != Fingerprint.from_json(entry["fingerprint"]):
         return f"store file {path} is damaged: its records do not match the manifest's fingerprint"
     if not (table.column(HASH_COLUMN).to_numpy() == hashes).all():
         return f"store file {path} is damaged: its records' stored hashes do not match their contents"

@@ -100,11 +100,12 @@ class Pile:
             return
         if not self.fragments:
             return
-        table = read_joined(self.fragments).combine_chunks()
+        table = read_joined(self.fragments)
         keys = table.column(KEY_COLUMN).to_numpy()
         order = np.argsort(keys, kind="stable")
-        records = table.drop_columns([KEY_COLUMN])
+        records = table.drop_columns([KEY_COLUMN])  # take gathers from the parts as they are (no combined copy)
         if self.dedup is not None:
+            records = records.combine_chunks()
             user, hashes, lengths = _records_of(records)
             order = order[distinct_in_order(user, order, keys[order], hashes[order], lengths[order], self.dedup, dropped)]
         step = max(1, int(_OUTPUT_SLICE_BYTES * len(order) / max(1, records.nbytes)))

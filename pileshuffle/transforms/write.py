@@ -26,7 +26,7 @@ from pileshuffle.checksums import Crc32cWriter
 from pileshuffle.dedup import Dedup, Dropped, dedup_section
 from pileshuffle.errors import InputError, IntegrityError
 from pileshuffle.fingerprint import Fingerprint, total
-from pileshuffle.formats import get_format, record_lengths
+from pileshuffle.formats import get_format, records_bytes
 from pileshuffle.fragments import between_passes, write_failure
 from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manifest_path, output_lock_path, shard_name,
                                staged_manifest_name, staging_dir)
@@ -84,7 +84,7 @@ class WriteShard(beam.DoFn):
             for table in tables:
                 records = table.drop_columns([HASH_COLUMN])
                 hashes = table.column(HASH_COLUMN).to_numpy()
-                written[0] += Fingerprint.of(hashes, int(record_lengths(records).sum()))
+                written[0] += Fingerprint.of(hashes, records_bytes(records))
                 schema[0] = schema[0] or records.schema
                 yield records
 
@@ -95,16 +95,17 @@ class WriteShard(beam.DoFn):
                 storage.put_in_place([temp], [staged])
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
-        if written[0] + dropped.fingerprint != pile.fingerprint:
+        expected = pile.fingerprint
+        if written[0] + dropped.fingerprint != expected:
             left_out = f" and left out {dropped.fingerprint.records} duplicates" if dropped.fingerprint.records else ""
             raise IntegrityError(
                 f"pile {pile.index}: pass 1 put in {pile.fingerprint.records} records but pass 2 wrote "
-                f"{written[0].records} to {staged}{left_out} (fingerprints {pile.fingerprint} vs {written[0]})"
+                f"{written[0].records} to {staged}{left_out} (fingerprints {expected} vs {written[0]})"
             )
         progress.pile_written()
         yield _ShardStats(
             pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
-            pile.fingerprint, written[0], pile.split_count(), handle.hex(), pile.work_dir,
+            expected, written[0], pile.split_count(), handle.hex(), pile.work_dir,
             schema[0] if self._format_name == "parquet" and self._schema is None else None,  # Finalize's, if unknown
             carried, dropped.fingerprint, tuple(dropped.groups), pile.dedup,
         )
