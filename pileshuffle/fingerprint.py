@@ -316,8 +316,13 @@ def row_lengths(table: pa.Table) -> np.ndarray:
 
 def rows_bytes(table: pa.Table) -> int:
     """``row_lengths(table).sum()`` without a value per row: a pile's written bytes in a few calls."""
-    fixed = sum(c.type.bit_width // 8 for c in table.columns if not _is_binary(c.type) and _is_plain_fixed_width(c.type))
-    return fixed * table.num_rows + sum(binary_bytes(c) for c in table.columns if _is_binary(c.type))
+    total = 0
+    for column in table.columns:
+        if _is_binary(column.type):
+            total += binary_bytes(column)
+        elif _is_plain_fixed_width(column.type):
+            total += column.type.bit_width // 8 * table.num_rows
+    return total
 
 
 def row_hashes(table: pa.Table) -> np.ndarray:
