@@ -63,13 +63,14 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
-## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, spilled runs, one large file, --dedup against DuckDB; SCALE=10 for 10 GB.
+## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, small piles' shards, spilled runs, one large file, --dedup against DuckDB; SCALE=10 for 10 GB.
 bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/loader.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/gcs.py
 	$(BIN)/python bench/pile_assembly.py
+	$(BIN)/python bench/small_piles.py
 	$(BIN)/python bench/spill_cost.py
 	$(BIN)/python bench/memory_budget.py
 	$(BIN)/python bench/value_crc_cost.py

@@ -256,16 +256,13 @@ def is_folder(path: str, filesystem=None) -> bool:
 
 @cloud.refusals_explained
 def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "application/octet-stream"):
-    """A new binary file at ``path`` (its local folder made), compressed as asked. A local
-    uncompressed file is Python's own (no file-system layer: a pass-2 shard of a small pile
-    pays for its open and rename only)."""
-    if not is_remote(path) and compression == UNCOMPRESSED:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        return open(path, "wb")
-    if _uses_beam():
-        return _beam(path).create(path, mime_type=mime_type, compression_type=compression)
+    """A new binary file at ``path`` (its local folder made), compressed as asked."""
     if not is_remote(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if compression == UNCOMPRESSED:
+            return open(path, "wb")  # no file-system layer: a small pile's shard pays for its open only
+    if _uses_beam():
+        return _beam(path).create(path, mime_type=mime_type, compression_type=compression)
     fs, where = arrow_filesystem(path)
     return fs.open_output_stream(where, compression=GZIP if compression == GZIP else None)
 
@@ -274,16 +271,12 @@ def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "app
 def write_whole(path: str, data: bytes):
     """Write ``data`` to ``path`` so that it appears whole or not at all: locally a temp file
     renamed over it; on an object store one upload (an object exists only once complete)."""
-    if is_remote(path):
-        with open_write(path) as handle:
-            handle.write(data)
-        return
-    makedirs(os.path.dirname(path) or ".")
-    temp = f"{path}.tmp-{os.getpid()}"
+    temp = path if is_remote(path) else f"{path}.tmp-{os.getpid()}"
     try:
-        with open(temp, "wb") as handle:
+        with open_write(temp) as handle:  # makes the local folder
             handle.write(data)
-        os.replace(temp, path)
+        if temp != path:
+            os.replace(temp, path)
     finally:
         if os.path.exists(temp):
             os.remove(temp)
@@ -336,15 +329,13 @@ def put_in_place(written: list, finals: list):
 def rename(sources: list, destinations: list):
     """Move each source to its destination (replacing it). Atomic per file on a local disk; on
     an object store a copy then a delete."""
-    if sources and not is_remote(sources[0]):
-        for source, destination in zip(sources, destinations):
-            os.replace(source, destination)
-        return
-    if _uses_beam():
+    if sources and is_remote(sources[0]) and _uses_beam():
         return _beam(*sources[:1], *destinations[:1]).rename(list(sources), list(destinations))
-    fs, _ = arrow_filesystem(sources[0]) if sources else (None, None)
-    for source, destination in zip(sources, destinations):
-        fs.move(arrow_filesystem(source)[1], arrow_filesystem(destination)[1])
+    for source, destination in zip(sources, destinations):  # locally the OS's own rename
+        if is_remote(source):
+            arrow_filesystem(source)[0].move(arrow_filesystem(source)[1], arrow_filesystem(destination)[1])
+        else:
+            os.replace(source, destination)
 
 
 @cloud.refusals_explained
