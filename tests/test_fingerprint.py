@@ -93,3 +93,28 @@ def test_a_sliced_arrow_column_hashes_its_own_values():
     whole = column_hashes(array)
     assert column_hashes(array.slice(5, 20)).tolist() == whole[5:25].tolist()
     assert len(set(whole[:40].tolist())) == 40  # every length of "a...a" hashes differently
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=40)), st.one_of(st.none(), st.text(max_size=20)),
+                          st.integers(-2**40, 2**40)), min_size=1, max_size=60),
+       st.integers(1, 5), st.integers(0, 10), st.integers(0, 10))
+def test_a_tables_written_bytes_summed_from_offsets_equal_the_sum_of_its_row_lengths(rows, parts, cut_start, cut_end):
+    """``rows_bytes`` (pass 2's written bytes, from each chunk's first and last offsets) equals
+    ``row_lengths(...).sum()`` for chunked, sliced tables with nulls and large types; so does a
+    bytes format's ``records_bytes`` against its ``record_lengths``."""
+    from pileshuffle.formats import get_format, record_lengths, records_bytes
+
+    columns = list(zip(*rows))
+    table = pa.table({"b": pa.array(columns[0], pa.binary()), "s": pa.array(columns[1], pa.large_string()),
+                      "i": pa.array(columns[2], pa.int64())})
+    bounds = np.linspace(0, len(rows), parts + 1).astype(int)
+    chunked = pa.concat_tables([table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])])
+    sliced = chunked.slice(min(cut_start, len(rows)), max(0, len(rows) - cut_start - cut_end))
+    for each in (chunked, sliced):
+        assert fingerprint.rows_bytes(each) == int(fingerprint.row_lengths(each).sum())
+        assert records_bytes(each) == int(record_lengths(each).sum())
+    frames = pa.table({"frame": pa.array([b"0123456789ab" + (v or b"") + b"wxyz" for v in columns[0]], pa.binary())})
+    holder = get_format("tfrecord")
+    for each in (frames, frames.slice(min(cut_start, len(rows)))):
+        assert holder.records_bytes(each) == int(holder.record_lengths(each).sum())
