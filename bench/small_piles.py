@@ -5,6 +5,9 @@ of 240 kB. Two measures, both on the bench's 1 GB Parquet set:
 
 - ``floor``: pyarrow alone writes the rows (already in memory, in order) as N Parquet files in
   2 threads, for N = 16 and 4,096: the cost of many small files that no code of ours can remove.
+- ``groups``: ``WriteShard`` on the same piles in groups of G (``PileGroup``: one join, sort and take
+  for G piles, the template's way for small piles) against ``WriteShard`` pile by pile,
+  interleaved group by group.
 - ``per_pile``: pass 2's ``WriteShard`` on each of the 4,096 piles (8 parts each, one per input file,
   as pass 1 gives them), timed pile by pile **interleaved** with a bare read-sort-write of the same
   pile (join the parts, sort on U, take, one Parquet file written and renamed). This machine kind's
@@ -118,9 +121,33 @@ def per_pile(folder: str, num_piles: int = 4096):
           f"bare {spent[1]:.2f} s: {spent[0] / spent[1]:.2f}x", flush=True)
 
 
+def groups(folder: str, num_piles: int = 4096):
+    """``WriteShard`` on ``PileGroup``s of the template's size against ``WriteShard`` per pile."""
+    from pileshuffle.transforms.pile_groups import GROUP_BYTES, PileGroup, group_size
+    from pileshuffle.transforms.write import WriteShard
+
+    piles = _piles(num_piles)
+    size = group_size(sum(p.nbytes for p in piles) / num_piles, GROUP_BYTES)
+    one = WriteShard("parquet", "snappy", os.path.join(folder, f"one-{uuid.uuid4().hex[:6]}", "shard"))
+    grouped = WriteShard("parquet", "snappy", os.path.join(folder, f"groups-{uuid.uuid4().hex[:6]}", "shard"))
+    list(one.process(piles[0], direct=True))
+    list(grouped.process(PileGroup(tuple(piles[:1])), direct=True))
+    spent = [0.0, 0.0]
+    for start in range(0, num_piles, size):
+        a = time.perf_counter()
+        for pile in piles[start : start + size]:
+            list(one.process(pile, direct=True))
+        b = time.perf_counter()
+        list(grouped.process(PileGroup(tuple(piles[start : start + size])), direct=True))
+        spent[0] += b - a
+        spent[1] += time.perf_counter() - b
+    print(f"groups     {num_piles} piles in groups of {size}: {1000 * spent[1] / num_piles:.2f} ms a pile, "
+          f"one at a time {1000 * spent[0] / num_piles:.2f} ms: {spent[0] / spent[1]:.2f}x faster", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("floor", "per_pile"))
+    parser.add_argument("--only", choices=("floor", "per_pile", "groups"))
     parser.add_argument("--dir", default=None, help="where shards go (default: a temp folder)")
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="pileshuffle-small-piles-", dir=args.dir)
@@ -129,6 +156,8 @@ def main():
             floor(folder)
         if args.only in (None, "per_pile"):
             per_pile(folder)
+        if args.only in (None, "groups"):
+            groups(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

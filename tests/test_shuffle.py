@@ -279,3 +279,29 @@ def test_mean_record_size_comes_from_the_first_source_with_records(tmp_path, fmt
     else:
         assert 290 <= mean <= 330  # about 300 bytes each (with framing and Arrow's offsets)
     assert mean_record_bytes(get_format(fmt), sources[:1]) == 1.0  # nothing to sample
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+@pytest.mark.parametrize("group", [3, 256])
+def test_small_piles_written_in_groups_give_the_bytes_of_one_pile_at_a_time(fmt, group, tmp_path, monkeypatch):
+    """The template puts G neighbouring small piles in order at once (``pile_groups``); every
+    shard must be the one ``Pile.ordered`` writes alone: the same bytes with groups of 3 (the last
+    group short), of 256 (all 37 piles, some empty), and with piles split again past a small
+    ``--max_pile_bytes`` (written alone inside their group), in files and shuffle mode."""
+    import pileshuffle.transforms.graph as graph
+    from pileshuffle.transforms.pile_groups import PileGroup
+
+    sample.WRITERS[fmt](str(tmp_path / "in"), records=3000, files=3, record_bytes=60)
+    pattern, outputs, seen = str(tmp_path / "in" / "*"), {}, []
+    real_ordered = PileGroup.ordered
+    monkeypatch.setattr(PileGroup, "ordered", lambda self: (seen.append(len(self.piles)), (yield from real_ordered(self)))[1])
+    for size in (1, group):
+        monkeypatch.setattr(graph, "template_group", lambda plan, size=size: size)
+        for mode, extra in (("files", ["--max_pile_bytes=20000"]), ("shuffle", [])):
+            out = str(tmp_path / f"{size}-{mode}" / "o")
+            run_shuffle(pattern, out, f"--format={fmt}", "--num_piles=37", "--seed=5", f"--intermediate={mode}", *extra)
+            outputs[size, mode] = shard_bytes(out)
+    assert seen and max(seen) == min(group, 37)  # groups ran, of the size asked
+    for mode in ("files", "shuffle"):
+        assert outputs[group, mode] == outputs[1, mode], mode
+    assert outputs[1, "files"] == outputs[1, "shuffle"]

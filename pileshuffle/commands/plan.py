@@ -16,6 +16,7 @@ from pileshuffle.plan import LOCAL_BASE_BYTES, PILE_MEMORY_FACTOR, RECORD_OVERHE
 from pileshuffle.runners import LOCAL_SHUFFLE_HOLD
 from pileshuffle.runs import SEGMENT_OVERHEAD
 from pileshuffle.storage import UNCOMPRESSED, compression_of, is_remote
+from pileshuffle.transforms.pile_groups import group_words, template_group
 
 __all__ = ["PileSizes", "gcs_operations", "plan_text", "plan_json", "main"]
 
@@ -73,10 +74,9 @@ def _read_requests(fmt: str, source) -> int:
     """Class B operations of reading one input file, or a span of one, in pass 1 (see ``gcs_operations``)."""
     if source.span is not None:  # its metadata, each started 16 MiB (the line across its end with it); Parquet's footer
         return 1 + math.ceil((source.span_bytes + 1) / _READ_REQUEST_BYTES) + (fmt == "parquet")
-    size = source.size
-    reads = 1 + math.ceil(size / _READ_REQUEST_BYTES) + 1  # its metadata, each started 16 MiB, the end (or footer)
+    reads = 1 + math.ceil(source.size / _READ_REQUEST_BYTES) + 1  # its metadata, each started 16 MiB, the end (or footer)
     if fmt == "tfrecord":  # its size looked up first (2), a frame header read across the first 16 MiB boundary
-        reads += 2 + (size > _READ_REQUEST_BYTES)
+        reads += 2 + (source.size > _READ_REQUEST_BYTES)
     return reads
 
 
@@ -194,16 +194,16 @@ def plan_text(plan: Plan, options) -> str:
         ("split again", f"chance that some pile exceeds {_mib(plan.max_pile_bytes)} and is split again (same order): "
                         f"{_chance(sizes.split_probability)}"),
     ]
-    per_pile = PILE_MEMORY_FACTOR * min(pile_bytes, plan.max_pile_bytes)
+    per_pile = PILE_MEMORY_FACTOR * min(pile_bytes * (group := template_group(plan)), plan.max_pile_bytes)
     held = min(plan.held_per_writer, plan.held_bytes)
     if in_flight:
         peak = max(per_pile, held) * in_flight + LOCAL_BASE_BYTES
         lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
-                                f"{_size(per_pile)} per pile being written; x {in_flight} at a time + "
+                                f"{_size(per_pile)} {group_words(group)} being written; x {in_flight} at a time + "
                                 f"{_size(LOCAL_BASE_BYTES)} = {_size(peak)} peak{_kept_text(plan)}"))
     else:
         lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
-                                f"{_size(per_pile)} per pile in flight, plus {_size(_SDK_PROCESS_BYTES)} per SDK "
+                                f"{_size(per_pile)} {group_words(group)} in flight, plus {_size(_SDK_PROCESS_BYTES)} per SDK "
                                 "process (docs/dataflow.md: worker memory)"))
     staging = staging_dir(plan.output)
     if plan.work_dir in plan.needs:

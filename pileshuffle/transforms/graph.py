@@ -7,6 +7,7 @@ from pileshuffle.balance import manifest_options
 from pileshuffle.fragments import Fragment
 from pileshuffle.names import CLASS_CODES_DIR
 from pileshuffle.transforms.assign import STATS_TAG, CountClasses, ReadSourceToPiles, SourceStats
+from pileshuffle.transforms.pile_groups import template_group
 from pileshuffle.transforms.shuffle import GroupIntoPiles
 from pileshuffle.transforms.write import WritePiles
 
@@ -42,7 +43,8 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     stats = pass1[STATS_TAG] | "OnlyStats" >> beam.Filter(_is_source_stats)
     return (
         fragments
-        | "GroupIntoPiles" >> GroupIntoPiles(plan.num_piles, plan.max_pile_bytes, plan.work_dir, plan.dedup)
+        | "GroupIntoPiles" >> GroupIntoPiles(plan.num_piles, plan.max_pile_bytes, plan.work_dir, plan.dedup,
+                                             template_group(plan))
         | "WritePiles" >> WritePiles(
             plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
             schema=plan.schema, expected=stats, manifest_fields=manifest_fields(plan), started=started,

@@ -27,6 +27,7 @@ from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_jo
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
 from pileshuffle.runs import run_bytes_for
 from pileshuffle.transforms.assign import AssignPiles
+from pileshuffle.transforms.pile_groups import PileGroup
 from pileshuffle.tuning import prepare_worker
 
 __all__ = ["DEFAULT_MAX_PILE_BYTES", "MAX_SPLIT_WAYS", "Pile", "GroupIntoPiles", "UnsupportedRunnerError",
@@ -146,34 +147,48 @@ def _records_of(table: pa.Table) -> tuple:
 
 
 class _MakePile(beam.DoFn):
-    """Pass 2 entry: ``(pile, fragments)`` from GroupByKey -> a ``Pile`` in canonical order."""
+    """Pass 2 entry: ``(pile, fragments)`` from GroupByKey -> a ``Pile`` in canonical order; with
+    ``group`` > 1, ``(group, [(pile, fragment), ...])`` -> a ``PileGroup`` of such piles."""
 
-    def __init__(self, num_piles, max_pile_bytes, work_dir, dedup=None):
+    def __init__(self, num_piles, max_pile_bytes, work_dir, dedup=None, group=1):
         self._num_piles, self._max_pile_bytes, self._work_dir = num_piles, max_pile_bytes, work_dir
-        self._dedup = dedup
+        self._dedup, self._group = dedup, group
 
     def setup(self):
         prepare_worker()
 
     def process(self, element):
-        pile, fragments = element
+        key, values = element
+        if self._group == 1:
+            yield self._pile(key, values)
+            return
+        by_pile = {}
+        for pile, fragment in values:
+            by_pile.setdefault(pile, []).append(fragment)
+        yield PileGroup(tuple(self._pile(pile, by_pile[pile]) for pile in sorted(by_pile)))
+
+    def _pile(self, pile, fragments):
         ordered = tuple(sorted(fragments, key=lambda f: f.order))
-        yield Pile(pile, self._num_piles, ordered, self._max_pile_bytes, self._work_dir, dedup=self._dedup)
+        return Pile(pile, self._num_piles, ordered, self._max_pile_bytes, self._work_dir, dedup=self._dedup)
 
 
 class GroupIntoPiles(beam.PTransform):
-    """``(pile, Fragment)`` -> ``Pile``: the GroupByKey between the two passes (``dedup``: the piles' ``Dedup``)."""
+    """``(pile, Fragment)`` -> ``Pile``: the GroupByKey between the two passes (``dedup``: the piles' ``Dedup``).
+    With ``group`` > 1 (the template's small piles, ``pile_groups``): ``PileGroup`` of up to ``group`` piles."""
 
-    def __init__(self, num_piles, max_pile_bytes=DEFAULT_MAX_PILE_BYTES, work_dir=None, dedup=None):
+    def __init__(self, num_piles, max_pile_bytes=DEFAULT_MAX_PILE_BYTES, work_dir=None, dedup=None, group=1):
         super().__init__()
         self._num_piles, self._max_pile_bytes, self._work_dir = num_piles, max_pile_bytes, work_dir
-        self._dedup = dedup
+        self._dedup, self._group = dedup, group
 
     def expand(self, fragments):
+        if self._group > 1:
+            fragments = fragments | "KeyByPileGroup" >> beam.Map(lambda e, g: (e[0] // g, e), self._group)
         return (
             fragments
             | "GroupByPile" >> beam.GroupByKey()
-            | "MakePile" >> beam.ParDo(_MakePile(self._num_piles, self._max_pile_bytes, self._work_dir, self._dedup))
+            | "MakePile" >> beam.ParDo(_MakePile(self._num_piles, self._max_pile_bytes, self._work_dir, self._dedup,
+                                                 self._group))
         )
 
 

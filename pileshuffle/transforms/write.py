@@ -27,6 +27,7 @@ from pileshuffle.dedup import Dedup, Dropped, dedup_section
 from pileshuffle.errors import InputError, IntegrityError
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, records_bytes
+from pileshuffle.transforms.pile_groups import PileGroup
 from pileshuffle.fragments import between_passes, write_failure
 from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manifest_path, output_lock_path, shard_name,
                                staged_manifest_name, staging_dir)
@@ -70,7 +71,18 @@ class WriteShard(beam.DoFn):
     def setup(self):
         prepare_worker()
 
-    def process(self, pile, direct=False):
+    def process(self, element, direct=False):
+        """A ``Pile``, or a ``PileGroup`` put in order at once (``pile_groups``): a shard a pile."""
+        if not isinstance(element, PileGroup):
+            yield self._write(element, element.ordered, direct)
+            return
+        for pile in element.alone():
+            yield self._write(pile, pile.ordered, direct)
+        for pile, table in element.ordered():
+            yield self._write(pile, lambda dropped, table=table: (table,), direct)
+
+    def _write(self, pile, ordered, direct) -> "_ShardStats":
+        """``pile``'s shard from ``ordered(dropped)`` (its tables in final order, with their hashes)."""
         fmt = get_format(self._format_name)
         staged = _shard_path(self._prefix, pile.index, pile.num_piles, fmt.suffix(self._compression), direct)
         temp = storage.writing_name(staged, uuid.uuid4().hex[:12])
@@ -91,7 +103,7 @@ class WriteShard(beam.DoFn):
         try:
             with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
                 with Crc32cWriter(storage.open_write(temp, fmt.shard_handle_compression(self._compression))) as handle:
-                    fmt.write_shard(handle, counted(pile.ordered(dropped)), self._compression, self._schema)
+                    fmt.write_shard(handle, counted(ordered(dropped)), self._compression, self._schema)
                 storage.put_in_place([temp], [staged])
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
@@ -103,7 +115,7 @@ class WriteShard(beam.DoFn):
                 f"{written[0].records} to {staged}{left_out} (fingerprints {expected} vs {written[0]})"
             )
         progress.pile_written()
-        yield _ShardStats(
+        return _ShardStats(
             pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
             expected, written[0], pile.split_count(), handle.hex(), pile.work_dir,
             schema[0] if self._format_name == "parquet" and self._schema is None else None,  # Finalize's, if unknown
