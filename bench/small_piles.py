@@ -99,11 +99,11 @@ def _bare(pile, folder: str):
     os.replace(temp, os.path.join(folder, f"{pile.index:05d}.parquet"))
 
 
-def per_pile(folder: str, num_piles: int = 4096):
+def per_pile(folder: str, piles: list):
     """``WriteShard.process`` against ``_bare``, pile by pile, in one process on one thread."""
     from pileshuffle.transforms.write import WriteShard
 
-    piles = _piles(num_piles)
+    num_piles = len(piles)
     ours, bare = os.path.join(folder, f"ours-{uuid.uuid4().hex[:6]}"), os.path.join(folder, f"bare-{uuid.uuid4().hex[:6]}")
     os.makedirs(bare)
     write = WriteShard("parquet", "snappy", os.path.join(ours, "shard"))
@@ -121,12 +121,12 @@ def per_pile(folder: str, num_piles: int = 4096):
           f"bare {spent[1]:.2f} s: {spent[0] / spent[1]:.2f}x", flush=True)
 
 
-def groups(folder: str, num_piles: int = 4096):
+def groups(folder: str, piles: list):
     """``WriteShard`` on ``PileGroup``s of the template's size against ``WriteShard`` per pile."""
     from pileshuffle.transforms.pile_groups import GROUP_BYTES, PileGroup, group_size
     from pileshuffle.transforms.write import WriteShard
 
-    piles = _piles(num_piles)
+    num_piles = len(piles)
     size = group_size(sum(p.nbytes for p in piles) / num_piles, GROUP_BYTES)
     one = WriteShard("parquet", "snappy", os.path.join(folder, f"one-{uuid.uuid4().hex[:6]}", "shard"))
     grouped = WriteShard("parquet", "snappy", os.path.join(folder, f"groups-{uuid.uuid4().hex[:6]}", "shard"))
@@ -154,10 +154,11 @@ def main():
     try:
         if args.only in (None, "floor"):
             floor(folder)
+        piles = _piles(4096) if args.only != "floor" else None  # built once for both measures
         if args.only in (None, "per_pile"):
-            per_pile(folder)
+            per_pile(folder, piles)
         if args.only in (None, "groups"):
-            groups(folder)
+            groups(folder, piles)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from pileshuffle import keys as keymath
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import Fingerprint, binary_column_parts, crc32_of_slices, mix64, row_hashes
+from pileshuffle.fingerprint import Fingerprint, binary_column_parts, crc32_of_slices, is_binary_type, mix64, row_hashes
 from pileshuffle.formats.json_labels import KEEP_HINT
 
 __all__ = ["DEDUP_STREAM", "TOP_GROUPS", "Dedup", "Dropped", "distinct_in_order", "content_groups", "stream_distinct",
@@ -142,8 +142,7 @@ def _with_crc32(hashes: np.ndarray, columns, before: int = 0, after: int = 0) ->
     second = np.zeros(len(hashes), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for position, column in enumerate(columns):
-            if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)
-                    or pa.types.is_large_binary(column.type) or pa.types.is_large_string(column.type)):
+            if not is_binary_type(column.type):
                 continue
             data, offsets = binary_column_parts(column.fill_null(b"" if "binary" in str(column.type) else ""))
             second = mix64(second * np.uint64(0x100000001B3) + crc32_of_slices(data, offsets, before, after)

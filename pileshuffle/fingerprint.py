@@ -17,7 +17,7 @@ import pyarrow as pa
 __all__ = [
     "how_records_differ",
     "mix64", "payload_hashes", "crc32c_of_slices", "crc32_of_slices", "binary_column_parts", "Fingerprint", "total",
-    "column_hashes", "binary_lengths", "binary_bytes", "row_lengths", "rows_bytes", "row_hashes"
+    "column_hashes", "is_binary_type", "binary_lengths", "binary_bytes", "row_lengths", "rows_bytes", "row_hashes"
 ]
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -167,6 +167,17 @@ def _crc32c_across(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
     return crcs
 
 
+def is_binary_type(kind) -> bool:
+    """Whether an Arrow type holds variable-length bytes or text (values between offsets)."""
+    return pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind)
+
+
+def _offsets(chunk) -> np.ndarray:
+    """The ``len(chunk) + 1`` offsets of a binary/string array's values, in their own width (no copy)."""
+    width = np.int32 if pa.types.is_binary(chunk.type) or pa.types.is_string(chunk.type) else np.int64
+    return np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
+
+
 def binary_column_parts(column):
     """(data as a ``pyarrow.Buffer``, int64 offsets rebased to 0) of a binary Arrow array
     or chunked array; the buffer holds exactly the values' bytes, in order, uncopied
@@ -174,10 +185,8 @@ def binary_column_parts(column):
     array = _as_array(column)
     if len(array) == 0:
         return pa.py_buffer(b""), np.zeros(1, dtype=np.int64)
-    width = np.int32 if pa.types.is_binary(array.type) or pa.types.is_string(array.type) else np.int64
-    _, offsets_buffer, data_buffer = array.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype=width)[array.offset : array.offset + len(array) + 1]
-    offsets = offsets.astype(np.int64)
+    data_buffer = array.buffers()[2]
+    offsets = _offsets(array).astype(np.int64)
     start, end = int(offsets[0]), int(offsets[-1])
     data = data_buffer.slice(start, end - start) if data_buffer is not None else pa.py_buffer(b"")
     return data, offsets - start
@@ -246,7 +255,7 @@ def column_hashes(column) -> np.ndarray:
     """A 64-bit hash of every value of an Arrow column (nulls hash to a constant)."""
     array = _as_array(column)
     kind = array.type
-    if pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
+    if is_binary_type(kind):
         filled = array.fill_null(b"" if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) else "")
         data, offsets = binary_column_parts(filled)
         hashes = payload_hashes(crc32c_of_slices(data, offsets), np.diff(offsets))
@@ -281,9 +290,7 @@ def binary_lengths(column) -> np.ndarray:
     parts = [np.zeros(0, np.int64)]
     for chunk in chunks:
         if len(chunk):
-            width = np.int32 if pa.types.is_binary(chunk.type) or pa.types.is_string(chunk.type) else np.int64
-            offsets = np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
-            parts.append(np.diff(offsets.astype(np.int64)))
+            parts.append(np.diff(_offsets(chunk).astype(np.int64)))
     return np.concatenate(parts)
 
 
@@ -292,14 +299,9 @@ def binary_bytes(column) -> int:
     total = 0
     for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
         if len(chunk):
-            width = np.int32 if pa.types.is_binary(chunk.type) or pa.types.is_string(chunk.type) else np.int64
-            offsets = np.frombuffer(chunk.buffers()[1], dtype=width)
-            total += int(offsets[chunk.offset + len(chunk)]) - int(offsets[chunk.offset])
+            offsets = _offsets(chunk)
+            total += int(offsets[-1]) - int(offsets[0])
     return total
-
-
-def _is_binary(kind) -> bool:
-    return pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind)
 
 
 def row_lengths(table: pa.Table) -> np.ndarray:
@@ -307,7 +309,7 @@ def row_lengths(table: pa.Table) -> np.ndarray:
     binary columns plus the widths of fixed-width columns (others count 0)."""
     lengths = np.zeros(table.num_rows, dtype=np.int64)
     for column in table.columns:
-        if _is_binary(column.type):
+        if is_binary_type(column.type):
             lengths += binary_lengths(column)
         elif _is_plain_fixed_width(column.type):
             lengths += column.type.bit_width // 8
@@ -318,7 +320,7 @@ def rows_bytes(table: pa.Table) -> int:
     """``row_lengths(table).sum()`` without a value per row: a pile's written bytes in a few calls."""
     total = 0
     for column in table.columns:
-        if _is_binary(column.type):
+        if is_binary_type(column.type):
             total += binary_bytes(column)
         elif _is_plain_fixed_width(column.type):
             total += column.type.bit_width // 8 * table.num_rows

@@ -329,13 +329,15 @@ def put_in_place(written: list, finals: list):
 def rename(sources: list, destinations: list):
     """Move each source to its destination (replacing it). Atomic per file on a local disk; on
     an object store a copy then a delete."""
-    if sources and is_remote(sources[0]) and _uses_beam():
-        return _beam(*sources[:1], *destinations[:1]).rename(list(sources), list(destinations))
-    for source, destination in zip(sources, destinations):  # locally the OS's own rename
-        if is_remote(source):
-            arrow_filesystem(source)[0].move(arrow_filesystem(source)[1], arrow_filesystem(destination)[1])
-        else:
+    if not sources or not is_remote(sources[0]):
+        for source, destination in zip(sources, destinations):  # the OS's own rename
             os.replace(source, destination)
+    elif _uses_beam():
+        _beam(*sources[:1], *destinations[:1]).rename(list(sources), list(destinations))
+    else:
+        fs = arrow_filesystem(sources[0])[0]
+        for source, destination in zip(sources, destinations):
+            fs.move(arrow_filesystem(source)[1], arrow_filesystem(destination)[1])
 
 
 @cloud.refusals_explained

@@ -280,12 +280,12 @@ def test_quality_measures_a_dedup_output_against_the_distinct_input(tmp_path, ca
 def test_one_record_repeated_a_million_times_is_streamed_never_loaded_whole(tmp_path, monkeypatch):
     """The issue's hot record at full count: 1,000,000 copies (14 MB) in a run whose piles hold 1 MiB.
     Its pile is split, the one-key sub-pile streamed: no table pass 2 loads is larger than a pile."""
-    import pileshuffle.transforms.shuffle as shuffle
+    import pileshuffle.transforms.pile_groups as pile_groups  # where pass 2 joins a pile's parts (in_key_order)
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_bytes(b'{"hot": true}\n' * 1_000_000 + b"".join(b'{"i": %d}\n' % i for i in range(20_000)))
-    loaded, real_read_joined = [], shuffle.read_joined
-    monkeypatch.setattr(shuffle, "read_joined", lambda fragments: loaded.append(real_read_joined(fragments).nbytes) or
+    loaded, real_read_joined = [], pile_groups.read_joined
+    monkeypatch.setattr(pile_groups, "read_joined", lambda fragments: loaded.append(real_read_joined(fragments).nbytes) or
                         real_read_joined(fragments))
     found = run_shuffle(str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "o"), "--dedup=exact", "--num_piles=4",
                         "--max_pile_bytes=1MiB")

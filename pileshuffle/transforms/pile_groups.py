@@ -21,7 +21,7 @@ from pileshuffle import keys as keymath
 from pileshuffle.fragments import read_joined
 from pileshuffle.names import KEY_COLUMN
 
-__all__ = ["GROUP_BYTES", "MAX_GROUP", "PileGroup", "group_size", "group_words", "template_group"]
+__all__ = ["GROUP_BYTES", "MAX_GROUP", "PileGroup", "group_size", "group_words", "in_key_order", "template_group"]
 
 GROUP_BYTES = 16 << 20  # a group holds about this many bytes of piles
 MAX_GROUP = 256  # and at most this many piles
@@ -45,6 +45,20 @@ def group_words(group: int) -> str:
     return "per pile" if group == 1 else f"per group of {group} piles"
 
 
+def in_key_order(fragments) -> tuple:
+    """``(records, keys, order)`` of ``fragments`` joined in the order given: the records without
+    their key column, their keys U, and the stable order on U (ties keep the given order). The
+    one ordering rule of pass 2, for a pile (``Pile.ordered``) and a group alike."""
+    table = read_joined(fragments)
+    keys = table.column(KEY_COLUMN).to_numpy()
+    return table.drop_columns([KEY_COLUMN]), keys, np.argsort(keys, kind="stable")
+
+
+def _written_alone(pile) -> bool:
+    """A pile ``Pile.ordered`` writes by itself: split again, deduplicated, or of one key."""
+    return pile.needs_split or pile.dedup is not None or pile.single_key
+
+
 @dataclasses.dataclass(frozen=True)
 class PileGroup:
     """Neighbouring piles (``Pile``, in pile order) written by one pass-2 element."""
@@ -52,20 +66,17 @@ class PileGroup:
     piles: tuple
 
     def alone(self) -> list:
-        """The piles that are written one by one (``Pile.ordered``): split again, or deduplicated."""
-        return [p for p in self.piles if p.needs_split or p.dedup is not None or p.single_key]
+        """The piles that are written one by one (``Pile.ordered``): split again, deduplicated, or of one key."""
+        return [p for p in self.piles if _written_alone(p)]
 
     def ordered(self):
         """``(pile, table)`` for every other pile with records: its records in final order, each
         with its pass-1 hash, cut from the group's one sorted table."""
-        alone = set(id(p) for p in self.alone())
-        together = [p for p in self.piles if id(p) not in alone and p.fragments]
+        together = [p for p in self.piles if not _written_alone(p) and p.fragments]
         if not together:
             return
-        table = read_joined([f for p in together for f in p.fragments])
-        keys = table.column(KEY_COLUMN).to_numpy()
-        order = np.argsort(keys, kind="stable")
-        records = table.drop_columns([KEY_COLUMN]).take(order)
+        records, keys, order = in_key_order([f for p in together for f in p.fragments])
+        records = records.take(order)
         num_piles = together[0].num_piles
         bounds = np.searchsorted(keymath.pile_of(keys[order], num_piles), [p.index for p in together] + [num_piles])
         for pile, start, stop in zip(together, bounds[:-1].tolist(), bounds[1:].tolist()):

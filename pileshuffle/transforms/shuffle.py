@@ -23,11 +23,11 @@ from pileshuffle.dedup import distinct_in_order, stream_distinct
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import record_lengths
 from pileshuffle.formats.base import parts_by_pile
-from pileshuffle.fragments import Fragment, FragmentFiles, read_batches, read_joined
+from pileshuffle.fragments import Fragment, FragmentFiles, read_batches
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
 from pileshuffle.runs import run_bytes_for
 from pileshuffle.transforms.assign import AssignPiles
-from pileshuffle.transforms.pile_groups import PileGroup
+from pileshuffle.transforms.pile_groups import PileGroup, in_key_order
 from pileshuffle.tuning import prepare_worker
 
 __all__ = ["DEFAULT_MAX_PILE_BYTES", "MAX_SPLIT_WAYS", "Pile", "GroupIntoPiles", "UnsupportedRunnerError",
@@ -101,10 +101,7 @@ class Pile:
             return
         if not self.fragments:
             return
-        table = read_joined(self.fragments)
-        keys = table.column(KEY_COLUMN).to_numpy()
-        order = np.argsort(keys, kind="stable")
-        records = table.drop_columns([KEY_COLUMN])
+        records, keys, order = in_key_order(self.fragments)
         step = max(1, int(_OUTPUT_SLICE_BYTES * len(order) / max(1, self.nbytes)))  # (Table.nbytes: 0.1 ms a pile)
         if self.dedup is not None or step < len(order):  # a take from parts joins them anew every time: join once
             records = records.combine_chunks()

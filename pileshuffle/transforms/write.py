@@ -111,7 +111,7 @@ class WriteShard(beam.DoFn):
         if written[0] + dropped.fingerprint != expected:
             left_out = f" and left out {dropped.fingerprint.records} duplicates" if dropped.fingerprint.records else ""
             raise IntegrityError(
-                f"pile {pile.index}: pass 1 put in {pile.fingerprint.records} records but pass 2 wrote "
+                f"pile {pile.index}: pass 1 put in {expected.records} records but pass 2 wrote "
                 f"{written[0].records} to {staged}{left_out} (fingerprints {expected} vs {written[0]})"
             )
         progress.pile_written()
