@@ -72,13 +72,14 @@ def _read_only(data):
 
 class Crc32cWriter:
     """A binary file handle that keeps the CRC32C of every byte written through it
-    (``hex()``); every other attribute is the wrapped handle's."""
+    (``hex()``) and their count (``written``); every other attribute is the wrapped handle's."""
 
     def __init__(self, handle):
-        self._handle, self._crc = handle, 0
+        self._handle, self._crc, self.written = handle, 0, 0
 
     def write(self, data):
         self._crc = _extend(self._crc, data)
+        self.written += len(data) if isinstance(data, bytes) else memoryview(data).nbytes
         return self._handle.write(data)
 
     def hex(self) -> str:

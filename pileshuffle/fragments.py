@@ -11,6 +11,7 @@ import dataclasses
 import struct
 import uuid
 
+import numpy as np
 import pyarrow as pa
 
 from pileshuffle import interrupt, memory_runs, storage
@@ -19,7 +20,7 @@ from pileshuffle.errors import OutputError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.names import fragment_name
 
-__all__ = ["Fragment", "FragmentFiles", "CommittedFile", "to_ipc", "segment_encoder", "read_batches", "read_table",
+__all__ = ["Fragment", "GroupSegment", "FragmentFiles", "CommittedFile", "to_ipc", "segment_encoder", "read_batches", "read_table",
            "read_joined", "has_dictionaries", "between_passes", "END_OF_STREAM", "write_failure"]
 
 
@@ -30,7 +31,9 @@ class Fragment:
     ``order`` sorts fragments of a pile into the canonical order; ``path`` (files mode)
     or ``payload`` (shuffle mode) holds the IPC stream; ``fingerprint`` is what pass 1 put in.
     With ``length`` the stream is the byte range ``offset .. offset+length`` of ``path`` (a
-    segment of a pass-1 run, ``pileshuffle.runs``); without it, the whole file.
+    segment of a pass-1 run, ``pileshuffle.runs``); without it, the whole file. With ``rows``,
+    ``(first, segment records)``, the fragment is a *view*: rows ``first .. first+records`` of a
+    segment of ``segment records`` rows that neighbouring piles share (``GroupSegment``).
     """
 
     order: tuple
@@ -41,6 +44,25 @@ class Fragment:
     payload: bytes = None
     offset: int = 0
     length: int = None
+    rows: tuple = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSegment:
+    """One segment that holds the parts of a group of neighbouring piles (``pile_groups``), in
+    pile order: one pass-1 element where a segment per pile would be G. ``fragment`` locates it
+    and holds its totals; ``piles`` is one uint64 row per pile it reaches, ``(pile, first row,
+    records, nbytes, payload bytes, hash sum, hash xor)``."""
+
+    fragment: Fragment
+    piles: np.ndarray
+
+    def views(self):
+        """``(pile, Fragment)`` for every pile: the segment's rows of that pile (``Fragment.rows``)."""
+        whole = self.fragment
+        for pile, first, records, nbytes, payload, hash_sum, hash_xor in self.piles.tolist():
+            yield pile, Fragment(whole.order, records, nbytes, Fingerprint(records, payload, hash_sum, hash_xor),
+                                 whole.path, whole.payload, whole.offset, whole.length, (first, whole.records))
 
 
 def to_ipc(table: pa.Table) -> bytes:
@@ -75,6 +97,8 @@ def between_passes(fragments) -> tuple:
     the runner as element payloads (shuffle mode). Asked before the runs are dropped."""
     written = kept = carried = 0
     for fragment in fragments:
+        if fragment.rows is not None and fragment.rows[0]:
+            continue  # a view: its segment is counted once, with the view of its first rows
         if fragment.payload is not None:
             carried += len(fragment.payload)
         elif fragment.length is None:
@@ -87,7 +111,10 @@ def between_passes(fragments) -> tuple:
 
 
 def read_batches(fragment: Fragment):
-    """The record batches of a fragment, streamed (one pass-1 chunk at a time)."""
+    """The record batches of a fragment, streamed (one pass-1 chunk at a time; a view's rows at once)."""
+    if fragment.rows is not None:
+        yield from read_table(fragment).to_batches()
+        return
     with _ipc_source(fragment, whole=False) as source:
         yield from pa.ipc.open_stream(source)
 
@@ -95,7 +122,12 @@ def read_batches(fragment: Fragment):
 def read_table(fragment: Fragment) -> pa.Table:
     """A fragment's records as one table (a local file is memory-mapped, not copied)."""
     with _ipc_source(fragment, whole=True) as source:
-        return pa.ipc.open_stream(source).read_all()
+        return _own_rows(pa.ipc.open_stream(source).read_all(), fragment)
+
+
+def _own_rows(table, fragment: Fragment):
+    """The fragment's rows of a segment's ``table`` (or batch): all of them, or a view's."""
+    return table if fragment.rows is None else table.slice(fragment.rows[0], fragment.records)
 
 
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC's end-of-stream marker
@@ -110,15 +142,16 @@ def read_joined(fragments) -> pa.Table:
     tables, batches, current, schemas = [], [], None, {}
     for fragment in fragments:
         data = _segment_bytes(fragment)
-        schema, batch = _one_batch(data, fragment.records, schemas)
+        schema, batch = _one_batch(data, fragment.records if fragment.rows is None else fragment.rows[1], schemas)
         if batches and schema is not current:
             tables.append(pa.Table.from_batches(batches))
             batches = []
         current = schema
         if batch is not None:
-            batches.append(batch)
+            batches.append(_own_rows(batch, fragment))
         else:
-            tables.append(read_table(fragment) if data is None else pa.ipc.open_stream(pa.py_buffer(data)).read_all())
+            tables.append(read_table(fragment) if data is None else
+                          _own_rows(pa.ipc.open_stream(pa.py_buffer(data)).read_all(), fragment))
     if batches:
         tables.append(pa.Table.from_batches(batches))
     return pa.concat_tables(tables)

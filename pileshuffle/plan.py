@@ -135,15 +135,18 @@ class Plan:
     def run_shape(self) -> tuple:
         """``(runs, parts)`` expected of pass 1 (``pileshuffle.runs``): each group of sources
         flushes its records, with their keys and hashes, in runs of ``run_bytes``; a run of n
-        records reaches M(1 - (1 - 1/M)^n) piles, one part (a segment, an element) each. Files
-        mode writes one object per run; both modes send one element per part."""
-        held_per_record = self.mean_record_bytes + RECORD_OVERHEAD
+        records reaches M(1 - (1 - 1/M)^n) piles, one part (a segment, an element) each, or of
+        small piles one part per group of G it reaches (``pile_groups``). Files mode writes one
+        object per run; both modes send one element per part."""
+        from pileshuffle.transforms.pile_groups import template_group
+
+        held_per_record, keys = self.mean_record_bytes + RECORD_OVERHEAD, -(-self.num_piles // template_group(self))
         runs = parts = 0.0
         for held in self.group_held_bytes():
             records = held / held_per_record
             count = max(1, math.ceil(held / self.run_bytes)) if records else 0
             runs += count
-            parts += count * piles_reached(self.num_piles, records / count) if count else 0
+            parts += count * piles_reached(keys, records / count) if count else 0
         return round(runs), round(parts)
 
 

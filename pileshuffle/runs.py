@@ -13,8 +13,13 @@ held records in pile order), and the flush reads its spills back memory-mapped a
 it would merge held chunks. The run is the one a flush of all its chunks from memory would write:
 the same records in the same order (Spark's sort-based shuffle spills and merges the same way).
 
-A segment is one Arrow IPC stream (schema, one record batch, end marker) of the pile's records
-in the writer's order, with two more columns: ``KEY_COLUMN`` (U, uint64) and ``HASH_COLUMN``
+With ``group`` G > 1 (the template's small piles, ``pile_groups``) a segment holds the parts of
+G neighbouring piles, ``g*G .. g*G+G-1``, one after another in pile order, and is one element
+``(g, GroupSegment)`` that says which rows are whose: a run gives one segment per group it
+reaches instead of one per pile (1 GB in 4,096 piles: 62 elements a run, not 4,096).
+
+A segment is one Arrow IPC stream (schema, one record batch, end marker) of the pile's (or
+group's) records in the writer's order, with two more columns: ``KEY_COLUMN`` (U, uint64) and ``HASH_COLUMN``
 (the pass-1 fingerprint hash, uint64). It is self-contained: ``pa.ipc.open_stream`` reads it
 alone. Its overhead is the schema, the batch header and the end marker, whatever it holds:
 560 bytes for a bytes format's three columns, 1,070 for a 5-column Parquet table's seven.
@@ -24,13 +29,14 @@ Where a run goes:
 - ``files`` mode: one object ``{writer}-r{n:05d}.run`` under the work folder, laid out like
   Spark's sort-shuffle output (one data file and its index), the index kept at the end::
 
-      segment(pile p0) | segment(pile p1) | ... | index | uint64 index bytes | b"PSRUN001"
+      segment(p0) | segment(p1) | ... | index | uint64 index bytes | uint64 G | b"PSRUN002"
 
-  ``p0 < p1 < ...`` are the piles the run reaches. The index is little-endian int64 rows of
-  ``(pile, offset, length, records)``, one per segment. Pass 2 needs none of it (each
-  ``(pile, Fragment)`` element names its segment's byte range); it makes a run self-describing.
+  ``p0 < p1 < ...`` are the first piles of the segments (piles, or groups of G piles, that the
+  run reaches). The index is little-endian int64 rows of ``(first pile, offset, length,
+  records)``, one per segment. Pass 2 needs none of it (each element names its segment's byte
+  range); it makes a run self-describing.
   Objects: one per run, not one per (file, pile).
-- ``shuffle`` mode: each segment is the payload of one ``(pile, Fragment)`` element.
+- ``shuffle`` mode: each segment is the payload of one element.
 
 Runs have deterministic names (the writer's name and a counter), so a re-run writer replaces
 its runs; they are removed when the whole output is published.
@@ -48,7 +54,7 @@ import pyarrow as pa
 
 from pileshuffle import interrupt, keys as keymath, memory_runs, storage
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.fragments import Fragment, segment_encoder, write_failure
+from pileshuffle.fragments import Fragment, GroupSegment, segment_encoder, write_failure
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
 
 __all__ = ["DEFAULT_RUN_BYTES", "MAX_HELD_BYTES", "RUN_MAGIC", "SEGMENT_OVERHEAD", "auto_run_bytes", "run_bytes_for",
@@ -60,7 +66,7 @@ _PART_BYTES = 64 << 10  # auto: a run gives each pile a part of about this much.
 _MIN_RUN_BYTES, _MAX_RUN_BYTES = 64 << 20, 1 << 30  # ...within these bounds, all held in memory
 _REMOTE_PART_BYTES, _MAX_REMOTE_RUN_BYTES = 256 << 10, 32 << 30  # auto for runs on an object store (spilled)
 _MAX_MERGED_PART = 64 << 20  # a spilled run stops growing at this much per pile: the merge holds one part 3 times
-RUN_MAGIC = b"PSRUN001"
+RUN_MAGIC = b"PSRUN002"  # 002: segments of groups of piles, G in the footer
 SEGMENT_OVERHEAD = 1000  # bytes of a segment beside its records: schema, batch header, end marker (measured:
 # 560 for a bytes format's 3 columns, 1,070 for a 5-column Parquet table's 7)
 _WINDOW_BYTES = 32 << 20  # a flush gathers about this many bytes of neighbouring piles at a time
@@ -97,7 +103,7 @@ class PileRuns:
     """Gathers a writer's keyed chunks into runs of ``budget`` bytes (as Arrow holds them).
 
     ``add`` and ``flush`` return the ``(pile, Fragment)`` elements of the runs they make (none
-    while a run is filling). ``directory`` given: files mode, runs are objects there named
+    while a run is filling); with ``group`` > 1, ``(pile // group, GroupSegment)`` elements. ``directory`` given: files mode, runs are objects there named
     ``run_name(writer, n)``; None: shuffle mode, segments are element payloads, made as they are
     taken. Memory: the held chunks (at most ``MAX_HELD_BYTES`` or ``budget``, plus one chunk) and one
     window of about 32 MiB at a flush; a larger run is spilled to local disk and merged
@@ -106,8 +112,9 @@ class PileRuns:
     """
 
     def __init__(self, num_piles: int, budget: int, writer: str, directory: str = None, order: tuple = (),
-                 memory: int = 0):
+                 memory: int = 0, group: int = 1):
         self._num_piles, self._budget, self._writer, self._directory = num_piles, int(budget), writer, directory
+        self._group = int(group)
         self._memory = int(memory)  # files mode: runs kept in this process's memory up to this (memory_runs)
         self._order, self._held, self._held_bytes, self._runs = tuple(order), [], 0, 0
         self._hold, self._spills = min(self._budget, MAX_HELD_BYTES), _Spills()
@@ -146,9 +153,9 @@ class PileRuns:
         self._held, self._held_bytes = [], 0
         order = (*self._order, self._runs)
         self._runs += 1
-        segments = _segments(held, done)
+        segments = _segments(held, done, self._group)
         if self._directory is None:
-            return ((pile, Fragment(order, *facts, payload=segment)) for pile, segment, facts in segments)
+            return ((key, _element(order, facts, payload=segment)) for key, segment, facts in segments)
         return self._write_run(segments, size, order)
 
     def _spill(self):
@@ -161,49 +168,63 @@ class PileRuns:
         ``memory`` (``memory_runs``), else written to ``directory``."""
         final = storage.join(self._directory, run_name(self._writer, self._runs - 1))
         if self._memory and size <= memory_runs.room(self._directory, self._memory):
-            kept = {}
-            elements, _ = _placed(segments, order, final, kept.__setitem__)
+            kept, segments = {}, list(segments)
+            elements, _ = _placed(segments, order, final, self._group, kept.__setitem__)
             if memory_runs.keep(self._directory, self._memory, final, kept):
                 return elements
-            segments = [(pile, kept[f.offset], (f.records, f.nbytes, f.fingerprint)) for pile, f in elements]
         temp = storage.writing_name(final, uuid.uuid4().hex[:12])  # an attempt's own: two never share one
         try:
             with storage.open_write(temp) as handle:
-                elements, index = _placed(segments, order, final, lambda _, segment: handle.write(segment))
+                elements, index = _placed(segments, order, final, self._group, lambda _, segment: handle.write(segment))
                 table = np.asarray(index, dtype="<i8").reshape(-1, 4).tobytes()
-                handle.write(table + len(table).to_bytes(8, "little") + RUN_MAGIC)
+                handle.write(table + len(table).to_bytes(8, "little") + self._group.to_bytes(8, "little") + RUN_MAGIC)
             storage.put_in_place([temp], [final])
         except OSError as error:  # a buffered writer reports a full disk when it is closed
             raise write_failure(self._directory, error, size) from error
         return elements
 
 
-def _placed(segments, order, path: str, put) -> tuple:
+def _placed(segments, order, path: str, group: int, put) -> tuple:
     """``(elements, index rows)`` of ``segments`` laid one after another in the run at ``path``,
     each handed to ``put(offset, segment)`` as it is placed."""
     elements, index, offset = [], [], 0
-    for pile, segment, facts in segments:
+    for key, segment, facts in segments:
         put(offset, segment)
-        elements.append((pile, Fragment(order, *facts, path=path, offset=offset, length=len(segment))))
-        index.append((pile, offset, len(segment), facts[0]))
+        element = _element(order, facts, path=path, offset=offset, length=len(segment))
+        elements.append((key, element))
+        records = element.records if isinstance(element, Fragment) else element.fragment.records
+        index.append((key * group, offset, len(segment), records))
         offset += len(segment)
     return elements, index
 
 
-def _segments(held, done=None):
-    """``(pile, segment bytes, (records, nbytes, fingerprint))`` for every pile the held chunks
-    reach, in pile order; each pile's records in held order (chunk by chunk), a window of
-    neighbouring piles at a time (``_windows``, ``_gather``). ``done`` is called at the end."""
+def _element(order, facts, **where):
+    """A segment's element value: a ``Fragment`` of one pile (``facts``: ``(records, nbytes,
+    fingerprint)``) or a ``GroupSegment`` (``facts``: its rows per pile); ``where`` locates it."""
+    if isinstance(facts, tuple):
+        return Fragment(order, *facts, **where)
+    with np.errstate(over="ignore"):
+        summed = facts.sum(axis=0, dtype=np.uint64).tolist()
+    fingerprint = Fingerprint(summed[2], summed[4], summed[5], int(np.bitwise_xor.reduce(facts[:, 6])))
+    return GroupSegment(Fragment(order, summed[2], summed[3], fingerprint, **where), facts)
+
+
+def _segments(held, done=None, group: int = 1):
+    """``(key, segment bytes, facts)`` for every pile (``group`` 1: key the pile, facts ``(records,
+    nbytes, fingerprint)``) or group of piles (key ``pile // group``, facts ``GroupSegment.piles``)
+    the held chunks reach, in pile order; each pile's records in held order (chunk by chunk), a
+    window of neighbouring piles at a time (``_windows``, ``_gather``). ``done`` is called at the end."""
     try:
-        for gathered in _gathered(held):
-            yield from _window_segments(*gathered)
+        for gathered in _gathered(held, group):
+            yield from _window_segments(*gathered, group)
     finally:
         if done is not None:
             done()
 
 
-def _windows(held):
-    """``(start, stop)``: the piles in ranges of about ``_WINDOW_BYTES`` of held records each."""
+def _windows(held, group: int = 1):
+    """``(start, stop)``: the piles in ranges of about ``_WINDOW_BYTES`` of held records each,
+    cut only between groups of ``group`` piles."""
     num_piles = len(held[0].bounds) - 1
     counts = sum(np.diff(h.bounds) for h in held)
     mean = sum(h.table.nbytes for h in held) / max(1, int(counts.sum()))
@@ -211,14 +232,15 @@ def _windows(held):
     start = 0
     while start < num_piles:
         before = reached[start - 1] if start else 0.0
-        stop = min(num_piles, max(start + 1, int(np.searchsorted(reached, before + _WINDOW_BYTES, side="right"))))
+        stop = max(start + 1, int(np.searchsorted(reached, before + _WINDOW_BYTES, side="right")))
+        stop = min(num_piles, -(-stop // group) * group)
         yield start, stop
         start = stop
 
 
-def _gathered(held):
+def _gathered(held, group: int = 1):
     """Every window's ``_gather`` that some chunk reaches, in pile order."""
-    for start, stop in _windows(held):
+    for start, stop in _windows(held, group):
         gathered = _gather(held, start, stop)
         if gathered is not None:
             yield gathered
@@ -241,8 +263,8 @@ def _gather(held, start: int, stop: int):
     return pa.concat_tables(slices).combine_chunks().take(order), piles[order], np.concatenate(lengths)[order]
 
 
-def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray):
-    """The segments of a gathered window (``_gather``), one per pile."""
+def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray, group: int = 1):
+    """The segments of a gathered window (``_gather``), one per pile or group of piles (``_segments``)."""
     batch = window.to_batches()[0] if window.num_rows else None
     firsts = np.concatenate([[0], np.flatnonzero(np.diff(piles)) + 1])
     counts = np.diff(np.append(firsts, len(piles)))
@@ -251,10 +273,30 @@ def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray):
         sums = np.add.reduceat(hashes, firsts)
     xors, payloads = np.bitwise_xor.reduceat(hashes, firsts), np.add.reduceat(lengths, firsts)
     encode = segment_encoder(window.schema)
+    if group > 1:
+        yield from _group_segments(batch, piles[firsts], firsts, counts, payloads, sums, xors, group, encode)
+        return
     for pile, first, count, total, xor, payload in zip(piles[firsts].tolist(), firsts.tolist(), counts.tolist(),
                                                        sums.tolist(), xors.tolist(), payloads.tolist()):
         part = batch.slice(first, count)
         yield pile, encode(part), (count, part.nbytes, Fingerprint(count, payload, total, xor))
+
+
+def _group_segments(batch, piles, firsts, counts, payloads, sums, xors, group: int, encode):
+    """``(pile // group, segment, GroupSegment.piles)`` of a window's piles (first rows ``firsts``
+    of ``batch``), one segment a group."""
+    keys = piles // group
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1, [len(piles)]])
+    # a pile's Arrow bytes: its payload and its share of the window's per-row bytes beside payloads
+    # (one nbytes per window; a slice's own nbytes cost 16 us a pile, 3 s of 1 GB in 4,096 piles)
+    per_row = max(0.0, (batch.nbytes - float(payloads.sum())) / max(1, batch.num_rows))
+    nbytes = payloads + np.rint(counts * per_row).astype(np.int64)
+    facts = np.column_stack([np.asarray(c).astype(np.uint64) for c in (piles, firsts, counts, nbytes, payloads, sums, xors)])
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        first, last = int(firsts[a]), int(firsts[b - 1] + counts[b - 1])
+        rows = facts[a:b].copy()
+        rows[:, 1] -= np.uint64(first)
+        yield int(keys[a]), encode(batch.slice(first, last - first)), rows
 
 
 class _Spills:
@@ -300,12 +342,12 @@ class _Spills:
         return held, done
 
 
-def read_run_index(data: bytes) -> np.ndarray:
-    """A whole run's index: int64 rows ``(pile, offset, length, records)``; ValueError if ``data``
-    does not end as a run does."""
-    if len(data) < 16 or data[-8:] != RUN_MAGIC:
-        raise ValueError("not a pileshuffle run (no PSRUN001 footer)")
-    size = int.from_bytes(data[-16:-8], "little")
-    if size % 32 or size > len(data) - 16:
+def read_run_index(data: bytes) -> tuple:
+    """A whole run's ``(index, G)``: int64 rows ``(first pile, offset, length, records)`` and the
+    piles a segment holds; ValueError if ``data`` does not end as a run does."""
+    if len(data) < 24 or data[-8:] != RUN_MAGIC:
+        raise ValueError(f"not a pileshuffle run (no {RUN_MAGIC.decode()} footer)")
+    size, group = int.from_bytes(data[-24:-16], "little"), int.from_bytes(data[-16:-8], "little")
+    if size % 32 or size > len(data) - 24:
         raise ValueError(f"a run's index of {size} bytes does not fit in {len(data)} bytes")
-    return np.frombuffer(data[len(data) - 16 - size : len(data) - 16], dtype="<i8").reshape(-1, 4)
+    return np.frombuffer(data[len(data) - 24 - size : len(data) - 24], dtype="<i8").reshape(-1, 4), group

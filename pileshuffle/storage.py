@@ -218,8 +218,7 @@ def open_random_access(path: str, filesystem=None):
 
 @cloud.refusals_explained
 def open_mapped(path: str, filesystem=None):
-    """A ``pyarrow`` input over the file: memory-mapped when local (only the pages read are
-    touched), else a stream."""
+    """A ``pyarrow`` input over the file: memory-mapped when local (only pages read are touched), else a stream."""
     import pyarrow as pa
 
     if is_local(filesystem, path):
@@ -253,14 +252,17 @@ def is_folder(path: str, filesystem=None) -> bool:
 
 
 # -- writing ---------------------------------------------------------------------------------------
-
 @cloud.refusals_explained
 def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "application/octet-stream"):
     """A new binary file at ``path`` (its local folder made), compressed as asked."""
     if not is_remote(path):
+        if compression == UNCOMPRESSED:  # no file-system layer: a small pile's shard pays for its open only
+            try:
+                return open(path, "wb")
+            except FileNotFoundError:  # the folder first (asked only then: 2 system calls a shard)
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                return open(path, "wb")
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        if compression == UNCOMPRESSED:
-            return open(path, "wb")  # no file-system layer: a small pile's shard pays for its open only
     if _uses_beam():
         return _beam(path).create(path, mime_type=mime_type, compression_type=compression)
     fs, where = arrow_filesystem(path)
@@ -318,8 +320,7 @@ def writing_name(final: str, token: str) -> str:
 
 
 def put_in_place(written: list, finals: list):
-    """Move each file written under ``writing_name`` onto its final name (those written there
-    already stay)."""
+    """Move each file written under ``writing_name`` onto its final name (those written there stay)."""
     moves = [(w, f) for w, f in zip(written, finals) if w != f]
     if moves:
         rename([w for w, _ in moves], [f for _, f in moves])
@@ -327,8 +328,7 @@ def put_in_place(written: list, finals: list):
 
 @cloud.refusals_explained
 def rename(sources: list, destinations: list):
-    """Move each source to its destination (replacing it). Atomic per file on a local disk; on
-    an object store a copy then a delete."""
+    """Move each source to its destination (replacing it). Atomic per file locally; on an object store a copy, a delete."""
     if not sources or not is_remote(sources[0]):
         for source, destination in zip(sources, destinations):  # the OS's own rename
             os.replace(source, destination)

@@ -313,10 +313,13 @@ def test_plan_speaks_to_a_person_and_json_keeps_the_machine_form(inputs, tmp_pat
     assert heads == ["input", "records", "piles", "pile size", "split again", "memory", "temp space", "output space",
                      "pass 1", "gcs requests", "output", "runner"], text.stdout
     assert "3 tfrecord file(s)" in text.stdout and "s + 6*sqrt(s)" in text.stdout
-    # 3 files of 123 kB, each read in 5 spans (a unit of work is a sixteenth of the input): a run each
-    assert "15 run objects" in text.stdout and "60 pile parts" in text.stdout and "FnApiRunner" in text.stdout
+    # 3 files of 123 kB, each read in 5 spans (a unit of work is a sixteenth of the input): a run each,
+    # and the 4 small piles are one group (pile_groups): one part a run
+    assert "15 run objects" in text.stdout and "15 parts (a segment a group of 4 piles)" in text.stdout
+    assert "FnApiRunner" in text.stdout
     machine = json.loads(cli("plan", *args, "--json").stdout)
-    assert machine["files"] == 3 and machine["num_piles"] == 4 and (machine["runs"], machine["parts"]) == (15, 60)
+    assert machine["files"] == 3 and machine["num_piles"] == 4 and (machine["runs"], machine["parts"]) == (15, 15)
+    assert machine["piles_per_part"] == 4
     assert {"input_bytes", "reason", "output", "compression", "intermediate", "work_dir", "estimated_records",
             "split_probability", "space", "runner"} <= set(machine)
     assert 2400 < machine["estimated_records"] < 3600
@@ -333,12 +336,15 @@ def test_plan_counts_runs_not_files_times_piles(inputs, tmp_path):
     options = PipelineOptions([f"--input={inputs}/*.tfrecord", f"--output={tmp_path}/o", "--num_piles=40000"])
     plan = make_plan(options)
     runs, parts = plan.run_shape()
-    assert runs == 15 and 2800 < parts < 2900  # ~2,880 records reach ~2,780-2,880 distinct piles of 40,000
+    # ~192 records a run reach ~111 of the 157 groups of 256 small piles (pile_groups): one part each
+    assert runs == 15 and 15 * 105 < parts < 15 * 117
+    per_pile = dataclasses.replace(plan, max_pile_bytes=1).run_shape()  # G = 1: a part per pile reached
+    assert per_pile[0] == 15 and 2800 < per_pile[1] < 2900  # ~2,880 records reach ~2,780-2,880 of 40,000
     on_gcs = dataclasses.replace(plan, work_dir="gs://bucket/tmp/.pileshuffle-work-0123")
     text = plan_text(on_gcs, options)
-    assert "warning" not in text and f"{runs:,} run objects" in text and f"{parts:,} pile parts" in text
+    assert "warning" not in text and f"{runs:,} run objects" in text and f"{parts:,} parts (a segment a group" in text
     shuffled = plan_text(dataclasses.replace(on_gcs, intermediate="shuffle"), options)
-    assert "run objects" not in shuffled and f"{parts:,} pile parts" in shuffled
+    assert "run objects" not in shuffled and f"{parts:,} parts (a segment a group" in shuffled
     assert "through the runner's GroupByKey" in shuffled and "the local runner keeps all of it in memory" in shuffled
 
 

@@ -42,9 +42,11 @@ def test_operations_grow_with_piles_files_sizes_and_the_intermediate_mode(jsonl,
 
     files = gcs_operations(dataclasses.replace(plan, intermediate="files"))
     # 3 small files, each cut into 5 spans (a unit of work is a sixteenth of the input), a group each:
-    # a run each, read as 8 segments, 2 lookups
-    assert len(plan.source_groups) == 15 and files["runs"] == (15, 15 * (8 + 2))
-    assert files["total"][0] - ops["total"][0] == 15 and files["total"][1] - ops["total"][1] == 150
+    # a run each, read as 1 segment (the 8 small piles are one group, pile_groups), 2 lookups
+    assert len(plan.source_groups) == 15 and files["runs"] == (15, 15 * (1 + 2))
+    assert files["total"][0] - ops["total"][0] == 15 and files["total"][1] - ops["total"][1] == 45
+    per_pile = gcs_operations(dataclasses.replace(plan, intermediate="files", max_pile_bytes=1))  # G = 1
+    assert per_pile["runs"] == (15, 15 * (8 + 2))
 
     # many piles, many files: objects grow with the runs, reads with (run, pile) segments; never files x piles
     many = [Source(i, f"gs://b/in/{i}", 64 * MiB) for i in range(64)]

@@ -351,7 +351,7 @@ def test_pass_1_run_twice_for_a_source_replaces_its_runs(tmp_path, tfrecord_inpu
 
     first = list(dofn.process((source,)))
     committed = snapshot()
-    assert len(committed) >= 3 and all(runs.read_run_index(b).shape[1] == 4 for b in committed.values())
+    assert len(committed) >= 3 and all(runs.read_run_index(b)[0].shape[1] == 4 for b in committed.values())
     with monkeypatch.context() as patched:
         patched.setattr(runs.storage, "put_in_place", lambda *a: (_ for _ in ()).throw(RuntimeError("worker died")))
         with pytest.raises(RuntimeError):

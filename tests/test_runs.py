@@ -16,11 +16,12 @@ from pileshuffle import sample
 from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import record_hashes, record_lengths
 from pileshuffle.formats.base import records_table
-from pileshuffle.fragments import Fragment, read_joined, read_table, to_ipc
+from pileshuffle.fragments import Fragment, GroupSegment, read_joined, read_table, to_ipc
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.plan import make_plan
 from pileshuffle.runs import PileRuns, auto_run_bytes, read_run_index
 from pileshuffle.transforms.assign import ReadSourceToPiles
+from pileshuffle.transforms.pile_groups import template_group
 
 
 def digests(output):
@@ -44,7 +45,8 @@ def test_a_run_is_its_piles_segments_in_pile_order_with_an_index(tmp_path):
     elements = runs.flush()
     assert runs.runs == 1 and os.listdir(tmp_path) == ["s000000-r00000.run"]
     data = open(tmp_path / "s000000-r00000.run", "rb").read()
-    index = read_run_index(data)
+    index, group = read_run_index(data)
+    assert group == 1
     assert index[:, 0].tolist() == sorted(index[:, 0].tolist()) == [p for p, _ in elements]
     assert index[:, 1].tolist() == [f.offset for _, f in elements] and index[0, 1] == 0
     assert (index[1:, 1] == index[:-1, 1] + index[:-1, 2]).all()  # back to back
@@ -124,8 +126,11 @@ def test_thousands_of_piles_over_many_small_files_write_few_runs(tmp_path):
     options = PipelineOptions([f"--input={pattern}", f"--output={tmp_path}/o/t", "--num_piles=2048",
                                "--run_bytes=1MiB"])
     plan = make_plan(options)
-    dofn = ReadSourceToPiles("jsonl", plan.seed, plan.num_piles, str(tmp_path / "runs"), run_bytes=plan.run_bytes)
-    elements = [o for group in plan.source_groups for o in dofn.process(group) if isinstance(o, tuple)]
+    group = template_group(plan)
+    dofn = ReadSourceToPiles("jsonl", plan.seed, plan.num_piles, str(tmp_path / "runs"), run_bytes=plan.run_bytes,
+                             group=group)
+    elements = [o for sources in plan.source_groups for o in dofn.process(sources) if isinstance(o, tuple)]
+    assert group > 1 and all(isinstance(e, GroupSegment) for _, e in elements)  # one element per (run, group)
     written = glob.glob(str(tmp_path / "runs" / "*.run"))
     runs, parts = plan.run_shape()
     assert len(written) == runs and abs(len(elements) - parts) < 0.05 * parts

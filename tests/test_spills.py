@@ -69,7 +69,7 @@ def test_a_run_spilled_to_disk_holds_what_the_run_held_in_memory_holds(tmp_path,
         assert read_table(merged).column("label").num_chunks == 1
     if mode == "files":
         assert os.listdir(spilled_dir) == ["w-r00000.run"]
-        index = read_run_index(open(f"{spilled_dir}/w-r00000.run", "rb").read())
+        index, _ = read_run_index(open(f"{spilled_dir}/w-r00000.run", "rb").read())
         assert index[:, 0].tolist() == [p for p, _ in spilled] and index[:, 3].tolist() == [f.records for _, f in spilled]
     assert not glob.glob(str(tmp_path / "pileshuffle-spill-*"))
 

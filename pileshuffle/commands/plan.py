@@ -242,16 +242,15 @@ def _kept_text(plan: Plan) -> str:
 
 def _pass1_text(plan: Plan) -> str:
     """What pass 1 makes: its units of work, its buffer, its runs (files mode) and the parts they send."""
-    runs, parts = plan.run_shape()
-    groups = len(plan.source_groups)
+    (runs, parts), groups, g = plan.run_shape(), len(plan.source_groups), template_group(plan)
     where = (f"{runs:,} run objects under {plan.work_dir} (one per {_mib(plan.run_bytes)}), "
              if plan.intermediate == "files" else f"{runs:,} flushes of {_mib(plan.run_bytes)}, ")
     spilled = plan.spilled_per_writer
     spill = (f", up to {_size(spilled)} of them spilled to the local temp folder per worker thread and merged"
              if spilled else "")
     return (f"{groups:,} group(s) of input files, each in runs of --run_bytes {_mib(plan.run_bytes)} per worker thread"
-            f"{spill}; {where}{parts:,} pile parts of about {_size(plan.held_bytes / max(1, parts))} each sent through "
-            "the GroupByKey")
+            f"{spill}; {where}{parts:,} {'pile parts' if g == 1 else f'parts (a segment a group of {g} piles)'} "
+            f"of about {_size(plan.held_bytes / max(1, parts))} each sent through the GroupByKey")
 
 
 def _runner_holds(options, shuffled: float) -> str:
@@ -340,7 +339,7 @@ def plan_json(plan: Plan, options) -> dict:
         "memory_budget": plan.memory_budget,
         "memory_for_runs": plan.memory_for_runs,
         "runs": runs if plan.intermediate == "files" else 0,
-        "parts": parts,
+        "parts": parts, "piles_per_part": template_group(plan),  # a part: a segment of one pile, or of a group
         "gcs_operations": _operations_json(plan),
         "space": {location: {"needed": plan.needs.get(location, need), "free": free}
                   for location, (need, free) in plan.space.items()},

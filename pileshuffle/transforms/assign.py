@@ -214,15 +214,15 @@ class ReadSourceToPiles(beam.DoFn):
 
     Keys are ``position_keys(seed, (INPUT_STREAM, source.id), position in the file)``: a pure
     function of the input, so every runner, worker count, grouping and split produces the same piles.
-    Main output: ``(pile, Fragment)``, one per (run, pile); tagged ``stats``: one ``SourceStats``
-    per source. Everything is emitted from ``process`` (Beam's DaskRunner drops ``finish_bundle``'s).
+    Main output: ``(pile, Fragment)``, one per (run, pile), or with ``group`` > 1 ``(group,
+    GroupSegment)``, one per (run, group of piles); tagged ``stats``: one ``SourceStats`` per source. Everything is emitted from ``process`` (Beam's DaskRunner drops ``finish_bundle``'s).
     """
 
     def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
                  skip_corrupt=False, label=None, keep_unlabeled=False, codes_dir=None, policy=None,
-                 run_bytes=DEFAULT_RUN_BYTES, memory_for_runs=0, dedup=None):
+                 run_bytes=DEFAULT_RUN_BYTES, memory_for_runs=0, dedup=None, group=1):
         self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
-        self._dedup = dedup
+        self._dedup, self._group = dedup, group
         self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
         self._label, self._keep_unlabeled, self._codes_dir = label, keep_unlabeled, codes_dir
         self._planner = None if policy is None else ClassPlanner(policy, seed)
@@ -237,7 +237,7 @@ class ReadSourceToPiles(beam.DoFn):
         group = (group,) if isinstance(group, Source) else tuple(group)
         start = group[0].span[0] if group[0].span else 0
         runs = PileRuns(self._num_piles, self._run_bytes, source_writer_name(group[0].id, start), self._fragments_dir,
-                        (group[0].id, start), self._memory_for_runs)
+                        (group[0].id, start), self._memory_for_runs, self._group)
         balance = None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
         for source in group:
             paths = None if counts is None else _codes_paths(self._codes_dir, self._format_name, source)

@@ -4,7 +4,7 @@ import apache_beam as beam
 
 from pileshuffle import storage
 from pileshuffle.balance import manifest_options
-from pileshuffle.fragments import Fragment
+from pileshuffle.fragments import Fragment, GroupSegment
 from pileshuffle.names import CLASS_CODES_DIR
 from pileshuffle.transforms.assign import STATS_TAG, CountClasses, ReadSourceToPiles, SourceStats
 from pileshuffle.transforms.pile_groups import template_group
@@ -30,11 +30,12 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
         | "ListSourceGroups" >> beam.Create(plan.source_groups)
         | "SpreadSourceGroups" >> beam.Reshuffle()
     )
+    piles_per_group = template_group(plan)
     pass1 = groups | "ReadSourceToPiles" >> beam.ParDo(
         ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt,
                           label=plan.label, keep_unlabeled=plan.keep_unlabeled, codes_dir=codes_dir,
                           policy=plan.balance, run_bytes=plan.run_bytes, memory_for_runs=plan.memory_for_runs,
-                          dedup=plan.dedup),
+                          dedup=plan.dedup, group=piles_per_group),
         **_class_counts(sources, plan, codes_dir)
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it
@@ -44,7 +45,7 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     return (
         fragments
         | "GroupIntoPiles" >> GroupIntoPiles(plan.num_piles, plan.max_pile_bytes, plan.work_dir, plan.dedup,
-                                             template_group(plan))
+                                             piles_per_group)
         | "WritePiles" >> WritePiles(
             plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
             schema=plan.schema, expected=stats, manifest_fields=manifest_fields(plan), started=started,
@@ -73,8 +74,8 @@ def counted_classes(sources, format_name: str, label: str, skip_corrupt: bool = 
 
 
 def _is_fragment_element(element) -> bool:
-    """Whether ``element`` is pass 1's main output, a ``(pile, Fragment)`` pair."""
-    return isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], Fragment)
+    """Whether ``element`` is pass 1's main output, a ``(pile, Fragment)`` or ``(group, GroupSegment)`` pair."""
+    return isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], (Fragment, GroupSegment))
 
 
 def _is_source_stats(element) -> bool:

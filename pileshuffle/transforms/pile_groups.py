@@ -3,14 +3,17 @@
 At many piles a pile is small (1 GB in 4,096 piles: 240 kB; 10 TB in 10,000 piles has the same
 parts per pile), and pass 2's fixed work per pile (an element through the GroupByKey, a join of
 its parts, a sort, a take, each a call that hands the interpreter lock over) costs more than its
-records. The template therefore keys pass 1's parts by ``pile // G`` (``group_size``) and pass 2
-puts a whole group in order at once, then cuts it at the piles' bounds: each pile still becomes
-one shard. The order is the piles' own: the piles are ranges of U, so a stable sort of the
+records. The template therefore has pass 1 write one segment per (run, group of G neighbouring
+piles) (``group_size``; ``runs``, ``GroupSegment``), keyed ``pile // G``, and pass 2 puts a whole
+group in order at once, reading each segment once, then cuts it at the piles' bounds: each pile
+still becomes one shard. The order is the piles' own: the piles are ranges of U, so a stable sort of the
 group's records on U (its piles' parts one after another, each pile's in canonical order) orders
 them pile by pile, and within a pile exactly as ``Pile.ordered`` does.
 
 A pile that needs more (one split again past ``--max_pile_bytes``, or one under ``--dedup``) is
-written alone, as without groups. Measured: ``bench/small_piles.py``.
+written alone, as without groups, from its views of the segments; the group's other piles are
+then read from their views too (each segment read once per pile: rare, as a group holds no more
+than ``--max_pile_bytes`` on average). Measured: ``bench/small_piles.py``.
 """
 
 import dataclasses
@@ -36,8 +39,8 @@ def group_size(pile_bytes: float, max_pile_bytes: int) -> int:
 
 
 def template_group(plan) -> int:
-    """The template's piles per group (``group_size`` of the plan's mean pile); none under ``--dedup``."""
-    return 1 if plan.dedup else group_size(plan.held_bytes / plan.num_piles, plan.max_pile_bytes)
+    """The template's piles per group (``group_size`` of the plan's mean pile, at most every pile); none under ``--dedup``."""
+    return 1 if plan.dedup else min(plan.num_piles, group_size(plan.held_bytes / plan.num_piles, plan.max_pile_bytes))
 
 
 def group_words(group: int) -> str:
@@ -61,9 +64,12 @@ def _written_alone(pile) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class PileGroup:
-    """Neighbouring piles (``Pile``, in pile order) written by one pass-2 element."""
+    """Neighbouring piles (``Pile``, in pile order) written by one pass-2 element; ``segments``: the
+    group's segments (``GroupSegment.fragment``) in canonical order, which the piles' fragments
+    are views of (empty: the piles' own fragments are read)."""
 
     piles: tuple
+    segments: tuple = ()
 
     def alone(self) -> list:
         """The piles that are written one by one (``Pile.ordered``): split again, deduplicated, or of one key."""
@@ -75,9 +81,10 @@ class PileGroup:
         together = [p for p in self.piles if not _written_alone(p) and p.fragments]
         if not together:
             return
-        records, keys, order = in_key_order([f for p in together for f in p.fragments])
+        whole = self.segments and len(together) == len(self.piles)  # else a pile alone is not loaded again
+        records, keys, order = in_key_order(self.segments if whole else [f for p in together for f in p.fragments])
         records = records.take(order)
-        num_piles = together[0].num_piles
-        bounds = np.searchsorted(keymath.pile_of(keys[order], num_piles), [p.index for p in together] + [num_piles])
-        for pile, start, stop in zip(together, bounds[:-1].tolist(), bounds[1:].tolist()):
+        piles, wanted = keymath.pile_of(keys[order], together[0].num_piles), [p.index for p in together]
+        starts, stops = np.searchsorted(piles, wanted, "left"), np.searchsorted(piles, wanted, "right")
+        for pile, start, stop in zip(together, starts.tolist(), stops.tolist()):
             yield pile, records.slice(start, stop - start)

@@ -145,7 +145,8 @@ def _records_of(table: pa.Table) -> tuple:
 
 class _MakePile(beam.DoFn):
     """Pass 2 entry: ``(pile, fragments)`` from GroupByKey -> a ``Pile`` in canonical order; with
-    ``group`` > 1, ``(group, [(pile, fragment), ...])`` -> a ``PileGroup`` of such piles."""
+    ``group`` > 1, ``(group, GroupSegments)`` -> a ``PileGroup`` of such piles, their parts the
+    segments' views."""
 
     def __init__(self, num_piles, max_pile_bytes, work_dir, dedup=None, group=1):
         self._num_piles, self._max_pile_bytes, self._work_dir = num_piles, max_pile_bytes, work_dir
@@ -159,10 +160,12 @@ class _MakePile(beam.DoFn):
         if self._group == 1:
             yield self._pile(key, values)
             return
-        by_pile = {}
-        for pile, fragment in values:
-            by_pile.setdefault(pile, []).append(fragment)
-        yield PileGroup(tuple(self._pile(pile, by_pile[pile]) for pile in sorted(by_pile)))
+        segments, by_pile = sorted(values, key=lambda s: s.fragment.order), {}
+        for segment in segments:
+            for pile, view in segment.views():
+                by_pile.setdefault(pile, []).append(view)
+        yield PileGroup(tuple(self._pile(pile, by_pile[pile]) for pile in sorted(by_pile)),
+                        tuple(s.fragment for s in segments))
 
     def _pile(self, pile, fragments):
         ordered = tuple(sorted(fragments, key=lambda f: f.order))
@@ -171,7 +174,8 @@ class _MakePile(beam.DoFn):
 
 class GroupIntoPiles(beam.PTransform):
     """``(pile, Fragment)`` -> ``Pile``: the GroupByKey between the two passes (``dedup``: the piles' ``Dedup``).
-    With ``group`` > 1 (the template's small piles, ``pile_groups``): ``PileGroup`` of up to ``group`` piles."""
+    With ``group`` > 1 (the template's small piles, ``pile_groups``): ``(group, GroupSegment)`` ->
+    ``PileGroup`` of up to ``group`` piles."""
 
     def __init__(self, num_piles, max_pile_bytes=DEFAULT_MAX_PILE_BYTES, work_dir=None, dedup=None, group=1):
         super().__init__()
@@ -179,8 +183,6 @@ class GroupIntoPiles(beam.PTransform):
         self._dedup, self._group = dedup, group
 
     def expand(self, fragments):
-        if self._group > 1:
-            fragments = fragments | "KeyByPileGroup" >> beam.Map(lambda e, g: (e[0] // g, e), self._group)
         return (
             fragments
             | "GroupByPile" >> beam.GroupByKey()

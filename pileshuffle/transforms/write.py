@@ -102,7 +102,8 @@ class WriteShard(beam.DoFn):
 
         try:
             with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
-                with Crc32cWriter(storage.open_write(temp, fmt.shard_handle_compression(self._compression))) as handle:
+                handle_compression = fmt.shard_handle_compression(self._compression)
+                with Crc32cWriter(storage.open_write(temp, handle_compression)) as handle:
                     fmt.write_shard(handle, counted(ordered(dropped)), self._compression, self._schema)
                 storage.put_in_place([temp], [staged])
         except (OSError, BeamIOError) as error:
@@ -116,11 +117,18 @@ class WriteShard(beam.DoFn):
             )
         progress.pile_written()
         return _ShardStats(
-            pile.index, pile.num_piles, staged, written[0].records, storage.size(staged), pile.nbytes,
+            pile.index, pile.num_piles, staged, written[0].records, _file_bytes(handle, staged, handle_compression),
+            pile.nbytes,
             expected, written[0], pile.split_count(), handle.hex(), pile.work_dir,
             schema[0] if self._format_name == "parquet" and self._schema is None else None,  # Finalize's, if unknown
             carried, dropped.fingerprint, tuple(dropped.groups), pile.dedup,
         )
+
+
+def _file_bytes(handle: Crc32cWriter, path: str, compression: str) -> int:
+    """A written shard's size: the bytes written through ``handle`` to a local file that the
+    handle did not compress (no stat of the file), else what the file system says."""
+    return handle.written if compression == storage.UNCOMPRESSED and not storage.is_remote(path) else storage.size(path)
 
 
 def _shard_path(prefix: str, pile: int, num_piles: int, suffix: str, direct: bool) -> str:
