@@ -65,6 +65,38 @@ def test_a_run_is_its_piles_segments_in_pile_order_with_an_index(tmp_path):
         read_run_index(data[:-1])
 
 
+@pytest.mark.parametrize("mode", ["files", "shuffle"])
+def test_a_run_of_small_piles_has_a_segment_a_group_whose_views_are_the_piles_parts(tmp_path, mode):
+    """With ``group`` G a run has one segment per group of G piles it reaches (index rows at the
+    group's first pile, G in the footer), and each pile's view of it holds exactly the records,
+    bytes' accounting and fingerprint of that pile's part in a run without groups."""
+    piles, group, fed = 64, 5, list(chunks(4, 300))
+    directory = str(tmp_path / "g") if mode == "files" else None
+    alone, grouped = PileRuns(piles, 1 << 30, "a", str(tmp_path / "a")), PileRuns(piles, 1 << 30, "g", directory, group=group)
+    for chunk in fed:
+        alone.add(*chunk)
+        grouped.add(*chunk)
+    per_pile, segments = dict(alone.flush()), list(grouped.flush())
+    assert [key for key, _ in segments] == list(range(-(-piles // group)))  # 1,200 records reach every group
+    assert all(isinstance(s, GroupSegment) for _, s in segments)
+    views = [view for key, segment in segments for view in segment.views()]
+    assert [p for p, _ in views] == sorted(per_pile)
+    for pile, view in views:
+        part = per_pile[pile]
+        assert (view.records, view.fingerprint) == (part.records, part.fingerprint)
+        assert abs(view.nbytes - part.nbytes) <= 0.02 * part.nbytes + 64  # held bytes, estimated per pile
+        assert read_table(view).equals(read_table(part)) and read_joined([view]).equals(read_joined([part]))
+    for key, segment in segments:
+        assert set(int(p) // group for p in segment.piles[:, 0]) == {key}
+        assert segment.fragment.fingerprint == total(v.fingerprint for _, v in segment.views())
+    if mode == "files":
+        index, footer_group = read_run_index(open(tmp_path / "g" / "g-r00000.run", "rb").read())
+        assert footer_group == group and index[:, 0].tolist() == [key * group for key, _ in segments]
+        assert index[:, 3].tolist() == [s.fragment.records for _, s in segments]
+    else:
+        assert all(s.fragment.payload is not None for _, s in segments)
+
+
 def test_a_piles_parts_read_in_place_equal_each_part_read_as_a_stream(tmp_path):
     """``read_joined`` reads a segment's one batch in place under a schema parsed once; a segment
     of another schema (other metadata), with a dictionary column, of two batches, or a whole
