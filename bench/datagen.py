@@ -221,11 +221,18 @@ SUFFIX = {"tfrecord": "tfrecord", "parquet": "parquet", "jsonl": "jsonl", "tar":
 FILE_FORMAT = {"tar-as-tfrecord": "tfrecord"}  # the pileshuffle format of a set's files, where not its name
 
 
+def _located(info: dict, directory: str) -> dict:
+    """A cached set's description with its paths under ``directory`` (where it is now, from any cwd)."""
+    files = [os.path.join(directory, os.path.basename(p)) for p in info["files"]]
+    pattern = os.path.join(directory, os.path.basename(info["pattern"]))
+    return {**info, "directory": directory, "pattern": pattern, "files": files}
+
+
 def dataset(root, fmt, records, files, record_bytes, seed=0, log=print, shares=None):
     """The directory of a cached data set (generated if missing); returns its description.
     ``shares``: imbalanced labels (JSONL, Parquet; module docstring)."""
     name = f"{fmt}-{records}x{record_bytes}-{files}f-s{seed}" + ("" if shares is None else "-c" + "-".join(map(str, shares)))
-    directory = os.path.join(root, name)
+    directory = os.path.abspath(os.path.join(root, name))  # the description holds absolute paths: any cwd reads it
     stamp = os.path.join(directory, "dataset.json")
     params = {"version": VERSION, "format": fmt, "records": records, "files": files, "record_bytes": record_bytes, "seed": seed,
               **({} if shares is None else {"shares": list(shares)})}
@@ -233,7 +240,7 @@ def dataset(root, fmt, records, files, record_bytes, seed=0, log=print, shares=N
         with open(stamp) as handle:
             info = json.load(handle)
         if info.get("params") == params:
-            return info
+            return _located(info, directory)
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
     log(f"generating {name} ...")

@@ -117,6 +117,13 @@ def shard_pattern(prefix: str) -> str:
     return f"{literal_pattern(prefix)}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*"
 
 
+def attempt_name(path: str, token: str) -> str:
+    """``path`` as one attempt writes it in a staging folder: ``shard-00000-of-00004-<token>.tfrecord``."""
+    folder, slash, name = path.rpartition("/")
+    stem, dot, suffix = name.partition(".")
+    return f"{folder}{slash}{stem}-{token}{dot}{suffix}"
+
+
 def temp_name(path: str, token: str) -> str:
     """Where ``path`` is written before it is renamed into place (one ``token`` per attempt)."""
     return f"{path}.tmp-{token}"
@@ -215,7 +222,7 @@ __all__ = [
     "SHARDS_KIND", "STORE_KIND", "FORMAT_VERSION", "LEGACY_STORE_FORMAT", "format_problem", "manifest_header",
     "MANIFEST_SUFFIX", "SHARD_NAME", "SHARD_TAIL", "SHARD_NUMBERS", "JOURNAL_PREFIX", "WORK_PREFIX",
     "WORK_DIRECTORY", "shard_name", "manifest_path", "prefix_of_manifest", "staging_dir", "output_lock_path",
-    "journal_name", "staged_manifest_name", "work_dir_name", "literal_pattern", "shard_pattern", "temp_name",
+    "journal_name", "staged_manifest_name", "work_dir_name", "literal_pattern", "shard_pattern", "temp_name", "attempt_name",
     "RECORD_COLUMN", "FRAME_COLUMN", "LINE_COLUMN", "TAR_SAMPLE_COLUMN", "KEY_COLUMN", "HASH_COLUMN", "FRAGMENT_EXTENSION", "RUN_EXTENSION",
     "source_writer_name", "split_writer_name", "run_name", "fragment_name", "CLASS_CODES_DIR", "class_codes_names",
     "STORE_SUFFIX", "STORE_LOCK_NAME",

@@ -1,8 +1,8 @@
 """WritePiles: pass 2's shard writer, and the one finalize step that publishes a run.
 
-Each pile is written under a deterministic name, so a re-run bundle replaces its shard:
-locally in a staging directory beside the output (a temp file, then rename); on an object
-store as one upload (which appears only when whole), straight to its final name when nothing
+Each pile is written where no reader looks until Finalize: locally in a staging directory
+beside the output, under a name of the attempt's own (a re-run bundle writes another file;
+Finalize renames only the one whose stats reached it); on an object store as one upload (which appears only when whole), straight to its final name when nothing
 is published at the prefix (``PreparePublication``: a rename there is a copy), else staged. Finalize runs
 once, after every shard: it checks that the shards account for every record read (by
 count and fingerprint), writes empty shards for empty piles, journals the final names it
@@ -29,7 +29,7 @@ from pileshuffle.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format, records_bytes
 from pileshuffle.transforms.pile_groups import PileGroup
 from pileshuffle.fragments import between_passes, write_failure
-from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, manifest_header, manifest_path, output_lock_path, shard_name,
+from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, attempt_name, manifest_header, manifest_path, output_lock_path, shard_name,
                                staged_manifest_name, staging_dir)
 from pileshuffle.output_files import (OutputFiles, check_replaceable, file_name, release_lock_file, remove_tree,
                                       write_journal)
@@ -67,9 +67,13 @@ class WriteShard(beam.DoFn):
 
     def __init__(self, format_name, compression, prefix, schema=None):
         self._format_name, self._compression, self._prefix, self._schema = format_name, compression, prefix, schema
+        self._schema_told = False
 
     def setup(self):
         prepare_worker()
+
+    def start_bundle(self):
+        self._schema_told = False  # Finalize learns an unknown Parquet schema from a bundle's first shard
 
     def process(self, element, direct=False):
         """A ``Pile``, or a ``PileGroup`` put in order at once (``pile_groups``): a shard a pile."""
@@ -85,7 +89,6 @@ class WriteShard(beam.DoFn):
         """``pile``'s shard from ``ordered(dropped)`` (its tables in final order, with their hashes)."""
         fmt = get_format(self._format_name)
         staged = _shard_path(self._prefix, pile.index, pile.num_piles, fmt.suffix(self._compression), direct)
-        temp = storage.writing_name(staged, uuid.uuid4().hex[:12])
         carried = between_passes(pile.fragments)
         written = [Fingerprint()]
         dropped = Dropped()
@@ -103,9 +106,8 @@ class WriteShard(beam.DoFn):
         try:
             with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
                 handle_compression = fmt.shard_handle_compression(self._compression)
-                with Crc32cWriter(storage.open_write(temp, handle_compression)) as handle:
+                with Crc32cWriter(storage.open_write(staged, handle_compression)) as handle:
                     fmt.write_shard(handle, counted(ordered(dropped)), self._compression, self._schema)
-                storage.put_in_place([temp], [staged])
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
         expected = pile.fingerprint
@@ -120,9 +122,17 @@ class WriteShard(beam.DoFn):
             pile.index, pile.num_piles, staged, written[0].records, _file_bytes(handle, staged, handle_compression),
             pile.nbytes,
             expected, written[0], pile.split_count(), handle.hex(), pile.work_dir,
-            schema[0] if self._format_name == "parquet" and self._schema is None else None,  # Finalize's, if unknown
+            self._schema_to_tell(schema[0]),
             carried, dropped.fingerprint, tuple(dropped.groups), pile.dedup,
         )
+
+    def _schema_to_tell(self, schema):
+        """``schema`` for the first shard of a bundle, when Finalize needs it (Parquet with no schema
+        given); else None: a schema is pickled into every ``_ShardStats`` it rides with (40 us a shard)."""
+        if self._format_name != "parquet" or self._schema is not None or self._schema_told:
+            return None
+        self._schema_told = schema is not None
+        return schema
 
 
 def _file_bytes(handle: Crc32cWriter, path: str, compression: str) -> int:
@@ -132,10 +142,14 @@ def _file_bytes(handle: Crc32cWriter, path: str, compression: str) -> int:
 
 
 def _shard_path(prefix: str, pile: int, num_piles: int, suffix: str, direct: bool) -> str:
-    """Where pass 2 writes a shard: its final name (``direct``) or its staging name."""
+    """Where pass 2 writes a shard: its final name (``direct``), its staging name on an object store
+    (an upload appears whole), or locally a staging name of this attempt's own. A local attempt
+    writes there in place: only a shard whose ``_ShardStats`` reached Finalize is renamed to its
+    final name, and what an attempt that failed left goes with the staging folder."""
     if direct:
         return shard_name(prefix, pile, num_piles, suffix)
-    return shard_name(storage.join(staging_dir(prefix), "shard"), pile, num_piles, suffix)
+    staged = shard_name(storage.join(staging_dir(prefix), "shard"), pile, num_piles, suffix)
+    return staged if storage.is_remote(staged) else attempt_name(staged, uuid.uuid4().hex[:12])
 
 
 class PreparePublication(beam.DoFn):
