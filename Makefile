@@ -31,7 +31,7 @@ EXTRA_PARAMETERS ?=
 
 DEMO_DIR ?= demo-data
 
-.PHONY: install peers demo test bench metadata api template-build template-run clean
+.PHONY: install peers demo test bench metadata api samples template-build template-run clean
 
 $(STAMP): setup.py templates/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,10 @@ api: $(STAMP)
 	$(BIN)/python tests/test_api.py
 
 ## template-build: build and push the image with Cloud Build, then write the template spec to $(TEMPLATE).
+## samples: rewrite the sample outputs marked in README.md and docs/cli.md by running their commands (docs/samples.py; tests/test_doc_samples.py fails when they drift).
+samples: $(STAMP)
+	$(BIN)/python docs/samples.py --write
+
 template-build:
 	gcloud builds submit --project $(PROJECT) \
 	  --config templates/cloudbuild.yaml --substitutions _IMAGE=$(IMAGE) .
