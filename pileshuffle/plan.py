@@ -80,6 +80,7 @@ class Plan:
     run_bytes: int = DEFAULT_RUN_BYTES  # --run_bytes: pass 1's run size per writer (pileshuffle.runs)
     memory_budget: int = 0  # --memory: what a local run may use (0: not a local in-process run)
     memory_for_runs: int = 0  # of it, pass-1 runs kept in memory between the passes (pileshuffle.memory_runs)
+    memory: object = None  # --memory auto: the memory_limit.Memory it is a share of (None: given, or no budget)
 
     @property
     def held_per_writer(self) -> int:
@@ -334,7 +335,7 @@ def make_plan(options: PipelineOptions) -> Plan:
         estimated_bytes=total,
         growth=growth,
     )
-    plan.memory_budget, plan.memory_for_runs = _memory_for_runs(plan, opts.memory, options)
+    plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(plan, opts.memory, options)
     if plan.memory_for_runs and work_dir in needs:  # runs kept in memory never reach the temp folder
         plan.needs[work_dir] = max(0, needs[work_dir] - plan.memory_for_runs)
         plan.space = free_space(plan.needs)
@@ -342,20 +343,21 @@ def make_plan(options: PipelineOptions) -> Plan:
 
 
 def _memory_for_runs(plan: Plan, memory, options) -> tuple:
-    """``(--memory's budget, what of it keeps pass-1 runs in memory)``: the budget (auto: 60% of
-    the memory available) less what the passes hold at once (``runners.in_process_threads`` x the larger
-    of a writer's held chunks and a pile being ordered, ``PILE_MEMORY_FACTOR`` times its bytes) and
-    ``LOCAL_BASE_BYTES``. (0, 0) unless files mode writes shards on an in-process local runner."""
-    from pileshuffle.pile_bound import available_memory
+    """``(--memory's budget, what of it keeps pass-1 runs in memory, the memory_limit.Memory
+    an auto budget is AUTO_MEMORY_SHARE of, else None)``: the budget less what the passes hold at once
+    (``runners.in_process_threads`` x the larger of a writer's held chunks and a pile being ordered,
+    ``PILE_MEMORY_FACTOR`` times its bytes), ``LOCAL_BASE_BYTES``. (0, 0, None) but for local files mode."""
+    from pileshuffle.memory_limit import available_memory
     from pileshuffle.runners import in_process_threads
 
     threads = in_process_threads(options)
     if not threads or plan.intermediate != "files" or plan.layout != "shards":
-        return 0, 0
-    budget = int(AUTO_MEMORY_SHARE * (available_memory() or 0)) if str(memory) == "auto" else parse_bytes(memory)
+        return 0, 0, None
+    found = available_memory() if str(memory) == "auto" else None
+    budget = int(AUTO_MEMORY_SHARE * (found.available or 0)) if found else parse_bytes(memory)
     pile = PILE_MEMORY_FACTOR * min(plan.max_pile_bytes, 1.05 * plan.held_bytes / plan.num_piles)
     working = threads * max(plan.held_per_writer, pile) + LOCAL_BASE_BYTES
-    return budget, max(0, int(budget - working))
+    return budget, max(0, int(budget - working)), found
 
 
 def check_shard_output(text: str, overwrite: bool) -> tuple:

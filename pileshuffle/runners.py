@@ -13,7 +13,7 @@ from apache_beam.options.pipeline_options import (DirectOptions, GoogleCloudOpti
                                                   TypeOptions)
 
 from pileshuffle.names import manifest_path
-from pileshuffle.pile_bound import available_memory
+from pileshuffle.memory_limit import available_memory
 
 __all__ = [
     "LOCAL_RUNNERS", "DASK_RUNNER", "DASK_CONNECT_SECONDS", "given_options", "graph_defaults", "local_defaults", "runner_name", "runner_problem",
@@ -298,12 +298,12 @@ def check_local_shuffle_fits(plan):
     estimate passes 80% of the memory available, before it takes the machine."""
     if plan.intermediate != "shuffle":
         return
-    held = LOCAL_SHUFFLE_HOLD * plan.held_bytes
-    available = available_memory()
+    held, memory = LOCAL_SHUFFLE_HOLD * plan.held_bytes, available_memory()
+    available = memory.available
     if available is not None and held > 0.8 * available:
         from pileshuffle.errors import UsageError
 
         raise UsageError(f"--intermediate=shuffle on the local runner keeps every record in the runner's memory, about "
                          f"{LOCAL_SHUFFLE_HOLD}x: {held / 1e9:,.1f} GB for this input, more than the "
-                         f"{available / 1e9:,.1f} GB available here; use --intermediate=files (the default: one pile "
+                         f"{available / 1e9:,.1f} GB available here ({memory.source}); use --intermediate=files (the default: one pile "
                          "per worker in memory), or a runner with a shuffle service")

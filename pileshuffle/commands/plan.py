@@ -232,12 +232,12 @@ def _kept_text(plan: Plan) -> str:
     """What ``--memory`` keeps of the runs between the passes (local files-mode runs)."""
     if not plan.memory_budget:
         return ""
+    budget = f"--memory {_size(plan.memory_budget)}" + (f" (auto, from {plan.memory})" if plan.memory else "")
     if not plan.memory_for_runs:
-        return f"; --memory {_size(plan.memory_budget)}: no more than the passes hold, so every pass-1 run goes to disk"
+        return f"; {budget}: no more than the passes hold, so every pass-1 run goes to disk"
     kept = min(plan.memory_for_runs, plan.held_bytes)
     where = "all of them" if kept >= plan.held_bytes else "the rest in the temp folder"
-    return (f"; --memory {_size(plan.memory_budget)}: up to {_size(kept)} of pass-1 runs in memory between the "
-            f"passes ({where})")
+    return f"; {budget}: up to {_size(kept)} of pass-1 runs in memory between the passes ({where})"
 
 
 def _pass1_text(plan: Plan) -> str:
@@ -338,6 +338,7 @@ def plan_json(plan: Plan, options) -> dict:
         "spilled_per_writer": plan.spilled_per_writer,
         "memory_budget": plan.memory_budget,
         "memory_for_runs": plan.memory_for_runs,
+        "memory_source": plan.memory.source if plan.memory else None,  # None: --memory given, or no budget
         "runs": runs if plan.intermediate == "files" else 0,
         "parts": parts, "piles_per_part": template_group(plan),  # a part: a segment of one pile, or of a group
         "gcs_operations": _operations_json(plan),
