@@ -21,7 +21,8 @@ class CommandParser(argparse.ArgumentParser):
     """An ``argparse.ArgumentParser`` whose ``--help`` has the look above (``usage=``: its own usage line)."""
 
     def format_help(self) -> str:
-        actions = [a for a in self._actions if not isinstance(a, argparse._HelpAction)]
+        actions = [a for a in self._actions  # a hidden option (help SUPPRESS) is refused with a reason, not shown
+                   if not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS]
         usage = self.usage or " ".join([f"{self.prog}", *(_usage(a) for a in actions if a.required), "[options]"])
         lines = [f"usage: {usage}", "", *textwrap.wrap(self.description or "", WIDTH), "", "options:"]
         for action in actions:

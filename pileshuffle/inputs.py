@@ -57,7 +57,7 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
         skipped.update(passed_over)
         if not found and not passed_over:
             what = "matches no file" if any(c in pattern for c in "*?[") else "does not exist"
-            raise InputError(pattern, what)
+            raise InputError(pattern, what + _comma_hint(patterns, rank))
         owned = {path: own_file(path, output, found) for path in found}
         owned = {path: why for path, why in owned.items() if why}
         rest = [path for path in found if path not in owned]
@@ -76,6 +76,40 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
     paths, duplicates = _one_name_per_file(candidates)
     sources = [Source(i, path, paths[path]) for i, path in enumerate(sorted(paths))]
     return Inputs(sources, left_out, skipped, duplicates)
+
+_COMMAS_TRIED = 3  # a path's commas that _comma_hint puts back, on each side of the pattern
+
+
+def _comma_hint(patterns: str, rank: int) -> str:
+    """When the ``rank``-th pattern of ``patterns`` names nothing but, joined again to its
+    neighbours at the commas that split it off, names files: the escape that keeps that comma
+    in the path (``\\,``); else ""."""
+    parts = re.split(r"(?<!\\),", patterns or "")
+    kept = [i for i, part in enumerate(parts) if part.strip()]
+    at = kept[rank] if rank < len(kept) else None
+    if at is None:
+        return ""
+    for first in range(at, max(-1, at - _COMMAS_TRIED), -1):
+        for last in range(at, min(len(parts), at + _COMMAS_TRIED)):
+            if first == last:
+                continue
+            joined = ",".join(parts[first:last + 1]).strip()
+            if _names_something(joined.replace("\\,", ",")):
+                escaped = joined.replace("\\,", ",").replace(",", "\\,")
+                whole = ",".join([*parts[:first], escaped, *parts[last + 1:]])
+                return (f" (--input splits its patterns at commas; a comma that is part of a path is "
+                        f"written \\,: --input '{whole}')")
+    return ""
+
+
+def _names_something(pattern: str) -> bool:
+    """Whether ``pattern`` (one, not split at commas) names a file or a folder's files."""
+    try:
+        found, passed_over = _list_pattern(pattern)
+    except InputError:  # a folder, a dangling link: something is there
+        return True
+    return bool(found or passed_over)
+
 
 
 def _one_name_per_file(candidates):

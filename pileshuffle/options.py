@@ -16,7 +16,26 @@ from pileshuffle.errors import UsageError
 from pileshuffle.help_style import WIDTH, option_lines
 from pileshuffle.parameters import PARAMETERS, check_values
 
-__all__ = ["help_text", "wants_help", "check_argv", "check_command_argv", "parse_command"]
+__all__ = ["CONCEPTS", "help_text", "wants_help", "check_argv", "check_command_argv", "parse_command"]
+
+# One concept, one option name in every command: the name, and the names people reach for
+# instead. No command offers one of the latter (tests/test_messages.py walks every command's
+# --help); given to a command, one is answered with the name ("did you mean --label_field?").
+CONCEPTS = {
+    "input": ("inputs", "input_pattern", "input_patterns", "input_glob", "in"),
+    "output": ("out", "output_prefix", "prefix", "output_path"),
+    "store": ("store_prefix", "store_path"),
+    "format": ("input_format", "record_format"),
+    "label_field": ("label", "label_key", "label_column", "label_name", "class_field", "class_key"),
+    "dedup_key": ("dedup_field", "dedupe_key", "dedup_column", "unique_key"),
+    "num_piles": ("piles", "num_shards", "shards", "num_buckets"),
+    "seed": ("random_seed", "shuffle_seed"),
+    "skip_corrupt": ("skip_errors", "skip_bad_records", "ignore_corrupt", "ignore_errors"),
+    "overwrite": ("force", "replace"),
+    "quiet": ("silent", "no_progress"),
+    "batch_size": ("batch",),
+}
+_NAME_FOR = {synonym: name for name, synonyms in CONCEPTS.items() for synonym in synonyms}
 
 # -- the command line -------------------------------------------------------------------------
 
@@ -189,6 +208,8 @@ def _refuse_unknown(names, own, excluded=frozenset(), prog=None):
 
 
 def _did_you_mean(name: str, own, known, prog=None) -> str:
+    if _NAME_FOR.get(name) in set(own):  # another name of one of ours (CONCEPTS)
+        return f" (did you mean --{_NAME_FOR[name]}?)"
     close = difflib.get_close_matches(name, list(own), n=1, cutoff=0.6) or difflib.get_close_matches(
         name, [k[2:] for k in known], n=1, cutoff=0.75)
     if close:

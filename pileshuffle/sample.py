@@ -171,11 +171,11 @@ def main(argv=None):
     parser = CommandParser(prog="pileshuffle generate", allow_abbrev=False,
                                      description="Write sample data whose records carry their index.")
     parser.add_argument("--format", choices=sorted(WRITERS), default="tfrecord")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--files", type=int, default=4)
-    parser.add_argument("--record_bytes", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output_dir", required=True, metavar="DIR")
+    parser.add_argument("--records", type=int, default=100_000, metavar="N")
+    parser.add_argument("--files", type=int, default=4, metavar="N")
+    parser.add_argument("--record_bytes", type=int, default=1000, metavar="N")
+    parser.add_argument("--seed", type=int, default=0, metavar="N")
     args = parse_command(parser, argv)
     problem = _count_problem(args)
     if problem:

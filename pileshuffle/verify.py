@@ -1,17 +1,17 @@
 """``pileshuffle verify``: re-read input and output and prove that nothing was lost,
 duplicated or corrupted.
 
-Checks, each reported as one line:
+Checks, each fact reported once, in one line (a missing or damaged shard is named once; what
+follows from it, as the totals' difference, is not repeated as a fingerprint's):
 - shard names are complete: ``{output}-00000-of-M`` .. ``{output}-(M-1)-of-M`` with the
   format's suffix, and nothing else under the prefix (other shard counts, temp files);
-- every shard's bytes have the size and CRC32C its manifest lists (one line per damaged shard);
+- every shard's bytes have the size and CRC32C its manifest lists;
 - every shard reads back whole with the format's reader (TFRecord: both CRCs of every
   record; Parquet: the file opens, every row group reads, its schema is the manifest's);
-- the manifest matches the files: per-shard path, records and bytes, the totals and the
-  output fingerprint;
-- the input (re-read as the run read it, skipping corrupt records only if the run did)
-  has the manifest's input fingerprint, and the same fingerprint as the output: the same
-  multiset of records, in any order.
+- the manifest matches the files: per-shard path, records and bytes, the totals (one line),
+  and where those agree the output fingerprint;
+- the input (re-read as the run read it, skipping corrupt records only if the run did) has
+  the manifest's input fingerprint, and the output's: the same multiset of records.
 
 ``verify_shards()`` returns the problems (an empty list means the output is proven good);
 ``pileshuffle verify`` (``commands.verify``) prints them.
@@ -28,11 +28,12 @@ from pileshuffle.errors import PileshuffleError
 from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.formats import FORMATS, ReadReport, get_format, read_fingerprint
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
-from pileshuffle.names import SHARD_TAIL, manifest_path, shard_pattern
+from pileshuffle.names import SHARD_TAIL, manifest_path, shard_name, shard_pattern
 from pileshuffle.output_files import read_manifest
 from pileshuffle.transforms.write import schema_json
 
 __all__ = ["matching_files", "ShardVerifier", "verify_shards", "copies_fingerprint"]
+_MISSING_NAMED = 10  # missing shards named one a line; one more line counts the rest
 
 
 def _basename(path: str) -> str:
@@ -76,6 +77,11 @@ def _describe(fp: Fingerprint) -> str:
     return f"{fp.records:,} records, {fp.bytes:,} bytes, hash sum {fp.hash_sum:016x} xor {fp.hash_xor:016x}"
 
 
+def _count(value) -> str:
+    """A count with thousands separators, as every line writes it; anything else (a damaged manifest's) as it is."""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
+
+
 def _recorded(value) -> str:
     try:
         return _describe(Fingerprint.from_json(value))
@@ -93,6 +99,7 @@ class ShardVerifier:
         self.output_fp = self.input_fp = None
         self.num_shards = 0
         self.manifest = None
+        self.output_off = self.input_off = False  # a line already says the output (input) is not the manifest's
 
     def problem(self, text):
         self.problems.append(text)
@@ -150,18 +157,30 @@ class ShardVerifier:
             total = 0
         for other in sorted(set(counts) - {total}):
             for index, (path, _) in sorted(counts[other].items()):
-                self.problem(f"{path}: shard of another run (of {other}, not of {total})")
+                self.problem(f"{path}: shard of another run (of {other:,}, not of {total:,})")
         shards = counts.get(total, {})
         for index in sorted(set(shards) - set(range(total))):
             self.problem(f"{shards[index][0]}: shard index {index} is out of range 0..{total - 1}")
-        missing = sorted(set(range(total)) - set(shards))
-        if missing:
-            names = ", ".join(f"{i:05d}" for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
-            self.problem(f"{self.prefix}: {len(missing)} of {total} shards missing ({names})")
+        self._missing(fmt, manifest, total, sorted(set(range(total)) - set(shards)))
         if not found and total == 0:
             self.problem(f"{self.prefix}: no shards found")
         self.num_shards = total
         return {i: shards[i] for i in range(total) if i in shards}
+
+    def _missing(self, fmt, manifest, total: int, missing: list):
+        """One line per missing shard, with what its manifest lists (one more counts any past ``_MISSING_NAMED``)."""
+        listed = (manifest or {}).get("shards") or []
+        suffix = fmt.suffix((manifest or {}).get("compression") or "none")
+        for index in missing[:_MISSING_NAMED]:
+            path = shard_name(self.prefix, index, total, suffix)
+            entry = listed[index] if index < len(listed) and isinstance(listed[index], dict) else {}
+            held = (f" (its manifest lists it with {_count(entry.get('records'))} records, "
+                    f"{_count(entry.get('bytes'))} bytes)" if entry else "")
+            self.problem(f"shard {path} is missing{held}")
+        if len(missing) > _MISSING_NAMED:
+            self.problem(f"{len(missing) - _MISSING_NAMED:,} more of the {total:,} shards are missing "
+                         f"({missing[_MISSING_NAMED]:05d} .. {missing[-1]:05d})")
+        self.output_off = self.output_off or bool(missing)
 
     def _check_shards(self, fmt, shards, manifest):
         listed = {}
@@ -203,32 +222,40 @@ class ShardVerifier:
             if _basename(entry.get("path", "")) != _basename(path):
                 self.problem(f"manifest entry {index} names {entry.get('path')}, but the shard is {path}")
             if entry.get("records") != fingerprint.records:
-                self.problem(f"shard {path} holds {fingerprint.records:,} records; the manifest says {entry.get('records')}")
+                self.problem(f"shard {path} holds {fingerprint.records:,} records; the manifest says "
+                             f"{_count(entry.get('records'))}")
             if entry.get("bytes") != size:
-                self.problem(f"shard {path} is {size:,} bytes; the manifest says {entry.get('bytes')}")
+                self.problem(f"shard {path} is {size:,} bytes; the manifest says {_count(entry.get('bytes'))}")
         self.output_fp = output_fp if all_read else None
+        self.output_off = self.output_off or not all_read
         if manifest is None or not all_read:
             return
         if len(listed) != self.num_shards:
-            self.problem(f"the manifest lists {len(listed)} shards; {self.num_shards} were expected")
+            self.problem(f"the manifest lists {len(listed):,} shards; {self.num_shards:,} were expected")
+        self._check_totals(manifest, output_fp, sum(size for _, size in shards.values()))
+
+    def _check_totals(self, manifest: dict, output_fp: Fingerprint, shard_bytes: int):
+        """The shards' totals against the manifest's in one line; the fingerprint where they agree."""
         totals = manifest.get("totals", {})
-        if totals.get("records") != output_fp.records:
-            self.problem(f"the shards hold {output_fp.records:,} records; the manifest's total is {totals.get('records')}")
-        if totals.get("payload_bytes") != output_fp.bytes:
-            self.problem(f"the shards hold {output_fp.bytes:,} payload bytes; the manifest's total is "
-                         f"{totals.get('payload_bytes')}")
-        shard_bytes = sum(size for _, size in shards.values())
-        if totals.get("shard_bytes") != shard_bytes:
-            self.problem(f"the shards are {shard_bytes:,} bytes; the manifest's total is {totals.get('shard_bytes')}")
+        found = {"records": (output_fp.records, "records"), "payload_bytes": (output_fp.bytes, "payload bytes"),
+                 "shard_bytes": (shard_bytes, "bytes in files")}
+        off = [name for name, (value, _) in found.items() if totals.get(name) != value]
+        if off:
+            which = "the shards present hold" if self.output_off else "the shards hold"
+            self.problem(f"{which} {', '.join('{:,} {}'.format(*found[n]) for n in off)}; the manifest's "
+                         f"total{'s are' if len(off) > 1 else ' is'} {', '.join(_count(totals.get(n)) for n in off)}")
         recorded = manifest.get("output_fingerprint")
-        if recorded is None or Fingerprint.from_json(recorded) != output_fp:
+        if not off and (recorded is None or Fingerprint.from_json(recorded) != output_fp):
             self.problem(f"output fingerprint ({_describe(output_fp)}) differs from the manifest's "
-                         f"({_recorded(recorded)})")
+                         f"({_recorded(recorded)}): the same count but different records")
+            off = True
+        self.output_off = self.output_off or bool(off)
         recorded_in = manifest.get("input_fingerprint")
         if (recorded_in is not None and "balance" not in manifest and "dedup" not in manifest
-                and Fingerprint.from_json(recorded_in) != output_fp):
-            self.problem(f"the manifest's input fingerprint ({_recorded(recorded_in)}) differs from the output's "
-                         f"({_describe(output_fp)})")
+                and Fingerprint.from_json(recorded_in) != Fingerprint.from_json(recorded or recorded_in)):
+            self.problem(f"the manifest's input fingerprint ({_recorded(recorded_in)}) differs from its output "
+                         f"fingerprint ({_recorded(recorded)})")
+            self.output_off = True
 
     def _check_input(self, fmt, manifest):
         from pileshuffle.inputs import match_inputs
@@ -271,29 +298,31 @@ class ShardVerifier:
             if "store" in manifest and "balance" in manifest:  # materialized: it read the stored copies, not the input
                 recorded = None
             if recorded is not None and Fingerprint.from_json(recorded) != input_fp:
+                read = _difference(input_fp, Fingerprint.from_json(recorded), "the run read")
                 self.problem(f"the input now reads as {_describe(input_fp)}, not as the manifest recorded "
-                             f"({_recorded(recorded)}): the input changed or the run read it wrongly")
+                             f"({_recorded(recorded)}): {read}; the input changed or the run read it wrongly")
+                self.input_off = True
             listed = {_basename(i["path"]): i["records"] for i in manifest.get("inputs", [])}
             if listed and set(listed) != {_basename(p) for p in per_file}:
-                self.problem(f"the input files ({len(per_file)}) are not the ones the manifest lists ({len(listed)})")
+                self.problem(f"the input files ({len(per_file):,}) are not the ones the manifest lists "
+                             f"({len(listed):,})")
             recorded_skips = manifest.get("skipped", {}).get("records", 0)
             if recorded_skips != skipped:
-                self.problem(f"reading the input skips {skipped} corrupt record(s); the manifest says {recorded_skips}")
+                self.problem(f"reading the input skips {skipped:,} corrupt record(s); the manifest says "
+                             f"{_count(recorded_skips)}")
             recorded_blank = manifest.get("skipped", {}).get("blank_lines")
             if recorded_blank is not None and recorded_blank != blank:
-                self.problem(f"the input holds {blank:,} blank line(s); the manifest says {recorded_blank:,}")
+                self.problem(f"the input holds {blank:,} blank line(s); the manifest says {_count(recorded_blank)}")
         balance = (manifest or {}).get("balance")
         if balance is not None:  # the output holds the input's records with --balance's copies
             input_fp = _with_copies(fmt, sources, manifest, skip_corrupt)
         if distinct is not None:  # the output holds the first of each distinct record
             self._check_dedup_counts(manifest, input_fp, distinct)
             input_fp = distinct
-        if self.output_fp is not None and input_fp != self.output_fp:
-            lost = input_fp.records - self.output_fp.records
-            what = (f"{lost:,} record(s) missing from the output" if lost > 0
-                    else f"the output has {-lost:,} record(s) more" if lost < 0
-                    else "the same count but different records")
-            self.problem(f"input and output differ ({what}): input {_describe(input_fp)}; output {_describe(self.output_fp)}")
+        if self.output_fp is not None and input_fp != self.output_fp and not (self.output_off or self.input_off):
+            held = _difference(self.output_fp, input_fp, "the input")
+            self.problem(f"input and output differ (the output: {held}): input {_describe(input_fp)}; "
+                         f"output {_describe(self.output_fp)}")
 
     def _check_dedup_counts(self, manifest: dict, read: Fingerprint, distinct: Fingerprint):
         """The manifest's ``dedup`` counts are the input's: records read, distinct kept, dropped."""
@@ -302,7 +331,15 @@ class ShardVerifier:
                  "records_dropped": read.records - distinct.records}
         for name, count in found.items():
             if section.get(name) != count:
-                self.problem(f"the input holds {count:,} for the manifest's dedup {name}, which says {section.get(name)}")
+                self.problem(f"the input holds {count:,} for the manifest's dedup {name}, which says "
+                             f"{_count(section.get(name))}")
+
+
+def _difference(found: Fingerprint, than: Fingerprint, what: str) -> str:
+    """How ``found`` differs from ``than`` (``what``: the records ``than`` counts), in records."""
+    more = found.records - than.records
+    return (f"{more:,} record(s) more than {what}" if more > 0 else f"{-more:,} record(s) fewer than {what}"
+            if more < 0 else "the same count but different records")
 
 
 def _content_chunks(fmt, sources, dedup, skip_corrupt: bool, reports: list, per_file: dict):
@@ -347,7 +384,6 @@ def copies_fingerprint(fmt, sources, field: str, policy, seed: int, skip_corrupt
     """The fingerprint of ``sources``' records (``Source``s, ids = ranks as pass 1 numbered
     them) each as many times as ``policy`` copies it: their classes counted, then each
     record's copies, as pass 1 computes them (for a shard output, and a store's generation)."""
-    from pileshuffle.formats import ReadReport
     from pileshuffle.transforms.assign import INPUT_STREAM, copies_balance, keyed_chunks
 
     balance = copies_balance(fmt, sources, field, policy, seed, skip_corrupt, keep_unlabeled)
@@ -360,6 +396,5 @@ def copies_fingerprint(fmt, sources, field: str, policy, seed: int, skip_corrupt
 
 
 def verify_shards(input_glob, output_prefix: str, format=None) -> list:
-    """Problems found with the shard output under ``output_prefix`` (and, given
-    ``input_glob``, against its input); an empty list means every check passed."""
+    """Problems found with the shard output at ``output_prefix`` (and its input): none = every check passed."""
     return ShardVerifier(input_glob, output_prefix, format).run()

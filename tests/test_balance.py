@@ -219,7 +219,7 @@ def test_quality_measures_a_balanced_output_against_its_input_with_the_copies(an
     pattern, _ = animals
     prefix = str(tmp_path / "out" / "t")
     run_shuffle(pattern, prefix, "--label_field=animal", "--balance=uniform", "--num_piles=2")
-    assert quality_main([f"--input={pattern}", f"--output={prefix}", f"--report={tmp_path / 'r'}", "--label=animal"]) == 0
+    assert quality_main([f"--input={pattern}", f"--output={prefix}", f"--report={tmp_path / 'r'}", "--label_field=animal"]) == 0
     out, err = capsys.readouterr()
     assert "2,700 records, 2,700 located by hash" in out and "1,000 records with their copies (2,700)" in out
     assert "consistent with a uniform permutation" in out and "class shares (field 'animal')" in out

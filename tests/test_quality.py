@@ -42,7 +42,7 @@ def inputs(pattern):
 
 
 def label_report(fmt, pattern, out, field, compare=True):
-    """The report of the run ``out`` of ``pattern`` with ``--label field``, batches of 50."""
+    """The report of the run ``out`` of ``pattern`` with ``--label_field field``, batches of 50."""
     return measure(get_format(fmt), inputs(pattern), shards(out), read_manifest(out), label=Label(field=field),
                    batch_size=50, compare=compare)
 
@@ -190,7 +190,7 @@ def test_labels_from_tf_train_example_features_and_tar_members(tmp_path):
 def test_bad_arguments_are_one_clear_error(finished, tmp_path, capsys):
     pattern, out = finished
     common = [f"--input={pattern}", f"--report={tmp_path / 'r'}"]
-    assert quality_main([*common, f"--output={out}", "--label=animal"]) == 2
+    assert quality_main([*common, f"--output={out}", "--label_field=animal"]) == 2
     err = capsys.readouterr().err
     assert "tf.train.Example" in err and "--label_bytes" in err, err  # the sample payloads are no Examples
     assert quality_main([*common, f"--output={out}", "--label_bytes=3"]) == 2

@@ -147,7 +147,7 @@ def test_without_balance_the_shares_are_the_same_before_and_after(animals, unbal
 def test_the_report_prints_and_writes_the_class_shares(animals, balanced, tmp_path, capsys):
     pattern, _ = animals
     report_dir = tmp_path / "report"
-    assert quality_main([f"--input={pattern}", f"--output={balanced}", f"--report={report_dir}", "--label=animal",
+    assert quality_main([f"--input={pattern}", f"--output={balanced}", f"--report={report_dir}", "--label_field=animal",
                          f"--batch_size={BATCH}"]) == 0
     out = capsys.readouterr().out
     assert "balanced ('animal', uniform, oversampling)" in out and "1,000 records with their copies (2,700)" in out

@@ -14,6 +14,7 @@ from pileshuffle.names import STORE_KIND, format_problem, manifest_path, store_d
 from pileshuffle.options import parse_command
 from pileshuffle.output_files import read_manifest
 from pileshuffle.store import layout
+from pileshuffle.unfinished import unfinished_run
 
 __all__ = ["main", "describe"]
 
@@ -28,8 +29,9 @@ def describe(prefix: str) -> dict:
         manifest = layout.read_store_manifest(layout.store_prefix(prefix))
         where = store_dir(layout.store_prefix(prefix))
         if manifest is None:
-            raise InputError(prefix, f"holds no finished output: no {manifest_path(prefix)} and no pile store "
-                                     f"{store_dir(prefix)}/ (give the prefix a run wrote, e.g. out/train)")
+            nothing = (f"holds no finished output: no {manifest_path(prefix)} and no pile store "
+                       f"{store_dir(prefix)}/ (give the prefix a run wrote, e.g. out/train)")
+            raise InputError(prefix, unfinished_run(prefix) or nothing)
     problem = format_problem(manifest)
     if problem:
         raise InputError(where, problem)

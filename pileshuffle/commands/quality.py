@@ -6,7 +6,7 @@ A finished run is shard output (``PREFIX-manifest.json``) or a pile store
 Writes ``DIR/quality.json``, ``DIR/quality.png`` (and ``DIR/training.png`` with
 ``--compare``) and prints a one-screen summary. Needs no index field: output records are
 located in the input by their fingerprint hash, on a hash-value sample of about
-``--sample`` records (memory bounded on any input size). ``--label`` and ``--compare``
+``--sample`` records (memory bounded on any input size). ``--label_field`` and ``--compare``
 hold one label / a few positions per record (O(N) memory). A ``--balance`` output is
 measured against its input with each record repeated by its copies; with a label the
 report shows each class's share per batch before and after. matplotlib is imported only to
@@ -44,7 +44,7 @@ def _at_least(minimum: int):
 
 
 USAGE = ("pileshuffle quality (--input PATTERNS --output PREFIX | --mixture PREFIX=WEIGHT,...) [--report DIR] "
-         "[--label FIELD | --label_bytes START:END] [--compare] [--sample N] [--batch_size N]")
+         "[--label_field FIELD | --label_bytes START:END] [--compare] [--sample N] [--batch_size N]")
 
 
 def parse(argv):
@@ -53,30 +53,32 @@ def parse(argv):
 
     parser = CommandParser(prog="pileshuffle quality", usage=USAGE, allow_abbrev=False,
                                      description="Measure and draw how uniform a finished run's order is.")
-    parser.add_argument("--input", help="the run's --input patterns")
-    parser.add_argument("--output", help="the run's --output prefix")
-    parser.add_argument("--report", help="directory for quality.json, quality.png, training.png (without it: the "
+    parser.add_argument("--input", metavar="PATTERNS", help="the run's --input patterns")
+    parser.add_argument("--output", metavar="PREFIX", help="the run's --output prefix")
+    parser.add_argument("--report", metavar="DIR", help="directory for quality.json, quality.png, training.png (without it: the "
                                           "statistics are printed only)")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--label", help="label field: a Parquet column, a JSON key, a tf.train.Example feature "
-                                       "(TFRecord: int64 or bytes) or a tar member's extension (cls)")
-    which.add_argument("--label_bytes", help="label = payload bytes START:END (TFRecord, JSONL)")
+    which.add_argument("--label_field", metavar="FIELD",
+                       help="label field, as run's --label_field: a Parquet column, a JSON key, a "
+                            "tf.train.Example feature (TFRecord: int64 or bytes) or a tar member's "
+                            "extension (cls)")
+    which.add_argument("--label_bytes", metavar="START:END", help="label = payload bytes START:END (TFRecord, JSONL)")
     parser.add_argument("--compare", action="store_true",
                         help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's epochs")
-    parser.add_argument("--sample", type=_at_least(MIN_SAMPLE), default=100_000,
+    parser.add_argument("--sample", type=_at_least(MIN_SAMPLE), default=100_000, metavar="N",
                         help=f"records to locate by hash (default 100000, at least {MIN_SAMPLE})")
-    parser.add_argument("--batch_size", type=_at_least(1), default=256,
+    parser.add_argument("--batch_size", type=_at_least(1), default=256, metavar="N",
                         help="batch size for label balance, class shares, re-meeting and a mixture's windows")
     mixing = parser.add_argument_group("a Mixture instead of a run (pileshuffle.loader.Mixture)")
-    mixing.add_argument("--mixture", help="finished outputs and their weights: PREFIX=WEIGHT,PREFIX=WEIGHT")
+    mixing.add_argument("--mixture", metavar="PREFIX=WEIGHT,...", help="finished outputs and their weights: PREFIX=WEIGHT,PREFIX=WEIGHT")
     mixing.add_argument("--stop", choices=("first", "restart"), default="first", help="the Mixture's stop (default first)")
-    mixing.add_argument("--records_per_epoch", type=_at_least(1), help="the Mixture's records_per_epoch")
-    mixing.add_argument("--seed", type=_at_least(0), default=0, help="the Mixture's seed (default 0)")
+    mixing.add_argument("--records_per_epoch", type=_at_least(1), metavar="N", help="the Mixture's records_per_epoch")
+    mixing.add_argument("--seed", type=_at_least(0), default=0, metavar="N", help="the Mixture's seed (default 0)")
     args = parse_command(parser, argv)
     if not args.mixture and not (args.input and args.output):
         parser.error("give --input and --output (a finished run), or --mixture (outputs and weights)")
-    if args.mixture and (args.input or args.output or args.label or args.label_bytes or args.compare):
-        parser.error("--mixture measures the mixture alone: leave out --input, --output, --label and --compare")
+    if args.mixture and (args.input or args.output or args.label_field or args.label_bytes or args.compare):
+        parser.error("--mixture measures the mixture alone: leave out --input, --output, --label_field and --compare")
     return args
 
 
@@ -174,7 +176,8 @@ def main(argv=None) -> int:
         return _mixture_main(args)
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     try:
-        label = Label.parse_bytes(args.label_bytes) if args.label_bytes else Label(field=args.label) if args.label else None
+        label = (Label.parse_bytes(args.label_bytes) if args.label_bytes
+                 else Label(field=args.label_field) if args.label_field else None)
         manifest, output = finished_output(prefix)
         sources = match_inputs(args.input)
         check_format_fits(sources, manifest["format"], prefix)  # the run read its input in the output's format

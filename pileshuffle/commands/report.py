@@ -10,13 +10,15 @@ from pileshuffle.errors import PileshuffleError, UsageError, find_error, user_me
 from pileshuffle.inputs import describe_left_out, describe_skipped
 from pileshuffle.names import STORE_KIND, manifest_path
 
-__all__ = ["summary", "reporting_errors", "store_summary", "as_command", "shards_at_stake_on_interrupt"]
+__all__ = ["summary", "reporting_errors", "store_summary", "as_command",
+           "shards_at_stake_on_interrupt", "finished_at"]
 
 
-def summary(manifest: dict) -> str:
+def summary(manifest: dict, finished: str = None) -> str:
     """The lines printed after a run or a materialize: counts, bytes, piles, time, what
     ``--input`` matched but was left out or skipped, and where the manifest is (a store's
-    manifest: ``store_summary``)."""
+    manifest: ``store_summary``). ``finished``: the output is an earlier run's, finished then
+    (``finished_at``); its line replaces the time and speed, which this command did not take."""
     if manifest.get("kind") == STORE_KIND:
         return store_summary(manifest)
     totals = manifest["totals"]
@@ -31,6 +33,7 @@ def summary(manifest: dict) -> str:
         f"bytes     {totals['payload_bytes']:,} payload, {totals['shard_bytes']:,} in {manifest['num_piles']} shard(s)",
         f"piles     {manifest['num_piles']}; records per pile "
         f"min {piles['min']:,} / mean {piles['mean']:,.0f} / max {piles['max']:,}; split again: {manifest['piles_split']}",
+        f"finished  {finished} (an earlier run: nothing was run now)" if finished else
         f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
     ]
     if manifest.get("between_passes"):
@@ -54,6 +57,21 @@ def summary(manifest: dict) -> str:
         lines.append(f"blank     {manifest['skipped']['blank_lines']:,} blank line(s) in the input: not records")
     lines.append(f"manifest  {manifest_path(manifest['output'])}")
     return "\n".join(lines)
+
+
+def finished_at(path: str) -> str:
+    """When the file at ``path`` (a manifest: written last) was written, as ``YYYY-MM-DD HH:MM:SS
+    UTC``; "at an unknown time" when its file system does not say."""
+    import datetime
+
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        seconds = FileSystems.last_updated(path)
+    except Exception:  # noqa: BLE001 - a file system without modification times
+        return "at an unknown time"
+    when = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _between_passes_line(carried: dict, payload_bytes: int) -> str:

@@ -15,7 +15,8 @@ import time
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle import progress, storage
-from pileshuffle.commands.report import reporting_errors, shards_at_stake_on_interrupt, summary
+from pileshuffle.commands.report import (finished_at, reporting_errors, shards_at_stake_on_interrupt,
+                                         summary)
 from pileshuffle.errors import OutputError, PileshuffleError, user_message
 from pileshuffle.names import SHARDS_KIND, manifest_path
 from pileshuffle.options import check_argv, help_text, wants_help
@@ -71,8 +72,9 @@ def run(options=None, wait=None, hold_worker_stderr=False):
         finished = _this_run_finished(options)
         if finished is None:
             raise
-        print(f"pileshuffle: {values.output} already holds this run's output (the same options, seed and input files "
-              "by path and size): nothing to do", file=sys.stderr)
+        when = finished_at(manifest_path(values.output))
+        print(f"pileshuffle: {values.output} already holds this run's output (the same options, seed and "
+              f"input files by path and size), finished {when}: nothing to do", file=sys.stderr)
         return finished
     check_space(plan.space)
     if is_local(options):
@@ -155,9 +157,12 @@ def _run_and_report(options) -> int:
 
 
 def report(outcome, options) -> int:
-    """Print a finished run's summary, or where a submitted job will write."""
+    """Print a finished run's summary (an earlier run's, when this one found its output there and
+    ran nothing: ``run`` returns the manifest as read, without this run's ``wall_seconds``), or
+    where a submitted job will write."""
     if isinstance(outcome, dict):
-        print(summary(outcome))
+        earlier = "wall_seconds" not in outcome
+        print(summary(outcome, finished_at(manifest_path(outcome["output"])) if earlier else None))
     else:
         output = options.view_as(PileshuffleOptions).output
         print(f"pileshuffle: {submitted(outcome, output)}", file=sys.stderr)

@@ -121,6 +121,11 @@ def _add_quiet(parser: argparse.ArgumentParser):
                         help="print no start line or progress on stderr, as run --quiet (the summary is still printed)")
 
 
+def _add_grace_seconds(parser: argparse.ArgumentParser):
+    parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
+                        help="keep files a superseded version lists for this long")
+
+
 def append_options(argv) -> AppendOptions:
     """``pileshuffle append``'s command line as ``AppendOptions`` (Beam's options inside)."""
     parser = _parser("append", (
@@ -135,8 +140,8 @@ def append_options(argv) -> AppendOptions:
         "are exactly a live generation's (copies of its inputs: the same fingerprint), so that their records appear "
         "twice in every epoch; without it such an append is refused (the newest generation's exact inputs are still "
         "'nothing to do': a re-run)"))
-    parser.add_argument("--label_field", help="the store's label field (default: the store's; another is refused)")
-    parser.add_argument("--balance", help="the store's --balance policy (default: the store's; another is refused: "
+    parser.add_argument("--label_field", metavar="FIELD", help="the store's label field (default: the store's; another is refused)")
+    parser.add_argument("--balance", metavar="POLICY", help="the store's --balance policy (default: the store's; another is refused: "
                                           "each generation is balanced on its own class counts with the store's policy)")
     parser.add_argument("--undersample", action="store_true", default=None,
                         help="as the store was created (default: the store's; refused if it was created without)")
@@ -162,9 +167,9 @@ def materialize_options(argv) -> MaterializeOptions:
         "writes (byte-identical to `run` for the same inputs, seed and piles)."))
     parser.add_argument("--store", required=True, metavar="PREFIX", help=_STORE_HELP)
     parser.add_argument("--output", required=True, metavar="PREFIX", help="prefix of the shards to write")
-    parser.add_argument("--version", type=int, help="the manifest version to read (default: the current one)")
+    parser.add_argument("--version", type=int, metavar="N", help="the manifest version to read (default: the current one)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output with this prefix")
-    parser.add_argument("--max_pile_bytes", help="load piles larger than this in sub-piles (default: the store's)")
+    parser.add_argument("--max_pile_bytes", metavar="SIZE", help="load piles larger than this in sub-piles (default: the store's)")
     _add_quiet(parser)
     args, beam_args = check_command_argv(parser, argv)
     return MaterializeOptions(args.store, args.output, args.version, args.overwrite, args.max_pile_bytes,
@@ -178,10 +183,9 @@ def expire_options(argv) -> ExpireOptions:
         "files are deleted once no version published within --grace_seconds lists them (readers that opened an older "
         "version finish their epoch)."))
     parser.add_argument("--store", required=True, metavar="PREFIX", help="the store's prefix P")
-    parser.add_argument("--keep_generations", type=int, help="keep the N newest live generations")
-    parser.add_argument("--before", help="drop generations created before this UTC time (ISO 8601, e.g. 2026-11-01)")
-    parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS,
-                        help=f"keep files a superseded version lists for this long (default {DEFAULT_GRACE_SECONDS})")
+    parser.add_argument("--keep_generations", type=int, metavar="N", help="keep the N newest live generations")
+    parser.add_argument("--before", metavar="TIME", help="drop generations created before this UTC time (ISO 8601, e.g. 2026-11-01)")
+    _add_grace_seconds(parser)
     parser.add_argument("--all", action="store_true",
                         help="allow expiring every live generation (the store is left empty); refused without it")
     args, _ = check_command_argv(parser, argv)
@@ -195,6 +199,6 @@ def gc_options(argv) -> GcOptions:
     parser = _parser("gc", "Delete a pile store's files that no manifest version within --grace_seconds lists, "
                            "and older versions.")
     parser.add_argument("--store", required=True, metavar="PREFIX", help="the store's prefix P")
-    parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS)
+    _add_grace_seconds(parser)
     args, _ = check_command_argv(parser, argv)
     return GcOptions(args.store, args.grace_seconds)

@@ -1,18 +1,22 @@
 """``pileshuffle verify``: re-read a finished output (shards or a pile store), and its input when
 given, and prove nothing was lost, duplicated or corrupted. Exit code 0: every check passed;
-1: problems, each on a line; 2: nothing to verify at ``--output``."""
+1: problems, each on a line; 2: a usage error: nothing to verify at ``--output`` (or an unfinished
+run, named with the command that finishes it), an ``--input`` pattern that names no file."""
 
 import sys
 
 from pileshuffle import interrupt, names, storage
 from pileshuffle.commands.report import reporting_errors
+from pileshuffle.dedup import Dedup
 from pileshuffle.formats import FORMATS
 from pileshuffle.help_style import CommandParser
+from pileshuffle.inputs import select_inputs
 from pileshuffle.names import manifest_path, shard_pattern
 from pileshuffle.options import parse_command
 from pileshuffle.store import layout
 from pileshuffle.store.layout import clean_prefix, is_store, store_prefix
 from pileshuffle.store.read import check_store, damaged_generations
+from pileshuffle.unfinished import unfinished_run
 from pileshuffle.verify import ShardVerifier, matching_files, verify_shards
 
 __all__ = ["verify", "main"]
@@ -59,31 +63,45 @@ def _verify_command(argv):
     parser.add_argument("--quiet", action="store_true", help="as run --quiet: verify prints only its report anyway")
     args = parse_command(parser, argv)
     interrupt.describe(f"{args.output} was not checked to the end; verify changes nothing, so run it again to check")
+    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
+    if args.input:  # a pattern that names no input file is a usage error, as in run (exit code 2)
+        select_inputs(args.input, prefix)
     if _is_store(args.output):
         return _verify_store_main(args.output, args.input)
-    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
-    if not _anything_at(prefix):
-        print(f"pileshuffle verify: error: --output {args.output}: nothing to verify there "
-              f"(no {manifest_path(prefix)}, no shards, no pile store {prefix}-store/)", file=sys.stderr)
+    unfinished = unfinished_run(prefix)
+    if unfinished or not _anything_at(prefix):
+        nothing = f"nothing to verify there (no {manifest_path(prefix)}, no shards, no pile store {prefix}-store/)"
+        print(f"pileshuffle verify: error: --output {args.output}: {unfinished or nothing}", file=sys.stderr)
         return 2
     verifier = ShardVerifier(args.input, prefix, args.format)
     problems = verifier.run()
     for problem in problems:
         print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
     if problems:
-        print(f"pileshuffle verify: {len(problems)} problem(s) with {args.output}", file=sys.stderr)
+        print(f"pileshuffle verify: {len(problems):,} problem(s) with {args.output}", file=sys.stderr)
         return 1
     fp = verifier.output_fp
-    checked = "input and output fingerprints match" if args.input else "input not re-read (no --input)"
-    dedup = (verifier.manifest or {}).get("dedup")
-    if args.input and dedup:
-        checked = (f"the output is exactly the input's distinct records, each once: {dedup['records_read']:,} read, "
-                   f"{dedup['records_kept']:,} distinct, {dedup['records_dropped']:,} duplicates left out "
-                   "(records compared by a 64-bit hash of their content)")
-    print(f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards} shard(s) under {args.output}; "
-          f"every shard reads back whole and matches the manifest; {checked} "
+    checked = _input_checked(verifier.manifest or {}) if args.input else "input not re-read (no --input)"
+    print(f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards:,} shard(s) under "
+          f"{args.output}; every shard reads back whole and matches the manifest; {checked} "
           f"(hash sum {fp.hash_sum:016x}, xor {fp.hash_xor:016x})")
     return 0
+
+
+def _input_checked(manifest: dict) -> str:
+    """What re-reading the input proved, in the terms the run compared records in: the whole
+    record's content, or with ``--dedup_key`` the key's value."""
+    dedup = manifest.get("dedup")
+    if not dedup:
+        return "input and output fingerprints match"
+    field = Dedup.from_options(manifest.get("options")).field
+    counts = (f"{dedup['records_read']:,} read, {dedup['records_kept']:,} distinct, "
+              f"{dedup['records_dropped']:,} duplicates left out")
+    if field is None:
+        return (f"the output is exactly the input's distinct records, each once: {counts} "
+                "(records compared by a 64-bit hash of their content)")
+    return (f"the output is exactly the first record of each distinct {field!r} value in the input: "
+            f"{counts} (records compared by a 64-bit hash of their {field!r} value)")
 
 
 def _verify_store_main(prefix: str, input_glob: str = None) -> int:

@@ -280,7 +280,7 @@ def _payload_labels(table, field, path, first, keep_unlabeled):
                 if keep_unlabeled:
                     values = None
                 else:
-                    raise InputError(path, f"record {number:,} of the file is no tf.train.Example ({error}): --label "
+                    raise InputError(path, f"record {number:,} of the file is no tf.train.Example ({error}): --label_field "
                                            "reads a feature of one; use --label_bytes START:END for other payloads") from None
             where = f"record {number:,} of the file (a tf.train.Example)"
         if values is None:

@@ -27,6 +27,7 @@ from pileshuffle.loader.cache import FileFacts, caches, remote_name
 from pileshuffle.loader.piles import (BYTES_SCHEMA, NoOutputError, PileRef, Source, file_exists, read_json, resolve,
                                       sub_pile_of)
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.unfinished import unfinished_run
 
 __all__ = ["Output", "open_output", "store_version_of"]
 
@@ -100,8 +101,9 @@ def open_output(path: str, filesystem=None, columns=None, cache=None) -> Output:
         store_manifest = _current_store_manifest(fs, names.store_dir(prefix))
     if store_manifest is None:
         shown = remote_name(fs, prefix)  # as the user wrote it: gs://...
-        raise NoOutputError(path, f"no finished output: no {names.manifest_path(shown)} and no store manifest "
-                                  f"({names.store_dir(shown)}/{names.STORE_MANIFEST_GLOB}); {_what_to_give(fs, fs_path)}")
+        raise NoOutputError(path, unfinished_run(prefix, fs, shown) or
+                            f"no finished output: no {names.manifest_path(shown)} and no store manifest "
+                            f"({names.store_dir(shown)}/{names.STORE_MANIFEST_GLOB}); {_what_to_give(fs, fs_path)}")
     return _open_store(fs, store_manifest, columns, cache)
 
 

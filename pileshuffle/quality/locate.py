@@ -70,7 +70,7 @@ class Label:
     def _byte_codes(self, table, path):
         holder = holder_of(table)
         if holder.record_column is None:
-            raise InputError(path, f"is {holder.name}: --label_bytes reads TFRecord payloads or JSONL lines; use --label COLUMN")
+            raise InputError(path, f"is {holder.name}: --label_bytes reads TFRecord payloads or JSONL lines; use --label_field COLUMN")
         header, footer = holder.before, holder.after
         data, offsets = binary_column_parts(table.column(0))
         raw = np.frombuffer(data, dtype=np.uint8)
@@ -96,7 +96,7 @@ class Label:
         return f"field {self.field!r}" if self.field else f"payload bytes {self.start}:{self.end}"
 
     def option(self) -> str:
-        return f"--label {self.field}" if self.field else f"--label_bytes {self.start}:{self.end}"
+        return f"--label_field {self.field}" if self.field else f"--label_bytes {self.start}:{self.end}"
 
 
 @dataclasses.dataclass
