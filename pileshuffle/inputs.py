@@ -77,6 +77,7 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
     sources = [Source(i, path, paths[path]) for i, path in enumerate(sorted(paths))]
     return Inputs(sources, left_out, skipped, duplicates)
 
+
 _COMMAS_TRIED = 3  # a path's commas that _comma_hint puts back, on each side of the pattern
 
 
@@ -109,7 +110,6 @@ def _names_something(pattern: str) -> bool:
     except InputError:  # a folder, a dangling link: something is there
         return True
     return bool(found or passed_over)
-
 
 
 def _one_name_per_file(candidates):
