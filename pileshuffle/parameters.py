@@ -157,7 +157,8 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
               "url", default="", regex=r"^[^\n]*$", metavar="FIELD"),
     Parameter("skip_corrupt", "Skip corrupt records",
               "Skip corrupt TFRecord records (resynchronising at the next valid record) and report them, instead of "
-              "failing; a tar shard is read up to a damaged header and the rest of it is reported skipped.",
+              "failing; a tar shard is read up to a damaged header and the rest of it is reported skipped; a JSONL "
+              "file's last line cut short (no newline, not a whole JSON value) is skipped.",
               "false", flag=True, regex=r"^(true|false)$"),
     Parameter("quiet", "No progress lines",
               "Print no progress on stderr. Without it a local run shows pass 1 (files and bytes read, MB/s, ETA) "

@@ -55,7 +55,8 @@ def file_labels(fmt, path: str, field: str, chunk_bytes: int, skip_corrupt=False
     if fmt.name == "parquet":
         yield from _parquet_file_labels(path, field, keep_unlabeled)
     elif fmt.name == "jsonl":
-        yield from (labels for labels, _ in _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled))
+        blocks = _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled, skip_corrupt, report)
+        yield from (labels for labels, _ in blocks)
     else:
         first = 0
         for table in fmt.read_chunks(path, chunk_bytes, skip_corrupt, report):
@@ -133,7 +134,8 @@ def kept_class_counts(fmt, path: str, field: str, chunk_bytes: int, writer: Clas
     """``--balance``'s counting pass over the file ``path``: every record's class (and every
     JSONL line's length) to ``writer``; its ``{class: records}``."""
     if fmt.name == "jsonl":
-        for labels, lines in _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled):
+        blocks = _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled, skip_corrupt)
+        for labels, lines in blocks:
             writer.add(labels, binary_lengths(lines))
     else:
         for labels in file_labels(fmt, path, field, chunk_bytes, skip_corrupt, ReadReport(), keep_unlabeled):
@@ -158,7 +160,7 @@ class ClassCodesReader:
         """The source's ``(table, positions)`` as ``fmt.read_placed`` gives them."""
         if self._lines is None:
             return fmt.read_placed(self._path, chunk_bytes, skip_corrupt, report)
-        return known_line_chunks(self._path, self._next_lengths, chunk_bytes, report)
+        return known_line_chunks(self._path, self._next_lengths, chunk_bytes, skip_corrupt, report)
 
     def _next_lengths(self, max_bytes: int) -> np.ndarray:
         """The lengths of the next lines that fit in ``max_bytes`` (at least one; none at the end)."""
@@ -243,13 +245,13 @@ def _parquet_file_labels(path, field, keep_unlabeled):
 _LABEL_BLOCK_BYTES = 4 << 20
 
 
-def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled):
+def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled, skip_corrupt=False, report=None):
     """``(labels, lines)`` for each block of a JSONL file, of at most ``_LABEL_BLOCK_BYTES``, read
-    into one reused buffer (``text.line_views``: keep only what is made of ``lines``), its lines
-    checked to be text only when a label fails; else pass 1 checks them (1.1 against 1.55 CPU-s
-    per GB at 16 MiB)."""
+    into one reused buffer (``text.line_views``: keep only what is made of ``lines``; a cut last
+    line refused, or skipped under ``skip_corrupt``), its lines checked to be text only when a
+    label fails; else pass 1 checks them (1.1 against 1.55 CPU-s per GB at 16 MiB)."""
     first = base = 0
-    for lines, raw in line_views(path, min(chunk_bytes, _LABEL_BLOCK_BYTES)):
+    for lines, raw in line_views(path, min(chunk_bytes, _LABEL_BLOCK_BYTES), skip_corrupt, report):
         offsets = np.frombuffer(lines.buffers()[1], np.int32)[lines.offset:lines.offset + len(lines) + 1]
         try:  # the records among the lines (json_records: no BOM, no blank line), as pass 1 reads them
             records = json_records(raw, offsets, base)[0].column(0)

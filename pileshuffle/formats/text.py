@@ -1,8 +1,11 @@
 """JSONL and other newline-delimited text: one record per line, bytes kept as they are.
 
 Reading keeps each line with its newline (column ``line``) so that a shard is written
-by copying bytes; a last line without a newline is a record and gets one. Lines are
-found with numpy, never parsed as JSON; but every line must be UTF-8 text without NUL
+by copying bytes. Lines are found with numpy, never parsed as JSON, but for one: a file's
+last line without a newline is a record (and gets one) only when it is blank or a whole JSON
+value (many writers omit the final newline); any other was cut short (a truncated file):
+an ``InputError`` naming its byte offset, or under ``skip_corrupt`` a skipped record
+(``_last_line_kept``). Every line must be UTF-8 text without NUL
 bytes (checked per chunk in C: memchr and Arrow's UTF-8 validation, about 0.1 ms per MB),
 so a binary file given as JSONL (a TFRecord, say) is refused, naming its first bad line.
 
@@ -11,6 +14,8 @@ start is not part of its first line, and a blank line (spaces, tabs and CRs only
 counted in ``ReadReport.blank_lines``. A line ending in CRLF keeps its ``\r``: JSON takes it
 as whitespace, and the fingerprints prove the bytes as they are.
 """
+
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -100,11 +105,47 @@ def check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before, base: in
                            "is UTF-8 text; a binary file (TFRecord, Parquet) needs its own --format")
 
 
-def line_blocks(path: str, chunk_bytes: int, span=None):
+def _cut_short(line, at_file_start: bool):
+    """Why ``line``, a file's last line without its newline, is no whole record (None: it is
+    blank, or a whole JSON value). ``json.loads`` of that one line: one per file. A cut that
+    leaves a whole value (a bare number cut between digits) cannot be told from none."""
+    text = bytes(line).decode("utf-8", "replace")  # bad UTF-8 is check_text's to name
+    if at_file_start:
+        text = text.removeprefix("\ufeff")
+    if not text.strip(" \t\r"):
+        return None
+    try:
+        _LENIENT_JSON.decode(text)
+    except json.JSONDecodeError as error:
+        return (f"truncated record: the file ends inside a line ({len(line):,} bytes without "
+                f"a newline) that is not a whole JSON value ({error.msg}: character "
+                f"{error.pos + 1:,})")
+    return None
+
+
+_LENIENT_JSON = json.JSONDecoder(strict=False)  # control characters in strings pass
+
+
+def _last_line_kept(path: str, line, base: int, skip_corrupt=False, report=None) -> bool:
+    """Whether a file's last line without a newline (``line``, at byte ``base``) is read as a
+    line: when it is whole (``_cut_short``). Else it is an ``InputError`` naming its offset, or
+    under ``skip_corrupt`` one skipped record counted in ``report``."""
+    problem = _cut_short(line, base == 0)
+    if problem is None:
+        return True
+    if not skip_corrupt:
+        raise InputError(path, problem, base)
+    if report is not None:
+        report.skip(path, base, problem, 1, len(line))
+    return False
+
+
+def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, report=None):
     """``(buf, end, base)`` for each block of about ``chunk_bytes`` of a text file's whole lines,
     in order: ``buf[:end]`` are complete lines (no line spans two blocks; a last line without a
-    newline comes as one with it), ``buf[end:]`` holds no newline, ``base`` is ``buf[0]``'s
-    offset in the file. With ``span`` = ``(start, stop)`` (an uncompressed file) only the lines
+    newline comes as one with it when ``_last_line_kept``), ``buf[end:]`` holds no newline,
+    ``base`` is ``buf[0]``'s offset in the file. With ``span`` = ``(start, stop)`` (an
+    uncompressed file) only the lines
     that start in ``[start, stop)``: a line belongs to the span where it starts, so spans that
     cover a file give each line once, whatever their bounds."""
     compressed, carry = compression_of(path) != "uncompressed", b""
@@ -129,23 +170,25 @@ def line_blocks(path: str, chunk_bytes: int, span=None):
             if end:
                 yield buf, end, base
             carry, base = buf[end:], base + end
-    if carry and not skipping and (stop is None or base < stop):
+    if carry and not skipping and (stop is None or base < stop) and \
+            _last_line_kept(path, carry, base, skip_corrupt, report):
         yield carry + b"\n", len(carry) + 1, base
 
 
-def line_views(path: str, chunk_bytes: int):
+def line_views(path: str, chunk_bytes: int, skip_corrupt=False, report=None):
     """``(lines, raw)`` for each block of about ``chunk_bytes`` of a text file's whole lines, in
     order, as ``line_blocks`` cuts them: ``lines`` a binary array of the lines with their
     newlines, ``raw`` their bytes. Both lie in ONE buffer that the next block overwrites (no
     allocation, no copy of a block's tail): keep nothing of them, only what is made from them.
-    Lines are not checked to be text (``check_text``). A compressed file goes through
-    ``line_blocks``, which allocates each block."""
+    Lines are not checked to be text (``check_text``). A last line without a newline is read as
+    ``line_blocks`` reads it. A compressed file goes through ``line_blocks``, which allocates
+    each block."""
     if compression_of(path) != "uncompressed":
-        for buf, end, _ in line_blocks(path, chunk_bytes):
+        for buf, end, _ in line_blocks(path, chunk_bytes, None, skip_corrupt, report):
             yield _lines_of(memoryview(buf)[:end])
         return
     with open_input(path) as handle:
-        buf, held = bytearray(2 * chunk_bytes), 0
+        buf, held, base = bytearray(2 * chunk_bytes), 0, 0  # ``base``: buf[0]'s offset in the file
         while True:
             if len(buf) - held < chunk_bytes:  # a line longer than a block: a larger buffer
                 buf = buf[:held] + bytearray(held + 2 * chunk_bytes)
@@ -156,24 +199,25 @@ def line_views(path: str, chunk_bytes: int):
                 raise InputError(path, f"cannot be read: {error}") from error
             filled = held + (read or 0)
             if not read:
-                if held:  # a last line without a newline gets one
-                    buf[held:held + 1] = b"\n"
+                if held and _last_line_kept(path, view[:held], base, skip_corrupt, report):
+                    buf[held:held + 1] = b"\n"  # a last line without a newline gets one
                     yield _lines_of(view[:held + 1])
                 return
             end = buf.rfind(b"\n", 0, filled) + 1
             if end:
                 yield _lines_of(view[:end])
                 buf[:filled - end] = buf[end:filled]
-            held = filled - end
+            held, base = filled - end, base + end
 
 
-def known_line_chunks(path: str, next_lengths, chunk_bytes: int, report=None):
+def known_line_chunks(path: str, next_lengths, chunk_bytes: int, skip_corrupt=False, report=None):
     """``JsonlFormat.read_placed``' ``(table, positions)`` of a file whose lines were found before (``--balance``'s
     counting pass keeps their lengths): ``next_lengths(max_bytes)`` gives the lengths, newline
     included, of the next lines that fit in ``max_bytes`` (at least one; none at the end). Each
     block is read at its size and not searched for newlines again (38 ms per 125 MB of 16 MiB
     blocks), only checked to be text with each line ending in a newline where it ended before
-    and nothing after the last: a file that changed since is an ``InputError``. (A change that
+    and nothing after the last but the cut last line the counting pass skipped (``_last_line_kept``,
+    counted in ``report`` here): a file that changed since is an ``InputError``. (A change that
     keeps every line's length is not seen, as pass 1 does not see it in the labels either.)"""
     compressed, lines, base = compression_of(path) != "uncompressed", 0, 0
     with open_input(path) as handle:
@@ -192,8 +236,20 @@ def known_line_chunks(path: str, next_lengths, chunk_bytes: int, report=None):
             _count_blank(report, blank)
             yield records, positions
             lines, base = lines + len(lengths), base + int(bounds[-1])
-        if read_block(handle, path, 1, compressed):
+        tail = _up_to_a_newline(handle, path, chunk_bytes, compressed)
+        if tail and (b"\n" in tail or _last_line_kept(path, tail, base, skip_corrupt, report)):
             raise InputError(path, _CHANGED)
+
+
+def _up_to_a_newline(handle, path: str, chunk_bytes: int, compressed: bool) -> bytes:
+    """The rest of an open file, or of it as much as holds its next newline."""
+    rest = bytearray()
+    while b"\n" not in rest:
+        block = read_block(handle, path, chunk_bytes, compressed)
+        if not block:
+            break
+        rest += block
+    return bytes(rest)
 
 
 def _count_blank(report, blank: int):
@@ -225,9 +281,10 @@ class JsonlFormat(Payloads):
         return compression_of(path) == "uncompressed"  # a compressed stream is read from its start
 
     def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
-        """Lines with their byte offsets (``line_blocks``; a span's reader names a bad line by its offset)."""
+        """Lines with their byte offsets (``line_blocks``; a span's reader names a bad line by its
+        offset); a cut last line is skipped and counted in ``report`` under ``skip_corrupt``."""
         lines = 0 if not span or not span[0] else None
-        for buf, end, base in line_blocks(path, chunk_bytes, span):
+        for buf, end, base in line_blocks(path, chunk_bytes, span, skip_corrupt, report):
             lines_only = memoryview(buf)[:end]
             bounds = _line_bounds(lines_only)
             check_text(path, buf, bounds, lines, base)
