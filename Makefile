@@ -59,9 +59,10 @@ demo: $(STAMP)
 	$(BIN)/pileshuffle quality --input '$(DEMO_DIR)/input/*.tfrecord' --output $(DEMO_DIR)/shuffled/train --report $(DEMO_DIR)/report --label_bytes 6:7 --compare
 
 ## test: the whole suite (real pipelines on generated data), one test file per worker: TEST_WORKERS=2 (CI's cores).
+## Skips are listed (-rs); a skip not allowed in tests/suite_rules.py, or a missing test dependency, fails the run.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile tests
 
 ## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, small piles' shards, spilled runs, one large file, --dedup against DuckDB; SCALE=10 for 10 GB.
 bench: $(STAMP) $(PEERS_STAMP)

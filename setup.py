@@ -45,6 +45,7 @@ setuptools.setup(
             *PIPELINE,
             "pytest>=8",
             "pytest-xdist>=3.5",  # make test: two workers, a test file each (CI has 2 cores)
+            "pytest-timeout>=2.2",  # a per-test limit against hangs (pytest.ini)
             "hypothesis>=6",
             "scipy>=1.11",
             "duckdb>=1.0",

@@ -11,8 +11,18 @@ import subprocess
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
-from pileshuffle import sample
+from pileshuffle import sample  # noqa: E402
+
+# A missing test dependency stops the run; a skip not on the allow-list fails (tests/suite_rules.py).
+pytest_plugins = ["suite_rules"]
+
+# Hypothesis: the same examples on every run (derandomized, no database), no per-example deadline
+# (a wall-clock limit on a shared machine). HYPOTHESIS_PROFILE=explore draws new examples each run.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
@@ -49,8 +59,9 @@ def small_tmpfs(tmp_path):
     directory = tmp_path / "small"
     os.makedirs(directory)
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(directory)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}); the injected ENOSPC tests cover this")
+    if done.returncode != 0:  # as root a refusal is a failure; otherwise the injected ENOSPC tests cover this
+        refused = pytest.fail if os.geteuid() == 0 else pytest.skip
+        refused(f"mounting a tmpfs needs root and failed: {done.stderr.strip()}")
     yield str(directory)
     subprocess.run(["umount", "-l", str(directory)], capture_output=True)
 
@@ -70,7 +81,6 @@ def gcs_root():
     if real:
         yield real.rstrip("/")
         return
-    pytest.importorskip("gcp_storage_emulator.server")
     import gcs_emulator
 
     process, endpoint = gcs_emulator.start(EMULATED_BUCKET)

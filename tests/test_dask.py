@@ -8,12 +8,11 @@ import subprocess
 import sys
 
 import apache_beam as beam
+import distributed
 import pytest
 
 from helpers import manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
 from pileshuffle import ShuffleToPiles, sample
-
-distributed = pytest.importorskip("distributed")
 
 
 @pytest.fixture(scope="module")

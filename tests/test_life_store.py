@@ -565,9 +565,8 @@ class StoreLife(RuleBasedStateMachine):
         if interrupt_at_call is not None:
             event(f"load_epoch interrupted: {'no' if interrupted(read, interrupt_at_call) else 'yes'}")
             gc.collect()
-            deadline = time.time() + 5
-            while any(t.name == "pileshuffle-prefetch" for t in threading.enumerate()) and time.time() < deadline:
-                time.sleep(0.01)
+            for thread in [t for t in threading.enumerate() if t.name == "pileshuffle-prefetch"]:
+                thread.join(timeout=120)  # it ends after the load it may be doing; the limit is against a hang
             assert not any(t.name == "pileshuffle-prefetch" for t in threading.enumerate()), \
                 "the prefetch thread of an interrupted epoch still runs"
         first, again = read(), read()

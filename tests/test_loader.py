@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import google_crc32c
 import numpy as np
@@ -620,19 +619,21 @@ def test_split_arithmetic_covers_every_position_once(total, world_size, workers,
     assert [p for d in dealt for a, b in d for p in range(a, b)] == [p for a, b in remaining for p in range(a, b)]
 
 
-def test_an_abandoned_iteration_stops_its_prefetch_thread(tfrecord_out):
+def prefetch_threads() -> set:
     import threading
 
-    before = threading.active_count()
+    return {thread for thread in threading.enumerate() if thread.name == "pileshuffle-prefetch"}
+
+
+def test_an_abandoned_iteration_stops_its_prefetch_thread(tfrecord_out):
+    earlier = prefetch_threads()  # other tests' abandoned iterations may still be ending theirs
     ds = ShuffledDataset(tfrecord_out, seed=1)
     batches = ds.batches(10)
     next(batches)
-    assert threading.active_count() == before + 1
+    [thread] = prefetch_threads() - earlier  # one prefetch thread per iteration
     batches.close()  # the thread ends after the load it may be doing; nothing waits for it
-    deadline = time.time() + 10
-    while threading.active_count() > before and time.time() < deadline:
-        time.sleep(0.01)
-    assert threading.active_count() == before
+    thread.join(timeout=120)  # against a hang only
+    assert not thread.is_alive()
     assert len(list(ds)) == 3000  # and the next iteration reads the whole epoch
 
 
@@ -688,7 +689,7 @@ README_TORCH, README_RESUME, README_TF = readme_examples()
 @pytest.fixture(scope="module")
 def examples_out(tmp_path_factory):
     """tf.train.Examples (TensorFlow's own writer), shuffled by a real run."""
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
     root = tmp_path_factory.mktemp("readme")
     os.makedirs(root / "in")
     with tf.io.TFRecordWriter(str(root / "in" / "part-0.tfrecord")) as writer:
@@ -701,7 +702,6 @@ def examples_out(tmp_path_factory):
 
 
 def test_the_readme_torch_examples_run(examples_out):
-    pytest.importorskip("torchdata")
     scope = {"rank": 1, "world_size": 2}
     exec(README_TORCH.replace("out/train", examples_out), scope)
     whole = [list(b) for b in scope["loader"]]
@@ -717,7 +717,7 @@ def test_the_readme_torch_examples_run(examples_out):
 
 
 def test_the_readme_tf_example_runs(examples_out):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
     scope = {}
     exec(README_TF.replace("out/train", examples_out), scope)
     spec = {"index": tf.io.FixedLenFeature([], tf.int64)}
@@ -729,13 +729,8 @@ def test_the_readme_tf_example_runs(examples_out):
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "jsonl", "parquet"])
 def test_a_store_written_by_the_store_writer_reads_as_runs_shards(tmp_path, fmt):
-    """After the store workstream (issue 13) is merged: ``run --layout store`` then the loader
-    with ``reshuffle=False`` gives exactly the order ``run`` writes (checked by hand against
-    its branch at 5de84f7 before the merge)."""
-    import pileshuffle
-
-    if not os.path.isdir(os.path.join(os.path.dirname(pileshuffle.__file__), "store")):
-        pytest.skip("the pile store writer (issue 13) is not in this branch")
+    """``run --layout store`` then the loader with ``reshuffle=False`` gives exactly the order
+    ``run`` writes."""
     sample.WRITERS[fmt](str(tmp_path / "in"), records=2000, files=3, record_bytes=70)
     pattern = str(tmp_path / "in" / f"*.{fmt}")
     run_shuffle(pattern, str(tmp_path / "store" / "train"), f"--format={fmt}", "--num_piles=5", "--seed=3",

@@ -7,12 +7,11 @@ import json
 import subprocess
 import sys
 
+import grain
 import pytest
 
-grain = pytest.importorskip("grain")
-
-from pileshuffle import sample  # noqa: E402
-from pileshuffle.loader import Mixture, ShuffledDataset  # noqa: E402
+from pileshuffle import sample
+from pileshuffle.loader import Mixture, ShuffledDataset
 
 from helpers import run_shuffle  # noqa: E402
 

@@ -271,7 +271,6 @@ def test_torch_workers_and_a_stateful_dataloader_resume(outputs):
 
 
 def test_tf_data_reads_the_same_records(outputs):
-    pytest.importorskip("tensorflow")
     whole = list(mixture(outputs))
     assert [r for r in mixture(outputs).tf().as_numpy_iterator()] == whole
     batches = [r for b in mixture(outputs).tf(batch_size=32).as_numpy_iterator() for r in b.tolist()]

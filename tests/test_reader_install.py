@@ -3,7 +3,8 @@ extras into a fresh venv, has no Apache Beam, reads a real run's output, splits 
 ranks and resumes exactly; the pipeline's commands there say in one line what to install.
 
 Needs a package index for pyarrow, numpy, google-crc32c and the build's setuptools (pip's
-cache serves what it holds); without one the test is skipped, saying so."""
+cache serves what it holds); without one the test is skipped, saying so (an allowed skip:
+tests/suite_rules.py)."""
 
 import glob
 import json
@@ -24,6 +25,9 @@ RESUME_AFTER = 111  # records rank 1 reads before its state is saved: mid-pile, 
 PACKAGE_FILES = ("setup.py", "README.md", "pileshuffle")
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INSTALL_SECONDS = 600  # a cold cache downloads pyarrow (~40 MB); warm, the install takes ~8 s
+# the venv's fixture (a look at the index and an install, each up to INSTALL_SECONDS) is timed with
+# the first test: pytest.ini's per-test limit would end a slow download, not a hang
+pytestmark = pytest.mark.timeout(2 * INSTALL_SECONDS + 300)
 
 MISSING_BEAM = 'pileshuffle run: needs Apache Beam, which this install lacks: pip install "pileshuffle[pipeline]"'
 

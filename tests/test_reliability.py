@@ -111,7 +111,7 @@ def read_all(path, chunk_bytes, skip_corrupt):
 
 
 @given(data=tfrecord_bytes, chunk_bytes=st.sampled_from([5, 13, 64, 300, 1 << 20]), gz=st.booleans())
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_fuzzed_tfrecord_input_reader(tmp_path, data, chunk_bytes, gz):
     """Strict: success exactly when the file is valid (same frames as a plain reader),
     else an InputError at or after the first damaged record. Skip: never fails on an
@@ -191,7 +191,7 @@ def test_random_bytes_under_a_gz_name(tmp_path):
 
 
 @given(data=st.lists(mutation, min_size=1, max_size=3).map(apply_mutations), skip=st.booleans())
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_fuzzed_tfrecord_input_full_pipeline(tmp_path_factory, data, skip):
     """The whole run ends in success (proven by verify) or an InputError, nothing else."""
     root = tmp_path_factory.mktemp("fuzz")

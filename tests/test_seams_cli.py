@@ -6,7 +6,6 @@ import glob
 import json
 import os
 import socket
-import time
 
 import pytest
 
@@ -88,17 +87,13 @@ def free_port() -> int:
 
 
 def test_an_unreachable_dask_scheduler_is_one_line_naming_it(finished, tmp_path, capsys):
-    pytest.importorskip("distributed")
     address = f"tcp://127.0.0.1:{free_port()}"
-    started = time.monotonic()
     refused(capsys, "run", f"--input={finished}/raw/*", f"--output={tmp_path}/o/t", "--runner=DaskRunner",
              f"--dask_client_address={address}", "--dask_connection_timeout=2", "--quiet", option=address)
-    assert time.monotonic() - started < 30
     assert not glob.glob(f"{tmp_path}/o/t*")
 
 
 def test_a_scheduler_address_gets_a_short_connect_timeout():
-    pytest.importorskip("distributed")
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask.dask_runner import DaskOptions
 

@@ -463,8 +463,8 @@ def test_gc_keeps_what_a_recent_version_lists(tmp_path):
 # --- Dask --------------------------------------------------------------------------------------
 
 def test_dask_store_and_materialize_are_byte_identical_to_local(tmp_path):
-    distributed = pytest.importorskip("distributed")
     import dask
+    import distributed
 
     scratch = str(tmp_path / "dask-scratch")
     os.makedirs(scratch)

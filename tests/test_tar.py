@@ -10,6 +10,7 @@ import tarfile
 
 import numpy as np
 import pytest
+import webdataset
 
 from helpers import FAST, assert_verified, refused, run_shuffle, shard_bytes, shards
 from pileshuffle import sample
@@ -17,8 +18,6 @@ from pileshuffle.commands import store as store_commands
 from pileshuffle.errors import InputError
 from pileshuffle.formats import ReadReport, format_of_name, get_format
 from pileshuffle.loader import ShuffledDataset
-
-webdataset = pytest.importorskip("webdataset")
 
 RECORDS, CLASSES = 600, 6
 
@@ -189,7 +188,7 @@ def test_the_loader_names_a_damaged_shard_and_the_offset(class_ordered, tmp_path
 
 
 def test_dataloader_workers_carry_the_dicts(class_ordered):
-    torch = pytest.importorskip("torch")
+    import torch
     _, prefix, _ = class_ordered
     ds = ShuffledDataset(prefix, epoch=3)
     loader = torch.utils.data.DataLoader(ds.torch(batch_size=50), batch_size=None, num_workers=2)
@@ -199,7 +198,6 @@ def test_dataloader_workers_carry_the_dicts(class_ordered):
 
 
 def test_tf_data_gets_a_dict_of_strings_per_member_in_the_loaders_order(class_ordered):
-    pytest.importorskip("tensorflow")
     _, prefix, _ = class_ordered
     elements = list(ShuffledDataset(prefix, epoch=2).tf())
     expected = list(ShuffledDataset(prefix, epoch=2))

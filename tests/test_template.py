@@ -271,11 +271,9 @@ def test_dockerignore_keeps_what_the_dockerfile_copies():
 
 
 def test_cloudbuild_builds_the_template_dockerfile():
+    import yaml  # PyYAML: comes with apache-beam
+
     text = open(os.path.join(TEMPLATES, "cloudbuild.yaml")).read()
-    try:
-        import yaml
-    except ImportError:
-        pytest.skip("PyYAML not installed")
     config = yaml.safe_load(text)
     args = config["steps"][0]["args"]
     assert config["steps"][0]["name"] == "gcr.io/cloud-builders/docker"
@@ -290,8 +288,6 @@ def test_makefile_template_targets_expand():
          "INPUT=gs://b/a/*.tfrecord,gs://b/c/*.tfrecord", "SEED=3"],
         capture_output=True, text=True, timeout=60,
     )
-    if done.returncode != 0 and "No such file" in done.stderr:
-        pytest.skip("make not installed")
     assert done.returncode == 0, done.stderr
     image = "europe-west4-docker.pkg.dev/p/pileshuffle/pileshuffle:latest"
     out = done.stdout

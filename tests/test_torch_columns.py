@@ -8,11 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from helpers import run_shuffle
 from pileshuffle.loader import ShuffledDataset
-
-torch = pytest.importorskip("torch")
 
 ROWS = 600
 
