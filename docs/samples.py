@@ -156,7 +156,7 @@ SAMPLES = (
            "verdict and where the report went", "demo", DEMO_STEPS, echo=False),
     Sample("plan", "`plan` on the demo's data", "demo",
            (Step("pileshuffle plan --input 'demo-data/input/*.tfrecord' --output out/train"),)),
-    Sample("progress", "the progress lines of the demo's run", "demo",
+    Sample("progress", "the demo run's start line and each pass's last progress line", "demo",
            (Step(DEMO_RUN, r"^pileshuffle:"),), echo=False),
     Sample("info", "`info` on the demo's output", "demo",
            (Step("pileshuffle info --output demo-data/shuffled/train"),)),
