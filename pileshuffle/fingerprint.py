@@ -235,6 +235,12 @@ class Fingerprint:
             "hash_xor": f"{self.hash_xor:016x}",
         }
 
+    def describe(self) -> str:
+        """One line for a person: ``600 records, 60,000 bytes, hashes sum 0f.. xor 3a..`` (hex as
+        the manifests write them)."""
+        return (f"{self.records:,} records, {self.bytes:,} bytes, hashes sum {self.hash_sum:016x} "
+                f"xor {self.hash_xor:016x}")
+
     @classmethod
     def from_json(cls, value: dict) -> "Fingerprint":
         return cls(value["records"], value["bytes"], int(value["hash_sum"], 16), int(value["hash_xor"], 16))

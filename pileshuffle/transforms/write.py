@@ -114,8 +114,9 @@ class WriteShard(beam.DoFn):
         if written[0] + dropped.fingerprint != expected:
             left_out = f" and left out {dropped.fingerprint.records} duplicates" if dropped.fingerprint.records else ""
             raise IntegrityError(
-                f"pile {pile.index}: pass 1 put in {expected.records} records but pass 2 wrote "
-                f"{written[0].records} to {staged}{left_out} (fingerprints {expected} vs {written[0]})"
+                f"pile {pile.index}: pass 1 put in {expected.describe()} but pass 2 read back and wrote "
+                f"{written[0].describe()}{left_out}: records were lost, duplicated or changed between the "
+                "passes; nothing was published"
             )
         progress.pile_written()
         return _ShardStats(
@@ -192,8 +193,8 @@ def check_accounted(sources, read: Fingerprint, written: Fingerprint, purpose: s
         raise InputError(inputs or "the input PCollection", f"holds no records{why}: nothing to {purpose}")
     if read != written:
         raise IntegrityError(
-            f"records lost or duplicated: read {read.records} records ({read.bytes} bytes) "
-            f"but {wrote} {written.records} ({written.bytes} bytes); nothing was published"
+            f"records lost, duplicated or changed: read {read.describe()} but {wrote} "
+            f"{written.describe()}; nothing was published"
         )
 
 
