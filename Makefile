@@ -64,7 +64,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile tests
 
-## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, small piles' shards, spilled runs, one large file, --dedup against DuckDB; SCALE=10 for 10 GB.
+## bench: the benchmark tables (see bench/README.md): the shuffle, the loader, the pile stores, gs:// on the emulator, a pile from many parts, small piles' shards, spilled runs, one large file, --dedup against DuckDB, how fast commands exit; SCALE=10 for 10 GB.
 bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/loader.py $(if $(SCALE),--scale $(SCALE),)
@@ -78,6 +78,7 @@ bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/run_compression.py
 	$(BIN)/python bench/large_file.py
 	$(BIN)/python bench/dedup.py $(if $(SCALE),--size $(SCALE)GB --rounds 1,)
+	$(BIN)/python bench/exits.py
 
 ## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).
 metadata: $(STAMP)
@@ -88,11 +89,11 @@ metadata: $(STAMP)
 api: $(STAMP)
 	$(BIN)/python tests/test_api.py
 
-## template-build: build and push the image with Cloud Build, then write the template spec to $(TEMPLATE).
 ## samples: rewrite the sample outputs marked in README.md and docs/cli.md by running their commands (docs/samples.py; tests/test_doc_samples.py fails when they drift).
 samples: $(STAMP)
 	$(BIN)/python docs/samples.py --write
 
+## template-build: build and push the image with Cloud Build, then write the template spec to $(TEMPLATE).
 template-build:
 	gcloud builds submit --project $(PROJECT) \
 	  --config templates/cloudbuild.yaml --substitutions _IMAGE=$(IMAGE) .
