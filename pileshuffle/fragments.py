@@ -75,7 +75,7 @@ def to_ipc(table: pa.Table) -> bytes:
 
 @contextlib.contextmanager
 def _ipc_source(fragment: Fragment, whole: bool):
-    """The fragment's IPC stream: its payload, or its file (read at once if ``whole``)."""
+    """The fragment's IPC stream: its payload, or its file (every byte at once if ``whole``)."""
     if fragment.payload is not None:
         yield pa.py_buffer(fragment.payload)
         return
@@ -83,12 +83,11 @@ def _ipc_source(fragment: Fragment, whole: bool):
         kept = memory_runs.segment(fragment.path, fragment.offset)
         yield storage.read_range(fragment.path, fragment.offset, fragment.length) if kept is None else pa.py_buffer(kept)
         return
-    if whole and not storage.is_remote(fragment.path):
-        with pa.memory_map(fragment.path) as mapped:  # local: the page cache itself, no copy
-            yield mapped
+    if whole:  # local: memory-mapped, the page cache itself (no copy); remote: one request
+        yield storage.read_buffer(fragment.path)
         return
     with storage.open_read(fragment.path, "uncompressed") as handle:
-        yield pa.py_buffer(handle.read()) if whole else handle
+        yield handle
 
 
 def between_passes(fragments) -> tuple:

@@ -10,7 +10,7 @@ Invariants every backend keeps:
 - ``match`` takes a glob and returns ``(path, size)`` pairs, none (not an error) when nothing matches;
   a literal path with ``[ * ?`` in it matches through ``names.literal_pattern``;
 - ``open_read`` decompresses what the name says (``.gz``) unless told otherwise; ``read_buffer``
-  maps a local file, ``read_range`` preads it; either reads a remote one in one request;
+  maps a local file, ``read_range`` preads it; either reads a remote one in a request, every byte;
 - an object store has no folders and no atomic rename: ``delete_tree`` deletes the objects under a
   prefix; publication never relies on an atomic rename there (the manifest is the commit).
 """
@@ -147,9 +147,7 @@ def exists(path: str, filesystem=None) -> bool:
 @cloud.refusals_explained
 def size(path: str) -> int:
     """The size in bytes of the file at ``path`` (whatever characters its name holds)."""
-    if not is_remote(path):
-        return os.path.getsize(path)
-    return match(literal_pattern(path))[0].size
+    return os.path.getsize(path) if not is_remote(path) else match(literal_pattern(path))[0].size
 
 
 @cloud.refusals_explained
@@ -172,8 +170,10 @@ def read_buffer(path: str, filesystem=None):
         with pa.memory_map(path) as mapped:
             return mapped.read_buffer()
     if filesystem is None and _uses_beam():
-        with open_read(path) as handle:
-            return pa.py_buffer(handle.read())
+        with open_read(path) as handle:  # Beam's decompressing read() without a size gives 16 MiB
+            if compression_of(path) == UNCOMPRESSED:
+                return pa.py_buffer(handle.read())  # io's read(): every byte, in one request
+            return pa.py_buffer(b"".join(iter(lambda: handle.read(16 << 20), b"")))
     fs, where = arrow_filesystem(path, filesystem)
     return cloud.patiently_on(path, fs, lambda: _read_whole(fs, where))
 
@@ -199,9 +199,12 @@ def read_range(path: str, offset: int, length: int):
 def _read_whole(fs, where: str):
     if where.endswith(".gz"):
         with fs.open_input_stream(where, compression="gzip") as stream:
-            return stream.read_buffer()
+            return stream.read_buffer()  # no size: pyarrow reads a stream to its end
     with fs.open_input_file(where) as handle:
-        return handle.read_buffer(handle.size())  # one read of known size: ~10x a stream's read_buffer()
+        data = handle.read_buffer(handle.size())  # one read of known size: 10x a stream's speed
+        if data.size != handle.size():
+            raise OSError(errno.EIO, f"{where}: read {data.size:,} of {handle.size():,} bytes")
+    return data
 
 
 def read_json(path: str, filesystem=None):
@@ -349,10 +352,8 @@ def delete(paths: list):
 
     for path in paths:
         fs, where = arrow_filesystem(path)
-        if fs.get_file_info(where).type == pafs.FileType.Directory:
-            fs.delete_dir(where)
-        else:
-            fs.delete_file(where)
+        directory = fs.get_file_info(where).type == pafs.FileType.Directory
+        (fs.delete_dir if directory else fs.delete_file)(where)
 
 
 @cloud.refusals_explained
@@ -361,11 +362,9 @@ def delete_tree(folder: str) -> bool:
     folder is the objects under its prefix, which ``exists`` and ``delete`` of the bare name do
     not see: they are listed (``**``: at any depth) and deleted."""
     if not is_remote(folder):
-        if not os.path.exists(folder):
-            return False
-        delete([folder])
-        return True
-    found = [f.path for f in match(join(literal_pattern(folder), "**"))]
+        found = [folder] if os.path.exists(folder) else []
+    else:
+        found = [f.path for f in match(join(literal_pattern(folder), "**"))]
     if found:
         delete(found)
     return bool(found)
