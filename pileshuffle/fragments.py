@@ -102,7 +102,7 @@ def between_passes(fragments) -> tuple:
             carried += len(fragment.payload)
         elif fragment.length is None:
             written += fragment.nbytes
-        elif memory_runs.segment(fragment.path, fragment.offset) is None:
+        elif not memory_runs.holds(fragment.path):
             written += fragment.length
         else:
             kept += fragment.length

@@ -3,22 +3,27 @@
 When both passes run in one process (the local runner's in-process modes), a run that fits in
 what ``--memory`` leaves for intermediates (``Plan.memory_for_runs``) is kept here under the path
 it would have had on disk, segment by segment (no index: each element names its segment), and
-pass 2 reads its segments from here (``fragments``): the data between the passes never touches
-the disk. A run that does not fit goes to the temp folder as before, so a budget too small for any
-run gives the on-disk behaviour, and the bytes out are the same for any budget. Runs are dropped
+pass 2 reads its segments from here: the data between the passes never touches the disk. A
+segment is kept as the record batch pass 1 made, not IPC-encoded: pass 2 takes the batch itself
+(``batch``; ``pile_groups``), and a reader that wants the segment's bytes (``segment``: a pile
+split again, a streamed one) gets them encoded when it asks, the bytes a run on disk holds. A
+run that does not fit goes to the temp folder as before, so a budget too small for any run gives
+the on-disk behaviour, and the bytes out are the same for any budget. Runs are dropped
 with their folder (``drop``, called by ``output_files.remove_tree``): when the output is
 published, or when the run fails; a killed process takes them with it.
 
-Thread-safe: the runner's worker threads share one table, ``path -> {offset: segment}``, and one
-budget per folder of runs.
+Thread-safe: the runner's worker threads share one table, ``path -> {offset: record batch}``,
+and one budget per folder of runs.
 """
 
 import threading
 
-__all__ = ["room", "keep", "segment", "drop", "kept_bytes"]
+import pyarrow as pa
+
+__all__ = ["room", "keep", "holds", "batch", "segment", "drop", "kept_bytes"]
 
 _lock = threading.Lock()
-_runs = {}  # path -> {offset: segment bytes}
+_runs = {}  # path -> ({offset: record batch}, the run's bytes as segments)
 _room = {}  # folder of runs -> bytes of its budget still free
 
 
@@ -28,23 +33,41 @@ def room(folder: str, budget: int) -> int:
         return _room.get(folder, budget)
 
 
-def keep(folder: str, budget: int, path: str, segments: dict) -> bool:
-    """Keep ``segments`` (offset -> bytes) as the run at ``path`` (under ``folder``) if they fit in
-    what is left of ``folder``'s ``budget``; whether they were kept (if not, write them to disk)."""
-    size = sum(len(s) for s in segments.values())
+def keep(folder: str, budget: int, path: str, segments: dict, size: int) -> bool:
+    """Keep ``segments`` (offset -> record batch), a run of ``size`` bytes as segments, as the run
+    at ``path`` (under ``folder``) if it fits in what is left of ``folder``'s ``budget``; whether
+    it was kept (if not, write it to disk)."""
     with _lock:
         left = _room.get(folder, budget)
         if size > left:
             return False
         _room[folder] = left - size
-        _runs[path] = segments
+        _runs[path] = (segments, size)
         return True
 
 
-def segment(path: str, offset: int):
-    """The segment at ``offset`` of the run kept at ``path``, or None if no run is kept there."""
+def holds(path: str) -> bool:
+    """Whether a run is kept at ``path``."""
+    return path in _runs
+
+
+def batch(path: str, offset: int):
+    """The record batch of the segment at ``offset`` of the run kept at ``path``, or None if no
+    run is kept there."""
     kept = _runs.get(path)
-    return None if kept is None else kept[offset]
+    return None if kept is None else kept[0][offset]
+
+
+def segment(path: str, offset: int):
+    """The bytes of the segment at ``offset`` of the run kept at ``path`` (one Arrow IPC stream,
+    as on disk), or None if no run is kept there."""
+    kept = batch(path, offset)
+    if kept is None:
+        return None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, kept.schema) as writer:
+        writer.write_batch(kept)
+    return sink.getvalue()
 
 
 def drop(folder: str):
@@ -60,4 +83,4 @@ def drop(folder: str):
 def kept_bytes() -> int:
     """The bytes of every run kept in this process."""
     with _lock:
-        return sum(len(s) for kept in _runs.values() for s in kept.values())
+        return sum(size for _, size in _runs.values())

@@ -54,7 +54,8 @@ import pyarrow as pa
 
 from pileshuffle import interrupt, keys as keymath, memory_runs, storage
 from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.fragments import Fragment, GroupSegment, segment_encoder, write_failure
+from pileshuffle.fragments import (END_OF_STREAM, Fragment, GroupSegment, has_dictionaries, segment_encoder,
+                                   write_failure)
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
 
 __all__ = ["DEFAULT_RUN_BYTES", "MAX_HELD_BYTES", "RUN_MAGIC", "SEGMENT_OVERHEAD", "auto_run_bytes", "run_bytes_for",
@@ -155,7 +156,8 @@ class PileRuns:
         self._runs += 1
         segments = _segments(held, done, self._group)
         if self._directory is None:
-            return ((key, _element(order, facts, payload=segment)) for key, segment, facts in segments)
+            encoded = _Encoded()
+            return ((key, _element(order, facts, payload=encoded(part))) for key, part, facts in segments)
         return self._write_run(segments, size, order)
 
     def _spill(self):
@@ -167,15 +169,21 @@ class PileRuns:
         """The run's elements, once it is in place: kept in memory if it fits what is left of
         ``memory`` (``memory_runs``), else written to ``directory``."""
         final = storage.join(self._directory, run_name(self._writer, self._runs - 1))
+        encoded = _Encoded()
         if self._memory and size <= memory_runs.room(self._directory, self._memory):
             kept, segments = {}, list(segments)
-            elements, _ = _placed(segments, order, final, self._group, kept.__setitem__)
-            if memory_runs.keep(self._directory, self._memory, final, kept):
+
+            def keep(offset, part):  # the batch itself, no IPC between the passes of one process
+                kept[offset] = part
+                return encoded.size(part)
+
+            elements, index = _placed(segments, order, final, self._group, keep)
+            if memory_runs.keep(self._directory, self._memory, final, kept, sum(row[2] for row in index)):
                 return elements
         temp = storage.writing_name(final, uuid.uuid4().hex[:12])  # an attempt's own: two never share one
         try:
             with storage.open_write(temp) as handle:
-                elements, index = _placed(segments, order, final, self._group, lambda _, segment: handle.write(segment))
+                elements, index = _placed(segments, order, final, self._group, lambda _, part: encoded.write(handle, part))
                 table = np.asarray(index, dtype="<i8").reshape(-1, 4).tobytes()
                 handle.write(table + len(table).to_bytes(8, "little") + self._group.to_bytes(8, "little") + RUN_MAGIC)
             storage.put_in_place([temp], [final])
@@ -186,16 +194,46 @@ class PileRuns:
 
 def _placed(segments, order, path: str, group: int, put) -> tuple:
     """``(elements, index rows)`` of ``segments`` laid one after another in the run at ``path``,
-    each handed to ``put(offset, segment)`` as it is placed."""
+    each record batch handed to ``put(offset, batch)`` as it is placed, which returns its
+    segment's length in bytes."""
     elements, index, offset = [], [], 0
-    for key, segment, facts in segments:
-        put(offset, segment)
-        element = _element(order, facts, path=path, offset=offset, length=len(segment))
+    for key, part, facts in segments:
+        length = put(offset, part)
+        element = _element(order, facts, path=path, offset=offset, length=length)
         elements.append((key, element))
         records = element.records if isinstance(element, Fragment) else element.fragment.records
-        index.append((key * group, offset, len(segment), records))
-        offset += len(segment)
+        index.append((key * group, offset, length, records))
+        offset += length
     return elements, index
+
+
+class _Encoded:
+    """A run's segments: ``encoded(batch)`` is a batch's (``segment_encoder``), ``encoded.size(batch)``
+    its length without encoding it (a run kept in memory keeps its batches, ``memory_runs``)."""
+
+    def __init__(self):
+        self._schema, self._encode, self._head = None, None, 0
+
+    def __call__(self, batch: pa.RecordBatch) -> bytes:
+        self._for(batch.schema)
+        return self._encode(batch)
+
+    def write(self, handle, batch: pa.RecordBatch) -> int:
+        """Write ``batch``'s segment to ``handle``; its length."""
+        segment = self(batch)
+        handle.write(segment)
+        return len(segment)
+
+    def size(self, batch: pa.RecordBatch) -> int:
+        self._for(batch.schema)
+        if self._head is None:  # dictionaries: the stream writer's bytes, known by writing them
+            return len(self._encode(batch))
+        return self._head + pa.ipc.get_record_batch_size(batch) + len(END_OF_STREAM)
+
+    def _for(self, schema: pa.Schema):
+        if self._schema is None or not schema.equals(self._schema, check_metadata=True):
+            self._schema, self._encode = schema, segment_encoder(schema)
+            self._head = None if has_dictionaries(schema) else schema.serialize().size
 
 
 def _element(order, facts, **where):
@@ -210,7 +248,7 @@ def _element(order, facts, **where):
 
 
 def _segments(held, done=None, group: int = 1):
-    """``(key, segment bytes, facts)`` for every pile (``group`` 1: key the pile, facts ``(records,
+    """``(key, record batch, facts)`` for every pile (``group`` 1: key the pile, facts ``(records,
     nbytes, fingerprint)``) or group of piles (key ``pile // group``, facts ``GroupSegment.piles``)
     the held chunks reach, in pile order; each pile's records in held order (chunk by chunk), a
     window of neighbouring piles at a time (``_windows``, ``_gather``). ``done`` is called at the end."""
@@ -272,18 +310,17 @@ def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray, g
     with np.errstate(over="ignore"):
         sums = np.add.reduceat(hashes, firsts)
     xors, payloads = np.bitwise_xor.reduceat(hashes, firsts), np.add.reduceat(lengths, firsts)
-    encode = segment_encoder(window.schema)
     if group > 1:
-        yield from _group_segments(batch, piles[firsts], firsts, counts, payloads, sums, xors, group, encode)
+        yield from _group_segments(batch, piles[firsts], firsts, counts, payloads, sums, xors, group)
         return
     for pile, first, count, total, xor, payload in zip(piles[firsts].tolist(), firsts.tolist(), counts.tolist(),
                                                        sums.tolist(), xors.tolist(), payloads.tolist()):
         part = batch.slice(first, count)
-        yield pile, encode(part), (count, part.nbytes, Fingerprint(count, payload, total, xor))
+        yield pile, part, (count, part.nbytes, Fingerprint(count, payload, total, xor))
 
 
-def _group_segments(batch, piles, firsts, counts, payloads, sums, xors, group: int, encode):
-    """``(pile // group, segment, GroupSegment.piles)`` of a window's piles (first rows ``firsts``
+def _group_segments(batch, piles, firsts, counts, payloads, sums, xors, group: int):
+    """``(pile // group, record batch, GroupSegment.piles)`` of a window's piles (first rows ``firsts``
     of ``batch``), one segment a group."""
     keys = piles // group
     starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1, [len(piles)]])
@@ -296,7 +333,7 @@ def _group_segments(batch, piles, firsts, counts, payloads, sums, xors, group: i
         first, last = int(firsts[a]), int(firsts[b - 1] + counts[b - 1])
         rows = facts[a:b].copy()
         rows[:, 1] -= np.uint64(first)
-        yield int(keys[a]), encode(batch.slice(first, last - first)), rows
+        yield int(keys[a]), batch.slice(first, last - first), rows
 
 
 class _Spills:

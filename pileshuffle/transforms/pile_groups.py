@@ -17,10 +17,12 @@ than ``--max_pile_bytes`` on average). Measured: ``bench/small_piles.py``.
 """
 
 import dataclasses
+import itertools
 
 import numpy as np
+import pyarrow as pa
 
-from pileshuffle import keys as keymath
+from pileshuffle import keys as keymath, memory_runs
 from pileshuffle.fragments import read_joined
 from pileshuffle.names import KEY_COLUMN
 
@@ -52,9 +54,32 @@ def in_key_order(fragments) -> tuple:
     """``(records, keys, order)`` of ``fragments`` joined in the order given: the records without
     their key column, their keys U, and the stable order on U (ties keep the given order). The
     one ordering rule of pass 2, for a pile (``Pile.ordered``) and a group alike."""
-    table = read_joined(fragments)
+    table = _joined(fragments)
     keys = table.column(KEY_COLUMN).to_numpy()
     return table.drop_columns([KEY_COLUMN]), keys, np.argsort(keys, kind="stable")
+
+
+def _joined(fragments) -> pa.Table:
+    """``read_joined`` of ``fragments``, but a part of a run kept in this process's memory is
+    the record batch pass 1 made (``memory_runs.batch``): no IPC between the passes."""
+    parts, tables = [(f, _kept_rows(f)) for f in fragments], []
+    for in_memory, run in itertools.groupby(parts, key=lambda part: part[1] is not None):
+        run = list(run)
+        if in_memory:
+            tables.append(pa.Table.from_batches([kept for _, kept in run]))
+        else:
+            tables.append(read_joined([fragment for fragment, _ in run]))
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
+def _kept_rows(fragment):
+    """The fragment's rows of a segment kept in memory (``memory_runs``), a record batch; or None."""
+    if fragment.payload is not None or fragment.length is None:
+        return None
+    kept = memory_runs.batch(fragment.path, fragment.offset)
+    if kept is None or fragment.rows is None:
+        return kept
+    return kept.slice(fragment.rows[0], fragment.records)
 
 
 def _written_alone(pile) -> bool:
