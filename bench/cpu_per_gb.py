@@ -56,7 +56,7 @@ STAGES = [
      or ".record_hashes " in f or ".record_lengths " in f or f.startswith(("keyed_rows ", "SourcePiles.keyed "))),
     ("decode (input)", lambda f: "pileshuffle/formats/" in f and ".write_shard " not in f),
 ]
-OTHER = "Beam, plan and start-up"
+OTHER = "Beam, plan, start-up, no Python frame"
 SPY = os.path.join(os.path.dirname(PY), "py-spy")  # `.venv/bin/pip install py-spy` for the stages
 TREES = {}  # row -> the tree it runs pileshuffle from (--before, --after)
 
