@@ -1,78 +1,189 @@
-"""docs/scaling.md's files-mode cost table, from ``plan``'s own model: runs, parts and Cloud Storage
-operations (``Plan.run_shape``, ``commands.plan.gcs_operations``: the counts tests/test_gcs_operations.py
-checks against the emulator's requests) for 1, 10 and 100 TB of 1 KB TFRecords in 1 GB files,
-``--max_pile_bytes 1GiB``, priced at the list prices docs/scaling.md cites.
+"""docs/scaling.md's tables, generated from ``plan``'s own model: what ``pileshuffle plan --input
+SAMPLE --input_bytes N --runner DataflowRunner --json`` says (``plan.make_plan`` with ``input_bytes``,
+``commands.plan.plan_json``: ``job_model``, ``job_costs``) for a sample of 1 KB TFRecords made here
+(seeded), planned as 1, 10 and 100 TB in files of 1 GB with default options, in both intermediate
+modes; the cheapest 100 TB configuration of a few machine types beside CloudSort's; and the price
+table the dollars come from. No job runs: it is arithmetic on counted requests and a planning rate.
 
-    python bench/scaling_costs.py
-    python bench/scaling_costs.py --spill_factor 1.07     # bench/spill_cost.py's spilled / held
-
-Workers: ``--rate`` MB/s per vCPU (docs/scaling.md's planning rate), times ``--spill_factor`` for a
-run that spills, on n2-highmem-4 (8 GB a vCPU); spill disks: pd-ssd sized for the spill's
-throughput (each spilled byte written and read once: ``2 x rate`` per vCPU at 0.48 MB/s per GB).
-Nothing here has run on Dataflow: it is arithmetic on measured local rates and counted requests.
+    python bench/scaling_costs.py            # print the tables
+    python bench/scaling_costs.py --write    # rewrite them between their markers in docs/scaling.md
+    python bench/scaling_costs.py --check    # exit 1 if docs/scaling.md's tables differ (tests/test_scaling_doc.py)
 """
 
 import argparse
 import os
+import re
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pileshuffle.commands.plan import gcs_operations  # noqa: E402
-from pileshuffle.plan import Plan, _choose_num_piles  # noqa: E402
-from pileshuffle.runs import run_bytes_for  # noqa: E402
-from pileshuffle.sources import Source  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
+from pileshuffle import sample  # noqa: E402
+from pileshuffle.commands.plan import plan_json  # noqa: E402
+from pileshuffle.job_costs import PRICES, RAMP_DOUBLING, SPILL_FACTOR, START_READS, STARTUP_HOURS  # noqa: E402
+from pileshuffle.job_model import (DEFAULT_DISK_GB, DISK_RESERVE_GB, RATE_PER_VCPU,  # noqa: E402
+                                   TARGET_HOURS)
+from pileshuffle.plan import make_plan  # noqa: E402
+from pileshuffle.runners import DOCUMENTED_WORKER  # noqa: E402
+
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "scaling.md")
 GiB, TB = 1 << 30, 10 ** 12
-RECORD_BYTES, STORED_BYTES = 1000, 1016  # a 1 KB record, and as TFRecord stores it (12 bytes of framing)
-HELD_MEAN = 1004  # as Arrow holds it: the bytes and a 4-byte offset
-CLASS_A, CLASS_B = 0.005 / 1000, 0.0004 / 1000
-VCPU_HOUR, MEMORY_GB_HOUR, SSD_GB_HOUR = 0.056, 0.003557, 0.000298
-SSD_MB_S_PER_GB = 0.48
+SIZES = (1, 10, 100)  # TB
+CLOUDSORT = 0.97  # $ per TB: Exoshuffle-CloudSort on Ray, 100 TB for $97 (2022)
+MACHINES = ("n2-standard-4", "n2-standard-8", "n2-highmem-4", "n2-highmem-8", "n2-highmem-16")  # one price per vCPU
+RUNS = ("auto", "32GiB")
+BEGIN = re.compile(r"^<!-- generated: (?P<name>[\w-]+) \(bench/scaling_costs\.py\) -->$")
 
 
-def plan_for(terabytes: int, run_bytes) -> Plan:
-    files = terabytes * 1000
-    sources = [Source(i, f"gs://b/in/train-{i:06d}.tfrecord", 10 ** 9) for i in range(files)]
-    total = files * 10 ** 9 * HELD_MEAN / STORED_BYTES
-    piles = _choose_num_piles("auto", HELD_MEAN, total, GiB)[0]
-    return Plan(format="tfrecord", sources=sources, output="gs://b/out/train", compression="none", num_piles=piles,
-                num_piles_reason="auto", max_pile_bytes=GiB, seed=0, intermediate="files", work_dir="gs://b/tmp/w",
-                replace_existing=False, skip_corrupt=False, input_bytes=files * 10 ** 9, mean_record_bytes=HELD_MEAN,
-                estimated_bytes=int(total), run_bytes=run_bytes_for(run_bytes, piles, remote=True))
+def planned(records: str, terabytes: int, *args) -> dict:
+    """``plan --json`` of ``records`` as ``terabytes`` TB on Dataflow with ``args``."""
+    argv = [f"--input={records}", f"--output={os.path.dirname(records)}/out/train", "--runner=DataflowRunner",
+            "--temp_location=gs://bucket/tmp", *args]
+    options = PipelineOptions(argv)
+    return plan_json(make_plan(options, terabytes * TB), options)
 
 
-def row(terabytes: int, run_bytes, rate: float, spill_factor: float) -> dict:
-    plan = plan_for(terabytes, run_bytes)
-    runs, parts = plan.run_shape()
-    class_a, class_b = gcs_operations(plan)["total"]
-    spills = plan.spilled_per_writer > 0
-    vcpu_hours = terabytes * TB / (rate * 1e6) / 3600 * (spill_factor if spills else 1.0)
-    workers = vcpu_hours * (VCPU_HOUR + 8 * MEMORY_GB_HOUR)
-    disk = vcpu_hours * (2 * rate / SSD_MB_S_PER_GB) * SSD_GB_HOUR if spills else 0.0
-    operations = class_a * CLASS_A + class_b * CLASS_B
-    return {"TB": terabytes, "piles": plan.num_piles, "run_bytes": plan.run_bytes, "spilled": plan.spilled_per_writer,
-            "runs": runs, "parts": parts, "part": plan.held_bytes / parts, "class_a": class_a, "class_b": class_b,
-            "operations": operations / terabytes, "workers": workers / terabytes, "disk": disk / terabytes,
-            "total": (operations + workers + disk) / terabytes}
+def _size(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} bytes"
 
 
-def main(argv=None):
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.0f} min"
+
+
+def _money(value: float) -> str:
+    return f"${value:,.2f}"
+
+
+def _row(label: str, cells) -> str:
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
+def mode_table(plans: dict, mode: str) -> list:
+    """One mode at 1, 10 and 100 TB with default options: the plan's figures, then its dollars per TB."""
+    head = [_row(f"`--intermediate={mode}`", [f"{t} TB" for t in SIZES]), "|---|" + "---|" * len(SIZES)]
+    modes = {t: plans[t]["modes"][mode] for t in SIZES}
+    per_tb = {t: {k: v / t for k, v in modes[t]["dollars"].items()} for t in SIZES}
+    rows = [
+        ("piles = shards (`auto`)", lambda t: f"{plans[t]['num_piles']:,}"),
+        ("`--max_pile_bytes auto`", lambda t: f"{plans[t]['max_pile_bytes'] / 2**20:,.0f} MiB"),
+        ("`--run_bytes auto`; spilled per writer", lambda t: f"{_size(modes[t]['run_bytes'])}; "
+                                                            f"{_size(modes[t]['spilled_per_writer']) if modes[t]['spilled_per_writer'] else 'none'}"),
+        ("runs / parts", lambda t: f"{modes[t]['runs']:,} / {modes[t]['parts']:,}"),
+        ("records per part", lambda t: f"{modes[t]['records_per_part']:,.0f}"),
+        ("units of pass 1 per thread (tail share)", lambda t: f"{modes[t]['units_per_thread']:,.1f} "
+                                                             f"({modes[t]['tail_share']:.0%})"),
+        ("workers, about an hour", lambda t: f"{plans[t]['workers']['expected_workers']:,}"),
+        ("pass-2 GETs per pile; the bucket's ramp to serve them",
+         lambda t: (f"{modes[t]['pass2_requests_per_pile']:,.0f}; {_hours(modes[t]['request_ramp_seconds'])}"
+                    if modes[t]["pass2_requests_per_pile"] else "none")),
+        ("spill per worker; `--disk_size_gb` to give", lambda t: f"{_size(modes[t]['disk_per_worker'])}; "
+                                                                  f"{modes[t]['disk_size_gb']}"),
+        ("Cloud Storage class A / B", lambda t: f"{modes[t]['gcs_operations']['class_a']:,} / "
+                                                 f"{modes[t]['gcs_operations']['class_b']:,}"),
+        ("through the Shuffle service", lambda t: _size(modes[t]["shuffled_bytes"]) if modes[t]["shuffled_bytes"]
+                                                   else "none"),
+    ]
+    rows += [(f"{name.replace('_', ' ')}, per TB", lambda t, name=name: _money(per_tb[t][name]))
+             for name in ("workers", "disks", "gcs_operations", "shuffle", "storage")]
+    rows.append(("**total per TB**", lambda t: f"**{_money(modes[t]['dollars_per_tb'])}**"))
+    return head + [_row(label, [cell(t) for t in SIZES]) for label, cell in rows]
+
+
+def cheapest_table(records: str) -> list:
+    """Files mode at 100 TB on a few machine types and run sizes, cheapest first, beside CloudSort."""
+    found = []
+    for machine in MACHINES:
+        for run in RUNS:
+            plan = planned(records, 100, f"--worker_machine_type={machine}", f"--run_bytes={run}")
+            files = plan["modes"]["files"]
+            found.append((files["dollars_per_tb"], machine, run, plan, files))
+    found.sort(key=lambda one: one[0])
+    lines = [_row("100 TB, `--intermediate=files`", ["piles", "parts (records each)", "`--disk_size_gb`",
+                                                        "GETs per TB", "total per TB", "× CloudSort"]),
+             "|---|" + "---|" * 6]
+    for dollars, machine, run, plan, files in found[:4]:
+        lines.append(_row(f"`{machine}`, `--run_bytes {run}`", [
+            f"{plan['num_piles']:,}", f"{files['parts']:,} ({files['records_per_part']:,.0f})", f"{files['disk_size_gb']}",
+            _money(files["dollars"]["gcs_operations"] / 100), f"**{_money(dollars)}**", f"{dollars / CLOUDSORT:.1f}×"]))
+    lines.append(_row("CloudSort 2022 (Exoshuffle on Ray, 40 `i4i.4xlarge`)", ["—", "—", "—", "—",
+                                                                                f"**{_money(CLOUDSORT)}**", "1.0×"]))
+    return lines
+
+
+def prices_table() -> list:
+    """The constants the dollars come from (``job_costs.PRICES``, ``job_model``)."""
+    rows = [("batch worker vCPU", f"${PRICES['vcpu_hour']} per vCPU-hour"),
+            ("batch worker memory", f"${PRICES['memory_gib_hour']} per GB-hour"),
+            ("worker disk (pd-standard)", f"${PRICES['disk_gb_month']} per GB-month, prorated by the hour"),
+            ("Dataflow Shuffle", f"${PRICES['shuffle_gb']} per GB processed (counted once)"),
+            ("Cloud Storage class A / class B", f"${PRICES['class_a'] * 1000:g} / ${PRICES['class_b'] * 1000:g} "
+                                                "per 1,000 operations"),
+            ("Cloud Storage Standard", f"${PRICES['storage_gb_month']} per GB-month (soft delete off on the temp bucket)"),
+            ("planning rate", f"{RATE_PER_VCPU / 1e6:,.0f} MB of input per vCPU-second (× {SPILL_FACTOR} when runs "
+                              f"spill), {STARTUP_HOURS * 60:,.0f} minutes of start per worker"),
+            ("cluster", f"`{DOCUMENTED_WORKER}` workers for about {TARGET_HOURS:g} hour, one thread per vCPU; "
+                        f"{DEFAULT_DISK_GB} GB disks unless more is needed, {DISK_RESERVE_GB} GB of each for the system"),
+            ("bucket read ramp", f"{START_READS:,} reads/s at first, doubling every {RAMP_DOUBLING // 60} minutes")]
+    return [_row("item", ["value"]), "|---|---|"] + [_row(name, [value]) for name, value in rows]
+
+
+def tables() -> dict:
+    """Every generated table of docs/scaling.md by name, as markdown lines."""
+    with tempfile.TemporaryDirectory() as folder:
+        sample.write_tfrecord(os.path.join(folder, "sample"), records=600, files=2, record_bytes=1000, seed=1)
+        records = os.path.join(folder, "sample", "*.tfrecord")
+        plans = {t: planned(records, t) for t in SIZES}
+        found = {"files": mode_table(plans, "files"), "shuffle": mode_table(plans, "shuffle"),
+                 "cheapest": cheapest_table(records), "prices": prices_table()}
+    return {name: "\n".join(lines) for name, lines in found.items()}
+
+
+def rewritten(text: str, generated: dict) -> str:
+    """``text`` with each block after a ``BEGIN`` marker, up to its closing marker, replaced."""
+    out, lines, skipping = [], text.splitlines(), None
+    for line in lines:
+        if skipping:
+            if line == f"<!-- end: {skipping} -->":
+                out += [generated[skipping], line]
+                skipping = None
+            continue
+        out.append(line)
+        found = BEGIN.match(line)
+        if found:
+            skipping = found.group("name")
+    if skipping:
+        raise SystemExit(f"docs/scaling.md: no <!-- end: {skipping} --> after its table")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=50.0, help="MB/s per vCPU (default 50)")
-    parser.add_argument("--spill_factor", type=float, default=1.07, help="a spilling run's time over a held one's")
+    parser.add_argument("--write", action="store_true", help="rewrite the tables in docs/scaling.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/scaling.md's tables differ")
     args = parser.parse_args(argv)
-    print("| --run_bytes | TB | piles | run | spilled per writer | runs | parts | part | class A / B | "
-          "operations $/TB | workers $/TB | spill disks $/TB | total $/TB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for run_bytes in ("auto", 4 * GiB):
-        for terabytes in (1, 10, 100):
-            r = row(terabytes, run_bytes, args.rate, args.spill_factor)
-            print(f"| {run_bytes if run_bytes == 'auto' else '4GiB'} | {terabytes} | {r['piles']:,} | "
-                  f"{r['run_bytes'] / GiB:.2f} GiB | {r['spilled'] / GiB:.1f} GiB | {r['runs']:,} | {r['parts']:,} | "
-                  f"{r['part'] / 1e3:,.0f} kB | {r['class_a']:,} / {r['class_b']:,} | {r['operations']:.2f} | "
-                  f"{r['workers']:.2f} | {r['disk']:.2f} | **{r['total']:.2f}** |")
+    generated = tables()
+    with open(DOC) as handle:
+        text = handle.read()
+    new = rewritten(text, generated)
+    if args.write:
+        with open(DOC, "w") as handle:
+            handle.write(new)
+    elif args.check:
+        if new != text:
+            print("docs/scaling.md's generated tables differ from what bench/scaling_costs.py prints: "
+                  "run `python bench/scaling_costs.py --write`", file=sys.stderr)
+            return 1
+    else:
+        for name, table in generated.items():
+            print(f"{name}:\n{table}\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

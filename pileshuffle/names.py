@@ -57,9 +57,10 @@ def manifest_header(kind: str) -> dict:
 # -- a shard output -----------------------------------------------------------------------------
 
 MANIFEST_SUFFIX = "-manifest.json"  # after the prefix: a shard output's manifest
-SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5}-of-[0-9]{5}(?:\.[^/]*)?$")  # a shard's path
-SHARD_TAIL = re.compile(r"^-(\d{5})-of-(\d{5})(.*)$")  # what follows the prefix in a shard's name
-SHARD_NUMBERS = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")  # a TFDS-style tail before an input's extension
+# shard numbers have five digits, or as many as the count of shards has beyond 99,999 (shard_name)
+SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5,}-of-[0-9]{5,}(?:\.[^/]*)?$")  # a shard's path
+SHARD_TAIL = re.compile(r"^-(\d{5,})-of-(\d{5,})(.*)$")  # what follows the prefix in a shard name
+SHARD_NUMBERS = re.compile(r"-[0-9]{5,}-of-[0-9]{5,}$")  # a TFDS-style tail before an extension
 JOURNAL_PREFIX = "journal-"  # in the staging folder: what an unfinished publication creates and deletes
 WORK_PREFIX = ".pileshuffle-work-"  # a run's work folder, before its digest
 # a path inside a run's work or staging folder, or its lock: what a run leaves while it runs, never input
@@ -67,8 +68,11 @@ WORK_DIRECTORY = re.compile(r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+/|[^/]+\.pil
 
 
 def shard_name(prefix: str, index: int, num_piles: int, suffix: str) -> str:
-    """Shard ``index`` of ``num_piles`` at ``prefix``: ``P-00003-of-00064`` + ``suffix``."""
-    return f"{prefix}-{index:05d}-of-{num_piles:05d}{suffix}"
+    """Shard ``index`` of ``num_piles`` at ``prefix``: ``P-00003-of-00064`` + ``suffix``. Both
+    numbers have five digits, or as many as ``num_piles`` has (``P-000003-of-123456``): the
+    names of one output have one width, so they sort in shard order."""
+    width = max(5, len(str(num_piles)))
+    return f"{prefix}-{index:0{width}d}-of-{num_piles:0{width}d}{suffix}"
 
 
 def manifest_path(prefix: str) -> str:
@@ -113,8 +117,9 @@ def literal_pattern(path: str) -> str:
 
 
 def shard_pattern(prefix: str) -> str:
-    """A glob of every file named like a shard of ``prefix``."""
-    return f"{literal_pattern(prefix)}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*"
+    """A glob of every file named like a shard of ``prefix``, numbers of five digits or more (a
+    glob has no repetition: what it matches beyond a shard's name, ``SHARD_TAIL`` tells apart)."""
+    return f"{literal_pattern(prefix)}-[0-9][0-9][0-9][0-9][0-9]*-of-[0-9][0-9][0-9][0-9][0-9]*"
 
 
 def attempt_name(path: str, token: str) -> str:

@@ -18,8 +18,9 @@ import uuid
 from pileshuffle import memory_runs, storage
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.fragments import write_failure
-from pileshuffle.names import (JOURNAL_PREFIX, format_problem, journal_name, literal_pattern, manifest_path,
-                               shard_pattern, staging_dir)
+from pileshuffle.names import (JOURNAL_PREFIX, MANIFEST_SUFFIX, SHARD_TAIL, format_problem,
+                               journal_name, literal_pattern, manifest_path, shard_pattern,
+                               staging_dir)
 
 __all__ = ["OutputFiles", "read_manifest", "file_name", "write_journal", "check_replaceable", "discard_unpublished",
            "remove_tree", "missing_local_folders", "remove_empty_folders", "lock_holder_at", "release_lock_file"]
@@ -41,7 +42,9 @@ def _existing_outputs(prefix: str):
             found += [f.path for f in storage.match(pattern)]
         except Exception:  # BeamIOError when nothing matches
             pass
-    return sorted(found)
+    named = len(file_name(prefix))  # the glob matches more than shard numbers: SHARD_TAIL tells
+    return sorted(p for p in found
+                  if p.endswith(MANIFEST_SUFFIX) or SHARD_TAIL.match(file_name(p)[named:]))
 
 
 def file_name(path: str) -> str:

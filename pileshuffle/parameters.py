@@ -10,7 +10,6 @@ import re
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.errors import UsageError
-from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES
 
 __all__ = [
     "Parameter", "parse_bytes", "parse_flag", "PARAMETERS", "PileshuffleOptions", "check_values", "check_max_pile_bytes",
@@ -97,10 +96,12 @@ PARAMETERS = (  # the template's parameters, in the order --help and metadata.js
               "Number of piles = output shards, or auto to size piles from the input and max_pile_bytes.", "auto",
               default="auto", regex=r"^(auto|[1-9][0-9]*)$", metavar="{auto,N}"),
     Parameter("max_pile_bytes", "Largest pile in memory",
-              "Upper bound on the records of one pile held in a worker's memory (auto plans piles of at most this with "
-              "s + 6*sqrt(s) headroom; a larger pile is split again). Suffixes KiB, MiB, GiB; at least 1MiB with num_piles=auto.",
-              "128MiB", default=f"{DEFAULT_MAX_PILE_BYTES >> 20}MiB", regex=f"^{_SIZE_TEXT}$",
-              metavar="SIZE"),
+              "Upper bound on the records of one pile held in a worker's memory (num_piles=auto plans piles of at most "
+              "this with s + 6*sqrt(s) headroom; a larger pile is split again). auto: a third of what one worker thread "
+              "holds (Dataflow: from the worker machine type and its threads; locally: from --memory), at least 8 "
+              "piles per thread, within 64MiB and 1GiB; other runners 64MiB. Suffixes KiB, MiB, GiB; at least 1MiB "
+              "with num_piles=auto.",
+              "1GiB", default="auto", regex=f"^(auto|{_SIZE_TEXT})$", metavar="SIZE"),  # as materialize's
     Parameter("run_bytes", "Pass-1 run per writer",
               "How much of pass 1's output one writer gathers before it writes it as one pile-ordered run (files mode) "
               "or sends it as one element per pile (shuffle mode): a pile's part is about run_bytes / num_piles. auto: "
@@ -260,12 +261,13 @@ def _check_num_piles(value):
         raise UsageError(f"--num_piles: must be auto or a whole number of at least 1, not {value!r}")
 
 
-def check_max_pile_bytes(value, auto: bool):
+def check_max_pile_bytes(value, auto: bool, allow_auto: bool = True):
     """With ``--num_piles=auto`` the value sets the number of piles: below 1 MiB each pile's
     fixed costs (a shard file, a part per pass-1 run, a task) outweigh its records (1 KiB
     on 25 MB made 24,613 piles, more than records, at 0.8 MB/s). With a given number of piles
-    it only sets the size of the sub-piles a large pile is loaded in: at least 16 KiB."""
-    if value is None:
+    it only sets the size of the sub-piles a large pile is loaded in: at least 16 KiB.
+    ``auto`` (``allow_auto``: a run's, sized by ``job_model``) is not a size to check."""
+    if value is None or (allow_auto and str(value).strip() == "auto"):
         return
     try:
         size = parse_bytes(value)

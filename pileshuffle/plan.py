@@ -15,34 +15,33 @@ import uuid
 
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pileshuffle import keys as keymath
 from pileshuffle import interrupt, storage
 from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.formats import get_format
-from pileshuffle.formats.labels import sampled_label_counts
+from pileshuffle.input_size import (RECORD_OVERHEAD, balance_growth, choose_num_piles,
+                                    estimated_bytes, mean_record_bytes, piles_reached,
+                                    scaled_sources)
 from pileshuffle.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
+from pileshuffle.job_model import (AUTO_MEMORY_SHARE, LOCAL_BASE_BYTES, PILE_MEMORY_FACTOR,
+                                   auto_max_pile_bytes, choose_run_bytes, local_budget,
+                                   runs_on_object_store, workers_of)
 from pileshuffle.names import manifest_path, staging_dir, store_dir, work_dir_name
-from pileshuffle.runs import DEFAULT_RUN_BYTES, MAX_HELD_BYTES, run_bytes_for
+from pileshuffle.runs import DEFAULT_RUN_BYTES, MAX_HELD_BYTES
 from pileshuffle.parameters import (PileshuffleOptions, balance_policy, check_compression, check_values, dedup_of,
                                    parse_bytes)
 from pileshuffle.output_files import OutputFiles, check_replaceable, missing_local_folders, remove_empty_folders
 from pileshuffle.pile_bound import check_num_piles
+from pileshuffle.runners import in_process_threads
 from pileshuffle.space import FRAGMENT_OVERHEAD, free_space, space_needed
 from pileshuffle.store.layout import is_store
 
-__all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "mean_record_bytes", "work_dir_for", "check_writable",
+__all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "PILE_MEMORY_FACTOR", "LOCAL_BASE_BYTES",
+           "AUTO_MEMORY_SHARE", "mean_record_bytes", "work_dir_for", "check_writable",
            "check_shard_output", "piles_reached"]
 
 _log = logging.getLogger("pileshuffle")
 
-_SAMPLE_BYTES = 1 << 20  # what a plan reads of an input file to size its records (its first MiB)
-_LABEL_SAMPLE_FILES = 8  # --balance: files whose first labels estimate the output's size (a request each on gs://)
-RECORD_OVERHEAD = 16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
-PILE_MEMORY_FACTOR = 3  # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
-LOCAL_BASE_BYTES = 725_000_000  # beside the passes (1 GB run: 0.96-1.0 GB, passes 0.4) + 122 MiB of numba
-AUTO_MEMORY_SHARE = 0.6  # --memory auto: this share of the memory available (the rest: the page cache, other work)
 _UNIT_SPARE = 0.95  # a unit of pass-1 work fills this much of a run (the records' held size is an estimate)
-_GZIP_EXPANSION_GUESS = 4.0  # a compressed input's expansion when no sample can tell (not gzip)
 
 
 @dataclasses.dataclass
@@ -81,6 +80,9 @@ class Plan:
     memory_budget: int = 0  # --memory: what a local run may use (0: not a local in-process run)
     memory_for_runs: int = 0  # of it, pass-1 runs kept in memory between the passes (pileshuffle.memory_runs)
     memory: object = None  # --memory auto: the memory_limit.Memory it is a share of (None: given, or no budget)
+    workers: object = None  # the job_model.Workers the piles and runs are sized for
+    max_pile_reason: str = ""  # --max_pile_bytes auto: how it was sized ("" when given)
+    scaled: bool = False  # plan --input_bytes: the sources stand for an input not there (unread)
 
     @property
     def held_per_writer(self) -> int:
@@ -106,9 +108,14 @@ class Plan:
         copies follow each file's order) in groups (``assign``)."""
         from pileshuffle.transforms.assign import source_groups, split_sources
 
-        fmt = get_format(self.format) if self.balance is None else None
-        spans = split_sources(self.sources, self.unit_bytes, fmt, self.skip_corrupt) if fmt else self.sources
-        return source_groups(spans, self.unit_bytes)
+        key = (self.unit_bytes, len(self.sources), self.sources[-1] if self.sources else None)
+        cached = self.__dict__.get("_source_groups")  # 100 TB's sources take seconds: cut once
+        if cached is None or cached[0] != key:
+            fmt = get_format(self.format) if self.balance is None else None
+            spans = (split_sources(self.sources, self.unit_bytes, fmt, self.skip_corrupt) if fmt
+                     else self.sources)
+            cached = self.__dict__["_source_groups"] = (key, source_groups(spans, self.unit_bytes))
+        return cached[1]
 
     @property
     def unit_bytes(self) -> int:
@@ -151,80 +158,6 @@ class Plan:
         return round(runs), round(parts)
 
 
-def _runs_on_object_store(opts, work_dir: str) -> bool:
-    """Whether pass 1 writes runs to an object store, where pass 2 pays a request per part
-    (``runs.auto_run_bytes``): files mode, shards, a remote temp location."""
-    return opts.intermediate == "files" and opts.layout == "shards" and storage.is_remote(work_dir)
-
-
-def piles_reached(num_piles: int, records: float) -> float:
-    """Expected non-empty piles of ``records`` records: M(1 - (1 - 1/M)^n)."""
-    if records <= 0 or num_piles == 1:
-        return float(records > 0)
-    return -num_piles * math.expm1(records * math.log1p(-1 / num_piles))
-
-
-def mean_record_bytes(fmt, sources) -> float:
-    """Mean bytes per record as Arrow holds it, from the first MiB of the first source that has
-    a record there (Parquet: its first rows decoded)."""
-    for source in sources:
-        mean = fmt.mean_record_bytes(source.path, _SAMPLE_BYTES) if source.size else None
-        if mean:
-            return max(1.0, mean)
-    return 1.0
-
-
-def _estimated_bytes(fmt, sources, mean: float) -> int:
-    """The input's records as Arrow holds them: Parquet's rows (its footers) of ``mean`` bytes
-    each (``mean_record_bytes``: a decoded sample), a plain file's size, a compressed file's size
-    times the expansion of a sample of the first one (``_expansion``)."""
-    if fmt.name == "parquet":
-        return int(sum(fmt.row_count(s.path) for s in sources if s.size) * mean)
-    compressed = [s for s in sources if storage.compression_of(s.path) != storage.UNCOMPRESSED]
-    ratio = _expansion(compressed[0].path) if compressed else 1.0
-    return int(sum(s.size * (ratio if s in compressed else 1) for s in sources))
-
-
-def _expansion(path: str) -> float:
-    """Bytes out per byte in of a compressed file's first MiB (gzip; else ``_GZIP_EXPANSION_GUESS``)."""
-    import zlib
-
-    if storage.compression_of(path) != storage.GZIP:
-        return _GZIP_EXPANSION_GUESS
-    with storage.open_read(path, storage.UNCOMPRESSED) as handle:
-        head = handle.read(_SAMPLE_BYTES)
-    inflate = zlib.decompressobj(wbits=47)  # a gzip (or zlib) header
-    try:
-        out = len(inflate.decompress(head, 64 * _SAMPLE_BYTES))
-    except zlib.error:  # pass 1 names what is wrong with the file
-        return _GZIP_EXPANSION_GUESS
-    used = len(head) - len(inflate.unconsumed_tail)
-    return max(1.0, out / used) if used else _GZIP_EXPANSION_GUESS
-
-
-def _choose_num_piles(requested, mean, total, max_pile_bytes, growth=1.0):
-    """``(piles, why)`` for ``--num_piles`` given the mean record size, the input bytes and the
-    records ``--balance`` writes per record read (``growth``)."""
-    if str(requested) != "auto":
-        return int(requested), "as requested"
-    per_record = mean + RECORD_OVERHEAD  # as a pile holds it: records of `mean` bytes, each with its key and hash
-    piles = keymath.auto_num_piles(total * growth / mean * per_record, per_record, max_pile_bytes)
-    written = "" if growth == 1.0 else f" written {growth:.2f} times over by --balance (a sample of the labels),"
-    reason = (f"auto: about {total / 1e6:,.0f} MB of {mean:,.0f}-byte records,{written} piles of at most "
-              f"{max_pile_bytes / 2**20:,.0f} MiB with s + 6*sqrt(s) headroom")
-    return piles, reason
-
-
-def _balance_growth(fmt, sources, label: str, policy) -> float:
-    """Records ``--balance`` writes per record read, estimated from the first MiB of labels of
-    up to ``_LABEL_SAMPLE_FILES`` files spread over the input, so that auto piles and the space
-    check fit the output (a 2x output in piles sized for the input splits every pile in pass 2)."""
-    if policy is None:
-        return 1.0
-    picked = sources[::max(1, len(sources) // _LABEL_SAMPLE_FILES)][:_LABEL_SAMPLE_FILES]
-    return policy.growth(sampled_label_counts(fmt, [s.path for s in picked if s.size], label, _SAMPLE_BYTES))
-
-
 def work_dir_for(output: str, temp_location) -> str:
     """The run's temp directory: deterministic per output, so a re-run after a crash
     finds and replaces what a killed run left."""
@@ -260,10 +193,11 @@ def _check_balance_fits(format_name: str, policy):
                          "samples before writing them as tar")
 
 
-def make_plan(options: PipelineOptions) -> Plan:
+def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
     """Everything decided before the pipeline starts. It only reads: it lists and samples
     the input and looks at the output's files; ``output_lock.taken_output`` does the writing, under
-    the output's lock."""
+    the output's lock. ``input_bytes``: plan as if the input totalled that many bytes of records
+    like its own (``input_size.scaled_sources``; ``plan --input_bytes``)."""
     opts = options.view_as(PileshuffleOptions)
     check_values(opts)
     if not opts.input:
@@ -288,12 +222,19 @@ def make_plan(options: PipelineOptions) -> Plan:
     dedup = dedup_of(opts)
     if dedup is not None and dedup.field and schema is not None and dedup.field not in schema.names:
         raise UsageError(f"--dedup_key: the input has no column {dedup.field!r} (columns: {', '.join(schema.names)})")
-    max_pile_bytes = parse_bytes(opts.max_pile_bytes)
     mean = mean_record_bytes(fmt, sources)
-    total = _estimated_bytes(fmt, sources, mean)
-    growth = _balance_growth(fmt, sources, opts.label_field, policy)
-    num_piles, reason = _choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
-    check_num_piles(num_piles, lambda: _choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0])
+    total = estimated_bytes(fmt, sources, mean)
+    growth = balance_growth(fmt, sources, opts.label_field, policy)
+    if input_bytes:
+        total = int(total * input_bytes / sum(s.size for s in sources))
+        sources = scaled_sources(sources, input_bytes)
+    budget, found = local_budget(opts.memory) if in_process_threads(options) else (0, None)
+    workers = workers_of(options, budget)
+    held = total * growth / mean * (mean + RECORD_OVERHEAD)  # Plan.held_bytes
+    max_pile_bytes, sized = _max_pile_bytes(opts, workers, held)
+    num_piles, reason = choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
+    check_num_piles(num_piles,
+                    lambda: choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0])
     if num_piles > max(1, total / mean):
         _log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
                      num_piles, f"{round(total / mean):,}")
@@ -302,7 +243,7 @@ def make_plan(options: PipelineOptions) -> Plan:
     if opts.layout == "store":
         needs = {store_dir(output): int(total * FRAGMENT_OVERHEAD)}
     needs = {location: int(need * growth) for location, need in needs.items()}  # --balance writes copies
-    space = free_space(needs)
+    space = _free_space(needs, input_bytes)
     plan = Plan(
         format=fmt.name,
         sources=sources,
@@ -311,8 +252,10 @@ def make_plan(options: PipelineOptions) -> Plan:
         num_piles=num_piles,
         num_piles_reason=reason,
         max_pile_bytes=max_pile_bytes,
-        run_bytes=run_bytes_for(opts.run_bytes if str(opts.run_bytes) == "auto" else parse_bytes(opts.run_bytes),
-                                num_piles, _runs_on_object_store(opts, work_dir)),
+        run_bytes=choose_run_bytes(opts.run_bytes, num_piles, opts.intermediate,
+                                   runs_on_object_store(opts.intermediate, opts.layout, work_dir,
+                                                        workers),
+                                   workers, held, sum(s.size for s in sources)),
         seed=int(opts.seed),
         intermediate=opts.intermediate,
         work_dir=work_dir,
@@ -334,27 +277,42 @@ def make_plan(options: PipelineOptions) -> Plan:
         mean_record_bytes=mean,
         estimated_bytes=total,
         growth=growth,
+        workers=workers,
+        max_pile_reason=sized,
+        scaled=bool(input_bytes),
     )
-    plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(plan, opts.memory, options)
+    plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(plan, budget, found,
+                                                                             options)
     if plan.memory_for_runs and work_dir in needs:  # runs kept in memory never reach the temp folder
         plan.needs[work_dir] = max(0, needs[work_dir] - plan.memory_for_runs)
-        plan.space = free_space(plan.needs)
+        plan.space = _free_space(plan.needs, input_bytes)
     return plan
 
 
-def _memory_for_runs(plan: Plan, memory, options) -> tuple:
+def _max_pile_bytes(opts, workers, held: float) -> tuple:
+    """``(bytes, why)`` of ``--max_pile_bytes``: as given, or ``auto`` from what one of the
+    ``workers``' threads holds (``job_model.auto_max_pile_bytes``; with ``--num_piles auto`` also
+    piles enough for every thread)."""
+    if str(opts.max_pile_bytes).strip() != "auto":
+        return parse_bytes(opts.max_pile_bytes), ""
+    return auto_max_pile_bytes(workers, held, spread=str(opts.num_piles) == "auto")
+
+
+def _free_space(needs: dict, input_bytes) -> dict:
+    """``space.free_space`` of ``needs``; not looked up for an input not there (``input_bytes``)."""
+    if input_bytes:
+        return {location: (need, None) for location, need in needs.items()}
+    return free_space(needs)
+
+
+def _memory_for_runs(plan: Plan, budget: int, found, options) -> tuple:
     """``(--memory's budget, what of it keeps pass-1 runs in memory, the memory_limit.Memory
     an auto budget is AUTO_MEMORY_SHARE of, else None)``: the budget less what the passes hold at once
     (``runners.in_process_threads`` x the larger of a writer's held chunks and a pile being ordered,
     ``PILE_MEMORY_FACTOR`` times its bytes), ``LOCAL_BASE_BYTES``. (0, 0, None) but for local files mode."""
-    from pileshuffle.memory_limit import available_memory
-    from pileshuffle.runners import in_process_threads
-
     threads = in_process_threads(options)
     if not threads or plan.intermediate != "files" or plan.layout != "shards":
         return 0, 0, None
-    found = available_memory() if str(memory) == "auto" else None
-    budget = int(AUTO_MEMORY_SHARE * (found.available or 0)) if found else parse_bytes(memory)
     pile = PILE_MEMORY_FACTOR * min(plan.max_pile_bytes, 1.05 * plan.held_bytes / plan.num_piles)
     working = threads * max(plan.held_per_writer, pile) + LOCAL_BASE_BYTES
     return budget, max(0, int(budget - working)), found

@@ -18,10 +18,12 @@ from pileshuffle.memory_limit import available_memory
 __all__ = [
     "LOCAL_RUNNERS", "DASK_RUNNER", "DASK_CONNECT_SECONDS", "given_options", "graph_defaults", "local_defaults", "runner_name", "runner_problem",
     "is_dask", "is_dataflow", "make_runner", "dask_runner", "is_local", "in_process_threads", "dask_defaults", "dataflow_defaults",
-    "should_wait", "outliving_job", "close_client", "submitted", "LOCAL_SHUFFLE_HOLD", "check_local_shuffle_fits"
-]
+    "should_wait", "outliving_job", "close_client", "submitted", "LOCAL_SHUFFLE_HOLD", "check_local_shuffle_fits",
+    "DOCUMENTED_WORKER"]
 
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")  # --runner values run in-process
+# a Dataflow launch's worker unless it names one: the docs' and the Makefile's (docs/dataflow.md)
+DOCUMENTED_WORKER = "n2-highmem-4"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"  # what runner_name makes of Dask's short names
 _DASK_MAX_DEFAULT_PARTITIONS = 64
 # A scheduler that is up answers in well under a second, even across a region; distributed's own
@@ -204,7 +206,8 @@ def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
     so default ``--sdk_container_image`` to it when the launch did not name one. With no image
     and no package to stage (``--setup_file``, ``--extra_package``) the workers would start
     Beam's stock image, which has no pileshuffle, and fail on their first bundle after minutes
-    of start-up: refused (``UsageError``) before anything is read or staged."""
+    of start-up: refused (``UsageError``) before anything is read or staged. A launch that names
+    no ``--worker_machine_type`` gets ``DOCUMENTED_WORKER``, the worker its plan is sized for."""
     from apache_beam.options.pipeline_options import SetupOptions, WorkerOptions
 
     from pileshuffle.errors import UsageError
@@ -219,6 +222,8 @@ def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
                          "pileshuffle; give --sdk_container_image (the template's image: make template-build) or "
                          "--setup_file ./setup.py (installed on every worker as it starts)")
     _refuse_local_paths(options)
+    if not worker.machine_type:  # the worker a plan sizes piles for (job_model), not n1-standard-1
+        worker.machine_type = DOCUMENTED_WORKER
     cloud = options.view_as(GoogleCloudOptions)
     if not cloud.job_name:  # named before the launch: the output's lock names the job that holds it
         cloud.job_name = f"pileshuffle-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"

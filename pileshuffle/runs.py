@@ -66,6 +66,7 @@ MAX_HELD_BYTES = 1 << 30  # a writer holds at most this in memory; a larger run 
 _PART_BYTES = 64 << 10  # auto: a run gives each pile a part of about this much...
 _MIN_RUN_BYTES, _MAX_RUN_BYTES = 64 << 20, 1 << 30  # ...within these bounds, all held in memory
 _REMOTE_PART_BYTES, _MAX_REMOTE_RUN_BYTES = 256 << 10, 32 << 30  # auto for runs on an object store (spilled)
+_SPILLED_PART_BYTES = 128 << 10  # auto where a writer spills to a disk of its own (Dataflow, shuffle)
 _MAX_MERGED_PART = 64 << 20  # a spilled run stops growing at this much per pile: the merge holds one part 3 times
 RUN_MAGIC = b"PSRUN002"  # 002: segments of groups of piles, G in the footer
 SEGMENT_OVERHEAD = 1000  # bytes of a segment beside its records: schema, batch header, end marker (measured:
@@ -74,20 +75,27 @@ _WINDOW_BYTES = 32 << 20  # a flush gathers about this many bytes of neighbourin
 _LENGTH_COLUMN = "_pileshuffle_length"  # a spill's column of each record's payload bytes
 
 
-def auto_run_bytes(num_piles: int, remote: bool = False) -> int:
+def auto_run_bytes(num_piles: int, remote: bool = False, room: int = 0) -> int:
     """``--run_bytes=auto``: ``num_piles`` parts of 64 KiB (about 64 records of 1 KB per element),
     at least 64 MiB and at most 1 GiB, all held in memory: at 100,000 piles a part is then about
     10 KiB. With ``remote`` (files mode on an object store, where pass 2 pays a request per part)
-    parts of 256 KiB, up to 32 GiB: beyond ``MAX_HELD_BYTES`` the run is spilled to local disk."""
+    parts of 256 KiB, up to 32 GiB: beyond ``MAX_HELD_BYTES`` the run is spilled to local disk.
+    With ``room`` (shuffle mode on workers with a disk of their own, ``job_model``) parts of 128 KiB
+    (a segment's ~1,000 bytes of framing under 1% of each element) up to ``room`` bytes, spilled
+    beyond ``MAX_HELD_BYTES``."""
     if remote:
         return int(min(_MAX_REMOTE_RUN_BYTES, max(_MIN_RUN_BYTES, num_piles * _REMOTE_PART_BYTES)))
+    if room:
+        most = min(_MAX_REMOTE_RUN_BYTES, max(_MAX_RUN_BYTES, room))
+        return int(min(most, max(_MIN_RUN_BYTES, num_piles * _SPILLED_PART_BYTES)))
     return int(min(_MAX_RUN_BYTES, max(_MIN_RUN_BYTES, num_piles * _PART_BYTES)))
 
 
-def run_bytes_for(value, num_piles: int, remote: bool = False) -> int:
-    """The run size pass 1 uses for ``--run_bytes`` ``value`` (``"auto"``, None or bytes): a run
-    larger than memory holds is cut where its parts would pass 64 MiB, which the merge holds."""
-    run_bytes = auto_run_bytes(num_piles, remote) if value in (None, "auto") else int(value)
+def run_bytes_for(value, num_piles: int, remote: bool = False, room: int = 0) -> int:
+    """The run size pass 1 uses for ``--run_bytes`` ``value`` (``"auto"``, None or bytes;
+    ``remote`` and ``room``: ``auto_run_bytes``): a run larger than memory holds is cut where its
+    parts would pass 64 MiB, which the merge holds."""
+    run_bytes = auto_run_bytes(num_piles, remote, room) if value in (None, "auto") else int(value)
     return int(min(run_bytes, max(MAX_HELD_BYTES, num_piles * _MAX_MERGED_PART)))
 
 

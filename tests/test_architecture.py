@@ -17,9 +17,10 @@ LAYERS = {
     0: ["names", "keys", "crc", "compiled_crc", "checksums", "pile_bound", "help_style", "fingerprint", "errors", "tuning", "interrupt", "progress", "balance", "sources", "memory_runs", "memory_limit"],
     1: ["cloud", "storage", "copy_marks", "unfinished"],
     2: ["formats"],
-    3: ["fragments", "dedup", "runs", "space", "transforms", "inputs", "options", "parameters", "runners", "running", "output_files", "sample"],
+    3: ["fragments", "dedup", "runs", "space", "transforms", "inputs", "options", "parameters", "runners", "running", "output_files", "sample",
+        "input_size"],
     4: ["store"],
-    5: ["plan", "output_lock"],
+    5: ["plan", "output_lock", "job_model", "job_costs", "gcs_requests"],
     6: ["verify", "store.read"],
     7: ["quality"],
     8: ["commands", "cli", "pipeline", "__main__", "quality.__main__"],  # commands and their entry aliases

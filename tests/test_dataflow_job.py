@@ -22,9 +22,9 @@ def launch(gcs, *args, image=IMAGE):
     """``pileshuffle run --runner DataflowRunner`` writing its job to ``{gcs}/job.json``."""
     locations = [f"--temp_location={gcs}/tmp", f"--staging_location={gcs}/staging", f"--template_location={gcs}/job.json"]
     env = {k: v for k, v in os.environ.items() if k != "PILESHUFFLE_SDK_CONTAINER_IMAGE"}
-    defaults = [f"--input={gcs}/in/*.jsonl", f"--output={gcs}/out/data"]  # unless ``args`` give their own (given once)
+    defaults = [f"--input={gcs}/in/*.jsonl", f"--output={gcs}/out/data", "--num_piles=8"]  # unless ``args`` give theirs
     defaults = [d for d in defaults if not any(a.startswith(d.split("=", 1)[0] + "=") for a in args)]
-    return subprocess.run([sys.executable, "-m", "pileshuffle", "run", *defaults, "--format=jsonl", "--num_piles=8",
+    return subprocess.run([sys.executable, "-m", "pileshuffle", "run", *defaults, "--format=jsonl",
                            "--runner=DataflowRunner", *locations, *([f"--sdk_container_image={image}"] if image else []),
                            *args], capture_output=True, text=True, timeout=300, env=env)
 

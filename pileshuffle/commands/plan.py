@@ -11,17 +11,17 @@ import os
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.inputs import describe_left_out, describe_skipped
-from pileshuffle.names import manifest_path, staging_dir, store_dir
+from pileshuffle.names import manifest_path, shard_name, staging_dir, store_dir
+from pileshuffle.commands.plan_modes import modes_json, modes_lines
+from pileshuffle.job_model import SDK_PROCESS_BYTES as _SDK
 from pileshuffle.plan import LOCAL_BASE_BYTES, PILE_MEMORY_FACTOR, RECORD_OVERHEAD, Plan, make_plan
 from pileshuffle.runners import LOCAL_SHUFFLE_HOLD
+from pileshuffle.gcs_requests import gcs_operations
 from pileshuffle.runs import SEGMENT_OVERHEAD
 from pileshuffle.storage import UNCOMPRESSED, compression_of, is_remote
 from pileshuffle.transforms.pile_groups import group_words, template_group
 
 __all__ = ["PileSizes", "gcs_operations", "plan_text", "plan_json", "main"]
-
-_SDK_PROCESS_BYTES = 1_000_000_000  # per SDK process on a Dataflow worker (docs/dataflow.md)
-
 
 @dataclasses.dataclass(frozen=True)
 class PileSizes:
@@ -55,69 +55,6 @@ class PileSizes:
 
 def _pile_sizes(plan: Plan) -> PileSizes:
     return PileSizes(plan.written_records, plan.num_piles, plan.mean_record_bytes + RECORD_OVERHEAD, plan.max_pile_bytes)
-
-
-# -- Cloud Storage operations of a run, counted from the code (Beam 2.77's gcsio under storage.py) --
-_READ_REQUEST_BYTES = 16 << 20  # one ranged GET: Beam's gcsio read buffer (16 MiB); formats read 16 MiB at a time too
-_LIST_PAGE = 1000  # objects per list request (storage.objects.list's largest page)
-_RUN_B = 2  # class B per pass-1 run beside its segments' reads: two lookups (Beam's upload and delete; counted on the emulator)
-# counted on the emulator: 14 lists (the plan's and Finalize's output checks, clean-ups) + uploads of the 2 write
-# probes, the lock, the journal and the manifest; the bucket's first look, manifest checks, the plan's sample, the
-# lookups before deleting the probes, journal and lock, and the reads of the lock and the manifest
-_FIXED_A, _FIXED_B = 19, 20
-# a direct publication's preparation (counted on the emulator): the listings and lookups that find nothing
-# published at the output, and its journal's upload
-_PREPARE_A, _PREPARE_B = 3, 5
-
-
-def _read_requests(fmt: str, source) -> int:
-    """Class B operations of reading one input file, or a span of one, in pass 1 (see ``gcs_operations``)."""
-    if source.span is not None:  # its metadata, each started 16 MiB (the line across its end with it); Parquet's footer
-        return 1 + math.ceil((source.span_bytes + 1) / _READ_REQUEST_BYTES) + (fmt == "parquet")
-    reads = 1 + math.ceil(source.size / _READ_REQUEST_BYTES) + 1  # its metadata, each started 16 MiB, the end (or footer)
-    if fmt == "tfrecord":  # its size looked up first (2), a frame header read across the first 16 MiB boundary
-        reads += 2 + (source.size > _READ_REQUEST_BYTES)
-    return reads
-
-
-def gcs_operations(plan: Plan) -> dict:
-    """Cloud Storage operations a run of a shard-layout ``plan`` makes with every path on gs://,
-    as ``{step: (class A, class B)}`` for "checks", "input", "runs" (files mode only),
-    "shards" and "total". Class A: uploads, copies, lists; class B: reads of objects and their
-    metadata; deletes are free. Counted from the code and checked against the emulator (exact
-    for JSONL, within one read per file for TFRecord and Parquet), assuming:
-
-    - an upload is one class A however many 16 MiB chunks it sends (a completed resumable
-      upload is one); a rename is a copy (A) and a delete, as Beam's GCSFileSystem does it;
-    - reading an input file: its metadata (Beam's reader reloads it), one read per started
-      16 MiB, one that finds the end (Parquet: its footer); TFRecord adds 2-3 (``_read_requests``);
-      a span of a large file (``sources.split_sources``): its metadata and its 16 MiB reads;
-      the plan reads each Parquet footer three times (6: schema, rows, the first file's sample);
-    - files mode writes one run per ``run_bytes`` a group of sources holds (``Plan.run_shape``;
-      none for the share of them a local run keeps in memory, ``Plan.memory_for_runs``),
-      each uploaded straight to its name (1 A) and deleted at the end (2 lookups: 2 B); pass 2
-      reads each (run, pile) segment in one ranged GET with no metadata read (1 B each);
-    - a shard of a new output is uploaded straight to its final name (1 A) and its size looked
-      up (2 B); the publication is prepared with listings, lookups and a journal (3 A, 5 B). (Replacing a
-      finished output with --overwrite stages each shard and copies it: 1 A more per shard.)
-    - a list returns 1,000 objects; no pile is split again (``plan`` prints the chance);
-    - not counted: retries, Dataflow's staging of the job, each worker process's first look at
-      a bucket (1 B). (google-cloud-storage >= 3 would read the bucket's metadata for each new
-      client, one per Beam file operation: ``cloud.configure_beam`` turns that off.)"""
-    files, piles = len(plan.sources), plan.num_piles
-    sampled = 2 * (plan.format == "tfrecord") + 6 * files * (plan.format == "parquet")  # the plan: sizes, footers
-    steps = {
-        "checks": (_FIXED_A + math.ceil(files / _LIST_PAGE), _FIXED_B + sampled),
-        "input": (0, sum(_read_requests(plan.format, s) for group in plan.source_groups for s in group)),
-    }
-    if plan.intermediate == "files":
-        runs, parts = plan.run_shape()
-        on_disk = max(0.0, 1 - plan.memory_for_runs / max(1.0, plan.held_bytes))  # runs kept in memory make none
-        runs, parts = round(runs * on_disk), round(parts * on_disk)
-        steps["runs"] = (runs + max(0, math.ceil(runs / _LIST_PAGE) - 1), parts + _RUN_B * runs)
-    steps["shards"] = (piles + _PREPARE_A, 2 * piles + _PREPARE_B)
-    steps["total"] = tuple(sum(part[i] for part in steps.values()) for i in (0, 1))
-    return steps
 
 
 def _runner_description(options) -> tuple:
@@ -190,7 +127,8 @@ def plan_text(plan: Plan, options) -> str:
     lines += [
         ("piles", f"{plan.num_piles:,} = output shards ({plan.num_piles_reason})"),
         ("pile size", f"s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} "
-                      f"records, about {_size(pile_bytes)} (--max_pile_bytes {_mib(plan.max_pile_bytes)})"),
+                      f"records, about {_size(pile_bytes)} (--max_pile_bytes "
+                      f"{_mib(plan.max_pile_bytes)}{_sized(plan)})"),
         ("split again", f"chance that some pile exceeds {_mib(plan.max_pile_bytes)} and is split again (same order): "
                         f"{_chance(sizes.split_probability)}"),
     ]
@@ -203,7 +141,7 @@ def plan_text(plan: Plan, options) -> str:
                                 f"{_size(LOCAL_BASE_BYTES)} = {_size(peak)} peak{_kept_text(plan)}"))
     else:
         lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
-                                f"{_size(per_pile)} {group_words(group)} in flight, plus {_size(_SDK_PROCESS_BYTES)} per SDK "
+                                f"{_size(per_pile)} {group_words(group)} in flight, plus {_size(_SDK)} per SDK "
                                 "process (docs/dataflow.md: worker memory)"))
     staging = staging_dir(plan.output)
     if plan.work_dir in plan.needs:
@@ -220,12 +158,19 @@ def plan_text(plan: Plan, options) -> str:
         lines.append(("shuffle", f"about {_size(shuffled)} through the runner's GroupByKey (--intermediate=shuffle: "
                                  "the records with their keys and hashes)" + _runner_holds(options, shuffled)))
     lines.append(("gcs requests", _operations_text(plan)))
+    lines += modes_lines(plan, options)
     lines += [
-        ("output", f"{plan.output}-00000-of-{plan.num_piles:05d}... + {manifest_path(plan.output)}, compression "
-                   f"{plan.compression}, seed {plan.seed}"),
+        ("output", f"{shard_name(plan.output, 0, plan.num_piles, '')}... + "
+                   f"{manifest_path(plan.output)}, compression {plan.compression}, "
+                   f"seed {plan.seed}"),
         ("runner", runner),
     ]
     return "\n".join(f"{label:<14}{text}" for label, text in lines)
+
+
+def _sized(plan: Plan) -> str:
+    """How ``--max_pile_bytes auto`` sized the piles ("" when it was given)."""
+    return f", {plan.max_pile_reason}" if plan.max_pile_reason else ""
 
 
 def _kept_text(plan: Plan) -> str:
@@ -354,6 +299,7 @@ def plan_json(plan: Plan, options) -> dict:
                                                      "undersample": plan.balance.undersample, "counting_pass": True,
                                                      "growth_estimate": round(plan.growth, 4)},
         "dedup": None if plan.dedup is None else plan.dedup.options(),
+        **modes_json(plan, options),
     }
 
 
@@ -376,7 +322,13 @@ def main(argv=None):
 
     json_flag = Parameter("json", "JSON", "Print the plan as JSON (the machine form) instead of text.", "false",
                           flag=True)
-    parameters = PARAMETERS + (json_flag,)
+    scale = Parameter("input_bytes", "Plan for this much input",
+                      "Plan as if the input totalled this many bytes of records like its own (in "
+                      "files of 1 GB, or the sample's if larger), both intermediate modes side by "
+                      "side: plan a 100TB job from a sample of it. Suffixes as --max_pile_bytes "
+                      "(binary: TB = TiB); or a number of bytes.", "100TB", default="",
+                      regex=r"^[^\n]*$", metavar="SIZE")
+    parameters = PARAMETERS + (json_flag, scale)
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv):
         print(help_text("pileshuffle plan", "Show what `pileshuffle run` would do with these options: files, bytes, "
@@ -385,11 +337,12 @@ def main(argv=None):
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        values = check_argv(argv, parameters)
+        input_bytes, argv = _input_bytes_of(argv)
+        values = check_argv(argv, PARAMETERS + (json_flag,))
         options = PipelineOptions([a for a in argv if a.split("=", 1)[0] != "--json"])
         if is_local(options):
             options = local_defaults(options)
-        plan = make_plan(options)
+        plan = make_plan(options, input_bytes)
     except PileshuffleError as error:
         print(f"pileshuffle: error: {error}", file=sys.stderr)
         return 2
@@ -398,3 +351,29 @@ def main(argv=None):
     else:
         print(plan_text(plan, options))
     return 0
+
+
+def _input_bytes_of(argv: list) -> tuple:
+    """``(--input_bytes as a size or None, argv without it)``: a size of at least a byte, which
+    only ``plan`` takes (given as ``--input_bytes SIZE`` or ``--input_bytes=SIZE``)."""
+    from pileshuffle.errors import UsageError
+    from pileshuffle.parameters import parse_bytes
+
+    kept, given, rest = [], [], iter(argv)
+    for arg in rest:
+        name, equals, value = arg.partition("=")
+        if name != "--input_bytes":
+            kept.append(arg)
+            continue
+        given.append(value if equals else next(rest, ""))
+    if len(given) > 1:
+        raise UsageError(f"--input_bytes: given {len(given)} times; give it once")
+    if not given:
+        return None, kept
+    try:
+        size = parse_bytes(given[0])
+    except ValueError as error:
+        raise UsageError(f"--input_bytes: {error}") from None
+    if size < 1:
+        raise UsageError(f"--input_bytes: {given[0]} is no input: give a size such as 100TB")
+    return size, kept

@@ -18,6 +18,7 @@ from pileshuffle import progress, storage
 from pileshuffle.commands.report import (finished_at, reporting_errors, shards_at_stake_on_interrupt,
                                          summary)
 from pileshuffle.errors import OutputError, PileshuffleError, user_message
+from pileshuffle.job_model import check_worker_disk
 from pileshuffle.names import SHARDS_KIND, manifest_path
 from pileshuffle.options import check_argv, help_text, wants_help
 from pileshuffle.parameters import PileshuffleOptions, check_values, parse_flag
@@ -77,6 +78,7 @@ def run(options=None, wait=None, hold_worker_stderr=False):
               f"input files by path and size), finished {when}: nothing to do", file=sys.stderr)
         return finished
     check_space(plan.space)
+    check_worker_disk(plan)
     if is_local(options):
         check_local_shuffle_fits(plan)
     if is_dask(options):

@@ -73,7 +73,7 @@ class MaterializeOptions:
     quiet: bool = False  # as run --quiet (materialize prints only its summary and warnings anyway)
 
     def __post_init__(self):
-        check_max_pile_bytes(self.max_pile_bytes, auto=False)  # the store fixes the number of piles
+        check_max_pile_bytes(self.max_pile_bytes, auto=False, allow_auto=False)  # the store fixes the piles
 
     def describe(self) -> str:
         return f"pileshuffle materialize --store {self.store} --output {self.output}"
