@@ -176,7 +176,7 @@ def test_a_default_run_in_an_800_mib_cgroup_finishes_and_verifies(memory_cgroup,
     """600 MB of 1 KB TFRecords (``pileshuffle generate``'s records), default options, in a cgroup
     of 800 MiB: ``--memory auto`` read 23 GB from /proc/meminfo, kept the runs in memory and the
     kernel killed the run (exit 137, no message). Now ``plan`` says the budget is the cgroup's,
-    ``run`` finishes within it (no OOM kill, peak RSS under the limit) and ``verify`` passes; the
+    ``run`` finishes within it (no OOM kill) and ``verify`` passes; the
     pile bound refuses in the cgroup a count the host allows."""
     sample.write_tfrecord(str(tmp_path / "in"), records=600_000, files=4, record_bytes=1000)
     where = ["--input", f"{tmp_path}/in/*.tfrecord", "--output", f"{tmp_path}/out/t"]
@@ -193,7 +193,10 @@ def test_a_default_run_in_an_800_mib_cgroup_finishes_and_verifies(memory_cgroup,
     killed = cgroup_value(memory_cgroup, "memory.oom_control", "oom_kill")
     usage = cgroup_value(memory_cgroup, "memory.max_usage_in_bytes")  # with page cache: the limit
     assert code == 0, f"exit {code}, {killed} OOM kill(s), RSS {peak / MiB:.0f} MiB: {err[-2000:]}"
-    assert killed == 0 and peak < LIMIT and usage <= LIMIT, (killed, peak, usage)
+    # Not the run's peak RSS: it counts the input's memory-mapped pages, which the page cache charged
+    # to the process that wrote them (outside this cgroup): 1.7 GB of "RSS" was seen in a run that
+    # the 800 MiB limit never touched. The kernel's verdict is the OOM-kill count.
+    assert killed == 0 and usage <= LIMIT, (killed, peak, usage)
     assert "records   600,000 (fingerprints of input and output match)" in out, out
     done = subprocess.run([sys.executable, "-m", "pileshuffle", "verify", *where],
                           capture_output=True, text=True, timeout=300)
