@@ -64,7 +64,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile tests
 
-## bench: the benchmark tables (see bench/README.md): the shuffle, CPU seconds per GB against DuckDB, the loader, the pile stores, gs:// on the emulator, a pile from many parts, small piles' shards, spilled runs, one large file, --dedup against DuckDB, how fast commands exit; SCALE=10 for 10 GB.
+## bench: the benchmark tables (see bench/README.md): the shuffle, CPU seconds per GB against DuckDB, the loader, the pile stores, gs:// on the emulator, a pile from many parts, small piles' shards, spilled runs, one large file, --dedup against DuckDB, how fast commands exit, CPU per GB at 10-240 records per part; SCALE=10 for 10 GB.
 bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/loader.py $(if $(SCALE),--scale $(SCALE),)
@@ -80,6 +80,7 @@ bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/dedup.py $(if $(SCALE),--size $(SCALE)GB --rounds 1,)
 	$(BIN)/python bench/exits.py
 	$(BIN)/python bench/cpu_per_gb.py
+	$(BIN)/python bench/regime_rates.py
 
 ## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).
 metadata: $(STAMP)

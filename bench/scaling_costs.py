@@ -23,8 +23,8 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from pileshuffle import sample  # noqa: E402
 from pileshuffle.commands.plan import plan_json  # noqa: E402
 from pileshuffle.job_costs import PRICES, RAMP_DOUBLING, SPILL_FACTOR, START_READS, STARTUP_HOURS  # noqa: E402
-from pileshuffle.job_model import (DEFAULT_DISK_GB, DISK_RESERVE_GB, RATE_PER_VCPU,  # noqa: E402
-                                   TARGET_HOURS)
+from pileshuffle.job_model import (DEFAULT_DISK_GB, DISK_RESERVE_GB, MEASURED_CPU_PER_GB,  # noqa: E402
+                                   SIZING_RATE, TARGET_HOURS, WORKER_OVERHEAD, rate_per_vcpu)
 from pileshuffle.plan import make_plan  # noqa: E402
 from pileshuffle.runners import DOCUMENTED_WORKER  # noqa: E402
 
@@ -76,6 +76,7 @@ def mode_table(plans: dict, mode: str) -> list:
                                                             f"{_size(modes[t]['spilled_per_writer']) if modes[t]['spilled_per_writer'] else 'none'}"),
         ("runs / parts", lambda t: f"{modes[t]['runs']:,} / {modes[t]['parts']:,}"),
         ("records per part", lambda t: f"{modes[t]['records_per_part']:,.0f}"),
+        ("rate per vCPU at these parts", lambda t: f"{rate_per_vcpu(mode, modes[t]['records_per_part']) / 1e6:,.0f} MB/s"),
         ("units of pass 1 per thread (tail share)", lambda t: f"{modes[t]['units_per_thread']:,.1f} "
                                                              f"({modes[t]['tail_share']:.0%})"),
         ("workers, about an hour", lambda t: f"{plans[t]['workers']['expected_workers']:,}"),
@@ -125,12 +126,24 @@ def prices_table() -> list:
             ("Cloud Storage class A / class B", f"${PRICES['class_a'] * 1000:g} / ${PRICES['class_b'] * 1000:g} "
                                                 "per 1,000 operations"),
             ("Cloud Storage Standard", f"${PRICES['storage_gb_month']} per GB-month (soft delete off on the temp bucket)"),
-            ("planning rate", f"{RATE_PER_VCPU / 1e6:,.0f} MB of input per vCPU-second (× {SPILL_FACTOR} when runs "
-                              f"spill), {STARTUP_HOURS * 60:,.0f} minutes of start per worker"),
-            ("cluster", f"`{DOCUMENTED_WORKER}` workers for about {TARGET_HOURS:g} hour, one thread per vCPU; "
+            ("rate per vCPU", f"the local rate at the mode's records per part (below) ÷ {WORKER_OVERHEAD:g} "
+                              f"(× {SPILL_FACTOR} time when runs spill), {STARTUP_HOURS * 60:,.0f} minutes of start "
+                              f"per worker"),
+            ("cluster", f"`{DOCUMENTED_WORKER}` workers for about {TARGET_HOURS:g} hour at "
+                        f"{SIZING_RATE / 1e6:,.0f} MB/s per vCPU, one thread per vCPU; "
                         f"{DEFAULT_DISK_GB} GB disks unless more is needed, {DISK_RESERVE_GB} GB of each for the system"),
             ("bucket read ramp", f"{START_READS:,} reads/s at first, doubling every {RAMP_DOUBLING // 60} minutes")]
     return [_row("item", ["value"]), "|---|---|"] + [_row(name, [value]) for name, value in rows]
+
+
+def rates_table() -> list:
+    """``job_model.MEASURED_CPU_PER_GB`` (bench/regime_rates.py) and the rate per vCPU it gives."""
+    lines = [_row("records per part", [f"{mode}: local CPU-s per GB; MB/s per Dataflow vCPU"
+                                       for mode in MEASURED_CPU_PER_GB]), "|---|---|---|"]
+    for n, (rpp, _) in enumerate(MEASURED_CPU_PER_GB["files"]):
+        lines.append(_row(f"{rpp:,}", [f"{points[n][1]:g}; {rate_per_vcpu(mode, rpp) / 1e6:,.0f}"
+                                       for mode, points in MEASURED_CPU_PER_GB.items()]))
+    return lines
 
 
 def tables() -> dict:
@@ -140,7 +153,7 @@ def tables() -> dict:
         records = os.path.join(folder, "sample", "*.tfrecord")
         plans = {t: planned(records, t) for t in SIZES}
         found = {"files": mode_table(plans, "files"), "shuffle": mode_table(plans, "shuffle"),
-                 "cheapest": cheapest_table(records), "prices": prices_table()}
+                 "cheapest": cheapest_table(records), "prices": prices_table(), "rates": rates_table()}
     return {name: "\n".join(lines) for name, lines in found.items()}
 
 

@@ -1,8 +1,9 @@
 """A plan's run in both intermediate modes side by side, and what each costs on Dataflow: pass 1's
 runs and parts (records per part), its units of work and the last wave's tail, pass 2's requests
 per pile and how long a bucket's read ramp takes to serve them, the disk a worker needs for its
-spill, and dollars per TB from a small price table and the planning rate
-(``job_model.RATE_PER_VCPU``). Nothing here has run on Dataflow: it is ``plan``'s model, priced.
+spill, and dollars per TB from a small price table and the rate measured locally at the mode's
+records per part (``job_model.rate_per_vcpu``). Nothing here has run on Dataflow: it is ``plan``'s
+model, priced.
 
 Prices: us-central1 list prices as stored on 2026-11-25 (docs/scaling.md gives each source);
 check them before a large run."""
@@ -11,8 +12,8 @@ import dataclasses
 import math
 
 from pileshuffle.gcs_requests import gcs_operations
-from pileshuffle.job_model import (DEFAULT_DISK_GB, RATE_PER_VCPU, choose_run_bytes, disk_to_ask,
-                                   expected_workers, runs_on_object_store)
+from pileshuffle.job_model import (DEFAULT_DISK_GB, choose_run_bytes, disk_to_ask, expected_workers,
+                                   rate_per_vcpu, runs_on_object_store)
 from pileshuffle.parameters import PileshuffleOptions
 from pileshuffle.runs import SEGMENT_OVERHEAD
 
@@ -93,12 +94,13 @@ def mode_figures(plan, options, mode: str) -> dict:
 
 def _dollars(plan, figures: dict) -> dict:
     """The run's dollars on Dataflow: workers (vCPUs and memory for the input at
-    ``RATE_PER_VCPU``, ``SPILL_FACTOR`` slower when runs spill, and each worker's start), their
-    disks (``disk_size_gb`` each), Cloud Storage operations, the Shuffle service's bytes, and
-    files mode's runs stored for the job's time."""
+    ``rate_per_vcpu`` of its mode and records per part, ``SPILL_FACTOR`` slower when runs spill,
+    and each worker's start), their disks (``disk_size_gb`` each), Cloud Storage operations, the
+    Shuffle service's bytes, and files mode's runs stored for the job's time."""
     workers, kind = plan.workers, plan.workers.machine
     slower = SPILL_FACTOR if plan.spilled_per_writer else 1.0
-    vcpu_hours = plan.input_bytes / RATE_PER_VCPU / 3600 * slower
+    rate = rate_per_vcpu(plan.intermediate, figures["records_per_part"])
+    vcpu_hours = plan.input_bytes / rate / 3600 * slower
     count = expected_workers(workers, plan.input_bytes)
     hours = vcpu_hours / (count * kind.vcpus) + STARTUP_HOURS
     months = count * hours / HOURS_PER_MONTH  # worker-months

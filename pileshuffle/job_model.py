@@ -19,7 +19,8 @@ from pileshuffle.runners import DOCUMENTED_WORKER, in_process_threads, is_datafl
 from pileshuffle.runs import run_bytes_for
 
 __all__ = ["PILE_MEMORY_FACTOR", "LOCAL_BASE_BYTES", "AUTO_MEMORY_SHARE", "SDK_PROCESS_BYTES",
-           "DOCUMENTED_WORKER", "DEFAULT_DISK_GB", "DISK_RESERVE_GB", "RATE_PER_VCPU",
+           "DOCUMENTED_WORKER", "DEFAULT_DISK_GB", "DISK_RESERVE_GB", "MEASURED_CPU_PER_GB",
+           "WORKER_OVERHEAD", "SIZING_RATE", "rate_per_vcpu",
            "TARGET_HOURS", "Machine", "machine", "Workers", "workers_of", "local_budget",
            "auto_max_pile_bytes", "choose_run_bytes", "expected_workers", "runs_on_object_store",
            "check_worker_disk", "disk_to_ask"]
@@ -41,10 +42,17 @@ DISK_RESERVE_GB = 10
 MIN_AUTO_PILE, MAX_AUTO_PILE = 64 << 20, GiB  # --max_pile_bytes auto: within these (shards ~1 GB)
 PILES_PER_THREAD = 8  # auto: at least this many piles per pass-2 thread, so that each has piles
 UNITS_PER_SLOT = 4  # --run_bytes auto: at least this many pass-1 units per thread of the cluster
-# Planning rate of the whole shuffle, input bytes per vCPU-second: about half the 110-140 MB/s per
-# core measured locally for both passes (docs/performance.md; 3.6-4.0 s of user CPU per GB,
-# DESIGN.md), for remote reads, the Shuffle service and the SDK harness. Not measured on Dataflow.
-RATE_PER_VCPU = 50e6
+# CPU seconds (user + system) per GB of input of a whole local run, both passes, by intermediate
+# mode and records per part (the regime: a 10-100 TB job runs at 10-240): bench/regime_rates.py,
+# 2026-12-06, medians of 3 interleaved rounds, 508 MB of 1 KB TFRecords in 260 or 130 piles,
+# --memory 1GiB, 2 shared cores (docs/scaling.md "Rates at the job's regime")
+MEASURED_CPU_PER_GB = {"files": ((10, 37.8), (60, 12.0), (240, 9.0)),
+                       "shuffle": ((10, 43.8), (60, 18.3), (240, 17.6))}
+# A Dataflow worker's CPU per local CPU: it also reads the input from and writes runs and shards to
+# Cloud Storage (TLS and HTTP in Python), moves shuffle-mode elements through the SDK harness's
+# gRPC data plane, and runs the harness itself. Not measured (nothing here ran on Dataflow): the
+# factor the former single planning rate carried (half the local rate).
+WORKER_OVERHEAD = 2.0
 TARGET_HOURS = 1.0  # a cluster not given runs the job in about this long (docs/scaling.md)
 _UNIT_SPARE = 0.95  # a unit of pass-1 work fills this much of a run (the held size is an estimate)
 
@@ -195,14 +203,33 @@ def _power_of_two(size: float) -> int:
     return 1 << max(0, int(size).bit_length() - 1)
 
 
+def rate_per_vcpu(mode: str, records_per_part: float) -> float:
+    """Input bytes a Dataflow vCPU shuffles a second in ``mode`` at ``records_per_part``: 1 GB
+    over ``MEASURED_CPU_PER_GB`` interpolated on log(records per part) (the nearest measured
+    regime outside 10-240) times ``WORKER_OVERHEAD``."""
+    points = MEASURED_CPU_PER_GB[mode]
+    at = math.log(min(max(records_per_part, points[0][0]), points[-1][0]))
+    for (low, low_cpu), (high, high_cpu) in zip(points, points[1:]):
+        if at <= math.log(high):
+            share = (at - math.log(low)) / (math.log(high) - math.log(low))
+            cpu = low_cpu + share * (high_cpu - low_cpu)
+            return 1e9 / (cpu * WORKER_OVERHEAD)
+    raise AssertionError("unreachable: records per part clamped to the measured range")
+
+
+# the cluster is sized before a mode's parts are known: at files mode's rate at 240 records per
+# part (--run_bytes auto's regime on gs://), the fastest measured
+SIZING_RATE = rate_per_vcpu("files", 240)
+
+
 def expected_workers(workers: Workers, input_bytes: float) -> int:
     """The workers a job runs on: ``--max_num_workers`` (or ``--num_workers``), else on Dataflow
-    the ones that read the input in about ``TARGET_HOURS`` at ``RATE_PER_VCPU``; one elsewhere."""
+    the ones that read the input in about ``TARGET_HOURS`` at ``SIZING_RATE``; one elsewhere."""
     if workers.where != "dataflow":
         return 1
     if workers.workers:
         return workers.workers
-    vcpu_hours = input_bytes / RATE_PER_VCPU / 3600
+    vcpu_hours = input_bytes / SIZING_RATE / 3600
     return max(1, math.ceil(vcpu_hours / TARGET_HOURS / workers.machine.vcpus))
 
 

@@ -7,6 +7,7 @@ import base64
 import fnmatch
 import gzip
 import json
+import math
 import random
 import zlib
 
@@ -15,6 +16,7 @@ import pytest
 from pileshuffle import sample, storage
 from pileshuffle.commands.plan import main as plan_main
 from pileshuffle.errors import OutputError
+from pileshuffle.job_model import MEASURED_CPU_PER_GB, SIZING_RATE, WORKER_OVERHEAD, rate_per_vcpu
 from pileshuffle.names import SHARD_NAME, SHARD_TAIL, shard_name, shard_pattern
 from pileshuffle.output_files import check_replaceable
 from test_dataflow_job import PROJECT, launch
@@ -60,6 +62,23 @@ def test_a_dataflow_job_of_10_and_100_tb_with_default_options(capsys, tmp_path, 
     assert plan["modes"][plan["intermediate"]]["run_bytes"] == plan["run_bytes"]
 
 
+def test_workers_are_priced_at_the_rate_measured_at_the_parts_records(capsys, tmp_path, kilobyte_records):
+    """``rate_per_vcpu`` is 1 GB over the measured CPU-s per GB times the worker factor at each
+    measured regime, the mean CPU midway on log(records per part), the nearest regime outside;
+    100 TB in shuffle mode (about 30 records per part) pays more for its workers than files mode."""
+    for mode, ((few, few_cpu), (some, some_cpu), (many, many_cpu)) in MEASURED_CPU_PER_GB.items():
+        for records, cpu in ((few, few_cpu), (some, some_cpu), (many, many_cpu)):
+            assert rate_per_vcpu(mode, records) == pytest.approx(1e9 / (cpu * WORKER_OVERHEAD))
+        midway = rate_per_vcpu(mode, (few * some) ** 0.5)
+        assert midway == pytest.approx(1e9 / ((few_cpu + some_cpu) / 2 * WORKER_OVERHEAD))
+        assert rate_per_vcpu(mode, 1) == rate_per_vcpu(mode, few)
+        assert rate_per_vcpu(mode, 10 ** 6) == rate_per_vcpu(mode, many)
+    plan = planned(capsys, tmp_path, kilobyte_records, *DATAFLOW, "--input_bytes", str(100 * TB))
+    files, shuffle = plan["modes"]["files"], plan["modes"]["shuffle"]
+    assert shuffle["records_per_part"] < files["records_per_part"]
+    assert shuffle["dollars"]["workers"] > 1.2 * files["dollars"]["workers"]
+
+
 def test_units_stay_four_or_more_per_thread_of_the_cluster_asked_for(capsys, tmp_path, kilobyte_records):
     """A unit of pass 1 fills one run and Dataflow cannot split it: on 2,000 workers of 4 threads
     10 TB's files-mode runs shrink from 2.5 GB (parts of 256 KiB) to keep 4 units a thread, so a
@@ -67,7 +86,8 @@ def test_units_stay_four_or_more_per_thread_of_the_cluster_asked_for(capsys, tmp
     hour = planned(capsys, tmp_path, kilobyte_records, *DATAFLOW, "--input_bytes", str(10 * TB))
     wide = planned(capsys, tmp_path, kilobyte_records, *DATAFLOW, "--max_num_workers=2000",
                    "--input_bytes", str(10 * TB))
-    assert hour["workers"]["expected_workers"] == 14 and wide["workers"]["expected_workers"] == 2000
+    an_hour = math.ceil(10 * TB / SIZING_RATE / 3600 / 4)  # 4-vCPU workers at the sizing rate
+    assert hour["workers"]["expected_workers"] == an_hour and wide["workers"]["expected_workers"] == 2000
     for plan in (hour, wide):
         for mode in plan["modes"].values():
             assert mode["units_per_thread"] >= 4 and mode["tail_share"] <= 0.25, mode

@@ -2,7 +2,7 @@
 text for a Dataflow plan or one of an input not there yet (``--input_bytes``); always in JSON."""
 
 from pileshuffle.job_costs import MODES, mode_figures
-from pileshuffle.job_model import RATE_PER_VCPU, TARGET_HOURS, expected_workers
+from pileshuffle.job_model import SIZING_RATE, TARGET_HOURS, expected_workers
 
 __all__ = ["modes_lines", "modes_json"]
 
@@ -42,7 +42,7 @@ def _workers_text(plan) -> str:
     workers = plan.workers
     count = expected_workers(workers, plan.input_bytes)
     why = ("as asked" if workers.workers else
-           f"about {TARGET_HOURS:g} hour at {RATE_PER_VCPU / 1e6:,.0f} MB/s per vCPU")
+           f"about {TARGET_HOURS:g} hour at {SIZING_RATE / 1e6:,.0f} MB/s per vCPU")
     return f"{workers.describe()}; expected {count:,} worker(s) ({why})"
 
 
