@@ -22,6 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from pileshuffle import sample  # noqa: E402
 from pileshuffle.commands.plan import plan_json  # noqa: E402
+from pileshuffle.commands.plan_modes import hours_text, size_text  # noqa: E402
 from pileshuffle.job_costs import PRICES, RAMP_DOUBLING, SPILL_FACTOR, START_READS, STARTUP_HOURS  # noqa: E402
 from pileshuffle.job_model import (DEFAULT_DISK_GB, DISK_RESERVE_GB, MEASURED_CPU_PER_GB,  # noqa: E402
                                    SIZING_RATE, TARGET_HOURS, WORKER_OVERHEAD, rate_per_vcpu)
@@ -45,17 +46,6 @@ def planned(records: str, terabytes: int, *args) -> dict:
     return plan_json(make_plan(options, terabytes * TB), options)
 
 
-def _size(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} bytes"
-
-
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.0f} min"
-
-
 def _money(value: float) -> str:
     return f"${value:,.2f}"
 
@@ -72,8 +62,8 @@ def mode_table(plans: dict, mode: str) -> list:
     rows = [
         ("piles = shards (`auto`)", lambda t: f"{plans[t]['num_piles']:,}"),
         ("`--max_pile_bytes auto`", lambda t: f"{plans[t]['max_pile_bytes'] / 2**20:,.0f} MiB"),
-        ("`--run_bytes auto`; spilled per writer", lambda t: f"{_size(modes[t]['run_bytes'])}; "
-                                                            f"{_size(modes[t]['spilled_per_writer']) if modes[t]['spilled_per_writer'] else 'none'}"),
+        ("`--run_bytes auto`; spilled per writer", lambda t: f"{size_text(modes[t]['run_bytes'])}; "
+                                                            f"{size_text(modes[t]['spilled_per_writer']) if modes[t]['spilled_per_writer'] else 'none'}"),
         ("runs / parts", lambda t: f"{modes[t]['runs']:,} / {modes[t]['parts']:,}"),
         ("records per part", lambda t: f"{modes[t]['records_per_part']:,.0f}"),
         ("rate per vCPU at these parts", lambda t: f"{rate_per_vcpu(mode, modes[t]['records_per_part']) / 1e6:,.0f} MB/s"),
@@ -81,13 +71,13 @@ def mode_table(plans: dict, mode: str) -> list:
                                                              f"({modes[t]['tail_share']:.0%})"),
         ("workers, about an hour", lambda t: f"{plans[t]['workers']['expected_workers']:,}"),
         ("pass-2 GETs per pile; the bucket's ramp to serve them",
-         lambda t: (f"{modes[t]['pass2_requests_per_pile']:,.0f}; {_hours(modes[t]['request_ramp_seconds'])}"
+         lambda t: (f"{modes[t]['pass2_requests_per_pile']:,.0f}; {hours_text(modes[t]['request_ramp_seconds'])}"
                     if modes[t]["pass2_requests_per_pile"] else "none")),
-        ("spill per worker; `--disk_size_gb` to give", lambda t: f"{_size(modes[t]['disk_per_worker'])}; "
+        ("spill per worker; `--disk_size_gb` to give", lambda t: f"{size_text(modes[t]['disk_per_worker'])}; "
                                                                   f"{modes[t]['disk_size_gb']}"),
         ("Cloud Storage class A / B", lambda t: f"{modes[t]['gcs_operations']['class_a']:,} / "
                                                  f"{modes[t]['gcs_operations']['class_b']:,}"),
-        ("through the Shuffle service", lambda t: _size(modes[t]["shuffled_bytes"]) if modes[t]["shuffled_bytes"]
+        ("through the Shuffle service", lambda t: size_text(modes[t]["shuffled_bytes"]) if modes[t]["shuffled_bytes"]
                                                    else "none"),
     ]
     rows += [(f"{name.replace('_', ' ')}, per TB", lambda t, name=name: _money(per_tb[t][name]))

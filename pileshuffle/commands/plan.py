@@ -12,7 +12,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.inputs import describe_left_out, describe_skipped
 from pileshuffle.names import manifest_path, shard_name, staging_dir, store_dir
-from pileshuffle.commands.plan_modes import modes_json, modes_lines
+from pileshuffle.commands.plan_modes import modes_json, modes_lines, size_text
 from pileshuffle.job_model import SDK_PROCESS_BYTES as _SDK
 from pileshuffle.plan import LOCAL_BASE_BYTES, PILE_MEMORY_FACTOR, RECORD_OVERHEAD, Plan, make_plan
 from pileshuffle.runners import LOCAL_SHUFFLE_HOLD
@@ -79,13 +79,6 @@ def _runner_description(options) -> tuple:
     return str(runner_name(options)), None
 
 
-def _size(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} bytes"
-
-
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n:,} bytes"
 
@@ -106,7 +99,7 @@ def plan_text(plan: Plan, options) -> str:
     compressed = any(compression_of(src.path) != UNCOMPRESSED for src in plan.sources)
     guessed = " (compressed input: from the expansion of a sample)" if compressed and plan.format != "parquet" else ""
     lines = [
-        ("input", f"{len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes ({_size(plan.input_bytes)})"),
+        ("input", f"{len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes ({size_text(plan.input_bytes)})"),
         ("records", f"about {plan.estimated_records:,} of {plan.mean_record_bytes:,.0f} bytes on average{guessed}"),
     ]
     lines += [(name, describe(plan)) for name, describe, asked in (("balance", _balance_text, plan.balance),
@@ -127,7 +120,7 @@ def plan_text(plan: Plan, options) -> str:
     lines += [
         ("piles", f"{plan.num_piles:,} = output shards ({plan.num_piles_reason})"),
         ("pile size", f"s = {sizes.expected:,.0f} records expected; plan for s + 6*sqrt(s) = {sizes.headroom:,.0f} "
-                      f"records, about {_size(pile_bytes)} (--max_pile_bytes "
+                      f"records, about {size_text(pile_bytes)} (--max_pile_bytes "
                       f"{_mib(plan.max_pile_bytes)}{_sized(plan)})"),
         ("split again", f"chance that some pile exceeds {_mib(plan.max_pile_bytes)} and is split again (same order): "
                         f"{_chance(sizes.split_probability)}"),
@@ -136,26 +129,26 @@ def plan_text(plan: Plan, options) -> str:
     held = min(plan.held_per_writer, plan.held_bytes)
     if in_flight:
         peak = max(per_pile, held) * in_flight + LOCAL_BASE_BYTES
-        lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
-                                f"{_size(per_pile)} {group_words(group)} being written; x {in_flight} at a time + "
-                                f"{_size(LOCAL_BASE_BYTES)} = {_size(peak)} peak{_kept_text(plan)}"))
+        lines.append(("memory", f"pass 1 holds up to {size_text(held)} per worker thread (--run_bytes), pass 2 about "
+                                f"{size_text(per_pile)} {group_words(group)} being written; x {in_flight} at a time + "
+                                f"{size_text(LOCAL_BASE_BYTES)} = {size_text(peak)} peak{_kept_text(plan)}"))
     else:
-        lines.append(("memory", f"pass 1 holds up to {_size(held)} per worker thread (--run_bytes), pass 2 about "
-                                f"{_size(per_pile)} {group_words(group)} in flight, plus {_size(_SDK)} per SDK "
+        lines.append(("memory", f"pass 1 holds up to {size_text(held)} per worker thread (--run_bytes), pass 2 about "
+                                f"{size_text(per_pile)} {group_words(group)} in flight, plus {size_text(_SDK)} per SDK "
                                 "process (docs/dataflow.md: worker memory)"))
     staging = staging_dir(plan.output)
     if plan.work_dir in plan.needs:
         kept = " that --memory does not keep" if plan.memory_for_runs else ""
-        lines.append(("temp space", f"about {_size(plan.needs[plan.work_dir])} at {plan.work_dir} (pass-1 "
+        lines.append(("temp space", f"about {size_text(plan.needs[plan.work_dir])} at {plan.work_dir} (pass-1 "
                                     f"runs{kept}, removed at the end){_free(plan, plan.work_dir)}"))
     if staging in plan.needs:
         how = ("uploaded to their final names; staged and copied when they replace a finished output"
                if is_remote(plan.output) else f"staged in {staging}, then renamed")
-        lines.append(("output space", f"about {_size(plan.needs[staging])} (shards, {how}){_free(plan, staging)}"))
+        lines.append(("output space", f"about {size_text(plan.needs[staging])} (shards, {how}){_free(plan, staging)}"))
     lines.append(("pass 1", _pass1_text(plan)))
     if plan.intermediate == "shuffle":
         shuffled = plan.held_bytes + plan.run_shape()[1] * SEGMENT_OVERHEAD
-        lines.append(("shuffle", f"about {_size(shuffled)} through the runner's GroupByKey (--intermediate=shuffle: "
+        lines.append(("shuffle", f"about {size_text(shuffled)} through the runner's GroupByKey (--intermediate=shuffle: "
                                  "the records with their keys and hashes)" + _runner_holds(options, shuffled)))
     lines.append(("gcs requests", _operations_text(plan)))
     lines += modes_lines(plan, options)
@@ -177,12 +170,12 @@ def _kept_text(plan: Plan) -> str:
     """What ``--memory`` keeps of the runs between the passes (local files-mode runs)."""
     if not plan.memory_budget:
         return ""
-    budget = f"--memory {_size(plan.memory_budget)}" + (f" (auto, from {plan.memory})" if plan.memory else "")
+    budget = f"--memory {size_text(plan.memory_budget)}" + (f" (auto, from {plan.memory})" if plan.memory else "")
     if not plan.memory_for_runs:
         return f"; {budget}: no more than the passes hold, so every pass-1 run goes to disk"
     kept = min(plan.memory_for_runs, plan.held_bytes)
     where = "all of them" if kept >= plan.held_bytes else "the rest in the temp folder"
-    return f"; {budget}: up to {_size(kept)} of pass-1 runs in memory between the passes ({where})"
+    return f"; {budget}: up to {size_text(kept)} of pass-1 runs in memory between the passes ({where})"
 
 
 def _pass1_text(plan: Plan) -> str:
@@ -191,11 +184,11 @@ def _pass1_text(plan: Plan) -> str:
     where = (f"{runs:,} run objects under {plan.work_dir} (one per {_mib(plan.run_bytes)}), "
              if plan.intermediate == "files" else f"{runs:,} flushes of {_mib(plan.run_bytes)}, ")
     spilled = plan.spilled_per_writer
-    spill = (f", up to {_size(spilled)} of them spilled to the local temp folder per worker thread and merged"
+    spill = (f", up to {size_text(spilled)} of them spilled to the local temp folder per worker thread and merged"
              if spilled else "")
     return (f"{groups:,} group(s) of input files, each in runs of --run_bytes {_mib(plan.run_bytes)} per worker thread"
             f"{spill}; {where}{parts:,} {'pile parts' if g == 1 else f'parts (a segment a group of {g} piles)'} "
-            f"of about {_size(plan.held_bytes / max(1, parts))} each sent through the GroupByKey")
+            f"of about {size_text(plan.held_bytes / max(1, parts))} each sent through the GroupByKey")
 
 
 def _runner_holds(options, shuffled: float) -> str:
@@ -204,7 +197,7 @@ def _runner_holds(options, shuffled: float) -> str:
     if not in_flight:
         return ""
     return (f"; the local runner keeps all of it in memory, about {LOCAL_SHUFFLE_HOLD}x: "
-            f"{_size(shuffled * LOCAL_SHUFFLE_HOLD)} (use --intermediate=files locally)")
+            f"{size_text(shuffled * LOCAL_SHUFFLE_HOLD)} (use --intermediate=files locally)")
 
 
 def _operations_text(plan: Plan) -> str:
@@ -228,7 +221,7 @@ def _store_lines(plan: Plan, options) -> list:
         ("output", f"pile store {store}/: generation 0 (manifest version 1), up to {writers * plan.num_piles:,} files "
                    f"of Arrow IPC ({writers} writer(s) x {plan.num_piles:,} piles) holding each record with its key and "
                    f"hash, seed {plan.seed}"),
-        ("output space", f"about {_size(plan.needs.get(store, 0))} at {store}/{_free(plan, store)}"),
+        ("output space", f"about {size_text(plan.needs.get(store, 0))} at {store}/{_free(plan, store)}"),
         ("runner", _runner_description(options)[0]),
     ]
 
@@ -239,8 +232,8 @@ def _free(plan: Plan, location: str) -> str:
     if free is None:
         return ""
     shared = " on that disk for both" if need != plan.needs[location] else ""
-    short = f": NOT ENOUGH for the {_size(need)} this run writes there, so `run` refuses it" if free < need else ""
-    return f"; {_size(free)} free{shared}{short}"
+    short = f": NOT ENOUGH for the {size_text(need)} this run writes there, so `run` refuses it" if free < need else ""
+    return f"; {size_text(free)} free{shared}{short}"
 
 
 def _dedup_text(plan: Plan) -> str:
@@ -250,7 +243,7 @@ def _dedup_text(plan: Plan) -> str:
         return (f"each distinct record of the live window once (its oldest live copy), comparing {what}; an append reads "
                 "the window's files of each pile to mark later copies, holding a batch and the repeated contents")
     return (f"the first of each distinct record kept, by {what}; no extra pass (copies meet in one pile); pass 2 "
-            f"holds one pile ({_size(plan.max_pile_bytes)}) as without it, a pile of one record repeated streamed")
+            f"holds one pile ({size_text(plan.max_pile_bytes)}) as without it, a pile of one record repeated streamed")
 
 
 def _balance_text(plan: Plan) -> str:

@@ -4,7 +4,7 @@ text for a Dataflow plan or one of an input not there yet (``--input_bytes``); a
 from pileshuffle.job_costs import MODES, mode_figures
 from pileshuffle.job_model import SIZING_RATE, TARGET_HOURS, expected_workers
 
-__all__ = ["modes_lines", "modes_json"]
+__all__ = ["modes_lines", "modes_json", "size_text", "hours_text"]
 
 
 def modes_json(plan, options) -> dict:
@@ -46,20 +46,22 @@ def _workers_text(plan) -> str:
     return f"{workers.describe()}; expected {count:,} worker(s) ({why})"
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
+    """Bytes for a person, in decimal units: ``1.1 TB``, ``240.0 kB``."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
     return f"{n:,.0f} bytes"
 
 
-def _hours(seconds: float) -> str:
+def hours_text(seconds: float) -> str:
+    """A duration for a person: ``1.9 h``, or minutes under an hour."""
     return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.0f} min"
 
 
 def _run(f: dict) -> str:
-    spilled = f", {_size(f['spilled_per_writer'])} spilled" if f["spilled_per_writer"] else ""
-    return f"{f['runs']:,} runs of {_size(f['run_bytes'])}{spilled}"
+    spilled = f", {size_text(f['spilled_per_writer'])} spilled" if f["spilled_per_writer"] else ""
+    return f"{f['runs']:,} runs of {size_text(f['run_bytes'])}{spilled}"
 
 
 def _units(f: dict) -> str:
@@ -73,12 +75,12 @@ def _parts(f: dict) -> str:
 def _gets(f: dict) -> str:
     if not f["pass2_requests_per_pile"]:
         return "none (through the GroupByKey)"
-    return f"{f['pass2_requests_per_pile']:,.0f} a pile; ramp {_hours(f['request_ramp_seconds'])}"
+    return f"{f['pass2_requests_per_pile']:,.0f} a pile; ramp {hours_text(f['request_ramp_seconds'])}"
 
 
 def _disk(f: dict) -> str:
     asked = f"; --disk_size_gb {f['disk_size_gb']}" if f["disk_size_gb"] else ""
-    return f"{_size(f['disk_per_worker'])} spilled a worker{asked}"
+    return f"{size_text(f['disk_per_worker'])} spilled a worker{asked}"
 
 
 def _dollars(f: dict) -> str:
