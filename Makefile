@@ -64,13 +64,14 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile tests
 
-## bench: the benchmark tables (see bench/README.md): the shuffle, CPU seconds per GB against DuckDB, the loader, the pile stores, gs:// on the emulator, a pile from many parts, small piles' shards, spilled runs, one large file, --dedup against DuckDB, how fast commands exit, CPU per GB at 10-240 records per part; SCALE=10 for 10 GB.
+## bench: the benchmark tables (see bench/README.md): the shuffle, CPU seconds per GB against DuckDB, the loader, the pile stores, gs:// on the emulator, a pile from many parts (local, and fetched from a 30 ms emulator), small piles' shards, spilled runs, one large file, --dedup against DuckDB, how fast commands exit, CPU per GB at 10-240 records per part; SCALE=10 for 10 GB.
 bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/loader.py $(if $(SCALE),--scale $(SCALE),)
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/gcs.py
 	$(BIN)/python bench/pile_assembly.py
+	$(BIN)/python bench/pass2_fetch.py
 	$(BIN)/python bench/small_piles.py
 	$(BIN)/python bench/spill_cost.py
 	$(BIN)/python bench/memory_budget.py
