@@ -193,9 +193,9 @@ def test_a_default_run_in_an_800_mib_cgroup_finishes_and_verifies(memory_cgroup,
     killed = cgroup_value(memory_cgroup, "memory.oom_control", "oom_kill")
     usage = cgroup_value(memory_cgroup, "memory.max_usage_in_bytes")  # with page cache: the limit
     assert code == 0, f"exit {code}, {killed} OOM kill(s), RSS {peak / MiB:.0f} MiB: {err[-2000:]}"
-    # Not the run's peak RSS: it counts the input's memory-mapped pages, which the page cache charged
-    # to the process that wrote them (outside this cgroup): 1.7 GB of "RSS" was seen in a run that
-    # the 800 MiB limit never touched. The kernel's verdict is the OOM-kill count.
+    # Not the run's ru_maxrss: a child's starts at its parent's RSS when forked (Linux keeps the
+    # high-water mark across exec), and a pytest worker that ran other tests holds 1-2 GB: 1.7 GB was
+    # read for a run the 800 MiB limit never touched. The kernel's verdict is the OOM-kill count.
     assert killed == 0 and usage <= LIMIT, (killed, peak, usage)
     assert "records   600,000 (fingerprints of input and output match)" in out, out
     done = subprocess.run([sys.executable, "-m", "pileshuffle", "verify", *where],
