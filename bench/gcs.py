@@ -63,6 +63,11 @@ def start_emulator():
     script = os.path.join(os.path.dirname(PY), "gcp-storage-emulator")
     process = subprocess.Popen([script, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory",
                                 "--default-bucket", BUCKET], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return answering(process, port)
+
+
+def answering(process, port: int):
+    """``(process, endpoint)`` once the emulator ``process`` accepts connections on ``port``."""
     for _ in range(300):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()

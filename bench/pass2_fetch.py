@@ -29,7 +29,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import delay_proxy  # noqa: E402
-from gcs import BUCKET, free_port  # noqa: E402
+from gcs import BUCKET, answering, free_port  # noqa: E402
 
 RECORD = 1000
 # gcp-storage-emulator rewrites its whole object index after every upload (5,000 uploads of 245 kB:
@@ -48,20 +48,12 @@ HEADER = ("| where | in flight | seconds | ms a part | MB/s | requests | most in
 
 def start_emulator():
     """``(process, endpoint)`` of an in-memory emulator holding BUCKET, answering."""
-    import socket
     import subprocess
 
     port = free_port()
     process = subprocess.Popen([sys.executable, "-c", EMULATOR, str(port), BUCKET],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return process, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise SystemExit("gcp-storage-emulator did not start")
+    return answering(process, port)
 
 
 def write_runs(directory: str, parts: int, part_bytes: int) -> list:
