@@ -162,32 +162,36 @@ class PileRuns:
         self._held, self._held_bytes = [], 0
         order = (*self._order, self._runs)
         self._runs += 1
-        segments = _segments(held, done, self._group)
         if self._directory is None:
             encoded = _Encoded()
-            return ((key, _element(order, facts, payload=encoded(part))) for key, part, facts in segments)
-        return self._write_run(segments, size, order)
+            return ((key, _element(order, facts, payload=encoded(part)))
+                    for key, part, facts in _segments(held, done, self._group))
+        return self._write_run(held, done, size, order)
 
     def _spill(self):
         held, self._held, self._held_bytes = self._held, [], 0
         self._spills.write(held)
 
     @interrupt.writes  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
-    def _write_run(self, segments, size: int, order) -> list:
+    def _write_run(self, held, done, size: int, order) -> list:
         """The run's elements, once it is in place: kept in memory if it fits what is left of
         ``memory`` (``memory_runs``), else written to ``directory``."""
         final = storage.join(self._directory, run_name(self._writer, self._runs - 1))
         encoded = _Encoded()
         if self._memory and size <= memory_runs.room(self._directory, self._memory):
-            kept, segments = {}, list(segments)
+            kept = {}
+            segments = _sliced(held, done) if self._group == 1 else list(_segments(held, done, self._group))
 
-            def keep(offset, part):  # the batch itself, no IPC between the passes of one process
+            def keep(offset, part):  # the records themselves, no IPC between the passes of one process
                 kept[offset] = part
                 return encoded.size(part)
 
             elements, index = _placed(segments, order, final, self._group, keep)
             if memory_runs.keep(self._directory, self._memory, final, kept, sum(row[2] for row in index)):
                 return elements
+            segments = _segments_of(segments)
+        else:
+            segments = _segments(held, done, self._group)
         temp = storage.writing_name(final, uuid.uuid4().hex[:12])  # an attempt's own: two never share one
         try:
             with storage.open_write(temp) as handle:
@@ -232,11 +236,14 @@ class _Encoded:
         handle.write(segment)
         return len(segment)
 
-    def size(self, batch: pa.RecordBatch) -> int:
-        self._for(batch.schema)
+    def size(self, part) -> int:
+        """The length of ``part``'s segment (a record batch's, exact; a table's: its batches' sum,
+        which is what a run kept in memory counts, ``_sliced``)."""
+        self._for(part.schema)
+        batches = [part] if isinstance(part, pa.RecordBatch) else part.to_batches()
         if self._head is None:  # dictionaries: the stream writer's bytes, known by writing them
-            return len(self._encode(batch))
-        return self._head + pa.ipc.get_record_batch_size(batch) + len(END_OF_STREAM)
+            return len(self._encode(_one_record_batch(part)))
+        return self._head + sum(pa.ipc.get_record_batch_size(b) for b in batches) + len(END_OF_STREAM)
 
     def _for(self, schema: pa.Schema):
         if self._schema is None or not schema.equals(self._schema, check_metadata=True):
@@ -307,6 +314,56 @@ def _gather(held, start: int, stop: int):
     piles = np.concatenate(piles)
     order = np.argsort(piles, kind="stable")
     return pa.concat_tables(slices).combine_chunks().take(order), piles[order], np.concatenate(lengths)[order]
+
+
+def _sliced(held, done=None) -> list:
+    """``_segments`` of ``held`` for a run kept in memory (one pile a segment): each pile's records
+    as a table of zero-copy slices of the held chunks, in held order (the rows and order
+    ``_gather`` would copy into one batch), with the same facts. ``done`` is called at the end."""
+    try:
+        bounds = np.stack([h.bounds for h in held])  # (chunk, pile + 1)
+        counts = np.diff(bounds, axis=1)
+        payloads = sum(_per_pile(np.cumsum(np.asarray(h.lengths), dtype=np.int64), h.bounds) for h in held)
+        with np.errstate(over="ignore"):
+            sums = sum(_per_pile(np.cumsum(_hashes(h), dtype=np.uint64), h.bounds) for h in held)
+        xors = np.bitwise_xor.reduce([_per_pile(np.bitwise_xor.accumulate(_hashes(h)), h.bounds, np.bitwise_xor)
+                                      for h in held], axis=0)
+        segments = []
+        for pile in np.flatnonzero(counts.sum(axis=0)).tolist():
+            parts = [h.table.slice(int(b[pile]), int(n[pile])) for h, b, n in zip(held, bounds, counts) if n[pile]]
+            part = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+            records = int(counts[:, pile].sum())
+            fingerprint = Fingerprint(records, int(payloads[pile]), int(sums[pile]), int(xors[pile]))
+            segments.append((pile, part, (records, part.nbytes, fingerprint)))
+        return segments
+    finally:
+        if done is not None:
+            done()
+
+
+def _hashes(held: _Held) -> np.ndarray:
+    return held.table.column(HASH_COLUMN).to_numpy()
+
+
+def _per_pile(prefix: np.ndarray, bounds: np.ndarray, minus=np.subtract) -> np.ndarray:
+    """Each pile's total from the ``prefix`` sums (or xors, ``minus`` their inverse) of one chunk's
+    rows in pile order, whose pile p is rows ``bounds[p]:bounds[p+1]``."""
+    with np.errstate(over="ignore"):
+        prefix = np.concatenate([np.zeros(1, dtype=prefix.dtype), prefix])
+        return minus(prefix[bounds[1:]], prefix[bounds[:-1]])
+
+
+def _segments_of(sliced) -> list:
+    """``_sliced``'s segments with each pile's records as one record batch (what a run on disk holds)."""
+    return [(pile, _one_record_batch(part), facts) for pile, part, facts in sliced]
+
+
+def _one_record_batch(part) -> pa.RecordBatch:
+    """``part`` (a record batch, or a table of any chunks) as one record batch."""
+    if isinstance(part, pa.RecordBatch):
+        return part
+    combined = part.combine_chunks()
+    return combined.to_batches()[0] if combined.num_rows else pa.RecordBatch.from_pylist([], schema=part.schema)
 
 
 def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray, group: int = 1):

@@ -43,9 +43,10 @@ def written_runs(monkeypatch) -> list:
     return written
 
 
-def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(files, tmp_path, monkeypatch):
+@pytest.mark.parametrize("piles", [32, 2])  # 32: segments of groups of piles; 2: a segment a pile, kept as slices
+def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(files, tmp_path, monkeypatch, piles):
     pattern = f"{files}/*.jsonl"
-    plan = make_plan(PipelineOptions([f"--input={pattern}", f"--output={tmp_path}/p/t", "--num_piles=32", *FAST]))
+    plan = make_plan(PipelineOptions([f"--input={pattern}", f"--output={tmp_path}/p/t", f"--num_piles={piles}", *FAST]))
     working = plan.memory_budget - plan.memory_for_runs  # what the passes hold: no room for runs in a budget this small
     runs_planned = plan.run_shape()[0]
     assert runs_planned >= 8
@@ -53,7 +54,7 @@ def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(files, tmp_p
     for name, budget in (("disk", working), ("both", working + 1 * MiB), ("memory", "auto")):
         kept, written = kept_runs(monkeypatch), written_runs(monkeypatch)
         out = str(tmp_path / name / "t")
-        run_shuffle(pattern, out, "--num_piles=32", "--seed=9", f"--memory={budget}")
+        run_shuffle(pattern, out, f"--num_piles={piles}", "--seed=9", f"--memory={budget}")
         seen[name] = digests(out)
         made = len(kept) + len([w for w in written if w.endswith(".run")])
         assert made == runs_planned and memory_runs.kept_bytes() == 0  # every run accounted for; none kept after
@@ -64,8 +65,10 @@ def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(files, tmp_p
     carried = {name: manifest(str(tmp_path / name / "t"))["between_passes"] for name in seen}
     assert carried["disk"]["in_memory_bytes"] == carried["memory"]["written_bytes"] == 0
     assert 0 < carried["both"]["in_memory_bytes"] and 0 < carried["both"]["written_bytes"]
-    segments = carried["disk"]["written_bytes"]  # the same segments wherever they were: the same bytes
-    assert segments == carried["memory"]["in_memory_bytes"] == sum(carried["both"].values())
+    segments = carried["disk"]["written_bytes"]  # the same segments wherever they were: about the same bytes
+    # (a pile's segment kept as slices of pass 1's chunks counts one batch header a chunk: runs._sliced)
+    assert segments == pytest.approx(carried["memory"]["in_memory_bytes"], rel=0.01)
+    assert segments == pytest.approx(sum(carried["both"].values()), rel=0.01)
     assert 1.0 < segments / manifest(str(tmp_path / "disk" / "t"))["totals"]["payload_bytes"] < 1.3  # lines + keys and hashes
     assert_verified(pattern, str(tmp_path / "memory" / "t"))
 

@@ -61,22 +61,24 @@ def in_key_order(fragments) -> tuple:
 
 def _joined(fragments) -> pa.Table:
     """``read_joined`` of ``fragments``, but a part of a run kept in this process's memory is
-    the record batch pass 1 made (``memory_runs.batch``): no IPC between the passes."""
+    the records pass 1 made (``memory_runs.records``): no IPC between the passes."""
     parts, tables = [(f, _kept_rows(f)) for f in fragments], []
     for in_memory, run in itertools.groupby(parts, key=lambda part: part[1] is not None):
         run = list(run)
         if in_memory:
-            tables.append(pa.Table.from_batches([kept for _, kept in run]))
+            tables.extend(pa.Table.from_batches([kept]) if isinstance(kept, pa.RecordBatch) else kept
+                          for _, kept in run)
         else:
             tables.append(read_joined([fragment for fragment, _ in run]))
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 def _kept_rows(fragment):
-    """The fragment's rows of a segment kept in memory (``memory_runs``), a record batch; or None."""
+    """The fragment's rows of a segment kept in memory (``memory_runs``), a table or a record
+    batch; or None."""
     if fragment.payload is not None or fragment.length is None:
         return None
-    kept = memory_runs.batch(fragment.path, fragment.offset)
+    kept = memory_runs.records(fragment.path, fragment.offset)
     if kept is None or fragment.rows is None:
         return kept
     return kept.slice(fragment.rows[0], fragment.records)
