@@ -44,24 +44,25 @@ def payload_hashes(crcs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def crc32c_of_slices(data, offsets: np.ndarray, trim_end: int = 0) -> np.ndarray:
     """CRC32C of ``data[offsets[i] : offsets[i+1] - trim_end]`` for every i: from the compiled
-    loop (``compiled_crc``) once this process has spent ``_COMPILE_AFTER_SECONDS`` hashing in
-    Python; before that values of at most ``_ACROSS_MAX_BYTES`` all at once (``_crc32c_across``),
-    longer ones one call each."""
+    loop (``compiled_crc``) once this process has spent ``_COMPILE_AFTER_SECONDS`` of CPU hashing
+    in Python; before that values of at most ``_ACROSS_MAX_BYTES`` all at once (``_crc32c_across``),
+    longer ones one call each (``_crc32c_each``). No copy of ``data`` either way."""
     global _python_seconds
     starts = np.asarray(offsets[:-1], dtype=np.int64)
     lengths = np.asarray(offsets[1:], dtype=np.int64) - starts - trim_end
+    raw = np.frombuffer(data, dtype=np.uint8)
     compiled = _compiled_slice_crcs()
-    crcs = compiled(np.frombuffer(data, dtype=np.uint8), starts, lengths) if compiled else None
+    crcs = compiled(raw, starts, lengths) if compiled else None
     if crcs is not None:
         return crcs
-    began = time.perf_counter()
+    began = time.thread_time()
     crcs = np.empty(len(starts), dtype=np.uint64)
     short = lengths <= _ACROSS_MAX_BYTES
     if short.any():
-        crcs[short] = _crc32c_across(np.frombuffer(data, dtype=np.uint8), starts[short], lengths[short])
+        crcs[short] = _crc32c_across_batches(raw, starts[short], lengths[short])
     if not short.all():
-        crcs[~short] = _crc32c_each(data, starts[~short], lengths[~short])
-    _python_seconds += time.perf_counter() - began
+        crcs[~short] = _crc32c_each(raw, starts[~short], lengths[~short])
+    _python_seconds += time.thread_time() - began
     return crcs
 
 
@@ -83,10 +84,15 @@ def crc32_of_slices(data, offsets: np.ndarray, trim_start: int = 0, trim_end: in
     return crcs
 
 
-# Compiling ``compiled_crc``'s loop costs a process 1.1-1.4 s here, during which numba holds the
-# GIL: every worker thread waits (2 threads: about 2.5 thread-seconds). A process compiles it once
-# it has spent that long hashing in Python (ski rental: a short run never pays for it, a long one
-# pays at most twice what the cheaper way would have cost); 1 GB of Parquet spends about 3.4 s.
+# Compiling ``compiled_crc``'s loop costs a process 0.66-0.89 s of CPU (numba 0.68, in a
+# process that has imported Beam; 0.48 s with numba's on-disk cache, not used), during which
+# numba holds the GIL for 1.1-1.4 s: every other worker thread waits (2 threads: about 2.5
+# thread-seconds). A process compiles it once it has spent that long hashing in Python (ski
+# rental: a short run never pays for it, a long one pays at most about twice what the cheaper
+# way would have cost). The meter is the hashing threads' CPU time, not wall time: on this loaded
+# VM the wall-time meter read 1.7 and 2.5 s in two runs of the same 2 GB JSONL, so whether a run
+# compiled was chance. 2 GB of ~500-byte JSONL lines hash in about 1.4 s of CPU here, 1 GB of
+# 1 KB Parquet rows in 0.5 s.
 _COMPILE_AFTER_SECONDS = 2.5
 _python_seconds = 0.0
 
@@ -103,15 +109,28 @@ def _compiled_slice_crcs():
     return compiled_crc.slice_crcs
 
 
-def _crc32c_each(data, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """CRC32C of each slice, one ``google_crc32c`` call and one slice copy per slice."""
-    data = data if isinstance(data, bytes) else memoryview(data).tobytes()
+def _crc32c_each(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """CRC32C of each slice of ``raw``, one ``google_crc32c`` call per slice: on a numpy view of
+    the slice (no copy) when the slices are long, on a ``bytes`` slice of one copy of ``raw``
+    when they are short (``_VIEWS_FROM_MEAN_BYTES``)."""
+    if lengths.mean() >= _VIEWS_FROM_MEAN_BYTES:
+        pieces = raw
+    else:
+        whole = isinstance(raw.base, bytes) and len(raw.base) == len(raw)  # bytes given: no copy
+        pieces = raw.base if whole else raw.tobytes()
     value = google_crc32c.value
     return np.fromiter(
-        (value(data[a : a + n]) for a, n in zip(starts.tolist(), lengths.tolist())),
+        (value(pieces[a:b]) for a, b in zip(starts.tolist(), (starts + lengths).tolist())),
         dtype=np.uint64,
         count=len(starts),
     )
+
+
+# Making a numpy view costs more than slicing a bytes object (which copies the value), but the
+# bytes need one copy of the whole buffer first. Per 16 MiB of values (google_crc32c 1.9, numpy
+# 2.4, user CPU): 100-byte values 47 ms as views against 38 as bytes, 200 bytes 21 against 21,
+# 500 bytes 10.2 against 11.3, 1 KB 5.4 against 6.8, 4 KB 2.0 against 4.0.
+_VIEWS_FROM_MEAN_BYTES = 256
 
 
 # A Python call per value costs about 200-400 ns whatever its length; CRC32C run across all
@@ -120,6 +139,18 @@ def _crc32c_each(data, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 # 23 at 32, 26 against 22 at 64). Short values are ids, names, labels and categories: a table
 # with many such columns made one call per value per column.
 _ACROSS_MAX_BYTES = 32
+# ... in batches of this many slices: its working arrays then stay in the CPU's caches. All at once
+# its cost per value grew with the count (24-byte values: 169 ns each for 16,000 of them, 294 ns
+# for 700,000, against 223 ns one call each): a JSONL chunk of short lines has 700,000.
+_ACROSS_BATCH = 16_384
+
+
+def _crc32c_across_batches(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``_crc32c_across`` of ``_ACROSS_BATCH`` slices at a time."""
+    if len(starts) <= _ACROSS_BATCH:
+        return _crc32c_across(raw, starts, lengths)
+    parts = [slice(at, at + _ACROSS_BATCH) for at in range(0, len(starts), _ACROSS_BATCH)]
+    return np.concatenate([_crc32c_across(raw, starts[part], lengths[part]) for part in parts])
 
 
 def _crc32c_tables() -> np.ndarray:
@@ -262,8 +293,7 @@ def column_hashes(column) -> np.ndarray:
     array = _as_array(column)
     kind = array.type
     if is_binary_type(kind):
-        filled = array.fill_null(b"" if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) else "")
-        data, offsets = binary_column_parts(filled)
+        data, offsets = binary_column_parts(array)  # a null's bytes, if any, are hashed, then replaced
         hashes = payload_hashes(crc32c_of_slices(data, offsets), np.diff(offsets))
     elif pa.types.is_boolean(kind):
         hashes = mix64(array.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64) + np.uint64(1))

@@ -1,0 +1,151 @@
+"""Record hashes by the cheaper paths (issue 56) equal their definition: a value's hash is
+``mix64(crc32c(value) | len(value) << 32)`` (a null: the null constant), a row's folds its values'
+hashes in column order, a line's is its payload's without the newline. Checked against that
+definition written out with ``google_crc32c`` one value at a time, on every path a value can take:
+all at once for short values (in batches), one view per value for long ones, one ``bytes`` copy
+for the ones between; and the meter that decides when to compile counts CPU, not waiting."""
+
+import threading
+import time
+
+import google_crc32c
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pileshuffle import fingerprint
+from pileshuffle.fingerprint import column_hashes, crc32c_of_slices, mix64, row_hashes
+from pileshuffle.formats import get_format
+
+NULL_HASH = 0x9E3779B97F4A7C15
+MASK = (1 << 64) - 1
+
+
+def value_hash(value) -> int:
+    """The definition of a bytes or text value's hash, one value at a time."""
+    if value is None:
+        return NULL_HASH
+    data = value.encode() if isinstance(value, str) else value
+    return int(mix64(np.array([google_crc32c.value(data) | len(data) << 32], np.uint64))[0])
+
+
+def defined_row_hashes(columns) -> list:
+    """The definition of ``row_hashes`` for columns of bytes/text values, one value at a time."""
+    rows = []
+    for values in zip(*columns):
+        row = 0
+        for position, value in enumerate(values):
+            folded = (row * 0x100000001B3 + value_hash(value) + position) & MASK
+            row = int(mix64(np.array([folded], np.uint64))[0])
+        rows.append(row)
+    return rows
+
+
+def mixed_values(rng, count, lengths) -> list:
+    """``count`` random values, lengths drawn from ``lengths`` (a list of (low, high) ranges)."""
+    spans = [lengths[i] for i in rng.integers(0, len(lengths), count)]
+    return [rng.bytes(int(rng.integers(low, high + 1))) for low, high in spans]
+
+
+@pytest.fixture(autouse=True)
+def in_python(monkeypatch):
+    """Every hash here by the Python paths (the compiled loop has tests of its own)."""
+    monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
+
+
+@pytest.mark.parametrize("lengths", [
+    [(0, 0)],  # empty values only
+    [(0, 32)],  # short: all at once
+    [(33, 255)],  # between: slices of one bytes copy
+    [(256, 3000)],  # long: one view each
+    [(0, 0), (1, 32), (33, 200), (400, 70_000)],  # all of them in one column
+], ids=["empty", "short", "between", "long", "mixed"])
+def test_a_binary_columns_hashes_are_the_definitions(lengths):
+    values = mixed_values(np.random.default_rng(len(lengths)), 500, lengths)
+    assert column_hashes(pa.array(values, pa.binary())).tolist() == [value_hash(v) for v in values]
+
+
+def test_short_values_past_one_batch_hash_in_their_own_order():
+    """More short values than ``_ACROSS_BATCH``: batches in order, each value its own hash."""
+    values = mixed_values(np.random.default_rng(3), 2 * fingerprint._ACROSS_BATCH + 77, [(0, 32)])
+    data = b"".join(values)
+    offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int64)
+    want = [google_crc32c.value(v) for v in values]
+    assert crc32c_of_slices(data, offsets).tolist() == want
+    assert crc32c_of_slices(pa.py_buffer(data), offsets).tolist() == want
+
+
+def test_nulls_sliced_chunked_and_large_types_hash_as_their_values():
+    rng = np.random.default_rng(5)
+    names = [None if i % 7 == 0 else "ü" * int(n) for i, n in enumerate(rng.integers(0, 40, 300))]
+    values = mixed_values(rng, 300, [(0, 20), (300, 2000)])
+    payloads = [None if i % 11 == 0 else v for i, v in enumerate(values)]
+    table = pa.table({"name": pa.array(names, pa.string()),
+                      "payload": pa.array(payloads, pa.binary())})
+    want = defined_row_hashes([names, payloads])
+    assert row_hashes(table).tolist() == want
+    large = pa.table({"name": pa.array(names, pa.large_string()),
+                      "payload": pa.array(payloads, pa.large_binary())})
+    assert row_hashes(large).tolist() == want  # large offsets, same values: same hashes
+    chunked = pa.concat_tables([table.slice(0, 120), table.slice(120, 1), table.slice(121)])
+    assert chunked.column(1).num_chunks == 3
+    assert row_hashes(chunked).tolist() == want
+    sliced = table.slice(37, 200)  # arrays whose offsets start inside their buffers
+    assert sliced.column(1).chunk(0).offset == 37
+    assert row_hashes(sliced).tolist() == want[37:237]
+    assert row_hashes(chunked.slice(100, 50)).tolist() == want[100:150]
+
+
+def test_a_null_hashes_as_a_null_whatever_bytes_its_slot_holds():
+    """Arrow lets a null's slot span bytes (a filter or a writer may leave them): not its value."""
+    data = b"kept" + b"x" * 500 + b"too"
+    offsets = np.array([0, 4, 504, 507], np.int32)
+    validity = pa.py_buffer(bytes([0b101]))
+    buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
+    array = pa.Array.from_buffers(pa.binary(), 3, buffers)
+    assert array.to_pylist() == [b"kept", None, b"too"]
+    assert column_hashes(array).tolist() == [value_hash(b"kept"), NULL_HASH, value_hash(b"too")]
+
+
+def test_text_and_binary_with_the_same_bytes_hash_alike():
+    words = ["", "a", "naïve", "x" * 40, "y" * 300]
+    text = column_hashes(pa.array(words, pa.string()))
+    binary = column_hashes(pa.array([w.encode() for w in words], pa.binary()))
+    assert text.tolist() == binary.tolist()
+    assert text.tolist() == [value_hash(w) for w in words]
+
+
+def test_lines_hash_as_their_payloads_whatever_their_lengths():
+    """A JSONL line's hash is its payload's (no newline), over a buffer the reader did not copy."""
+    lengths = [(0, 0), (1, 30), (40, 200), (300, 5000)]
+    payloads = mixed_values(np.random.default_rng(9), 400, lengths)
+    payloads = [p.replace(b"\n", b" ") for p in payloads]
+    lines = b"".join(p + b"\n" for p in payloads)
+    offsets = np.cumsum([0] + [len(p) + 1 for p in payloads]).astype(np.int64)
+    buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(bytearray(lines))]
+    table = pa.table({"line": pa.Array.from_buffers(pa.binary(), len(payloads), buffers)})
+    want = [value_hash(p) for p in payloads]
+    assert get_format("jsonl").record_hashes(table).tolist() == want
+    assert get_format("jsonl").record_hashes(table.slice(10, 100)).tolist() == want[10:110]
+
+
+def test_the_compile_meter_counts_cpu_not_time_spent_waiting_for_another_thread():
+    """Two threads hashing at once take turns holding the GIL: the time each call waits is no
+    work, so the meter (what decides when compiling pays) never reads more than the CPU used."""
+    values = mixed_values(np.random.default_rng(1), 20_000, [(300, 600)])
+    data = pa.py_buffer(b"".join(values))
+    offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int64)
+
+    def hash_repeatedly():
+        for _ in range(8):
+            crc32c_of_slices(data, offsets)
+
+    cpu_before = time.process_time()
+    threads = [threading.Thread(target=hash_repeatedly) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cpu = time.process_time() - cpu_before
+    assert fingerprint._python_seconds < fingerprint._COMPILE_AFTER_SECONDS  # nothing compiled
+    assert 0 < fingerprint._python_seconds <= cpu
