@@ -42,7 +42,6 @@ Runs have deterministic names (the writer's name and a counter), so a re-run wri
 its runs; they are removed when the whole output is published.
 """
 
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -57,6 +56,8 @@ from pileshuffle.fingerprint import Fingerprint
 from pileshuffle.fragments import (END_OF_STREAM, Fragment, GroupSegment, has_dictionaries, segment_encoder,
                                    write_failure)
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
+from pileshuffle import run_segments
+from pileshuffle.run_segments import Held
 
 __all__ = ["DEFAULT_RUN_BYTES", "MAX_HELD_BYTES", "RUN_MAGIC", "SEGMENT_OVERHEAD", "auto_run_bytes", "run_bytes_for",
            "PileRuns", "read_run_index"]
@@ -71,7 +72,6 @@ _MAX_MERGED_PART = 64 << 20  # a spilled run stops growing at this much per pile
 RUN_MAGIC = b"PSRUN002"  # 002: segments of groups of piles, G in the footer
 SEGMENT_OVERHEAD = 1000  # bytes of a segment beside its records: schema, batch header, end marker (measured:
 # 560 for a bytes format's 3 columns, 1,070 for a 5-column Parquet table's 7)
-_WINDOW_BYTES = 32 << 20  # a flush gathers about this many bytes of neighbouring piles at a time
 _LENGTH_COLUMN = "_pileshuffle_length"  # a spill's column of each record's payload bytes
 
 
@@ -97,15 +97,6 @@ def run_bytes_for(value, num_piles: int, remote: bool = False, room: int = 0) ->
     parts would pass 64 MiB, which the merge holds."""
     run_bytes = auto_run_bytes(num_piles, remote, room) if value in (None, "auto") else int(value)
     return int(min(run_bytes, max(MAX_HELD_BYTES, num_piles * _MAX_MERGED_PART)))
-
-
-@dataclasses.dataclass
-class _Held:
-    """One keyed chunk, sorted by pile: ``bounds[p]:bounds[p+1]`` are pile p's rows."""
-
-    table: pa.Table  # the records with KEY_COLUMN and HASH_COLUMN, in pile order
-    bounds: np.ndarray
-    lengths: np.ndarray  # each row's payload bytes (the fingerprint's byte count)
 
 
 class PileRuns:
@@ -141,7 +132,7 @@ class PileRuns:
         taken = table.take(order if rows is None else rows[order])
         taken = taken.append_column(KEY_COLUMN, pa.array(keys[order], type=pa.uint64()))
         taken = taken.append_column(HASH_COLUMN, pa.array(hashes[order], type=pa.uint64()))
-        self._held.append(_Held(taken, bounds, lengths[order]))
+        self._held.append(Held(taken, bounds, lengths[order]))
         self._held_bytes += taken.nbytes
         if self._held_bytes < self._hold:
             return ()
@@ -165,7 +156,7 @@ class PileRuns:
         if self._directory is None:
             encoded = _Encoded()
             return ((key, _element(order, facts, payload=encoded(part)))
-                    for key, part, facts in _segments(held, done, self._group))
+                    for key, part, facts in run_segments.segments(held, done, self._group))
         return self._write_run(held, done, size, order)
 
     def _spill(self):
@@ -180,7 +171,8 @@ class PileRuns:
         encoded = _Encoded()
         if self._memory and size <= memory_runs.room(self._directory, self._memory):
             kept = {}
-            segments = _sliced(held, done) if self._group == 1 else list(_segments(held, done, self._group))
+            segments = (run_segments.sliced(held, done) if self._group == 1
+                        else list(run_segments.segments(held, done, self._group)))
 
             def keep(offset, part):  # the records themselves, no IPC between the passes of one process
                 kept[offset] = part
@@ -189,9 +181,9 @@ class PileRuns:
             elements, index = _placed(segments, order, final, self._group, keep)
             if memory_runs.keep(self._directory, self._memory, final, kept, sum(row[2] for row in index)):
                 return elements
-            segments = _segments_of(segments)
+            segments = run_segments.segments_of(segments)
         else:
-            segments = _segments(held, done, self._group)
+            segments = run_segments.segments(held, done, self._group)
         temp = storage.writing_name(final, uuid.uuid4().hex[:12])  # an attempt's own: two never share one
         try:
             with storage.open_write(temp) as handle:
@@ -238,11 +230,11 @@ class _Encoded:
 
     def size(self, part) -> int:
         """The length of ``part``'s segment (a record batch's, exact; a table's: its batches' sum,
-        which is what a run kept in memory counts, ``_sliced``)."""
+        which is what a run kept in memory counts, ``run_segments.sliced``)."""
         self._for(part.schema)
         batches = [part] if isinstance(part, pa.RecordBatch) else part.to_batches()
         if self._head is None:  # dictionaries: the stream writer's bytes, known by writing them
-            return len(self._encode(_one_record_batch(part)))
+            return len(self._encode(run_segments.one_record_batch(part)))
         return self._head + sum(pa.ipc.get_record_batch_size(b) for b in batches) + len(END_OF_STREAM)
 
     def _for(self, schema: pa.Schema):
@@ -262,148 +254,9 @@ def _element(order, facts, **where):
     return GroupSegment(Fragment(order, summed[2], summed[3], fingerprint, **where), facts)
 
 
-def _segments(held, done=None, group: int = 1):
-    """``(key, record batch, facts)`` for every pile (``group`` 1: key the pile, facts ``(records,
-    nbytes, fingerprint)``) or group of piles (key ``pile // group``, facts ``GroupSegment.piles``)
-    the held chunks reach, in pile order; each pile's records in held order (chunk by chunk), a
-    window of neighbouring piles at a time (``_windows``, ``_gather``). ``done`` is called at the end."""
-    try:
-        for gathered in _gathered(held, group):
-            yield from _window_segments(*gathered, group)
-    finally:
-        if done is not None:
-            done()
-
-
-def _windows(held, group: int = 1):
-    """``(start, stop)``: the piles in ranges of about ``_WINDOW_BYTES`` of held records each,
-    cut only between groups of ``group`` piles."""
-    num_piles = len(held[0].bounds) - 1
-    counts = sum(np.diff(h.bounds) for h in held)
-    mean = sum(h.table.nbytes for h in held) / max(1, int(counts.sum()))
-    reached = np.cumsum(counts) * mean  # about the bytes of piles 0..p
-    start = 0
-    while start < num_piles:
-        before = reached[start - 1] if start else 0.0
-        stop = max(start + 1, int(np.searchsorted(reached, before + _WINDOW_BYTES, side="right")))
-        stop = min(num_piles, -(-stop // group) * group)
-        yield start, stop
-        start = stop
-
-
-def _gathered(held, group: int = 1):
-    """Every window's ``_gather`` that some chunk reaches, in pile order."""
-    for start, stop in _windows(held, group):
-        gathered = _gather(held, start, stop)
-        if gathered is not None:
-            yield gathered
-
-
-def _gather(held, start: int, stop: int):
-    """``(table, piles, lengths)`` of piles ``start .. stop-1``: each chunk's slice of them, put
-    in pile order (one take; chunk order kept within a pile); None if no chunk reaches them."""
-    slices, piles, lengths = [], [], []
-    for h in held:
-        first, last = int(h.bounds[start]), int(h.bounds[stop])
-        if last > first:
-            slices.append(h.table.slice(first, last - first))
-            piles.append(np.repeat(np.arange(start, stop), np.diff(h.bounds[start : stop + 1])))
-            lengths.append(np.asarray(h.lengths[first:last]))
-    if not slices:
-        return None
-    piles = np.concatenate(piles)
-    order = np.argsort(piles, kind="stable")
-    return pa.concat_tables(slices).combine_chunks().take(order), piles[order], np.concatenate(lengths)[order]
-
-
-def _sliced(held, done=None) -> list:
-    """``_segments`` of ``held`` for a run kept in memory (one pile a segment): each pile's records
-    as a table of zero-copy slices of the held chunks, in held order (the rows and order
-    ``_gather`` would copy into one batch), with the same facts. ``done`` is called at the end."""
-    try:
-        bounds = np.stack([h.bounds for h in held])  # (chunk, pile + 1)
-        counts = np.diff(bounds, axis=1)
-        payloads = sum(_per_pile(np.cumsum(np.asarray(h.lengths), dtype=np.int64), h.bounds) for h in held)
-        with np.errstate(over="ignore"):
-            sums = sum(_per_pile(np.cumsum(_hashes(h), dtype=np.uint64), h.bounds) for h in held)
-        xors = np.bitwise_xor.reduce([_per_pile(np.bitwise_xor.accumulate(_hashes(h)), h.bounds, np.bitwise_xor)
-                                      for h in held], axis=0)
-        segments = []
-        for pile in np.flatnonzero(counts.sum(axis=0)).tolist():
-            parts = [h.table.slice(int(b[pile]), int(n[pile])) for h, b, n in zip(held, bounds, counts) if n[pile]]
-            part = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-            records = int(counts[:, pile].sum())
-            fingerprint = Fingerprint(records, int(payloads[pile]), int(sums[pile]), int(xors[pile]))
-            segments.append((pile, part, (records, part.nbytes, fingerprint)))
-        return segments
-    finally:
-        if done is not None:
-            done()
-
-
-def _hashes(held: _Held) -> np.ndarray:
-    return held.table.column(HASH_COLUMN).to_numpy()
-
-
-def _per_pile(prefix: np.ndarray, bounds: np.ndarray, minus=np.subtract) -> np.ndarray:
-    """Each pile's total from the ``prefix`` sums (or xors, ``minus`` their inverse) of one chunk's
-    rows in pile order, whose pile p is rows ``bounds[p]:bounds[p+1]``."""
-    with np.errstate(over="ignore"):
-        prefix = np.concatenate([np.zeros(1, dtype=prefix.dtype), prefix])
-        return minus(prefix[bounds[1:]], prefix[bounds[:-1]])
-
-
-def _segments_of(sliced) -> list:
-    """``_sliced``'s segments with each pile's records as one record batch (what a run on disk holds)."""
-    return [(pile, _one_record_batch(part), facts) for pile, part, facts in sliced]
-
-
-def _one_record_batch(part) -> pa.RecordBatch:
-    """``part`` (a record batch, or a table of any chunks) as one record batch."""
-    if isinstance(part, pa.RecordBatch):
-        return part
-    combined = part.combine_chunks()
-    return combined.to_batches()[0] if combined.num_rows else pa.RecordBatch.from_pylist([], schema=part.schema)
-
-
-def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray, group: int = 1):
-    """The segments of a gathered window (``_gather``), one per pile or group of piles (``_segments``)."""
-    batch = window.to_batches()[0] if window.num_rows else None
-    firsts = np.concatenate([[0], np.flatnonzero(np.diff(piles)) + 1])
-    counts = np.diff(np.append(firsts, len(piles)))
-    hashes = window.column(HASH_COLUMN).to_numpy()
-    with np.errstate(over="ignore"):
-        sums = np.add.reduceat(hashes, firsts)
-    xors, payloads = np.bitwise_xor.reduceat(hashes, firsts), np.add.reduceat(lengths, firsts)
-    if group > 1:
-        yield from _group_segments(batch, piles[firsts], firsts, counts, payloads, sums, xors, group)
-        return
-    for pile, first, count, total, xor, payload in zip(piles[firsts].tolist(), firsts.tolist(), counts.tolist(),
-                                                       sums.tolist(), xors.tolist(), payloads.tolist()):
-        part = batch.slice(first, count)
-        yield pile, part, (count, part.nbytes, Fingerprint(count, payload, total, xor))
-
-
-def _group_segments(batch, piles, firsts, counts, payloads, sums, xors, group: int):
-    """``(pile // group, record batch, GroupSegment.piles)`` of a window's piles (first rows ``firsts``
-    of ``batch``), one segment a group."""
-    keys = piles // group
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1, [len(piles)]])
-    # a pile's Arrow bytes: its payload and its share of the window's per-row bytes beside payloads
-    # (one nbytes per window; a slice's own nbytes cost 16 us a pile, 3 s of 1 GB in 4,096 piles)
-    per_row = max(0.0, (batch.nbytes - float(payloads.sum())) / max(1, batch.num_rows))
-    nbytes = payloads + np.rint(counts * per_row).astype(np.int64)
-    facts = np.column_stack([np.asarray(c).astype(np.uint64) for c in (piles, firsts, counts, nbytes, payloads, sums, xors)])
-    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
-        first, last = int(firsts[a]), int(firsts[b - 1] + counts[b - 1])
-        rows = facts[a:b].copy()
-        rows[:, 1] -= np.uint64(first)
-        yield int(keys[a]), batch.slice(first, last - first), rows
-
-
 class _Spills:
     """A run's spills on the local disk (``tempfile``'s folder): each one Arrow IPC stream of held
-    chunks gathered in pile order a window at a time (``_gather``), with each record's payload
+    chunks gathered in pile order a window at a time (``run_segments.gathered``), with each record's payload
     length as one more column, and the spill's pile bounds kept in memory (8 bytes a pile). Read
     back memory-mapped as held chunks, a spill is merged like any: the merge is a flush."""
 
@@ -422,7 +275,7 @@ class _Spills:
         try:
             with pa.OSFile(path, "wb") as sink:
                 writer = None
-                for window, _, lengths in _gathered(held):
+                for window, _, lengths in run_segments.gathered(held):
                     table = window.append_column(_LENGTH_COLUMN, pa.array(lengths, pa.int64()))
                     writer = writer or pa.ipc.new_stream(sink, table.schema)
                     writer.write_table(table)
@@ -438,7 +291,7 @@ class _Spills:
         held = []
         for path, bounds in self._spilled:
             table = pa.ipc.open_stream(pa.memory_map(path)).read_all()
-            held.append(_Held(table.drop_columns([_LENGTH_COLUMN]), bounds, table.column(_LENGTH_COLUMN)))
+            held.append(Held(table.drop_columns([_LENGTH_COLUMN]), bounds, table.column(_LENGTH_COLUMN)))
         done = self._remove
         self._folder, self._spilled, self.bytes = None, [], 0
         return held, done

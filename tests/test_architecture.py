@@ -14,7 +14,7 @@ MAX_LINES = 400
 
 # layer -> module prefixes (a module belongs to the longest prefix that names it)
 LAYERS = {
-    0: ["names", "keys", "crc", "compiled_crc", "checksums", "pile_bound", "help_style", "fingerprint", "errors", "tuning", "interrupt", "progress", "balance", "sources", "memory_runs", "memory_limit"],
+    0: ["names", "keys", "crc", "compiled_crc", "checksums", "pile_bound", "help_style", "fingerprint", "errors", "tuning", "interrupt", "progress", "balance", "sources", "memory_runs", "memory_limit", "run_segments"],
     1: ["cloud", "storage", "copy_marks", "unfinished", "part_fetch"],
     2: ["formats"],
     3: ["fragments", "dedup", "runs", "space", "transforms", "inputs", "options", "parameters", "runners", "running", "output_files", "sample",
@@ -26,7 +26,7 @@ LAYERS = {
     8: ["commands", "cli", "pipeline", "__main__", "quality.__main__"],  # commands and their entry aliases
 }
 LOADER = "loader"  # beside layers 3-6: imports only layers 0-2, and only quality and commands import it
-WITHOUT_BEAM = ["balance", "cloud", "names", "keys", "crc", "compiled_crc", "checksums", "pile_bound", "help_style", "fingerprint", "errors", "tuning", "interrupt", "storage", "formats", "loader", "sources", "memory_runs", "memory_limit", "dedup", "copy_marks", "unfinished",
+WITHOUT_BEAM = ["balance", "cloud", "names", "keys", "crc", "compiled_crc", "checksums", "pile_bound", "help_style", "fingerprint", "errors", "tuning", "interrupt", "storage", "formats", "loader", "sources", "memory_runs", "memory_limit", "run_segments", "dedup", "copy_marks", "unfinished",
                "part_fetch"]
 
 
