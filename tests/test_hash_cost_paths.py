@@ -3,7 +3,9 @@
 hashes in column order, a line's is its payload's without the newline. Checked against that
 definition written out with ``google_crc32c`` one value at a time, on every path a value can take:
 all at once for short values (in batches), one view per value for long ones, one ``bytes`` copy
-for the ones between; and the meter that decides when to compile counts CPU, not waiting."""
+for the ones between; and the meter that decides when to compile counts CPU, not waiting. The
+JSONL reader reads a local file's bytes into one block each (a cut line is read again, not
+joined)."""
 
 import threading
 import time
@@ -149,3 +151,29 @@ def test_the_compile_meter_counts_cpu_not_time_spent_waiting_for_another_thread(
     cpu = time.process_time() - cpu_before
     assert fingerprint._python_seconds < fingerprint._COMPILE_AFTER_SECONDS  # nothing compiled
     assert 0 < fingerprint._python_seconds <= cpu
+
+
+@pytest.mark.parametrize("storage", ["beam", "arrow"])
+@pytest.mark.parametrize("last_newline", [True, False])
+def test_a_local_jsonl_file_is_read_in_blocks_that_each_hold_bytes_read_once(
+        tmp_path, monkeypatch, last_newline, storage):
+    """Each block of a local file is one read of at most ``chunk_bytes`` (the line a block cut
+    starts the next one) and holds the file's bytes at its offset; the lines are the file's,
+    through Beam's file handles and Arrow's."""
+    from pileshuffle.formats.text import line_blocks
+
+    monkeypatch.setenv("PILESHUFFLE_STORAGE", storage)
+
+    rng = np.random.default_rng(11)
+    lines = [b"%d" % i + b"x" * int(n) for i, n in enumerate(rng.integers(0, 200, 400))]
+    if not last_newline:  # read when it is a whole JSON value
+        lines[-1] = b"12345"
+    data = b"\n".join(lines) + (b"\n" if last_newline else b"")
+    (tmp_path / "a.jsonl").write_bytes(data)
+    got = []
+    for buf, end, base in line_blocks(str(tmp_path / "a.jsonl"), 256):
+        assert len(buf) <= 256 + (not last_newline)  # (a last line without one gets its newline)
+        whole = data[base:base + end] if base + end <= len(data) else data[base:] + b"\n"
+        assert bytes(buf[:end]) == whole
+        got.append(bytes(buf[:end]))
+    assert b"".join(got).split(b"\n")[:-1] == lines

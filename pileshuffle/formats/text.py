@@ -26,7 +26,7 @@ from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloa
                                       read_block, read_up_to)
 from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import LINE_COLUMN
-from pileshuffle.storage import compression_of
+from pileshuffle.storage import compression_of, is_remote
 
 __all__ = ["JsonlFormat", "line_blocks", "line_views", "known_line_chunks", "check_text", "json_records"]
 
@@ -147,11 +147,14 @@ def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, repo
     ``base`` is ``buf[0]``'s offset in the file. With ``span`` = ``(start, stop)`` (an
     uncompressed file) only the lines
     that start in ``[start, stop)``: a line belongs to the span where it starts, so spans that
-    cover a file give each line once, whatever their bounds."""
+    cover a file give each line once, whatever their bounds. A local uncompressed file's next
+    block is read from the start of the line a block cut, not joined to the cut part (that
+    copied every block: 2.6% of a JSONL run's user CPU)."""
     compressed, carry = compression_of(path) != "uncompressed", b""
     start, stop = span or (0, None)
     base, skipping = max(0, start - 1), start > 0  # from the byte before the span: a newline there starts a line at ``start``
-    with (open_at(path, base) if skipping else open_input(path)) as handle:
+    rereads = not compressed and not is_remote(path)  # (seeking back costs an object store a request)
+    with (open_at(path, base) if skipping or rereads else open_input(path)) as handle:
         while stop is None or base < stop:
             block = read_block(handle, path, chunk_bytes, compressed)
             if not block:
@@ -170,6 +173,9 @@ def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, repo
             if end:
                 yield buf, end, base
             carry, base = buf[end:], base + end
+            if end and carry and rereads:  # the cut line comes again at the next block's start
+                handle.seek(base)
+                carry = b""
     if carry and not skipping and (stop is None or base < stop) and \
             _last_line_kept(path, carry, base, skip_corrupt, report):
         yield carry + b"\n", len(carry) + 1, base
