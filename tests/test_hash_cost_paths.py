@@ -177,3 +177,24 @@ def test_a_local_jsonl_file_is_read_in_blocks_that_each_hold_bytes_read_once(
         assert bytes(buf[:end]) == whole
         got.append(bytes(buf[:end]))
     assert b"".join(got).split(b"\n")[:-1] == lines
+
+
+def test_a_process_told_of_many_records_compiles_from_the_first_hash_and_one_of_few_does_not(
+        monkeypatch, tmp_path):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pileshuffle import sample
+    from pileshuffle.plan import make_plan
+    from pileshuffle.transforms.graph import _records_per_process
+
+    monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
+    fingerprint.expect_records(1_000_000)  # 0.37 s in Python: less than compiling
+    assert fingerprint._compiled_slice_crcs() is None
+    fingerprint.expect_records(4_000_000)  # 1.5 s in Python (2 GB of 500-byte lines): compile at once
+    assert fingerprint._compiled_slice_crcs() is not None
+    raw = np.frombuffer(b"abcdef" * 10, dtype=np.uint8)
+    got = crc32c_of_slices(raw, np.array([0, 7, 60]))
+    assert got.tolist() == [google_crc32c.value(bytes(raw[0:7])), google_crc32c.value(bytes(raw[7:60]))]
+    sample.write_jsonl(str(tmp_path), records=3_000, files=2, record_bytes=100)
+    plan = make_plan(PipelineOptions([f"--input={tmp_path}/*.jsonl", f"--output={tmp_path}/o/t"]))
+    assert _records_per_process(plan) == plan.written_records > 0  # this machine: one process reads all

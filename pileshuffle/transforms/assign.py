@@ -18,7 +18,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from pileshuffle import keys as keymath
 from pileshuffle import progress, storage
 from pileshuffle.balance import ClassPlanner
-from pileshuffle.fingerprint import Fingerprint
+from pileshuffle.fingerprint import Fingerprint, expect_records
 from pileshuffle.formats import ReadReport, get_format, record_hashes, record_lengths
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, records_table
 from pileshuffle.formats.labels import (ClassCodesReader, ClassCodesWriter, file_labels, kept_class_counts, label_counts,
@@ -220,8 +220,9 @@ class ReadSourceToPiles(beam.DoFn):
 
     def __init__(self, format_name, seed, num_piles, fragments_dir=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
                  skip_corrupt=False, label=None, keep_unlabeled=False, codes_dir=None, policy=None,
-                 run_bytes=DEFAULT_RUN_BYTES, memory_for_runs=0, dedup=None, group=1):
+                 run_bytes=DEFAULT_RUN_BYTES, memory_for_runs=0, dedup=None, group=1, records_per_process=0):
         self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
+        self._records_per_process = records_per_process  # what a worker process hashes (0: not known)
         self._dedup, self._group = dedup, group
         self._fragments_dir, self._chunk_bytes, self._skip_corrupt = fragments_dir, chunk_bytes, skip_corrupt
         self._label, self._keep_unlabeled, self._codes_dir = label, keep_unlabeled, codes_dir
@@ -230,6 +231,7 @@ class ReadSourceToPiles(beam.DoFn):
 
     def setup(self):
         prepare_worker()
+        expect_records(self._records_per_process)
 
     def process(self, group, counts=None):
         """``group``: a tuple of ``Source`` (one ``Source`` alone is a group of one). ``counts``:

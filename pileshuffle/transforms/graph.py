@@ -35,7 +35,7 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
         ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt,
                           label=plan.label, keep_unlabeled=plan.keep_unlabeled, codes_dir=codes_dir,
                           policy=plan.balance, run_bytes=plan.run_bytes, memory_for_runs=plan.memory_for_runs,
-                          dedup=plan.dedup, group=piles_per_group),
+                          dedup=plan.dedup, group=piles_per_group, records_per_process=_records_per_process(plan)),
         **_class_counts(sources, plan, codes_dir)
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it
@@ -100,3 +100,13 @@ def manifest_fields(plan) -> dict:
             **(plan.dedup.options() if plan.dedup else {}),
         },
     }
+
+
+def _records_per_process(plan) -> int:
+    """The records one worker process of the job reads in pass 1 (0 where the plan cannot see the
+    workers): this machine's one process, or a Dataflow job's workers' SDK processes."""
+    workers = plan.workers
+    if workers is None or workers.where == "other" or (workers.where == "dataflow" and not workers.workers):
+        return 0
+    processes = 1 if workers.where == "local" else workers.workers * workers.processes
+    return plan.written_records // processes
