@@ -26,11 +26,13 @@ SHARDS_KIND = "pileshuffle-shards"  # a shard output's manifest
 STORE_KIND = "pileshuffle-store"  # a store's manifest version
 # MAJOR.MINOR of the manifests' schema: a MINOR adds keys old readers may ignore; a MAJOR
 # changes what a key means, and a reader refuses a MAJOR newer than its own.
-FORMAT_VERSION = "1.5"  # 1.1: input records keyed by their place in the file (keys.position_keys), not their rank;
+FORMAT_VERSION = "1.6"  # 1.1: input records keyed by their place in the file (keys.position_keys), not their rank;
 # 1.2: every shard and store data file listed with its CRC32C (checksums); 1.3: a shard output's
 # `between_passes` (bytes written, kept in memory, shuffled between the passes); 1.4: `--dedup`'s content keys
 # (stream 3) and a shard output's `dedup` section; 1.5: a dedup store (`options.dedup`, `totals.distinct`, a
-# generation's `dedup`, a data file's `copies` and its copies file: copy_marks)
+# generation's `dedup`, a data file's `copies` and its copies file: copy_marks); 1.6: Parquet shards dictionary-encode
+# only the columns whose first rows repeat (formats/parquet_layout), and their pages end where the rows do, not
+# where pass 2 cut a pile
 LEGACY_STORE_FORMAT = 1  # stores' manifests carried `store_format: 1` before `format_version`; kept for older readers
 
 

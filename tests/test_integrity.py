@@ -66,7 +66,7 @@ def verify_report(capsys, pattern, prefix):
 def test_the_manifest_lists_each_shards_crc32c_of_what_a_reader_gets(outputs, case):
     prefix = str(outputs[case] / "out" / "t")
     manifest = manifest_of(prefix)
-    assert manifest["format_version"] == "1.5"
+    assert manifest["format_version"] == "1.6"
     for entry, path in zip(manifest["shards"], shards(prefix)):
         data = open(path, "rb").read()
         readable = gzip.decompress(data) if path.endswith(".gz") else data  # gzip's own CRC32 covers the stream

@@ -2,8 +2,11 @@
 
 Sources are read in record batches of about ``chunk_bytes``; shards are written with
 the first input file's Arrow schema (its key-value metadata included) in row groups
-of about 64 MiB (``_ROW_GROUP_BYTES``). Every input file must have that same schema.
+of about 64 MiB (``_ROW_GROUP_BYTES``), encoded as ``parquet_layout`` says. Every input file must
+have that same schema.
 """
+
+import itertools
 
 import numpy as np
 import pyarrow as pa
@@ -11,6 +14,7 @@ import pyarrow.parquet as pq
 
 from pileshuffle.errors import InputError
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_at, open_input
+from pileshuffle.formats.parquet_layout import SAMPLE_ROWS, WRITE_BATCH_ROWS, canonical_chunks, dictionary_columns
 
 __all__ = ["ParquetFormat"]
 
@@ -127,20 +131,22 @@ class ParquetFormat(RecordFormat):
 
     def write_shard(self, handle, tables, compression, schema=None):
         """Row groups end where the shard's running payload bytes (``row_lengths``) pass a multiple of
-        ``_ROW_GROUP_BYTES``: the same rows give the same file however ``tables`` cut them (a pile
-        whole, or in sub-piles). Arrow gathers small writes in a buffer of its own (a small pile's
-        shard is 1-3 calls into Python, not 20-30) and hands a large page over as it is
-        (``_SINK_BUFFER_BYTES``)."""
+        ``_ROW_GROUP_BYTES``; the shard's first rows choose the columns with a dictionary, and each
+        group is handed to Arrow in ``canonical_chunks`` (``parquet_layout``): the same rows give the
+        same file however ``tables`` cut them (a pile whole, or in sub-piles). Arrow gathers small
+        writes in a buffer of its own (a small pile's shard is 1-3 calls into Python, not 20-30)
+        and hands a large page over as it is (``_SINK_BUFFER_BYTES``)."""
         from pileshuffle.fingerprint import row_lengths, rows_bytes
 
+        head, tables = _first_rows(_in_schema(tables, schema), SAMPLE_ROWS)
+        schema = head[0].schema if head else schema
+        dictionary = _dictionary_columns(head, rows_bytes)
         sink = pa.BufferedOutputStream(pa.PythonFile(_LeftOpen(handle), mode="w"), buffer_size=_SINK_BUFFER_BYTES)
-        writer, pending, before, written = None, [], 0, 0
-        for table in tables:
-            schema = schema or table.schema
-            writer = writer or pq.ParquetWriter(sink, schema, compression=compression)
+        writer = pq.ParquetWriter(sink, schema, compression=compression, use_dictionary=dictionary,
+                                  write_batch_size=WRITE_BATCH_ROWS)
+        pending, before, written = [], 0, 0
+        for table in itertools.chain(head, tables):
             written += table.num_rows
-            if not table.schema.equals(schema, check_metadata=True):
-                table = table.cast(schema)
             after = before + rows_bytes(table)
             if after // _ROW_GROUP_BYTES > before // _ROW_GROUP_BYTES:  # a group ends in this table: find the rows
                 lengths = row_lengths(table)
@@ -148,16 +154,46 @@ class ParquetFormat(RecordFormat):
                 cuts = np.flatnonzero(ends // _ROW_GROUP_BYTES > (ends - lengths) // _ROW_GROUP_BYTES) + 1
                 start = 0
                 for cut in cuts.tolist():
-                    _write_group(writer, [*pending, table.slice(start, cut - start)])
+                    _write_group(writer, [*pending, table.slice(start, cut - start)], dictionary)
                     pending, start = [], cut
                 table = table.slice(start)
             pending.append(table)
             before = after
-        writer = writer or pq.ParquetWriter(sink, schema, compression=compression)
-        _write_group(writer, pending)
+        _write_group(writer, pending, dictionary)
         writer.close()
         sink.flush()
         return written
+
+
+def _in_schema(tables, schema):
+    """``tables`` in ``schema`` (None: the first table's), cast where theirs differs (metadata too)."""
+    for table in tables:
+        schema = schema or table.schema
+        yield table if table.schema.equals(schema, check_metadata=True) else table.cast(schema)
+
+
+def _first_rows(tables, rows: int):
+    """``(the first tables, the rest)`` of the iterator ``tables``: the first hold ``rows`` rows or
+    more, or all the tables if they hold fewer."""
+    head, held = [], 0
+    for table in tables:
+        head.append(table)
+        held += table.num_rows
+        if held >= rows:
+            break
+    return head, tables
+
+
+def _dictionary_columns(head, rows_bytes) -> list:
+    """``dictionary_columns`` of the shard's first ``SAMPLE_ROWS`` rows (in ``head``), for row groups
+    of the shard's rows when it has fewer, else of the rows that ``_ROW_GROUP_BYTES`` of the sample's
+    payload bytes (``rows_bytes``) make."""
+    sample = pa.concat_tables(head).slice(0, SAMPLE_ROWS) if head else None
+    if sample is None or not sample.num_rows:
+        return []
+    rows = sample.num_rows
+    group_rows = rows if rows < SAMPLE_ROWS else max(rows, rows * _ROW_GROUP_BYTES // max(1, rows_bytes(sample)))
+    return dictionary_columns(sample, group_rows)
 
 
 # Writes of this size or more pass Arrow's buffer by: a data page (~2 MB of 1 KB rows) is copied
@@ -177,8 +213,9 @@ class _LeftOpen:
         self.closed = True
 
 
-def _write_group(writer, tables):
-    """``tables`` (one schema) as one row group (none when they hold no row)."""
+def _write_group(writer, tables, dictionary):
+    """``tables`` (one schema) as one row group (none when they hold no row), in ``canonical_chunks``
+    (the ``dictionary`` columns whole)."""
     rows = sum(t.num_rows for t in tables)
     if rows:
-        writer.write_table(pa.concat_tables(tables), row_group_size=rows)
+        writer.write_table(canonical_chunks(pa.concat_tables(tables), dictionary), row_group_size=rows)
