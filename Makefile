@@ -83,7 +83,7 @@ bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/cpu_per_gb.py
 	$(BIN)/python bench/regime_rates.py
 
-## metadata: regenerate templates/metadata.json from pileshuffle/options.py (tests fail when they drift).
+## metadata: regenerate templates/metadata.json from pileshuffle/commands/options.py (tests fail when they drift).
 metadata: $(STAMP)
 	$(BIN)/pileshuffle metadata > templates/metadata.json.tmp
 	mv templates/metadata.json.tmp templates/metadata.json

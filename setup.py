@@ -18,7 +18,7 @@ READER = [
 PIPELINE = [
     "apache-beam[gcp]>=2.77,<3",
     "tqdm>=4.60",  # the pipeline's progress lines
-    # fingerprints' per-value CRC32C in one compiled loop (pileshuffle/compiled_crc.py: 7-19x one call
+    # fingerprints' per-value CRC32C in one compiled loop (pileshuffle/records/compiled_crc.py: 7-19x one call
     # per value); a worker without it (--setup_file on Beam's own image) hashes one call per value
     "numba>=0.60",
 ]

@@ -50,9 +50,9 @@ STAGES = [
     ("pass-2 check (fingerprint)", lambda f: f.startswith("WriteShard._write.<locals>.counted ")),
     ("pass-2 read/take", lambda f: f.startswith(("in_key_order ", "read_joined ", "PileGroup.ordered ",
                                                   "Pile.ordered ", "_one_batch ", "_segment_bytes ", "read_table "))),
-    ("pass-1 gather/encode", lambda f: "pileshuffle/runs.py" in f or "pileshuffle/memory_runs.py" in f or
+    ("pass-1 gather/encode", lambda f: "pileshuffle/engine/runs.py" in f or "pileshuffle/engine/memory_runs.py" in f or
      f.startswith("segment_encoder.<locals>")),
-    ("key + fingerprint", lambda f: f.startswith(("position_keys ", "record_keys ")) or "pileshuffle/fingerprint.py" in f
+    ("key + fingerprint", lambda f: f.startswith(("position_keys ", "record_keys ")) or "pileshuffle/records/fingerprint.py" in f
      or ".record_hashes " in f or ".record_lengths " in f or f.startswith(("keyed_rows ", "SourcePiles.keyed "))),
     ("decode (input)", lambda f: "pileshuffle/formats/" in f and ".write_shard " not in f),
 ]

@@ -1,6 +1,6 @@
 """Fast (numpy-vectorized) generators for the benchmark data sets, cached under bench/.data/.
 
-Records carry their input index like ``pileshuffle.sample`` does, so the same helpers
+Records carry their input index like ``pileshuffle.commands.sample`` does, so the same helpers
 (``sample.index_of``) read it back:
 - TFRecord: payload = 12 ASCII digits of the index, ``|``, random lowercase filler;
 - JSONL: ``{"index": i, "label": l, "text": "<filler>"}`` lines of ~500 bytes (varying);

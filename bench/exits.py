@@ -83,7 +83,7 @@ def closed_port() -> int:
 
 def prepare() -> tuple:
     """(input pattern, a finished output prefix) under bench/.out/exits."""
-    from pileshuffle import sample
+    from pileshuffle.commands import sample
 
     shutil.rmtree(WORK, ignore_errors=True)
     sample.write_tfrecord(os.path.join(WORK, "in"), records=60_000, files=4, record_bytes=500)

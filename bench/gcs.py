@@ -87,7 +87,7 @@ def local_input(mb: int) -> str:
 
 def upload(directory: str, prefix: str):
     """Copy the data set's .tfrecord files to ``prefix`` on the emulator (pyarrow, one stream each)."""
-    from pileshuffle import storage
+    from pileshuffle.io import storage
 
     for name in sorted(os.listdir(directory)):
         if name.endswith(".tfrecord"):
@@ -96,7 +96,7 @@ def upload(directory: str, prefix: str):
 
 
 def shard_bytes(prefix: str) -> int:
-    from pileshuffle import storage
+    from pileshuffle.io import storage
 
     return storage.read_json(f"{prefix}-manifest.json")["totals"]["shard_bytes"]
 

@@ -1,5 +1,5 @@
 """One large file against the same records in 8 files: pass 1 reads a large file in spans on
-every worker (``pileshuffle.sources.split_sources``), so one file should cost what 8 do.
+every worker (``pileshuffle.engine.sources.split_sources``), so one file should cost what 8 do.
 
     python bench/large_file.py                 # 1 GB of JSONL and of Parquet, 3 rounds
     python bench/large_file.py --scale 2 --rounds 5

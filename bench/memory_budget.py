@@ -1,5 +1,5 @@
 """``--memory``: a run's peak memory against its budget, and what keeping pass-1 runs in memory
-between the passes saves (``pileshuffle.memory_runs``).
+between the passes saves (``pileshuffle.engine.memory_runs``).
 
     python bench/memory_budget.py                       # 1 GB of Parquet, 3 rounds
     python bench/memory_budget.py --scale 10 --rounds 1 # 10 GB (80 files)
@@ -23,7 +23,7 @@ from workspace import DATA, OUT
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pileshuffle.plan import make_plan  # noqa: E402
+from pileshuffle.planning.plan import make_plan  # noqa: E402
 
 BUDGETS = ("1GiB", "2GiB", "auto")
 

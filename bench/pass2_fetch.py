@@ -61,7 +61,7 @@ def write_runs(directory: str, parts: int, part_bytes: int) -> list:
     import numpy as np
     import pyarrow as pa
 
-    from pileshuffle.runs import PileRuns
+    from pileshuffle.engine.runs import PileRuns
 
     per_part, rng = max(1, part_bytes // RECORD), np.random.default_rng(0)
     payload = pa.array([rng.bytes(RECORD) for _ in range(per_part)], pa.binary())
@@ -77,7 +77,7 @@ def write_runs(directory: str, parts: int, part_bytes: int) -> list:
 
 def upload(fragments: list, prefix: str) -> list:
     """The fragments' run files put on the emulator under ``prefix``; the fragments, there."""
-    from pileshuffle import cloud
+    from pileshuffle.io import cloud
 
     bucket = cloud._storage_client(cloud.emulator()).bucket(BUCKET)
     moved = []
@@ -91,8 +91,8 @@ def upload(fragments: list, prefix: str) -> list:
 def assemble(fragments: list, in_flight: int, proxy: str = None):
     """``(seconds, table)`` of ``read_joined`` with ``in_flight`` requests at most (the counts of
     ``proxy`` zeroed just before)."""
-    from pileshuffle import part_fetch
-    from pileshuffle.fragments import read_joined
+    from pileshuffle.io import part_fetch
+    from pileshuffle.engine.fragments import read_joined
 
     part_fetch.IN_FLIGHT = in_flight
     read_joined(fragments[:1])  # the bucket's first contact, outside the time
@@ -123,7 +123,7 @@ def remote_rows(label: str, fragments: list, widths: list, proxy: str, reference
 def local_fetch(fragments: list, in_flight: int) -> float:
     """Seconds to read the local runs' ranges: ``storage.read_range`` (a pread) one after another
     for 1 (read_joined's way), else ``part_fetch`` with ``in_flight`` threads."""
-    from pileshuffle import part_fetch, storage
+    from pileshuffle.io import part_fetch, storage
 
     ranges = [(f.path, f.offset, f.length) for f in fragments]
     began = time.perf_counter()
@@ -155,7 +155,7 @@ def main(argv=None):
     parser.add_argument("--delay_ms", type=float, default=30)
     parser.add_argument("--in_flight", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     args = parser.parse_args(argv)
-    from pileshuffle import part_fetch
+    from pileshuffle.io import part_fetch
 
     default, (emulator, direct), proxies = part_fetch.IN_FLIGHT, start_emulator(), []
     try:

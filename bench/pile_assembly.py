@@ -1,7 +1,7 @@
 """Pass 2's assembly of one pile from many parts: the regime of 10-100 TB jobs, where a pile of
 about 1 GB is gathered from one segment per pass-1 run (10,000 runs of 100 kB at 10 TB).
 Reproduced at the same parts per pile on one pile of 100,000 records of ~1 KB (100 MB): its
-parts are segments of one run file, as pass 1 writes them (``pileshuffle.runs``).
+parts are segments of one run file, as pass 1 writes them (``pileshuffle.engine.runs``).
 
     python bench/pile_assembly.py                  # 10, 1,000 and 10,000 parts, 5 rounds
     python bench/pile_assembly.py --parts 1000 --rounds 9
@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WRITE = r"""
 import pickle, sys
 import numpy as np, pyarrow as pa
-from pileshuffle.runs import PileRuns
+from pileshuffle.engine.runs import PileRuns
 
 parts, directory = int(sys.argv[1]), sys.argv[2]
 records, rng = 100_000, np.random.default_rng(0)
@@ -38,8 +38,8 @@ pickle.dump(fragments, open(directory + "/fragments.pickle", "wb"))
 READ = r"""
 import pickle, resource, statistics, sys, time
 import pyarrow as pa
-from pileshuffle.fragments import read_table
-from pileshuffle.transforms import shuffle
+from pileshuffle.engine.fragments import read_table
+from pileshuffle.engine.transforms import shuffle
 
 directory, rounds, way = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 pile = shuffle.Pile(0, 1, tuple(pickle.load(open(directory + "/fragments.pickle", "rb"))))

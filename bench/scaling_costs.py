@@ -20,14 +20,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
-from pileshuffle import sample  # noqa: E402
+from pileshuffle.commands import sample  # noqa: E402
 from pileshuffle.commands.plan import plan_json  # noqa: E402
 from pileshuffle.commands.plan_modes import hours_text, size_text  # noqa: E402
-from pileshuffle.job_costs import PRICES, RAMP_DOUBLING, SPILL_FACTOR, START_READS, STARTUP_HOURS  # noqa: E402
-from pileshuffle.job_model import (DEFAULT_DISK_GB, DISK_RESERVE_GB, MEASURED_CPU_PER_GB,  # noqa: E402
+from pileshuffle.planning.job_costs import PRICES, RAMP_DOUBLING, SPILL_FACTOR, START_READS, STARTUP_HOURS  # noqa: E402
+from pileshuffle.planning.job_model import (DEFAULT_DISK_GB, DISK_RESERVE_GB, MEASURED_CPU_PER_GB,  # noqa: E402
                                    SIZING_RATE, TARGET_HOURS, WORKER_OVERHEAD, rate_per_vcpu)
-from pileshuffle.plan import make_plan  # noqa: E402
-from pileshuffle.runners import DOCUMENTED_WORKER  # noqa: E402
+from pileshuffle.planning.plan import make_plan  # noqa: E402
+from pileshuffle.planning.runners import DOCUMENTED_WORKER  # noqa: E402
 
 DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "scaling.md")
 GiB, TB = 1 << 30, 10 ** 12

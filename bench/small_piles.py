@@ -60,12 +60,12 @@ def floor(folder: str, counts=(16, 4096, 16, 4096)):
 
 def _piles(num_piles: int):
     """The input's piles as pass 1 would hand them over: one segment per (input file, pile)."""
-    from pileshuffle import keys as keymath
-    from pileshuffle.fingerprint import Fingerprint
+    from pileshuffle.records import keys as keymath
+    from pileshuffle.records.fingerprint import Fingerprint
     from pileshuffle.formats import get_format
-    from pileshuffle.fragments import Fragment, segment_encoder
+    from pileshuffle.engine.fragments import Fragment, segment_encoder
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
-    from pileshuffle.transforms.shuffle import Pile
+    from pileshuffle.engine.transforms.shuffle import Pile
 
     fmt, rng, parts = get_format("parquet"), np.random.default_rng(1), [[] for _ in range(num_piles)]
     for n, path in enumerate(_input()):
@@ -88,7 +88,7 @@ def _piles(num_piles: int):
 
 def _bare(pile, folder: str):
     """The least pass 2 does for a pile: join, sort on U, take, write one file, rename it."""
-    from pileshuffle.fragments import read_joined
+    from pileshuffle.engine.fragments import read_joined
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
     table = read_joined(pile.fragments)
@@ -101,7 +101,7 @@ def _bare(pile, folder: str):
 
 def per_pile(folder: str, piles: list):
     """``WriteShard.process`` against ``_bare``, pile by pile, in one process on one thread."""
-    from pileshuffle.transforms.write import WriteShard
+    from pileshuffle.engine.transforms.write import WriteShard
 
     num_piles = len(piles)
     ours, bare = os.path.join(folder, f"ours-{uuid.uuid4().hex[:6]}"), os.path.join(folder, f"bare-{uuid.uuid4().hex[:6]}")
@@ -123,8 +123,8 @@ def per_pile(folder: str, piles: list):
 
 def groups(folder: str, piles: list):
     """``WriteShard`` on ``PileGroup``s of the template's size against ``WriteShard`` per pile."""
-    from pileshuffle.transforms.pile_groups import GROUP_BYTES, PileGroup, group_size
-    from pileshuffle.transforms.write import WriteShard
+    from pileshuffle.engine.transforms.pile_groups import GROUP_BYTES, PileGroup, group_size
+    from pileshuffle.engine.transforms.write import WriteShard
 
     num_piles = len(piles)
     size = group_size(sum(p.nbytes for p in piles) / num_piles, GROUP_BYTES)

@@ -1,4 +1,4 @@
-"""What spilling a run to local disk and merging it costs (``pileshuffle.runs``), against the same
+"""What spilling a run to local disk and merging it costs (``pileshuffle.engine.runs``), against the same
 run held in memory: the same groups, runs and parts, only where the run waits differs.
 
     python bench/spill_cost.py                 # 1 GB of Parquet, 4,096 piles, 3 rounds

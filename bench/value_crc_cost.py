@@ -1,5 +1,5 @@
 """What a record fingerprint's per-value CRC32C costs: Python (one call per value, short values all
-at once) against the compiled loop (pileshuffle/compiled_crc.py), and what compiling costs a process.
+at once) against the compiled loop (pileshuffle/records/compiled_crc.py), and what compiling costs a process.
 
     .venv/bin/python bench/value_crc_cost.py            # 16 MB chunks of 1,000-, 100- and 40-byte values
     .venv/bin/python bench/value_crc_cost.py --rounds 9
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from pileshuffle import fingerprint
+from pileshuffle.records import fingerprint
 
 CHUNK_BYTES = 16 << 20
 FIRST_CALL = """
@@ -38,7 +38,7 @@ def python_way(data, starts, lengths):
 
 
 def compiled_way(data, starts, lengths):
-    from pileshuffle import compiled_crc
+    from pileshuffle.records import compiled_crc
     return compiled_crc.slice_crcs(np.frombuffer(data, np.uint8), starts, lengths)
 
 

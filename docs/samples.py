@@ -140,7 +140,7 @@ def _write_locked(folder: pathlib.Path):
 
 def _write_tfrecords(folder: pathlib.Path):
     """data/part-000.tfrecord and data/part-001.tfrecord: 100 records of 100 bytes."""
-    from pileshuffle.sample import write_tfrecord
+    from pileshuffle.commands.sample import write_tfrecord
 
     write_tfrecord(str(folder / "data"), records=100, files=2)
 

@@ -110,7 +110,7 @@ def main(argv=None):
     options = PipelineOptions(beam_args)
     # --temp_location (a Beam option) selects the files intermediate mode: fragments go there
     temp_location = options.view_as(GoogleCloudOptions).temp_location
-    from pileshuffle.runners import make_runner  # local runs: Beam's FnApiRunner, no Prism download
+    from pileshuffle.planning.runners import make_runner  # local runs: Beam's FnApiRunner, no Prism download
 
     with beam.Pipeline(runner=make_runner(options), options=options) as pipeline:
         build(pipeline, args.input, args.output, args.num_piles, args.seed, args.id_field, temp_location,

@@ -14,11 +14,11 @@ __version__ = "0.1.0"  # written into every manifest (``pileshuffle_version``)
 
 def __getattr__(name):  # lazy: importing the package must not import Beam's transforms
     if name in ("ShuffleToPiles", "GroupIntoPiles", "Pile"):
-        from pileshuffle.transforms import shuffle
+        from pileshuffle.engine.transforms import shuffle
 
         return getattr(shuffle, name)
     if name == "WritePiles":
-        from pileshuffle.transforms.write import WritePiles
+        from pileshuffle.engine.transforms.write import WritePiles
 
         return WritePiles
     if name == "WritePileStore":

@@ -2,7 +2,7 @@
 
 A command is a module with ``main(argv) -> exit code`` and a one-line description. A
 command whose options are pipeline options checks them with
-``pileshuffle.options.check_argv`` (unknown options, bad values: exit code 2 before
+``pileshuffle.commands.options.check_argv`` (unknown options, bad values: exit code 2 before
 anything runs) and answers ``--help`` from its parameters (``options.help_text``).
 """
 
@@ -30,7 +30,7 @@ class Command:
     def main(self, argv, name: str) -> int:
         """Run the command on ``argv``; a missing ``pipeline`` extra is one line and exit code 2."""
         from pileshuffle import interrupt
-        from pileshuffle.tuning import importing_without_gc, keep_freed_memory
+        from pileshuffle.engine.tuning import importing_without_gc, keep_freed_memory
 
         interrupt.describe("it had not started: nothing was written")
         keep_freed_memory()  # before Beam's import starts threads
@@ -71,7 +71,7 @@ COMMANDS = {  # name -> Command: what `pileshuffle NAME` runs, in the order the 
     "expire": Command("pileshuffle.commands.store", "drop a pile store's oldest generations (--keep_generations N, --before TIME)", "expire_main"),
     "gc": Command("pileshuffle.commands.store", "delete a pile store's files that no recent manifest version lists", "gc_main"),
     "materialize": Command("pileshuffle.commands.store", "write a pile store's records as the shuffled shards `run` writes", "materialize_main"),
-    "generate": Command("pileshuffle.sample", "write sample data whose records carry their index (for trying things out)"),
+    "generate": Command("pileshuffle.commands.sample", "write sample data whose records carry their index (for trying things out)"),
     "metadata": Command("pileshuffle.commands.metadata", "print the Dataflow flex template's metadata.json"),
     "quality": Command("pileshuffle.commands.quality", "measure and draw how uniform a finished run's order is (and the shuffles people use instead)"),
 }
@@ -90,7 +90,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("run", "plan"):  # before Beam's import: a count that would take the machine
         from pileshuffle.errors import UsageError
-        from pileshuffle.pile_bound import check_num_piles_argv
+        from pileshuffle.planning.pile_bound import check_num_piles_argv
 
         try:
             check_num_piles_argv(argv[1:])

@@ -149,7 +149,7 @@ HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carri
 # -- pile fragments (a run's work folder) --------------------------------------------------------
 
 FRAGMENT_EXTENSION = ".arrows"  # Arrow IPC streams: pile fragments and store data files
-RUN_EXTENSION = ".run"  # pass 1's runs: pile segments in pile order and their index (pileshuffle.runs)
+RUN_EXTENSION = ".run"  # pass 1's runs: pile segments in pile order and their index (pileshuffle.engine.runs)
 
 
 def source_writer_name(source_id: int, span_start: int = 0) -> str:
@@ -164,7 +164,7 @@ def split_writer_name(token: str, depth: int, index: int) -> str:
 
 
 def run_name(writer: str, run: int) -> str:
-    """The ``run``-th run pass 1's ``writer`` (a group of sources, a bundle) writes (``pileshuffle.runs``)."""
+    """The ``run``-th run pass 1's ``writer`` (a group of sources, a bundle) writes (``pileshuffle.engine.runs``)."""
     return f"{writer}-r{run:05d}{RUN_EXTENSION}"
 
 

@@ -13,7 +13,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from pileshuffle import sample  # noqa: E402
+from pileshuffle.commands import sample  # noqa: E402
 
 # A missing test dependency stops the run; a skip not on the allow-list fails (tests/suite_rules.py).
 pytest_plugins = ["suite_rules"]

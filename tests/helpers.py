@@ -10,7 +10,7 @@ import struct
 import subprocess
 import time
 
-from pileshuffle import sample
+from pileshuffle.commands import sample
 
 # In-process FnApiRunner: the DirectRunner's own engine, without the Prism download attempt.
 FAST = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]

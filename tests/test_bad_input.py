@@ -24,9 +24,9 @@ from helpers import (
     run_shuffle,
     shards,
 )
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.errors import InputError, OutputError, PileshuffleError
-from pileshuffle.crc import masked_crc
+from pileshuffle.records.crc import masked_crc
 
 RECORDS, FILES, RECORD_BYTES = 300, 3, 50
 

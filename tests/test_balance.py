@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pileshuffle.balance import Policy, class_phase, copies
+from pileshuffle.engine.balance import Policy, class_phase, copies
 
 
 @settings(max_examples=300, deadline=None)
@@ -101,7 +101,7 @@ import glob  # noqa: E402
 import json  # noqa: E402
 
 from helpers import CLASS_ORDER, assert_verified, manifest, refused, run_shuffle, shard_bytes, shards, write_animals  # noqa: E402
-from pileshuffle import sample  # noqa: E402
+from pileshuffle.commands import sample  # noqa: E402
 
 @pytest.fixture(scope="module")
 def animals(tmp_path_factory):

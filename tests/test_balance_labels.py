@@ -288,8 +288,8 @@ def test_a_jsonl_file_changed_after_the_counting_pass_is_refused_by_pass_1(tmp_p
 
 @pytest.mark.parametrize("policy, undersample", [("uniform", False), ("sqrt", True), ("a=1,b=3,c=2,d=1", False)])
 def test_copies_from_class_codes_are_the_class_plans_own(policy, undersample):
-    from pileshuffle.balance import Policy, class_plan
-    from pileshuffle.transforms.assign import class_codes
+    from pileshuffle.engine.balance import Policy, class_plan
+    from pileshuffle.engine.transforms.assign import class_codes
 
     rng = np.random.default_rng(7)
     classes = ["a", "b", "c", "d"]

@@ -17,11 +17,11 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from helpers import FAST, manifest, run_shuffle, shard_bytes, shards
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.errors import InputError, UsageError
 from pileshuffle.commands.metadata import template_metadata
-from pileshuffle.options import check_argv
-from pileshuffle.parameters import PARAMETERS
+from pileshuffle.commands.options import check_argv
+from pileshuffle.planning.parameters import PARAMETERS
 
 PY = sys.executable
 
@@ -223,7 +223,7 @@ def test_a_pattern_of_only_this_runs_own_output_is_refused_naming_the_overlap(tm
 
 
 def test_own_files_are_recognised_by_name():
-    from pileshuffle.inputs import own_file
+    from pileshuffle.engine.inputs import own_file
 
     assert own_file("d/.pileshuffle-work-0123abcd/fragments/s000001-p00003.arrows", "d/x", {})
     assert own_file("gs://b/d/x.pileshuffle-staging/shard-00000-of-00004.tfrecord", "gs://b/d/x", {})
@@ -331,7 +331,7 @@ def test_plan_counts_runs_not_files_times_piles(inputs, tmp_path):
     of this small input), whose parts the plan counts; nothing grows as files x piles, so there is
     nothing to warn about."""
     from pileshuffle.commands.plan import plan_text
-    from pileshuffle.plan import make_plan
+    from pileshuffle.planning.plan import make_plan
 
     options = PipelineOptions([f"--input={inputs}/*.tfrecord", f"--output={tmp_path}/o", "--num_piles=40000"])
     plan = make_plan(options)
@@ -419,7 +419,7 @@ def test_plan_sizes_compressed_parquet_by_its_rows_and_gzip_by_a_decompressed_sa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pileshuffle.plan import make_plan
+    from pileshuffle.planning.plan import make_plan
 
     os.makedirs(tmp_path / "pq")
     rows = 300_000

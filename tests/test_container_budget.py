@@ -11,10 +11,10 @@ import uuid
 
 import pytest
 
-from pileshuffle import sample
-from pileshuffle.memory_limit import (HOST, UNKNOWN, Memory, available_memory, cgroup_memory,
+from pileshuffle.commands import sample
+from pileshuffle.planning.memory_limit import (HOST, UNKNOWN, Memory, available_memory, cgroup_memory,
                                       host_available)
-from pileshuffle.pile_bound import PILE_BOOKKEEPING_BYTES, most_piles
+from pileshuffle.planning.pile_bound import PILE_BOOKKEEPING_BYTES, most_piles
 
 GB, MiB = 10**9, 1 << 20
 V1_NO_LIMIT = "9223372036854771712"  # what cgroup v1 writes for "no limit"

@@ -12,7 +12,8 @@ import distributed
 import pytest
 
 from helpers import manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
-from pileshuffle import ShuffleToPiles, sample
+from pileshuffle import ShuffleToPiles
+from pileshuffle.commands import sample
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def test_shuffle_to_piles_refuses_the_dask_runner():
     drops: refuse when the pipeline is built, instead of losing records at run time."""
     from apache_beam.runners.dask.dask_runner import DaskRunner
 
-    from pileshuffle.transforms.shuffle import UnsupportedRunnerError
+    from pileshuffle.engine.transforms.shuffle import UnsupportedRunnerError
 
     pipeline = beam.Pipeline(runner=DaskRunner())
     records = pipeline | beam.Create([b"a", b"b", b"c"])
@@ -137,7 +138,7 @@ def test_dask_runner_names_resolve_without_a_cluster():
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask.dask_runner import DaskRunner
 
-    from pileshuffle.runners import is_dask, is_local, make_runner
+    from pileshuffle.planning.runners import is_dask, is_local, make_runner
 
     for name in ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner"):
         options = PipelineOptions([f"--runner={name}"])

@@ -12,7 +12,8 @@ import sys
 import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from pileshuffle import sample, storage
+from pileshuffle.commands import sample
+from pileshuffle.io import storage
 
 IMAGE = "us-central1-docker.pkg.dev/my-project/pileshuffle/pileshuffle:2026-11-27"
 PROJECT = ["--project=my-project-123", "--region=us-central1"]

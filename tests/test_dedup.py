@@ -21,12 +21,13 @@ from hypothesis import strategies as st
 from helpers import manifest, read_tfrecord_payloads, refused, run_shuffle, shard_bytes, shards, succeeded
 from test_balance_labels import example
 from test_uniformity import ALPHA, assert_rejected, uniformity_pvalues
-from pileshuffle import ShuffleToPiles, WritePiles, sample
+from pileshuffle import ShuffleToPiles, WritePiles
+from pileshuffle.commands import sample
 from pileshuffle.commands.info import main as info_main
 from pileshuffle.commands.verify import main as verify_main
-from pileshuffle.dedup import Dedup, Dropped, distinct_in_order, stream_distinct
+from pileshuffle.engine.dedup import Dedup, Dropped, distinct_in_order, stream_distinct
 from pileshuffle.formats.tfrecord import frame
-from pileshuffle.verify import verify_shards
+from pileshuffle.verify.checks import verify_shards
 
 HOT_COPIES = 3000  # one record repeated: more than a 16 KiB pile holds, so it is streamed
 
@@ -280,7 +281,7 @@ def test_quality_measures_a_dedup_output_against_the_distinct_input(tmp_path, ca
 def test_one_record_repeated_a_million_times_is_streamed_never_loaded_whole(tmp_path, monkeypatch):
     """The issue's hot record at full count: 1,000,000 copies (14 MB) in a run whose piles hold 1 MiB.
     Its pile is split, the one-key sub-pile streamed: no table pass 2 loads is larger than a pile."""
-    import pileshuffle.transforms.pile_groups as pile_groups  # where pass 2 joins a pile's parts (in_key_order)
+    import pileshuffle.engine.transforms.pile_groups as pile_groups  # where pass 2 joins a pile's parts (in_key_order)
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_bytes(b'{"hot": true}\n' * 1_000_000 + b"".join(b'{"i": %d}\n' % i for i in range(20_000)))
@@ -314,8 +315,8 @@ def test_a_dedup_key_a_file_lacks_is_one_line_naming_the_file(tmp_path, capsys, 
        cut=st.integers(1, 50))
 def test_the_distinct_input_on_disk_equals_a_set_kept_in_memory(tmp_path_factory, contents, cut):
     """verify's and quality's first-of-each (partitioned on disk) against a Python set in input order."""
-    from pileshuffle.dedup import distinct_fingerprint, first_occurrences
-    from pileshuffle.fingerprint import Fingerprint
+    from pileshuffle.engine.dedup import distinct_fingerprint, first_occurrences
+    from pileshuffle.records.fingerprint import Fingerprint
 
     values = np.array(contents, dtype=np.uint64)
     hashes, lengths = values ^ np.uint64(7), np.arange(len(values)) % 5

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import manifest, shard_bytes, shards
-from pileshuffle import sample
+from pileshuffle.commands import sample
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "examples", "preprocess_to_tfrecord.py")

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import pytest
 
-from pileshuffle import compiled_crc, fingerprint
-from pileshuffle.fingerprint import column_hashes, crc32_of_slices, crc32c_of_slices, payload_hashes
+from pileshuffle.records import compiled_crc, fingerprint
+from pileshuffle.records.fingerprint import column_hashes, crc32_of_slices, crc32c_of_slices, payload_hashes
 
 values_lists = st.lists(st.binary(min_size=0, max_size=80), min_size=0, max_size=60)
 

@@ -12,7 +12,9 @@ import uuid
 import pytest
 
 from helpers import FAST, run_shuffle, shard_bytes
-from pileshuffle import names, sample, storage
+from pileshuffle import names
+from pileshuffle.commands import sample
+from pileshuffle.io import storage
 
 FORMATS = ["tfrecord", "jsonl", "parquet", "tar"]
 # A hang guard, not a speed claim: without its retry limits pyarrow retried for over 400 s here
@@ -423,7 +425,7 @@ def test_a_refused_permission_is_one_line_naming_the_path(gcs, tmp_path, command
 def test_a_rerun_bundle_on_gcs_writes_its_shard_once_under_its_final_name(inputs, gcs, tmp_path, monkeypatch):
     """Runners re-run bundles: each shard is written twice (straight to its final name on a new
     gs:// output); the output equals the plain run's, and nothing is left beside it."""
-    import pileshuffle.transforms.write as write
+    import pileshuffle.engine.transforms.write as write
     from test_reliability import _flaky_write_class, _Twice
 
     local_in, remote_in = inputs["tfrecord"]

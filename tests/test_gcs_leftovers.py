@@ -5,7 +5,7 @@ staging folder and its publication journals stayed behind after every run, and a
 makes a later run take files it lists for its own."""
 
 from helpers import run_shuffle
-from pileshuffle import sample
+from pileshuffle.commands import sample
 
 
 def objects(prefix: str) -> list:

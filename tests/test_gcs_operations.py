@@ -11,10 +11,10 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from helpers import run_shuffle
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.commands.plan import gcs_operations, main, plan_json, plan_text
-from pileshuffle.plan import make_plan
-from pileshuffle.transforms.assign import Source
+from pileshuffle.planning.plan import make_plan
+from pileshuffle.engine.transforms.assign import Source
 
 MiB = 1 << 20
 

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from helpers import run_shuffle, shards
 
 GOLDEN = {

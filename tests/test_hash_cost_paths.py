@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pileshuffle import fingerprint
-from pileshuffle.fingerprint import column_hashes, crc32c_of_slices, mix64, row_hashes
+from pileshuffle.records import fingerprint
+from pileshuffle.records.fingerprint import column_hashes, crc32c_of_slices, mix64, row_hashes
 from pileshuffle.formats import get_format
 
 NULL_HASH = 0x9E3779B97F4A7C15
@@ -183,9 +183,9 @@ def test_a_process_told_of_many_records_compiles_from_the_first_hash_and_one_of_
         monkeypatch, tmp_path):
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pileshuffle import sample
-    from pileshuffle.plan import make_plan
-    from pileshuffle.transforms.graph import _records_per_process
+    from pileshuffle.commands import sample
+    from pileshuffle.planning.plan import make_plan
+    from pileshuffle.engine.transforms.graph import _records_per_process
 
     monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
     fingerprint.expect_records(1_000_000)  # 0.37 s in Python: less than compiling

@@ -11,7 +11,7 @@ import google_crc32c
 import pytest
 
 from helpers import run_shuffle, shards
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.commands.verify import main as verify_main
 from pileshuffle.errors import InputError
 from pileshuffle.loader import ShuffledDataset

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from helpers import final_outputs, run_shuffle, shard_bytes, temp_leftovers
-from pileshuffle import sample
+from pileshuffle.commands import sample
 
 PY = sys.executable
 SIGNAL_EXIT_CODE = 130  # 128 + SIGINT

@@ -51,7 +51,7 @@ def spans_of(pattern, path, tmp_path):
     """The spans pass 1 reads ``path`` in (``[None]``: whole), as the run's plan cuts it."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pileshuffle.plan import make_plan
+    from pileshuffle.planning.plan import make_plan
 
     plan = make_plan(PipelineOptions([f"--input={pattern}", f"--output={tmp_path}/plan/o", *FAST]))
     return [s.span for group in plan.source_groups for s in group if s.path == path]

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pileshuffle import keys
+from pileshuffle.records import keys
 
 seeds = st.integers(min_value=-(2**63), max_value=2**64 - 1)
 

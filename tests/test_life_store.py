@@ -11,7 +11,7 @@ N-th entry into pileshuffle's code: any point, and the same one when hypothesis 
 life (a timer would not be). The loader is interrupted in this process the same way.
 
 The model is a plain mapping: live generation -> the input files it holds; each input file
-holds records that carry their index (``pileshuffle.sample``), so the live records are a
+holds records that carry their index (``pileshuffle.commands.sample``), so the live records are a
 multiset of indices (a set, in half of the lives: a store made with ``--dedup exact``, where a
 file appended again with ``--allow_duplicate_inputs`` is hidden while an older copy lives). After every step:
 - the loader's epoch (``iter(ShuffledDataset(P))``) is exactly the model's multiset;
@@ -59,7 +59,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 
 from helpers import FAST, read_tfrecord_payloads, shard_bytes, shards, temp_leftovers
-from pileshuffle import cli, sample
+from pileshuffle import cli
+from pileshuffle.commands import sample
 from pileshuffle.formats.tfrecord import frame
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.store import layout

@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.loader import Mixture, ShuffledDataset
 
 from helpers import run_shuffle, sample_run

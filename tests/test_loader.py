@@ -16,10 +16,10 @@ from helpers import manifest, read_tfrecord_payloads, run_shuffle, shards, shuff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pileshuffle import keys as keymath
-from pileshuffle import sample
+from pileshuffle.records import keys as keymath
+from pileshuffle.commands import sample
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import Fingerprint, payload_hashes, row_hashes, row_lengths
+from pileshuffle.records.fingerprint import Fingerprint, payload_hashes, row_hashes, row_lengths
 from pileshuffle.loader import NoOutputError, ShuffledDataset, epoch_order, open_output
 from pileshuffle.loader.order import EpochOrder
 from pileshuffle.loader.piles import PileRef
@@ -434,7 +434,7 @@ def test_a_corrupt_frame_is_refused_naming_file_and_offset(tmp_path, name, reque
 # --- pile stores, built by hand as SPEC.md fixes them ---------------------------------------
 
 def _frame(payload: bytes) -> bytes:
-    from pileshuffle.crc import mask_crcs
+    from pileshuffle.records.crc import mask_crcs
 
     header = len(payload).to_bytes(8, "little")
     crc = lambda b: int(mask_crcs(np.array([google_crc32c.value(b)]))[0]).to_bytes(4, "little")  # noqa: E731

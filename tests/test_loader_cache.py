@@ -13,7 +13,9 @@ import google_crc32c
 import pytest
 
 from helpers import run_shuffle
-from pileshuffle import names, sample, storage
+from pileshuffle import names
+from pileshuffle.commands import sample
+from pileshuffle.io import storage
 from pileshuffle.errors import InputError
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.cache import PileCache, _listed_crc32c, parse_limit

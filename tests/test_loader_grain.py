@@ -10,7 +10,7 @@ import sys
 import grain
 import pytest
 
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.loader import Mixture, ShuffledDataset
 
 from helpers import run_shuffle  # noqa: E402

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.tf import chunk_records, state_in_epoch, tf_dtype
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from pileshuffle.fingerprint import Fingerprint, payload_hashes
+from pileshuffle.records.fingerprint import Fingerprint, payload_hashes
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.torch import ArrowOnArrival, loader_states, round_robin, worker_states
 

@@ -1,4 +1,4 @@
-"""``--memory`` (``pileshuffle.memory_runs``): on the local runner pass-1 runs that fit in the budget
+"""``--memory`` (``pileshuffle.engine.memory_runs``): on the local runner pass-1 runs that fit in the budget
 stay in memory between the passes, the rest go to the temp folder; the same bytes for any budget,
 nothing kept after the run (published or failed), and ``plan`` says what the budget keeps."""
 
@@ -10,9 +10,10 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from helpers import FAST, assert_verified, manifest, run_shuffle, shards
-from pileshuffle import memory_runs, runs, sample
+from pileshuffle.engine import memory_runs, runs
+from pileshuffle.commands import sample
 from pileshuffle.errors import InputError
-from pileshuffle.plan import make_plan
+from pileshuffle.planning.plan import make_plan
 
 MiB = 1 << 20
 

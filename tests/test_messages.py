@@ -16,10 +16,10 @@ import sys
 import pytest
 
 from helpers import kill_when, refused, run_shuffle, shards, succeeded, write_animals
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.cli import COMMANDS
 from pileshuffle.cli import main as pileshuffle
-from pileshuffle.options import CONCEPTS
+from pileshuffle.commands.options import CONCEPTS
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +180,7 @@ def test_a_killed_run_is_named_by_verify_info_and_the_loader_with_the_command_th
 
 
 def test_a_run_still_writing_is_named_as_one(finished, tmp_path, capsys):
-    from pileshuffle.output_lock import OutputLock
+    from pileshuffle.commands.output_lock import OutputLock
 
     output = str(tmp_path / "out" / "train")
     os.makedirs(tmp_path / "out")

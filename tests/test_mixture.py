@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.loader import Mixture, ShuffledDataset
 from pileshuffle.loader.interleave import MAX_PERIOD, Interleave, whole_weights
 
@@ -356,7 +356,7 @@ def test_a_mixture_of_gcs_outputs_reads_as_the_local_one(gcs, tmp_path):
     assert list(remote) == list(local)  # and the next epoch
     if importlib.util.find_spec("grain"):  # the Grain adapter reads gs:// as locally
         assert list(remote.grain()) == list(local.grain())
-    from pileshuffle import storage
+    from pileshuffle.io import storage
     from pileshuffle.commands.quality import main as quality_main
 
     mixture_flag = "--mixture=" + ",".join(f"{p}={w}" for p, w in zip(prefixes["remote"], (0.7, 0.3)))

@@ -17,7 +17,7 @@ from helpers import run_shuffle
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
     """A shard output and a store over the same small TFRecord input."""
-    from pileshuffle import sample
+    from pileshuffle.commands import sample
 
     root = tmp_path_factory.mktemp("names")
     sample.write_tfrecord(str(root / "in"), records=600, files=2, record_bytes=60)

@@ -18,13 +18,14 @@ import time
 import pytest
 
 from helpers import manifest, shards
-from pileshuffle import sample, storage
+from pileshuffle.commands import sample
+from pileshuffle.io import storage
 from pileshuffle.commands.run import pipeline_options
-from pileshuffle.output_lock import taken_output
-from pileshuffle.plan import make_plan
-from pileshuffle.runners import local_defaults
-from pileshuffle.running import new_pipeline
-from pileshuffle.transforms.graph import build
+from pileshuffle.commands.output_lock import taken_output
+from pileshuffle.planning.plan import make_plan
+from pileshuffle.planning.runners import local_defaults
+from pileshuffle.commands.running import new_pipeline
+from pileshuffle.engine.transforms.graph import build
 
 JOB = "pileshuffle-20261127-120000-abc123"
 
@@ -105,7 +106,7 @@ def test_a_failed_launch_leaves_no_lock(tmp_path):
 def test_a_template_build_and_a_waited_run_hand_nothing_over():
     """Only a job left running holds the lock: not a template build (no job runs), not a
     local or Dask run, and not a Dataflow run this process waits for."""
-    from pileshuffle.runners import outliving_job
+    from pileshuffle.planning.runners import outliving_job
 
     base = ["--input=gs://b/in/*", "--output=gs://b/out/o", "--runner=DataflowRunner", "--project=p-123",
             "--region=us-central1", "--temp_location=gs://b/tmp", "--job_name=my-job"]

@@ -13,8 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import FAST, assert_nothing_published, manifest, run_shuffle, shard_bytes, shards
-from pileshuffle import names, sample, storage
-from pileshuffle.checksums import Crc32cWriter, crc32c_hex
+from pileshuffle import names
+from pileshuffle.commands import sample
+from pileshuffle.io import storage
+from pileshuffle.io.checksums import Crc32cWriter, crc32c_hex
 from pileshuffle.errors import OutputError
 from pileshuffle.formats import get_format
 from pileshuffle.formats.parquet import _SINK_BUFFER_BYTES
@@ -136,7 +138,7 @@ def test_a_split_pile_gives_the_file_of_the_pile_whole(tmp_path):
 def test_a_disk_that_fills_during_a_parquet_shard_names_the_output(small_tmpfs, tmp_path, monkeypatch):
     """12 MB of Parquet shards onto an 8 MB disk that the plan believes has room: the disk fills
     inside Arrow's writes; the run fails naming where it wrote, and publishes nothing."""
-    import pileshuffle.space as space_module
+    import pileshuffle.planning.space as space_module
 
     sample.write_parquet(str(tmp_path / "in"), records=12_000, files=3, record_bytes=1000)
     usage = space_module.shutil.disk_usage(small_tmpfs)

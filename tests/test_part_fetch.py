@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 import delay_proxy
-from pileshuffle import part_fetch, storage
+from pileshuffle.io import part_fetch, storage
 from pileshuffle.errors import InputError
-from pileshuffle.fragments import read_joined
-from pileshuffle.runs import PileRuns
+from pileshuffle.engine.fragments import read_joined
+from pileshuffle.engine.runs import PileRuns
 
 DELAY = 0.03
 

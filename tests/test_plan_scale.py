@@ -13,12 +13,13 @@ import zlib
 
 import pytest
 
-from pileshuffle import sample, storage
+from pileshuffle.commands import sample
+from pileshuffle.io import storage
 from pileshuffle.commands.plan import main as plan_main
 from pileshuffle.errors import OutputError
-from pileshuffle.job_model import MEASURED_CPU_PER_GB, SIZING_RATE, WORKER_OVERHEAD, rate_per_vcpu
+from pileshuffle.planning.job_model import MEASURED_CPU_PER_GB, SIZING_RATE, WORKER_OVERHEAD, rate_per_vcpu
 from pileshuffle.names import SHARD_NAME, SHARD_TAIL, shard_name, shard_pattern
-from pileshuffle.output_files import check_replaceable
+from pileshuffle.engine.output_files import check_replaceable
 from test_dataflow_job import PROJECT, launch
 
 GiB, TB = 1 << 30, 10 ** 12

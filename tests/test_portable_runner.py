@@ -15,7 +15,7 @@ import types
 import pytest
 
 from helpers import free_port, manifest, run_shuffle, shard_bytes, shards
-from pileshuffle import sample
+from pileshuffle.commands import sample
 
 READY_SECONDS = 120  # Beam's import alone takes seconds on a busy 2-core machine
 STARTED_WORKER = "Starting worker with command"  # the pool's log line for each SDK harness

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from helpers import manifest as read_manifest
 from helpers import input_places, read_tfrecord_payloads, run_shuffle, sample_run, shards
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.errors import InputError
 from pileshuffle.formats import get_format
 from pileshuffle.commands.quality import main as quality_main

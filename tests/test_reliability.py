@@ -29,10 +29,10 @@ from helpers import (
     stable_manifest,
     temp_leftovers,
 )
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.formats import ReadReport, get_format
-from pileshuffle.crc import CRC_PRESET_BYTES, masked_crc, payloads_match_stored_crcs, stored_data_crcs
+from pileshuffle.records.crc import CRC_PRESET_BYTES, masked_crc, payloads_match_stored_crcs, stored_data_crcs
 from pileshuffle.formats.tfrecord import (
     frame,
     scan_frames,
@@ -251,7 +251,7 @@ def files_in(directory, predicate):
 
 
 def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_data, tmp_path):
-    from pileshuffle.plan import work_dir_for
+    from pileshuffle.planning.plan import work_dir_for
     from pileshuffle.names import staging_dir
 
     pattern, reference = crash_data
@@ -289,7 +289,7 @@ def test_leftovers_of_a_killed_run_are_replaced_not_published(tmp_path, tfrecord
     """What a run killed in Finalize leaves (its journal, some shards under final names, an
     old output's shard it was deleting, staging and work files, no manifest) is replaced by
     the re-run, which needs no --overwrite. (Only what the journal lists: see test_seams_run.)"""
-    from pileshuffle.plan import work_dir_for
+    from pileshuffle.planning.plan import work_dir_for
     from pileshuffle.names import staging_dir
 
     output = str(tmp_path / "out" / "train")
@@ -338,9 +338,9 @@ def test_the_local_runner_does_not_retry_a_failed_bundle():
 
 
 def test_pass_1_run_twice_for_a_source_replaces_its_runs(tmp_path, tfrecord_input, monkeypatch):
-    import pileshuffle.runs as runs
-    from pileshuffle.inputs import match_inputs
-    from pileshuffle.transforms.assign import ReadSourceToPiles
+    import pileshuffle.engine.runs as runs
+    from pileshuffle.engine.inputs import match_inputs
+    from pileshuffle.engine.transforms.assign import ReadSourceToPiles
 
     source = match_inputs(tfrecord_input)[0]
     directory = str(tmp_path / "fragments")
@@ -371,8 +371,8 @@ class _Twice:
 
 
 def _flaky_read_class():
-    from pileshuffle.runs import PileRuns
-    from pileshuffle.transforms.assign import ReadSourceToPiles
+    from pileshuffle.engine.runs import PileRuns
+    from pileshuffle.engine.transforms.assign import ReadSourceToPiles
 
     class FlakyRead(ReadSourceToPiles):
         """Every group of sources is attempted three times, as a retrying runner would: attempt 1
@@ -401,7 +401,7 @@ def _flaky_read_class():
 
 
 def _flaky_write_class():
-    from pileshuffle.transforms.write import WriteShard
+    from pileshuffle.engine.transforms.write import WriteShard
 
     class FlakyWrite(WriteShard):
         """Every pile is written twice; the first attempt's output is lost."""
@@ -419,8 +419,8 @@ def _flaky_write_class():
 
 @pytest.mark.parametrize("intermediate", ["files", "shuffle"])
 def test_rerun_bundles_neither_duplicate_nor_lose_records(tmp_path, tfrecord_input, monkeypatch, intermediate):
-    import pileshuffle.transforms.graph as graph
-    import pileshuffle.transforms.write as write
+    import pileshuffle.engine.transforms.graph as graph
+    import pileshuffle.engine.transforms.write as write
 
     plain = str(tmp_path / "plain" / "train")
     run_shuffle(tfrecord_input, plain, "--num_piles=4", "--seed=9", f"--intermediate={intermediate}")
@@ -485,7 +485,7 @@ class _FullDisk(io.RawIOBase):
      ("pileshuffle-staging/manifest-", ".pileshuffle-staging")],
 )
 def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location):
-    import pileshuffle.storage as storage_module
+    import pileshuffle.io.storage as storage_module
 
     real = storage_module.open_write.__wrapped__
 
@@ -508,8 +508,8 @@ def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location)
 def test_plan_and_run_agree_on_a_disk_too_small(tmp_path, tfrecord_input, monkeypatch, capsys):
     import shutil as shutil_module
 
-    import pileshuffle.plan as plan_module
-    import pileshuffle.space as space_module
+    import pileshuffle.planning.plan as plan_module
+    import pileshuffle.planning.space as space_module
     from apache_beam.options.pipeline_options import PipelineOptions
     from pileshuffle.commands.plan import main as plan_main
 
@@ -545,7 +545,7 @@ def many_small(tmp_path_factory):
 
 
 def test_oversized_piles_are_split_never_loaded_whole_and_stay_a_permutation(many_small, monkeypatch):
-    import pileshuffle.fragments as fragments
+    import pileshuffle.engine.fragments as fragments
     from pileshuffle.commands.report import summary
 
     pattern, root = many_small
@@ -588,10 +588,10 @@ def test_oversized_piles_are_split_never_loaded_whole_and_stay_a_permutation(man
 def _one_fragment_pile(tmp_path, keys, max_pile_bytes):
     import pyarrow as pa
 
-    from pileshuffle.fingerprint import Fingerprint
+    from pileshuffle.records.fingerprint import Fingerprint
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
-    from pileshuffle.fragments import Fragment, FragmentFiles
-    from pileshuffle.transforms.shuffle import Pile
+    from pileshuffle.engine.fragments import Fragment, FragmentFiles
+    from pileshuffle.engine.transforms.shuffle import Pile
 
     payloads = [b"%08d" % i + b"x" * 40 for i in range(len(keys))]
     table = pa.table({"record": pa.array(payloads, pa.binary()), KEY_COLUMN: pa.array(keys, pa.uint64()),
@@ -605,7 +605,7 @@ def _one_fragment_pile(tmp_path, keys, max_pile_bytes):
 
 
 def test_split_recurses_when_capped_and_keeps_the_order(tmp_path, monkeypatch):
-    import pileshuffle.transforms.shuffle as shuffle
+    import pileshuffle.engine.transforms.shuffle as shuffle
 
     keys = np.random.default_rng(5).integers(0, 2**64, 5000, dtype=np.uint64)
     pile, payloads = _one_fragment_pile(tmp_path, keys, max_pile_bytes=4000)

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 from helpers import assert_nothing_published, manifest, refused, succeeded
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.names import KEY_COLUMN
-from pileshuffle.runs import PileRuns
-from pileshuffle.transforms import pile_groups
+from pileshuffle.engine.runs import PileRuns
+from pileshuffle.engine.transforms import pile_groups
 
 RECORDS, RECORD_BYTES = 600, 100  # every record the same size: a swap keeps the bytes equal too
 LOST, COPIED = 0, 1  # the record lost, and the one written in its place

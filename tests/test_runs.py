@@ -1,4 +1,4 @@
-"""Pass-1 runs (``pileshuffle.runs``): parts sized by a memory budget, one object per run in files
+"""Pass-1 runs (``pileshuffle.engine.runs``): parts sized by a memory budget, one object per run in files
 mode, and the many-piles regime (thousands of piles over small files) end to end."""
 
 import glob
@@ -11,17 +11,17 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from helpers import assert_verified, manifest, run_shuffle, shards
-from pileshuffle import keys as keymath
-from pileshuffle import sample
-from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.records import keys as keymath
+from pileshuffle.commands import sample
+from pileshuffle.records.fingerprint import Fingerprint, total
 from pileshuffle.formats import record_hashes, record_lengths
 from pileshuffle.formats.base import records_table
-from pileshuffle.fragments import Fragment, GroupSegment, read_joined, read_table, to_ipc
+from pileshuffle.engine.fragments import Fragment, GroupSegment, read_joined, read_table, to_ipc
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
-from pileshuffle.plan import make_plan
-from pileshuffle.runs import PileRuns, auto_run_bytes, read_run_index
-from pileshuffle.transforms.assign import ReadSourceToPiles
-from pileshuffle.transforms.pile_groups import template_group
+from pileshuffle.planning.plan import make_plan
+from pileshuffle.engine.runs import PileRuns, auto_run_bytes, read_run_index
+from pileshuffle.engine.transforms.assign import ReadSourceToPiles
+from pileshuffle.engine.transforms.pile_groups import template_group
 
 
 def digests(output):
@@ -183,7 +183,7 @@ def test_a_work_folder_that_cannot_be_removed_is_reported_not_swallowed(tmp_path
     import subprocess
     import sys
 
-    from pileshuffle.plan import work_dir_for
+    from pileshuffle.planning.plan import work_dir_for
 
     source = str(tmp_path / "in")
     sample.write_jsonl(source, records=2_000, files=2, record_bytes=100)
@@ -213,7 +213,7 @@ def test_local_runs_keep_off_the_grpc_data_plane_that_grew_without_bound():
     --direct_running_mode still wins."""
     from apache_beam.options.pipeline_options import DirectOptions
 
-    from pileshuffle.runners import local_defaults
+    from pileshuffle.planning.runners import local_defaults
 
     chosen = local_defaults(PipelineOptions([])).view_as(DirectOptions)
     assert chosen.direct_running_mode == "in_memory" and chosen.direct_num_workers == 0

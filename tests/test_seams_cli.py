@@ -11,7 +11,7 @@ import pytest
 
 from helpers import FAST, refused, run_shuffle, succeeded
 from pileshuffle.cli import main as pileshuffle
-from pileshuffle import sample
+from pileshuffle.commands import sample
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_a_scheduler_address_gets_a_short_connect_timeout():
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask.dask_runner import DaskOptions
 
-    from pileshuffle.runners import DASK_CONNECT_SECONDS, dask_defaults
+    from pileshuffle.planning.runners import DASK_CONNECT_SECONDS, dask_defaults
 
     given = dask_defaults(PipelineOptions(["--dask_client_address=tcp://h:8786"]), 2).view_as(DaskOptions)
     assert given.timeout == DASK_CONNECT_SECONDS < 30

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import FAST, refused, run_shuffle, succeeded
 from pileshuffle.cli import main as pileshuffle
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.store import layout
 from pileshuffle import names
 

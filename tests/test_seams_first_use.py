@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from helpers import refused, succeeded
-from pileshuffle import names, sample
+from pileshuffle import names
+from pileshuffle.commands import sample
 from pileshuffle.errors import InputError
 from pileshuffle.loader import ShuffledDataset
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.errors import InputError
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.torch import loader_states

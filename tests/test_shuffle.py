@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from helpers import FAST, manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.errors import InputError, OutputError
 
 
@@ -224,12 +224,12 @@ def test_a_pile_of_whole_fragment_files_is_written_in_key_order(tmp_path):
     whole and orders the records by their keys."""
     import pyarrow as pa
 
-    from pileshuffle.fingerprint import Fingerprint
+    from pileshuffle.records.fingerprint import Fingerprint
     from pileshuffle.formats import record_hashes
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
-    from pileshuffle.fragments import Fragment, FragmentFiles
-    from pileshuffle.transforms.shuffle import Pile
-    from pileshuffle.transforms.write import WriteShard
+    from pileshuffle.engine.fragments import Fragment, FragmentFiles
+    from pileshuffle.engine.transforms.shuffle import Pile
+    from pileshuffle.engine.transforms.write import WriteShard
 
     records = pa.table({"record": pa.array([b"a", b"bb", b"ccc"], pa.binary())})
     hashes = record_hashes(records)
@@ -264,8 +264,8 @@ def test_mean_record_size_comes_from_the_first_source_with_records(tmp_path, fmt
     """The auto pile count's record size: a sample of the first source that has records
     (an empty first file is passed over); Parquet reads only its footer, and agrees."""
     from pileshuffle.formats import get_format
-    from pileshuffle.plan import mean_record_bytes
-    from pileshuffle.transforms.assign import Source
+    from pileshuffle.planning.plan import mean_record_bytes
+    from pileshuffle.engine.transforms.assign import Source
 
     writer = {"tfrecord": sample.write_tfrecord, "jsonl": sample.write_jsonl, "parquet": sample.write_parquet}[fmt]
     writer(str(tmp_path / "in"), records=2000, files=2, record_bytes=300)
@@ -289,8 +289,8 @@ def test_small_piles_written_in_groups_give_the_bytes_of_one_pile_at_a_time(fmt,
     shard must be the one ``Pile.ordered`` writes alone: the same bytes with groups of 3 (the last
     group short), of 256 (all 37 piles, some empty), and with piles split again past a small
     ``--max_pile_bytes`` (written alone inside their group), in files and shuffle mode."""
-    import pileshuffle.transforms.graph as graph
-    from pileshuffle.transforms.pile_groups import PileGroup
+    import pileshuffle.engine.transforms.graph as graph
+    from pileshuffle.engine.transforms.pile_groups import PileGroup
 
     sample.WRITERS[fmt](str(tmp_path / "in"), records=3000, files=3, record_bytes=60)
     pattern, outputs, seen = str(tmp_path / "in" / "*"), {}, []

@@ -26,7 +26,7 @@ import time
 import pytest
 
 from helpers import final_outputs, refused, run_shuffle, shard_bytes, succeeded, temp_leftovers
-from pileshuffle import sample
+from pileshuffle.commands import sample
 
 PY = sys.executable
 SEED_OPTIONS = ["--seed=3", "--num_piles=4"]

@@ -1,4 +1,4 @@
-"""Runs larger than memory (``pileshuffle.runs``' spills): a writer spills its held chunks to local disk and
+"""Runs larger than memory (``pileshuffle.engine.runs``' spills): a writer spills its held chunks to local disk and
 merges them into one run, so parts are ``run_bytes / M`` whatever memory holds: the same records in
 the same order as the run held in memory, no spill left behind, and on gs:// the objects and
 requests ``plan`` counts for the larger runs."""
@@ -17,14 +17,15 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from helpers import assert_verified, manifest, run_shuffle, shards
-from pileshuffle import keys as keymath
-from pileshuffle import runs as runs_module
-from pileshuffle import sample, storage
+from pileshuffle.records import keys as keymath
+from pileshuffle.engine import runs as runs_module
+from pileshuffle.commands import sample
+from pileshuffle.io import storage
 from pileshuffle.commands.plan import gcs_operations
 from pileshuffle.formats import record_hashes, record_lengths
-from pileshuffle.fragments import read_joined, read_table
-from pileshuffle.plan import make_plan
-from pileshuffle.runs import PileRuns, auto_run_bytes, read_run_index, run_bytes_for
+from pileshuffle.engine.fragments import read_joined, read_table
+from pileshuffle.planning.plan import make_plan
+from pileshuffle.engine.runs import PileRuns, auto_run_bytes, read_run_index, run_bytes_for
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

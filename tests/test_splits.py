@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 from helpers import manifest, run_shuffle, shard_bytes
 from pileshuffle.errors import InputError
 from pileshuffle.formats import get_format
-from pileshuffle.sources import Source, source_groups, split_sources, stats_by_file
+from pileshuffle.engine.sources import Source, source_groups, split_sources, stats_by_file
 
 
 def read_spans(fmt, path, cuts, chunk_bytes):
     """``read_placed`` of each span between sorted ``cuts`` (0 and the size included), joined, with
     the spans checked to chain as pass 1's are (``check_spans_chain``)."""
     from pileshuffle.formats import ReadReport
-    from pileshuffle.sources import SourceStats, check_spans_chain
+    from pileshuffle.engine.sources import SourceStats, check_spans_chain
 
     tables, places, stats = [], [], []
     for start, stop in zip(cuts, cuts[1:]):
@@ -174,7 +174,7 @@ def test_one_large_file_gives_the_same_bytes_for_any_split_size(big_inputs, tmp_
         listed = manifest(out)["inputs"]
         assert len(listed) == 1 and listed[0]["records"] == manifest(out)["totals"]["records"]
     assert outputs["1MiB"] == outputs["auto"]
-    from pileshuffle.verify import verify_shards
+    from pileshuffle.verify.checks import verify_shards
 
     assert verify_shards(path, str(tmp_path / "auto" / "s")) == []
 
@@ -191,8 +191,8 @@ def test_a_span_reader_names_a_bad_line_by_its_byte_offset(tmp_path):
 
 
 def test_span_stats_add_up_per_file():
-    from pileshuffle.fingerprint import Fingerprint
-    from pileshuffle.sources import SourceStats
+    from pileshuffle.records.fingerprint import Fingerprint
+    from pileshuffle.engine.sources import SourceStats
 
     a = SourceStats(0, "f", Fingerprint.of(np.array([1, 2], np.uint64), 10), 1, 5, ("x",))
     b = SourceStats(0, "f", Fingerprint.of(np.array([3], np.uint64), 4), 0, 0, ())
@@ -302,7 +302,7 @@ def test_spans_whose_readers_disagree_where_records_start_publish_nothing():
     """``check_spans_chain``: each span that searched for its first record must start it where the
     walk of the spans before goes on; a span with no record must lie wholly before that place."""
     from pileshuffle.errors import IntegrityError
-    from pileshuffle.sources import SourceStats, check_spans_chain
+    from pileshuffle.engine.sources import SourceStats, check_spans_chain
 
     def spans(*reached, size=400):
         cuts = [i * size // len(reached) for i in range(len(reached) + 1)]
@@ -414,7 +414,7 @@ def _whole_scan_resync(buf: bytes, start: int):
     """What ``_resync`` answered when it scanned the whole buffer at once: the reference."""
     import struct
 
-    from pileshuffle.crc import masked_crc
+    from pileshuffle.records.crc import masked_crc
     for pos in range(start + 1, len(buf) - 11):
         if buf[pos + 4 : pos + 8] != bytes(4) or masked_crc(buf[pos : pos + 8]) != struct.unpack_from("<I", buf, pos + 8)[0]:
             continue

@@ -20,7 +20,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from helpers import FAST, kill_when, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
-from pileshuffle import ShuffleToPiles, names, sample
+from pileshuffle import ShuffleToPiles, names
+from pileshuffle.commands import sample
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, HEADER_BYTES, frame
 from pileshuffle.commands import store as commands
 from pileshuffle.store import layout
@@ -141,7 +142,7 @@ def test_writer_groups_are_contiguous_bounded_and_deterministic(sizes, writers):
     """Every source in exactly one group, groups in source order (so (writer, position) order
     is source order), at most ``writers`` groups, none empty, and no group holds more than
     its share plus one source's bytes."""
-    from pileshuffle.transforms.assign import Source
+    from pileshuffle.engine.transforms.assign import Source
 
     sources = [Source(i, f"f{i}", size) for i, size in enumerate(sizes)]
     groups = writer_groups(sources, writers)
@@ -215,7 +216,7 @@ def test_uniform_within_the_window(tmp_path):
     stored = []
     for pile in live_piles(prefix, layout.read_store_manifest(prefix)):  # files in (generation, writer) order, unsorted
         for fragment in pile.fragments:
-            from pileshuffle.fragments import read_table
+            from pileshuffle.engine.fragments import read_table
 
             stored += [int(v[HEADER_BYTES:].split(b":")[0][3:]) for v in read_table(fragment).column(0).to_pylist()]
     assert chi2_contingency(table(stored)).pvalue < 1e-6
@@ -224,8 +225,8 @@ def test_uniform_within_the_window(tmp_path):
 def test_later_generations_draw_keys_from_their_own_stream(tmp_path):
     """The same file appended again (another path) gets other keys; generation 0's keys are run's."""
     from pileshuffle.names import KEY_COLUMN
-    from pileshuffle.fragments import read_table
-    from pileshuffle.keys import position_keys
+    from pileshuffle.engine.fragments import read_table
+    from pileshuffle.records.keys import position_keys
 
     sample.write_tfrecord(str(tmp_path / "a"), records=500, files=1, record_bytes=40)
     os.makedirs(tmp_path / "b")

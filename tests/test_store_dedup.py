@@ -242,7 +242,7 @@ def test_append_takes_the_stores_dedup_and_write_pile_store_is_refused(tmp_path,
 def test_earlier_copies_is_the_newest_generation_of_an_earlier_equal_row(generations, buckets):
     """Against a reference by brute force: generations of files of batches of small values, keyed so
     that different values collide (key = value mod ``buckets``): a collision never makes a copy."""
-    from pileshuffle.dedup import Dedup
+    from pileshuffle.engine.dedup import Dedup
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.store.copies import earlier_copies
 
@@ -290,8 +290,8 @@ def test_piles_grown_past_max_pile_bytes_load_in_sub_piles_with_their_copies_hid
 def test_a_record_repeated_in_every_batch_is_one_entry_not_a_loaded_pile(monkeypatch):
     """100,000 copies of one record over 50 batches: the copies are found comparing at most a batch
     and the one content met before, never the whole pile (``plan``'s promise for a dedup store)."""
-    from pileshuffle import dedup as dedup_module
-    from pileshuffle.dedup import Dedup
+    from pileshuffle.engine import dedup as dedup_module
+    from pileshuffle.engine.dedup import Dedup
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.store import copies
 

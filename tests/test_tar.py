@@ -13,7 +13,7 @@ import pytest
 import webdataset
 
 from helpers import FAST, assert_verified, refused, run_shuffle, shard_bytes, shards
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.commands import store as store_commands
 from pileshuffle.errors import InputError
 from pileshuffle.formats import ReadReport, format_of_name, get_format

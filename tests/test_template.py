@@ -14,9 +14,9 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from helpers import manifest, read_tfrecord_payloads, shard_bytes, shards
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.commands.metadata import template_metadata
-from pileshuffle.parameters import PARAMETERS, PileshuffleOptions, parse_bytes, parse_flag
+from pileshuffle.planning.parameters import PARAMETERS, PileshuffleOptions, parse_bytes, parse_flag
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(REPO, "templates")
@@ -159,7 +159,7 @@ def test_entry_point_reports_a_bad_parameter_in_one_line(tmp_path):
 
 
 def test_dataflow_runs_are_not_waited_for():
-    from pileshuffle.runners import should_wait
+    from pileshuffle.planning.runners import should_wait
 
     assert should_wait(PipelineOptions(["--runner=DataflowRunner"]), None) is False
     assert should_wait(PipelineOptions(["--runner=DirectRunner"]), None) is True
@@ -172,7 +172,7 @@ def test_dataflow_runs_are_not_waited_for():
 def test_the_templates_graph_skips_beams_type_check_unless_asked_for():
     from apache_beam.options.pipeline_options import TypeOptions
 
-    from pileshuffle.runners import graph_defaults
+    from pileshuffle.planning.runners import graph_defaults
 
     for argv in ([], ["--runner=DataflowRunner"], ["--runner=DaskRunner"]):
         assert graph_defaults(PipelineOptions(argv)).view_as(TypeOptions).pipeline_type_check is False

@@ -12,7 +12,7 @@ def run_python(code: str) -> str:
 
 def test_freed_memory_is_kept_and_arrow_allocates_from_glibc():
     out = run_python(
-        "import os; from pileshuffle.tuning import keep_freed_memory; keep_freed_memory(); keep_freed_memory();"
+        "import os; from pileshuffle.engine.tuning import keep_freed_memory; keep_freed_memory(); keep_freed_memory();"
         "import pyarrow as pa;"
         "print(pa.default_memory_pool().backend_name, os.environ['MALLOC_ARENA_MAX'], os.environ['ARROW_DEFAULT_MEMORY_POOL'],"
         " os.environ['MALLOC_MMAP_THRESHOLD_'], os.environ['OPENBLAS_NUM_THREADS'],"
@@ -24,7 +24,7 @@ def test_freed_memory_is_kept_and_arrow_allocates_from_glibc():
 def test_a_users_own_settings_win():
     out = run_python(
         "import os; os.environ['ARROW_DEFAULT_MEMORY_POOL'] = 'mimalloc'; os.environ['MALLOC_ARENA_MAX'] = '4';"
-        "from pileshuffle.tuning import keep_freed_memory; keep_freed_memory();"
+        "from pileshuffle.engine.tuning import keep_freed_memory; keep_freed_memory();"
         "import pyarrow as pa; print(os.environ['MALLOC_ARENA_MAX'], pa.default_memory_pool().backend_name)"
     )
     assert out == "4 mimalloc"
@@ -32,7 +32,7 @@ def test_a_users_own_settings_win():
 
 def test_imports_without_gc_leave_the_collector_on_and_the_imports_frozen():
     out = run_python(
-        "import gc; from pileshuffle.tuning import importing_without_gc\n"
+        "import gc; from pileshuffle.engine.tuning import importing_without_gc\n"
         "with importing_without_gc():\n"
         "    assert not gc.isenabled()\n"
         "    import json, decimal\n"

@@ -7,7 +7,7 @@ import os
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.commands import store
 from pileshuffle.commands.run import run
 from pileshuffle.commands.store_options import AppendOptions, ExpireOptions, GcOptions, MaterializeOptions

@@ -21,8 +21,8 @@ import pytest
 from scipy import stats
 
 from helpers import input_places, read_tfrecord_payloads, run_shuffle, shards
-from pileshuffle import keys as keymath
-from pileshuffle import sample
+from pileshuffle.records import keys as keymath
+from pileshuffle.commands import sample
 from pileshuffle.quality import metrics, orders
 
 ALPHA = 1e-4

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import assert_verified, frame_starts, run_shuffle, shards
-from pileshuffle import sample
+from pileshuffle.commands import sample
 from pileshuffle.formats.tfrecord import frame
 from pileshuffle.commands.verify import main as verify_main
 from pileshuffle.commands.verify import verify

@@ -20,7 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import run_shuffle
-from pileshuffle import names, sample, storage
+from pileshuffle import names
+from pileshuffle.commands import sample
+from pileshuffle.io import storage
 from pileshuffle.formats.tfrecord import frame
 
 MIB = 2**20
@@ -286,7 +288,7 @@ def test_a_manifest_past_16_MiB_is_read_whole(request, tmp_path, place):
     (here a small run's manifest, padded with 17 MiB of JSON whitespace)."""
     from pileshuffle.commands.info import describe
     from pileshuffle.commands.verify import verify
-    from pileshuffle.inputs import own_file
+    from pileshuffle.engine.inputs import own_file
     from pileshuffle.loader import ShuffledDataset
 
     root = str(tmp_path) if place == "local" else gs_folder(request, "manifest")

@@ -6,15 +6,15 @@ and options that made it, and what its manifest proves. ``--json``: the same as 
 import json
 import sys
 
-from pileshuffle import storage
+from pileshuffle.io import storage
 from pileshuffle.commands.report import reporting_errors
 from pileshuffle.errors import InputError
-from pileshuffle.help_style import CommandParser
+from pileshuffle.commands.help_style import CommandParser
 from pileshuffle.names import STORE_KIND, format_problem, manifest_path, store_dir
-from pileshuffle.options import parse_command
-from pileshuffle.output_files import read_manifest
+from pileshuffle.commands.options import parse_command
+from pileshuffle.engine.output_files import read_manifest
 from pileshuffle.store import layout
-from pileshuffle.unfinished import unfinished_run
+from pileshuffle.io.unfinished import unfinished_run
 
 __all__ = ["main", "describe"]
 

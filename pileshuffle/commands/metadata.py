@@ -3,9 +3,9 @@ the template's parameters (``options.PARAMETERS``); templates/metadata.json is i
 
 import json
 
-from pileshuffle.help_style import CommandParser
-from pileshuffle.options import parse_command
-from pileshuffle.parameters import PARAMETERS
+from pileshuffle.commands.help_style import CommandParser
+from pileshuffle.commands.options import parse_command
+from pileshuffle.planning.parameters import PARAMETERS
 
 __all__ = ["template_metadata", "main"]
 

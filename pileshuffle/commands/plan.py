@@ -10,16 +10,16 @@ import os
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pileshuffle.inputs import describe_left_out, describe_skipped
+from pileshuffle.engine.inputs import describe_left_out, describe_skipped
 from pileshuffle.names import manifest_path, shard_name, staging_dir, store_dir
 from pileshuffle.commands.plan_modes import modes_json, modes_lines, size_text
-from pileshuffle.job_model import SDK_PROCESS_BYTES as _SDK
-from pileshuffle.plan import LOCAL_BASE_BYTES, PILE_MEMORY_FACTOR, RECORD_OVERHEAD, Plan, make_plan
-from pileshuffle.runners import LOCAL_SHUFFLE_HOLD
-from pileshuffle.gcs_requests import gcs_operations
-from pileshuffle.runs import SEGMENT_OVERHEAD
-from pileshuffle.storage import UNCOMPRESSED, compression_of, is_remote
-from pileshuffle.transforms.pile_groups import group_words, template_group
+from pileshuffle.planning.job_model import SDK_PROCESS_BYTES as _SDK
+from pileshuffle.planning.plan import LOCAL_BASE_BYTES, PILE_MEMORY_FACTOR, RECORD_OVERHEAD, Plan, make_plan
+from pileshuffle.planning.runners import LOCAL_SHUFFLE_HOLD
+from pileshuffle.planning.gcs_requests import gcs_operations
+from pileshuffle.engine.runs import SEGMENT_OVERHEAD
+from pileshuffle.io.storage import UNCOMPRESSED, compression_of, is_remote
+from pileshuffle.engine.transforms.pile_groups import group_words, template_group
 
 __all__ = ["PileSizes", "gcs_operations", "plan_text", "plan_json", "main"]
 
@@ -61,7 +61,7 @@ def _runner_description(options) -> tuple:
     """``(runner, piles in flight per worker or None)``."""
     from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions
 
-    from pileshuffle.runners import is_dask, is_dataflow, is_local, runner_name
+    from pileshuffle.planning.runners import is_dask, is_dataflow, is_local, runner_name
 
     if is_local(options):
         direct = options.view_as(DirectOptions)
@@ -309,9 +309,9 @@ def main(argv=None):
     import sys
 
     from pileshuffle.errors import PileshuffleError
-    from pileshuffle.options import check_argv, help_text, wants_help
-    from pileshuffle.parameters import PARAMETERS, Parameter, parse_flag
-    from pileshuffle.runners import is_local, local_defaults
+    from pileshuffle.commands.options import check_argv, help_text, wants_help
+    from pileshuffle.planning.parameters import PARAMETERS, Parameter, parse_flag
+    from pileshuffle.planning.runners import is_local, local_defaults
 
     json_flag = Parameter("json", "JSON", "Print the plan as JSON (the machine form) instead of text.", "false",
                           flag=True)
@@ -350,7 +350,7 @@ def _input_bytes_of(argv: list) -> tuple:
     """``(--input_bytes as a size or None, argv without it)``: a size of at least a byte, which
     only ``plan`` takes (given as ``--input_bytes SIZE`` or ``--input_bytes=SIZE``)."""
     from pileshuffle.errors import UsageError
-    from pileshuffle.parameters import parse_bytes
+    from pileshuffle.planning.parameters import parse_bytes
 
     kept, given, rest = [], [], iter(argv)
     for arg in rest:

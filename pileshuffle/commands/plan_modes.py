@@ -1,8 +1,8 @@
 """``pileshuffle plan``'s two intermediate modes side by side (``job_costs.mode_figures``): as
 text for a Dataflow plan or one of an input not there yet (``--input_bytes``); always in JSON."""
 
-from pileshuffle.job_costs import MODES, mode_figures
-from pileshuffle.job_model import SIZING_RATE, TARGET_HOURS, expected_workers
+from pileshuffle.planning.job_costs import MODES, mode_figures
+from pileshuffle.planning.job_model import SIZING_RATE, TARGET_HOURS, expected_workers
 
 __all__ = ["modes_lines", "modes_json", "size_text", "hours_text"]
 

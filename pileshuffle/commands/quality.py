@@ -24,9 +24,9 @@ import os
 import sys
 import tempfile
 
-from pileshuffle import storage
+from pileshuffle.io import storage
 from pileshuffle.errors import InputError
-from pileshuffle.help_style import CommandParser
+from pileshuffle.commands.help_style import CommandParser
 from pileshuffle.quality import MIN_SAMPLE
 
 
@@ -49,7 +49,7 @@ USAGE = ("pileshuffle quality (--input PATTERNS --output PREFIX | --mixture PREF
 
 def parse(argv):
     """The command's options (unknown options and bad values: a usage error, exit code 2)."""
-    from pileshuffle.options import parse_command
+    from pileshuffle.commands.options import parse_command
 
     parser = CommandParser(prog="pileshuffle quality", usage=USAGE, allow_abbrev=False,
                                      description="Measure and draw how uniform a finished run's order is.")
@@ -139,7 +139,7 @@ def finished_output(prefix: str):
     order) or else a pile store (opened by the loader, which names what is missing)."""
 
     from pileshuffle.names import manifest_path
-    from pileshuffle.output_files import read_manifest
+    from pileshuffle.engine.output_files import read_manifest
 
     if storage.exists(manifest_path(prefix)):
         manifest = read_manifest(prefix)
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         return 2
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.formats import get_format
-    from pileshuffle.inputs import check_format_fits, match_inputs
+    from pileshuffle.engine.inputs import check_format_fits, match_inputs
     from pileshuffle.quality.locate import Label
 
     problem = report_problem(args.report) if args.report else None

@@ -5,9 +5,10 @@ import functools
 import logging
 import sys
 
-from pileshuffle import interrupt, running
+from pileshuffle import interrupt
+from pileshuffle.commands import running
 from pileshuffle.errors import PileshuffleError, UsageError, find_error, user_message
-from pileshuffle.inputs import describe_left_out, describe_skipped
+from pileshuffle.engine.inputs import describe_left_out, describe_skipped
 from pileshuffle.names import STORE_KIND, manifest_path
 
 __all__ = ["summary", "reporting_errors", "store_summary", "as_command",
@@ -123,7 +124,7 @@ def reporting_errors(command) -> int:
 
 def _dedup_records_line(dedup: dict) -> str:
     """A manifest's ``dedup`` section: records read, kept and dropped, and the largest group."""
-    from pileshuffle.dedup import Dedup
+    from pileshuffle.engine.dedup import Dedup
 
     by = Dedup(dedup.get("field")).units()
     largest = f"largest group: {dedup['largest_groups'][0]['copies']:,} copies; " if dedup["largest_groups"] else ""
@@ -140,7 +141,7 @@ def _balance_line(balance: dict) -> str:
 
 def _store_dedup_line(manifest: dict, dedup: dict) -> str:
     """A dedup store: what the readers get, and the newest generation's copies."""
-    from pileshuffle.dedup import Dedup
+    from pileshuffle.engine.dedup import Dedup
 
     by = Dedup.from_options(dedup).units()
     earlier = sum(dedup["copies_of_earlier"].values())
@@ -177,7 +178,7 @@ def as_command(function):
     @functools.wraps(function)
     def main(argv=None):
 
-        from pileshuffle.tuning import keep_freed_memory
+        from pileshuffle.engine.tuning import keep_freed_memory
 
         keep_freed_memory()
         running.HOLD_WORKER_STDERR["on"] = True

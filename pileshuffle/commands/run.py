@@ -14,24 +14,25 @@ import time
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pileshuffle import progress, storage
+from pileshuffle import progress
+from pileshuffle.io import storage
 from pileshuffle.commands.report import (finished_at, reporting_errors, shards_at_stake_on_interrupt,
                                          summary)
 from pileshuffle.errors import OutputError, PileshuffleError, user_message
-from pileshuffle.job_model import check_worker_disk
+from pileshuffle.planning.job_model import check_worker_disk
 from pileshuffle.names import SHARDS_KIND, manifest_path
-from pileshuffle.options import check_argv, help_text, wants_help
-from pileshuffle.parameters import PileshuffleOptions, check_values, parse_flag
-from pileshuffle.output_files import discard_unpublished, read_manifest, remove_tree
-from pileshuffle.output_lock import taken_output
-from pileshuffle.plan import Plan, make_plan
-from pileshuffle.space import check_space, space_note
-from pileshuffle.runners import (check_local_shuffle_fits, dask_defaults, dataflow_defaults, is_dask, is_dataflow,
+from pileshuffle.commands.options import check_argv, help_text, wants_help
+from pileshuffle.planning.parameters import PileshuffleOptions, check_values, parse_flag
+from pileshuffle.engine.output_files import discard_unpublished, read_manifest, remove_tree
+from pileshuffle.commands.output_lock import taken_output
+from pileshuffle.planning.plan import Plan, make_plan
+from pileshuffle.planning.space import check_space, space_note
+from pileshuffle.planning.runners import (check_local_shuffle_fits, dask_defaults, dataflow_defaults, is_dask, is_dataflow,
                                  is_local, local_defaults, outliving_job, submitted)
-from pileshuffle.running import new_pipeline, run_pipeline, shows_progress
+from pileshuffle.commands.running import new_pipeline, run_pipeline, shows_progress
 from pileshuffle.store.layout import command_line
-from pileshuffle.transforms.graph import build, manifest_fields
-from pileshuffle.tuning import keep_freed_memory
+from pileshuffle.engine.transforms.graph import build, manifest_fields
+from pileshuffle.engine.tuning import keep_freed_memory
 
 __all__ = ["main", "pipeline_options", "report", "run"]
 

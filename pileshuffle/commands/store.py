@@ -14,15 +14,17 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
-from pileshuffle import interrupt, names, running, storage
-from pileshuffle.balance import Policy
+from pileshuffle import interrupt, names
+from pileshuffle.commands import running
+from pileshuffle.io import storage
+from pileshuffle.engine.balance import Policy
 from pileshuffle.commands.report import as_command, shards_at_stake_on_interrupt, store_summary
 from pileshuffle.commands.store_options import (AppendOptions, MaterializeOptions, append_options, expire_options,
                                                 gc_options, materialize_options)
 from pileshuffle.errors import InputError, OutputError, UsageError
-from pileshuffle.parameters import PileshuffleOptions, parse_flag
-from pileshuffle.output_files import missing_local_folders, remove_empty_folders, remove_tree
-from pileshuffle.running import execute
+from pileshuffle.planning.parameters import PileshuffleOptions, parse_flag
+from pileshuffle.engine.output_files import missing_local_folders, remove_empty_folders, remove_tree
+from pileshuffle.commands.running import execute
 from pileshuffle.store import layout
 from pileshuffle.store import write as store_write
 from pileshuffle.store.expire import collect, expire
@@ -44,7 +46,7 @@ def _same_inputs(generation: dict, sources) -> bool:
 def _input_identity(path: str, size) -> tuple:
     """What makes an input the same file under any name: its real identity (resolved real
     path on a local disk, bucket + object on gs://; ``inputs.file_identity``) and its size."""
-    from pileshuffle.inputs import file_identity
+    from pileshuffle.engine.inputs import file_identity
 
     return file_identity(path), size
 
@@ -136,9 +138,9 @@ def run_store(options, wait=None, hold_worker_stderr=False):
     """``pileshuffle run --layout store``: pass 1 only, into ``{output}-store/`` as
     generation 0 of a new store (manifest version 1)."""
     from pileshuffle.names import manifest_path
-    from pileshuffle.plan import make_plan
-    from pileshuffle.space import check_space
-    from pileshuffle.transforms.write import schema_json
+    from pileshuffle.planning.plan import make_plan
+    from pileshuffle.planning.space import check_space
+    from pileshuffle.engine.transforms.write import schema_json
 
     running.HOLD_WORKER_STDERR["on"] = hold_worker_stderr
     _at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
@@ -178,8 +180,8 @@ def append(options) -> dict:
     records as the store's next generation; returns the new manifest (or Beam's result when
     the runner is not waited for)."""
     from pileshuffle.formats import get_format
-    from pileshuffle.inputs import check_format_fits, check_schemas, describe_difference, match_inputs
-    from pileshuffle.transforms.write import schema_json
+    from pileshuffle.engine.inputs import check_format_fits, check_schemas, describe_difference, match_inputs
+    from pileshuffle.engine.transforms.write import schema_json
 
     args = options if isinstance(options, AppendOptions) else append_options(options)
     prefix = existing_store(args.store)
@@ -250,11 +252,11 @@ def _option_text(value) -> str:
 def materialize(options) -> dict:
     """``pileshuffle materialize``: the second pass over a store, as ``options``
     (``MaterializeOptions``, or its command-line arguments) say; returns the written manifest."""
-    from pileshuffle.parameters import parse_bytes
-    from pileshuffle.output_files import discard_unpublished, read_manifest
-    from pileshuffle.output_lock import taken_output
-    from pileshuffle.plan import check_shard_output, work_dir_for
-    from pileshuffle.transforms.write import WritePiles
+    from pileshuffle.planning.parameters import parse_bytes
+    from pileshuffle.engine.output_files import discard_unpublished, read_manifest
+    from pileshuffle.commands.output_lock import taken_output
+    from pileshuffle.planning.plan import check_shard_output, work_dir_for
+    from pileshuffle.engine.transforms.write import WritePiles
 
     args = options if isinstance(options, MaterializeOptions) else materialize_options(options)
     options = args.beam

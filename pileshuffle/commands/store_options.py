@@ -8,11 +8,11 @@ import dataclasses
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pileshuffle.balance import Policy
+from pileshuffle.engine.balance import Policy
 from pileshuffle.errors import UsageError
-from pileshuffle.help_style import CommandParser
-from pileshuffle.options import check_command_argv
-from pileshuffle.parameters import check_max_pile_bytes
+from pileshuffle.commands.help_style import CommandParser
+from pileshuffle.commands.options import check_command_argv
+from pileshuffle.planning.parameters import check_max_pile_bytes
 from pileshuffle.store.expire import DEFAULT_GRACE_SECONDS, check_grace_seconds
 
 __all__ = ["AppendOptions", "ExpireOptions", "GcOptions", "MaterializeOptions", "append_options", "expire_options",

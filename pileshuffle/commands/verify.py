@@ -5,19 +5,20 @@ run, named with the command that finishes it), an ``--input`` pattern that names
 
 import sys
 
-from pileshuffle import interrupt, names, storage
+from pileshuffle import interrupt, names
+from pileshuffle.io import storage
 from pileshuffle.commands.report import reporting_errors
-from pileshuffle.dedup import Dedup
+from pileshuffle.engine.dedup import Dedup
 from pileshuffle.formats import FORMATS
-from pileshuffle.help_style import CommandParser
-from pileshuffle.inputs import select_inputs
+from pileshuffle.commands.help_style import CommandParser
+from pileshuffle.engine.inputs import select_inputs
 from pileshuffle.names import manifest_path, shard_pattern
-from pileshuffle.options import parse_command
+from pileshuffle.commands.options import parse_command
 from pileshuffle.store import layout
 from pileshuffle.store.layout import clean_prefix, is_store, store_prefix
 from pileshuffle.store.read import check_store, damaged_generations
-from pileshuffle.unfinished import unfinished_run
-from pileshuffle.verify import ShardVerifier, matching_files, verify_shards
+from pileshuffle.io.unfinished import unfinished_run
+from pileshuffle.verify.checks import ShardVerifier, matching_files, verify_shards
 
 __all__ = ["verify", "main"]
 

@@ -1,4 +1,7 @@
-"""Record formats: one module per format behind the interface in ``base``."""
+"""Record formats: one module per format behind the interface in ``base``.
+
+May import: the package root's bottom modules, io and records.
+"""
 
 from pileshuffle.formats.base import RECORD_COLUMN, Payloads, ReadReport, RecordFormat
 from pileshuffle.formats.parquet import ParquetFormat
@@ -6,7 +9,7 @@ from pileshuffle.formats.tar import TarFormat
 from pileshuffle.formats.text import JsonlFormat
 from pileshuffle.formats.tfrecord import TFRecordFormat
 from pileshuffle.names import SHARD_NUMBERS
-from pileshuffle.storage import compression_of
+from pileshuffle.io.storage import compression_of
 
 FORMATS = {f.name: f for f in (TFRecordFormat(), ParquetFormat(), JsonlFormat(), TarFormat())}
 
@@ -89,14 +92,14 @@ def record_hashes(table):
 
 def fingerprint_of(table):
     """The fingerprint of a records table, computed from its contents."""
-    from pileshuffle.fingerprint import Fingerprint
+    from pileshuffle.records.fingerprint import Fingerprint
 
     return Fingerprint.of(record_hashes(table), records_bytes(table))
 
 
 def read_fingerprint(fmt, path: str, skip_corrupt=False):
     """``(fingerprint, report, schema)`` of one file read whole with the format's reader."""
-    from pileshuffle.fingerprint import Fingerprint
+    from pileshuffle.records.fingerprint import Fingerprint
 
     report = ReadReport()
     fingerprint, schema = Fingerprint(), None

@@ -3,7 +3,7 @@
 Records travel as ``pyarrow.Table`` chunks. Bytes formats use a single binary column:
 ``record`` (the payload a user sees) or a format's own pre-encoded column (a whole
 TFRecord frame, a line with its newline) that its writer can copy verbatim. Parquet
-uses the dataset's own columns. All file access goes through ``pileshuffle.storage``.
+uses the dataset's own columns. All file access goes through ``pileshuffle.io.storage``.
 """
 
 import contextlib
@@ -12,9 +12,9 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle import storage
+from pileshuffle.io import storage
 from pileshuffle.errors import InputError
-from pileshuffle.keys import group_by_pile
+from pileshuffle.records.keys import group_by_pile
 from pileshuffle.names import RECORD_COLUMN
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "ReadReport", "RecordFormat", "Payloads", "binary_table", "records_table",
@@ -225,20 +225,20 @@ class RecordFormat:
 
     def record_lengths(self, table: pa.Table) -> np.ndarray:
         """Payload bytes of every record (vectorized); a row format counts a row's values."""
-        from pileshuffle.fingerprint import row_lengths
+        from pileshuffle.records.fingerprint import row_lengths
 
         return row_lengths(table)
 
     def records_bytes(self, table: pa.Table) -> int:
         """``record_lengths(table).sum()``, without a value per record."""
-        from pileshuffle.fingerprint import rows_bytes
+        from pileshuffle.records.fingerprint import rows_bytes
 
         return rows_bytes(table)
 
     def record_hashes(self, table: pa.Table) -> np.ndarray:
         """A 64-bit hash of every record's payload: the same payload hashes alike however it is
         held (frame, line, bare payload); a row format hashes a row's values."""
-        from pileshuffle.fingerprint import row_hashes
+        from pileshuffle.records.fingerprint import row_hashes
 
         return row_hashes(table)
 
@@ -270,17 +270,17 @@ class Payloads(RecordFormat):
         return self.before + self.after
 
     def record_lengths(self, table):
-        from pileshuffle.fingerprint import binary_lengths
+        from pileshuffle.records.fingerprint import binary_lengths
 
         return binary_lengths(table.column(0)) - self.framing
 
     def records_bytes(self, table):
-        from pileshuffle.fingerprint import binary_bytes
+        from pileshuffle.records.fingerprint import binary_bytes
 
         return binary_bytes(table.column(0)) - self.framing * table.num_rows
 
     def record_hashes(self, table):
-        from pileshuffle.fingerprint import binary_column_parts, crc32c_of_slices, payload_hashes
+        from pileshuffle.records.fingerprint import binary_column_parts, crc32c_of_slices, payload_hashes
 
         data, offsets = binary_column_parts(table.column(0))
         return payload_hashes(crc32c_of_slices(data, offsets, self.framing), self.record_lengths(table))

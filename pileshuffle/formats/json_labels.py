@@ -85,7 +85,7 @@ def _matched(lines: pa.Array, field: str) -> pa.Array:
     or null where tier 1 cannot read it."""
     import pyarrow.compute as pc
 
-    from pileshuffle.fingerprint import binary_column_parts
+    from pileshuffle.records.fingerprint import binary_column_parts
 
     key = json.dumps(field, ensure_ascii=False).encode()
     if b"\\" in key:  # a key JSON escapes is never matched as written
@@ -153,7 +153,7 @@ def _arrow_read(lines: pa.Array, field: str, keep_unlabeled: bool):
     """Tier 2 (module docstring): the labels of all ``lines`` as Arrow reads them, or None."""
     import pyarrow.json as pj
 
-    from pileshuffle.fingerprint import binary_column_parts
+    from pileshuffle.records.fingerprint import binary_column_parts
 
     data, _ = binary_column_parts(lines)
     for kind in _ARROW_JSON_TYPES:

@@ -21,9 +21,9 @@ import json
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle import storage
+from pileshuffle.io import storage
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import binary_column_parts, binary_lengths
+from pileshuffle.records.fingerprint import binary_column_parts, binary_lengths
 from pileshuffle.formats import holder_of
 from pileshuffle.formats.base import ReadReport, open_input, read_up_to
 from pileshuffle.formats.example import NotAnExample, feature_values

@@ -136,7 +136,7 @@ class ParquetFormat(RecordFormat):
         same file however ``tables`` cut them (a pile whole, or in sub-piles). Arrow gathers small
         writes in a buffer of its own (a small pile's shard is 1-3 calls into Python, not 20-30)
         and hands a large page over as it is (``_SINK_BUFFER_BYTES``)."""
-        from pileshuffle.fingerprint import row_lengths, rows_bytes
+        from pileshuffle.records.fingerprint import row_lengths, rows_bytes
 
         head, tables = _first_rows(_in_schema(tables, schema), SAMPLE_ROWS)
         schema = head[0].schema if head else schema

@@ -20,13 +20,13 @@ from zlib import adler32
 
 import numpy as np
 
-from pileshuffle import storage
+from pileshuffle.io import storage
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.records.fingerprint import binary_column_parts
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, Payloads, binary_table, open_at, open_input, read_block
 from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import TAR_SAMPLE_COLUMN
-from pileshuffle.storage import compression_of
+from pileshuffle.io.storage import compression_of
 
 __all__ = ["TarFormat", "KEY_FIELD", "END_OF_ARCHIVE", "key_of", "sample_dict", "sample_keys"]
 

@@ -21,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.records.fingerprint import binary_column_parts
 from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_at, open_input,
                                       read_block, read_up_to)
 from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import LINE_COLUMN
-from pileshuffle.storage import compression_of, is_remote
+from pileshuffle.io.storage import compression_of, is_remote
 
 __all__ = ["JsonlFormat", "line_blocks", "line_views", "known_line_chunks", "check_text", "json_records"]
 

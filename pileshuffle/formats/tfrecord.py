@@ -12,16 +12,16 @@ import google_crc32c
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle import storage
-from pileshuffle.crc import (FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, mask_crcs, masked_crc,
+from pileshuffle.io import storage
+from pileshuffle.records.crc import (FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, mask_crcs, masked_crc,
                              payloads_match_stored_crcs, stored_data_crcs, unmask_crcs)
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import binary_column_parts, payload_hashes
+from pileshuffle.records.fingerprint import binary_column_parts, payload_hashes
 from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_at, open_input,
                                       read_block)
 from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.names import FRAME_COLUMN
-from pileshuffle.storage import compression_of
+from pileshuffle.io.storage import compression_of
 
 __all__ = ["TFRecordFormat", "frame", "scan_frames"]
 

@@ -2,7 +2,11 @@
 ``Mixture`` (several, interleaved by weight).
 
 Imports neither Apache Beam, TensorFlow nor torch (the adapters ``ds.torch()`` and
-``ds.tf()`` import theirs when called). All file access goes through ``pileshuffle.storage`` (``pyarrow.fs`` underneath).
+``ds.tf()`` import theirs when called). All file access goes through
+``pileshuffle.io.storage`` (``pyarrow.fs`` underneath).
+
+May import: the package root's bottom modules, io, records and formats; only quality and
+commands import the loader.
 """
 
 from pileshuffle.loader.dataset import ShuffledDataset

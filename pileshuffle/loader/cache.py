@@ -36,7 +36,7 @@ import google_crc32c
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from pileshuffle import cloud, storage
+from pileshuffle.io import cloud, storage
 from pileshuffle.errors import InputError, PileshuffleError
 
 __all__ = ["DEFAULT_LIMIT", "FileFacts", "PileCache", "parse_limit", "caches", "remote_name"]

@@ -24,7 +24,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from pileshuffle import keys as keymath
+from pileshuffle.records import keys as keymath
 
 __all__ = ["MAX_PERIOD", "ROUNDED_PERIOD", "whole_weights", "Interleave"]
 

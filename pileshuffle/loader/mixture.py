@@ -30,7 +30,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle import keys as keymath
+from pileshuffle.records import keys as keymath
 from pileshuffle.loader.arguments import (check_world_size, describe_identity,
                                           whole_number)
 from pileshuffle.loader.batching import cut_at_steps, gathered

@@ -27,7 +27,7 @@ import functools
 
 import numpy as np
 
-from pileshuffle import keys as keymath
+from pileshuffle.records import keys as keymath
 
 __all__ = ["sort_by_key", "EpochOrder", "epoch_order"]
 

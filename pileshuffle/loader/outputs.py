@@ -1,6 +1,6 @@
 """Opening a finished output for reading: what is at a path (a shard output's manifest, a
 store's current or named manifest version), as an ``Output`` of ``PileRef``s, with the
-identity a loader state must match. Reads through ``pileshuffle.storage``; never imports Beam.
+identity a loader state must match. Reads through ``pileshuffle.io.storage``; never imports Beam.
 
 - a shard output (``{P}-manifest.json``): pile i is shard i, in file order;
 - a pile store (``{P}-store/manifest-*.json``, the highest version is current): pile i is
@@ -18,16 +18,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pileshuffle import names, storage
-from pileshuffle.copy_marks import hidden_rows
+from pileshuffle import names
+from pileshuffle.io import storage
+from pileshuffle.io.copy_marks import hidden_rows
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.records.fingerprint import Fingerprint, total
 from pileshuffle.formats import FORMATS
 from pileshuffle.loader.cache import FileFacts, caches, remote_name
 from pileshuffle.loader.piles import (BYTES_SCHEMA, NoOutputError, PileRef, Source, file_exists, read_json, resolve,
                                       sub_pile_of)
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
-from pileshuffle.unfinished import unfinished_run
+from pileshuffle.io.unfinished import unfinished_run
 
 __all__ = ["Output", "open_output", "store_version_of"]
 

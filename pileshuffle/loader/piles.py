@@ -10,7 +10,7 @@ are ``PileRef``s. A pile loads as a ``Block``, its records in their *written ord
   next digits of U (``U * M mod 2**64``) have top digit s in base ``ways``, in the same
   order: the sub-piles one after another are the pile.
 Everything after this module (epoch order, splitting, state) sees only ``PileRef``s.
-All I/O goes through ``pileshuffle.storage`` (``pyarrow.fs``: local, gs://, s3://); nothing here imports Beam.
+All I/O goes through ``pileshuffle.io.storage`` (``pyarrow.fs``: local, gs://, s3://); nothing here imports Beam.
 """
 
 import dataclasses
@@ -19,12 +19,12 @@ import json
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle import keys as keymath
-from pileshuffle import storage
-from pileshuffle.checksums import check_crc32c, unreadable_bytes
-from pileshuffle.copy_marks import read_copies, visible_places
+from pileshuffle.records import keys as keymath
+from pileshuffle.io import storage
+from pileshuffle.io.checksums import check_crc32c, unreadable_bytes
+from pileshuffle.io.copy_marks import read_copies, visible_places
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.records.fingerprint import binary_column_parts
 from pileshuffle.formats import get_format
 from pileshuffle.formats.views import VIEW_ITEM, shift_buffers, value_views, view_array
 from pileshuffle.loader.cache import remote_name

@@ -1,7 +1,11 @@
 """How uniform a finished run's order is: records located in the input by hash (``locate``),
 the orders of the shuffles compared (``orders``), the metrics (``metrics``), a small training
 task (``training``), the report and its figures (``report``, ``render``). The command is
-``pileshuffle.commands.quality``."""
+``pileshuffle.commands.quality``.
+
+May import: the package root's bottom modules, io, records, formats, engine, store, verify and
+the loader.
+"""
 
 MIN_SAMPLE = 100  # records located: on fewer, no test can tell a shuffle from a bad order, so a verdict means nothing
 

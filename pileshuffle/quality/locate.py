@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import binary_column_parts
+from pileshuffle.records.fingerprint import binary_column_parts
 from pileshuffle.formats import holder_of, record_hashes
 from pileshuffle.formats.labels import record_labels
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
@@ -148,7 +148,7 @@ def run_keys(manifest: dict):
     """``scan``'s ``keys_of`` for the input of the run that wrote ``manifest``: ``(file number,
     places, rank of the first) -> keys`` as its pass 1 drew them: by place (format_version 1.1
     on), by rank in the file (1.0)."""
-    from pileshuffle.keys import position_keys, record_keys
+    from pileshuffle.records.keys import position_keys, record_keys
 
     seed = int(manifest.get("seed") or 0)
     if tuple(int(n) for n in str(manifest.get("format_version", "1.0")).split(".")) >= (1, 1):
@@ -161,10 +161,10 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
     pass 1 emits them (its own ``class_counts``, ``class_plan`` and ``keyed_chunks``, from the
     manifest's label field, policy, seed and ``skip_corrupt``): positions count the copies,
     ``file_records`` are the copies per file, and ``keys`` the sampled copies' pass-1 keys."""
-    from pileshuffle.balance import from_manifest_options
+    from pileshuffle.engine.balance import from_manifest_options
     from pileshuffle.formats import ReadReport
     from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
-    from pileshuffle.transforms.assign import INPUT_STREAM, Source, copies_balance, keyed_chunks
+    from pileshuffle.engine.transforms.assign import INPUT_STREAM, Source, copies_balance, keyed_chunks
 
     options = manifest.get("options", {})
     (field, policy, keep_unlabeled), skip = from_manifest_options(options), bool(options.get("skip_corrupt"))
@@ -184,8 +184,8 @@ def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = Non
     in the local temp folder (``dedup.first_occurrences``: 17 bytes a record), not in memory."""
     import tempfile
 
-    from pileshuffle.dedup import DEDUP_STREAM, Dedup, first_occurrences
-    from pileshuffle.keys import position_keys
+    from pileshuffle.engine.dedup import DEDUP_STREAM, Dedup, first_occurrences
+    from pileshuffle.records.keys import position_keys
 
     dedup, seed = Dedup.from_options(manifest.get("options")), int(manifest.get("seed") or 0)
     with tempfile.TemporaryDirectory(prefix="pileshuffle-quality-") as folder:

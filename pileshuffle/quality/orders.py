@@ -16,7 +16,7 @@ the shuffle policies are what they are on positions alone.
 
 import numpy as np
 
-from pileshuffle import keys as keymath
+from pileshuffle.records import keys as keymath
 
 __all__ = [
     "inverse", "file_order", "shuffle_buffer", "pileshuffle_keys", "pileshuffle_order", "pile_records",

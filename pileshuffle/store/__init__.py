@@ -4,6 +4,8 @@ A store is a set of generations (the unit of append and expire), each holding at
 W x M Arrow IPC files of records with their keys, and versioned manifests naming the
 live generations (see ``layout`` and docs/stores.md). ``run --layout store`` writes
 generation 0 with ``run``'s keys, so ``materialize`` gives ``run``'s exact shards.
+
+May import: the package root's bottom modules, io, records, formats, engine and verify.
 """
 
 

@@ -14,7 +14,7 @@ is hidden while generation ``earlier`` is live. Generations are expired oldest f
 last earlier copy expires the row takes its place, with no work and no rewrite; an append only adds
 later copies, so it never hides a row that was visible.
 
-On disk: ``pileshuffle.copy_marks`` (a copies file beside each data file that has copies, and the
+On disk: ``pileshuffle.io.copy_marks`` (a copies file beside each data file that has copies, and the
 manifest's ``copies`` entry).
 
 Cost: writing generation g reads, pile by pile, its own files twice (keys, then records) and the
@@ -31,14 +31,15 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle import names, storage
-from pileshuffle.copy_marks import NONE, copies_name, encode_copies
-from pileshuffle.dedup import content_groups
-from pileshuffle.fingerprint import Fingerprint
-from pileshuffle.fragments import Fragment, read_batches
+from pileshuffle import names
+from pileshuffle.io import storage
+from pileshuffle.io.copy_marks import NONE, copies_name, encode_copies
+from pileshuffle.engine.dedup import content_groups
+from pileshuffle.records.fingerprint import Fingerprint
+from pileshuffle.engine.fragments import Fragment, read_batches
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.store import layout
-from pileshuffle.tuning import prepare_worker
+from pileshuffle.engine.tuning import prepare_worker
 
 __all__ = ["earlier_copies", "write_copies", "generation_dedup", "MarkEarlierCopies"]
 

@@ -5,7 +5,8 @@ that opened an older version finishes its epoch."""
 import math
 import time
 
-from pileshuffle import names, storage
+from pileshuffle import names
+from pileshuffle.io import storage
 from pileshuffle.errors import OutputError, UsageError
 from pileshuffle.store import layout
 

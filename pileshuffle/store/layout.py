@@ -26,9 +26,10 @@ import socket
 import sys
 import uuid
 
-from pileshuffle import __version__, interrupt, storage
-from pileshuffle.balance import from_manifest_options, manifest_options
-from pileshuffle.copy_marks import hidden_rows
+from pileshuffle import __version__, interrupt
+from pileshuffle.io import storage
+from pileshuffle.engine.balance import from_manifest_options, manifest_options
+from pileshuffle.io.copy_marks import hidden_rows
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.names import GENERATION_DIR, LEGACY_STORE_FORMAT, STORE_KIND
 from pileshuffle.names import STORE_LOCK_NAME as LOCK_NAME
@@ -36,7 +37,7 @@ from pileshuffle.names import STORE_MANIFEST_GLOB
 from pileshuffle.names import STORE_MANIFEST_NAME as MANIFEST_NAME
 from pileshuffle.names import STORE_SUFFIX, format_problem, generation_dir_name, manifest_header, store_dir
 from pileshuffle.names import store_manifest_name as manifest_name
-from pileshuffle.output_files import lock_holder_at, missing_local_folders, release_lock_file, remove_empty_folders
+from pileshuffle.engine.output_files import lock_holder_at, missing_local_folders, release_lock_file, remove_empty_folders
 
 __all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
            "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
@@ -178,7 +179,7 @@ def store_balance(manifest: dict):
 def store_dedup(manifest: dict):
     """The ``dedup.Dedup`` of a store created with ``--dedup`` (every generation keyed by content,
     each distinct record of the window visible once), or None."""
-    from pileshuffle.dedup import Dedup
+    from pileshuffle.engine.dedup import Dedup
 
     return Dedup.from_options(manifest.get("options"))
 

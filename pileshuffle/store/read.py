@@ -10,18 +10,19 @@ import collections
 
 import numpy as np
 
-from pileshuffle import names, storage
-from pileshuffle.checksums import crc32c_mismatch
-from pileshuffle.copy_marks import read_copies
+from pileshuffle import names
+from pileshuffle.io import storage
+from pileshuffle.io.checksums import crc32c_mismatch
+from pileshuffle.io.copy_marks import read_copies
 from pileshuffle.errors import InputError
-from pileshuffle.fingerprint import Fingerprint, binary_column_parts
+from pileshuffle.records.fingerprint import Fingerprint, binary_column_parts
 from pileshuffle.formats import get_format, record_hashes, records_bytes
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames
-from pileshuffle.fragments import Fragment, read_table
-from pileshuffle.keys import pile_of
+from pileshuffle.engine.fragments import Fragment, read_table
+from pileshuffle.records.keys import pile_of
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.store import layout
-from pileshuffle.transforms.shuffle import DEFAULT_MAX_PILE_BYTES, Pile
+from pileshuffle.engine.transforms.shuffle import DEFAULT_MAX_PILE_BYTES, Pile
 
 __all__ = ["live_piles", "missing_files", "Problem", "damaged_generations", "check_store"]
 
@@ -119,8 +120,8 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
     """The input files hold exactly the live generations' records (as a multiset); in a
     balanced store, each generation's with its copies (``_check_copies``)."""
     from pileshuffle.errors import PileshuffleError
-    from pileshuffle.fingerprint import total
-    from pileshuffle.inputs import match_inputs
+    from pileshuffle.records.fingerprint import total
+    from pileshuffle.engine.inputs import match_inputs
     from pileshuffle.formats import read_fingerprint
 
     try:
@@ -132,7 +133,7 @@ def _check_input(input_glob: str, manifest: dict, fmt) -> list:
         return [f"input {error}"]
     live = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
     if found != live:
-        from pileshuffle.fingerprint import how_records_differ
+        from pileshuffle.records.fingerprint import how_records_differ
 
         return [f"the input is not the store's live generations: {how_records_differ(found, live)}"]
     return []
@@ -143,8 +144,8 @@ def _check_copies(sources, manifest: dict, fmt) -> list:
     each as many times as the store's policy copies it on that generation's class counts
     (recomputed from its files among ``sources``, ``_generation_sources``); every source
     must be one of some generation's."""
-    from pileshuffle.fingerprint import how_records_differ
-    from pileshuffle.verify import copies_fingerprint
+    from pileshuffle.records.fingerprint import how_records_differ
+    from pileshuffle.verify.checks import copies_fingerprint
 
     field, policy, keep_unlabeled = layout.store_balance(manifest)
     problems, used = [], set()
@@ -173,8 +174,8 @@ def _generation_sources(generation: dict, sources) -> tuple:
     their rank in its ``inputs`` (as its append numbered them), and the first one not found
     (None). A file is found by identity and size, as ``append`` recognises it, else (a copy
     elsewhere) by the one file of its name and size."""
-    from pileshuffle.inputs import file_identity
-    from pileshuffle.transforms.assign import Source
+    from pileshuffle.engine.inputs import file_identity
+    from pileshuffle.engine.transforms.assign import Source
 
     by_identity = {(file_identity(s.path), s.size): s for s in sources}
     by_name = collections.defaultdict(list)

@@ -31,21 +31,22 @@ import dataclasses
 import apache_beam as beam
 import pyarrow as pa
 
-from pileshuffle import interrupt, names, storage
-from pileshuffle.balance import ClassPlanner
+from pileshuffle import interrupt, names
+from pileshuffle.io import storage
+from pileshuffle.engine.balance import ClassPlanner
 from pileshuffle.errors import InputError, OutputError
-from pileshuffle.fingerprint import Fingerprint, total
+from pileshuffle.records.fingerprint import Fingerprint, total
 from pileshuffle.formats import get_format
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
-from pileshuffle.fragments import FragmentFiles, read_batches
+from pileshuffle.engine.fragments import FragmentFiles, read_batches
 from pileshuffle.names import store_writer_name
-from pileshuffle.output_files import remove_tree
+from pileshuffle.engine.output_files import remove_tree
 from pileshuffle.store import layout
 from pileshuffle.store.copies import MarkEarlierCopies, generation_dedup
-from pileshuffle.transforms.assign import INPUT_STREAM, SourcePiles, SourceStats
-from pileshuffle.transforms.graph import counted_classes
-from pileshuffle.transforms.write import KeyByNone, balance_section, check_accounted, schema_json
-from pileshuffle.tuning import prepare_worker
+from pileshuffle.engine.transforms.assign import INPUT_STREAM, SourcePiles, SourceStats
+from pileshuffle.engine.transforms.graph import counted_classes
+from pileshuffle.engine.transforms.write import KeyByNone, balance_section, check_accounted, schema_json
+from pileshuffle.engine.tuning import prepare_worker
 
 __all__ = ["GENERATION_STREAM", "STORE_WRITERS", "WriterGroup", "writer_groups", "PublishGeneration", "stored_schema",
            "build_generation", "WritePileStore"]

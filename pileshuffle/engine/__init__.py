@@ -1,0 +1,7 @@
+"""The engine: sources read into pass-1 runs, piles assembled and shuffled, the Beam transforms,
+dedup and balance.
+
+May import: the package root's bottom modules, io, records and formats.
+"""
+
+__all__ = []

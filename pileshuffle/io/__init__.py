@@ -1,0 +1,7 @@
+"""Storage and object stores: local files, gs:// objects, their checksums and the marks a
+run leaves on them.
+
+May import: the package root's bottom modules (errors, names, interrupt, progress).
+"""
+
+__all__ = []

@@ -1,0 +1,359 @@
+"""Everything decided before the pipeline starts: the input files (``inputs``: their
+format, what is skipped, one name per file, their schema), the number of piles, the temp
+and staging locations, the output check (which files a run may replace).
+Cheap, and it only reads: it lists files and reads at most a MiB of one of them and
+Parquet footers. What ``run`` writes before pass 1 (probes, the output lock, removing what
+an unfinished run left) is ``output_lock.taken_output`` (shared with ``materialize``: every
+command that writes shards checks and takes its output the same way)."""
+
+import dataclasses
+import hashlib
+import logging
+import math
+import re
+import uuid
+
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+from pileshuffle import interrupt
+from pileshuffle.io import storage
+from pileshuffle.errors import InputError, OutputError, UsageError
+from pileshuffle.formats import get_format
+from pileshuffle.planning.input_size import (RECORD_OVERHEAD, balance_growth, choose_num_piles,
+                                    estimated_bytes, mean_record_bytes, piles_reached,
+                                    scaled_sources)
+from pileshuffle.engine.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
+from pileshuffle.planning.job_model import (AUTO_MEMORY_SHARE, LOCAL_BASE_BYTES, PILE_MEMORY_FACTOR,
+                                   auto_max_pile_bytes, choose_run_bytes, local_budget,
+                                   runs_on_object_store, workers_of)
+from pileshuffle.names import manifest_path, staging_dir, store_dir, work_dir_name
+from pileshuffle.engine.runs import DEFAULT_RUN_BYTES, MAX_HELD_BYTES
+from pileshuffle.planning.parameters import (PileshuffleOptions, balance_policy, check_compression, check_values, dedup_of,
+                                   parse_bytes)
+from pileshuffle.engine.output_files import OutputFiles, check_replaceable, missing_local_folders, remove_empty_folders
+from pileshuffle.planning.pile_bound import check_num_piles
+from pileshuffle.planning.runners import in_process_threads
+from pileshuffle.planning.space import FRAGMENT_OVERHEAD, free_space, space_needed
+from pileshuffle.store.layout import is_store
+
+__all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "PILE_MEMORY_FACTOR", "LOCAL_BASE_BYTES",
+           "AUTO_MEMORY_SHARE", "mean_record_bytes", "work_dir_for", "check_writable",
+           "check_shard_output", "piles_reached"]
+
+_log = logging.getLogger("pileshuffle")
+
+_UNIT_SPARE = 0.95  # a unit of pass-1 work fills this much of a run (the records' held size is an estimate)
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything decided before the pipeline starts."""
+
+    format: str
+    sources: list
+    output: str
+    compression: str
+    num_piles: int
+    num_piles_reason: str
+    max_pile_bytes: int
+    seed: int
+    intermediate: str
+    work_dir: str
+    replace_existing: bool
+    skip_corrupt: bool
+    layout: str = "shards"
+    schema: object = None
+    input_bytes: int = 0
+    space: dict = dataclasses.field(default_factory=dict)  # location -> (bytes needed, bytes free or None)
+    needs: dict = dataclasses.field(default_factory=dict)  # location -> bytes this run writes there
+    left_out: dict = dataclasses.field(default_factory=dict)  # path -> why (pileshuffle's own files)
+    skipped: dict = dataclasses.field(default_factory=dict)  # path -> why (matched names that are no input file)
+    duplicates: dict = dataclasses.field(default_factory=dict)  # path -> the name kept (one file named twice)
+    unpublished: list = dataclasses.field(default_factory=list)  # what an unfinished publication left: replaced
+    mean_record_bytes: float = 1.0  # as Arrow holds a record, from a sample
+    label: str = None  # --label: the class field (with --balance)
+    balance: object = None  # --balance: a balance.Policy (a first pass counts the classes)
+    keep_unlabeled: bool = False  # --keep_unlabeled: a record without the label is the class "null"
+    dedup: object = None  # --dedup / --dedup_key: a dedup.Dedup (keys from content, duplicates dropped in pass 2)
+    estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
+    growth: float = 1.0  # --balance: records written per record read, from a sample of labels
+    run_bytes: int = DEFAULT_RUN_BYTES  # --run_bytes: pass 1's run size per writer (pileshuffle.engine.runs)
+    memory_budget: int = 0  # --memory: what a local run may use (0: not a local in-process run)
+    memory_for_runs: int = 0  # of it, pass-1 runs kept in memory between the passes (pileshuffle.engine.memory_runs)
+    memory: object = None  # --memory auto: the memory_limit.Memory it is a share of (None: given, or no budget)
+    workers: object = None  # the job_model.Workers the piles and runs are sized for
+    max_pile_reason: str = ""  # --max_pile_bytes auto: how it was sized ("" when given)
+    scaled: bool = False  # plan --input_bytes: the sources stand for an input not there (unread)
+
+    @property
+    def held_per_writer(self) -> int:
+        """What a pass-1 writer holds in memory: its run, up to ``MAX_HELD_BYTES`` (more is spilled)."""
+        return min(self.run_bytes, MAX_HELD_BYTES)
+
+    @property
+    def spilled_per_writer(self) -> int:
+        """What a pass-1 writer spills to local disk at most (``runs._Spills``): its largest
+        run, 0 if every run fits in memory."""
+        largest = min(self.run_bytes, max(self.group_held_bytes(), default=0))
+        return int(largest) if largest > MAX_HELD_BYTES else 0
+
+    def group_held_bytes(self) -> list:
+        """Each group of sources' records as pass 1 holds them: with their keys and hashes."""
+        per_byte = self.written_records / max(1, self.input_bytes)  # records per byte on disk
+        held_per_record = self.mean_record_bytes + RECORD_OVERHEAD
+        return [per_byte * sum(s.span_bytes for s in group) * held_per_record for group in self.source_groups]
+
+    @property
+    def source_groups(self) -> list:
+        """Pass 1's units of work: the sources (a large file in spans, but under --balance, whose
+        copies follow each file's order) in groups (``assign``)."""
+        from pileshuffle.engine.transforms.assign import source_groups, split_sources
+
+        key = (self.unit_bytes, len(self.sources), self.sources[-1] if self.sources else None)
+        cached = self.__dict__.get("_source_groups")  # 100 TB's sources take seconds: cut once
+        if cached is None or cached[0] != key:
+            fmt = get_format(self.format) if self.balance is None else None
+            spans = (split_sources(self.sources, self.unit_bytes, fmt, self.skip_corrupt) if fmt
+                     else self.sources)
+            cached = self.__dict__["_source_groups"] = (key, source_groups(spans, self.unit_bytes))
+        return cached[1]
+
+    @property
+    def unit_bytes(self) -> int:
+        """Pass 1's unit of work, in input bytes: what fills one run of ``run_bytes`` as pass 1
+        holds it (records with their keys and hashes; compressed input grows), 5% to spare. A
+        unit of ``run_bytes`` on disk held a little more than a run: a second, tiny run each,
+        whose parts doubled the reads of pass 2."""
+        held_per_byte = self.held_bytes / max(1, self.input_bytes)
+        return max(1, int(_UNIT_SPARE * self.run_bytes / max(held_per_byte, 1e-9)))
+
+    @property
+    def estimated_records(self) -> int:
+        return max(1, round(self.estimated_bytes / self.mean_record_bytes))
+
+    @property
+    def held_bytes(self) -> float:
+        """The written records as the piles hold them: each with its 8-byte key and 8-byte hash."""
+        return self.written_records * (self.mean_record_bytes + RECORD_OVERHEAD)
+
+    @property
+    def written_records(self) -> int:
+        """The records the piles will hold: the input's with ``--balance``'s copies (an estimate)."""
+        return max(1, round(self.estimated_records * self.growth))
+
+    def run_shape(self) -> tuple:
+        """``(runs, parts)`` expected of pass 1 (``pileshuffle.engine.runs``): each group of sources
+        flushes its records, with their keys and hashes, in runs of ``run_bytes``; a run of n
+        records reaches M(1 - (1 - 1/M)^n) piles, one part (a segment, an element) each, or of
+        small piles one part per group of G it reaches (``pile_groups``). Files mode writes one
+        object per run; both modes send one element per part."""
+        from pileshuffle.engine.transforms.pile_groups import template_group
+
+        held_per_record, keys = self.mean_record_bytes + RECORD_OVERHEAD, -(-self.num_piles // template_group(self))
+        runs = parts = 0.0
+        for held in self.group_held_bytes():
+            records = held / held_per_record
+            count = max(1, math.ceil(held / self.run_bytes)) if records else 0
+            runs += count
+            parts += count * piles_reached(keys, records / count) if count else 0
+        return round(runs), round(parts)
+
+
+def work_dir_for(output: str, temp_location) -> str:
+    """The run's temp directory: deterministic per output, so a re-run after a crash
+    finds and replaces what a killed run left."""
+    if temp_location:
+        _refuse_wildcards("--temp_location", temp_location)
+    digest = hashlib.sha1(output.encode()).hexdigest()[:12]
+    root = temp_location or storage.split(output)[0]
+    return storage.join(root, work_dir_name(digest))
+
+
+def check_writable(directory: str, what: str):
+    """Write and delete a probe file in ``directory``, one step Ctrl-C does not cut; leaves no
+    directory it created (and removes only empty ones: another run may be filling the same folder)."""
+    probe = storage.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
+    missing = missing_local_folders(directory)
+    try:
+        with interrupt.not_cut():  # a Ctrl-C between the write and the delete left the probe behind
+            with storage.open_write(probe, "uncompressed") as handle:
+                handle.write(b"ok")
+            storage.delete([probe])
+    except Exception as error:
+        raise OutputError(f"cannot write to {what} {directory}: {error}") from error
+    finally:
+        remove_empty_folders(missing)
+
+
+def _check_balance_fits(format_name: str, policy):
+    """Refuse copies of tar samples: a copy keeps its sample's WebDataset key (no header is
+    rewritten), and a shard cannot hold a key twice (it would read back as one sample)."""
+    if format_name == "tar" and policy is not None and not policy.undersample:
+        raise UsageError("--balance on tar samples copies samples, and a copy keeps its sample's WebDataset key, "
+                         "which one shard cannot hold twice: give --undersample (cuts, no copies), or balance the "
+                         "samples before writing them as tar")
+
+
+def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
+    """Everything decided before the pipeline starts. It only reads: it lists and samples
+    the input and looks at the output's files; ``output_lock.taken_output`` does the writing, under
+    the output's lock. ``input_bytes``: plan as if the input totalled that many bytes of records
+    like its own (``input_size.scaled_sources``; ``plan --input_bytes``)."""
+    opts = options.view_as(PileshuffleOptions)
+    check_values(opts)
+    if not opts.input:
+        raise InputError("--input", "is required")
+    if opts.layout == "store":  # a store run checks its own (commands.store.run_store)
+        output = _output_prefix(opts.output)
+        outputs = OutputFiles(output)
+    else:
+        output, outputs = check_shard_output(opts.output, bool(opts.overwrite))
+    inputs = select_inputs(opts.input, output)
+    if inputs.left_out:
+        _log.warning("left out %d file(s) that --input matches but pileshuffle wrote: %s", len(inputs.left_out),
+                     describe_left_out(inputs.left_out))
+    sources = inputs.sources
+    fmt = resolve_format(opts.format, sources)
+    check_compression(fmt.name, opts.compression)
+    policy = balance_policy(opts)
+    _check_balance_fits(fmt.name, policy)
+    if all(s.size == 0 for s in sources):
+        raise InputError(sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle")
+    schema = check_schemas(fmt, sources)
+    dedup = dedup_of(opts)
+    if dedup is not None and dedup.field and schema is not None and dedup.field not in schema.names:
+        raise UsageError(f"--dedup_key: the input has no column {dedup.field!r} (columns: {', '.join(schema.names)})")
+    mean = mean_record_bytes(fmt, sources)
+    total = estimated_bytes(fmt, sources, mean)
+    growth = balance_growth(fmt, sources, opts.label_field, policy)
+    if input_bytes:
+        total = int(total * input_bytes / sum(s.size for s in sources))
+        sources = scaled_sources(sources, input_bytes)
+    budget, found = local_budget(opts.memory) if in_process_threads(options) else (0, None)
+    workers = workers_of(options, budget)
+    held = total * growth / mean * (mean + RECORD_OVERHEAD)  # Plan.held_bytes
+    max_pile_bytes, sized = _max_pile_bytes(opts, workers, held)
+    num_piles, reason = choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
+    check_num_piles(num_piles,
+                    lambda: choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0])
+    if num_piles > max(1, total / mean):
+        _log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
+                     num_piles, f"{round(total / mean):,}")
+    work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
+    needs = space_needed(sources, total, opts.intermediate, work_dir, staging_dir(output))
+    if opts.layout == "store":
+        needs = {store_dir(output): int(total * FRAGMENT_OVERHEAD)}
+    needs = {location: int(need * growth) for location, need in needs.items()}  # --balance writes copies
+    space = _free_space(needs, input_bytes)
+    plan = Plan(
+        format=fmt.name,
+        sources=sources,
+        output=output,
+        compression=fmt.output_compression(opts.compression, [s.path for s in sources]),
+        num_piles=num_piles,
+        num_piles_reason=reason,
+        max_pile_bytes=max_pile_bytes,
+        run_bytes=choose_run_bytes(opts.run_bytes, num_piles, opts.intermediate,
+                                   runs_on_object_store(opts.intermediate, opts.layout, work_dir,
+                                                        workers),
+                                   workers, held, sum(s.size for s in sources)),
+        seed=int(opts.seed),
+        intermediate=opts.intermediate,
+        work_dir=work_dir,
+        replace_existing=bool(opts.overwrite),
+        skip_corrupt=bool(opts.skip_corrupt),
+        label=opts.label_field or None,
+        balance=policy,
+        keep_unlabeled=bool(opts.keep_unlabeled),
+        dedup=dedup,
+        layout=opts.layout,
+        schema=schema,
+        input_bytes=sum(s.size for s in sources),
+        space=space,
+        needs=needs,
+        left_out=inputs.left_out,
+        skipped=inputs.skipped,
+        duplicates=inputs.duplicates,
+        unpublished=outputs.unpublished,
+        mean_record_bytes=mean,
+        estimated_bytes=total,
+        growth=growth,
+        workers=workers,
+        max_pile_reason=sized,
+        scaled=bool(input_bytes),
+    )
+    plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(plan, budget, found,
+                                                                             options)
+    if plan.memory_for_runs and work_dir in needs:  # runs kept in memory never reach the temp folder
+        plan.needs[work_dir] = max(0, needs[work_dir] - plan.memory_for_runs)
+        plan.space = _free_space(plan.needs, input_bytes)
+    return plan
+
+
+def _max_pile_bytes(opts, workers, held: float) -> tuple:
+    """``(bytes, why)`` of ``--max_pile_bytes``: as given, or ``auto`` from what one of the
+    ``workers``' threads holds (``job_model.auto_max_pile_bytes``; with ``--num_piles auto`` also
+    piles enough for every thread)."""
+    if str(opts.max_pile_bytes).strip() != "auto":
+        return parse_bytes(opts.max_pile_bytes), ""
+    return auto_max_pile_bytes(workers, held, spread=str(opts.num_piles) == "auto")
+
+
+def _free_space(needs: dict, input_bytes) -> dict:
+    """``space.free_space`` of ``needs``; not looked up for an input not there (``input_bytes``)."""
+    if input_bytes:
+        return {location: (need, None) for location, need in needs.items()}
+    return free_space(needs)
+
+
+def _memory_for_runs(plan: Plan, budget: int, found, options) -> tuple:
+    """``(--memory's budget, what of it keeps pass-1 runs in memory, the memory_limit.Memory
+    an auto budget is AUTO_MEMORY_SHARE of, else None)``: the budget less what the passes hold at once
+    (``runners.in_process_threads`` x the larger of a writer's held chunks and a pile being ordered,
+    ``PILE_MEMORY_FACTOR`` times its bytes), ``LOCAL_BASE_BYTES``. (0, 0, None) but for local files mode."""
+    threads = in_process_threads(options)
+    if not threads or plan.intermediate != "files" or plan.layout != "shards":
+        return 0, 0, None
+    pile = PILE_MEMORY_FACTOR * min(plan.max_pile_bytes, 1.05 * plan.held_bytes / plan.num_piles)
+    working = threads * max(plan.held_per_writer, pile) + LOCAL_BASE_BYTES
+    return budget, max(0, int(budget - working)), found
+
+
+def check_shard_output(text: str, overwrite: bool) -> tuple:
+    """``--output`` of a command that writes shards (``run``, ``materialize``), before it reads
+    or writes anything: a prefix of file names without wildcards, hiding no store, and its files
+    replaceable (``check_replaceable``). Returns ``(prefix, OutputFiles)``."""
+    output = _output_prefix(text)
+    _refuse_hiding_a_store(output)
+    return output, check_replaceable(output, overwrite)
+
+
+def _output_prefix(text: str) -> str:
+    """``--output`` as a prefix of file names; one that ends in a slash names a folder."""
+    if not text:
+        raise OutputError("--output: is required (a prefix of file names, e.g. --output=out/train)")
+    if text.endswith(("/", "\\")):
+        raise OutputError(f"--output {text}: ends with '/', but the output is a prefix of file names, not a folder: "
+                          f"give e.g. --output {text}train (shards {text}train-00000-of-..., {text}train-manifest.json)")
+    _refuse_wildcards("--output", text)
+    return text
+
+
+def _refuse_wildcards(option: str, location: str):
+    """A location a run writes and deletes under must hold no ``* ? [ ]``: Beam's
+    ``FileSystems.delete`` takes every path as a pattern (it has no escape), so deleting
+    ``t[1]-00000-...`` would delete ``t1-00000-...`` instead."""
+    found = sorted(set(re.findall(r"[*?\[\]]", location)))
+    if found:
+        raise OutputError(f"{option} {location}: holds {' '.join(found)}, which Beam's file systems take as wildcards "
+                          "when they list and delete files (there is no escape): choose a location without * ? [ ]")
+
+
+def _refuse_hiding_a_store(output: str):
+    """Shards at a store's prefix would hide it: readers and ``verify`` take
+    ``{P}-manifest.json`` first (as ``run --layout store`` refuses the reverse)."""
+    if is_store(output):
+        raise OutputError(f"a pile store exists at {store_dir(output)}/: shards at --output {output} would hide it from "
+                          f"the loader and verify (they read {manifest_path(output)} first); write the shards elsewhere, "
+                          f"e.g. `pileshuffle materialize --store {output} --output OTHER`")
+
