@@ -31,7 +31,7 @@ EXTRA_PARAMETERS ?=
 
 DEMO_DIR ?= demo-data
 
-.PHONY: install peers demo test bench metadata api samples template-build template-run clean
+.PHONY: install peers demo lint test bench metadata api samples template-build template-run clean
 
 $(STAMP): setup.py templates/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -58,10 +58,15 @@ demo: $(STAMP)
 	$(BIN)/pileshuffle verify --input '$(DEMO_DIR)/input/*.tfrecord' --output $(DEMO_DIR)/shuffled/train
 	$(BIN)/pileshuffle quality --input '$(DEMO_DIR)/input/*.tfrecord' --output $(DEMO_DIR)/shuffled/train --report $(DEMO_DIR)/report --label_bytes 6:7 --compare
 
-## test: the whole suite (real pipelines on generated data), one test file per worker: TEST_WORKERS=2 (CI's cores).
+## lint: the house style (ruff.toml): formatted as `ruff format` writes it, and `ruff check` finds nothing.
+lint: $(STAMP)
+	$(BIN)/ruff format --check --quiet .
+	$(BIN)/ruff check --quiet .
+
+## test: the style (lint), then the whole suite (real pipelines on generated data), one test file per worker: TEST_WORKERS=2 (CI's cores).
 ## Skips are listed (-rs); a skip not allowed in tests/suite_rules.py, or a missing test dependency, fails the run.
 TEST_WORKERS ?= 2
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile tests
 
 ## bench: the benchmark tables (see bench/README.md): the shuffle, CPU seconds per GB against DuckDB, the loader, the pile stores, gs:// on the emulator, a pile from many parts (local, and fetched from a 30 ms emulator), small piles' shards, spilled runs, one large file, --dedup against DuckDB, how fast commands exit, CPU per GB at 10-240 records per part; SCALE=10 for 10 GB.

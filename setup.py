@@ -6,6 +6,7 @@ Also used as Beam's ``--setup_file`` so that Dataflow workers install the same p
 ``pip install pileshuffle``: the reader (``pileshuffle.loader``) alone, no Apache Beam.
 ``pip install "pileshuffle[pipeline]"``: also the pipeline and the CLI's commands.
 """
+
 import setuptools
 
 # What `pileshuffle.loader` imports: `pip install pileshuffle` is the reader alone.
@@ -27,19 +28,29 @@ setuptools.setup(
     name="pileshuffle",
     version="0.1.0",
     description="Global shuffle of TFRecord, Parquet and JSONL datasets larger than RAM (2-pass pile algorithm on Apache Beam)",
-    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description=open("README.md", encoding="utf-8").read()
+    if __import__("os").path.exists("README.md")
+    else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["pileshuffle", "pileshuffle.*"]),
-    package_data={"pileshuffle": ["py.typed"]},  # PEP 561: the package's annotations are for type checkers too
+    package_data={
+        "pileshuffle": ["py.typed"]
+    },  # PEP 561: the package's annotations are for type checkers too
     # The reader (pileshuffle.loader) alone: a training host that only reads needs no Beam.
     install_requires=READER,
     extras_require={
         "pipeline": PIPELINE,  # the pipeline and the CLI's commands (run, plan, verify, stores, quality)
         "tf": ["tensorflow-cpu>=2.16"],
-        "dask": [*PIPELINE, "dask>=2024.1", "distributed>=2024.1"],  # a Beam runner: nothing without the pipeline
+        "dask": [
+            *PIPELINE,
+            "dask>=2024.1",
+            "distributed>=2024.1",
+        ],  # a Beam runner: nothing without the pipeline
         "torch": ["torch>=2.1", "torchdata>=0.8"],
-        "grain": ["grain>=0.2.18"],  # ds.grain(): Grain's IterDataset API (JAX itself is not needed)
+        "grain": [
+            "grain>=0.2.18"
+        ],  # ds.grain(): Grain's IterDataset API (JAX itself is not needed)
         "report": [*PIPELINE, "matplotlib>=3.7", "scipy>=1.11"],  # the `quality` command's figures
         "test": [
             *PIPELINE,
@@ -47,6 +58,8 @@ setuptools.setup(
             "pytest-xdist>=3.5",  # make test: two workers, a test file each (CI has 2 cores)
             "pytest-timeout>=2.2",  # a per-test limit against hangs (pytest.ini)
             "hypothesis>=6",
+            "ruff==0.17.6",  # make lint: the formatter and linter (ruff.toml); pinned so its output is fixed
+            "py-spy>=0.3",  # the bench's stage breakdown (bench/cpu_per_gb.py)
             "scipy>=1.11",
             "duckdb>=1.0",
             "webdataset>=0.2",  # reads the tar shards back as WebDataset users do

@@ -108,7 +108,9 @@ def probe_indices(fmt, paths, limit=PROBE_RECORDS):
         elif fmt == "jsonl":
             with open(path, "rb") as handle:
                 for line in handle:
-                    out.append(int(_JSON_INDEX.search(line).group(1)))  # {"index": N, ... (DuckDB: no space)
+                    out.append(
+                        int(_JSON_INDEX.search(line).group(1))
+                    )  # {"index": N, ... (DuckDB: no space)
                     if len(out) >= limit:
                         break
         else:
@@ -135,20 +137,28 @@ def check_output(fmt, paths, expected_records, manifest_path=None):
             manifest = json.load(handle)
         records = manifest["totals"]["records"]
         source = "manifest"
-        if "balance" in manifest:  # --balance: the input's records were all read; the output holds their copies
+        if (
+            "balance" in manifest
+        ):  # --balance: the input's records were all read; the output holds their copies
             read = manifest["input_fingerprint"]["records"]
-            ok = read == expected_records and records == sum(manifest["balance"]["records_after"].values())
+            ok = read == expected_records and records == sum(
+                manifest["balance"]["records_after"].values()
+            )
             text = f"{'ok' if ok else 'FAIL'} {read:,} read, {records:,} with copies ({source})"
             return ok, text, ascending_share(probe_indices(fmt, paths))
     else:
         records = count_records(fmt, paths)
         source = "counted"
     ok = records == expected_records
-    text = f"{'ok' if ok else 'FAIL'} {records:,} ({source})" + ("" if ok else f" != {expected_records:,}")
+    text = f"{'ok' if ok else 'FAIL'} {records:,} ({source})" + (
+        "" if ok else f" != {expected_records:,}"
+    )
     return ok, text, ascending_share(probe_indices(fmt, paths))
 
 
-ORDER_BLOCKS = 16  # the block table of pileshuffle's `quality` command on >= 2,560 records: 16 x 16, 225 dof
+ORDER_BLOCKS = (
+    16  # the block table of pileshuffle's `quality` command on >= 2,560 records: 16 x 16, 225 dof
+)
 
 
 def jsonl_indices(path, block_bytes=64 << 20):
@@ -165,11 +175,15 @@ def jsonl_indices(path, block_bytes=64 << 20):
 def order_indices(fmt, paths):
     """The input index of every output record, in output order (files in name order); None for tar."""
     if fmt == "parquet":
-        return np.concatenate([pq.read_table(p, columns=["index"]).column(0).to_numpy() for p in paths])
+        return np.concatenate(
+            [pq.read_table(p, columns=["index"]).column(0).to_numpy() for p in paths]
+        )
     if fmt == "jsonl":
         return np.concatenate([jsonl_indices(p) for p in paths])
     if fmt == "tfrecord":
-        return np.array([payload_index(r) for p in paths for r in tfrecord_payloads(p)], dtype=np.int64)
+        return np.array(
+            [payload_index(r) for p in paths for r in tfrecord_payloads(p)], dtype=np.int64
+        )
     return None
 
 
@@ -181,7 +195,12 @@ def block_chi2(indices, blocks=ORDER_BLOCKS):
     from pileshuffle.quality.metrics import block_table, independence
 
     n = len(indices)
-    if n < blocks or indices.min() < 0 or indices.max() >= n or np.bincount(indices, minlength=n).max() != 1:
+    if (
+        n < blocks
+        or indices.min() < 0
+        or indices.max() >= n
+        or np.bincount(indices, minlength=n).max() != 1
+    ):
         return None
     chi2, dof, _ = independence(block_table(indices, np.arange(n), n, blocks))
     return chi2, dof

@@ -29,7 +29,9 @@ def epoch_seconds(prefix: str, check: bool, real=piles.check_crc32c) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("prefix", help="a finished output's prefix")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
@@ -39,7 +41,9 @@ def main():
         for check in (False, True):
             times[check].append(epoch_seconds(args.prefix, check))
     off, on = statistics.median(times[False]), statistics.median(times[True])
-    print(f"epoch without the check {off:.3f} s, with it {on:.3f} s (medians of {args.rounds}): {off / on:.2f}x the speed")
+    print(
+        f"epoch without the check {off:.3f} s, with it {on:.3f} s (medians of {args.rounds}): {off / on:.2f}x the speed"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,10 @@ sys.path.insert(0, HERE)
 import datagen  # noqa: E402
 from workspace import DATA, GB, OUT, PEERS_PY, PY, log, pileshuffle_command  # noqa: E402
 
-SETS = {"parquet": (1_000_000, 1000), "jsonl": (4_000_000, 500)}  # (records, bytes a record), 8 files
+SETS = {
+    "parquet": (1_000_000, 1000),
+    "jsonl": (4_000_000, 500),
+}  # (records, bytes a record), 8 files
 WORK = os.path.join(OUT, "cpu_per_gb")
 SEED = 1
 
@@ -45,15 +48,46 @@ SEED = 1
 # matches any stage, in this order of precedence within one frame.
 STAGES = [
     ("write (file, CRC32C)", lambda f: f.startswith(("Crc32cWriter.write ", "_LeftOpen."))),
-    ("encode (shard format)", lambda f: f.startswith(("_write_group ", "ParquetWriter.write")) or
-     (".write_shard " in f and "pileshuffle/formats" in f)),
+    (
+        "encode (shard format)",
+        lambda f: (
+            f.startswith(("_write_group ", "ParquetWriter.write"))
+            or (".write_shard " in f and "pileshuffle/formats" in f)
+        ),
+    ),
     ("pass-2 check (fingerprint)", lambda f: f.startswith("WriteShard._write.<locals>.counted ")),
-    ("pass-2 read/take", lambda f: f.startswith(("in_key_order ", "read_joined ", "PileGroup.ordered ",
-                                                  "Pile.ordered ", "_one_batch ", "_segment_bytes ", "read_table "))),
-    ("pass-1 gather/encode", lambda f: "pileshuffle/engine/runs.py" in f or "pileshuffle/engine/memory_runs.py" in f or
-     f.startswith("segment_encoder.<locals>")),
-    ("key + fingerprint", lambda f: f.startswith(("position_keys ", "record_keys ")) or "pileshuffle/records/fingerprint.py" in f
-     or ".record_hashes " in f or ".record_lengths " in f or f.startswith(("keyed_rows ", "SourcePiles.keyed "))),
+    (
+        "pass-2 read/take",
+        lambda f: f.startswith(
+            (
+                "in_key_order ",
+                "read_joined ",
+                "PileGroup.ordered ",
+                "Pile.ordered ",
+                "_one_batch ",
+                "_segment_bytes ",
+                "read_table ",
+            )
+        ),
+    ),
+    (
+        "pass-1 gather/encode",
+        lambda f: (
+            "pileshuffle/engine/runs.py" in f
+            or "pileshuffle/engine/memory_runs.py" in f
+            or f.startswith("segment_encoder.<locals>")
+        ),
+    ),
+    (
+        "key + fingerprint",
+        lambda f: (
+            f.startswith(("position_keys ", "record_keys "))
+            or "pileshuffle/records/fingerprint.py" in f
+            or ".record_hashes " in f
+            or ".record_lengths " in f
+            or f.startswith(("keyed_rows ", "SourcePiles.keyed "))
+        ),
+    ),
     ("decode (input)", lambda f: "pileshuffle/formats/" in f and ".write_shard " not in f),
 ]
 OTHER = "Beam, plan, start-up, no Python frame"
@@ -71,9 +105,27 @@ def command(row: str, fmt: str, data: dict, out_dir: str) -> tuple:
     prefix = os.path.join(out_dir, "train")
     if row == "duckdb":
         python = PEERS_PY if os.path.exists(PEERS_PY) else PY
-        return [python, os.path.join(HERE, "duckdb_shuffle.py"), "--format", fmt, "--input", data["pattern"],
-                "--output", prefix], {}
-    run = ["run", "--input", data["pattern"], "--output", prefix, "--format", fmt, "--seed", str(SEED)]
+        return [
+            python,
+            os.path.join(HERE, "duckdb_shuffle.py"),
+            "--format",
+            fmt,
+            "--input",
+            data["pattern"],
+            "--output",
+            prefix,
+        ], {}
+    run = [
+        "run",
+        "--input",
+        data["pattern"],
+        "--output",
+        prefix,
+        "--format",
+        fmt,
+        "--seed",
+        str(SEED),
+    ]
     if row == "pileshuffle":
         return [*pileshuffle_command(), *run], {}
     return [PY, "-m", "pileshuffle.cli", *run], {"PYTHONPATH": TREES[row]}
@@ -82,14 +134,21 @@ def command(row: str, fmt: str, data: dict, out_dir: str) -> tuple:
 def measure(argv, env) -> dict:
     """Wall seconds, user and system CPU seconds and peak RSS (bytes) of one process and its children."""
     started = time.perf_counter()
-    child = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     stderr = child.stderr.read()
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - started
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode:
         raise RuntimeError(f"{argv} exited {child.returncode}: {stderr.decode()[-2000:]}")
-    return {"wall": wall, "user": usage.ru_utime, "sys": usage.ru_stime, "rss": usage.ru_maxrss * 1024}
+    return {
+        "wall": wall,
+        "user": usage.ru_utime,
+        "sys": usage.ru_stime,
+        "rss": usage.ru_maxrss * 1024,
+    }
 
 
 def fresh(path: str) -> str:
@@ -114,8 +173,10 @@ def rounds(rows, formats, data, count) -> dict:
                 out_dir = fresh(os.path.join(WORK, "out"))
                 result = measure(*command(row, fmt, data[fmt], out_dir))
                 results[fmt, row].append(result)
-                log(f"round {round_number + 1} {fmt} {row}: {result['wall']:.2f} s wall, user {result['user']:.2f} s, "
-                    f"sys {result['sys']:.2f} s, {result['rss'] / GB:.2f} GB")
+                log(
+                    f"round {round_number + 1} {fmt} {row}: {result['wall']:.2f} s wall, user {result['user']:.2f} s, "
+                    f"sys {result['sys']:.2f} s, {result['rss'] / GB:.2f} GB"
+                )
     shutil.rmtree(os.path.join(WORK, "out"), ignore_errors=True)
     return results
 
@@ -135,9 +196,26 @@ def profile(row: str, fmt: str, data: dict) -> collections.Counter:
     out_dir = fresh(os.path.join(WORK, "out"))
     raw = os.path.join(tempfile.mkdtemp(prefix="cpu-per-gb-"), "samples.txt")
     argv, env = command(row, fmt, data, out_dir)
-    subprocess.run([spy, "record", "--rate", "100", "--subprocesses", "--nonblocking", "--format", "raw",
-                    "--output", raw, "--", *argv], env={**os.environ, **env}, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            spy,
+            "record",
+            "--rate",
+            "100",
+            "--subprocesses",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "--output",
+            raw,
+            "--",
+            *argv,
+        ],
+        env={**os.environ, **env},
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     stages = collections.Counter()
     with open(raw, errors="replace") as handle:
         for line in handle:
@@ -155,18 +233,26 @@ def median(values) -> float:
 
 
 def table(results, formats, rows, data) -> str:
-    lines = ["| data | row | user CPU s/GB | system CPU s/GB | wall s/GB | peak RSS | user vs DuckDB |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| data | row | user CPU s/GB | system CPU s/GB | wall s/GB | peak RSS | user vs DuckDB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for fmt in formats:
         gb = data[fmt]["bytes"] / GB
-        duck = median(r["user"] for r in results[fmt, "duckdb"]) / gb if (fmt, "duckdb") in results else None
+        duck = (
+            median(r["user"] for r in results[fmt, "duckdb"]) / gb
+            if (fmt, "duckdb") in results
+            else None
+        )
         for row in rows:
             done = results[fmt, row]
             user = median(r["user"] for r in done) / gb
             system, wall = median(r["sys"] for r in done) / gb, median(r["wall"] for r in done) / gb
             rss = median(r["rss"] for r in done) / GB
             ratio = f"{user / duck:.2f}x" if duck else ""
-            lines.append(f"| {fmt} {gb:.2f} GB | {row} | {user:.2f} | {system:.2f} | {wall:.2f} | {rss:.2f} GB | {ratio} |")
+            lines.append(
+                f"| {fmt} {gb:.2f} GB | {row} | {user:.2f} | {system:.2f} | {wall:.2f} | {rss:.2f} GB | {ratio} |"
+            )
     return "\n".join(lines)
 
 
@@ -174,7 +260,10 @@ def stage_table(stages, results, row, fmt, data) -> str:
     gb = data[fmt]["bytes"] / GB
     cpu = median(r["user"] + r["sys"] for r in results[fmt, row]) / gb
     total = sum(stages.values()) or 1
-    lines = [f"| {row} {fmt}: stage | share of samples | CPU s/GB (user + system) |", "|---|---|---|"]
+    lines = [
+        f"| {row} {fmt}: stage | share of samples | CPU s/GB (user + system) |",
+        "|---|---|---|",
+    ]
     for name in [n for n, _ in STAGES] + [OTHER]:
         share = stages.get(name, 0) / total
         lines.append(f"| {name} | {share:.0%} | {share * cpu:.2f} |")
@@ -183,22 +272,42 @@ def stage_table(stages, results, row, fmt, data) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--formats", default="parquet,jsonl", help="comma-separated: parquet, jsonl")
-    parser.add_argument("--before", help="a tree whose pileshuffle package is measured too (a 'before' row)")
+    parser.add_argument(
+        "--formats", default="parquet,jsonl", help="comma-separated: parquet, jsonl"
+    )
+    parser.add_argument(
+        "--before", help="a tree whose pileshuffle package is measured too (a 'before' row)"
+    )
     parser.add_argument("--after", help="a tree measured instead of this checkout (an 'after' row)")
-    parser.add_argument("--no-stages", dest="stages", action="store_false", help="no py-spy stage breakdown")
+    parser.add_argument(
+        "--no-stages", dest="stages", action="store_false", help="no py-spy stage breakdown"
+    )
     parser.add_argument("--no-duckdb", dest="duckdb", action="store_false")
     args = parser.parse_args(argv)
     formats = args.formats.split(",")
-    TREES.update({row: os.path.abspath(tree) for row, tree in (("before", args.before), ("after", args.after)) if tree})
-    rows = ["after" if args.after else "pileshuffle", *(["before"] if args.before else []), *(["duckdb"] if args.duckdb else [])]
+    TREES.update(
+        {
+            row: os.path.abspath(tree)
+            for row, tree in (("before", args.before), ("after", args.after))
+            if tree
+        }
+    )
+    rows = [
+        "after" if args.after else "pileshuffle",
+        *(["before"] if args.before else []),
+        *(["duckdb"] if args.duckdb else []),
+    ]
     data = {fmt: dataset(fmt) for fmt in formats}
     for fmt in formats:
         warm(data[fmt]["files"])
     results = rounds(rows, formats, data, args.rounds)
-    print(f"CPU per GB, medians of {args.rounds} interleaved rounds (`{' '.join(['bench/cpu_per_gb.py', *(argv or sys.argv[1:])])}`):\n")
+    print(
+        f"CPU per GB, medians of {args.rounds} interleaved rounds (`{' '.join(['bench/cpu_per_gb.py', *(argv or sys.argv[1:])])}`):\n"
+    )
     print(table(results, formats, rows, data))
     if args.stages and not os.path.exists(SPY):
         log(f"no stages: no {SPY} (`.venv/bin/pip install py-spy`)")

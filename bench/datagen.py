@@ -45,7 +45,9 @@ def masked_crc(data) -> int:
 
 def mask_array(crcs: np.ndarray) -> np.ndarray:
     c = crcs.astype(np.uint64)
-    return ((((c >> np.uint64(15)) | (c << np.uint64(17))) & np.uint64(_U32)) + np.uint64(_MASK_DELTA)) & np.uint64(_U32)
+    return (
+        (((c >> np.uint64(15)) | (c << np.uint64(17))) & np.uint64(_U32)) + np.uint64(_MASK_DELTA)
+    ) & np.uint64(_U32)
 
 
 def split_counts(records: int, files: int):
@@ -68,7 +70,9 @@ def payload_block(rng, start: int, count: int, payload_bytes: int) -> np.ndarray
     block = np.empty((count, payload_bytes), dtype=np.uint8)
     block[:, :INDEX_DIGITS] = index_digits(np.arange(start, start + count))
     block[:, INDEX_DIGITS] = ord("|")
-    block[:, INDEX_DIGITS + 1 :] = rng.integers(97, 123, size=(count, payload_bytes - INDEX_DIGITS - 1), dtype=np.uint8)
+    block[:, INDEX_DIGITS + 1 :] = rng.integers(
+        97, 123, size=(count, payload_bytes - INDEX_DIGITS - 1), dtype=np.uint8
+    )
     return block
 
 
@@ -123,12 +127,18 @@ def write_parquet(directory, records, files, record_bytes=1000, seed=0, shares=N
         table = pa.table(
             {
                 "index": index,
-                "label": pa.array(rng.integers(0, 10, count, dtype=np.int32) if shares is None
-                                  else class_labels(rng, count, shares).astype(np.int32)),
+                "label": pa.array(
+                    rng.integers(0, 10, count, dtype=np.int32)
+                    if shares is None
+                    else class_labels(rng, count, shares).astype(np.int32)
+                ),
                 "weight": pa.array(rng.random(count)),
-                "name": pc.binary_join_element_wise("item-", pc.cast(pa.array(index), pa.string()), ""),
-                "payload": pa.Array.from_buffers(pa.large_binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(payload)])
-                .cast(pa.binary()),
+                "name": pc.binary_join_element_wise(
+                    "item-", pc.cast(pa.array(index), pa.string()), ""
+                ),
+                "payload": pa.Array.from_buffers(
+                    pa.large_binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(payload)]
+                ).cast(pa.binary()),
             }
         ).replace_schema_metadata({"source": "bench.datagen", "seed": str(seed)})
         pq.write_table(table, os.path.join(directory, f"part-{f:05d}.parquet"))
@@ -143,12 +153,15 @@ def write_jsonl(directory, records, files, record_bytes=500, seed=0, shares=None
     def render(block_start, n):
         rng = np.random.default_rng([seed, 2, block_start])
         lengths = rng.integers(low, high, n)
-        labels = (rng.integers(0, 10, n) if shares is None else class_labels(rng, n, shares)).tolist()
+        labels = (
+            rng.integers(0, 10, n) if shares is None else class_labels(rng, n, shares)
+        ).tolist()
         ends = np.cumsum(lengths).tolist()
         pool = rng.integers(97, 123, size=int(ends[-1]), dtype=np.uint8).tobytes()
         starts = [0] + ends[:-1]
         return b"".join(
-            b'{"index": %d, "label": %d, "text": "%s"}\n' % (block_start + i, labels[i], pool[starts[i] : ends[i]])
+            b'{"index": %d, "label": %d, "text": "%s"}\n'
+            % (block_start + i, labels[i], pool[starts[i] : ends[i]])
             for i in range(n)
         )
 
@@ -158,9 +171,15 @@ def write_jsonl(directory, records, files, record_bytes=500, seed=0, shares=None
 # ~1 GB of tar: a sample is ~5.8 KB of it (3 headers, a ~3,000-byte jpg, cls and json, each padded to 512 B)
 TAR_SAMPLES_PER_GB = 172_000
 TAR_JPG_BYTES = 3000  # the tar sets' record_bytes: a sample's mean jpg size
-TAR_BLOCK_SAMPLES = 10_000  # samples per rendered block (~58 MB of tar); both tar sets draw per block: keep equal
-JPG_SPREAD = 500  # a sample's jpg has record_bytes +- this many bytes: sizes vary a little, like photos'
-CLASSES = 10  # sample i of N has class i * CLASSES // N: in order, a capture written one class at a time
+TAR_BLOCK_SAMPLES = (
+    10_000  # samples per rendered block (~58 MB of tar); both tar sets draw per block: keep equal
+)
+JPG_SPREAD = (
+    500  # a sample's jpg has record_bytes +- this many bytes: sizes vary a little, like photos'
+)
+CLASSES = (
+    10  # sample i of N has class i * CLASSES // N: in order, a capture written one class at a time
+)
 ZEROS = bytes(tarfile.BLOCKSIZE)
 
 
@@ -170,16 +189,28 @@ def tar_samples(block_start, n, records, jpg_bytes, seed):
     ends = np.cumsum(rng.integers(jpg_bytes - JPG_SPREAD, jpg_bytes + JPG_SPREAD + 1, n)).tolist()
     pool = rng.bytes(ends[-1])
     starts = [0] + ends[:-1]
-    return [(f"{i:09d}", [("jpg", pool[starts[k] : ends[k]]), ("cls", b"%d" % (i * CLASSES // records)),
-                          ("json", b'{"index": %d}' % i)])
-            for k, i in enumerate(range(block_start, block_start + n))]
+    return [
+        (
+            f"{i:09d}",
+            [
+                ("jpg", pool[starts[k] : ends[k]]),
+                ("cls", b"%d" % (i * CLASSES // records)),
+                ("json", b'{"index": %d}' % i),
+            ],
+        )
+        for k, i in enumerate(range(block_start, block_start + n))
+    ]
 
 
 def tar_member(name, data):
     """[header, data, padding] of one member: the USTAR header ``tarfile`` writes (mode 0o644, mtime 0)."""
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), 0o644, 0
-    return [info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict"), data, ZEROS[: -len(data) % tarfile.BLOCKSIZE]]
+    return [
+        info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict"),
+        data,
+        ZEROS[: -len(data) % tarfile.BLOCKSIZE],
+    ]
 
 
 def end_tar(handle):
@@ -192,8 +223,12 @@ def write_tar(directory, records, files, record_bytes=3000, seed=0):
     """WebDataset shards: ``records`` samples (jpg of about ``record_bytes``, cls, json)."""
 
     def render(block_start, n):
-        return b"".join(part for key, members in tar_samples(block_start, n, records, record_bytes, seed)
-                        for ext, data in members for part in tar_member(f"{key}.{ext}", data))
+        return b"".join(
+            part
+            for key, members in tar_samples(block_start, n, records, record_bytes, seed)
+            for ext, data in members
+            for part in tar_member(f"{key}.{ext}", data)
+        )
 
     _write_blocks(directory, records, files, "tar", render, TAR_BLOCK_SAMPLES, end_tar)
 
@@ -201,24 +236,45 @@ def write_tar(directory, records, files, record_bytes=3000, seed=0):
 def tfrecord_frame(payload):
     """One TFRecord: length, its masked CRC, ``payload``, its masked CRC."""
     length = struct.pack("<Q", len(payload))
-    return b"".join((length, struct.pack("<I", masked_crc(length)), payload, struct.pack("<I", masked_crc(payload))))
+    return b"".join(
+        (
+            length,
+            struct.pack("<I", masked_crc(length)),
+            payload,
+            struct.pack("<I", masked_crc(payload)),
+        )
+    )
 
 
 def write_tar_as_tfrecord(directory, records, files, record_bytes=3000, seed=0):
     """The tar set's samples as TFRecords: one per sample, payload = its jpg + cls + json data."""
 
     def render(block_start, n):
-        return b"".join(tfrecord_frame(b"".join(data for _, data in members))
-                        for _, members in tar_samples(block_start, n, records, record_bytes, seed))
+        return b"".join(
+            tfrecord_frame(b"".join(data for _, data in members))
+            for _, members in tar_samples(block_start, n, records, record_bytes, seed)
+        )
 
     _write_blocks(directory, records, files, "tfrecord", render, TAR_BLOCK_SAMPLES)
 
 
-WRITERS = {"tfrecord": write_tfrecord, "parquet": write_parquet, "jsonl": write_jsonl, "tar": write_tar,
-           "tar-as-tfrecord": write_tar_as_tfrecord}
-SUFFIX = {"tfrecord": "tfrecord", "parquet": "parquet", "jsonl": "jsonl", "tar": "tar",
-          "tar-as-tfrecord": "tfrecord"}
-FILE_FORMAT = {"tar-as-tfrecord": "tfrecord"}  # the pileshuffle format of a set's files, where not its name
+WRITERS = {
+    "tfrecord": write_tfrecord,
+    "parquet": write_parquet,
+    "jsonl": write_jsonl,
+    "tar": write_tar,
+    "tar-as-tfrecord": write_tar_as_tfrecord,
+}
+SUFFIX = {
+    "tfrecord": "tfrecord",
+    "parquet": "parquet",
+    "jsonl": "jsonl",
+    "tar": "tar",
+    "tar-as-tfrecord": "tfrecord",
+}
+FILE_FORMAT = {
+    "tar-as-tfrecord": "tfrecord"
+}  # the pileshuffle format of a set's files, where not its name
 
 
 def _located(info: dict, directory: str) -> dict:
@@ -231,11 +287,22 @@ def _located(info: dict, directory: str) -> dict:
 def dataset(root, fmt, records, files, record_bytes, seed=0, log=print, shares=None):
     """The directory of a cached data set (generated if missing); returns its description.
     ``shares``: imbalanced labels (JSONL, Parquet; module docstring)."""
-    name = f"{fmt}-{records}x{record_bytes}-{files}f-s{seed}" + ("" if shares is None else "-c" + "-".join(map(str, shares)))
-    directory = os.path.abspath(os.path.join(root, name))  # the description holds absolute paths: any cwd reads it
+    name = f"{fmt}-{records}x{record_bytes}-{files}f-s{seed}" + (
+        "" if shares is None else "-c" + "-".join(map(str, shares))
+    )
+    directory = os.path.abspath(
+        os.path.join(root, name)
+    )  # the description holds absolute paths: any cwd reads it
     stamp = os.path.join(directory, "dataset.json")
-    params = {"version": VERSION, "format": fmt, "records": records, "files": files, "record_bytes": record_bytes, "seed": seed,
-              **({} if shares is None else {"shares": list(shares)})}
+    params = {
+        "version": VERSION,
+        "format": fmt,
+        "records": records,
+        "files": files,
+        "record_bytes": record_bytes,
+        "seed": seed,
+        **({} if shares is None else {"shares": list(shares)}),
+    }
     if os.path.exists(stamp):
         with open(stamp) as handle:
             info = json.load(handle)
@@ -245,7 +312,14 @@ def dataset(root, fmt, records, files, record_bytes, seed=0, log=print, shares=N
     os.makedirs(directory)
     log(f"generating {name} ...")
     started = time.perf_counter()
-    WRITERS[fmt](directory, records, files, record_bytes, seed, **({} if shares is None else {"shares": shares}))
+    WRITERS[fmt](
+        directory,
+        records,
+        files,
+        record_bytes,
+        seed,
+        **({} if shares is None else {"shares": shares}),
+    )
     paths = sorted(glob.glob(os.path.join(directory, f"*.{SUFFIX[fmt]}")))
     info = {
         "name": name,

@@ -28,7 +28,11 @@ def megabytes(limit: str) -> float:
 
 
 def query(fmt: str, pattern: str, output: str) -> str:
-    source = f"read_parquet('{pattern}')" if fmt == "parquet" else f"read_json('{pattern}', format='newline_delimited')"
+    source = (
+        f"read_parquet('{pattern}')"
+        if fmt == "parquet"
+        else f"read_json('{pattern}', format='newline_delimited')"
+    )
     options = "FORMAT parquet, COMPRESSION snappy" if fmt == "parquet" else "FORMAT json"
     return f"COPY (SELECT * FROM {source} ORDER BY random()) TO '{output}' ({options})"
 
@@ -36,7 +40,10 @@ def query(fmt: str, pattern: str, output: str) -> str:
 def shuffle(fmt: str, pattern: str, output: str, memory_limit: str, threads: int) -> float:
     config = {"threads": threads}
     if memory_limit:
-        config |= {"memory_limit": memory_limit, "temp_directory": os.path.join(os.path.dirname(output), "spill")}
+        config |= {
+            "memory_limit": memory_limit,
+            "temp_directory": os.path.join(os.path.dirname(output), "spill"),
+        }
     started = time.perf_counter()
     with duckdb.connect(config=config) as connection:
         connection.execute(query(fmt, pattern, output))
@@ -44,11 +51,17 @@ def shuffle(fmt: str, pattern: str, output: str, memory_limit: str, threads: int
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--format", choices=sorted(SUFFIX), required=True)
     parser.add_argument("--input", required=True)
-    parser.add_argument("--output", required=True, help="output prefix: writes PREFIX.parquet or PREFIX.jsonl")
-    parser.add_argument("--memory_limit", default="", help="e.g. 1GB: out of core (default: DuckDB's, 80%% of RAM)")
+    parser.add_argument(
+        "--output", required=True, help="output prefix: writes PREFIX.parquet or PREFIX.jsonl"
+    )
+    parser.add_argument(
+        "--memory_limit", default="", help="e.g. 1GB: out of core (default: DuckDB's, 80%% of RAM)"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args(argv)
     output = args.output + SUFFIX[args.format]
@@ -62,7 +75,9 @@ def main(argv=None):
             if not limit or megabytes(limit) * 2 > MAX_LIMIT_GB * 1000:
                 raise
             limit = f"{megabytes(limit) * 2:g}MB"
-    print(json.dumps({"seconds": seconds, "memory_limit": limit or "default", "attempts": attempts}))
+    print(
+        json.dumps({"seconds": seconds, "memory_limit": limit or "default", "attempts": attempts})
+    )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,14 @@ from workspace import OUT, PY, log  # noqa: E402
 
 WORK = os.path.join(OUT, "exits")
 LOAD_SECONDS = 3.0
-BOUNDS = {"run-sigint": 10.0, "loader-sigint": 1.5, "loader-stop": 1.5, "dask-unreachable": 30.0,
-          "plan-refusal-cpu": 1.0, **{f"gcs-no-endpoint-{c}": 30.0 for c in ("run", "verify", "loader", "generate")}}
+BOUNDS = {
+    "run-sigint": 10.0,
+    "loader-sigint": 1.5,
+    "loader-stop": 1.5,
+    "dask-unreachable": 30.0,
+    "plan-refusal-cpu": 1.0,
+    **{f"gcs-no-endpoint-{c}": 30.0 for c in ("run", "verify", "loader", "generate")},
+}
 
 SLOW_LOADER = r"""
 import sys, time
@@ -88,16 +94,40 @@ def prepare() -> tuple:
     shutil.rmtree(WORK, ignore_errors=True)
     sample.write_tfrecord(os.path.join(WORK, "in"), records=60_000, files=4, record_bytes=500)
     pattern, output = os.path.join(WORK, "in", "*.tfrecord"), os.path.join(WORK, "done", "data")
-    subprocess.run([PY, "-m", "pileshuffle", "run", f"--input={pattern}", f"--output={output}", "--num_piles=6",
-                    "--quiet"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            PY,
+            "-m",
+            "pileshuffle",
+            "run",
+            f"--input={pattern}",
+            f"--output={output}",
+            "--num_piles=6",
+            "--quiet",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return pattern, output
 
 
 def run_sigint(pattern: str) -> float:
     output = os.path.join(WORK, "interrupted", "data")
     shutil.rmtree(os.path.dirname(output), ignore_errors=True)
-    process = subprocess.Popen([PY, "-m", "pileshuffle", "run", f"--input={pattern}", f"--output={output}",
-                                "--num_piles=6", "--memory=1MiB", "--quiet"], stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "pileshuffle",
+            "run",
+            f"--input={pattern}",
+            f"--output={output}",
+            "--num_piles=6",
+            "--memory=1MiB",
+            "--quiet",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     runs = os.path.join(os.path.dirname(output), ".pileshuffle-work-*", "fragments", "*")
     while not glob.glob(runs):  # pass 1 has written runs
         if process.poll() is not None:
@@ -111,8 +141,12 @@ def run_sigint(pattern: str) -> float:
 
 
 def slow_loader(output: str, how: str) -> float:
-    process = subprocess.Popen([PY, "-c", SLOW_LOADER, output, str(LOAD_SECONDS), how], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(
+        [PY, "-c", SLOW_LOADER, output, str(LOAD_SECONDS), how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     if process.stdout.readline() != "reading\n":
         raise SystemExit(f"loader-{how}: the loader did not start")
     cue = time.perf_counter()
@@ -127,7 +161,9 @@ def slow_loader(output: str, how: str) -> float:
 def failing(argv, env=None) -> float:
     """Seconds from start to exit of a command that must fail; it must fail."""
     started = time.perf_counter()
-    done = subprocess.run([PY, *argv], capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [PY, *argv], capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})}
+    )
     if done.returncode == 0:
         raise SystemExit(f"{argv}: succeeded where it must fail")
     return time.perf_counter() - started
@@ -135,33 +171,66 @@ def failing(argv, env=None) -> float:
 
 def no_endpoint(command: str) -> float:
     where = "gs://no-such-endpoint-bucket/out/t"
-    argv = {"run": ["-m", "pileshuffle", "run", f"--input={where}-in*", f"--output={where}"],
-            "verify": ["-m", "pileshuffle", "verify", f"--output={where}"],
-            "loader": ["-c", LOADER, where],
-            "generate": ["-m", "pileshuffle", "generate", f"--output_dir={where}", "--records=10", "--files=1"]}[command]
+    argv = {
+        "run": ["-m", "pileshuffle", "run", f"--input={where}-in*", f"--output={where}"],
+        "verify": ["-m", "pileshuffle", "verify", f"--output={where}"],
+        "loader": ["-c", LOADER, where],
+        "generate": [
+            "-m",
+            "pileshuffle",
+            "generate",
+            f"--output_dir={where}",
+            "--records=10",
+            "--files=1",
+        ],
+    }[command]
     return failing(argv, {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{closed_port()}"})
 
 
 def dask_unreachable(pattern: str) -> float:
-    return failing(["-m", "pileshuffle", "run", f"--input={pattern}", f"--output={WORK}/dask/t", "--runner=DaskRunner",
-                    f"--dask_client_address=tcp://127.0.0.1:{closed_port()}", "--quiet"])
+    return failing(
+        [
+            "-m",
+            "pileshuffle",
+            "run",
+            f"--input={pattern}",
+            f"--output={WORK}/dask/t",
+            "--runner=DaskRunner",
+            f"--dask_client_address=tcp://127.0.0.1:{closed_port()}",
+            "--quiet",
+        ]
+    )
 
 
 def plan_refusal_cpu(pattern: str) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    failing(["-m", "pileshuffle", "plan", f"--input={pattern}", f"--output={WORK}/never/t", "--num_piles=1000000000"])
+    failing(
+        [
+            "-m",
+            "pileshuffle",
+            "plan",
+            f"--input={pattern}",
+            f"--output={WORK}/never/t",
+            "--num_piles=1000000000",
+        ]
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def rows(pattern: str, output: str) -> dict:
     """Row name -> a function measuring it once."""
-    return {"run-sigint": lambda: run_sigint(pattern),
-            "loader-sigint": lambda: slow_loader(output, "sigint"),
-            "loader-stop": lambda: slow_loader(output, "stop"),
-            **{f"gcs-no-endpoint-{c}": (lambda c=c: no_endpoint(c)) for c in ("run", "verify", "loader", "generate")},
-            "dask-unreachable": lambda: dask_unreachable(pattern),
-            "plan-refusal-cpu": lambda: plan_refusal_cpu(pattern)}
+    return {
+        "run-sigint": lambda: run_sigint(pattern),
+        "loader-sigint": lambda: slow_loader(output, "sigint"),
+        "loader-stop": lambda: slow_loader(output, "stop"),
+        **{
+            f"gcs-no-endpoint-{c}": (lambda c=c: no_endpoint(c))
+            for c in ("run", "verify", "loader", "generate")
+        },
+        "dask-unreachable": lambda: dask_unreachable(pattern),
+        "plan-refusal-cpu": lambda: plan_refusal_cpu(pattern),
+    }
 
 
 def main(argv=None):
@@ -179,8 +248,10 @@ def main(argv=None):
     print("|---|---|---|---|---|---|")
     for name, seen in times.items():
         median = statistics.median(seen)
-        print(f"| {name} | {median:.2f} | {min(seen):.2f} | {max(seen):.2f} | {BOUNDS[name]:g} | "
-              f"{'yes' if max(seen) < BOUNDS[name] else 'NO'} |")
+        print(
+            f"| {name} | {median:.2f} | {min(seen):.2f} | {max(seen):.2f} | {BOUNDS[name]:g} | "
+            f"{'yes' if max(seen) < BOUNDS[name] else 'NO'} |"
+        )
     shutil.rmtree(WORK, ignore_errors=True)
 
 

@@ -34,7 +34,9 @@ print(*times)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mb", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--pause", type=float, default=3.0)
@@ -43,15 +45,21 @@ def main(argv=None):
         parser.error("--mb and --rounds need at least 1")
     first, again = [], []
     for index in range(args.rounds):
-        out = subprocess.run([sys.executable, "-c", CHILD, str(args.mb), HERE], capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(args.mb), HERE],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         a, b = map(float, out.stdout.split())
         first.append(a)
         again.append(b)
         print(f"round {index + 1}: first touch {a:.2f} ms/MB, again {b:.2f} ms/MB", flush=True)
         time.sleep(args.pause)
-    print(f"first touch: median {statistics.median(first):.2f} ms/MB, range {min(first):.2f}-{max(first):.2f}; "
-          f"again: median {statistics.median(again):.2f}, range {min(again):.2f}-{max(again):.2f}")
+    print(
+        f"first touch: median {statistics.median(first):.2f} ms/MB, range {min(first):.2f}-{max(first):.2f}; "
+        f"again: median {statistics.median(again):.2f}, range {min(again):.2f}-{max(again):.2f}"
+    )
     return 0
 
 

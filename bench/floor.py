@@ -86,12 +86,16 @@ def tfrecord_frames(buf: bytes, path: str, offset: int):
         first = bounds[:-1]
         stored_length_crc = raw[first[:, None] + np.arange(8, 12)].copy().view("<u4").ravel()
         stored_data_crc = raw[bounds[1:, None] + np.arange(-4, 0)].copy().view("<u4").ravel()
-        checks = ((stored_length_crc, crc32c_of_8(raw, first), "length"),
-                  (stored_data_crc, np.array(data_crcs, dtype=np.uint64), "data"))
+        checks = (
+            (stored_length_crc, crc32c_of_8(raw, first), "length"),
+            (stored_data_crc, np.array(data_crcs, dtype=np.uint64), "data"),
+        )
         for stored, computed, what in checks:
             bad = np.flatnonzero(unmask(stored) != computed)
             if len(bad):
-                raise CorruptInput(f"{path}: record at byte {offset + int(bounds[bad[0]])} fails its {what} CRC")
+                raise CorruptInput(
+                    f"{path}: record at byte {offset + int(bounds[bad[0]])} fails its {what} CRC"
+                )
     return bounds
 
 
@@ -102,14 +106,22 @@ def line_bounds(buf) -> np.ndarray:
 
 def binary_array(buf, bounds: np.ndarray) -> pa.Array:
     """Zero-copy binary array over ``buf`` split at ``bounds`` (bounds[0] may be > 0)."""
-    return pa.Array.from_buffers(pa.binary(), len(bounds) - 1, [None, pa.py_buffer(bounds.astype(np.int32)), pa.py_buffer(buf)])
+    return pa.Array.from_buffers(
+        pa.binary(),
+        len(bounds) - 1,
+        [None, pa.py_buffer(bounds.astype(np.int32)), pa.py_buffer(buf)],
+    )
 
 
 def array_bytes(array: pa.Array):
     """(data buffer, sizes) of a binary array (take() output: offset 0, contiguous)."""
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset : array.offset + len(array) + 1]
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[
+        array.offset : array.offset + len(array) + 1
+    ]
     data = array.buffers()[2]
-    return data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), np.diff(offsets).astype(np.uint32)
+    return data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), np.diff(offsets).astype(
+        np.uint32
+    )
 
 
 class BlockReader:
@@ -184,13 +196,17 @@ def shuffle_bytes(paths, fmt, output, num_piles, seed, work):
             records += len(array)
             taken, bounds = split_by_pile(rng, array, num_piles)
             for p in np.flatnonzero(np.diff(bounds)).tolist():
-                data, sizes = array_bytes(taken.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p])))
+                data, sizes = array_bytes(
+                    taken.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p]))
+                )
                 data_files[p].write(data)
                 size_files[p].write(sizes.data)
     for handle in data_files + size_files:
         handle.close()
     t1 = time.perf_counter()
-    largest = max(os.path.getsize(os.path.join(work, f"pile-{p:05d}.dat")) for p in range(num_piles))
+    largest = max(
+        os.path.getsize(os.path.join(work, f"pile-{p:05d}.dat")) for p in range(num_piles)
+    )
     pile_buffer = np.empty(max(1, largest), dtype=np.uint8)  # one buffer for every pile
     for p in range(num_piles):
         with open(os.path.join(work, f"pile-{p:05d}.dat"), "rb", buffering=0) as handle:
@@ -217,8 +233,12 @@ def shuffle_parquet(paths, output, num_piles, seed, work):
     for path in paths:
         parquet = pq.ParquetFile(path)
         meta = parquet.metadata
-        row_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)) / max(1, meta.num_rows)
-        for batch in parquet.iter_batches(batch_size=max(1, int(CHUNK_BYTES / max(1.0, row_bytes))), use_threads=False):
+        row_bytes = sum(
+            meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)
+        ) / max(1, meta.num_rows)
+        for batch in parquet.iter_batches(
+            batch_size=max(1, int(CHUNK_BYTES / max(1.0, row_bytes))), use_threads=False
+        ):
             records += batch.num_rows
             taken, bounds = split_by_pile(rng, batch, num_piles)
             for p in np.flatnonzero(np.diff(bounds)).tolist():
@@ -232,8 +252,14 @@ def shuffle_parquet(paths, output, num_piles, seed, work):
         with pa.memory_map(pile_path) as source:
             table = pa.ipc.open_stream(source).read_all()
         shuffled = table.take(rng.permutation(table.num_rows))
-        pq.write_table(shuffled, shard_path(output, p, num_piles, "parquet"), compression="snappy",
-                       row_group_size=max(1, int((64 << 20) / max(1.0, shuffled.nbytes / max(1, shuffled.num_rows)))))
+        pq.write_table(
+            shuffled,
+            shard_path(output, p, num_piles, "parquet"),
+            compression="snappy",
+            row_group_size=max(
+                1, int((64 << 20) / max(1.0, shuffled.nbytes / max(1, shuffled.num_rows)))
+            ),
+        )
         del table, shuffled
         os.remove(pile_path)
     return records, t1 - t0, time.perf_counter() - t1
@@ -244,7 +270,9 @@ def shard_path(output, index, num_piles, fmt):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--format", choices=sorted(SUFFIX), required=True)
     parser.add_argument("--input", required=True, help="glob of input files (read in sorted order)")
     parser.add_argument("--output", required=True, help="output prefix")
@@ -261,21 +289,29 @@ def main(argv=None):
     os.makedirs(work)
     try:
         if args.format == "parquet":
-            records, pass1, pass2 = shuffle_parquet(paths, args.output, args.num_piles, args.seed, work)
+            records, pass1, pass2 = shuffle_parquet(
+                paths, args.output, args.num_piles, args.seed, work
+            )
         else:
-            records, pass1, pass2 = shuffle_bytes(paths, args.format, args.output, args.num_piles, args.seed, work)
+            records, pass1, pass2 = shuffle_bytes(
+                paths, args.format, args.output, args.num_piles, args.seed, work
+            )
     except CorruptInput as error:
         sys.exit(f"floor: {error}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({
-        "records": records,
-        "input_bytes": sum(os.path.getsize(p) for p in paths),
-        "num_piles": args.num_piles,
-        "pass1_seconds": round(pass1, 3),
-        "pass2_seconds": round(pass2, 3),
-        "seconds": round(time.perf_counter() - started, 3),
-    }))
+    print(
+        json.dumps(
+            {
+                "records": records,
+                "input_bytes": sum(os.path.getsize(p) for p in paths),
+                "num_piles": args.num_piles,
+                "pass1_seconds": round(pass1, 3),
+                "pass2_seconds": round(pass2, 3),
+                "seconds": round(time.perf_counter() - started, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

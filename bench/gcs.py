@@ -39,8 +39,16 @@ from workspace import DATA, MB, OUT, PY, log, pileshuffle_command  # noqa: E402
 
 BUCKET = "pileshuffle-bench"
 BATCH = 256
-ROWS = ["run-local", "run-gcs", "epoch-local", "epoch-gcs", "epoch-gcs-cache-cold", "epoch-gcs-cache-warm"]
-EPOCH_CHILD = """
+ROWS = [
+    "run-local",
+    "run-gcs",
+    "epoch-local",
+    "epoch-gcs",
+    "epoch-gcs-cache-cold",
+    "epoch-gcs-cache-warm",
+]
+EPOCH_CHILD = (
+    """
 import json, sys, time
 from pileshuffle.loader import ShuffledDataset
 path, cache = sys.argv[1], sys.argv[2] or None
@@ -48,7 +56,9 @@ ds = ShuffledDataset(path, seed=3, epoch=1, **({"cache_dir": cache, "cache_limit
 started = time.perf_counter()
 records = sum(len(b) for b in ds.batches(%d))
 print(json.dumps({"seconds": time.perf_counter() - started, "records": records}))
-""" % BATCH
+"""
+    % BATCH
+)
 
 
 def free_port() -> int:
@@ -61,8 +71,21 @@ def start_emulator():
     """``(process, endpoint)`` of an in-memory emulator holding BUCKET."""
     port = free_port()
     script = os.path.join(os.path.dirname(PY), "gcp-storage-emulator")
-    process = subprocess.Popen([script, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory",
-                                "--default-bucket", BUCKET], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            script,
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--in-memory",
+            "--default-bucket",
+            BUCKET,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return answering(process, port)
 
 
@@ -91,7 +114,10 @@ def upload(directory: str, prefix: str):
 
     for name in sorted(os.listdir(directory)):
         if name.endswith(".tfrecord"):
-            with open(os.path.join(directory, name), "rb") as source, storage.open_write(f"{prefix}/{name}") as target:
+            with (
+                open(os.path.join(directory, name), "rb") as source,
+                storage.open_write(f"{prefix}/{name}") as target,
+            ):
                 shutil.copyfileobj(source, target, 16 * 2**20)
 
 
@@ -102,7 +128,15 @@ def shard_bytes(prefix: str) -> int:
 
 
 def row_command(name: str, where: dict) -> list:
-    run = pileshuffle_command() + ["run", "--num_piles", "4", "--seed", "1", "--overwrite", "--quiet"]
+    run = pileshuffle_command() + [
+        "run",
+        "--num_piles",
+        "4",
+        "--seed",
+        "1",
+        "--overwrite",
+        "--quiet",
+    ]
     if name == "run-local":
         return run + ["--input", f"{where['local_in']}/*.tfrecord", "--output", where["local_out"]]
     if name == "run-gcs":
@@ -113,11 +147,15 @@ def row_command(name: str, where: dict) -> list:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mb", type=int, default=256, help="MB of TFRecord input (default 256)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows (default: all, in order)")
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help="comma-separated rows (default: all, in order)"
+    )
     args = parser.parse_args(argv)
     rows = [r for r in args.rows.split(",") if r]
 
@@ -126,8 +164,13 @@ def main(argv=None):
     work = os.path.join(OUT, "gcs")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    where = {"local_in": local_input(args.mb), "gcs_in": f"gs://{BUCKET}/in", "local_out": os.path.join(work, "t"),
-             "gcs_out": f"gs://{BUCKET}/out/t", "cache": os.path.join(work, "cache")}
+    where = {
+        "local_in": local_input(args.mb),
+        "gcs_in": f"gs://{BUCKET}/in",
+        "local_out": os.path.join(work, "t"),
+        "gcs_out": f"gs://{BUCKET}/out/t",
+        "cache": os.path.join(work, "cache"),
+    }
     try:
         upload(where["local_in"], where["gcs_in"])
         results = {name: [] for name in rows}
@@ -138,24 +181,39 @@ def main(argv=None):
                 log(f"round {round_number + 1}/{args.repeat}: {name}")
                 measured = measure(row_command(name, where), f"gcs-{name}", args.timeout)
                 if measured.returncode != 0:
-                    raise SystemExit(f"{name} failed ({measured.returncode}): see bench/.out/logs/gcs-{name}.err")
+                    raise SystemExit(
+                        f"{name} failed ({measured.returncode}): see bench/.out/logs/gcs-{name}.err"
+                    )
                 inside = stdout_json(f"gcs-{name}")
-                results[name].append({"seconds": inside.get("seconds", measured.wall), "peak_mb": measured.peak_rss / MB})
+                results[name].append(
+                    {
+                        "seconds": inside.get("seconds", measured.wall),
+                        "peak_mb": measured.peak_rss / MB,
+                    }
+                )
         report(results, shard_bytes(where["local_out"]), args)
     finally:
         emulator.kill()
 
 
 def report(results: dict, nbytes: int, args):
-    lines = [f"Cloud Storage bench: {args.mb} MB TFRecord, emulator at STORAGE_EMULATOR_HOST, "
-             f"median of {args.repeat} round(s)", "",
-             "| row | median s | MB/s | x local | peak MB |", "|---|---|---|---|---|"]
-    medians = {name: statistics.median(r["seconds"] for r in runs) for name, runs in results.items()}
+    lines = [
+        f"Cloud Storage bench: {args.mb} MB TFRecord, emulator at STORAGE_EMULATOR_HOST, "
+        f"median of {args.repeat} round(s)",
+        "",
+        "| row | median s | MB/s | x local | peak MB |",
+        "|---|---|---|---|---|",
+    ]
+    medians = {
+        name: statistics.median(r["seconds"] for r in runs) for name, runs in results.items()
+    }
     for name, runs in results.items():
         local = medians.get("run-local" if name.startswith("run") else "epoch-local")
         ratio = f"{local / medians[name]:.2f}" if local else "-"
-        lines.append(f"| {name} | {medians[name]:.2f} | {nbytes / MB / medians[name]:.0f} | {ratio} | "
-                     f"{max(r['peak_mb'] for r in runs):.0f} |")
+        lines.append(
+            f"| {name} | {medians[name]:.2f} | {nbytes / MB / medians[name]:.0f} | {ratio} | "
+            f"{max(r['peak_mb'] for r in runs):.0f} |"
+        )
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(OUT, "gcs-results.md"), "w") as handle:

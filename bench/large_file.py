@@ -19,13 +19,15 @@ import statistics
 import sys
 
 import pyarrow.parquet as pq
-
 from datagen import dataset
 from measure import measure_run
 from workspace import DATA, OUT
 
 ROW_GROUP_ROWS = 16_384
-SETS = {"jsonl": (2_000_000, 500), "parquet": (1_000_000, 1000)}  # records, bytes per record at scale 1
+SETS = {
+    "jsonl": (2_000_000, 500),
+    "parquet": (1_000_000, 1000),
+}  # records, bytes per record at scale 1
 
 
 def one_file(info) -> str:
@@ -52,13 +54,28 @@ def one_file(info) -> str:
 
 def run(fmt, pattern, name, files):
     out = os.path.join(OUT, "large_file", name)
-    cmd = [sys.executable, "-m", "pileshuffle", "run", "--input", pattern, "--output", os.path.join(out, "s"),
-           "--num_piles", "16", "--seed", "1", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pileshuffle",
+        "run",
+        "--input",
+        pattern,
+        "--output",
+        os.path.join(out, "s"),
+        "--num_piles",
+        "16",
+        "--seed",
+        "1",
+        "--quiet",
+    ]
     return measure_run(cmd, f"large_file-{name}", out, files)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="GB of each format (default 1)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--formats", nargs="+", default=list(SETS))
@@ -80,7 +97,9 @@ def main(argv=None):
             peak = max(m.peak_rss for m in got) / 1e9
             ratio = f"{wall['one file'] / wall['8 files']:.2f}x" if name == "one file" else ""
             size = sum(os.path.getsize(f) for f in inputs[name][1]) / 1e9
-            print(f"| {fmt} | {name} ({size:.2f} GB) | {wall[name]:.1f} s | {cores:.2f} | {peak:.2f} GB | {ratio} |")
+            print(
+                f"| {fmt} | {name} ({size:.2f} GB) | {wall[name]:.1f} s | {cores:.2f} | {peak:.2f} GB | {ratio} |"
+            )
 
 
 if __name__ == "__main__":

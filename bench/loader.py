@@ -65,14 +65,24 @@ from workspace import MB, OUT, log  # noqa: E402
 
 
 def argument_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scale", type=int, default=1, help="GB of each format (default 1)")
-    parser.add_argument("--quick", action="store_true", help=f"1/{QUICK_DIVISOR} of the sizes (smoke run)")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds: every row once per round (default 3)")
-    parser.add_argument("--only", default="", help="comma-separated row names or globs (see --list)")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"1/{QUICK_DIVISOR} of the sizes (smoke run)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="rounds: every row once per round (default 3)"
+    )
+    parser.add_argument(
+        "--only", default="", help="comma-separated row names or globs (see --list)"
+    )
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--row", help=argparse.SUPPRESS)  # the child's side of one row (loader_measure.measure_row)
+    parser.add_argument(
+        "--row", help=argparse.SUPPRESS
+    )  # the child's side of one row (loader_measure.measure_row)
     parser.add_argument("--mix", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--mark", help=argparse.SUPPRESS)
@@ -86,20 +96,31 @@ def main(argv=None):
         run_row_here(args.row, json.loads(args.data), args.mix, args.touch_mb, args.mark)
         return 0
     only = [p.strip() for p in args.only.split(",") if p.strip()]
-    plan = [p for p in row_plan() if not only or any(fnmatch.fnmatch(p[0], o) or p[0] == o for o in only)]
+    plan = [
+        p
+        for p in row_plan()
+        if not only or any(fnmatch.fnmatch(p[0], o) or p[0] == o for o in only)
+    ]
     if args.list:
         print("\n".join(p[0] for p in row_plan()))
         return 0
     data, reads = plan_data(plan, args.scale, args.quick)
-    title = (f"pileshuffle loader bench: scale {args.scale}{' (quick)' if args.quick else ''}, batches of {BATCH}, "
-             + "; ".join(f"{d['format']} {d['records']:,} records, {d['bytes'] / MB:,.0f} MB in {d['piles']} piles "
-                         f"of {pile_bytes(d) / MB:,.0f} MB" for d in data.values()))
+    title = (
+        f"pileshuffle loader bench: scale {args.scale}{' (quick)' if args.quick else ''}, batches of {BATCH}, "
+        + "; ".join(
+            f"{d['format']} {d['records']:,} records, {d['bytes'] / MB:,.0f} MB in {d['piles']} piles "
+            f"of {pile_bytes(d) / MB:,.0f} MB"
+            for d in data.values()
+        )
+    )
     print(title, flush=True)
     attempts = {name: [] for name, *_ in plan}
     for round_index in range(args.repeat):
         log(f"round {round_index + 1} of {args.repeat}")
         for name, kind, mix, fmt in plan:
-            attempts[name].append(measure_row(name, kind, mix, reads[name], args.timeout, args.touch_mb))
+            attempts[name].append(
+                measure_row(name, kind, mix, reads[name], args.timeout, args.touch_mb)
+            )
     rows = fastest_rounds(plan, attempts)
     add_ratios_and_targets(rows, data)
     print()
@@ -110,8 +131,17 @@ def main(argv=None):
     print(f"\ncommand: python bench/loader.py {' '.join(given)}".rstrip())
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "loader-results.json"), "w") as handle:
-        json.dump({"title": title, "command": given, "touch_mb": args.touch_mb, "data": data, "rows": rows}, handle,
-                  indent=1)
+        json.dump(
+            {
+                "title": title,
+                "command": given,
+                "touch_mb": args.touch_mb,
+                "data": data,
+                "rows": rows,
+            },
+            handle,
+            indent=1,
+        )
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

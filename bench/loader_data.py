@@ -20,23 +20,53 @@ def shuffled_output(fmt, scale, quick, seed=SEED):
     import datagen
 
     div = QUICK_DIVISOR if quick else 1
-    per_gb, record_bytes = (datagen.TAR_SAMPLES_PER_GB, datagen.TAR_JPG_BYTES) if fmt == "tar" else (1_000_000, 1000)
+    per_gb, record_bytes = (
+        (datagen.TAR_SAMPLES_PER_GB, datagen.TAR_JPG_BYTES) if fmt == "tar" else (1_000_000, 1000)
+    )
     piles = max(1, PILES_PER_GB * scale // div)
-    source = datagen.dataset(DATA, fmt, per_gb * scale // div, 8 * scale, record_bytes, seed=0, log=log)
-    directory = os.path.join(DATA, f"loader-{source['name']}-p{piles}" + (f"-s{seed}" if seed != SEED else ""))
+    source = datagen.dataset(
+        DATA, fmt, per_gb * scale // div, 8 * scale, record_bytes, seed=0, log=log
+    )
+    directory = os.path.join(
+        DATA, f"loader-{source['name']}-p{piles}" + (f"-s{seed}" if seed != SEED else "")
+    )
     prefix = os.path.join(directory, "train")
     if not os.path.exists(prefix + "-manifest.json"):
         shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory)
         log(f"shuffling {source['name']} into {piles} piles ...")
-        subprocess.run([PY, "-m", "pileshuffle", "run", "--input", source["pattern"], "--output", prefix,
-                        "--format", fmt, "--num_piles", str(piles), "--seed", str(seed)],
-                       check=True, cwd=REPO, env=child_env())
+        subprocess.run(
+            [
+                PY,
+                "-m",
+                "pileshuffle",
+                "run",
+                "--input",
+                source["pattern"],
+                "--output",
+                prefix,
+                "--format",
+                fmt,
+                "--num_piles",
+                str(piles),
+                "--seed",
+                str(seed),
+            ],
+            check=True,
+            cwd=REPO,
+            env=child_env(),
+        )
     with open(prefix + "-manifest.json") as handle:
         manifest = json.load(handle)
     files = [os.path.join(directory, os.path.basename(s["path"])) for s in manifest["shards"]]
-    return {"prefix": prefix, "format": fmt, "files": files, "records": manifest["totals"]["records"],
-            "bytes": sum(os.path.getsize(f) for f in files), "piles": len(files)}
+    return {
+        "prefix": prefix,
+        "format": fmt,
+        "files": files,
+        "records": manifest["totals"]["records"],
+        "bytes": sum(os.path.getsize(f) for f in files),
+        "piles": len(files),
+    }
 
 
 def mixture_data(data, scale, quick, half=False):
@@ -45,9 +75,15 @@ def mixture_data(data, scale, quick, half=False):
     both outputs' (an epoch of the mixture reads an epoch of each), or with ``half`` one
     output's (that row delivers one output's worth)."""
     second = shuffled_output(data["format"], scale, quick, seed=SEED + 1)
-    mixed = {**data, "prefixes": [data["prefix"], second["prefix"]], "files": data["files"] + second["files"]}
+    mixed = {
+        **data,
+        "prefixes": [data["prefix"], second["prefix"]],
+        "files": data["files"] + second["files"],
+    }
     if not half:
-        mixed.update(records=data["records"] + second["records"], bytes=data["bytes"] + second["bytes"])
+        mixed.update(
+            records=data["records"] + second["records"], bytes=data["bytes"] + second["bytes"]
+        )
     return mixed
 
 
@@ -67,8 +103,12 @@ def arrayrecord_data(data):
                 writer.write(payload)
             writer.close()
             os.replace(path + ".tmp", path)
-    return {**data, "arrayrecord": paths, "files": paths,
-            "bytes": sum(os.path.getsize(p) for p in paths)}
+    return {
+        **data,
+        "arrayrecord": paths,
+        "files": paths,
+        "bytes": sum(os.path.getsize(p) for p in paths),
+    }
 
 
 def plan_data(plan, scale, quick):
@@ -76,9 +116,11 @@ def plan_data(plan, scale, quick):
     row reads by name (``measure_row``'s ``data``): the output, with a second output for the
     mixture rows and as ArrayRecord files for the ArrayRecord row (each made once per format)."""
     outputs = {fmt: shuffled_output(fmt, scale, quick) for fmt in sorted({row[3] for row in plan})}
-    special = {"mixture": lambda data: mixture_data(data, scale, quick),
-               "mixture-half": lambda data: mixture_data(data, scale, quick, half=True),
-               "arrayrecord-shuffle": arrayrecord_data}
+    special = {
+        "mixture": lambda data: mixture_data(data, scale, quick),
+        "mixture-half": lambda data: mixture_data(data, scale, quick, half=True),
+        "arrayrecord-shuffle": arrayrecord_data,
+    }
     made, reads = {}, {}
     for name, kind, _, fmt in plan:
         if kind in special and (kind, fmt) not in made:

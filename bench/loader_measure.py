@@ -41,9 +41,13 @@ def tree_rss(proc):
 
 def add_touch_option(parser, default=TOUCH_MB):
     """``--touch-mb`` (``measure_row``'s ``touch_mb``) on a bench CLI's ``parser``."""
-    parser.add_argument("--touch-mb", type=int, default=default,
-                        help=f"each row's process first touches and frees this much fresh memory, untimed "
-                             f"(default {default}; 0: none; see loader_rows.touch_memory)")
+    parser.add_argument(
+        "--touch-mb",
+        type=int,
+        default=default,
+        help=f"each row's process first touches and frees this much fresh memory, untimed "
+        f"(default {default}; 0: none; see loader_rows.touch_memory)",
+    )
 
 
 def measure_row(name, kind, mix, data, timeout, touch_mb=TOUCH_MB):
@@ -52,18 +56,36 @@ def measure_row(name, kind, mix, data, timeout, touch_mb=TOUCH_MB):
     that much fresh memory, untimed (``loader_rows.touch_memory``). RSS is sampled from the
     start of the timed span (the row's process creates the file ``mark`` there)."""
     with tempfile.TemporaryDirectory() as scratch:
-        return _measure_row(name, kind, mix, data, timeout, touch_mb, os.path.join(scratch, "timed"))
+        return _measure_row(
+            name, kind, mix, data, timeout, touch_mb, os.path.join(scratch, "timed")
+        )
 
 
 def _measure_row(name, kind, mix, data, timeout, touch_mb, mark):
     import psutil
 
-    subprocess.run(["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True)  # warm page cache, untimed
-    cmd = [PY, ENTRY, "--row", kind, "--mix", str(mix or 1), "--data", json.dumps(data), "--touch-mb", str(touch_mb),
-           "--mark", mark]
+    subprocess.run(
+        ["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True
+    )  # warm page cache, untimed
+    cmd = [
+        PY,
+        ENTRY,
+        "--row",
+        kind,
+        "--mix",
+        str(mix or 1),
+        "--data",
+        json.dumps(data),
+        "--touch-mb",
+        str(touch_mb),
+        "--mark",
+        mark,
+    ]
     peak, own = [0, 0], {}  # [tree's sum, largest process]; pid -> that process's peak
     stop = threading.Event()
-    proc = psutil.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=child_env())
+    proc = psutil.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=child_env()
+    )
 
     def sample():
         while not stop.is_set():
@@ -91,16 +113,33 @@ def _measure_row(name, kind, mix, data, timeout, touch_mb, mark):
     if proc.returncode != 0 or not lines:
         tail = "\n".join(err.decode(errors="replace").splitlines()[-12:])
         log(f"[{name}] failed (exit {proc.returncode}):\n{tail}")
-        return {"name": name, "ok": False, "error": tail.splitlines()[-1] if tail else f"exit {proc.returncode}"}
+        return {
+            "name": name,
+            "ok": False,
+            "error": tail.splitlines()[-1] if tail else f"exit {proc.returncode}",
+        }
     result = json.loads(lines[-1])
-    row = {"name": name, "kind": kind, "mix": mix, "format": data["format"], "ok": result["records"] == data["records"],
-           "records": result["records"], "seconds": result["seconds"], "cpu_seconds": result["cpu_seconds"],
-           "records_per_s": result["records"] / result["seconds"], "mb_per_s": data["bytes"] / MB / result["seconds"],
-           "peak_rss": peak[0], "peak_rss_process": peak[1], "rss_before": result["rss_before"],
-           "peak_rss_main": own.get(proc.pid, 0),
-           "peak_rss_worker": max((v for pid, v in own.items() if pid != proc.pid), default=0)}
+    row = {
+        "name": name,
+        "kind": kind,
+        "mix": mix,
+        "format": data["format"],
+        "ok": result["records"] == data["records"],
+        "records": result["records"],
+        "seconds": result["seconds"],
+        "cpu_seconds": result["cpu_seconds"],
+        "records_per_s": result["records"] / result["seconds"],
+        "mb_per_s": data["bytes"] / MB / result["seconds"],
+        "peak_rss": peak[0],
+        "peak_rss_process": peak[1],
+        "rss_before": result["rss_before"],
+        "peak_rss_main": own.get(proc.pid, 0),
+        "peak_rss_worker": max((v for pid, v in own.items() if pid != proc.pid), default=0),
+    }
     if not row["ok"]:
         row["error"] = f"delivered {result['records']} records, expected {data['records']}"
-    log(f"[{name}] {row['seconds']:.2f} s, {row['mb_per_s']:,.0f} MB/s, peak RSS {peak[0] / MB:,.0f} MB"
-        + ("" if row["ok"] else f" ({row['error']})"))
+    log(
+        f"[{name}] {row['seconds']:.2f} s, {row['mb_per_s']:,.0f} MB/s, peak RSS {peak[0] / MB:,.0f} MB"
+        + ("" if row["ok"] else f" ({row['error']})")
+    )
     return row

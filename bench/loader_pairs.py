@@ -25,7 +25,9 @@ from loader_rows import row_plan  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("a", help="a row name of loader.py --list (the yardstick)")
     parser.add_argument("b", help="another row name")
     parser.add_argument("--pairs", type=int, default=10)
@@ -44,15 +46,20 @@ def main(argv=None):
     ratios = []
     for _ in range(args.pairs):
         times, speeds = {}, {}
-        for (name, kind, mix, _), data in (rows[::-1] if args.b_first else rows):
+        for (name, kind, mix, _), data in rows[::-1] if args.b_first else rows:
             result = measure_row(name, kind, mix, data, args.timeout, args.touch_mb)
             if not result.get("ok"):
                 sys.exit(f"{name} failed: {result.get('error')}")
             times[name], speeds[name] = result["seconds"], result["records_per_s"]
         ratios.append(speeds[args.b] / speeds[args.a])
-        print(f"{args.a} {times[args.a]:.2f} s  {args.b} {times[args.b]:.2f} s  ratio {ratios[-1]:.2f}", flush=True)
-    print(f"records/s of {args.b} / {args.a} over {len(ratios)} pairs: median {statistics.median(ratios):.2f}, "
-          f"range {min(ratios):.2f}-{max(ratios):.2f}")
+        print(
+            f"{args.a} {times[args.a]:.2f} s  {args.b} {times[args.b]:.2f} s  ratio {ratios[-1]:.2f}",
+            flush=True,
+        )
+    print(
+        f"records/s of {args.b} / {args.a} over {len(ratios)} pairs: median {statistics.median(ratios):.2f}, "
+        f"range {min(ratios):.2f}-{max(ratios):.2f}"
+    )
     return 0
 
 

@@ -6,11 +6,21 @@ import statistics
 from workspace import MB
 
 RSS_ALLOWANCE = 200 * MB  # the allowance above (K+1) piles: interpreter, imports, buffers
-DELIVERING = ("dl1", "dl2", "dl4", "dl2-arrow", "tf-adapter", "grain", "grain-mp2")  # rows that hand the in-process batches on: x in-process
+DELIVERING = (
+    "dl1",
+    "dl2",
+    "dl4",
+    "dl2-arrow",
+    "tf-adapter",
+    "grain",
+    "grain-mp2",
+)  # rows that hand the in-process batches on: x in-process
 
 
 VERDICTS = {True: "PASS", False: "FAIL", None: "shown"}  # None: a figure shown, not a target
-MIXING_ALLOWANCE = 32 * MB  # a mixture's chunk of 8,192 records being mixed, and its take's copy (Parquet)
+MIXING_ALLOWANCE = (
+    32 * MB
+)  # a mixture's chunk of 8,192 records being mixed, and its take's copy (Parquet)
 
 
 def pile_bytes(data):
@@ -47,9 +57,15 @@ def add_ratios_and_targets(rows, data):
             continue
         base, tfs = by_name.get(f"{r['format']}-inorder"), by_name.get("tfrecord-tf-shuffle")
         r["x_inorder"] = speed_ratio(r, base)
-        r["cpu_x_inorder"] = cpu_per_record(base) / cpu_per_record(r) if base and base.get("ok") else None
+        r["cpu_x_inorder"] = (
+            cpu_per_record(base) / cpu_per_record(r) if base and base.get("ok") else None
+        )
         r["x_tf_shuffle"] = speed_ratio(r, tfs) if r["format"] == "tfrecord" else None
-        here = by_name.get(f"{r['format']}-k{r['mix']}") if r["kind"] in (*DELIVERING, "dl2-ready") else None
+        here = (
+            by_name.get(f"{r['format']}-k{r['mix']}")
+            if r["kind"] in (*DELIVERING, "dl2-ready")
+            else None
+        )
         r["x_in_process"] = speed_ratio(r, here)
         r["targets"] = targets(r, by_name, data[r["format"]])
 
@@ -82,14 +98,22 @@ def targets(row, by_name, data):
     base = by_name.get(f"{fmt}-inorder")
     if base and base.get("ok") and row["kind"] == "loader":
         ratio = speed_ratio(row, base)
-        out.append((">=0.9x in-order", ratio >= 0.9, f"{ratio:.2f}x; CPU {row['cpu_x_inorder']:.2f}x"))
+        out.append(
+            (">=0.9x in-order", ratio >= 0.9, f"{ratio:.2f}x; CPU {row['cpu_x_inorder']:.2f}x")
+        )
     tf_shuffle = by_name.get("tfrecord-tf-shuffle")
     if fmt == "tfrecord" and tf_shuffle and tf_shuffle.get("ok") and row["mix"] == 1:
         ratio = speed_ratio(row, tf_shuffle)
         out.append((">=1x tf shuffle(62,500)", ratio >= 1.0, f"{ratio:.2f}x"))
     bound = (row["mix"] + 1) * pile_bytes(data) + RSS_ALLOWANCE
     measured = row["peak_rss_process"]
-    out.append((f"RSS<=(K+1)xpile+200MB={bound / MB:,.0f}MB", measured <= bound, f"{measured / MB:,.0f} MB"))
+    out.append(
+        (
+            f"RSS<=(K+1)xpile+200MB={bound / MB:,.0f}MB",
+            measured <= bound,
+            f"{measured / MB:,.0f} MB",
+        )
+    )
     return out
 
 
@@ -106,10 +130,18 @@ def mixture_targets(row, by_name, data):
     ratio = speed_ratio(row, alone)
     held, bound = above_imports(row), 2 * above_imports(alone) + MIXING_ALLOWANCE
     judged = row["kind"] == "mixture"  # the half row's speed is shown (None), not judged
-    return [(f"{'>=0.8' if judged else ''}x one output (k{row['mix']})", ratio >= 0.8 if judged else None,
-             f"{ratio:.2f}x"),
-            (f"above imports<=2x one output's+{MIXING_ALLOWANCE / MB:.0f}MB={bound / MB:,.0f}MB", held <= bound,
-             f"{held / MB:,.0f} MB")]
+    return [
+        (
+            f"{'>=0.8' if judged else ''}x one output (k{row['mix']})",
+            ratio >= 0.8 if judged else None,
+            f"{ratio:.2f}x",
+        ),
+        (
+            f"above imports<=2x one output's+{MIXING_ALLOWANCE / MB:.0f}MB={bound / MB:,.0f}MB",
+            held <= bound,
+            f"{held / MB:,.0f} MB",
+        ),
+    ]
 
 
 def above_imports(row):
@@ -117,25 +149,47 @@ def above_imports(row):
 
 
 def table(rows):
-    header = ["row", "records/s", "MB/s", "median s", "x in-order", "x in-process", "x tf-shuffle", "cpu s",
-              "cpu x in-order", "peak RSS MB", "largest proc MB", "main / worker MB", "RSS before MB",
-              "above imports MB", "targets"]
+    header = [
+        "row",
+        "records/s",
+        "MB/s",
+        "median s",
+        "x in-order",
+        "x in-process",
+        "x tf-shuffle",
+        "cpu s",
+        "cpu x in-order",
+        "peak RSS MB",
+        "largest proc MB",
+        "main / worker MB",
+        "RSS before MB",
+        "above imports MB",
+        "targets",
+    ]
     body = []
     for r in rows:
         if not r.get("ok"):
             body.append([r["name"], *["-"] * (len(header) - 2), f"FAILED: {r.get('error', '')}"])
             continue
-        body.append([
-            r["name"], f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:,.0f}", f"{r['median_seconds']:.2f}",
-            "-" if r.get("x_inorder") is None else f"{r['x_inorder']:.2f}",
-            "-" if r.get("x_in_process") is None else f"{r['x_in_process']:.2f}",
-            "-" if r.get("x_tf_shuffle") is None else f"{r['x_tf_shuffle']:.2f}",
-            f"{r['median_cpu_seconds']:.2f}", "-" if r.get("cpu_x_inorder") is None else f"{r['cpu_x_inorder']:.2f}",
-            f"{r['peak_rss'] / MB:,.0f}", f"{r['peak_rss_process'] / MB:,.0f}", main_and_worker(r),
-            f"{r['rss_before'] / MB:,.0f}",
-            f"{above_imports(r) / MB:,.0f}",
-            "; ".join(f"{t}: {VERDICTS[ok]} ({v})" for t, ok, v in r.get("targets", [])),
-        ])
+        body.append(
+            [
+                r["name"],
+                f"{r['records_per_s']:,.0f}",
+                f"{r['mb_per_s']:,.0f}",
+                f"{r['median_seconds']:.2f}",
+                "-" if r.get("x_inorder") is None else f"{r['x_inorder']:.2f}",
+                "-" if r.get("x_in_process") is None else f"{r['x_in_process']:.2f}",
+                "-" if r.get("x_tf_shuffle") is None else f"{r['x_tf_shuffle']:.2f}",
+                f"{r['median_cpu_seconds']:.2f}",
+                "-" if r.get("cpu_x_inorder") is None else f"{r['cpu_x_inorder']:.2f}",
+                f"{r['peak_rss'] / MB:,.0f}",
+                f"{r['peak_rss_process'] / MB:,.0f}",
+                main_and_worker(r),
+                f"{r['rss_before'] / MB:,.0f}",
+                f"{above_imports(r) / MB:,.0f}",
+                "; ".join(f"{t}: {VERDICTS[ok]} ({v})" for t, ok, v in r.get("targets", [])),
+            ]
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])

@@ -10,9 +10,13 @@ import time
 
 SEED = 1  # the loader's seed and tf.data's shuffle seed
 BATCH = 256  # records per batch every row delivers
-TOUCH_MB = 1024  # fresh memory each row's process touches and frees before its timed span (touch_memory):
+TOUCH_MB = (
+    1024  # fresh memory each row's process touches and frees before its timed span (touch_memory):
+)
 # more than any row grows into (a mixture: ~450 MB; 4 DataLoader workers: ~1 GB together)
-RECORDS_PER_PILE = 62_500  # ~64 MB piles of 1,000-byte records; also tf.data's shuffle buffer (one pile)
+RECORDS_PER_PILE = (
+    62_500  # ~64 MB piles of 1,000-byte records; also tf.data's shuffle buffer (one pile)
+)
 
 ROWS = [  # (name suffix, kind, mix, formats)
     ("tf-inorder", "tf-inorder", None, ("tfrecord",)),
@@ -30,9 +34,24 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("k1-dl2-arrow", "dl2-arrow", 1, ("parquet",)),
     ("dl2-ready", "dl2-ready", 1, ("tfrecord",)),  # mix 1: compared with k1
     ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
-    ("k1-mix2", "mixture", 1, ("tfrecord", "parquet")),  # Mixture of this output and a second shuffle of the data
-    ("k1-mix2-half", "mixture-half", 1, ("tfrecord", "parquet")),  # the same, N records: half of each output's epoch
-    ("k1-iter", "loader-iter", 1, ("tfrecord",)),  # iter(ds): one record at a time, as Grain takes them
+    (
+        "k1-mix2",
+        "mixture",
+        1,
+        ("tfrecord", "parquet"),
+    ),  # Mixture of this output and a second shuffle of the data
+    (
+        "k1-mix2-half",
+        "mixture-half",
+        1,
+        ("tfrecord", "parquet"),
+    ),  # the same, N records: half of each output's epoch
+    (
+        "k1-iter",
+        "loader-iter",
+        1,
+        ("tfrecord",),
+    ),  # iter(ds): one record at a time, as Grain takes them
     ("k1-grain", "grain", 1, ("tfrecord",)),
     ("k1-grain-mp2", "grain-mp2", 1, ("tfrecord",)),
     ("arrayrecord-grain-shuffle", "arrayrecord-shuffle", None, ("tfrecord",)),
@@ -40,13 +59,21 @@ ROWS = [  # (name suffix, kind, mix, formats)
 
 
 FORMATS = ("tfrecord", "parquet", "tar")  # the data each row of ROWS may read, in run order
-DATALOADER_KINDS = {"dl1": 1, "dl2": 2, "dl4": 4}  # kind -> DataLoader num_workers (dicts of tensors for Parquet)
+DATALOADER_KINDS = {
+    "dl1": 1,
+    "dl2": 2,
+    "dl4": 4,
+}  # kind -> DataLoader num_workers (dicts of tensors for Parquet)
 
 
 def row_plan():
     """(name, kind, mix, format) of every row, in run order."""
-    return [(f"{fmt}-{suffix}", kind, mix, fmt) for fmt in FORMATS
-            for suffix, kind, mix, formats in ROWS if fmt in formats]
+    return [
+        (f"{fmt}-{suffix}", kind, mix, fmt)
+        for fmt in FORMATS
+        for suffix, kind, mix, formats in ROWS
+        if fmt in formats
+    ]
 
 
 def rss_now():
@@ -152,9 +179,13 @@ def mixture_rows(data, mix, half=False):
     records_per_epoch=N``, the same N records as one output's row, half of each output's epoch."""
     from pileshuffle.loader import Mixture, ShuffledDataset
 
-    sources = [ShuffledDataset(prefix, seed=SEED + i, mix=mix) for i, prefix in enumerate(data["prefixes"])]
+    sources = [
+        ShuffledDataset(prefix, seed=SEED + i, mix=mix) for i, prefix in enumerate(data["prefixes"])
+    ]
     if half:
-        mixture = Mixture(sources, [1, 1], seed=SEED, stop="restart", records_per_epoch=data["records"], epoch=1)
+        mixture = Mixture(
+            sources, [1, 1], seed=SEED, stop="restart", records_per_epoch=data["records"], epoch=1
+        )
     else:
         mixture = Mixture(sources, [1, 1], seed=SEED, epoch=1)
     return mixture.batches(BATCH), count_any
@@ -244,4 +275,9 @@ def run_row_here(kind, data, mix, touch_mb=0, mark=None):
         open(mark, "w").close()
     rss_before = rss_now()
     records, seconds, cpu = drain(batches, count)
-    print(json.dumps({"records": records, "seconds": seconds, "cpu_seconds": cpu, "rss_before": rss_before}), flush=True)
+    print(
+        json.dumps(
+            {"records": records, "seconds": seconds, "cpu_seconds": cpu, "rss_before": rss_before}
+        ),
+        flush=True,
+    )

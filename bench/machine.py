@@ -8,7 +8,6 @@ import shutil
 import subprocess
 
 import psutil
-
 from workspace import GB, HERE, REPO
 
 
@@ -23,8 +22,14 @@ def package_version(name):
 
 def git_revision():
     try:
-        head = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "pileshuffle"], capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", REPO, "status", "--porcelain", "--", "pileshuffle"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         return head + (" (pileshuffle/ modified)" if dirty else "")
     except Exception:
         return "unknown"

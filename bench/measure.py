@@ -11,16 +11,24 @@ import threading
 import time
 
 import psutil
-
 from workspace import OUT
 
-SAMPLE_SECONDS = 0.05  # RSS sampling period: short enough to catch a pass's peak, cheap for the sampler
+SAMPLE_SECONDS = (
+    0.05  # RSS sampling period: short enough to catch a pass's peak, cheap for the sampler
+)
 DISK_EVERY = 10  # the output folder's bytes are summed every DISK_EVERY-th RSS sample (0.5 s)
 
 
 class Measurement:
-    def __init__(self, returncode, wall, peak_rss, peak_procs, cpu, others, peak_disk=None, end_disk=None):
-        self.returncode, self.wall, self.peak_rss, self.peak_procs = returncode, wall, peak_rss, peak_procs
+    def __init__(
+        self, returncode, wall, peak_rss, peak_procs, cpu, others, peak_disk=None, end_disk=None
+    ):
+        self.returncode, self.wall, self.peak_rss, self.peak_procs = (
+            returncode,
+            wall,
+            peak_rss,
+            peak_procs,
+        )
         self.cpu, self.others = cpu, others
         self.peak_disk, self.end_disk = peak_disk, end_disk
 
@@ -28,7 +36,13 @@ class Measurement:
 def busy_seconds():
     """CPU seconds the whole machine has been busy (all cores)."""
     t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return (
+        sum(t)
+        - t.idle
+        - getattr(t, "iowait", 0.0)
+        - getattr(t, "guest", 0.0)
+        - getattr(t, "guest_nice", 0.0)
+    )
 
 
 def children_cpu_seconds():
@@ -89,7 +103,10 @@ def measure(cmd, name, timeout, disk_dir=None):
     cwd = os.path.join(OUT, "cwd")
     os.makedirs(cwd, exist_ok=True)
     os.sync()
-    with open(os.path.join(logs, f"{name}.out"), "wb") as out, open(os.path.join(logs, f"{name}.err"), "wb") as err:
+    with (
+        open(os.path.join(logs, f"{name}.out"), "wb") as out,
+        open(os.path.join(logs, f"{name}.err"), "wb") as err,
+    ):
         peak, cpu_seen = [0, 0, 0], {}
         stop = threading.Event()
         cpu_before, busy_before = children_cpu_seconds(), busy_seconds()
@@ -123,8 +140,16 @@ def measure(cmd, name, timeout, disk_dir=None):
     cpu = max(cpu, sum(cpu_seen.values()))
     others = max(0.0, busy - cpu) / (wall * (os.cpu_count() or 1))
     end_disk = tree_bytes(disk_dir) if disk_dir else None
-    return Measurement(returncode, wall, peak[0], peak[1], cpu, others,
-                       max(peak[2], end_disk) if disk_dir else None, end_disk)
+    return Measurement(
+        returncode,
+        wall,
+        peak[0],
+        peak[1],
+        cpu,
+        others,
+        max(peak[2], end_disk) if disk_dir else None,
+        end_disk,
+    )
 
 
 def warm(files):
@@ -141,7 +166,9 @@ def measure_run(cmd, name, out, files, timeout=1800):
     wait_for_idle(30)
     got = measure(cmd, name, timeout=timeout)
     if got.returncode != 0:
-        raise SystemExit(f"{name}: pileshuffle run failed ({got.returncode}); see bench/.out/logs/{name}.err")
+        raise SystemExit(
+            f"{name}: pileshuffle run failed ({got.returncode}); see bench/.out/logs/{name}.err"
+        )
     shutil.rmtree(out, ignore_errors=True)
     return got
 

@@ -16,7 +16,6 @@ import statistics
 import sys
 
 from apache_beam.options.pipeline_options import PipelineOptions
-
 from datagen import dataset
 from measure import measure_run
 from workspace import DATA, OUT
@@ -30,13 +29,28 @@ BUDGETS = ("1GiB", "2GiB", "auto")
 
 def run(info, budget, scale):
     out = os.path.join(OUT, "memory_budget", budget)
-    cmd = [sys.executable, "-m", "pileshuffle", "run", "--input", info["pattern"], "--output", os.path.join(out, "s"),
-           "--seed", "1", "--quiet", "--memory", budget]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pileshuffle",
+        "run",
+        "--input",
+        info["pattern"],
+        "--output",
+        os.path.join(out, "s"),
+        "--seed",
+        "1",
+        "--quiet",
+        "--memory",
+        budget,
+    ]
     return measure_run(cmd, f"memory_budget-{budget}-x{scale:g}", out, info["files"])
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="GB of Parquet (default 1)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
@@ -46,17 +60,28 @@ def main(argv=None):
     for _ in range(args.rounds):
         for budget in BUDGETS:
             seen[budget].append(run(info, budget, args.scale))
-    print(f"| --memory ({args.scale:g} GB Parquet) | budget | runs kept in memory (plan) | wall (median) | CPU s | "
-          "peak RSS | within budget |")
+    print(
+        f"| --memory ({args.scale:g} GB Parquet) | budget | runs kept in memory (plan) | wall (median) | CPU s | "
+        "peak RSS | within budget |"
+    )
     print("|---|---|---|---|---|---|---|")
     for budget, got in seen.items():
-        plan = make_plan(PipelineOptions([f"--input={info['pattern']}", f"--output={OUT}/memory_budget/plan/s",
-                                          f"--memory={budget}"]))
+        plan = make_plan(
+            PipelineOptions(
+                [
+                    f"--input={info['pattern']}",
+                    f"--output={OUT}/memory_budget/plan/s",
+                    f"--memory={budget}",
+                ]
+            )
+        )
         kept = min(plan.memory_for_runs, plan.held_bytes)
         peak = max(m.peak_rss for m in got)
-        print(f"| {budget} | {plan.memory_budget / 1e9:.2f} GB | {kept / 1e9:.2f} of {plan.held_bytes / 1e9:.2f} GB | "
-              f"{statistics.median(m.wall for m in got):.1f} s | {statistics.median(m.cpu for m in got):.1f} | "
-              f"{peak / 1e9:.2f} GB | {'yes' if peak <= plan.memory_budget else 'NO'} |")
+        print(
+            f"| {budget} | {plan.memory_budget / 1e9:.2f} GB | {kept / 1e9:.2f} of {plan.held_bytes / 1e9:.2f} GB | "
+            f"{statistics.median(m.wall for m in got):.1f} s | {statistics.median(m.cpu for m in got):.1f} | "
+            f"{peak / 1e9:.2f} GB | {'yes' if peak <= plan.memory_budget else 'NO'} |"
+        )
 
 
 if __name__ == "__main__":

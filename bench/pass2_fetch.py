@@ -42,8 +42,10 @@ storage.Storage._write_config_to_file = lambda self: None
 port, bucket = int(sys.argv[1]), sys.argv[2]
 server.create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket).run()
 """
-HEADER = ("| where | in flight | seconds | ms a part | MB/s | requests | most in flight "
-          "| vs one at a time |\n|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| where | in flight | seconds | ms a part | MB/s | requests | most in flight "
+    "| vs one at a time |\n|---|---|---|---|---|---|---|---|"
+)
 
 
 def start_emulator():
@@ -51,8 +53,11 @@ def start_emulator():
     import subprocess
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-c", EMULATOR, str(port), BUCKET],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-c", EMULATOR, str(port), BUCKET],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return answering(process, port)
 
 
@@ -91,8 +96,8 @@ def upload(fragments: list, prefix: str) -> list:
 def assemble(fragments: list, in_flight: int, proxy: str = None):
     """``(seconds, table)`` of ``read_joined`` with ``in_flight`` requests at most (the counts of
     ``proxy`` zeroed just before)."""
-    from pileshuffle.io import part_fetch
     from pileshuffle.engine.fragments import read_joined
+    from pileshuffle.io import part_fetch
 
     part_fetch.IN_FLIGHT = in_flight
     read_joined(fragments[:1])  # the bucket's first contact, outside the time
@@ -114,9 +119,12 @@ def remote_rows(label: str, fragments: list, widths: list, proxy: str, reference
         del table
         seen = delay_proxy.counts(proxy) if proxy else {"requests": "", "peak": ""}
         first = seconds if first is None else first
-        print(f"| {label} | {in_flight} | {seconds:.2f} | {seconds / len(fragments) * 1000:.2f} | "
-              f"{total / seconds / 1e6:.0f} | {seen['requests']} | {seen['peak']} | "
-              f"{first / seconds:.1f}x |", flush=True)
+        print(
+            f"| {label} | {in_flight} | {seconds:.2f} | {seconds / len(fragments) * 1000:.2f} | "
+            f"{total / seconds / 1e6:.0f} | {seen['requests']} | {seen['peak']} | "
+            f"{first / seconds:.1f}x |",
+            flush=True,
+        )
     return reference
 
 
@@ -142,16 +150,24 @@ def local_rows(fragments: list, widths: list):
         local_fetch(fragments, in_flight)  # the page cache warm for every row
         seconds = local_fetch(fragments, in_flight)
         per_part = seconds / len(fragments) * 1000
-        print(f"| local disk | {in_flight} | {seconds:.2f} | {per_part:.3f} | "
-              f"{total / seconds / 1e6:.0f} | | | |", flush=True)
+        print(
+            f"| local disk | {in_flight} | {seconds:.2f} | {per_part:.3f} | "
+            f"{total / seconds / 1e6:.0f} | | | |",
+            flush=True,
+        )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--parts", type=int, default=5000)
-    parser.add_argument("--part_kb", type=int, default=240,
-                        help="kB per part (default 240: 1 GB piles at 10-100 TB)")
+    parser.add_argument(
+        "--part_kb",
+        type=int,
+        default=240,
+        help="kB per part (default 240: 1 GB piles at 10-100 TB)",
+    )
     parser.add_argument("--delay_ms", type=float, default=30)
     parser.add_argument("--in_flight", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     args = parser.parse_args(argv)
@@ -164,9 +180,11 @@ def main(argv=None):
             local = write_runs(directory, args.parts, args.part_kb * 1000)
             began = time.perf_counter()
             remote, total = upload(local, "pass2"), sum(f.length for f in local)
-            print(f"{args.parts:,} parts of {total / args.parts / 1000:.0f} kB "
-                  f"({total / 1e6:,.0f} MB), uploaded in {time.perf_counter() - began:.0f} s; "
-                  f"default in flight {default}\n\n{HEADER}")
+            print(
+                f"{args.parts:,} parts of {total / args.parts / 1000:.0f} kB "
+                f"({total / 1e6:,.0f} MB), uploaded in {time.perf_counter() - began:.0f} s; "
+                f"default in flight {default}\n\n{HEADER}"
+            )
             reference = remote_rows("emulator", remote, [1, default], None, None)
             for delay in (0, args.delay_ms):
                 process, endpoint = delay_proxy.start(direct, delay / 1000)

@@ -48,8 +48,13 @@ def ray_start(folder, object_store_gb):
     """A local Ray cluster of 2 CPUs whose spilled objects go to FOLDER/ray-spill."""
     import ray
 
-    ray.init(num_cpus=2, object_store_memory=int(object_store_gb * 1e9), include_dashboard=False,
-             object_spilling_directory=os.path.join(folder, "ray-spill"), log_to_driver=False)
+    ray.init(
+        num_cpus=2,
+        object_store_memory=int(object_store_gb * 1e9),
+        include_dashboard=False,
+        object_spilling_directory=os.path.join(folder, "ray-spill"),
+        log_to_driver=False,
+    )
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
@@ -73,8 +78,9 @@ def datasets_shuffle(fmt, files, prefix, seed):
     import datasets
 
     cache = os.path.join(os.path.dirname(prefix), "hf-cache")
-    loaded = datasets.load_dataset("parquet" if fmt == "parquet" else "json", data_files=files, split="train",
-                                   cache_dir=cache)
+    loaded = datasets.load_dataset(
+        "parquet" if fmt == "parquet" else "json", data_files=files, split="train", cache_dir=cache
+    )
     shuffled = loaded.shuffle(seed=seed).flatten_indices()
     target = f"{prefix}.{EXT[fmt]}"
     if fmt == "parquet":
@@ -88,13 +94,19 @@ PEERS = {"polars": polars_shuffle, "ray": ray_shuffle, "datasets": datasets_shuf
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--peer", choices=sorted(PEERS), required=True)
     parser.add_argument("--format", choices=sorted(EXT), required=True)
     parser.add_argument("--input", required=True, help="glob of the input files")
-    parser.add_argument("--output", required=True, help="output prefix: PREFIX.EXT (ray: the folder PREFIX/)")
+    parser.add_argument(
+        "--output", required=True, help="output prefix: PREFIX.EXT (ray: the folder PREFIX/)"
+    )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--object_store_gb", type=float, default=2.0, help="ray: the object store's size")
+    parser.add_argument(
+        "--object_store_gb", type=float, default=2.0, help="ray: the object store's size"
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     files = sorted(glob.glob(args.input))
@@ -105,8 +117,16 @@ def main(argv=None):
         ray_start(os.path.dirname(os.path.abspath(args.output)), args.object_store_gb)
     begun = time.perf_counter()
     info = PEERS[args.peer](args.format, files, args.output, args.seed)
-    print(json.dumps({"peer": args.peer, **info, "seconds": time.perf_counter() - begun,
-                      "start_seconds": begun - started}))
+    print(
+        json.dumps(
+            {
+                "peer": args.peer,
+                **info,
+                "seconds": time.perf_counter() - begun,
+                "start_seconds": begun - started,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

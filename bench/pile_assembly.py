@@ -57,23 +57,38 @@ print(statistics.median(times), (resource.getrusage(resource.RUSAGE_SELF).ru_max
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--parts", type=int, nargs="+", default=[10, 1000, 10000])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    print("| parts | part size | Pile.ordered (read_joined) | MB/s | a stream reader per part | MB/s | ratio | peak above start, MB |")
+    print(
+        "| parts | part size | Pile.ordered (read_joined) | MB/s | a stream reader per part | MB/s | ratio | peak above start, MB |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for parts in args.parts:
         seconds, peaks = {}, {}
         with tempfile.TemporaryDirectory() as directory:
-            subprocess.run([sys.executable, "-c", WRITE, str(parts), directory], check=True, cwd=os.path.dirname(HERE))
+            subprocess.run(
+                [sys.executable, "-c", WRITE, str(parts), directory],
+                check=True,
+                cwd=os.path.dirname(HERE),
+            )
             for way in ("read_joined", "stream-per-part"):
-                out = subprocess.run([sys.executable, "-c", READ, directory, str(args.rounds), way],
-                                     capture_output=True, text=True, check=True, cwd=os.path.dirname(HERE))
+                out = subprocess.run(
+                    [sys.executable, "-c", READ, directory, str(args.rounds), way],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    cwd=os.path.dirname(HERE),
+                )
                 seconds[way], peaks[way] = map(float, out.stdout.split())
         new, old = seconds["read_joined"], seconds["stream-per-part"]
-        print(f"| {parts:,} | {100_000 // parts * 1000 // 1024:,} KiB | {new:.3f} s | {100 / new:.0f} | {old:.3f} s | "
-              f"{100 / old:.0f} | {old / new:.2f}x | {peaks['read_joined']:.0f} / {peaks['stream-per-part']:.0f} |")
+        print(
+            f"| {parts:,} | {100_000 // parts * 1000 // 1024:,} KiB | {new:.3f} s | {100 / new:.0f} | {old:.3f} s | "
+            f"{100 / old:.0f} | {old / new:.2f}x | {peaks['read_joined']:.0f} / {peaks['stream-per-part']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -30,12 +30,27 @@ import datagen  # noqa: E402
 from shuffle_rows import BALANCED_RECORDS, IMBALANCE  # noqa: E402
 
 OUT = os.path.join(HERE, ".out", "profile")
-SETS = {"tfrecord": (1_000_000, 1000), "parquet": (1_000_000, 1000), "jsonl": (2_000_000, 500)}  # make bench's 1 GB sets
+SETS = {
+    "tfrecord": (1_000_000, 1000),
+    "parquet": (1_000_000, 1000),
+    "jsonl": (2_000_000, 500),
+}  # make bench's 1 GB sets
 DATA = os.path.join(HERE, ".data")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
-WAIT_LEAVES = ("_serve", "channel_spin", "_try_wait", "_wait_for_tstate_lock",
-               "join", "select", "poll", "sleep", "_blocking", "_wait_once", "wait")
+WAIT_LEAVES = (
+    "_serve",
+    "channel_spin",
+    "_try_wait",
+    "_wait_for_tstate_lock",
+    "join",
+    "select",
+    "poll",
+    "sleep",
+    "_blocking",
+    "_wait_once",
+    "wait",
+)
 WAIT_FUNCTIONS = ("Queue.get", "SimpleQueue.get", "_UnaryStreamMultiCallable.__call__")
 
 
@@ -47,20 +62,47 @@ def is_wait(leaf: str) -> bool:
 
 CATEGORIES = [  # (name, predicate on a frame's "func (file)") -- inclusive, first match per stack wins
     ("python imports (start-up)", lambda f: "importlib._bootstrap" in f),
-    ("--balance: counting pass (CountClasses)", lambda f: f.startswith(("CountClasses.", "class_counts "))),
+    (
+        "--balance: counting pass (CountClasses)",
+        lambda f: f.startswith(("CountClasses.", "class_counts ")),
+    ),
     ("--balance: pass 1 labels (record_labels)", lambda f: f.startswith("record_labels ")),
-    ("--balance: pass 1 copies (copiers, tallies)", lambda f: "copies_of " in f or f.startswith(("_class_tally ", "_code_tally "))),
-    ("pass 2: split of a pile over max_pile_bytes (Pile.split)", lambda f: f.startswith("Pile.split ")),
+    (
+        "--balance: pass 1 copies (copiers, tallies)",
+        lambda f: "copies_of " in f or f.startswith(("_class_tally ", "_code_tally ")),
+    ),
+    (
+        "pass 2: split of a pile over max_pile_bytes (Pile.split)",
+        lambda f: f.startswith("Pile.split "),
+    ),
     ("pass 1: TFRecord frame walk + CRC (scan_frames)", lambda f: f.startswith("scan_frames ")),
-    ("pass 1: record fingerprints (record_hashes)", lambda f: f.startswith("record_hashes ") and "formats/__init__" in f),
+    (
+        "pass 1: record fingerprints (record_hashes)",
+        lambda f: f.startswith("record_hashes ") and "formats/__init__" in f,
+    ),
     ("pass 1: keys (record_keys)", lambda f: f.startswith("record_keys ")),
     ("pass 1: split by pile (take)", lambda f: f.startswith("split_by_pile ")),
-    ("pass 1: fragment writes (FragmentFiles.append/commit)", lambda f: f.startswith("FragmentFiles.")),
-    ("pass 1: reading input blocks", lambda f: f.startswith("read_block ") or f.startswith("read_chunks ")),
-    ("pass 2: reading fragments (read_table)", lambda f: f.startswith("read_table ") or f.startswith("read_batches ")),
-    ("pass 2: order + take (Pile.ordered)", lambda f: f.startswith(("Pile.tables ", "Pile.ordered "))),
+    (
+        "pass 1: fragment writes (FragmentFiles.append/commit)",
+        lambda f: f.startswith("FragmentFiles."),
+    ),
+    (
+        "pass 1: reading input blocks",
+        lambda f: f.startswith("read_block ") or f.startswith("read_chunks "),
+    ),
+    (
+        "pass 2: reading fragments (read_table)",
+        lambda f: f.startswith("read_table ") or f.startswith("read_batches "),
+    ),
+    (
+        "pass 2: order + take (Pile.ordered)",
+        lambda f: f.startswith(("Pile.tables ", "Pile.ordered ")),
+    ),
     ("pass 2: output fingerprints (fingerprint_of)", lambda f: f.startswith("fingerprint_of ")),
-    ("pass 2: shard writes (write_shard)", lambda f: ".write_shard " in f or f.startswith("write_shard ")),
+    (
+        "pass 2: shard writes (write_shard)",
+        lambda f: ".write_shard " in f or f.startswith("write_shard "),
+    ),
     ("plan: mean_record_bytes / check", lambda f: f.startswith("make_plan ")),
     ("Beam runner / worker machinery (other)", lambda f: "apache_beam" in f),
 ]
@@ -79,7 +121,11 @@ def parse(path):
             processes = [f for f in frames if f.startswith("process ")]
             code = [f for f in frames if not f.startswith("process ")]
             cmd = processes[-1] if processes else ""
-            role = "SDK worker" if "sdk_worker_main" in cmd else ("launcher (main)" if processes else "?")
+            role = (
+                "SDK worker"
+                if "sdk_worker_main" in cmd
+                else ("launcher (main)" if processes else "?")
+            )
             if "/bin/sh -c" in cmd:
                 role = "shell"
             stacks[(role, tuple(code))] += int(count)
@@ -104,9 +150,12 @@ def summarize(stacks, top=20):
     total = sum(stacks.values())
     if not total:
         return "no samples"
-    lines = [f"samples: {everything:,}, of which {waiting:,} ({100 * waiting / everything:.0f}%) are threads blocked in a wait "
-             f"(grpc polling, Condition.wait, ...) and are left out; shares below are of the {total:,} busy samples "
-             "of all processes together", ""]
+    lines = [
+        f"samples: {everything:,}, of which {waiting:,} ({100 * waiting / everything:.0f}%) are threads blocked in a wait "
+        f"(grpc polling, Condition.wait, ...) and are left out; shares below are of the {total:,} busy samples "
+        "of all processes together",
+        "",
+    ]
     by_role = collections.Counter()
     for (role, _), n in stacks.items():
         by_role[role] += n
@@ -130,27 +179,57 @@ def summarize(stacks, top=20):
         else:
             categories["other"] += n
 
-    lines += ["", f"Top {top} functions by self time (where the samples land; C calls count in their Python caller):", "",
-              "| self % | function |", "|---|---|"]
+    lines += [
+        "",
+        f"Top {top} functions by self time (where the samples land; C calls count in their Python caller):",
+        "",
+        "| self % | function |",
+        "|---|---|",
+    ]
     lines += [f"| {100 * n / total:.1f} | `{f}` |" for f, n in self_time.most_common(top)]
-    own = [(f, n) for f, n in inclusive.most_common() if "pileshuffle/" in f or f.split(" (")[1].startswith("pileshuffle")]
-    lines += ["", "pileshuffle functions by inclusive time:", "", "| incl % | function |", "|---|---|"]
+    own = [
+        (f, n)
+        for f, n in inclusive.most_common()
+        if "pileshuffle/" in f or f.split(" (")[1].startswith("pileshuffle")
+    ]
+    lines += [
+        "",
+        "pileshuffle functions by inclusive time:",
+        "",
+        "| incl % | function |",
+        "|---|---|",
+    ]
     lines += [f"| {100 * n / total:.1f} | `{f}` |" for f, n in own[:top]]
-    lines += ["", "Cost categories (inclusive, each sample counted once, first matching category):", "",
-              "| % | category |", "|---|---|"]
+    lines += [
+        "",
+        "Cost categories (inclusive, each sample counted once, first matching category):",
+        "",
+        "| % | category |",
+        "|---|---|",
+    ]
     lines += [f"| {100 * n / total:.1f} | {name} |" for name, n in categories.most_common()]
     return "\n".join(lines)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rate", type=int, default=50, help="samples per second per process")
     parser.add_argument("--raw", help="summarize this existing py-spy raw file instead of running")
     parser.add_argument("--top", type=int, default=20)
-    parser.add_argument("--format", choices=sorted(SETS), default="tfrecord", help="the 1 GB data set of make bench to run on")
-    parser.add_argument("--balance", action="store_true",
-                        help="jsonl, parquet: --label_field label --balance uniform on make bench's imbalanced set")
+    parser.add_argument(
+        "--format",
+        choices=sorted(SETS),
+        default="tfrecord",
+        help="the 1 GB data set of make bench to run on",
+    )
+    parser.add_argument(
+        "--balance",
+        action="store_true",
+        help="jsonl, parquet: --label_field label --balance uniform on make bench's imbalanced set",
+    )
     args = parser.parse_args(argv)
     os.makedirs(OUT, exist_ok=True)
     raw = args.raw
@@ -161,33 +240,80 @@ def main(argv=None):
             sys.exit("py-spy is not installed: .venv/bin/pip install py-spy")
         div = 50 if args.quick else 1
         records, record_bytes = BALANCED_RECORDS[args.format] if args.balance else SETS[args.format]
-        data = datagen.dataset(DATA, args.format, records // div, 8, record_bytes, seed=0, log=lambda m: print(m, file=sys.stderr),
-                               shares=IMBALANCE if args.balance else None)
+        data = datagen.dataset(
+            DATA,
+            args.format,
+            records // div,
+            8,
+            record_bytes,
+            seed=0,
+            log=lambda m: print(m, file=sys.stderr),
+            shares=IMBALANCE if args.balance else None,
+        )
         extra = ["--label_field", "label", "--balance", "uniform"] if args.balance else []
         run_dir = os.path.join(OUT, "run")
         shutil.rmtree(run_dir, ignore_errors=True)
         os.makedirs(run_dir)
-        raw = os.path.join(OUT, f"pileshuffle-{args.format}{'-balance' if args.balance else ''}.txt")
+        raw = os.path.join(
+            OUT, f"pileshuffle-{args.format}{'-balance' if args.balance else ''}.txt"
+        )
         subprocess.run(["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True)
-        cmd = [py_spy, "record", "--subprocesses", "--nonblocking", "--rate", str(args.rate), "--format", "raw", "-o", raw, "--",
-               os.path.join(os.path.dirname(sys.executable), "pileshuffle"), "run", "--input", data["pattern"],
-               "--output", os.path.join(run_dir, "train"), "--format", args.format, "--seed", "1", *extra]
+        cmd = [
+            py_spy,
+            "record",
+            "--subprocesses",
+            "--nonblocking",
+            "--rate",
+            str(args.rate),
+            "--format",
+            "raw",
+            "-o",
+            raw,
+            "--",
+            os.path.join(os.path.dirname(sys.executable), "pileshuffle"),
+            "run",
+            "--input",
+            data["pattern"],
+            "--output",
+            os.path.join(run_dir, "train"),
+            "--format",
+            args.format,
+            "--seed",
+            "1",
+            *extra,
+        ]
         started = time.perf_counter()
         result = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - started
-        summary_lines = "\n".join(line for line in result.stdout.splitlines() if line.strip() and not line.startswith("py-spy>"))
+        summary_lines = "\n".join(
+            line
+            for line in result.stdout.splitlines()
+            if line.strip() and not line.startswith("py-spy>")
+        )
         behind = [line for line in result.stdout.splitlines() if "behind in sampling" in line]
         if behind:
             summary_lines += f"\n(py-spy fell behind {len(behind)} time(s); last: {behind[-1]})"
         shutil.rmtree(run_dir, ignore_errors=True)
         if result.returncode != 0:
             sys.exit(f"profiled run failed:\n{result.stderr[-3000:]}")
-        header = [f"# Profile of `pileshuffle run` on {data['name']} ({data['bytes'] / 1e6:,.0f} MB)", "",
-                  f"command: `{' '.join(cmd[:6])} ... pileshuffle run --input ... --format {args.format} --seed 1 {' '.join(extra)}`", "",
-                  f"wall under py-spy: {wall:.1f} s (sampling slows the run a little)", "",
-                  "pileshuffle's summary:", "", "```", summary_lines, "```", ""]
+        header = [
+            f"# Profile of `pileshuffle run` on {data['name']} ({data['bytes'] / 1e6:,.0f} MB)",
+            "",
+            f"command: `{' '.join(cmd[:6])} ... pileshuffle run --input ... --format {args.format} --seed 1 {' '.join(extra)}`",
+            "",
+            f"wall under py-spy: {wall:.1f} s (sampling slows the run a little)",
+            "",
+            "pileshuffle's summary:",
+            "",
+            "```",
+            summary_lines,
+            "```",
+            "",
+        ]
     text = "\n".join(header) + summarize(parse(raw), args.top) + "\n"
-    with open(os.path.join(OUT, f"summary-{args.format}{'-balance' if args.balance else ''}.md"), "w") as handle:
+    with open(
+        os.path.join(OUT, f"summary-{args.format}{'-balance' if args.balance else ''}.md"), "w"
+    ) as handle:
         handle.write(text)
     print(text)
 

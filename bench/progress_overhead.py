@@ -28,7 +28,18 @@ MODES = ("quiet", "plain", "terminal")
 
 def run_once(mode, pattern, output):
     shutil.rmtree(os.path.dirname(output), ignore_errors=True)
-    command = [sys.executable, "-m", "pileshuffle", "run", "--input", pattern, "--output", output, "--seed", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "pileshuffle",
+        "run",
+        "--input",
+        pattern,
+        "--output",
+        output,
+        "--seed",
+        "1",
+    ]
     if mode == "quiet":
         command.append("--quiet")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -65,8 +76,8 @@ def call_cost(data, live, chunk_bytes=16 << 20, piles=16):
     """Seconds spent in the reporter's calls of one run over ``data``: the same calls
     (one ``read`` per 16 MiB chunk, one ``file_read`` per file, one ``pile_written`` per
     pile) made in a row, writing to /dev/null; tqdm's live line when ``live``."""
-    from pileshuffle.progress import Progress
     from pileshuffle.engine.transforms.assign import Source
+    from pileshuffle.progress import Progress
 
     sources = [Source(i, path, os.path.getsize(path)) for i, path in enumerate(data["files"])]
     with open(os.devnull, "w") as sink:
@@ -83,7 +94,9 @@ def call_cost(data, live, chunk_bytes=16 << 20, piles=16):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--data", default=os.path.join(HERE, ".data"))
     parser.add_argument("--out", default=os.path.join(HERE, ".out", "progress"))
@@ -91,23 +104,34 @@ def main(argv=None):
     data = datagen.dataset(args.data, "tfrecord", 1_000_000, 8, 1000)
     results = {mode: [] for mode in MODES}
     for round_index in range(args.rounds):
-        turn = round_index % len(MODES)  # each mode runs first, second and last equally often: no position bias
+        turn = round_index % len(
+            MODES
+        )  # each mode runs first, second and last equally often: no position bias
         for mode in MODES[turn:] + MODES[:turn]:
             wall, cpu = run_once(mode, data["pattern"], os.path.join(args.out, mode, "train"))
             results[mode].append((wall, cpu))
-            print(f"round {round_index + 1} {mode:8s} wall {wall:6.2f} s  cpu {cpu:6.2f} s", file=sys.stderr)
+            print(
+                f"round {round_index + 1} {mode:8s} wall {wall:6.2f} s  cpu {cpu:6.2f} s",
+                file=sys.stderr,
+            )
     base_wall = statistics.median(w for w, _ in results["quiet"])
     base_cpu = statistics.median(c for _, c in results["quiet"])
-    print(f"| mode | median wall s | x quiet | median cpu s | x quiet |  ({args.rounds} rounds, {data['bytes']:,} bytes)")
+    print(
+        f"| mode | median wall s | x quiet | median cpu s | x quiet |  ({args.rounds} rounds, {data['bytes']:,} bytes)"
+    )
     print("|---|---|---|---|---|")
     for mode in MODES:
         wall = statistics.median(w for w, _ in results[mode])
         cpu = statistics.median(c for _, c in results[mode])
-        print(f"| {mode} | {wall:.2f} | {wall / base_wall:.3f} | {cpu:.2f} | {cpu / base_cpu:.3f} |")
+        print(
+            f"| {mode} | {wall:.2f} | {wall / base_wall:.3f} | {cpu:.2f} | {cpu / base_cpu:.3f} |"
+        )
     for live in (False, True):
         cost = statistics.median(call_cost(data, live) for _ in range(5))
-        print(f"reporter calls of one run ({'terminal' if live else 'plain'}): {cost * 1e3:.2f} ms = "
-              f"{cost / base_wall:.4%} of the quiet run's median wall time")
+        print(
+            f"reporter calls of one run ({'terminal' if live else 'plain'}): {cost * 1e3:.2f} ms = "
+            f"{cost / base_wall:.4%} of the quiet run's median wall time"
+        )
     shutil.rmtree(args.out, ignore_errors=True)
 
 

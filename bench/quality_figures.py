@@ -20,18 +20,49 @@ IMAGES = os.path.join(REPO, "docs", "img")
 
 
 def pileshuffle(*args, quiet=False):
-    subprocess.run([sys.executable, "-m", "pileshuffle", *args], check=True, cwd=REPO,
-                   stdout=subprocess.DEVNULL if quiet else None)
+    subprocess.run(
+        [sys.executable, "-m", "pileshuffle", *args],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL if quiet else None,
+    )
 
 
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
-    data, output, report = os.path.join(WORK, "input"), os.path.join(WORK, "shuffled", "train"), os.path.join(WORK, "report")
+    data, output, report = (
+        os.path.join(WORK, "input"),
+        os.path.join(WORK, "shuffled", "train"),
+        os.path.join(WORK, "report"),
+    )
     pattern = os.path.join(data, "*.tfrecord")
-    pileshuffle("generate", "--format", "tfrecord", "--output_dir", data, "--records", "200000", "--files", "8",
-                "--record_bytes", "1000", quiet=True)
+    pileshuffle(
+        "generate",
+        "--format",
+        "tfrecord",
+        "--output_dir",
+        data,
+        "--records",
+        "200000",
+        "--files",
+        "8",
+        "--record_bytes",
+        "1000",
+        quiet=True,
+    )
     pileshuffle("run", "--input", pattern, "--output", output, "--seed", "1", quiet=True)
-    pileshuffle("quality", "--input", pattern, "--output", output, "--report", report, "--label_bytes", "6:7", "--compare")
+    pileshuffle(
+        "quality",
+        "--input",
+        pattern,
+        "--output",
+        output,
+        "--report",
+        report,
+        "--label_bytes",
+        "6:7",
+        "--compare",
+    )
     os.makedirs(IMAGES, exist_ok=True)
     shutil.copy(os.path.join(report, "quality.png"), os.path.join(IMAGES, "quality-compare.png"))
     shutil.copy(os.path.join(report, "training.png"), os.path.join(IMAGES, "training-effect.png"))

@@ -63,15 +63,30 @@ def tree_cpu(pid: int) -> float:
 
 def options(pattern: str, rpp: int, mode: str) -> list:
     piles, run_bytes = REGIMES[rpp]
-    return ["--input", pattern, "--num_piles", str(piles), "--run_bytes", str(run_bytes),
-            "--memory", "1GiB", "--intermediate", mode, "--seed", "1"]
+    return [
+        "--input",
+        pattern,
+        "--num_piles",
+        str(piles),
+        "--run_bytes",
+        str(run_bytes),
+        "--memory",
+        "1GiB",
+        "--intermediate",
+        mode,
+        "--seed",
+        "1",
+    ]
 
 
 def planned(pattern: str, rpp: int, mode: str) -> dict:
     """``plan --json``'s records per part and parts for the row's options."""
     out = os.path.join(WORK, "plan", "o")
-    text = subprocess.run(pileshuffle_command() + ["plan", "--json", "--output", out] +
-                          options(pattern, rpp, mode), check=True, capture_output=True).stdout
+    text = subprocess.run(
+        pileshuffle_command() + ["plan", "--json", "--output", out] + options(pattern, rpp, mode),
+        check=True,
+        capture_output=True,
+    ).stdout
     figures = json.loads(text)["modes"][mode]
     return {"records_per_part": figures["records_per_part"], "parts": figures["parts"]}
 
@@ -83,8 +98,12 @@ def measure(pattern: str, rpp: int, mode: str) -> dict:
     os.makedirs(out)
     command = ["capped", "6G"] + pileshuffle_command() + ["run", "--output", os.path.join(out, "o")]
     start = time.perf_counter()
-    child = subprocess.Popen(command + options(pattern, rpp, mode), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        command + options(pattern, rpp, mode),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pass1, lines = None, []
     for line in child.stderr:  # progress lines end in \r or \n: a line arrives when either ends
         lines.append(line)
@@ -99,8 +118,10 @@ def measure(pattern: str, rpp: int, mode: str) -> dict:
 
 
 def table(rows: dict, plans: dict, size: float) -> str:
-    head = ("| mode | records per part (plan) | piles | parts | CPU-s/GB | pass 1 | pass 2 |"
-            " wall s/GB | MB/s per CPU-s |\n|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| mode | records per part (plan) | piles | parts | CPU-s/GB | pass 1 | pass 2 |"
+        " wall s/GB | MB/s per CPU-s |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
     body = ""
     for (mode, rpp), runs in rows.items():
         cpu = statistics.median(r["cpu"] for r in runs) / size
@@ -108,9 +129,11 @@ def table(rows: dict, plans: dict, size: float) -> str:
         one = statistics.median(first) / size if first else float("nan")
         wall = statistics.median(r["wall"] for r in runs) / size
         plan = plans[mode, rpp]
-        body += (f"| {mode} | {rpp} ({plan['records_per_part']:,.1f}) | {REGIMES[rpp][0]} | "
-                 f"{plan['parts']:,} | "
-                 f"{cpu:.1f} | {one:.1f} | {cpu - one:.1f} | {wall:.1f} | {1000 / cpu:.0f} |\n")
+        body += (
+            f"| {mode} | {rpp} ({plan['records_per_part']:,.1f}) | {REGIMES[rpp][0]} | "
+            f"{plan['parts']:,} | "
+            f"{cpu:.1f} | {one:.1f} | {cpu - one:.1f} | {wall:.1f} | {1000 / cpu:.0f} |\n"
+        )
     return head + body
 
 
@@ -129,8 +152,10 @@ def main():
             for mode in modes:
                 rows[mode, rpp].append(measure(info["pattern"], rpp, mode))
                 log(f"round {round_ + 1}: {mode} {rpp}: {rows[mode, rpp][-1]}")
-    print(f"{info['bytes'] / 1e6:,.0f} MB of 1 KB TFRecords, --memory 1GiB, "
-          f"{args.rounds} rounds, medians ({datetime.date.today()}):\n")
+    print(
+        f"{info['bytes'] / 1e6:,.0f} MB of 1 KB TFRecords, --memory 1GiB, "
+        f"{args.rounds} rounds, medians ({datetime.date.today()}):\n"
+    )
     print(table(rows, plans, size))
 
 

@@ -27,18 +27,43 @@ from workspace import OUT, PEERS_PY  # noqa: E402
 
 
 def argument_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=int, default=1, help="1 (all formats, ~1 GB each) or N>1 (N GB TFRecord rows only)")
-    parser.add_argument("--quick", action="store_true", help=f"1/{QUICK_DIVISOR} of the data sizes (smoke run)")
-    parser.add_argument("--only", default="", help="comma-separated row names, prefixes (pileshuffle, floor) or globs")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="1 (all formats, ~1 GB each) or N>1 (N GB TFRecord rows only)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"1/{QUICK_DIVISOR} of the data sizes (smoke run)"
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated row names, prefixes (pileshuffle, floor) or globs",
+    )
     parser.add_argument("--list", action="store_true", help="list the rows and exit")
-    parser.add_argument("--keep", action="store_true", help="keep each row's output under bench/.out/NAME")
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds before a row is killed")
-    parser.add_argument("--repeat", type=int, default=None,
-                        help="rounds: every row runs once per round, rounds one after another, and each row reports its "
-                             "fastest run and its median (default 3 at scale 1, else 1)")
-    parser.add_argument("--idle_wait", type=float, default=120,
-                        help="before each row, wait up to this many seconds for other processes to go quiet (0: don't)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep each row's output under bench/.out/NAME"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3600, help="seconds before a row is killed"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="rounds: every row runs once per round, rounds one after another, and each row reports its "
+        "fastest run and its median (default 3 at scale 1, else 1)",
+    )
+    parser.add_argument(
+        "--idle_wait",
+        type=float,
+        default=120,
+        help="before each row, wait up to this many seconds for other processes to go quiet (0: don't)",
+    )
     return parser
 
 
@@ -57,7 +82,9 @@ def main(argv=None):
     if not plan:
         parser.error(f"--only {args.only} selects no row (see --list)")
     if any(p[1] in PEER_KINDS for p in plan) and not os.path.exists(PEERS_PY):
-        parser.error(f"the peers' rows run under {PEERS_PY}: `make peers` creates it (or leave them out with --only)")
+        parser.error(
+            f"the peers' rows run under {PEERS_PY}: `make peers` creates it (or leave them out with --only)"
+        )
 
     os.makedirs(OUT, exist_ok=True)
     m = machine()
@@ -66,7 +93,9 @@ def main(argv=None):
     print("\n".join(machine_lines(m)), flush=True)
 
     datasets, piles = prepare_datasets(plan, args.scale, args.quick)
-    attempts = run_rounds(plan, datasets, piles, args.repeat, args.timeout, args.keep, args.idle_wait)
+    attempts = run_rounds(
+        plan, datasets, piles, args.repeat, args.timeout, args.keep, args.idle_wait
+    )
     rows = fastest_runs(plan, attempts)
     add_floor_ratios(rows, args.repeat)
     evaluate_targets(rows, args.scale)
@@ -77,8 +106,16 @@ def main(argv=None):
     given = list(sys.argv[1:] if argv is None else argv)
     command = "python bench/run.py " + " ".join(given) if given else "make bench"
     label = f"scale{args.scale}{'-quick' if args.quick else ''}{'-only' if only else ''}"
-    results = {"title": title, "command": command, "scale": args.scale, "quick": args.quick, "seed": SEED,
-               "machine": m, "datasets": list(datasets.values()), "rows": rows}
+    results = {
+        "title": title,
+        "command": command,
+        "scale": args.scale,
+        "quick": args.quick,
+        "seed": SEED,
+        "machine": m,
+        "datasets": list(datasets.values()),
+        "rows": rows,
+    }
     write_results(report_markdown(title, m, command, header, body), results, label)
     failed = [r["name"] for r in rows if r["returncode"] != 0 or r["check_ok"] is False]
     if failed:

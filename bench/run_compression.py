@@ -37,16 +37,28 @@ def zipf_sentences(n: int, words_per_line: int = 80, seed: int = 0) -> list:
     bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     vocabulary = [letters[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     weights = 1 / np.arange(1, 50_001) ** 1.1
-    drawn = rng.choice(50_000, size=n * words_per_line, p=weights / weights.sum()).reshape(n, words_per_line)
-    return [json.dumps({"index": i, "label": i % 10, "text": " ".join(vocabulary[w] for w in row).capitalize() + "."}).encode()
-            for i, row in enumerate(drawn.tolist())]
+    drawn = rng.choice(50_000, size=n * words_per_line, p=weights / weights.sum()).reshape(
+        n, words_per_line
+    )
+    return [
+        json.dumps(
+            {
+                "index": i,
+                "label": i % 10,
+                "text": " ".join(vocabulary[w] for w in row).capitalize() + ".",
+            }
+        ).encode()
+        for i, row in enumerate(drawn.tolist())
+    ]
 
 
 def batches() -> dict:
     parquet = sorted(glob.glob(os.path.join(DATA, "parquet-1000000x1000-8f-s0", "*.parquet")))
     jsonl = sorted(glob.glob(os.path.join(DATA, "jsonl-2000000x500-8f-s0", "*.jsonl")))
     if not parquet or not jsonl:
-        raise SystemExit("make bench's 1 GB Parquet and JSONL sets are missing: run `make bench` (or bench/run.py) first")
+        raise SystemExit(
+            "make bench's 1 GB Parquet and JSONL sets are missing: run `make bench` (or bench/run.py) first"
+        )
     table = pq.read_table(parquet[0])
     rows = int(BATCH_BYTES / (table.nbytes / table.num_rows))
     with open(jsonl[0], "rb") as handle:
@@ -54,20 +66,28 @@ def batches() -> dict:
     sentences = zipf_sentences(BATCH_BYTES // 520)
     return {
         "Parquet rows (bench)": table.slice(0, rows).combine_chunks().to_batches()[0],
-        "JSONL, random letters (bench)": pa.record_batch([pa.array(lines, pa.binary())], names=["line"]),
-        "JSONL, Zipf sentences": pa.record_batch([pa.array(sentences, pa.binary())], names=["line"]),
+        "JSONL, random letters (bench)": pa.record_batch(
+            [pa.array(lines, pa.binary())], names=["line"]
+        ),
+        "JSONL, Zipf sentences": pa.record_batch(
+            [pa.array(sentences, pa.binary())], names=["line"]
+        ),
     }
 
 
 def encode(batch, codec):
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as writer:
+    with pa.ipc.new_stream(
+        sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=codec)
+    ) as writer:
         writer.write_batch(batch)
     return sink.getvalue()
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     print("| records | codec | size | encode | decode |\n|---|---|---|---|---|")
@@ -83,8 +103,10 @@ def main(argv=None):
                 decodes.append(time.perf_counter() - began)
             assert decoded.equals(batch)
             megabytes = batch.nbytes / 1e6
-            print(f"| {name} | {codec or 'none'} | {encoded.size / batch.nbytes:.2f}x | "
-                  f"{megabytes / statistics.median(encodes):,.0f} MB/s | {megabytes / statistics.median(decodes):,.0f} MB/s |")
+            print(
+                f"| {name} | {codec or 'none'} | {encoded.size / batch.nbytes:.2f}x | "
+                f"{megabytes / statistics.median(encodes):,.0f} MB/s | {megabytes / statistics.median(decodes):,.0f} MB/s |"
+            )
 
 
 if __name__ == "__main__":

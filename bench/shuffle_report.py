@@ -37,34 +37,55 @@ def fmt_disk(r):
 
 
 def fmt_chi2(r):
-    return f"{r['block_chi2'] / r['block_chi2_dof']:.2f}" if r.get("block_chi2") is not None else "-"
+    return (
+        f"{r['block_chi2'] / r['block_chi2_dof']:.2f}" if r.get("block_chi2") is not None else "-"
+    )
 
 
 def table_rows(rows):
     """(header, body): one line of cells per row."""
-    header = ["row", "data", "wall s", "MB/s", "records/s", "peak RSS GB", "x floor", "median s", "median x floor",
-              "cores", "others %", "disk GB", "check", "in-order %", "chi2/dof", "target", "notes"]
+    header = [
+        "row",
+        "data",
+        "wall s",
+        "MB/s",
+        "records/s",
+        "peak RSS GB",
+        "x floor",
+        "median s",
+        "median x floor",
+        "cores",
+        "others %",
+        "disk GB",
+        "check",
+        "in-order %",
+        "chi2/dof",
+        "target",
+        "notes",
+    ]
     body = []
     for r in rows:
-        body.append([
-            r["name"],
-            f"{r['format']} {r['input_bytes'] / 1e6:,.0f} MB",
-            f"{r['wall_seconds']:.2f}",
-            f"{r['mb_per_s']:,.0f}",
-            f"{r['records_per_s']:,}",
-            fmt_rss(r),
-            "-" if r.get("ratio") is None else f"{r['ratio']:.2f}",
-            f"{r['median_wall_seconds']:.2f}",
-            "-" if r.get("median_ratio") is None else f"{r['median_ratio']:.2f}",
-            f"{r['cores_used']:.2f}",
-            f"{100 * r['other_processes_busy']:.0f}",
-            fmt_disk(r),
-            r["check"],
-            "-" if r["ascending_pairs"] is None else f"{100 * r['ascending_pairs']:.0f}",
-            fmt_chi2(r),
-            r.get("target", ""),
-            r["notes"],
-        ])
+        body.append(
+            [
+                r["name"],
+                f"{r['format']} {r['input_bytes'] / 1e6:,.0f} MB",
+                f"{r['wall_seconds']:.2f}",
+                f"{r['mb_per_s']:,.0f}",
+                f"{r['records_per_s']:,}",
+                fmt_rss(r),
+                "-" if r.get("ratio") is None else f"{r['ratio']:.2f}",
+                f"{r['median_wall_seconds']:.2f}",
+                "-" if r.get("median_ratio") is None else f"{r['median_ratio']:.2f}",
+                f"{r['cores_used']:.2f}",
+                f"{100 * r['other_processes_busy']:.0f}",
+                fmt_disk(r),
+                r["check"],
+                "-" if r["ascending_pairs"] is None else f"{100 * r['ascending_pairs']:.0f}",
+                fmt_chi2(r),
+                r.get("target", ""),
+                r["notes"],
+            ]
+        )
     return header, body
 
 
@@ -90,19 +111,23 @@ def print_report(header, body, m, quick):
         print(line)
     print(f"load average at end: {' '.join(map(str, m['load_average_at_end']))}")
     if quick:
-        print("quick run: sizes are 1/50, so fixed start-up costs dominate; targets are indicative only.")
+        print(
+            "quick run: sizes are 1/50, so fixed start-up costs dominate; targets are indicative only."
+        )
 
 
 def report_markdown(title, m, command, header, body):
     """results.md: the title, the machine, the command, the table and its legend."""
-    return "".join([
-        f"# {title}\n\n",
-        "\n".join(f"- {line}" for line in machine_lines(m)) + "\n",
-        f"- command: `{command}`\n\n",
-        markdown_table(header, body) + "\n\n",
-        "\n".join(f"- {line}" for line in LEGEND) + "\n",
-        f"- load average at end: {' '.join(map(str, m['load_average_at_end']))}\n",
-    ])
+    return "".join(
+        [
+            f"# {title}\n\n",
+            "\n".join(f"- {line}" for line in machine_lines(m)) + "\n",
+            f"- command: `{command}`\n\n",
+            markdown_table(header, body) + "\n\n",
+            "\n".join(f"- {line}" for line in LEGEND) + "\n",
+            f"- load average at end: {' '.join(map(str, m['load_average_at_end']))}\n",
+        ]
+    )
 
 
 def write_results(markdown, results, label):
@@ -115,5 +140,7 @@ def write_results(markdown, results, label):
             handle.write(markdown)
         with open(base + ".json", "w") as handle:
             json.dump(results, handle, indent=1)
-    print(f"\nwritten: {os.path.relpath(os.path.join(OUT, 'results.md'), REPO)}, {os.path.relpath(os.path.join(OUT, 'results.json'), REPO)} "
-          f"(and a copy in {os.path.relpath(archive, REPO)}.*)")
+    print(
+        f"\nwritten: {os.path.relpath(os.path.join(OUT, 'results.md'), REPO)}, {os.path.relpath(os.path.join(OUT, 'results.json'), REPO)} "
+        f"(and a copy in {os.path.relpath(archive, REPO)}.*)"
+    )

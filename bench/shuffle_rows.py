@@ -22,7 +22,10 @@ QUICK_DIVISOR = 50  # --quick divides every record count by this (a smoke run)
 # labels are three classes of 70/20/10 %, which --balance uniform writes as 3 x 70 % = 2.1x its
 # records, and a plain set of exactly that many records of the same sizes (the same generator).
 IMBALANCE = (70, 20, 10)
-BALANCED_RECORDS = {"jsonl": (1_000_000, 500), "parquet": (500_000, 1000)}  # ~0.5 GB in, ~1.05 GB out
+BALANCED_RECORDS = {
+    "jsonl": (1_000_000, 500),
+    "parquet": (500_000, 1000),
+}  # ~0.5 GB in, ~1.05 GB out
 
 
 # Issue 35's rows: 1 GB of Parquet at 16, 1,024 and 4,096 piles in both intermediate modes (4,096 piles
@@ -47,13 +50,26 @@ def dataset_specs(scale, quick):
         "jsonl": ("jsonl", 2_000_000 // div, 8, 500),
         "tar": ("tar", datagen.TAR_SAMPLES_PER_GB // div, 8, datagen.TAR_JPG_BYTES),
         # the tar set's samples as TFRecords (~0.5 GB): the same payload bytes without tar's headers
-        "tar-as-tfrecord": ("tar-as-tfrecord", datagen.TAR_SAMPLES_PER_GB // div, 8, datagen.TAR_JPG_BYTES),
+        "tar-as-tfrecord": (
+            "tar-as-tfrecord",
+            datagen.TAR_SAMPLES_PER_GB // div,
+            8,
+            datagen.TAR_JPG_BYTES,
+        ),
     }
     for fmt, (records, record_bytes) in BALANCED_RECORDS.items():
         specs[f"{fmt}-imbalanced"] = (fmt, records // div, 8, record_bytes, IMBALANCE)
-        specs[f"{fmt}-balanced-size"] = (fmt, balanced_output_records(records // div), 8, record_bytes)
+        specs[f"{fmt}-balanced-size"] = (
+            fmt,
+            balanced_output_records(records // div),
+            8,
+            record_bytes,
+        )
     if scale > 1:
-        specs = {"tfrecord-1x": specs["tfrecord"], "tfrecord": ("tfrecord", 1_000_000 * scale // div, 8 * scale, 1000)}
+        specs = {
+            "tfrecord-1x": specs["tfrecord"],
+            "tfrecord": ("tfrecord", 1_000_000 * scale // div, 8 * scale, 1000),
+        }
     return specs
 
 
@@ -89,13 +105,41 @@ def row_plan(scale):
         ("cat-tar", "cat", "tar", "tar"),
         ("pileshuffle-tar", "pileshuffle", "tar", "tar"),
         ("pileshuffle-tar-as-tfrecord", "pileshuffle", "tar-as-tfrecord", "tfrecord"),
-        *[(f"piles-{mode}-{m}", "pileshuffle", "parquet", "parquet") for mode in MANY_PILES_MODES for m in MANY_PILES],
-        *[row for fmt in BALANCED_RECORDS for row in (
-            (f"balance-{fmt}-same-output", "pileshuffle", f"{fmt}-balanced-size", fmt),  # plain, as many records as balanced out
-            (f"balance-{fmt}", "pileshuffle", f"{fmt}-imbalanced", fmt),  # --balance uniform: 2.1x the input's records
-            (f"balance-{fmt}-piles", "pileshuffle", f"{fmt}-imbalanced", fmt),  # the same, piles sized for the output
-            (f"balance-{fmt}-same-input", "pileshuffle", f"{fmt}-imbalanced", fmt),  # plain, the same input
-        )],
+        *[
+            (f"piles-{mode}-{m}", "pileshuffle", "parquet", "parquet")
+            for mode in MANY_PILES_MODES
+            for m in MANY_PILES
+        ],
+        *[
+            row
+            for fmt in BALANCED_RECORDS
+            for row in (
+                (
+                    f"balance-{fmt}-same-output",
+                    "pileshuffle",
+                    f"{fmt}-balanced-size",
+                    fmt,
+                ),  # plain, as many records as balanced out
+                (
+                    f"balance-{fmt}",
+                    "pileshuffle",
+                    f"{fmt}-imbalanced",
+                    fmt,
+                ),  # --balance uniform: 2.1x the input's records
+                (
+                    f"balance-{fmt}-piles",
+                    "pileshuffle",
+                    f"{fmt}-imbalanced",
+                    fmt,
+                ),  # the same, piles sized for the output
+                (
+                    f"balance-{fmt}-same-input",
+                    "pileshuffle",
+                    f"{fmt}-imbalanced",
+                    fmt,
+                ),  # plain, the same input
+            )
+        ],
     ]
 
 
@@ -110,8 +154,22 @@ def planned_piles(data, fmt):
     probe = os.path.join(OUT, "plan-probe")
     shutil.rmtree(probe, ignore_errors=True)
     os.makedirs(probe)
-    result = subprocess.run([*pileshuffle_command(), "plan", "--input", data["pattern"], "--output",
-                             os.path.join(probe, "train"), "--format", fmt, "--json"], capture_output=True, text=True, cwd=probe)
+    result = subprocess.run(
+        [
+            *pileshuffle_command(),
+            "plan",
+            "--input",
+            data["pattern"],
+            "--output",
+            os.path.join(probe, "train"),
+            "--format",
+            fmt,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=probe,
+    )
     shutil.rmtree(probe, ignore_errors=True)
     if result.returncode != 0:
         raise RuntimeError(f"pileshuffle plan failed: {result.stderr.strip()}")
@@ -123,17 +181,28 @@ def prepare_datasets(plan, scale, quick):
     piles and warm the page cache; returns ({key: data set}, {key: piles})."""
     specs = dataset_specs(scale, quick)
     datasets, piles = {}, {}
-    referenced = {key for name, *_ in plan for arg in EXTRA_ARGS.get(name, ()) for key in _PILES_OF.findall(arg)}
+    referenced = {
+        key
+        for name, *_ in plan
+        for arg in EXTRA_ARGS.get(name, ())
+        for key in _PILES_OF.findall(arg)
+    }
     for key in sorted({p[2] for p in plan} | referenced, key=list(specs).index):
         fmt, records, files, record_bytes, *shares = specs[key]
-        datasets[key] = datagen.dataset(DATA, fmt, records, files, record_bytes, seed=0, log=log, shares=(shares or [None])[0])
+        datasets[key] = datagen.dataset(
+            DATA, fmt, records, files, record_bytes, seed=0, log=log, shares=(shares or [None])[0]
+        )
     for key, data in datasets.items():
         if key in referenced or any(p[2] == key and p[1] in ("floor", "pileshuffle") for p in plan):
             piles[key] = planned_piles(data, data["format"])
-            log(f"{data['name']}: pileshuffle's auto plan chooses {piles[key]} piles (the floor uses the same)")
+            log(
+                f"{data['name']}: pileshuffle's auto plan chooses {piles[key]} piles (the floor uses the same)"
+            )
     need = 3 * max(d["bytes"] for d in datasets.values())
     if shutil.disk_usage(OUT).free < need:
-        log(f"warning: less than {need / GB:.1f} GB free under {OUT}; rows may fail for lack of disk")
+        log(
+            f"warning: less than {need / GB:.1f} GB free under {OUT}; rows may fail for lack of disk"
+        )
 
     log("warm-up: cat of every input to /dev/null")
     for data in datasets.values():
@@ -148,18 +217,28 @@ def prepare_datasets(plan, scale, quick):
 # against balance-FORMAT-same-output (bench/shuffle_targets.py).
 # "{piles:KEY}" stands for the piles pileshuffle's auto plan chooses for data set KEY (extra_args).
 BALANCE_ARGS = ("--label_field", "label", "--balance", "uniform")
-EXTRA_ARGS = {"pileshuffle-jsonl-balanced": BALANCE_ARGS, "pileshuffle-parquet-balanced": BALANCE_ARGS,
-              **{f"balance-{fmt}": BALANCE_ARGS for fmt in BALANCED_RECORDS},
-              **{f"balance-{fmt}-piles": (*BALANCE_ARGS, "--num_piles", f"{{piles:{fmt}-balanced-size}}")
-                 for fmt in BALANCED_RECORDS},
-              **{f"piles-{mode}-{m}": ("--num_piles", str(m), "--intermediate", mode)
-                 for mode in MANY_PILES_MODES for m in MANY_PILES}}
+EXTRA_ARGS = {
+    "pileshuffle-jsonl-balanced": BALANCE_ARGS,
+    "pileshuffle-parquet-balanced": BALANCE_ARGS,
+    **{f"balance-{fmt}": BALANCE_ARGS for fmt in BALANCED_RECORDS},
+    **{
+        f"balance-{fmt}-piles": (*BALANCE_ARGS, "--num_piles", f"{{piles:{fmt}-balanced-size}}")
+        for fmt in BALANCED_RECORDS
+    },
+    **{
+        f"piles-{mode}-{m}": ("--num_piles", str(m), "--intermediate", mode)
+        for mode in MANY_PILES_MODES
+        for m in MANY_PILES
+    },
+}
 _PILES_OF = re.compile(r"\{piles:([^}]+)\}")
 
 
 def extra_args(name, piles):
     """A row's own options (EXTRA_ARGS), each "{piles:KEY}" replaced by data set KEY's planned piles."""
-    return tuple(_PILES_OF.sub(lambda m: str(piles[m.group(1)]), arg) for arg in EXTRA_ARGS.get(name, ()))
+    return tuple(
+        _PILES_OF.sub(lambda m: str(piles[m.group(1)]), arg) for arg in EXTRA_ARGS.get(name, ())
+    )
 
 
 def command_for(kind, fmt, data, out_dir, piles, extra=()):
@@ -169,21 +248,81 @@ def command_for(kind, fmt, data, out_dir, piles, extra=()):
         return ["sh", "-c", 'exec cat "$@" > /dev/null', "sh", *data["files"]], None
     if kind == "shuf":
         target = os.path.join(out_dir, "shuffled.jsonl")
-        return ["sh", "-c", 'out="$1"; shift; cat "$@" | shuf -o "$out"', "sh", target, *data["files"]], target
+        return [
+            "sh",
+            "-c",
+            'out="$1"; shift; cat "$@" | shuf -o "$out"',
+            "sh",
+            target,
+            *data["files"],
+        ], target
     if kind == "floor":
-        return [PY, os.path.join(HERE, "floor.py"), "--format", fmt, "--input", data["pattern"], "--output", prefix,
-                "--num_piles", str(piles), "--seed", str(SEED)], prefix + "-*-of-*"
+        return [
+            PY,
+            os.path.join(HERE, "floor.py"),
+            "--format",
+            fmt,
+            "--input",
+            data["pattern"],
+            "--output",
+            prefix,
+            "--num_piles",
+            str(piles),
+            "--seed",
+            str(SEED),
+        ], prefix + "-*-of-*"
     if kind == "pileshuffle":
-        return [*pileshuffle_command(), "run", "--input", data["pattern"], "--output", prefix, "--format", fmt,
-                "--seed", str(SEED), *extra], prefix + "-*-of-*"
+        return [
+            *pileshuffle_command(),
+            "run",
+            "--input",
+            data["pattern"],
+            "--output",
+            prefix,
+            "--format",
+            fmt,
+            "--seed",
+            str(SEED),
+            *extra,
+        ], prefix + "-*-of-*"
     if kind in ("duckdb", "duckdb-ram"):
         limit = ["--memory_limit", DUCKDB_MEMORY_LIMIT[fmt]] if kind == "duckdb" else []
-        return [PEERS_PY, os.path.join(HERE, "duckdb_shuffle.py"), "--format", fmt, "--input", data["pattern"],
-                "--output", prefix, *limit], f"{prefix}.{fmt}"
+        return [
+            PEERS_PY,
+            os.path.join(HERE, "duckdb_shuffle.py"),
+            "--format",
+            fmt,
+            "--input",
+            data["pattern"],
+            "--output",
+            prefix,
+            *limit,
+        ], f"{prefix}.{fmt}"
     if kind in PEERS:
-        output = f"{prefix}/*.{fmt}" if kind == "ray" else f"{prefix}.{fmt}"  # ray: a folder of files
-        return [PEERS_PY, os.path.join(HERE, "peer_shuffle.py"), "--peer", kind, "--format", fmt, "--input",
-                data["pattern"], "--output", prefix, "--seed", str(SEED)], output
+        output = (
+            f"{prefix}/*.{fmt}" if kind == "ray" else f"{prefix}.{fmt}"
+        )  # ray: a folder of files
+        return [
+            PEERS_PY,
+            os.path.join(HERE, "peer_shuffle.py"),
+            "--peer",
+            kind,
+            "--format",
+            fmt,
+            "--input",
+            data["pattern"],
+            "--output",
+            prefix,
+            "--seed",
+            str(SEED),
+        ], output
     if kind == "beam-common":
-        return [PY, os.path.join(HERE, "beam_common.py"), "--input", data["pattern"], "--output", prefix], prefix + "-*-of-*"
+        return [
+            PY,
+            os.path.join(HERE, "beam_common.py"),
+            "--input",
+            data["pattern"],
+            "--output",
+            prefix,
+        ], prefix + "-*-of-*"
     raise ValueError(kind)

@@ -22,8 +22,10 @@ def run_row(name, kind, fmt, data, piles, timeout, keep, idle_wait, extra=()):
     warm(data["files"])
     waited, _ = wait_for_idle(idle_wait) if idle_wait > 0 else (0.0, None)
     if waited >= 2:
-        log(f"[{name}] waited {waited:.0f} s for other processes to go quiet"
-            + (" (they did not: running anyway)" if waited >= idle_wait else ""))
+        log(
+            f"[{name}] waited {waited:.0f} s for other processes to go quiet"
+            + (" (they did not: running anyway)" if waited >= idle_wait else "")
+        )
     shown = cmd if len(cmd) < 14 else cmd[:5] + [f"... ({len(data['files'])} input files)"]
     log(f"[{name}] {' '.join(shown)}")
     m = measure(cmd, name, timeout, disk_dir=out_dir)
@@ -64,7 +66,9 @@ def run_row(name, kind, fmt, data, piles, timeout, keep, idle_wait, extra=()):
         check_row_output(row, outputs, out_dir, piles)
     if not keep:
         shutil.rmtree(out_dir, ignore_errors=True)
-    log(f"[{name}] {m.wall:.2f} s, {row['mb_per_s']:,.0f} MB/s, peak RSS {m.peak_rss / GB:.2f} GB, {row['check']}")
+    log(
+        f"[{name}] {m.wall:.2f} s, {row['mb_per_s']:,.0f} MB/s, peak RSS {m.peak_rss / GB:.2f} GB, {row['check']}"
+    )
     return row
 
 
@@ -85,11 +89,15 @@ def check_row_output(row, outputs, out_dir, piles):
         with open(manifest) as handle:
             man = json.load(handle)
         row["pipeline_seconds"] = man.get("seconds")
-        row["notes"] = (f"{man['num_piles']} piles ({'auto' if 'auto' in man['options']['num_piles_reason'] else 'fixed'}); "
-                        f"pipeline {man.get('seconds') or float('nan'):.2f} s")
+        row["notes"] = (
+            f"{man['num_piles']} piles ({'auto' if 'auto' in man['options']['num_piles_reason'] else 'fixed'}); "
+            f"pipeline {man.get('seconds') or float('nan'):.2f} s"
+        )
     elif kind == "floor":
         info = stdout_json(name)
-        row["notes"] = f"{piles} piles; pass 1 {info.get('pass1_seconds', float('nan')):.2f} s, pass 2 {info.get('pass2_seconds', float('nan')):.2f} s"
+        row["notes"] = (
+            f"{piles} piles; pass 1 {info.get('pass1_seconds', float('nan')):.2f} s, pass 2 {info.get('pass2_seconds', float('nan')):.2f} s"
+        )
     elif kind == "beam-common":
         info = stdout_json(name)
         row["notes"] = f"{len(files)} shard(s); pipeline {info.get('seconds', float('nan')):.2f} s"
@@ -97,12 +105,17 @@ def check_row_output(row, outputs, out_dir, piles):
         row["notes"] = "GNU shuf, whole input in RAM"
     elif kind in ("duckdb", "duckdb-ram"):
         info = stdout_json(name)
-        row["notes"] = (f"DuckDB ORDER BY random(), memory_limit {info.get('memory_limit')}"
-                        + (f" after {info['attempts'] - 1} out-of-memory attempt(s)" if info.get("attempts", 1) > 1 else ""))
+        row["notes"] = f"DuckDB ORDER BY random(), memory_limit {info.get('memory_limit')}" + (
+            f" after {info['attempts'] - 1} out-of-memory attempt(s)"
+            if info.get("attempts", 1) > 1
+            else ""
+        )
     elif kind in PEERS:
         info = stdout_json(name)
-        row["notes"] = (f"{kind} {info.get('version')}; start {info.get('start_seconds', float('nan')):.2f} s, "
-                        f"shuffle {info.get('seconds', float('nan')):.2f} s; {len(files)} file(s)")
+        row["notes"] = (
+            f"{kind} {info.get('version')}; start {info.get('start_seconds', float('nan')):.2f} s, "
+            f"shuffle {info.get('seconds', float('nan')):.2f} s; {len(files)} file(s)"
+        )
 
 
 def add_order_check(row, files):
@@ -127,8 +140,19 @@ def run_rounds(plan, datasets, piles, repeat, timeout, keep, idle_wait):
         if repeat > 1:
             log(f"round {round_index + 1} of {repeat}")
         for name, kind, key, fmt in plan:
-            attempts[name].append(run_row(name, kind, fmt, datasets[key], piles.get(key), timeout, keep, idle_wait,
-                                          extra_args(name, piles)))
+            attempts[name].append(
+                run_row(
+                    name,
+                    kind,
+                    fmt,
+                    datasets[key],
+                    piles.get(key),
+                    timeout,
+                    keep,
+                    idle_wait,
+                    extra_args(name, piles),
+                )
+            )
     return attempts
 
 
@@ -149,11 +173,24 @@ def fastest_runs(plan, attempts):
 def add_floor_ratios(rows, repeat):
     """Each row's wall (fastest and median) over that of the floor of its data set; with several
     rounds, every round's wall time goes into the notes."""
-    floors = {(r["format"], r["dataset"]): r for r in rows if r["kind"] == "floor" and r["returncode"] == 0}
+    floors = {
+        (r["format"], r["dataset"]): r
+        for r in rows
+        if r["kind"] == "floor" and r["returncode"] == 0
+    }
     for r in rows:
         floor = floors.get((r["format"], r["dataset"]))
-        r["ratio"] = round(r["wall_seconds"] / floor["wall_seconds"], 3) if floor and r["returncode"] == 0 else None
-        r["median_ratio"] = round(r["median_wall_seconds"] / floor["median_wall_seconds"], 3) if floor and r["returncode"] == 0 else None
+        r["ratio"] = (
+            round(r["wall_seconds"] / floor["wall_seconds"], 3)
+            if floor and r["returncode"] == 0
+            else None
+        )
+        r["median_ratio"] = (
+            round(r["median_wall_seconds"] / floor["median_wall_seconds"], 3)
+            if floor and r["returncode"] == 0
+            else None
+        )
         if repeat > 1:
-            r["notes"] = (r["notes"] + "; " if r["notes"] else "") + \
-                f"{repeat} rounds: {', '.join(f'{w:.2f}' for w in r['attempts_wall_seconds'])} s"
+            r["notes"] = (
+                r["notes"] + "; " if r["notes"] else ""
+            ) + f"{repeat} rounds: {', '.join(f'{w:.2f}' for w in r['attempts_wall_seconds'])} s"

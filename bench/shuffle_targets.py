@@ -5,22 +5,42 @@ from workspace import GB
 
 RSS_TARGET = 1 * GB  # the issue's bound on a pileshuffle run's peak tree RSS
 FLOOR_TARGET = 0.7  # TFRecord: at most this share of the plain 2-pass floor's time (issue 22)
-DUCKDB_TARGET = 1.5  # Parquet, JSONL: at least this many times DuckDB's out-of-core throughput (issue 22)
-BALANCE_TARGET = 1.2  # --balance: at most this many times a plain run of the same output size (issue 24)
-MANY_PILES_TARGET, MANY_PILES_RSS = 1.5, 1.5 * GB  # 1 GB in 4,096 piles: at most 1.5x the 16-pile time, 1.5 GB (issue 35)
+DUCKDB_TARGET = (
+    1.5  # Parquet, JSONL: at least this many times DuckDB's out-of-core throughput (issue 22)
+)
+BALANCE_TARGET = (
+    1.2  # --balance: at most this many times a plain run of the same output size (issue 24)
+)
+MANY_PILES_TARGET, MANY_PILES_RSS = (
+    1.5,
+    1.5 * GB,
+)  # 1 GB in 4,096 piles: at most 1.5x the 16-pile time, 1.5 GB (issue 35)
 
 
 def _many_piles_items(row, sixteen):
     """issue 35's bar for a many-piles row: its median over the same mode's 16-pile median, and its peak."""
-    items = [("RSS<=1.5GB", row["peak_rss_bytes"] <= MANY_PILES_RSS, f"{row['peak_rss_bytes'] / GB:.2f} GB")]
+    items = [
+        (
+            "RSS<=1.5GB",
+            row["peak_rss_bytes"] <= MANY_PILES_RSS,
+            f"{row['peak_rss_bytes'] / GB:.2f} GB",
+        )
+    ]
     if not row["name"].endswith("-4096"):
         return items
     name = f"wall<={MANY_PILES_TARGET}x 16 piles"
     if not sixteen:
         return [*items, (name, None, "no 16-pile row")]
     ratio = row["median_wall_seconds"] / sixteen["median_wall_seconds"]
-    return [*items, (name, ratio <= MANY_PILES_TARGET, f"{ratio:.2f}x (medians {row['median_wall_seconds']:.2f} vs "
-                                                       f"{sixteen['median_wall_seconds']:.2f} s)")]
+    return [
+        *items,
+        (
+            name,
+            ratio <= MANY_PILES_TARGET,
+            f"{ratio:.2f}x (medians {row['median_wall_seconds']:.2f} vs "
+            f"{sixteen['median_wall_seconds']:.2f} s)",
+        ),
+    ]
 
 
 def verdict(ok):
@@ -33,9 +53,14 @@ def _against_duckdb(ps, duck):
     if duck is None:
         return [(name, None, "no DuckDB row"), ("RSS<=DuckDB's", None, "no DuckDB row")]
     speed = duck["median_wall_seconds"] / ps["median_wall_seconds"]
-    return [(name, speed >= DUCKDB_TARGET, f"{speed:.2f}x (medians)"),
-            ("RSS<=DuckDB's", ps["peak_rss_bytes"] <= duck["peak_rss_bytes"],
-             f"{ps['peak_rss_bytes'] / GB:.2f} vs {duck['peak_rss_bytes'] / GB:.2f} GB")]
+    return [
+        (name, speed >= DUCKDB_TARGET, f"{speed:.2f}x (medians)"),
+        (
+            "RSS<=DuckDB's",
+            ps["peak_rss_bytes"] <= duck["peak_rss_bytes"],
+            f"{ps['peak_rss_bytes'] / GB:.2f} vs {duck['peak_rss_bytes'] / GB:.2f} GB",
+        ),
+    ]
 
 
 def _balance_items(bal, same_output, same_input):
@@ -48,8 +73,14 @@ def _balance_items(bal, same_output, same_input):
     if not same_output:
         return [(name, None, "no same-output row")]
     ratio = bal["median_wall_seconds"] / same_output["median_wall_seconds"]
-    return [(name, ratio <= BALANCE_TARGET, f"{ratio:.2f}x (medians {bal['median_wall_seconds']:.2f} vs "
-                                            f"{same_output['median_wall_seconds']:.2f} s)")]
+    return [
+        (
+            name,
+            ratio <= BALANCE_TARGET,
+            f"{ratio:.2f}x (medians {bal['median_wall_seconds']:.2f} vs "
+            f"{same_output['median_wall_seconds']:.2f} s)",
+        )
+    ]
 
 
 def evaluate_targets(rows, scale):
@@ -70,24 +101,47 @@ def evaluate_targets(rows, scale):
             items = []
             floor = good("floor-tfrecord")
             # judged on the medians (with one round, the only runs): a lucky fastest run proves little here
-            items.append((f"wall<={FLOOR_TARGET}x floor", ps["median_ratio"] <= FLOOR_TARGET,
-                          f"median {ps['median_ratio']:.2f}x, fastest {ps['ratio']:.2f}x") if floor else
-                         (f"wall<={FLOOR_TARGET}x floor", None, "no floor row"))
+            items.append(
+                (
+                    f"wall<={FLOOR_TARGET}x floor",
+                    ps["median_ratio"] <= FLOOR_TARGET,
+                    f"median {ps['median_ratio']:.2f}x, fastest {ps['ratio']:.2f}x",
+                )
+                if floor
+                else (f"wall<={FLOOR_TARGET}x floor", None, "no floor row")
+            )
             items.append(rss(ps))
             beam = good("beam-common-tfrecord")
-            items.append((">=8x faster than beam-common", beam["wall_seconds"] / ps["wall_seconds"] >= 8,
-                          f"{beam['wall_seconds'] / ps['wall_seconds']:.1f}x") if beam else
-                         (">=8x faster than beam-common", None, "no beam-common row"))
+            items.append(
+                (
+                    ">=8x faster than beam-common",
+                    beam["wall_seconds"] / ps["wall_seconds"] >= 8,
+                    f"{beam['wall_seconds'] / ps['wall_seconds']:.1f}x",
+                )
+                if beam
+                else (">=8x faster than beam-common", None, "no beam-common row")
+            )
             results["pileshuffle-tfrecord"] = items
         for fmt in ("parquet", "jsonl"):
             ps = good(f"pileshuffle-{fmt}")
             if ps:
                 results[ps["name"]] = [*_against_duckdb(ps, good(f"duckdb-{fmt}")), rss(ps)]
-            for bal in (good(f"balance-{fmt}"), good(f"balance-{fmt}-piles")):  # default piles; piles for the output
+            for bal in (
+                good(f"balance-{fmt}"),
+                good(f"balance-{fmt}-piles"),
+            ):  # default piles; piles for the output
                 if bal:
-                    results[bal["name"]] = [*_balance_items(bal, good(f"balance-{fmt}-same-output"),
-                                                            good(f"balance-{fmt}-same-input")), rss(bal)]
-            near = good(f"pileshuffle-{fmt}-balanced")  # labels already balanced: the output is the input's size (+0.3%)
+                    results[bal["name"]] = [
+                        *_balance_items(
+                            bal,
+                            good(f"balance-{fmt}-same-output"),
+                            good(f"balance-{fmt}-same-input"),
+                        ),
+                        rss(bal),
+                    ]
+            near = good(
+                f"pileshuffle-{fmt}-balanced"
+            )  # labels already balanced: the output is the input's size (+0.3%)
             if near:
                 results[near["name"]] = [*_balance_items(near, ps, None), rss(near)]
         for mode in ("files", "shuffle"):
@@ -102,7 +156,13 @@ def evaluate_targets(rows, scale):
             limit = f"wall<=1.2x{scale}x(1x wall)"
             if one:
                 bound = 1.2 * scale * one["wall_seconds"]
-                items.append((limit, big["wall_seconds"] <= bound, f"{big['wall_seconds']:.1f} s vs {bound:.1f} s"))
+                items.append(
+                    (
+                        limit,
+                        big["wall_seconds"] <= bound,
+                        f"{big['wall_seconds']:.1f} s vs {bound:.1f} s",
+                    )
+                )
             else:
                 items.append((limit, None, "no 1x row"))
             results["pileshuffle-tfrecord"] = items
@@ -114,4 +174,6 @@ def evaluate_targets(rows, scale):
     for r in rows:
         items = results.get(r["name"], [])
         r["targets"] = [{"target": t, "pass": ok, "value": v} for t, ok, v in items]
-        r["target"] = "; ".join(f"{t}: {'n/a' if ok is None else verdict(ok)} ({v})" for t, ok, v in items)
+        r["target"] = "; ".join(
+            f"{t}: {'n/a' if ok is None else verdict(ok)} ({v})" for t, ok, v in items
+        )

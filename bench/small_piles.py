@@ -33,7 +33,6 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from datagen import dataset
 from workspace import DATA
 
@@ -51,38 +50,60 @@ def floor(folder: str, counts=(16, 4096, 16, 4096)):
         out = os.path.join(folder, f"floor-{uuid.uuid4().hex[:6]}")
         os.makedirs(out)
         rows = table.num_rows // count
-        jobs = [(os.path.join(out, f"{i:05d}.parquet"), table.slice(i * rows, rows)) for i in range(count)]
+        jobs = [
+            (os.path.join(out, f"{i:05d}.parquet"), table.slice(i * rows, rows))
+            for i in range(count)
+        ]
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda job: pq.write_table(job[1], job[0], compression="snappy"), jobs))
-        print(f"floor      {count:5d} files: {time.perf_counter() - start:6.2f} s (pyarrow, 2 threads)", flush=True)
+        print(
+            f"floor      {count:5d} files: {time.perf_counter() - start:6.2f} s (pyarrow, 2 threads)",
+            flush=True,
+        )
 
 
 def _piles(num_piles: int):
     """The input's piles as pass 1 would hand them over: one segment per (input file, pile)."""
+    from pileshuffle.engine.fragments import Fragment, segment_encoder
+    from pileshuffle.engine.transforms.shuffle import Pile
+    from pileshuffle.formats import get_format
+    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.records import keys as keymath
     from pileshuffle.records.fingerprint import Fingerprint
-    from pileshuffle.formats import get_format
-    from pileshuffle.engine.fragments import Fragment, segment_encoder
-    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
-    from pileshuffle.engine.transforms.shuffle import Pile
 
-    fmt, rng, parts = get_format("parquet"), np.random.default_rng(1), [[] for _ in range(num_piles)]
+    fmt, rng, parts = (
+        get_format("parquet"),
+        np.random.default_rng(1),
+        [[] for _ in range(num_piles)],
+    )
     for n, path in enumerate(_input()):
         table = pq.read_table(path)
         keys = rng.integers(0, 2**63, table.num_rows, dtype=np.uint64) * np.uint64(2)
         hashes, lengths = fmt.record_hashes(table), fmt.record_lengths(table)
         piles = keymath.pile_of(keys, num_piles)
         order = np.argsort(piles, kind="stable")
-        table = table.append_column(KEY_COLUMN, pa.array(keys)).append_column(HASH_COLUMN, pa.array(hashes)).take(order)
-        hashes, lengths, bounds = hashes[order], lengths[order], np.searchsorted(piles[order], np.arange(num_piles + 1))
+        table = (
+            table.append_column(KEY_COLUMN, pa.array(keys))
+            .append_column(HASH_COLUMN, pa.array(hashes))
+            .take(order)
+        )
+        hashes, lengths, bounds = (
+            hashes[order],
+            lengths[order],
+            np.searchsorted(piles[order], np.arange(num_piles + 1)),
+        )
         encode = segment_encoder(table.schema)
         for pile in range(num_piles):
             a, b = int(bounds[pile]), int(bounds[pile + 1])
             if b > a:
                 batch = table.slice(a, b - a).combine_chunks().to_batches()[0]
                 fingerprint = Fingerprint.of(hashes[a:b], int(lengths[a:b].sum()))
-                parts[pile].append(Fragment((n,), b - a, int(lengths[a:b].sum()), fingerprint, payload=encode(batch)))
+                parts[pile].append(
+                    Fragment(
+                        (n,), b - a, int(lengths[a:b].sum()), fingerprint, payload=encode(batch)
+                    )
+                )
     return [Pile(p, num_piles, tuple(parts[p])) for p in range(num_piles)]
 
 
@@ -104,7 +125,10 @@ def per_pile(folder: str, piles: list):
     from pileshuffle.engine.transforms.write import WriteShard
 
     num_piles = len(piles)
-    ours, bare = os.path.join(folder, f"ours-{uuid.uuid4().hex[:6]}"), os.path.join(folder, f"bare-{uuid.uuid4().hex[:6]}")
+    ours, bare = (
+        os.path.join(folder, f"ours-{uuid.uuid4().hex[:6]}"),
+        os.path.join(folder, f"bare-{uuid.uuid4().hex[:6]}"),
+    )
     os.makedirs(bare)
     write = WriteShard("parquet", "snappy", os.path.join(ours, "shard"))
     list(write.process(piles[0], direct=True))  # first-call costs (imports) out of the sums
@@ -117,8 +141,11 @@ def per_pile(folder: str, piles: list):
         _bare(pile, bare)
         spent[0] += b - a
         spent[1] += time.perf_counter() - b
-    print(f"per_pile   {num_piles} piles: WriteShard {spent[0]:.2f} s ({1000 * spent[0] / num_piles:.2f} ms a pile), "
-          f"bare {spent[1]:.2f} s: {spent[0] / spent[1]:.2f}x", flush=True)
+    print(
+        f"per_pile   {num_piles} piles: WriteShard {spent[0]:.2f} s ({1000 * spent[0] / num_piles:.2f} ms a pile), "
+        f"bare {spent[1]:.2f} s: {spent[0] / spent[1]:.2f}x",
+        flush=True,
+    )
 
 
 def groups(folder: str, piles: list):
@@ -128,8 +155,12 @@ def groups(folder: str, piles: list):
 
     num_piles = len(piles)
     size = group_size(sum(p.nbytes for p in piles) / num_piles, GROUP_BYTES)
-    one = WriteShard("parquet", "snappy", os.path.join(folder, f"one-{uuid.uuid4().hex[:6]}", "shard"))
-    grouped = WriteShard("parquet", "snappy", os.path.join(folder, f"groups-{uuid.uuid4().hex[:6]}", "shard"))
+    one = WriteShard(
+        "parquet", "snappy", os.path.join(folder, f"one-{uuid.uuid4().hex[:6]}", "shard")
+    )
+    grouped = WriteShard(
+        "parquet", "snappy", os.path.join(folder, f"groups-{uuid.uuid4().hex[:6]}", "shard")
+    )
     list(one.process(piles[0], direct=True))
     list(grouped.process(PileGroup(tuple(piles[:1])), direct=True))
     spent = [0.0, 0.0]
@@ -141,8 +172,11 @@ def groups(folder: str, piles: list):
         list(grouped.process(PileGroup(tuple(piles[start : start + size])), direct=True))
         spent[0] += b - a
         spent[1] += time.perf_counter() - b
-    print(f"groups     {num_piles} piles in groups of {size}: {1000 * spent[1] / num_piles:.2f} ms a pile, "
-          f"one at a time {1000 * spent[0] / num_piles:.2f} ms: {spent[0] / spent[1]:.2f}x faster", flush=True)
+    print(
+        f"groups     {num_piles} piles in groups of {size}: {1000 * spent[1] / num_piles:.2f} ms a pile, "
+        f"one at a time {1000 * spent[0] / num_piles:.2f} ms: {spent[0] / spent[1]:.2f}x faster",
+        flush=True,
+    )
 
 
 def main():

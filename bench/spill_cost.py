@@ -21,20 +21,40 @@ from measure import measure_run
 from workspace import DATA, OUT
 
 HOLDS = {"held": None, "spilled": 16 << 20}
-RUN = ("import sys; from pileshuffle import runs; hold = sys.argv.pop(1); "
-       "runs.MAX_HELD_BYTES = int(hold) if hold != 'None' else runs.MAX_HELD_BYTES; "
-       "from pileshuffle.cli import entry; entry()")
+RUN = (
+    "import sys; from pileshuffle import runs; hold = sys.argv.pop(1); "
+    "runs.MAX_HELD_BYTES = int(hold) if hold != 'None' else runs.MAX_HELD_BYTES; "
+    "from pileshuffle.cli import entry; entry()"
+)
 
 
 def run(info, name, hold, piles):
     out = os.path.join(OUT, "spill_cost", name)
-    cmd = [sys.executable, "-c", RUN, str(hold), "run", "--input", info["pattern"], "--output",
-           os.path.join(out, "s"), "--num_piles", str(piles), "--run_bytes", "1GiB", "--seed", "1", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-c",
+        RUN,
+        str(hold),
+        "run",
+        "--input",
+        info["pattern"],
+        "--output",
+        os.path.join(out, "s"),
+        "--num_piles",
+        str(piles),
+        "--run_bytes",
+        "1GiB",
+        "--seed",
+        "1",
+        "--quiet",
+    ]
     return measure_run(cmd, f"spill_cost-{name}", out, info["files"])
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="GB of Parquet (default 1)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--piles", type=int, default=4096)
@@ -45,12 +65,16 @@ def main(argv=None):
         for name, hold in HOLDS.items():
             seen[name].append(run(info, name, hold, args.piles))
     wall = {name: statistics.median(m.wall for m in got) for name, got in seen.items()}
-    print(f"| {args.piles:,} piles, 1 GB Parquet x {args.scale:g} | wall (median) | CPU s | peak RSS | / held |")
+    print(
+        f"| {args.piles:,} piles, 1 GB Parquet x {args.scale:g} | wall (median) | CPU s | peak RSS | / held |"
+    )
     print("|---|---|---|---|---|")
     for name, got in seen.items():
         cpu = statistics.median(m.cpu for m in got)
         peak = max(m.peak_rss for m in got) / 1e9
-        print(f"| {name} | {wall[name]:.1f} s | {cpu:.1f} | {peak:.2f} GB | {wall[name] / wall['held']:.2f}x |")
+        print(
+            f"| {name} | {wall[name]:.1f} s | {cpu:.1f} | {peak:.2f} GB | {wall[name] / wall['held']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -66,11 +66,17 @@ def fused_pipeline(args):
     started = time.time()
     options = PipelineOptions(["--direct_running_mode=multi_threading", "--direct_num_workers=0"])
     with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
-        records = p | ReadFromTFRecord(args.input) | beam.Map(lambda r: r[:-1] + b"!")  # a trivial preprocessing step
+        records = (
+            p | ReadFromTFRecord(args.input) | beam.Map(lambda r: r[:-1] + b"!")
+        )  # a trivial preprocessing step
         if args.fused == "store":
-            (records
-             | ShuffleToPiles(num_piles=args.num_piles, seed=SEED, temp_location=args.temp)
-             | WritePileStore(args.output, format="tfrecord", num_piles=args.num_piles, seed=SEED))
+            (
+                records
+                | ShuffleToPiles(num_piles=args.num_piles, seed=SEED, temp_location=args.temp)
+                | WritePileStore(
+                    args.output, format="tfrecord", num_piles=args.num_piles, seed=SEED
+                )
+            )
         else:
             records | WriteToTFRecord(args.output, file_name_suffix=".tfrecord")
     print(json.dumps({"seconds": time.time() - started}))
@@ -83,20 +89,30 @@ def read_epoch(args):
     from pileshuffle.loader import ShuffledDataset
 
     started = time.time()
-    records = sum(len(batch) for batch in ShuffledDataset(args.read, seed=SEED, epoch=1).batches(256))
+    records = sum(
+        len(batch) for batch in ShuffledDataset(args.read, seed=SEED, epoch=1).batches(256)
+    )
     print(json.dumps({"seconds": time.time() - started, "records": records}))
 
 
 def file_states(directory):
-    return {p: (os.stat(p).st_size, os.stat(p).st_mtime_ns, os.stat(p).st_ino)
-            for p in glob.glob(os.path.join(directory, "**", "*"), recursive=True) if os.path.isfile(p)}
+    return {
+        p: (os.stat(p).st_size, os.stat(p).st_mtime_ns, os.stat(p).st_ino)
+        for p in glob.glob(os.path.join(directory, "**", "*"), recursive=True)
+        if os.path.isfile(p)
+    }
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1/20 of the sizes")
-    parser.add_argument("--idle_wait", type=float, default=15, help="wait up to this long for other processes to go quiet")
+    parser.add_argument(
+        "--idle_wait",
+        type=float,
+        default=15,
+        help="wait up to this long for other processes to go quiet",
+    )
     parser.add_argument("--fused", choices=("store", "plain"), help=argparse.SUPPRESS)
     parser.add_argument("--read", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
@@ -123,8 +139,12 @@ def main(argv=None):
         m = measure(cmd, name, 1200)
         if m.returncode != 0:
             raise SystemExit(f"{name} failed (exit {m.returncode}); see bench/.out/logs/{name}.err")
-        results.setdefault(name, []).append({"wall": m.wall, "rss": m.peak_rss, "cpu": m.cpu, "others": m.others})
-        log(f"[{name}] {m.wall:.2f} s, peak RSS {m.peak_rss / GB:.2f} GB, other processes {m.others:.0%} of the machine")
+        results.setdefault(name, []).append(
+            {"wall": m.wall, "rss": m.peak_rss, "cpu": m.cpu, "others": m.others}
+        )
+        log(
+            f"[{name}] {m.wall:.2f} s, peak RSS {m.peak_rss / GB:.2f} GB, other processes {m.others:.0%} of the machine"
+        )
         return m
 
     untouched, layout_facts, dedup_facts = True, {}, {}
@@ -132,55 +152,152 @@ def main(argv=None):
         shutil.rmtree(root, ignore_errors=True)
         os.makedirs(root)
         out = lambda name: os.path.join(root, name)  # noqa: E731
-        row("run-shards-1g", [*ps, "run", "--input", big_pattern, "--output", out("shards"), "--seed", str(SEED)])
-        shards_kept = os.path.join(OUT, "store-shards")  # outside root: the store run must not see them
+        row(
+            "run-shards-1g",
+            [*ps, "run", "--input", big_pattern, "--output", out("shards"), "--seed", str(SEED)],
+        )
+        shards_kept = os.path.join(
+            OUT, "store-shards"
+        )  # outside root: the store run must not see them
         shutil.rmtree(shards_kept, ignore_errors=True)
         shutil.move(root, shards_kept)
         os.makedirs(root)
-        row("run-store-1g", [*ps, "run", "--layout", "store", "--input", big_pattern, "--output", out("big"), "--seed", str(SEED)])
+        row(
+            "run-store-1g",
+            [
+                *ps,
+                "run",
+                "--layout",
+                "store",
+                "--input",
+                big_pattern,
+                "--output",
+                out("big"),
+                "--seed",
+                str(SEED),
+            ],
+        )
         reader = [PY, os.path.abspath(__file__)]
         row("loader-epoch-shards-1g", [*reader, "--read", os.path.join(shards_kept, "shards")])
         row("loader-epoch-store-1g", [*reader, "--read", out("big")])
         shutil.rmtree(shards_kept)
         first = json.load(open(os.path.join(out("big") + "-store", "manifest-00000001.json")))
         piles = first["num_piles"]
-        layout_facts = {"input_files": len(glob.glob(big_pattern)), "piles": piles,
-                        "writers": first["generations"][0]["writers"], "files": len(first["generations"][0]["files"])}
-        row("run-store-100m", [*ps, "run", "--layout", "store", "--input", small_pattern, "--output", out("small"),
-                               "--seed", str(SEED), "--num_piles", str(piles)])
+        layout_facts = {
+            "input_files": len(glob.glob(big_pattern)),
+            "piles": piles,
+            "writers": first["generations"][0]["writers"],
+            "files": len(first["generations"][0]["files"]),
+        }
+        row(
+            "run-store-100m",
+            [
+                *ps,
+                "run",
+                "--layout",
+                "store",
+                "--input",
+                small_pattern,
+                "--output",
+                out("small"),
+                "--seed",
+                str(SEED),
+                "--num_piles",
+                str(piles),
+            ],
+        )
         before = file_states(out("big") + "-store")
         row("append-100m-to-1g", [*ps, "append", "--store", out("big"), "--input", small_pattern])
         after = file_states(out("big") + "-store")
-        untouched &= all(after.get(p) == s for p, s in before.items() if "manifest" not in os.path.basename(p))
-        again = out("again")  # 100 MB of new records and a copy of one 1 GB file (another file: append takes it)
+        untouched &= all(
+            after.get(p) == s for p, s in before.items() if "manifest" not in os.path.basename(p)
+        )
+        again = out(
+            "again"
+        )  # 100 MB of new records and a copy of one 1 GB file (another file: append takes it)
         os.makedirs(again)
         shutil.copy(sorted(glob.glob(big_pattern))[0], os.path.join(again, "copy-of-big.tfrecord"))
         for path in glob.glob(small_pattern):
             os.symlink(path, os.path.join(again, os.path.basename(path)))
         again_pattern = os.path.join(again, "*.tfrecord")
-        row("append-225m-to-1g", [*ps, "append", "--store", out("big"), "--input", again_pattern,
-                                  "--allow_duplicate_inputs"])  # the 100 MB are its generation 1 already
-        row("run-store-dedup-1g", [*ps, "run", "--layout", "store", "--dedup", "exact", "--input", big_pattern,
-                                   "--output", out("dedup"), "--seed", str(SEED)])
-        row("append-dedup-225m-to-1g", [*ps, "append", "--store", out("dedup"), "--input", again_pattern])
-        dedup_facts = json.load(open(sorted(glob.glob(os.path.join(out("dedup") + "-store", "manifest-*.json")))[-1]))
-        dedup_facts = {"totals": dedup_facts["totals"], "appended": dedup_facts["generations"][-1]["dedup"]}
+        row(
+            "append-225m-to-1g",
+            [
+                *ps,
+                "append",
+                "--store",
+                out("big"),
+                "--input",
+                again_pattern,
+                "--allow_duplicate_inputs",
+            ],
+        )  # the 100 MB are its generation 1 already
+        row(
+            "run-store-dedup-1g",
+            [
+                *ps,
+                "run",
+                "--layout",
+                "store",
+                "--dedup",
+                "exact",
+                "--input",
+                big_pattern,
+                "--output",
+                out("dedup"),
+                "--seed",
+                str(SEED),
+            ],
+        )
+        row(
+            "append-dedup-225m-to-1g",
+            [*ps, "append", "--store", out("dedup"), "--input", again_pattern],
+        )
+        dedup_facts = json.load(
+            open(sorted(glob.glob(os.path.join(out("dedup") + "-store", "manifest-*.json")))[-1])
+        )
+        dedup_facts = {
+            "totals": dedup_facts["totals"],
+            "appended": dedup_facts["generations"][-1]["dedup"],
+        }
         shutil.rmtree(root)
         os.makedirs(root)
         fused = [PY, os.path.abspath(__file__), "--input", big_pattern, "--num_piles", str(piles)]
         row("fused-plain-tfrecord", [*fused, "--fused", "plain", "--output", out("plain/train")])
         shutil.rmtree(root)
         os.makedirs(root)
-        row("fused-store", [*fused, "--fused", "store", "--output", out("fused"), "--temp", out("tmp")])
+        row(
+            "fused-store",
+            [*fused, "--fused", "store", "--output", out("fused"), "--temp", out("tmp")],
+        )
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     many_prefix = os.path.join(root, "many")
-    row("run-store-2000-files-100m", [*ps, "run", "--layout", "store", "--input", os.path.join(many, "*.tfrecord"),
-                                     "--output", many_prefix, "--seed", str(SEED), "--num_piles", "64"])
+    row(
+        "run-store-2000-files-100m",
+        [
+            *ps,
+            "run",
+            "--layout",
+            "store",
+            "--input",
+            os.path.join(many, "*.tfrecord"),
+            "--output",
+            many_prefix,
+            "--seed",
+            str(SEED),
+            "--num_piles",
+            "64",
+        ],
+    )
     many_manifest = json.load(open(os.path.join(many_prefix + "-store", "manifest-00000001.json")))
     many_files = len(glob.glob(os.path.join(many_prefix + "-store", "g000000", "*.arrows")))
-    many_facts = {"input_files": 2000, "piles": 64, "writers": many_manifest["generations"][0]["writers"],
-                  "files": many_files}
+    many_facts = {
+        "input_files": 2000,
+        "piles": 64,
+        "writers": many_manifest["generations"][0]["writers"],
+        "files": many_files,
+    }
     shutil.rmtree(root, ignore_errors=True)
 
     def med(name):
@@ -189,36 +306,87 @@ def main(argv=None):
     def fastest(name):
         return min(x["wall"] for x in results[name])
 
-    pairs = [("run --layout store vs run", "run-store-1g", "run-shards-1g", 0.6),
-             ("append 100 MB to 1 GB vs 100 MB store run", "append-100m-to-1g", "run-store-100m", 1.2),
-             ("fused store vs fused WriteToTFRecord", "fused-store", "fused-plain-tfrecord", 1.3),
-             ("loader epoch: store time vs shards time (speed >= 0.8x)", "loader-epoch-store-1g", "loader-epoch-shards-1g",
-              1 / 0.8),
-             ("run --layout store --dedup vs run --layout store", "run-store-dedup-1g", "run-store-1g", 1.15),
-             ("append --dedup 225 MB to 1 GB vs a plain append", "append-dedup-225m-to-1g", "append-225m-to-1g", None)]
-    targets = [(name, med(a) / med(b), fastest(a) / fastest(b), limit) for name, a, b, limit in pairs]
-    lines = ["| row | walls (s), in round order | median (s) | peak RSS (GB) | others busy |", "|---|---|---|---|---|"]
+    pairs = [
+        ("run --layout store vs run", "run-store-1g", "run-shards-1g", 0.6),
+        ("append 100 MB to 1 GB vs 100 MB store run", "append-100m-to-1g", "run-store-100m", 1.2),
+        ("fused store vs fused WriteToTFRecord", "fused-store", "fused-plain-tfrecord", 1.3),
+        (
+            "loader epoch: store time vs shards time (speed >= 0.8x)",
+            "loader-epoch-store-1g",
+            "loader-epoch-shards-1g",
+            1 / 0.8,
+        ),
+        (
+            "run --layout store --dedup vs run --layout store",
+            "run-store-dedup-1g",
+            "run-store-1g",
+            1.15,
+        ),
+        (
+            "append --dedup 225 MB to 1 GB vs a plain append",
+            "append-dedup-225m-to-1g",
+            "append-225m-to-1g",
+            None,
+        ),
+    ]
+    targets = [
+        (name, med(a) / med(b), fastest(a) / fastest(b), limit) for name, a, b, limit in pairs
+    ]
+    lines = [
+        "| row | walls (s), in round order | median (s) | peak RSS (GB) | others busy |",
+        "|---|---|---|---|---|",
+    ]
     for name, runs in results.items():
         walls = ", ".join(f"{x['wall']:.2f}" for x in runs)
         busy = ", ".join(f"{x['others']:.0%}" for x in runs)
-        lines.append(f"| {name} | {walls} | {med(name):.2f} | {max(x['rss'] for x in runs) / GB:.2f} | {busy} |")
-    lines += ["", "| target | ratio of medians | ratio of fastest | target | result (medians) |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {name} | {walls} | {med(name):.2f} | {max(x['rss'] for x in runs) / GB:.2f} | {busy} |"
+        )
+    lines += [
+        "",
+        "| target | ratio of medians | ratio of fastest | target | result (medians) |",
+        "|---|---|---|---|---|",
+    ]
     for name, ratio, best, limit in targets:
         if limit is None:
             lines.append(f"| {name} | {ratio:.2f}x | {best:.2f}x | none | reported |")
         else:
-            lines.append(f"| {name} | {ratio:.2f}x | {best:.2f}x | <= {limit:.2f}x | {'PASS' if ratio <= limit else 'FAIL'} |")
-    lines.append(f"\n1 GB store, generation 0: {layout_facts['input_files']} input files, {layout_facts['writers']} writers x "
-                 f"{layout_facts['piles']} piles -> {layout_facts['files']} files (bound: writers x piles)")
-    lines.append(f"2,000 small inputs (100 MB): {many_facts['writers']} writers x 64 piles -> {many_facts['files']} files "
-                 f"(not 2,000 x 64 = 128,000)")
-    lines.append(f"append left the 1 GB store's existing files untouched (size, mtime, inode): {untouched}")
-    lines.append(f"dedup store after the append: {dedup_facts.get('totals')}; the appended generation: "
-                 f"{dedup_facts.get('appended')}")
+            lines.append(
+                f"| {name} | {ratio:.2f}x | {best:.2f}x | <= {limit:.2f}x | {'PASS' if ratio <= limit else 'FAIL'} |"
+            )
+    lines.append(
+        f"\n1 GB store, generation 0: {layout_facts['input_files']} input files, {layout_facts['writers']} writers x "
+        f"{layout_facts['piles']} piles -> {layout_facts['files']} files (bound: writers x piles)"
+    )
+    lines.append(
+        f"2,000 small inputs (100 MB): {many_facts['writers']} writers x 64 piles -> {many_facts['files']} files "
+        f"(not 2,000 x 64 = 128,000)"
+    )
+    lines.append(
+        f"append left the 1 GB store's existing files untouched (size, mtime, inode): {untouched}"
+    )
+    lines.append(
+        f"dedup store after the append: {dedup_facts.get('totals')}; the appended generation: "
+        f"{dedup_facts.get('appended')}"
+    )
     print("\n".join(lines))
     with open(os.path.join(OUT, "store-results.json"), "w") as handle:
-        json.dump({"rows": results, "targets": [{"name": n, "ratio_of_medians": r, "ratio_of_fastest": b, "limit": lim} for n, r, b, lim in targets],
-                   "untouched": untouched, "store_files": layout_facts, "dedup": dedup_facts, "many_inputs": many_facts, "command": " ".join([PY, *sys.argv])}, handle, indent=1)
+        json.dump(
+            {
+                "rows": results,
+                "targets": [
+                    {"name": n, "ratio_of_medians": r, "ratio_of_fastest": b, "limit": lim}
+                    for n, r, b, lim in targets
+                ],
+                "untouched": untouched,
+                "store_files": layout_facts,
+                "dedup": dedup_facts,
+                "many_inputs": many_facts,
+                "command": " ".join([PY, *sys.argv]),
+            },
+            handle,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

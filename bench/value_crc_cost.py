@@ -39,23 +39,31 @@ def python_way(data, starts, lengths):
 
 def compiled_way(data, starts, lengths):
     from pileshuffle.records import compiled_crc
+
     return compiled_crc.slice_crcs(np.frombuffer(data, np.uint8), starts, lengths)
 
 
 def chunk(value_bytes: int, seed: int = 0):
-    lengths = np.random.default_rng(seed).integers(value_bytes // 2, value_bytes * 3 // 2 + 1, CHUNK_BYTES // value_bytes)
+    lengths = np.random.default_rng(seed).integers(
+        value_bytes // 2, value_bytes * 3 // 2 + 1, CHUNK_BYTES // value_bytes
+    )
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     return os.urandom(int(lengths.sum())), starts, lengths.astype(np.int64)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     print("| values | count per 16 MB | Python | compiled | ratio |\n|---|---|---|---|---|")
     for value_bytes in (1000, 100, 40):
         data, starts, lengths = chunk(value_bytes)
-        assert python_way(data, starts, lengths).tolist() == compiled_way(data, starts, lengths).tolist()
+        assert (
+            python_way(data, starts, lengths).tolist()
+            == compiled_way(data, starts, lengths).tolist()
+        )
         times = {"python": [], "compiled": []}
         for _ in range(args.rounds):
             for name, way in (("python", python_way), ("compiled", compiled_way)):
@@ -63,10 +71,20 @@ def main(argv=None):
                 way(data, starts, lengths)
                 times[name].append(time.perf_counter() - began)
         py, co = statistics.median(times["python"]), statistics.median(times["compiled"])
-        print(f"| {value_bytes:,} B | {len(starts):,} | {py * 1e3:.1f} ms | {co * 1e3:.1f} ms | {py / co:.1f}x |")
-    firsts = [float(subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, check=True).stdout)
-              for _ in range(3)]
-    print(f"\nfirst compiled call in a fresh process (numba's import + compile), median of 3: {statistics.median(firsts):.2f} s")
+        print(
+            f"| {value_bytes:,} B | {len(starts):,} | {py * 1e3:.1f} ms | {co * 1e3:.1f} ms | {py / co:.1f}x |"
+        )
+    firsts = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(3)
+    ]
+    print(
+        f"\nfirst compiled call in a fresh process (numba's import + compile), median of 3: {statistics.median(firsts):.2f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -42,10 +42,16 @@ MASKS = (
     ("a run's time and speed", r"\b[\d.]+ s, [\d.]+ MB/s", "<time> s, <speed> MB/s"),
     ("a progress line's elapsed time, ETA and speed", r"\[\d\d:\d\d<[^\]]*\]", "[<elapsed>]"),
     ("this machine's memory budget", rf"--memory {SIZE}", "--memory <budget>"),
-    ("the memory this machine has available, and where that figure comes from",
-     r"\(auto, from [^)]*\)", "(auto, from <available>)"),
-    ("pass 2's threads (one per core) and the peak they make",
-     rf"x \d+ at a time \+ ({SIZE}) = {SIZE} peak", r"x <threads> at a time + \1 = <peak> peak"),
+    (
+        "the memory this machine has available, and where that figure comes from",
+        r"\(auto, from [^)]*\)",
+        "(auto, from <available>)",
+    ),
+    (
+        "pass 2's threads (one per core) and the peak they make",
+        rf"x \d+ at a time \+ ({SIZE}) = {SIZE} peak",
+        r"x <threads> at a time + \1 = <peak> peak",
+    ),
     ("the local runner's workers (one per core)", r"\d+ worker\(s\)", "<cores> worker(s)"),
     ("free space on this machine's disk", rf"{SIZE} free", "<space> free"),
 )
@@ -57,6 +63,7 @@ class Step:
     """One command of a sample, as typed in a shell (``pileshuffle ...``; quoted patterns stay
     patterns), the exit code it must end with, and ``keep``: a pattern of the lines shown (every
     line when empty); each run of lines left out is shown as one ``GAP``."""
+
     command: str
     keep: str = ""
     code: int = 0
@@ -66,6 +73,7 @@ class Step:
 class Sample:
     """A block of the docs: ``steps`` run in the folder of ``data`` (a key of ``DATA``); ``about``
     is what the marker says it shows; with ``echo`` each command is shown first, after ``$ ``."""
+
     name: str
     about: str
     data: str
@@ -79,7 +87,7 @@ def demo_commands(makefile: pathlib.Path = ROOT / "Makefile") -> list:
     lines = makefile.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("demo:"))
     recipe = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.startswith("\t"):
             break
         recipe.append(line.strip().replace("$(BIN)/", "").replace("$(DEMO_DIR)", "demo-data"))
@@ -99,8 +107,11 @@ def _write_demo(folder: pathlib.Path):
 def _demo_steps(quality_shown: str) -> tuple:
     """The demo's commands whose output make shows; of ``quality``, the lines that match
     ``quality_shown``."""
-    return tuple(Step(command, quality_shown if command.split()[1] == "quality" else "")
-                 for command in demo_commands() if not command.endswith(DISCARDED))
+    return tuple(
+        Step(command, quality_shown if command.split()[1] == "quality" else "")
+        for command in demo_commands()
+        if not command.endswith(DISCARDED)
+    )
 
 
 ANIMALS = {"cat": 900, "dog": 90, "bird": 10}  # records per class, written one class after another
@@ -109,16 +120,19 @@ ANIMALS = {"cat": 900, "dog": 90, "bird": 10}  # records per class, written one 
 def _write_animals(folder: pathlib.Path):
     """raw/a.jsonl and raw/b.jsonl: ``ANIMALS``' records ``{"i", "animal", "text"}``."""
     animals = [animal for animal, count in ANIMALS.items() for _ in range(count)]
-    lines = [json.dumps({"i": i, "animal": animal, "text": "x" * (i % 40)}) + "\n"
-             for i, animal in enumerate(animals)]
+    lines = [
+        json.dumps({"i": i, "animal": animal, "text": "x" * (i % 40)}) + "\n"
+        for i, animal in enumerate(animals)
+    ]
     _write_lines(folder / "raw", lines, 600)
 
 
 def _write_crawl(folder: pathlib.Path):
     """crawl/a.jsonl and crawl/b.jsonl: 2,000 fetched pages, many fetched more than once."""
     pages = [(k * 37) % 1500 if k % 4 else k % 100 for k in range(2000)]
-    lines = [json.dumps({"url": f"https://example.com/{p}", "text": f"page {p}"}) + "\n"
-             for p in pages]
+    lines = [
+        json.dumps({"url": f"https://example.com/{p}", "text": f"page {p}"}) + "\n" for p in pages
+    ]
     _write_lines(folder / "crawl", lines, 1000)
 
 
@@ -133,8 +147,13 @@ def _write_locked(folder: pathlib.Path):
     """The animals' data, and out/train's lock held by a run on another host (never taken over)."""
     _write_animals(folder)
     (folder / "out").mkdir()
-    holder = {"command": "pileshuffle run --input ... --output out/train", "host": "host-1",
-              "pid": 4242, "since": "2026-11-23T20:00:00.000000Z", "token": "0" * 32}
+    holder = {
+        "command": "pileshuffle run --input ... --output out/train",
+        "host": "host-1",
+        "pid": 4242,
+        "since": "2026-11-23T20:00:00.000000Z",
+        "token": "0" * 32,
+    }
     (folder / "out" / "train.pileshuffle-lock").write_text(json.dumps(holder))
 
 
@@ -145,35 +164,90 @@ def _write_tfrecords(folder: pathlib.Path):
     write_tfrecord(str(folder / "data"), records=100, files=2)
 
 
-DATA = {"demo": _write_demo, "animals": _write_animals, "crawl": _write_crawl,
-        "locked": _write_locked, "tfrecords": _write_tfrecords}  # folder -> what makes its data
+DATA = {
+    "demo": _write_demo,
+    "animals": _write_animals,
+    "crawl": _write_crawl,
+    "locked": _write_locked,
+    "tfrecords": _write_tfrecords,
+}  # folder -> what makes its data
 
 QUALITY_SHOWN = r"^(pileshuffle quality|  (spearman|block chi2|verdict)|report written)"
 DEMO_STEPS = _demo_steps(QUALITY_SHOWN)
 DEMO_RUN = next(step.command for step in DEMO_STEPS if step.command.startswith("pileshuffle run "))
 SAMPLES = (
-    Sample("demo", "what `make demo` prints; of `quality`, its first line, two statistics, the "
-           "verdict and where the report went", "demo", DEMO_STEPS, echo=False),
-    Sample("plan", "`plan` on the demo's data", "demo",
-           (Step("pileshuffle plan --input 'demo-data/input/*.tfrecord' --output out/train"),)),
-    Sample("progress", "the demo run's start line and each pass's last progress line", "demo",
-           (Step(DEMO_RUN, r"^pileshuffle:"),), echo=False),
-    Sample("info", "`info` on the demo's output", "demo",
-           (Step("pileshuffle info --output demo-data/shuffled/train"),)),
-    Sample("checks", "three refusals", "tfrecords", (
-        Step("pileshuffle run --input 'data/*' --output out/train --num_pile 3 --sead 5", code=2),
-        Step("pileshuffle run --input 'data/*' --output out/train --max_pile_bytes 1KiB", code=2),
-        Step("pileshuffle run --input 'data/*' --output out/train --compression zstd", code=2))),
-    Sample("balance", "a run's `balance` line", "animals", (
-        Step("pileshuffle run --input 'raw/*.jsonl' --output out/train --label_field animal "
-             "--balance uniform", r"^balance"),)),
-    Sample("dedup", "a run's `records` line and `verify`", "crawl", (
-        Step("pileshuffle run --input 'crawl/*.jsonl' --output out/train --dedup exact",
-             r"^records"),
-        Step("pileshuffle verify --input 'crawl/*.jsonl' --output out/train"))),
-    Sample("lock", "a run refused by another host's lock", "locked",
-           (Step("pileshuffle run --input 'raw/*.jsonl' --output out/train", code=2),),
-           echo=False),
+    Sample(
+        "demo",
+        "what `make demo` prints; of `quality`, its first line, two statistics, the "
+        "verdict and where the report went",
+        "demo",
+        DEMO_STEPS,
+        echo=False,
+    ),
+    Sample(
+        "plan",
+        "`plan` on the demo's data",
+        "demo",
+        (Step("pileshuffle plan --input 'demo-data/input/*.tfrecord' --output out/train"),),
+    ),
+    Sample(
+        "progress",
+        "the demo run's start line and each pass's last progress line",
+        "demo",
+        (Step(DEMO_RUN, r"^pileshuffle:"),),
+        echo=False,
+    ),
+    Sample(
+        "info",
+        "`info` on the demo's output",
+        "demo",
+        (Step("pileshuffle info --output demo-data/shuffled/train"),),
+    ),
+    Sample(
+        "checks",
+        "three refusals",
+        "tfrecords",
+        (
+            Step(
+                "pileshuffle run --input 'data/*' --output out/train --num_pile 3 --sead 5", code=2
+            ),
+            Step(
+                "pileshuffle run --input 'data/*' --output out/train --max_pile_bytes 1KiB", code=2
+            ),
+            Step("pileshuffle run --input 'data/*' --output out/train --compression zstd", code=2),
+        ),
+    ),
+    Sample(
+        "balance",
+        "a run's `balance` line",
+        "animals",
+        (
+            Step(
+                "pileshuffle run --input 'raw/*.jsonl' --output out/train --label_field animal "
+                "--balance uniform",
+                r"^balance",
+            ),
+        ),
+    ),
+    Sample(
+        "dedup",
+        "a run's `records` line and `verify`",
+        "crawl",
+        (
+            Step(
+                "pileshuffle run --input 'crawl/*.jsonl' --output out/train --dedup exact",
+                r"^records",
+            ),
+            Step("pileshuffle verify --input 'crawl/*.jsonl' --output out/train"),
+        ),
+    ),
+    Sample(
+        "lock",
+        "a run refused by another host's lock",
+        "locked",
+        (Step("pileshuffle run --input 'raw/*.jsonl' --output out/train", code=2),),
+        echo=False,
+    ),
 )
 
 
@@ -188,9 +262,15 @@ def _run(command: str, folder: pathlib.Path, code: int) -> str:
     ``folder`` with no shell; it must end with exit code ``code``."""
     words = shlex.split(command)
     assert words[0] == "pileshuffle" and not {">", "|", "&&", ";"} & set(words), command
-    done = subprocess.run(_executable() + words[1:], cwd=folder, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, check=False,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    done = subprocess.run(
+        _executable() + words[1:],
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     if done.returncode != code:
         raise RuntimeError(f"`{command}` exited {done.returncode}, not {code}:\n{done.stdout}")
     return done.stdout
@@ -199,10 +279,12 @@ def _run(command: str, folder: pathlib.Path, code: int) -> str:
 def finished_progress(lines: list) -> list:
     """``lines`` without the progress lines printed while a pass ran (one every 5 s: how many
     depends on the machine's speed); each pass's last line stays."""
+
     def superseded(i):
         this = PROGRESS.match(lines[i])
         following = PROGRESS.match(lines[i + 1]) if i + 1 < len(lines) else None
         return bool(this and following and this.group(1) == following.group(1))
+
     return [line for i, line in enumerate(lines) if not superseded(i)]
 
 
@@ -267,7 +349,7 @@ def _spans(lines: list) -> list:
     for i, line in enumerate(lines):
         found = MARKER.match(line)
         if found:
-            if lines[i + 1:i + 2] != [FENCE]:
+            if lines[i + 1 : i + 2] != [FENCE]:
                 raise ValueError(f"sample {found['name']}: no ``` line follows its marker")
             spans.append((found["name"], i, lines.index(FENCE, i + 2) + 1))
     return spans
@@ -293,15 +375,21 @@ def masked(block: str) -> str:
 def difference(label: str, shown: str, made: str) -> str:
     """A unified diff of ``shown`` (a block of the docs) against ``made`` (what its commands
     print), both masked: "" when they are the same."""
-    return "\n".join(difflib.unified_diff(masked(shown).split("\n"), masked(made).split("\n"),
-                                          label, "printed", lineterm=""))
+    return "\n".join(
+        difflib.unified_diff(
+            masked(shown).split("\n"), masked(made).split("\n"), label, "printed", lineterm=""
+        )
+    )
 
 
 def differences(texts: dict, blocks: dict) -> list:
     """A diff for each marked block of ``texts`` (``{doc: markdown}``) that is not what its
     sample's commands print (``blocks``: ``{name: block}``)."""
-    found = [difference(f"{doc}: {name}", shown, blocks.get(name, "(no such sample)"))
-             for doc, text in texts.items() for name, shown in marked(text)]
+    found = [
+        difference(f"{doc}: {name}", shown, blocks.get(name, "(no such sample)"))
+        for doc, text in texts.items()
+        for name, shown in marked(text)
+    ]
     return [diff for diff in found if diff]
 
 

@@ -52,10 +52,19 @@ class JsonToExample(beam.DoFn):
             raise ValueError(f"not a JSON line ({error}): {line[:200]!r}") from error
         if not isinstance(row, dict):
             raise ValueError(f"a JSONL row must be an object, got: {line[:200]!r}")
-        example = self._tf.train.Example(features=self._tf.train.Features(feature={
-            name: feature for name, feature in ((name, self._feature(name, value)) for name, value in row.items())
-            if feature is not None
-        })).SerializeToString(deterministic=True)  # map order is otherwise per process: same row, other bytes
+        example = self._tf.train.Example(
+            features=self._tf.train.Features(
+                feature={
+                    name: feature
+                    for name, feature in (
+                        (name, self._feature(name, value)) for name, value in row.items()
+                    )
+                    if feature is not None
+                }
+            )
+        ).SerializeToString(
+            deterministic=True
+        )  # map order is otherwise per process: same row, other bytes
         if self._id_field is None:
             yield example
         else:
@@ -74,32 +83,60 @@ class JsonToExample(beam.DoFn):
         if all(isinstance(v, (bool, int, float)) for v in values):
             return tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
         if all(isinstance(v, str) for v in values):
-            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode("utf-8") for v in values]))
-        raise ValueError(f"field {name!r}: cannot turn {value!r} into a feature (mixed or nested values)")
+            return tf.train.Feature(
+                bytes_list=tf.train.BytesList(value=[v.encode("utf-8") for v in values])
+            )
+        raise ValueError(
+            f"field {name!r}: cannot turn {value!r} into a feature (mixed or nested values)"
+        )
 
 
-def build(pipeline, input_pattern, output, num_piles, seed, id_field=None, temp_location=None,
-          compression="none", overwrite=False):
+def build(
+    pipeline,
+    input_pattern,
+    output,
+    num_piles,
+    seed,
+    id_field=None,
+    temp_location=None,
+    compression="none",
+    overwrite=False,
+):
     """read JSONL -> tf.train.Example -> ShuffleToPiles -> WritePiles; returns the manifest PCollection."""
     return (
         pipeline
         | "ReadJsonl" >> beam.io.ReadFromText(input_pattern)
         | "ToExample" >> beam.ParDo(JsonToExample(id_field))
-        | "Shuffle" >> ShuffleToPiles(num_piles=num_piles, seed=seed, keyed=id_field is not None,
-                                      temp_location=temp_location)
-        | "WriteTFRecords" >> WritePiles(output, format="tfrecord", compression=compression, num_piles=num_piles,
-                                         overwrite=overwrite)
+        | "Shuffle"
+        >> ShuffleToPiles(
+            num_piles=num_piles, seed=seed, keyed=id_field is not None, temp_location=temp_location
+        )
+        | "WriteTFRecords"
+        >> WritePiles(
+            output,
+            format="tfrecord",
+            compression=compression,
+            num_piles=num_piles,
+            overwrite=overwrite,
+        )
     )
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", required=True, help="JSONL file pattern (gs:// or local; .gz is read as gzip)")
-    parser.add_argument("--output", required=True, help="output prefix: {output}-00000-of-000NN.tfrecord + manifest")
+    parser.add_argument(
+        "--input", required=True, help="JSONL file pattern (gs:// or local; .gz is read as gzip)"
+    )
+    parser.add_argument(
+        "--output", required=True, help="output prefix: {output}-00000-of-000NN.tfrecord + manifest"
+    )
     parser.add_argument("--num_piles", type=int, default=16, help="number of piles = output shards")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--id_field", default=None,
-                        help="JSON field with a unique id per row: makes the order reproducible (keyed shuffle)")
+    parser.add_argument(
+        "--id_field",
+        default=None,
+        help="JSON field with a unique id per row: makes the order reproducible (keyed shuffle)",
+    )
     parser.add_argument("--compression", choices=("none", "gzip"), default="none")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     return parser.parse_known_args(argv)
@@ -110,13 +147,26 @@ def main(argv=None):
     options = PipelineOptions(beam_args)
     # --temp_location (a Beam option) selects the files intermediate mode: fragments go there
     temp_location = options.view_as(GoogleCloudOptions).temp_location
-    from pileshuffle.planning.runners import make_runner  # local runs: Beam's FnApiRunner, no Prism download
+    from pileshuffle.planning.runners import (
+        make_runner,
+    )  # local runs: Beam's FnApiRunner, no Prism download
 
     with beam.Pipeline(runner=make_runner(options), options=options) as pipeline:
-        build(pipeline, args.input, args.output, args.num_piles, args.seed, args.id_field, temp_location,
-              args.compression, args.overwrite)
-    print(f"wrote {args.output}-*-of-{args.num_piles:05d}.tfrecord{'.gz' if args.compression == 'gzip' else ''} "
-          f"and {args.output}-manifest.json")
+        build(
+            pipeline,
+            args.input,
+            args.output,
+            args.num_piles,
+            args.seed,
+            args.id_field,
+            temp_location,
+            args.compression,
+            args.overwrite,
+        )
+    print(
+        f"wrote {args.output}-*-of-{args.num_piles:05d}.tfrecord{'.gz' if args.compression == 'gzip' else ''} "
+        f"and {args.output}-manifest.json"
+    )
     return 0
 
 

@@ -28,4 +28,11 @@ def __getattr__(name):  # lazy: importing the package must not import Beam's tra
     raise AttributeError(name)
 
 
-__all__ = ["ShuffleToPiles", "WritePiles", "WritePileStore", "Pile", "GroupIntoPiles", "__version__"]
+__all__ = [
+    "ShuffleToPiles",
+    "WritePiles",
+    "WritePileStore",
+    "Pile",
+    "GroupIntoPiles",
+    "__version__",
+]

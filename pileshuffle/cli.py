@@ -23,6 +23,7 @@ CLOSED_STDOUT_EXIT_CODE = 141  # 128 + SIGPIPE: what a shell reports for `yes | 
 class Command:
     """One command: ``module``'s ``function(argv) -> exit code`` and the line ``pileshuffle`` shows
     for it. The module is imported only when the command runs."""
+
     module: str
     description: str
     function: str = "main"
@@ -43,8 +44,11 @@ class Command:
             lacking = _uninstalled_pipeline_module(missing)
             if lacking is None:
                 raise
-            print(f"pileshuffle {name}: needs {lacking}, which this install lacks: "
-                  'pip install "pileshuffle[pipeline]"', file=sys.stderr)
+            print(
+                f"pileshuffle {name}: needs {lacking}, which this install lacks: "
+                'pip install "pileshuffle[pipeline]"',
+                file=sys.stderr,
+            )
             return 2
 
 
@@ -63,32 +67,79 @@ def _uninstalled_pipeline_module(missing: ModuleNotFoundError):
 
 
 COMMANDS = {  # name -> Command: what `pileshuffle NAME` runs, in the order the usage lists them
-    "run": Command("pileshuffle.pipeline", "shuffle: the template's pipeline (same options as python -m pileshuffle.pipeline)"),
-    "plan": Command("pileshuffle.commands.plan", "show what a run would do (files, bytes, piles, memory, space) without running it"),
-    "verify": Command("pileshuffle.commands.verify", "re-read input and output and prove nothing was lost, duplicated or corrupted"),
-    "info": Command("pileshuffle.commands.info", "say what a finished output or a pile store holds, from its manifest"),
-    "append": Command("pileshuffle.commands.store", "add new input files to a pile store (run --layout store) as a new generation", "append_main"),
-    "expire": Command("pileshuffle.commands.store", "drop a pile store's oldest generations (--keep_generations N, --before TIME)", "expire_main"),
-    "gc": Command("pileshuffle.commands.store", "delete a pile store's files that no recent manifest version lists", "gc_main"),
-    "materialize": Command("pileshuffle.commands.store", "write a pile store's records as the shuffled shards `run` writes", "materialize_main"),
-    "generate": Command("pileshuffle.commands.sample", "write sample data whose records carry their index (for trying things out)"),
-    "metadata": Command("pileshuffle.commands.metadata", "print the Dataflow flex template's metadata.json"),
-    "quality": Command("pileshuffle.commands.quality", "measure and draw how uniform a finished run's order is (and the shuffles people use instead)"),
+    "run": Command(
+        "pileshuffle.pipeline",
+        "shuffle: the template's pipeline (same options as python -m pileshuffle.pipeline)",
+    ),
+    "plan": Command(
+        "pileshuffle.commands.plan",
+        "show what a run would do (files, bytes, piles, memory, space) without running it",
+    ),
+    "verify": Command(
+        "pileshuffle.commands.verify",
+        "re-read input and output and prove nothing was lost, duplicated or corrupted",
+    ),
+    "info": Command(
+        "pileshuffle.commands.info",
+        "say what a finished output or a pile store holds, from its manifest",
+    ),
+    "append": Command(
+        "pileshuffle.commands.store",
+        "add new input files to a pile store (run --layout store) as a new generation",
+        "append_main",
+    ),
+    "expire": Command(
+        "pileshuffle.commands.store",
+        "drop a pile store's oldest generations (--keep_generations N, --before TIME)",
+        "expire_main",
+    ),
+    "gc": Command(
+        "pileshuffle.commands.store",
+        "delete a pile store's files that no recent manifest version lists",
+        "gc_main",
+    ),
+    "materialize": Command(
+        "pileshuffle.commands.store",
+        "write a pile store's records as the shuffled shards `run` writes",
+        "materialize_main",
+    ),
+    "generate": Command(
+        "pileshuffle.commands.sample",
+        "write sample data whose records carry their index (for trying things out)",
+    ),
+    "metadata": Command(
+        "pileshuffle.commands.metadata", "print the Dataflow flex template's metadata.json"
+    ),
+    "quality": Command(
+        "pileshuffle.commands.quality",
+        "measure and draw how uniform a finished run's order is (and the shuffles people use instead)",
+    ),
 }
 
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {command.description}" for name, command in COMMANDS.items()]
-    return "\n".join(["usage: pileshuffle COMMAND [options]", "", "commands:", *lines, "",
-                      "'pileshuffle COMMAND --help' shows a command's options; 'pileshuffle --version' the version."])
+    return "\n".join(
+        [
+            "usage: pileshuffle COMMAND [options]",
+            "",
+            "commands:",
+            *lines,
+            "",
+            "'pileshuffle COMMAND --help' shows a command's options; 'pileshuffle --version' the version.",
+        ]
+    )
 
 
 def main(argv=None):
     """``pileshuffle COMMAND [options]`` (``argv`` without the program name): the command's exit
     code; no command, or an unknown one, prints the usage (exit code 2; 0 for ``--help``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("run", "plan"):  # before Beam's import: a count that would take the machine
+    if argv and argv[0] in (
+        "run",
+        "plan",
+    ):  # before Beam's import: a count that would take the machine
         from pileshuffle.errors import UsageError
         from pileshuffle.planning.pile_bound import check_num_piles_argv
 
@@ -126,7 +177,9 @@ def entry():
             code = main()
         logging.shutdown()
         sys.stdout.flush()
-    except BrokenPipeError:  # the reader of stdout is gone (`pileshuffle plan ... | head`): end quietly
+    except (
+        BrokenPipeError
+    ):  # the reader of stdout is gone (`pileshuffle plan ... | head`): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = CLOSED_STDOUT_EXIT_CODE
     sys.stderr.flush()

@@ -3,8 +3,14 @@
 import re
 
 __all__ = [
-    "PileshuffleError", "InputError", "OutputError", "UsageError", "IntegrityError", "user_message",
-    "find_error", "unwrapped"
+    "PileshuffleError",
+    "InputError",
+    "OutputError",
+    "UsageError",
+    "IntegrityError",
+    "user_message",
+    "find_error",
+    "unwrapped",
 ]
 
 
@@ -36,7 +42,9 @@ class IntegrityError(PileshuffleError):
     """What was written does not account for what was read."""
 
 
-_WRAPPED = re.compile(r"(?:InputError|OutputError|UsageError|IntegrityError|PileshuffleError): (.+)")
+_WRAPPED = re.compile(
+    r"(?:InputError|OutputError|UsageError|IntegrityError|PileshuffleError): (.+)"
+)
 _RUNNER_SUFFIX = re.compile(r"\s*\[while running '[^\]]*'\]\s*$")  # Beam appends the failing step
 
 

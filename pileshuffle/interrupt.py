@@ -30,8 +30,17 @@ import sys
 import threading
 
 __all__ = [
-    "EXIT_CODE", "interrupted", "describe", "writing", "writes", "publishing", "not_cut", "handling",
-    "message", "stop_writes", "allow_writes"
+    "EXIT_CODE",
+    "interrupted",
+    "describe",
+    "writing",
+    "writes",
+    "publishing",
+    "not_cut",
+    "handling",
+    "message",
+    "stop_writes",
+    "allow_writes",
 ]
 
 EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
@@ -110,6 +119,7 @@ def writing():
 
 def writes(function):
     """``function`` (not a generator) as one ``writing()`` step."""
+
     @functools.wraps(function)
     def step(*args, **kwargs):
         with writing():
@@ -131,7 +141,9 @@ def stop_writes():
 def _wait_for_other_threads_steps():
     """Under ``_steps``: wait (at most ``_STEP_WAIT_SECONDS``) until no other thread is inside a writing step."""
     me = threading.get_ident()
-    _steps.wait_for(lambda: not any(n for thread, n in _State.steps.items() if thread != me), _STEP_WAIT_SECONDS)
+    _steps.wait_for(
+        lambda: not any(n for thread, n in _State.steps.items() if thread != me), _STEP_WAIT_SECONDS
+    )
 
 
 def allow_writes():
@@ -174,7 +186,11 @@ def handling(command: str):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
+    defaults = {
+        signal.SIGINT: signal.default_int_handler,
+        signal.SIGTERM: signal.SIG_DFL,
+        signal.SIGHUP: signal.SIG_DFL,
+    }
     ours = [s for s in _SIGNALS if signal.getsignal(s) is defaults[s]]
     if not ours:
         yield
@@ -244,14 +260,18 @@ def message() -> str:
         name += f" ({signal.Signals(_State.signum).name})"
     if _State.published:
         return f"{name}: interrupted after {_State.finished or 'it had published its result'}"
-    return f"{name}: interrupted; {_State.unfinished}" if _State.unfinished else f"{name}: interrupted"
+    return (
+        f"{name}: interrupted; {_State.unfinished}" if _State.unfinished else f"{name}: interrupted"
+    )
 
 
 def _exit():
     """Write the one line and end the process now (threads still running included)."""
     try:
         start = "" if _State.lines is None or _State.lines.at_line_start else "\n"
-        os.write(_State.stderr if _State.stderr is not None else 2, (start + message() + "\n").encode())
+        os.write(
+            _State.stderr if _State.stderr is not None else 2, (start + message() + "\n").encode()
+        )
     except OSError:
         pass
     os._exit(128 + _State.signum)

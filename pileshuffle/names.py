@@ -33,7 +33,9 @@ FORMAT_VERSION = "1.6"  # 1.1: input records keyed by their place in the file (k
 # generation's `dedup`, a data file's `copies` and its copies file: copy_marks); 1.6: Parquet shards dictionary-encode
 # only the columns whose first rows repeat (formats/parquet_layout), and their pages end where the rows do, not
 # where pass 2 cut a pile
-LEGACY_STORE_FORMAT = 1  # stores' manifests carried `store_format: 1` before `format_version`; kept for older readers
+LEGACY_STORE_FORMAT = (
+    1  # stores' manifests carried `store_format: 1` before `format_version`; kept for older readers
+)
 
 
 def format_problem(manifest: dict) -> str:
@@ -46,8 +48,10 @@ def format_problem(manifest: dict) -> str:
         return f"has format_version {text!r}, which is not MAJOR.MINOR"
     ours = FORMAT_VERSION.split(".")[0]
     if int(major) > int(ours):
-        return (f"has format_version {text}, written by a newer pileshuffle (this one reads {ours}.x): "
-                "upgrade pileshuffle to read it")
+        return (
+            f"has format_version {text}, written by a newer pileshuffle (this one reads {ours}.x): "
+            "upgrade pileshuffle to read it"
+        )
     return ""
 
 
@@ -63,10 +67,14 @@ MANIFEST_SUFFIX = "-manifest.json"  # after the prefix: a shard output's manifes
 SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5,}-of-[0-9]{5,}(?:\.[^/]*)?$")  # a shard's path
 SHARD_TAIL = re.compile(r"^-(\d{5,})-of-(\d{5,})(.*)$")  # what follows the prefix in a shard name
 SHARD_NUMBERS = re.compile(r"-[0-9]{5,}-of-[0-9]{5,}$")  # a TFDS-style tail before an extension
-JOURNAL_PREFIX = "journal-"  # in the staging folder: what an unfinished publication creates and deletes
+JOURNAL_PREFIX = (
+    "journal-"  # in the staging folder: what an unfinished publication creates and deletes
+)
 WORK_PREFIX = ".pileshuffle-work-"  # a run's work folder, before its digest
 # a path inside a run's work or staging folder, or its lock: what a run leaves while it runs, never input
-WORK_DIRECTORY = re.compile(r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+/|[^/]+\.pileshuffle-staging/|[^/]+\.pileshuffle-lock)")
+WORK_DIRECTORY = re.compile(
+    r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+/|[^/]+\.pileshuffle-staging/|[^/]+\.pileshuffle-lock)"
+)
 
 
 def shard_name(prefix: str, index: int, num_piles: int, suffix: str) -> str:
@@ -139,9 +147,13 @@ def temp_name(path: str, token: str) -> str:
 # -- columns of pile fragments and store files (Arrow IPC) -------------------------------------------
 
 RECORD_COLUMN = "record"  # a payload, as a user sees it (bytes formats; composed runs)
-FRAME_COLUMN = "tfrecord_frame"  # a whole TFRecord frame as read (length, CRCs, data): copied verbatim
+FRAME_COLUMN = (
+    "tfrecord_frame"  # a whole TFRecord frame as read (length, CRCs, data): copied verbatim
+)
 LINE_COLUMN = "line"  # a JSONL line with its newline
-TAR_SAMPLE_COLUMN = "tar_sample"  # a WebDataset sample's raw tar bytes: its members' headers, data and padding
+TAR_SAMPLE_COLUMN = (
+    "tar_sample"  # a WebDataset sample's raw tar bytes: its members' headers, data and padding
+)
 KEY_COLUMN = "_pileshuffle_key"  # U, the record's uint64 sort key
 HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carried to pass 2
 
@@ -149,7 +161,9 @@ HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carri
 # -- pile fragments (a run's work folder) --------------------------------------------------------
 
 FRAGMENT_EXTENSION = ".arrows"  # Arrow IPC streams: pile fragments and store data files
-RUN_EXTENSION = ".run"  # pass 1's runs: pile segments in pile order and their index (pileshuffle.engine.runs)
+RUN_EXTENSION = (
+    ".run"  # pass 1's runs: pile segments in pile order and their index (pileshuffle.engine.runs)
+)
 
 
 def source_writer_name(source_id: int, span_start: int = 0) -> str:
@@ -189,10 +203,14 @@ def class_codes_names(source_id: int) -> tuple:
 
 STORE_SUFFIX = "-store"  # after the prefix: a pile store's folder
 STORE_LOCK_NAME = "LOCK"  # in the store's folder while a command changes the store
-STORE_MANIFEST_NAME = re.compile(r"^manifest-(\d{8})\.json$")  # a manifest version's file name (group 1: the version)
+STORE_MANIFEST_NAME = re.compile(
+    r"^manifest-(\d{8})\.json$"
+)  # a manifest version's file name (group 1: the version)
 STORE_MANIFEST_GLOB = "manifest-*.json"  # every manifest version in the store's folder
 GENERATION_DIR = re.compile(r"^g(\d{6})$")  # a generation's folder name (group 1: the generation)
-STORE_FILE = re.compile(r"-store/(g\d{6}/|manifest-\d{8}\.json$|\.manifest-|LOCK)")  # any path inside a store
+STORE_FILE = re.compile(
+    r"-store/(g\d{6}/|manifest-\d{8}\.json$|\.manifest-|LOCK)"
+)  # any path inside a store
 
 
 def store_dir(prefix: str) -> str:
@@ -226,13 +244,55 @@ def is_store_file(path: str) -> bool:
 
 
 __all__ = [
-    "SHARDS_KIND", "STORE_KIND", "FORMAT_VERSION", "LEGACY_STORE_FORMAT", "format_problem", "manifest_header",
-    "MANIFEST_SUFFIX", "SHARD_NAME", "SHARD_TAIL", "SHARD_NUMBERS", "JOURNAL_PREFIX", "WORK_PREFIX",
-    "WORK_DIRECTORY", "shard_name", "manifest_path", "prefix_of_manifest", "staging_dir", "output_lock_path",
-    "journal_name", "staged_manifest_name", "work_dir_name", "literal_pattern", "shard_pattern", "temp_name", "attempt_name",
-    "RECORD_COLUMN", "FRAME_COLUMN", "LINE_COLUMN", "TAR_SAMPLE_COLUMN", "KEY_COLUMN", "HASH_COLUMN", "FRAGMENT_EXTENSION", "RUN_EXTENSION",
-    "source_writer_name", "split_writer_name", "run_name", "fragment_name", "CLASS_CODES_DIR", "class_codes_names",
-    "STORE_SUFFIX", "STORE_LOCK_NAME",
-    "STORE_MANIFEST_NAME", "STORE_MANIFEST_GLOB", "GENERATION_DIR", "STORE_FILE", "store_dir",
-    "store_manifest_name", "generation_dir_name", "store_writer_name", "data_file_name", "is_store_file"
+    "SHARDS_KIND",
+    "STORE_KIND",
+    "FORMAT_VERSION",
+    "LEGACY_STORE_FORMAT",
+    "format_problem",
+    "manifest_header",
+    "MANIFEST_SUFFIX",
+    "SHARD_NAME",
+    "SHARD_TAIL",
+    "SHARD_NUMBERS",
+    "JOURNAL_PREFIX",
+    "WORK_PREFIX",
+    "WORK_DIRECTORY",
+    "shard_name",
+    "manifest_path",
+    "prefix_of_manifest",
+    "staging_dir",
+    "output_lock_path",
+    "journal_name",
+    "staged_manifest_name",
+    "work_dir_name",
+    "literal_pattern",
+    "shard_pattern",
+    "temp_name",
+    "attempt_name",
+    "RECORD_COLUMN",
+    "FRAME_COLUMN",
+    "LINE_COLUMN",
+    "TAR_SAMPLE_COLUMN",
+    "KEY_COLUMN",
+    "HASH_COLUMN",
+    "FRAGMENT_EXTENSION",
+    "RUN_EXTENSION",
+    "source_writer_name",
+    "split_writer_name",
+    "run_name",
+    "fragment_name",
+    "CLASS_CODES_DIR",
+    "class_codes_names",
+    "STORE_SUFFIX",
+    "STORE_LOCK_NAME",
+    "STORE_MANIFEST_NAME",
+    "STORE_MANIFEST_GLOB",
+    "GENERATION_DIR",
+    "STORE_FILE",
+    "store_dir",
+    "store_manifest_name",
+    "generation_dir_name",
+    "store_writer_name",
+    "data_file_name",
+    "is_store_file",
 ]

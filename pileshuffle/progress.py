@@ -49,12 +49,39 @@ def pile_written():
 class _Line:
     """One pass's counter: a tqdm bar on a terminal, else a plain line every few seconds."""
 
-    def __init__(self, stream, live, total, desc, bar_format, unit="", unit_scale=False, interval=_PLAIN_INTERVAL_SECONDS):
+    def __init__(
+        self,
+        stream,
+        live,
+        total,
+        desc,
+        bar_format,
+        unit="",
+        unit_scale=False,
+        interval=_PLAIN_INTERVAL_SECONDS,
+    ):
         self.stream, self.live, self.interval = stream, live, interval
-        self.total, self.desc, self.bar_format, self.unit, self.unit_scale = total, desc, bar_format, unit, unit_scale
+        self.total, self.desc, self.bar_format, self.unit, self.unit_scale = (
+            total,
+            desc,
+            bar_format,
+            unit,
+            unit_scale,
+        )
         self.n, self.postfix, self.started, self.printed = 0, "", time.monotonic(), time.monotonic()
-        self.bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, file=stream, mininterval=0.5,
-                        **_width(stream)) if live else None
+        self.bar = (
+            tqdm(
+                total=total,
+                desc=desc,
+                unit=unit,
+                unit_scale=unit_scale,
+                file=stream,
+                mininterval=0.5,
+                **_width(stream),
+            )
+            if live
+            else None
+        )
 
     def update(self, n, postfix=None):
         self.n += n
@@ -69,8 +96,16 @@ class _Line:
 
     def print_line(self):
         self.printed = time.monotonic()
-        text = tqdm.format_meter(self.n, self.total, self.printed - self.started, prefix=self.desc, unit=self.unit,
-                                 unit_scale=self.unit_scale, postfix=self.postfix or None, bar_format=self.bar_format)
+        text = tqdm.format_meter(
+            self.n,
+            self.total,
+            self.printed - self.started,
+            prefix=self.desc,
+            unit=self.unit,
+            unit_scale=self.unit_scale,
+            postfix=self.postfix or None,
+            bar_format=self.bar_format,
+        )
         self.stream.write(f"pileshuffle: {text}\n")
         self.stream.flush()
 
@@ -93,33 +128,53 @@ def _width(stream) -> dict:
 class Progress:
     """The counters of one run; thread-safe (DoFns run in several threads)."""
 
-    def __init__(self, files: int, total_bytes: int, num_piles: int, stream, live: bool,
-                 interval=_PLAIN_INTERVAL_SECONDS):
+    def __init__(
+        self,
+        files: int,
+        total_bytes: int,
+        num_piles: int,
+        stream,
+        live: bool,
+        interval=_PLAIN_INTERVAL_SECONDS,
+    ):
         self.files, self.total_bytes, self.num_piles = files, total_bytes, num_piles
         self.stream, self.live, self.interval = stream, live, interval
         self.lock = threading.Lock()
-        self.done_files, self.counted, self.file_bytes = 0, {}, {}  # bytes counted by (source id, span) and by file
+        self.done_files, self.counted, self.file_bytes = (
+            0,
+            {},
+            {},
+        )  # bytes counted by (source id, span) and by file
         self.pass1 = self._line(total_bytes, "pass 1", _PASS1_FORMAT, unit="B", unit_scale=True)
         self.pass2 = None
 
     def _line(self, total, desc, bar_format, **units):
-        return _Line(self.stream, self.live, total, desc, bar_format, interval=self.interval, **units)
+        return _Line(
+            self.stream, self.live, total, desc, bar_format, interval=self.interval, **units
+        )
 
     def read(self, source, nbytes):
         with self.lock:
-            self._count(source, min(nbytes, source.span_bytes - self.counted.get((source.id, source.span), 0)))
+            self._count(
+                source,
+                min(nbytes, source.span_bytes - self.counted.get((source.id, source.span), 0)),
+            )
 
     def file_read(self, source):
         """``source`` (a file, or a span of one) is read: a file is done when all its bytes are."""
         with self.lock:
             rest = source.span_bytes - self.counted.get((source.id, source.span), 0)
-            self.done_files += source.span is None or self.file_bytes.get(source.id, 0) + rest >= source.size
+            self.done_files += (
+                source.span is None or self.file_bytes.get(source.id, 0) + rest >= source.size
+            )
             self._count(source, rest)
 
     def _count(self, source, nbytes):
         if self.pass1 is None or nbytes < 0:
             return
-        self.counted[source.id, source.span] = self.counted.get((source.id, source.span), 0) + nbytes
+        self.counted[source.id, source.span] = (
+            self.counted.get((source.id, source.span), 0) + nbytes
+        )
         self.file_bytes[source.id] = self.file_bytes.get(source.id, 0) + nbytes
         self.pass1.update(nbytes, f"{self.done_files}/{self.files} files")
 
@@ -144,7 +199,13 @@ class Progress:
 
 
 @contextlib.contextmanager
-def showing(files: int, total_bytes: int, num_piles: int, enabled: bool = True, interval=_PLAIN_INTERVAL_SECONDS):
+def showing(
+    files: int,
+    total_bytes: int,
+    num_piles: int,
+    enabled: bool = True,
+    interval=_PLAIN_INTERVAL_SECONDS,
+):
     """Report this process's pass-1 and pass-2 progress on stderr while the block runs.
     Writes to a duplicate of file descriptor 2 taken on entry, so a later redirection of
     descriptor 2 (the command line holds worker output) does not hide it."""
@@ -153,7 +214,9 @@ def showing(files: int, total_bytes: int, num_piles: int, enabled: bool = True, 
         yield None
         return
     stream = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
-    progress = Progress(files, total_bytes, num_piles, stream, live=stream.isatty(), interval=interval)
+    progress = Progress(
+        files, total_bytes, num_piles, stream, live=stream.isatty(), interval=interval
+    )
     _current = progress
     try:
         yield progress

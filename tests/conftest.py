@@ -58,8 +58,14 @@ def _quiet_beam(caplog):
 def small_tmpfs(tmp_path):
     directory = tmp_path / "small"
     os.makedirs(directory)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(directory)], capture_output=True, text=True)
-    if done.returncode != 0:  # as root a refusal is a failure; otherwise the injected ENOSPC tests cover this
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+    )
+    if (
+        done.returncode != 0
+    ):  # as root a refusal is a failure; otherwise the injected ENOSPC tests cover this
         refused = pytest.fail if os.geteuid() == 0 else pytest.skip
         refused(f"mounting a tmpfs needs root and failed: {done.stderr.strip()}")
     yield str(directory)
@@ -98,5 +104,7 @@ def gcs(gcs_root, request):
     import re
     import uuid
 
-    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:40]  # no [ ]: Beam takes them as wildcards
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[
+        :40
+    ]  # no [ ]: Beam takes them as wildcards
     return f"{gcs_root}/{name}-{uuid.uuid4().hex[:8]}"

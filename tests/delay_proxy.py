@@ -62,7 +62,7 @@ def _for_client(answer: bytes, method: str) -> bytes:
     dropped = (b"connection:", b"content-length:", b"keep-alive:")
     kept = [h for h in headers if not h.lower().startswith(dropped)]
     size = _header(headers, b"content-length:", b"0") if method == "HEAD" else b"%d" % len(body)
-    status = b"HTTP/1.1" + status[len(b"HTTP/1.0"):]
+    status = b"HTTP/1.1" + status[len(b"HTTP/1.0") :]
     return b"\r\n".join([status, *kept, b"Content-Length: " + size]) + b"\r\n\r\n" + body
 
 

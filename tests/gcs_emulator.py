@@ -18,9 +18,19 @@ from gcp_storage_emulator import server as emulator_server
 from gcp_storage_emulator.exceptions import NotFound
 from gcp_storage_emulator.handlers import buckets, objects
 
-PRECONDITION_FAILED = {"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
-                                 "errors": [{"reason": "conditionNotMet", "domain": "global",
-                                             "message": "At least one of the pre-conditions you specified did not hold."}]}}
+PRECONDITION_FAILED = {
+    "error": {
+        "code": 412,
+        "message": "At least one of the pre-conditions you specified did not hold.",
+        "errors": [
+            {
+                "reason": "conditionNotMet",
+                "domain": "global",
+                "message": "At least one of the pre-conditions you specified did not hold.",
+            }
+        ],
+    }
+}
 
 
 def _object_name(request):
@@ -51,8 +61,13 @@ def _insert_if_absent(insert):
 # Objects whose name holds FLAKY answer every read with 503 for FLAKY_SECONDS from the first one:
 # a transient outage, which clients must retry through (and say so while it lasts).
 FLAKY, FLAKY_SECONDS = "flaky-503", 7.0
-SERVICE_UNAVAILABLE = {"error": {"code": 503, "message": "Service Unavailable (the emulator's injected outage)",
-                                 "errors": [{"reason": "backendError", "domain": "global", "message": "Backend Error"}]}}
+SERVICE_UNAVAILABLE = {
+    "error": {
+        "code": 503,
+        "message": "Service Unavailable (the emulator's injected outage)",
+        "errors": [{"reason": "backendError", "domain": "global", "message": "Backend Error"}],
+    }
+}
 
 
 def _unavailable_for_a_while(handler):
@@ -75,14 +90,22 @@ def _unavailable_for_a_while(handler):
 
 # Objects whose name holds FORBIDDEN refuse every request with 403, as for a caller without permission.
 FORBIDDEN = "forbidden-403"
-PERMISSION_DENIED = {"error": {"code": 403, "message": "caller does not have storage.objects.get access (injected)",
-                               "errors": [{"reason": "forbidden", "domain": "global", "message": "Forbidden"}]}}
+PERMISSION_DENIED = {
+    "error": {
+        "code": 403,
+        "message": "caller does not have storage.objects.get access (injected)",
+        "errors": [{"reason": "forbidden", "domain": "global", "message": "Forbidden"}],
+    }
+}
 
 
 def _refused_when_named(handler):
     def refused(request, response, storage, *args, **kwargs):
-        if FORBIDDEN in request.path or FORBIDDEN in str(request.query.get("prefix", "")) or \
-                FORBIDDEN in str(request.query.get("name", "")):
+        if (
+            FORBIDDEN in request.path
+            or FORBIDDEN in str(request.query.get("prefix", ""))
+            or FORBIDDEN in str(request.query.get("name", ""))
+        ):
             response.status = HTTPStatus.FORBIDDEN
             response.json(PERMISSION_DENIED)
             return
@@ -147,8 +170,11 @@ def start(bucket: str):
     from helpers import free_port
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, __file__, str(port), bucket], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, __file__, str(port), bucket],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

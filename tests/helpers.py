@@ -41,7 +41,11 @@ def shuffled_sample(factory, fmt, *args, records, files=3, **write):
     return sample_run(factory, fmt, *args, records=records, files=files, **write)[1]
 
 
-CLASS_ORDER = {"cat": 900, "dog": 90, "bird": 10}  # the --balance tests' classes, written one class at a time
+CLASS_ORDER = {
+    "cat": 900,
+    "dog": 90,
+    "bird": 10,
+}  # the --balance tests' classes, written one class at a time
 
 
 def write_animals(root) -> str:
@@ -67,7 +71,10 @@ def input_places(paths, fmt="tfrecord"):
 
     from pileshuffle.formats import get_format
 
-    return [np.concatenate([places for _, places in get_format(fmt).read_placed(p)]) for p in sorted(paths)]
+    return [
+        np.concatenate([places for _, places in get_format(fmt).read_placed(p)])
+        for p in sorted(paths)
+    ]
 
 
 def shards(output):
@@ -93,8 +100,8 @@ def stable_manifest(output):
 
 def read_tfrecord_payloads(paths):
     """Payloads via Beam's own TFRecord codec (CRCs checked): an independent reader."""
-    from apache_beam.io.tfrecordio import _TFRecordUtil
     from apache_beam.coders import BytesCoder
+    from apache_beam.io.tfrecordio import _TFRecordUtil
 
     out = []
     for path in paths:
@@ -189,7 +196,9 @@ def assert_nothing_published(output):
 def kill_when(command, ready, timeout=240):
     """Start ``command`` in its own process group, SIGKILL the whole group once
     ``ready()`` holds; returns True if it was killed (False: it finished first)."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + timeout
     try:
         while process.poll() is None and time.time() < deadline:

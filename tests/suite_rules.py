@@ -18,16 +18,16 @@ EXTRA = "test"
 # A substring of the skip's reason -> why a run may go without that test. Keep it short.
 ALLOWED_SKIPS = {
     "only on the emulator": "the gs:// tests run on a real bucket when PILESHUFFLE_TEST_BUCKET names one; "
-                            "there no outage or refusal can be injected and credentials are looked up as "
-                            "they should be (make test runs these tests on the emulator)",
+    "there no outage or refusal can be injected and credentials are looked up as "
+    "they should be (make test runs these tests on the emulator)",
     "needs root": "mounting a tmpfs and chattr +i need root; as root (CI, make test here) a refusal "
-                  "fails the test instead",
+    "fails the test instead",
     "cannot create a memory cgroup: not root": "the container-budget run needs a memory cgroup of "
-                                               "its own; as root (CI, make test here) a refusal fails",
+    "its own; as root (CI, make test here) a refusal fails",
     "no package index reachable": "the reader's install test downloads its dependencies; an offline "
-                                  "machine cannot (with an index answering, a failed install fails)",
+    "machine cannot (with an index answering, a failed install fails)",
     "need memfd_create": "shared memory rings are Linux's (os.memfd_create); elsewhere batches travel "
-                         "inside the pickle, which the other handoff tests cover",
+    "inside the pickle, which the other handoff tests cover",
 }
 
 
@@ -48,15 +48,19 @@ def missing_requirements() -> list:
             missing.append(f"{requirement.name} (not installed)")
             continue
         if not requirement.specifier.contains(version, prereleases=True):
-            missing.append(f"{requirement.name} ({version} installed, {requirement.specifier} wanted)")
+            missing.append(
+                f"{requirement.name} ({version} installed, {requirement.specifier} wanted)"
+            )
     return missing
 
 
 def pytest_configure(config):
     missing = missing_requirements()
     if missing:
-        raise pytest.UsageError(f"required test dependencies missing: {', '.join(missing)}; "
-                                f"install the test extra with `make install`")
+        raise pytest.UsageError(
+            f"required test dependencies missing: {', '.join(missing)}; "
+            f"install the test extra with `make install`"
+        )
 
 
 def skip_reason(report) -> str:
@@ -73,9 +77,11 @@ def fail_unlisted_skip(report):
     if any(allowed in reason for allowed in ALLOWED_SKIPS):
         return
     report.outcome = "failed"
-    report.longrepr = (f"a skip that is not on the allow-list (ALLOWED_SKIPS in tests/suite_rules.py): "
-                       f"{reason}\nrequired dependencies are imported, not skipped; a real limit of "
-                       f"the environment goes on the list with its reason")
+    report.longrepr = (
+        f"a skip that is not on the allow-list (ALLOWED_SKIPS in tests/suite_rules.py): "
+        f"{reason}\nrequired dependencies are imported, not skipped; a real limit of "
+        f"the environment goes on the list with its reason"
+    )
 
 
 @pytest.hookimpl(wrapper=True)

@@ -15,7 +15,12 @@ MAX_LINES = 400
 # layer -> module prefixes (a module belongs to the longest prefix that names it); each package's
 # __init__ docstring says the same in words ("May import: ...")
 LAYERS = {
-    0: ["errors", "names", "interrupt", "progress"],  # the package root's bottom: no layer above them
+    0: [
+        "errors",
+        "names",
+        "interrupt",
+        "progress",
+    ],  # the package root's bottom: no layer above them
     1: ["io"],  # local files, gs:// objects, checksums, marks
     2: ["records"],  # keys, fingerprints, CRC loops
     3: ["formats"],
@@ -26,11 +31,28 @@ LAYERS = {
     8: ["commands"],
     9: ["cli", "pipeline", "__main__", "quality.__main__"],  # the public face: entry points
 }
-LOADER = "loader"  # beside layers 4-6: imports only layers 0-3, and only quality and commands import it
+LOADER = (
+    "loader"  # beside layers 4-6: imports only layers 0-3, and only quality and commands import it
+)
 LOADER_READS = 3
-WITHOUT_BEAM = ["errors", "names", "interrupt", "io", "records", "formats", "loader", "engine.balance",
-                "engine.sources", "engine.memory_runs", "engine.run_segments", "engine.dedup", "engine.tuning",
-                "planning.pile_bound", "planning.memory_limit", "commands.help_style"]
+WITHOUT_BEAM = [
+    "errors",
+    "names",
+    "interrupt",
+    "io",
+    "records",
+    "formats",
+    "loader",
+    "engine.balance",
+    "engine.sources",
+    "engine.memory_runs",
+    "engine.run_segments",
+    "engine.dedup",
+    "engine.tuning",
+    "planning.pile_bound",
+    "planning.memory_limit",
+    "commands.help_style",
+]
 ROOT_MODULES = 8  # the package root: the public face and what belongs to no layer
 
 
@@ -47,13 +69,19 @@ def imports(path: pathlib.Path):
     """``(module imported, at module level?)`` of every pileshuffle and apache_beam import."""
     tree = ast.parse(path.read_text())
     top = set(map(id, tree.body))
-    here = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
+    here = (
+        module_name(path).split(".")
+        if path.name == "__init__.py"
+        else module_name(path).split(".")[:-1]
+    )
     for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(
+                    here[: len(here) - node.level + 1] + ([node.module] if node.module else [])
+                )
                 base = f"pileshuffle.{base}" if base else "pileshuffle"
             names = [f"{base}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
@@ -77,7 +105,9 @@ def layer_of(module: str):
     best = None
     for layer, prefixes in LAYERS.items():
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[1])):
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > len(best[1])
+            ):
                 best = (layer, prefix)
     return None if best is None else best[0]
 
@@ -122,7 +152,7 @@ def test_no_import_circles():
         state[node] = "open"
         for nxt in graph.get(node, ()):
             if state.get(nxt) == "open":
-                circles.append(path[path.index(nxt):] + [nxt])
+                circles.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = "done"
@@ -135,15 +165,25 @@ def test_no_import_circles():
 
 @pytest.mark.parametrize("prefix", WITHOUT_BEAM)
 def test_beam_stays_out_of_what_a_training_host_imports(prefix):
-    found = [f"{m} imports {name}" for m, path in modules().items()
-             if m == prefix or m.startswith(prefix + ".")
-             for name, at_top in imports(path) if name.startswith("apache_beam") and at_top]
+    found = [
+        f"{m} imports {name}"
+        for m, path in modules().items()
+        if m == prefix or m.startswith(prefix + ".")
+        for name, at_top in imports(path)
+        if name.startswith("apache_beam") and at_top
+    ]
     assert found == []
 
 
 def test_no_module_is_longer_than_the_limit():
-    long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    bench = {p.name: n for p in (ROOT / "bench").glob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    bench = {
+        p.name: n
+        for p in (ROOT / "bench").glob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert (long, bench) == ({}, {})
 
 
@@ -153,6 +193,10 @@ def test_the_package_root_holds_only_the_face_and_the_bottom():
 
 
 def test_every_package_says_what_it_may_import():
-    silent = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("__init__.py")
-              if p.parent != PACKAGE and "may import" not in (ast.get_docstring(ast.parse(p.read_text())) or "").lower()]
+    silent = [
+        str(p.relative_to(ROOT))
+        for p in PACKAGE.rglob("__init__.py")
+        if p.parent != PACKAGE
+        and "may import" not in (ast.get_docstring(ast.parse(p.read_text())) or "").lower()
+    ]
     assert silent == []

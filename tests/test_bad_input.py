@@ -13,7 +13,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import (
     FAST,
     assert_nothing_published,
@@ -24,6 +23,7 @@ from helpers import (
     run_shuffle,
     shards,
 )
+
 from pileshuffle.commands import sample
 from pileshuffle.errors import InputError, OutputError, PileshuffleError
 from pileshuffle.records.crc import masked_crc
@@ -34,7 +34,9 @@ RECORDS, FILES, RECORD_BYTES = 300, 3, 50
 @pytest.fixture
 def tfrecords(tmp_path):
     """Three valid TFRecord files of 100 records each; returns (glob, paths, output)."""
-    paths = sample.write_tfrecord(str(tmp_path / "in"), records=RECORDS, files=FILES, record_bytes=RECORD_BYTES)
+    paths = sample.write_tfrecord(
+        str(tmp_path / "in"), records=RECORDS, files=FILES, record_bytes=RECORD_BYTES
+    )
     return str(tmp_path / "in" / "*.tfrecord"), paths, str(tmp_path / "out" / "train")
 
 
@@ -63,7 +65,9 @@ def test_tfrecord_corrupt_length_crc(tfrecords):
     rewrite(paths[1], lambda d: d.__setitem__(at + 9, d[at + 9] ^ 0x01))
     error = failing_run(pattern, output)
     assert (error.path, error.offset) == (paths[1], at)
-    assert f"{paths[1]} at byte offset {at}: corrupt record: the length field fails its CRC" == str(error)
+    assert f"{paths[1]} at byte offset {at}: corrupt record: the length field fails its CRC" == str(
+        error
+    )
 
 
 def test_tfrecord_corrupt_data_crc(tfrecords):
@@ -122,7 +126,9 @@ def test_truncated_gzip_is_not_silently_short(tfrecords):
     pattern, paths, output = tfrecords
     for path in paths:
         compressed = gzip.compress(open(path, "rb").read())
-        open(path + ".gz", "wb").write(compressed if path != paths[2] else compressed[: len(compressed) // 2])
+        open(path + ".gz", "wb").write(
+            compressed if path != paths[2] else compressed[: len(compressed) // 2]
+        )
         os.remove(path)
     error = failing_run(pattern + ".gz", output)
     assert error.path == paths[2] + ".gz"
@@ -153,7 +159,9 @@ def test_skip_corrupt_skips_resyncs_counts_and_reports(tmp_path, capsys):
 
     os.makedirs(tmp_path / "in")
     lost, regions = damaged_file(str(tmp_path / "in" / "bad.tfrecord"))
-    sample.write_tfrecord(str(tmp_path / "in"), records=50, files=1, record_bytes=RECORD_BYTES, name="good")
+    sample.write_tfrecord(
+        str(tmp_path / "in"), records=50, files=1, record_bytes=RECORD_BYTES, name="good"
+    )
     pattern, output = str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train")
 
     failing_run(pattern, output)  # without --skip_corrupt nothing is skipped: the run fails
@@ -174,8 +182,14 @@ def test_skip_corrupt_skips_resyncs_counts_and_reports(tmp_path, capsys):
 def test_skip_corrupt_with_nothing_left_is_an_error(tmp_path):
     os.makedirs(tmp_path / "in")
     (tmp_path / "in" / "noise.tfrecord").write_bytes(np.random.default_rng(1).bytes(5000))
-    error = failing_run(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train"), "--skip_corrupt")
-    assert "noise.tfrecord" in str(error) and "holds no records" in str(error) and "skipped" in str(error)
+    error = failing_run(
+        str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train"), "--skip_corrupt"
+    )
+    assert (
+        "noise.tfrecord" in str(error)
+        and "holds no records" in str(error)
+        and "skipped" in str(error)
+    )
 
 
 # --- Parquet ------------------------------------------------------------------------------
@@ -188,22 +202,30 @@ def test_parquet_schemas_differ(tmp_path):
         "extra", pa.array(range(table.num_rows))
     )
     pq.write_table(table, paths[1])
-    error = failing_run(str(tmp_path / "in" / "*.parquet"), str(tmp_path / "out" / "train"), "--format=parquet")
+    error = failing_run(
+        str(tmp_path / "in" / "*.parquet"), str(tmp_path / "out" / "train"), "--format=parquet"
+    )
     assert error.path == paths[1] and paths[0] in str(error)
-    assert "extra column 'extra'" in str(error) and "column 'label' is int64, not int32" in str(error)
+    assert "extra column 'extra'" in str(error) and "column 'label' is int64, not int32" in str(
+        error
+    )
 
 
 def test_parquet_file_that_is_not_parquet(tmp_path):
     paths = sample.write_parquet(str(tmp_path / "in"), records=300, files=2, record_bytes=60)
     open(paths[0], "wb").write(b"name,label\nnot,parquet\n" * 20)
-    error = failing_run(str(tmp_path / "in" / "*.parquet"), str(tmp_path / "out" / "train"), "--format=parquet")
+    error = failing_run(
+        str(tmp_path / "in" / "*.parquet"), str(tmp_path / "out" / "train"), "--format=parquet"
+    )
     assert error.path == paths[0] and "is not a Parquet file" in str(error)
 
 
 def test_parquet_empty_file(tmp_path):
     paths = sample.write_parquet(str(tmp_path / "in"), records=300, files=2, record_bytes=60)
     open(paths[1], "wb").close()
-    error = failing_run(str(tmp_path / "in" / "*.parquet"), str(tmp_path / "out" / "train"), "--format=parquet")
+    error = failing_run(
+        str(tmp_path / "in" / "*.parquet"), str(tmp_path / "out" / "train"), "--format=parquet"
+    )
     assert error.path == paths[1] and "is empty" in str(error)
 
 
@@ -218,7 +240,9 @@ def test_jsonl_binary_content_is_refused_naming_the_first_bad_line(tmp_path):
     (tmp_path / "in" / "binary.jsonl").write_bytes(blob)
     pattern, output = str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "out" / "train")
     error = failing_run(pattern, output, "--format=jsonl")
-    assert error.path == str(tmp_path / "in" / "binary.jsonl") and "line 2 is not text" in str(error)
+    assert error.path == str(tmp_path / "in" / "binary.jsonl") and "line 2 is not text" in str(
+        error
+    )
 
 
 def test_jsonl_empty_file_contributes_nothing(tmp_path, jsonl_input):
@@ -234,7 +258,9 @@ def test_all_inputs_empty_is_an_error(tmp_path):
     os.makedirs(tmp_path / "in")
     for name in ("a.jsonl", "b.jsonl"):
         open(tmp_path / "in" / name, "wb").close()
-    error = failing_run(str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "out" / "train"), "--format=jsonl")
+    error = failing_run(
+        str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "out" / "train"), "--format=jsonl"
+    )
     assert "is empty: no records to shuffle" in str(error)
 
 
@@ -257,7 +283,10 @@ def test_existing_output_needs_overwrite(tfrecords):
     pattern, _, output = tfrecords
     run_shuffle(pattern, output, "--num_piles=4", "--seed=1")
     before = {p: open(p, "rb").read() for p in shards(output)}
-    with pytest.raises(OutputError, match=r"output already exists: .*train-00000-of-00004\.tfrecord \(pass --overwrite"):
+    with pytest.raises(
+        OutputError,
+        match=r"output already exists: .*train-00000-of-00004\.tfrecord \(pass --overwrite",
+    ):
         run_shuffle(pattern, output, "--num_piles=4", "--seed=2")
     assert {p: open(p, "rb").read() for p in shards(output)} == before
     run_shuffle(pattern, output, "--num_piles=2", "--seed=2", "--overwrite")
@@ -281,7 +310,11 @@ def test_output_under_a_regular_file_is_found_before_pass_1(tfrecords, tmp_path,
 @contextlib.contextmanager
 def mounted_tmpfs(directory, options):
     os.makedirs(directory, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:  # as root a refusal is a failure
         refused = pytest.fail if os.geteuid() == 0 else pytest.skip
         refused(f"mounting a tmpfs needs root and failed: {done.stderr.strip() or done.returncode}")
@@ -297,10 +330,14 @@ def test_read_only_output_location_is_found_before_pass_1(tfrecords, tmp_path, m
     pattern, _, _ = tfrecords
     with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as directory:
         output = os.path.join(directory, "train")
-        monkeypatch.setattr(pipeline, "build", lambda *a, **k: pytest.fail("the pipeline was built"))
+        monkeypatch.setattr(
+            pipeline, "build", lambda *a, **k: pytest.fail("the pipeline was built")
+        )
         with pytest.raises(OutputError) as caught:
             run_shuffle(pattern, output, "--num_piles=4")
-        assert "cannot write to the output location" in str(caught.value) and directory in str(caught.value)
+        assert "cannot write to the output location" in str(caught.value) and directory in str(
+            caught.value
+        )
         assert "Read-only file system" in str(caught.value)
         assert os.listdir(directory) == []
 
@@ -309,8 +346,12 @@ def test_read_only_output_location_is_found_before_pass_1(tfrecords, tmp_path, m
 
 
 def cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "pileshuffle", "run", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pileshuffle", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def assert_one_line_error(done, *words):
@@ -341,10 +382,14 @@ def test_cli_corrupt_tfrecord_on_the_default_local_runner(tfrecords, attempt):
 def test_cli_path_errors(tfrecords, tmp_path):
     pattern, _, output = tfrecords
     missing = str(tmp_path / "missing" / "*.tfrecord")
-    assert_one_line_error(cli(f"--input={missing}", f"--output={output}", *FAST), missing, "matches no file")
+    assert_one_line_error(
+        cli(f"--input={missing}", f"--output={output}", *FAST), missing, "matches no file"
+    )
     (tmp_path / "file").write_text("x")
     under_file = str(tmp_path / "file" / "train")
-    assert_one_line_error(cli(f"--input={pattern}", f"--output={under_file}", *FAST), under_file, "cannot write")
+    assert_one_line_error(
+        cli(f"--input={pattern}", f"--output={under_file}", *FAST), under_file, "cannot write"
+    )
 
 
 def test_cli_skip_corrupt_reports_in_the_summary(tmp_path):

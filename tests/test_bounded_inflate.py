@@ -20,10 +20,20 @@ def test_plan_samples_a_gzip_file_of_repetitive_lines_in_bounded_memory(tmp_path
     with gzip.open(source, "wb", compresslevel=1) as handle:
         for _ in range(200):
             handle.write(LINE * 10_000)  # 1 GB of lines in about 7 MB
-    command = [sys.executable, "-m", "pileshuffle", "plan", "--json", "--input", f"{source}",
-               "--output", f"{tmp_path}/out/t"]
-    done = subprocess.run([sys.executable, "-c", MEASURED, *command], capture_output=True, text=True,
-                          timeout=300)
+    command = [
+        sys.executable,
+        "-m",
+        "pileshuffle",
+        "plan",
+        "--json",
+        "--input",
+        f"{source}",
+        "--output",
+        f"{tmp_path}/out/t",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURED, *command], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     out, peak = done.stdout.rsplit("\n", 2)[:2]
     assert '"num_piles"' in out

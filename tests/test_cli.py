@@ -15,20 +15,26 @@ import threading
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-
 from helpers import FAST, manifest, run_shuffle, shard_bytes, shards
+
 from pileshuffle.commands import sample
-from pileshuffle.errors import InputError, UsageError
 from pileshuffle.commands.metadata import template_metadata
 from pileshuffle.commands.options import check_argv
+from pileshuffle.errors import InputError, UsageError
 from pileshuffle.planning.parameters import PARAMETERS
 
 PY = sys.executable
 
 
 def cli(*args, cwd=None, **kwargs):
-    return subprocess.run([PY, "-m", "pileshuffle", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
-                          **kwargs)
+    return subprocess.run(
+        [PY, "-m", "pileshuffle", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        **kwargs,
+    )
 
 
 def one_line(text):
@@ -45,8 +51,11 @@ def inputs(tmp_path_factory):
 # -- 1. --help ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [["-m", "pileshuffle", "run"], ["-m", "pileshuffle.pipeline"]],
-                         ids=["pileshuffle run", "python -m pileshuffle.pipeline"])
+@pytest.mark.parametrize(
+    "command",
+    [["-m", "pileshuffle", "run"], ["-m", "pileshuffle.pipeline"]],
+    ids=["pileshuffle run", "python -m pileshuffle.pipeline"],
+)
 def test_help_lists_every_parameter_with_its_default_and_the_metadata_help_text(command):
     done = subprocess.run([PY, *command, "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -56,8 +65,15 @@ def test_help_lists_every_parameter_with_its_default_and_the_metadata_help_text(
         help_text = entry["helpText"].rsplit(" Example: ", 1)[0]
         assert f"--{entry['name']}" in text
         assert one_line(help_text) in text, entry["name"]
-        default = "required" if not entry["isOptional"] else f"default: {'false' if parameter.flag else parameter.default or 'none'}"
-        assert re.search(rf"--{entry['name']}\b[^(]*\({re.escape(default)}\)", text), (entry["name"], default)
+        default = (
+            "required"
+            if not entry["isOptional"]
+            else f"default: {'false' if parameter.flag else parameter.default or 'none'}"
+        )
+        assert re.search(rf"--{entry['name']}\b[^(]*\({re.escape(default)}\)", text), (
+            entry["name"],
+            default,
+        )
     for beam_option in ("--runner", "--temp_location", "Dataflow", "Dask"):
         assert beam_option in text
 
@@ -78,52 +94,125 @@ def test_commands_are_one_table_entry_each():
 
 def test_a_mistyped_option_is_refused_with_a_suggestion_before_anything_runs(inputs, tmp_path):
     output = tmp_path / "out" / "train"
-    done = cli("run", "--input", f"{inputs}/*.tfrecord", "--output", str(output), "--num_pile", "3", "--sead", "5")
+    done = cli(
+        "run",
+        "--input",
+        f"{inputs}/*.tfrecord",
+        "--output",
+        str(output),
+        "--num_pile",
+        "3",
+        "--sead",
+        "5",
+    )
     assert done.returncode == 2
-    assert done.stderr.strip() == "pileshuffle: error: unknown option --num_pile (did you mean --num_piles?)"
+    assert (
+        done.stderr.strip()
+        == "pileshuffle: error: unknown option --num_pile (did you mean --num_piles?)"
+    )
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command, typo, message", [
-    ("append", "--inptu=x", "unknown option --inptu (did you mean --input?)"),
-    ("append", "--seed=3", "unknown option --seed (see pileshuffle append --help)"),  # the store's seed is fixed
-    ("materialize", "--overwrit", "unknown option --overwrit (did you mean --overwrite?)"),
-    ("expire", "--grace_second=1", "unknown option --grace_second (did you mean --grace_seconds?)"),
-    ("gc", "--ruuner=DirectRunner", "unknown option --ruuner (did you mean --runner?)"),
-])
-def test_store_commands_refuse_unknown_options_before_touching_the_store(tmp_path, command, typo, message):
+@pytest.mark.parametrize(
+    "command, typo, message",
+    [
+        ("append", "--inptu=x", "unknown option --inptu (did you mean --input?)"),
+        (
+            "append",
+            "--seed=3",
+            "unknown option --seed (see pileshuffle append --help)",
+        ),  # the store's seed is fixed
+        ("materialize", "--overwrit", "unknown option --overwrit (did you mean --overwrite?)"),
+        (
+            "expire",
+            "--grace_second=1",
+            "unknown option --grace_second (did you mean --grace_seconds?)",
+        ),
+        ("gc", "--ruuner=DirectRunner", "unknown option --ruuner (did you mean --runner?)"),
+    ],
+)
+def test_store_commands_refuse_unknown_options_before_touching_the_store(
+    tmp_path, command, typo, message
+):
     store = tmp_path / "s"
-    args = {"append": ["--input", str(tmp_path / "none")], "materialize": ["--output", str(tmp_path / "o")],
-            "expire": ["--keep_generations", "1"], "gc": []}[command]
+    args = {
+        "append": ["--input", str(tmp_path / "none")],
+        "materialize": ["--output", str(tmp_path / "o")],
+        "expire": ["--keep_generations", "1"],
+        "gc": [],
+    }[command]
     done = cli(command, "--store", str(store), *args, typo)
     assert done.returncode == 2
     assert done.stderr.strip() == f"pileshuffle: error: pileshuffle {command}: {message}"
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("typo, suggestion", [("--sead=5", "--seed"), ("--temp_locaton=/tmp", "--temp_location"),
-                                              ("--ruuner=DataflowRunner", "--runner"),
-                                              ("--dask_client_adress=tcp://x:1", "--dask_client_address")])
+@pytest.mark.parametrize(
+    "typo, suggestion",
+    [
+        ("--sead=5", "--seed"),
+        ("--temp_locaton=/tmp", "--temp_location"),
+        ("--ruuner=DataflowRunner", "--runner"),
+        ("--dask_client_adress=tcp://x:1", "--dask_client_address"),
+    ],
+)
 def test_typos_of_ours_beams_and_runners_options_name_the_right_one(typo, suggestion):
-    with pytest.raises(UsageError, match=f"unknown option {typo.split('=')[0]} \\(did you mean {suggestion}\\?\\)"):
+    with pytest.raises(
+        UsageError, match=f"unknown option {typo.split('=')[0]} \\(did you mean {suggestion}\\?\\)"
+    ):
         check_argv(["--input=x", typo])
 
 
 def test_the_flex_launchers_arguments_and_runner_options_are_accepted():
-    exclusive = ("dedup", "dedup_key")  # --dedup with --balance is refused: their examples are checked on their own
+    exclusive = (
+        "dedup",
+        "dedup_key",
+    )  # --dedup with --balance is refused: their examples are checked on their own
     launcher = [f"--{p.name}={p.example}" for p in PARAMETERS if p.name not in exclusive] + [
-        "--runner=DataflowRunner", "--project=p", "--region=us-central1", "--temp_location=gs://b/tmp",
-        "--staging_location=gs://b/staging", "--sdk_container_image=i", "--job_name=j", "--service_account_email=a@b",
-        "--number_of_worker_harness_threads=2", "--experiments=use_runner_v2", "--max_num_workers=20",
-        "--worker_machine_type=n2-highmem-4", "--labels=a=b", "--setup_file=./setup.py"]
+        "--runner=DataflowRunner",
+        "--project=p",
+        "--region=us-central1",
+        "--temp_location=gs://b/tmp",
+        "--staging_location=gs://b/staging",
+        "--sdk_container_image=i",
+        "--job_name=j",
+        "--service_account_email=a@b",
+        "--number_of_worker_harness_threads=2",
+        "--experiments=use_runner_v2",
+        "--max_num_workers=20",
+        "--worker_machine_type=n2-highmem-4",
+        "--labels=a=b",
+        "--setup_file=./setup.py",
+    ]
     values = check_argv(launcher)
     assert values.seed == "42" and values.input == PARAMETERS[0].example
-    values = check_argv([f"--{p.name}={p.example}" for p in PARAMETERS if p.name in exclusive or p.optional is False])
+    values = check_argv(
+        [
+            f"--{p.name}={p.example}"
+            for p in PARAMETERS
+            if p.name in exclusive or p.optional is False
+        ]
+    )
     assert (values.dedup, values.dedup_key) == ("key", "url")
-    check_argv(["--input=x", "--output=y", "--runner=DaskRunner", "--dask_client_address=tcp://h:8786",
-                "--dask_npartitions=8"])
-    check_argv(["--input=x", "--output=y", "--direct_running_mode=in_memory", "--direct_num_workers=1", "--",
-                "--not_an_option"])
+    check_argv(
+        [
+            "--input=x",
+            "--output=y",
+            "--runner=DaskRunner",
+            "--dask_client_address=tcp://h:8786",
+            "--dask_npartitions=8",
+        ]
+    )
+    check_argv(
+        [
+            "--input=x",
+            "--output=y",
+            "--direct_running_mode=in_memory",
+            "--direct_num_workers=1",
+            "--",
+            "--not_an_option",
+        ]
+    )
 
 
 # -- 3. values ------------------------------------------------------------------------------------
@@ -133,8 +222,14 @@ BAD_VALUES = [
     (["--num_piles=0"], "--num_piles: must be auto or a whole number of at least 1, not '0'"),
     (["--num_piles", "-3"], "--num_piles: must be auto or a whole number of at least 1, not '-3'"),
     (["--num_piles=2.5"], "--num_piles:"),
-    (["--max_pile_bytes=1KiB"], "--max_pile_bytes: 1KiB is below the minimum of 1MiB with --num_piles=auto"),
-    (["--max_pile_bytes=1KiB", "--num_piles=4"], "--max_pile_bytes: 1KiB is below the minimum of 16KiB"),
+    (
+        ["--max_pile_bytes=1KiB"],
+        "--max_pile_bytes: 1KiB is below the minimum of 1MiB with --num_piles=auto",
+    ),
+    (
+        ["--max_pile_bytes=1KiB", "--num_piles=4"],
+        "--max_pile_bytes: 1KiB is below the minimum of 16KiB",
+    ),
     (["--max_pile_bytes=64Mo"], "--max_pile_bytes: not a size: '64Mo'"),
     (["--max_pile_bytes=lots"], "--max_pile_bytes: not a size"),
     (["--seed=-1"], "--seed: must be a whole number from 0 to 2**64-1, not '-1'"),
@@ -150,7 +245,9 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize("bad, message", BAD_VALUES, ids=[" ".join(b) for b, _ in BAD_VALUES])
-def test_each_bad_value_is_one_line_naming_the_option_and_nothing_is_written(inputs, tmp_path, capsys, bad, message):
+def test_each_bad_value_is_one_line_naming_the_option_and_nothing_is_written(
+    inputs, tmp_path, capsys, bad, message
+):
     from pileshuffle.pipeline import main
 
     output = tmp_path / "out" / "train"
@@ -161,9 +258,19 @@ def test_each_bad_value_is_one_line_naming_the_option_and_nothing_is_written(inp
 
 
 def test_a_bad_value_exits_2_from_the_command_line(inputs, tmp_path):
-    done = cli("run", "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o"), "--num_piles", "-3")
+    done = cli(
+        "run",
+        "--input",
+        f"{inputs}/*.tfrecord",
+        "--output",
+        str(tmp_path / "o"),
+        "--num_piles",
+        "-3",
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.splitlines() == ["pileshuffle: error: --num_piles: must be auto or a whole number of at least 1, not '-3'"]
+    assert done.stderr.splitlines() == [
+        "pileshuffle: error: --num_piles: must be auto or a whole number of at least 1, not '-3'"
+    ]
     assert os.listdir(tmp_path) == []
 
 
@@ -173,9 +280,20 @@ def test_the_minimum_size_holds_for_the_python_api_too(inputs, tmp_path):
 
 
 def test_more_piles_than_records_is_warned(inputs, tmp_path):
-    done = cli("plan", "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o"), "--num_piles", "5000")
+    done = cli(
+        "plan",
+        "--input",
+        f"{inputs}/*.tfrecord",
+        "--output",
+        str(tmp_path / "o"),
+        "--num_piles",
+        "5000",
+    )
     assert done.returncode == 0, done.stderr
-    assert re.search(r"5000 piles for about [23],[0-9]{3} records", done.stderr) and "most shards will be empty" in done.stderr
+    assert (
+        re.search(r"5000 piles for about [23],[0-9]{3} records", done.stderr)
+        and "most shards will be empty" in done.stderr
+    )
 
 
 # -- 4. pileshuffle's own outputs in the input pattern ------------------------------------------------
@@ -187,10 +305,22 @@ def test_a_rerun_into_the_same_folder_leaves_its_own_output_out(tmp_path):
     first = run_shuffle(f"{data}/*", str(data / "shuffled"), "--num_piles=3", "--seed=7")
     assert first["inputs_left_out"] == {} and first["totals"]["records"] == 2000
     before = shard_bytes(str(data / "shuffled"))
-    done = cli("run", "--input", f"{data}/*", "--output", str(data / "shuffled"), "--num_piles=3", "--seed=7",
-               "--overwrite", *FAST)
+    done = cli(
+        "run",
+        "--input",
+        f"{data}/*",
+        "--output",
+        str(data / "shuffled"),
+        "--num_piles=3",
+        "--seed=7",
+        "--overwrite",
+        *FAST,
+    )
     assert done.returncode == 0, done.stderr
-    assert "left out  4 file(s) that --input matched but pileshuffle wrote: 3 x a shard of this run's output" in done.stdout
+    assert (
+        "left out  4 file(s) that --input matched but pileshuffle wrote: 3 x a shard of this run's output"
+        in done.stdout
+    )
     assert "the manifest of " in done.stdout
     assert manifest(str(data / "shuffled"))["totals"]["records"] == 2000
     assert shard_bytes(str(data / "shuffled")) == before
@@ -206,10 +336,16 @@ def test_a_pattern_matching_another_finished_output_leaves_it_out(tmp_path, inpu
     result = run_shuffle(f"{data}/**", str(tmp_path / "out" / "x"), "--num_piles=2")
     assert result["totals"]["records"] == 1000
     assert sorted(os.path.basename(p) for p in result["inputs_left_out"]) == [
-        "manifest-00000001.json", "other-00000-of-00002.tfrecord", "other-00001-of-00002.tfrecord",
-        "other-manifest.json", "p00000-w00000.arrows"]
+        "manifest-00000001.json",
+        "other-00000-of-00002.tfrecord",
+        "other-00001-of-00002.tfrecord",
+        "other-manifest.json",
+        "p00000-w00000.arrows",
+    ]
     # naming only a finished output's shards shuffles that output again: deliberate, kept
-    again = run_shuffle(f"{data}/other-*", str(tmp_path / "again" / "x"), "--num_piles=2", "--seed=3")
+    again = run_shuffle(
+        f"{data}/other-*", str(tmp_path / "again" / "x"), "--num_piles=2", "--seed=3"
+    )
     assert again["totals"]["records"] == 1000
     assert list(again["inputs_left_out"].values()) == [f"the manifest of {data}/other"]
 
@@ -218,7 +354,10 @@ def test_a_pattern_of_only_this_runs_own_output_is_refused_naming_the_overlap(tm
     data = tmp_path / "data"
     sample.write_tfrecord(str(data), records=500, files=1, record_bytes=80)
     run_shuffle(f"{data}/*", str(tmp_path / "s"), "--num_piles=2")
-    with pytest.raises(InputError, match=r"matches only files pileshuffle wrote \(2 x a shard of this run's output "):
+    with pytest.raises(
+        InputError,
+        match=r"matches only files pileshuffle wrote \(2 x a shard of this run's output ",
+    ):
         run_shuffle(f"{tmp_path}/s-*", str(tmp_path / "s"), "--num_piles=2", "--overwrite")
 
 
@@ -226,11 +365,20 @@ def test_own_files_are_recognised_by_name():
     from pileshuffle.engine.inputs import own_file
 
     assert own_file("d/.pileshuffle-work-0123abcd/fragments/s000001-p00003.arrows", "d/x", {})
-    assert own_file("gs://b/d/x.pileshuffle-staging/shard-00000-of-00004.tfrecord", "gs://b/d/x", {})
+    assert own_file(
+        "gs://b/d/x.pileshuffle-staging/shard-00000-of-00004.tfrecord", "gs://b/d/x", {}
+    )
     assert own_file("d/p-store/g000003/p00001-w00002.arrows", "d/x", {}) == "a pile store's file"
-    assert own_file("d/x-00001-of-00004.tfrecord.gz", "d/x", {}).startswith("a shard of this run's output")
-    assert own_file("d/y-00001-of-00004.parquet", "d/x", {"d/y-manifest.json": 1}) == "a shard of the finished output d/y"
-    assert own_file("d/part-00001-of-00004.tfrecord", "d/x", {}) == ""  # no manifest: someone else's shards
+    assert own_file("d/x-00001-of-00004.tfrecord.gz", "d/x", {}).startswith(
+        "a shard of this run's output"
+    )
+    assert (
+        own_file("d/y-00001-of-00004.parquet", "d/x", {"d/y-manifest.json": 1})
+        == "a shard of the finished output d/y"
+    )
+    assert (
+        own_file("d/part-00001-of-00004.tfrecord", "d/x", {}) == ""
+    )  # no manifest: someone else's shards
     assert own_file("d/my-store/data.tfrecord", "d/x", {}) == ""
 
 
@@ -243,7 +391,16 @@ def progress_runs(inputs, tmp_path_factory):
     runs = {}
     for name, extra in (("shown", []), ("quiet", ["--quiet"])):
         output = str(root / name / "train")
-        done = cli("run", "--input", f"{inputs}/*.tfrecord", "--output", output, "--num_piles=4", "--seed=5", *extra)
+        done = cli(
+            "run",
+            "--input",
+            f"{inputs}/*.tfrecord",
+            "--output",
+            output,
+            "--num_piles=4",
+            "--seed=5",
+            *extra,
+        )
         assert done.returncode == 0, done.stderr
         runs[name] = (done, output)
     return runs
@@ -254,9 +411,16 @@ def test_progress_lines_show_both_passes_off_a_terminal(progress_runs, inputs):
     total = sum(os.path.getsize(inputs / n) for n in os.listdir(inputs))
     lines = [line for line in done.stderr.splitlines() if "pass " in line]
     assert "\r" not in done.stderr  # plain lines for logs
-    assert re.fullmatch(rf"pileshuffle: pass 1: 100% {total / 1e6:.0f}\.?\d*kB of .*, 3/3 files \[.*B/s\]", lines[-2]) or \
-        re.fullmatch(r"pileshuffle: pass 1: 100% \S+B of \S+B, 3/3 files \[\d\d:\d\d<\d\d:\d\d, .*B/s\]", lines[-2]), lines
-    assert re.fullmatch(r"pileshuffle: pass 2: 4 of 4 piles written \[\d\d:\d\d<\d\d:\d\d\]", lines[-1]), lines
+    assert re.fullmatch(
+        rf"pileshuffle: pass 1: 100% {total / 1e6:.0f}\.?\d*kB of .*, 3/3 files \[.*B/s\]",
+        lines[-2],
+    ) or re.fullmatch(
+        r"pileshuffle: pass 1: 100% \S+B of \S+B, 3/3 files \[\d\d:\d\d<\d\d:\d\d, .*B/s\]",
+        lines[-2],
+    ), lines
+    assert re.fullmatch(
+        r"pileshuffle: pass 2: 4 of 4 piles written \[\d\d:\d\d<\d\d:\d\d\]", lines[-1]
+    ), lines
 
 
 def test_quiet_prints_no_progress_and_the_shards_are_the_same_bytes(progress_runs):
@@ -276,8 +440,21 @@ def test_the_auto_reason_is_printed_once(inputs, tmp_path):
 def test_a_terminal_gets_a_live_tqdm_line(inputs, tmp_path):
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
-    process = subprocess.Popen([PY, "-m", "pileshuffle", "run", "--input", f"{inputs}/*.tfrecord", "--output",
-                                str(tmp_path / "o"), "--num_piles=4"], stdout=subprocess.PIPE, stderr=follower)
+    process = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "pileshuffle",
+            "run",
+            "--input",
+            f"{inputs}/*.tfrecord",
+            "--output",
+            str(tmp_path / "o"),
+            "--num_piles=4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+    )
     os.close(follower)
     chunks = []
 
@@ -306,22 +483,56 @@ def test_a_terminal_gets_a_live_tqdm_line(inputs, tmp_path):
 
 
 def test_plan_speaks_to_a_person_and_json_keeps_the_machine_form(inputs, tmp_path):
-    args = ["--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), "--num_piles=4"]
+    args = [
+        "--input",
+        f"{inputs}/*.tfrecord",
+        "--output",
+        str(tmp_path / "o" / "t"),
+        "--num_piles=4",
+    ]
     text = cli("plan", *args)
     assert text.returncode == 0, text.stderr
     heads = [line[:14].strip() for line in text.stdout.splitlines()]
-    assert heads == ["input", "records", "piles", "pile size", "split again", "memory", "temp space", "output space",
-                     "pass 1", "gcs requests", "output", "runner"], text.stdout
+    assert heads == [
+        "input",
+        "records",
+        "piles",
+        "pile size",
+        "split again",
+        "memory",
+        "temp space",
+        "output space",
+        "pass 1",
+        "gcs requests",
+        "output",
+        "runner",
+    ], text.stdout
     assert "3 tfrecord file(s)" in text.stdout and "s + 6*sqrt(s)" in text.stdout
     # 3 files of 123 kB, each read in 5 spans (a unit of work is a sixteenth of the input): a run each,
     # and the 4 small piles are one group (pile_groups): one part a run
-    assert "15 run objects" in text.stdout and "15 parts (a segment a group of 4 piles)" in text.stdout
+    assert (
+        "15 run objects" in text.stdout and "15 parts (a segment a group of 4 piles)" in text.stdout
+    )
     assert "FnApiRunner" in text.stdout
     machine = json.loads(cli("plan", *args, "--json").stdout)
-    assert machine["files"] == 3 and machine["num_piles"] == 4 and (machine["runs"], machine["parts"]) == (15, 15)
+    assert (
+        machine["files"] == 3
+        and machine["num_piles"] == 4
+        and (machine["runs"], machine["parts"]) == (15, 15)
+    )
     assert machine["piles_per_part"] == 4
-    assert {"input_bytes", "reason", "output", "compression", "intermediate", "work_dir", "estimated_records",
-            "split_probability", "space", "runner"} <= set(machine)
+    assert {
+        "input_bytes",
+        "reason",
+        "output",
+        "compression",
+        "intermediate",
+        "work_dir",
+        "estimated_records",
+        "split_probability",
+        "space",
+        "runner",
+    } <= set(machine)
     assert 2400 < machine["estimated_records"] < 3600
     assert not (tmp_path / "o").exists() or os.listdir(tmp_path / "o") == []
 
@@ -333,19 +544,32 @@ def test_plan_counts_runs_not_files_times_piles(inputs, tmp_path):
     from pileshuffle.commands.plan import plan_text
     from pileshuffle.planning.plan import make_plan
 
-    options = PipelineOptions([f"--input={inputs}/*.tfrecord", f"--output={tmp_path}/o", "--num_piles=40000"])
+    options = PipelineOptions(
+        [f"--input={inputs}/*.tfrecord", f"--output={tmp_path}/o", "--num_piles=40000"]
+    )
     plan = make_plan(options)
     runs, parts = plan.run_shape()
     # ~192 records a run reach ~111 of the 157 groups of 256 small piles (pile_groups): one part each
     assert runs == 15 and 15 * 105 < parts < 15 * 117
-    per_pile = dataclasses.replace(plan, max_pile_bytes=1).run_shape()  # G = 1: a part per pile reached
-    assert per_pile[0] == 15 and 2800 < per_pile[1] < 2900  # ~2,880 records reach ~2,780-2,880 of 40,000
+    per_pile = dataclasses.replace(
+        plan, max_pile_bytes=1
+    ).run_shape()  # G = 1: a part per pile reached
+    assert (
+        per_pile[0] == 15 and 2800 < per_pile[1] < 2900
+    )  # ~2,880 records reach ~2,780-2,880 of 40,000
     on_gcs = dataclasses.replace(plan, work_dir="gs://bucket/tmp/.pileshuffle-work-0123")
     text = plan_text(on_gcs, options)
-    assert "warning" not in text and f"{runs:,} run objects" in text and f"{parts:,} parts (a segment a group" in text
+    assert (
+        "warning" not in text
+        and f"{runs:,} run objects" in text
+        and f"{parts:,} parts (a segment a group" in text
+    )
     shuffled = plan_text(dataclasses.replace(on_gcs, intermediate="shuffle"), options)
     assert "run objects" not in shuffled and f"{parts:,} parts (a segment a group" in shuffled
-    assert "through the runner's GroupByKey" in shuffled and "the local runner keeps all of it in memory" in shuffled
+    assert (
+        "through the runner's GroupByKey" in shuffled
+        and "the local runner keeps all of it in memory" in shuffled
+    )
 
 
 def test_split_probability_agrees_with_the_binomial():
@@ -356,41 +580,90 @@ def test_split_probability_agrees_with_the_binomial():
     records, piles, record_bytes = 1_000_000, 100, 100.0
     for limit_records in (10_100, 10_200, 10_300, 10_600):
         sizes = PileSizes(records, piles, record_bytes, int(limit_records * record_bytes))
-        exact = 1 - stats.binom.cdf(limit_records, records, 1 / piles) ** piles  # piles taken as independent
-        assert abs(sizes.split_probability - exact) < 0.02 + 0.2 * exact, (limit_records, sizes.split_probability, exact)
-    assert PileSizes(records, piles, record_bytes, int(sizes.headroom * record_bytes)).split_probability < 1e-6
+        exact = (
+            1 - stats.binom.cdf(limit_records, records, 1 / piles) ** piles
+        )  # piles taken as independent
+        assert abs(sizes.split_probability - exact) < 0.02 + 0.2 * exact, (
+            limit_records,
+            sizes.split_probability,
+            exact,
+        )
+    assert (
+        PileSizes(
+            records, piles, record_bytes, int(sizes.headroom * record_bytes)
+        ).split_probability
+        < 1e-6
+    )
 
 
 def test_generate_is_a_command_module_too(tmp_path):
-    done = cli("generate", "--format", "jsonl", "--output_dir", str(tmp_path / "d"), "--records", "10", "--files", "2")
+    done = cli(
+        "generate",
+        "--format",
+        "jsonl",
+        "--output_dir",
+        str(tmp_path / "d"),
+        "--records",
+        "10",
+        "--files",
+        "2",
+    )
     assert done.returncode == 0, done.stderr
     paths = done.stdout.split()
     assert len(paths) == 2 and all(os.path.exists(p) for p in paths)
     assert sum(len(open(p).readlines()) for p in paths) == 10
 
 
-def test_a_pile_count_beyond_what_memory_can_hold_is_refused_by_plan_and_run_alike(inputs, tmp_path):
+def test_a_pile_count_beyond_what_memory_can_hold_is_refused_by_plan_and_run_alike(
+    inputs, tmp_path
+):
     """`--num_piles 1000000000` on a few thousand records once ran this machine out of its 23 GB
     (each pile costs ~2 KB of bookkeeping: a shard, accounted for and listed in the manifest).
     Now `plan` and `run` refuse it in one line with the bound, before anything is written and
     before Beam's import; a run planned in-process says what auto chooses."""
     from helpers import run_shuffle
+
     from pileshuffle.errors import UsageError
 
-    bound = (r"--num_piles 1,000,000,000: each pile costs about 2,048 bytes of memory .* 2,048\.0 GB in all, more "
-             r"than half the [\d.,]+ GB available here: at most [\d,]+ piles ")
+    bound = (
+        r"--num_piles 1,000,000,000: each pile costs about 2,048 bytes of memory .* 2,048\.0 GB in all, more "
+        r"than half the [\d.,]+ GB available here: at most [\d,]+ piles "
+    )
     for command in ("plan", "run"):
-        done = cli(command, "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), "--num_piles=1000000000",
-                   env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})  # each import: a line on stderr
+        done = cli(
+            command,
+            "--input",
+            f"{inputs}/*.tfrecord",
+            "--output",
+            str(tmp_path / "o" / "t"),
+            "--num_piles=1000000000",
+            env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+        )  # each import: a line on stderr
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         imports = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
-        [line] = [line for line in done.stderr.strip().splitlines() if not line.startswith("import time:")]
-        assert re.search(bound + r"\(--num_piles auto chooses a count that fits the input\)", line), line
-        assert imports and not [name for name in imports if "apache_beam" in name]  # refused before Beam's import
+        [line] = [
+            line for line in done.stderr.strip().splitlines() if not line.startswith("import time:")
+        ]
+        assert re.search(
+            bound + r"\(--num_piles auto chooses a count that fits the input\)", line
+        ), line
+        assert imports and not [
+            name for name in imports if "apache_beam" in name
+        ]  # refused before Beam's import
         assert not (tmp_path / "o").exists()
     with pytest.raises(UsageError, match=bound + r"\(--num_piles auto chooses 1 for this input\)"):
         run_shuffle(f"{inputs}/*.tfrecord", str(tmp_path / "o" / "t"), "--num_piles=1000000000")
-    assert cli("plan", "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), "--num_piles=100000").returncode == 0
+    assert (
+        cli(
+            "plan",
+            "--input",
+            f"{inputs}/*.tfrecord",
+            "--output",
+            str(tmp_path / "o" / "t"),
+            "--num_piles=100000",
+        ).returncode
+        == 0
+    )
 
 
 def test_version_and_type_information():
@@ -404,7 +677,9 @@ def test_version_and_type_information():
     assert (done.returncode, done.stdout) == (0, f"pileshuffle {pileshuffle.__version__}\n")
     assert "--version" in cli("--help").stdout
     assert importlib.resources.files("pileshuffle").joinpath("py.typed").is_file()
-    setup = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")).read()
+    setup = open(
+        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
+    ).read()
     assert 'package_data={"pileshuffle": ["py.typed"]}' in setup
 
 
@@ -423,36 +698,65 @@ def test_plan_sizes_compressed_parquet_by_its_rows_and_gzip_by_a_decompressed_sa
 
     os.makedirs(tmp_path / "pq")
     rows = 300_000
-    pq.write_table(pa.table({"i": np.arange(rows), "text": ["lorem ipsum dolor sit amet " * 37] * rows}),
-                   str(tmp_path / "pq" / "z.parquet"), compression="zstd")
-    plan = make_plan(PipelineOptions([f"--input={tmp_path}/pq/*.parquet", f"--output={tmp_path}/o1"]))
+    pq.write_table(
+        pa.table({"i": np.arange(rows), "text": ["lorem ipsum dolor sit amet " * 37] * rows}),
+        str(tmp_path / "pq" / "z.parquet"),
+        compression="zstd",
+    )
+    plan = make_plan(
+        PipelineOptions([f"--input={tmp_path}/pq/*.parquet", f"--output={tmp_path}/o1"])
+    )
     assert plan.estimated_records == rows and 1000 < plan.mean_record_bytes < 1030
     assert plan.num_piles == 5  # 303 MB in piles of at most 64 MiB
     os.makedirs(tmp_path / "gz")
     lines = [json.dumps({"i": i, "t": "x" * (i % 200)}) + "\n" for i in range(20_000)]
     with gzip.open(tmp_path / "gz" / "a.jsonl.gz", "wt") as handle:
         handle.writelines(lines)
-    plan = make_plan(PipelineOptions([f"--input={tmp_path}/gz/*.jsonl.gz", f"--output={tmp_path}/o2"]))
+    plan = make_plan(
+        PipelineOptions([f"--input={tmp_path}/gz/*.jsonl.gz", f"--output={tmp_path}/o2"])
+    )
     assert abs(plan.estimated_records - 20_000) < 2_000, plan.estimated_records
 
 
-@pytest.mark.parametrize("command, given, refusal", [
-    ("run", ["--seed=1", "--seed=2"], "--seed: given 2 times; give it once"),
-    ("plan", ["--num_piles=2", "--num_piles", "3"], "--num_piles: given 2 times; give it once"),
-    ("run", ["--quiet", "true", "stray"], "'stray' is not an option or an option's value"),
-    ("run", ["extra.tfrecord"], "'extra.tfrecord' is not an option or an option's value"),  # an unquoted glob, expanded
-])
-def test_a_repeated_option_or_a_stray_word_is_refused_not_dropped(inputs, tmp_path, command, given, refusal):
+@pytest.mark.parametrize(
+    "command, given, refusal",
+    [
+        ("run", ["--seed=1", "--seed=2"], "--seed: given 2 times; give it once"),
+        ("plan", ["--num_piles=2", "--num_piles", "3"], "--num_piles: given 2 times; give it once"),
+        ("run", ["--quiet", "true", "stray"], "'stray' is not an option or an option's value"),
+        (
+            "run",
+            ["extra.tfrecord"],
+            "'extra.tfrecord' is not an option or an option's value",
+        ),  # an unquoted glob, expanded
+    ],
+)
+def test_a_repeated_option_or_a_stray_word_is_refused_not_dropped(
+    inputs, tmp_path, command, given, refusal
+):
     """argparse kept the last of a repeated option (`--seed 1 --seed 2` shuffled with 2) and
     dropped words that are no option's value (an unquoted pattern the shell expanded: all files
     but the first ignored). Now both are refused in one line, before anything runs; Beam's
     repeatable options (--experiments) still repeat."""
-    done = cli(command, "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), *given)
+    done = cli(
+        command, "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), *given
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().splitlines() == [f"pileshuffle: error: {refusal}" + done.stderr.strip().split(refusal, 1)[1]]
+    assert done.stderr.strip().splitlines() == [
+        f"pileshuffle: error: {refusal}" + done.stderr.strip().split(refusal, 1)[1]
+    ]
     assert not (tmp_path / "o").exists()
-    materialize = cli("materialize", "--store", str(tmp_path / "s"), "--output", str(tmp_path / "m"), "stray")
+    materialize = cli(
+        "materialize", "--store", str(tmp_path / "s"), "--output", str(tmp_path / "m"), "stray"
+    )
     assert materialize.returncode == 2 and "'stray' is not an option" in materialize.stderr
-    repeated = cli("plan", "--input", f"{inputs}/*.tfrecord", "--output", str(tmp_path / "o" / "t"), "--experiments=a",
-                   "--experiments=b")
+    repeated = cli(
+        "plan",
+        "--input",
+        f"{inputs}/*.tfrecord",
+        "--output",
+        str(tmp_path / "o" / "t"),
+        "--experiments=a",
+        "--experiments=b",
+    )
     assert repeated.returncode == 0, repeated.stderr

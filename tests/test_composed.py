@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
 from helpers import manifest, read_tfrecord_payloads, shard_bytes, shards
+
 from pileshuffle import ShuffleToPiles, WritePiles
 
 
@@ -34,11 +34,13 @@ def test_preprocess_then_shuffle_then_write(tmp_path, temp):
     out = str(tmp_path / "out" / "pre")
     temp_location = str(tmp_path / "tmp") if temp else None
     run_pipeline(
-        lambda p: p
-        | beam.Create(ROWS, reshuffle=False)
-        | beam.Map(preprocess)
-        | ShuffleToPiles(num_piles=5, seed=1, temp_location=temp_location)
-        | WritePiles(out, format="tfrecord")
+        lambda p: (
+            p
+            | beam.Create(ROWS, reshuffle=False)
+            | beam.Map(preprocess)
+            | ShuffleToPiles(num_piles=5, seed=1, temp_location=temp_location)
+            | WritePiles(out, format="tfrecord")
+        )
     )
     got = read_tfrecord_payloads(shards(out))
     assert collections.Counter(got) == collections.Counter(preprocess(r) for r in ROWS)
@@ -54,12 +56,15 @@ def test_keyed_input_is_reproducible(tmp_path):
     for attempt, workers in enumerate([1, 2]):
         out = str(tmp_path / f"k{attempt}" / "keyed")
         run_pipeline(
-            lambda p: p
-            | beam.Create(list(enumerate(ROWS)))
-            | beam.MapTuple(lambda i, line: (i, preprocess(line)))
-            | ShuffleToPiles(num_piles=3, seed=9, keyed=True)
-            | WritePiles(out, format="jsonl"),
-            f"--direct_num_workers={workers}", "--direct_running_mode=multi_threading",
+            lambda p: (
+                p
+                | beam.Create(list(enumerate(ROWS)))
+                | beam.MapTuple(lambda i, line: (i, preprocess(line)))
+                | ShuffleToPiles(num_piles=3, seed=9, keyed=True)
+                | WritePiles(out, format="jsonl")
+            ),
+            f"--direct_num_workers={workers}",
+            "--direct_running_mode=multi_threading",
         )
         outputs.append(shard_bytes(out))
     assert outputs[0] == outputs[1]
@@ -69,11 +74,20 @@ def test_keyed_input_is_reproducible(tmp_path):
 
 def test_arrow_batches_to_parquet(tmp_path):
     schema = pa.schema([("id", pa.int64()), ("x", pa.float32())], metadata={"owner": "me"})
-    batches = [pa.record_batch([pa.array(range(i, i + 100)), pa.array([float(i)] * 100, pa.float32())], schema=schema)
-               for i in range(0, 3000, 100)]
+    batches = [
+        pa.record_batch(
+            [pa.array(range(i, i + 100)), pa.array([float(i)] * 100, pa.float32())], schema=schema
+        )
+        for i in range(0, 3000, 100)
+    ]
     out = str(tmp_path / "out" / "tab")
     run_pipeline(
-        lambda p: p | beam.Create(batches) | ShuffleToPiles(num_piles=4, seed=2) | WritePiles(out, format="parquet")
+        lambda p: (
+            p
+            | beam.Create(batches)
+            | ShuffleToPiles(num_piles=4, seed=2)
+            | WritePiles(out, format="parquet")
+        )
     )
     table = pq.read_table(shards(out))
     assert sorted(table.column("id").to_pylist()) == list(range(3000))
@@ -84,5 +98,10 @@ def test_arrow_batches_to_parquet(tmp_path):
 def test_bad_element_type_is_a_clear_error(tmp_path):
     with pytest.raises(Exception, match="ShuffleToPiles takes bytes or pyarrow"):
         run_pipeline(
-            lambda p: p | beam.Create([{"a": 1}]) | ShuffleToPiles(num_piles=2) | WritePiles(str(tmp_path / "o"), format="jsonl")
+            lambda p: (
+                p
+                | beam.Create([{"a": 1}])
+                | ShuffleToPiles(num_piles=2)
+                | WritePiles(str(tmp_path / "o"), format="jsonl")
+            )
         )

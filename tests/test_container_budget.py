@@ -12,8 +12,14 @@ import uuid
 import pytest
 
 from pileshuffle.commands import sample
-from pileshuffle.planning.memory_limit import (HOST, UNKNOWN, Memory, available_memory, cgroup_memory,
-                                      host_available)
+from pileshuffle.planning.memory_limit import (
+    HOST,
+    UNKNOWN,
+    Memory,
+    available_memory,
+    cgroup_memory,
+    host_available,
+)
 from pileshuffle.planning.pile_bound import PILE_BOOKKEEPING_BYTES, most_piles
 
 GB, MiB = 10**9, 1 << 20
@@ -36,16 +42,21 @@ def lay_out(root, files: dict) -> str:
 def v1_cgroup(path: str, limit: str, usage: int, inactive: int = 0) -> dict:
     """The v1 memory files of cgroup ``path`` (below the memory mount)."""
     where = f"sys/fs/cgroup/memory{path}".rstrip("/")
-    return {f"{where}/memory.limit_in_bytes": f"{limit}\n",
-            f"{where}/memory.usage_in_bytes": f"{usage}\n",
-            f"{where}/memory.stat": f"cache 5\ninactive_file 1\ntotal_inactive_file {inactive}\n"}
+    return {
+        f"{where}/memory.limit_in_bytes": f"{limit}\n",
+        f"{where}/memory.usage_in_bytes": f"{usage}\n",
+        f"{where}/memory.stat": f"cache 5\ninactive_file 1\ntotal_inactive_file {inactive}\n",
+    }
 
 
 def v2_cgroup(path: str, limit: str, current: int, inactive: int = 0) -> dict:
     """The v2 memory files of cgroup ``path`` (below the cgroup2 mount)."""
     where = f"sys/fs/cgroup{path}".rstrip("/")
-    return {f"{where}/memory.max": f"{limit}\n", f"{where}/memory.current": f"{current}\n",
-            f"{where}/memory.stat": f"anon 7\nfile 9\ninactive_file {inactive}\n"}
+    return {
+        f"{where}/memory.max": f"{limit}\n",
+        f"{where}/memory.current": f"{current}\n",
+        f"{where}/memory.stat": f"anon 7\nfile 9\ninactive_file {inactive}\n",
+    }
 
 
 def v2_process(path: str) -> dict:
@@ -54,39 +65,59 @@ def v2_process(path: str) -> dict:
 
 
 def test_v2_limit_less_usage_with_inactive_page_cache_counted_free(tmp_path):
-    root = lay_out(tmp_path, {**v2_process("/kubepods/pod1/ctr"),
-                              **v2_cgroup("/kubepods/pod1/ctr", "838860800", 3 * 10**8, 10**8),
-                              **v2_cgroup("/kubepods/pod1", "max", 300_000_000)})
+    root = lay_out(
+        tmp_path,
+        {
+            **v2_process("/kubepods/pod1/ctr"),
+            **v2_cgroup("/kubepods/pod1/ctr", "838860800", 3 * 10**8, 10**8),
+            **v2_cgroup("/kubepods/pod1", "max", 300_000_000),
+        },
+    )
     expected = Memory(838_860_800 - 200_000_000, "cgroup v2 limit", 838_860_800, 200_000_000)
     assert cgroup_memory(root) == available_memory(root) == expected
     assert str(expected) == "0.64 GB available: cgroup v2 limit"
 
 
 def test_v2_max_everywhere_is_no_limit_and_the_hosts_memory_counts(tmp_path):
-    root = lay_out(tmp_path, {**v2_process("/user.slice/session-1.scope"),
-                              **v2_cgroup("/user.slice/session-1.scope", "max", 10**9),
-                              **v2_cgroup("/user.slice", "max", 3 * 10**9)})
+    root = lay_out(
+        tmp_path,
+        {
+            **v2_process("/user.slice/session-1.scope"),
+            **v2_cgroup("/user.slice/session-1.scope", "max", 10**9),
+            **v2_cgroup("/user.slice", "max", 3 * 10**9),
+        },
+    )
     assert cgroup_memory(root) is None
     assert available_memory(root) == Memory(HOST_AVAILABLE, HOST)
 
 
 def test_an_ancestors_limit_binds_when_it_leaves_less(tmp_path):
     """A pod's limit, set one level up, with its other containers' usage in it."""
-    root = lay_out(tmp_path, {**v2_process("/kubepods/pod1/ctr"),
-                              **v2_cgroup("/kubepods/pod1/ctr", "2000000000", 100_000_000),
-                              **v2_cgroup("/kubepods/pod1", "1000000000", 900_000_000, 50_000_000),
-                              **v2_cgroup("/kubepods", "max", 5 * 10**9)})
+    root = lay_out(
+        tmp_path,
+        {
+            **v2_process("/kubepods/pod1/ctr"),
+            **v2_cgroup("/kubepods/pod1/ctr", "2000000000", 100_000_000),
+            **v2_cgroup("/kubepods/pod1", "1000000000", 900_000_000, 50_000_000),
+            **v2_cgroup("/kubepods", "max", 5 * 10**9),
+        },
+    )
     expected = Memory(150_000_000, "cgroup v2 limit", 1_000_000_000, 850_000_000)
     assert available_memory(root) == expected
 
 
 def test_v1_no_limit_value_is_none_and_a_parents_limit_is_found(tmp_path):
     """A hybrid host: v1's memory line wins over the v2 hierarchy (which has no controller)."""
-    root = lay_out(tmp_path, {"proc/self/cgroup": "9:pids:/\n4:memory:/docker/abc\n0::/\n",
-                              "proc/self/mountinfo": V1_MOUNTS.format(root="/") + V2_MOUNTS,
-                              **v1_cgroup("/docker/abc", V1_NO_LIMIT, 400_000_000, 30_000_000),
-                              **v1_cgroup("/docker", "838860800", 500_000_000, 40_000_000),
-                              **v1_cgroup("/", V1_NO_LIMIT, 9 * 10**9)})
+    root = lay_out(
+        tmp_path,
+        {
+            "proc/self/cgroup": "9:pids:/\n4:memory:/docker/abc\n0::/\n",
+            "proc/self/mountinfo": V1_MOUNTS.format(root="/") + V2_MOUNTS,
+            **v1_cgroup("/docker/abc", V1_NO_LIMIT, 400_000_000, 30_000_000),
+            **v1_cgroup("/docker", "838860800", 500_000_000, 40_000_000),
+            **v1_cgroup("/", V1_NO_LIMIT, 9 * 10**9),
+        },
+    )
     expected = Memory(838_860_800 - 460_000_000, "cgroup v1 limit", 838_860_800, 460_000_000)
     assert available_memory(root) == expected
 
@@ -94,17 +125,27 @@ def test_v1_no_limit_value_is_none_and_a_parents_limit_is_found(tmp_path):
 def test_v1_inside_a_container_reads_the_mount_that_is_its_own_cgroup(tmp_path):
     """Docker without a cgroup namespace: /proc/self/cgroup names /docker/abc, which is mounted
     at /sys/fs/cgroup/memory (mountinfo's root field), so no /docker/abc folder is below it."""
-    root = lay_out(tmp_path, {"proc/self/cgroup": "4:memory:/docker/abc\n",
-                              "proc/self/mountinfo": V1_MOUNTS.format(root="/docker/abc"),
-                              **v1_cgroup("/", "524288000", 100_000_000)})
+    root = lay_out(
+        tmp_path,
+        {
+            "proc/self/cgroup": "4:memory:/docker/abc\n",
+            "proc/self/mountinfo": V1_MOUNTS.format(root="/docker/abc"),
+            **v1_cgroup("/", "524288000", 100_000_000),
+        },
+    )
     expected = Memory(424_288_000, "cgroup v1 limit", 524_288_000, 100_000_000)
     assert available_memory(root) == expected
 
 
 def test_the_host_wins_when_it_has_less_than_the_cgroup_leaves(tmp_path):
-    root = lay_out(tmp_path, {"proc/self/cgroup": "4:memory:/big\n",
-                              "proc/self/mountinfo": V1_MOUNTS.format(root="/"),
-                              **v1_cgroup("/big", str(64 * GB), GB)})
+    root = lay_out(
+        tmp_path,
+        {
+            "proc/self/cgroup": "4:memory:/big\n",
+            "proc/self/mountinfo": V1_MOUNTS.format(root="/"),
+            **v1_cgroup("/big", str(64 * GB), GB),
+        },
+    )
     assert cgroup_memory(root).available == 63 * GB
     assert available_memory(root) == Memory(HOST_AVAILABLE, HOST)
 
@@ -198,6 +239,10 @@ def test_a_default_run_in_an_800_mib_cgroup_finishes_and_verifies(memory_cgroup,
     # read for a run the 800 MiB limit never touched. The kernel's verdict is the OOM-kill count.
     assert killed == 0 and usage <= LIMIT, (killed, peak, usage)
     assert "records   600,000 (fingerprints of input and output match)" in out, out
-    done = subprocess.run([sys.executable, "-m", "pileshuffle", "verify", *where],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "pileshuffle", "verify", *where],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and "OK: 600,000 records" in done.stdout, done.stderr

@@ -10,8 +10,8 @@ import sys
 import apache_beam as beam
 import distributed
 import pytest
-
 from helpers import manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
+
 from pileshuffle import ShuffleToPiles
 from pileshuffle.commands import sample
 
@@ -36,8 +36,12 @@ def cluster(dask_scratch):
 
     with dask.config.set({"temporary-directory": dask_scratch}):
         local = distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-            local_directory=dask_scratch, silence_logs=40,
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            local_directory=dask_scratch,
+            silence_logs=40,
         )
     try:
         yield local
@@ -57,11 +61,18 @@ def dask_args(cluster):
 
 
 @pytest.mark.parametrize("mode, max_pile_bytes", [("files", "16KiB"), ("shuffle", "128MiB")])
-def test_dask_shards_are_byte_identical_to_the_local_runner(tmp_path, cluster, dask_input, mode, max_pile_bytes):
+def test_dask_shards_are_byte_identical_to_the_local_runner(
+    tmp_path, cluster, dask_input, mode, max_pile_bytes
+):
     """files mode with piles above --max_pile_bytes also takes the split-again path on Dask."""
     local_out, dask_out = str(tmp_path / "local" / "train"), str(tmp_path / "dask" / "train")
-    args = ["--num_piles=6", "--seed=11", f"--intermediate={mode}", f"--max_pile_bytes={max_pile_bytes}",
-            f"--temp_location={tmp_path / 'tmp'}"]
+    args = [
+        "--num_piles=6",
+        "--seed=11",
+        f"--intermediate={mode}",
+        f"--max_pile_bytes={max_pile_bytes}",
+        f"--temp_location={tmp_path / 'tmp'}",
+    ]
     run_shuffle(dask_input, local_out, *args)
     client = distributed.Client(cluster.scheduler_address)
     try:
@@ -73,10 +84,22 @@ def test_dask_shards_are_byte_identical_to_the_local_runner(tmp_path, cluster, d
     assert len(shards(dask_out)) == 6
     assert shard_bytes(dask_out) == shard_bytes(local_out)
     local_manifest, dask_manifest = manifest(local_out), manifest(dask_out)
-    assert dask_manifest["output_fingerprint"] == local_manifest["output_fingerprint"] == local_manifest["input_fingerprint"]
-    assert [s["records"] for s in dask_manifest["shards"]] == [s["records"] for s in local_manifest["shards"]]
-    assert [i["records"] for i in dask_manifest["inputs"]] == [750] * 4  # every source's stats arrived
-    assert dask_manifest["piles_split"] == local_manifest["piles_split"] == (6 if max_pile_bytes == "16KiB" else 0)
+    assert (
+        dask_manifest["output_fingerprint"]
+        == local_manifest["output_fingerprint"]
+        == local_manifest["input_fingerprint"]
+    )
+    assert [s["records"] for s in dask_manifest["shards"]] == [
+        s["records"] for s in local_manifest["shards"]
+    ]
+    assert [i["records"] for i in dask_manifest["inputs"]] == [
+        750
+    ] * 4  # every source's stats arrived
+    assert (
+        dask_manifest["piles_split"]
+        == local_manifest["piles_split"]
+        == (6 if max_pile_bytes == "16KiB" else 0)
+    )
     # the work was spread over both worker processes (one partition per input file by default)
     assert len({t["worker"] for t in tasks.data}) == 2
     payloads = read_tfrecord_payloads(shards(dask_out))
@@ -89,13 +112,21 @@ def test_dask_shards_are_byte_identical_to_the_local_runner(tmp_path, cluster, d
 
 def test_cli_runs_on_a_dask_scheduler(tmp_path, cluster):
     """``pileshuffle run --runner=DaskRunner --dask_client_address=tcp://...``, Parquet this time."""
-    sample.write_parquet(str(tmp_path / "in"), records=2000, files=3, record_bytes=80, row_group_rows=300)
+    sample.write_parquet(
+        str(tmp_path / "in"), records=2000, files=3, record_bytes=80, row_group_rows=300
+    )
     pattern = str(tmp_path / "in" / "*.parquet")
     local_out, dask_out = str(tmp_path / "local" / "p"), str(tmp_path / "dask" / "p")
     args = ["--format=parquet", "--num_piles=4", "--seed=5", "--dask_npartitions=3"]
     run_shuffle(pattern, local_out, *args)
-    command = [os.path.join(os.path.dirname(sys.executable), "pileshuffle"), "run", f"--input={pattern}",
-               f"--output={dask_out}", *args, *dask_args(cluster)]
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "pileshuffle"),
+        "run",
+        f"--input={pattern}",
+        f"--output={dask_out}",
+        *args,
+        *dask_args(cluster),
+    ]
     done = subprocess.run(command, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "records   2,000" in done.stdout
@@ -117,7 +148,9 @@ def test_a_worker_error_reaches_the_caller_and_publishes_nothing(tmp_path, clust
         handle.write(b"not a tfrecord frame at all")
     output = str(tmp_path / "out" / "train")
     with pytest.raises(PileshuffleError, match="part-002.tfrecord"):
-        run_shuffle(str(bad / "*.tfrecord"), output, "--num_piles=3", runner_args=dask_args(cluster))
+        run_shuffle(
+            str(bad / "*.tfrecord"), output, "--num_piles=3", runner_args=dask_args(cluster)
+        )
     assert not os.path.exists(f"{output}-manifest.json") and not shards(output)
 
 
@@ -144,7 +177,9 @@ def test_dask_runner_names_resolve_without_a_cluster():
         options = PipelineOptions([f"--runner={name}"])
         assert is_dask(options) and not is_local(options)
         assert isinstance(make_runner(options), DaskRunner)
-    assert collections.Counter(is_dask(PipelineOptions([f"--runner={n}"])) for n in ("DirectRunner", "DataflowRunner")) == {False: 2}
+    assert collections.Counter(
+        is_dask(PipelineOptions([f"--runner={n}"])) for n in ("DirectRunner", "DataflowRunner")
+    ) == {False: 2}
 
 
 def test_a_balanced_run_on_dask_equals_the_local_one(tmp_path, cluster):
@@ -156,7 +191,12 @@ def test_a_balanced_run_on_dask_equals_the_local_one(tmp_path, cluster):
     (tmp_path / "in" / "b.jsonl").write_text("".join(lines[150:]))
     args = ["--label_field=animal", "--balance=uniform", "--num_piles=3", "--seed=2"]
     local = run_shuffle(str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "local" / "t"), *args)
-    run_shuffle(str(tmp_path / "in" / "*.jsonl"), str(tmp_path / "dask" / "t"), *args, runner_args=dask_args(cluster))
+    run_shuffle(
+        str(tmp_path / "in" / "*.jsonl"),
+        str(tmp_path / "dask" / "t"),
+        *args,
+        runner_args=dask_args(cluster),
+    )
     assert shard_bytes(str(tmp_path / "dask" / "t")) == shard_bytes(str(tmp_path / "local" / "t"))
     assert local["balance"]["records_after"] == {"cat": 270, "dog": 270}
 
@@ -166,12 +206,21 @@ def test_a_dedup_run_on_dask_gives_the_local_bytes(tmp_path, cluster):
     repeated is split off and streamed on a worker as locally."""
     (tmp_path / "in").mkdir()
     for n in range(3):
-        lines = [b'{"i": %d}\n' % (i % 900) for i in range(n * 700, (n + 1) * 700)] + [b'{"i": "hot"}\n'] * 1500
+        lines = [b'{"i": %d}\n' % (i % 900) for i in range(n * 700, (n + 1) * 700)] + [
+            b'{"i": "hot"}\n'
+        ] * 1500
         (tmp_path / "in" / f"p{n}.jsonl").write_bytes(b"".join(lines))
     pattern = str(tmp_path / "in" / "*.jsonl")
-    args = ["--dedup=exact", "--num_piles=3", "--max_pile_bytes=16KiB", f"--temp_location={tmp_path / 'tmp'}"]
+    args = [
+        "--dedup=exact",
+        "--num_piles=3",
+        "--max_pile_bytes=16KiB",
+        f"--temp_location={tmp_path / 'tmp'}",
+    ]
     local = run_shuffle(pattern, str(tmp_path / "local" / "o"), *args)
-    found = run_shuffle(pattern, str(tmp_path / "dask" / "o"), *args, runner_args=dask_args(cluster))
+    found = run_shuffle(
+        pattern, str(tmp_path / "dask" / "o"), *args, runner_args=dask_args(cluster)
+    )
     assert shard_bytes(str(tmp_path / "dask" / "o")) == shard_bytes(str(tmp_path / "local" / "o"))
     assert found["dedup"] == local["dedup"] and found["dedup"]["records_kept"] == 901
     assert found["dedup"]["largest_groups"][0]["copies"] == 4500
@@ -179,17 +228,28 @@ def test_a_dedup_run_on_dask_gives_the_local_bytes(tmp_path, cluster):
 
 def test_a_dedup_store_on_dask_gives_the_local_files(tmp_path, cluster):
     """run --layout store --dedup and append on Dask: the same data and copies files as locally."""
+    from test_store import file_digests
     from test_store_dedup import write_generation
 
     from pileshuffle.commands import store as commands
     from pileshuffle.store import layout
-    from test_store import file_digests
 
     patterns = [write_generation(str(tmp_path / "in"), g) for g in (0, 1)]
     args = ["--dedup=exact", "--num_piles=3", "--seed=6"]
-    for where, runner in ((str(tmp_path / "local"), []), (str(tmp_path / "dask"), dask_args(cluster))):
-        run_shuffle(patterns[0], where, "--layout=store", *args, **({"runner_args": runner} if runner else {}))
-        commands.append([f"--store={where}", f"--input={patterns[1]}", *(runner or ["--runner=DirectRunner"])])
+    for where, runner in (
+        (str(tmp_path / "local"), []),
+        (str(tmp_path / "dask"), dask_args(cluster)),
+    ):
+        run_shuffle(
+            patterns[0],
+            where,
+            "--layout=store",
+            *args,
+            **({"runner_args": runner} if runner else {}),
+        )
+        commands.append(
+            [f"--store={where}", f"--input={patterns[1]}", *(runner or ["--runner=DirectRunner"])]
+        )
     local, remote = file_digests(str(tmp_path / "local")), file_digests(str(tmp_path / "dask"))
     assert remote == local and any(name.endswith(".copies.arrows") for name in local)
     assert layout.read_store_manifest(str(tmp_path / "dask"))["totals"]["distinct"] == 1100

@@ -4,7 +4,6 @@ writes the job's JSON instead of submitting it (no Google API is called). Checke
 image, the steps, the parameters the job carries, and that nothing is written at the output;
 and what a launch that could not work is told, in one line, before anything is staged."""
 
-import json
 import os
 import subprocess
 import sys
@@ -21,13 +20,38 @@ PROJECT = ["--project=my-project-123", "--region=us-central1"]
 
 def launch(gcs, *args, image=IMAGE):
     """``pileshuffle run --runner DataflowRunner`` writing its job to ``{gcs}/job.json``."""
-    locations = [f"--temp_location={gcs}/tmp", f"--staging_location={gcs}/staging", f"--template_location={gcs}/job.json"]
+    locations = [
+        f"--temp_location={gcs}/tmp",
+        f"--staging_location={gcs}/staging",
+        f"--template_location={gcs}/job.json",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "PILESHUFFLE_SDK_CONTAINER_IMAGE"}
-    defaults = [f"--input={gcs}/in/*.jsonl", f"--output={gcs}/out/data", "--num_piles=8"]  # unless ``args`` give theirs
-    defaults = [d for d in defaults if not any(a.startswith(d.split("=", 1)[0] + "=") for a in args)]
-    return subprocess.run([sys.executable, "-m", "pileshuffle", "run", *defaults, "--format=jsonl",
-                           "--runner=DataflowRunner", *locations, *([f"--sdk_container_image={image}"] if image else []),
-                           *args], capture_output=True, text=True, timeout=300, env=env)
+    defaults = [
+        f"--input={gcs}/in/*.jsonl",
+        f"--output={gcs}/out/data",
+        "--num_piles=8",
+    ]  # unless ``args`` give theirs
+    defaults = [
+        d for d in defaults if not any(a.startswith(d.split("=", 1)[0] + "=") for a in args)
+    ]
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pileshuffle",
+            "run",
+            *defaults,
+            "--format=jsonl",
+            "--runner=DataflowRunner",
+            *locations,
+            *([f"--sdk_container_image={image}"] if image else []),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def staged_pipeline(gcs) -> beam_runner_api_pb2.Pipeline:
@@ -45,16 +69,35 @@ def test_the_job_runs_the_image_steps_and_parameters_it_was_launched_with(gcs, i
     assert pool["workerHarnessContainerImage"] == IMAGE
     assert {c["containerImage"] for c in pool["sdkHarnessContainerImages"]} == {IMAGE}
     options = job["environment"]["sdkPipelineOptions"]["options"]
-    assert {k: options[k] for k in ("input", "output", "format", "num_piles", "intermediate", "run_bytes", "seed")} == {
-        "input": f"{gcs}/in/*.jsonl", "output": f"{gcs}/out/data", "format": "jsonl", "num_piles": "8",
-        "intermediate": intermediate, "run_bytes": "32MiB", "seed": "9"}
+    assert {
+        k: options[k]
+        for k in ("input", "output", "format", "num_piles", "intermediate", "run_bytes", "seed")
+    } == {
+        "input": f"{gcs}/in/*.jsonl",
+        "output": f"{gcs}/out/data",
+        "format": "jsonl",
+        "num_piles": "8",
+        "intermediate": intermediate,
+        "run_bytes": "32MiB",
+        "seed": "9",
+    }
     pipeline = staged_pipeline(gcs)
     names = [t.unique_name for t in pipeline.components.transforms.values()]
-    for step in ("ListSourceGroups", "ReadSourceToPiles", "GroupIntoPiles/GroupByPile", "WritePiles/WriteShard",
-                 "WritePiles/Finalize"):
+    for step in (
+        "ListSourceGroups",
+        "ReadSourceToPiles",
+        "GroupIntoPiles/GroupByPile",
+        "WritePiles/WriteShard",
+        "WritePiles/Finalize",
+    ):
         assert names.count(step) == 1, step
-    assert [n for n in names if n.startswith("Spread") and "/" not in n] == ["SpreadSourceGroups"]  # spread once
-    assert {e.payload.decode(errors="replace").count(IMAGE) for e in pipeline.components.environments.values()} == {1}
+    assert [n for n in names if n.startswith("Spread") and "/" not in n] == [
+        "SpreadSourceGroups"
+    ]  # spread once
+    assert {
+        e.payload.decode(errors="replace").count(IMAGE)
+        for e in pipeline.components.environments.values()
+    } == {1}
     assert storage.match(f"{gcs}/out/*") == []  # a launch writes nothing at the output
 
 
@@ -64,7 +107,9 @@ def test_a_launch_without_an_image_for_the_workers_is_refused_before_anything_is
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "--sdk_container_image" in done.stderr and "--setup_file" in done.stderr
     assert storage.match(f"{gcs}/staging/**") == [] and storage.match(f"{gcs}/job.json") == []
-    staged = launch(gcs, *PROJECT, "--setup_file=./setup.py", image=None)  # a package to install is enough
+    staged = launch(
+        gcs, *PROJECT, "--setup_file=./setup.py", image=None
+    )  # a package to install is enough
     assert staged.returncode == 0, staged.stderr
 
 
@@ -80,7 +125,10 @@ def test_a_local_input_or_output_on_dataflow_is_refused_naming_it(gcs, tmp_path,
     """Workers run elsewhere: a path on the launching machine is refused before anything is read."""
     sample.write_jsonl(f"{gcs}/in", records=50, files=1)
     sample.write_jsonl(str(tmp_path / "in"), records=50, files=1)
-    local = {"input": f"--input={gcs}/in/*.jsonl,{tmp_path}/in/*.jsonl", "output": f"--output={tmp_path}/out/data"}
+    local = {
+        "input": f"--input={gcs}/in/*.jsonl,{tmp_path}/in/*.jsonl",
+        "output": f"--output={tmp_path}/out/data",
+    }
     done = launch(gcs, *PROJECT, local[where])
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert f"--{where}: {tmp_path}" in done.stderr and "gs://" in done.stderr.splitlines()[-1]

@@ -58,16 +58,20 @@ def test_a_figure_edited_by_hand_is_a_difference(printed):
 
 
 def test_masks_hide_times_speeds_and_this_machines_figures():
-    one = ["time      1.49 s, 134.1 MB/s",
-           "pileshuffle: pass 1: 100% 203MB of 203MB, 8/8 files [00:01<00:00, 198MB/s]",
-           "memory  x 2 at a time + 725.0 MB = 1.1 GB peak; --memory 14.8 GB "
-           "(auto, from 24.71 GB available: host /proc/meminfo): up to 206.4 MB",
-           "temp space    73.8 GB free on that disk; 2 worker(s)"]
-    other = ["time      12.07 s, 16.8 MB/s",
-             "pileshuffle: pass 1: 100% 203MB of 203MB, 8/8 files [01:02<00:00, 3.2MB/s]",
-             "memory  x 16 at a time + 725.0 MB = 3.4 GB peak; --memory 2.1 GB "
-             "(auto, from 3.50 GB available: cgroup v2 limit): up to 206.4 MB",
-             "temp space    1.2 TB free on that disk; 16 worker(s)"]
+    one = [
+        "time      1.49 s, 134.1 MB/s",
+        "pileshuffle: pass 1: 100% 203MB of 203MB, 8/8 files [00:01<00:00, 198MB/s]",
+        "memory  x 2 at a time + 725.0 MB = 1.1 GB peak; --memory 14.8 GB "
+        "(auto, from 24.71 GB available: host /proc/meminfo): up to 206.4 MB",
+        "temp space    73.8 GB free on that disk; 2 worker(s)",
+    ]
+    other = [
+        "time      12.07 s, 16.8 MB/s",
+        "pileshuffle: pass 1: 100% 203MB of 203MB, 8/8 files [01:02<00:00, 3.2MB/s]",
+        "memory  x 16 at a time + 725.0 MB = 3.4 GB peak; --memory 2.1 GB "
+        "(auto, from 3.50 GB available: cgroup v2 limit): up to 206.4 MB",
+        "temp space    1.2 TB free on that disk; 16 worker(s)",
+    ]
     assert samples.masked("\n".join(one)) == samples.masked("\n".join(other))
     for figure, changed in (("206.4", "206.5"), ("203MB of", "204MB of"), ("725.0", "726.0")):
         edited = "\n".join(one).replace(figure, changed)
@@ -75,9 +79,14 @@ def test_masks_hide_times_speeds_and_this_machines_figures():
 
 
 def test_only_each_passs_last_progress_line_is_shown():
-    lines = ["pileshuffle: 8 input file(s)", "pileshuffle: pass 1:  40% ...",
-             "pileshuffle: pass 1: 100% ...", "pileshuffle: pass 2: 1 of 4 piles written",
-             "pileshuffle: pass 2: 4 of 4 piles written", "records   8"]
+    lines = [
+        "pileshuffle: 8 input file(s)",
+        "pileshuffle: pass 1:  40% ...",
+        "pileshuffle: pass 1: 100% ...",
+        "pileshuffle: pass 2: 1 of 4 piles written",
+        "pileshuffle: pass 2: 4 of 4 piles written",
+        "records   8",
+    ]
     assert samples.finished_progress(lines) == [lines[0], lines[2], lines[4], lines[5]]
 
 

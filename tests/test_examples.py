@@ -9,8 +9,8 @@ import sys
 
 import pytest
 import tensorflow as tf
-
 from helpers import manifest, shard_bytes, shards
+
 from pileshuffle.commands import sample
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,8 +42,13 @@ def jsonl(tmp_path_factory):
 
 def parsed(output):
     """Every record of the output shards, in shard order, via tf.data and parse_single_example."""
-    spec = {"index": tf.io.FixedLenFeature([], tf.int64), "text": tf.io.FixedLenFeature([], tf.string)}
-    dataset = tf.data.TFRecordDataset(shards(output)).map(lambda record: tf.io.parse_single_example(record, spec))
+    spec = {
+        "index": tf.io.FixedLenFeature([], tf.int64),
+        "text": tf.io.FixedLenFeature([], tf.string),
+    }
+    dataset = tf.data.TFRecordDataset(shards(output)).map(
+        lambda record: tf.io.parse_single_example(record, spec)
+    )
     return [(int(e["index"]), e["text"].numpy().decode()) for e in dataset]
 
 
@@ -65,9 +70,21 @@ def keyed_run(tmp_path_factory, jsonl):
     root = tmp_path_factory.mktemp("keyed")
     output = str(root / "out" / "train")
     done = subprocess.run(
-        [sys.executable, SCRIPT, f"--input={pattern}", f"--output={output}", "--num_piles=5", "--seed=3",
-         "--id_field=index", f"--temp_location={root / 'tmp'}", *LOCAL],
-        capture_output=True, text=True, timeout=300, cwd=str(root),
+        [
+            sys.executable,
+            SCRIPT,
+            f"--input={pattern}",
+            f"--output={output}",
+            "--num_piles=5",
+            "--seed=3",
+            "--id_field=index",
+            f"--temp_location={root / 'tmp'}",
+            *LOCAL,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(root),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "manifest.json" in done.stdout
@@ -78,15 +95,28 @@ def test_script_writes_tfrecords_that_tf_data_reads_with_every_row_once(keyed_ru
     root, output = keyed_run
     assert len(shards(output)) == 5 and all(p.endswith(".tfrecord") for p in shards(output))
     check_exactly_once(output, jsonl[1])
-    assert not [n for n in os.listdir(root / "tmp") for _ in os.listdir(root / "tmp" / n)]  # fragments removed
+    assert not [
+        n for n in os.listdir(root / "tmp") for _ in os.listdir(root / "tmp" / n)
+    ]  # fragments removed
 
 
 def test_keyed_run_is_reproducible_and_matches_in_process(tmp_path, keyed_run, jsonl):
     module = load_example_module()
     pattern, _ = jsonl
     again = str(tmp_path / "again" / "train")
-    assert module.main([f"--input={pattern}", f"--output={again}", "--num_piles=5", "--seed=3", "--id_field=index",
-                        *LOCAL]) == 0  # shuffle mode this time: no --temp_location
+    assert (
+        module.main(
+            [
+                f"--input={pattern}",
+                f"--output={again}",
+                "--num_piles=5",
+                "--seed=3",
+                "--id_field=index",
+                *LOCAL,
+            ]
+        )
+        == 0
+    )  # shuffle mode this time: no --temp_location
     assert shard_bytes(again) == shard_bytes(keyed_run[1])
 
 
@@ -94,8 +124,20 @@ def test_unkeyed_gzip_run_delivers_every_row_once(tmp_path, jsonl):
     module = load_example_module()
     pattern, rows = jsonl
     output = str(tmp_path / "out" / "train")
-    assert module.main([f"--input={pattern}", f"--output={output}", "--num_piles=3", "--seed=8",
-                        "--compression=gzip", f"--temp_location={tmp_path / 'tmp'}", *LOCAL]) == 0
+    assert (
+        module.main(
+            [
+                f"--input={pattern}",
+                f"--output={output}",
+                "--num_piles=3",
+                "--seed=8",
+                "--compression=gzip",
+                f"--temp_location={tmp_path / 'tmp'}",
+                *LOCAL,
+            ]
+        )
+        == 0
+    )
     assert all(p.endswith(".tfrecord.gz") for p in shards(output)) and len(shards(output)) == 3
     spec = {"index": tf.io.FixedLenFeature([], tf.int64)}
     dataset = tf.data.TFRecordDataset(shards(output), compression_type="GZIP")
@@ -107,13 +149,30 @@ def test_features_follow_the_json_types():
     module = load_example_module()
     fn = module.JsonToExample()
     fn.setup()
-    line = json.dumps({"i": 3, "b": True, "f": 0.5, "s": "é", "li": [1, 2], "lf": [1, 2.5], "ls": ["a", "b"],
-                       "n": None, "empty": []})
+    line = json.dumps(
+        {
+            "i": 3,
+            "b": True,
+            "f": 0.5,
+            "s": "é",
+            "li": [1, 2],
+            "lf": [1, 2.5],
+            "ls": ["a", "b"],
+            "n": None,
+            "empty": [],
+        }
+    )
     (record,) = list(fn.process(line))
     features = tf.train.Example.FromString(record).features.feature
-    assert list(features["i"].int64_list.value) == [3] and list(features["b"].int64_list.value) == [1]
-    assert list(features["f"].float_list.value) == [0.5] and list(features["lf"].float_list.value) == [1.0, 2.5]
-    assert list(features["s"].bytes_list.value) == ["é".encode()] and list(features["ls"].bytes_list.value) == [b"a", b"b"]
+    assert list(features["i"].int64_list.value) == [3] and list(features["b"].int64_list.value) == [
+        1
+    ]
+    assert list(features["f"].float_list.value) == [0.5] and list(
+        features["lf"].float_list.value
+    ) == [1.0, 2.5]
+    assert list(features["s"].bytes_list.value) == ["é".encode()] and list(
+        features["ls"].bytes_list.value
+    ) == [b"a", b"b"]
     assert list(features["li"].int64_list.value) == [1, 2]
     assert "n" not in features and "empty" not in features
     keyed = module.JsonToExample("i")

@@ -7,13 +7,17 @@ import zlib
 import google_crc32c
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pytest
-
 from pileshuffle.records import compiled_crc, fingerprint
-from pileshuffle.records.fingerprint import column_hashes, crc32_of_slices, crc32c_of_slices, payload_hashes
+from pileshuffle.records.fingerprint import (
+    column_hashes,
+    crc32_of_slices,
+    crc32c_of_slices,
+    payload_hashes,
+)
 
 values_lists = st.lists(st.binary(min_size=0, max_size=80), min_size=0, max_size=60)
 
@@ -21,7 +25,9 @@ values_lists = st.lists(st.binary(min_size=0, max_size=80), min_size=0, max_size
 @settings(max_examples=200, deadline=None)
 @given(values=values_lists, trim=st.sampled_from([0, 1, 4]))
 def test_crc32c_of_slices_equals_one_crc32c_per_value(values, trim):
-    framed = [value + b"\n" * trim for value in values]  # the trimmed bytes: a line's newline, a frame's footer
+    framed = [
+        value + b"\n" * trim for value in values
+    ]  # the trimmed bytes: a line's newline, a frame's footer
     data = b"".join(framed)
     offsets = np.cumsum([0] + [len(v) for v in framed]).astype(np.int64)
     got = crc32c_of_slices(data, offsets, trim)
@@ -34,7 +40,9 @@ def test_crc32c_of_slices_equals_one_crc32c_per_value(values, trim):
 def test_the_compiled_loop_equals_one_crc32c_per_value(values, trim):
     framed = [value + b"\n" * trim for value in values]
     offsets = np.cumsum([0] + [len(v) for v in framed]).astype(np.int64)
-    got = compiled_crc.slice_crcs(np.frombuffer(b"".join(framed), np.uint8), offsets[:-1], np.diff(offsets) - trim)
+    got = compiled_crc.slice_crcs(
+        np.frombuffer(b"".join(framed), np.uint8), offsets[:-1], np.diff(offsets) - trim
+    )
     assert got.dtype == np.uint64
     assert got.tolist() == [google_crc32c.value(value) for value in values]
 
@@ -46,9 +54,16 @@ def test_crc32_of_slices_in_python_and_compiled_equals_zlib_per_payload(values, 
     framed = [b"h" * before + value + b"\n" * after for value in values]
     offsets = np.cumsum([0] + [len(v) for v in framed]).astype(np.int64)
     want = [zlib.crc32(value) for value in values]
-    assert crc32_of_slices(b"".join(framed), offsets, before, after).tolist() == want  # a short run: Python
+    assert (
+        crc32_of_slices(b"".join(framed), offsets, before, after).tolist() == want
+    )  # a short run: Python
     starts, lengths = offsets[:-1] + before, np.diff(offsets) - before - after
-    assert compiled_crc.slice_crcs(np.frombuffer(b"".join(framed), np.uint8), starts, lengths, "crc32").tolist() == want
+    assert (
+        compiled_crc.slice_crcs(
+            np.frombuffer(b"".join(framed), np.uint8), starts, lengths, "crc32"
+        ).tolist()
+        == want
+    )
 
 
 def test_the_compiled_loop_refuses_slices_outside_its_buffer():
@@ -61,26 +76,36 @@ def test_the_compiled_loop_refuses_slices_outside_its_buffer():
 def test_a_process_hashes_in_python_until_that_has_cost_what_compiling_does(monkeypatch):
     monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
     compiled_calls = []
-    monkeypatch.setattr(compiled_crc, "slice_crcs", lambda *args: compiled_calls.append(len(args[1])) or None)
+    monkeypatch.setattr(
+        compiled_crc, "slice_crcs", lambda *args: compiled_calls.append(len(args[1])) or None
+    )
     values = [bytes([n % 251]) * (n % 300) for n in range(1_000)]
     data, offsets = b"".join(values), np.cumsum([0] + [len(v) for v in values]).astype(np.int64)
     expected = [google_crc32c.value(v) for v in values]
     for _ in range(2):
         assert crc32c_of_slices(data, offsets).tolist() == expected
     spent = fingerprint._python_seconds
-    assert compiled_calls == [] and 0 < spent < fingerprint._COMPILE_AFTER_SECONDS  # both calls timed, in Python
-    monkeypatch.setattr(fingerprint, "_COMPILE_AFTER_SECONDS", spent)  # what has been spent pays for compiling now
+    assert (
+        compiled_calls == [] and 0 < spent < fingerprint._COMPILE_AFTER_SECONDS
+    )  # both calls timed, in Python
+    monkeypatch.setattr(
+        fingerprint, "_COMPILE_AFTER_SECONDS", spent
+    )  # what has been spent pays for compiling now
     assert crc32c_of_slices(data, offsets).tolist() == expected  # None from the loop: Python again
     assert compiled_calls == [1_000]
     monkeypatch.undo()
     monkeypatch.setattr(fingerprint, "_python_seconds", fingerprint._COMPILE_AFTER_SECONDS)
-    assert crc32c_of_slices(data, offsets).tolist() == expected  # the real loop: no Python time spent
+    assert (
+        crc32c_of_slices(data, offsets).tolist() == expected
+    )  # the real loop: no Python time spent
     assert fingerprint._python_seconds == fingerprint._COMPILE_AFTER_SECONDS
 
 
 def test_short_and_long_values_mixed_in_one_column_hash_as_each_alone():
     rng = np.random.default_rng(7)
-    values = [rng.bytes(int(n)) for n in rng.integers(0, 200, 2_000)]  # both sides of the 32-byte split
+    values = [
+        rng.bytes(int(n)) for n in rng.integers(0, 200, 2_000)
+    ]  # both sides of the 32-byte split
     mixed = column_hashes(pa.array(values, pa.binary()))
     alone = [int(column_hashes(pa.array([v], pa.binary()))[0]) for v in values[:300]]
     assert mixed[:300].tolist() == alone
@@ -96,25 +121,49 @@ def test_a_sliced_arrow_column_hashes_its_own_values():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=40)), st.one_of(st.none(), st.text(max_size=20)),
-                          st.integers(-2**40, 2**40)), min_size=1, max_size=60),
-       st.integers(1, 5), st.integers(0, 10), st.integers(0, 10))
-def test_a_tables_written_bytes_summed_from_offsets_equal_the_sum_of_its_row_lengths(rows, parts, cut_start, cut_end):
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.binary(max_size=40)),
+            st.one_of(st.none(), st.text(max_size=20)),
+            st.integers(-(2**40), 2**40),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(1, 5),
+    st.integers(0, 10),
+    st.integers(0, 10),
+)
+def test_a_tables_written_bytes_summed_from_offsets_equal_the_sum_of_its_row_lengths(
+    rows, parts, cut_start, cut_end
+):
     """``rows_bytes`` (pass 2's written bytes, from each chunk's first and last offsets) equals
     ``row_lengths(...).sum()`` for chunked, sliced tables with nulls and large types; so does a
     bytes format's ``records_bytes`` against its ``record_lengths``."""
     from pileshuffle.formats import get_format, record_lengths, records_bytes
 
     columns = list(zip(*rows))
-    table = pa.table({"b": pa.array(columns[0], pa.binary()), "s": pa.array(columns[1], pa.large_string()),
-                      "i": pa.array(columns[2], pa.int64())})
+    table = pa.table(
+        {
+            "b": pa.array(columns[0], pa.binary()),
+            "s": pa.array(columns[1], pa.large_string()),
+            "i": pa.array(columns[2], pa.int64()),
+        }
+    )
     bounds = np.linspace(0, len(rows), parts + 1).astype(int)
     chunked = pa.concat_tables([table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])])
     sliced = chunked.slice(min(cut_start, len(rows)), max(0, len(rows) - cut_start - cut_end))
     for each in (chunked, sliced):
         assert fingerprint.rows_bytes(each) == int(fingerprint.row_lengths(each).sum())
         assert records_bytes(each) == int(record_lengths(each).sum())
-    frames = pa.table({"frame": pa.array([b"0123456789ab" + (v or b"") + b"wxyz" for v in columns[0]], pa.binary())})
+    frames = pa.table(
+        {
+            "frame": pa.array(
+                [b"0123456789ab" + (v or b"") + b"wxyz" for v in columns[0]], pa.binary()
+            )
+        }
+    )
     holder = get_format("tfrecord")
     for each in (frames, frames.slice(min(cut_start, len(rows)))):
         assert holder.records_bytes(each) == int(holder.record_lengths(each).sum())

@@ -10,8 +10,8 @@ import sys
 import uuid
 
 import pytest
-
 from helpers import FAST, run_shuffle, shard_bytes
+
 from pileshuffle import names
 from pileshuffle.commands import sample
 from pileshuffle.io import storage
@@ -33,8 +33,13 @@ def comparable(manifest: dict, prefix: str) -> dict:
 
 
 def cli(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "pileshuffle", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "pileshuffle", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +52,9 @@ def inputs(tmp_path_factory, gcs_root):
         sample.WRITERS[fmt](str(local / fmt), **write)
         sample.WRITERS[fmt](f"{remote}/{fmt}", **write)
         found[fmt] = (str(local / fmt / f"*.{fmt}"), f"{remote}/{fmt}/*.{fmt}")
-    write = dict(records=1200, files=2, record_bytes=70, seed=1, name="more")  # a store's second generation
+    write = dict(
+        records=1200, files=2, record_bytes=70, seed=1, name="more"
+    )  # a store's second generation
     sample.write_tfrecord(str(local / "more"), **write)
     sample.write_tfrecord(f"{remote}/more", **write)
     found["more"] = (str(local / "more" / "*.tfrecord"), f"{remote}/more/*.tfrecord")
@@ -55,6 +62,7 @@ def inputs(tmp_path_factory, gcs_root):
 
 
 # -- the pipeline -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("intermediate", ["files", "shuffle"])
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -65,9 +73,14 @@ def test_run_on_gcs_gives_the_local_bytes(inputs, gcs, tmp_path, fmt, intermedia
     remote = run_shuffle(remote_in, f"{gcs}/t", *args)
     assert gs_shard_bytes(f"{gcs}/t") == shard_bytes(str(tmp_path / "t"))
     assert comparable(remote, f"{gcs}/t") == comparable(local, str(tmp_path / "t")) | {
-        "inputs": comparable(remote, f"{gcs}/t")["inputs"]}
+        "inputs": comparable(remote, f"{gcs}/t")["inputs"]
+    }
     assert [i["records"] for i in remote["inputs"]] == [i["records"] for i in local["inputs"]]
-    leftovers = [f.path for f in storage.match(f"{gcs}/**") if "-manifest.json" not in f.path and "-of-" not in f.path]
+    leftovers = [
+        f.path
+        for f in storage.match(f"{gcs}/**")
+        if "-manifest.json" not in f.path and "-of-" not in f.path
+    ]
     assert leftovers == []  # no staging, work or temp objects
 
 
@@ -75,8 +88,16 @@ def test_a_balanced_run_on_gcs_gives_the_local_bytes_and_verifies(inputs, gcs, t
     from pileshuffle.commands.verify import verify
 
     local_in, remote_in = inputs["tar"]
-    weights = ",".join(f"{c}={2 if c == 0 else 1}" for c in range(10))  # sample.write_tar: 10 classes of 240
-    args = ["--label_field=cls", f"--balance={weights}", "--undersample", "--num_piles=3", "--seed=5"]
+    weights = ",".join(
+        f"{c}={2 if c == 0 else 1}" for c in range(10)
+    )  # sample.write_tar: 10 classes of 240
+    args = [
+        "--label_field=cls",
+        f"--balance={weights}",
+        "--undersample",
+        "--num_piles=3",
+        "--seed=5",
+    ]
     local = run_shuffle(local_in, str(tmp_path / "b"), *args)
     remote = run_shuffle(remote_in, f"{gcs}/b", *args)
     assert gs_shard_bytes(f"{gcs}/b") == shard_bytes(str(tmp_path / "b"))
@@ -92,7 +113,10 @@ def test_a_balanced_jsonl_run_and_store_on_gcs_give_the_local_bytes(gcs, tmp_pat
     from pileshuffle.store import layout
 
     labels = ["a"] * 700 + ["b"] * 200 + ["c"] * 97 + [None] * 3
-    lines = [json.dumps({"i": i, **({"y": y} if y else {}), "t": "x" * (i % 50)}) + "\n" for i, y in enumerate(labels)]
+    lines = [
+        json.dumps({"i": i, **({"y": y} if y else {}), "t": "x" * (i % 50)}) + "\n"
+        for i, y in enumerate(labels)
+    ]
     local_in, remote_in = tmp_path / "in", f"{gcs}/balanced-in"
     local_in.mkdir()
     for part in range(2):
@@ -100,17 +124,28 @@ def test_a_balanced_jsonl_run_and_store_on_gcs_give_the_local_bytes(gcs, tmp_pat
         (local_in / f"p{part}.jsonl").write_bytes(data)
         with storage.open_write(f"{remote_in}/p{part}.jsonl", "uncompressed") as handle:
             handle.write(data)
-    args = ["--label_field=y", "--balance=uniform", "--keep_unlabeled", "--max_pile_bytes=1MiB", "--seed=4"]
+    args = [
+        "--label_field=y",
+        "--balance=uniform",
+        "--keep_unlabeled",
+        "--max_pile_bytes=1MiB",
+        "--seed=4",
+    ]
     local = run_shuffle(str(local_in / "*.jsonl"), str(tmp_path / "b"), *args)
     remote = run_shuffle(f"{remote_in}/*.jsonl", f"{gcs}/jb", *args)
     assert gs_shard_bytes(f"{gcs}/jb") == shard_bytes(str(tmp_path / "b"))
     assert remote["balance"] == local["balance"] and remote["options"] == local["options"]
-    assert "written 2.80 times over by --balance" in remote["options"]["num_piles_reason"]  # the sample, read on gs://
+    assert (
+        "written 2.80 times over by --balance" in remote["options"]["num_piles_reason"]
+    )  # the sample, read on gs://
     assert remote["balance"]["records_after"] == {"a": 700, "b": 700, "c": 700, "null": 700}
     assert verify(f"{remote_in}/*.jsonl", f"{gcs}/jb", None) == []
     run_shuffle(f"{remote_in}/*.jsonl", f"{gcs}/js", "--layout=store", *args)
     stored = layout.read_store_manifest(f"{gcs}/js")
-    assert stored["generations"][0]["balance"] == remote["balance"] and stored["options"]["keep_unlabeled"] is True
+    assert (
+        stored["generations"][0]["balance"] == remote["balance"]
+        and stored["options"]["keep_unlabeled"] is True
+    )
     assert verify(f"{remote_in}/*.jsonl", f"{gcs}/js", None) == []
 
 
@@ -121,10 +156,19 @@ def test_verify_plan_and_quality_on_gcs(inputs, gcs):
     assert done.returncode == 0 and "OK: 2,400 records in 3 shard(s)" in done.stdout, done.stderr
     done = cli("plan", f"--input={remote_in}", f"--output={gcs}/u", "--num_piles=3")
     assert done.returncode == 0 and "3 tfrecord file(s), 254,400 bytes" in done.stdout, done.stderr
-    done = cli("quality", f"--input={remote_in}", f"--output={gcs}/t", f"--report={gcs}/report", "--sample=2000")
+    done = cli(
+        "quality",
+        f"--input={remote_in}",
+        f"--output={gcs}/t",
+        f"--report={gcs}/report",
+        "--sample=2000",
+    )
     assert done.returncode == 0, done.stderr
     assert storage.read_json(f"{gcs}/report/quality.json")["records"] == 2400
-    assert sorted(storage.split(p)[1] for p in storage.list_folder(f"{gcs}/report"))[:2] == ["quality.json", "quality.png"]
+    assert sorted(storage.split(p)[1] for p in storage.list_folder(f"{gcs}/report"))[:2] == [
+        "quality.json",
+        "quality.png",
+    ]
     assert not os.path.exists("gs:")  # it once wrote a local folder named gs:
 
 
@@ -136,12 +180,23 @@ def test_verify_and_the_loader_on_gcs_name_a_damaged_shard(inputs, gcs, fmt, tmp
     run_shuffle(inputs[fmt][1], f"{gcs}/t", f"--format={fmt}", "--num_piles=2", "--seed=2")
     shard = storage.read_json(names.manifest_path(f"{gcs}/t"))["shards"][1]["path"]
     data = bytearray(storage.read_buffer(shard).to_pybytes())
-    data[len(data) // 2] ^= 0x10  # a record's byte (Parquet: a page's): every reader still parses it
+    data[len(data) // 2] ^= (
+        0x10  # a record's byte (Parquet: a page's): every reader still parses it
+    )
     storage.write_whole(shard, bytes(data))
     done = cli("verify", f"--output={gcs}/t")
-    assert done.returncode == 1 and done.stderr.count("FAILED") == 1 and f"shard {shard} is damaged" in done.stderr
-    for cache in (None, str(tmp_path / "cache")):  # read where it is (one request), and through the cache
-        with pytest.raises(InputError, match="is damaged|corrupt record") as refused:  # TFRecord: its frames' CRCs
+    assert (
+        done.returncode == 1
+        and done.stderr.count("FAILED") == 1
+        and f"shard {shard} is damaged" in done.stderr
+    )
+    for cache in (
+        None,
+        str(tmp_path / "cache"),
+    ):  # read where it is (one request), and through the cache
+        with pytest.raises(
+            InputError, match="is damaged|corrupt record"
+        ) as refused:  # TFRecord: its frames' CRCs
             list(ShuffledDataset(f"{gcs}/t", seed=1, cache_dir=cache))
         assert refused.value.path == shard
 
@@ -164,7 +219,8 @@ run(sys.argv[1:])
 
 
 def test_a_run_killed_during_publication_on_gcs_leaves_no_manifest_and_the_rerun_gives_the_same_bytes(
-        inputs, gcs, tmp_path):
+    inputs, gcs, tmp_path
+):
     """No rename is atomic on Cloud Storage (it is a copy): a fresh output's shards are uploaded
     straight to their final names, and the manifest, written last, is the commit point. A run
     killed before it has none; readers refuse it, and its re-run (no --overwrite needed: the
@@ -175,23 +231,40 @@ def test_a_run_killed_during_publication_on_gcs_leaves_no_manifest_and_the_rerun
     local_in, remote_in = inputs["jsonl"]
     args = ["--format=jsonl", "--num_piles=3", "--seed=9", "--direct_num_workers=1"]
     expected = run_shuffle(local_in, str(tmp_path / "t"), *args)
-    done = subprocess.run([sys.executable, "-c", KILLED_BEFORE_THE_MANIFEST, f"--input={remote_in}",
-                           f"--output={gcs}/t", *args], capture_output=True, text=True, timeout=120,
-                          )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            KILLED_BEFORE_THE_MANIFEST,
+            f"--input={remote_in}",
+            f"--output={gcs}/t",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 9, done.stderr
     assert "renamed" not in done.stderr  # no shard was copied
     assert not storage.exists(names.manifest_path(f"{gcs}/t"))
-    assert len(storage.match(names.shard_pattern(f"{gcs}/t"))) == 3  # final names, listed by no manifest
+    assert (
+        len(storage.match(names.shard_pattern(f"{gcs}/t"))) == 3
+    )  # final names, listed by no manifest
     with pytest.raises(NoOutputError):
         ShuffledDataset(f"{gcs}/t")
     rerun = run_shuffle(remote_in, f"{gcs}/t", *args)
     assert gs_shard_bytes(f"{gcs}/t") == shard_bytes(str(tmp_path / "t"))
     assert rerun["output_fingerprint"] == expected["output_fingerprint"]
-    assert sorted(storage.split(f.path)[1] for f in storage.match(f"{gcs}/**")) == \
-        ["t-00000-of-00003.jsonl", "t-00001-of-00003.jsonl", "t-00002-of-00003.jsonl", "t-manifest.json"]
+    assert sorted(storage.split(f.path)[1] for f in storage.match(f"{gcs}/**")) == [
+        "t-00000-of-00003.jsonl",
+        "t-00001-of-00003.jsonl",
+        "t-00002-of-00003.jsonl",
+        "t-manifest.json",
+    ]
 
 
 # -- stores -----------------------------------------------------------------------------------------
+
 
 def store_life(pattern_a, pattern_b, prefix):
     """run --layout store, append, expire, gc, materialize: the manifests and the loader's epoch."""
@@ -206,7 +279,11 @@ def store_life(pattern_a, pattern_b, prefix):
     done = cli("gc", f"--store={prefix}", "--grace_seconds=0")
     assert done.returncode == 0, done.stderr
     commands.materialize([f"--store={prefix}", f"--output={prefix}-mat", *FAST])
-    return [first["version"], second["version"], manifest["version"]], both, list(ShuffledDataset(prefix, seed=1))
+    return (
+        [first["version"], second["version"], manifest["version"]],
+        both,
+        list(ShuffledDataset(prefix, seed=1)),
+    )
 
 
 def test_a_store_life_on_gcs_equals_the_local_one(inputs, gcs, tmp_path):
@@ -218,7 +295,9 @@ def test_a_store_life_on_gcs_equals_the_local_one(inputs, gcs, tmp_path):
     assert remote[2] == local[2] and len(remote[2]) == 1200
     assert gs_shard_bytes(f"{gcs}/s-mat") == shard_bytes(str(tmp_path / "s-mat"))
     left = sorted(storage.split(p)[1] for p in storage.list_folder(names.store_dir(f"{gcs}/s")))
-    assert left == ["manifest-00000003.json"]  # gc removed the old versions; no lock, no temp objects
+    assert left == [
+        "manifest-00000003.json"
+    ]  # gc removed the old versions; no lock, no temp objects
 
 
 def test_two_appends_at_once_on_gcs_lose_nothing(inputs, gcs, tmp_path):
@@ -232,10 +311,19 @@ def test_two_appends_at_once_on_gcs_lose_nothing(inputs, gcs, tmp_path):
     days = []
     for day in ("a", "b"):
         directory = f"{gcs}/day-{day}"
-        sample.write_tfrecord(directory, records=300, files=1, record_bytes=40, seed=ord(day), name=day)
+        sample.write_tfrecord(
+            directory, records=300, files=1, record_bytes=40, seed=ord(day), name=day
+        )
         days.append(f"{directory}/*.tfrecord")
-    started = [subprocess.Popen([sys.executable, "-m", "pileshuffle", "append", f"--store={prefix}", f"--input={d}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for d in days]
+    started = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pileshuffle", "append", f"--store={prefix}", f"--input={d}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for d in days
+    ]
     results = [(p.wait(timeout=180), p.stderr.read()) for p in started]
     won = [d for d, (code, _) in zip(days, results) if code == 0]
     lost = [(d, err) for d, (code, err) in zip(days, results) if code != 0]
@@ -243,14 +331,18 @@ def test_two_appends_at_once_on_gcs_lose_nothing(inputs, gcs, tmp_path):
     for day, stderr in lost:
         assert "is locked by" in stderr or "appeared while this command ran" in stderr, stderr
         assert cli("append", f"--store={prefix}", f"--input={day}").returncode == 0
-    versions = sorted(int(p.rsplit("-", 1)[1][:8]) for p in storage.list_folder(names.store_dir(prefix))
-                      if "manifest-" in p)
+    versions = sorted(
+        int(p.rsplit("-", 1)[1][:8])
+        for p in storage.list_folder(names.store_dir(prefix))
+        if "manifest-" in p
+    )
     assert versions == [1, 2, 3]
     records = collections.Counter(ShuffledDataset(prefix))
     assert sum(records.values()) == 2400 + 600 and max(records.values()) == 1
 
 
 # -- the loader -------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def outputs(inputs, gcs_root, tmp_path_factory):
@@ -271,8 +363,9 @@ def test_the_loader_reads_gcs_as_it_reads_local(outputs, fmt):
 
     local, remote = outputs[fmt]
     for epoch in (0, 1):
-        assert list(ShuffledDataset(remote, seed=7, epoch=epoch, mix=2)) == \
-            list(ShuffledDataset(local, seed=7, epoch=epoch, mix=2))
+        assert list(ShuffledDataset(remote, seed=7, epoch=epoch, mix=2)) == list(
+            ShuffledDataset(local, seed=7, epoch=epoch, mix=2)
+        )
 
 
 def test_dataloader_workers_and_tf_data_read_gcs(outputs):
@@ -289,27 +382,46 @@ def test_dataloader_workers_and_tf_data_read_gcs(outputs):
 
 # -- failing fast -----------------------------------------------------------------------------------
 
+
 def closed_endpoint() -> dict:
     from helpers import free_port
 
     return {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{free_port()}"}
 
 
-LOADER = "from pileshuffle.loader import ShuffledDataset; print(len(list(ShuffledDataset(sys.argv[1]))))"
+LOADER = (
+    "from pileshuffle.loader import ShuffledDataset; print(len(list(ShuffledDataset(sys.argv[1]))))"
+)
 
 
 @pytest.mark.parametrize("command", ["run", "verify", "loader", "generate"])
 def test_no_endpoint_is_one_line_naming_the_path(command):
     where = "gs://no-such-endpoint-bucket/out/t"
-    argv = {"run": ["-m", "pileshuffle", "run", f"--input={where}-in*", f"--output={where}"],
-            "verify": ["-m", "pileshuffle", "verify", f"--output={where}"],
-            "loader": ["-c", "import sys; " + LOADER, where],
-            "generate": ["-m", "pileshuffle", "generate", f"--output_dir={where}", "--records=10", "--files=1"]}[command]
-    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=HANG_SECONDS,
-                          env={**os.environ, **closed_endpoint()})
+    argv = {
+        "run": ["-m", "pileshuffle", "run", f"--input={where}-in*", f"--output={where}"],
+        "verify": ["-m", "pileshuffle", "verify", f"--output={where}"],
+        "loader": ["-c", "import sys; " + LOADER, where],
+        "generate": [
+            "-m",
+            "pileshuffle",
+            "generate",
+            f"--output_dir={where}",
+            "--records=10",
+            "--files=1",
+        ],
+    }[command]
+    done = subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=HANG_SECONDS,
+        env={**os.environ, **closed_endpoint()},
+    )
     assert done.returncode != 0, done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert "gs://no-such-endpoint-bucket" in last and "cannot reach Cloud Storage" in last, done.stderr
+    assert "gs://no-such-endpoint-bucket" in last and "cannot reach Cloud Storage" in last, (
+        done.stderr
+    )
     if command != "loader":
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
@@ -319,7 +431,11 @@ def test_a_missing_bucket_or_object_is_one_line(gcs_root, gcs):
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "bucket gs://no-such-bucket-here does not exist" in done.stderr
     done = cli("verify", f"--output={gcs}/never-written", timeout=60)
-    assert done.returncode == 2 and f"{gcs}/never-written" in done.stderr and done.stderr.strip().count("\n") == 0
+    assert (
+        done.returncode == 2
+        and f"{gcs}/never-written" in done.stderr
+        and done.stderr.strip().count("\n") == 0
+    )
 
 
 # ``pileshuffle ARGV`` with Google's credential lookup made a tripwire: a call ends the process.
@@ -344,16 +460,30 @@ def test_a_beam_process_on_the_emulator_starts_without_a_credential_lookup(input
     STORAGE_EMULATOR_HOST set it must not look at all (Beam's auth cache seeded: cloud.py)."""
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
         pytest.skip("only on the emulator: a real bucket looks credentials up, as it should")
-    done = subprocess.run([sys.executable, "-c", NO_CREDENTIAL_LOOKUP, "run", f"--input={inputs['tfrecord'][1]}",
-                           f"--output={gcs}/t", "--num_piles=2", "--quiet"], capture_output=True, text=True,
-                          timeout=HANG_SECONDS)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            NO_CREDENTIAL_LOOKUP,
+            "run",
+            f"--input={inputs['tfrecord'][1]}",
+            f"--output={gcs}/t",
+            "--num_piles=2",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HANG_SECONDS,
+    )
     assert "google.auth.default was called" not in done.stderr, "a credential lookup is back"
     assert done.returncode == 0, done.stderr
     assert storage.read_json(names.manifest_path(f"{gcs}/t"))["totals"]["records"] == 2400
 
 
 @pytest.mark.parametrize("backend", ["arrow", "beam"])
-def test_a_persisting_503_is_retried_with_backoff_and_said_on_stderr(gcs_root, gcs, monkeypatch, capfd, backend):
+def test_a_persisting_503_is_retried_with_backoff_and_said_on_stderr(
+    gcs_root, gcs, monkeypatch, capfd, backend
+):
     """The emulator answers reads of these objects with 503 for 7 s: the read still returns the
     bytes, and stderr says it is retrying while the outage lasts."""
     import gcs_emulator
@@ -366,7 +496,9 @@ def test_a_persisting_503_is_retried_with_backoff_and_said_on_stderr(gcs_root, g
     capfd.readouterr()
     assert storage.read_buffer(path).to_pybytes() == b"payload" * 100
     said = capfd.readouterr().err
-    assert "pileshuffle:" in said and "retrying" in said and "Cloud Storage is unavailable" in said, said
+    assert (
+        "pileshuffle:" in said and "retrying" in said and "Cloud Storage is unavailable" in said
+    ), said
 
 
 def test_of_writers_racing_to_create_one_object_exactly_one_wins(gcs):
@@ -389,15 +521,24 @@ def test_of_writers_racing_to_create_one_object_exactly_one_wins(gcs):
     assert storage.list_folder(f"{gcs}/store-store") == [path]  # no temporary objects
 
 
-def test_ctrl_c_during_a_run_on_gcs_leaves_nothing_and_the_rerun_gives_the_same_bytes(gcs, tmp_path):
+def test_ctrl_c_during_a_run_on_gcs_leaves_nothing_and_the_rerun_gives_the_same_bytes(
+    gcs, tmp_path
+):
     from test_interrupt import interrupt_when
 
     sample.write_tfrecord(str(tmp_path / "in"), records=60_000, files=4, record_bytes=200)
     sample.write_tfrecord(f"{gcs}/in", records=60_000, files=4, record_bytes=200)
-    args = ["--num_piles=4", "--seed=3", "--intermediate=files", "--memory=1MiB"]  # runs uploaded, not kept in memory
+    args = [
+        "--num_piles=4",
+        "--seed=3",
+        "--intermediate=files",
+        "--memory=1MiB",
+    ]  # runs uploaded, not kept in memory
     run_shuffle(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "t"), *args)
     fragments = lambda pid: bool(storage.match(f"{gcs}/.pileshuffle-work-*/fragments/*"))  # noqa: E731: pass 1 is writing
-    stopped = interrupt_when(["run", f"--input={gcs}/in/*.tfrecord", f"--output={gcs}/t", *args], fragments)
+    stopped = interrupt_when(
+        ["run", f"--input={gcs}/in/*.tfrecord", f"--output={gcs}/t", *args], fragments
+    )
     stopped.check("run", "nothing was published")
     assert [f.path for f in storage.match(f"{gcs}/**") if "/in/" not in f.path] == []
     run_shuffle(f"{gcs}/in/*.tfrecord", f"{gcs}/t", *args)
@@ -412,21 +553,34 @@ def test_a_refused_permission_is_one_line_naming_the_path(gcs, tmp_path, command
         pytest.skip("only on the emulator: it injects the refusal")
     refused = f"{gcs}/{gcs_emulator.FORBIDDEN}"
     sample.write_tfrecord(str(tmp_path / "in"), records=100, files=1, record_bytes=20)
-    argv = {"verify": ["-m", "pileshuffle", "verify", f"--output={refused}/t"],
-            "run": ["-m", "pileshuffle", "run", f"--input={tmp_path}/in/*.tfrecord", f"--output={refused}/t"],
-            "loader": ["-c", "import sys; " + LOADER, f"{refused}/t"]}[command]
+    argv = {
+        "verify": ["-m", "pileshuffle", "verify", f"--output={refused}/t"],
+        "run": [
+            "-m",
+            "pileshuffle",
+            "run",
+            f"--input={tmp_path}/in/*.tfrecord",
+            f"--output={refused}/t",
+        ],
+        "loader": ["-c", "import sys; " + LOADER, f"{refused}/t"],
+    }[command]
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
     last = done.stderr.strip().splitlines()[-1]
-    assert done.returncode != 0 and "permission denied" in last and f"{refused}/t" in last, done.stderr
+    assert done.returncode != 0 and "permission denied" in last and f"{refused}/t" in last, (
+        done.stderr
+    )
     if command != "loader":
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-def test_a_rerun_bundle_on_gcs_writes_its_shard_once_under_its_final_name(inputs, gcs, tmp_path, monkeypatch):
+def test_a_rerun_bundle_on_gcs_writes_its_shard_once_under_its_final_name(
+    inputs, gcs, tmp_path, monkeypatch
+):
     """Runners re-run bundles: each shard is written twice (straight to its final name on a new
     gs:// output); the output equals the plain run's, and nothing is left beside it."""
-    import pileshuffle.engine.transforms.write as write
     from test_reliability import _flaky_write_class, _Twice
+
+    import pileshuffle.engine.transforms.write as write
 
     local_in, remote_in = inputs["tfrecord"]
     run_shuffle(local_in, str(tmp_path / "t"), "--num_piles=4", "--seed=9")
@@ -452,15 +606,29 @@ def test_a_caller_with_only_object_permissions_runs_verifies_and_reads(gcs_root,
     root = f"gs://{bucket}"
     local = sample.write_jsonl(str(tmp_path / "in"), records=300, files=2)
     sample.write_jsonl(f"{root}/in", records=300, files=2)
-    for args in ([], ["--overwrite"]):  # a first run (nothing at the output yet), then a re-run over it
-        done = cli("run", f"--input={root}/in/*.jsonl", f"--output={root}/out/t", "--num_piles=3", "--seed=4", *args)
+    for args in (
+        [],
+        ["--overwrite"],
+    ):  # a first run (nothing at the output yet), then a re-run over it
+        done = cli(
+            "run",
+            f"--input={root}/in/*.jsonl",
+            f"--output={root}/out/t",
+            "--num_piles=3",
+            "--seed=4",
+            *args,
+        )
         assert done.returncode == 0, done.stderr
     run_shuffle(",".join(local), str(tmp_path / "out" / "t"), "--num_piles=3", "--seed=4")
     assert gs_shard_bytes(f"{root}/out/t") == shard_bytes(str(tmp_path / "out" / "t"))
     verified = cli("verify", f"--input={root}/in/*.jsonl", f"--output={root}/out/t")
     assert verified.returncode == 0, verified.stderr
-    read = subprocess.run([sys.executable, "-c", "import sys; " + LOADER, f"{root}/out/t"], capture_output=True,
-                          text=True, timeout=120)
+    read = subprocess.run(
+        [sys.executable, "-c", "import sys; " + LOADER, f"{root}/out/t"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert read.returncode == 0 and read.stdout.strip() == "300", read.stderr
 
 
@@ -480,11 +648,15 @@ def test_a_dedup_store_on_gcs_equals_the_local_one(gcs, tmp_path):
             local = write_generation(str(tmp_path / "in"), g)
             if where.startswith("gs://"):
                 for n in (0, 1):
-                    with storage.open_write(f"{gcs}/dedup-in/g{g}-{n}.jsonl", "uncompressed") as handle:
+                    with storage.open_write(
+                        f"{gcs}/dedup-in/g{g}-{n}.jsonl", "uncompressed"
+                    ) as handle:
                         handle.write(open(str(tmp_path / "in" / f"g{g}-{n}.jsonl"), "rb").read())
                 local = f"{gcs}/dedup-in/g{g}-*.jsonl"
             patterns.append(local)
-        run_shuffle(patterns[0], where, "--layout=store", "--dedup=exact", "--num_piles=3", "--seed=4")
+        run_shuffle(
+            patterns[0], where, "--layout=store", "--dedup=exact", "--num_piles=3", "--seed=4"
+        )
         commands.append([f"--store={where}", f"--input={patterns[1]}", *FAST])
         assert check_store(where)[0] == []
         both = window_records(where)

@@ -5,6 +5,7 @@ staging folder and its publication journals stayed behind after every run, and a
 makes a later run take files it lists for its own."""
 
 from helpers import run_shuffle
+
 from pileshuffle.commands import sample
 
 
@@ -19,5 +20,7 @@ def test_a_finished_run_on_gcs_leaves_only_its_shards_and_manifest(gcs, tmp_path
     pattern, output = str(tmp_path / "in" / "*.tfrecord"), f"{gcs}/runs/t"
     run_shuffle(pattern, output, "--num_piles=3", "--seed=1")
     run_shuffle(pattern, output, "--num_piles=3", "--seed=2", "--overwrite")
-    expected = [f"{output}-0000{i}-of-00003.tfrecord" for i in range(3)] + [f"{output}-manifest.json"]
+    expected = [f"{output}-0000{i}-of-00003.tfrecord" for i in range(3)] + [
+        f"{output}-manifest.json"
+    ]
     assert objects(f"{gcs}/runs") == expected

@@ -16,9 +16,9 @@ import hashlib
 import os
 
 import pytest
+from helpers import run_shuffle, shards
 
 from pileshuffle.commands import sample
-from helpers import run_shuffle, shards
 
 GOLDEN = {
     "tfrecord-files": "121486397396061d78c28bdad7b9a4fec138ebb5d6526da0bb9ce728c1b405f5",
@@ -49,9 +49,13 @@ def store_pile_files(prefix):
 
 
 WRITERS = {
-    "tfrecord": lambda d: sample.write_tfrecord(d, records=2400, files=3, record_bytes=90, seed=5, vary=True),
+    "tfrecord": lambda d: sample.write_tfrecord(
+        d, records=2400, files=3, record_bytes=90, seed=5, vary=True
+    ),
     "jsonl": lambda d: sample.write_jsonl(d, records=2400, files=3, record_bytes=70, seed=5),
-    "parquet": lambda d: sample.write_parquet(d, records=2400, files=3, record_bytes=70, seed=5, row_group_rows=300),
+    "parquet": lambda d: sample.write_parquet(
+        d, records=2400, files=3, record_bytes=70, seed=5, row_group_rows=300
+    ),
 }
 SHARD_CASES = {
     "tfrecord-files": ("tfrecord", ["--intermediate=files"]),
@@ -79,7 +83,14 @@ def test_store_and_materialize_bytes_are_golden(tmp_path):
     from pileshuffle.cli import main as pileshuffle
 
     prefix = str(tmp_path / "out" / "data")
-    run_shuffle(_input(tmp_path, "tfrecord"), prefix, "--seed=11", "--num_piles=5", "--layout=store", "--quiet")
+    run_shuffle(
+        _input(tmp_path, "tfrecord"),
+        prefix,
+        "--seed=11",
+        "--num_piles=5",
+        "--layout=store",
+        "--quiet",
+    )
     assert digest(store_pile_files(prefix), tmp_path / "out") == GOLDEN["store"]
     materialized = str(tmp_path / "mat" / "data")
     assert pileshuffle(["materialize", "--store", prefix, "--output", materialized]) == 0

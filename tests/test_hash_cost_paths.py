@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from pileshuffle.formats import get_format
 from pileshuffle.records import fingerprint
 from pileshuffle.records.fingerprint import column_hashes, crc32c_of_slices, mix64, row_hashes
-from pileshuffle.formats import get_format
 
 NULL_HASH = 0x9E3779B97F4A7C15
 MASK = (1 << 64) - 1
@@ -55,13 +55,17 @@ def in_python(monkeypatch):
     monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
 
 
-@pytest.mark.parametrize("lengths", [
-    [(0, 0)],  # empty values only
-    [(0, 32)],  # short: all at once
-    [(33, 255)],  # between: slices of one bytes copy
-    [(256, 3000)],  # long: one view each
-    [(0, 0), (1, 32), (33, 200), (400, 70_000)],  # all of them in one column
-], ids=["empty", "short", "between", "long", "mixed"])
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [(0, 0)],  # empty values only
+        [(0, 32)],  # short: all at once
+        [(33, 255)],  # between: slices of one bytes copy
+        [(256, 3000)],  # long: one view each
+        [(0, 0), (1, 32), (33, 200), (400, 70_000)],  # all of them in one column
+    ],
+    ids=["empty", "short", "between", "long", "mixed"],
+)
 def test_a_binary_columns_hashes_are_the_definitions(lengths):
     values = mixed_values(np.random.default_rng(len(lengths)), 500, lengths)
     assert column_hashes(pa.array(values, pa.binary())).tolist() == [value_hash(v) for v in values]
@@ -82,12 +86,17 @@ def test_nulls_sliced_chunked_and_large_types_hash_as_their_values():
     names = [None if i % 7 == 0 else "ü" * int(n) for i, n in enumerate(rng.integers(0, 40, 300))]
     values = mixed_values(rng, 300, [(0, 20), (300, 2000)])
     payloads = [None if i % 11 == 0 else v for i, v in enumerate(values)]
-    table = pa.table({"name": pa.array(names, pa.string()),
-                      "payload": pa.array(payloads, pa.binary())})
+    table = pa.table(
+        {"name": pa.array(names, pa.string()), "payload": pa.array(payloads, pa.binary())}
+    )
     want = defined_row_hashes([names, payloads])
     assert row_hashes(table).tolist() == want
-    large = pa.table({"name": pa.array(names, pa.large_string()),
-                      "payload": pa.array(payloads, pa.large_binary())})
+    large = pa.table(
+        {
+            "name": pa.array(names, pa.large_string()),
+            "payload": pa.array(payloads, pa.large_binary()),
+        }
+    )
     assert row_hashes(large).tolist() == want  # large offsets, same values: same hashes
     chunked = pa.concat_tables([table.slice(0, 120), table.slice(120, 1), table.slice(121)])
     assert chunked.column(1).num_chunks == 3
@@ -156,7 +165,8 @@ def test_the_compile_meter_counts_cpu_not_time_spent_waiting_for_another_thread(
 @pytest.mark.parametrize("storage", ["beam", "arrow"])
 @pytest.mark.parametrize("last_newline", [True, False])
 def test_a_local_jsonl_file_is_read_in_blocks_that_each_hold_bytes_read_once(
-        tmp_path, monkeypatch, last_newline, storage):
+    tmp_path, monkeypatch, last_newline, storage
+):
     """Each block of a local file is one read of at most ``chunk_bytes`` (the line a block cut
     starts the next one) and holds the file's bytes at its offset; the lines are the file's,
     through Beam's file handles and Arrow's."""
@@ -173,28 +183,36 @@ def test_a_local_jsonl_file_is_read_in_blocks_that_each_hold_bytes_read_once(
     got = []
     for buf, end, base in line_blocks(str(tmp_path / "a.jsonl"), 256):
         assert len(buf) <= 256 + (not last_newline)  # (a last line without one gets its newline)
-        whole = data[base:base + end] if base + end <= len(data) else data[base:] + b"\n"
+        whole = data[base : base + end] if base + end <= len(data) else data[base:] + b"\n"
         assert bytes(buf[:end]) == whole
         got.append(bytes(buf[:end]))
     assert b"".join(got).split(b"\n")[:-1] == lines
 
 
 def test_a_process_told_of_many_records_compiles_from_the_first_hash_and_one_of_few_does_not(
-        monkeypatch, tmp_path):
+    monkeypatch, tmp_path
+):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pileshuffle.commands import sample
-    from pileshuffle.planning.plan import make_plan
     from pileshuffle.engine.transforms.graph import _records_per_process
+    from pileshuffle.planning.plan import make_plan
 
     monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
     fingerprint.expect_records(1_000_000)  # 0.37 s in Python: less than compiling
     assert fingerprint._compiled_slice_crcs() is None
-    fingerprint.expect_records(4_000_000)  # 1.5 s in Python (2 GB of 500-byte lines): compile at once
+    fingerprint.expect_records(
+        4_000_000
+    )  # 1.5 s in Python (2 GB of 500-byte lines): compile at once
     assert fingerprint._compiled_slice_crcs() is not None
     raw = np.frombuffer(b"abcdef" * 10, dtype=np.uint8)
     got = crc32c_of_slices(raw, np.array([0, 7, 60]))
-    assert got.tolist() == [google_crc32c.value(bytes(raw[0:7])), google_crc32c.value(bytes(raw[7:60]))]
+    assert got.tolist() == [
+        google_crc32c.value(bytes(raw[0:7])),
+        google_crc32c.value(bytes(raw[7:60])),
+    ]
     sample.write_jsonl(str(tmp_path), records=3_000, files=2, record_bytes=100)
     plan = make_plan(PipelineOptions([f"--input={tmp_path}/*.jsonl", f"--output={tmp_path}/o/t"]))
-    assert _records_per_process(plan) == plan.written_records > 0  # this machine: one process reads all
+    assert (
+        _records_per_process(plan) == plan.written_records > 0
+    )  # this machine: one process reads all

@@ -9,15 +9,21 @@ import shutil
 
 import google_crc32c
 import pytest
-
 from helpers import run_shuffle, shards
+
 from pileshuffle.commands import sample
 from pileshuffle.commands.verify import main as verify_main
 from pileshuffle.errors import InputError
 from pileshuffle.loader import ShuffledDataset
 
-CASES = [("tfrecord", "none"), ("tfrecord", "gzip"), ("jsonl", "none"), ("jsonl", "gzip"), ("parquet", "snappy"),
-         ("tar", "none")]
+CASES = [
+    ("tfrecord", "none"),
+    ("tfrecord", "gzip"),
+    ("jsonl", "none"),
+    ("jsonl", "gzip"),
+    ("parquet", "snappy"),
+    ("tar", "none"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +34,14 @@ def outputs(tmp_path_factory):
     for fmt, compression in CASES:
         where = root / f"{fmt}-{compression}"
         sample.WRITERS[fmt](str(where / "in"), records=1500, files=2, record_bytes=150)
-        run_shuffle(str(where / "in" / f"*.{fmt}"), str(where / "out" / "t"), f"--format={fmt}", "--num_piles=3",
-                    "--seed=4", f"--compression={compression}")
+        run_shuffle(
+            str(where / "in" / f"*.{fmt}"),
+            str(where / "out" / "t"),
+            f"--format={fmt}",
+            "--num_piles=3",
+            "--seed=4",
+            f"--compression={compression}",
+        )
         made[fmt, compression] = where
     return made
 
@@ -39,6 +51,7 @@ def copy_of(outputs, tmp_path):
     def copy(case):
         shutil.copytree(outputs[case], tmp_path / "run")
         return str(tmp_path / "run" / "in" / f"*.{case[0]}"), str(tmp_path / "run" / "out" / "t")
+
     return copy
 
 
@@ -69,7 +82,9 @@ def test_the_manifest_lists_each_shards_crc32c_of_what_a_reader_gets(outputs, ca
     assert manifest["format_version"] == "1.6"
     for entry, path in zip(manifest["shards"], shards(prefix)):
         data = open(path, "rb").read()
-        readable = gzip.decompress(data) if path.endswith(".gz") else data  # gzip's own CRC32 covers the stream
+        readable = (
+            gzip.decompress(data) if path.endswith(".gz") else data
+        )  # gzip's own CRC32 covers the stream
         assert entry["crc32c"] == f"{google_crc32c.value(readable):08x}", path
 
 
@@ -79,8 +94,12 @@ def test_one_flipped_byte_is_refused_by_the_loader_and_named_once_by_verify(copy
     records = epoch(prefix)
     damaged = shards(prefix)[1]
     flip(damaged, os.path.getsize(damaged) // 2)
-    with pytest.raises(InputError, match="is damaged|corrupt record") as refused:  # TFRecord: its frames' CRCs
-        for shard in range(3):  # every epoch reads every shard; the damaged one is refused whichever comes first
+    with pytest.raises(
+        InputError, match="is damaged|corrupt record"
+    ) as refused:  # TFRecord: its frames' CRCs
+        for shard in range(
+            3
+        ):  # every epoch reads every shard; the damaged one is refused whichever comes first
             epoch(prefix)
     assert refused.value.path == damaged
     code, report = verify_report(capsys, pattern, prefix)
@@ -98,7 +117,9 @@ def test_a_parquet_footer_flipped_where_it_still_parses_is_refused(copy_of, caps
     damaged = shards(prefix)[0]
     data = open(damaged, "rb").read()
     footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    flip(damaged, data.index(b"payload", footer_start))  # a column's name in the footer: it parses either way
+    flip(
+        damaged, data.index(b"payload", footer_start)
+    )  # a column's name in the footer: it parses either way
     with pytest.raises(InputError, match="is damaged") as refused:
         epoch(prefix)
     assert refused.value.path == damaged
@@ -129,7 +150,9 @@ def test_outputs_written_before_checksums_still_read_and_verify(copy_of, capsys)
 def test_a_store_data_file_flipped_is_refused_by_the_loader_and_named_by_verify(tmp_path, capsys):
     sample.write_tfrecord(str(tmp_path / "in"), records=1200, files=2, record_bytes=100)
     prefix = str(tmp_path / "s" / "train")
-    run_shuffle(str(tmp_path / "in" / "*.tfrecord"), prefix, "--layout=store", "--num_piles=2", "--seed=5")
+    run_shuffle(
+        str(tmp_path / "in" / "*.tfrecord"), prefix, "--layout=store", "--num_piles=2", "--seed=5"
+    )
     store = f"{prefix}-store"
     manifest = json.load(open(os.path.join(store, "manifest-00000001.json")))
     entry = manifest["generations"][0]["files"][0]

@@ -18,8 +18,8 @@ import threading
 import time
 
 import pytest
-
 from helpers import final_outputs, run_shuffle, shard_bytes, temp_leftovers
+
 from pileshuffle.commands import sample
 
 PY = sys.executable
@@ -43,12 +43,19 @@ class Interrupted:
         """Exit code 130 (or ``code``); one line after the signal (at most one more that was
         already on its way), naming the command and saying it was interrupted; no traceback."""
         everything = "".join(self.before + self.after)
-        assert self.code == code, (self.code, f"{self.seconds:.1f} s after the signal", everything[-3000:])
-        assert "Traceback" not in everything and "KeyboardInterrupt" not in everything, everything[-3000:]
+        assert self.code == code, (
+            self.code,
+            f"{self.seconds:.1f} s after the signal",
+            everything[-3000:],
+        )
+        assert "Traceback" not in everything and "KeyboardInterrupt" not in everything, everything[
+            -3000:
+        ]
         assert 1 <= len(self.after) <= 2, self.after
         last = self.after[-1]
         assert last.startswith(f"pileshuffle {command}: interrupted") or (
-            code != SIGNAL_EXIT_CODE and last.startswith(f"pileshuffle {command} (")), last
+            code != SIGNAL_EXIT_CODE and last.startswith(f"pileshuffle {command} (")
+        ), last
         for word in words:
             assert word in last, (word, last)
 
@@ -63,14 +70,22 @@ def _no_sigint_inherited():
 
 def interrupt_when(argv, started, cwd=None, timeout=120, signum=signal.SIGINT) -> Interrupted:
     """Run ``pileshuffle ARGV``; once ``started(pid)`` is true, send SIGINT (or ``signum``)."""
-    process = subprocess.Popen([PY, "-m", "pileshuffle", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, cwd=cwd, preexec_fn=_no_sigint_inherited)
+    process = subprocess.Popen(
+        [PY, "-m", "pileshuffle", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        preexec_fn=_no_sigint_inherited,
+    )
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
     reader.start()
     deadline = time.time() + timeout
     while not started(process.pid):
-        assert process.poll() is None, f"finished before it could be interrupted: {''.join(lines)[-2000:]}"
+        assert process.poll() is None, (
+            f"finished before it could be interrupted: {''.join(lines)[-2000:]}"
+        )
         assert time.time() < deadline, "never started"
         time.sleep(0.002)
     seen = len(lines)
@@ -111,7 +126,9 @@ def has_open(directory):
 
 
 def cli(*argv, cwd=None):
-    done = subprocess.run([PY, "-m", "pileshuffle", *argv], capture_output=True, text=True, timeout=300, cwd=cwd)
+    done = subprocess.run(
+        [PY, "-m", "pileshuffle", *argv], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -158,16 +175,29 @@ def inputs(data):
 # --- run ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("intermediate, memory", [("files", "1MiB"), ("files", "auto"), ("shuffle", "auto")])
-def test_run_interrupted_publishes_nothing_and_the_rerun_writes_the_same_bytes(data, tmp_path, intermediate, memory):
+@pytest.mark.parametrize(
+    "intermediate, memory", [("files", "1MiB"), ("files", "auto"), ("shuffle", "auto")]
+)
+def test_run_interrupted_publishes_nothing_and_the_rerun_writes_the_same_bytes(
+    data, tmp_path, intermediate, memory
+):
     """Files mode with runs on disk (``--memory`` too small to keep any): interrupted in pass 1,
     once the work folder holds runs. Runs kept in memory, and shuffle mode: in pass 2, once the
     staging folder holds a shard."""
     output = str(tmp_path / "out" / "data")
-    argv = ["run", f"--input={inputs(data)}", f"--output={output}", f"--intermediate={intermediate}", *SEED_OPTIONS,
-            f"--memory={memory}"]
-    started = (exists(str(tmp_path / "out" / ".pileshuffle-work-*" / "fragments" / "*")) if memory == "1MiB"
-               else exists(f"{output}.pileshuffle-staging/shard-*"))
+    argv = [
+        "run",
+        f"--input={inputs(data)}",
+        f"--output={output}",
+        f"--intermediate={intermediate}",
+        *SEED_OPTIONS,
+        f"--memory={memory}",
+    ]
+    started = (
+        exists(str(tmp_path / "out" / ".pileshuffle-work-*" / "fragments" / "*"))
+        if memory == "1MiB"
+        else exists(f"{output}.pileshuffle-staging/shard-*")
+    )
     interrupt_when(argv, started).check("run", output, "nothing was published")
     assert final_outputs(output) == []
     assert temp_leftovers(str(tmp_path / "out")) == []  # fragments, staging, the output's lock
@@ -183,7 +213,13 @@ def test_run_terminated_or_hung_up_is_stopped_as_ctrl_c_stops_it(data, tmp_path,
     and the re-run writes the bytes of a run never stopped. Before: killed by the signal
     (exit -15), nothing said, the lock and the work folder left."""
     output = str(tmp_path / "out" / "data")
-    argv = ["run", f"--input={inputs(data)}", f"--output={output}", *SEED_OPTIONS, "--memory=1MiB"]  # runs on disk
+    argv = [
+        "run",
+        f"--input={inputs(data)}",
+        f"--output={output}",
+        *SEED_OPTIONS,
+        "--memory=1MiB",
+    ]  # runs on disk
     started = exists(str(tmp_path / "out" / ".pileshuffle-work-*" / "fragments" / "*"))
     stopped = interrupt_when(argv, started, signum=signum)
     stopped.check("run", output, "nothing was published", code=128 + signum)
@@ -194,15 +230,20 @@ def test_run_terminated_or_hung_up_is_stopped_as_ctrl_c_stops_it(data, tmp_path,
 
 
 @pytest.mark.parametrize("moment", ["staged", "published"])
-def test_run_interrupted_as_it_publishes_publishes_all_or_nothing_and_says_which(data, tmp_path, moment):
+def test_run_interrupted_as_it_publishes_publishes_all_or_nothing_and_says_which(
+    data, tmp_path, moment
+):
     """SIGINT once every shard is staged (the run goes on to rename them into place and
     write the manifest), or once the manifest is in place (the run goes on to clean up):
     either nothing is published or the whole output is, the line says which, and no temp
     file is left."""
     output = str(tmp_path / "out" / "data")
     argv = ["run", f"--input={inputs(data)}", f"--output={output}", *SEED_OPTIONS]
-    started = ((lambda pid: len(glob.glob(f"{output}.pileshuffle-staging/shard-*.tfrecord")) == PILES)
-               if moment == "staged" else exists(f"{output}-manifest.json"))
+    started = (
+        (lambda pid: len(glob.glob(f"{output}.pileshuffle-staging/shard-*.tfrecord")) == PILES)
+        if moment == "staged"
+        else exists(f"{output}-manifest.json")
+    )
     result = interrupt_when(argv, started)
     reference = shard_bytes(str(data / "reference" / "data"))
     if os.path.exists(f"{output}-manifest.json"):
@@ -256,23 +297,33 @@ def store(data):
     return base, full, first, second
 
 
-def test_run_layout_store_interrupted_publishes_no_version_and_the_rerun_writes_the_same_store(data, store, tmp_path):
+def test_run_layout_store_interrupted_publishes_no_version_and_the_rerun_writes_the_same_store(
+    data, store, tmp_path
+):
     base, _, first, _ = store
     prefix = str(tmp_path / "s" / "data")
     argv = ["run", "--layout=store", f"--input={first}", f"--output={prefix}", *SEED_OPTIONS]
-    interrupt_when(argv, exists(f"{prefix}-store/g000000/*")).check("run", f"{prefix}-store", "nothing was published")
-    assert not os.path.exists(f"{prefix}-store")  # no version, no generation, no lock: nothing at all
+    interrupt_when(argv, exists(f"{prefix}-store/g000000/*")).check(
+        "run", f"{prefix}-store", "nothing was published"
+    )
+    assert not os.path.exists(
+        f"{prefix}-store"
+    )  # no version, no generation, no lock: nothing at all
     cli(*argv)
     assert store_files(prefix) == store_files(base)
     assert store_versions(prefix) == store_versions(base)
 
 
-def test_a_first_run_layout_store_interrupted_before_its_pipeline_leaves_no_store_folder(data, tmp_path):
+def test_a_first_run_layout_store_interrupted_before_its_pipeline_leaves_no_store_folder(
+    data, tmp_path
+):
     """SIGINT as soon as the store's lock exists (while the pipeline is being built, before
     any generation file): the lock and the folders it created go too."""
     prefix = str(tmp_path / "s" / "data")
     argv = ["run", "--layout=store", f"--input={inputs(data)}", f"--output={prefix}", *SEED_OPTIONS]
-    interrupt_when(argv, exists(f"{prefix}-store/LOCK")).check("run", f"{prefix}-store", "nothing was published")
+    interrupt_when(argv, exists(f"{prefix}-store/LOCK")).check(
+        "run", f"{prefix}-store", "nothing was published"
+    )
     assert not os.path.exists(tmp_path / "s")
 
 
@@ -282,25 +333,35 @@ def test_append_interrupted_before_its_pipeline_releases_the_lock(store, tmp_pat
     shutil.copytree(f"{base}-store", f"{prefix}-store")
     before = tree_bytes(f"{prefix}-store")
     argv = ["append", f"--store={prefix}", f"--input={second}"]
-    interrupt_when(argv, exists(f"{prefix}-store/LOCK")).check("append", f"{prefix}-store", "nothing was published")
+    interrupt_when(argv, exists(f"{prefix}-store/LOCK")).check(
+        "append", f"{prefix}-store", "nothing was published"
+    )
     assert tree_bytes(f"{prefix}-store") == before and not os.path.exists(f"{prefix}-store/LOCK")
 
 
-def test_append_interrupted_leaves_the_store_at_its_version_and_the_rerun_adds_the_same_generation(store, tmp_path):
+def test_append_interrupted_leaves_the_store_at_its_version_and_the_rerun_adds_the_same_generation(
+    store, tmp_path
+):
     base, full, _, second = store
     prefix = str(tmp_path / "s" / "data")
     shutil.copytree(f"{base}-store", f"{prefix}-store")
     before = store_versions(prefix)
     argv = ["append", f"--store={prefix}", f"--input={second}"]
-    interrupt_when(argv, exists(f"{prefix}-store/g000001/*")).check("append", f"{prefix}-store", "version 1")
+    interrupt_when(argv, exists(f"{prefix}-store/g000001/*")).check(
+        "append", f"{prefix}-store", "version 1"
+    )
     assert store_versions(prefix) == before
-    assert not os.path.exists(f"{prefix}-store/LOCK") and not os.path.exists(f"{prefix}-store/g000001")
+    assert not os.path.exists(f"{prefix}-store/LOCK") and not os.path.exists(
+        f"{prefix}-store/g000001"
+    )
     cli(*argv)
     assert store_files(prefix) == store_files(full)
     assert store_versions(prefix) == store_versions(full)
 
 
-def test_materialize_interrupted_publishes_nothing_and_the_rerun_writes_the_same_bytes(store, tmp_path):
+def test_materialize_interrupted_publishes_nothing_and_the_rerun_writes_the_same_bytes(
+    store, tmp_path
+):
     base, _, _, _ = store
     reference = str(tmp_path / "reference" / "data")
     cli("materialize", f"--store={base}", f"--output={reference}")
@@ -328,7 +389,12 @@ def test_verify_interrupted_says_so_in_one_line_and_changes_nothing(data):
 
 def test_quality_interrupted_writes_no_report(data, tmp_path):
     report = tmp_path / "report"
-    argv = ["quality", f"--input={inputs(data)}", f"--output={data / 'reference' / 'data'}", f"--report={report}"]
+    argv = [
+        "quality",
+        f"--input={inputs(data)}",
+        f"--output={data / 'reference' / 'data'}",
+        f"--report={report}",
+    ]
     interrupt_when(argv, has_open(str(data / "in"))).check("quality", str(report), "no report")
     assert not report.exists() or os.listdir(report) == []
 
@@ -379,8 +445,13 @@ else:
 def run_slow_loader(prefix, how):
     """Start the loader script, whose second pile never arrives, and wait for it to exit: it can
     only if nothing waits for that pile (the limit is against a hang)."""
-    process = subprocess.Popen([PY, "-c", SLOW_LOADER, prefix, how], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, preexec_fn=_no_sigint_inherited)
+    process = subprocess.Popen(
+        [PY, "-c", SLOW_LOADER, prefix, how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_no_sigint_inherited,
+    )
     assert process.stdout.readline() == "reading\n", process.stderr.read()
     if how == "interrupt":
         time.sleep(0.5)  # the first pile is used up by then: it waits for the next one
@@ -400,7 +471,9 @@ def piles(data):
 
 def test_an_interrupted_loader_exits_without_waiting_for_the_pile_being_loaded(piles):
     process = run_slow_loader(piles, "interrupt")
-    assert process.returncode != 0 and "KeyboardInterrupt" in process.stderr.read()  # the script's own
+    assert (
+        process.returncode != 0 and "KeyboardInterrupt" in process.stderr.read()
+    )  # the script's own
 
 
 def test_a_loader_that_stops_iterating_exits_without_waiting_for_the_pile_being_loaded(piles):
@@ -418,9 +491,15 @@ def test_the_line_starts_on_its_own_line_after_a_print_cut_between_text_and_newl
         "with interrupt.handling('x'):\n"
         "    sys.stderr.write('pileshuffle: a line without its newline')\n"
         "    interrupt._State.interrupted = True\n"
-        "    raise KeyboardInterrupt\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                          preexec_fn=_no_sigint_inherited)  # a background job's SIG_IGN would keep handling() out
+        "    raise KeyboardInterrupt\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_no_sigint_inherited,
+    )  # a background job's SIG_IGN would keep handling() out
     assert done.returncode == 130
     assert done.stderr.splitlines()[-1] == "pileshuffle x: interrupted", done.stderr
 
@@ -429,8 +508,11 @@ def test_a_closed_stdout_ends_the_command_quietly(data, tmp_path):
     """`pileshuffle plan ... | head` with the reader gone before the plan is printed: no
     BrokenPipeError traceback, nothing on stderr, exit 141 (as a shell reports SIGPIPE). Before:
     a traceback and exit 1."""
-    process = subprocess.Popen([PY, "-m", "pileshuffle", "plan", f"--input={inputs(data)}", f"--output={tmp_path}/o"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [PY, "-m", "pileshuffle", "plan", f"--input={inputs(data)}", f"--output={tmp_path}/o"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     process.stdout.close()  # the reader is gone before anything is written
     _, err = process.communicate(timeout=120)
     assert (process.returncode, err.decode()) == (141, "")

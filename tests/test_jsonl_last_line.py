@@ -12,19 +12,31 @@ import gzip
 import json
 
 import pytest
+from helpers import (
+    FAST,
+    assert_nothing_published,
+    manifest,
+    refused,
+    run_shuffle,
+    shard_bytes,
+    shards,
+    succeeded,
+)
 
-from helpers import (FAST, assert_nothing_published, manifest, refused, run_shuffle, shard_bytes,
-                     shards, succeeded)
 from pileshuffle.commands.verify import verify
 
 NOT_JSON = b"a line in the middle that is no JSON\n"  # never parsed: a record as any other
-GOOD = b"".join(json.dumps({"i": i, "y": "ab"[i % 2], "text": "x" * (i % 37)}).encode() + b"\n"
-                for i in range(120))  # 60 of each class
-GOOD_WITH_MIDDLE = GOOD[:GOOD.index(b'{"i": 60,')] + NOT_JSON + GOOD[GOOD.index(b'{"i": 60,'):]
+GOOD = b"".join(
+    json.dumps({"i": i, "y": "ab"[i % 2], "text": "x" * (i % 37)}).encode() + b"\n"
+    for i in range(120)
+)  # 60 of each class
+GOOD_WITH_MIDDLE = GOOD[: GOOD.index(b'{"i": 60,')] + NOT_JSON + GOOD[GOOD.index(b'{"i": 60,') :]
 LAST = json.dumps({"i": 120, "y": "a", "text": "the last record"}).encode()
 CUT = LAST[:9]  # the last record cut 9 bytes in
-CUT_MESSAGE = "truncated record: the file ends inside a line (9 bytes without a newline) that is " \
-              "not a whole JSON value"
+CUT_MESSAGE = (
+    "truncated record: the file ends inside a line (9 bytes without a newline) that is "
+    "not a whole JSON value"
+)
 
 
 def write(path, data: bytes) -> str:
@@ -63,6 +75,7 @@ def lines_of(data: bytes) -> collections.Counter:
 
 def output_lines(output) -> collections.Counter:
     """The lines of every shard of ``output`` (gzip ones decompressed)."""
+
     def text(path):
         data = open(path, "rb").read()
         return gzip.decompress(data) if path.endswith(".gz") else data
@@ -71,8 +84,9 @@ def output_lines(output) -> collections.Counter:
 
 
 @pytest.mark.parametrize("read_as", ["span", "whole", "gzip"])
-def test_a_file_cut_inside_its_last_record_stops_the_run_naming_file_and_byte(tmp_path, capsys,
-                                                                               read_as):
+def test_a_file_cut_inside_its_last_record_stops_the_run_naming_file_and_byte(
+    tmp_path, capsys, read_as
+):
     pattern, path, _ = inputs(tmp_path / "in", GOOD_WITH_MIDDLE + CUT, read_as)
     start = len(GOOD_WITH_MIDDLE)
     spans = spans_of(pattern, path, tmp_path)
@@ -87,12 +101,21 @@ def test_a_file_cut_inside_its_last_record_stops_the_run_naming_file_and_byte(tm
 def test_skip_corrupt_skips_the_cut_line_and_counts_it(tmp_path, capsys, read_as):
     pattern, path, other = inputs(tmp_path / "in", GOOD_WITH_MIDDLE + CUT, read_as)
     output = str(tmp_path / "out" / "o")
-    succeeded(capsys, "run", f"--input={pattern}", f"--output={output}", "--skip_corrupt",
-              "--quiet", *FAST)
+    succeeded(
+        capsys,
+        "run",
+        f"--input={pattern}",
+        f"--output={output}",
+        "--skip_corrupt",
+        "--quiet",
+        *FAST,
+    )
     skipped = manifest(output)["skipped"]
     assert skipped["records"] == 1 and skipped["bytes"] == len(CUT)
-    assert skipped["problems"] == [f"{path} at byte offset {len(GOOD_WITH_MIDDLE)}: {CUT_MESSAGE} "
-                                   "(Expecting ',' delimiter: character 10)"]
+    assert skipped["problems"] == [
+        f"{path} at byte offset {len(GOOD_WITH_MIDDLE)}: {CUT_MESSAGE} "
+        "(Expecting ',' delimiter: character 10)"
+    ]
     assert output_lines(output) == lines_of(GOOD_WITH_MIDDLE + other)  # the middle line too
     out, _ = succeeded(capsys, "info", f"--output={output}")
     assert "1 corrupt record(s) skipped" in out, out

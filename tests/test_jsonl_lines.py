@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from helpers import run_shuffle, shard_bytes, shards
+
 from pileshuffle.commands.report import summary
 from pileshuffle.commands.verify import verify
 from pileshuffle.formats import get_format
@@ -24,7 +24,10 @@ BLANKS = [b"\n", b"   \n", b"\t\r\n", b" \r\n"]
 
 
 def records(first, count, animal="cat", ending=b"\n"):
-    return [json.dumps({"i": i, "animal": animal, "text": "w" * (i % 50)}).encode() + ending for i in range(first, first + count)]
+    return [
+        json.dumps({"i": i, "animal": animal, "text": "w" * (i % 50)}).encode() + ending
+        for i in range(first, first + count)
+    ]
 
 
 @pytest.fixture
@@ -34,14 +37,26 @@ def awkward(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
     lf = records(0, 600)
-    body = [b"\n"] + lf[:200] + [BLANKS[1]] + lf[200:400] + [BLANKS[2], BLANKS[3]] + lf[400:] + [b"  \n"]
+    body = (
+        [b"\n"]
+        + lf[:200]
+        + [BLANKS[1]]
+        + lf[200:400]
+        + [BLANKS[2], BLANKS[3]]
+        + lf[400:]
+        + [b"  \n"]
+    )
     (folder / "a.jsonl").write_bytes(BOM + b"".join(body))
     (folder / "b.jsonl").write_bytes(b"".join(records(600, 300, "dog", b"\r\n")))
     return str(folder / "*.jsonl"), 900, 5
 
 
 def output_lines(prefix):
-    return [line for path in shards(prefix) for line in open(path, "rb").read().splitlines(keepends=True)]
+    return [
+        line
+        for path in shards(prefix)
+        for line in open(path, "rb").read().splitlines(keepends=True)
+    ]
 
 
 def test_a_bom_and_blank_lines_are_no_records_and_every_output_line_parses(awkward, tmp_path):
@@ -50,7 +65,9 @@ def test_a_bom_and_blank_lines_are_no_records_and_every_output_line_parses(awkwa
     manifest = run_shuffle(pattern, prefix, "--num_piles=3", "--seed=2")
     lines = output_lines(prefix)
     assert len(lines) == expected == manifest["totals"]["records"]
-    assert sorted(json.loads(line)["i"] for line in lines) == list(range(expected))  # each parses; none lost
+    assert sorted(json.loads(line)["i"] for line in lines) == list(
+        range(expected)
+    )  # each parses; none lost
     assert not any(BOM in line for line in lines)
     assert sum(line.endswith(b"\r\n") for line in lines) == 300  # CRLF lines keep their bytes
     assert manifest["skipped"]["blank_lines"] == blank
@@ -62,13 +79,16 @@ def test_a_bom_and_blank_lines_are_no_records_and_every_output_line_parses(awkwa
 
 def test_duckdb_reads_every_output_of_an_awkward_input(awkward, tmp_path):
     import duckdb
+
     pattern, expected, _ = awkward
     for compression in ("none", "gzip"):
         prefix = str(tmp_path / compression / "t")
         run_shuffle(pattern, prefix, "--num_piles=2", "--seed=3", f"--compression={compression}")
         files = ", ".join(f"'{path}'" for path in shards(prefix))
-        count, ids = duckdb.sql(f"SELECT count(*), count(DISTINCT i) FROM read_json([{files}], "
-                                "format='newline_delimited')").fetchall()[0]
+        count, ids = duckdb.sql(
+            f"SELECT count(*), count(DISTINCT i) FROM read_json([{files}], "
+            "format='newline_delimited')"
+        ).fetchall()[0]
         assert count == ids == expected
 
 
@@ -79,10 +99,18 @@ def test_spans_read_the_records_the_whole_file_reads(awkward):
     whole, report = list(fmt.read_placed(path, 1 << 20, report=ReadReport())), ReadReport()
     for cuts in ([1, 2, 3, 4], [100, 4000, 4001], list(range(0, size, 997))):
         bounds, report = sorted({0, size, *cuts}), ReadReport()
-        parts = [part for start, stop in zip(bounds, bounds[1:])
-                 for part in fmt.read_placed(path, 64, report=report, span=(start, stop))]
-        assert pa.concat_tables([t for t, _ in parts]).equals(pa.concat_tables([t for t, _ in whole]))
-        assert np.concatenate([p for _, p in parts]).tolist() == np.concatenate([p for _, p in whole]).tolist()
+        parts = [
+            part
+            for start, stop in zip(bounds, bounds[1:])
+            for part in fmt.read_placed(path, 64, report=report, span=(start, stop))
+        ]
+        assert pa.concat_tables([t for t, _ in parts]).equals(
+            pa.concat_tables([t for t, _ in whole])
+        )
+        assert (
+            np.concatenate([p for _, p in parts]).tolist()
+            == np.concatenate([p for _, p in whole]).tolist()
+        )
         assert report.blank_lines == 5
 
 
@@ -90,10 +118,17 @@ def test_a_plain_input_read_in_spans_and_its_gzip_read_whole_give_the_same_bytes
     pattern, _, blank = awkward
     (tmp_path / "gz").mkdir()
     for path in glob.glob(pattern):
-        (tmp_path / "gz" / (os.path.basename(path) + ".gz")).write_bytes(gzip.compress(open(path, "rb").read()))
+        (tmp_path / "gz" / (os.path.basename(path) + ".gz")).write_bytes(
+            gzip.compress(open(path, "rb").read())
+        )
     plain = run_shuffle(pattern, str(tmp_path / "plain" / "t"), "--num_piles=3", "--seed=4")
-    packed = run_shuffle(str(tmp_path / "gz" / "*.jsonl.gz"), str(tmp_path / "packed" / "t"), "--num_piles=3", "--seed=4",
-                         "--compression=none")
+    packed = run_shuffle(
+        str(tmp_path / "gz" / "*.jsonl.gz"),
+        str(tmp_path / "packed" / "t"),
+        "--num_piles=3",
+        "--seed=4",
+        "--compression=none",
+    )
     assert shard_bytes(str(tmp_path / "plain" / "t")) == shard_bytes(str(tmp_path / "packed" / "t"))
     assert plain["skipped"]["blank_lines"] == packed["skipped"]["blank_lines"] == blank
 
@@ -101,7 +136,9 @@ def test_a_plain_input_read_in_spans_and_its_gzip_read_whole_give_the_same_bytes
 def test_balance_reads_the_same_records(awkward, tmp_path):
     pattern, expected, blank = awkward
     prefix = str(tmp_path / "out" / "t")
-    manifest = run_shuffle(pattern, prefix, "--label_field=animal", "--balance=uniform", "--num_piles=2", "--seed=5")
+    manifest = run_shuffle(
+        pattern, prefix, "--label_field=animal", "--balance=uniform", "--num_piles=2", "--seed=5"
+    )
     assert manifest["balance"]["records_before"] == {"cat": 600, "dog": 300}
     assert manifest["balance"]["records_after"] == {"cat": 600, "dog": 600}
     assert manifest["skipped"]["blank_lines"] == blank
@@ -116,4 +153,7 @@ def test_a_file_of_blank_lines_only_holds_no_records(tmp_path):
     (folder / "b.jsonl").write_bytes(BOM + b"\n \n\r\n")
     manifest = run_shuffle(str(folder / "*.jsonl"), str(tmp_path / "out" / "t"), "--num_piles=2")
     assert manifest["totals"]["records"] == 10 and manifest["skipped"]["blank_lines"] == 3
-    assert {os.path.basename(i["path"]): i["records"] for i in manifest["inputs"]} == {"a.jsonl": 10, "b.jsonl": 0}
+    assert {os.path.basename(i["path"]): i["records"] for i in manifest["inputs"]} == {
+        "a.jsonl": 10,
+        "b.jsonl": 0,
+    }

@@ -9,7 +9,9 @@ from pileshuffle.records import keys
 seeds = st.integers(min_value=-(2**63), max_value=2**64 - 1)
 
 
-@given(seed=seeds, source=st.integers(0, 10**6), start=st.integers(0, 5000), count=st.integers(0, 300))
+@given(
+    seed=seeds, source=st.integers(0, 10**6), start=st.integers(0, 5000), count=st.integers(0, 300)
+)
 @settings(max_examples=60, deadline=None)
 def test_any_slice_of_a_stream_equals_the_same_slice_of_the_whole(seed, source, start, count):
     whole = keys.record_keys(seed, (0, source), 0, start + count)
@@ -22,7 +24,10 @@ def test_streams_and_seeds_differ():
     assert not np.array_equal(a, keys.record_keys(1, (0, 1), 0, 1000))
 
 
-@given(num_piles=st.integers(1, 2**31 - 1), values=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50))
+@given(
+    num_piles=st.integers(1, 2**31 - 1),
+    values=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50),
+)
 @settings(max_examples=100, deadline=None)
 def test_pile_is_the_top_digit_of_u_exactly(num_piles, values):
     u = np.array(values, dtype=np.uint64)
@@ -55,7 +60,11 @@ def test_auto_piles_keep_the_expected_largest_pile_under_the_cap(total, mean, ca
     s = (total / mean) / m
     if cap / mean >= 50:  # the headroom formula is meaningful for piles of many records
         assert s + 6 * s**0.5 <= cap / mean * 1.0001
-        assert m == 1 or (total / mean) / (m - 1) + 6 * ((total / mean) / (m - 1)) ** 0.5 > cap / mean * 0.9999
+        assert (
+            m == 1
+            or (total / mean) / (m - 1) + 6 * ((total / mean) / (m - 1)) ** 0.5
+            > cap / mean * 0.9999
+        )
 
 
 def _reference_position_key(seed, stream, position, copy=0):
@@ -71,15 +80,21 @@ def _reference_position_key(seed, stream, position, copy=0):
     return mix(mix((position + k0) & mask) ^ ((copy * 0x9E3779B97F4A7C15 + k1) & mask))
 
 
-@given(seed=seeds, source=st.integers(0, 10**6), places=st.lists(st.integers(0, 2**48), min_size=1, max_size=40),
-       copy=st.integers(0, 1000))
+@given(
+    seed=seeds,
+    source=st.integers(0, 10**6),
+    places=st.lists(st.integers(0, 2**48), min_size=1, max_size=40),
+    copy=st.integers(0, 1000),
+)
 @settings(max_examples=80, deadline=None)
 def test_a_position_key_depends_on_the_position_alone(seed, source, places, copy):
     """Any subset of places, in any order, gets the keys the places get anywhere (a span's reader
     computes its records' keys alone); the vectorized form is the one-value formula."""
     got = keys.position_keys(seed, (0, source), np.array(places))
     assert got.tolist() == [_reference_position_key(seed, (0, source), p) for p in places]
-    assert keys.position_keys(seed, (0, source), np.array(places[::-1])).tolist() == got.tolist()[::-1]
+    assert (
+        keys.position_keys(seed, (0, source), np.array(places[::-1])).tolist() == got.tolist()[::-1]
+    )
     copies = keys.position_keys(seed, (0, source), np.array(places), np.full(len(places), copy))
     assert copies.tolist() == [_reference_position_key(seed, (0, source), p, copy) for p in places]
     assert (copy == 0) == (copies.tolist() == got.tolist())
@@ -95,7 +110,13 @@ def test_position_keys_are_distinct_and_uniform_over_byte_offsets_and_rows():
         u = keys.position_keys(7, (0, 3), places)
         assert len(np.unique(u)) == len(places)
         assert chisquare(np.bincount(keys.pile_of(u, 50), minlength=50)).pvalue > 1e-4
-        within = keys.pile_of(u << np.uint64(16), 64)[keys.pile_of(u, 4) == 0]  # digits below the top 16 bits
+        within = keys.pile_of(u << np.uint64(16), 64)[
+            keys.pile_of(u, 4) == 0
+        ]  # digits below the top 16 bits
         assert chisquare(np.bincount(within, minlength=64)).pvalue > 1e-4
-    assert not np.array_equal(keys.position_keys(1, (0, 0), np.arange(100)), keys.position_keys(2, (0, 0), np.arange(100)))
-    assert not np.array_equal(keys.position_keys(1, (0, 0), np.arange(100)), keys.position_keys(1, (0, 1), np.arange(100)))
+    assert not np.array_equal(
+        keys.position_keys(1, (0, 0), np.arange(100)), keys.position_keys(2, (0, 0), np.arange(100))
+    )
+    assert not np.array_equal(
+        keys.position_keys(1, (0, 0), np.arange(100)), keys.position_keys(1, (0, 1), np.arange(100))
+    )

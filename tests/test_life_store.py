@@ -54,17 +54,16 @@ import traceback
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import FAST, read_tfrecord_payloads, shard_bytes, shards, temp_leftovers
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 
-from helpers import FAST, read_tfrecord_payloads, shard_bytes, shards, temp_leftovers
-from pileshuffle import cli
+from pileshuffle import cli, names
 from pileshuffle.commands import sample
 from pileshuffle.formats.tfrecord import frame
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.store import layout
-from pileshuffle import names
 
 LIFE_EXAMPLES = int(os.environ.get("PILESHUFFLE_LIFE_EXAMPLES", "16"))
 STEPS_PER_LIFE = 12
@@ -76,15 +75,20 @@ INTERRUPTED = 130  # the exit code a command may return once Ctrl-C is handled (
 SHORT_GRACE, LONG_GRACE = 0, 3600  # grace periods: collect at once / keep every superseded version
 # Where a command is interrupted: at its N-th entry into pileshuffle's code (expire and gc
 # make about 100, verify 200, append, materialize and run 450-700); None (most steps): not.
-INTERRUPT_AT_CALL = st.one_of(st.none(), st.none(), st.none(), st.integers(1, 150), st.integers(151, 750))
+INTERRUPT_AT_CALL = st.one_of(
+    st.none(), st.none(), st.none(), st.integers(1, 150), st.integers(151, 750)
+)
 # The option that lets `append` add files a live generation already holds (issue 19 item 12).
 DUPLICATES_OPTION = "--allow_duplicate_inputs"
 
 
 # --- inputs whose records carry their index ------------------------------------------------------
 
+
 def records_in_file(k: int) -> int:
-    return 50 + (k * 37) % 90  # 50-139: files differ in size (append's "same inputs" compares sizes)
+    return (
+        50 + (k * 37) % 90
+    )  # 50-139: files differ in size (append's "same inputs" compares sizes)
 
 
 def indices_in_file(k: int) -> range:
@@ -104,8 +108,10 @@ def write_input(directory: str, fmt: str, k: int) -> str:
         if fmt == "tfrecord":
             handle.writelines(frame(p) for p in payloads)
         else:  # the sample generator's JSONL line, with this file's indices
-            handle.writelines(b'{"index": %d, "text": "%s"}\n' % (start + i, p[sample.INDEX_DIGITS + 1:])
-                              for i, p in enumerate(payloads))
+            handle.writelines(
+                b'{"index": %d, "text": "%s"}\n' % (start + i, p[sample.INDEX_DIGITS + 1 :])
+                for i, p in enumerate(payloads)
+            )
     return path
 
 
@@ -115,8 +121,12 @@ def shard_indices(prefix: str, fmt: str) -> list:
     if fmt == "tfrecord":
         return [sample.index_of(p) for p in read_tfrecord_payloads(paths)]
     if fmt == "jsonl":
-        return [sample.index_of(line) for path in paths for line in open(path, "rb").read().splitlines()]
-    return [i for path in paths for i in pq.read_table(path, columns=["index"]).column(0).to_pylist()]
+        return [
+            sample.index_of(line) for path in paths for line in open(path, "rb").read().splitlines()
+        ]
+    return [
+        i for path in paths for i in pq.read_table(path, columns=["index"]).column(0).to_pylist()
+    ]
 
 
 # --- running commands ----------------------------------------------------------------------------
@@ -171,13 +181,22 @@ def interrupted_command(argv, at_call: int, watch=lambda: None) -> Outcome:
             try:
                 os.dup2(out.fileno(), 1)
                 os.dup2(err.fileno(), 2)
-                sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), line_buffering=True)
-                sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), line_buffering=True)
+                sys.stdout = io.TextIOWrapper(
+                    os.fdopen(1, "wb", closefd=False), line_buffering=True
+                )
+                sys.stderr = io.TextIOWrapper(
+                    os.fdopen(2, "wb", closefd=False), line_buffering=True
+                )
                 sys.argv = ["pileshuffle", *argv]
                 # from cli.main on: Ctrl-C while Python starts, before the command's handling is in place,
                 # is Python's own KeyboardInterrupt
-                sys.setprofile(on_entering_pileshuffle(at_call, lambda: os.kill(os.getpid(), signal.SIGINT),
-                                                       after=cli.main.__code__))
+                sys.setprofile(
+                    on_entering_pileshuffle(
+                        at_call,
+                        lambda: os.kill(os.getpid(), signal.SIGINT),
+                        after=cli.main.__code__,
+                    )
+                )
                 cli.entry()
                 code = 0
             except SystemExit as done:
@@ -194,14 +213,19 @@ def interrupted_command(argv, at_call: int, watch=lambda: None) -> Outcome:
             if time.time() > deadline:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-                raise AssertionError(f"`pileshuffle {argv[0]}` interrupted at call {at_call} still ran after "
-                                     f"{CHILD_SECONDS} s: killed")
+                raise AssertionError(
+                    f"`pileshuffle {argv[0]}` interrupted at call {at_call} still ran after "
+                    f"{CHILD_SECONDS} s: killed"
+                )
             watch()
             time.sleep(0.002)
         out.seek(0)
         err.seek(0)
-        return Outcome(os.waitstatus_to_exitcode(done[1]), out.read().decode(errors="replace"),
-                       err.read().decode(errors="replace"))
+        return Outcome(
+            os.waitstatus_to_exitcode(done[1]),
+            out.read().decode(errors="replace"),
+            err.read().decode(errors="replace"),
+        )
 
 
 def interrupted(call, at_call: int):
@@ -232,8 +256,11 @@ def snapshot(directory: str) -> dict:
 
 
 def changes(before: dict, after: dict) -> list:
-    return sorted(f"{'+' if p not in before else '-' if p not in after else '~'} {p}"
-                  for p in set(before) | set(after) if before.get(p, 0) != after.get(p, 0))
+    return sorted(
+        f"{'+' if p not in before else '-' if p not in after else '~'} {p}"
+        for p in set(before) | set(after)
+        if before.get(p, 0) != after.get(p, 0)
+    )
 
 
 class ManifestWatcher:
@@ -243,7 +270,9 @@ class ManifestWatcher:
     def __init__(self, store: str):
         self.store, self.problems = store, []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="life-manifest-watcher", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, name="life-manifest-watcher", daemon=True
+        )
 
     def __enter__(self):
         self._thread.start()
@@ -291,12 +320,16 @@ def check_ctrl_c(argv, outcome: Outcome):
     """What Ctrl-C must leave on the command line: exit code 130, no traceback, and one last
     line naming the command (or the command's own outcome, when it ended before the signal)."""
     event(f"{command_name(argv)} interrupted: exit code {outcome.code}")
-    assert outcome.code in (0, REFUSED, INTERRUPTED), \
+    assert outcome.code in (0, REFUSED, INTERRUPTED), (
         f"`pileshuffle {argv[0]}` interrupted: exit code {outcome.code}: {outcome.stderr.strip()[-3000:]}"
+    )
     if outcome.code == INTERRUPTED:
         lines = outcome.stderr.strip().splitlines()
-        assert lines and lines[-1].startswith(f"pileshuffle {argv[0]}: interrupted") and "Traceback" not in \
-            outcome.stderr, f"`pileshuffle {argv[0]}` interrupted: {outcome.stderr.strip()[-3000:]}"
+        assert (
+            lines
+            and lines[-1].startswith(f"pileshuffle {argv[0]}: interrupted")
+            and "Traceback" not in outcome.stderr
+        ), f"`pileshuffle {argv[0]}` interrupted: {outcome.stderr.strip()[-3000:]}"
 
 
 @pytest.fixture(autouse=True)
@@ -338,7 +371,11 @@ class StoreLife(RuleBasedStateMachine):
     # --- the model -----------------------------------------------------------------------------
     def input_path(self, k: int) -> str:
         path = os.path.join(self.root, "in", f"f{k:02d}.{self.fmt}")
-        return path if os.path.exists(path) else write_input(os.path.join(self.root, "in"), self.fmt, k)
+        return (
+            path
+            if os.path.exists(path)
+            else write_input(os.path.join(self.root, "in"), self.fmt, k)
+        )
 
     def inputs(self, files) -> str:
         return ",".join(self.input_path(k) for k in files)
@@ -346,23 +383,34 @@ class StoreLife(RuleBasedStateMachine):
     def expected(self, live=None) -> collections.Counter:
         """The live records: every record of every live input, or, in a ``--dedup`` store, each once."""
         live = self.live if live is None else live
-        found = collections.Counter(i for files in live.values() for k in files for i in indices_in_file(k))
+        found = collections.Counter(
+            i for files in live.values() for k in files for i in indices_in_file(k)
+        )
         return collections.Counter(set(found)) if self.dedup else found
 
     def live_files(self) -> list:
         return [k for g in sorted(self.live) for k in self.live[g]]
 
     def shard_options(self) -> list:
-        return [f"--format={self.fmt}", f"--num_piles={self.piles}", f"--seed={self.seed}", *FAST,
-                *(["--dedup=exact"] if self.dedup else [])]
+        return [
+            f"--format={self.fmt}",
+            f"--num_piles={self.piles}",
+            f"--seed={self.seed}",
+            *FAST,
+            *(["--dedup=exact"] if self.dedup else []),
+        ]
 
     def published(self) -> dict:
         """The store's live generations as the current manifest lists them: generation -> input files."""
         manifest = layout.read_store_manifest(self.prefix)
         if manifest is None:
             return {}
-        return {g["generation"]: tuple(sorted(int(os.path.basename(i["path"])[1:].split(".")[0]) for i in g["inputs"]))
-                for g in manifest["generations"]}
+        return {
+            g["generation"]: tuple(
+                sorted(int(os.path.basename(i["path"])[1:].split(".")[0]) for i in g["inputs"])
+            )
+            for g in manifest["generations"]
+        }
 
     # --- one command, its interrupted attempt and its outcome ----------------------------------
     def command(self, argv, interrupt_at_call, expect_live, refused=False) -> Outcome:
@@ -371,7 +419,9 @@ class StoreLife(RuleBasedStateMachine):
         before, old_live = snapshot(os.path.dirname(self.prefix)), dict(self.live)
         if interrupt_at_call is not None:
             seen = []
-            first = interrupted_command(argv, interrupt_at_call, lambda: note_manifest_problems(self.store, seen))
+            first = interrupted_command(
+                argv, interrupt_at_call, lambda: note_manifest_problems(self.store, seen)
+            )
             assert not seen, f"a half-written manifest was visible: {seen}"
             self.check_interrupted(argv, first, old_live, expect_live, refused, before)
         with ManifestWatcher(self.store) as watcher:  # a thread: never there when forking
@@ -382,17 +432,25 @@ class StoreLife(RuleBasedStateMachine):
         if refused:
             self.check_refused(outcome, argv, before)
             return outcome
-        assert outcome.code == 0, f"`{' '.join(argv[:1])}` failed ({outcome.code}): {outcome.stderr.strip()[-2000:]}"
-        assert self.published() == expect_live, (f"the store lists {self.published()}, "
-                                                 f"the model {expect_live}: {outcome.stderr.strip()[-500:]}")
+        assert outcome.code == 0, (
+            f"`{' '.join(argv[:1])}` failed ({outcome.code}): {outcome.stderr.strip()[-2000:]}"
+        )
+        assert self.published() == expect_live, (
+            f"the store lists {self.published()}, "
+            f"the model {expect_live}: {outcome.stderr.strip()[-500:]}"
+        )
         self.live = dict(expect_live)
         return outcome
 
     def check_refused(self, outcome, argv, before):
-        assert outcome.code == REFUSED, (f"`pileshuffle {argv[0]}` should be refused (exit {REFUSED}), got exit "
-                                         f"{outcome.code}: {outcome.stderr.strip()[-500:]}")
+        assert outcome.code == REFUSED, (
+            f"`pileshuffle {argv[0]}` should be refused (exit {REFUSED}), got exit "
+            f"{outcome.code}: {outcome.stderr.strip()[-500:]}"
+        )
         lines = outcome.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("pileshuffle: error:"), f"not one line: {outcome.stderr}"
+        assert len(lines) == 1 and lines[0].startswith("pileshuffle: error:"), (
+            f"not one line: {outcome.stderr}"
+        )
         after = snapshot(os.path.dirname(self.prefix))
         assert after == before, f"a refused `{argv[0]}` changed: {changes(before, after)}"
 
@@ -405,17 +463,28 @@ class StoreLife(RuleBasedStateMachine):
             assert manifest_problem(path) is None, manifest_problem(path)
         if refused:
             after = snapshot(os.path.dirname(self.prefix))
-            assert after == before, f"an interrupted command that is refused changed: {changes(before, after)}"
+            assert after == before, (
+                f"an interrupted command that is refused changed: {changes(before, after)}"
+            )
             return
         now = self.published()
-        assert now in (old_live, new_live), f"interrupted: the store lists {now}, neither {old_live} nor {new_live}"
+        assert now in (old_live, new_live), (
+            f"interrupted: the store lists {now}, neither {old_live} nor {new_live}"
+        )
         if now:
             self.check_loader(now)
             self.check_verifies()
 
     # --- rules ---------------------------------------------------------------------------------
-    @initialize(target=generations, fmt=st.sampled_from(["tfrecord", "jsonl", "parquet"]), piles=st.integers(2, 4),
-                seed=st.integers(0, 1000), files=FILES, interrupt_at_call=INTERRUPT_AT_CALL, dedup=st.booleans())
+    @initialize(
+        target=generations,
+        fmt=st.sampled_from(["tfrecord", "jsonl", "parquet"]),
+        piles=st.integers(2, 4),
+        seed=st.integers(0, 1000),
+        files=FILES,
+        interrupt_at_call=INTERRUPT_AT_CALL,
+        dedup=st.booleans(),
+    )
     def create(self, fmt, piles, seed, files, interrupt_at_call, dedup):
         """``run --layout store`` of ``files`` (with ``--dedup exact``: a store that shows each
         record of the window once): generation 0, version 1."""
@@ -425,8 +494,13 @@ class StoreLife(RuleBasedStateMachine):
         return self.published_generation(0)
 
     def create_argv(self, files):
-        return ["run", "--layout=store", f"--input={self.inputs(files)}", f"--output={self.prefix}",
-                *self.shard_options()]
+        return [
+            "run",
+            "--layout=store",
+            f"--input={self.inputs(files)}",
+            f"--output={self.prefix}",
+            *self.shard_options(),
+        ]
 
     @rule(files=FILES, interrupt_at_call=INTERRUPT_AT_CALL)
     def create_again(self, files, interrupt_at_call):
@@ -441,7 +515,12 @@ class StoreLife(RuleBasedStateMachine):
         fresh = [k for k in range(len(self.used) + count) if k not in self.used][:count]
         return self.append(fresh, False, interrupt_at_call)
 
-    @rule(target=generations, files=FILES, duplicates=st.booleans(), interrupt_at_call=INTERRUPT_AT_CALL)
+    @rule(
+        target=generations,
+        files=FILES,
+        duplicates=st.booleans(),
+        interrupt_at_call=INTERRUPT_AT_CALL,
+    )
     def append(self, files, duplicates, interrupt_at_call):
         """A new generation; the newest generation's inputs again: nothing to do; files a live
         generation holds: refused unless asked for (issue 19 item 12)."""
@@ -456,7 +535,9 @@ class StoreLife(RuleBasedStateMachine):
         if set(files) & set(self.live_files()) and not duplicates:
             outcome = self.command(argv, interrupt_at_call, self.live, refused=True)
             held = sorted(set(files) & set(self.live_files()))
-            assert os.path.basename(self.input_path(held[0])) in outcome.stderr, "the refusal names no file"
+            assert os.path.basename(self.input_path(held[0])) in outcome.stderr, (
+                "the refusal names no file"
+            )
             return multiple()
         if set(files) & set(self.live_files()):
             event("append: files a live generation holds, with " + DUPLICATES_OPTION)
@@ -472,12 +553,22 @@ class StoreLife(RuleBasedStateMachine):
         self.next_generation = generation + 1
         return generation
 
-    @rule(keep=st.integers(1, 3), grace=st.sampled_from([SHORT_GRACE, LONG_GRACE]), interrupt_at_call=INTERRUPT_AT_CALL)
+    @rule(
+        keep=st.integers(1, 3),
+        grace=st.sampled_from([SHORT_GRACE, LONG_GRACE]),
+        interrupt_at_call=INTERRUPT_AT_CALL,
+    )
     def expire_keeping(self, keep, grace, interrupt_at_call):
         kept = sorted(self.live)[-keep:]
-        self.expire(f"--keep_generations={keep}", {g: self.live[g] for g in kept}, grace, interrupt_at_call)
+        self.expire(
+            f"--keep_generations={keep}", {g: self.live[g] for g in kept}, grace, interrupt_at_call
+        )
 
-    @rule(generation=generations, grace=st.sampled_from([SHORT_GRACE, LONG_GRACE]), interrupt_at_call=INTERRUPT_AT_CALL)
+    @rule(
+        generation=generations,
+        grace=st.sampled_from([SHORT_GRACE, LONG_GRACE]),
+        interrupt_at_call=INTERRUPT_AT_CALL,
+    )
     def expire_before(self, generation, grace, interrupt_at_call):
         """Drop the generations created before ``generation`` was (never the newest: item 14's
         "expire would drop everything" is another rule's business)."""
@@ -489,7 +580,11 @@ class StoreLife(RuleBasedStateMachine):
         """``expire OPTION`` leaves ``kept``; within the grace period a reader of the version
         before still reads all of it."""
         version, live = layout.manifest_versions(self.prefix)[-1], dict(self.live)
-        self.command(["expire", f"--store={self.prefix}", option, f"--grace_seconds={grace}"], interrupt_at_call, kept)
+        self.command(
+            ["expire", f"--store={self.prefix}", option, f"--grace_seconds={grace}"],
+            interrupt_at_call,
+            kept,
+        )
         self.check_collected(grace)
         if grace == LONG_GRACE:
             self.check_loader(live, version)
@@ -498,7 +593,11 @@ class StoreLife(RuleBasedStateMachine):
     def collect(self, grace, interrupt_at_call):
         """``gc``."""
         before = sorted(os.listdir(self.store))
-        self.command(["gc", f"--store={self.prefix}", f"--grace_seconds={grace}"], interrupt_at_call, self.live)
+        self.command(
+            ["gc", f"--store={self.prefix}", f"--grace_seconds={grace}"],
+            interrupt_at_call,
+            self.live,
+        )
         self.check_collected(grace, before)
 
     def check_collected(self, grace, before=None):
@@ -507,9 +606,13 @@ class StoreLife(RuleBasedStateMachine):
         present = sorted(os.listdir(self.store))
         current = names.store_manifest_name(layout.manifest_versions(self.prefix)[-1])
         if grace == SHORT_GRACE:
-            assert present == sorted([current, *map(names.generation_dir_name, self.live)]), f"left: {present}"
+            assert present == sorted([current, *map(names.generation_dir_name, self.live)]), (
+                f"left: {present}"
+            )
         elif before is not None:
-            assert present == before, f"gc with a grace period of {grace} s deleted {sorted(set(before) - set(present))}"
+            assert present == before, (
+                f"gc with a grace period of {grace} s deleted {sorted(set(before) - set(present))}"
+            )
 
     @rule(interrupt_at_call=INTERRUPT_AT_CALL)
     def materialize(self, interrupt_at_call):
@@ -525,35 +628,61 @@ class StoreLife(RuleBasedStateMachine):
             if finished_first:
                 self.check_materialized(output)
         outcome = pileshuffle(argv)
-        if finished_first:  # the interrupt came after publication: the output stands, a re-run says so
+        if (
+            finished_first
+        ):  # the interrupt came after publication: the output stands, a re-run says so
             assert outcome.code == REFUSED and "already exists" in outcome.stderr, outcome.stderr
         else:
-            assert outcome.code == 0, f"materialize failed ({outcome.code}): {outcome.stderr.strip()[-2000:]}"
+            assert outcome.code == 0, (
+                f"materialize failed ({outcome.code}): {outcome.stderr.strip()[-2000:]}"
+            )
         self.check_materialized(output)
 
     def check_materialized(self, output):
         written = shard_indices(output, self.fmt)
-        assert collections.Counter(written) == self.expected(), "materialize wrote other records than the live ones"
-        in_order = [sample.index_of(r) for r in ShuffledDataset(self.prefix, seed=self.seed, reshuffle=False)]
-        assert written == in_order, "materialize's order is not the loader's reshuffle=False epoch 0"
+        assert collections.Counter(written) == self.expected(), (
+            "materialize wrote other records than the live ones"
+        )
+        in_order = [
+            sample.index_of(r)
+            for r in ShuffledDataset(self.prefix, seed=self.seed, reshuffle=False)
+        ]
+        assert written == in_order, (
+            "materialize's order is not the loader's reshuffle=False epoch 0"
+        )
         if list(self.live) == [0]:
             reference = os.path.join(self.root, "run", "r")
             if not os.path.exists(f"{reference}-manifest.json"):
-                done = pileshuffle(["run", f"--input={self.inputs(self.live[0])}", f"--output={reference}",
-                                    *self.shard_options()])
+                done = pileshuffle(
+                    [
+                        "run",
+                        f"--input={self.inputs(self.live[0])}",
+                        f"--output={reference}",
+                        *self.shard_options(),
+                    ]
+                )
                 assert done.code == 0, done.stderr
-            assert shard_bytes(output) == shard_bytes(reference), "materialize of generation 0 is not run's bytes"
+            assert shard_bytes(output) == shard_bytes(reference), (
+                "materialize of generation 0 is not run's bytes"
+            )
         files = self.live_files()
         if len(set(files)) == len(files):  # verify reads a file named twice once
             done = pileshuffle(["verify", f"--input={self.inputs(files)}", f"--output={output}"])
-            assert done.code == 0, f"verify of the materialized output against the live inputs: {done.stderr[-2000:]}"
+            assert done.code == 0, (
+                f"verify of the materialized output against the live inputs: {done.stderr[-2000:]}"
+            )
         left = temp_leftovers(os.path.dirname(output))
         assert not left, f"materialize left {left}"
 
     @rule(interrupt_at_call=INTERRUPT_AT_CALL)
     def shard_run_to_the_store_name(self, interrupt_at_call):
         """``run --output P`` while ``P-store/`` exists: refused, nothing changed (issue 19 item 5)."""
-        argv = ["run", f"--input={self.inputs(self.live_files())}", f"--output={self.prefix}", *self.shard_options()]
+        argv = [
+            "run",
+            f"--input={self.inputs(self.live_files())}",
+            f"--output={self.prefix}",
+            *self.shard_options(),
+        ]
         self.command(argv, interrupt_at_call, self.live, refused=True)
 
     @rule(epoch=st.integers(0, 3), mix=st.integers(1, 2), interrupt_at_call=INTERRUPT_AT_CALL)
@@ -561,15 +690,23 @@ class StoreLife(RuleBasedStateMachine):
         """One epoch through the loader (interrupted: a fresh one afterwards reads it whole)."""
 
         def read():
-            return [sample.index_of(r) for r in ShuffledDataset(self.prefix, seed=self.seed, epoch=epoch, mix=mix)]
+            return [
+                sample.index_of(r)
+                for r in ShuffledDataset(self.prefix, seed=self.seed, epoch=epoch, mix=mix)
+            ]
 
         if interrupt_at_call is not None:
-            event(f"load_epoch interrupted: {'no' if interrupted(read, interrupt_at_call) else 'yes'}")
+            event(
+                f"load_epoch interrupted: {'no' if interrupted(read, interrupt_at_call) else 'yes'}"
+            )
             gc.collect()
             for thread in [t for t in threading.enumerate() if t.name == "pileshuffle-prefetch"]:
-                thread.join(timeout=120)  # it ends after the load it may be doing; the limit is against a hang
-            assert not any(t.name == "pileshuffle-prefetch" for t in threading.enumerate()), \
+                thread.join(
+                    timeout=120
+                )  # it ends after the load it may be doing; the limit is against a hang
+            assert not any(t.name == "pileshuffle-prefetch" for t in threading.enumerate()), (
                 "the prefetch thread of an interrupted epoch still runs"
+            )
         first, again = read(), read()
         assert collections.Counter(first) == self.expected() and first == again
 
@@ -594,11 +731,19 @@ class StoreLife(RuleBasedStateMachine):
 
     def check_loader(self, live, version=None):
         """An epoch of the store (of manifest ``version``; default: the newest, found by the loader)."""
-        where = self.prefix if version is None else os.path.join(self.store, names.store_manifest_name(version))
+        where = (
+            self.prefix
+            if version is None
+            else os.path.join(self.store, names.store_manifest_name(version))
+        )
         dataset = ShuffledDataset(where, seed=self.seed, epoch=self.steps % 5)
         newest = names.store_manifest_name(version or layout.manifest_versions(self.prefix)[-1])
-        assert dataset.output.kind == "store", f"the loader reads {dataset.output.location}, not the store"
-        assert os.path.basename(dataset.output.location) == newest, f"the loader opened {dataset.output.location}"
+        assert dataset.output.kind == "store", (
+            f"the loader reads {dataset.output.location}, not the store"
+        )
+        assert os.path.basename(dataset.output.location) == newest, (
+            f"the loader opened {dataset.output.location}"
+        )
         found = collections.Counter(sample.index_of(r) for r in dataset)
         assert found == self.expected(live), describe_difference(found, self.expected(live))
 
@@ -611,10 +756,18 @@ class StoreLife(RuleBasedStateMachine):
                 path = os.path.join(self.store, name)
                 assert manifest_problem(path) is None, manifest_problem(path)
                 listed |= {g["generation"] for g in json.load(open(path))["generations"]}
-        strays = [n for n in found if not names.STORE_MANIFEST_NAME.match(n)
-                  and not (names.GENERATION_DIR.match(n) and int(n[1:]) in listed)]
-        assert not strays, f"the store holds {strays} besides manifests and the generations they list"
-        assert not temp_leftovers(os.path.dirname(self.prefix)), f"left: {temp_leftovers(os.path.dirname(self.prefix))}"
+        strays = [
+            n
+            for n in found
+            if not names.STORE_MANIFEST_NAME.match(n)
+            and not (names.GENERATION_DIR.match(n) and int(n[1:]) in listed)
+        ]
+        assert not strays, (
+            f"the store holds {strays} besides manifests and the generations they list"
+        )
+        assert not temp_leftovers(os.path.dirname(self.prefix)), (
+            f"left: {temp_leftovers(os.path.dirname(self.prefix))}"
+        )
 
     def check_verifies(self):
         done = pileshuffle(["verify", f"--output={self.prefix}"])
@@ -623,19 +776,26 @@ class StoreLife(RuleBasedStateMachine):
 
 def describe_difference(found: collections.Counter, expected: collections.Counter) -> str:
     missing, extra = expected - found, found - expected
-    return (f"the loader's epoch has {sum(found.values())} records, the model {sum(expected.values())}: "
-            f"missing {sorted(missing.elements())[:10]}, extra {sorted(extra.elements())[:10]}")
+    return (
+        f"the loader's epoch has {sum(found.values())} records, the model {sum(expected.values())}: "
+        f"missing {sorted(missing.elements())[:10]}, extra {sorted(extra.elements())[:10]}"
+    )
 
 
 # One failure at a time, shrunk to its steps; no "explain" phase (it re-runs lives under a tracer).
 StoreLife.TestCase.settings = settings(
-    max_examples=LIFE_EXAMPLES, stateful_step_count=STEPS_PER_LIFE, deadline=None, report_multiple_bugs=False,
+    max_examples=LIFE_EXAMPLES,
+    stateful_step_count=STEPS_PER_LIFE,
+    deadline=None,
+    report_multiple_bugs=False,
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 TestStoreLife = StoreLife.TestCase
 
 
 # --- what lives found, pinned down ---------------------------------------------------------------
+
 
 def test_expire_keeping_more_generations_than_are_live_drops_none(tmp_path):
     """Found by a life: ``expire --keep_generations 3`` on a store of 2 generations dropped
@@ -643,7 +803,9 @@ def test_expire_keeping_more_generations_than_are_live_drops_none(tmp_path):
     during the first 30 days."""
     prefix = str(tmp_path / "s")
     first, second = (write_input(str(tmp_path / "in"), "tfrecord", k) for k in (0, 1))
-    created = pileshuffle(["run", "--layout=store", f"--input={first}", f"--output={prefix}", "--num_piles=2", *FAST])
+    created = pileshuffle(
+        ["run", "--layout=store", f"--input={first}", f"--output={prefix}", "--num_piles=2", *FAST]
+    )
     assert created.code == 0
     assert pileshuffle(["append", f"--store={prefix}", f"--input={second}", *FAST]).code == 0
     for keep in (2, 3, 4):
@@ -660,13 +822,17 @@ def test_a_refused_append_interrupted_while_it_releases_the_lock_leaves_no_lock(
     step Ctrl-C does not cut (``interrupt.not_cut``)."""
     life = StoreLife()
     try:
-        life.create(fmt="tfrecord", piles=2, files=[0, 1, 9], interrupt_at_call=None, seed=0, dedup=False)
+        life.create(
+            fmt="tfrecord", piles=2, files=[0, 1, 9], interrupt_at_call=None, seed=0, dedup=False
+        )
         life.append(duplicates=True, files=[0], interrupt_at_call=None)
         life.append(duplicates=True, files=[0], interrupt_at_call=53)
         life.append(duplicates=True, files=[0, 1], interrupt_at_call=None)
         life.append(duplicates=False, files=[0, 1, 2], interrupt_at_call=1)
         life.append(duplicates=True, files=[0], interrupt_at_call=None)
-        life.append(duplicates=False, files=[0, 1, 2], interrupt_at_call=173)  # asserts nothing changed
+        life.append(
+            duplicates=False, files=[0, 1, 2], interrupt_at_call=173
+        )  # asserts nothing changed
         life.matches_the_model()
     finally:
         life.teardown()

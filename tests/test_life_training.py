@@ -28,16 +28,25 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from helpers import run_shuffle, sample_run
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from pileshuffle.commands import sample
 from pileshuffle.loader import Mixture, ShuffledDataset
 
-from helpers import run_shuffle, sample_run
-
-pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
-              pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
+]
 
 RECORDS = 301  # divisible by no world size below
 BATCH = 16
@@ -47,7 +56,11 @@ IN_PROCESS = ("inproc", "tf", "grain")  # paths without DataLoader workers
 EXAMPLES = int(os.environ.get("PILESHUFFLE_LIFE_EXAMPLES", "6"))
 
 
-MIX_WEIGHTS, MIX_EPOCH, MIX_SECOND = [2, 1], 250, 97  # a Mixture's weights, epoch length, second output's records
+MIX_WEIGHTS, MIX_EPOCH, MIX_SECOND = (
+    [2, 1],
+    250,
+    97,
+)  # a Mixture's weights, epoch length, second output's records
 
 
 def index(record) -> int:
@@ -60,8 +73,16 @@ def open_reader(prefix, rank, world, epoch):
     if isinstance(prefix, str):
         return ShuffledDataset(prefix, seed=SEED, rank=rank, world_size=world, epoch=epoch)
     sources = [ShuffledDataset(p, seed=SEED + i) for i, p in enumerate(prefix)]
-    return Mixture(sources, MIX_WEIGHTS, seed=SEED, stop="restart", records_per_epoch=MIX_EPOCH, rank=rank,
-                   world_size=world, epoch=epoch)
+    return Mixture(
+        sources,
+        MIX_WEIGHTS,
+        seed=SEED,
+        stop="restart",
+        records_per_epoch=MIX_EPOCH,
+        rank=rank,
+        world_size=world,
+        epoch=epoch,
+    )
 
 
 class Rank:
@@ -89,8 +110,12 @@ class Rank:
             self.resume(resume)
 
     def resume(self, state):
-        if self.path == "grain":  # an iterator's state; after an elastic change any old host's (all alike in lockstep)
-            self.pending = state[min(self.rank, len(state) - 1)] if isinstance(state, list) else state
+        if (
+            self.path == "grain"
+        ):  # an iterator's state; after an elastic change any old host's (all alike in lockstep)
+            self.pending = (
+                state[min(self.rank, len(state) - 1)] if isinstance(state, list) else state
+            )
         elif self.path == "stateful" and isinstance(state, dict) and "consumer" not in state:
             self.loader.load_state_dict(state)  # the loader's own state: exact
         elif self.path in ("plain", "stateful"):
@@ -122,15 +147,17 @@ class Rank:
                 batch = next(self.it) if self.path != "grain" else _batch_of(self.it)
             except StopIteration:
                 break
-            records = [self.key(r) for r in (batch.numpy().tolist() if self.path == "tf" else batch)]
+            records = [
+                self.key(r) for r in (batch.numpy().tolist() if self.path == "tf" else batch)
+            ]
             self.taken += len(records) if self.path == "tf" else 1
             out.append(records)
         return out
 
     def checkpoint(self, epoch):
         """What this rank saves: its loader's state or its consumers' states (JSON round trip)."""
-        from pileshuffle.loader.torch import loader_states
         from pileshuffle.loader.tf import state_in_epoch
+        from pileshuffle.loader.torch import loader_states
 
         if self.path == "plain":
             state = loader_states(self.tds, self.taken, num_workers=self.workers)
@@ -187,7 +214,7 @@ class TrainingLife(RuleBasedStateMachine):
     def take_batches(self, rank, n):
         """n batches on one rank; on the Grain path on every rank (synchronous training, which
         its elastic restore assumes)."""
-        for rank in (range(self.world) if self.path == "grain" else [rank % self.world]):
+        for rank in range(self.world) if self.path == "grain" else [rank % self.world]:
             batches = self.ranks[rank].take(n)
             self.streams[rank] += batches
             for batch in batches:
@@ -197,7 +224,7 @@ class TrainingLife(RuleBasedStateMachine):
     def finish_epoch(self, how):
         """Take every rank's remaining batches, check the epoch, start the next one."""
         for r, rank in enumerate(self.ranks):
-            batches = rank.take(10 ** 6)
+            batches = rank.take(10**6)
             self.streams[r] += batches
             for batch in batches:
                 self.delivered.update(batch)
@@ -219,17 +246,28 @@ class TrainingLife(RuleBasedStateMachine):
         for rank in old:
             rank.close()
         if not elastic or (world, workers if self.path not in IN_PROCESS else 0) == (
-                self.world, self.ranks[0].workers):
-            self.ranks = [Rank(self.prefix, self.path, r, self.world, self.workers, self.epoch, saved[r])
-                          for r in range(self.world)]
+            self.world,
+            self.ranks[0].workers,
+        ):
+            self.ranks = [
+                Rank(self.prefix, self.path, r, self.world, self.workers, self.epoch, saved[r])
+                for r in range(self.world)
+            ]
             for rank, before in zip(self.ranks, old):
                 rank.taken = before.taken
         else:
-            everything = [state for rank, one in zip(old, saved) for state in rank.consumer_states(one)]
+            everything = [
+                state for rank, one in zip(old, saved) for state in rank.consumer_states(one)
+            ]
             self.world, self.workers = world, workers
-            self.ranks = [Rank(self.prefix, self.path, r, world, workers, self.epoch, everything) for r in range(world)]
+            self.ranks = [
+                Rank(self.prefix, self.path, r, world, workers, self.epoch, everything)
+                for r in range(world)
+            ]
             if (world, max(1, self.ranks[0].workers)) == (len(old), max(1, old[0].workers)):
-                for rank, before in zip(self.ranks, old):  # 0 and 1 workers are one split: resumed exactly
+                for rank, before in zip(
+                    self.ranks, old
+                ):  # 0 and 1 workers are one split: resumed exactly
                     rank.taken = before.taken
             self.streams = [[] for _ in range(world)]
             self.one_split = False
@@ -250,8 +288,10 @@ class TrainingLife(RuleBasedStateMachine):
             Rank(self.prefix, self.path, 0, self.world, self.workers, self.epoch, saved[0])
         run_shuffle(self.pattern, self.prefix, "--overwrite", "--num_piles=5", "--seed=1")
         old = self.ranks
-        self.ranks = [Rank(self.prefix, self.path, r, self.world, self.workers, self.epoch, saved[r])
-                      for r in range(self.world)]
+        self.ranks = [
+            Rank(self.prefix, self.path, r, self.world, self.workers, self.epoch, saved[r])
+            for r in range(self.world)
+        ]
         for rank, before in zip(self.ranks, old):
             rank.taken = before.taken
             rank.start_pass()
@@ -265,16 +305,23 @@ class TrainingLife(RuleBasedStateMachine):
         if hasattr(self, "delivered"):
             held = self.epoch_multiset(self.epoch)
             repeated = [i for i, n in self.delivered.items() if n > held[i]]
-            assert not repeated, f"records delivered more often than epoch {self.epoch} holds them: {repeated[:10]}"
+            assert not repeated, (
+                f"records delivered more often than epoch {self.epoch} holds them: {repeated[:10]}"
+            )
 
     def check_epoch_complete(self):
         missing = sum((self.epoch_multiset(self.epoch) - self.delivered).values())
         assert 0 <= missing <= self.splits_dropped, (
-            f"epoch {self.epoch}: {missing} records never delivered (the splits may drop {self.splits_dropped})")
+            f"epoch {self.epoch}: {missing} records never delivered (the splits may drop {self.splits_dropped})"
+        )
         if self.one_split:
-            expected = uninterrupted(self.prefix, self.path, self.world, self.ranks[0].workers, self.epoch)
+            expected = uninterrupted(
+                self.prefix, self.path, self.world, self.ranks[0].workers, self.epoch
+            )
             for r in range(self.world):
-                assert self.streams[r] == expected[r], f"rank {r}'s stream of epoch {self.epoch} is not the uninterrupted one"
+                assert self.streams[r] == expected[r], (
+                    f"rank {r}'s stream of epoch {self.epoch} is not the uninterrupted one"
+                )
 
     def teardown(self):
         for rank in getattr(self, "ranks", []):
@@ -292,7 +339,7 @@ def uninterrupted(prefix, path, world, workers, epoch):
         for r in range(world):
             rank = Rank(prefix, path, r, world, workers, epoch)
             rank.start_pass()
-            streams.append(rank.take(10 ** 6))
+            streams.append(rank.take(10**6))
             rank.close()
         _UNINTERRUPTED[key] = streams
     return _UNINTERRUPTED[key]
@@ -300,15 +347,29 @@ def uninterrupted(prefix, path, world, workers, epoch):
 
 @pytest.fixture(scope="module")
 def job_output(tmp_path_factory):
-    return sample_run(tmp_path_factory, "tfrecord", "--num_piles=5", "--seed=1", records=RECORDS, files=2,
-                      record_bytes=24)
+    return sample_run(
+        tmp_path_factory,
+        "tfrecord",
+        "--num_piles=5",
+        "--seed=1",
+        records=RECORDS,
+        files=2,
+        record_bytes=24,
+    )
 
 
 def test_a_training_jobs_life(job_output):
     TrainingLife.pattern, TrainingLife.prefix = job_output
     _UNINTERRUPTED.clear()
-    run_state_machine_as_test(TrainingLife, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=8, deadline=None, suppress_health_check=list(HealthCheck)))
+    run_state_machine_as_test(
+        TrainingLife,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=8,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
 
 
 class MixtureLife(TrainingLife):
@@ -338,19 +399,36 @@ class MixtureLife(TrainingLife):
 
 @pytest.fixture(scope="module")
 def second_output(tmp_path_factory):
-    return sample_run(tmp_path_factory, "tfrecord", "--num_piles=3", "--seed=4", records=MIX_SECOND, files=1,
-                      record_bytes=24, seed=9)[1]
+    return sample_run(
+        tmp_path_factory,
+        "tfrecord",
+        "--num_piles=3",
+        "--seed=4",
+        records=MIX_SECOND,
+        files=1,
+        record_bytes=24,
+        seed=9,
+    )[1]
 
 
 def test_a_training_jobs_life_on_a_mixture(job_output, second_output):
     MixtureLife.pattern, MixtureLife.prefix = None, (job_output[1], second_output)
     _UNINTERRUPTED.clear()
-    run_state_machine_as_test(MixtureLife, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=8, deadline=None, suppress_health_check=list(HealthCheck)))
+    run_state_machine_as_test(
+        MixtureLife,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=8,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
     _UNINTERRUPTED.clear()
 
 
-def test_a_mixture_through_grain_resumed_elastically_twice_repeats_no_record(job_output, second_output):
+def test_a_mixture_through_grain_resumed_elastically_twice_repeats_no_record(
+    job_output, second_output
+):
     """The example hypothesis found in the mixture's life, replayed step by step: the first
     elastic restore dealt the rest unequally (51, 51, 52), the hosts ran out one record apart,
     and the second restored host 0's state (51 in) as every host's, reading host 2's last record

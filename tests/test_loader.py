@@ -16,19 +16,23 @@ from helpers import manifest, read_tfrecord_payloads, run_shuffle, shards, shuff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pileshuffle.records import keys as keymath
 from pileshuffle.commands import sample
 from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import Fingerprint, payload_hashes, row_hashes, row_lengths
 from pileshuffle.loader import NoOutputError, ShuffledDataset, epoch_order, open_output
 from pileshuffle.loader.order import EpochOrder
 from pileshuffle.loader.piles import PileRef
+from pileshuffle.records import keys as keymath
+from pileshuffle.records.fingerprint import Fingerprint, payload_hashes, row_hashes, row_lengths
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _output(factory, fmt, *args, records=3000, piles=7, **write):
-    return shuffled_sample(factory, fmt, f"--num_piles={piles}", "--seed=5", *args, records=records, **write)
+    return shuffled_sample(
+        factory, fmt, f"--num_piles={piles}", "--seed=5", *args, records=records, **write
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,9 @@ def tfrecord_out(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gzip_out(tmp_path_factory):
-    return _output(tmp_path_factory, "tfrecord", "--compression=gzip", records=1000, piles=4, record_bytes=60)
+    return _output(
+        tmp_path_factory, "tfrecord", "--compression=gzip", records=1000, piles=4, record_bytes=60
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +92,10 @@ FORMATS = ["tfrecord_out", "gzip_out", "jsonl_out", "parquet_out"]
 
 
 def test_import_needs_no_beam_tensorflow_torch_or_grain():
-    code = ("import sys, pileshuffle.loader; "
-            "print(sorted(m for m in ('apache_beam', 'tensorflow', 'torch', 'grain', 'jax') if m in sys.modules))")
+    code = (
+        "import sys, pileshuffle.loader; "
+        "print(sorted(m for m in ('apache_beam', 'tensorflow', 'torch', 'grain', 'jax') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -114,7 +122,9 @@ print(records, sum(1 for _ in part), len(part))
 @pytest.mark.parametrize("name", ["tfrecord_out", "parquet_out"])
 def test_reading_works_without_beam_tensorflow_or_torch_installed(name, request):
     prefix = request.getfixturevalue(name)
-    done = subprocess.run([sys.executable, "-c", NOT_INSTALLED, prefix], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", NOT_INSTALLED, prefix], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["750", "740", "750"]
 
@@ -126,7 +136,9 @@ def test_written_order_without_reshuffle_is_the_shards_in_order(name, request):
     fmt = ds.format
     expected = written_records(prefix, fmt)
     assert list(ds) == expected
-    ds = ShuffledDataset(prefix + "-manifest.json", reshuffle=False, epoch=3)  # every epoch, and by manifest path
+    ds = ShuffledDataset(
+        prefix + "-manifest.json", reshuffle=False, epoch=3
+    )  # every epoch, and by manifest path
     assert list(ds) == expected
 
 
@@ -163,7 +175,10 @@ def test_batches_hold_the_records_in_order(name, request):
         assert [row for b in batches for row in b.to_pylist()] == records
         ds.set_epoch(0)
         arrays = list(ds.batches(100, as_numpy=True, drop_last=True))
-        assert np.concatenate([a["index"] for a in arrays]).tolist() == [r["index"] for r in records][: len(arrays) * 100]
+        assert (
+            np.concatenate([a["index"] for a in arrays]).tolist()
+            == [r["index"] for r in records][: len(arrays) * 100]
+        )
     else:
         assert all(isinstance(b, list) and isinstance(b[0], bytes) for b in batches)
         assert [r for b in batches for r in b] == records
@@ -195,8 +210,13 @@ def test_the_epoch_order_arrays_say_where_every_record_is(tfrecord_out):
         assert list(ds) == [written[i] for i in (starts[pile] + index).tolist()]
 
 
-@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=12), mix=st.integers(1, 5),
-       seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 1000), reshuffle=st.booleans())
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+    mix=st.integers(1, 5),
+    seed=st.integers(0, 2**64 - 1),
+    epoch=st.integers(0, 1000),
+    reshuffle=st.booleans(),
+)
 @SETTINGS
 def test_the_epoch_order_is_a_permutation_of_every_record(sizes, mix, seed, epoch, reshuffle):
     pile, index = epoch_order(sizes, seed, epoch, mix, reshuffle)
@@ -206,15 +226,27 @@ def test_the_epoch_order_is_a_permutation_of_every_record(sizes, mix, seed, epoc
         assert list(zip(pile.tolist(), index.tolist())) == pairs
     order = EpochOrder(tuple(sizes), seed, epoch, mix, reshuffle)
     width, starts = order.width, order.step_starts
-    for rank, p in enumerate(order.pile_order.tolist()):  # pile rank j is read over steps j .. j+K-1 only
+    for rank, p in enumerate(
+        order.pile_order.tolist()
+    ):  # pile rank j is read over steps j .. j+K-1 only
         where = np.flatnonzero(pile == p)
         assert len(where) == sizes[p]
         if len(where):
-            assert starts[rank] <= where.min() and where.max() < starts[min(rank + width, order.num_steps)]
-    for step in range(order.num_steps):  # a step reads slice step-j of pile ranks j in (step-K, step]
+            assert (
+                starts[rank] <= where.min()
+                and where.max() < starts[min(rank + width, order.num_steps)]
+            )
+    for step in range(
+        order.num_steps
+    ):  # a step reads slice step-j of pile ranks j in (step-K, step]
         stretch = pile[starts[step] : starts[step + 1]]
-        expected = {int(order.pile_order[j]): np.subtract(*order.slice_bounds(j, step)[::-1]) for j in order.step_ranks(step)}
-        assert {p: int((stretch == p).sum()) for p in expected} == expected and len(stretch) == sum(expected.values())
+        expected = {
+            int(order.pile_order[j]): np.subtract(*order.slice_bounds(j, step)[::-1])
+            for j in order.step_ranks(step)
+        }
+        assert {p: int((stretch == p).sum()) for p in expected} == expected and len(stretch) == sum(
+            expected.values()
+        )
 
 
 SPLITS = [(1, 1), (2, 1), (3, 1), (1, 3), (2, 2), (3, 4), (7, 3)]
@@ -227,7 +259,9 @@ def test_splits_are_disjoint_complete_and_equal_per_rank(tfrecord_out, remainder
     for world_size, workers in SPLITS + [(11, 2)]:  # 3000 = 11 * 272 + 8
         per_rank = []
         for rank in range(world_size):
-            ds = ShuffledDataset(tfrecord_out, seed=3, epoch=1, rank=rank, world_size=world_size, remainder=remainder)
+            ds = ShuffledDataset(
+                tfrecord_out, seed=3, epoch=1, rank=rank, world_size=world_size, remainder=remainder
+            )
             parts = [ds.for_worker(w, workers) for w in range(workers)]
             records = [r for part in parts for r in part]
             assert sum(len(p) for p in parts) == len(ds) == len(records)
@@ -236,27 +270,33 @@ def test_splits_are_disjoint_complete_and_equal_per_rank(tfrecord_out, remainder
         flat = [r for records in per_rank for r in records]
         if remainder == "drop":
             assert len(per_rank[0]) == total // world_size
-            assert flat == full[: total - total % world_size]  # contiguous, in global order, disjoint
+            assert (
+                flat == full[: total - total % world_size]
+            )  # contiguous, in global order, disjoint
         else:
             each = -(-total // world_size)
             assert len(per_rank[0]) == each
             assert flat == (full + full)[: each * world_size]  # pads by repeating the start
 
 
-def test_no_consumer_loads_more_than_its_share_plus_mix_plus_one_piles(tmp_path_factory, monkeypatch):
+def test_no_consumer_loads_more_than_its_share_plus_mix_plus_one_piles(
+    tmp_path_factory, monkeypatch
+):
     prefix = _output(tmp_path_factory, "tfrecord", records=4000, piles=40, record_bytes=40)
     loaded = _count_loads(monkeypatch)
     for mix in (1, 3):
         for world_size, workers in ((3, 2), (4, 3)):
             loads = []
             for rank in range(world_size):
-                ds = ShuffledDataset(prefix, seed=1, mix=mix, rank=rank, world_size=world_size, prefetch=False)
+                ds = ShuffledDataset(
+                    prefix, seed=1, mix=mix, rank=rank, world_size=world_size, prefetch=False
+                )
                 for worker in range(workers):
                     part = ds.for_worker(worker, workers)
                     planned = part.piles_to_load()
                     loaded.clear()
                     list(part)
-                    (a, b), = part.ranges
+                    ((a, b),) = part.ranges
                     share = (b - a) / (part.order.total / 40)
                     assert loaded == planned and len(loaded) == len(set(loaded)) <= share + mix + 1
                     loads += loaded
@@ -284,7 +324,9 @@ def test_resuming_at_any_record_continues_the_uninterrupted_stream(name, request
     mix = data.draw(st.sampled_from([1, 2, 7]))
     world_size = data.draw(st.integers(1, 3))
     rank = data.draw(st.integers(0, world_size - 1))
-    kwargs = dict(seed=7, epoch=data.draw(st.integers(0, 5)), mix=mix, rank=rank, world_size=world_size)
+    kwargs = dict(
+        seed=7, epoch=data.draw(st.integers(0, 5)), mix=mix, rank=rank, world_size=world_size
+    )
     ds = ShuffledDataset(prefix, **kwargs)
     stream = list(ds)
     stop = data.draw(st.integers(0, len(stream)))
@@ -301,7 +343,11 @@ def test_resuming_at_any_record_continues_the_uninterrupted_stream(name, request
     after = ShuffledDataset(prefix, **kwargs)
     after.load_state_dict(state)
     size = data.draw(st.integers(1, 300))
-    assert consumed + [r for b in after.batches(size) for r in (b.to_pylist() if name == "parquet_out" else b)] == stream
+    assert (
+        consumed
+        + [r for b in after.batches(size) for r in (b.to_pylist() if name == "parquet_out" else b)]
+        == stream
+    )
 
 
 def test_a_finished_epoch_is_followed_by_the_next_and_state_is_checked(tfrecord_out):
@@ -380,15 +426,21 @@ def test_resuming_the_same_split_from_all_states_is_exact(tfrecord_out):
             assert uninterrupted[rank, worker][state["position"] :] == rest
     padded = ShuffledDataset(tfrecord_out, remainder="pad", world_size=7, rank=6, **kwargs)
     rest = list(padded)
-    pad_states = [ShuffledDataset(tfrecord_out, remainder="pad", world_size=7, rank=r, **kwargs).state_after(10)
-                  for r in range(7)]
+    pad_states = [
+        ShuffledDataset(tfrecord_out, remainder="pad", world_size=7, rank=r, **kwargs).state_after(
+            10
+        )
+        for r in range(7)
+    ]
     again = ShuffledDataset(tfrecord_out, remainder="pad", world_size=7, rank=6, **kwargs)
     again.load_state_dict(pad_states)
     assert list(again) == rest[10:]
 
 
 def test_an_unfinished_or_missing_output_is_refused(tmp_path, tfrecord_out):
-    with pytest.raises(NoOutputError, match="no finished output.*data-manifest.json.*unfinished run"):
+    with pytest.raises(
+        NoOutputError, match="no finished output.*data-manifest.json.*unfinished run"
+    ):
         ShuffledDataset(str(tmp_path / "data"))
     copy = tmp_path / "copy"
     os.makedirs(copy)
@@ -420,11 +472,15 @@ def test_a_corrupt_frame_is_refused_naming_file_and_offset(tmp_path, name, reque
     open(victim, "wb").write(bytes(data))
     with pytest.raises(InputError) as caught:
         list(ShuffledDataset(str(copy / "data"), reshuffle=False))
-    assert str(caught.value).startswith(f"{victim} at byte offset {second}: corrupt record: the data")
+    assert str(caught.value).startswith(
+        f"{victim} at byte offset {second}: corrupt record: the data"
+    )
     data[second + 20] ^= 0xFF
     data[second + 3] ^= 0x01  # its length field
     open(victim, "wb").write(bytes(data))
-    with pytest.raises(InputError, match=f"at byte offset {second}: corrupt record: the length field"):
+    with pytest.raises(
+        InputError, match=f"at byte offset {second}: corrupt record: the length field"
+    ):
         list(ShuffledDataset(str(copy / "data"), reshuffle=False))
     open(victim, "wb").write(bytes(data[:-3]))
     with pytest.raises(InputError, match=f"{victim} at byte offset"):
@@ -432,6 +488,7 @@ def test_a_corrupt_frame_is_refused_naming_file_and_offset(tmp_path, name, reque
 
 
 # --- pile stores, built by hand as SPEC.md fixes them ---------------------------------------
+
 
 def _frame(payload: bytes) -> bytes:
     from pileshuffle.records.crc import mask_crcs
@@ -441,7 +498,9 @@ def _frame(payload: bytes) -> bytes:
     return header + crc(header) + payload + crc(payload)
 
 
-def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)), seed=0, max_pile_bytes=1 << 20):
+def build_store(
+    prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)), seed=0, max_pile_bytes=1 << 20
+):
     """A store with records ``g<gen>-w<writer>-<i>`` in several generations and files per pile,
     some keys shared between files. Returns {pile: records in written order}."""
     rng = np.random.default_rng(seed)
@@ -450,40 +509,81 @@ def build_store(prefix, fmt, num_piles=3, generations=((0, 2, 120), (1, 1, 80)),
     for generation, writers, count in generations:
         files = []
         for writer in range(writers):
-            payloads = [b"g%d-w%d-%04d" % (generation, writer, i) + b"x" * int(rng.integers(0, 30)) for i in range(count)]
+            payloads = [
+                b"g%d-w%d-%04d" % (generation, writer, i) + b"x" * int(rng.integers(0, 30))
+                for i in range(count)
+            ]
             keys = rng.integers(0, 2**64, count, dtype=np.uint64)
-            keys[: count // 10] = keys[count // 10 : 2 * (count // 10)]  # equal keys: the sort must be stable
+            keys[: count // 10] = keys[
+                count // 10 : 2 * (count // 10)
+            ]  # equal keys: the sort must be stable
             piles = keymath.pile_of(keys, num_piles)
             for pile in range(num_piles):
                 chosen = np.flatnonzero(piles == pile)
-                chosen = chosen[np.argsort(rng.random(len(chosen)))]  # canonical order is not key order
+                chosen = chosen[
+                    np.argsort(rng.random(len(chosen)))
+                ]  # canonical order is not key order
                 records = [payloads[i] for i in chosen]
                 if fmt == "parquet":
-                    table = pa.table({"name": pa.array([r.decode() for r in records]),
-                                      "size": pa.array([len(r) for r in records], pa.int64())})
-                elif generation % 2 and fmt != "parquet":  # payloads, as WritePileStore keeps a bytes PCollection
+                    table = pa.table(
+                        {
+                            "name": pa.array([r.decode() for r in records]),
+                            "size": pa.array([len(r) for r in records], pa.int64()),
+                        }
+                    )
+                elif (
+                    generation % 2 and fmt != "parquet"
+                ):  # payloads, as WritePileStore keeps a bytes PCollection
                     table = pa.table({"record": pa.array(records, pa.binary())})
                 else:
                     column = "tfrecord_frame" if fmt == "tfrecord" else "line"
                     stored = [_frame(r) if fmt == "tfrecord" else r + b"\n" for r in records]
                     table = pa.table({column: pa.array(stored, pa.binary())})
                 table = table.append_column("_pileshuffle_key", pa.array(keys[chosen], pa.uint64()))
-                table = table.append_column("_pileshuffle_hash", pa.array(np.zeros(len(chosen), np.uint64)))
+                table = table.append_column(
+                    "_pileshuffle_hash", pa.array(np.zeros(len(chosen), np.uint64))
+                )
                 path = f"g{generation:06d}/p{pile:05d}-w{writer:05d}.arrows"
                 os.makedirs(f"{directory}/g{generation:06d}", exist_ok=True)
                 with pa.ipc.new_stream(f"{directory}/{path}", table.schema) as out:
                     half = len(table) // 2  # two record batches: chunked columns
                     out.write_table(table.slice(0, half))
                     out.write_table(table.slice(half))
-                files.append({"path": path, "pile": pile, "writer": writer, "records": len(chosen),
-                              "bytes": os.path.getsize(f"{directory}/{path}")})
+                files.append(
+                    {
+                        "path": path,
+                        "pile": pile,
+                        "writer": writer,
+                        "records": len(chosen),
+                        "bytes": os.path.getsize(f"{directory}/{path}"),
+                    }
+                )
                 everything[pile].append((keys[chosen], records))
         fp = {"records": count * writers, "bytes": 0, "hash_sum": "0", "hash_xor": "0"}
-        entries.append({"generation": generation, "created": "2026-11-23T20:00:00Z", "inputs": [],
-                        "records": count * writers, "payload_bytes": 0, "fingerprint": fp, "files": files})
-    manifest = {"kind": "pileshuffle-store", "store_format": 1, "version": 2, "pileshuffle_version": "0.1.0",
-                "format": fmt, "compression": "none", "num_piles": num_piles, "seed": seed,
-                "max_pile_bytes": max_pile_bytes, "generations": entries[::-1], "totals": {}}
+        entries.append(
+            {
+                "generation": generation,
+                "created": "2026-11-23T20:00:00Z",
+                "inputs": [],
+                "records": count * writers,
+                "payload_bytes": 0,
+                "fingerprint": fp,
+                "files": files,
+            }
+        )
+    manifest = {
+        "kind": "pileshuffle-store",
+        "store_format": 1,
+        "version": 2,
+        "pileshuffle_version": "0.1.0",
+        "format": fmt,
+        "compression": "none",
+        "num_piles": num_piles,
+        "seed": seed,
+        "max_pile_bytes": max_pile_bytes,
+        "generations": entries[::-1],
+        "totals": {},
+    }
     with open(f"{directory}/manifest-00000002.json", "w") as out:
         json.dump(manifest, out)
     with open(f"{directory}/manifest-00000001.json", "w") as out:  # an older version: not current
@@ -512,7 +612,9 @@ def test_a_store_reads_as_piles_sorted_by_key_and_sub_piles_agree(tmp_path, fmt)
         assert pile.keyed and pile.records == len(expected[pile.index])
         assert rows(pile.load()) == expected[pile.index]
         for ways in (2, 5):
-            assert [r for s in range(ways) for r in rows(pile.load((s, ways)))] == expected[pile.index]
+            assert [r for s in range(ways) for r in rows(pile.load((s, ways)))] == expected[
+                pile.index
+            ]
     ds = ShuffledDataset(str(tmp_path / "data"), reshuffle=False)
     flat = [r for p in range(3) for r in expected[p]]
     got = list(ds)
@@ -576,8 +678,12 @@ def test_memory_stays_within_mix_plus_one_piles_and_a_batch(tmp_path_factory, fm
     whole = sum(s["bytes"] for s in manifest(prefix)["shards"])
     retained = (20 if fmt == "tfrecord" else 128) << 20
     for mix, prefetch in ((1, True), (4, True), (4, False)):
-        done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, prefix, str(mix), str(int(prefetch))],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", MEMORY_PROBE, prefix, str(mix), str(int(prefetch))],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rss_growth, mapped, allocated = map(int, done.stdout.split())
         piles = mix + 1 if prefetch else mix  # the K piles being read and the next one
         bound = (piles + 1) * pile_bytes + (12 << 20)  # + a load's transients; code pages, a batch
@@ -587,7 +693,9 @@ def test_memory_stays_within_mix_plus_one_piles_and_a_batch(tmp_path_factory, fm
         if fmt == "tfrecord":
             assert mapped == piles, (mix, prefetch, mapped)
             if mix == 1:
-                assert bound + retained < whole / 2  # so the bound says memory does not grow with the output
+                assert (
+                    bound + retained < whole / 2
+                )  # so the bound says memory does not grow with the output
 
 
 @given(keys=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 3), max_size=300))
@@ -599,8 +707,13 @@ def test_sort_by_key_is_the_stable_sort(keys):
     assert sort_by_key(keys).tolist() == np.argsort(keys, kind="stable").tolist()
 
 
-@given(total=st.integers(0, 500), world_size=st.integers(1, 9), workers=st.integers(1, 5),
-       remainder=st.sampled_from(["drop", "pad"]), cuts=st.lists(st.integers(0, 500), max_size=20))
+@given(
+    total=st.integers(0, 500),
+    world_size=st.integers(1, 9),
+    workers=st.integers(1, 5),
+    remainder=st.sampled_from(["drop", "pad"]),
+    cuts=st.lists(st.integers(0, 500), max_size=20),
+)
 @SETTINGS
 def test_split_arithmetic_covers_every_position_once(total, world_size, workers, remainder, cuts):
     from pileshuffle.loader import split
@@ -612,11 +725,18 @@ def test_split_arithmetic_covers_every_position_once(total, world_size, workers,
     if remainder == "drop":
         assert flat == list(range(total - total % world_size))
     else:
-        assert flat == [p % total for p in range(len(flat))] and len(flat) == -(-total // world_size) * world_size
-    states = [(ranges, min(c, split.length(ranges))) for ranges, c in zip(parts, cuts + [0] * len(parts))]
+        assert (
+            flat == [p % total for p in range(len(flat))]
+            and len(flat) == -(-total // world_size) * world_size
+        )
+    states = [
+        (ranges, min(c, split.length(ranges))) for ranges, c in zip(parts, cuts + [0] * len(parts))
+    ]
     remaining = split.union(r for ranges, done in states for r in split.tail(ranges, done))
     dealt = [split.redeal(remaining, r, 3, "drop") for r in range(3)]
-    assert [p for d in dealt for a, b in d for p in range(a, b)] == [p for a, b in remaining for p in range(a, b)]
+    assert [p for d in dealt for a, b in d for p in range(a, b)] == [
+        p for a, b in remaining for p in range(a, b)
+    ]
 
 
 def prefetch_threads() -> set:
@@ -647,7 +767,9 @@ def test_empty_piles_are_read_as_nothing(tmp_path_factory, fmt):
         for world_size in (1, 5):
             got = []
             for rank in range(world_size):
-                ds = ShuffledDataset(prefix, seed=2, mix=mix, rank=rank, world_size=world_size, remainder="pad")
+                ds = ShuffledDataset(
+                    prefix, seed=2, mix=mix, rank=rank, world_size=world_size, remainder="pad"
+                )
                 got += [r for w in range(2) for r in ds.for_worker(w, 2)]
             assert len(got) == -(-12 // world_size) * world_size
             key = (lambda r: r["index"]) if fmt == "parquet" else (lambda r: r)
@@ -673,12 +795,15 @@ def test_any_pyarrow_filesystem_reads_the_same(name, request):
 
 # --- the README's "Training on the output" examples, run as written ------------------------
 
+
 def readme_examples(section="## Training on the output"):
     """The python code blocks of one README section, as written there."""
     import re
 
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
-    body = readme[readme.index(section):]
+    readme = open(
+        os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8"
+    ).read()
+    body = readme[readme.index(section) :]
     body = body[: body.index("\n## ", len(section))]
     return re.findall(r"```python\n(.*?)```", body, flags=re.S)
 
@@ -690,14 +815,21 @@ README_TORCH, README_RESUME, README_TF = readme_examples()
 def examples_out(tmp_path_factory):
     """tf.train.Examples (TensorFlow's own writer), shuffled by a real run."""
     import tensorflow as tf
+
     root = tmp_path_factory.mktemp("readme")
     os.makedirs(root / "in")
     with tf.io.TFRecordWriter(str(root / "in" / "part-0.tfrecord")) as writer:
         for i in range(3000):
-            feature = {"index": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
-                       "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x" * (i % 50)]))}
-            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-    run_shuffle(str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), "--num_piles=6", "--seed=1")
+            feature = {
+                "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x" * (i % 50)])),
+            }
+            writer.write(
+                tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            )
+    run_shuffle(
+        str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), "--num_piles=6", "--seed=1"
+    )
     return str(root / "out" / "train")
 
 
@@ -709,7 +841,9 @@ def test_the_readme_torch_examples_run(examples_out):
     scope["train"].set_epoch(0)
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    uninterrupted = [list(b) for b in StatefulDataLoader(scope["train"], batch_size=None, num_workers=2)]
+    uninterrupted = [
+        list(b) for b in StatefulDataLoader(scope["train"], batch_size=None, num_workers=2)
+    ]
     scope["train"].set_epoch(0)
     exec(README_RESUME, scope)
     head = uninterrupted[:4]
@@ -718,12 +852,19 @@ def test_the_readme_torch_examples_run(examples_out):
 
 def test_the_readme_tf_example_runs(examples_out):
     import tensorflow as tf
+
     scope = {}
     exec(README_TF.replace("out/train", examples_out), scope)
     spec = {"index": tf.io.FixedLenFeature([], tf.int64)}
-    rest = [int(i) for b in scope["ds"].tf(batch_size=256).map(lambda x: tf.io.parse_example(x, spec))
-            for i in b["index"].numpy()]
-    everything = [int(tf.io.parse_example([r], spec)["index"][0]) for r in ShuffledDataset(examples_out, seed=0)]
+    rest = [
+        int(i)
+        for b in scope["ds"].tf(batch_size=256).map(lambda x: tf.io.parse_example(x, spec))
+        for i in b["index"].numpy()
+    ]
+    everything = [
+        int(tf.io.parse_example([r], spec)["index"][0])
+        for r in ShuffledDataset(examples_out, seed=0)
+    ]
     assert rest == everything[512:]
 
 
@@ -733,9 +874,17 @@ def test_a_store_written_by_the_store_writer_reads_as_runs_shards(tmp_path, fmt)
     ``run`` writes."""
     sample.WRITERS[fmt](str(tmp_path / "in"), records=2000, files=3, record_bytes=70)
     pattern = str(tmp_path / "in" / f"*.{fmt}")
-    run_shuffle(pattern, str(tmp_path / "store" / "train"), f"--format={fmt}", "--num_piles=5", "--seed=3",
-                "--layout=store")
-    run_shuffle(pattern, str(tmp_path / "run" / "train"), f"--format={fmt}", "--num_piles=5", "--seed=3")
+    run_shuffle(
+        pattern,
+        str(tmp_path / "store" / "train"),
+        f"--format={fmt}",
+        "--num_piles=5",
+        "--seed=3",
+        "--layout=store",
+    )
+    run_shuffle(
+        pattern, str(tmp_path / "run" / "train"), f"--format={fmt}", "--num_piles=5", "--seed=3"
+    )
     store = ShuffledDataset(str(tmp_path / "store" / "train"), reshuffle=False)
     assert store.output.kind == "store"
     assert list(store) == list(ShuffledDataset(str(tmp_path / "run" / "train"), reshuffle=False))
@@ -743,7 +892,9 @@ def test_a_store_written_by_the_store_writer_reads_as_runs_shards(tmp_path, fmt)
 
 def test_resuming_padded_ranks_with_another_world_size_pads_from_the_rest(jsonl_out):
     kwargs = dict(seed=5, epoch=1, remainder="pad")
-    read, states = _consume_split(jsonl_out, 7, 1, [100, 0, 429, 37, 250, 5, 429], **kwargs)  # 3000 = 7 * 429 - 3
+    read, states = _consume_split(
+        jsonl_out, 7, 1, [100, 0, 429, 37, 250, 5, 429], **kwargs
+    )  # 3000 = 7 * 429 - 3
     everything = list(ShuffledDataset(jsonl_out, **kwargs))
     rest = []
     for rank in range(4):
@@ -754,13 +905,17 @@ def test_resuming_padded_ranks_with_another_world_size_pads_from_the_rest(jsonl_
     flat = [r for records in rest for r in records]
     assert set(read) | set(flat) == set(everything)  # nothing lost
     remaining = [r for r in everything if r not in set(read)]
-    assert flat == (remaining + remaining)[: len(flat)]  # global order, padded from the start of the rest
+    assert (
+        flat == (remaining + remaining)[: len(flat)]
+    )  # global order, padded from the start of the rest
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_grown_store_piles_are_read_in_sub_piles_in_the_same_order(tmp_path, fmt):
     generations = ((0, 2, 300), (1, 1, 200), (2, 2, 250))
-    expected = build_store(str(tmp_path / "data"), fmt, generations=generations, max_pile_bytes=4000)
+    expected = build_store(
+        str(tmp_path / "data"), fmt, generations=generations, max_pile_bytes=4000
+    )
     output = open_output(str(tmp_path / "data"))
     assert len(output.piles) > 3 and all(ref.part is not None for ref in output.piles)
     assert [ref.index for ref in output.piles] == sorted(ref.index for ref in output.piles)

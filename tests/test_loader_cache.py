@@ -11,27 +11,33 @@ import uuid
 
 import google_crc32c
 import pytest
-
 from helpers import run_shuffle
+
 from pileshuffle import names
 from pileshuffle.commands import sample
-from pileshuffle.io import storage
 from pileshuffle.errors import InputError
+from pileshuffle.io import storage
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.cache import PileCache, _listed_crc32c, parse_limit
 
 RECORDS, PILES = 1600, 4
 # torch's own advice for a 2-core machine, and torchdata's call of a deprecated torch API
-pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
-              pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
+]
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     """Per format, a local input pattern (the runs write to gs://)."""
     root = tmp_path_factory.mktemp("in")
-    sample.write_tfrecord(str(root / "tfrecord"), records=RECORDS, files=2, record_bytes=100, vary=True)
-    sample.write_parquet(str(root / "parquet"), records=RECORDS, files=2, record_bytes=80, row_group_rows=200)
+    sample.write_tfrecord(
+        str(root / "tfrecord"), records=RECORDS, files=2, record_bytes=100, vary=True
+    )
+    sample.write_parquet(
+        str(root / "parquet"), records=RECORDS, files=2, record_bytes=80, row_group_rows=200
+    )
     return {fmt: str(root / fmt / f"*.{fmt}") for fmt in ("tfrecord", "parquet")}
 
 
@@ -42,10 +48,17 @@ def outputs(inputs, gcs_root):
     root = f"{gcs_root}/cache-{uuid.uuid4().hex[:8]}"
     found = {}
     for fmt, pattern in inputs.items():
-        run_shuffle(pattern, f"{root}/shards-{fmt}", f"--format={fmt}", f"--num_piles={PILES}", "--seed=1")
-        store = ["--layout=store", "--num_piles=3", "--seed=2"] + (["--max_pile_bytes=32KiB"] if fmt == "tfrecord" else [])
+        run_shuffle(
+            pattern, f"{root}/shards-{fmt}", f"--format={fmt}", f"--num_piles={PILES}", "--seed=1"
+        )
+        store = ["--layout=store", "--num_piles=3", "--seed=2"] + (
+            ["--max_pile_bytes=32KiB"] if fmt == "tfrecord" else []
+        )
         run_shuffle(pattern, f"{root}/store-{fmt}", f"--format={fmt}", *store)
-        found[("shards", fmt)], found[("store", fmt)] = f"{root}/shards-{fmt}", f"{root}/store-{fmt}"
+        found[("shards", fmt)], found[("store", fmt)] = (
+            f"{root}/shards-{fmt}",
+            f"{root}/store-{fmt}",
+        )
     return found
 
 
@@ -55,22 +68,28 @@ def shard_paths(prefix: str) -> list:
 
 def cached(directory) -> dict:
     """``{remote file name: (bytes, mtime_ns)}`` of the cache's entries."""
-    return {os.path.basename(path).split("-", 1)[1]: (size, os.stat(path).st_mtime_ns)
-            for path, size in PileCache(directory).entries()}
+    return {
+        os.path.basename(path).split("-", 1)[1]: (size, os.stat(path).st_mtime_ns)
+        for path, size in PileCache(directory).entries()
+    }
 
 
 def normal(records):
     return [tuple(sorted(r.items())) if isinstance(r, dict) else r for r in records]
 
 
-@pytest.mark.parametrize("kind,fmt", [("shards", "tfrecord"), ("shards", "parquet"), ("store", "tfrecord"),
-                                      ("store", "parquet")])
+@pytest.mark.parametrize(
+    "kind,fmt",
+    [("shards", "tfrecord"), ("shards", "parquet"), ("store", "tfrecord"), ("store", "parquet")],
+)
 def test_epochs_with_the_cache_are_those_without_it(outputs, tmp_path, kind, fmt):
     prefix, cache = outputs[(kind, fmt)], tmp_path / "cache"
     plain = ShuffledDataset(prefix, seed=3, mix=2)
     with_cache = ShuffledDataset(prefix, seed=3, mix=2, cache_dir=cache)
     if kind == "store" and fmt == "tfrecord":
-        assert len(with_cache.output.piles) > 3  # sub-piles: their keys were read through the cache at open
+        assert (
+            len(with_cache.output.piles) > 3
+        )  # sub-piles: their keys were read through the cache at open
     for _ in range(2):  # the first epoch fills the cache, the second reads it
         expected = normal(plain)
         assert normal(with_cache) == expected and len(expected) == RECORDS
@@ -91,9 +110,13 @@ def test_the_second_epoch_reads_local_files_only(inputs, gcs, tmp_path):
     assert len(before) == PILES
     storage.delete(shard_paths(prefix))
     second = list(ds)
-    assert sorted(second) == sorted(first) and second != first  # epoch 1: another order of the same records
+    assert (
+        sorted(second) == sorted(first) and second != first
+    )  # epoch 1: another order of the same records
     after = cached(cache)
-    assert {k: size for k, (size, _) in after.items()} == {k: size for k, (size, _) in before.items()}
+    assert {k: size for k, (size, _) in after.items()} == {
+        k: size for k, (size, _) in before.items()
+    }
     assert all(after[k][1] > before[k][1] for k in before)  # every hit refreshed its entry
     assert list(ShuffledDataset(prefix, seed=5, cache_dir=cache)) == first
     with pytest.raises(InputError):
@@ -108,7 +131,9 @@ def test_another_run_written_at_the_same_path_never_hits_an_old_entry(inputs, gc
     run_shuffle(inputs["tfrecord"], prefix, "--num_piles=1", "--seed=2", "--overwrite")
     second = list(ShuffledDataset(prefix, reshuffle=False, cache_dir=cache))
     assert second == list(ShuffledDataset(prefix, reshuffle=False)) != first
-    assert [size for _, size in PileCache(cache).entries()] == [storage.size(shard_paths(prefix)[0])] * 2
+    assert [size for _, size in PileCache(cache).entries()] == [
+        storage.size(shard_paths(prefix)[0])
+    ] * 2
 
 
 def test_the_limit_holds_and_the_least_recently_used_go_first(outputs, tmp_path):
@@ -138,7 +163,9 @@ def test_the_file_just_added_is_never_evicted(outputs, tmp_path):
     other.write_bytes(b"x" * 10)
     later = time.time_ns() + 10**11
     os.utime(other, ns=(later, later))
-    ds = ShuffledDataset(prefix, cache_dir=cache, cache_limit=storage.size(shard_paths(prefix)[0]) + 5)
+    ds = ShuffledDataset(
+        prefix, cache_dir=cache, cache_limit=storage.size(shard_paths(prefix)[0]) + 5
+    )
     ds.output.piles[0].load()
     assert list(cached(cache)) == [os.path.basename(ds.output.piles[0].files[0])]
 
@@ -146,7 +173,11 @@ def test_the_file_just_added_is_never_evicted(outputs, tmp_path):
 def test_eviction_deletes_only_entries_and_stale_temp_files(outputs, tmp_path):
     prefix, cache = outputs[("shards", "tfrecord")], tmp_path / "cache"
     cache.mkdir()
-    mine, stale, live = cache / "notes.txt", cache / ".abc.123-dead.part", cache / ".abc.456-live.part"
+    mine, stale, live = (
+        cache / "notes.txt",
+        cache / ".abc.123-dead.part",
+        cache / ".abc.456-live.part",
+    )
     for path in (mine, stale, live):
         path.write_bytes(b"y" * 10**6)  # over the limit on its own
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
@@ -156,8 +187,9 @@ def test_eviction_deletes_only_entries_and_stale_temp_files(outputs, tmp_path):
 
 def test_a_file_larger_than_the_limit_is_read_without_caching(outputs, tmp_path):
     prefix, cache = outputs[("shards", "parquet")], tmp_path / "cache"
-    assert normal(ShuffledDataset(prefix, seed=1, cache_dir=cache, cache_limit=100)) == \
-        normal(ShuffledDataset(prefix, seed=1))
+    assert normal(ShuffledDataset(prefix, seed=1, cache_dir=cache, cache_limit=100)) == normal(
+        ShuffledDataset(prefix, seed=1)
+    )
     assert os.listdir(cache) == []
 
 
@@ -192,8 +224,13 @@ def test_a_remote_file_of_another_size_than_listed_is_refused_and_not_kept(input
     with storage.open_write(shard) as handle:  # changed after the manifest was written
         handle.write(data[: len(data) - 100])
     ds = ShuffledDataset(prefix, reshuffle=False, cache_dir=cache)
-    with pytest.raises(InputError, match=re.escape(f"{shard}: is {len(data) - 100:,} bytes where its manifest lists "
-                                                   f"{len(data):,}: changed after it was written")):
+    with pytest.raises(
+        InputError,
+        match=re.escape(
+            f"{shard}: is {len(data) - 100:,} bytes where its manifest lists "
+            f"{len(data):,}: changed after it was written"
+        ),
+    ):
         list(ds)
     assert os.listdir(cache) == []  # neither the bad copy nor a temp file
 
@@ -204,7 +241,9 @@ def test_the_object_stores_crc32c_is_checked_on_every_fetch(outputs):
     shard = shard_paths(outputs[("shards", "tfrecord")])[0]
     fs, where = storage.arrow_filesystem(shard)
     with storage.open_random_access(where, fs) as remote:
-        assert _listed_crc32c(remote) == google_crc32c.value(storage.read_buffer(shard).to_pybytes())
+        assert _listed_crc32c(remote) == google_crc32c.value(
+            storage.read_buffer(shard).to_pybytes()
+        )
 
 
 @pytest.mark.parametrize("tight", [False, True])
@@ -215,12 +254,19 @@ def test_dataloader_workers_share_one_cache(outputs, tmp_path, tight):
 
     prefix, cache = outputs[("shards", "tfrecord")], str(tmp_path / "cache")
     limit = max(storage.size(path) for path in shard_paths(prefix)) + 10 if tight else "50GB"
-    expected = [bytes(r) for r in DataLoader(ShuffledDataset(prefix, seed=6).torch(), batch_size=None, num_workers=2)]
+    expected = [
+        bytes(r)
+        for r in DataLoader(ShuffledDataset(prefix, seed=6).torch(), batch_size=None, num_workers=2)
+    ]
     ds = ShuffledDataset(prefix, seed=6, cache_dir=cache, cache_limit=limit)
     for _ in range(2):  # cold, then warm
-        assert [bytes(r) for r in DataLoader(ds.torch(), batch_size=None, num_workers=2)] == expected
+        assert [
+            bytes(r) for r in DataLoader(ds.torch(), batch_size=None, num_workers=2)
+        ] == expected
     kept = PileCache(cache).entries()
-    assert len(kept) == PILES if not tight else len(kept) <= 1  # filled by the workers: the cache went with them
+    assert (
+        len(kept) == PILES if not tight else len(kept) <= 1
+    )  # filled by the workers: the cache went with them
     assert sum(size for _, size in kept) <= parse_limit(limit)
     assert not [name for name in os.listdir(cache) if name.startswith(".")]  # no temp file left
 
@@ -248,18 +294,35 @@ def test_a_local_output_is_read_in_place(tmp_path, inputs):
     assert os.listdir(cache) == []
 
 
-@pytest.mark.parametrize("value,number", [(1, 1), (10**9, 10**9), ("50GB", 50 * 10**9), ("500MB", 500 * 10**6),
-                                          ("1.5 TB", 15 * 10**11), ("2GiB", 2 * 2**30), ("123", 123), ("7kb", 7000)])
+@pytest.mark.parametrize(
+    "value,number",
+    [
+        (1, 1),
+        (10**9, 10**9),
+        ("50GB", 50 * 10**9),
+        ("500MB", 500 * 10**6),
+        ("1.5 TB", 15 * 10**11),
+        ("2GiB", 2 * 2**30),
+        ("123", 123),
+        ("7kb", 7000),
+    ],
+)
 def test_cache_limit_values(value, number):
     assert parse_limit(value) == number
 
 
-@pytest.mark.parametrize("value", [0, -5, "0MB", "abc", "50XB", "GB", "5 G B", 1.5, 5e10, True, None, b"50GB"])
+@pytest.mark.parametrize(
+    "value", [0, -5, "0MB", "abc", "50XB", "GB", "5 G B", 1.5, 5e10, True, None, b"50GB"]
+)
 def test_bad_cache_limits_are_refused_naming_the_argument(tmp_path, value):
     with pytest.raises(ValueError, match="cache_limit"):
-        ShuffledDataset(str(tmp_path / "no-output"), cache_dir=tmp_path / "cache", cache_limit=value)
+        ShuffledDataset(
+            str(tmp_path / "no-output"), cache_dir=tmp_path / "cache", cache_limit=value
+        )
     with pytest.raises(ValueError, match="cache_limit"):
-        ShuffledDataset(str(tmp_path / "no-output"), cache_limit=value)  # checked without a cache_dir too
+        ShuffledDataset(
+            str(tmp_path / "no-output"), cache_limit=value
+        )  # checked without a cache_dir too
 
 
 def test_bad_cache_dirs_are_refused_naming_the_argument(tmp_path):

@@ -9,11 +9,10 @@ import sys
 
 import grain
 import pytest
+from helpers import run_shuffle  # noqa: E402
 
 from pileshuffle.commands import sample
 from pileshuffle.loader import Mixture, ShuffledDataset
-
-from helpers import run_shuffle  # noqa: E402
 
 RECORDS = 3001  # divisible by no host count below
 
@@ -41,8 +40,11 @@ def test_one_process_reads_the_records_and_order_of_iter(output, tmp_path):
 
 def test_hosts_by_shard_options_are_disjoint_and_complete(output):
     whole = list(dataset(output))
-    parts = [list(dataset(output).grain(shard_options=grain.sharding.ShardOptions(i, 3))) for i in range(3)]
-    assert [r for part in parts for r in part] == whole[:RECORDS // 3 * 3]
+    parts = [
+        list(dataset(output).grain(shard_options=grain.sharding.ShardOptions(i, 3)))
+        for i in range(3)
+    ]
+    assert [r for part in parts for r in part] == whole[: RECORDS // 3 * 3]
     assert parts[1] == list(dataset(output, rank=1, world_size=3).grain())
     with pytest.raises(ValueError, match="give one of them"):
         dataset(output, rank=0, world_size=2).grain(shard_options=grain.sharding.ShardOptions(1, 3))
@@ -52,7 +54,9 @@ def test_grains_transformations_compose_after_it(output):
     whole = list(dataset(output))
     lengths = [int(x) for batch in dataset(output).grain().map(len).batch(64) for x in batch]
     assert lengths == [len(r) for r in whole]
-    assert list(dataset(output).grain().filter(lambda r: r.endswith(b"a"))) == [r for r in whole if r.endswith(b"a")]
+    assert list(dataset(output).grain().filter(lambda r: r.endswith(b"a"))) == [
+        r for r in whole if r.endswith(b"a")
+    ]
 
 
 def test_a_state_resumes_exactly_in_a_fresh_process(output):
@@ -60,12 +64,19 @@ def test_a_state_resumes_exactly_in_a_fresh_process(output):
     [next(it) for _ in range(1234)]
     state = json.loads(json.dumps(it.get_state()))
     rest = list(it)
-    script = ("import json, sys\nfrom pileshuffle.loader import ShuffledDataset\n"
-              f"it = iter(ShuffledDataset({output!r}, seed=5).grain())\n"
-              "it.set_state(json.loads(sys.stdin.read()))\n"
-              "sys.stdout.write(json.dumps([r.hex() for r in it]))\n")
-    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(state), capture_output=True, text=True,
-                          check=True)
+    script = (
+        "import json, sys\nfrom pileshuffle.loader import ShuffledDataset\n"
+        f"it = iter(ShuffledDataset({output!r}, seed=5).grain())\n"
+        "it.set_state(json.loads(sys.stdin.read()))\n"
+        "sys.stdout.write(json.dumps([r.hex() for r in it]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps(state),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert [bytes.fromhex(h) for h in json.loads(done.stdout)] == rest
 
 
@@ -74,14 +85,18 @@ def lockstep(iterators, n):
     return [next(it) for it in iterators for _ in range(n)]
 
 
-def test_an_elastic_restore_from_two_hosts_to_three_and_back_to_two_loses_and_repeats_nothing(output):
+def test_an_elastic_restore_from_two_hosts_to_three_and_back_to_two_loses_and_repeats_nothing(
+    output,
+):
     whole = collections.Counter(dataset(output))
     two = [iter(dataset(output, rank=r, world_size=2).grain()) for r in range(2)]
     taken = lockstep(two, 400)
     saved = [json.loads(json.dumps(it.get_state())) for it in two]
     three = [iter(dataset(output, rank=r, world_size=3).grain()) for r in range(3)]
     for r, it in enumerate(three):
-        it.set_state(saved[min(r, 1)])  # each new host restores any old host's state (synchronous: all alike)
+        it.set_state(
+            saved[min(r, 1)]
+        )  # each new host restores any old host's state (synchronous: all alike)
     taken += lockstep(three, 250)
     saved = [json.loads(json.dumps(it.get_state())) for it in three]
     assert saved[0]["pool"] is not None  # a dealt split: restorable elastically again
@@ -91,22 +106,32 @@ def test_an_elastic_restore_from_two_hosts_to_three_and_back_to_two_loses_and_re
     taken += [r for it in back for r in it]
     delivered = collections.Counter(taken)
     assert max(delivered.values()) == 1 and set(delivered) <= set(whole)
-    assert len(whole) - len(delivered) <= 1 + 2 + 1  # at most what each split's remainder="drop" leaves out
+    assert (
+        len(whole) - len(delivered) <= 1 + 2 + 1
+    )  # at most what each split's remainder="drop" leaves out
 
 
 def test_hosts_restored_elastically_after_their_whole_share_read_nothing_more_of_the_epoch(output):
     """A seam the training life found: every old host had read its share, so nothing is left
     to deal out. The new host's part was empty, and falsy, so it read the whole epoch again."""
     three = [iter(dataset(output, rank=r, world_size=3).grain(num_epochs=None)) for r in range(3)]
-    shares = [list(itertools.islice(it, len(dataset(output, rank=r, world_size=3)))) for r, it in enumerate(three)]
+    shares = [
+        list(itertools.islice(it, len(dataset(output, rank=r, world_size=3))))
+        for r, it in enumerate(three)
+    ]
     saved = [json.loads(json.dumps(it.get_state())) for it in three]
-    assert saved[0]["pileshuffle"]["position"] == len(shares[0]) and saved[0]["pileshuffle"]["epoch"] == 0
+    assert (
+        saved[0]["pileshuffle"]["position"] == len(shares[0])
+        and saved[0]["pileshuffle"]["epoch"] == 0
+    )
     one = iter(dataset(output).grain())
     one.set_state(saved[0])
     assert list(one) == []
     endless = iter(dataset(output).grain(num_epochs=None))
     endless.set_state(saved[0])
-    assert list(itertools.islice(endless, 5)) == list(dataset(output, epoch=1))[:5]  # then the next epoch
+    assert (
+        list(itertools.islice(endless, 5)) == list(dataset(output, epoch=1))[:5]
+    )  # then the next epoch
 
 
 def test_an_elastic_restore_deals_equal_parts_so_the_next_one_repeats_nothing(output):
@@ -152,7 +177,7 @@ def test_each_new_iterator_reads_the_next_epoch_and_set_epoch_wins(output):
     assert list(gds) == list(dataset(output, epoch=7))
     endless = iter(dataset(output).grain(num_epochs=None))
     records = [next(endless) for _ in range(2 * RECORDS + 10)]
-    assert records[RECORDS:2 * RECORDS] == second
+    assert records[RECORDS : 2 * RECORDS] == second
     state = endless.get_state()
     assert state["pileshuffle"]["epoch"] == 2 and state["pileshuffle"]["position"] == 10
 
@@ -197,12 +222,20 @@ def test_the_jax_example_in_docs_runs_as_written(tmp_path):
     import os
     import re
 
-    docs = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "loader.md")).read()
-    section = docs[docs.index("## JAX: `ds.grain()`"):]
+    docs = open(
+        os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "loader.md"
+        )
+    ).read()
+    section = docs[docs.index("## JAX: `ds.grain()`") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     sample.write_tfrecord(str(tmp_path / "in"), records=5000, files=2, record_bytes=40)
-    run_shuffle(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train"), "--num_piles=4")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    run_shuffle(
+        str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train"), "--num_piles=4"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "3072 records, each once" in done.stdout
 
@@ -219,5 +252,7 @@ def test_grains_own_checkpoint_handler_saves_and_restores_it(output, tmp_path):
     rest = [x.tolist() for x in it]
     saved = json.loads((tmp_path / "process_0-of-1.json").read_text())
     assert saved["pileshuffle"]["position"] == 170
-    again = handler.restore(epath.Path(tmp_path), item=iter(dataset(output).grain().map(len).batch(10)))
+    again = handler.restore(
+        epath.Path(tmp_path), item=iter(dataset(output).grain().map(len).batch(10))
+    )
     assert [x.tolist() for x in again] == rest

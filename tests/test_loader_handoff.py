@@ -11,15 +11,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from helpers import shuffled_sample
 from torch.utils.data import DataLoader
 
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.batching import array_batches, list_batches
 from pileshuffle.loader.handoff import RING_BYTES, ArrowOnArrival, BytesOnArrival
 
-from helpers import shuffled_sample
-
-pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create")]  # 3 workers on a 2-core machine
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create")
+]  # 3 workers on a 2-core machine
 
 SMALL = 4096  # a batch's pickle when its bytes went through the ring: its place, not its bytes
 PLACE = 600  # the same for the test outputs' batches, a Parquet batch's schema included
@@ -29,11 +30,19 @@ PLACE = 600  # the same for the test outputs' batches, a Parquet batch's schema 
 def outputs(tmp_path_factory):
     """Real runs' outputs: records of varying size (TFRecord), lines (JSONL), rows (Parquet)."""
     return {
-        "tfrecord": shuffled_sample(tmp_path_factory, "tfrecord", "--num_piles=5", "--seed=4", records=777,
-                                    record_bytes=80, vary=True),
+        "tfrecord": shuffled_sample(
+            tmp_path_factory,
+            "tfrecord",
+            "--num_piles=5",
+            "--seed=4",
+            records=777,
+            record_bytes=80,
+            vary=True,
+        ),
         "jsonl": shuffled_sample(tmp_path_factory, "jsonl", "--num_piles=3", records=500),
-        "parquet": shuffled_sample(tmp_path_factory, "parquet", "--num_piles=4", records=600, files=2,
-                                   record_bytes=60),
+        "parquet": shuffled_sample(
+            tmp_path_factory, "parquet", "--num_piles=4", records=600, files=2, record_bytes=60
+        ),
     }
 
 
@@ -50,12 +59,18 @@ def round_robin(parts):
 def in_process(output, num_workers, batch_size, **batches):
     """Each worker's part read in this process, dealt as a DataLoader deals them."""
     ds = ShuffledDataset(output, seed=3, epoch=1)
-    return round_robin(ds.for_worker(w, num_workers).batches(batch_size, **batches) for w in range(num_workers))
+    return round_robin(
+        ds.for_worker(w, num_workers).batches(batch_size, **batches) for w in range(num_workers)
+    )
 
 
-@pytest.mark.parametrize("fmt,num_workers,drop_last", [("tfrecord", 2, False), ("tfrecord", 3, True),
-                                                       ("tfrecord", 1, False), ("jsonl", 2, True)])
-def test_byte_batches_through_workers_are_the_in_process_batches(outputs, fmt, num_workers, drop_last):
+@pytest.mark.parametrize(
+    "fmt,num_workers,drop_last",
+    [("tfrecord", 2, False), ("tfrecord", 3, True), ("tfrecord", 1, False), ("jsonl", 2, True)],
+)
+def test_byte_batches_through_workers_are_the_in_process_batches(
+    outputs, fmt, num_workers, drop_last
+):
     tds = ShuffledDataset(outputs[fmt], seed=3, epoch=1).torch(batch_size=32, drop_last=drop_last)
     received = list(DataLoader(tds, batch_size=None, num_workers=num_workers))
     assert all(type(batch) is list and all(type(r) is bytes for r in batch) for batch in received)
@@ -72,25 +87,47 @@ def test_parquet_columns_through_workers_are_the_in_process_columns(outputs):
     for got, want in zip(received, expected):
         assert list(got) == list(want)
         for name, column in want.items():
-            if column.dtype == object:  # strings and binary: numpy object arrays, as in the main process
+            if (
+                column.dtype == object
+            ):  # strings and binary: numpy object arrays, as in the main process
                 assert got[name].dtype == object and got[name].tolist() == column.tolist()
             else:
-                assert isinstance(got[name], torch.Tensor) and np.array_equal(got[name].numpy(), column)
+                assert isinstance(got[name], torch.Tensor) and np.array_equal(
+                    got[name].numpy(), column
+                )
                 assert got[name].numpy().dtype == column.dtype
 
 
 def test_parquet_record_batches_through_workers_keep_their_order(outputs):
     tds = ShuffledDataset(outputs["parquet"], seed=3, epoch=1).torch(batch_size=50, as_numpy=False)
     received = list(DataLoader(tds, batch_size=None, num_workers=2))
-    assert [b.to_pydict() for b in received] == [b.to_pydict() for b in in_process(outputs["parquet"], 2, 50)]
+    assert [b.to_pydict() for b in received] == [
+        b.to_pydict() for b in in_process(outputs["parquet"], 2, 50)
+    ]
 
 
 def test_array_batches_are_list_batches():
-    sizes = [64, 40, 24, 50, 50, 10, 0, 3]  # pieces a step boundary cuts, pieces past a batch, an empty one
+    sizes = [
+        64,
+        40,
+        24,
+        50,
+        50,
+        10,
+        0,
+        3,
+    ]  # pieces a step boundary cuts, pieces past a batch, an empty one
     tables, start = [], 0
     for n in sizes:
-        tables.append(pa.table({"payload": pa.array([b"r%d-" % i * (i % 7) for i in range(start, start + n)],
-                                                    pa.binary_view())}))
+        tables.append(
+            pa.table(
+                {
+                    "payload": pa.array(
+                        [b"r%d-" % i * (i % 7) for i in range(start, start + n)], pa.binary_view()
+                    )
+                }
+            )
+        )
         start += n
     arrays = list(array_batches(tables, 64))
     assert [a.to_pylist() for a in arrays] == list(list_batches(tables, 64))
@@ -118,8 +155,12 @@ def _send_from_child(conn):
         conn.send_bytes(pickle.dumps(BytesOnArrival(batch(256, s), ring=True)))
     for s in range(200, 203):
         conn.recv_bytes()
-        conn.send_bytes(pickle.dumps(BytesOnArrival(batch(1200, s), ring=True)))  # > 1/8 of the ring: a bigger ring
-    arrow = pa.record_batch({"index": np.arange(300), "payload": pa.array(records(300, 9))}).slice(7, 250)
+        conn.send_bytes(
+            pickle.dumps(BytesOnArrival(batch(1200, s), ring=True))
+        )  # > 1/8 of the ring: a bigger ring
+    arrow = pa.record_batch({"index": np.arange(300), "payload": pa.array(records(300, 9))}).slice(
+        7, 250
+    )
     conn.recv_bytes()
     conn.send_bytes(pickle.dumps(ArrowOnArrival(arrow, ring=True)))
     conn.close()
@@ -128,25 +169,35 @@ def _send_from_child(conn):
 @pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="shared memory rings need memfd_create")
 def test_the_ring_hands_out_releases_wraps_grows_and_overflows_into_pickles():
     parent, child = multiprocessing.Pipe()
-    process = multiprocessing.get_context("fork").Process(target=_send_from_child, args=(child,), daemon=True)
+    process = multiprocessing.get_context("fork").Process(
+        target=_send_from_child, args=(child,), daemon=True
+    )
     process.start()
     try:
         sizes = []
-        for s in range(24):  # all pickled before any arrived: 16 fit the ring, the rest travel inside
+        for s in range(
+            24
+        ):  # all pickled before any arrived: 16 fit the ring, the rest travel inside
             message = parent.recv_bytes()
             sizes.append(len(message))
             assert pickle.loads(message) == batch(256, s).to_pylist()
         fit = sum(n < SMALL for n in sizes)  # ~258 KB each (random sizes) in 4 MiB
-        assert RING_BYTES // 300_000 <= fit <= RING_BYTES // 200_000 and all(n < SMALL for n in sizes[:fit - 2])
+        assert RING_BYTES // 300_000 <= fit <= RING_BYTES // 200_000 and all(
+            n < SMALL for n in sizes[: fit - 2]
+        )
         assert all(n > 100_000 for n in sizes if n >= SMALL)
-        for s in range(100, 203):  # 100 x ~256 KB through a 4 MiB ring: six laps, then a bigger ring
+        for s in range(
+            100, 203
+        ):  # 100 x ~256 KB through a 4 MiB ring: six laps, then a bigger ring
             parent.send_bytes(b"next")
             message = parent.recv_bytes()
             assert len(message) < SMALL
             assert pickle.loads(message) == batch(256 if s < 200 else 1200, s).to_pylist()
         parent.send_bytes(b"next")
         message = parent.recv_bytes()
-        arrow = pa.record_batch({"index": np.arange(300), "payload": pa.array(records(300, 9))}).slice(7, 250)
+        arrow = pa.record_batch(
+            {"index": np.arange(300), "payload": pa.array(records(300, 9))}
+        ).slice(7, 250)
         assert len(message) < SMALL + 1000 and pickle.loads(message).equals(arrow)
     finally:
         process.join(30)
@@ -157,8 +208,14 @@ def test_the_ring_hands_out_releases_wraps_grows_and_overflows_into_pickles():
 def test_pickled_outside_a_worker_a_batch_carries_its_bytes():
     array = batch(100, 1)
     message = pickle.dumps(BytesOnArrival(array))
-    assert len(message) > sum(map(len, array.to_pylist())) and pickle.loads(message) == array.to_pylist()
-    assert list(BytesOnArrival(array)) == array.to_pylist() and BytesOnArrival(array)[3] == array[3].as_py()
+    assert (
+        len(message) > sum(map(len, array.to_pylist()))
+        and pickle.loads(message) == array.to_pylist()
+    )
+    assert (
+        list(BytesOnArrival(array)) == array.to_pylist()
+        and BytesOnArrival(array)[3] == array[3].as_py()
+    )
     assert pickle.loads(pickle.dumps(BytesOnArrival(array.slice(7, 0), ring=True))) == []
     empty_records = pa.array([b"", b""], pa.large_binary())
     assert pickle.loads(pickle.dumps(BytesOnArrival(empty_records, ring=True))) == [b"", b""]
@@ -174,6 +231,10 @@ def pickled_and_payload_bytes(batch):
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_worker_batches_cross_as_their_place_in_shared_memory(outputs, fmt):
     tds = ShuffledDataset(outputs[fmt], seed=3, epoch=1).torch(batch_size=64)
-    sizes = list(DataLoader(tds, batch_size=None, num_workers=2, collate_fn=pickled_and_payload_bytes))
-    assert sum(held > 3000 for _, held in sizes) >= 8  # batches of 64 records of ~80 bytes (Parquet: ~56 a row)
+    sizes = list(
+        DataLoader(tds, batch_size=None, num_workers=2, collate_fn=pickled_and_payload_bytes)
+    )
+    assert (
+        sum(held > 3000 for _, held in sizes) >= 8
+    )  # batches of 64 records of ~80 bytes (Parquet: ~56 a row)
     assert all(pickled < PLACE for pickled, _ in sizes)  # not their bytes

@@ -2,20 +2,19 @@
 written by TensorFlow go straight into tf.io.parse_example; Parquet rows become dicts of
 tensors; the state after n consumed records resumes exactly although tf.data runs ahead."""
 
-import json
 import itertools
+import json
 import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
+from helpers import run_shuffle, shuffled_sample
 
 from pileshuffle.commands import sample
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.tf import chunk_records, state_in_epoch, tf_dtype
-
-from helpers import run_shuffle, shuffled_sample
 
 EXAMPLES = 900
 FEATURES = {
@@ -26,11 +25,17 @@ FEATURES = {
 
 
 def example(i):
-    return tf.train.Example(features=tf.train.Features(feature={
-        "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
-        "weight": tf.train.Feature(float_list=tf.train.FloatList(value=[i / 8])),
-        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"t%d" % i * (i % 7)])),
-    })).SerializeToString()
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                "weight": tf.train.Feature(float_list=tf.train.FloatList(value=[i / 8])),
+                "text": tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[b"t%d" % i * (i % 7)])
+                ),
+            }
+        )
+    ).SerializeToString()
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +47,24 @@ def examples(tmp_path_factory):
         with tf.io.TFRecordWriter(str(root / "in" / f"part-{f}.tfrecord")) as writer:
             for i in range(f, EXAMPLES, 3):
                 writer.write(example(i))
-    run_shuffle(str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), "--num_piles=5", "--seed=2")
+    run_shuffle(
+        str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), "--num_piles=5", "--seed=2"
+    )
     return str(root / "out" / "train")
 
 
 @pytest.fixture(scope="module")
 def parquet_output(tmp_path_factory):
-    return shuffled_sample(tmp_path_factory, "parquet", "--num_piles=3", records=500, files=2, record_bytes=60)
+    return shuffled_sample(
+        tmp_path_factory, "parquet", "--num_piles=3", records=500, files=2, record_bytes=60
+    )
 
 
 @pytest.fixture(scope="module")
 def jsonl_output(tmp_path_factory):
-    return shuffled_sample(tmp_path_factory, "jsonl", "--num_piles=3", records=400, files=2, record_bytes=50)
+    return shuffled_sample(
+        tmp_path_factory, "jsonl", "--num_piles=3", records=400, files=2, record_bytes=50
+    )
 
 
 def parsed_indexes(dataset):
@@ -68,10 +79,14 @@ def test_examples_parse_straight_from_the_records(examples):
     indexes = parsed_indexes(ds.tf())
     assert sorted(indexes) == list(range(EXAMPLES))
     ds.set_epoch(1)
-    assert indexes == [tf.train.Example.FromString(r).features.feature["index"].int64_list.value[0] for r in ds]
+    assert indexes == [
+        tf.train.Example.FromString(r).features.feature["index"].int64_list.value[0] for r in ds
+    ]
     batch = next(iter(ds.tf().batch(32).map(lambda x: tf.io.parse_example(x, FEATURES))))
     assert batch["weight"].numpy().tolist() == [i / 8 for i in batch["index"].numpy().tolist()]
-    assert [t for t in batch["text"].numpy()] == [b"t%d" % i * (i % 7) for i in batch["index"].numpy().tolist()]
+    assert [t for t in batch["text"].numpy()] == [
+        b"t%d" % i * (i % 7) for i in batch["index"].numpy().tolist()
+    ]
 
 
 @pytest.mark.parametrize("chunk", [8192, 64])  # 64: batches cut across the generator's chunks
@@ -79,7 +94,9 @@ def test_batches_are_the_same_records(examples, chunk, monkeypatch):
     monkeypatch.setattr("pileshuffle.loader.tf.CHUNK_RECORDS", chunk)
     ds = ShuffledDataset(examples, seed=4, epoch=1)
     batched = ds.tf(batch_size=50, drop_last=True)
-    assert batched.element_spec == tf.TensorSpec(shape=(50,), dtype=tf.string)  # static, as batch(drop_remainder=True)
+    assert batched.element_spec == tf.TensorSpec(
+        shape=(50,), dtype=tf.string
+    )  # static, as batch(drop_remainder=True)
     assert ds.tf(batch_size=50).element_spec == tf.TensorSpec(shape=(None,), dtype=tf.string)
     sizes = [int(b.shape[0]) for b in batched]
     assert sizes == [50] * (EXAMPLES // 50)
@@ -91,7 +108,10 @@ def test_batches_are_the_same_records(examples, chunk, monkeypatch):
 
 
 def test_split_by_rank(examples):
-    parts = [parsed_indexes(ShuffledDataset(examples, seed=4, rank=r, world_size=4).tf()) for r in range(4)]
+    parts = [
+        parsed_indexes(ShuffledDataset(examples, seed=4, rank=r, world_size=4).tf())
+        for r in range(4)
+    ]
     assert all(len(p) == EXAMPLES // 4 for p in parts)
     assert sorted(i for p in parts for i in p) == list(range(EXAMPLES))
 
@@ -111,9 +131,13 @@ def test_state_after_consumed_records_resumes_exactly(examples, consumed):
 def test_parquet_rows_are_dicts_of_tensors(parquet_output):
     ds = ShuffledDataset(parquet_output, seed=1, epoch=1)
     spec = ds.tf().element_spec
-    assert spec == {"index": tf.TensorSpec((), tf.int64), "label": tf.TensorSpec((), tf.int32),
-                    "weight": tf.TensorSpec((), tf.float64), "name": tf.TensorSpec((), tf.string),
-                    "payload": tf.TensorSpec((), tf.string)}
+    assert spec == {
+        "index": tf.TensorSpec((), tf.int64),
+        "label": tf.TensorSpec((), tf.int32),
+        "weight": tf.TensorSpec((), tf.float64),
+        "name": tf.TensorSpec((), tf.string),
+        "payload": tf.TensorSpec((), tf.string),
+    }
     rows = [{k: v.numpy() for k, v in row.items()} for row in ds.tf()]
     ds.set_epoch(1)
     expected = list(ds)
@@ -121,7 +145,11 @@ def test_parquet_rows_are_dicts_of_tensors(parquet_output):
     assert [r["name"].decode() for r in rows] == [e["name"] for e in expected]
     assert [r["payload"] for r in rows] == [e["payload"] for e in expected]
     assert [r["weight"] for r in rows] == [e["weight"] for e in expected]
-    batches = list(ShuffledDataset(parquet_output, seed=1, epoch=1, columns=["index", "label"]).tf(batch_size=128))
+    batches = list(
+        ShuffledDataset(parquet_output, seed=1, epoch=1, columns=["index", "label"]).tf(
+            batch_size=128
+        )
+    )
     assert set(batches[0]) == {"index", "label"} and batches[0]["label"].dtype == tf.int32
     assert sorted(i for b in batches for i in b["index"].numpy().tolist()) == list(range(500))
 
@@ -186,23 +214,41 @@ def test_state_in_an_epoch_resumed_elastically_continues_its_redealt_split(examp
         resumed = ShuffledDataset(examples, seed=4, epoch=1, rank=rank, world_size=3)
         resumed.load_state_dict(states[rank])
         seen += [r.numpy() for r in resumed.tf()]
-    assert len(seen) == len(set(seen)) and EXAMPLES - len(seen) < 3  # the redeal may drop < world_size
+    assert (
+        len(seen) == len(set(seen)) and EXAMPLES - len(seen) < 3
+    )  # the redeal may drop < world_size
 
 
 def test_parquet_nulls_are_refused_by_column(tmp_path):
     os.makedirs(tmp_path / "in")
-    table = pa.table({"index": pa.array(range(60)), "maybe": pa.array([None if i == 40 else i for i in range(60)])})
+    table = pa.table(
+        {
+            "index": pa.array(range(60)),
+            "maybe": pa.array([None if i == 40 else i for i in range(60)]),
+        }
+    )
     pq.write_table(table, str(tmp_path / "in" / "a.parquet"))
-    run_shuffle(str(tmp_path / "in" / "*.parquet"), str(tmp_path / "out" / "train"), "--format=parquet", "--num_piles=2")
+    run_shuffle(
+        str(tmp_path / "in" / "*.parquet"),
+        str(tmp_path / "out" / "train"),
+        "--format=parquet",
+        "--num_piles=2",
+    )
     assert len(list(ShuffledDataset(str(tmp_path / "out" / "train"), columns=["index"]).tf())) == 60
-    with pytest.raises(tf.errors.InvalidArgumentError, match="column .maybe. of .*train.* has null values"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="column .maybe. of .*train.* has null values"
+    ):
         list(ShuffledDataset(str(tmp_path / "out" / "train")).tf())
 
 
 def test_wide_records_come_in_smaller_chunks(parquet_output, tmp_path):
     assert chunk_records(ShuffledDataset(parquet_output)) == 8192  # ~60-byte rows
-    sample.write_tfrecord(str(tmp_path / "in"), records=20, files=1, record_bytes=1 << 20)  # 1 MiB records
-    run_shuffle(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train"), "--num_piles=2")
+    sample.write_tfrecord(
+        str(tmp_path / "in"), records=20, files=1, record_bytes=1 << 20
+    )  # 1 MiB records
+    run_shuffle(
+        str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train"), "--num_piles=2"
+    )
     wide = ShuffledDataset(str(tmp_path / "out" / "train"))
     assert chunk_records(wide) == 8  # 8 MiB per generator step, not 8,192 MiB
     assert len([r for r in wide.tf()]) == 20

@@ -14,11 +14,11 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import kill_when, refused, run_shuffle, shards, succeeded, write_animals
-from pileshuffle.commands import sample
+
 from pileshuffle.cli import COMMANDS
 from pileshuffle.cli import main as pileshuffle
+from pileshuffle.commands import sample
 from pileshuffle.commands.options import CONCEPTS
 
 
@@ -35,7 +35,9 @@ def finished(tmp_path_factory):
 
 # --- one name for one concept --------------------------------------------------------------------
 
-_DECLARED = re.compile(r"^  --([a-z_]+)(?: (\S+))?  \(")  # an option's line in every command's --help
+_DECLARED = re.compile(
+    r"^  --([a-z_]+)(?: (\S+))?  \("
+)  # an option's line in every command's --help
 
 
 def offered_options(capsys) -> dict:
@@ -55,8 +57,13 @@ def offered_options(capsys) -> dict:
             declared = _DECLARED.match(line)
             if declared:
                 name, value = declared.groups()
-                found[name] = ("flag" if value is None else
-                               frozenset(value.strip("{}").split(",")) - {"auto"} if value.startswith("{") else value)
+                found[name] = (
+                    "flag"
+                    if value is None
+                    else frozenset(value.strip("{}").split(",")) - {"auto"}
+                    if value.startswith("{")
+                    else value
+                )
         assert found or command == "metadata", f"{command} --help lists no option"
         offered[command] = found
     return offered
@@ -65,8 +72,12 @@ def offered_options(capsys) -> dict:
 def test_no_command_offers_another_name_for_a_concept_and_shared_options_take_one_form(capsys):
     offered = offered_options(capsys)
     synonyms = {synonym: name for name, others in CONCEPTS.items() for synonym in others}
-    other_names = [f"{command} --{option} (the name is --{synonyms[option]})"
-                   for command, options in offered.items() for option in options if option in synonyms]
+    other_names = [
+        f"{command} --{option} (the name is --{synonyms[option]})"
+        for command, options in offered.items()
+        for option in options
+        if option in synonyms
+    ]
     assert other_names == [], other_names
     every_option = {option for options in offered.values() for option in options}
     assert set(CONCEPTS) <= every_option, f"names no command offers: {set(CONCEPTS) - every_option}"
@@ -76,16 +87,26 @@ def test_no_command_offers_another_name_for_a_concept_and_shared_options_take_on
             forms.setdefault(option, {}).setdefault(form, []).append(command)
     differing = {option: by_form for option, by_form in forms.items() if len(by_form) > 1}
     assert differing == {}, f"options that take another value in another command: {differing}"
-    assert len([o for o in forms if sum(map(len, forms[o].values())) > 1]) >= 8  # the check has something to compare
+    assert (
+        len([o for o in forms if sum(map(len, forms[o].values())) > 1]) >= 8
+    )  # the check has something to compare
 
 
 def test_quality_takes_label_field_as_run_does_and_answers_label_with_it(tmp_path, capsys):
     pattern = write_animals(tmp_path)
     run_shuffle(pattern, str(tmp_path / "out" / "t"), "--num_piles=2")
-    out, _ = succeeded(capsys, "quality", f"--input={pattern}", f"--output={tmp_path}/out/t", "--label_field=animal",
-                       "--sample=500")
+    out, _ = succeeded(
+        capsys,
+        "quality",
+        f"--input={pattern}",
+        f"--output={tmp_path}/out/t",
+        "--label_field=animal",
+        "--sample=500",
+    )
     assert "field 'animal'" in out
-    err = refused(capsys, "quality", f"--input={pattern}", f"--output={tmp_path}/out/t", "--label=animal")
+    err = refused(
+        capsys, "quality", f"--input={pattern}", f"--output={tmp_path}/out/t", "--label=animal"
+    )
     assert "unknown option --label (did you mean --label_field?)" in err
 
 
@@ -114,15 +135,24 @@ def test_every_command_has_a_usage_error_case():
 def test_a_usage_error_exits_2_in_every_command(finished, tmp_path, capsys, command):
     err = refused(capsys, command, *USAGE_ERRORS[command](finished, tmp_path))
     assert "FAILED" not in err and "problem(s)" not in err
-    assert not (tmp_path / "o").exists() and not (tmp_path / "m").exists() and not (tmp_path / "g").exists()
+    assert (
+        not (tmp_path / "o").exists()
+        and not (tmp_path / "m").exists()
+        and not (tmp_path / "g").exists()
+    )
 
 
-def test_verify_of_a_store_against_a_pattern_that_matches_nothing_is_a_usage_error(finished, capsys):
-    err = refused(capsys, "verify", "--input", f"{finished}/nothere/*", "--output", f"{finished}/st/train")
+def test_verify_of_a_store_against_a_pattern_that_matches_nothing_is_a_usage_error(
+    finished, capsys
+):
+    err = refused(
+        capsys, "verify", "--input", f"{finished}/nothere/*", "--output", f"{finished}/st/train"
+    )
     assert f"{finished}/nothere/*: matches no file" in err and "FAILED" not in err
 
 
 # --- verify: each missing file once, the totals once, one way to write numbers -------------------
+
 
 def test_a_deleted_shard_is_named_once_and_the_totals_once(finished, tmp_path, capsys):
     shutil.copytree(finished / "out", tmp_path / "out")
@@ -136,8 +166,12 @@ def test_a_deleted_shard_is_named_once_and_the_totals_once(finished, tmp_path, c
     failed = [line for line in err.splitlines() if "FAILED" in line]
     assert len(failed) == 2, err
     assert err.count(gone) == 1 and f"{listed['records']:,} records" in failed[0], err
-    assert "the shards present hold" in failed[1] and "3,000" in failed[1] and "fingerprint" not in err, err
-    assert re.findall(r"\b\d{4,}\b", err.replace(gone, "")) == [], f"a number without separators: {err}"
+    assert (
+        "the shards present hold" in failed[1] and "3,000" in failed[1] and "fingerprint" not in err
+    ), err
+    assert re.findall(r"\b\d{4,}\b", err.replace(gone, "")) == [], (
+        f"a number without separators: {err}"
+    )
 
 
 def test_a_damaged_shard_is_named_once(finished, tmp_path, capsys):
@@ -150,31 +184,60 @@ def test_a_damaged_shard_is_named_once(finished, tmp_path, capsys):
     capsys.readouterr()
     assert pileshuffle(["verify", f"--input={finished}/in/*.jsonl", f"--output={output}"]) == 1
     err = capsys.readouterr().err
-    assert len([line for line in err.splitlines() if "FAILED" in line]) == 1 and err.count(damaged) == 1, err
+    assert (
+        len([line for line in err.splitlines() if "FAILED" in line]) == 1
+        and err.count(damaged) == 1
+    ), err
 
 
 # --- an unfinished run -----------------------------------------------------------------------------
 
-def test_a_killed_run_is_named_by_verify_info_and_the_loader_with_the_command_that_finishes_it(tmp_path, capsys):
+
+def test_a_killed_run_is_named_by_verify_info_and_the_loader_with_the_command_that_finishes_it(
+    tmp_path, capsys
+):
     from pileshuffle.loader import ShuffledDataset
     from pileshuffle.loader.piles import NoOutputError
     from pileshuffle.names import output_lock_path, staging_dir
 
     sample.write_jsonl(str(tmp_path / "in"), records=60_000, files=2, record_bytes=100)
     output = str(tmp_path / "out" / "train")
-    command = [sys.executable, "-m", "pileshuffle", "run", f"--input={tmp_path}/in/*.jsonl", f"--output={output}",
-               "--num_piles=32", "--memory=1MiB", "--quiet"]
-    killed = kill_when(command, lambda: os.path.exists(output_lock_path(output)) and os.path.isdir(staging_dir(output)))
-    assert killed and not os.path.exists(f"{output}-manifest.json"), "the run finished before it could be killed"
-    said = [refused(capsys, "verify", f"--output={output}"), refused(capsys, "info", f"--output={output}")]
+    command = [
+        sys.executable,
+        "-m",
+        "pileshuffle",
+        "run",
+        f"--input={tmp_path}/in/*.jsonl",
+        f"--output={output}",
+        "--num_piles=32",
+        "--memory=1MiB",
+        "--quiet",
+    ]
+    killed = kill_when(
+        command,
+        lambda: os.path.exists(output_lock_path(output)) and os.path.isdir(staging_dir(output)),
+    )
+    assert killed and not os.path.exists(f"{output}-manifest.json"), (
+        "the run finished before it could be killed"
+    )
+    said = [
+        refused(capsys, "verify", f"--output={output}"),
+        refused(capsys, "info", f"--output={output}"),
+    ]
     with pytest.raises(NoOutputError) as loader:
         ShuffledDataset(output)
     said.append(str(loader.value))
     for text in said:
-        assert "an unfinished run is there" in text and f"--output={output}" in text, text  # the run's own command
-        assert "stopped before it published" in text and "run that command again to finish it" in text, text
+        assert "an unfinished run is there" in text and f"--output={output}" in text, (
+            text
+        )  # the run's own command
+        assert (
+            "stopped before it published" in text and "run that command again to finish it" in text
+        ), text
         assert staging_dir(output) in text and output_lock_path(output) in text, text
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)  # as the message says
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600
+    )  # as the message says
     assert done.returncode == 0, done.stderr
     succeeded(capsys, "verify", f"--input={tmp_path}/in/*.jsonl", f"--output={output}")
 
@@ -186,13 +249,23 @@ def test_a_run_still_writing_is_named_as_one(finished, tmp_path, capsys):
     os.makedirs(tmp_path / "out")
     with OutputLock(output, "pileshuffle run --output elsewhere").held():
         err = refused(capsys, "verify", f"--output={output}")
-    assert "is writing it now" in err and f"pid {os.getpid()}" in err and "wait for it to publish" in err
+    assert (
+        "is writing it now" in err
+        and f"pid {os.getpid()}" in err
+        and "wait for it to publish" in err
+    )
 
 
 # --- verify says what dedup compared ---------------------------------------------------------------
 
-@pytest.mark.parametrize("option, compared", [("--dedup_key=url", "a 64-bit hash of their 'url' value"),
-                                              ("--dedup=exact", "a 64-bit hash of their content")])
+
+@pytest.mark.parametrize(
+    "option, compared",
+    [
+        ("--dedup_key=url", "a 64-bit hash of their 'url' value"),
+        ("--dedup=exact", "a 64-bit hash of their content"),
+    ],
+)
 def test_verify_of_a_dedup_output_names_what_was_compared(tmp_path, capsys, option, compared):
     (tmp_path / "in").mkdir()
     lines = [json.dumps({"url": f"u{i % 7}", "text": f"t{i % 5}"}) + "\n" for i in range(200)]
@@ -206,19 +279,31 @@ def test_verify_of_a_dedup_output_names_what_was_compared(tmp_path, capsys, opti
 
 # --- a re-run that does nothing --------------------------------------------------------------------
 
-def test_a_rerun_that_does_nothing_says_when_the_output_was_made_not_its_old_speed(finished, tmp_path, capsys):
-    argv = ["run", f"--input={finished}/in/*.jsonl", f"--output={tmp_path}/o/t", "--num_piles=2", "--quiet"]
+
+def test_a_rerun_that_does_nothing_says_when_the_output_was_made_not_its_old_speed(
+    finished, tmp_path, capsys
+):
+    argv = [
+        "run",
+        f"--input={finished}/in/*.jsonl",
+        f"--output={tmp_path}/o/t",
+        "--num_piles=2",
+        "--quiet",
+    ]
     first, _ = succeeded(capsys, *argv)
     assert "MB/s" in first
     made = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc).timestamp()
     os.utime(f"{tmp_path}/o/t-manifest.json", (made, made))
     out, err = succeeded(capsys, *argv)
     assert "nothing to do" in err and "finished 2026-01-02 03:04:05 UTC" in err, err
-    assert "finished  2026-01-02 03:04:05 UTC" in out and "MB/s" not in out and "time " not in out, out
+    assert (
+        "finished  2026-01-02 03:04:05 UTC" in out and "MB/s" not in out and "time " not in out
+    ), out
     assert "records   3,000" in out
 
 
 # --- a comma in a path -----------------------------------------------------------------------------
+
 
 def test_an_unescaped_comma_in_a_path_names_the_escape(finished, tmp_path, capsys):
     (tmp_path / "c,omma").mkdir()
@@ -226,5 +311,10 @@ def test_an_unescaped_comma_in_a_path_names_the_escape(finished, tmp_path, capsy
     err = refused(capsys, "plan", f"--input={tmp_path}/c,omma/*", f"--output={tmp_path}/o/t")
     assert f"{tmp_path}/c: does not exist" in err and f"--input '{tmp_path}/c\\,omma/*'" in err, err
     succeeded(capsys, "plan", f"--input={tmp_path}/c\\,omma/*", f"--output={tmp_path}/o/t")
-    err = refused(capsys, "plan", f"--input={finished}/in/*.jsonl,{tmp_path}/nothere/*", f"--output={tmp_path}/o/t")
+    err = refused(
+        capsys,
+        "plan",
+        f"--input={finished}/in/*.jsonl,{tmp_path}/nothere/*",
+        f"--output={tmp_path}/o/t",
+    )
     assert "\\," not in err, err  # the comma is between two patterns: no escape to suggest

@@ -16,16 +16,16 @@ import sys
 import time
 
 import pytest
-
 from helpers import manifest, shards
+
 from pileshuffle.commands import sample
-from pileshuffle.io import storage
-from pileshuffle.commands.run import pipeline_options
 from pileshuffle.commands.output_lock import taken_output
-from pileshuffle.planning.plan import make_plan
-from pileshuffle.planning.runners import local_defaults
+from pileshuffle.commands.run import pipeline_options
 from pileshuffle.commands.running import new_pipeline
 from pileshuffle.engine.transforms.graph import build
+from pileshuffle.io import storage
+from pileshuffle.planning.plan import make_plan
+from pileshuffle.planning.runners import local_defaults
 
 JOB = "pileshuffle-20261127-120000-abc123"
 
@@ -33,35 +33,56 @@ JOB = "pileshuffle-20261127-120000-abc123"
 def launched(output: str, work_dir: str):
     """What a Dataflow launch leaves: the output's lock handed to its job, and the job's work
     folder with something in it (the job is running). Returns the lock's token."""
-    with taken_output(output, False, work_dir, "pileshuffle run --runner DataflowRunner", job=JOB) as token:
-        storage.write_whole(storage.join(work_dir, "fragments", "s000000-r00000.run"), b"a running job's run")
+    with taken_output(
+        output, False, work_dir, "pileshuffle run --runner DataflowRunner", job=JOB
+    ) as token:
+        storage.write_whole(
+            storage.join(work_dir, "fragments", "s000000-r00000.run"), b"a running job's run"
+        )
     return token
 
 
 def cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "pileshuffle", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "pileshuffle", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.parametrize("where", ["local", "gs"])
-def test_a_launch_on_an_output_whose_job_runs_is_refused_and_its_work_is_kept(tmp_path, where, request):
+def test_a_launch_on_an_output_whose_job_runs_is_refused_and_its_work_is_kept(
+    tmp_path, where, request
+):
     root = request.getfixturevalue("gcs") if where == "gs" else str(tmp_path)
     sample.write_jsonl(f"{root}/in", records=200, files=2)
     output = f"{root}/out/data"
-    work_dir = make_plan(pipeline_options([f"--input={root}/in/*.jsonl", f"--output={output}"])).work_dir
+    work_dir = make_plan(
+        pipeline_options([f"--input={root}/in/*.jsonl", f"--output={output}"])
+    ).work_dir
     launched(output, work_dir)
     lock = f"{output}.pileshuffle-lock"
     holder = storage.read_json(lock)
     assert holder["job"] == JOB and holder["command"] == "pileshuffle run --runner DataflowRunner"
-    done = cli("run", f"--input={root}/in/*.jsonl", f"--output={output}", "--num_piles=2", "--quiet")
+    done = cli(
+        "run", f"--input={root}/in/*.jsonl", f"--output={output}", "--num_piles=2", "--quiet"
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert f"output {output} is locked by Dataflow job {JOB}" in line
     assert "which may still be running" in line and f"delete {lock} to take the output over" in line
-    assert storage.exists(storage.join(work_dir, "fragments", "s000000-r00000.run"))  # the job's work is untouched
-    assert storage.exists(lock) and shards(output) == [] if where == "local" else storage.exists(lock)
+    assert storage.exists(
+        storage.join(work_dir, "fragments", "s000000-r00000.run")
+    )  # the job's work is untouched
+    assert (
+        storage.exists(lock) and shards(output) == [] if where == "local" else storage.exists(lock)
+    )
     storage.delete([lock])  # the job has ended: the output is taken over as the message says
-    again = cli("run", f"--input={root}/in/*.jsonl", f"--output={output}", "--num_piles=2", "--quiet")
+    again = cli(
+        "run", f"--input={root}/in/*.jsonl", f"--output={output}", "--num_piles=2", "--quiet"
+    )
     assert again.returncode == 0, again.stderr
     assert not storage.exists(lock) and storage.match(f"{work_dir}/**") == []
 
@@ -71,7 +92,9 @@ def test_the_job_releases_the_lock_it_was_handed_once_it_has_published(tmp_path)
     publishes, removes its work, then releases the lock; a lock of another holder is left alone."""
     sample.write_jsonl(str(tmp_path / "in"), records=300, files=2)
     output = str(tmp_path / "out" / "data")
-    options = local_defaults(pipeline_options([f"--input={tmp_path}/in/*.jsonl", f"--output={output}", "--num_piles=3"]))
+    options = local_defaults(
+        pipeline_options([f"--input={tmp_path}/in/*.jsonl", f"--output={output}", "--num_piles=3"])
+    )
     plan = make_plan(options)
     lock = f"{output}.pileshuffle-lock"
     for token, released in (("another holder's token", False), (None, True)):
@@ -108,8 +131,15 @@ def test_a_template_build_and_a_waited_run_hand_nothing_over():
     local or Dask run, and not a Dataflow run this process waits for."""
     from pileshuffle.planning.runners import outliving_job
 
-    base = ["--input=gs://b/in/*", "--output=gs://b/out/o", "--runner=DataflowRunner", "--project=p-123",
-            "--region=us-central1", "--temp_location=gs://b/tmp", "--job_name=my-job"]
+    base = [
+        "--input=gs://b/in/*",
+        "--output=gs://b/out/o",
+        "--runner=DataflowRunner",
+        "--project=p-123",
+        "--region=us-central1",
+        "--temp_location=gs://b/tmp",
+        "--job_name=my-job",
+    ]
     assert outliving_job(pipeline_options(base)) == "my-job"
     assert outliving_job(pipeline_options(base + ["--template_location=gs://b/t.json"])) is None
     assert outliving_job(pipeline_options(base), wait=True) is None

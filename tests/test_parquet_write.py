@@ -11,16 +11,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import assert_nothing_published, manifest, run_shuffle, shard_bytes, shards
 
-from helpers import FAST, assert_nothing_published, manifest, run_shuffle, shard_bytes, shards
 from pileshuffle import names
 from pileshuffle.commands import sample
-from pileshuffle.io import storage
-from pileshuffle.io.checksums import Crc32cWriter, crc32c_hex
 from pileshuffle.errors import OutputError
 from pileshuffle.formats import get_format
 from pileshuffle.formats.parquet import _SINK_BUFFER_BYTES
-from pileshuffle.formats.parquet_layout import WRITE_BATCH_ROWS, dictionary_columns, expected_distinct
+from pileshuffle.formats.parquet_layout import (
+    WRITE_BATCH_ROWS,
+    dictionary_columns,
+    expected_distinct,
+)
+from pileshuffle.io import storage
+from pileshuffle.io.checksums import Crc32cWriter, crc32c_hex
 
 PAGE_BOUND = (1 << 20) + 1024 * 1100  # Arrow's 1 MiB data page plus one write batch of 1,024 rows
 
@@ -67,11 +71,17 @@ def test_the_shard_is_arrows_bytes_and_its_crc32c_is_the_files(tmp_path):
     table = wide_rows(9_000)
     path = str(tmp_path / "shard.parquet")
     with Crc32cWriter(storage.open_write(path)) as handle:
-        get_format("parquet").write_shard(handle, iter([table.slice(0, 7), table.slice(7, 5000), table.slice(5007)]),
-                                          "snappy")
+        get_format("parquet").write_shard(
+            handle, iter([table.slice(0, 7), table.slice(7, 5000), table.slice(5007)]), "snappy"
+        )
     memory = pa.BufferOutputStream()
-    with pq.ParquetWriter(memory, table.schema, compression="snappy", use_dictionary=["label"],
-                          write_batch_size=WRITE_BATCH_ROWS) as writer:
+    with pq.ParquetWriter(
+        memory,
+        table.schema,
+        compression="snappy",
+        use_dictionary=["label"],
+        write_batch_size=WRITE_BATCH_ROWS,
+    ) as writer:
         writer.write_table(table, row_group_size=table.num_rows)
     data = open(path, "rb").read()
     assert data == memory.getvalue().to_pybytes()
@@ -82,15 +92,22 @@ def mixed_columns(rows: int) -> pa.Table:
     """Columns of every kind ``dictionary_columns`` tells apart, in a shuffled order."""
     rng = np.random.default_rng(7)
     words = [bytes([65 + i % 26]) * 2000 + str(i).encode() for i in range(50)]
-    return pa.table({
-        "label": pa.array(rng.integers(0, 10, rows), pa.int32()),
-        "category": pa.array(rng.integers(0, 3000, rows)),  # 3,000 values among 20,000 rows
-        "id": pa.array(rng.permutation(rows)),
-        "weight": pa.array(rng.random(rows)),
-        "word": pa.array([words[i] for i in rng.integers(0, 50, rows)], pa.binary()),  # 50 values of 2 KB
-        "payload": pa.array([rng.bytes(300) for _ in range(rows)], pa.binary()),
-        "tags": pa.array([[int(i % 3)] * int(i % 4) for i in rng.integers(0, 100, rows)], pa.list_(pa.int64())),
-    })
+    return pa.table(
+        {
+            "label": pa.array(rng.integers(0, 10, rows), pa.int32()),
+            "category": pa.array(rng.integers(0, 3000, rows)),  # 3,000 values among 20,000 rows
+            "id": pa.array(rng.permutation(rows)),
+            "weight": pa.array(rng.random(rows)),
+            "word": pa.array(
+                [words[i] for i in rng.integers(0, 50, rows)], pa.binary()
+            ),  # 50 values of 2 KB
+            "payload": pa.array([rng.bytes(300) for _ in range(rows)], pa.binary()),
+            "tags": pa.array(
+                [[int(i % 3)] * int(i % 4) for i in rng.integers(0, 100, rows)],
+                pa.list_(pa.int64()),
+            ),
+        }
+    )
 
 
 def test_only_columns_whose_values_repeat_get_a_dictionary():
@@ -98,7 +115,11 @@ def test_only_columns_whose_values_repeat_get_a_dictionary():
     table = mixed_columns(20_000)
     get_format("parquet").write_shard(handle, iter([table]), "snappy")
     group = pq.ParquetFile(pa.BufferReader(bytes(handle.data))).metadata.row_group(0)
-    with_dictionary = {group.column(i).path_in_schema for i in range(group.num_columns) if group.column(i).has_dictionary_page}
+    with_dictionary = {
+        group.column(i).path_in_schema
+        for i in range(group.num_columns)
+        if group.column(i).has_dictionary_page
+    }
     assert with_dictionary == {"label", "category", "word"}
     assert pq.read_table(pa.BufferReader(bytes(handle.data))).equals(table)
 
@@ -112,7 +133,9 @@ def test_a_small_shard_decides_on_all_its_rows():
     assert abs(expected_distinct(1000, 1000) - 1000 * (1 - (1 - 1 / 1000) ** 1000)) < 1e-9
 
 
-@pytest.mark.parametrize("cuts", [[1, 2, 3], [1023, 1024, 1025, 5000], [4096, 4097], [9, 10_000, 19_999]])
+@pytest.mark.parametrize(
+    "cuts", [[1, 2, 3], [1023, 1024, 1025, 5000], [4096, 4097], [9, 10_000, 19_999]]
+)
 def test_rows_cut_anywhere_give_the_same_file(cuts):
     """Pass 2 hands a pile over in tables cut where its runs or sub-piles end: plain, dictionary
     and nested columns give the same pages however the rows are cut."""
@@ -120,7 +143,9 @@ def test_rows_cut_anywhere_give_the_same_file(cuts):
     whole, cut = Recording(), Recording()
     get_format("parquet").write_shard(whole, iter([table]), "snappy")
     bounds = [0, *cuts, table.num_rows]
-    get_format("parquet").write_shard(cut, iter([table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]), "snappy")
+    get_format("parquet").write_shard(
+        cut, iter([table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]), "snappy"
+    )
     assert cut.data == whole.data
 
 
@@ -130,22 +155,33 @@ def test_a_split_pile_gives_the_file_of_the_pile_whole(tmp_path):
     sample.write_parquet(str(tmp_path / "in"), records=20_000, files=2, record_bytes=1000)
     pattern = str(tmp_path / "in" / "*.parquet")
     run_shuffle(pattern, str(tmp_path / "whole" / "o"), "--num_piles=2")
-    split = run_shuffle(pattern, str(tmp_path / "split" / "o"), "--num_piles=2", "--max_pile_bytes=4MiB")
+    split = run_shuffle(
+        pattern, str(tmp_path / "split" / "o"), "--num_piles=2", "--max_pile_bytes=4MiB"
+    )
     assert split["piles_split"] == 2
     assert shard_bytes(str(tmp_path / "split" / "o")) == shard_bytes(str(tmp_path / "whole" / "o"))
 
 
-def test_a_disk_that_fills_during_a_parquet_shard_names_the_output(small_tmpfs, tmp_path, monkeypatch):
+def test_a_disk_that_fills_during_a_parquet_shard_names_the_output(
+    small_tmpfs, tmp_path, monkeypatch
+):
     """12 MB of Parquet shards onto an 8 MB disk that the plan believes has room: the disk fills
     inside Arrow's writes; the run fails naming where it wrote, and publishes nothing."""
     import pileshuffle.planning.space as space_module
 
     sample.write_parquet(str(tmp_path / "in"), records=12_000, files=3, record_bytes=1000)
     usage = space_module.shutil.disk_usage(small_tmpfs)
-    monkeypatch.setattr(space_module.shutil, "disk_usage", lambda path: usage._replace(free=1 << 40))
+    monkeypatch.setattr(
+        space_module.shutil, "disk_usage", lambda path: usage._replace(free=1 << 40)
+    )
     output = os.path.join(small_tmpfs, "train")
     with pytest.raises(OutputError) as caught:
-        run_shuffle(str(tmp_path / "in" / "*.parquet"), output, "--num_piles=2", f"--temp_location={tmp_path / 'temp'}")
+        run_shuffle(
+            str(tmp_path / "in" / "*.parquet"),
+            output,
+            "--num_piles=2",
+            f"--temp_location={tmp_path / 'temp'}",
+        )
     message = str(caught.value)
     assert message.startswith(f"cannot write to {output}.pileshuffle-staging"), message
     assert "No space left on device" in message and "\n" not in message
@@ -162,5 +198,9 @@ def test_large_pages_on_gcs_give_the_local_bytes_and_crc32c(gcs, tmp_path):
     objects = [storage.read_buffer(shard["path"]).to_pybytes() for shard in remote["shards"]]
     assert objects == shard_bytes(str(tmp_path / "out" / "t"))
     assert [s["crc32c"] for s in remote["shards"]] == [crc32c_hex(data) for data in objects]
-    assert [s["crc32c"] for s in manifest(str(tmp_path / "out" / "t"))["shards"]] == [crc32c_hex(d) for d in objects]
-    assert len(shards(str(tmp_path / "out" / "t"))) == 2 and names.manifest_path(f"{gcs}/t").startswith("gs://")
+    assert [s["crc32c"] for s in manifest(str(tmp_path / "out" / "t"))["shards"]] == [
+        crc32c_hex(d) for d in objects
+    ]
+    assert len(shards(str(tmp_path / "out" / "t"))) == 2 and names.manifest_path(
+        f"{gcs}/t"
+    ).startswith("gs://")

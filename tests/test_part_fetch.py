@@ -10,15 +10,15 @@ import os
 import random
 from urllib.parse import unquote
 
+import delay_proxy
 import numpy as np
 import pyarrow as pa
 import pytest
 
-import delay_proxy
-from pileshuffle.io import part_fetch, storage
-from pileshuffle.errors import InputError
 from pileshuffle.engine.fragments import read_joined
 from pileshuffle.engine.runs import PileRuns
+from pileshuffle.errors import InputError
+from pileshuffle.io import part_fetch, storage
 
 DELAY = 0.03
 
@@ -39,6 +39,7 @@ def proxy(gcs_root):
 def through(proxy, monkeypatch):
     """A function that makes the reads after it go through the proxy, with its counts zeroed
     after one warm-up read of ``path`` (the bucket's first contact)."""
+
     def switch(path):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy)
         list(part_fetch.in_order([(path, 0, 1)]))
@@ -80,12 +81,15 @@ def sequential_round_trips(seen: list) -> int:
 def test_the_bytes_come_in_the_order_asked(gcs, through):
     written = objects(gcs, 12, 20_000)
     rng = random.Random(1)
-    asked = [(path, offset, length) for path in written
-             for offset, length in ((0, 700), (9_000, 4_000), (19_000, 1_000))]
+    asked = [
+        (path, offset, length)
+        for path in written
+        for offset, length in ((0, 700), (9_000, 4_000), (19_000, 1_000))
+    ]
     rng.shuffle(asked)
     through(next(iter(written)))
     got = [buffer.to_pybytes() for buffer in part_fetch.in_order(asked, in_flight=8)]
-    assert got == [written[path][offset:offset + length] for path, offset, length in asked]
+    assert got == [written[path][offset : offset + length] for path, offset, length in asked]
 
 
 def test_a_pile_read_from_runs_on_the_store_equals_it_read_locally(gcs, through, tmp_path):
@@ -96,8 +100,12 @@ def test_a_pile_read_from_runs_on_the_store_equals_it_read_locally(gcs, through,
         keys = rng.integers(0, 2**64 - 1, 300, dtype=np.uint64)
         payloads = [rng.bytes(int(n)) for n in rng.integers(10, 400, 300)]
         writer = PileRuns(3, 1 << 40, f"w{run:03d}", str(tmp_path), (run,))
-        writer.add(pa.table({"payload": pa.array(payloads, pa.binary())}), keys, keys,
-                   np.full(300, 100, np.uint64))
+        writer.add(
+            pa.table({"payload": pa.array(payloads, pa.binary())}),
+            keys,
+            keys,
+            np.full(300, 100, np.uint64),
+        )
         fragments += writer.flush()
     for name in os.listdir(tmp_path):
         storage.write_whole(f"{gcs}/{name}", (tmp_path / name).read_bytes())
@@ -116,14 +124,24 @@ def test_neighbours_in_one_object_are_one_request_and_other_objects_never_join(g
     gap."""
     written = objects(gcs, 2, 400_000)
     a, b = sorted(written)
-    asked = [(a, 0, 1_000), (b, 1_000, 500), (a, 1_000, 2_000), (a, 500, 100), (a, 0, 1_000),
-             (a, 3_000 + 60_000, 1_000), (b, 0, 1_000), (a, 300_000, 10)]
+    asked = [
+        (a, 0, 1_000),
+        (b, 1_000, 500),
+        (a, 1_000, 2_000),
+        (a, 500, 100),
+        (a, 0, 1_000),
+        (a, 3_000 + 60_000, 1_000),
+        (b, 0, 1_000),
+        (a, 300_000, 10),
+    ]
     through(a)
     got = [buffer.to_pybytes() for buffer in part_fetch.in_order(asked)]
-    assert got == [written[path][offset:offset + length] for path, offset, length in asked]
+    assert got == [written[path][offset : offset + length] for path, offset, length in asked]
     assert sorted(ranges_asked(counted()["seen"])) == [
-        ("run-0000", "bytes=0-63999"), ("run-0000", "bytes=300000-300009"),
-        ("run-0001", "bytes=0-1499")]
+        ("run-0000", "bytes=0-63999"),
+        ("run-0000", "bytes=300000-300009"),
+        ("run-0001", "bytes=0-1499"),
+    ]
 
 
 def test_the_requests_in_flight_stay_within_both_bounds(gcs, through):
@@ -184,14 +202,19 @@ def test_a_refusal_and_an_outage_keep_their_meaning(gcs, through):
         list(part_fetch.in_order([(path, 0, 10) for path in written] + [(refused, 0, 10)]))
     assert str(error.value).startswith(f"{refused}: permission denied")
     asked = [(path, 10, 100) for path in written] + [(flaky, 5, 20)]
-    assert [b.to_pybytes() for b in part_fetch.in_order(asked)] == \
-        [written[path][10:110] for path in written] + [b"f" * 20]
+    assert [b.to_pybytes() for b in part_fetch.in_order(asked)] == [
+        written[path][10:110] for path in written
+    ] + [b"f" * 20]
 
 
 def test_coalesce_orders_requests_by_the_first_range_each_serves():
     past_gap = 10 + part_fetch.GAP_BYTES + 1
-    asked = [("gs://b/y", 50, 10), ("gs://b/x", 0, 10), ("gs://b/y", 0, 10),
-             ("gs://b/x", past_gap, 5)]
+    asked = [
+        ("gs://b/y", 50, 10),
+        ("gs://b/x", 0, 10),
+        ("gs://b/y", 0, 10),
+        ("gs://b/x", past_gap, 5),
+    ]
     assert [(r.path, r.offset, r.length, r.parts) for r in part_fetch.coalesce(asked)] == [
         ("gs://b/y", 0, 60, ((0, 50, 10), (2, 0, 10))),
         ("gs://b/x", 0, 10, ((1, 0, 10),)),

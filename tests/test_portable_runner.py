@@ -13,8 +13,8 @@ import time
 import types
 
 import pytest
-
 from helpers import free_port, manifest, run_shuffle, shard_bytes, shards
+
 from pileshuffle.commands import sample
 
 READY_SECONDS = 120  # Beam's import alone takes seconds on a busy 2-core machine
@@ -31,9 +31,14 @@ def service_env():
 def start_service(args, log_path):
     """``python -m *args`` in a process group of its own, its output in ``log_path``."""
     with open(log_path, "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", *args], stdout=log,
-                                stderr=subprocess.STDOUT, env=service_env(),
-                                cwd=os.path.dirname(log_path), start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=service_env(),
+            cwd=os.path.dirname(log_path),
+            start_new_session=True,
+        )
 
 
 def wait_for_port(process, port, log_path):
@@ -95,17 +100,26 @@ def portable(tmp_path_factory):
         pool_port = free_port()
     job_log, pool_log = str(root / "job-service.log"), str(root / "worker-pool.log")
     (root / "staging").mkdir()
-    job_service = ["apache_beam.runners.portability.local_job_service_main", f"--port={job_port}",
-                   f"--staging_dir={root / 'staging'}"]
+    job_service = [
+        "apache_beam.runners.portability.local_job_service_main",
+        f"--port={job_port}",
+        f"--staging_dir={root / 'staging'}",
+    ]
     worker_pool = ["apache_beam.runners.worker.worker_pool_main", f"--service_port={pool_port}"]
     services = [(start_service(job_service, job_log), job_port, job_log)]
     try:
         services.append((start_service(worker_pool, pool_log), pool_port, pool_log))
         for process, port, log in services:
             wait_for_port(process, port, log)
-        yield types.SimpleNamespace(pool_log=pool_log, args=[
-            "--runner=PortableRunner", f"--job_endpoint=localhost:{job_port}",
-            "--environment_type=EXTERNAL", f"--environment_config=localhost:{pool_port}"])
+        yield types.SimpleNamespace(
+            pool_log=pool_log,
+            args=[
+                "--runner=PortableRunner",
+                f"--job_endpoint=localhost:{job_port}",
+                "--environment_type=EXTERNAL",
+                f"--environment_config=localhost:{pool_port}",
+            ],
+        )
     finally:
         for process, _, _ in services:
             stop_group(process)
@@ -130,10 +144,17 @@ def comparable(found):
 
 def portable_run(portable, pattern, output, args, cwd):
     """``pileshuffle run`` on the portable runner, as a subprocess; returns its stdout."""
-    command = [os.path.join(os.path.dirname(sys.executable), "pileshuffle"), "run",
-               f"--input={pattern}", f"--output={output}", *args, *portable.args]
-    done = subprocess.run(command, cwd=cwd, env=service_env(), capture_output=True, text=True,
-                          timeout=300)
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "pileshuffle"),
+        "run",
+        f"--input={pattern}",
+        f"--output={output}",
+        *args,
+        *portable.args,
+    ]
+    done = subprocess.run(
+        command, cwd=cwd, env=service_env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -150,10 +171,12 @@ CASES = {
 def inputs(tmp_path_factory):
     """``{format: glob}`` of three generated files of each format."""
     root = tmp_path_factory.mktemp("portable-in")
-    sample.write_tfrecord(str(root / "tfrecord"), records=3000, files=3, record_bytes=100,
-                          vary=True)
-    sample.write_parquet(str(root / "parquet"), records=2000, files=3, record_bytes=80,
-                         row_group_rows=300)
+    sample.write_tfrecord(
+        str(root / "tfrecord"), records=3000, files=3, record_bytes=100, vary=True
+    )
+    sample.write_parquet(
+        str(root / "parquet"), records=2000, files=3, record_bytes=80, row_group_rows=300
+    )
     return {fmt: str(root / fmt / f"*.{fmt}") for fmt in ("tfrecord", "parquet")}
 
 
@@ -162,8 +185,14 @@ def test_portable_runner_writes_the_local_runners_bytes(tmp_path, portable, inpu
     fmt, records, mode, piles, max_pile_bytes = CASES[case]
     local_out, portable_out = str(tmp_path / "local" / "out"), str(tmp_path / "portable" / "out")
     temp = tmp_path / "tmp"  # one machine: the SDK harness processes see the same path
-    args = [f"--format={fmt}", f"--num_piles={piles}", "--seed=11", f"--intermediate={mode}",
-            f"--max_pile_bytes={max_pile_bytes}", f"--temp_location={temp}"]
+    args = [
+        f"--format={fmt}",
+        f"--num_piles={piles}",
+        "--seed=11",
+        f"--intermediate={mode}",
+        f"--max_pile_bytes={max_pile_bytes}",
+        f"--temp_location={temp}",
+    ]
     run_shuffle(inputs[fmt], local_out, *args)
     before = workers_started(portable)
     stdout = portable_run(portable, inputs[fmt], portable_out, args, cwd=str(tmp_path))

@@ -59,7 +59,9 @@ print(json.dumps({
 
 def fresh_env() -> dict:
     """This process's environment without what would let the venv see the checkout's code."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    return {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    }
 
 
 def copy_package(destination):
@@ -68,15 +70,24 @@ def copy_package(destination):
     for name in PACKAGE_FILES:
         source = os.path.join(CHECKOUT, name)
         if os.path.isdir(source):
-            shutil.copytree(source, os.path.join(destination, name), ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                source,
+                os.path.join(destination, name),
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
         else:
             shutil.copy(source, destination)
 
 
 def index_reachable(python) -> bool:
     """Can pip find a reader dependency at all (on an index, or in pip's cache of one)?"""
-    looked = subprocess.run([python, "-m", "pip", "index", "versions", "numpy"], capture_output=True, text=True,
-                            env=fresh_env(), timeout=INSTALL_SECONDS)
+    looked = subprocess.run(
+        [python, "-m", "pip", "index", "versions", "numpy"],
+        capture_output=True,
+        text=True,
+        env=fresh_env(),
+        timeout=INSTALL_SECONDS,
+    )
     return looked.returncode == 0
 
 
@@ -88,12 +99,20 @@ def reader_venv(tmp_path_factory):
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=fresh_env())
     python = str(venv / "bin" / "python")
-    done = subprocess.run([python, "-m", "pip", "install", "--quiet", str(root / "src")], capture_output=True,
-                          text=True, cwd=root, env=fresh_env(), timeout=INSTALL_SECONDS)
+    done = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", str(root / "src")],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=fresh_env(),
+        timeout=INSTALL_SECONDS,
+    )
     if done.returncode != 0:
         if not index_reachable(python):
             said = [line.strip() for line in done.stderr.splitlines() if "ERROR" in line][:1]
-            pytest.skip(f"no package index reachable (and nothing cached) for the reader's dependencies: {said}")
+            pytest.skip(
+                f"no package index reachable (and nothing cached) for the reader's dependencies: {said}"
+            )
         pytest.fail(f"pip install of the checkout failed:\n{done.stdout}\n{done.stderr}")
     return venv / "bin"
 
@@ -101,14 +120,28 @@ def reader_venv(tmp_path_factory):
 @pytest.fixture(scope="module")
 def shuffled_tfrecords(tmp_path_factory):
     """``(input pattern, output prefix)`` of a real run made by this (the full) venv."""
-    return sample_run(tmp_path_factory, "tfrecord", "--num_piles=4", "--seed=5", records=RECORDS, files=3,
-                      record_bytes=60, vary=True)
+    return sample_run(
+        tmp_path_factory,
+        "tfrecord",
+        "--num_piles=4",
+        "--seed=5",
+        records=RECORDS,
+        files=3,
+        record_bytes=60,
+        vary=True,
+    )
 
 
 def in_venv(bin_dir, *argv):
     """Run ``argv[0]`` from the venv, away from the checkout (the cwd would shadow the install)."""
-    return subprocess.run([str(bin_dir / argv[0]), *argv[1:]], capture_output=True, text=True,
-                          cwd=bin_dir.parent, env=fresh_env(), timeout=300)
+    return subprocess.run(
+        [str(bin_dir / argv[0]), *argv[1:]],
+        capture_output=True,
+        text=True,
+        cwd=bin_dir.parent,
+        env=fresh_env(),
+        timeout=300,
+    )
 
 
 def test_the_reader_install_has_no_beam(reader_venv):
@@ -132,14 +165,20 @@ def test_the_reader_install_reads_splits_and_resumes(reader_venv, shuffled_tfrec
     assert len(whole) == RECORDS and sorted(whole) == sorted(written)
     shares = got["shares"]
     assert [len(s) for s in shares] == [RECORDS // WORLD_SIZE] * WORLD_SIZE
-    assert sum(shares, []) == got["whole"]  # disjoint contiguous shares that make up the epoch, in order
+    assert (
+        sum(shares, []) == got["whole"]
+    )  # disjoint contiguous shares that make up the epoch, in order
     assert got["head"] + got["tail"] == shares[1]  # resumed exactly where the state stopped
 
 
 def test_pipeline_commands_say_in_one_line_what_to_install(reader_venv, tmp_path):
     output = tmp_path / "out" / "data"
-    done = in_venv(reader_venv, "pileshuffle", "run", f"--input={tmp_path}/*.tfrecord", f"--output={output}")
+    done = in_venv(
+        reader_venv, "pileshuffle", "run", f"--input={tmp_path}/*.tfrecord", f"--output={output}"
+    )
     assert (done.returncode, done.stderr, done.stdout) == (2, MISSING_BEAM + "\n", "")
     assert not os.path.exists(output.parent)
-    helped = in_venv(reader_venv, "pileshuffle", "--help")  # the list of commands needs nothing more
+    helped = in_venv(
+        reader_venv, "pileshuffle", "--help"
+    )  # the list of commands needs nothing more
     assert helped.returncode == 0 and "run" in helped.stdout

@@ -14,9 +14,6 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from helpers import (
     assert_nothing_published,
     assert_verified,
@@ -29,13 +26,21 @@ from helpers import (
     stable_manifest,
     temp_leftovers,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from pileshuffle.commands import sample
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.formats import ReadReport, get_format
-from pileshuffle.records.crc import CRC_PRESET_BYTES, masked_crc, payloads_match_stored_crcs, stored_data_crcs
 from pileshuffle.formats.tfrecord import (
     frame,
     scan_frames,
+)
+from pileshuffle.records.crc import (
+    CRC_PRESET_BYTES,
+    masked_crc,
+    payloads_match_stored_crcs,
+    stored_data_crcs,
 )
 
 # --- fuzz: random and mutated bytes as TFRecord input ----------------------------------------
@@ -55,7 +60,10 @@ def reference_frames(data: bytes):
         if masked_crc(data[pos : pos + 8]) != length_crc:
             return None
         end = pos + 12 + length + 4
-        if end > len(data) or masked_crc(data[pos + 12 : end - 4]) != struct.unpack_from("<I", data, end - 4)[0]:
+        if (
+            end > len(data)
+            or masked_crc(data[pos + 12 : end - 4]) != struct.unpack_from("<I", data, end - 4)[0]
+        ):
             return None
         frames.append(data[pos:end])
         pos = end
@@ -79,7 +87,9 @@ def apply_mutations(mutations):
         elif kind == "length":  # a frame header whose length CRC is valid but whose length is wrong
             start = BASE_STARTS[position % len(BASE_STARTS)]
             if start + 12 <= len(data):
-                header = struct.pack("<Q", int.from_bytes(value[:8].ljust(8, b"\0"), "little") % (1 << 20))
+                header = struct.pack(
+                    "<Q", int.from_bytes(value[:8].ljust(8, b"\0"), "little") % (1 << 20)
+                )
                 data[start : start + 12] = header + struct.pack("<I", masked_crc(header))
     return bytes(data)
 
@@ -110,8 +120,12 @@ def read_all(path, chunk_bytes, skip_corrupt):
     return frames, report
 
 
-@given(data=tfrecord_bytes, chunk_bytes=st.sampled_from([5, 13, 64, 300, 1 << 20]), gz=st.booleans())
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=tfrecord_bytes, chunk_bytes=st.sampled_from([5, 13, 64, 300, 1 << 20]), gz=st.booleans()
+)
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_fuzzed_tfrecord_input_reader(tmp_path, data, chunk_bytes, gz):
     """Strict: success exactly when the file is valid (same frames as a plain reader),
     else an InputError at or after the first damaged record. Skip: never fails on an
@@ -124,7 +138,11 @@ def test_fuzzed_tfrecord_input_reader(tmp_path, data, chunk_bytes, gz):
         handle.write(gzip.compress(data) if gz else data)
     expected = reference_frames(data)
     damage = first_difference(data)
-    intact = [BASE_FILE[a:b] for a, b in zip(BASE_STARTS, BASE_STARTS[1:] + [len(BASE_FILE)]) if b <= damage]
+    intact = [
+        BASE_FILE[a:b]
+        for a, b in zip(BASE_STARTS, BASE_STARTS[1:] + [len(BASE_FILE)])
+        if b <= damage
+    ]
 
     try:
         frames, _ = read_all(path, chunk_bytes, skip_corrupt=False)
@@ -152,7 +170,9 @@ def test_crc_preset_bytes_turn_a_raw_crc_into_crc32c():
 
     assert google_crc32c.extend(0xFFFFFFFF, CRC_PRESET_BYTES) == 0  # the register reads 0xFFFFFFFF
     for payload in (b"", b"a", b"hello world", bytes(1000), np.random.default_rng(0).bytes(4097)):
-        assert google_crc32c.extend(0xFFFFFFFF, CRC_PRESET_BYTES + payload) == google_crc32c.value(payload)
+        assert google_crc32c.extend(0xFFFFFFFF, CRC_PRESET_BYTES + payload) == google_crc32c.value(
+            payload
+        )
 
 
 @given(
@@ -160,13 +180,16 @@ def test_crc_preset_bytes_turn_a_raw_crc_into_crc32c():
     flip=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 7)),
 )
 @settings(max_examples=200, deadline=None)
-def test_one_pass_data_crc_check_accepts_valid_frames_and_catches_any_single_bad_one(payloads, flip):
+def test_one_pass_data_crc_check_accepts_valid_frames_and_catches_any_single_bad_one(
+    payloads, flip
+):
     """The all-at-once check agrees with checking every frame on its own when at most one
     frame is bad (then it never misses), and locates nothing itself: scan_frames falls
     back to per-frame CRCs and reports the first bad frame."""
     data = bytearray(b"".join(frame(p) for p in payloads))
     begin = np.array(frame_starts(bytes(data)), dtype=np.int64)
     ends = np.append(begin[1:], len(data))
+
     def check(data):
         raw = np.frombuffer(bytes(data), np.uint8)
         return payloads_match_stored_crcs(raw, begin, ends, stored_data_crcs(raw, ends))
@@ -191,7 +214,9 @@ def test_random_bytes_under_a_gz_name(tmp_path):
 
 
 @given(data=st.lists(mutation, min_size=1, max_size=3).map(apply_mutations), skip=st.booleans())
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_fuzzed_tfrecord_input_full_pipeline(tmp_path_factory, data, skip):
     """The whole run ends in success (proven by verify) or an InputError, nothing else."""
     root = tmp_path_factory.mktemp("fuzz")
@@ -218,21 +243,37 @@ CRASH_RECORDS, CRASH_FILES, CRASH_RECORD_BYTES, CRASH_PILES = 200_000, 8, 1000, 
 def crash_data(tmp_path_factory):
     """About 200 MB of TFRecords and one uninterrupted run of them (the reference)."""
     root = tmp_path_factory.mktemp("crash")
-    sample.write_tfrecord(str(root / "in"), records=CRASH_RECORDS, files=CRASH_FILES, record_bytes=CRASH_RECORD_BYTES)
+    sample.write_tfrecord(
+        str(root / "in"), records=CRASH_RECORDS, files=CRASH_FILES, record_bytes=CRASH_RECORD_BYTES
+    )
     pattern = str(root / "in" / "*.tfrecord")
     reference = str(root / "reference" / "train")
-    done = subprocess.run(crash_command(pattern, reference), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        crash_command(pattern, reference), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     return pattern, reference
 
 
 def crash_command(pattern, output):
-    return [sys.executable, "-m", "pileshuffle", "run", f"--input={pattern}", f"--output={output}",
-            f"--num_piles={CRASH_PILES}", "--seed=11", "--memory=1MiB"]  # runs on disk: their seams are killed
+    return [
+        sys.executable,
+        "-m",
+        "pileshuffle",
+        "run",
+        f"--input={pattern}",
+        f"--output={output}",
+        f"--num_piles={CRASH_PILES}",
+        "--seed=11",
+        "--memory=1MiB",
+    ]  # runs on disk: their seams are killed
 
 
 def digests(output):
-    return {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest() for p in shards(output)}
+    return {
+        os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
+        for p in shards(output)
+    }
 
 
 def comparable_manifest(output):
@@ -251,8 +292,8 @@ def files_in(directory, predicate):
 
 
 def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_data, tmp_path):
-    from pileshuffle.planning.plan import work_dir_for
     from pileshuffle.names import staging_dir
+    from pileshuffle.planning.plan import work_dir_for
 
     pattern, reference = crash_data
     output = str(tmp_path / "out" / "train")
@@ -261,17 +302,25 @@ def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_da
     points = {
         "pass 1: first run being written": lambda: files_in(fragments, lambda n: ".tmp-" in n),
         "pass 1: a run in place": lambda: files_in(fragments, lambda n: n.endswith(".run")),
-        "pass 2: first shard being written": lambda: files_in(staging, lambda n: n.startswith("shard-")),
-        "pass 2: half the shards staged": lambda: len(
-            files_in(staging, lambda n: n.startswith("shard-") and ".tmp-" not in n)) >= CRASH_PILES // 2,
+        "pass 2: first shard being written": lambda: files_in(
+            staging, lambda n: n.startswith("shard-")
+        ),
+        "pass 2: half the shards staged": lambda: (
+            len(files_in(staging, lambda n: n.startswith("shard-") and ".tmp-" not in n))
+            >= CRASH_PILES // 2
+        ),
     }
     expected_digests, expected_manifest = digests(reference), comparable_manifest(reference)
     killed = []
     for name, ready in points.items():
         if kill_when(crash_command(pattern, output), ready):
             killed.append(name)
-        assert not os.path.exists(f"{output}-manifest.json"), f"{name}: a killed run left a manifest"
-        done = subprocess.run(crash_command(pattern, output), capture_output=True, text=True, timeout=300)
+        assert not os.path.exists(f"{output}-manifest.json"), (
+            f"{name}: a killed run left a manifest"
+        )
+        done = subprocess.run(
+            crash_command(pattern, output), capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, f"re-run after kill at {name}: {done.stderr}"
         assert digests(output) == expected_digests, f"re-run after kill at {name} differs"
         assert comparable_manifest(output) == expected_manifest
@@ -289,23 +338,35 @@ def test_leftovers_of_a_killed_run_are_replaced_not_published(tmp_path, tfrecord
     """What a run killed in Finalize leaves (its journal, some shards under final names, an
     old output's shard it was deleting, staging and work files, no manifest) is replaced by
     the re-run, which needs no --overwrite. (Only what the journal lists: see test_seams_run.)"""
-    from pileshuffle.planning.plan import work_dir_for
     from pileshuffle.names import staging_dir
+    from pileshuffle.planning.plan import work_dir_for
 
     output = str(tmp_path / "out" / "train")
     run_shuffle(tfrecord_input, output, "--num_piles=4", "--seed=2")
     expected = digests(output)
     os.remove(f"{output}-manifest.json")
-    open(shards(output)[1], "wb").write(b"half a shard")  # as if killed mid-rename on a copying filesystem
+    open(shards(output)[1], "wb").write(
+        b"half a shard"
+    )  # as if killed mid-rename on a copying filesystem
     old_output = f"{output}-00007-of-00008.tfrecord"
     open(old_output, "wb").write(b"a shard of a run with other piles")
     os.makedirs(os.path.join(work_dir_for(output, None), "fragments"))
-    open(os.path.join(work_dir_for(output, None), "fragments", "s000000-p000001.arrows"), "wb").write(b"stale")
+    open(
+        os.path.join(work_dir_for(output, None), "fragments", "s000000-p000001.arrows"), "wb"
+    ).write(b"stale")
     os.makedirs(staging_dir(output), exist_ok=True)
     open(os.path.join(staging_dir(output), "shard-00000-of-00004.tfrecord"), "wb").write(b"stale")
-    with open(os.path.join(staging_dir(output), "journal-0123456789ab.json"), "w") as handle:  # Finalize's, before renaming
-        json.dump({"creates": [p for p in shards(output) if p != old_output] + [f"{output}-manifest.json"],
-                   "deletes": [old_output]}, handle)
+    with open(
+        os.path.join(staging_dir(output), "journal-0123456789ab.json"), "w"
+    ) as handle:  # Finalize's, before renaming
+        json.dump(
+            {
+                "creates": [p for p in shards(output) if p != old_output]
+                + [f"{output}-manifest.json"],
+                "deletes": [old_output],
+            },
+            handle,
+        )
     run_shuffle(tfrecord_input, output, "--num_piles=4", "--seed=2")
     assert digests(output) == expected
     assert temp_leftovers(str(tmp_path / "out")) == []
@@ -347,13 +408,21 @@ def test_pass_1_run_twice_for_a_source_replaces_its_runs(tmp_path, tfrecord_inpu
     dofn = ReadSourceToPiles("tfrecord", 5, 4, directory, chunk_bytes=20_000, run_bytes=60_000)
 
     def snapshot():
-        return {n: open(os.path.join(directory, n), "rb").read() for n in sorted(os.listdir(directory))}
+        return {
+            n: open(os.path.join(directory, n), "rb").read() for n in sorted(os.listdir(directory))
+        }
 
     first = list(dofn.process((source,)))
     committed = snapshot()
-    assert len(committed) >= 3 and all(runs.read_run_index(b)[0].shape[1] == 4 for b in committed.values())
+    assert len(committed) >= 3 and all(
+        runs.read_run_index(b)[0].shape[1] == 4 for b in committed.values()
+    )
     with monkeypatch.context() as patched:
-        patched.setattr(runs.storage, "put_in_place", lambda *a: (_ for _ in ()).throw(RuntimeError("worker died")))
+        patched.setattr(
+            runs.storage,
+            "put_in_place",
+            lambda *a: (_ for _ in ()).throw(RuntimeError("worker died")),
+        )
         with pytest.raises(RuntimeError):
             list(dofn.process((source,)))
     assert {n for n in snapshot() if ".tmp-" not in n} == set(committed)
@@ -418,18 +487,26 @@ def _flaky_write_class():
 
 
 @pytest.mark.parametrize("intermediate", ["files", "shuffle"])
-def test_rerun_bundles_neither_duplicate_nor_lose_records(tmp_path, tfrecord_input, monkeypatch, intermediate):
+def test_rerun_bundles_neither_duplicate_nor_lose_records(
+    tmp_path, tfrecord_input, monkeypatch, intermediate
+):
     import pileshuffle.engine.transforms.graph as graph
     import pileshuffle.engine.transforms.write as write
 
     plain = str(tmp_path / "plain" / "train")
-    run_shuffle(tfrecord_input, plain, "--num_piles=4", "--seed=9", f"--intermediate={intermediate}")
+    run_shuffle(
+        tfrecord_input, plain, "--num_piles=4", "--seed=9", f"--intermediate={intermediate}"
+    )
     _Twice.seen.clear()
     monkeypatch.setattr(graph, "ReadSourceToPiles", _flaky_read_class())
     monkeypatch.setattr(write, "WriteShard", _flaky_write_class())
     retried = str(tmp_path / "retried" / "train")
-    run_shuffle(tfrecord_input, retried, "--num_piles=4", "--seed=9", f"--intermediate={intermediate}")
-    assert {k for k, _ in _Twice.seen} == {"read", "write"} and sum(len(p) for k, p in _Twice.seen if k == "write") == 4
+    run_shuffle(
+        tfrecord_input, retried, "--num_piles=4", "--seed=9", f"--intermediate={intermediate}"
+    )
+    assert {k for k, _ in _Twice.seen} == {"read", "write"} and sum(
+        len(p) for k, p in _Twice.seen if k == "write"
+    ) == 4
     assert digests(retried) == digests(plain)
     assert manifest(retried)["totals"]["records"] == 3000
     assert temp_leftovers(str(tmp_path / "retried")) == []
@@ -445,7 +522,9 @@ def twelve_mb(tmp_path):
     return str(tmp_path / "in" / "*.tfrecord")
 
 
-def test_a_run_the_disk_cannot_hold_is_refused_before_it_writes(small_tmpfs, twelve_mb, tmp_path, caplog):
+def test_a_run_the_disk_cannot_hold_is_refused_before_it_writes(
+    small_tmpfs, twelve_mb, tmp_path, caplog
+):
     """12 MB of input on an 8 MB disk: the pass-1 runs and the staged shards (about 25 MB) cannot fit,
     which the plan knows; run refuses up front, naming where, what it needs and what is free. (A disk
     that fills during a run anyway is test_injected_enospc's.)"""
@@ -453,11 +532,21 @@ def test_a_run_the_disk_cannot_hold_is_refused_before_it_writes(small_tmpfs, twe
     with pytest.raises(OutputError) as caught:
         run_shuffle(twelve_mb, output, "--num_piles=4")
     message = str(caught.value)
-    assert message.startswith("not enough disk space: ") and ".pileshuffle-work-" in message, message
-    assert "pileshuffle-staging" in message and "bytes free" in message and "nothing was written" in message
+    assert message.startswith("not enough disk space: ") and ".pileshuffle-work-" in message, (
+        message
+    )
+    assert (
+        "pileshuffle-staging" in message
+        and "bytes free" in message
+        and "nothing was written" in message
+    )
     assert os.listdir(small_tmpfs) == []  # not even the lock
-    with pytest.raises(OutputError, match=f"not enough disk space: {re.escape(output)}.pileshuffle-staging has"):
-        run_shuffle(twelve_mb, output, "--num_piles=4", f"--temp_location={tmp_path / 'temp'}")  # the shards alone
+    with pytest.raises(
+        OutputError, match=f"not enough disk space: {re.escape(output)}.pileshuffle-staging has"
+    ):
+        run_shuffle(
+            twelve_mb, output, "--num_piles=4", f"--temp_location={tmp_path / 'temp'}"
+        )  # the shards alone
     assert os.listdir(small_tmpfs) == [] and temp_leftovers(str(tmp_path)) == []
     with pytest.raises(OutputError, match="not enough disk space"):
         run_shuffle(twelve_mb, output, "--layout=store", "--num_piles=4")
@@ -481,8 +570,11 @@ class _FullDisk(io.RawIOBase):
 
 @pytest.mark.parametrize(
     "where, location",
-    [("/fragments/", ".pileshuffle-work-"), ("pileshuffle-staging/shard-", ".pileshuffle-staging"),
-     ("pileshuffle-staging/manifest-", ".pileshuffle-staging")],
+    [
+        ("/fragments/", ".pileshuffle-work-"),
+        ("pileshuffle-staging/shard-", ".pileshuffle-staging"),
+        ("pileshuffle-staging/manifest-", ".pileshuffle-staging"),
+    ],
 )
 def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location):
     import pileshuffle.io.storage as storage_module
@@ -494,12 +586,20 @@ def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location)
         return _FullDisk(handle) if where in path else handle
 
     # every file a run writes is opened by it
-    monkeypatch.setattr(storage_module, "open_write", storage_module.cloud.refusals_explained(open_write))
+    monkeypatch.setattr(
+        storage_module, "open_write", storage_module.cloud.refusals_explained(open_write)
+    )
     output = str(tmp_path / "out" / "train")
     with pytest.raises(OutputError) as caught:
-        run_shuffle(tfrecord_input, output, "--num_piles=4", "--memory=1MiB")  # runs on disk, not kept in memory
+        run_shuffle(
+            tfrecord_input, output, "--num_piles=4", "--memory=1MiB"
+        )  # runs on disk, not kept in memory
     message = str(caught.value)
-    assert message.startswith("cannot write to ") and location in message and "No space left on device" in message
+    assert (
+        message.startswith("cannot write to ")
+        and location in message
+        and "No space left on device" in message
+    )
     assert "[while running" not in message and "\n" not in message
     assert "this run needs about" in message
     assert_nothing_published(output)
@@ -508,19 +608,27 @@ def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location)
 def test_plan_and_run_agree_on_a_disk_too_small(tmp_path, tfrecord_input, monkeypatch, capsys):
     import shutil as shutil_module
 
+    from apache_beam.options.pipeline_options import PipelineOptions
+
     import pileshuffle.planning.plan as plan_module
     import pileshuffle.planning.space as space_module
-    from apache_beam.options.pipeline_options import PipelineOptions
     from pileshuffle.commands.plan import main as plan_main
 
     usage = shutil_module.disk_usage(str(tmp_path))
     monkeypatch.setattr(space_module.shutil, "disk_usage", lambda path: usage._replace(free=1000))
     output = str(tmp_path / "out" / "train")
-    args = [f"--input={tfrecord_input}", f"--output={output}", "--num_piles=4", "--memory=1MiB"]  # runs on disk
+    args = [
+        f"--input={tfrecord_input}",
+        f"--output={output}",
+        "--num_piles=4",
+        "--memory=1MiB",
+    ]  # runs on disk
     plan = plan_module.make_plan(PipelineOptions(args))
-    (need, free), = set(plan.space.values())  # work dir and staging share one filesystem
+    ((need, free),) = set(plan.space.values())  # work dir and staging share one filesystem
     assert free == 1000 and need > 1.9 * plan.input_bytes
-    kept = plan_module.make_plan(PipelineOptions(args[:-1] + ["--memory=4GiB"]))  # runs kept in memory: shards only
+    kept = plan_module.make_plan(
+        PipelineOptions(args[:-1] + ["--memory=4GiB"])
+    )  # runs kept in memory: shards only
     assert 0.9 * plan.input_bytes < set(kept.space.values()).pop()[0] < 1.1 * plan.input_bytes
     assert plan_main(args) == 0
     printed = capsys.readouterr().out
@@ -544,7 +652,9 @@ def many_small(tmp_path_factory):
     return str(root / "in" / "*.tfrecord"), root
 
 
-def test_oversized_piles_are_split_never_loaded_whole_and_stay_a_permutation(many_small, monkeypatch):
+def test_oversized_piles_are_split_never_loaded_whole_and_stay_a_permutation(
+    many_small, monkeypatch
+):
     import pileshuffle.engine.fragments as fragments
     from pileshuffle.commands.report import summary
 
@@ -571,7 +681,14 @@ def test_oversized_piles_are_split_never_loaded_whole_and_stay_a_permutation(man
     again = str(root / "again" / "train")
     run_shuffle(pattern, again, "--num_piles=2", f"--max_pile_bytes={limit}", "--seed=4")
     shuffled = str(root / "shuffle-mode" / "train")
-    run_shuffle(pattern, shuffled, "--num_piles=2", f"--max_pile_bytes={limit}", "--seed=4", "--intermediate=shuffle")
+    run_shuffle(
+        pattern,
+        shuffled,
+        "--num_piles=2",
+        f"--max_pile_bytes={limit}",
+        "--seed=4",
+        "--intermediate=shuffle",
+    )
     whole = str(root / "unsplit" / "train")
     run_shuffle(pattern, whole, "--num_piles=2", "--seed=4")
     assert manifest(whole)["piles_split"] == 0 and manifest(shuffled)["piles_split"] == 2
@@ -588,14 +705,19 @@ def test_oversized_piles_are_split_never_loaded_whole_and_stay_a_permutation(man
 def _one_fragment_pile(tmp_path, keys, max_pile_bytes):
     import pyarrow as pa
 
-    from pileshuffle.records.fingerprint import Fingerprint
-    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.engine.fragments import Fragment, FragmentFiles
     from pileshuffle.engine.transforms.shuffle import Pile
+    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+    from pileshuffle.records.fingerprint import Fingerprint
 
     payloads = [b"%08d" % i + b"x" * 40 for i in range(len(keys))]
-    table = pa.table({"record": pa.array(payloads, pa.binary()), KEY_COLUMN: pa.array(keys, pa.uint64()),
-                      HASH_COLUMN: pa.array(np.zeros(len(keys), np.uint64))})
+    table = pa.table(
+        {
+            "record": pa.array(payloads, pa.binary()),
+            KEY_COLUMN: pa.array(keys, pa.uint64()),
+            HASH_COLUMN: pa.array(np.zeros(len(keys), np.uint64)),
+        }
+    )
     files = FragmentFiles(str(tmp_path / "fragments"), "s000000")
     files.append(0, table, Fingerprint())
     (committed,) = files.commit()
@@ -638,6 +760,8 @@ def test_a_split_parquet_pile_gives_the_same_file(tmp_path):
     sample.write_parquet(str(tmp_path / "in"), records=5000, files=3, record_bytes=100)
     pattern = str(tmp_path / "in" / "*.parquet")
     run_shuffle(pattern, str(tmp_path / "whole" / "o"), "--num_piles=4")
-    split = run_shuffle(pattern, str(tmp_path / "split" / "o"), "--num_piles=4", "--max_pile_bytes=16KiB")
+    split = run_shuffle(
+        pattern, str(tmp_path / "split" / "o"), "--num_piles=4", "--max_pile_bytes=16KiB"
+    )
     assert split["piles_split"] == 4
     assert digests(str(tmp_path / "split" / "o")) == digests(str(tmp_path / "whole" / "o"))

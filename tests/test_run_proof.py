@@ -20,17 +20,19 @@ import threading
 
 import numpy as np
 import pytest
-
 from helpers import assert_nothing_published, manifest, refused, succeeded
+
 from pileshuffle.commands import sample
-from pileshuffle.names import KEY_COLUMN
 from pileshuffle.engine.runs import PileRuns
 from pileshuffle.engine.transforms import pile_groups
+from pileshuffle.names import KEY_COLUMN
 
 RECORDS, RECORD_BYTES = 600, 100  # every record the same size: a swap keeps the bytes equal too
 LOST, COPIED = 0, 1  # the record lost, and the one written in its place
-MODES = {"files": ["--intermediate=files", "--memory=1MiB"],  # runs in files on disk
-         "shuffle": ["--intermediate=shuffle"]}
+MODES = {
+    "files": ["--intermediate=files", "--memory=1MiB"],  # runs in files on disk
+    "shuffle": ["--intermediate=shuffle"],
+}
 
 
 class Fault:
@@ -92,8 +94,15 @@ def inputs(tmp_path_factory):
 
 
 def run_argv(inputs, output, mode):
-    return ["run", f"--input={inputs}", f"--output={output}", "--num_piles=3", "--seed=5",
-            "--quiet", *MODES[mode]]
+    return [
+        "run",
+        f"--input={inputs}",
+        f"--output={output}",
+        "--num_piles=3",
+        "--seed=5",
+        "--quiet",
+        *MODES[mode],
+    ]
 
 
 def refused_then_published(capsys, monkeypatch, fault, argv, output) -> str:
@@ -110,13 +119,17 @@ def refused_then_published(capsys, monkeypatch, fault, argv, output) -> str:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_pile_that_lost_a_record_and_holds_a_copy_of_another_is_refused_by_its_fingerprint(
-        inputs, tmp_path, capsys, monkeypatch, in_pass_2, mode):
+    inputs, tmp_path, capsys, monkeypatch, in_pass_2, mode
+):
     output = str(tmp_path / "out" / "data")
     argv = run_argv(inputs, output, mode)
     line = refused_then_published(capsys, monkeypatch, in_pass_2, argv, output)
     said = r"([\d,]+) records, ([\d,]+) bytes, hashes sum ([0-9a-f]{16}) xor ([0-9a-f]{16})"
-    pile = re.search(rf"pile (\d+): pass 1 put in {said} but pass 2 read back and wrote {said}: "
-                     r"records were lost, duplicated or changed between the passes; nothing was published", line)
+    pile = re.search(
+        rf"pile (\d+): pass 1 put in {said} but pass 2 read back and wrote {said}: "
+        r"records were lost, duplicated or changed between the passes; nothing was published",
+        line,
+    )
     assert pile is not None, line
     said_in, said_out = pile.groups()[1:5], pile.groups()[5:9]
     assert said_in[:2] == said_out[:2], line  # the same count and bytes: the fingerprint tells
@@ -125,13 +138,19 @@ def test_a_pile_that_lost_a_record_and_holds_a_copy_of_another_is_refused_by_its
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_run_whose_piles_lost_a_record_and_hold_a_copy_of_another_publishes_nothing(
-        inputs, tmp_path, capsys, monkeypatch, in_pass_1, mode):
+    inputs, tmp_path, capsys, monkeypatch, in_pass_1, mode
+):
     output = str(tmp_path / "out" / "data")
     argv = run_argv(inputs, output, mode)
     line = refused_then_published(capsys, monkeypatch, in_pass_1, argv, output)
     payload = RECORDS * RECORD_BYTES  # the same count and bytes: only the fingerprint tells
-    said = rf"{RECORDS:,} records, {payload:,} bytes, hashes sum ([0-9a-f]{{16}}) xor ([0-9a-f]{{16}})"
-    found = re.search(rf"records lost, duplicated or changed: read {said} but wrote {said}; "
-                      "nothing was published", line)
+    said = (
+        rf"{RECORDS:,} records, {payload:,} bytes, hashes sum ([0-9a-f]{{16}}) xor ([0-9a-f]{{16}})"
+    )
+    found = re.search(
+        rf"records lost, duplicated or changed: read {said} but wrote {said}; "
+        "nothing was published",
+        line,
+    )
     assert found is not None, line
     assert found.groups()[:2] != found.groups()[2:], line

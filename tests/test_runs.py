@@ -9,30 +9,35 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-
 from helpers import assert_verified, manifest, run_shuffle, shards
-from pileshuffle.records import keys as keymath
+
 from pileshuffle.commands import sample
-from pileshuffle.records.fingerprint import Fingerprint, total
-from pileshuffle.formats import record_hashes, record_lengths
-from pileshuffle.formats.base import records_table
 from pileshuffle.engine.fragments import Fragment, GroupSegment, read_joined, read_table, to_ipc
-from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
-from pileshuffle.planning.plan import make_plan
 from pileshuffle.engine.runs import PileRuns, auto_run_bytes, read_run_index
 from pileshuffle.engine.transforms.assign import ReadSourceToPiles
 from pileshuffle.engine.transforms.pile_groups import template_group
+from pileshuffle.formats import record_hashes, record_lengths
+from pileshuffle.formats.base import records_table
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.planning.plan import make_plan
+from pileshuffle.records import keys as keymath
+from pileshuffle.records.fingerprint import Fingerprint, total
 
 
 def digests(output):
-    return {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest() for p in shards(output)}
+    return {
+        os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
+        for p in shards(output)
+    }
 
 
 def chunks(count, records, record_bytes=100, seed=0):
     """``count`` keyed chunks of ``records`` distinct records each: (table, keys, hashes, lengths)."""
     rng = np.random.default_rng(seed)
     for c in range(count):
-        table = records_table([b"%08d:" % (c * records + i) + rng.bytes(record_bytes - 9) for i in range(records)])
+        table = records_table(
+            [b"%08d:" % (c * records + i) + rng.bytes(record_bytes - 9) for i in range(records)]
+        )
         keys = keymath.record_keys(seed, (0, c), 0, records)
         yield table, keys, record_hashes(table), record_lengths(table)
 
@@ -52,15 +57,21 @@ def test_a_run_is_its_piles_segments_in_pile_order_with_an_index(tmp_path):
     assert (index[1:, 1] == index[:-1, 1] + index[:-1, 2]).all()  # back to back
     everything = []
     for (pile, fragment), (_, offset, length, records) in zip(elements, index.tolist()):
-        alone = pa.ipc.open_stream(data[offset : offset + length]).read_all()  # a segment reads alone
+        alone = pa.ipc.open_stream(
+            data[offset : offset + length]
+        ).read_all()  # a segment reads alone
         assert alone.equals(read_table(fragment)) and alone.num_rows == records == fragment.records
         assert set(keymath.pile_of(alone.column(KEY_COLUMN).to_numpy(), piles).tolist()) == {pile}
-        assert fragment.fingerprint == Fingerprint.of(alone.column(HASH_COLUMN).to_numpy(),
-                                                      int(record_lengths(alone.drop_columns([KEY_COLUMN, HASH_COLUMN])).sum()))
+        assert fragment.fingerprint == Fingerprint.of(
+            alone.column(HASH_COLUMN).to_numpy(),
+            int(record_lengths(alone.drop_columns([KEY_COLUMN, HASH_COLUMN])).sum()),
+        )
         everything += alone.column(0).to_pylist()
     expected = [v for table, *_ in fed for v in table.column(0).to_pylist()]
     assert sorted(everything) == sorted(expected)
-    assert total(f.fingerprint for _, f in elements) == total(Fingerprint.of(h, int(n.sum())) for _, _, h, n in fed)
+    assert total(f.fingerprint for _, f in elements) == total(
+        Fingerprint.of(h, int(n.sum())) for _, _, h, n in fed
+    )
     with pytest.raises(ValueError, match="not a pileshuffle run"):
         read_run_index(data[:-1])
 
@@ -72,26 +83,37 @@ def test_a_run_of_small_piles_has_a_segment_a_group_whose_views_are_the_piles_pa
     bytes' accounting and fingerprint of that pile's part in a run without groups."""
     piles, group, fed = 64, 5, list(chunks(4, 300))
     directory = str(tmp_path / "g") if mode == "files" else None
-    alone, grouped = PileRuns(piles, 1 << 30, "a", str(tmp_path / "a")), PileRuns(piles, 1 << 30, "g", directory, group=group)
+    alone, grouped = (
+        PileRuns(piles, 1 << 30, "a", str(tmp_path / "a")),
+        PileRuns(piles, 1 << 30, "g", directory, group=group),
+    )
     for chunk in fed:
         alone.add(*chunk)
         grouped.add(*chunk)
     per_pile, segments = dict(alone.flush()), list(grouped.flush())
-    assert [key for key, _ in segments] == list(range(-(-piles // group)))  # 1,200 records reach every group
+    assert [key for key, _ in segments] == list(
+        range(-(-piles // group))
+    )  # 1,200 records reach every group
     assert all(isinstance(s, GroupSegment) for _, s in segments)
     views = [view for key, segment in segments for view in segment.views()]
     assert [p for p, _ in views] == sorted(per_pile)
     for pile, view in views:
         part = per_pile[pile]
         assert (view.records, view.fingerprint) == (part.records, part.fingerprint)
-        assert abs(view.nbytes - part.nbytes) <= 0.02 * part.nbytes + 64  # held bytes, estimated per pile
-        assert read_table(view).equals(read_table(part)) and read_joined([view]).equals(read_joined([part]))
+        assert (
+            abs(view.nbytes - part.nbytes) <= 0.02 * part.nbytes + 64
+        )  # held bytes, estimated per pile
+        assert read_table(view).equals(read_table(part)) and read_joined([view]).equals(
+            read_joined([part])
+        )
     for key, segment in segments:
         assert set(int(p) // group for p in segment.piles[:, 0]) == {key}
         assert segment.fragment.fingerprint == total(v.fingerprint for _, v in segment.views())
     if mode == "files":
         index, footer_group = read_run_index(open(tmp_path / "g" / "g-r00000.run", "rb").read())
-        assert footer_group == group and index[:, 0].tolist() == [key * group for key, _ in segments]
+        assert footer_group == group and index[:, 0].tolist() == [
+            key * group for key, _ in segments
+        ]
         assert index[:, 3].tolist() == [s.fragment.records for _, s in segments]
     else:
         assert all(s.fragment.payload is not None for _, s in segments)
@@ -102,28 +124,42 @@ def test_a_piles_parts_read_in_place_equal_each_part_read_as_a_stream(tmp_path):
     of another schema (other metadata), with a dictionary column, of two batches, or a whole
     file is read as a stream: the table equals reading every part alone, in order, whatever
     the mix (its speed: bench's piles-* rows)."""
+
     def table(start, **metadata):
-        return pa.table({"i": pa.array(range(start, start + 3), pa.int64()), "s": ["a", "b", "c"]}).replace_schema_metadata(
-            metadata or None)
+        return pa.table(
+            {"i": pa.array(range(start, start + 3), pa.int64()), "s": ["a", "b", "c"]}
+        ).replace_schema_metadata(metadata or None)
 
     segments = [to_ipc(t) for t in (table(0), table(3), table(6, source=b"other"), table(9))]
     run = tmp_path / "w-r00000.run"
     run.write_bytes(b"".join(segments))
     offsets = np.cumsum([0] + [len(s) for s in segments]).tolist()
-    ranged = [Fragment((0, n), 3, 0, Fingerprint(), path=str(run), offset=offsets[n], length=len(s))
-              for n, s in enumerate(segments)]
+    ranged = [
+        Fragment((0, n), 3, 0, Fingerprint(), path=str(run), offset=offsets[n], length=len(s))
+        for n, s in enumerate(segments)
+    ]
     whole = tmp_path / "whole.arrow"
     whole.write_bytes(to_ipc(table(12)))
     two_batches = pa.concat_tables([table(18), table(21)])
-    parts = [*ranged, Fragment((1,), 3, 0, Fingerprint(), path=str(whole)),
-             Fragment((2,), 3, 0, Fingerprint(), payload=to_ipc(table(15))),
-             Fragment((3,), 6, 0, Fingerprint(), payload=to_ipc(two_batches))]
+    parts = [
+        *ranged,
+        Fragment((1,), 3, 0, Fingerprint(), path=str(whole)),
+        Fragment((2,), 3, 0, Fingerprint(), payload=to_ipc(table(15))),
+        Fragment((3,), 6, 0, Fingerprint(), payload=to_ipc(two_batches)),
+    ]
     joined = read_joined(parts)
-    assert joined.column("i").to_pylist() == list(range(24)) == [
-        v for f in parts for v in read_table(f).column("i").to_pylist()]
-    assert joined.schema.metadata is None and read_joined(ranged[2:3]).schema.metadata == {b"source": b"other"}
+    assert (
+        joined.column("i").to_pylist()
+        == list(range(24))
+        == [v for f in parts for v in read_table(f).column("i").to_pylist()]
+    )
+    assert joined.schema.metadata is None and read_joined(ranged[2:3]).schema.metadata == {
+        b"source": b"other"
+    }
     dictionary = [pa.table({"s": pa.array(list(v)).dictionary_encode()}) for v in ("ab", "bc")]
-    read = read_joined([Fragment((n,), 2, 0, Fingerprint(), payload=to_ipc(t)) for n, t in enumerate(dictionary)])
+    read = read_joined(
+        [Fragment((n,), 2, 0, Fingerprint(), payload=to_ipc(t)) for n, t in enumerate(dictionary)]
+    )
     assert read.column("s").to_pylist() == list("abbc")
 
 
@@ -155,14 +191,25 @@ def test_thousands_of_piles_over_many_small_files_write_few_runs(tmp_path):
     source = str(tmp_path / "in")
     sample.write_jsonl(source, records=24_000, files=48, record_bytes=120)
     pattern = f"{source}/*.jsonl"
-    options = PipelineOptions([f"--input={pattern}", f"--output={tmp_path}/o/t", "--num_piles=2048",
-                               "--run_bytes=1MiB"])
+    options = PipelineOptions(
+        [f"--input={pattern}", f"--output={tmp_path}/o/t", "--num_piles=2048", "--run_bytes=1MiB"]
+    )
     plan = make_plan(options)
     group = template_group(plan)
-    dofn = ReadSourceToPiles("jsonl", plan.seed, plan.num_piles, str(tmp_path / "runs"), run_bytes=plan.run_bytes,
-                             group=group)
-    elements = [o for sources in plan.source_groups for o in dofn.process(sources) if isinstance(o, tuple)]
-    assert group > 1 and all(isinstance(e, GroupSegment) for _, e in elements)  # one element per (run, group)
+    dofn = ReadSourceToPiles(
+        "jsonl",
+        plan.seed,
+        plan.num_piles,
+        str(tmp_path / "runs"),
+        run_bytes=plan.run_bytes,
+        group=group,
+    )
+    elements = [
+        o for sources in plan.source_groups for o in dofn.process(sources) if isinstance(o, tuple)
+    ]
+    assert group > 1 and all(
+        isinstance(e, GroupSegment) for _, e in elements
+    )  # one element per (run, group)
     written = glob.glob(str(tmp_path / "runs" / "*.run"))
     runs, parts = plan.run_shape()
     assert len(written) == runs and abs(len(elements) - parts) < 0.05 * parts
@@ -170,7 +217,14 @@ def test_thousands_of_piles_over_many_small_files_write_few_runs(tmp_path):
     outputs = {}
     for mode in ("files", "shuffle"):
         out = str(tmp_path / mode / "t")
-        run_shuffle(pattern, out, "--num_piles=2048", "--run_bytes=1MiB", f"--intermediate={mode}", "--seed=3")
+        run_shuffle(
+            pattern,
+            out,
+            "--num_piles=2048",
+            "--run_bytes=1MiB",
+            f"--intermediate={mode}",
+            "--seed=3",
+        )
         assert manifest(out)["totals"]["records"] == 24_000
         outputs[mode] = digests(out)
     assert outputs["files"] == outputs["shuffle"]
@@ -193,13 +247,27 @@ def test_a_work_folder_that_cannot_be_removed_is_reported_not_swallowed(tmp_path
     stuck = os.path.join(work_dir, "stuck")
     open(stuck, "w").close()
     made = subprocess.run(["chattr", "+i", stuck], capture_output=True, text=True)
-    if made.returncode != 0:  # as root a refusal is a failure (a file system without immutable files)
+    if (
+        made.returncode != 0
+    ):  # as root a refusal is a failure (a file system without immutable files)
         refused = pytest.fail if os.geteuid() == 0 else pytest.skip
         refused(f"chattr +i needs root and failed: {made.stderr.strip()}")
     try:
-        done = subprocess.run([sys.executable, "-m", "pileshuffle", "run", f"--input={source}/*.jsonl",
-                               f"--output={output}", "--num_piles=4", "--quiet"], capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pileshuffle",
+                "run",
+                f"--input={source}/*.jsonl",
+                f"--output={output}",
+                "--num_piles=4",
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         subprocess.run(["chattr", "-i", stuck])
     assert done.returncode == 0, done.stderr
@@ -217,12 +285,20 @@ def test_local_runs_keep_off_the_grpc_data_plane_that_grew_without_bound():
 
     chosen = local_defaults(PipelineOptions([])).view_as(DirectOptions)
     assert chosen.direct_running_mode == "in_memory" and chosen.direct_num_workers == 0
-    given = local_defaults(PipelineOptions(["--direct_running_mode=multi_threading"])).view_as(DirectOptions)
+    given = local_defaults(PipelineOptions(["--direct_running_mode=multi_threading"])).view_as(
+        DirectOptions
+    )
     assert given.direct_running_mode == "multi_threading"
 
 
-@pytest.mark.parametrize("value, said", [("0", "below the minimum of 1MiB"), ("512KiB", "below the minimum of 1MiB"),
-                                         ("abc", "not a size: 'abc'")])
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("0", "below the minimum of 1MiB"),
+        ("512KiB", "below the minimum of 1MiB"),
+        ("abc", "not a size: 'abc'"),
+    ],
+)
 def test_a_run_bytes_that_is_no_budget_is_refused_in_one_line(tmp_path, value, said):
     import subprocess
     import sys
@@ -230,9 +306,20 @@ def test_a_run_bytes_that_is_no_budget_is_refused_in_one_line(tmp_path, value, s
     source = str(tmp_path / "in")
     sample.write_jsonl(source, records=100, files=1, record_bytes=100)
     for command in ("run", "plan"):
-        done = subprocess.run([sys.executable, "-m", "pileshuffle", command, f"--input={source}/*.jsonl",
-                               f"--output={tmp_path}/o/t", f"--run_bytes={value}"], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pileshuffle",
+                command,
+                f"--input={source}/*.jsonl",
+                f"--output={tmp_path}/o/t",
+                f"--run_bytes={value}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
-        assert f"--run_bytes: " in done.stderr and said in done.stderr, done.stderr
+        assert "--run_bytes: " in done.stderr and said in done.stderr, done.stderr
     assert not (tmp_path / "o").exists() or os.listdir(tmp_path / "o") == []

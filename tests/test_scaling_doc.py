@@ -9,7 +9,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def scaling_costs():
-    spec = importlib.util.spec_from_file_location("scaling_costs", ROOT / "bench" / "scaling_costs.py")
+    spec = importlib.util.spec_from_file_location(
+        "scaling_costs", ROOT / "bench" / "scaling_costs.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -20,7 +22,9 @@ def test_the_committed_tables_are_what_the_script_prints():
     text = (ROOT / "docs" / "scaling.md").read_text()
     generated = script.tables()
     markers = [line for line in text.splitlines() if script.BEGIN.match(line)]
-    assert len(markers) == len(generated) == 5, markers  # prices, rates, files, shuffle, cheapest: once each
+    assert len(markers) == len(generated) == 5, (
+        markers
+    )  # prices, rates, files, shuffle, cheapest: once each
     assert script.rewritten(text, generated) == text, "run `python bench/scaling_costs.py --write`"
     files = generated["files"].splitlines()
     total = next(line for line in files if line.startswith("| **total per TB**"))

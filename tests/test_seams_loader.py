@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from helpers import run_shuffle, shuffled_sample
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -17,10 +18,10 @@ from pileshuffle.errors import InputError
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.torch import loader_states
 
-from helpers import run_shuffle, shuffled_sample
-
-pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
-              pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
+]
 
 RECORDS = 15_000
 BATCH = 256
@@ -29,7 +30,9 @@ BATCH = 256
 @pytest.fixture(scope="module")
 def output(tmp_path_factory):
     """The issue's output: 15,000 small TFRecords."""
-    return shuffled_sample(tmp_path_factory, "tfrecord", "--num_piles=6", records=RECORDS, record_bytes=20)
+    return shuffled_sample(
+        tmp_path_factory, "tfrecord", "--num_piles=6", records=RECORDS, record_bytes=20
+    )
 
 
 def epoch_of(output, epoch, mix=2):
@@ -46,6 +49,7 @@ def loader_pass(loader):
 
 # -- a resume state applies to one pass -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_a_plain_dataloader_resume_applies_to_its_own_pass_only(output, persistent):
     """The issue's report: after resuming epoch 1 from ``loader_states``, epochs 2 and 3 each
@@ -55,9 +59,14 @@ def test_a_plain_dataloader_resume_applies_to_its_own_pass_only(output, persiste
     tds.load_state_dict(loader_states(tds, 5, num_workers=2, batch_size=BATCH))
     loader = DataLoader(tds, batch_size=None, num_workers=2, persistent_workers=persistent)
     whole_1 = epoch_of(output, 1)
-    uninterrupted = loader_pass(DataLoader(ShuffledDataset(output, seed=0, mix=2, epoch=1).torch(batch_size=BATCH),
-                                           batch_size=None, num_workers=2))
-    assert loader_pass(loader) == uninterrupted[5 * BATCH:]
+    uninterrupted = loader_pass(
+        DataLoader(
+            ShuffledDataset(output, seed=0, mix=2, epoch=1).torch(batch_size=BATCH),
+            batch_size=None,
+            num_workers=2,
+        )
+    )
+    assert loader_pass(loader) == uninterrupted[5 * BATCH :]
     for e in (2, 3):
         tds.set_epoch(e)
         if not persistent:
@@ -66,7 +75,9 @@ def test_a_plain_dataloader_resume_applies_to_its_own_pass_only(output, persiste
         assert len(got) == RECORDS and sorted(got) == sorted(whole_1)
         assert collections.Counter(got) == collections.Counter(epoch_of(output, e))
     again = loader_pass(loader if persistent else DataLoader(tds, batch_size=None, num_workers=2))
-    assert collections.Counter(again) == collections.Counter(epoch_of(output, 4))  # no set_epoch: the next one
+    assert collections.Counter(again) == collections.Counter(
+        epoch_of(output, 4)
+    )  # no set_epoch: the next one
 
 
 def test_a_stateful_dataloader_resume_applies_to_its_own_pass_only(output):
@@ -119,10 +130,13 @@ def test_set_epoch_of_the_loaded_states_epoch_keeps_the_state(output):
     tds = ShuffledDataset(output, seed=0, mix=2).torch(batch_size=BATCH)
     tds.load_state_dict(ShuffledDataset(output, seed=0, mix=2, epoch=1).state_after(2048))
     tds.set_epoch(1)
-    assert loader_pass(DataLoader(tds, batch_size=None, num_workers=0)) == epoch_of(output, 1)[2048:]
+    assert (
+        loader_pass(DataLoader(tds, batch_size=None, num_workers=0)) == epoch_of(output, 1)[2048:]
+    )
 
 
 # -- every new pass reads the next epoch ----------------------------------------------------------
+
 
 def test_every_new_pass_reads_the_next_epoch_through_every_path(output):
     ds = ShuffledDataset(output, seed=0, mix=2, epoch=1)
@@ -140,8 +154,13 @@ def test_every_new_pass_reads_the_next_epoch_through_every_path(output):
 @pytest.mark.parametrize("persistent,context", [(False, None), (True, None), (False, "spawn")])
 def test_dataloader_passes_read_successive_epochs_without_set_epoch(output, persistent, context):
     tds = ShuffledDataset(output, seed=0, mix=2, epoch=1).torch(batch_size=BATCH)
-    loader = DataLoader(tds, batch_size=None, num_workers=2, persistent_workers=persistent,
-                        multiprocessing_context=context)
+    loader = DataLoader(
+        tds,
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=persistent,
+        multiprocessing_context=context,
+    )
     for e in (1, 2, 3):
         assert collections.Counter(loader_pass(loader)) == collections.Counter(epoch_of(output, e))
     in_process = ShuffledDataset(output, seed=0, mix=2, epoch=1).torch(batch_size=BATCH)
@@ -175,12 +194,18 @@ def test_a_state_saved_before_the_next_passes_first_batch_is_of_that_pass(output
     resumed = ShuffledDataset(output, seed=0, mix=2).torch(batch_size=BATCH)
     resumed.load_state_dict(state)
     again = loader_pass(DataLoader(resumed, batch_size=None, num_workers=workers))
-    fresh = loader_pass(DataLoader(ShuffledDataset(output, seed=0, mix=2, epoch=2).torch(batch_size=BATCH),
-                                   batch_size=None, num_workers=workers))
+    fresh = loader_pass(
+        DataLoader(
+            ShuffledDataset(output, seed=0, mix=2, epoch=2).torch(batch_size=BATCH),
+            batch_size=None,
+            num_workers=workers,
+        )
+    )
     assert again == fresh
 
 
 # -- a state belongs to one output ----------------------------------------------------------------
+
 
 def test_a_state_from_another_output_is_refused(tmp_path):
     sample.write_tfrecord(str(tmp_path / "in"), records=3000, files=2, record_bytes=30)
@@ -204,12 +229,23 @@ def test_a_state_from_another_output_is_refused(tmp_path):
 
 # -- meaningless arguments ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"seed": -1}, "seed"), ({"seed": 2 ** 64}, "seed"), ({"seed": 1.5}, "seed"), ({"seed": "1"}, "seed"),
-    ({"epoch": -1}, "epoch"), ({"mix": 0}, "mix"), ({"rank": 2, "world_size": 2}, "rank"),
-    ({"world_size": 0}, "world_size"), ({"remainder": "keep"}, "remainder"), ({"columns": []}, "columns"),
-    ({"columns": ["x"]}, "columns"),  # TFRecord records have no columns
-])
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"seed": "1"}, "seed"),
+        ({"epoch": -1}, "epoch"),
+        ({"mix": 0}, "mix"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+        ({"world_size": 0}, "world_size"),
+        ({"remainder": "keep"}, "remainder"),
+        ({"columns": []}, "columns"),
+        ({"columns": ["x"]}, "columns"),  # TFRecord records have no columns
+    ],
+)
 def test_meaningless_dataset_arguments_are_refused(output, kwargs, match):
     with pytest.raises(ValueError, match=match):
         ShuffledDataset(output, **kwargs)
@@ -230,10 +266,14 @@ def test_meaningless_call_arguments_are_refused(output):
 
 
 def test_more_ranks_than_records_say_what_they_would_yield(tmp_path_factory):
-    prefix = shuffled_sample(tmp_path_factory, "jsonl", "--num_piles=2", records=5, files=1, record_bytes=20)
+    prefix = shuffled_sample(
+        tmp_path_factory, "jsonl", "--num_piles=2", records=5, files=1, record_bytes=20
+    )
     with pytest.raises(ValueError, match="world_size 8.*5 records.*remainder='pad'"):
         ShuffledDataset(prefix, rank=0, world_size=8)
-    padded = [list(ShuffledDataset(prefix, rank=r, world_size=8, remainder="pad")) for r in range(8)]
+    padded = [
+        list(ShuffledDataset(prefix, rank=r, world_size=8, remainder="pad")) for r in range(8)
+    ]
     assert all(len(p) == 1 for p in padded) and len({r for p in padded for r in p}) == 5
     torch.manual_seed(0)  # keeps the DataLoader quiet about unused seeds in this test
 
@@ -252,19 +292,31 @@ def test_a_store_state_refused_after_an_append_names_the_version_it_was_saved_on
     from pileshuffle.cli import main
 
     sample.write_tfrecord(str(tmp_path / "a"), records=800, files=2, record_bytes=20)
-    sample.write_tfrecord(str(tmp_path / "b"), records=300, files=1, record_bytes=20, seed=1, name="day2")
+    sample.write_tfrecord(
+        str(tmp_path / "b"), records=300, files=1, record_bytes=20, seed=1, name="day2"
+    )
     prefix = str(tmp_path / "store" / "t")
     run_shuffle(str(tmp_path / "a" / "*.tfrecord"), prefix, "--layout=store", "--num_piles=3")
     ds = ShuffledDataset(prefix, seed=0)
     it = iter(ds)
     head = [next(it) for _ in range(100)]
     state = ds.state_dict()
-    assert main(["append", f"--store={prefix}", f"--input={tmp_path / 'b' / '*.tfrecord'}", *FAST_ARGS]) == 0
-    with pytest.raises(ValueError, match=r"another output.*still readable: ShuffledDataset\('.*manifest-00000001\.json'\)"):
+    assert (
+        main(
+            ["append", f"--store={prefix}", f"--input={tmp_path / 'b' / '*.tfrecord'}", *FAST_ARGS]
+        )
+        == 0
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"another output.*still readable: ShuffledDataset\('.*manifest-00000001\.json'\)",
+    ):
         ShuffledDataset(prefix, seed=0).load_state_dict(state)
     old = ShuffledDataset(f"{prefix}-store/manifest-00000001.json", seed=0)
     old.load_state_dict(state)
-    assert sorted(head + list(old)) == sorted(ShuffledDataset(f"{prefix}-store/manifest-00000001.json", seed=0))
+    assert sorted(head + list(old)) == sorted(
+        ShuffledDataset(f"{prefix}-store/manifest-00000001.json", seed=0)
+    )
 
 
 FAST_ARGS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -273,28 +325,37 @@ FAST_ARGS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 def test_a_shard_with_records_added_after_the_run_is_refused(tmp_path_factory):
     import glob
 
-    prefix = shuffled_sample(tmp_path_factory, "jsonl", "--num_piles=2", records=50, files=1, record_bytes=20)
+    prefix = shuffled_sample(
+        tmp_path_factory, "jsonl", "--num_piles=2", records=50, files=1, record_bytes=20
+    )
     shard = sorted(glob.glob(f"{prefix}-*-of-*.jsonl"))[0]
     with open(shard, "ab") as handle:
         handle.write(b'{"extra": 1}\n')
-    with pytest.raises(Exception, match=r"is [\d,]+ bytes where its manifest lists [\d,]+: changed after"):
+    with pytest.raises(
+        Exception, match=r"is [\d,]+ bytes where its manifest lists [\d,]+: changed after"
+    ):
         list(ShuffledDataset(prefix, reshuffle=False))
 
 
-def test_a_jsonl_shard_cut_inside_a_line_is_refused_by_name_alone_and_in_a_mixture(tmp_path_factory):
+def test_a_jsonl_shard_cut_inside_a_line_is_refused_by_name_alone_and_in_a_mixture(
+    tmp_path_factory,
+):
     """Cut inside its last line, a JSONL shard still reads as many lines (a last line needs no
     newline): only its size, which the manifest lists, says it changed."""
     import glob
 
     from pileshuffle.loader import Mixture
 
-    prefix = shuffled_sample(tmp_path_factory, "jsonl", "--num_piles=2", records=50, files=1, record_bytes=20)
+    prefix = shuffled_sample(
+        tmp_path_factory, "jsonl", "--num_piles=2", records=50, files=1, record_bytes=20
+    )
     shard = sorted(glob.glob(f"{prefix}-*-of-*.jsonl"))[1]
     size = os.path.getsize(shard)
     os.truncate(shard, size - 3)
-    cut = re.escape(f"{shard}: is {size - 3:,} bytes where its manifest lists {size:,}: changed after it was written")
+    cut = re.escape(
+        f"{shard}: is {size - 3:,} bytes where its manifest lists {size:,}: changed after it was written"
+    )
     with pytest.raises(InputError, match=cut):
         list(ShuffledDataset(prefix))
     with pytest.raises(InputError, match=cut):
         list(Mixture([prefix, prefix], [1, 1]))
-

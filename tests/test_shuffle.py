@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from helpers import FAST, manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
 from scipy import stats
 
-from helpers import FAST, manifest, read_tfrecord_payloads, run_shuffle, shard_bytes, shards
 from pileshuffle.commands import sample
 from pileshuffle.errors import InputError, OutputError
 
@@ -23,6 +23,7 @@ def input_payloads(pattern):
 
 def test_tfrecord_multiset_counts_and_tf_data_reads_it(tfrecord_input, tmp_path):
     import tensorflow as tf
+
     out = str(tmp_path / "out" / "train")
     result = run_shuffle(tfrecord_input, out, "--num_piles=7", "--seed=3")
     assert result["totals"]["records"] == 3000
@@ -38,6 +39,7 @@ def test_tfrecord_multiset_counts_and_tf_data_reads_it(tfrecord_input, tmp_path)
 
 def test_gzip_tfrecord_in_and_out(tmp_path):
     import tensorflow as tf
+
     plain = sample.write_tfrecord(str(tmp_path / "plain"), records=500, files=2, record_bytes=50)
     import gzip
 
@@ -51,7 +53,9 @@ def test_gzip_tfrecord_in_and_out(tmp_path):
     assert sorted(got) == sorted(input_payloads(str(tmp_path / "plain" / "*.tfrecord")))
     # and plain output from gzip input when asked
     out2 = str(tmp_path / "out" / "plain")
-    run_shuffle(str(tmp_path / "plain" / "*.tfrecord.gz"), out2, "--num_piles=3", "--compression=none")
+    run_shuffle(
+        str(tmp_path / "plain" / "*.tfrecord.gz"), out2, "--num_piles=3", "--compression=none"
+    )
     assert sorted(read_tfrecord_payloads(shards(out2))) == sorted(got)
 
 
@@ -82,6 +86,7 @@ def test_jsonl_last_line_without_newline_and_long_lines(tmp_path):
 
 def test_parquet_schema_metadata_rows_and_duckdb(parquet_input, tmp_path):
     import duckdb
+
     out = str(tmp_path / "out" / "table")
     result = run_shuffle(parquet_input, out, "--format=parquet", "--num_piles=3", "--seed=5")
     source_schema = pq.read_schema(sorted(glob.glob(parquet_input))[0])
@@ -91,7 +96,9 @@ def test_parquet_schema_metadata_rows_and_duckdb(parquet_input, tmp_path):
     assert sorted(table.column("index").to_pylist()) == list(range(3000))
     original = pq.read_table(sorted(glob.glob(parquet_input))).sort_by("index")
     assert table.sort_by("index").equals(original)
-    [(count, distinct)] = duckdb.sql(f"select count(*), count(distinct index) from '{out}-*.parquet'").fetchall()
+    [(count, distinct)] = duckdb.sql(
+        f"select count(*), count(distinct index) from '{out}-*.parquet'"
+    ).fetchall()
     assert count == distinct == 3000
     assert result["schema"]["metadata"]["source"] == "pileshuffle.sample"
 
@@ -100,7 +107,12 @@ def test_variable_length_records_including_empty(tmp_path):
     src = tmp_path / "in"
     from pileshuffle.formats.tfrecord import frame
 
-    records = [b"", b"a", b"\x00" * 70000, *(bytes([i % 256]) * (i * 37 % 5000) for i in range(300))]
+    records = [
+        b"",
+        b"a",
+        b"\x00" * 70000,
+        *(bytes([i % 256]) * (i * 37 % 5000) for i in range(300)),
+    ]
     (src).mkdir()
     (src / "v.tfrecord").write_bytes(b"".join(frame(r) for r in records))
     out = str(tmp_path / "out" / "v")
@@ -111,9 +123,21 @@ def test_variable_length_records_including_empty(tmp_path):
 MODES = {
     "files-in_memory": ["--intermediate=files", *FAST],
     "shuffle-in_memory": ["--intermediate=shuffle", *FAST],
-    "files-multi_threading-3": ["--intermediate=files", "--direct_running_mode=multi_threading", "--direct_num_workers=3"],
-    "files-multi_processing-2": ["--intermediate=files", "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
-    "shuffle-multi_processing-2": ["--intermediate=shuffle", "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+    "files-multi_threading-3": [
+        "--intermediate=files",
+        "--direct_running_mode=multi_threading",
+        "--direct_num_workers=3",
+    ],
+    "files-multi_processing-2": [
+        "--intermediate=files",
+        "--direct_running_mode=multi_processing",
+        "--direct_num_workers=2",
+    ],
+    "shuffle-multi_processing-2": [
+        "--intermediate=shuffle",
+        "--direct_running_mode=multi_processing",
+        "--direct_num_workers=2",
+    ],
 }
 
 
@@ -124,7 +148,16 @@ def test_same_bytes_in_every_mode_and_worker_count(fmt, tmp_path):
     outputs = {}
     for name, args in MODES.items():
         out = str(tmp_path / name / "o")
-        run_shuffle(pattern, out, f"--format={fmt}", "--num_piles=4", "--seed=11", *args[1:], args[0], runner_args=[])
+        run_shuffle(
+            pattern,
+            out,
+            f"--format={fmt}",
+            "--num_piles=4",
+            "--seed=11",
+            *args[1:],
+            args[0],
+            runner_args=[],
+        )
         outputs[name] = shard_bytes(out)
     reference = outputs.pop("files-in_memory")
     for name, data in outputs.items():
@@ -138,7 +171,9 @@ def test_rerun_gives_same_bytes_and_overwrite_is_required(tfrecord_input, tmp_pa
     out = str(tmp_path / "out" / "r")
     run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1")
     first = shard_bytes(out)
-    assert run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1") == manifest(out)  # the same run: nothing to do
+    assert run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1") == manifest(
+        out
+    )  # the same run: nothing to do
     with pytest.raises(OutputError, match="already exists.*--overwrite"):
         run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=2")
     run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1", "--overwrite")
@@ -200,20 +235,42 @@ def test_errors_name_the_path_and_write_nothing(tmp_path, tfrecord_input):
 
 def test_cli_error_is_one_line_without_traceback(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pileshuffle", "run", f"--input={tmp_path}/missing-*.jsonl", f"--output={tmp_path}/o",
-         "--format=jsonl"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pileshuffle",
+            "run",
+            f"--input={tmp_path}/missing-*.jsonl",
+            f"--output={tmp_path}/o",
+            "--format=jsonl",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == f"pileshuffle: error: {tmp_path}/missing-*.jsonl: matches no file"
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == f"pileshuffle: error: {tmp_path}/missing-*.jsonl: matches no file"
+    )
     assert "Traceback" not in proc.stderr
 
 
 def test_cli_run_prints_summary(tfrecord_input, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pileshuffle", "run", f"--input={tfrecord_input}", f"--output={tmp_path}/o/x",
-         "--num_piles=2", *FAST],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pileshuffle",
+            "run",
+            f"--input={tfrecord_input}",
+            f"--output={tmp_path}/o/x",
+            "--num_piles=2",
+            *FAST,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "records   3,000" in proc.stdout and "MB/s" in proc.stdout and "min " in proc.stdout
@@ -224,21 +281,27 @@ def test_a_pile_of_whole_fragment_files_is_written_in_key_order(tmp_path):
     whole and orders the records by their keys."""
     import pyarrow as pa
 
-    from pileshuffle.records.fingerprint import Fingerprint
-    from pileshuffle.formats import record_hashes
-    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.engine.fragments import Fragment, FragmentFiles
     from pileshuffle.engine.transforms.shuffle import Pile
     from pileshuffle.engine.transforms.write import WriteShard
+    from pileshuffle.formats import record_hashes
+    from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+    from pileshuffle.records.fingerprint import Fingerprint
 
     records = pa.table({"record": pa.array([b"a", b"bb", b"ccc"], pa.binary())})
     hashes = record_hashes(records)
     table = records.append_column(KEY_COLUMN, pa.array([3, 1, 2], pa.uint64())).append_column(
-        HASH_COLUMN, pa.array(hashes, pa.uint64()))
+        HASH_COLUMN, pa.array(hashes, pa.uint64())
+    )
     files = FragmentFiles(str(tmp_path / "fragments"), "s000000")
     files.append(0, table, Fingerprint.of(hashes, 6))
     (committed,) = files.commit()
-    path, count, nbytes, fingerprint = committed.path, committed.records, committed.nbytes, committed.fingerprint
+    path, count, nbytes, fingerprint = (
+        committed.path,
+        committed.records,
+        committed.nbytes,
+        committed.fingerprint,
+    )
     pile = Pile(0, 1, (Fragment((0, 0), count, nbytes, fingerprint, path=path),))
     (stats,) = list(WriteShard("jsonl", "none", str(tmp_path / "out" / "x")).process(pile))
     assert open(stats.staged_path, "rb").read() == b"bb\nccc\na\n"
@@ -249,9 +312,19 @@ def test_plan_reports_without_writing_anything(three_mb_input, tmp_path):
     import os
 
     proc = subprocess.run(
-        [sys.executable, "-m", "pileshuffle", "plan", f"--input={three_mb_input}", f"--output={tmp_path}/out/p",
-         "--max_pile_bytes=1MiB", "--json"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pileshuffle",
+            "plan",
+            f"--input={three_mb_input}",
+            f"--output={tmp_path}/out/p",
+            "--max_pile_bytes=1MiB",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
@@ -263,11 +336,15 @@ def test_plan_reports_without_writing_anything(three_mb_input, tmp_path):
 def test_mean_record_size_comes_from_the_first_source_with_records(tmp_path, fmt):
     """The auto pile count's record size: a sample of the first source that has records
     (an empty first file is passed over); Parquet reads only its footer, and agrees."""
+    from pileshuffle.engine.transforms.assign import Source
     from pileshuffle.formats import get_format
     from pileshuffle.planning.plan import mean_record_bytes
-    from pileshuffle.engine.transforms.assign import Source
 
-    writer = {"tfrecord": sample.write_tfrecord, "jsonl": sample.write_jsonl, "parquet": sample.write_parquet}[fmt]
+    writer = {
+        "tfrecord": sample.write_tfrecord,
+        "jsonl": sample.write_jsonl,
+        "parquet": sample.write_parquet,
+    }[fmt]
     writer(str(tmp_path / "in"), records=2000, files=2, record_bytes=300)
     writer(str(tmp_path / "in"), records=0, files=1, record_bytes=300, name="a-empty")
     paths = sorted(glob.glob(str(tmp_path / "in" / f"*.{fmt}")))
@@ -284,7 +361,9 @@ def test_mean_record_size_comes_from_the_first_source_with_records(tmp_path, fmt
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 @pytest.mark.parametrize("group", [3, 256])
-def test_small_piles_written_in_groups_give_the_bytes_of_one_pile_at_a_time(fmt, group, tmp_path, monkeypatch):
+def test_small_piles_written_in_groups_give_the_bytes_of_one_pile_at_a_time(
+    fmt, group, tmp_path, monkeypatch
+):
     """The template puts G neighbouring small piles in order at once (``pile_groups``); every
     shard must be the one ``Pile.ordered`` writes alone: the same bytes with groups of 3 (the last
     group short), of 256 (all 37 piles, some empty), and with piles split again past a small
@@ -295,12 +374,24 @@ def test_small_piles_written_in_groups_give_the_bytes_of_one_pile_at_a_time(fmt,
     sample.WRITERS[fmt](str(tmp_path / "in"), records=3000, files=3, record_bytes=60)
     pattern, outputs, seen = str(tmp_path / "in" / "*"), {}, []
     real_ordered = PileGroup.ordered
-    monkeypatch.setattr(PileGroup, "ordered", lambda self: (seen.append(len(self.piles)), (yield from real_ordered(self)))[1])
+    monkeypatch.setattr(
+        PileGroup,
+        "ordered",
+        lambda self: (seen.append(len(self.piles)), (yield from real_ordered(self)))[1],
+    )
     for size in (1, group):
         monkeypatch.setattr(graph, "template_group", lambda plan, size=size: size)
         for mode, extra in (("files", ["--max_pile_bytes=20000"]), ("shuffle", [])):
             out = str(tmp_path / f"{size}-{mode}" / "o")
-            run_shuffle(pattern, out, f"--format={fmt}", "--num_piles=37", "--seed=5", f"--intermediate={mode}", *extra)
+            run_shuffle(
+                pattern,
+                out,
+                f"--format={fmt}",
+                "--num_piles=37",
+                "--seed=5",
+                f"--intermediate={mode}",
+                *extra,
+            )
             outputs[size, mode] = shard_bytes(out)
     assert seen and max(seen) == min(group, 37)  # groups ran, of the size asked
     for mode in ("files", "shuffle"):

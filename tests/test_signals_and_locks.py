@@ -24,8 +24,8 @@ import threading
 import time
 
 import pytest
-
 from helpers import final_outputs, refused, run_shuffle, shard_bytes, succeeded, temp_leftovers
+
 from pileshuffle.commands import sample
 
 PY = sys.executable
@@ -48,8 +48,13 @@ def default_signals():
 
 
 def cli(*argv):
-    done = subprocess.run([PY, "-m", "pileshuffle", *argv], capture_output=True, text=True,
-                          timeout=300, preexec_fn=default_signals)
+    done = subprocess.run(
+        [PY, "-m", "pileshuffle", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=default_signals,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -75,17 +80,26 @@ def reference(data):
 
 SINCE = "2026-12-06T10:00:00.000000Z"
 LOCKS = {  # layout -> (where its lock is, how a refusal names the holder)
-    "shards": ("{p}.pileshuffle-lock",
-               "output {p} is locked by a run started at {since} (pid {pid} on {host}: `{cmd}`)"),
-    "store": ("{p}-store/LOCK",
-              "{p}-store is locked by `{cmd}` (pid {pid} on {host}, since {since})"),
+    "shards": (
+        "{p}.pileshuffle-lock",
+        "output {p} is locked by a run started at {since} (pid {pid} on {host}: `{cmd}`)",
+    ),
+    "store": (
+        "{p}-store/LOCK",
+        "{p}-store is locked by `{cmd}` (pid {pid} on {host}, since {since})",
+    ),
 }
 
 
 def write_lock(path: str, host: str, pid: int):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    holder = {"command": "pileshuffle run --input a --output b", "host": host, "pid": pid,
-              "since": SINCE, "token": "t"}
+    holder = {
+        "command": "pileshuffle run --input a --output b",
+        "host": host,
+        "pid": pid,
+        "since": SINCE,
+        "token": "t",
+    }
     with open(path, "w") as handle:
         json.dump(holder, handle)
     return holder
@@ -98,13 +112,20 @@ def test_a_lock_held_from_another_host_is_never_taken_over(data, tmp_path, capsy
     prefix = str(tmp_path / "out" / "data")
     where, refusal = LOCKS[layout]
     lock, pid = where.format(p=prefix), dead_pid()
-    argv = ["run", f"--input={inputs(data)}", f"--output={prefix}", f"--layout={layout}",
-            "--quiet", *SEED_OPTIONS]
+    argv = [
+        "run",
+        f"--input={inputs(data)}",
+        f"--output={prefix}",
+        f"--layout={layout}",
+        "--quiet",
+        *SEED_OPTIONS,
+    ]
     holder = write_lock(lock, "another-host.example", pid)
     before = open(lock, "rb").read()
     line = refused(capsys, *argv)
-    named = refusal.format(p=prefix, since=SINCE, pid=pid, host=holder["host"],
-                           cmd=holder["command"])
+    named = refusal.format(
+        p=prefix, since=SINCE, pid=pid, host=holder["host"], cmd=holder["command"]
+    )
     assert named in line, line
     assert open(lock, "rb").read() == before
     assert final_outputs(prefix) == [] and not glob.glob(f"{prefix}-store/manifest-*")
@@ -125,15 +146,23 @@ class Ignoring:
     def __init__(self, signum, argv):
         command = [PY, "-m", "pileshuffle", *argv]
         if signum == signal.SIGHUP:
-            self.process = subprocess.Popen(["nohup", *command], stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.PIPE, text=True,
-                                            preexec_fn=default_signals)
+            self.process = subprocess.Popen(
+                ["nohup", *command],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=default_signals,
+            )
             self.pid = self.process.pid  # nohup execs the command
         else:
             in_background = ["sh", "-c", '"$@" >/dev/null & echo $!; wait $!', "sh", *command]
-            self.process = subprocess.Popen(in_background, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True,
-                                            preexec_fn=default_signals)
+            self.process = subprocess.Popen(
+                in_background,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=default_signals,
+            )
             self.pid = int(self.process.stdout.readline())
 
     def ignores(self, signum) -> bool:
@@ -143,14 +172,21 @@ class Ignoring:
         return bool(mask & (1 << (signum - 1)))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT],
-                         ids=["nohup-SIGHUP", "background-SIGINT"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGHUP, signal.SIGINT], ids=["nohup-SIGHUP", "background-SIGINT"]
+)
 def test_a_signal_the_caller_ignores_stays_ignored(data, tmp_path, signum):
     """The signal is sent again and again from the moment the run holds its output's lock until
     it exits: the run finishes, publishes the shards of an undisturbed run and leaves nothing."""
     output = str(tmp_path / "out" / "data")
-    argv = ["run", f"--input={inputs(data)}", f"--output={output}", "--quiet", "--memory=1MiB",
-            *SEED_OPTIONS]
+    argv = [
+        "run",
+        f"--input={inputs(data)}",
+        f"--output={output}",
+        "--quiet",
+        "--memory=1MiB",
+        *SEED_OPTIONS,
+    ]
     run, sent = Ignoring(signum, argv), 0
     deadline = time.time() + HANG_SECONDS
     while not os.path.exists(f"{output}.pileshuffle-lock") and run.process.poll() is None:
@@ -224,12 +260,22 @@ def test_a_second_ctrl_c_exits_at_once(data, tmp_path):
     had no time to remove are there, and the same command run again removes them and writes the
     shards of an undisturbed run."""
     output = str(tmp_path / "out" / "data")
-    argv = ["run", f"--input={inputs(data)}", f"--output={output}", "--quiet",
-            "--direct_num_workers=2", *SEED_OPTIONS]  # pass 2's shards in worker threads
+    argv = [
+        "run",
+        f"--input={inputs(data)}",
+        f"--output={output}",
+        "--quiet",
+        "--direct_num_workers=2",
+        *SEED_OPTIONS,
+    ]  # pass 2's shards in worker threads
     blocked, waiting = str(tmp_path / "blocked"), str(tmp_path / "waiting")
-    process = subprocess.Popen([PY, "-c", STUCK_SHARD, blocked, waiting, *argv],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=default_signals)
+    process = subprocess.Popen(
+        [PY, "-c", STUCK_SHARD, blocked, waiting, *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signals,
+    )
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
     reader.start()

@@ -14,20 +14,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import manifest, run_shuffle, shard_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import manifest, run_shuffle, shard_bytes
+from pileshuffle.engine.sources import Source, source_groups, split_sources, stats_by_file
 from pileshuffle.errors import InputError
 from pileshuffle.formats import get_format
-from pileshuffle.engine.sources import Source, source_groups, split_sources, stats_by_file
 
 
 def read_spans(fmt, path, cuts, chunk_bytes):
     """``read_placed`` of each span between sorted ``cuts`` (0 and the size included), joined, with
     the spans checked to chain as pass 1's are (``check_spans_chain``)."""
-    from pileshuffle.formats import ReadReport
     from pileshuffle.engine.sources import SourceStats, check_spans_chain
+    from pileshuffle.formats import ReadReport
 
     tables, places, stats = [], [], []
     for start, stop in zip(cuts, cuts[1:]):
@@ -43,14 +43,18 @@ def read_spans(fmt, path, cuts, chunk_bytes):
 
 def whole(fmt, path):
     read = list(fmt.read_placed(path, 1 << 20))
-    return [t for t, _ in read], np.concatenate([p for _, p in read]) if read else np.zeros(0, np.int64)
+    return [t for t, _ in read], np.concatenate([p for _, p in read]) if read else np.zeros(
+        0, np.int64
+    )
 
 
 def assert_spans_read_as_whole(format_name, path, cuts, chunk_bytes):
     """The file read in the spans between ``cuts`` (fractions of its size) gives the whole read's
     records, at the same places."""
     fmt, size = get_format(format_name), os.path.getsize(path)
-    tables, places = read_spans(fmt, path, sorted({0, size, *(int(c * size) for c in cuts)}), chunk_bytes)
+    tables, places = read_spans(
+        fmt, path, sorted({0, size, *(int(c * size) for c in cuts)}), chunk_bytes
+    )
     expected_tables, expected_places = whole(fmt, path)
     assert places.tolist() == expected_places.tolist()
     assert same_records(tables, expected_tables, fmt.record_column)
@@ -61,14 +65,22 @@ def same_records(a, b, column):
     return flatten(a) == flatten(b)
 
 
-text = st.text(st.characters(blacklist_characters="\n\x00", blacklist_categories=("Cs",)), max_size=30)
+text = st.text(
+    st.characters(blacklist_characters="\n\x00", blacklist_categories=("Cs",)), max_size=30
+)
 lines = st.lists(text.map(str.encode), min_size=1, max_size=60)  # UTF-8 of any width
 
 
-@given(lines=lines, last_newline=st.booleans(), cuts=st.lists(st.floats(0, 1), max_size=12),
-       chunk_bytes=st.sampled_from([1, 7, 64, 1 << 20]))
+@given(
+    lines=lines,
+    last_newline=st.booleans(),
+    cuts=st.lists(st.floats(0, 1), max_size=12),
+    chunk_bytes=st.sampled_from([1, 7, 64, 1 << 20]),
+)
 @settings(max_examples=100, deadline=None)
-def test_jsonl_spans_give_every_line_once_at_its_offset(tmp_path_factory, lines, last_newline, cuts, chunk_bytes):
+def test_jsonl_spans_give_every_line_once_at_its_offset(
+    tmp_path_factory, lines, last_newline, cuts, chunk_bytes
+):
     """Cuts anywhere (mid-line, on a newline, past a line start, spans shorter than a line,
     empty spans), a last line without its newline, blocks smaller than a line."""
     path = str(tmp_path_factory.mktemp("jsonl") / "one.jsonl")
@@ -84,17 +96,28 @@ def test_jsonl_spans_give_every_line_once_at_its_offset(tmp_path_factory, lines,
     expected_tables, expected_places = whole(fmt, path)
     assert places.tolist() == expected_places.tolist()
     assert same_records(tables, expected_tables, "line")
-    starts = [0] + [i + 1 for i, byte in enumerate(data[:-1]) if byte == 10]  # a line starts after each newline
+    starts = [0] + [
+        i + 1 for i, byte in enumerate(data[:-1]) if byte == 10
+    ]  # a line starts after each newline
     bom = b"\xef\xbb\xbf" if data.startswith(b"\xef\xbb\xbf") else b""  # not part of the first line
-    records = [(start + (len(bom) if start == 0 else 0), line[len(bom):] if start == 0 else line)
-               for start, line in zip(starts, data.split(b"\n"))]
-    assert places.tolist() == [at for at, line in records if line.strip(b" \t\r")]  # blank lines are no records
+    records = [
+        (start + (len(bom) if start == 0 else 0), line[len(bom) :] if start == 0 else line)
+        for start, line in zip(starts, data.split(b"\n"))
+    ]
+    assert places.tolist() == [
+        at for at, line in records if line.strip(b" \t\r")
+    ]  # blank lines are no records
 
 
-@given(groups=st.lists(st.integers(1, 40), min_size=1, max_size=8), cuts=st.lists(st.floats(0, 1), max_size=10),
-       dictionary=st.booleans())
+@given(
+    groups=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    cuts=st.lists(st.floats(0, 1), max_size=10),
+    dictionary=st.booleans(),
+)
 @settings(max_examples=60, deadline=None)
-def test_parquet_spans_give_every_row_group_once_with_its_row_numbers(tmp_path_factory, groups, cuts, dictionary):
+def test_parquet_spans_give_every_row_group_once_with_its_row_numbers(
+    tmp_path_factory, groups, cuts, dictionary
+):
     path = str(tmp_path_factory.mktemp("parquet") / "one.parquet")
     rows = sum(groups)
     table = pa.table({"i": np.arange(rows), "s": [f"row {i % 7}" for i in range(rows)]})
@@ -115,7 +138,11 @@ def test_large_files_are_cut_into_spans_that_cover_them_and_nothing_else_is(tmp_
     """Spans tile a file; a gzip JSONL, a TFRecord under --skip_corrupt and a small file are read
     whole; units are the budget, or a sixteenth of the input if less."""
     big = Source(0, "big.jsonl", 1_000_000)
-    zipped, framed, small = Source(1, "big.jsonl.gz", 1_000_000), Source(2, "x.tfrecord", 1_000_000), Source(3, "s.jsonl", 10)
+    zipped, framed, small = (
+        Source(1, "big.jsonl.gz", 1_000_000),
+        Source(2, "x.tfrecord", 1_000_000),
+        Source(3, "s.jsonl", 10),
+    )
     spans = split_sources([big, small], budget=50_000, fmt=get_format("jsonl"))
     cut = [s.span for s in spans if s.id == 0]
     assert len(cut) == 20 and cut[0][0] == 0  # 20 units of 50,000 bytes and cut[-1][1] == big.size
@@ -123,12 +150,16 @@ def test_large_files_are_cut_into_spans_that_cover_them_and_nothing_else_is(tmp_
     assert spans[-1] == small and spans[-1].span is None
     assert split_sources([zipped], 100_000, get_format("jsonl")) == [zipped]
     assert len(split_sources([framed], 100_000, get_format("tfrecord"))) == 16
-    assert split_sources([framed], 100_000, get_format("tfrecord"), skip_corrupt=True) == [framed]  # skips need the walk
+    assert split_sources([framed], 100_000, get_format("tfrecord"), skip_corrupt=True) == [
+        framed
+    ]  # skips need the walk
     shards = Source(4, "x.tar", 1_000_000)
     assert len(split_sources([shards], 100_000, get_format("tar"))) == 16
     assert split_sources([shards], 100_000, get_format("tar"), skip_corrupt=True) == [shards]
     assert [len(g) for g in source_groups(spans, 50_000)] == [1] * 20 + [1]
-    assert len(split_sources([big], budget=10**9, fmt=get_format("jsonl"))) == 16  # a sixteenth of the input
+    assert (
+        len(split_sources([big], budget=10**9, fmt=get_format("jsonl"))) == 16
+    )  # a sixteenth of the input
 
 
 def _write_big_jsonl(path, records):
@@ -147,13 +178,28 @@ def big_inputs(tmp_path_factory):
     _write_big_jsonl(str(root / "one.jsonl"), 200_000)
     rows = 96 * 4000
     table = pa.table({"i": np.arange(rows), "text": ["x" * (i % 97) for i in range(rows)]})
-    pq.write_table(table, str(root / "one.parquet"), row_group_size=4000, compression="none", use_dictionary=False)
+    pq.write_table(
+        table,
+        str(root / "one.parquet"),
+        row_group_size=4000,
+        compression="none",
+        use_dictionary=False,
+    )
     rng = np.random.default_rng(4)
-    _tfrecord_file(str(root / "one.tfrecord"), [b"%d " % i + bytes(int(n)) for i, n in enumerate(rng.integers(0, 400, 110_000))])
+    _tfrecord_file(
+        str(root / "one.tfrecord"),
+        [b"%d " % i + bytes(int(n)) for i, n in enumerate(rng.integers(0, 400, 110_000))],
+    )
     import tarfile
 
-    _tar_file(str(root / "one.tar"), [(f"s{i:06d}", [("jpg", int(n)), ("cls", 1)]) for i, n in
-                                      enumerate(rng.integers(0, 1500, 12_000))], tarfile.PAX_FORMAT)
+    _tar_file(
+        str(root / "one.tar"),
+        [
+            (f"s{i:06d}", [("jpg", int(n)), ("cls", 1)])
+            for i, n in enumerate(rng.integers(0, 1500, 12_000))
+        ],
+        tarfile.PAX_FORMAT,
+    )
     return root
 
 
@@ -164,8 +210,14 @@ def test_one_large_file_gives_the_same_bytes_for_any_split_size(big_inputs, tmp_
     manifest lists the file once with all its records, and verify proves it."""
     path = str(big_inputs / f"one.{fmt}")
     size = os.path.getsize(path)
-    spans = [len(split_sources([Source(0, path, size)], budget, get_format(fmt))) for budget in (1 << 20, 256 << 20)]
-    assert spans == [-(-size // (1 << 20)), 16]  # spans of at most --run_bytes (one run each); a sixteenth of the input
+    spans = [
+        len(split_sources([Source(0, path, size)], budget, get_format(fmt)))
+        for budget in (1 << 20, 256 << 20)
+    ]
+    assert spans == [
+        -(-size // (1 << 20)),
+        16,
+    ]  # spans of at most --run_bytes (one run each); a sixteenth of the input
     outputs = {}
     for run_bytes in ("1MiB", "auto"):
         out = str(tmp_path / run_bytes / "s")
@@ -191,8 +243,8 @@ def test_a_span_reader_names_a_bad_line_by_its_byte_offset(tmp_path):
 
 
 def test_span_stats_add_up_per_file():
-    from pileshuffle.records.fingerprint import Fingerprint
     from pileshuffle.engine.sources import SourceStats
+    from pileshuffle.records.fingerprint import Fingerprint
 
     a = SourceStats(0, "f", Fingerprint.of(np.array([1, 2], np.uint64), 10), 1, 5, ("x",))
     b = SourceStats(0, "f", Fingerprint.of(np.array([3], np.uint64), 4), 0, 0, ())
@@ -200,7 +252,11 @@ def test_span_stats_add_up_per_file():
     merged = stats_by_file([c, b, a])
     assert [m.source for m in merged] == [0, 1]
     assert merged[0].fingerprint == Fingerprint.of(np.array([1, 2, 3], np.uint64), 14)
-    assert (merged[0].skipped_records, merged[0].skipped_bytes, merged[0].problems) == (1, 5, ("x",))
+    assert (merged[0].skipped_records, merged[0].skipped_bytes, merged[0].problems) == (
+        1,
+        5,
+        ("x",),
+    )
 
 
 def test_a_gzip_jsonl_file_is_read_whole_and_keyed_as_its_plain_form(tmp_path):
@@ -214,9 +270,17 @@ def test_a_gzip_jsonl_file_is_read_whole_and_keyed_as_its_plain_form(tmp_path):
     with open(plain, "rb") as src, gzip.open(zipped, "wb") as dst:
         dst.write(src.read())
     for where in (plain, zipped):
-        run_shuffle(where, str(tmp_path / os.path.basename(os.path.dirname(where)) / "out" / "s"), "--num_piles=3",
-                    "--seed=2", "--compression=none", "--quiet")
-    assert shard_bytes(str(tmp_path / "plain" / "out" / "s")) == shard_bytes(str(tmp_path / "gz" / "out" / "s"))
+        run_shuffle(
+            where,
+            str(tmp_path / os.path.basename(os.path.dirname(where)) / "out" / "s"),
+            "--num_piles=3",
+            "--seed=2",
+            "--compression=none",
+            "--quiet",
+        )
+    assert shard_bytes(str(tmp_path / "plain" / "out" / "s")) == shard_bytes(
+        str(tmp_path / "gz" / "out" / "s")
+    )
     assert len(glob.glob(str(tmp_path / "gz" / "out" / "s-*.jsonl"))) == 3
 
 
@@ -228,13 +292,22 @@ def _tfrecord_file(path, payloads):
             f.write(frame(payload))
 
 
-payloads = st.lists(st.one_of(st.binary(max_size=60), st.integers(0, 3000).map(lambda n: bytes(n))), min_size=1, max_size=40)
+payloads = st.lists(
+    st.one_of(st.binary(max_size=60), st.integers(0, 3000).map(lambda n: bytes(n))),
+    min_size=1,
+    max_size=40,
+)
 
 
-@given(payloads=payloads, cuts=st.lists(st.floats(0, 1), max_size=10), chunk_bytes=st.sampled_from([16, 100, 1 << 20]))
+@given(
+    payloads=payloads,
+    cuts=st.lists(st.floats(0, 1), max_size=10),
+    chunk_bytes=st.sampled_from([16, 100, 1 << 20]),
+)
 @settings(max_examples=100, deadline=None)
-def test_tfrecord_spans_find_their_first_frame_by_its_crcs_and_give_every_frame_once(tmp_path_factory, payloads, cuts,
-                                                                                    chunk_bytes):
+def test_tfrecord_spans_find_their_first_frame_by_its_crcs_and_give_every_frame_once(
+    tmp_path_factory, payloads, cuts, chunk_bytes
+):
     """Cuts anywhere (in a header, a payload of zeros, a footer), frames larger than a block,
     empty payloads: the frames of all spans are the whole read's, at the same places."""
     path = str(tmp_path_factory.mktemp("tfrecord") / "one.tfrecord")
@@ -242,11 +315,17 @@ def test_tfrecord_spans_find_their_first_frame_by_its_crcs_and_give_every_frame_
     assert_spans_read_as_whole("tfrecord", path, cuts, chunk_bytes)
 
 
-@given(payloads=payloads, damaged=st.floats(0, 1), where=st.sampled_from(["length", "length crc", "payload", "footer"]),
-       cuts=st.lists(st.floats(0, 1), max_size=8), chunk_bytes=st.sampled_from([16, 100, 1 << 20]))
+@given(
+    payloads=payloads,
+    damaged=st.floats(0, 1),
+    where=st.sampled_from(["length", "length crc", "payload", "footer"]),
+    cuts=st.lists(st.floats(0, 1), max_size=8),
+    chunk_bytes=st.sampled_from([16, 100, 1 << 20]),
+)
 @settings(max_examples=100, deadline=None)
-def test_a_damaged_frame_anywhere_fails_a_read_in_spans_for_any_cuts(tmp_path_factory, payloads, damaged, where, cuts,
-                                                                     chunk_bytes):
+def test_a_damaged_frame_anywhere_fails_a_read_in_spans_for_any_cuts(
+    tmp_path_factory, payloads, damaged, where, cuts, chunk_bytes
+):
     """Strict reading never loses a damaged frame: whichever span it falls in (the first one's
     first frame too, at a span's start, across a boundary), some span's walk refuses it or the
     spans do not chain."""
@@ -255,7 +334,10 @@ def test_a_damaged_frame_anywhere_fails_a_read_in_spans_for_any_cuts(tmp_path_fa
 
     frames = [frame(p) for p in payloads]
     index = min(int(damaged * len(frames)), len(frames) - 1)
-    at = sum(len(f) for f in frames[:index]) + {"length": 0, "length crc": 9, "payload": 12, "footer": len(frames[index]) - 1}[where]
+    at = (
+        sum(len(f) for f in frames[:index])
+        + {"length": 0, "length crc": 9, "payload": 12, "footer": len(frames[index]) - 1}[where]
+    )
     if where == "payload" and len(payloads[index]) == 0:
         at += 1  # no payload byte: damage the footer
     data = bytearray(b"".join(frames))
@@ -265,12 +347,22 @@ def test_a_damaged_frame_anywhere_fails_a_read_in_spans_for_any_cuts(tmp_path_fa
         f.write(bytes(data))
     size = len(data)
     with pytest.raises(PileshuffleError):
-        read_spans(get_format("tfrecord"), path, sorted({0, size, *(int(c * size) for c in cuts)}), chunk_bytes)
+        read_spans(
+            get_format("tfrecord"),
+            path,
+            sorted({0, size, *(int(c * size) for c in cuts)}),
+            chunk_bytes,
+        )
 
 
-@pytest.mark.parametrize("inner_frames, copies", [(4000, 4), (16000, 1)], ids=["payloads-in-a-span", "spans-in-a-payload"])
+@pytest.mark.parametrize(
+    "inner_frames, copies",
+    [(4000, 4), (16000, 1)],
+    ids=["payloads-in-a-span", "spans-in-a-payload"],
+)
 def test_a_payload_that_reads_as_a_frame_across_a_span_boundary_fails_the_run_and_publishes_nothing(
-        tmp_path, inner_frames, copies):
+    tmp_path, inner_frames, copies
+):
     """A record whose payload is itself a TFRecord file (a frame inside a frame): a span that
     starts inside it finds an inner frame by its CRCs, and its walk breaks at the outer frame's
     footer (some span's always does: the one that holds that footer began inside the payload). The
@@ -278,43 +370,68 @@ def test_a_payload_that_reads_as_a_frame_across_a_span_boundary_fails_the_run_an
     (A walk that would not break is caught by the spans' chain: the next test.)"""
     from pileshuffle.formats.tfrecord import frame
 
-    inner = b"".join(frame(b"inner %d " % i + bytes(200)) for i in range(inner_frames))  # ~0.9 or 3.6 MB of frames
+    inner = b"".join(
+        frame(b"inner %d " % i + bytes(200)) for i in range(inner_frames)
+    )  # ~0.9 or 3.6 MB of frames
     path = tmp_path / "in" / "nested.tfrecord"
     path.parent.mkdir()
-    _tfrecord_file(str(path), [b"first"] + [inner] * copies + [b"last %d" % i for i in range(20_000)])
+    _tfrecord_file(
+        str(path), [b"first"] + [inner] * copies + [b"last %d" % i for i in range(20_000)]
+    )
     out = str(tmp_path / "out" / "s")
     from pileshuffle.errors import PileshuffleError
 
-    with pytest.raises(PileshuffleError, match=r"nested\.tfrecord at byte offset \d+: corrupt record: the length field "
-                                                r"fails its CRC where a record of the file read from its middle ends: a "
-                                                r"record's payload holds TFRecord records, and such a file cannot be read in "
-                                                r"spans \(give it compressed"):
+    with pytest.raises(
+        PileshuffleError,
+        match=r"nested\.tfrecord at byte offset \d+: corrupt record: the length field "
+        r"fails its CRC where a record of the file read from its middle ends: a "
+        r"record's payload holds TFRecord records, and such a file cannot be read in "
+        r"spans \(give it compressed",
+    ):
         run_shuffle(str(path), out, "--num_piles=3", "--seed=1")
     assert glob.glob(out + "*") == [] or not os.path.exists(out + "-manifest.json")
     zipped = tmp_path / "gz" / "nested.tfrecord.gz"
     zipped.parent.mkdir()
     zipped.write_bytes(gzip.compress(path.read_bytes(), compresslevel=1))
-    run_shuffle(str(zipped), str(tmp_path / "gz-out" / "s"), "--num_piles=3", "--seed=1", "--compression=none")
+    run_shuffle(
+        str(zipped),
+        str(tmp_path / "gz-out" / "s"),
+        "--num_piles=3",
+        "--seed=1",
+        "--compression=none",
+    )
     assert manifest(str(tmp_path / "gz-out" / "s"))["totals"]["records"] == 1 + copies + 20_000
 
 
 def test_spans_whose_readers_disagree_where_records_start_publish_nothing():
     """``check_spans_chain``: each span that searched for its first record must start it where the
     walk of the spans before goes on; a span with no record must lie wholly before that place."""
-    from pileshuffle.errors import IntegrityError
     from pileshuffle.engine.sources import SourceStats, check_spans_chain
+    from pileshuffle.errors import IntegrityError
 
     def spans(*reached, size=400):
         cuts = [i * size // len(reached) for i in range(len(reached) + 1)]
-        return [SourceStats(0, "f.tfrecord", None, span=(a, b), reached=r) for (a, b), r in zip(zip(cuts, cuts[1:]), reached)]
+        return [
+            SourceStats(0, "f.tfrecord", None, span=(a, b), reached=r)
+            for (a, b), r in zip(zip(cuts, cuts[1:]), reached)
+        ]
 
-    check_spans_chain(spans((0, 130), (130, 230), (230, 400), (None, None)))  # the last span holds no record start
-    check_spans_chain(spans((0, 350), (None, None), (350, 400), (None, None)))  # a record over a whole span
+    check_spans_chain(
+        spans((0, 130), (130, 230), (230, 400), (None, None))
+    )  # the last span holds no record start
+    check_spans_chain(
+        spans((0, 350), (None, None), (350, 400), (None, None))
+    )  # a record over a whole span
     check_spans_chain(spans(None, None))  # spans that did not search (JSONL, Parquet)
-    for bad in (spans((0, 130), (120, 230)),  # overlap: a payload read as records
-                spans((0, 130), (140, 230)),  # a gap: records skipped
-                spans((0, 150), (None, None), (None, None), (None, None))):  # the walk ends inside a span that found none
-        with pytest.raises(IntegrityError, match=r"f\.tfrecord: read in spans, its readers disagree where records start"):
+    for bad in (
+        spans((0, 130), (120, 230)),  # overlap: a payload read as records
+        spans((0, 130), (140, 230)),  # a gap: records skipped
+        spans((0, 150), (None, None), (None, None), (None, None)),
+    ):  # the walk ends inside a span that found none
+        with pytest.raises(
+            IntegrityError,
+            match=r"f\.tfrecord: read in spans, its readers disagree where records start",
+        ):
             check_spans_chain(bad)
 
 
@@ -331,10 +448,12 @@ def test_a_damaged_frame_in_a_file_read_in_spans_is_named_at_its_offset(big_inpu
     path.parent.mkdir()
     path.write_bytes(bytes(data))
     out = str(tmp_path / "out" / "s")
-    with pytest.raises(InputError, match=rf"one\.tfrecord at byte offset {damaged}: corrupt record: the data \(\d+ bytes\) fails its CRC"):
+    with pytest.raises(
+        InputError,
+        match=rf"one\.tfrecord at byte offset {damaged}: corrupt record: the data \(\d+ bytes\) fails its CRC",
+    ):
         run_shuffle(str(path), out, "--num_piles=3", "--seed=1")
     assert not os.path.exists(out + "-manifest.json") and glob.glob(out + "-0*") == []
-
 
 
 def _tar_file(path, samples, tar_format):
@@ -352,17 +471,32 @@ def _tar_file(path, samples, tar_format):
 
 
 tar_samples = st.lists(
-    st.tuples(st.sampled_from(["s", "dir/s", "a/very/long/path/" + "d" * 120 + "/s"]),  # long: PAX or GNU headers
-              st.lists(st.tuples(st.sampled_from(["jpg", "cls", "json"]), st.integers(0, 1500)), min_size=1, max_size=3,
-                       unique_by=lambda m: m[0])),
-    min_size=1, max_size=25)
+    st.tuples(
+        st.sampled_from(
+            ["s", "dir/s", "a/very/long/path/" + "d" * 120 + "/s"]
+        ),  # long: PAX or GNU headers
+        st.lists(
+            st.tuples(st.sampled_from(["jpg", "cls", "json"]), st.integers(0, 1500)),
+            min_size=1,
+            max_size=3,
+            unique_by=lambda m: m[0],
+        ),
+    ),
+    min_size=1,
+    max_size=25,
+)
 
 
-@given(samples=tar_samples, cuts=st.lists(st.floats(0, 1), max_size=10), tar_format=st.sampled_from(["pax", "gnu"]),
-       chunk_bytes=st.sampled_from([512, 3000, 1 << 20]))
+@given(
+    samples=tar_samples,
+    cuts=st.lists(st.floats(0, 1), max_size=10),
+    tar_format=st.sampled_from(["pax", "gnu"]),
+    chunk_bytes=st.sampled_from([512, 3000, 1 << 20]),
+)
 @settings(max_examples=80, deadline=None)
-def test_tar_spans_move_each_boundary_to_a_sample_start_both_sides_agree_on(tmp_path_factory, samples, cuts, tar_format,
-                                                                           chunk_bytes):
+def test_tar_spans_move_each_boundary_to_a_sample_start_both_sides_agree_on(
+    tmp_path_factory, samples, cuts, tar_format, chunk_bytes
+):
     """Cuts anywhere (a header, a PAX or GNU long-name entry, data, the end-of-archive blocks),
     samples of one to three members: the samples of all spans are the whole read's, at the same
     places, and the spans chain."""
@@ -374,7 +508,9 @@ def test_tar_spans_move_each_boundary_to_a_sample_start_both_sides_agree_on(tmp_
     assert_spans_read_as_whole("tar", path, cuts, chunk_bytes)
 
 
-def test_a_tar_member_holding_a_tar_archive_fails_the_run_in_spans_and_shuffles_read_whole(tmp_path):
+def test_a_tar_member_holding_a_tar_archive_fails_the_run_in_spans_and_shuffles_read_whole(
+    tmp_path,
+):
     """A sample whose member is itself a tar archive: a span boundary inside it finds the inner
     headers. The span before walks the real members and finds no sample starting where the span
     after begins: the run stops before publishing, naming the file and the offset; read whole
@@ -399,14 +535,23 @@ def test_a_tar_member_holding_a_tar_archive_fails_the_run_in_spans_and_shuffles_
     from pileshuffle.errors import PileshuffleError
 
     out = str(tmp_path / "out" / "s")
-    with pytest.raises(PileshuffleError, match=r"nested\.tar.*a tar member's data holds what reads as tar headers here: such "
-                                                r"a file cannot be read in spans"):
+    with pytest.raises(
+        PileshuffleError,
+        match=r"nested\.tar.*a tar member's data holds what reads as tar headers here: such "
+        r"a file cannot be read in spans",
+    ):
         run_shuffle(str(path), out, "--num_piles=3", "--seed=1")
     assert not os.path.exists(out + "-manifest.json") and glob.glob(out + "-0*") == []
     zipped = tmp_path / "gz" / "nested.tar.gz"
     zipped.parent.mkdir()
     zipped.write_bytes(gzip.compress(path.read_bytes(), compresslevel=1))
-    run_shuffle(str(zipped), str(tmp_path / "gz-out" / "s"), "--num_piles=3", "--seed=1", "--compression=none")
+    run_shuffle(
+        str(zipped),
+        str(tmp_path / "gz-out" / "s"),
+        "--num_piles=3",
+        "--seed=1",
+        "--compression=none",
+    )
     assert manifest(str(tmp_path / "gz-out" / "s"))["totals"]["records"] == 400
 
 
@@ -415,20 +560,39 @@ def _whole_scan_resync(buf: bytes, start: int):
     import struct
 
     from pileshuffle.records.crc import masked_crc
+
     for pos in range(start + 1, len(buf) - 11):
-        if buf[pos + 4 : pos + 8] != bytes(4) or masked_crc(buf[pos : pos + 8]) != struct.unpack_from("<I", buf, pos + 8)[0]:
+        if (
+            buf[pos + 4 : pos + 8] != bytes(4)
+            or masked_crc(buf[pos : pos + 8]) != struct.unpack_from("<I", buf, pos + 8)[0]
+        ):
             continue
         end = pos + 16 + int.from_bytes(buf[pos : pos + 4], "little")
-        if end > len(buf) or masked_crc(buf[pos + 12 : end - 4]) == struct.unpack_from("<I", buf, end - 4)[0]:
+        if (
+            end > len(buf)
+            or masked_crc(buf[pos + 12 : end - 4]) == struct.unpack_from("<I", buf, end - 4)[0]
+        ):
             return pos
     return None
 
 
 @settings(max_examples=150, deadline=None)
-@given(parts=st.lists(st.one_of(st.binary(max_size=120).map(lambda p: ("frame", p)), st.binary(max_size=60).map(lambda b: ("junk", b))),
-                      max_size=6), start=st.integers(-1, 400), window=st.sampled_from([1, 16, 64 << 10]))
-def test_a_span_start_finds_the_first_frame_window_by_window_as_a_whole_scan_does(parts, start, window):
+@given(
+    parts=st.lists(
+        st.one_of(
+            st.binary(max_size=120).map(lambda p: ("frame", p)),
+            st.binary(max_size=60).map(lambda b: ("junk", b)),
+        ),
+        max_size=6,
+    ),
+    start=st.integers(-1, 400),
+    window=st.sampled_from([1, 16, 64 << 10]),
+)
+def test_a_span_start_finds_the_first_frame_window_by_window_as_a_whole_scan_does(
+    parts, start, window
+):
     from pileshuffle.formats import tfrecord
+
     buf = b"".join(tfrecord.frame(p) if kind == "frame" else p for kind, p in parts)
     start, default = min(start, len(buf)), tfrecord._RESYNC_WINDOW_BYTES
     tfrecord._RESYNC_WINDOW_BYTES = window  # small ones: many windows, frames across their edges

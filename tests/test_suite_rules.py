@@ -21,9 +21,26 @@ def pytest_run(folder, *args, pythonpath=()):
     """``pytest -q -rfEs ARGS`` on ``folder`` with the suite's rules as its only plugin of ours:
     (exit code, everything it printed)."""
     (folder / "pytest.ini").write_text("[pytest]\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_rules", "-p", "no:cacheprovider", "-q",
-                           "-rfEs", *args, str(folder)], capture_output=True, text=True, cwd=folder, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([*pythonpath, TESTS])})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "suite_rules",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rfEs",
+            *args,
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([*pythonpath, TESTS])},
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -44,7 +61,10 @@ def test_a_skip_not_on_the_allow_list_fails_the_run(tmp_path, how):
     write_tests(tmp_path, test_a=PASSING, test_b=SKIPPING.format(reason=reason))
     code, said = pytest_run(tmp_path, *how)
     assert code == 1 and last_line(said) == "1 failed, 1 passed", said
-    assert f"a skip that is not on the allow-list (ALLOWED_SKIPS in tests/suite_rules.py): {reason}" in said, said
+    assert (
+        f"a skip that is not on the allow-list (ALLOWED_SKIPS in tests/suite_rules.py): {reason}"
+        in said
+    ), said
 
 
 @pytest.mark.parametrize("how", [[], XDIST], ids=["one-process", "xdist"])
@@ -57,8 +77,11 @@ def test_an_allowed_skip_is_listed_and_passes(tmp_path, how):
 
 
 def test_a_module_skipped_at_collection_fails_the_run(tmp_path):
-    write_tests(tmp_path, test_a=PASSING,
-                test_b="import pytest\n\nnothing = pytest.importorskip('no_such_module_for_the_suite')\n")
+    write_tests(
+        tmp_path,
+        test_a=PASSING,
+        test_b="import pytest\n\nnothing = pytest.importorskip('no_such_module_for_the_suite')\n",
+    )
     code, said = pytest_run(tmp_path)
     assert code == pytest.ExitCode.INTERRUPTED and last_line(said) == "1 error", said
     assert "ERROR test_b.py - a skip that is not on the allow-list" in said, said
@@ -66,11 +89,17 @@ def test_a_module_skipped_at_collection_fails_the_run(tmp_path):
 
 
 def test_a_skip_mark_fails_the_run(tmp_path):
-    write_tests(tmp_path, test_a=PASSING,
-                test_c="import pytest\n\n\n@pytest.mark.skipif(True, reason='not today')\ndef test_c():\n    pass\n")
+    write_tests(
+        tmp_path,
+        test_a=PASSING,
+        test_c="import pytest\n\n\n@pytest.mark.skipif(True, reason='not today')\ndef test_c():\n    pass\n",
+    )
     code, said = pytest_run(tmp_path)
     assert code == 1 and last_line(said) == "1 passed, 1 error", said  # in the test's setup
-    assert "ERROR test_c.py::test_c - a skip that is not on the allow-list" in said and "not today" in said, said
+    assert (
+        "ERROR test_c.py::test_c - a skip that is not on the allow-list" in said
+        and "not today" in said
+    ), said
 
 
 def test_a_missing_or_outdated_test_dependency_stops_the_run_before_any_test(tmp_path):
@@ -82,11 +111,18 @@ def test_a_missing_or_outdated_test_dependency_stops_the_run_before_any_test(tmp
         "Metadata-Version: 2.1\nName: pileshuffle\nVersion: 0.1.0\nProvides-Extra: test\n"
         'Requires-Dist: no-such-distribution-for-the-suite>=1; extra == "test"\n'
         'Requires-Dist: pytest>=999; extra == "test"\n'
-        'Requires-Dist: another-missing-one; extra == "pipeline"\n')
+        'Requires-Dist: another-missing-one; extra == "pipeline"\n'
+    )
     folder = tmp_path / "tests"
     folder.mkdir()
     code, said = pytest_run(write_tests(folder, test_a=PASSING), pythonpath=[str(site)])
     assert code == pytest.ExitCode.USAGE_ERROR, said
-    assert "required test dependencies missing: no-such-distribution-for-the-suite (not installed), " in said, said
-    assert f"pytest ({pytest.__version__} installed, >=999 wanted)" in said and "`make install`" in said, said
+    assert (
+        "required test dependencies missing: no-such-distribution-for-the-suite (not installed), "
+        in said
+    ), said
+    assert (
+        f"pytest ({pytest.__version__} installed, >=999 wanted)" in said
+        and "`make install`" in said
+    ), said
     assert "another-missing-one" not in said and "passed" not in said, said

@@ -11,8 +11,8 @@ import tarfile
 import numpy as np
 import pytest
 import webdataset
-
 from helpers import FAST, assert_verified, refused, run_shuffle, shard_bytes, shards
+
 from pileshuffle.commands import sample
 from pileshuffle.commands import store as store_commands
 from pileshuffle.errors import InputError
@@ -44,7 +44,10 @@ def write_archive(path, entries, format=tarfile.USTAR_FORMAT):
 
 def input_samples(pattern):
     """key -> {extension: bytes} of every sample of the input shards, by WebDataset."""
-    return {s["__key__"]: _members_of(s) for s in webdataset.WebDataset(sorted(glob.glob(pattern)), shardshuffle=False)}
+    return {
+        s["__key__"]: _members_of(s)
+        for s in webdataset.WebDataset(sorted(glob.glob(pattern)), shardshuffle=False)
+    }
 
 
 def _members_of(sample_dict):
@@ -69,10 +72,14 @@ def test_the_format_follows_the_tar_extension():
 def test_webdataset_reads_every_sample_back_whole_and_shuffled(class_ordered):
     pattern, prefix, manifest = class_ordered
     assert manifest["format"] == "tar" and manifest["totals"]["records"] == RECORDS
-    assert [os.path.basename(p) for p in shards(prefix)] == [f"train-{i:05d}-of-00004.tar" for i in range(4)]
+    assert [os.path.basename(p) for p in shards(prefix)] == [
+        f"train-{i:05d}-of-00004.tar" for i in range(4)
+    ]
     out = list(webdataset.WebDataset(shards(prefix), shardshuffle=False))
     assert len(out) == RECORDS
-    assert {s["__key__"]: _members_of(s) for s in out} == input_samples(pattern)  # every member, every byte
+    assert {s["__key__"]: _members_of(s) for s in out} == input_samples(
+        pattern
+    )  # every member, every byte
     positions = np.array([int(s["__key__"]) for s in out])
     ascending = np.mean(np.diff(positions) > 0)
     assert 0.35 < ascending < 0.65  # a shuffle: about half the neighbours ascend (input order: all)
@@ -90,7 +97,9 @@ def test_members_keep_their_order_and_tarfile_reads_the_shards(class_ordered):
     assert all(a.endswith(".cls") and b == a[:-4] + ".bin" for a, b in zip(names[::2], names[1::2]))
 
 
-def test_same_input_and_seed_give_the_same_bytes_and_verify_proves_the_permutation(class_ordered, tmp_path):
+def test_same_input_and_seed_give_the_same_bytes_and_verify_proves_the_permutation(
+    class_ordered, tmp_path
+):
     pattern, prefix, _ = class_ordered
     again = str(tmp_path / "again" / "train")
     run_shuffle(pattern, again, "--num_piles=4", "--seed=5")
@@ -106,12 +115,17 @@ def test_a_lost_member_is_a_lost_sample_for_verify(class_ordered, tmp_path):
     copy = str(tmp_path / "copy" / "train")
     os.makedirs(os.path.dirname(copy))
     for path in glob.glob(prefix + "*"):
-        with open(path, "rb") as src, open(os.path.join(os.path.dirname(copy), os.path.basename(path)), "wb") as dst:
+        with (
+            open(path, "rb") as src,
+            open(os.path.join(os.path.dirname(copy), os.path.basename(path)), "wb") as dst,
+        ):
             dst.write(src.read())
     victim = shards(copy)[1]
     with tarfile.open(victim) as archive:
         members = [(m, archive.extractfile(m).read()) for m in archive.getmembers()]
-    with tarfile.open(victim, "w", format=tarfile.USTAR_FORMAT) as archive:  # one .bin member dropped
+    with tarfile.open(
+        victim, "w", format=tarfile.USTAR_FORMAT
+    ) as archive:  # one .bin member dropped
         for member, data in members[:5] + members[6:]:
             archive.addfile(member, io.BytesIO(data))
     from pileshuffle.commands.verify import verify
@@ -136,7 +150,10 @@ def test_long_names_pax_headers_directories_and_gzip_round_trip(tmp_path):
     directory.type, directory.mtime = tarfile.DIRTYPE, 0
     entries = [directory]
     for i in range(40):
-        entries += [(f"{long_dir}/{i:04d}.jpg", os.urandom(300 + i)), (f"{long_dir}/{i:04d}.seg.png", b"%d" % i)]
+        entries += [
+            (f"{long_dir}/{i:04d}.jpg", os.urandom(300 + i)),
+            (f"{long_dir}/{i:04d}.seg.png", b"%d" % i),
+        ]
     path = write_archive(str(tmp_path / "in" / "a.tar"), entries, tarfile.PAX_FORMAT)
     with open(path, "rb") as handle:
         (tmp_path / "in" / "b.tar.gz").write_bytes(gzip.compress(handle.read(), mtime=0))
@@ -144,7 +161,10 @@ def test_long_names_pax_headers_directories_and_gzip_round_trip(tmp_path):
     prefix = str(tmp_path / "out" / "t")
     run_shuffle(str(tmp_path / "in" / "*.tar.gz"), prefix, "--num_piles=2")
     assert all(p.endswith(".tar.gz") for p in shards(prefix))
-    out = {s["__key__"]: _members_of(s) for s in webdataset.WebDataset(shards(prefix), shardshuffle=False)}
+    out = {
+        s["__key__"]: _members_of(s)
+        for s in webdataset.WebDataset(shards(prefix), shardshuffle=False)
+    }
     assert len(out) == 40 and out[f"{long_dir}/0007"]["seg.png"] == b"7"
     assert all(len(v["jpg"]) == 300 + int(k[-4:]) for k, v in out.items())
 
@@ -169,7 +189,9 @@ def test_a_resumed_epoch_delivers_the_rest_and_the_next_epoch_follows(class_orde
     resumed = ShuffledDataset(prefix)
     resumed.load_state_dict(first.state_dict())
     assert seen + [s["__key__"] for s in resumed] == whole
-    assert [s["__key__"] for s in resumed] == [s["__key__"] for s in ShuffledDataset(prefix, epoch=5)]
+    assert [s["__key__"] for s in resumed] == [
+        s["__key__"] for s in ShuffledDataset(prefix, epoch=5)
+    ]
 
 
 def test_the_loader_names_a_damaged_shard_and_the_offset(class_ordered, tmp_path):
@@ -180,7 +202,9 @@ def test_the_loader_names_a_damaged_shard_and_the_offset(class_ordered, tmp_path
         (copy / os.path.basename(path)).write_bytes(open(path, "rb").read())
     victim = copy / os.path.basename(shards(prefix)[2])
     data = bytearray(victim.read_bytes())
-    data[2 * 512 + 10] ^= 0x55  # the second member's header (after .cls: one header, one data block)
+    data[2 * 512 + 10] ^= (
+        0x55  # the second member's header (after .cls: one header, one data block)
+    )
     victim.write_bytes(bytes(data))
     with pytest.raises(InputError, match="corrupt tar header") as error:
         list(ShuffledDataset(str(copy / "train"), epoch=1))
@@ -189,6 +213,7 @@ def test_the_loader_names_a_damaged_shard_and_the_offset(class_ordered, tmp_path
 
 def test_dataloader_workers_carry_the_dicts(class_ordered):
     import torch
+
     _, prefix, _ = class_ordered
     ds = ShuffledDataset(prefix, epoch=3)
     loader = torch.utils.data.DataLoader(ds.torch(batch_size=50), batch_size=None, num_workers=2)
@@ -202,15 +227,28 @@ def test_tf_data_gets_a_dict_of_strings_per_member_in_the_loaders_order(class_or
     elements = list(ShuffledDataset(prefix, epoch=2).tf())
     expected = list(ShuffledDataset(prefix, epoch=2))
     assert len(elements) == RECORDS and set(elements[0]) == {"__key__", "cls", "bin"}
-    assert [{k: v.numpy() for k, v in e.items()} for e in elements] == \
-        [{k: (v.encode() if k == "__key__" else v) for k, v in s.items()} for s in expected]
+    assert [{k: v.numpy() for k, v in e.items()} for e in elements] == [
+        {k: (v.encode() if k == "__key__" else v) for k, v in s.items()} for s in expected
+    ]
     batch = next(iter(ShuffledDataset(prefix, epoch=2).tf(batch_size=64, drop_last=True)))
-    assert {k: tuple(v.shape) for k, v in batch.items()} == {"__key__": (64,), "cls": (64,), "bin": (64,)}
+    assert {k: tuple(v.shape) for k, v in batch.items()} == {
+        "__key__": (64,),
+        "cls": (64,),
+        "bin": (64,),
+    }
 
 
 def test_a_store_appends_and_materializes_tar_samples(tmp_path):
     sample.write_tar(str(tmp_path / "a"), records=120, files=2, record_bytes=200, classes=3)
-    sample.write_tar(str(tmp_path / "b"), records=80, files=1, record_bytes=200, classes=2, first=120, name="more")
+    sample.write_tar(
+        str(tmp_path / "b"),
+        records=80,
+        files=1,
+        record_bytes=200,
+        classes=2,
+        first=120,
+        name="more",
+    )
     store = str(tmp_path / "store" / "s")
     run_shuffle(f"{tmp_path}/a/*.tar", store, "--layout=store", "--num_piles=3")
     store_commands.append([f"--store={store}", f"--input={tmp_path}/b/*.tar", *FAST])
@@ -220,14 +258,27 @@ def test_a_store_appends_and_materializes_tar_samples(tmp_path):
     store_commands.materialize([f"--store={store}", f"--output={out}", *FAST])
     read = list(webdataset.WebDataset(shards(out), shardshuffle=False))
     assert sorted(s["__key__"] for s in read) == sorted(keys)
-    assert {s["__key__"]: _members_of(s) for s in read} == {**input_samples(f"{tmp_path}/a/*.tar"),
-                                                            **input_samples(f"{tmp_path}/b/*.tar")}
+    assert {s["__key__"]: _members_of(s) for s in read} == {
+        **input_samples(f"{tmp_path}/a/*.tar"),
+        **input_samples(f"{tmp_path}/b/*.tar"),
+    }
 
 
 def test_two_input_files_with_the_same_keys_stop_the_run_naming_the_key(tmp_path, capsys):
-    sample.write_tar(str(tmp_path / "in" / "a"), records=30, files=1, record_bytes=100, name="first")
-    sample.write_tar(str(tmp_path / "in" / "b"), records=30, files=1, record_bytes=100, name="second")
-    err = refused(capsys, "run", f"--input={tmp_path}/in/*/*.tar", f"--output={tmp_path}/out/o", "--num_piles=1", *FAST)
+    sample.write_tar(
+        str(tmp_path / "in" / "a"), records=30, files=1, record_bytes=100, name="first"
+    )
+    sample.write_tar(
+        str(tmp_path / "in" / "b"), records=30, files=1, record_bytes=100, name="second"
+    )
+    err = refused(
+        capsys,
+        "run",
+        f"--input={tmp_path}/in/*/*.tar",
+        f"--output={tmp_path}/out/o",
+        "--num_piles=1",
+        *FAST,
+    )
     assert "key '0000000" in err and "own key" in err, err
     assert not glob.glob(f"{tmp_path}/out/o-*"), "nothing is published"
 
@@ -251,7 +302,9 @@ def _tar_bytes(entries, format=tarfile.USTAR_FORMAT):
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=format) as archive:
         for entry in entries:
-            _member(archive, *entry) if not isinstance(entry, tarfile.TarInfo) else archive.addfile(entry)
+            _member(archive, *entry) if not isinstance(entry, tarfile.TarInfo) else archive.addfile(
+                entry
+            )
     return buffer.getvalue()
 
 
@@ -283,7 +336,9 @@ def test_a_link_member_is_refused(tmp_path, capsys):
 
 def test_a_damaged_header_is_named_and_skip_corrupt_keeps_the_samples_before_it(tmp_path):
     data = bytearray(_tar_bytes([(f"{i:04d}.bin", os.urandom(700)) for i in range(10)]))
-    data[5 * 1536 + 100] ^= 0xFF  # the 6th member's header (each member: a header and 2 data blocks here)
+    data[5 * 1536 + 100] ^= (
+        0xFF  # the 6th member's header (each member: a header and 2 data blocks here)
+    )
     path = tmp_path / "bad.tar"
     path.write_bytes(bytes(data))
     fmt = get_format("tar")

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from helpers import run_shuffle
+
 from pileshuffle.loader import ShuffledDataset
 
 ROWS = 600
@@ -19,15 +19,30 @@ ROWS = 600
 def columns_table(first, count, nulls_in_int=False):
     index = np.arange(first, first + count)
     start = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
-    return pa.table({
-        "i": pa.array(index, pa.int64()),
-        "kind": pa.array([("cat", "dog", "bird")[i % 3] for i in index]).dictionary_encode(),
-        "at": pa.array([start + datetime.timedelta(seconds=int(i)) for i in index], pa.timestamp("ms", tz="UTC")),
-        "day": pa.array([datetime.date(2024, 1, 1) + datetime.timedelta(days=int(i)) for i in index], pa.date32()),
-        "took": pa.array([datetime.timedelta(microseconds=int(i)) for i in index], pa.duration("us")),
-        "note": pa.array([None if i % 7 == 0 else f"n{i}" for i in index], pa.string()),  # strings keep their nulls
-        "n": pa.array([None if nulls_in_int and i == first + count - 1 else int(i) for i in index], pa.int32()),
-    })
+    return pa.table(
+        {
+            "i": pa.array(index, pa.int64()),
+            "kind": pa.array([("cat", "dog", "bird")[i % 3] for i in index]).dictionary_encode(),
+            "at": pa.array(
+                [start + datetime.timedelta(seconds=int(i)) for i in index],
+                pa.timestamp("ms", tz="UTC"),
+            ),
+            "day": pa.array(
+                [datetime.date(2024, 1, 1) + datetime.timedelta(days=int(i)) for i in index],
+                pa.date32(),
+            ),
+            "took": pa.array(
+                [datetime.timedelta(microseconds=int(i)) for i in index], pa.duration("us")
+            ),
+            "note": pa.array(
+                [None if i % 7 == 0 else f"n{i}" for i in index], pa.string()
+            ),  # strings keep their nulls
+            "n": pa.array(
+                [None if nulls_in_int and i == first + count - 1 else int(i) for i in index],
+                pa.int32(),
+            ),
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +52,17 @@ def outputs(tmp_path_factory):
         root = tmp_path_factory.mktemp(f"columns-{nulls}")
         (root / "in").mkdir()
         for part in range(2):
-            pq.write_table(columns_table(part * ROWS // 2, ROWS // 2, nulls and part == 1), root / "in" / f"p{part}.parquet")
-        run_shuffle(str(root / "in" / "*.parquet"), str(root / "out" / "t"), "--format=parquet", "--num_piles=3", "--seed=1")
+            pq.write_table(
+                columns_table(part * ROWS // 2, ROWS // 2, nulls and part == 1),
+                root / "in" / f"p{part}.parquet",
+            )
+        run_shuffle(
+            str(root / "in" / "*.parquet"),
+            str(root / "out" / "t"),
+            "--format=parquet",
+            "--num_piles=3",
+            "--seed=1",
+        )
         made[nulls] = str(root / "out" / "t")
     return made
 
@@ -49,13 +73,22 @@ def epoch_of(prefix, num_workers, as_numpy=True):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_every_column_type_becomes_a_tensor_or_strings_the_same_with_and_without_workers(outputs, num_workers):
+def test_every_column_type_becomes_a_tensor_or_strings_the_same_with_and_without_workers(
+    outputs, num_workers
+):
     batches = epoch_of(outputs[False], num_workers)
     for batch in batches:
         for name in ("i", "at", "took", "n"):
-            assert isinstance(batch[name], torch.Tensor) and batch[name].dtype in (torch.int64, torch.int32), name
+            assert isinstance(batch[name], torch.Tensor) and batch[name].dtype in (
+                torch.int64,
+                torch.int32,
+            ), name
         assert batch["day"].dtype == torch.int32
-        assert isinstance(batch["kind"], np.ndarray) and set(batch["kind"]) <= {"cat", "dog", "bird"}
+        assert isinstance(batch["kind"], np.ndarray) and set(batch["kind"]) <= {
+            "cat",
+            "dog",
+            "bird",
+        }
     i = torch.cat([b["i"] for b in batches])
     assert sorted(i.tolist()) == list(range(ROWS))
     at = torch.cat([b["at"] for b in batches])
@@ -69,7 +102,10 @@ def test_every_column_type_becomes_a_tensor_or_strings_the_same_with_and_without
 
 
 def test_arrow_batches_cross_from_workers_with_their_dictionaries_decoded(outputs):
-    alone, workers = epoch_of(outputs[False], 0, as_numpy=False), epoch_of(outputs[False], 2, as_numpy=False)
+    alone, workers = (
+        epoch_of(outputs[False], 0, as_numpy=False),
+        epoch_of(outputs[False], 2, as_numpy=False),
+    )
     assert {b.schema.field("kind").type for b in alone + workers} == {pa.string()}
     assert sorted(v for b in alone for v in b.column("i").to_pylist()) == list(range(ROWS))
     assert sorted(v for b in workers for v in b.column("i").to_pylist()) == list(range(ROWS))
@@ -80,5 +116,7 @@ def test_a_null_in_a_number_column_is_refused_naming_it(outputs):
     worker's error takes the DataLoader 10 s to report."""
     with pytest.raises(ValueError, match="column 'n' has null values"):
         epoch_of(outputs[True], 0)
-    ds = ShuffledDataset(outputs[True], seed=2, columns=["i", "note"]).torch(batch_size=64)  # leaving it out works
+    ds = ShuffledDataset(outputs[True], seed=2, columns=["i", "note"]).torch(
+        batch_size=64
+    )  # leaving it out works
     assert sum(len(b["i"]) for b in torch.utils.data.DataLoader(ds, batch_size=None)) == ROWS

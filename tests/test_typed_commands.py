@@ -6,20 +6,26 @@ import os
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-
-from pileshuffle.commands import sample
-from pileshuffle.commands import store
-from pileshuffle.commands.run import run
-from pileshuffle.commands.store_options import AppendOptions, ExpireOptions, GcOptions, MaterializeOptions
-from pileshuffle.errors import UsageError
 from helpers import FAST, run_shuffle, shard_bytes
+
+from pileshuffle.commands import sample, store
+from pileshuffle.commands.run import run
+from pileshuffle.commands.store_options import (
+    AppendOptions,
+    ExpireOptions,
+    GcOptions,
+    MaterializeOptions,
+)
+from pileshuffle.errors import UsageError
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("typed")
     sample.write_tfrecord(str(root / "a"), records=900, files=3, record_bytes=50)
-    sample.write_tfrecord(str(root / "b"), records=300, files=1, record_bytes=50, seed=2, name="more")
+    sample.write_tfrecord(
+        str(root / "b"), records=300, files=1, record_bytes=50, seed=2, name="more"
+    )
     return str(root / "a" / "*.tfrecord"), str(root / "b" / "*.tfrecord"), root
 
 
@@ -56,4 +62,7 @@ def test_store_commands_take_their_options_objects(inputs):
     assert appended["totals"]["records"] == 1200
     store.materialize(MaterializeOptions(store=typed, output=typed + "-m", beam=beam))
     store.materialize([f"--store={by_argv}", f"--output={by_argv}-m", *FAST])
-    assert shard_bytes(typed + "-m") == shard_bytes(by_argv + "-m") and len(shard_bytes(typed + "-m")) == 3
+    assert (
+        shard_bytes(typed + "-m") == shard_bytes(by_argv + "-m")
+        and len(shard_bytes(typed + "-m")) == 3
+    )

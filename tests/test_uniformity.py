@@ -18,12 +18,12 @@ import glob
 
 import numpy as np
 import pytest
+from helpers import input_places, read_tfrecord_payloads, run_shuffle, shards
 from scipy import stats
 
-from helpers import input_places, read_tfrecord_payloads, run_shuffle, shards
-from pileshuffle.records import keys as keymath
 from pileshuffle.commands import sample
 from pileshuffle.quality import metrics, orders
+from pileshuffle.records import keys as keymath
 
 ALPHA = 1e-4
 SEEDS = range(20)
@@ -89,8 +89,13 @@ def test_pipeline_order_is_uniform_over_20_seeds_and_a_bad_order_is_rejected(gen
     found = []
     for seed in SEEDS:
         out = str(generated / mode / f"s{seed}" / "o")
-        run_shuffle(str(generated / "in" / "*.tfrecord"), out, f"--num_piles={PILES}", f"--seed={seed}",
-                    f"--intermediate={mode}")
+        run_shuffle(
+            str(generated / "in" / "*.tfrecord"),
+            out,
+            f"--num_piles={PILES}",
+            f"--seed={seed}",
+            f"--intermediate={mode}",
+        )
         order = np.array([sample.index_of(r) for r in read_tfrecord_payloads(shards(out))])
         assert sorted(order.tolist()) == list(range(RECORDS))
         # the position-level simulation the loader and report tests build on is the pipeline's order exactly
@@ -127,9 +132,13 @@ def test_loader_epochs_carry_pile_membership_over_and_mixing_dilutes_it():
     written = orders.pileshuffle_order(file_records, 5)
     piles = orders.pile_records(file_records, 5, piles_count)
     for mix in (1, 4):
-        first, second = (orders.inverse(written[orders.epoch_positions(piles, 5, e, mix)]) for e in (1, 2))
+        first, second = (
+            orders.inverse(written[orders.epoch_positions(piles, 5, e, mix)]) for e in (1, 2)
+        )
         carried = metrics.carry_over(first, second, batch)
         ratio = carried["remeet"] / carried["remeet_uniform"]
         assert ratio == pytest.approx(piles_count / mix**2 + 1 - 1 / mix, rel=0.2), (mix, ratio)
-    independent = metrics.carry_over(orders.inverse(written), orders.inverse(orders.pileshuffle_order(file_records, 6)), batch)
+    independent = metrics.carry_over(
+        orders.inverse(written), orders.inverse(orders.pileshuffle_order(file_records, 6)), batch
+    )
     assert independent["remeet"] / independent["remeet_uniform"] == pytest.approx(1, abs=0.2)

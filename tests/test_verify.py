@@ -12,12 +12,12 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import assert_verified, frame_starts, run_shuffle, shards
+
 from pileshuffle.commands import sample
-from pileshuffle.formats.tfrecord import frame
 from pileshuffle.commands.verify import main as verify_main
 from pileshuffle.commands.verify import verify
+from pileshuffle.formats.tfrecord import frame
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,9 @@ def good_run(tmp_path_factory):
     """One real TFRecord run; tests damage copies of it."""
     root = tmp_path_factory.mktemp("verify")
     sample.write_tfrecord(str(root / "in"), records=2000, files=2, record_bytes=60, vary=True)
-    run_shuffle(str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), "--num_piles=4", "--seed=3")
+    run_shuffle(
+        str(root / "in" / "*.tfrecord"), str(root / "out" / "train"), "--num_piles=4", "--seed=3"
+    )
     return root
 
 
@@ -39,10 +41,12 @@ def run_copy(good_run, tmp_path):
 def written_before_checksums(output):
     """The output as a 1.1 run wrote it (no CRC32C per shard): verify's checks of what a shard holds
     then find the damage the CRC32C finds first in a 1.2 output (tests/test_integrity.py)."""
+
     def strip(found):
         found["format_version"] = "1.1"
         for entry in found["shards"]:
             del entry["crc32c"]
+
     rewrite_manifest(output, strip)
     return output
 
@@ -64,7 +68,13 @@ def rewrite_manifest(output, change):
 
 @pytest.mark.parametrize(
     "fmt, extra",
-    [("tfrecord", []), ("tfrecord", ["--compression=gzip"]), ("jsonl", []), ("parquet", []), ("parquet", ["--compression=zstd"])],
+    [
+        ("tfrecord", []),
+        ("tfrecord", ["--compression=gzip"]),
+        ("jsonl", []),
+        ("parquet", []),
+        ("parquet", ["--compression=zstd"]),
+    ],
 )
 def test_verify_passes_on_good_output_of_every_format(tmp_path, fmt, extra, capsys):
     paths = sample.WRITERS[fmt](str(tmp_path / "in"), records=1500, files=3, record_bytes=70)
@@ -94,7 +104,9 @@ def test_a_shard_of_another_run_and_a_temp_file(run_copy):
     pattern, output = run_copy
     shutil.copy(shards(output)[0], f"{output}-00000-of-00008.tfrecord")
     shutil.copy(shards(output)[0], f"{output}-00001-of-00004.tfrecord.tmp-abc")
-    text = one_problem(verify(pattern, output), "shard of another run (of 8, not of 4)", "unexpected file")
+    text = one_problem(
+        verify(pattern, output), "shard of another run (of 8, not of 4)", "unexpected file"
+    )
     assert "tmp-abc" in text
 
 
@@ -106,7 +118,12 @@ def test_a_flipped_byte_in_a_shard_fails_its_crc(run_copy):
     starts = frame_starts(bytes(data))
     data[starts[5] + 20] ^= 0x40
     open(path, "wb").write(data)
-    one_problem(verify(pattern, output), f"shard {path} is damaged", f"byte offset {starts[5]}", "fails its CRC")
+    one_problem(
+        verify(pattern, output),
+        f"shard {path} is damaged",
+        f"byte offset {starts[5]}",
+        "fails its CRC",
+    )
 
 
 def test_a_truncated_shard(run_copy):
@@ -127,7 +144,7 @@ def test_a_record_replaced_by_another_valid_record(run_copy):
     starts = frame_starts(data) + [len(data)]
     first = data[starts[0] + 12 : starts[1] - 4]
     altered = frame(first[:-1] + bytes([first[-1] ^ 1]))
-    open(path, "wb").write(altered + data[starts[1]:])
+    open(path, "wb").write(altered + data[starts[1] :])
     text = one_problem(verify(pattern, output), "output fingerprint")
     assert "the same count but different records" in text
 
@@ -148,7 +165,7 @@ def test_a_duplicated_record_in_place_of_a_lost_one(run_copy):
         size = next(k for k, v in by_length.items() if a in v)
         data = data[:b] + data[a : a + size] + data[b + size :]
     else:
-        data = first + first + data[starts[2]:]
+        data = first + first + data[starts[2] :]
     open(path, "wb").write(data)
     one_problem(verify(pattern, output), "output fingerprint")
 
@@ -177,7 +194,9 @@ def test_changed_input(run_copy):
     first = sorted(glob.glob(pattern))[0]
     with open(first, "ab") as handle:
         handle.write(frame(b"one more record"))
-    one_problem(verify(pattern, output), "the input now reads as", "1 record(s) more than the run read")
+    one_problem(
+        verify(pattern, output), "the input now reads as", "1 record(s) more than the run read"
+    )
 
 
 def test_parquet_shard_with_another_schema_and_a_broken_parquet_shard(tmp_path, parquet_input):
@@ -189,13 +208,24 @@ def test_parquet_shard_with_another_schema_and_a_broken_parquet_shard(tmp_path, 
     table = pq.read_table(first)
     pq.write_table(table.set_column(1, "label", table.column("label").cast(pa.int64())), first)
     open(second, "wb").write(b"PAR1 but not really")
-    text = one_problem(verify(parquet_input, output), f"shard {first}: its schema", f"shard {second} is damaged")
+    text = one_problem(
+        verify(parquet_input, output), f"shard {first}: its schema", f"shard {second} is damaged"
+    )
     assert "not a Parquet file" in text
 
 
 def test_cli_exit_codes_and_one_line_per_problem(run_copy):
     pattern, output = run_copy
-    command = [sys.executable, "-m", "pileshuffle", "verify", "--input", pattern, "--output", output]
+    command = [
+        sys.executable,
+        "-m",
+        "pileshuffle",
+        "verify",
+        "--input",
+        pattern,
+        "--output",
+        output,
+    ]
     good = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert good.returncode == 0, good.stderr
     assert good.stdout.startswith("pileshuffle verify: OK: 2,000 records in 4 shard(s)")

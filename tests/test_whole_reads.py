@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import run_shuffle
+
 from pileshuffle import names
 from pileshuffle.commands import sample
-from pileshuffle.io import storage
 from pileshuffle.formats.tfrecord import frame
+from pileshuffle.io import storage
 
 MIB = 2**20
 RECORD = 64 * 1024  # each record's payload: the index in 12 digits, "|", then filler
@@ -53,8 +53,16 @@ def write_input(fmt: str, directory: str, records: int) -> str:
     path = os.path.join(directory, f"part-000.{fmt}")
     if fmt == "parquet":
         blobs = np.random.default_rng(records).bytes(records * RECORD)
-        pq.write_table(pa.table({"index": np.arange(records), "blob": [
-            blobs[i * RECORD:(i + 1) * RECORD] for i in range(records)]}), path, compression="none")
+        pq.write_table(
+            pa.table(
+                {
+                    "index": np.arange(records),
+                    "blob": [blobs[i * RECORD : (i + 1) * RECORD] for i in range(records)],
+                }
+            ),
+            path,
+            compression="none",
+        )
         return path
     with open(path, "wb") as out:
         if fmt == "tar":
@@ -83,8 +91,14 @@ def made_outputs(root: str, tmp_path_factory):
             folder = tmp_path_factory.mktemp(f"{fmt}-{size}")
             pattern = write_input(fmt, str(folder / "in"), records_of(size))
             prefix = storage.join(root, f"{fmt}-{size}", "data")
-            run_shuffle(pattern, prefix, f"--format={fmt}", "--compression=gzip", "--num_piles=1",
-                        "--seed=3")
+            run_shuffle(
+                pattern,
+                prefix,
+                f"--format={fmt}",
+                "--compression=gzip",
+                "--num_piles=1",
+                "--seed=3",
+            )
             made[fmt, size] = pattern, prefix
         return made[fmt, size]
 
@@ -137,6 +151,7 @@ def index_and_length(record):
 
 
 # -- the storage layer -----------------------------------------------------------------------------
+
 
 def blob_contents(size: str) -> bytes:
     """``size``'s bytes, each MiB numbered: a short or repeated read differs."""
@@ -220,6 +235,7 @@ def test_quality_locates_every_record(request, capsys, place, fmt):
 
 # -- a byte flipped past the first 16 MiB ----------------------------------------------------------
 
+
 def flipped_copy(prefix: str, copy: str) -> str:
     """A copy of the one-shard output at ``prefix`` under ``copy`` with one byte of its contents
     (a .gz shard's decompressed contents, then gzipped again; else the file's) changed past the
@@ -230,7 +246,7 @@ def flipped_copy(prefix: str, copy: str) -> str:
     with fs.open_input_stream(where, compression=None) as stream:
         data = gzip.decompress(stream.read()) if shard.endswith(".gz") else stream.read()
     where = data.index(b"aaaa", 16 * MIB + 4321) if shard.endswith(".gz") else 16 * MIB + 4321
-    data = data[:where] + bytes([data[where] ^ 0x03]) + data[where + 1:]
+    data = data[:where] + bytes([data[where] ^ 0x03]) + data[where + 1 :]
     copied = storage.join(storage.split(copy)[0], storage.split(shard)[1])  # both prefixes: "data"
     storage.write_whole(copied, gzip.compress(data, 1) if shard.endswith(".gz") else data)
     manifest["shards"][0]["path"] = copied
@@ -253,6 +269,7 @@ def test_a_byte_flipped_past_16_MiB_is_named(request, capsys, place, fmt):
 
 # -- a pile store of one data file past 64 MiB -----------------------------------------------------
 
+
 @pytest.mark.parametrize("place", PLACES)
 def test_a_store_file_past_64_MiB_is_read_whole(request, tmp_path, capsys, place):
     """``verify`` (each file's bytes and records), ``info``, the loader (on gs:// through its
@@ -263,7 +280,9 @@ def test_a_store_file_past_64_MiB_is_read_whole(request, tmp_path, capsys, place
     from pileshuffle.store import layout
 
     pattern = write_input("jsonl", str(tmp_path / "in"), records_of("100MB"))
-    prefix = storage.join(str(tmp_path) if place == "local" else gs_folder(request, "store"), "data")
+    prefix = storage.join(
+        str(tmp_path) if place == "local" else gs_folder(request, "store"), "data"
+    )
     run_shuffle(pattern, prefix, "--layout=store", "--num_piles=1", "--seed=3")
     (generation,) = layout.read_store_manifest(layout.store_prefix(prefix))["generations"]
     assert [f["bytes"] > 64 * MIB for f in generation["files"]] == [True]
@@ -280,6 +299,7 @@ def test_a_store_file_past_64_MiB_is_read_whole(request, tmp_path, capsys, place
 
 
 # -- a manifest past 16 MiB ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("place", PLACES)
 def test_a_manifest_past_16_MiB_is_read_whole(request, tmp_path, place):

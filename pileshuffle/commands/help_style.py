@@ -13,18 +13,31 @@ WIDTH = 96
 
 def option_lines(usage: str, state: str, text: str) -> list:
     """One option's lines: ``  --name VALUE  (state)`` and its help below."""
-    return [f"  {usage}  ({state})", *textwrap.wrap(text or "", width=WIDTH, initial_indent=" " * 6,
-                                                     subsequent_indent=" " * 6)]
+    return [
+        f"  {usage}  ({state})",
+        *textwrap.wrap(text or "", width=WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 6),
+    ]
 
 
 class CommandParser(argparse.ArgumentParser):
     """An ``argparse.ArgumentParser`` whose ``--help`` has the look above (``usage=``: its own usage line)."""
 
     def format_help(self) -> str:
-        actions = [a for a in self._actions  # a hidden option (help SUPPRESS) is refused with a reason, not shown
-                   if not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS]
-        usage = self.usage or " ".join([f"{self.prog}", *(_usage(a) for a in actions if a.required), "[options]"])
-        lines = [f"usage: {usage}", "", *textwrap.wrap(self.description or "", WIDTH), "", "options:"]
+        actions = [
+            a
+            for a in self._actions  # a hidden option (help SUPPRESS) is refused with a reason, not shown
+            if not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS
+        ]
+        usage = self.usage or " ".join(
+            [f"{self.prog}", *(_usage(a) for a in actions if a.required), "[options]"]
+        )
+        lines = [
+            f"usage: {usage}",
+            "",
+            *textwrap.wrap(self.description or "", WIDTH),
+            "",
+            "options:",
+        ]
         for action in actions:
             lines += option_lines(_usage(action), _state(action), action.help)
         lines.append("  -h, --help  show this help and exit")
@@ -35,7 +48,9 @@ def _usage(action) -> str:
     name = action.option_strings[-1] if action.option_strings else action.dest
     if action.nargs == 0:
         return name
-    value = action.metavar or ("{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest.upper())
+    value = action.metavar or (
+        "{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest.upper()
+    )
     return f"{name} {value}"
 
 

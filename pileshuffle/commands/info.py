@@ -6,15 +6,15 @@ and options that made it, and what its manifest proves. ``--json``: the same as 
 import json
 import sys
 
-from pileshuffle.io import storage
-from pileshuffle.commands.report import reporting_errors
-from pileshuffle.errors import InputError
 from pileshuffle.commands.help_style import CommandParser
-from pileshuffle.names import STORE_KIND, format_problem, manifest_path, store_dir
 from pileshuffle.commands.options import parse_command
+from pileshuffle.commands.report import reporting_errors
 from pileshuffle.engine.output_files import read_manifest
-from pileshuffle.store import layout
+from pileshuffle.errors import InputError
+from pileshuffle.io import storage
 from pileshuffle.io.unfinished import unfinished_run
+from pileshuffle.names import STORE_KIND, format_problem, manifest_path, store_dir
+from pileshuffle.store import layout
 
 __all__ = ["main", "describe"]
 
@@ -29,8 +29,10 @@ def describe(prefix: str) -> dict:
         manifest = layout.read_store_manifest(layout.store_prefix(prefix))
         where = store_dir(layout.store_prefix(prefix))
         if manifest is None:
-            nothing = (f"holds no finished output: no {manifest_path(prefix)} and no pile store "
-                       f"{store_dir(prefix)}/ (give the prefix a run wrote, e.g. out/train)")
+            nothing = (
+                f"holds no finished output: no {manifest_path(prefix)} and no pile store "
+                f"{store_dir(prefix)}/ (give the prefix a run wrote, e.g. out/train)"
+            )
             raise InputError(prefix, unfinished_run(prefix) or nothing)
     problem = format_problem(manifest)
     if problem:
@@ -40,32 +42,53 @@ def describe(prefix: str) -> dict:
 
 
 def _shard_lines(manifest: dict) -> dict:
-    totals, piles, options = manifest["totals"], manifest["pile_records"], manifest.get("options", {})
+    totals, piles, options = (
+        manifest["totals"],
+        manifest["pile_records"],
+        manifest.get("options", {}),
+    )
     fingerprint = manifest["output_fingerprint"]
-    checked = "each shard's size and CRC32C" if all("crc32c" in s for s in manifest["shards"]) else "each shard's size"
+    checked = (
+        "each shard's size and CRC32C"
+        if all("crc32c" in s for s in manifest["shards"])
+        else "each shard's size"
+    )
     made = f"seed {manifest['seed']}" if "seed" in manifest else "a composed pipeline (WritePiles)"
     if options:
-        made += (f"; {manifest['num_piles']} piles ({options.get('num_piles_reason', '')}), intermediate "
-                 f"{options.get('intermediate')}" + (", skipping corrupt records" if options.get("skip_corrupt") else ""))
+        made += (
+            f"; {manifest['num_piles']} piles ({options.get('num_piles_reason', '')}), intermediate "
+            f"{options.get('intermediate')}"
+            + (", skipping corrupt records" if options.get("skip_corrupt") else "")
+        )
     if manifest.get("store"):
         made += f"; materialized from {manifest['store']['prefix']} version {manifest['store']['version']}"
     skipped = manifest.get("skipped", {})
     return {
         "kind": f"shard output (format_version {manifest.get('format_version', '1.0')}, pileshuffle "
-                f"{manifest.get('pileshuffle_version', '?')})",
+        f"{manifest.get('pileshuffle_version', '?')})",
         "format": f"{manifest['format']}, compression {manifest['compression']}",
         "records": f"{totals['records']:,} in {manifest['num_piles']} shard(s) (per shard min {piles['min']:,} / "
-                   f"mean {piles['mean']:,.0f} / max {piles['max']:,}); {totals['payload_bytes']:,} payload bytes, "
-                   f"{totals['shard_bytes']:,} in files",
+        f"mean {piles['mean']:,.0f} / max {piles['max']:,}); {totals['payload_bytes']:,} payload bytes, "
+        f"{totals['shard_bytes']:,} in files",
         "made by": made,
-        "input": (f"{len(manifest.get('inputs', []))} file(s); {skipped.get('records', 0)} corrupt record(s) skipped, "
-                  f"{skipped.get('blank_lines', 0)} blank line(s)") if "inputs" in manifest else "records handed to WritePiles",
-        "proves": (f"the output's records are the input's ({fingerprint['records']:,} records, hash sum "
-                   f"{fingerprint['hash_sum']}, xor {fingerprint['hash_xor']})"
-                   + (" with --balance's copies" if manifest.get("balance") else "")
-                   + (f", the first of each distinct one: {manifest['dedup']['records_dropped']:,} duplicate(s) of "
-                      f"{manifest['dedup']['records_read']:,} read left out" if manifest.get("dedup") else "")
-                   + f"; {checked} are listed (`pileshuffle verify` re-checks all of it)"),
+        "input": (
+            f"{len(manifest.get('inputs', []))} file(s); {skipped.get('records', 0)} corrupt record(s) skipped, "
+            f"{skipped.get('blank_lines', 0)} blank line(s)"
+        )
+        if "inputs" in manifest
+        else "records handed to WritePiles",
+        "proves": (
+            f"the output's records are the input's ({fingerprint['records']:,} records, hash sum "
+            f"{fingerprint['hash_sum']}, xor {fingerprint['hash_xor']})"
+            + (" with --balance's copies" if manifest.get("balance") else "")
+            + (
+                f", the first of each distinct one: {manifest['dedup']['records_dropped']:,} duplicate(s) of "
+                f"{manifest['dedup']['records_read']:,} read left out"
+                if manifest.get("dedup")
+                else ""
+            )
+            + f"; {checked} are listed (`pileshuffle verify` re-checks all of it)"
+        ),
     }
 
 
@@ -73,34 +96,49 @@ def _store_options_text(manifest: dict) -> str:
     """How a store's generations are made beyond its seed: balanced, or deduplicated over the window."""
     options, dedup = manifest.get("options") or {}, layout.store_dedup(manifest)
     if dedup is not None:
-        return (f"; deduplicated: {manifest['totals'].get('distinct', 0):,} distinct {dedup.units()} visible, the "
-                f"oldest live copy of each")
+        return (
+            f"; deduplicated: {manifest['totals'].get('distinct', 0):,} distinct {dedup.units()} visible, the "
+            f"oldest live copy of each"
+        )
     return f"; balanced: {options}" if options else ""
 
 
 def _store_lines(manifest: dict) -> dict:
     generations = manifest["generations"]
-    listed = ", ".join(f"{g['generation']} ({g['records']:,} records from {len(g['inputs'])} file(s), "
-                       f"{g.get('created', '?')})" for g in generations[:5]) + (", ..." if len(generations) > 5 else "")
+    listed = ", ".join(
+        f"{g['generation']} ({g['records']:,} records from {len(g['inputs'])} file(s), "
+        f"{g.get('created', '?')})"
+        for g in generations[:5]
+    ) + (", ..." if len(generations) > 5 else "")
     checked = "CRC32C" if all("crc32c" in f for g in generations for f in g["files"]) else "sizes"
     return {
         "kind": f"pile store, version {manifest['version']} (format_version {manifest.get('format_version', '1.0')})",
         "format": f"{manifest['format']}; materialize writes compression {manifest['compression']}",
         "records": f"{manifest['totals']['records']:,} in {len(generations)} live generation(s), "
-                   f"{manifest['num_piles']} piles; {manifest['totals']['payload_bytes']:,} payload bytes",
+        f"{manifest['num_piles']} piles; {manifest['totals']['payload_bytes']:,} payload bytes",
         "made by": f"seed {manifest['seed']}" + _store_options_text(manifest),
         "generations": listed or "none live",
         "proves": f"each generation's files hold its inputs' records (fingerprints), their {checked} listed "
-                  "(`pileshuffle verify` re-checks all of it)",
+        "(`pileshuffle verify` re-checks all of it)",
     }
 
 
 def main(argv=None) -> int:
     """``pileshuffle info``: the lines of ``describe``, or ``--json``; exit code 2 for no output there."""
-    parser = CommandParser(prog="pileshuffle info", allow_abbrev=False,
-                                     description="What a finished output or a pile store holds, from its manifest.")
-    parser.add_argument("--output", required=True, metavar="PREFIX", help="the prefix a run wrote (its --output), or a store's prefix")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    parser = CommandParser(
+        prog="pileshuffle info",
+        allow_abbrev=False,
+        description="What a finished output or a pile store holds, from its manifest.",
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="PREFIX",
+        help="the prefix a run wrote (its --output), or a store's prefix",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of lines"
+    )
     args = parse_command(parser, argv)
 
     def show() -> int:

@@ -23,7 +23,9 @@ def template_metadata() -> dict:
         }
         if p.choices:
             entry["regexes"] = ["^(" + "|".join(p.choices) + ")$"]
-        elif p.param_type.startswith("GCS_"):  # the template runs on Dataflow: its paths are on Cloud Storage
+        elif p.param_type.startswith(
+            "GCS_"
+        ):  # the template runs on Dataflow: its paths are on Cloud Storage
             entry["regexes"] = [p.regex.replace("^", "^gs://", 1)]
         elif p.regex:
             entry["regexes"] = [p.regex]
@@ -31,14 +33,20 @@ def template_metadata() -> dict:
     return {
         "name": "pileshuffle",
         "description": "Globally shuffle TFRecord, Parquet or JSONL files with a seeded 2-pass pile shuffle "
-                       "(uniform random order, deterministic for a seed).",
+        "(uniform random order, deterministic for a seed).",
         "parameters": parameters,
     }
 
 
 def main(argv=None):
     """``pileshuffle metadata``: print the Dataflow flex template's metadata.json."""
-    parse_command(CommandParser(prog="pileshuffle metadata", allow_abbrev=False,
-                                          description="Print the Dataflow flex template's metadata.json."), argv or [])
+    parse_command(
+        CommandParser(
+            prog="pileshuffle metadata",
+            allow_abbrev=False,
+            description="Print the Dataflow flex template's metadata.json.",
+        ),
+        argv or [],
+    )
     print(json.dumps(template_metadata(), indent=2))
     return 0

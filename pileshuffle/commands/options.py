@@ -12,11 +12,18 @@ import textwrap
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pileshuffle.errors import UsageError
 from pileshuffle.commands.help_style import WIDTH, option_lines
+from pileshuffle.errors import UsageError
 from pileshuffle.planning.parameters import PARAMETERS, check_values
 
-__all__ = ["CONCEPTS", "help_text", "wants_help", "check_argv", "check_command_argv", "parse_command"]
+__all__ = [
+    "CONCEPTS",
+    "help_text",
+    "wants_help",
+    "check_argv",
+    "check_command_argv",
+    "parse_command",
+]
 
 # One concept, one option name in every command: the name, and the names people reach for
 # instead. No command offers one of the latter (tests/test_messages.py walks every command's
@@ -48,11 +55,23 @@ docs/dataflow.md and docs/dask.md."""
 
 def help_text(prog: str, summary: str, parameters=PARAMETERS) -> str:
     """``--help``: every parameter with its default and the help text metadata.json carries."""
-    lines = [f"usage: {prog} --input PATTERNS --output PREFIX [options] [Beam options]", "", *textwrap.wrap(summary, WIDTH),
-             "", "options:"]
+    lines = [
+        f"usage: {prog} --input PATTERNS --output PREFIX [options] [Beam options]",
+        "",
+        *textwrap.wrap(summary, WIDTH),
+        "",
+        "options:",
+    ]
     for p in parameters:
-        lines += option_lines(p.usage, "required" if not p.optional else "default: false" if p.flag else
-                              f"default: {p.default or 'none'}", p.help)
+        lines += option_lines(
+            p.usage,
+            "required"
+            if not p.optional
+            else "default: false"
+            if p.flag
+            else f"default: {p.default or 'none'}",
+            p.help,
+        )
     lines += ["  -h, --help  show this help and exit", "", _BEAM_OPTIONS_NOTE]
     return "\n".join(lines)
 
@@ -92,7 +111,10 @@ def _beam_option_names() -> set:
 
 
 _BEAM_MINIMUMS = {  # Beam options the local runner reads whose range Beam never checks: name -> (minimum, why)
-    "direct_num_workers": (0, "0 = one worker per core"),  # -1 failed deep in the FnApiRunner (IndexError)
+    "direct_num_workers": (
+        0,
+        "0 = one worker per core",
+    ),  # -1 failed deep in the FnApiRunner (IndexError)
 }
 
 
@@ -107,8 +129,10 @@ def _check_beam_values(argv):
     values, rest = _beam_parser().parse_known_args(argv)
     stray = [a for a in rest if not a.startswith("-")]
     if stray:  # it would be dropped silently: an unquoted pattern the shell expanded, a value without its option
-        raise UsageError(f"{stray[0]!r} is not an option or an option's value (options are --name=value; quote a "
-                         "pattern so that the shell does not expand it)")
+        raise UsageError(
+            f"{stray[0]!r} is not an option or an option's value (options are --name=value; quote a "
+            "pattern so that the shell does not expand it)"
+        )
     problem = runner_problem(values.runner)
     if problem:
         raise UsageError(problem)
@@ -143,7 +167,9 @@ def _check_required(values, parameters=PARAMETERS):
     """Refuse a missing parameter that has no default, in the form of every value error."""
     for p in parameters:
         if not p.optional and not getattr(values, p.name, None):
-            raise UsageError(f"--{p.name}: is required ({p.label.lower()}, e.g. --{p.name}={p.example})")
+            raise UsageError(
+                f"--{p.name}: is required ({p.label.lower()}, e.g. --{p.name}={p.example})"
+            )
 
 
 def check_command_argv(parser: argparse.ArgumentParser, argv):
@@ -151,7 +177,9 @@ def check_command_argv(parser: argparse.ArgumentParser, argv):
     Beam does not know (UsageError with a suggestion), first: a misspelt required option
     is named as a misspelling, not as a missing option. Returns ``(args, beam_args)``."""
     own = _long_options(parser)
-    template_only = {f"--{p.name}" for p in PARAMETERS} - {f"--{o}" for o in own}  # run's options mean nothing here
+    template_only = {f"--{p.name}" for p in PARAMETERS} - {
+        f"--{o}" for o in own
+    }  # run's options mean nothing here
     _refuse_unknown(_option_names(argv), own, template_only, prog=parser.prog)
     _refuse_repeated(_option_names(argv), own)
     args, rest = parser.parse_known_args(argv)
@@ -166,14 +194,19 @@ def parse_command(parser: argparse.ArgumentParser, argv):
     own = _long_options(parser)
     unknown = [name for name in _option_names(argv) if name not in own]
     if unknown:
-        parser.exit(2, f"{parser.prog}: error: unknown option --{unknown[0]}"
-                       f"{_did_you_mean(unknown[0], own, set(), parser.prog)}\n")
+        parser.exit(
+            2,
+            f"{parser.prog}: error: unknown option --{unknown[0]}"
+            f"{_did_you_mean(unknown[0], own, set(), parser.prog)}\n",
+        )
     return parser.parse_args(argv)
 
 
 def _long_options(parser: argparse.ArgumentParser) -> list:
     """The names of ``parser``'s ``--name`` options."""
-    return [a[2:] for action in parser._actions for a in action.option_strings if a.startswith("--")]
+    return [
+        a[2:] for action in parser._actions for a in action.option_strings if a.startswith("--")
+    ]
 
 
 def _refuse_repeated(names, own):
@@ -187,7 +220,9 @@ def _refuse_repeated(names, own):
 
 def _option_names(argv) -> list:
     """The names of the ``--name`` / ``--name=value`` options in ``argv`` (before a ``--``)."""
-    return [a[2:].split("=", 1)[0] for a in _before_separator(argv) if a.startswith("--") and len(a) > 2]
+    return [
+        a[2:].split("=", 1)[0] for a in _before_separator(argv) if a.startswith("--") and len(a) > 2
+    ]
 
 
 def _refuse_unknown(names, own, excluded=frozenset(), prog=None):
@@ -204,14 +239,17 @@ def _refuse_unknown(names, own, excluded=frozenset(), prog=None):
         unknown = [n for n in unknown if f"--{n}" not in known]
     if unknown:
         where = f"{prog}: " if prog else ""
-        raise UsageError(f"{where}unknown option --{unknown[0]}{_did_you_mean(unknown[0], own, known, prog)}")
+        raise UsageError(
+            f"{where}unknown option --{unknown[0]}{_did_you_mean(unknown[0], own, known, prog)}"
+        )
 
 
 def _did_you_mean(name: str, own, known, prog=None) -> str:
     if _NAME_FOR.get(name) in set(own):  # another name of one of ours (CONCEPTS)
         return f" (did you mean --{_NAME_FOR[name]}?)"
-    close = difflib.get_close_matches(name, list(own), n=1, cutoff=0.6) or difflib.get_close_matches(
-        name, [k[2:] for k in known], n=1, cutoff=0.75)
+    close = difflib.get_close_matches(
+        name, list(own), n=1, cutoff=0.6
+    ) or difflib.get_close_matches(name, [k[2:] for k in known], n=1, cutoff=0.75)
     if close:
         return f" (did you mean --{close[0]}?)"
     return f" (see {prog} --help)" if prog else " (see --help)"
@@ -235,5 +273,3 @@ class _QuietParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise UsageError(message.removeprefix("argument "))
-
-

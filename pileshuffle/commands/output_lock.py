@@ -11,8 +11,8 @@ a job's lock never is: the refusal says how to take over the output of a job tha
 import contextlib
 import logging
 
-from pileshuffle.names import output_lock_path, staging_dir
 from pileshuffle.engine.output_files import discard_unpublished, remove_tree
+from pileshuffle.names import output_lock_path, staging_dir
 from pileshuffle.planning.plan import check_shard_output, check_writable
 from pileshuffle.store.layout import FileLock
 
@@ -30,15 +30,19 @@ class OutputLock(FileLock):
         super().__init__(output_lock_path(output), command, f"output {output}", job=job)
 
     def refusal(self, holder: dict) -> str:
-        output = self.what[len('output '):]
+        output = self.what[len("output ") :]
         if holder.get("job"):
-            return (f"output {output} is locked by Dataflow job {holder['job']} (launched {holder.get('since')} from "
-                    f"{holder.get('host')}), which may still be running: wait for it to publish; if it failed or was "
-                    f"cancelled (`gcloud dataflow jobs list --filter name={holder['job']}`), delete {self.path} to take "
-                    "the output over")
-        return (f"output {output} is locked by a run started at {holder.get('since')} (pid "
-                f"{holder.get('pid')} on {holder.get('host')}: `{holder.get('command')}`); wait for it to finish, or "
-                f"delete {self.path} if that process is gone")
+            return (
+                f"output {output} is locked by Dataflow job {holder['job']} (launched {holder.get('since')} from "
+                f"{holder.get('host')}), which may still be running: wait for it to publish; if it failed or was "
+                f"cancelled (`gcloud dataflow jobs list --filter name={holder['job']}`), delete {self.path} to take "
+                "the output over"
+            )
+        return (
+            f"output {output} is locked by a run started at {holder.get('since')} (pid "
+            f"{holder.get('pid')} on {holder.get('host')}: `{holder.get('command')}`); wait for it to finish, or "
+            f"delete {self.path} if that process is gone"
+        )
 
 
 @contextlib.contextmanager
@@ -55,8 +59,10 @@ def taken_output(output: str, overwrite: bool, work_dir: str, command: str, job:
         check_shard_output(output, overwrite)
         removed = discard_unpublished(output)
         if removed:
-            _log.warning("removed %d file(s) under %s that an unfinished run was publishing (its journal lists them)",
-                         len(removed), output)
+            _log.warning(
+                "removed %d file(s) under %s that an unfinished run was publishing (its journal lists them)",
+                len(removed),
+                output,
+            )
         remove_tree(work_dir)
         yield token
-

@@ -14,9 +14,12 @@ def modes_json(plan, options) -> dict:
     workers, kind = plan.workers, plan.workers.machine
     return {
         "workers": {
-            "where": workers.where, "machine": kind and kind.name, "vcpus": kind and kind.vcpus,
+            "where": workers.where,
+            "machine": kind and kind.name,
+            "vcpus": kind and kind.vcpus,
             "memory": (kind.memory or None) if kind else None,
-            "threads_per_worker": workers.threads, "memory_per_thread": workers.memory_per_thread,
+            "threads_per_worker": workers.threads,
+            "memory_per_thread": workers.memory_per_thread,
             "disk_size_gb": workers.disk_gb or None,
             "expected_workers": expected_workers(workers, plan.input_bytes),
         },
@@ -34,15 +37,19 @@ def modes_lines(plan, options) -> list:
     heads = [f"{mode}{' (this run)' if mode == plan.intermediate else ''}" for mode in MODES]
     rows = [("modes", heads)] + [(f"  {label}", [show(f) for f in both]) for label, show in _ROWS]
     width = max(len(texts[0]) for _, texts in rows) + 3
-    return [("workers", _workers_text(plan))] + [(label, texts[0].ljust(width) + texts[1])
-                                                  for label, texts in rows]
+    return [("workers", _workers_text(plan))] + [
+        (label, texts[0].ljust(width) + texts[1]) for label, texts in rows
+    ]
 
 
 def _workers_text(plan) -> str:
     workers = plan.workers
     count = expected_workers(workers, plan.input_bytes)
-    why = ("as asked" if workers.workers else
-           f"about {TARGET_HOURS:g} hour at {SIZING_RATE / 1e6:,.0f} MB/s per vCPU")
+    why = (
+        "as asked"
+        if workers.workers
+        else f"about {TARGET_HOURS:g} hour at {SIZING_RATE / 1e6:,.0f} MB/s per vCPU"
+    )
     return f"{workers.describe()}; expected {count:,} worker(s) ({why})"
 
 
@@ -75,7 +82,9 @@ def _parts(f: dict) -> str:
 def _gets(f: dict) -> str:
     if not f["pass2_requests_per_pile"]:
         return "none (through the GroupByKey)"
-    return f"{f['pass2_requests_per_pile']:,.0f} a pile; ramp {hours_text(f['request_ramp_seconds'])}"
+    return (
+        f"{f['pass2_requests_per_pile']:,.0f} a pile; ramp {hours_text(f['request_ramp_seconds'])}"
+    )
 
 
 def _disk(f: dict) -> str:
@@ -87,10 +96,19 @@ def _dollars(f: dict) -> str:
     if f["dollars_per_tb"] is None:
         return "(priced on Dataflow only)"
     total = sum(f["dollars"].values())
-    shares = ", ".join(f"{name.replace('_', ' ')} {value / total:.0%}"
-                       for name, value in f["dollars"].items() if value >= 0.05 * total)
+    shares = ", ".join(
+        f"{name.replace('_', ' ')} {value / total:.0%}"
+        for name, value in f["dollars"].items()
+        if value >= 0.05 * total
+    )
     return f"${f['dollars_per_tb']:,.2f} per TB ({shares})"
 
 
-_ROWS = (("pass 1", _run), ("units", _units), ("parts", _parts), ("pass-2 GETs", _gets),
-         ("disk", _disk), ("cost", _dollars))
+_ROWS = (
+    ("pass 1", _run),
+    ("units", _units),
+    ("parts", _parts),
+    ("pass-2 GETs", _gets),
+    ("disk", _disk),
+    ("cost", _dollars),
+)

@@ -24,9 +24,9 @@ import os
 import sys
 import tempfile
 
-from pileshuffle.io import storage
-from pileshuffle.errors import InputError
 from pileshuffle.commands.help_style import CommandParser
+from pileshuffle.errors import InputError
+from pileshuffle.io import storage
 from pileshuffle.quality import MIN_SAMPLE
 
 
@@ -43,42 +43,94 @@ def _at_least(minimum: int):
     return parse
 
 
-USAGE = ("pileshuffle quality (--input PATTERNS --output PREFIX | --mixture PREFIX=WEIGHT,...) [--report DIR] "
-         "[--label_field FIELD | --label_bytes START:END] [--compare] [--sample N] [--batch_size N]")
+USAGE = (
+    "pileshuffle quality (--input PATTERNS --output PREFIX | --mixture PREFIX=WEIGHT,...) [--report DIR] "
+    "[--label_field FIELD | --label_bytes START:END] [--compare] [--sample N] [--batch_size N]"
+)
 
 
 def parse(argv):
     """The command's options (unknown options and bad values: a usage error, exit code 2)."""
     from pileshuffle.commands.options import parse_command
 
-    parser = CommandParser(prog="pileshuffle quality", usage=USAGE, allow_abbrev=False,
-                                     description="Measure and draw how uniform a finished run's order is.")
+    parser = CommandParser(
+        prog="pileshuffle quality",
+        usage=USAGE,
+        allow_abbrev=False,
+        description="Measure and draw how uniform a finished run's order is.",
+    )
     parser.add_argument("--input", metavar="PATTERNS", help="the run's --input patterns")
     parser.add_argument("--output", metavar="PREFIX", help="the run's --output prefix")
-    parser.add_argument("--report", metavar="DIR", help="directory for quality.json, quality.png, training.png (without it: the "
-                                          "statistics are printed only)")
+    parser.add_argument(
+        "--report",
+        metavar="DIR",
+        help="directory for quality.json, quality.png, training.png (without it: the "
+        "statistics are printed only)",
+    )
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--label_field", metavar="FIELD",
-                       help="label field, as run's --label_field: a Parquet column, a JSON key, a "
-                            "tf.train.Example feature (TFRecord: int64 or bytes) or a tar member's "
-                            "extension (cls)")
-    which.add_argument("--label_bytes", metavar="START:END", help="label = payload bytes START:END (TFRecord, JSONL)")
-    parser.add_argument("--compare", action="store_true",
-                        help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's epochs")
-    parser.add_argument("--sample", type=_at_least(MIN_SAMPLE), default=100_000, metavar="N",
-                        help=f"records to locate by hash (default 100000, at least {MIN_SAMPLE})")
-    parser.add_argument("--batch_size", type=_at_least(1), default=256, metavar="N",
-                        help="batch size for label balance, class shares, re-meeting and a mixture's windows")
+    which.add_argument(
+        "--label_field",
+        metavar="FIELD",
+        help="label field, as run's --label_field: a Parquet column, a JSON key, a "
+        "tf.train.Example feature (TFRecord: int64 or bytes) or a tar member's "
+        "extension (cls)",
+    )
+    which.add_argument(
+        "--label_bytes",
+        metavar="START:END",
+        help="label = payload bytes START:END (TFRecord, JSONL)",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's epochs",
+    )
+    parser.add_argument(
+        "--sample",
+        type=_at_least(MIN_SAMPLE),
+        default=100_000,
+        metavar="N",
+        help=f"records to locate by hash (default 100000, at least {MIN_SAMPLE})",
+    )
+    parser.add_argument(
+        "--batch_size",
+        type=_at_least(1),
+        default=256,
+        metavar="N",
+        help="batch size for label balance, class shares, re-meeting and a mixture's windows",
+    )
     mixing = parser.add_argument_group("a Mixture instead of a run (pileshuffle.loader.Mixture)")
-    mixing.add_argument("--mixture", metavar="PREFIX=WEIGHT,...", help="finished outputs and their weights: PREFIX=WEIGHT,PREFIX=WEIGHT")
-    mixing.add_argument("--stop", choices=("first", "restart"), default="first", help="the Mixture's stop (default first)")
-    mixing.add_argument("--records_per_epoch", type=_at_least(1), metavar="N", help="the Mixture's records_per_epoch")
-    mixing.add_argument("--seed", type=_at_least(0), default=0, metavar="N", help="the Mixture's seed (default 0)")
+    mixing.add_argument(
+        "--mixture",
+        metavar="PREFIX=WEIGHT,...",
+        help="finished outputs and their weights: PREFIX=WEIGHT,PREFIX=WEIGHT",
+    )
+    mixing.add_argument(
+        "--stop",
+        choices=("first", "restart"),
+        default="first",
+        help="the Mixture's stop (default first)",
+    )
+    mixing.add_argument(
+        "--records_per_epoch",
+        type=_at_least(1),
+        metavar="N",
+        help="the Mixture's records_per_epoch",
+    )
+    mixing.add_argument(
+        "--seed", type=_at_least(0), default=0, metavar="N", help="the Mixture's seed (default 0)"
+    )
     args = parse_command(parser, argv)
     if not args.mixture and not (args.input and args.output):
-        parser.error("give --input and --output (a finished run), or --mixture (outputs and weights)")
-    if args.mixture and (args.input or args.output or args.label_field or args.label_bytes or args.compare):
-        parser.error("--mixture measures the mixture alone: leave out --input, --output, --label_field and --compare")
+        parser.error(
+            "give --input and --output (a finished run), or --mixture (outputs and weights)"
+        )
+    if args.mixture and (
+        args.input or args.output or args.label_field or args.label_bytes or args.compare
+    ):
+        parser.error(
+            "--mixture measures the mixture alone: leave out --input, --output, --label_field and --compare"
+        )
     return args
 
 
@@ -104,7 +156,11 @@ def report_problem(directory: str):
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        return f"{existing} is a file, not a folder" if existing == path else f"{existing} is a file, not a folder to make it in"
+        return (
+            f"{existing} is a file, not a folder"
+            if existing == path
+            else f"{existing} is a file, not a folder to make it in"
+        )
     try:
         with tempfile.TemporaryFile(dir=existing, prefix=".probe-"):
             pass
@@ -120,12 +176,16 @@ def write_report(report, directory: str, figures: bool = True) -> list:
 
     files = {"quality.json": lambda: json.dumps(report.summary, indent=1).encode()}
     if "policies" in report.summary:
-        files["policies.md"] = lambda: (policies_table(report.summary["policies"], markdown=True) + "\n").encode()
+        files["policies.md"] = lambda: (
+            policies_table(report.summary["policies"], markdown=True) + "\n"
+        ).encode()
     if figures:
         from pileshuffle.quality import render
 
         files["quality.png"] = lambda: _figure(lambda out: render.quality_figure(report, out))
-        if len(report.rows) > 1 and any(row.curve["steps"] for row in report.rows):  # not on fewer records than a batch
+        if len(report.rows) > 1 and any(
+            row.curve["steps"] for row in report.rows
+        ):  # not on fewer records than a batch
             files["training.png"] = lambda: _figure(lambda out: render.training_figure(report, out))
     written = []
     for name, contents in files.items():
@@ -138,8 +198,8 @@ def finished_output(prefix: str):
     """``(manifest, output)`` of the finished output at ``prefix``: shards (their paths in
     order) or else a pile store (opened by the loader, which names what is missing)."""
 
-    from pileshuffle.names import manifest_path
     from pileshuffle.engine.output_files import read_manifest
+    from pileshuffle.names import manifest_path
 
     if storage.exists(manifest_path(prefix)):
         manifest = read_manifest(prefix)
@@ -156,16 +216,23 @@ def main(argv=None) -> int:
     from pileshuffle import interrupt
 
     args = parse(argv)
-    interrupt.describe(f"no report was written to {args.report}; run it again to measure" if args.report else
-                       "nothing was written; run it again to measure", f"it had written its report to {args.report}")
+    interrupt.describe(
+        f"no report was written to {args.report}; run it again to measure"
+        if args.report
+        else "nothing was written; run it again to measure",
+        f"it had written its report to {args.report}",
+    )
     try:
         from pileshuffle.quality.report import measure, text_summary
     except ImportError as error:
-        print(f"pileshuffle quality: error: needs the report extra, pip install 'pileshuffle[report]' ({error})", file=sys.stderr)
+        print(
+            f"pileshuffle quality: error: needs the report extra, pip install 'pileshuffle[report]' ({error})",
+            file=sys.stderr,
+        )
         return 2
+    from pileshuffle.engine.inputs import check_format_fits, match_inputs
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.formats import get_format
-    from pileshuffle.engine.inputs import check_format_fits, match_inputs
     from pileshuffle.quality.locate import Label
 
     problem = report_problem(args.report) if args.report else None
@@ -176,13 +243,28 @@ def main(argv=None) -> int:
         return _mixture_main(args)
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     try:
-        label = (Label.parse_bytes(args.label_bytes) if args.label_bytes
-                 else Label(field=args.label_field) if args.label_field else None)
+        label = (
+            Label.parse_bytes(args.label_bytes)
+            if args.label_bytes
+            else Label(field=args.label_field)
+            if args.label_field
+            else None
+        )
         manifest, output = finished_output(prefix)
         sources = match_inputs(args.input)
-        check_format_fits(sources, manifest["format"], prefix)  # the run read its input in the output's format
-        report = measure(get_format(manifest["format"]), [s.path for s in sources],
-                         output, manifest, args.sample, label, args.batch_size, args.compare)
+        check_format_fits(
+            sources, manifest["format"], prefix
+        )  # the run read its input in the output's format
+        report = measure(
+            get_format(manifest["format"]),
+            [s.path for s in sources],
+            output,
+            manifest,
+            args.sample,
+            label,
+            args.batch_size,
+            args.compare,
+        )
     except (PileshuffleError, ValueError) as error:
         print(f"pileshuffle quality: error: {error}", file=sys.stderr)
         return 2
@@ -211,7 +293,13 @@ def _mixture_main(args) -> int:
 
     try:
         prefixes, weights = parse_mixture(args.mixture)
-        mixture = Mixture(prefixes, weights, seed=args.seed, stop=args.stop, records_per_epoch=args.records_per_epoch)
+        mixture = Mixture(
+            prefixes,
+            weights,
+            seed=args.seed,
+            stop=args.stop,
+            records_per_epoch=args.records_per_epoch,
+        )
         section = window_shares(mixture, args.batch_size)
     except (PileshuffleError, ValueError) as error:
         print(f"pileshuffle quality: error: {error}", file=sys.stderr)
@@ -224,4 +312,3 @@ def _mixture_main(args) -> int:
         storage.write_whole(path, json.dumps({"mixture": section}, indent=1).encode())
     print(f"report written to {args.report}: mixture.json")
     return 0
-

@@ -7,12 +7,18 @@ import sys
 
 from pileshuffle import interrupt
 from pileshuffle.commands import running
-from pileshuffle.errors import PileshuffleError, UsageError, find_error, user_message
 from pileshuffle.engine.inputs import describe_left_out, describe_skipped
+from pileshuffle.errors import PileshuffleError, UsageError, find_error, user_message
 from pileshuffle.names import STORE_KIND, manifest_path
 
-__all__ = ["summary", "reporting_errors", "store_summary", "as_command",
-           "shards_at_stake_on_interrupt", "finished_at"]
+__all__ = [
+    "summary",
+    "reporting_errors",
+    "store_summary",
+    "as_command",
+    "shards_at_stake_on_interrupt",
+    "finished_at",
+]
 
 
 def summary(manifest: dict, finished: str = None) -> str:
@@ -27,15 +33,18 @@ def summary(manifest: dict, finished: str = None) -> str:
     piles = manifest["pile_records"]
     balance, dedup = manifest.get("balance"), manifest.get("dedup")
     lines = [
-        _dedup_records_line(dedup) if dedup else
-        f"records   {totals['records']:,} (fingerprints of input and output match)" if not balance else
-        f"records   {totals['records']:,}: the input's {manifest['input_fingerprint']['records']:,} and their copies "
+        _dedup_records_line(dedup)
+        if dedup
+        else f"records   {totals['records']:,} (fingerprints of input and output match)"
+        if not balance
+        else f"records   {totals['records']:,}: the input's {manifest['input_fingerprint']['records']:,} and their copies "
         f"(fingerprints of what pass 1 put in and the output match)",
         f"bytes     {totals['payload_bytes']:,} payload, {totals['shard_bytes']:,} in {manifest['num_piles']} shard(s)",
         f"piles     {manifest['num_piles']}; records per pile "
         f"min {piles['min']:,} / mean {piles['mean']:,.0f} / max {piles['max']:,}; split again: {manifest['piles_split']}",
-        f"finished  {finished} (an earlier run: nothing was run now)" if finished else
-        f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
+        f"finished  {finished} (an earlier run: nothing was run now)"
+        if finished
+        else f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
     ]
     if manifest.get("between_passes"):
         lines.append(_between_passes_line(manifest["between_passes"], totals["payload_bytes"]))
@@ -43,19 +52,29 @@ def summary(manifest: dict, finished: str = None) -> str:
         lines.append(_balance_line(balance))
     if manifest.get("inputs_left_out"):
         left_out = manifest["inputs_left_out"]
-        lines.append(f"left out  {len(left_out)} file(s) that --input matched but pileshuffle wrote: {describe_left_out(left_out)}")
+        lines.append(
+            f"left out  {len(left_out)} file(s) that --input matched but pileshuffle wrote: {describe_left_out(left_out)}"
+        )
     if manifest.get("inputs_skipped"):
         skipped = manifest["inputs_skipped"]
-        lines.append(f"skipped   {len(skipped)} matched name(s) that are not input files: {describe_skipped(skipped)}")
+        lines.append(
+            f"skipped   {len(skipped)} matched name(s) that are not input files: {describe_skipped(skipped)}"
+        )
     if manifest.get("input_duplicates"):
         duplicates = manifest["input_duplicates"]
-        lines.append(f"duplicate {len(duplicates)} name(s) of files already matched, read once: "
-                     + ", ".join(f"{name} = {kept}" for name, kept in sorted(duplicates.items())[:3])
-                     + (", ..." if len(duplicates) > 3 else ""))
+        lines.append(
+            f"duplicate {len(duplicates)} name(s) of files already matched, read once: "
+            + ", ".join(f"{name} = {kept}" for name, kept in sorted(duplicates.items())[:3])
+            + (", ..." if len(duplicates) > 3 else "")
+        )
     if manifest["skipped"]["records"]:
-        lines.append(f"skipped   {manifest['skipped']['records']} corrupt record(s), {manifest['skipped']['bytes']:,} bytes")
+        lines.append(
+            f"skipped   {manifest['skipped']['records']} corrupt record(s), {manifest['skipped']['bytes']:,} bytes"
+        )
     if manifest["skipped"].get("blank_lines"):
-        lines.append(f"blank     {manifest['skipped']['blank_lines']:,} blank line(s) in the input: not records")
+        lines.append(
+            f"blank     {manifest['skipped']['blank_lines']:,} blank line(s) in the input: not records"
+        )
     lines.append(f"manifest  {manifest_path(manifest['output'])}")
     return "\n".join(lines)
 
@@ -79,7 +98,9 @@ def _between_passes_line(carried: dict, payload_bytes: int) -> str:
     """How the records went from pass 1 to pass 2: written to storage (per payload byte), kept
     in memory, carried by the runner's shuffle (what is nonzero; written always)."""
     written = carried["written_bytes"]
-    parts = [f"{written / 1e6:,.1f} MB written ({written / max(1, payload_bytes):.2f} per payload byte)"]
+    parts = [
+        f"{written / 1e6:,.1f} MB written ({written / max(1, payload_bytes):.2f} per payload byte)"
+    ]
     if carried["in_memory_bytes"]:
         parts.append(f"{carried['in_memory_bytes'] / 1e6:,.1f} MB kept in memory")
     if carried["shuffled_bytes"]:
@@ -94,7 +115,11 @@ class _HideReportedErrors(logging.Filter):
     def filter(self, record):
         if record.levelno < logging.ERROR or not record.name.startswith("apache_beam"):
             return True
-        if record.exc_info and record.exc_info[1] is not None and find_error(record.exc_info[1]) is not None:
+        if (
+            record.exc_info
+            and record.exc_info[1] is not None
+            and find_error(record.exc_info[1]) is not None
+        ):
             return False
         try:
             text = record.getMessage()
@@ -127,16 +152,24 @@ def _dedup_records_line(dedup: dict) -> str:
     from pileshuffle.engine.dedup import Dedup
 
     by = Dedup(dedup.get("field")).units()
-    largest = f"largest group: {dedup['largest_groups'][0]['copies']:,} copies; " if dedup["largest_groups"] else ""
-    return (f"records   {dedup['records_kept']:,} distinct {by} kept of {dedup['records_read']:,} read; "
-            f"{dedup['records_dropped']:,} duplicates dropped ({largest}"
-            f"fingerprints of what was read and what was kept and dropped match)")
+    largest = (
+        f"largest group: {dedup['largest_groups'][0]['copies']:,} copies; "
+        if dedup["largest_groups"]
+        else ""
+    )
+    return (
+        f"records   {dedup['records_kept']:,} distinct {by} kept of {dedup['records_read']:,} read; "
+        f"{dedup['records_dropped']:,} duplicates dropped ({largest}"
+        f"fingerprints of what was read and what was kept and dropped match)"
+    )
 
 
 def _balance_line(balance: dict) -> str:
     """A manifest's (or a store generation's) ``balance`` section: the records per class before and after."""
     return f"balance   {balance['label']!r}, {balance['policy']}: " + ", ".join(
-        f"{c} {balance['records_before'][c]:,} -> {balance['records_after'][c]:,}" for c in sorted(balance['records_before']))
+        f"{c} {balance['records_before'][c]:,} -> {balance['records_after'][c]:,}"
+        for c in sorted(balance["records_before"])
+    )
 
 
 def _store_dedup_line(manifest: dict, dedup: dict) -> str:
@@ -145,29 +178,37 @@ def _store_dedup_line(manifest: dict, dedup: dict) -> str:
 
     by = Dedup.from_options(dedup).units()
     earlier = sum(dedup["copies_of_earlier"].values())
-    return (f"distinct  {manifest['totals']['distinct']:,} distinct {by} visible in the window; the newest generation "
-            f"added {dedup['distinct_new']:,} new, {dedup['copies_within']:,} repeat(s) of its own and {earlier:,} of "
-            f"older live generations (hidden while those live)")
+    return (
+        f"distinct  {manifest['totals']['distinct']:,} distinct {by} visible in the window; the newest generation "
+        f"added {dedup['distinct_new']:,} new, {dedup['copies_within']:,} repeat(s) of its own and {earlier:,} of "
+        f"older live generations (hidden while those live)"
+    )
 
 
 def store_summary(manifest: dict) -> str:
     """A store version in a few lines: live generations and records, the newest generation, time."""
     generations = manifest["generations"]
     newest = generations[-1] if generations else None
-    lines = [f"store     version {manifest['version']}: {len(generations)} live generation(s), "
-             f"{manifest['totals']['records']:,} records, {manifest['totals']['payload_bytes']:,} payload bytes, "
-             f"{manifest['num_piles']} piles"]
+    lines = [
+        f"store     version {manifest['version']}: {len(generations)} live generation(s), "
+        f"{manifest['totals']['records']:,} records, {manifest['totals']['payload_bytes']:,} payload bytes, "
+        f"{manifest['num_piles']} piles"
+    ]
     if newest is not None:
-        lines.append(f"newest    generation {newest['generation']}: {newest['records']:,} records from "
-                     f"{len(newest['inputs'])} input file(s), {len(newest['files'])} file(s) "
-                     f"({newest.get('writers', 1)} writer(s) x {manifest['num_piles']} piles at most)")
+        lines.append(
+            f"newest    generation {newest['generation']}: {newest['records']:,} records from "
+            f"{len(newest['inputs'])} input file(s), {len(newest['files'])} file(s) "
+            f"({newest.get('writers', 1)} writer(s) x {manifest['num_piles']} piles at most)"
+        )
         if newest.get("balance"):
             lines.append(_balance_line(newest["balance"]))
         if newest.get("dedup"):
             lines.append(_store_dedup_line(manifest, newest["dedup"]))
     seconds = manifest.get("wall_seconds")
     if seconds and newest is not None:
-        lines.append(f"time      {seconds:.2f} s, {newest['payload_bytes'] / 1e6 / seconds:,.1f} MB/s")
+        lines.append(
+            f"time      {seconds:.2f} s, {newest['payload_bytes'] / 1e6 / seconds:,.1f} MB/s"
+        )
     return "\n".join(lines)
 
 
@@ -175,6 +216,7 @@ def as_command(function):
     """A store command's ``main(argv)``: ``function(argv)`` with our errors in one line
     (``reporting_errors``) and a bad value (a size, a time) as a usage error; it keeps
     ``function``'s name and docstring."""
+
     @functools.wraps(function)
     def main(argv=None):
 
@@ -182,7 +224,9 @@ def as_command(function):
 
         keep_freed_memory()
         running.HOLD_WORKER_STDERR["on"] = True
-        return reporting_errors(lambda: _values_as_usage_errors(function, list(sys.argv[1:] if argv is None else argv)))
+        return reporting_errors(
+            lambda: _values_as_usage_errors(function, list(sys.argv[1:] if argv is None else argv))
+        )
 
     return main
 
@@ -199,5 +243,8 @@ def _values_as_usage_errors(function, argv):
 
 def shards_at_stake_on_interrupt(output: str):
     """What Ctrl-C leaves of a run or materialize that writes shards at ``output``."""
-    interrupt.describe(f"nothing was published at {output}; run the same command again (it removes what this one "
-                       f"left and writes the same shards)", f"it had published {manifest_path(output)}: the output is complete")
+    interrupt.describe(
+        f"nothing was published at {output}; run the same command again (it removes what this one "
+        f"left and writes the same shards)",
+        f"it had published {manifest_path(output)}: the output is complete",
+    )

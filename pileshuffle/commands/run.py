@@ -15,24 +15,37 @@ import time
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle import progress
-from pileshuffle.io import storage
-from pileshuffle.commands.report import (finished_at, reporting_errors, shards_at_stake_on_interrupt,
-                                         summary)
-from pileshuffle.errors import OutputError, PileshuffleError, user_message
-from pileshuffle.planning.job_model import check_worker_disk
-from pileshuffle.names import SHARDS_KIND, manifest_path
 from pileshuffle.commands.options import check_argv, help_text, wants_help
-from pileshuffle.planning.parameters import PileshuffleOptions, check_values, parse_flag
-from pileshuffle.engine.output_files import discard_unpublished, read_manifest, remove_tree
 from pileshuffle.commands.output_lock import taken_output
-from pileshuffle.planning.plan import Plan, make_plan
-from pileshuffle.planning.space import check_space, space_note
-from pileshuffle.planning.runners import (check_local_shuffle_fits, dask_defaults, dataflow_defaults, is_dask, is_dataflow,
-                                 is_local, local_defaults, outliving_job, submitted)
+from pileshuffle.commands.report import (
+    finished_at,
+    reporting_errors,
+    shards_at_stake_on_interrupt,
+    summary,
+)
 from pileshuffle.commands.running import new_pipeline, run_pipeline, shows_progress
-from pileshuffle.store.layout import command_line
+from pileshuffle.engine.output_files import discard_unpublished, read_manifest, remove_tree
 from pileshuffle.engine.transforms.graph import build, manifest_fields
 from pileshuffle.engine.tuning import keep_freed_memory
+from pileshuffle.errors import OutputError, PileshuffleError, user_message
+from pileshuffle.io import storage
+from pileshuffle.names import SHARDS_KIND, manifest_path
+from pileshuffle.planning.job_model import check_worker_disk
+from pileshuffle.planning.parameters import PileshuffleOptions, check_values, parse_flag
+from pileshuffle.planning.plan import Plan, make_plan
+from pileshuffle.planning.runners import (
+    check_local_shuffle_fits,
+    dask_defaults,
+    dataflow_defaults,
+    is_dask,
+    is_dataflow,
+    is_local,
+    local_defaults,
+    outliving_job,
+    submitted,
+)
+from pileshuffle.planning.space import check_space, space_note
+from pileshuffle.store.layout import command_line
 
 __all__ = ["main", "pipeline_options", "report", "run"]
 
@@ -75,8 +88,11 @@ def run(options=None, wait=None, hold_worker_stderr=False):
         if finished is None:
             raise
         when = finished_at(manifest_path(values.output))
-        print(f"pileshuffle: {values.output} already holds this run's output (the same options, seed and "
-              f"input files by path and size), finished {when}: nothing to do", file=sys.stderr)
+        print(
+            f"pileshuffle: {values.output} already holds this run's output (the same options, seed and "
+            f"input files by path and size), finished {when}: nothing to do",
+            file=sys.stderr,
+        )
         return finished
     check_space(plan.space)
     check_worker_disk(plan)
@@ -84,10 +100,21 @@ def run(options=None, wait=None, hold_worker_stderr=False):
         check_local_shuffle_fits(plan)
     if is_dask(options):
         options = dask_defaults(options, len(plan.source_groups))
-    job = outliving_job(options, wait)  # a Dataflow job holds the output's lock after this launcher returns
-    with taken_output(plan.output, plan.replace_existing, plan.work_dir, command_line(), job) as token:
-        return _run_plan(plan, options, parse_flag(values.quiet), started, wait, hold_worker_stderr,
-                         token if job else None)
+    job = outliving_job(
+        options, wait
+    )  # a Dataflow job holds the output's lock after this launcher returns
+    with taken_output(
+        plan.output, plan.replace_existing, plan.work_dir, command_line(), job
+    ) as token:
+        return _run_plan(
+            plan,
+            options,
+            parse_flag(values.quiet),
+            started,
+            wait,
+            hold_worker_stderr,
+            token if job else None,
+        )
 
 
 def _this_run_finished(options):
@@ -106,22 +133,35 @@ def _this_run_finished(options):
         values.overwrite = False
     fields = manifest_fields(plan)
     inputs = {(i.get("path"), i.get("bytes")) for i in manifest.get("inputs", [])}
-    same = (manifest.get("kind") == SHARDS_KIND and manifest.get("seed") == fields["seed"]
-            and manifest.get("options") == fields["options"] and inputs == {(s.path, s.size) for s in plan.sources})
+    same = (
+        manifest.get("kind") == SHARDS_KIND
+        and manifest.get("seed") == fields["seed"]
+        and manifest.get("options") == fields["options"]
+        and inputs == {(s.path, s.size) for s in plan.sources}
+    )
     return manifest if same else None
 
 
-def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worker_stderr, lock_token=None):
+def _run_plan(
+    plan: Plan, options, quiet: bool, started: float, wait, hold_worker_stderr, lock_token=None
+):
     """Run a prepared plan (under the output's lock): the pipeline, then its manifest with
     what ``--input`` matched but the run did not read. ``lock_token``: the job releases the
     output's lock once it has published (a job that outlives this process)."""
     if not quiet:
-        print(f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
-              f"({plan.num_piles_reason})", file=sys.stderr)
+        print(
+            f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
+            f"({plan.num_piles_reason})",
+            file=sys.stderr,
+        )
     pipeline = new_pipeline(options)
     build(pipeline, plan, started, lock_token)
-    showing = progress.showing(len(plan.sources), plan.input_bytes, plan.num_piles,
-                               enabled=not quiet and shows_progress(options))
+    showing = progress.showing(
+        len(plan.sources),
+        plan.input_bytes,
+        plan.num_piles,
+        enabled=not quiet and shows_progress(options),
+    )
 
     def failed(error):
         remove_tree(plan.work_dir)
@@ -142,8 +182,10 @@ def _run_plan(plan: Plan, options, quiet: bool, started: float, wait, hold_worke
     return manifest
 
 
-_SUMMARY = ("Shuffle the input files into piles and write each pile as one shard, in a uniformly random order "
-            "that the seed fixes. The flex template's entry point; `pileshuffle run` takes the same options.")
+_SUMMARY = (
+    "Shuffle the input files into piles and write each pile as one shard, in a uniformly random order "
+    "that the seed fixes. The flex template's entry point; `pileshuffle run` takes the same options."
+)
 
 
 def main(argv=None):

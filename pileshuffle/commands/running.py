@@ -25,7 +25,11 @@ def run_pipeline(pipeline, options, wait, hold_worker_stderr, on_failure, showin
     cleans up and may return the error to raise instead; our own errors come out
     unwrapped from the runner's (in-process runners wrap or rename them)."""
     held = types.SimpleNamespace(ours=False)
-    holding = _worker_stderr(held) if hold_worker_stderr and is_local(options) else contextlib.nullcontext()
+    holding = (
+        _worker_stderr(held)
+        if hold_worker_stderr and is_local(options)
+        else contextlib.nullcontext()
+    )
     with showing or contextlib.nullcontext(), holding:
         try:
             interrupt.allow_writes()
@@ -70,7 +74,10 @@ def new_pipeline(options) -> beam.Pipeline:
 def shows_progress(options) -> bool:
     """Progress is counted in this process: local runs whose DoFns run here (not in the
     local runner's multi_processing worker processes)."""
-    return is_local(options) and options.view_as(DirectOptions).direct_running_mode != "multi_processing"
+    return (
+        is_local(options)
+        and options.view_as(DirectOptions).direct_running_mode != "multi_processing"
+    )
 
 
 @contextlib.contextmanager
@@ -93,8 +100,12 @@ def _worker_stderr(state):
             yield state
         finally:
             sys.stderr.flush()
-            if state.ours and _writes_to_fd_2(sys.stderr):  # the runner's threads may still fail noisily:
-                sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)  # our lines go to the real stderr,
+            if state.ours and _writes_to_fd_2(
+                sys.stderr
+            ):  # the runner's threads may still fail noisily:
+                sys.stderr = os.fdopen(
+                    os.dup(saved), "w", buffering=1
+                )  # our lines go to the real stderr,
                 null = os.open(os.devnull, os.O_WRONLY)  # file descriptor 2 stays quiet
                 os.dup2(null, 2)
                 os.close(null)
@@ -104,7 +115,9 @@ def _worker_stderr(state):
             capture.seek(0)
             text = capture.read().decode(errors="replace")
             if state.ours:
-                text = "".join(line for line in text.splitlines(keepends=True) if _OWN_LINE.match(line))
+                text = "".join(
+                    line for line in text.splitlines(keepends=True) if _OWN_LINE.match(line)
+                )
             sys.stderr.write(text)
             sys.stderr.flush()
 
@@ -117,10 +130,14 @@ def _writes_to_fd_2(stream) -> bool:
         return False
 
 
-_OWN_LINE = re.compile(r"^(?:pileshuffle|[A-Z]+ pileshuffle[\w.]*): ")  # our prints and our loggers' records
+_OWN_LINE = re.compile(
+    r"^(?:pileshuffle|[A-Z]+ pileshuffle[\w.]*): "
+)  # our prints and our loggers' records
 
 
-HOLD_WORKER_STDERR = {"on": False}  # the command line: report our errors in one line (running._worker_stderr)
+HOLD_WORKER_STDERR = {
+    "on": False
+}  # the command line: report our errors in one line (running._worker_stderr)
 
 
 def execute(options, build, partitions: int, on_failure=None, wait=None):
@@ -128,7 +145,14 @@ def execute(options, build, partitions: int, on_failure=None, wait=None):
     does; returns Beam's result when not waited for (Dataflow), else None. ``on_failure()``
     cleans up after a failed pipeline."""
 
-    from pileshuffle.planning.runners import dask_defaults, dataflow_defaults, is_dask, is_dataflow, is_local, local_defaults
+    from pileshuffle.planning.runners import (
+        dask_defaults,
+        dataflow_defaults,
+        is_dask,
+        is_dataflow,
+        is_local,
+        local_defaults,
+    )
 
     if is_local(options):
         options = local_defaults(options)
@@ -138,4 +162,6 @@ def execute(options, build, partitions: int, on_failure=None, wait=None):
         options = dataflow_defaults(options)
     pipeline = new_pipeline(options)
     build(pipeline)
-    return run_pipeline(pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure and on_failure())
+    return run_pipeline(
+        pipeline, options, wait, HOLD_WORKER_STDERR["on"], lambda error: on_failure and on_failure()
+    )

@@ -9,14 +9,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pileshuffle.io import storage
-from pileshuffle.formats.tfrecord import frame
 from pileshuffle.commands.help_style import CommandParser
+from pileshuffle.formats.tfrecord import frame
+from pileshuffle.io import storage
 
-__all__ = ["INDEX_DIGITS", "WRITERS", "payloads", "index_of", "split_counts", "write_tfrecord", "write_jsonl", "write_tar",
-           "parquet_table", "write_parquet", "main"]
+__all__ = [
+    "INDEX_DIGITS",
+    "WRITERS",
+    "payloads",
+    "index_of",
+    "split_counts",
+    "write_tfrecord",
+    "write_jsonl",
+    "write_tar",
+    "parquet_table",
+    "write_parquet",
+    "main",
+]
 
-INDEX_DIGITS = 12  # a record starts with its index in this many ASCII digits, then "|": room for 10^12 records
+INDEX_DIGITS = (
+    12  # a record starts with its index in this many ASCII digits, then "|": room for 10^12 records
+)
 
 
 def payloads(start: int, count: int, record_bytes: int, seed: int = 0, vary: bool = False):
@@ -25,7 +38,9 @@ def payloads(start: int, count: int, record_bytes: int, seed: int = 0, vary: boo
     out = []
     for i in range(start, start + count):
         size = record_bytes if not vary else int(rng.integers(INDEX_DIGITS + 1, 2 * record_bytes))
-        filler = rng.integers(97, 123, size=max(0, size - INDEX_DIGITS - 1), dtype=np.uint8).tobytes()
+        filler = rng.integers(
+            97, 123, size=max(0, size - INDEX_DIGITS - 1), dtype=np.uint8
+        ).tobytes()
         out.append(b"%012d|" % i + filler)
     return out
 
@@ -66,6 +81,7 @@ def _write_files(directory, records, files, name, extension, render, block_recor
     bytes of a block of consecutive records."""
     paths, start = [], 0
     for f, count in enumerate(split_counts(records, files)):
+
         def write(handle, start=start, count=count):
             for block in range(start, start + count, block_records):
                 handle.write(render(block, min(block_records, start + count - block)))
@@ -76,8 +92,11 @@ def _write_files(directory, records, files, name, extension, render, block_recor
     return paths
 
 
-def write_tfrecord(directory, records=1000, files=4, record_bytes=100, seed=0, vary=False, name="part"):
+def write_tfrecord(
+    directory, records=1000, files=4, record_bytes=100, seed=0, vary=False, name="part"
+):
     """Records 0..records-1 (``payloads``) as TFRecord files ``{name}-NNN.tfrecord`` in ``directory``; their paths."""
+
     def render(start, count):
         return b"".join(frame(p) for p in payloads(start, count, record_bytes, seed, vary))
 
@@ -86,9 +105,11 @@ def write_tfrecord(directory, records=1000, files=4, record_bytes=100, seed=0, v
 
 def write_jsonl(directory, records=1000, files=4, record_bytes=100, seed=0, name="part"):
     """Records 0..records-1 as JSONL lines ``{"index": i, "text": ...}`` in ``{name}-NNN.jsonl`` files; their paths."""
+
     def render(start, count):
         return b"".join(
-            b'{"index": %d, "text": "%s"}\n' % (i, p[INDEX_DIGITS + 1 :][: max(0, record_bytes - 30)])
+            b'{"index": %d, "text": "%s"}\n'
+            % (i, p[INDEX_DIGITS + 1 :][: max(0, record_bytes - 30)])
             for i, p in zip(range(start, start + count), payloads(start, count, record_bytes, seed))
         )
 
@@ -106,23 +127,34 @@ def parquet_table(start: int, count: int, record_bytes: int, seed: int = 0) -> p
             "label": pa.array(rng.integers(0, 10, count, dtype=np.int32)),
             "weight": pa.array(rng.random(count)),
             "name": pa.array([f"item-{i}" for i in index.tolist()]),
-            "payload": pa.array(payloads(start, count, max(INDEX_DIGITS + 1, record_bytes - 40), seed), pa.binary()),
+            "payload": pa.array(
+                payloads(start, count, max(INDEX_DIGITS + 1, record_bytes - 40), seed), pa.binary()
+            ),
         }
     ).replace_schema_metadata({"source": "pileshuffle.sample", "seed": str(seed)})
 
 
-def write_parquet(directory, records=1000, files=4, record_bytes=100, seed=0, name="part", row_group_rows=None):
+def write_parquet(
+    directory, records=1000, files=4, record_bytes=100, seed=0, name="part", row_group_rows=None
+):
     """Rows 0..records-1 (``parquet_table``) as ``{name}-NNN.parquet`` files in ``directory``; their paths."""
     paths, start = [], 0
     for f, count in enumerate(split_counts(records, files)):
         table = parquet_table(start, count, record_bytes, seed)
         paths.append(storage.join(directory, f"{name}-{f:03d}.parquet"))
-        _write_file(paths[-1], lambda handle, table=table: pq.write_table(table, handle, row_group_size=row_group_rows))
+        _write_file(
+            paths[-1],
+            lambda handle, table=table: pq.write_table(
+                table, handle, row_group_size=row_group_rows
+            ),
+        )
         start += count
     return paths
 
 
-def write_tar(directory, records=1000, files=4, record_bytes=100, seed=0, name="part", classes=10, first=0):
+def write_tar(
+    directory, records=1000, files=4, record_bytes=100, seed=0, name="part", classes=10, first=0
+):
     """Samples first..first+records-1 as WebDataset shards ``{name}-NNN.tar``: sample i is key ``{i:09d}``
     with members ``.cls`` (its class, ASCII: classes in order, ``classes`` of them, as a
     capture written one class at a time) and ``.bin`` (``payloads``); reproducible headers
@@ -137,10 +169,15 @@ def write_tar(directory, records=1000, files=4, record_bytes=100, seed=0, name="
 
     paths, start = [], first
     for f, count in enumerate(split_counts(records, files)):
+
         def write(handle, start=start, count=count):
             with tarfile.open(fileobj=handle, mode="w", format=tarfile.USTAR_FORMAT) as archive:
-                for i, payload in zip(range(start, start + count), payloads(start, count, record_bytes, seed)):
-                    member(archive, f"{i:09d}.cls", b"%d" % ((i - first) * classes // max(1, records)))
+                for i, payload in zip(
+                    range(start, start + count), payloads(start, count, record_bytes, seed)
+                ):
+                    member(
+                        archive, f"{i:09d}.cls", b"%d" % ((i - first) * classes // max(1, records))
+                    )
                     member(archive, f"{i:09d}.bin", payload)
 
         paths.append(storage.join(directory, f"{name}-{f:03d}.tar"))
@@ -149,7 +186,12 @@ def write_tar(directory, records=1000, files=4, record_bytes=100, seed=0, name="
     return paths
 
 
-WRITERS = {"tfrecord": write_tfrecord, "jsonl": write_jsonl, "parquet": write_parquet, "tar": write_tar}  # format -> its writer
+WRITERS = {
+    "tfrecord": write_tfrecord,
+    "jsonl": write_jsonl,
+    "parquet": write_parquet,
+    "tar": write_tar,
+}  # format -> its writer
 
 
 def _count_problem(args):
@@ -160,7 +202,9 @@ def _count_problem(args):
         if value < 1:
             return f"--{option}: must be at least 1, not {value}"
     if args.files > args.records:
-        return f"--files {args.files} is more than --records {args.records}: some files would be empty"
+        return (
+            f"--files {args.files} is more than --records {args.records}: some files would be empty"
+        )
     return None
 
 
@@ -168,8 +212,11 @@ def main(argv=None):
     """``pileshuffle generate``: write sample data and print the files' paths."""
     from pileshuffle.commands.options import parse_command
 
-    parser = CommandParser(prog="pileshuffle generate", allow_abbrev=False,
-                                     description="Write sample data whose records carry their index.")
+    parser = CommandParser(
+        prog="pileshuffle generate",
+        allow_abbrev=False,
+        description="Write sample data whose records carry their index.",
+    )
     parser.add_argument("--format", choices=sorted(WRITERS), default="tfrecord")
     parser.add_argument("--output_dir", required=True, metavar="DIR")
     parser.add_argument("--records", type=int, default=100_000, metavar="N")
@@ -184,7 +231,9 @@ def main(argv=None):
     from pileshuffle.errors import PileshuffleError
 
     try:
-        paths = WRITERS[args.format](args.output_dir, args.records, args.files, args.record_bytes, args.seed)
+        paths = WRITERS[args.format](
+            args.output_dir, args.records, args.files, args.record_bytes, args.seed
+        )
     except (PileshuffleError, OSError) as error:
         print(f"pileshuffle generate: error: {error}", file=sys.stderr)
         return 2

@@ -6,18 +6,18 @@ run, named with the command that finishes it), an ``--input`` pattern that names
 import sys
 
 from pileshuffle import interrupt, names
-from pileshuffle.io import storage
+from pileshuffle.commands.help_style import CommandParser
+from pileshuffle.commands.options import parse_command
 from pileshuffle.commands.report import reporting_errors
 from pileshuffle.engine.dedup import Dedup
-from pileshuffle.formats import FORMATS
-from pileshuffle.commands.help_style import CommandParser
 from pileshuffle.engine.inputs import select_inputs
+from pileshuffle.formats import FORMATS
+from pileshuffle.io import storage
+from pileshuffle.io.unfinished import unfinished_run
 from pileshuffle.names import manifest_path, shard_pattern
-from pileshuffle.commands.options import parse_command
 from pileshuffle.store import layout
 from pileshuffle.store.layout import clean_prefix, is_store, store_prefix
 from pileshuffle.store.read import check_store, damaged_generations
-from pileshuffle.io.unfinished import unfinished_run
 from pileshuffle.verify.checks import ShardVerifier, matching_files, verify_shards
 
 __all__ = ["verify", "main"]
@@ -52,18 +52,32 @@ def main(argv=None):
 
 def _verify_command(argv):
     parser = CommandParser(
-        prog="pileshuffle verify", allow_abbrev=False,
+        prog="pileshuffle verify",
+        allow_abbrev=False,
         description="Re-read input and output of a finished run: counts, fingerprints, shard integrity, manifest.",
     )
-    parser.add_argument("--input", metavar="PATTERNS", help="the run's --input patterns (omit to check the output and manifest only)")
-    parser.add_argument("--output", required=True, metavar="PREFIX", help="the run's --output prefix")
+    parser.add_argument(
+        "--input",
+        metavar="PATTERNS",
+        help="the run's --input patterns (omit to check the output and manifest only)",
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="PREFIX", help="the run's --output prefix"
+    )
     parser.add_argument("--format", choices=sorted(FORMATS), help="default: the manifest's")
-    parser.add_argument("--skip_corrupt", action="store_true",
-                        help="taken as run takes it, so that a run's options can be given again; verify reads the "
-                             "input as the run did, skipping corrupt records only if its manifest says it did")
-    parser.add_argument("--quiet", action="store_true", help="as run --quiet: verify prints only its report anyway")
+    parser.add_argument(
+        "--skip_corrupt",
+        action="store_true",
+        help="taken as run takes it, so that a run's options can be given again; verify reads the "
+        "input as the run did, skipping corrupt records only if its manifest says it did",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="as run --quiet: verify prints only its report anyway"
+    )
     args = parse_command(parser, argv)
-    interrupt.describe(f"{args.output} was not checked to the end; verify changes nothing, so run it again to check")
+    interrupt.describe(
+        f"{args.output} was not checked to the end; verify changes nothing, so run it again to check"
+    )
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     if args.input:  # a pattern that names no input file is a usage error, as in run (exit code 2)
         select_inputs(args.input, prefix)
@@ -72,20 +86,29 @@ def _verify_command(argv):
     unfinished = unfinished_run(prefix)
     if unfinished or not _anything_at(prefix):
         nothing = f"nothing to verify there (no {manifest_path(prefix)}, no shards, no pile store {prefix}-store/)"
-        print(f"pileshuffle verify: error: --output {args.output}: {unfinished or nothing}", file=sys.stderr)
+        print(
+            f"pileshuffle verify: error: --output {args.output}: {unfinished or nothing}",
+            file=sys.stderr,
+        )
         return 2
     verifier = ShardVerifier(args.input, prefix, args.format)
     problems = verifier.run()
     for problem in problems:
         print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
     if problems:
-        print(f"pileshuffle verify: {len(problems):,} problem(s) with {args.output}", file=sys.stderr)
+        print(
+            f"pileshuffle verify: {len(problems):,} problem(s) with {args.output}", file=sys.stderr
+        )
         return 1
     fp = verifier.output_fp
-    checked = _input_checked(verifier.manifest or {}) if args.input else "input not re-read (no --input)"
-    print(f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards:,} shard(s) under "
-          f"{args.output}; every shard reads back whole and matches the manifest; {checked} "
-          f"(hash sum {fp.hash_sum:016x}, xor {fp.hash_xor:016x})")
+    checked = (
+        _input_checked(verifier.manifest or {}) if args.input else "input not re-read (no --input)"
+    )
+    print(
+        f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards:,} shard(s) under "
+        f"{args.output}; every shard reads back whole and matches the manifest; {checked} "
+        f"(hash sum {fp.hash_sum:016x}, xor {fp.hash_xor:016x})"
+    )
     return 0
 
 
@@ -96,13 +119,19 @@ def _input_checked(manifest: dict) -> str:
     if not dedup:
         return "input and output fingerprints match"
     field = Dedup.from_options(manifest.get("options")).field
-    counts = (f"{dedup['records_read']:,} read, {dedup['records_kept']:,} distinct, "
-              f"{dedup['records_dropped']:,} duplicates left out")
+    counts = (
+        f"{dedup['records_read']:,} read, {dedup['records_kept']:,} distinct, "
+        f"{dedup['records_dropped']:,} duplicates left out"
+    )
     if field is None:
-        return (f"the output is exactly the input's distinct records, each once: {counts} "
-                "(records compared by a 64-bit hash of their content)")
-    return (f"the output is exactly the first record of each distinct {field!r} value in the input: "
-            f"{counts} (records compared by a 64-bit hash of their {field!r} value)")
+        return (
+            f"the output is exactly the input's distinct records, each once: {counts} "
+            "(records compared by a 64-bit hash of their content)"
+        )
+    return (
+        f"the output is exactly the first record of each distinct {field!r} value in the input: "
+        f"{counts} (records compared by a 64-bit hash of their {field!r} value)"
+    )
 
 
 def _verify_store_main(prefix: str, input_glob: str = None) -> int:
@@ -113,16 +142,24 @@ def _verify_store_main(prefix: str, input_glob: str = None) -> int:
         print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
     if problems:
         damaged = damaged_generations(problems)
-        where = (f"; damaged generation(s): {', '.join(map(str, damaged))} of version {manifest['version']}"
-                 if damaged and manifest else "")
-        print(f"pileshuffle verify: {len(problems)} problem(s) with the store {names.store_dir(prefix)}{where}",
-              file=sys.stderr)
+        where = (
+            f"; damaged generation(s): {', '.join(map(str, damaged))} of version {manifest['version']}"
+            if damaged and manifest
+            else ""
+        )
+        print(
+            f"pileshuffle verify: {len(problems)} problem(s) with the store {names.store_dir(prefix)}{where}",
+            file=sys.stderr,
+        )
         return 1
     files = sum(len(g["files"]) for g in manifest["generations"])
-    print(f"pileshuffle verify: OK: store {names.store_dir(prefix)} version {manifest['version']}: "
-          f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} generation(s), {files} file(s); "
-          f"every file reads back whole and matches the manifest (counts, piles, fingerprints)"
-          + _visible_text(manifest) + ("; the input holds exactly the live generations' records" if input_glob else ""))
+    print(
+        f"pileshuffle verify: OK: store {names.store_dir(prefix)} version {manifest['version']}: "
+        f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} generation(s), {files} file(s); "
+        f"every file reads back whole and matches the manifest (counts, piles, fingerprints)"
+        + _visible_text(manifest)
+        + ("; the input holds exactly the live generations' records" if input_glob else "")
+    )
     return 0
 
 

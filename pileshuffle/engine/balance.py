@@ -21,8 +21,18 @@ import numpy as np
 
 from pileshuffle.errors import UsageError
 
-__all__ = ["KINDS", "Policy", "copies", "class_phase", "labels_text", "ClassPlan", "class_plan", "ClassPlanner",
-           "manifest_options", "from_manifest_options"]
+__all__ = [
+    "KINDS",
+    "Policy",
+    "copies",
+    "class_phase",
+    "labels_text",
+    "ClassPlan",
+    "class_plan",
+    "ClassPlanner",
+    "manifest_options",
+    "from_manifest_options",
+]
 
 KINDS = ("uniform", "sqrt")  # the named policies; anything else is explicit weights "a=0.5,b=0.3"
 
@@ -30,7 +40,9 @@ KINDS = ("uniform", "sqrt")  # the named policies; anything else is explicit wei
 def labels_text(values) -> str:
     """Class names for messages: the first few, sorted."""
     names = sorted(values)
-    return ", ".join(repr(n) for n in names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return ", ".join(repr(n) for n in names[:8]) + (
+        f" and {len(names) - 8} more" if len(names) > 8 else ""
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +69,17 @@ class Policy:
                 weight = float(value)
             except ValueError:
                 weight = None
-            if not sep or not name.strip() or weight is None or not math.isfinite(weight) or weight <= 0:
-                raise ValueError(f"--balance {text!r}: give uniform, sqrt or weights CLASS=WEIGHT,... with "
-                                 f"positive weights (e.g. cat=0.5,dog=0.3,bird=0.2); {part.strip()!r} is not one")
+            if (
+                not sep
+                or not name.strip()
+                or weight is None
+                or not math.isfinite(weight)
+                or weight <= 0
+            ):
+                raise ValueError(
+                    f"--balance {text!r}: give uniform, sqrt or weights CLASS=WEIGHT,... with "
+                    f"positive weights (e.g. cat=0.5,dog=0.3,bird=0.2); {part.strip()!r} is not one"
+                )
             weights.append((name.strip(), weight))
         names = [n for n, _ in weights]
         if len(set(names)) != len(names):
@@ -76,11 +96,16 @@ class Policy:
             shares = dict(self.weights)
             missing, unknown = set(counts) - set(shares), set(shares) - set(counts)
             if missing or unknown:
-                parts = ([f"no weight for {labels_text(missing)}"] if missing else []) + \
-                        ([f"no record of {labels_text(unknown)}"] if unknown else [])
-                raise ValueError(f"--balance: {'; '.join(parts)} (classes in the data: {labels_text(counts)})")
+                parts = ([f"no weight for {labels_text(missing)}"] if missing else []) + (
+                    [f"no record of {labels_text(unknown)}"] if unknown else []
+                )
+                raise ValueError(
+                    f"--balance: {'; '.join(parts)} (classes in the data: {labels_text(counts)})"
+                )
         else:
-            shares = {c: (1.0 if self.kind == "uniform" else math.sqrt(n)) for c, n in counts.items()}
+            shares = {
+                c: (1.0 if self.kind == "uniform" else math.sqrt(n)) for c, n in counts.items()
+            }
         # the scale that makes every target >= its count (oversampling) or <= it (undersampling)
         ratios = [counts[c] / shares[c] for c in counts]
         scale = min(ratios) if self.undersample else max(ratios)
@@ -98,15 +123,21 @@ class Policy:
 
     def spec(self) -> str:
         """The policy as ``--balance`` takes it (``parse(spec(), undersample)`` gives it back)."""
-        return self.kind if self.kind != "weights" else ",".join(f"{c}={w!r}" for c, w in self.weights)
+        return (
+            self.kind if self.kind != "weights" else ",".join(f"{c}={w!r}" for c, w in self.weights)
+        )
 
 
 def manifest_options(label: str, policy: Policy, keep_unlabeled: bool = False) -> dict:
     """What a manifest's ``options`` (a shard output's or a store's) record of ``--balance``:
     ``label_field``, ``balance`` (the policy as given), ``undersample``, and ``keep_unlabeled``
     only when given."""
-    return {"label_field": label, "balance": policy.spec(), "undersample": policy.undersample,
-            **({"keep_unlabeled": True} if keep_unlabeled else {})}
+    return {
+        "label_field": label,
+        "balance": policy.spec(),
+        "undersample": policy.undersample,
+        **({"keep_unlabeled": True} if keep_unlabeled else {}),
+    }
 
 
 def from_manifest_options(options: dict):
@@ -114,8 +145,11 @@ def from_manifest_options(options: dict):
     (``manifest_options``'), or None: written without ``--balance``."""
     if not options.get("balance"):
         return None
-    return (options["label_field"], Policy.parse(options["balance"], bool(options.get("undersample"))),
-            bool(options.get("keep_unlabeled")))
+    return (
+        options["label_field"],
+        Policy.parse(options["balance"], bool(options.get("undersample"))),
+        bool(options.get("keep_unlabeled")),
+    )
 
 
 def class_phase(seed: int, label: str, count: int) -> int:
@@ -138,8 +172,13 @@ def copies(ranks: np.ndarray, count: int, target: int, phase: int) -> np.ndarray
         low = (ranks * target + phase) // count
         high = ((ranks + 1) * target + phase) // count
         return (high - low).astype(np.int64)
-    return np.array([((k + 1) * target + phase) // count - (k * target + phase) // count for k in ranks.tolist()],
-                    dtype=np.int64)
+    return np.array(
+        [
+            ((k + 1) * target + phase) // count - (k * target + phase) // count
+            for k in ranks.tolist()
+        ],
+        dtype=np.int64,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,15 +200,23 @@ class ClassPlan:
             out = np.zeros(len(codes), dtype=np.int64)
             # each class's records, in file order (numpy's stable sort is a radix sort on 16-bit
             # codes: 0.23 against 0.86 ms per 32,768 codes as uint32)
-            order = np.argsort(codes.astype(np.uint16) if len(names) <= 1 << 16 else codes, kind="stable")
+            order = np.argsort(
+                codes.astype(np.uint16) if len(names) <= 1 << 16 else codes, kind="stable"
+            )
             bounds = np.concatenate(([0], np.cumsum(np.bincount(codes, minlength=len(names)))))
             for code in np.flatnonzero(np.diff(bounds)).tolist():
-                label, where = names[code], order[bounds[code]:bounds[code + 1]]
+                label, where = names[code], order[bounds[code] : bounds[code + 1]]
                 if label not in self.counts:
-                    raise ValueError(f"class {label!r} was not counted by the first pass: the input changed during the run")
+                    raise ValueError(
+                        f"class {label!r} was not counted by the first pass: the input changed during the run"
+                    )
                 start = ranks.get(label, 0)
-                out[where] = copies(np.arange(start, start + len(where)), self.counts[label], self.targets[label],
-                                    self.phases[label])
+                out[where] = copies(
+                    np.arange(start, start + len(where)),
+                    self.counts[label],
+                    self.targets[label],
+                    self.phases[label],
+                )
                 ranks[label] = start + len(where)
             return out
 

@@ -29,13 +29,30 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pileshuffle.records import keys as keymath
 from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import Fingerprint, binary_column_parts, crc32_of_slices, is_binary_type, mix64, row_hashes
 from pileshuffle.formats.json_labels import KEEP_HINT
+from pileshuffle.records import keys as keymath
+from pileshuffle.records.fingerprint import (
+    Fingerprint,
+    binary_column_parts,
+    crc32_of_slices,
+    is_binary_type,
+    mix64,
+    row_hashes,
+)
 
-__all__ = ["DEDUP_STREAM", "TOP_GROUPS", "Dedup", "Dropped", "distinct_in_order", "content_groups", "stream_distinct",
-           "dedup_section", "distinct_fingerprint", "first_occurrences"]
+__all__ = [
+    "DEDUP_STREAM",
+    "TOP_GROUPS",
+    "Dedup",
+    "Dropped",
+    "distinct_in_order",
+    "content_groups",
+    "stream_distinct",
+    "dedup_section",
+    "distinct_fingerprint",
+    "first_occurrences",
+]
 
 DEDUP_STREAM = 3  # the key stream of content keys (0: input positions, 1: composed use's draws, 2: store generations)
 TOP_GROUPS = 10  # the largest duplicate groups a manifest lists
@@ -55,7 +72,9 @@ class Dedup:
 
     def options(self) -> dict:
         """The manifest's options (``from_options`` reads them back)."""
-        return {"dedup": "exact"} if self.field is None else {"dedup": "key", "dedup_key": self.field}
+        return (
+            {"dedup": "exact"} if self.field is None else {"dedup": "key", "dedup_key": self.field}
+        )
 
     @classmethod
     def from_options(cls, options: dict):
@@ -63,7 +82,9 @@ class Dedup:
         kind = (options or {}).get("dedup")
         return None if not kind else cls(options.get("dedup_key") if kind == "key" else None)
 
-    def values(self, records: pa.Table, path: str = "", first: int = 0, positions: np.ndarray = None) -> pa.Table:
+    def values(
+        self, records: pa.Table, path: str = "", first: int = 0, positions: np.ndarray = None
+    ) -> pa.Table:
         """The columns two records must agree on to be duplicates (``records``: the user's columns).
         A record without the field is an InputError naming ``path`` and the record: by its number
         (``first``: the file's records before ``records``) or, where that is unknown (``first`` None:
@@ -76,11 +97,21 @@ class Dedup:
             return self._field_values(records, path, 0 if first is None else first)
         except InputError as error:
             problem = error.problem.replace(KEEP_HINT, "")
-            if first is None and positions is not None:  # a span: the record named by its place, not its number
-                row, problem = next((i, p) for i in range(records.num_rows) for p in [self._problem(records.slice(i, 1))] if p)
+            if (
+                first is None and positions is not None
+            ):  # a span: the record named by its place, not its number
+                row, problem = next(
+                    (i, p)
+                    for i in range(records.num_rows)
+                    for p in [self._problem(records.slice(i, 1))]
+                    if p
+                )
                 unit = "byte" if holder_of(records).record_column is not None else "row"
-                problem = re.sub(r"\b(?:record|line|sample) 1 of the file", f"the record at {unit} {int(positions[row]):,}",
-                                 problem)
+                problem = re.sub(
+                    r"\b(?:record|line|sample) 1 of the file",
+                    f"the record at {unit} {int(positions[row]):,}",
+                    problem,
+                )
             raise InputError(path, f"{problem} (--dedup_key {self.field})") from None
 
     def _problem(self, record: pa.Table) -> str:
@@ -95,16 +126,26 @@ class Dedup:
         from pileshuffle.formats import holder_of
         from pileshuffle.formats.labels import record_labels
 
-        if holder_of(records).record_column is None:  # rows: the column itself, any type, nulls equal
+        if (
+            holder_of(records).record_column is None
+        ):  # rows: the column itself, any type, nulls equal
             if self.field not in records.column_names:
-                raise InputError(path, f"has no column {self.field!r} (columns: "
-                                       f"{', '.join(records.column_names)})")
+                raise InputError(
+                    path,
+                    f"has no column {self.field!r} (columns: {', '.join(records.column_names)})",
+                )
             return records.select([self.field])
         labels = record_labels(records, self.field, path, first)
         return pa.table({"value": pa.array(labels.tolist(), type=pa.string())})
 
-    def contents(self, records: pa.Table, hashes: np.ndarray, path: str = "", first: int = 0,
-                 positions: np.ndarray = None) -> np.ndarray:
+    def contents(
+        self,
+        records: pa.Table,
+        hashes: np.ndarray,
+        path: str = "",
+        first: int = 0,
+        positions: np.ndarray = None,
+    ) -> np.ndarray:
         """The 64-bit content hash of every record (``hashes``: their fingerprint hashes, which whole
         records reuse), as run, verify and quality compute it: a hash of CRC32C and length (the
         fingerprint's; of the field's value, a one-column row) with the CRC-32 (zlib) of the bytes."""
@@ -116,12 +157,23 @@ class Dedup:
         holder = holder_of(records)
         if holder.record_column is None:  # rows: every binary or string value
             return _with_crc32(hashes, records.columns)
-        return _with_crc32(hashes, [records.column(0)], holder.before, holder.after)  # a bytes format's payload
+        return _with_crc32(
+            hashes, [records.column(0)], holder.before, holder.after
+        )  # a bytes format's payload
 
-    def keys(self, records: pa.Table, seed: int, hashes: np.ndarray, path: str = "", first: int = 0,
-             positions: np.ndarray = None) -> np.ndarray:
+    def keys(
+        self,
+        records: pa.Table,
+        seed: int,
+        hashes: np.ndarray,
+        path: str = "",
+        first: int = 0,
+        positions: np.ndarray = None,
+    ) -> np.ndarray:
         """U of every record: a keyed bijection of its content hash (equal contents, equal keys)."""
-        return keymath.position_keys(seed, (DEDUP_STREAM,), self.contents(records, hashes, path, first, positions))
+        return keymath.position_keys(
+            seed, (DEDUP_STREAM,), self.contents(records, hashes, path, first, positions)
+        )
 
     def file_contents(self, fmt, path: str, skip_corrupt: bool = False, report=None):
         """``(table, fingerprint hashes, content hashes)`` of every chunk of the file ``path`` in order:
@@ -144,9 +196,14 @@ def _with_crc32(hashes: np.ndarray, columns, before: int = 0, after: int = 0) ->
         for position, column in enumerate(columns):
             if not is_binary_type(column.type):
                 continue
-            data, offsets = binary_column_parts(column.fill_null(b"" if "binary" in str(column.type) else ""))
-            second = mix64(second * np.uint64(0x100000001B3) + crc32_of_slices(data, offsets, before, after)
-                           + np.uint64(position))
+            data, offsets = binary_column_parts(
+                column.fill_null(b"" if "binary" in str(column.type) else "")
+            )
+            second = mix64(
+                second * np.uint64(0x100000001B3)
+                + crc32_of_slices(data, offsets, before, after)
+                + np.uint64(position)
+            )
         return mix64(np.asarray(hashes, dtype=np.uint64) + second * _GOLDEN)
 
 
@@ -162,7 +219,9 @@ class Dropped:
         self.fingerprint += Fingerprint.of(hashes, int(np.sum(lengths)))
 
     def add_groups(self, groups):
-        self.groups = heapq.nlargest(TOP_GROUPS, [*self.groups, *groups], key=lambda g: (g[0], g[1]))
+        self.groups = heapq.nlargest(
+            TOP_GROUPS, [*self.groups, *groups], key=lambda g: (g[0], g[1])
+        )
 
 
 def _same_rows(values: pa.Table, left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -177,7 +236,11 @@ def _same_rows(values: pa.Table, left: np.ndarray, right: np.ndarray) -> np.ndar
             both_null = pc.and_(pc.is_null(a), pc.is_null(b))
             equal = pc.or_kleene(pc.fill_null(equal, False), both_null)
             same &= np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError):  # nested types: compared as Python values
+        except (
+            pa.ArrowNotImplementedError,
+            pa.ArrowInvalid,
+            TypeError,
+        ):  # nested types: compared as Python values
             same &= np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist())], dtype=bool)
     return same
 
@@ -192,16 +255,27 @@ def _preview(records: pa.Table, index: int) -> str:
 
     row = records.slice(index, 1).to_pylist()[0]
     holder = holder_of(records)
-    if holder.record_column is not None:  # a bytes format: its payload, without a frame's header or a newline
-        value = row[holder.record_column][holder.before : len(row[holder.record_column]) - holder.after]
+    if (
+        holder.record_column is not None
+    ):  # a bytes format: its payload, without a frame's header or a newline
+        value = row[holder.record_column][
+            holder.before : len(row[holder.record_column]) - holder.after
+        ]
         text = value.decode("utf-8", "backslashreplace")
     else:
         text = repr(row)
     return text[:_PREVIEW_CHARS]
 
 
-def distinct_in_order(records: pa.Table, order: np.ndarray, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray,
-                      dedup: Dedup, dropped: Dropped = None) -> np.ndarray:
+def distinct_in_order(
+    records: pa.Table,
+    order: np.ndarray,
+    keys: np.ndarray,
+    hashes: np.ndarray,
+    lengths: np.ndarray,
+    dedup: Dedup,
+    dropped: Dropped = None,
+) -> np.ndarray:
     """Which rows to keep (bool array) of ``records.take(order)``, whose ``keys`` are in order (stable:
     equal keys in canonical order), as are ``hashes`` and ``lengths``: the first of each distinct
     content; the rest are added to ``dropped``."""
@@ -217,20 +291,37 @@ def distinct_in_order(records: pa.Table, order: np.ndarray, keys: np.ndarray, ha
     else:  # a field: read from the records that tie only
         involved = np.unique(np.concatenate((members, run_starts[run_of[members]])))
         values = dedup.values(records.take(order[involved]), "a pile")
-        at = np.searchsorted(involved, np.arange(n))  # sorted row -> its place in ``values`` (tied rows only)
+        at = np.searchsorted(
+            involved, np.arange(n)
+        )  # sorted row -> its place in ``values`` (tied rows only)
     same = _same_rows(values, at[members], at[run_starts[run_of[members]]])
     keep[members[same]] = False
-    for run in np.unique(run_of[members[~same]]).tolist():  # a tie of different contents: a hash collision
+    for run in np.unique(
+        run_of[members[~same]]
+    ).tolist():  # a tie of different contents: a hash collision
         rows = np.arange(run_starts[run], run_starts[run] + np.sum(run_of == run))
         keep[rows] = False
-        keep[rows[np.unique(_value_ids(values, at[rows]), return_index=True)[1]]] = True  # the first of each value
+        keep[rows[np.unique(_value_ids(values, at[rows]), return_index=True)[1]]] = (
+            True  # the first of each value
+        )
     if dropped is not None:
         gone = np.flatnonzero(~keep)
         dropped.add(hashes[gone], lengths[gone])
         copies = np.bincount(run_of[gone], minlength=len(run_starts)) + 1
-        largest = np.lexsort((hashes[run_starts], copies))[::-1][:TOP_GROUPS]  # as add_groups ranks: (copies, hash)
-        dropped.add_groups([(int(copies[r]), int(hashes[run_starts[r]]), _preview(records, int(order[run_starts[r]])))
-                            for r in largest.tolist() if copies[r] > 1])
+        largest = np.lexsort((hashes[run_starts], copies))[::-1][
+            :TOP_GROUPS
+        ]  # as add_groups ranks: (copies, hash)
+        dropped.add_groups(
+            [
+                (
+                    int(copies[r]),
+                    int(hashes[run_starts[r]]),
+                    _preview(records, int(order[run_starts[r]])),
+                )
+                for r in largest.tolist()
+                if copies[r] > 1
+            ]
+        )
     return keep
 
 
@@ -247,7 +338,9 @@ def _value_ids(values: pa.Table, rows: np.ndarray) -> np.ndarray:
     """A number for each of ``values``' ``rows``, 0, 1, ... in order of first appearance, equal where the
     rows' values are (compared as Python values: the rows of one key that differ, a hash collision)."""
     seen = {}
-    return np.array([seen.setdefault(_row(values, int(r)), len(seen)) for r in rows.tolist()], dtype=np.int64)
+    return np.array(
+        [seen.setdefault(_row(values, int(r)), len(seen)) for r in rows.tolist()], dtype=np.int64
+    )
 
 
 def content_groups(values: pa.Table, keys: np.ndarray) -> np.ndarray:
@@ -263,7 +356,9 @@ def content_groups(values: pa.Table, keys: np.ndarray) -> np.ndarray:
     groups[order] = run_of
     same = _same_rows(values, order[members], order[starts[run_of[members]]])
     fresh = n
-    for run in np.unique(run_of[members[~same]]).tolist():  # a key collision: number each distinct value anew
+    for run in np.unique(
+        run_of[members[~same]]
+    ).tolist():  # a key collision: number each distinct value anew
         rows = order[starts[run] : starts[run] + int(np.sum(run_of == run))]
         ids = _value_ids(values, rows)
         groups[rows] = fresh + ids
@@ -282,12 +377,26 @@ def stream_distinct(batches, records_of, dedup: Dedup, dropped: Dropped = None):
         keep = np.ones(table.num_rows, dtype=bool)
         for k in range(0 if kept_values is None else kept_values.num_rows):  # usually one value
             both = pa.concat_tables([kept_values.slice(k, 1), values])
-            same = _same_rows(both, np.zeros(table.num_rows, dtype=np.int64), np.arange(1, table.num_rows + 1))
+            same = _same_rows(
+                both, np.zeros(table.num_rows, dtype=np.int64), np.arange(1, table.num_rows + 1)
+            )
             groups[k][0] += int(np.sum(same & keep))
             keep &= ~same
         fresh = np.flatnonzero(keep)
-        new = fresh[distinct_in_order(records, fresh, np.zeros(len(fresh), np.uint64), hashes[fresh], lengths[fresh],
-                                      dedup)] if len(fresh) else fresh
+        new = (
+            fresh[
+                distinct_in_order(
+                    records,
+                    fresh,
+                    np.zeros(len(fresh), np.uint64),
+                    hashes[fresh],
+                    lengths[fresh],
+                    dedup,
+                )
+            ]
+            if len(fresh)
+            else fresh
+        )
         for row in new.tolist():
             same = _same_rows(values, np.full(len(fresh), row), fresh)
             groups.append([int(np.sum(same)), int(hashes[row]), _preview(records, row)])
@@ -315,7 +424,9 @@ def dedup_section(dedup: Dedup, read: Fingerprint, kept: Fingerprint, groups) ->
         "records_kept": kept.records,
         "records_dropped": read.records - kept.records,
         "bytes_dropped": read.bytes - kept.bytes,
-        "largest_groups": [{"copies": c, "record_hash": f"{h:016x}", "preview": p} for c, h, p in largest],
+        "largest_groups": [
+            {"copies": c, "record_hash": f"{h:016x}", "preview": p} for c, h, p in largest
+        ],
     }
 
 
@@ -333,7 +444,9 @@ def _partitioned(rows, folder: str):
     try:
         for chunk in rows:
             dtype = chunk.dtype
-            order, bounds = keymath.group_by_pile((chunk["content"] >> np.uint64(58)).astype(np.int64), _PARTS)
+            order, bounds = keymath.group_by_pile(
+                (chunk["content"] >> np.uint64(58)).astype(np.int64), _PARTS
+            )
             for p in np.flatnonzero(np.diff(bounds)).tolist():
                 handles[p].write(chunk[order[bounds[p] : bounds[p + 1]]].tobytes())
     finally:
@@ -361,7 +474,9 @@ def distinct_fingerprint(chunks) -> tuple:
     distinct = Fingerprint()
     with tempfile.TemporaryDirectory(prefix="pileshuffle-verify-") as folder:
         for part in _partitioned(triples(), folder):
-            _, first = np.unique(part["content"], return_index=True)  # the first of each, in input order
+            _, first = np.unique(
+                part["content"], return_index=True
+            )  # the first of each, in input order
             distinct += Fingerprint.of(part["hash"][first], int(part["length"][first].sum()))
     return read[0], distinct
 
@@ -381,7 +496,9 @@ def first_occurrences(contents_chunks, folder: str) -> np.ndarray:
 
     parts = _partitioned(placed(), folder)
     part = next(parts, None)  # every row is written by now: count is known
-    is_first = np.lib.format.open_memmap(os.path.join(folder, "first.npy"), mode="w+", dtype=bool, shape=(count[0],))
+    is_first = np.lib.format.open_memmap(
+        os.path.join(folder, "first.npy"), mode="w+", dtype=bool, shape=(count[0],)
+    )
     while part is not None:
         _, first = np.unique(part["content"], return_index=True)
         is_first[part["index"][first]] = True

@@ -16,14 +16,27 @@ import pyarrow as pa
 
 from pileshuffle import interrupt
 from pileshuffle.engine import memory_runs
+from pileshuffle.errors import OutputError
 from pileshuffle.io import part_fetch, storage
 from pileshuffle.io.checksums import Crc32cWriter
-from pileshuffle.errors import OutputError
-from pileshuffle.records.fingerprint import Fingerprint
 from pileshuffle.names import fragment_name
+from pileshuffle.records.fingerprint import Fingerprint
 
-__all__ = ["Fragment", "GroupSegment", "FragmentFiles", "CommittedFile", "to_ipc", "segment_encoder", "read_batches", "read_table",
-           "read_joined", "has_dictionaries", "between_passes", "END_OF_STREAM", "write_failure"]
+__all__ = [
+    "Fragment",
+    "GroupSegment",
+    "FragmentFiles",
+    "CommittedFile",
+    "to_ipc",
+    "segment_encoder",
+    "read_batches",
+    "read_table",
+    "read_joined",
+    "has_dictionaries",
+    "between_passes",
+    "END_OF_STREAM",
+    "write_failure",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +76,20 @@ class GroupSegment:
         """``(pile, Fragment)`` for every pile: the segment's rows of that pile (``Fragment.rows``)."""
         whole = self.fragment
         for pile, first, records, nbytes, payload, hash_sum, hash_xor in self.piles.tolist():
-            yield pile, Fragment(whole.order, records, nbytes, Fingerprint(records, payload, hash_sum, hash_xor),
-                                 whole.path, whole.payload, whole.offset, whole.length, (first, whole.records))
+            yield (
+                pile,
+                Fragment(
+                    whole.order,
+                    records,
+                    nbytes,
+                    Fingerprint(records, payload, hash_sum, hash_xor),
+                    whole.path,
+                    whole.payload,
+                    whole.offset,
+                    whole.length,
+                    (first, whole.records),
+                ),
+            )
 
 
 def to_ipc(table: pa.Table) -> bytes:
@@ -83,7 +108,11 @@ def _ipc_source(fragment: Fragment, whole: bool):
         return
     if fragment.length is not None:
         kept = memory_runs.segment(fragment.path, fragment.offset)
-        yield storage.read_range(fragment.path, fragment.offset, fragment.length) if kept is None else pa.py_buffer(kept)
+        yield (
+            storage.read_range(fragment.path, fragment.offset, fragment.length)
+            if kept is None
+            else pa.py_buffer(kept)
+        )
         return
     if whole:  # local: memory-mapped, the page cache itself (no copy); remote: one request
         yield storage.read_buffer(fragment.path)
@@ -144,7 +173,9 @@ def read_joined(fragments) -> pa.Table:
     tables, batches, current, schemas = [], [], None, {}
     fragments = list(fragments)
     for fragment, data in zip(fragments, _segments_bytes(fragments)):
-        schema, batch = _one_batch(data, fragment.records if fragment.rows is None else fragment.rows[1], schemas)
+        schema, batch = _one_batch(
+            data, fragment.records if fragment.rows is None else fragment.rows[1], schemas
+        )
         if batches and schema is not current:
             tables.append(pa.Table.from_batches(batches))
             batches = []
@@ -152,8 +183,11 @@ def read_joined(fragments) -> pa.Table:
         if batch is not None:
             batches.append(_own_rows(batch, fragment))
         else:
-            tables.append(read_table(fragment) if data is None else
-                          _own_rows(pa.ipc.open_stream(pa.py_buffer(data)).read_all(), fragment))
+            tables.append(
+                read_table(fragment)
+                if data is None
+                else _own_rows(pa.ipc.open_stream(pa.py_buffer(data)).read_all(), fragment)
+            )
     if batches:
         tables.append(pa.Table.from_batches(batches))
     return pa.concat_tables(tables)
@@ -166,7 +200,9 @@ def segment_encoder(schema: pa.Schema):
     if has_dictionaries(schema):
         return lambda batch: to_ipc(pa.Table.from_batches([batch]))
     head = schema.serialize().to_pybytes()
-    return lambda batch: b"".join((head, batch.serialize(), END_OF_STREAM))  # join copies the Buffer once
+    return lambda batch: b"".join(
+        (head, batch.serialize(), END_OF_STREAM)
+    )  # join copies the Buffer once
 
 
 def has_dictionaries(schema: pa.Schema) -> bool:
@@ -186,8 +222,12 @@ def _segments_bytes(fragments: list):
 
 def _on_object_store(fragment: Fragment) -> bool:
     """Whether ``fragment`` is a range of a run on an object store (not kept in memory)."""
-    return (fragment.payload is None and fragment.length is not None
-            and storage.is_remote(fragment.path) and not memory_runs.holds(fragment.path))
+    return (
+        fragment.payload is None
+        and fragment.length is not None
+        and storage.is_remote(fragment.path)
+        and not memory_runs.holds(fragment.path)
+    )
 
 
 def _segment_bytes(fragment: Fragment):
@@ -202,7 +242,12 @@ def _one_batch(data, records: int, schemas: dict):
     """``(schema, batch)`` of a segment that is a schema message, one batch of ``records`` rows
     and the end marker, with no dictionary (``schemas``: parsed schemas by their bytes); else
     ``(None, None)``."""
-    if data is None or len(data) < 16 or data[:4] != b"\xff\xff\xff\xff" or data[-8:] != END_OF_STREAM:
+    if (
+        data is None
+        or len(data) < 16
+        or data[:4] != b"\xff\xff\xff\xff"
+        or data[-8:] != END_OF_STREAM
+    ):
         return None, None
     head = bytes(data[: 8 + struct.unpack_from("<i", data, 4)[0]])
     if head not in schemas:
@@ -252,7 +297,14 @@ class FragmentFiles:
             if entry is None:
                 temp = storage.writing_name(self.final_path(pile), self._attempt)
                 handle = Crc32cWriter(storage.open_write(temp, "uncompressed"))
-                entry = self._open[pile] = [handle, pa.ipc.new_stream(handle, table.schema), temp, 0, 0, Fingerprint()]
+                entry = self._open[pile] = [
+                    handle,
+                    pa.ipc.new_stream(handle, table.schema),
+                    temp,
+                    0,
+                    0,
+                    Fingerprint(),
+                ]
             entry[1].write_table(table)
         except OSError as error:
             raise write_failure(self._directory, error, table.nbytes) from error
@@ -268,9 +320,16 @@ class FragmentFiles:
                 handle, writer = self._open[pile][:2]
                 writer.close()
                 handle.close()
-            storage.put_in_place([self._open[p][2] for p in piles], [self.final_path(p) for p in piles])
+            storage.put_in_place(
+                [self._open[p][2] for p in piles], [self.final_path(p) for p in piles]
+            )
         except Exception as error:  # a buffered writer reports a full disk when it is closed
-            raise write_failure(self._directory, error, sum(self._open[p][4] for p in piles)) from error
-        committed = [CommittedFile(p, self.final_path(p), *self._open[p][3:], self._open[p][0].hex()) for p in piles]
+            raise write_failure(
+                self._directory, error, sum(self._open[p][4] for p in piles)
+            ) from error
+        committed = [
+            CommittedFile(p, self.final_path(p), *self._open[p][3:], self._open[p][0].hex())
+            for p in piles
+        ]
         self._open = {}
         return committed

@@ -8,15 +8,32 @@ import dataclasses
 import os
 import re
 
-
-from pileshuffle.io import storage
+from pileshuffle.engine.transforms.assign import Source
 from pileshuffle.errors import InputError
 from pileshuffle.formats import RecordFormat, format_of_name, get_format, known_extensions
-from pileshuffle.names import SHARD_NAME, WORK_DIRECTORY, is_store_file, manifest_path, prefix_of_manifest
-from pileshuffle.engine.transforms.assign import Source
+from pileshuffle.io import storage
+from pileshuffle.names import (
+    SHARD_NAME,
+    WORK_DIRECTORY,
+    is_store_file,
+    manifest_path,
+    prefix_of_manifest,
+)
 
-__all__ = ["Inputs", "split_patterns", "select_inputs", "match_inputs", "file_identity", "resolve_format", "check_format_fits",
-           "own_file", "describe_left_out", "describe_skipped", "check_schemas", "describe_difference"]
+__all__ = [
+    "Inputs",
+    "split_patterns",
+    "select_inputs",
+    "match_inputs",
+    "file_identity",
+    "resolve_format",
+    "check_format_fits",
+    "own_file",
+    "describe_left_out",
+    "describe_skipped",
+    "check_schemas",
+    "describe_difference",
+]
 
 
 def match_inputs(patterns: str, output: str = None) -> list:
@@ -64,10 +81,15 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
             keep = {path for path, why in owned.items() if why.startswith(_FINISHED_SHARD)}
             owned = {path: why for path, why in owned.items() if path not in keep}
         if found and len(owned) == len(found):
-            raise InputError(pattern, f"matches only files pileshuffle wrote ({describe_left_out(owned)}), "
-                                      "not input: nothing to shuffle")
+            raise InputError(
+                pattern,
+                f"matches only files pileshuffle wrote ({describe_left_out(owned)}), "
+                "not input: nothing to shuffle",
+            )
         if not found:
-            raise InputError(pattern, f"matches no input file, only {describe_left_out(passed_over)}")
+            raise InputError(
+                pattern, f"matches no input file, only {describe_left_out(passed_over)}"
+            )
         left_out.update(owned)
         candidates += [(rank, path, size) for path, size in found.items() if path not in owned]
     if not candidates:
@@ -93,12 +115,14 @@ def _comma_hint(patterns: str, rank: int) -> str:
         for last in range(at, min(len(parts), at + _COMMAS_TRIED)):
             if first == last:
                 continue
-            joined = ",".join(parts[first:last + 1]).strip()
+            joined = ",".join(parts[first : last + 1]).strip()
             if _names_something(joined.replace("\\,", ",")):
                 escaped = joined.replace("\\,", ",").replace(",", "\\,")
-                whole = ",".join([*parts[:first], escaped, *parts[last + 1:]])
-                return (f" (--input splits its patterns at commas; a comma that is part of a path is "
-                        f"written \\,: --input '{whole}')")
+                whole = ",".join([*parts[:first], escaped, *parts[last + 1 :]])
+                return (
+                    f" (--input splits its patterns at commas; a comma that is part of a path is "
+                    f"written \\,: --input '{whole}')"
+                )
     return ""
 
 
@@ -121,7 +145,14 @@ def _one_name_per_file(candidates):
         groups.setdefault(file_identity(path), {})[path] = (rank, size)
     paths, duplicates = {}, {}
     for names in groups.values():
-        kept = min(names, key=lambda p: (names[p][0], len(names) > 1 and not storage.is_remote(p) and os.path.islink(p), p))
+        kept = min(
+            names,
+            key=lambda p: (
+                names[p][0],
+                len(names) > 1 and not storage.is_remote(p) and os.path.islink(p),
+                p,
+            ),
+        )
         paths[kept] = names[kept][1]
         duplicates.update({name: kept for name in names if name != kept})
     return paths, duplicates
@@ -143,7 +174,7 @@ def _not_input(path: str, root: str) -> str:
     """Why a file a wildcard matched is no input file, or "": Hadoop's and Spark's rule for
     the entries below ``root`` (``_SUCCESS``, ``_committed_*``, ``_started_*``, ``_temporary/``,
     ``.name.crc``, any name starting with ``_`` or ``.``), and checksum files."""
-    below = path[len(root):].replace("\\", "/").strip("/").split("/")
+    below = path[len(root) :].replace("\\", "/").strip("/").split("/")
     if any(part.startswith(("_", ".")) for part in below):
         return _MARKER_OR_HIDDEN
     if path.endswith(".crc"):
@@ -164,7 +195,9 @@ def _list_pattern(pattern: str):
         if not _WILDCARDS.search(pattern):
             return {}, {}
         found, skipped = _walk_local_pattern(pattern)
-        if not found and not skipped and "[" in pattern:  # brackets in folder or file names, not a set
+        if (
+            not found and not skipped and "[" in pattern
+        ):  # brackets in folder or file names, not a set
             found, skipped = _walk_local_pattern(_brackets_literal(pattern))
     else:
         found = _match_remote(pattern)
@@ -175,8 +208,11 @@ def _list_pattern(pattern: str):
                 _refuse_folder(pattern)
             return found, {}
         skipped = {}
-    root = os.path.dirname(_WILDCARDS.split(pattern, 1)[0]) if not storage.is_remote(pattern) else \
-        _WILDCARDS.split(pattern, 1)[0].rsplit("/", 1)[0]
+    root = (
+        os.path.dirname(_WILDCARDS.split(pattern, 1)[0])
+        if not storage.is_remote(pattern)
+        else _WILDCARDS.split(pattern, 1)[0].rsplit("/", 1)[0]
+    )
     for path in list(found):
         why = _not_input(path, root)
         if why and not is_store_file(path) and not WORK_DIRECTORY.search(path):
@@ -219,13 +255,21 @@ def _walk_local_pattern(pattern: str):
     ``({file: size}, {path: why})`` for folders and dangling symbolic links."""
     regex = storage.pattern_regex(pattern)
     root = os.path.dirname(_WILDCARDS.split(pattern, 1)[0])
-    depth = None if "**" in pattern else pattern[len(root):].strip("/").count("/") + 1
+    depth = None if "**" in pattern else pattern[len(root) :].strip("/").count("/") + 1
     found, folders, dangling = {}, [], []
     for directory, dirs, files in os.walk(root or "."):
-        level = 0 if directory == (root or ".") else directory[len(root or "."):].strip("/").count("/") + 1
+        level = (
+            0
+            if directory == (root or ".")
+            else directory[len(root or ".") :].strip("/").count("/") + 1
+        )
         folder_names = set(dirs)
         for name in dirs + files:
-            path = os.path.join(directory, name) if root else os.path.relpath(os.path.join(directory, name))
+            path = (
+                os.path.join(directory, name)
+                if root
+                else os.path.relpath(os.path.join(directory, name))
+            )
             if not regex.match(path):
                 continue
             if name in folder_names:
@@ -240,7 +284,11 @@ def _walk_local_pattern(pattern: str):
         if depth is not None and level + 1 >= depth:
             dirs[:] = []
     holding = {os.path.dirname(p) for p in found}
-    skipped = {f: "a folder" for f in folders if not any(h == f or h.startswith(f + os.sep) for h in holding)}
+    skipped = {
+        f: "a folder"
+        for f in folders
+        if not any(h == f or h.startswith(f + os.sep) for h in holding)
+    }
     skipped.update({d: "a dangling symbolic link" for d in dangling})
     return found, skipped
 
@@ -269,8 +317,11 @@ def resolve_format(requested: str, sources) -> RecordFormat:
         if first is None:
             first = (name, source.path)
         elif name != first[0]:
-            raise InputError(source.path, f"is {name} by its name but {first[1]} is {first[0]}: one run reads one "
-                                          "format (give --format to read every file as one format)")
+            raise InputError(
+                source.path,
+                f"is {name} by its name but {first[1]} is {first[0]}: one run reads one "
+                "format (give --format to read every file as one format)",
+            )
     return get_format(first[0])
 
 
@@ -279,10 +330,14 @@ def _unknown_format(path: str, sources) -> str:
     files of a known format (a README.md beside the data), else give --format."""
     known = sorted({format_of_name(s.path) for s in sources} - {None})
     if len(known) == 1:
-        return (f"matched beside {known[0]} files, and its name says no format: narrow --input to the data "
-                f"(e.g. a pattern ending in *.{known[0]}), or give --format to read every matched file as one format")
-    return (f"cannot tell its format from its name (known extensions: {known_extensions()}, each may end in .gz "
-            "but .parquet): give --format")
+        return (
+            f"matched beside {known[0]} files, and its name says no format: narrow --input to the data "
+            f"(e.g. a pattern ending in *.{known[0]}), or give --format to read every matched file as one format"
+        )
+    return (
+        f"cannot tell its format from its name (known extensions: {known_extensions()}, each may end in .gz "
+        "but .parquet): give --format"
+    )
 
 
 def check_format_fits(sources, format_name: str, holder: str):
@@ -290,8 +345,11 @@ def check_format_fits(sources, format_name: str, holder: str):
     for source in sources:
         name = format_of_name(source.path)
         if name is not None and name != format_name:
-            raise InputError(source.path, f"is {name} (by its name) but {holder} holds {format_name} records: "
-                                          "the formats differ")
+            raise InputError(
+                source.path,
+                f"is {name} (by its name) but {holder} holds {format_name} records: "
+                "the formats differ",
+            )
 
 
 _FINISHED_SHARD = "a shard of the finished output "
@@ -339,11 +397,15 @@ def describe_skipped(skipped: dict) -> str:
     groups = {}
     for path, why in sorted(skipped.items()):
         groups.setdefault(why, []).append(path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1])
-    return ", ".join(f"{len(names)} x {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-                     for why, names in groups.items())
+    return ", ".join(
+        f"{len(names)} x {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+        for why, names in groups.items()
+    )
 
 
-RESERVED_PREFIX = "_pileshuffle_"  # columns the piles add to every record (names.KEY_COLUMN, names.HASH_COLUMN)
+RESERVED_PREFIX = (
+    "_pileshuffle_"  # columns the piles add to every record (names.KEY_COLUMN, names.HASH_COLUMN)
+)
 
 
 def check_schemas(fmt, sources):
@@ -356,12 +418,18 @@ def check_schemas(fmt, sources):
             continue
         reserved = [name for name in schema.names if name.startswith(RESERVED_PREFIX)]
         if reserved:
-            raise InputError(source.path, f"has a column named {reserved[0]!r}: names starting {RESERVED_PREFIX!r} are "
-                                          "pileshuffle's own (each record's key and hash in the piles); rename it")
+            raise InputError(
+                source.path,
+                f"has a column named {reserved[0]!r}: names starting {RESERVED_PREFIX!r} are "
+                "pileshuffle's own (each record's key and hash in the piles); rename it",
+            )
         if first_schema is None:
             first_schema, first_path = schema, source.path
         elif not schema.equals(first_schema, check_metadata=False):
-            raise InputError(source.path, f"has a different schema from {first_path}: {describe_difference(first_schema, schema)}")
+            raise InputError(
+                source.path,
+                f"has a different schema from {first_path}: {describe_difference(first_schema, schema)}",
+            )
     return first_schema
 
 
@@ -372,14 +440,19 @@ def describe_difference(expected, actual) -> str:
     actual_fields = {f.name: str(f.type) for f in actual}
     parts = [f"missing column {n!r}" for n in expected_fields if n not in actual_fields]
     parts += [f"extra column {n!r}" for n in actual_fields if n not in expected_fields]
-    parts += [f"column {n!r} is {actual_fields[n]}, not {t}" for n, t in expected_fields.items()
-              if n in actual_fields and actual_fields[n] != t]
+    parts += [
+        f"column {n!r} is {actual_fields[n]}, not {t}"
+        for n, t in expected_fields.items()
+        if n in actual_fields and actual_fields[n] != t
+    ]
     if parts:
         return "; ".join(parts)
     for i, (here, there) in enumerate(zip(actual, expected)):
         if here.name != there.name:
-            return (f"the same columns in another order: column {i} is {here.name!r} here, {there.name!r} there "
-                    "(write the files with one column order)")
+            return (
+                f"the same columns in another order: column {i} is {here.name!r} here, {there.name!r} there "
+                "(write the files with one column order)"
+            )
         if here.nullable != there.nullable:
             return f"column {here.name!r} is {'' if here.nullable else 'not '}nullable here, {'not ' if here.nullable else ''}there"
         if not here.type.equals(there.type):

@@ -16,15 +16,34 @@ import os
 import uuid
 
 from pileshuffle.engine import memory_runs
-from pileshuffle.io import storage
-from pileshuffle.errors import InputError, OutputError
 from pileshuffle.engine.fragments import write_failure
-from pileshuffle.names import (JOURNAL_PREFIX, MANIFEST_SUFFIX, SHARD_TAIL, format_problem,
-                               journal_name, literal_pattern, manifest_path, shard_pattern,
-                               staging_dir)
+from pileshuffle.errors import InputError, OutputError
+from pileshuffle.io import storage
+from pileshuffle.names import (
+    JOURNAL_PREFIX,
+    MANIFEST_SUFFIX,
+    SHARD_TAIL,
+    format_problem,
+    journal_name,
+    literal_pattern,
+    manifest_path,
+    shard_pattern,
+    staging_dir,
+)
 
-__all__ = ["OutputFiles", "read_manifest", "file_name", "write_journal", "check_replaceable", "discard_unpublished",
-           "remove_tree", "missing_local_folders", "remove_empty_folders", "lock_holder_at", "release_lock_file"]
+__all__ = [
+    "OutputFiles",
+    "read_manifest",
+    "file_name",
+    "write_journal",
+    "check_replaceable",
+    "discard_unpublished",
+    "remove_tree",
+    "missing_local_folders",
+    "remove_empty_folders",
+    "lock_holder_at",
+    "release_lock_file",
+]
 
 
 def read_manifest(prefix: str) -> dict:
@@ -44,8 +63,9 @@ def _existing_outputs(prefix: str):
         except Exception:  # BeamIOError when nothing matches
             pass
     named = len(file_name(prefix))  # the glob matches more than shard numbers: SHARD_TAIL tells
-    return sorted(p for p in found
-                  if p.endswith(MANIFEST_SUFFIX) or SHARD_TAIL.match(file_name(p)[named:]))
+    return sorted(
+        p for p in found if p.endswith(MANIFEST_SUFFIX) or SHARD_TAIL.match(file_name(p)[named:])
+    )
 
 
 def file_name(path: str) -> str:
@@ -56,7 +76,12 @@ def file_name(path: str) -> str:
 def _read_journals(prefix: str) -> list:
     """The journals of unfinished publications under ``prefix`` (dicts with ``creates`` and
     ``deletes``: final paths); an unreadable journal counts as listing nothing."""
-    paths = [f.path for f in storage.match(storage.join(literal_pattern(staging_dir(prefix)), f"{JOURNAL_PREFIX}*.json"))]
+    paths = [
+        f.path
+        for f in storage.match(
+            storage.join(literal_pattern(staging_dir(prefix)), f"{JOURNAL_PREFIX}*.json")
+        )
+    ]
     journals = []
     for path in sorted(paths):
         try:
@@ -71,7 +96,11 @@ def write_journal(prefix: str, creates, deletes):
     path = storage.join(staging_dir(prefix), journal_name(uuid.uuid4().hex[:12]))
     try:
         with storage.open_write(path, "uncompressed", "application/json") as handle:
-            handle.write(json.dumps({"creates": sorted(creates), "deletes": sorted(deletes)}, indent=1).encode())
+            handle.write(
+                json.dumps(
+                    {"creates": sorted(creates), "deletes": sorted(deletes)}, indent=1
+                ).encode()
+            )
     except OSError as error:
         raise write_failure(staging_dir(prefix), error) from error
 
@@ -83,8 +112,12 @@ class OutputFiles:
     prefix: str
     manifest: str = None  # the output's manifest, if one is published
     finished: list = dataclasses.field(default_factory=list)  # the shards the manifest lists
-    unpublished: list = dataclasses.field(default_factory=list)  # what an unfinished publication's journal lists
-    foreign: list = dataclasses.field(default_factory=list)  # named like shards, listed by nothing: not ours
+    unpublished: list = dataclasses.field(
+        default_factory=list
+    )  # what an unfinished publication's journal lists
+    foreign: list = dataclasses.field(
+        default_factory=list
+    )  # named like shards, listed by nothing: not ours
 
     @property
     def replaceable(self) -> list:
@@ -100,11 +133,16 @@ def _output_files(prefix: str) -> OutputFiles:
     if manifest_path(prefix) in existing:
         files.manifest = manifest_path(prefix)
         try:
-            listed_by_manifest = {file_name(s["path"]) for s in read_manifest(prefix).get("shards", [])}
+            listed_by_manifest = {
+                file_name(s["path"]) for s in read_manifest(prefix).get("shards", [])
+            }
         except Exception:  # unreadable: it vouches for no shard
             pass
-    journaled = {file_name(p) for journal in _read_journals(prefix)
-                 for p in list(journal.get("creates", [])) + list(journal.get("deletes", []))}
+    journaled = {
+        file_name(p)
+        for journal in _read_journals(prefix)
+        for p in list(journal.get("creates", [])) + list(journal.get("deletes", []))
+    }
     for path in existing:
         if path == files.manifest:
             continue
@@ -126,10 +164,13 @@ def check_replaceable(prefix: str, overwrite: bool) -> OutputFiles:
             f"{files.foreign[0]} is named like a shard of --output {prefix} but no pileshuffle run wrote it (neither "
             f"{manifest_path(prefix)} nor a journal in {staging_dir(prefix)} lists it); pileshuffle never replaces or "
             f"deletes such a file: move it, or choose another --output"
-            + (f" ({len(files.foreign)} such files)" if len(files.foreign) > 1 else ""))
+            + (f" ({len(files.foreign)} such files)" if len(files.foreign) > 1 else "")
+        )
     if files.manifest and not overwrite:
-        raise OutputError(f"output already exists: {(files.finished or [files.manifest])[0]} "
-                          "(pass --overwrite to replace it)")
+        raise OutputError(
+            f"output already exists: {(files.finished or [files.manifest])[0]} "
+            "(pass --overwrite to replace it)"
+        )
     return files
 
 
@@ -137,7 +178,9 @@ def discard_unpublished(prefix: str) -> list:
     """Delete what a publication that never finished left under final names (what its
     journals list, when no manifest is published), then the staging folder. Returns the
     paths deleted. Call only under the output's lock (or from the run that wrote them)."""
-    files = _output_files(prefix) if not storage.exists(manifest_path(prefix)) else OutputFiles(prefix)
+    files = (
+        _output_files(prefix) if not storage.exists(manifest_path(prefix)) else OutputFiles(prefix)
+    )
     if files.unpublished:
         storage.delete(files.unpublished)
     remove_tree(staging_dir(prefix))
@@ -175,8 +218,12 @@ def remove_tree(directory: str):
     try:
         storage.delete_tree(directory)
     except Exception as error:  # noqa: BLE001 - reported, not swallowed
-        logging.getLogger("pileshuffle").warning("could not remove %s (%s): delete it by hand, or run the same command "
-                                                  "again to the same output", directory, error)
+        logging.getLogger("pileshuffle").warning(
+            "could not remove %s (%s): delete it by hand, or run the same command "
+            "again to the same output",
+            directory,
+            error,
+        )
 
 
 def lock_holder_at(path: str):

@@ -13,8 +13,8 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.records.fingerprint import Fingerprint
 from pileshuffle.names import HASH_COLUMN
+from pileshuffle.records.fingerprint import Fingerprint
 
 __all__ = ["Held", "segments", "gathered", "sliced", "segments_of", "one_record_batch"]
 
@@ -28,7 +28,6 @@ class Held:
     table: pa.Table  # the records with KEY_COLUMN and HASH_COLUMN, in pile order
     bounds: np.ndarray
     lengths: np.ndarray  # each row's payload bytes (the fingerprint's byte count)
-
 
 
 def segments(held, done=None, group: int = 1):
@@ -82,7 +81,11 @@ def _gather(held, start: int, stop: int):
         return None
     piles = np.concatenate(piles)
     order = np.argsort(piles, kind="stable")
-    return pa.concat_tables(slices).combine_chunks().take(order), piles[order], np.concatenate(lengths)[order]
+    return (
+        pa.concat_tables(slices).combine_chunks().take(order),
+        piles[order],
+        np.concatenate(lengths)[order],
+    )
 
 
 def sliced(held, done=None) -> list:
@@ -92,17 +95,30 @@ def sliced(held, done=None) -> list:
     try:
         bounds = np.stack([h.bounds for h in held])  # (chunk, pile + 1)
         counts = np.diff(bounds, axis=1)
-        payloads = sum(_per_pile(np.cumsum(np.asarray(h.lengths), dtype=np.int64), h.bounds) for h in held)
+        payloads = sum(
+            _per_pile(np.cumsum(np.asarray(h.lengths), dtype=np.int64), h.bounds) for h in held
+        )
         with np.errstate(over="ignore"):
             sums = sum(_per_pile(np.cumsum(_hashes(h), dtype=np.uint64), h.bounds) for h in held)
-        xors = np.bitwise_xor.reduce([_per_pile(np.bitwise_xor.accumulate(_hashes(h)), h.bounds, np.bitwise_xor)
-                                      for h in held], axis=0)
+        xors = np.bitwise_xor.reduce(
+            [
+                _per_pile(np.bitwise_xor.accumulate(_hashes(h)), h.bounds, np.bitwise_xor)
+                for h in held
+            ],
+            axis=0,
+        )
         made = []
         for pile in np.flatnonzero(counts.sum(axis=0)).tolist():
-            parts = [h.table.slice(int(b[pile]), int(n[pile])) for h, b, n in zip(held, bounds, counts) if n[pile]]
+            parts = [
+                h.table.slice(int(b[pile]), int(n[pile]))
+                for h, b, n in zip(held, bounds, counts)
+                if n[pile]
+            ]
             part = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
             records = int(counts[:, pile].sum())
-            fingerprint = Fingerprint(records, int(payloads[pile]), int(sums[pile]), int(xors[pile]))
+            fingerprint = Fingerprint(
+                records, int(payloads[pile]), int(sums[pile]), int(xors[pile])
+            )
             made.append((pile, part, (records, part.nbytes, fingerprint)))
         return made
     finally:
@@ -132,7 +148,11 @@ def one_record_batch(part) -> pa.RecordBatch:
     if isinstance(part, pa.RecordBatch):
         return part
     combined = part.combine_chunks()
-    return combined.to_batches()[0] if combined.num_rows else pa.RecordBatch.from_pylist([], schema=part.schema)
+    return (
+        combined.to_batches()[0]
+        if combined.num_rows
+        else pa.RecordBatch.from_pylist([], schema=part.schema)
+    )
 
 
 def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray, group: int = 1):
@@ -145,10 +165,18 @@ def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray, g
         sums = np.add.reduceat(hashes, firsts)
     xors, payloads = np.bitwise_xor.reduceat(hashes, firsts), np.add.reduceat(lengths, firsts)
     if group > 1:
-        yield from _group_segments(batch, piles[firsts], firsts, counts, payloads, sums, xors, group)
+        yield from _group_segments(
+            batch, piles[firsts], firsts, counts, payloads, sums, xors, group
+        )
         return
-    for pile, first, count, total, xor, payload in zip(piles[firsts].tolist(), firsts.tolist(), counts.tolist(),
-                                                       sums.tolist(), xors.tolist(), payloads.tolist()):
+    for pile, first, count, total, xor, payload in zip(
+        piles[firsts].tolist(),
+        firsts.tolist(),
+        counts.tolist(),
+        sums.tolist(),
+        xors.tolist(),
+        payloads.tolist(),
+    ):
         part = batch.slice(first, count)
         yield pile, part, (count, part.nbytes, Fingerprint(count, payload, total, xor))
 
@@ -162,7 +190,12 @@ def _group_segments(batch, piles, firsts, counts, payloads, sums, xors, group: i
     # (one nbytes per window; a slice's own nbytes cost 16 us a pile, 3 s of 1 GB in 4,096 piles)
     per_row = max(0.0, (batch.nbytes - float(payloads.sum())) / max(1, batch.num_rows))
     nbytes = payloads + np.rint(counts * per_row).astype(np.int64)
-    facts = np.column_stack([np.asarray(c).astype(np.uint64) for c in (piles, firsts, counts, nbytes, payloads, sums, xors)])
+    facts = np.column_stack(
+        [
+            np.asarray(c).astype(np.uint64)
+            for c in (piles, firsts, counts, nbytes, payloads, sums, xors)
+        ]
+    )
     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
         first, last = int(firsts[a]), int(firsts[b - 1] + counts[b - 1])
         rows = facts[a:b].copy()

@@ -52,28 +52,54 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle import interrupt
-from pileshuffle.records import keys as keymath
-from pileshuffle.engine import memory_runs
-from pileshuffle.io import storage
-from pileshuffle.records.fingerprint import Fingerprint
-from pileshuffle.engine.fragments import (END_OF_STREAM, Fragment, GroupSegment, has_dictionaries, segment_encoder,
-                                   write_failure)
-from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
-from pileshuffle.engine import run_segments
+from pileshuffle.engine import memory_runs, run_segments
+from pileshuffle.engine.fragments import (
+    END_OF_STREAM,
+    Fragment,
+    GroupSegment,
+    has_dictionaries,
+    segment_encoder,
+    write_failure,
+)
 from pileshuffle.engine.run_segments import Held
+from pileshuffle.io import storage
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, run_name
+from pileshuffle.records import keys as keymath
+from pileshuffle.records.fingerprint import Fingerprint
 
-__all__ = ["DEFAULT_RUN_BYTES", "MAX_HELD_BYTES", "RUN_MAGIC", "SEGMENT_OVERHEAD", "auto_run_bytes", "run_bytes_for",
-           "PileRuns", "read_run_index"]
+__all__ = [
+    "DEFAULT_RUN_BYTES",
+    "MAX_HELD_BYTES",
+    "RUN_MAGIC",
+    "SEGMENT_OVERHEAD",
+    "auto_run_bytes",
+    "run_bytes_for",
+    "PileRuns",
+    "read_run_index",
+]
 
-DEFAULT_RUN_BYTES = 256 << 20  # a writer's budget where no pile count is known (ShuffleToPiles' default)
-MAX_HELD_BYTES = 1 << 30  # a writer holds at most this in memory; a larger run is spilled to local disk and merged
+DEFAULT_RUN_BYTES = (
+    256 << 20
+)  # a writer's budget where no pile count is known (ShuffleToPiles' default)
+MAX_HELD_BYTES = (
+    1 << 30
+)  # a writer holds at most this in memory; a larger run is spilled to local disk and merged
 _PART_BYTES = 64 << 10  # auto: a run gives each pile a part of about this much...
 _MIN_RUN_BYTES, _MAX_RUN_BYTES = 64 << 20, 1 << 30  # ...within these bounds, all held in memory
-_REMOTE_PART_BYTES, _MAX_REMOTE_RUN_BYTES = 256 << 10, 32 << 30  # auto for runs on an object store (spilled)
-_SPILLED_PART_BYTES = 128 << 10  # auto where a writer spills to a disk of its own (Dataflow, shuffle)
-_MAX_MERGED_PART = 64 << 20  # a spilled run stops growing at this much per pile: the merge holds one part 3 times
+_REMOTE_PART_BYTES, _MAX_REMOTE_RUN_BYTES = (
+    256 << 10,
+    32 << 30,
+)  # auto for runs on an object store (spilled)
+_SPILLED_PART_BYTES = (
+    128 << 10
+)  # auto where a writer spills to a disk of its own (Dataflow, shuffle)
+_MAX_MERGED_PART = (
+    64 << 20
+)  # a spilled run stops growing at this much per pile: the merge holds one part 3 times
 RUN_MAGIC = b"PSRUN002"  # 002: segments of groups of piles, G in the footer
-SEGMENT_OVERHEAD = 1000  # bytes of a segment beside its records: schema, batch header, end marker (measured:
+SEGMENT_OVERHEAD = (
+    1000  # bytes of a segment beside its records: schema, batch header, end marker (measured:
+)
 # 560 for a bytes format's 3 columns, 1,070 for a 5-column Parquet table's 7)
 _LENGTH_COLUMN = "_pileshuffle_length"  # a spill's column of each record's payload bytes
 
@@ -114,11 +140,26 @@ class PileRuns:
     memory instead of written (``memory_runs``).
     """
 
-    def __init__(self, num_piles: int, budget: int, writer: str, directory: str = None, order: tuple = (),
-                 memory: int = 0, group: int = 1):
-        self._num_piles, self._budget, self._writer, self._directory = num_piles, int(budget), writer, directory
+    def __init__(
+        self,
+        num_piles: int,
+        budget: int,
+        writer: str,
+        directory: str = None,
+        order: tuple = (),
+        memory: int = 0,
+        group: int = 1,
+    ):
+        self._num_piles, self._budget, self._writer, self._directory = (
+            num_piles,
+            int(budget),
+            writer,
+            directory,
+        )
         self._group = int(group)
-        self._memory = int(memory)  # files mode: runs kept in this process's memory up to this (memory_runs)
+        self._memory = int(
+            memory
+        )  # files mode: runs kept in this process's memory up to this (memory_runs)
         self._order, self._held, self._held_bytes, self._runs = tuple(order), [], 0, 0
         self._hold, self._spills = min(self._budget, MAX_HELD_BYTES), _Spills()
 
@@ -127,11 +168,15 @@ class PileRuns:
         """How many runs this writer has flushed."""
         return self._runs
 
-    def add(self, table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, rows=None):
+    def add(
+        self, table: pa.Table, keys: np.ndarray, hashes: np.ndarray, lengths: np.ndarray, rows=None
+    ):
         """Hold one chunk (``rows``: the records with their copies are ``table.take(rows)``)."""
         if len(keys) == 0:
             return ()
-        order, bounds = keymath.group_by_pile(keymath.pile_of(keys, self._num_piles), self._num_piles)
+        order, bounds = keymath.group_by_pile(
+            keymath.pile_of(keys, self._num_piles), self._num_piles
+        )
         taken = table.take(order if rows is None else rows[order])
         taken = taken.append_column(KEY_COLUMN, pa.array(keys[order], type=pa.uint64()))
         taken = taken.append_column(HASH_COLUMN, pa.array(hashes[order], type=pa.uint64()))
@@ -158,8 +203,10 @@ class PileRuns:
         self._runs += 1
         if self._directory is None:
             encoded = _Encoded()
-            return ((key, _element(order, facts, payload=encoded(part)))
-                    for key, part, facts in run_segments.segments(held, done, self._group))
+            return (
+                (key, _element(order, facts, payload=encoded(part)))
+                for key, part, facts in run_segments.segments(held, done, self._group)
+            )
         return self._write_run(held, done, size, order)
 
     def _spill(self):
@@ -174,25 +221,41 @@ class PileRuns:
         encoded = _Encoded()
         if self._memory and size <= memory_runs.room(self._directory, self._memory):
             kept = {}
-            segments = (run_segments.sliced(held, done) if self._group == 1
-                        else list(run_segments.segments(held, done, self._group)))
+            segments = (
+                run_segments.sliced(held, done)
+                if self._group == 1
+                else list(run_segments.segments(held, done, self._group))
+            )
 
-            def keep(offset, part):  # the records themselves, no IPC between the passes of one process
+            def keep(
+                offset, part
+            ):  # the records themselves, no IPC between the passes of one process
                 kept[offset] = part
                 return encoded.size(part)
 
             elements, index = _placed(segments, order, final, self._group, keep)
-            if memory_runs.keep(self._directory, self._memory, final, kept, sum(row[2] for row in index)):
+            if memory_runs.keep(
+                self._directory, self._memory, final, kept, sum(row[2] for row in index)
+            ):
                 return elements
             segments = run_segments.segments_of(segments)
         else:
             segments = run_segments.segments(held, done, self._group)
-        temp = storage.writing_name(final, uuid.uuid4().hex[:12])  # an attempt's own: two never share one
+        temp = storage.writing_name(
+            final, uuid.uuid4().hex[:12]
+        )  # an attempt's own: two never share one
         try:
             with storage.open_write(temp) as handle:
-                elements, index = _placed(segments, order, final, self._group, lambda _, part: encoded.write(handle, part))
+                elements, index = _placed(
+                    segments, order, final, self._group, lambda _, part: encoded.write(handle, part)
+                )
                 table = np.asarray(index, dtype="<i8").reshape(-1, 4).tobytes()
-                handle.write(table + len(table).to_bytes(8, "little") + self._group.to_bytes(8, "little") + RUN_MAGIC)
+                handle.write(
+                    table
+                    + len(table).to_bytes(8, "little")
+                    + self._group.to_bytes(8, "little")
+                    + RUN_MAGIC
+                )
             storage.put_in_place([temp], [final])
         except OSError as error:  # a buffered writer reports a full disk when it is closed
             raise write_failure(self._directory, error, size) from error
@@ -238,7 +301,9 @@ class _Encoded:
         batches = [part] if isinstance(part, pa.RecordBatch) else part.to_batches()
         if self._head is None:  # dictionaries: the stream writer's bytes, known by writing them
             return len(self._encode(run_segments.one_record_batch(part)))
-        return self._head + sum(pa.ipc.get_record_batch_size(b) for b in batches) + len(END_OF_STREAM)
+        return (
+            self._head + sum(pa.ipc.get_record_batch_size(b) for b in batches) + len(END_OF_STREAM)
+        )
 
     def _for(self, schema: pa.Schema):
         if self._schema is None or not schema.equals(self._schema, check_metadata=True):
@@ -253,7 +318,9 @@ def _element(order, facts, **where):
         return Fragment(order, *facts, **where)
     with np.errstate(over="ignore"):
         summed = facts.sum(axis=0, dtype=np.uint64).tolist()
-    fingerprint = Fingerprint(summed[2], summed[4], summed[5], int(np.bitwise_xor.reduce(facts[:, 6])))
+    fingerprint = Fingerprint(
+        summed[2], summed[4], summed[5], int(np.bitwise_xor.reduce(facts[:, 6]))
+    )
     return GroupSegment(Fragment(order, summed[2], summed[3], fingerprint, **where), facts)
 
 
@@ -274,7 +341,10 @@ class _Spills:
         if self._folder is None:
             self._folder = tempfile.mkdtemp(prefix="pileshuffle-spill-")
             self._remove = weakref.finalize(self, shutil.rmtree, self._folder, True)  # also at exit
-        path, held_bytes = os.path.join(self._folder, f"{len(self._spilled):05d}.spill"), sum(h.table.nbytes for h in held)
+        path, held_bytes = (
+            os.path.join(self._folder, f"{len(self._spilled):05d}.spill"),
+            sum(h.table.nbytes for h in held),
+        )
         try:
             with pa.OSFile(path, "wb") as sink:
                 writer = None
@@ -285,7 +355,9 @@ class _Spills:
                 writer.close()
         except OSError as error:
             raise write_failure(self._folder, error, held_bytes) from error
-        self._spilled.append((path, np.concatenate([[0], np.cumsum(sum(np.diff(h.bounds) for h in held))])))
+        self._spilled.append(
+            (path, np.concatenate([[0], np.cumsum(sum(np.diff(h.bounds) for h in held))]))
+        )
         self.bytes += held_bytes
 
     def take(self) -> tuple:
@@ -294,7 +366,9 @@ class _Spills:
         held = []
         for path, bounds in self._spilled:
             table = pa.ipc.open_stream(pa.memory_map(path)).read_all()
-            held.append(Held(table.drop_columns([_LENGTH_COLUMN]), bounds, table.column(_LENGTH_COLUMN)))
+            held.append(
+                Held(table.drop_columns([_LENGTH_COLUMN]), bounds, table.column(_LENGTH_COLUMN))
+            )
         done = self._remove
         self._folder, self._spilled, self.bytes = None, [], 0
         return held, done
@@ -308,4 +382,6 @@ def read_run_index(data: bytes) -> tuple:
     size, group = int.from_bytes(data[-24:-16], "little"), int.from_bytes(data[-16:-8], "little")
     if size % 32 or size > len(data) - 24:
         raise ValueError(f"a run's index of {size} bytes does not fit in {len(data)} bytes")
-    return np.frombuffer(data[len(data) - 24 - size : len(data) - 24], dtype="<i8").reshape(-1, 4), group
+    return np.frombuffer(data[len(data) - 24 - size : len(data) - 24], dtype="<i8").reshape(
+        -1, 4
+    ), group

@@ -13,7 +13,14 @@ import math
 from pileshuffle.errors import IntegrityError
 from pileshuffle.records.fingerprint import Fingerprint
 
-__all__ = ["Source", "SourceStats", "split_sources", "source_groups", "stats_by_file", "check_spans_chain"]
+__all__ = [
+    "Source",
+    "SourceStats",
+    "split_sources",
+    "source_groups",
+    "stats_by_file",
+    "check_spans_chain",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +58,23 @@ class SourceStats:
     size: int = None  # the file's bytes (all of it, also for a span)
 
     @staticmethod
-    def of(source: Source, fingerprint: Fingerprint, report, emitted=None, classes=None) -> "SourceStats":
-        return SourceStats(source.id, source.path, fingerprint, report.skipped_records, report.skipped_bytes,
-                           tuple(report.problems), emitted, tuple((c, r, e) for c, (r, e) in sorted((classes or {}).items())),
-                           source.span, report.reached, report.blank_lines, source.size)
+    def of(
+        source: Source, fingerprint: Fingerprint, report, emitted=None, classes=None
+    ) -> "SourceStats":
+        return SourceStats(
+            source.id,
+            source.path,
+            fingerprint,
+            report.skipped_records,
+            report.skipped_bytes,
+            tuple(report.problems),
+            emitted,
+            tuple((c, r, e) for c, (r, e) in sorted((classes or {}).items())),
+            source.span,
+            report.reached,
+            report.blank_lines,
+            source.size,
+        )
 
     @property
     def put_in(self) -> Fingerprint:
@@ -73,10 +93,14 @@ def stats_by_file(stats) -> list:
         whole = spans[0]
         for one in spans[1:]:
             whole = dataclasses.replace(
-                whole, fingerprint=whole.fingerprint + one.fingerprint, skipped_records=whole.skipped_records + one.skipped_records,
-                skipped_bytes=whole.skipped_bytes + one.skipped_bytes, problems=whole.problems + one.problems,
+                whole,
+                fingerprint=whole.fingerprint + one.fingerprint,
+                skipped_records=whole.skipped_records + one.skipped_records,
+                skipped_bytes=whole.skipped_bytes + one.skipped_bytes,
+                problems=whole.problems + one.problems,
                 blank_lines=whole.blank_lines + one.blank_lines,
-                emitted=None if whole.emitted is None else whole.emitted + one.emitted)
+                emitted=None if whole.emitted is None else whole.emitted + one.emitted,
+            )
         merged.append(dataclasses.replace(whole, span=None, reached=None))
     return merged
 
@@ -97,11 +121,14 @@ def check_spans_chain(spans):
                 f"{one.path}: read in spans, its readers disagree where records start (the span from byte "
                 f"{one.span[0]:,} starts at byte {first if first is not None else 'none'}, the one before ends at "
                 f"byte {walk:,}): a record's payload holds bytes that read as a whole record there; nothing was "
-                "published. Such a file cannot be read in spans: give it compressed (.gz is read whole) or as smaller files")
+                "published. Such a file cannot be read in spans: give it compressed (.gz is read whole) or as smaller files"
+            )
         walk = goes_on if first is not None else walk
 
 
-_MIN_GROUPS = 16  # a small input is still cut into this many units of work, so every worker has some
+_MIN_GROUPS = (
+    16  # a small input is still cut into this many units of work, so every worker has some
+)
 
 
 def _unit_bytes(sources, budget: int) -> float:

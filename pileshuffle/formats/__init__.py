@@ -8,8 +8,8 @@ from pileshuffle.formats.parquet import ParquetFormat
 from pileshuffle.formats.tar import TarFormat
 from pileshuffle.formats.text import JsonlFormat
 from pileshuffle.formats.tfrecord import TFRecordFormat
-from pileshuffle.names import SHARD_NUMBERS
 from pileshuffle.io.storage import compression_of
+from pileshuffle.names import SHARD_NUMBERS
 
 FORMATS = {f.name: f for f in (TFRecordFormat(), ParquetFormat(), JsonlFormat(), TarFormat())}
 
@@ -53,12 +53,28 @@ def known_extensions() -> str:
     return ", ".join(FORMAT_OF_EXTENSION)
 
 
-__all__ = ["FORMATS", "FORMAT_OF_EXTENSION", "PAYLOADS", "RECORD_COLUMN", "ReadReport", "RecordFormat", "fingerprint_of", "holder_of",
-           "format_of_name", "get_format", "known_extensions", "read_fingerprint", "record_hashes", "record_lengths",
-           "records_bytes"]
+__all__ = [
+    "FORMATS",
+    "FORMAT_OF_EXTENSION",
+    "PAYLOADS",
+    "RECORD_COLUMN",
+    "ReadReport",
+    "RecordFormat",
+    "fingerprint_of",
+    "holder_of",
+    "format_of_name",
+    "get_format",
+    "known_extensions",
+    "read_fingerprint",
+    "record_hashes",
+    "record_lengths",
+    "records_bytes",
+]
 
 
-PAYLOADS = Payloads()  # the holder of bare ``record`` payloads (a composed run's bytes, a store's records)
+PAYLOADS = (
+    Payloads()
+)  # the holder of bare ``record`` payloads (a composed run's bytes, a store's records)
 
 
 def holder_of(table) -> RecordFormat:

@@ -12,15 +12,28 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.io import storage
 from pileshuffle.errors import InputError
-from pileshuffle.records.keys import group_by_pile
+from pileshuffle.io import storage
 from pileshuffle.names import RECORD_COLUMN
+from pileshuffle.records.keys import group_by_pile
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "ReadReport", "RecordFormat", "Payloads", "binary_table", "records_table",
-           "open_input", "open_at", "read_block", "read_up_to", "parts_by_pile"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "ReadReport",
+    "RecordFormat",
+    "Payloads",
+    "binary_table",
+    "records_table",
+    "open_input",
+    "open_at",
+    "read_block",
+    "read_up_to",
+    "parts_by_pile",
+]
 
-DEFAULT_CHUNK_BYTES = 16 << 20  # input bytes per chunk a reader yields: one chunk's table is what pass 1 holds per file
+DEFAULT_CHUNK_BYTES = (
+    16 << 20
+)  # input bytes per chunk a reader yields: one chunk's table is what pass 1 holds per file
 
 
 @dataclasses.dataclass
@@ -46,7 +59,9 @@ def binary_table(column_name: str, data: bytes, offsets: np.ndarray) -> pa.Table
     if offsets[-1] >= 2**31:
         raise ValueError("a chunk of bytes records must stay under 2 GiB")
     array = pa.Array.from_buffers(
-        pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+        pa.binary(),
+        len(offsets) - 1,
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
     )
     return pa.table({column_name: array})
 
@@ -106,7 +121,9 @@ def read_block(handle, path: str, size: int, compressed: bool) -> bytes:
             raise InputError(path, f"is not a valid compressed stream ({error})") from error
         raise InputError(path, f"cannot be read: {error}") from error
     if not block and compressed and _stream_cut_short(handle):
-        raise InputError(path, "is truncated: the compressed stream ends before its end-of-stream marker")
+        raise InputError(
+            path, "is truncated: the compressed stream ends before its end-of-stream marker"
+        )
     return block
 
 
@@ -127,7 +144,9 @@ def _stream_cut_short(handle) -> bool:
     decompressor = getattr(handle, "_decompressor", None)
     raw = getattr(handle, "_file", None)
     try:
-        return decompressor is not None and not getattr(decompressor, "eof", True) and raw.tell() > 0
+        return (
+            decompressor is not None and not getattr(decompressor, "eof", True) and raw.tell() > 0
+        )
     except Exception:
         return False
 
@@ -170,7 +189,9 @@ class RecordFormat:
     extension = ""
     compressions = ("auto", "none", "gzip")  # what --compression may be for this format
     record_column = None  # the binary column a bytes format's records travel in; None: a row format
-    checks_every_byte = False  # whether payload_views proves every byte of a shard by the format's own CRCs
+    checks_every_byte = (
+        False  # whether payload_views proves every byte of a shard by the format's own CRCs
+    )
 
     def suffix(self, compression: str) -> str:
         """The shard file suffix: the format's extension, plus .gz when gzip-compressed."""
@@ -192,7 +213,9 @@ class RecordFormat:
         for table, _ in self.read_placed(path, chunk_bytes, skip_corrupt, report):
             yield table
 
-    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+    def read_placed(
+        self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None
+    ):
         """``read_chunks`` with each record's place in the file: ``(table, positions)``, an int64
         position per record where it starts (a byte offset in the uncompressed stream; a Parquet
         row's number), the ``keys.position_keys`` of pass 1. With ``span`` = ``(start, stop)``
@@ -245,7 +268,9 @@ class RecordFormat:
     def payload_views(self, buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
         """The loader's views (``formats.views``) of the payloads in a whole shard's bytes, or
         in a store file's ``record_column``; checks what the format can check, naming ``path``."""
-        raise NotImplementedError(f"{self.name} is a row format: the loader reads it with read_rows")
+        raise NotImplementedError(
+            f"{self.name} is a row format: the loader reads it with read_rows"
+        )
 
     def records_of(self, payloads: list) -> list:
         """What the loader hands out for these payloads (``bytes``): the payloads themselves,
@@ -254,7 +279,9 @@ class RecordFormat:
 
     def read_rows(self, handle, columns=None) -> pa.Table:
         """A row format's whole shard from an open file (``columns``: those only)."""
-        raise NotImplementedError(f"{self.name} is a bytes format: the loader reads it with payload_views")
+        raise NotImplementedError(
+            f"{self.name} is a bytes format: the loader reads it with payload_views"
+        )
 
 
 class Payloads(RecordFormat):
@@ -263,7 +290,10 @@ class Payloads(RecordFormat):
 
     name = "payloads"
     record_column = RECORD_COLUMN
-    before, after = 0, 0  # bytes around the payload in ``record_column``: a frame's header and footer, a newline
+    before, after = (
+        0,
+        0,
+    )  # bytes around the payload in ``record_column``: a frame's header and footer, a newline
 
     @property
     def framing(self) -> int:
@@ -280,10 +310,18 @@ class Payloads(RecordFormat):
         return binary_bytes(table.column(0)) - self.framing * table.num_rows
 
     def record_hashes(self, table):
-        from pileshuffle.records.fingerprint import binary_column_parts, crc32c_of_slices, payload_hashes
+        from pileshuffle.records.fingerprint import (
+            binary_column_parts,
+            crc32c_of_slices,
+            payload_hashes,
+        )
 
         data, offsets = binary_column_parts(table.column(0))
-        return payload_hashes(crc32c_of_slices(data, offsets, self.framing), self.record_lengths(table))
+        return payload_hashes(
+            crc32c_of_slices(data, offsets, self.framing), self.record_lengths(table)
+        )
 
     def payload_views(self, buffer, path, buffer_index):
-        raise NotImplementedError("bare payloads come as an Arrow column: formats.views.value_views")
+        raise NotImplementedError(
+            "bare payloads come as an Arrow column: formats.views.value_views"
+        )

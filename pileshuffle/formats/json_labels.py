@@ -59,7 +59,9 @@ _ARROW_JSON_TYPES = (pa.string(), pa.int64(), pa.bool_())
 _HEAD_BYTES = 256
 
 
-def json_labels(lines, field: str, path: str, first: int = 0, keep_unlabeled: bool = False) -> pa.Array:
+def json_labels(
+    lines, field: str, path: str, first: int = 0, keep_unlabeled: bool = False
+) -> pa.Array:
     """The labels (an Arrow string array) of ``lines`` (a binary array of JSON lines) of the file
     ``path``; ``first``: its lines before them. A line without the key, or no JSON object, is an
     ``InputError`` naming its line, or the class ``"null"`` with ``keep_unlabeled``."""
@@ -68,8 +70,12 @@ def json_labels(lines, field: str, path: str, first: int = 0, keep_unlabeled: bo
     if isinstance(lines, pa.ChunkedArray):
         lines = lines.chunk(0) if lines.num_chunks == 1 else lines.combine_chunks()
     labels = _matched(pc.binary_slice(lines, 0, _HEAD_BYTES), field)
-    for read in (lambda rest, _: _arrow_read(rest, field, keep_unlabeled),
-                 lambda rest, at: _line_by_line(rest.to_pylist(), at + first + 1, field, path, keep_unlabeled)):
+    for read in (
+        lambda rest, _: _arrow_read(rest, field, keep_unlabeled),
+        lambda rest, at: _line_by_line(
+            rest.to_pylist(), at + first + 1, field, path, keep_unlabeled
+        ),
+    ):
         unread = labels.is_null()
         if not unread.true_count:
             break
@@ -90,7 +96,9 @@ def _matched(lines: pa.Array, field: str) -> pa.Array:
     key = json.dumps(field, ensure_ascii=False).encode()
     if b"\\" in key:  # a key JSON escapes is never matched as written
         return pa.nulls(len(lines), pa.string())
-    rows = np.flatnonzero(pc.match_substring_regex(lines, _tier1_pattern(key)).to_numpy(zero_copy_only=False))
+    rows = np.flatnonzero(
+        pc.match_substring_regex(lines, _tier1_pattern(key)).to_numpy(zero_copy_only=False)
+    )
     data, offsets = binary_column_parts(lines)
     raw = np.frombuffer(data, np.uint8)
     start = offsets[rows] + pc.find_substring(lines, key.decode()).to_numpy()[rows] + len(key)
@@ -120,7 +128,9 @@ def _tier1_pattern(key: bytes) -> str:
     with a plain value, then a comma or the object's end."""
     other = _other_string(key)
     pair = rf"{other}{_SPACE}:{_SPACE}(?:{other}|{_NUMBER}|true|false|null){_SPACE},{_SPACE}"
-    return rf"^{_SPACE}\{{{_SPACE}(?:{pair})*{_literal(key)}{_SPACE}:{_SPACE}(?:{_PLAIN}){_SPACE}[,}}]"
+    return (
+        rf"^{_SPACE}\{{{_SPACE}(?:{pair})*{_literal(key)}{_SPACE}:{_SPACE}(?:{_PLAIN}){_SPACE}[,}}]"
+    )
 
 
 def _other_string(key: bytes) -> str:
@@ -145,8 +155,11 @@ def _strings(raw: np.ndarray, start: np.ndarray, end: np.ndarray) -> pa.Array:
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     picked = raw[np.repeat(start - offsets[:-1], lengths) + np.arange(offsets[-1])]
-    return pa.Array.from_buffers(pa.string(), len(lengths), [None, pa.py_buffer(offsets.astype(np.int32)),
-                                                              pa.py_buffer(picked)])
+    return pa.Array.from_buffers(
+        pa.string(),
+        len(lengths),
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(picked)],
+    )
 
 
 def _arrow_read(lines: pa.Array, field: str, keep_unlabeled: bool):
@@ -157,10 +170,21 @@ def _arrow_read(lines: pa.Array, field: str, keep_unlabeled: bool):
 
     data, _ = binary_column_parts(lines)
     for kind in _ARROW_JSON_TYPES:
-        options = pj.ParseOptions(explicit_schema=pa.schema([(field, kind)]), unexpected_field_behavior="ignore")
+        options = pj.ParseOptions(
+            explicit_schema=pa.schema([(field, kind)]), unexpected_field_behavior="ignore"
+        )
         try:
-            column = pj.read_json(pa.BufferReader(data), parse_options=options, read_options=pj.ReadOptions(
-                use_threads=False, block_size=max(1 << 20, data.size + 1))).column(field).combine_chunks()
+            column = (
+                pj.read_json(
+                    pa.BufferReader(data),
+                    parse_options=options,
+                    read_options=pj.ReadOptions(
+                        use_threads=False, block_size=max(1 << 20, data.size + 1)
+                    ),
+                )
+                .column(field)
+                .combine_chunks()
+            )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
             continue
         # Arrow skips blank lines: a count that differs goes line by line, which names them
@@ -169,7 +193,9 @@ def _arrow_read(lines: pa.Array, field: str, keep_unlabeled: bool):
     return None
 
 
-def _line_by_line(lines: list, numbers: np.ndarray, field: str, path: str, keep_unlabeled: bool) -> pa.Array:
+def _line_by_line(
+    lines: list, numbers: np.ndarray, field: str, path: str, keep_unlabeled: bool
+) -> pa.Array:
     """Tier 3 (module docstring): ``lines`` (bytes) read by ``json.loads``; ``numbers``: their
     line numbers in the file, counted from 1."""
     out = []
@@ -179,8 +205,11 @@ def _line_by_line(lines: list, numbers: np.ndarray, field: str, path: str, keep_
             out.append(value if isinstance(value, str) else json.dumps(value, default=str))
         except (ValueError, KeyError, TypeError, IndexError):
             if not keep_unlabeled:
-                raise InputError(path, f"a line (line {number:,} of the file: {line.rstrip()[:60]!r}) is "
-                                       f"not a JSON object with key {field!r}{KEEP_HINT}") from None
+                raise InputError(
+                    path,
+                    f"a line (line {number:,} of the file: {line.rstrip()[:60]!r}) is "
+                    f"not a JSON object with key {field!r}{KEEP_HINT}",
+                ) from None
             out.append(NULL_CLASS)
     return pa.array(out, pa.string())
 

@@ -21,19 +21,28 @@ import json
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.io import storage
 from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import binary_column_parts, binary_lengths
 from pileshuffle.formats import holder_of
 from pileshuffle.formats.base import ReadReport, open_input, read_up_to
 from pileshuffle.formats.example import NotAnExample, feature_values
 from pileshuffle.formats.json_labels import KEEP_HINT, NULL_CLASS, json_labels
 from pileshuffle.formats.tar import KEY_FIELD, sample_dict
 from pileshuffle.formats.text import check_text, json_records, known_line_chunks, line_views
+from pileshuffle.io import storage
 from pileshuffle.names import FRAME_COLUMN, LINE_COLUMN, TAR_SAMPLE_COLUMN
+from pileshuffle.records.fingerprint import binary_column_parts, binary_lengths
 
-__all__ = ["record_labels", "label_text", "file_labels", "label_counts", "sampled_label_counts", "NULL_CLASS",
-           "ClassCodesWriter", "ClassCodesReader", "kept_class_counts"]
+__all__ = [
+    "record_labels",
+    "label_text",
+    "file_labels",
+    "label_counts",
+    "sampled_label_counts",
+    "NULL_CLASS",
+    "ClassCodesWriter",
+    "ClassCodesReader",
+    "kept_class_counts",
+]
 
 
 def label_text(values: list) -> str:
@@ -42,13 +51,23 @@ def label_text(values: list) -> str:
     return str(texts[0]) if len(texts) == 1 else json.dumps(texts)
 
 
-def record_labels(table: pa.Table, field: str, path: str, first: int = 0, keep_unlabeled: bool = False) -> np.ndarray:
+def record_labels(
+    table: pa.Table, field: str, path: str, first: int = 0, keep_unlabeled: bool = False
+) -> np.ndarray:
     """The label ``field`` of every record of a records table, as text (object array);
     ``first``: the records of ``path`` before the table (module docstring)."""
     return _objects(_labels(table, field, path, first, keep_unlabeled))
 
 
-def file_labels(fmt, path: str, field: str, chunk_bytes: int, skip_corrupt=False, report=None, keep_unlabeled=False):
+def file_labels(
+    fmt,
+    path: str,
+    field: str,
+    chunk_bytes: int,
+    skip_corrupt=False,
+    report=None,
+    keep_unlabeled=False,
+):
     """Yield the labels of every record of the file ``path`` in order, a chunk at a time (Arrow
     string arrays or object arrays: ``label_counts`` counts either), reading no more than the
     labels need: the same records and labels as ``record_labels`` of ``fmt.read_chunks``."""
@@ -109,11 +128,16 @@ class ClassCodesWriter:
         when the writer keeps them."""
         if isinstance(labels, pa.Array):
             encoded = labels.dictionary_encode()
-            names, inverse = encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
+            names, inverse = (
+                encoded.dictionary.to_pylist(),
+                encoded.indices.to_numpy(zero_copy_only=False),
+            )
         else:
             names, inverse = np.unique(np.asarray(labels, dtype=object), return_inverse=True)
             names = names.tolist()
-        mapping = np.array([self._codes.setdefault(name, len(self._codes)) for name in names], dtype="<u4")
+        mapping = np.array(
+            [self._codes.setdefault(name, len(self._codes)) for name in names], dtype="<u4"
+        )
         codes = mapping[inverse.reshape(-1)] if len(names) else np.zeros(0, "<u4")
         self._handle.write(codes.tobytes())
         if self._lines is not None:
@@ -129,8 +153,15 @@ class ClassCodesWriter:
         return dict(sorted(zip(self._codes, self._counts.tolist())))
 
 
-def kept_class_counts(fmt, path: str, field: str, chunk_bytes: int, writer: ClassCodesWriter, skip_corrupt=False,
-                      keep_unlabeled=False) -> dict:
+def kept_class_counts(
+    fmt,
+    path: str,
+    field: str,
+    chunk_bytes: int,
+    writer: ClassCodesWriter,
+    skip_corrupt=False,
+    keep_unlabeled=False,
+) -> dict:
     """``--balance``'s counting pass over the file ``path``: every record's class (and every
     JSONL line's length) to ``writer``; its ``{class: records}``."""
     if fmt.name == "jsonl":
@@ -138,7 +169,9 @@ def kept_class_counts(fmt, path: str, field: str, chunk_bytes: int, writer: Clas
         for labels, lines in blocks:
             writer.add(labels, binary_lengths(lines))
     else:
-        for labels in file_labels(fmt, path, field, chunk_bytes, skip_corrupt, ReadReport(), keep_unlabeled):
+        for labels in file_labels(
+            fmt, path, field, chunk_bytes, skip_corrupt, ReadReport(), keep_unlabeled
+        ):
             writer.add(labels)
     return writer.close()
 
@@ -168,7 +201,10 @@ class ClassCodesReader:
             data = read_up_to(self._lines, self._lines_path, 4 * _LENGTHS_READ)
             self._lengths_ended = len(data) < 4 * _LENGTHS_READ
             self._lengths = np.concatenate((self._lengths, np.frombuffer(data, "<u4")))
-        fit = max(1, int(np.searchsorted(np.cumsum(self._lengths, dtype=np.int64), max_bytes, side="right")))
+        fit = max(
+            1,
+            int(np.searchsorted(np.cumsum(self._lengths, dtype=np.int64), max_bytes, side="right")),
+        )
         taken, self._lengths = self._lengths[:fit], self._lengths[fit:]
         return taken
 
@@ -176,7 +212,10 @@ class ClassCodesReader:
         """The uint32 class codes of the next ``count`` records."""
         data = read_up_to(self._handle, self._codes_path, 4 * count)
         if len(data) < 4 * count:
-            raise InputError(self._path, "has more records than the first pass counted: it changed during the run")
+            raise InputError(
+                self._path,
+                "has more records than the first pass counted: it changed during the run",
+            )
         return np.frombuffer(data, "<u4")
 
     def close(self):
@@ -185,7 +224,10 @@ class ClassCodesReader:
         if self._lines is not None:
             self._lines.close()
         if extra:
-            raise InputError(self._path, "has fewer records than the first pass counted: it changed during the run")
+            raise InputError(
+                self._path,
+                "has fewer records than the first pass counted: it changed during the run",
+            )
 
 
 _LENGTHS_READ = 1 << 16  # line lengths pass 1 reads at a time (256 KiB)
@@ -205,7 +247,9 @@ def _labels(table, field, path, first, keep_unlabeled):
     if field not in table.column_names:
         if keep_unlabeled:
             return pa.array(np.full(table.num_rows, NULL_CLASS, dtype=object), pa.string())
-        raise InputError(path, f"has no column {field!r} (columns: {', '.join(table.column_names)}){KEEP_HINT}")
+        raise InputError(
+            path, f"has no column {field!r} (columns: {', '.join(table.column_names)}){KEEP_HINT}"
+        )
     return _column_labels(table.column(field))
 
 
@@ -230,11 +274,17 @@ def _parquet_file_labels(path, field, keep_unlabeled):
         names = parquet.schema_arrow.names
         if field not in names:
             if keep_unlabeled:
-                yield pa.array(np.full(parquet.metadata.num_rows, NULL_CLASS, dtype=object), pa.string())
+                yield pa.array(
+                    np.full(parquet.metadata.num_rows, NULL_CLASS, dtype=object), pa.string()
+                )
                 return
-            raise InputError(path, f"has no column {field!r} (columns: {', '.join(names)}){KEEP_HINT}")
+            raise InputError(
+                path, f"has no column {field!r} (columns: {', '.join(names)}){KEEP_HINT}"
+            )
         try:
-            for batch in parquet.iter_batches(batch_size=1 << 16, columns=[field], use_threads=False):
+            for batch in parquet.iter_batches(
+                batch_size=1 << 16, columns=[field], use_threads=False
+            ):
                 yield _column_labels(batch.column(0))
         except (pa.ArrowInvalid, OSError) as error:
             raise InputError(path, f"cannot be read as Parquet ({error})") from error
@@ -252,7 +302,9 @@ def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled, skip_corrupt=Fa
     label fails; else pass 1 checks them (1.1 against 1.55 CPU-s per GB at 16 MiB)."""
     first = base = 0
     for lines, raw in line_views(path, min(chunk_bytes, _LABEL_BLOCK_BYTES), skip_corrupt, report):
-        offsets = np.frombuffer(lines.buffers()[1], np.int32)[lines.offset:lines.offset + len(lines) + 1]
+        offsets = np.frombuffer(lines.buffers()[1], np.int32)[
+            lines.offset : lines.offset + len(lines) + 1
+        ]
         try:  # the records among the lines (json_records: no BOM, no blank line), as pass 1 reads them
             records = json_records(raw, offsets, base)[0].column(0)
             labels = json_labels(records, field, path, first, keep_unlabeled)
@@ -269,7 +321,9 @@ def _payload_labels(table, field, path, first, keep_unlabeled):
     holder = holder_of(table)
     data, offsets = binary_column_parts(table.column(0))
     data, out = data.to_pybytes(), []
-    for index, (a, b) in enumerate(zip((offsets[:-1] + holder.before).tolist(), (offsets[1:] - holder.after).tolist())):
+    for index, (a, b) in enumerate(
+        zip((offsets[:-1] + holder.before).tolist(), (offsets[1:] - holder.after).tolist())
+    ):
         number = first + index + 1
         if holder.name == "tar":
             sample = sample_dict(data[a:b])
@@ -282,8 +336,11 @@ def _payload_labels(table, field, path, first, keep_unlabeled):
                 if keep_unlabeled:
                     values = None
                 else:
-                    raise InputError(path, f"record {number:,} of the file is no tf.train.Example ({error}): --label_field "
-                                           "reads a feature of one; use --label_bytes START:END for other payloads") from None
+                    raise InputError(
+                        path,
+                        f"record {number:,} of the file is no tf.train.Example ({error}): --label_field "
+                        "reads a feature of one; use --label_bytes START:END for other payloads",
+                    ) from None
             where = f"record {number:,} of the file (a tf.train.Example)"
         if values is None:
             if keep_unlabeled:

@@ -14,7 +14,12 @@ import pyarrow.parquet as pq
 
 from pileshuffle.errors import InputError
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_at, open_input
-from pileshuffle.formats.parquet_layout import SAMPLE_ROWS, WRITE_BATCH_ROWS, canonical_chunks, dictionary_columns
+from pileshuffle.formats.parquet_layout import (
+    SAMPLE_ROWS,
+    WRITE_BATCH_ROWS,
+    canonical_chunks,
+    dictionary_columns,
+)
 
 __all__ = ["ParquetFormat"]
 
@@ -70,7 +75,9 @@ class ParquetFormat(RecordFormat):
         # whole (a 62 MB pile), 2.1x so; row group by row group costs 1.5x the CPU); a shard in
         # memory (mapped, or fetched whole): its column chunks are read as slices of it, no copy
         in_memory = isinstance(handle, pa.BufferReader)
-        parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=0 if in_memory else _LOADER_READ_BYTES)
+        parquet = pq.ParquetFile(
+            handle, pre_buffer=False, buffer_size=0 if in_memory else _LOADER_READ_BYTES
+        )
         return parquet.read(columns=columns, use_threads=False)
 
     def suffix(self, compression):
@@ -97,7 +104,9 @@ class ParquetFormat(RecordFormat):
             parquet = _parquet_file(handle, path, pre_buffer=False, buffer_size=_LOADER_READ_BYTES)
             if not parquet.metadata.num_rows:
                 return None
-            rows = int(min(1024, max(1, sample_bytes // max(1.0, _mean_row_bytes(parquet.metadata)))))
+            rows = int(
+                min(1024, max(1, sample_bytes // max(1.0, _mean_row_bytes(parquet.metadata))))
+            )
             try:
                 batch = next(parquet.iter_batches(batch_size=rows, use_threads=False))
             except (pa.ArrowInvalid, OSError) as error:
@@ -112,19 +121,28 @@ class ParquetFormat(RecordFormat):
     def can_split(self, path, skip_corrupt=False):
         return True  # by row groups
 
-    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+    def read_placed(
+        self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None
+    ):
         """Rows with their numbers in the file; a ``span`` reads the row groups that start in it."""
         with open_at(path) as handle:
             parquet = _parquet_file(handle, path)
             rows = max(1, int(chunk_bytes / max(1.0, _mean_row_bytes(parquet.metadata))))
             groups, first_rows, sizes = _row_groups_in(parquet.metadata, span)
-            read_before = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))  # rows of the groups read before each
+            read_before = np.concatenate(
+                ([0], np.cumsum(sizes, dtype=np.int64))
+            )  # rows of the groups read before each
             done = 0
             try:
-                for batch in parquet.iter_batches(batch_size=rows, row_groups=groups, use_threads=False):
+                for batch in parquet.iter_batches(
+                    batch_size=rows, row_groups=groups, use_threads=False
+                ):
                     read = np.arange(done, done + batch.num_rows, dtype=np.int64)
                     group = np.searchsorted(read_before, read, side="right") - 1
-                    yield pa.Table.from_batches([batch], schema=parquet.schema_arrow), first_rows[group] + read - read_before[group]
+                    yield (
+                        pa.Table.from_batches([batch], schema=parquet.schema_arrow),
+                        first_rows[group] + read - read_before[group],
+                    )
                     done += batch.num_rows
             except (pa.ArrowInvalid, OSError) as error:
                 raise InputError(path, f"cannot be read as Parquet ({error})") from error
@@ -141,17 +159,29 @@ class ParquetFormat(RecordFormat):
         head, tables = _first_rows(_in_schema(tables, schema), SAMPLE_ROWS)
         schema = head[0].schema if head else schema
         dictionary = _dictionary_columns(head, rows_bytes)
-        sink = pa.BufferedOutputStream(pa.PythonFile(_LeftOpen(handle), mode="w"), buffer_size=_SINK_BUFFER_BYTES)
-        writer = pq.ParquetWriter(sink, schema, compression=compression, use_dictionary=dictionary,
-                                  write_batch_size=WRITE_BATCH_ROWS)
+        sink = pa.BufferedOutputStream(
+            pa.PythonFile(_LeftOpen(handle), mode="w"), buffer_size=_SINK_BUFFER_BYTES
+        )
+        writer = pq.ParquetWriter(
+            sink,
+            schema,
+            compression=compression,
+            use_dictionary=dictionary,
+            write_batch_size=WRITE_BATCH_ROWS,
+        )
         pending, before, written = [], 0, 0
         for table in itertools.chain(head, tables):
             written += table.num_rows
             after = before + rows_bytes(table)
-            if after // _ROW_GROUP_BYTES > before // _ROW_GROUP_BYTES:  # a group ends in this table: find the rows
+            if (
+                after // _ROW_GROUP_BYTES > before // _ROW_GROUP_BYTES
+            ):  # a group ends in this table: find the rows
                 lengths = row_lengths(table)
                 ends = before + np.cumsum(lengths)
-                cuts = np.flatnonzero(ends // _ROW_GROUP_BYTES > (ends - lengths) // _ROW_GROUP_BYTES) + 1
+                cuts = (
+                    np.flatnonzero(ends // _ROW_GROUP_BYTES > (ends - lengths) // _ROW_GROUP_BYTES)
+                    + 1
+                )
                 start = 0
                 for cut in cuts.tolist():
                     _write_group(writer, [*pending, table.slice(start, cut - start)], dictionary)
@@ -192,7 +222,11 @@ def _dictionary_columns(head, rows_bytes) -> list:
     if sample is None or not sample.num_rows:
         return []
     rows = sample.num_rows
-    group_rows = rows if rows < SAMPLE_ROWS else max(rows, rows * _ROW_GROUP_BYTES // max(1, rows_bytes(sample)))
+    group_rows = (
+        rows
+        if rows < SAMPLE_ROWS
+        else max(rows, rows * _ROW_GROUP_BYTES // max(1, rows_bytes(sample)))
+    )
     return dictionary_columns(sample, group_rows)
 
 
@@ -218,4 +252,6 @@ def _write_group(writer, tables, dictionary):
     (the ``dictionary`` columns whole)."""
     rows = sum(t.num_rows for t in tables)
     if rows:
-        writer.write_table(canonical_chunks(pa.concat_tables(tables), dictionary), row_group_size=rows)
+        writer.write_table(
+            canonical_chunks(pa.concat_tables(tables), dictionary), row_group_size=rows
+        )

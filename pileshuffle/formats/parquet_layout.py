@@ -23,7 +23,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["SAMPLE_ROWS", "WRITE_BATCH_ROWS", "dictionary_columns", "expected_distinct", "canonical_chunks"]
+__all__ = [
+    "SAMPLE_ROWS",
+    "WRITE_BATCH_ROWS",
+    "dictionary_columns",
+    "expected_distinct",
+    "canonical_chunks",
+]
 
 SAMPLE_ROWS = 1024  # a shard's first rows choose its dictionary columns
 WRITE_BATCH_ROWS = 1024  # Arrow's default write_batch_size, pinned: pages end between its batches
@@ -47,13 +53,18 @@ def dictionary_columns(sample: pa.Table, group_rows: int) -> list:
     for field, column in zip(sample.schema, sample.columns):
         if pa.types.is_nested(field.type) or not len(column):
             continue
-        rows = min(len(column), max(_LEAST_SAMPLE_ROWS, len(column) * _SAMPLE_VALUE_BYTES // max(1, column.nbytes)))
+        rows = min(
+            len(column),
+            max(_LEAST_SAMPLE_ROWS, len(column) * _SAMPLE_VALUE_BYTES // max(1, column.nbytes)),
+        )
         try:
             distinct = pc.count_distinct(column.slice(0, rows), mode="all").as_py()
         except pa.ArrowNotImplementedError:  # a type Arrow cannot count: plain
             continue
         half = max(1.0, group_rows / 2)
-        if distinct <= (half if rows >= group_rows else expected_distinct(rows, half)):  # all rows seen: exact
+        if distinct <= (
+            half if rows >= group_rows else expected_distinct(rows, half)
+        ):  # all rows seen: exact
             chosen.append(field.name)
     return chosen
 
@@ -64,7 +75,9 @@ def canonical_chunks(table: pa.Table, whole_columns) -> pa.Table:
     multiples of ``WRITE_BATCH_ROWS`` rows. The same rows so give the same bytes, however cut."""
     columns = []
     for field, column in zip(table.schema, table.columns):
-        if column.num_chunks > 1 and (field.name in whole_columns or pa.types.is_nested(field.type)):
+        if column.num_chunks > 1 and (
+            field.name in whole_columns or pa.types.is_nested(field.type)
+        ):
             column = pa.chunked_array([column.combine_chunks()], type=field.type)
         columns.append(_batch_aligned(column))
     return pa.Table.from_arrays(columns, schema=table.schema)

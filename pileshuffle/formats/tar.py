@@ -20,24 +20,35 @@ from zlib import adler32
 
 import numpy as np
 
-from pileshuffle.io import storage
 from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import binary_column_parts
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, Payloads, binary_table, open_at, open_input, read_block
+from pileshuffle.formats.base import (
+    DEFAULT_CHUNK_BYTES,
+    Payloads,
+    binary_table,
+    open_at,
+    open_input,
+    read_block,
+)
 from pileshuffle.formats.views import payload_views, raw_bytes
-from pileshuffle.names import TAR_SAMPLE_COLUMN
+from pileshuffle.io import storage
 from pileshuffle.io.storage import compression_of
+from pileshuffle.names import TAR_SAMPLE_COLUMN
+from pileshuffle.records.fingerprint import binary_column_parts
 
 __all__ = ["TarFormat", "KEY_FIELD", "END_OF_ARCHIVE", "key_of", "sample_dict", "sample_keys"]
 
 BLOCK = 512  # tar's unit: a header is one block, data is padded to whole blocks
-END_OF_ARCHIVE = bytes(2 * BLOCK)  # tar's end-of-archive marker: two zero blocks (a shard ends with it)
+END_OF_ARCHIVE = bytes(
+    2 * BLOCK
+)  # tar's end-of-archive marker: two zero blocks (a shard ends with it)
 KEY_FIELD = "__key__"  # WebDataset's name for a sample's key in its dict
 _ZERO_BLOCK = bytes(BLOCK)
 _FILES = (b"0", b"\0", b"7")  # regular files (7, contiguous, reads as regular everywhere)
 _NAMING = (b"x", b"L")  # PAX per-file and GNU long-name headers: the next member's name
 _CARRIED = (b"x", b"L", b"K", b"g", b"5")  # no data of a sample's own: travel with the next member
-_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's base_plus_ext; refuses an empty key
+_KEY = re.compile(
+    r"^((?:.*/|)[^./]+)\.([^/]*)$"
+)  # WebDataset's base_plus_ext; refuses an empty key
 
 
 def key_of(name: str):
@@ -117,15 +128,24 @@ class _Walk:
             block = bytes(buf[pos : pos + BLOCK])
             if block == _ZERO_BLOCK:
                 if name is not None:
-                    raise InputError(self.path, "has a long-name header with no member after it", self.base + begin)
+                    raise InputError(
+                        self.path,
+                        "has a long-name header with no member after it",
+                        self.base + begin,
+                    )
                 self.ended = True
                 self.tail = pos
                 return pos
             if not _is_header(block):
                 if self.base + pos == 0:
-                    raise InputError(self.path, "is not a tar file: its first 512 bytes are no tar header", 0)
-                self.problem = InputError(self.path, "has a corrupt tar header (its checksum does not match)",
-                                          self.base + pos)
+                    raise InputError(
+                        self.path, "is not a tar file: its first 512 bytes are no tar header", 0
+                    )
+                self.problem = InputError(
+                    self.path,
+                    "has a corrupt tar header (its checksum does not match)",
+                    self.base + pos,
+                )
                 return begin
             kind, size = block[156:157], _number(block[124:136])
             end = pos + BLOCK + -(-size // BLOCK) * BLOCK
@@ -138,8 +158,12 @@ class _Walk:
                 continue
             member = name if name is not None else _header_name(block)
             if kind not in _FILES:
-                raise InputError(self.path, f"member {member!r} is not a file (tar type {kind.decode('latin-1')!r}): "
-                                            "WebDataset samples hold files", self.base + begin)
+                raise InputError(
+                    self.path,
+                    f"member {member!r} is not a file (tar type {kind.decode('latin-1')!r}): "
+                    "WebDataset samples hold files",
+                    self.base + begin,
+                )
             self.members.append((begin, pos + BLOCK, size, end, member))
             pos = begin = end
             name = None
@@ -156,12 +180,19 @@ def _sample_bounds(walk: _Walk, keys_seen: set, complete: bool):
     for index, (begin, _, _, _, name) in enumerate(members):
         found = key_of(name)
         if found is None:
-            raise InputError(walk.path, f"member {name!r} has no key: WebDataset names members KEY.EXTENSION",
-                             walk.base + begin)
+            raise InputError(
+                walk.path,
+                f"member {name!r} has no key: WebDataset names members KEY.EXTENSION",
+                walk.base + begin,
+            )
         if found[0] != last_key:
             if found[0] in keys_seen:
-                raise InputError(walk.path, f"key {found[0]!r} appears twice (member {name!r}): a sample's members "
-                                            "are consecutive", walk.base + begin)
+                raise InputError(
+                    walk.path,
+                    f"key {found[0]!r} appears twice (member {name!r}): a sample's members "
+                    "are consecutive",
+                    walk.base + begin,
+                )
             keys_seen.add(found[0])
             firsts.append(index)
             last_key = found[0]
@@ -207,10 +238,17 @@ def _cut_at(walk: _Walk, limit: int, at_end: bool) -> bool:
         index = begins.index(limit)
         walk.members, walk.tail, walk.problem = walk.members[:index], limit, None
         return True
-    if any(b > limit for b in begins) or (walk.ended and walk.tail < limit) or (at_end and walk.problem is None):
-        raise InputError(walk.path, "a tar member's data holds what reads as tar headers here: such a file cannot "
-                                    "be read in spans (give it compressed, .gz is read whole, or as smaller files)",
-                         walk.base + limit)
+    if (
+        any(b > limit for b in begins)
+        or (walk.ended and walk.tail < limit)
+        or (at_end and walk.problem is None)
+    ):
+        raise InputError(
+            walk.path,
+            "a tar member's data holds what reads as tar headers here: such a file cannot "
+            "be read in spans (give it compressed, .gz is read whole, or as smaller files)",
+            walk.base + limit,
+        )
     return False
 
 
@@ -225,7 +263,9 @@ def _past_boundary(handle, path: str, base: int, chunk_bytes: int) -> tuple:
             return None, None
         buf += block
         whole = len(buf) // BLOCK * BLOCK
-        at = next((p for p in range(0, whole, BLOCK) if _is_header(bytes(buf[p:p + BLOCK]))), None)
+        at = next(
+            (p for p in range(0, whole, BLOCK) if _is_header(bytes(buf[p : p + BLOCK]))), None
+        )
         if at is not None:
             buf, base = buf[at:], base + at
             break
@@ -253,7 +293,9 @@ def sample_dict(payload) -> dict:
     payload = bytes(payload)
     sample, pos, end = {}, 0, len(payload)
     while pos < end:
-        if payload[pos + 156 : pos + 157] not in _FILES or payload[pos + 345] != 0:  # extended, carried, prefixed
+        if (
+            payload[pos + 156 : pos + 157] not in _FILES or payload[pos + 345] != 0
+        ):  # extended, carried, prefixed
             return _walked_sample(payload)
         size = _number(payload[pos + 124 : pos + 136])
         name = payload[pos : pos + 100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
@@ -282,7 +324,11 @@ def sample_keys(data, offsets: np.ndarray) -> list:
     keys = []
     for start, end in zip(np.asarray(offsets[:-1]).tolist(), np.asarray(offsets[1:]).tolist()):
         head = bytes(data[start : start + BLOCK])
-        name = _header_name(head) if head[156:157] in _FILES else _Walk(data[start:end], "a tar sample").members[0][4]
+        name = (
+            _header_name(head)
+            if head[156:157] in _FILES
+            else _Walk(data[start:end], "a tar sample").members[0][4]
+        )
         keys.append(key_of(name)[0])
     return keys
 
@@ -291,10 +337,13 @@ def _check_unique(keys: list, seen: set):
     """Add ``keys`` to ``seen``; a key already there is an InputError naming it."""
     for key in keys:
         if key in seen:
-            raise InputError("the input", f"WebDataset key {key!r} names two samples that were shuffled into one "
-                                          "shard, where they would read back as one: give every sample of the "
-                                          "data set its own key (two input files, or two appends to a store, "
-                                          "used the same keys)")
+            raise InputError(
+                "the input",
+                f"WebDataset key {key!r} names two samples that were shuffled into one "
+                "shard, where they would read back as one: give every sample of the "
+                "data set its own key (two input files, or two appends to a store, "
+                "used the same keys)",
+            )
         seen.add(key)
 
 
@@ -309,7 +358,9 @@ class TarFormat(Payloads):
         # under --skip_corrupt a damage ends the file's read: where is known only walking from the start
         return compression_of(path) == "uncompressed" and not skip_corrupt
 
-    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+    def read_placed(
+        self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None
+    ):
         """Samples in file order, each at the offset of its first entry. With ``skip_corrupt`` a damaged header or a truncated end
         stops the file's read there: the samples before it are kept, the rest is reported
         skipped (a tar has no marks to find the next header by). With ``span`` (strict
@@ -319,11 +370,15 @@ class TarFormat(Payloads):
             return
         try:
             with open_input(path) as handle:
-                yield from self._samples(handle, path, b"", 0, chunk_bytes, compression_of(path) != "uncompressed")
+                yield from self._samples(
+                    handle, path, b"", 0, chunk_bytes, compression_of(path) != "uncompressed"
+                )
         except InputError as error:
             if not skip_corrupt or report is None or error.offset is None or error.path != path:
                 raise
-            report.skip(path, error.offset, error.problem, 0, max(0, self._size(path) - error.offset))
+            report.skip(
+                path, error.offset, error.problem, 0, max(0, self._size(path) - error.offset)
+            )
 
     def _read_span(self, path, chunk_bytes, span, report):
         """The samples of ``span`` = ``(start, stop)``: from the one its start moves to (``_moved``)
@@ -351,8 +406,12 @@ class TarFormat(Payloads):
             walk = _Walk(buf, path, base)
             at_end = walk.ended or not block or walk.problem is not None
             if not block and not walk.ended and walk.problem is None and walk.stop < len(buf):
-                raise InputError(path, f"is truncated: the entry at this offset runs past the end of the file "
-                                       f"({len(buf) - walk.stop:,} bytes left)", base + walk.stop)
+                raise InputError(
+                    path,
+                    f"is truncated: the entry at this offset runs past the end of the file "
+                    f"({len(buf) - walk.stop:,} bytes left)",
+                    base + walk.stop,
+                )
             if limit is not None:
                 at_end = _cut_at(walk, limit - base, at_end) or at_end
             bounds, kept = _sample_bounds(walk, keys_seen, complete=at_end)
@@ -391,7 +450,11 @@ class TarFormat(Payloads):
         if walk.problem is not None:
             raise walk.problem
         if not walk.ended and walk.stop < len(raw):
-            raise InputError(path, "is truncated: the entry at this offset runs past the end of the file", walk.stop)
+            raise InputError(
+                path,
+                "is truncated: the entry at this offset runs past the end of the file",
+                walk.stop,
+            )
         bounds, _ = _sample_bounds(walk, set(), complete=True)
         bounds = np.asarray(bounds or [0], dtype=np.int64)
         return payload_views(raw, bounds[:-1], np.diff(bounds), buffer_index)

@@ -21,14 +21,29 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import binary_column_parts
-from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_at, open_input,
-                                      read_block, read_up_to)
+from pileshuffle.formats.base import (
+    DEFAULT_CHUNK_BYTES,
+    RECORD_COLUMN,
+    Payloads,
+    binary_table,
+    open_at,
+    open_input,
+    read_block,
+    read_up_to,
+)
 from pileshuffle.formats.views import payload_views, raw_bytes
-from pileshuffle.names import LINE_COLUMN
 from pileshuffle.io.storage import compression_of, is_remote
+from pileshuffle.names import LINE_COLUMN
+from pileshuffle.records.fingerprint import binary_column_parts
 
-__all__ = ["JsonlFormat", "line_blocks", "line_views", "known_line_chunks", "check_text", "json_records"]
+__all__ = [
+    "JsonlFormat",
+    "line_blocks",
+    "line_views",
+    "known_line_chunks",
+    "check_text",
+    "json_records",
+]
 
 _NEWLINE = 10
 _BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
@@ -68,8 +83,10 @@ def _blank_lines(data, offsets: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     first = np.frombuffer(data, dtype=np.uint8)[offsets[:-1]]
     maybe = np.flatnonzero(np.isin(first, _BLANK_STARTS))
-    return np.array([i for i in maybe.tolist() if not bytes(data[offsets[i]:offsets[i + 1]]).strip(_BLANK)],
-                    dtype=np.int64)
+    return np.array(
+        [i for i in maybe.tolist() if not bytes(data[offsets[i] : offsets[i + 1]]).strip(_BLANK)],
+        dtype=np.int64,
+    )
 
 
 def _first_non_text(buf: bytes, end: int):
@@ -78,7 +95,9 @@ def _first_non_text(buf: bytes, end: int):
     sequence is cut."""
     nul = buf.find(b"\0", 0, end)
     found = [] if nul < 0 else [(nul, "a NUL byte")]
-    text = pa.Array.from_buffers(pa.utf8(), 1, [None, pa.py_buffer(np.array([0, end], np.int32)), pa.py_buffer(buf)])
+    text = pa.Array.from_buffers(
+        pa.utf8(), 1, [None, pa.py_buffer(np.array([0, end], np.int32)), pa.py_buffer(buf)]
+    )
     try:
         text.validate(full=True)
     except pa.ArrowInvalid:  # rare: find where, by decoding (error path only)
@@ -99,10 +118,16 @@ def check_text(path: str, buf: bytes, bounds: np.ndarray, lines_before, base: in
     position, what = bad
     line = int(np.searchsorted(bounds, position, side="right")) - 1
     column = position - int(bounds[line])
-    where = (f"the line at byte {base + int(bounds[line]):,}" if lines_before is None
-             else f"line {lines_before + line + 1:,}")
-    raise InputError(path, f"{where} is not text ({what} at byte {column} of the line): JSONL "
-                           "is UTF-8 text; a binary file (TFRecord, Parquet) needs its own --format")
+    where = (
+        f"the line at byte {base + int(bounds[line]):,}"
+        if lines_before is None
+        else f"line {lines_before + line + 1:,}"
+    )
+    raise InputError(
+        path,
+        f"{where} is not text ({what} at byte {column} of the line): JSONL "
+        "is UTF-8 text; a binary file (TFRecord, Parquet) needs its own --format",
+    )
 
 
 def _cut_short(line, at_file_start: bool):
@@ -117,9 +142,11 @@ def _cut_short(line, at_file_start: bool):
     try:
         _LENIENT_JSON.decode(text)
     except json.JSONDecodeError as error:
-        return (f"truncated record: the file ends inside a line ({len(line):,} bytes without "
-                f"a newline) that is not a whole JSON value ({error.msg}: character "
-                f"{error.pos + 1:,})")
+        return (
+            f"truncated record: the file ends inside a line ({len(line):,} bytes without "
+            f"a newline) that is not a whole JSON value ({error.msg}: character "
+            f"{error.pos + 1:,})"
+        )
     return None
 
 
@@ -152,9 +179,14 @@ def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, repo
     copied every block: 2.6% of a JSONL run's user CPU)."""
     compressed, carry = compression_of(path) != "uncompressed", b""
     start, stop = span or (0, None)
-    base, skipping = max(0, start - 1), start > 0  # from the byte before the span: a newline there starts a line at ``start``
-    rereads = not compressed and not is_remote(path)  # (seeking back costs an object store a request)
-    with (open_at(path, base) if skipping or rereads else open_input(path)) as handle:
+    base, skipping = (
+        max(0, start - 1),
+        start > 0,
+    )  # from the byte before the span: a newline there starts a line at ``start``
+    rereads = not compressed and not is_remote(
+        path
+    )  # (seeking back costs an object store a request)
+    with open_at(path, base) if skipping or rereads else open_input(path) as handle:
         while stop is None or base < stop:
             block = read_block(handle, path, chunk_bytes, compressed)
             if not block:
@@ -162,12 +194,18 @@ def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, repo
             buf = carry + block if carry else block
             if skipping:  # the line under way at ``start`` is the span before's
                 newline = buf.find(b"\n")
-                buf, base, carry = (b"", base + len(buf), b"") if newline < 0 else (buf[newline + 1:], base + newline + 1, b"")
+                buf, base, carry = (
+                    (b"", base + len(buf), b"")
+                    if newline < 0
+                    else (buf[newline + 1 :], base + newline + 1, b"")
+                )
                 skipping = newline < 0
                 if skipping or not buf or (stop is not None and base >= stop):
                     continue  # (the loop ends when the first line of ours would start at or past ``stop``)
             end = buf.rfind(b"\n") + 1
-            if stop is not None and base + end >= stop:  # the last line to read starts before ``stop``
+            if (
+                stop is not None and base + end >= stop
+            ):  # the last line to read starts before ``stop``
                 yield buf, buf.find(b"\n", stop - 1 - base) + 1, base
                 return
             if end:
@@ -176,8 +214,12 @@ def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, repo
             if end and carry and rereads:  # the cut line comes again at the next block's start
                 handle.seek(base)
                 carry = b""
-    if carry and not skipping and (stop is None or base < stop) and \
-            _last_line_kept(path, carry, base, skip_corrupt, report):
+    if (
+        carry
+        and not skipping
+        and (stop is None or base < stop)
+        and _last_line_kept(path, carry, base, skip_corrupt, report)
+    ):
         yield carry + b"\n", len(carry) + 1, base
 
 
@@ -200,19 +242,19 @@ def line_views(path: str, chunk_bytes: int, skip_corrupt=False, report=None):
                 buf = buf[:held] + bytearray(held + 2 * chunk_bytes)
             view = memoryview(buf)
             try:
-                read = handle.readinto(view[held:held + chunk_bytes])
+                read = handle.readinto(view[held : held + chunk_bytes])
             except OSError as error:
                 raise InputError(path, f"cannot be read: {error}") from error
             filled = held + (read or 0)
             if not read:
                 if held and _last_line_kept(path, view[:held], base, skip_corrupt, report):
-                    buf[held:held + 1] = b"\n"  # a last line without a newline gets one
-                    yield _lines_of(view[:held + 1])
+                    buf[held : held + 1] = b"\n"  # a last line without a newline gets one
+                    yield _lines_of(view[: held + 1])
                 return
             end = buf.rfind(b"\n", 0, filled) + 1
             if end:
                 yield _lines_of(view[:end])
-                buf[:filled - end] = buf[end:filled]
+                buf[: filled - end] = buf[end:filled]
             held, base = filled - end, base + end
 
 
@@ -233,9 +275,14 @@ def known_line_chunks(path: str, next_lengths, chunk_bytes: int, skip_corrupt=Fa
                 break
             bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
             buf = read_up_to(handle, path, int(bounds[-1]), compressed)
-            if len(buf) == bounds[-1] - 1 and buf and buf[-1:] != b"\n":  # a last line without its newline:
+            if (
+                len(buf) == bounds[-1] - 1 and buf and buf[-1:] != b"\n"
+            ):  # a last line without its newline:
                 buf += b"\n"  # it gets one, as line_blocks gives it
-            if len(buf) != bounds[-1] or (np.frombuffer(buf, np.uint8)[bounds[1:] - 1] != _NEWLINE).any():
+            if (
+                len(buf) != bounds[-1]
+                or (np.frombuffer(buf, np.uint8)[bounds[1:] - 1] != _NEWLINE).any()
+            ):
                 raise InputError(path, _CHANGED)
             check_text(path, buf, bounds, lines, base)
             records, positions, blank = json_records(buf, bounds, base)
@@ -268,7 +315,9 @@ _CHANGED = "changed during the run: its lines are not where the first pass found
 
 def _lines_of(data: memoryview) -> tuple:
     """``(lines, raw)`` of whole lines ``data``: a binary array over it (no copy) and its bytes."""
-    return binary_table(LINE_COLUMN, data, _line_bounds(data)).column(0).chunk(0), np.frombuffer(data, np.uint8)
+    return binary_table(LINE_COLUMN, data, _line_bounds(data)).column(0).chunk(0), np.frombuffer(
+        data, np.uint8
+    )
 
 
 class JsonlFormat(Payloads):
@@ -286,7 +335,9 @@ class JsonlFormat(Payloads):
     def can_split(self, path, skip_corrupt=False):
         return compression_of(path) == "uncompressed"  # a compressed stream is read from its start
 
-    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+    def read_placed(
+        self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None
+    ):
         """Lines with their byte offsets (``line_blocks``; a span's reader names a bad line by its
         offset); a cut last line is skipped and counted in ``report`` under ``skip_corrupt``."""
         lines = 0 if not span or not span[0] else None
@@ -320,7 +371,11 @@ def _line_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
     without one is a record too)."""
     raw = raw_bytes(buffer, path)
     ends = np.flatnonzero(raw == _NEWLINE)
-    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64) if len(ends) else np.zeros(0, np.int64)
+    starts = (
+        np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
+        if len(ends)
+        else np.zeros(0, np.int64)
+    )
     if len(raw) and (not len(ends) or ends[-1] != len(raw) - 1):
         starts = np.append(starts, ends[-1] + 1 if len(ends) else 0)
         ends = np.append(ends, len(raw))

@@ -12,25 +12,44 @@ import google_crc32c
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.io import storage
-from pileshuffle.records.crc import (FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, mask_crcs, masked_crc,
-                             payloads_match_stored_crcs, stored_data_crcs, unmask_crcs)
 from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import binary_column_parts, payload_hashes
-from pileshuffle.formats.base import (DEFAULT_CHUNK_BYTES, RECORD_COLUMN, Payloads, binary_table, open_at, open_input,
-                                      read_block)
+from pileshuffle.formats.base import (
+    DEFAULT_CHUNK_BYTES,
+    RECORD_COLUMN,
+    Payloads,
+    binary_table,
+    open_at,
+    open_input,
+    read_block,
+)
 from pileshuffle.formats.views import payload_views, raw_bytes
-from pileshuffle.names import FRAME_COLUMN
+from pileshuffle.io import storage
 from pileshuffle.io.storage import compression_of
+from pileshuffle.names import FRAME_COLUMN
+from pileshuffle.records.crc import (
+    FOOTER_BYTES,
+    HEADER_BYTES,
+    length_crcs_ok,
+    mask_crcs,
+    masked_crc,
+    payloads_match_stored_crcs,
+    stored_data_crcs,
+    unmask_crcs,
+)
+from pileshuffle.records.fingerprint import binary_column_parts, payload_hashes
 
 __all__ = ["TFRecordFormat", "frame", "scan_frames"]
 
 _CRC_WINDOW_BYTES = 2 << 20
 _RESYNC_WINDOW_BYTES = 64 << 10  # _resync's first look; each next window is twice the last
 
-_IN_SPANS = (" where a record of the file read from its middle ends: a record's payload holds TFRecord records, and "
-             "such a file cannot be read in spans (give it compressed, .gz is read whole, or as smaller files)")
-_NOT_TFRECORD = " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
+_IN_SPANS = (
+    " where a record of the file read from its middle ends: a record's payload holds TFRecord records, and "
+    "such a file cannot be read in spans (give it compressed, .gz is read whole, or as smaller files)"
+)
+_NOT_TFRECORD = (
+    " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
+)
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -38,15 +57,24 @@ def _not_tfrecord(first_bytes) -> str:
     """The hint for a file whose first frame's header fails: gzip's magic (a compressed TFRecord
     named without .gz, as tf.data's compression_type="GZIP" allows), else another format."""
     if bytes(first_bytes[:2]) == _GZIP_MAGIC:
-        return (" (the file starts with gzip's magic bytes: it is compressed; name it .tfrecord.gz, which "
-                "pileshuffle reads as gzip)")
+        return (
+            " (the file starts with gzip's magic bytes: it is compressed; name it .tfrecord.gz, which "
+            "pileshuffle reads as gzip)"
+        )
     return _NOT_TFRECORD
 
 
 def frame(payload: bytes) -> bytes:
     """``payload`` as one TFRecord frame: length, its masked CRC32C, payload, its masked CRC32C."""
     header = struct.pack("<Q", len(payload))
-    return b"".join((header, struct.pack("<I", masked_crc(header)), payload, struct.pack("<I", masked_crc(payload))))
+    return b"".join(
+        (
+            header,
+            struct.pack("<I", masked_crc(header)),
+            payload,
+            struct.pack("<I", masked_crc(payload)),
+        )
+    )
 
 
 def _walk(buf: bytes, size: int):
@@ -78,7 +106,11 @@ def scan_frames(buf: bytes, base_offset: int = 0):
     raw = np.frombuffer(buf, dtype=np.uint8)
     begin = np.asarray(starts, dtype=np.int64)
     ends = np.append(begin[1:], pos) if len(starts) else begin
-    headers = raw[begin[:, None] + np.arange(HEADER_BYTES)] if len(starts) else np.zeros((0, HEADER_BYTES), np.uint8)
+    headers = (
+        raw[begin[:, None] + np.arange(HEADER_BYTES)]
+        if len(starts)
+        else np.zeros((0, HEADER_BYTES), np.uint8)
+    )
     header_ok = length_crcs_ok(headers)
     stored = stored_data_crcs(raw, ends)
     if header_ok.all() and payloads_match_stored_crcs(raw, begin, ends, stored):
@@ -86,8 +118,12 @@ def scan_frames(buf: bytes, base_offset: int = 0):
     else:
         value = google_crc32c.value
         data_crcs = np.fromiter(
-            (value(buf[a:b]) for a, b in zip((begin + HEADER_BYTES).tolist(), (ends - FOOTER_BYTES).tolist())),
-            dtype=np.uint64, count=len(starts),
+            (
+                value(buf[a:b])
+                for a, b in zip((begin + HEADER_BYTES).tolist(), (ends - FOOTER_BYTES).tolist())
+            ),
+            dtype=np.uint64,
+            count=len(starts),
         )
         bad = np.flatnonzero(~(header_ok & (mask_crcs(data_crcs) == stored)))
     if len(bad):
@@ -95,8 +131,15 @@ def scan_frames(buf: bytes, base_offset: int = 0):
         if not header_ok[first]:
             return starts[:first], starts[first], "corrupt record: the length field fails its CRC"
         length = int(ends[first] - begin[first]) - HEADER_BYTES - FOOTER_BYTES
-        return starts[:first], starts[first], f"corrupt record: the data ({length} bytes) fails its CRC"
-    if pos + HEADER_BYTES <= size and masked_crc(buf[pos : pos + 8]) != struct.unpack_from("<I", buf, pos + 8)[0]:
+        return (
+            starts[:first],
+            starts[first],
+            f"corrupt record: the data ({length} bytes) fails its CRC",
+        )
+    if (
+        pos + HEADER_BYTES <= size
+        and masked_crc(buf[pos : pos + 8]) != struct.unpack_from("<I", buf, pos + 8)[0]
+    ):
         return starts, pos, "corrupt record: the length field fails its CRC"
     return starts, pos, None
 
@@ -111,15 +154,22 @@ def _synced(handle, path: str, base: int, chunk_bytes: int, file_size):
         block = read_block(handle, path, chunk_bytes, False)
         buf += block
         at = _resync(buf, looked)
-        while at is not None and file_size is not None and base + at + HEADER_BYTES + struct.unpack_from("<Q", buf, at)[0] + FOOTER_BYTES > file_size:
+        while (
+            at is not None
+            and file_size is not None
+            and base + at + HEADER_BYTES + struct.unpack_from("<Q", buf, at)[0] + FOOTER_BYTES
+            > file_size
+        ):
             at = _resync(buf, at)  # a length past the end of the file: no frame
-        if at is not None and at + HEADER_BYTES + struct.unpack_from("<Q", buf, at)[0] + FOOTER_BYTES <= len(buf):
+        if at is not None and at + HEADER_BYTES + struct.unpack_from("<Q", buf, at)[
+            0
+        ] + FOOTER_BYTES <= len(buf):
             return buf[at:], base + at  # whole in buf: _resync checked its data
         if not block:
             return None, None
         if at is None:  # keep what may still start a frame: a header cut by the block end
             keep = min(len(buf), HEADER_BYTES - 1)
-            base, buf, looked = base + len(buf) - keep, buf[len(buf) - keep:], -1
+            base, buf, looked = base + len(buf) - keep, buf[len(buf) - keep :], -1
         else:
             looked = at - 1  # its data runs past what was read: read more, look at it again
 
@@ -130,7 +180,10 @@ def _header_at(path: str, offset: int) -> bool:
     (damage never breaks a walk there: a frame is at least 16 bytes)."""
     with open_at(path, offset) as handle:
         header = handle.read(HEADER_BYTES)
-    return len(header) == HEADER_BYTES and masked_crc(header[:8]) == struct.unpack_from("<I", header, 8)[0]
+    return (
+        len(header) == HEADER_BYTES
+        and masked_crc(header[:8]) == struct.unpack_from("<I", header, 8)[0]
+    )
 
 
 def _size_of(path):
@@ -167,7 +220,11 @@ def _first_frame_in(buf: bytes, raw: np.ndarray, first: int, stop: int):
         header_ok = length_crcs_ok(raw[at[:, None] + np.arange(HEADER_BYTES)])
         for pos in at[header_ok].tolist():
             end = pos + HEADER_BYTES + int.from_bytes(buf[pos : pos + 4], "little") + FOOTER_BYTES
-            if end > size or masked_crc(buf[pos + HEADER_BYTES : end - FOOTER_BYTES]) == struct.unpack_from("<I", buf, end - FOOTER_BYTES)[0]:
+            if (
+                end > size
+                or masked_crc(buf[pos + HEADER_BYTES : end - FOOTER_BYTES])
+                == struct.unpack_from("<I", buf, end - FOOTER_BYTES)[0]
+            ):
                 return pos
     return None
 
@@ -179,7 +236,9 @@ class TFRecordFormat(Payloads):
     name = "tfrecord"
     extension = ".tfrecord"
     record_column = FRAME_COLUMN
-    checks_every_byte = True  # each frame's length and data under their CRCs: the loader's CRC32C would repeat them
+    checks_every_byte = (
+        True  # each frame's length and data under their CRCs: the loader's CRC32C would repeat them
+    )
     before, after = HEADER_BYTES, FOOTER_BYTES
 
     def record_hashes(self, table):
@@ -192,14 +251,18 @@ class TFRecordFormat(Payloads):
         # a damaged file under --skip_corrupt is read whole: where a skip resumes is the walk's from the start
         return compression_of(path) == "uncompressed" and not skip_corrupt
 
-    def read_placed(self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None):
+    def read_placed(
+        self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None
+    ):
         if span is not None:
             yield from self._read_span(path, chunk_bytes, span, report)
             return
         compressed = compression_of(path) != "uncompressed"
         file_size = None if compressed else _size_of(path)
         with open_input(path) as handle:
-            yield from self._frames(handle, path, b"", 0, compressed, skip_corrupt, report, chunk_bytes, file_size)
+            yield from self._frames(
+                handle, path, b"", 0, compressed, skip_corrupt, report, chunk_bytes, file_size
+            )
 
     def _read_span(self, path, chunk_bytes, span, report):
         """The frames that start in ``span`` = ``(start, stop)`` (strict reading): from the file's
@@ -211,34 +274,50 @@ class TFRecordFormat(Payloads):
         file_size = _size_of(path)
         report.reached = (None, None)
         with open_at(path, start) as handle:
-            buf, first = (b"", 0) if not start else _synced(handle, path, start, chunk_bytes, file_size)  # the first: walked
+            buf, first = (
+                (b"", 0) if not start else _synced(handle, path, start, chunk_bytes, file_size)
+            )  # the first: walked
             if buf is None or first >= stop:
                 return
             try:
-                for table, places in self._frames(handle, path, buf, first, False, False, report, chunk_bytes, file_size):
+                for table, places in self._frames(
+                    handle, path, buf, first, False, False, report, chunk_bytes, file_size
+                ):
                     owned = int(np.searchsorted(places, stop))
                     if owned:
                         yield table.slice(0, owned), places[:owned]
-                    if owned < len(places):  # the walk goes on past the span (that frame checked whole)
+                    if owned < len(
+                        places
+                    ):  # the walk goes on past the span (that frame checked whole)
                         report.reached = (first, int(places[owned]))
                         return
-            except InputError as error:  # damage, or a walk begun inside a payload that holds frames
+            except (
+                InputError
+            ) as error:  # damage, or a walk begun inside a payload that holds frames
                 if error.offset is None or not _header_at(path, error.offset + FOOTER_BYTES):
                     raise
                 raise InputError(path, error.problem + _IN_SPANS, error.offset) from None
             report.reached = (first, file_size)
 
-    def _frames(self, handle, path, buf, base, compressed, skip_corrupt, report, chunk_bytes, file_size):
+    def _frames(
+        self, handle, path, buf, base, compressed, skip_corrupt, report, chunk_bytes, file_size
+    ):
         """``(table, places)`` of every frame from file offset ``base`` (``buf``: bytes read there) to the end."""
         eof = False
         while not eof:
             block = read_block(handle, path, chunk_bytes, compressed)
             eof = not block
             buf = buf + block if buf else block
-            buf, base = yield from self._drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size)
-            if buf and not eof:  # finish the frame cut by the block end, so the next block starts on a frame
+            buf, base = yield from self._drain(
+                path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size
+            )
+            if (
+                buf and not eof
+            ):  # finish the frame cut by the block end, so the next block starts on a frame
                 buf = self._complete_frame(handle, path, buf, chunk_bytes, compressed)
-                buf, base = yield from self._drain(path, buf, base, False, skip_corrupt, report, chunk_bytes, file_size)
+                buf, base = yield from self._drain(
+                    path, buf, base, False, skip_corrupt, report, chunk_bytes, file_size
+                )
         if buf:
             self._truncated(path, buf, base, skip_corrupt, report)
 
@@ -270,17 +349,26 @@ class TFRecordFormat(Payloads):
         while True:
             starts, end, problem = scan_frames(buf, base)
             if starts:
-                yield binary_table(FRAME_COLUMN, buf, np.append(starts, end)), base + np.asarray(starts, np.int64)
+                yield (
+                    binary_table(FRAME_COLUMN, buf, np.append(starts, end)),
+                    base + np.asarray(starts, np.int64),
+                )
             if problem is None and file_size is not None and len(buf) - end >= HEADER_BYTES:
                 need = HEADER_BYTES + struct.unpack_from("<Q", buf, end)[0] + FOOTER_BYTES
                 if base + end + need > file_size:
-                    problem = (f"truncated record: its header says {need} bytes but only "
-                               f"{file_size - base - end} remain in the file")
+                    problem = (
+                        f"truncated record: its header says {need} bytes but only "
+                        f"{file_size - base - end} remain in the file"
+                    )
             if problem is None:
                 return buf[end:], base + end
             if not skip_corrupt:
-                raise InputError(path, problem + (_not_tfrecord(buf) if base + end == 0 and "length" in problem else ""),
-                                 base + end)
+                raise InputError(
+                    path,
+                    problem
+                    + (_not_tfrecord(buf) if base + end == 0 and "length" in problem else ""),
+                    base + end,
+                )
             good = _resync(buf, end)
             if good is None and not eof and len(buf) - end < 4 * chunk_bytes:
                 return buf[end:], base + end  # read more before deciding where to resume
@@ -291,7 +379,9 @@ class TFRecordFormat(Payloads):
     @staticmethod
     def _truncated(path, buf, base, skip_corrupt, report):
         if len(buf) < HEADER_BYTES:
-            problem = f"truncated record: {len(buf)} bytes at the end of the file, too short for a header"
+            problem = (
+                f"truncated record: {len(buf)} bytes at the end of the file, too short for a header"
+            )
         else:
             (length,) = struct.unpack_from("<Q", buf, 0)
             need = HEADER_BYTES + length + FOOTER_BYTES
@@ -324,7 +414,9 @@ def _frame_payload_stats(column) -> tuple:
         if len(chunk) == 0:
             continue
         _, offsets_buffer, data_buffer = chunk.buffers()
-        offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[chunk.offset : chunk.offset + len(chunk) + 1].astype(np.int64)
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[
+            chunk.offset : chunk.offset + len(chunk) + 1
+        ].astype(np.int64)
         raw = np.frombuffer(data_buffer, dtype=np.uint8)
         crcs.append(unmask_crcs(stored_data_crcs(raw, offsets[1:])))
         lengths.append(np.diff(offsets) - HEADER_BYTES - FOOTER_BYTES)
@@ -357,16 +449,26 @@ def _frame_starts(raw: np.ndarray, path: str) -> np.ndarray:
     starts = np.asarray(starts, dtype=np.int64)
     if pos != size:
         _check_headers(raw, starts[:-1], path)  # a bad length field explains it better
-        raise InputError(path, f"truncated record: the frame at this offset needs {pos - starts[-2]:,} bytes "
-                               f"but only {size - starts[-2]:,} remain in the file", int(starts[-2]))
+        raise InputError(
+            path,
+            f"truncated record: the frame at this offset needs {pos - starts[-2]:,} bytes "
+            f"but only {size - starts[-2]:,} remain in the file",
+            int(starts[-2]),
+        )
     return starts
 
 
 def _headers(raw: np.ndarray, begin: np.ndarray) -> np.ndarray:
     """The (n, 12) header bytes of frames starting at ``begin`` (a view when equally spaced)."""
     step = int(begin[1] - begin[0]) if len(begin) > 1 else 0
-    if step >= HEADER_BYTES and int(begin[0]) + step * len(begin) <= len(raw) and (np.diff(begin) == step).all():
-        return raw[int(begin[0]) : int(begin[0]) + step * len(begin)].reshape(len(begin), step)[:, :HEADER_BYTES]
+    if (
+        step >= HEADER_BYTES
+        and int(begin[0]) + step * len(begin) <= len(raw)
+        and (np.diff(begin) == step).all()
+    ):
+        return raw[int(begin[0]) : int(begin[0]) + step * len(begin)].reshape(len(begin), step)[
+            :, :HEADER_BYTES
+        ]
     return raw[begin[:, None] + np.arange(HEADER_BYTES)]
 
 
@@ -375,7 +477,9 @@ def _check_headers(raw: np.ndarray, begin: np.ndarray, path: str):
         return
     ok = length_crcs_ok(_headers(raw, begin))
     if not ok.all():
-        raise InputError(path, "corrupt record: the length field fails its CRC", int(begin[np.argmin(ok)]))
+        raise InputError(
+            path, "corrupt record: the length field fails its CRC", int(begin[np.argmin(ok)])
+        )
 
 
 def _check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
@@ -388,8 +492,12 @@ def _check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
             stored = stored_data_crcs(raw, ends[window]).tolist()
             for a, b, crc in zip(begin[window].tolist(), ends[window].tolist(), stored):
                 if masked_crc(raw[a + HEADER_BYTES : b - FOOTER_BYTES]) != crc:
-                    raise InputError(path, f"corrupt record: the data ({b - a - HEADER_BYTES - FOOTER_BYTES} bytes) "
-                                           "fails its CRC", a)
+                    raise InputError(
+                        path,
+                        f"corrupt record: the data ({b - a - HEADER_BYTES - FOOTER_BYTES} bytes) "
+                        "fails its CRC",
+                        a,
+                    )
 
 
 def _tfrecord_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
@@ -397,4 +505,6 @@ def _tfrecord_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarr
     raw = raw_bytes(buffer, path)
     starts = _frame_starts(raw, path)
     _check_frames(raw, starts, path)
-    return payload_views(raw, starts[:-1] + HEADER_BYTES, np.diff(starts) - HEADER_BYTES - FOOTER_BYTES, buffer_index)
+    return payload_views(
+        raw, starts[:-1] + HEADER_BYTES, np.diff(starts) - HEADER_BYTES - FOOTER_BYTES, buffer_index
+    )

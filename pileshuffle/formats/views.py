@@ -7,7 +7,6 @@ offset) pointing at its payload: no payload is copied until a batch turns into P
 finds its payloads in a buffer (``RecordFormat.payload_views``); this module makes the views.
 """
 
-
 import numpy as np
 import pyarrow as pa
 
@@ -16,10 +15,14 @@ from pileshuffle.errors import InputError
 __all__ = ["VIEW_ITEM", "payload_views", "raw_bytes", "shift_buffers", "value_views", "view_array"]
 
 _MAX_BUFFER_BYTES = 2**31 - 1  # a view's offset is an int32
-VIEW_ITEM = np.dtype((np.void, 16))  # one view as one numpy item: 8x faster to gather or scatter than (n, 16) uint8
+VIEW_ITEM = np.dtype(
+    (np.void, 16)
+)  # one view as one numpy item: 8x faster to gather or scatter than (n, 16) uint8
 
 
-def payload_views(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, buffer_index: int) -> np.ndarray:
+def payload_views(
+    raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, buffer_index: int
+) -> np.ndarray:
     """Arrow binary-view rows (n, 16 uint8) for payloads ``raw[starts[i] : starts[i] + lengths[i]]``
     of data buffer ``buffer_index``: payloads of at most 12 bytes inline, others by
     (length, 4-byte prefix, buffer index, offset). Temporaries are a few words per record."""
@@ -48,7 +51,10 @@ def payload_views(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, buff
 def raw_bytes(buffer: pa.Buffer, path: str) -> np.ndarray:
     """``buffer`` as uint8 (no copy); refuses one over 2 GiB, which a view's int32 offset cannot reach."""
     if buffer.size > _MAX_BUFFER_BYTES:
-        raise InputError(path, f"is {buffer.size:,} bytes: the loader reads files of at most 2 GiB (use more piles)")
+        raise InputError(
+            path,
+            f"is {buffer.size:,} bytes: the loader reads files of at most 2 GiB (use more piles)",
+        )
     return np.frombuffer(buffer, dtype=np.uint8)
 
 
@@ -61,7 +67,9 @@ def value_views(values: pa.Buffer, offsets: np.ndarray) -> np.ndarray:
 
 def view_array(views: np.ndarray, buffers) -> pa.Array:
     """A ``binary_view`` Arrow array over ``buffers`` from view rows (no data copied)."""
-    return pa.Array.from_buffers(pa.binary_view(), len(views), [None, pa.py_buffer(np.ascontiguousarray(views)), *buffers])
+    return pa.Array.from_buffers(
+        pa.binary_view(), len(views), [None, pa.py_buffer(np.ascontiguousarray(views)), *buffers]
+    )
 
 
 def shift_buffers(views: np.ndarray, by: int) -> np.ndarray:

@@ -26,7 +26,9 @@ from pileshuffle.errors import InputError
 __all__ = ["Crc32cWriter", "crc32c_hex", "crc32c_mismatch", "check_crc32c", "unreadable_bytes"]
 
 
-_UNLOCKED_BYTES = 1 << 20  # from this size on a CRC lets go of the GIL (as google_crc32c does for bytes)
+_UNLOCKED_BYTES = (
+    1 << 20
+)  # from this size on a CRC lets go of the GIL (as google_crc32c does for bytes)
 
 
 def crc32c_hex(data) -> str:
@@ -37,7 +39,11 @@ def crc32c_hex(data) -> str:
 def _extend(crc: int, data) -> int:
     """``crc`` extended by ``data``'s bytes, without the GIL when they are many."""
     native = _native_library()
-    if native is None or isinstance(data, bytes) or len(memoryview(data).cast("B")) < _UNLOCKED_BYTES:
+    if (
+        native is None
+        or isinstance(data, bytes)
+        or len(memoryview(data).cast("B")) < _UNLOCKED_BYTES
+    ):
         return google_crc32c.extend(crc, _read_only(data))
     array = np.frombuffer(data, dtype=np.uint8)
     return native.crc32c_extend(crc, array.ctypes.data, array.size)
@@ -47,8 +53,12 @@ def _extend(crc: int, data) -> int:
 def _native_library():
     """Google's crc32c library as ``google_crc32c``'s wheel ships it (or the system's) through
     ``ctypes``, whose calls let go of the GIL; None where it is not found (the binding does then)."""
-    beside = os.path.join(os.path.dirname(os.path.dirname(google_crc32c.__file__)), "google_crc32c.libs")
-    for path in sorted(glob.glob(os.path.join(beside, "libcrc32c*"))) + [ctypes.util.find_library("crc32c")]:
+    beside = os.path.join(
+        os.path.dirname(os.path.dirname(google_crc32c.__file__)), "google_crc32c.libs"
+    )
+    for path in sorted(glob.glob(os.path.join(beside, "libcrc32c*"))) + [
+        ctypes.util.find_library("crc32c")
+    ]:
         try:
             library = ctypes.CDLL(path) if path else None
         except OSError:
@@ -109,8 +119,11 @@ def check_crc32c(name: str, data, listed: str, then: str = ""):
     (None: nothing to check); ``then``: what is not done because of it."""
     mismatch = crc32c_mismatch(data, listed)
     if mismatch is not None:
-        raise InputError(name, f"is damaged: {mismatch} (changed after it was written; `pileshuffle verify` "
-                               f"names every damaged file){then}")
+        raise InputError(
+            name,
+            f"is damaged: {mismatch} (changed after it was written; `pileshuffle verify` "
+            f"names every damaged file){then}",
+        )
 
 
 def unreadable_bytes(path: str, error: Exception) -> str:

@@ -28,9 +28,24 @@ import time
 
 from pileshuffle.errors import InputError, PileshuffleError
 
-__all__ = ["EMULATOR_VARIABLE", "FIRST_CONTACT_SECONDS", "TRANSIENT_RETRY_SECONDS", "ATTEMPT_SECONDS", "emulator",
-           "arrow_gcs", "configure_beam", "first_contact", "explain", "create_if_absent", "read_range", "patiently", "patiently_on",
-           "report_retries", "refused", "refusals_explained"]
+__all__ = [
+    "EMULATOR_VARIABLE",
+    "FIRST_CONTACT_SECONDS",
+    "TRANSIENT_RETRY_SECONDS",
+    "ATTEMPT_SECONDS",
+    "emulator",
+    "arrow_gcs",
+    "configure_beam",
+    "first_contact",
+    "explain",
+    "create_if_absent",
+    "read_range",
+    "patiently",
+    "patiently_on",
+    "report_retries",
+    "refused",
+    "refusals_explained",
+]
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 # pyarrow's default is 15 minutes of retries, and without credentials it waits out all of them.
@@ -40,8 +55,10 @@ FIRST_CONTACT_SECONDS = 8
 TRANSIENT_RETRY_SECONDS = 120
 # pyarrow's own retries per attempt of ``patiently``: short, so a persisting error is said on stderr.
 ATTEMPT_SECONDS = 5
-_TRANSIENT = re.compile(r"UNAVAILABLE|RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|\b(429|500|502|503|504)\b|"
-                        r"Retry policy exhausted|Could not connect|Connection reset")
+_TRANSIENT = re.compile(
+    r"UNAVAILABLE|RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|\b(429|500|502|503|504)\b|"
+    r"Retry policy exhausted|Could not connect|Connection reset"
+)
 
 
 def emulator():
@@ -65,7 +82,9 @@ def _arrow_gcs(endpoint, retry_seconds: float):
     if endpoint is None:
         return pafs.GcsFileSystem(retry_time_limit=limit)
     scheme, host = endpoint
-    return pafs.GcsFileSystem(anonymous=True, scheme=scheme, endpoint_override=host, retry_time_limit=limit)
+    return pafs.GcsFileSystem(
+        anonymous=True, scheme=scheme, endpoint_override=host, retry_time_limit=limit
+    )
 
 
 def arrow_gcs(retry_seconds: float = ATTEMPT_SECONDS):
@@ -128,7 +147,7 @@ def create_if_absent(path: str, data: bytes):
     from google.api_core import exceptions
 
     first_contact(path)
-    bucket, _, name = path[len("gs://"):].partition("/")
+    bucket, _, name = path[len("gs://") :].partition("/")
     blob = _storage_client(emulator()).bucket(bucket).blob(name)
     try:
         blob.upload_from_string(data, if_generation_match=0, timeout=FIRST_CONTACT_SECONDS * 4)
@@ -142,12 +161,18 @@ def read_range(path: str, offset: int, length: int) -> bytes:
     """``length`` bytes of the ``gs://`` object ``path`` from ``offset``: one ranged GET (no
     metadata read first), retried like every other request (``patiently``)."""
     first_contact(path)
-    bucket, _, name = path[len("gs://"):].partition("/")
+    bucket, _, name = path[len("gs://") :].partition("/")
     blob = _storage_client(emulator()).bucket(bucket).blob(name)
-    data = patiently(path, lambda: blob.download_as_bytes(start=offset, end=offset + length - 1, checksum=None,
-                                                          timeout=FIRST_CONTACT_SECONDS * 4))
+    data = patiently(
+        path,
+        lambda: blob.download_as_bytes(
+            start=offset, end=offset + length - 1, checksum=None, timeout=FIRST_CONTACT_SECONDS * 4
+        ),
+    )
     if len(data) != length:
-        raise OSError(f"{path}: read {len(data):,} bytes at {offset:,} where {length:,} were expected (a shorter object)")
+        raise OSError(
+            f"{path}: read {len(data):,} bytes at {offset:,} where {length:,} were expected (a shorter object)"
+        )
     return data
 
 
@@ -164,8 +189,11 @@ def patiently(path: str, attempt):
             if not _TRANSIENT.search(str(error)) or waited > TRANSIENT_RETRY_SECONDS:
                 raise
             tries += 1
-            print(f"pileshuffle: {path}: {explain(error)}; retrying ({waited:.0f} s so far)", file=sys.stderr)
-            time.sleep(min(2.0 ** tries, 16.0))
+            print(
+                f"pileshuffle: {path}: {explain(error)}; retrying ({waited:.0f} s so far)",
+                file=sys.stderr,
+            )
+            time.sleep(min(2.0**tries, 16.0))
 
 
 def patiently_on(path: str, filesystem, attempt):
@@ -182,7 +210,10 @@ class _RetryReport(logging.Handler):
     def emit(self, record):
         found = re.match(r"Retrying due to (.*), sleeping ([0-9.]+)s", record.getMessage(), re.S)
         if found:
-            print(f"pileshuffle: {explain(found.group(1))}; retrying in {found.group(2)} s", file=sys.stderr)
+            print(
+                f"pileshuffle: {explain(found.group(1))}; retrying in {found.group(2)} s",
+                file=sys.stderr,
+            )
 
 
 def report_retries():
@@ -202,7 +233,7 @@ def first_contact(path: str):
     an ``InputError`` naming ``path`` and the cause otherwise. Only ``gs://`` paths are checked."""
     if not path.startswith("gs://"):
         return
-    bucket, _, name = path[len("gs://"):].partition("/")
+    bucket, _, name = path[len("gs://") :].partition("/")
     key = (emulator(), bucket)
     with _contact_lock:
         if key in _contacted:
@@ -241,13 +272,20 @@ def _where() -> str:
 
 
 _CAUSES = [  # (what the client library says, what it means), first match wins
-    (r"OAuth2 access token|credentials were not found|DefaultCredentialsError",
-     "no Google Cloud credentials found: run `gcloud auth application-default login`, set "
-     "GOOGLE_APPLICATION_CREDENTIALS to a key file, or set STORAGE_EMULATOR_HOST for an emulator"),
-    (r"Could not connect|Couldn't connect|Connection refused|Failed to establish|Could not resolve|"
-     r"Name or service not known|timed out|Timeout",
-     "cannot reach Cloud Storage{where}"),
-    (r"\b429\b|Too Many Requests|RESOURCE_EXHAUSTED", "Cloud Storage is throttling requests (429){where}"),
+    (
+        r"OAuth2 access token|credentials were not found|DefaultCredentialsError",
+        "no Google Cloud credentials found: run `gcloud auth application-default login`, set "
+        "GOOGLE_APPLICATION_CREDENTIALS to a key file, or set STORAGE_EMULATOR_HOST for an emulator",
+    ),
+    (
+        r"Could not connect|Couldn't connect|Connection refused|Failed to establish|Could not resolve|"
+        r"Name or service not known|timed out|Timeout",
+        "cannot reach Cloud Storage{where}",
+    ),
+    (
+        r"\b429\b|Too Many Requests|RESOURCE_EXHAUSTED",
+        "Cloud Storage is throttling requests (429){where}",
+    ),
     (r"\b503\b|Service Unavailable|\b50[024]\b", "Cloud Storage is unavailable (5xx){where}"),
     (r"PERMISSION_DENIED|\b403\b|Forbidden", "permission denied{where}"),
     (r"UNAUTHENTICATED|\b401\b|Unauthorized", "the credentials were refused{where}"),
@@ -255,8 +293,10 @@ _CAUSES = [  # (what the client library says, what it means), first match wins
 ]
 
 
-_REFUSED = re.compile(r"PERMISSION_DENIED|\b403\b|Forbidden|UNAUTHENTICATED|\b401\b|Unauthorized|"
-                      r"OAuth2 access token|credentials were not found")
+_REFUSED = re.compile(
+    r"PERMISSION_DENIED|\b403\b|Forbidden|UNAUTHENTICATED|\b401\b|Unauthorized|"
+    r"OAuth2 access token|credentials were not found"
+)
 
 
 def refused(error: BaseException) -> bool:
@@ -269,6 +309,7 @@ def refusals_explained(operation):
     """``operation`` (its first argument a path, a pattern or a list of them), with a refusal
     by a remote store (``refused``: permission, credentials) raised as an ``InputError`` naming
     the path and the cause in one line. Every ``storage`` operation wears it."""
+
     @functools.wraps(operation)
     def explained(where, *args, **kwargs):
         try:

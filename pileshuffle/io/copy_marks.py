@@ -18,12 +18,20 @@ import collections
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.io.checksums import crc32c_hex
 from pileshuffle.errors import InputError
+from pileshuffle.io.checksums import crc32c_hex
 from pileshuffle.names import FRAGMENT_EXTENSION
 
-__all__ = ["COPIES_SUFFIX", "COPIES_SCHEMA", "NONE", "copies_name", "encode_copies", "read_copies", "hidden_rows",
-           "visible_places"]
+__all__ = [
+    "COPIES_SUFFIX",
+    "COPIES_SCHEMA",
+    "NONE",
+    "copies_name",
+    "encode_copies",
+    "read_copies",
+    "hidden_rows",
+    "visible_places",
+]
 
 COPIES_SUFFIX = ".copies.arrows"
 COPIES_SCHEMA = pa.schema([("row", pa.int64()), ("earlier", pa.int32())])
@@ -39,15 +47,21 @@ def encode_copies(relative: str, earlier: np.ndarray) -> tuple:
     """``(bytes, manifest entry)`` of the copies file at ``relative`` for a data file whose rows have
     ``earlier`` (one int per row, ``NONE`` where no earlier row repeats it)."""
     rows = np.flatnonzero(earlier != NONE)
-    table = pa.table({"row": pa.array(rows, pa.int64()), "earlier": pa.array(earlier[rows], pa.int32())},
-                     schema=COPIES_SCHEMA)
+    table = pa.table(
+        {"row": pa.array(rows, pa.int64()), "earlier": pa.array(earlier[rows], pa.int32())},
+        schema=COPIES_SCHEMA,
+    )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, COPIES_SCHEMA) as writer:
         writer.write_table(table)
     data = sink.getvalue().to_pybytes()
     counts = collections.Counter(earlier[rows].tolist())
-    return data, {"path": relative, "bytes": len(data), "crc32c": crc32c_hex(data),
-                  "earlier": {str(g): counts[g] for g in sorted(counts)}}
+    return data, {
+        "path": relative,
+        "bytes": len(data),
+        "crc32c": crc32c_hex(data),
+        "earlier": {str(g): counts[g] for g in sorted(counts)},
+    }
 
 
 def read_copies(data, name: str) -> tuple:

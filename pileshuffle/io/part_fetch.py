@@ -22,11 +22,19 @@ import collections
 import concurrent.futures
 import dataclasses
 
-from pileshuffle.io import cloud, storage
 from pileshuffle.errors import OutputError, PileshuffleError
+from pileshuffle.io import cloud, storage
 
-__all__ = ["IN_FLIGHT", "BYTES_IN_FLIGHT", "GAP_BYTES", "MAX_REQUEST_BYTES", "Request",
-           "RangeReadError", "coalesce", "in_order"]
+__all__ = [
+    "IN_FLIGHT",
+    "BYTES_IN_FLIGHT",
+    "GAP_BYTES",
+    "MAX_REQUEST_BYTES",
+    "Request",
+    "RangeReadError",
+    "coalesce",
+    "in_order",
+]
 
 IN_FLIGHT = 32  # requests at once per call (a pile): a 30-50 ms GET then costs ~1-2 ms a part
 BYTES_IN_FLIGHT = 128 << 20  # read-ahead per call: started, not yet handed over (the pile's bytes)
@@ -76,8 +84,9 @@ def _request(path: str, start: int, end: int, members: list) -> Request:
     return Request(path, start, end - start, tuple(parts))
 
 
-def in_order(ranges, in_flight: int = None, bytes_in_flight: int = None, gap: int = None,
-             read=None):
+def in_order(
+    ranges, in_flight: int = None, bytes_in_flight: int = None, gap: int = None, read=None
+):
     """The bytes of each of ``ranges`` (``(path, offset, length)``), as ``pyarrow.Buffer``s in the
     order given, fetched by ``coalesce``'s requests with at most ``in_flight`` at once and at
     most ``bytes_in_flight`` read ahead (see the module; None: this module's defaults, read when
@@ -91,8 +100,12 @@ def in_order(ranges, in_flight: int = None, bytes_in_flight: int = None, gap: in
     for number, request in enumerate(requests):
         for index, start, length in request.parts:
             served_by[index] = (number, start, length)
-    window = _Window(requests, read or storage.read_range, in_flight or IN_FLIGHT,
-                     bytes_in_flight or BYTES_IN_FLIGHT)
+    window = _Window(
+        requests,
+        read or storage.read_range,
+        in_flight or IN_FLIGHT,
+        bytes_in_flight or BYTES_IN_FLIGHT,
+    )
     yield from _deliver(len(ranges), requests, served_by, window)
 
 
@@ -153,6 +166,8 @@ def _fetch(read, request: Request):
         raise
     except Exception as error:
         last = request.offset + request.length - 1
-        raise RangeReadError(f"{request.path}: cannot read bytes {request.offset:,}-{last:,} "
-                             f"({len(request.parts)} part(s) of a pass-1 run): "
-                             f"{cloud.explain(error)}") from error
+        raise RangeReadError(
+            f"{request.path}: cannot read bytes {request.offset:,}-{last:,} "
+            f"({len(request.parts)} part(s) of a pass-1 run): "
+            f"{cloud.explain(error)}"
+        ) from error

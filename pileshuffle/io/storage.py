@@ -65,10 +65,15 @@ def _uses_beam() -> bool:
 
 # -- names and places ------------------------------------------------------------------------------
 
+
 def join(base: str, *parts: str) -> str:
     """``base`` and ``parts`` joined in ``base``'s form: ``/`` for a remote path, the OS's separator for a local one."""
     if is_remote(base):
-        return posixpath.join(base, *parts) if not base.endswith("/") else base + posixpath.join(*parts)
+        return (
+            posixpath.join(base, *parts)
+            if not base.endswith("/")
+            else base + posixpath.join(*parts)
+        )
     return os.path.join(base, *parts)
 
 
@@ -90,7 +95,9 @@ def compression_of(path: str) -> str:
 def match(pattern: str) -> list:
     """The files ``pattern`` (a glob) matches, as ``FileInfo``s; [] when none do."""
     if _uses_beam():
-        FileSystems = _beam(pattern)  # outside the try: an unreachable endpoint is an error, not "no match"
+        FileSystems = _beam(
+            pattern
+        )  # outside the try: an unreachable endpoint is an error, not "no match"
         try:
             found = FileSystems.match([pattern])[0].metadata_list
         except Exception as error:  # BeamIOError when nothing matches
@@ -105,14 +112,21 @@ def match(pattern: str) -> list:
     fs, where = arrow_filesystem(pattern)
     folder = posixpath.dirname(where) if is_remote(pattern) else os.path.dirname(where)
     try:
-        infos = cloud.patiently_on(pattern, fs, lambda: fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True)))
+        infos = cloud.patiently_on(
+            pattern,
+            fs,
+            lambda: fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True)),
+        )
     except OSError:
         if is_remote(pattern):
             raise
         return []
     scheme = pattern.split("://", 1)[0] + "://" if is_remote(pattern) else ""
-    return [FileInfo(scheme + i.path if scheme else i.path, i.size) for i in infos
-            if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, where)]
+    return [
+        FileInfo(scheme + i.path if scheme else i.path, i.size)
+        for i in infos
+        if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, where)
+    ]
 
 
 def pattern_regex(pattern: str):
@@ -139,7 +153,9 @@ def exists(path: str, filesystem=None) -> bool:
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(path, filesystem)
-    return cloud.patiently_on(path, fs, lambda: fs.get_file_info(where)).type != pafs.FileType.NotFound
+    return (
+        cloud.patiently_on(path, fs, lambda: fs.get_file_info(where)).type != pafs.FileType.NotFound
+    )
 
 
 @cloud.refusals_explained
@@ -153,6 +169,7 @@ def open_read(path: str, compression: str = AUTO):
     """``path``'s contents, decompressed as its name says (``AUTO``); by Beam 64 KiB at a time (tests/test_bounded_inflate)."""
     if _uses_beam():
         from apache_beam.io.filesystem import CompressedFile
+
         raw = _beam(path).open(path, compression_type=UNCOMPRESSED)
         wanted = compression_of(path) if compression == AUTO else compression
         return raw if wanted == UNCOMPRESSED else CompressedFile(raw, wanted, read_size=64 << 10)
@@ -193,7 +210,9 @@ def read_range(path: str, offset: int, length: int):
     else:  # another object store, through pyarrow.fs
         data = pa.py_buffer(open_random_access(path).read_at(length, offset))
     if data.size != length:
-        raise OSError(errno.EIO, f"{path}: holds no {length:,} bytes at offset {offset:,} (cut short?)")
+        raise OSError(
+            errno.EIO, f"{path}: holds no {length:,} bytes at offset {offset:,} (cut short?)"
+        )
     return data
 
 
@@ -239,7 +258,9 @@ def list_folder(folder: str, filesystem=None) -> list:
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(folder, filesystem)
-    infos = cloud.patiently_on(folder, fs, lambda: fs.get_file_info(pafs.FileSelector(where, allow_not_found=True)))
+    infos = cloud.patiently_on(
+        folder, fs, lambda: fs.get_file_info(pafs.FileSelector(where, allow_not_found=True))
+    )
     scheme = folder.split("://", 1)[0] + "://" if is_remote(folder) and filesystem is None else ""
     return [scheme + i.path for i in infos if i.type == pafs.FileType.File]
 
@@ -257,10 +278,14 @@ def is_folder(path: str, filesystem=None) -> bool:
 
 # -- writing ---------------------------------------------------------------------------------------
 @cloud.refusals_explained
-def open_write(path: str, compression: str = UNCOMPRESSED, mime_type: str = "application/octet-stream"):
+def open_write(
+    path: str, compression: str = UNCOMPRESSED, mime_type: str = "application/octet-stream"
+):
     """A new binary file at ``path`` (its local folder made), compressed as asked."""
     if not is_remote(path):
-        if compression == UNCOMPRESSED:  # no file-system layer: a small pile's shard pays for its open only
+        if (
+            compression == UNCOMPRESSED
+        ):  # no file-system layer: a small pile's shard pays for its open only
             try:
                 return open(path, "wb")
             except FileNotFoundError:  # the folder first (asked only then: 2 system calls a shard)
@@ -379,6 +404,7 @@ def makedirs(folder: str):
 
 # -- pyarrow.fs ------------------------------------------------------------------------------------
 
+
 def arrow_filesystem(path: str, filesystem=None):
     """``(pyarrow FileSystem, path on it)``: ``filesystem`` as given, else from the URI (local: the
     local file system). A reader that hands paths to pyarrow itself resolves once with this."""
@@ -388,13 +414,42 @@ def arrow_filesystem(path: str, filesystem=None):
         return filesystem, path
     if path.startswith("gs://"):
         cloud.first_contact(path)
-        return cloud.arrow_gcs(), path[len("gs://"):]
+        return cloud.arrow_gcs(), path[len("gs://") :]
     if is_remote(path):
         return pafs.FileSystem.from_uri(path)
     return pafs.LocalFileSystem(), path
 
 
-__all__ = ["AUTO", "GZIP", "UNCOMPRESSED", "FileInfo", "arrow_filesystem", "compression_of", "delete", "create_exclusive",
-           "delete_tree", "exists", "is_folder", "is_local", "is_remote", "join", "list_folder", "makedirs", "match", "pattern_regex",
-           "open_mapped", "open_random_access", "open_read", "open_write", "read_buffer", "read_json", "read_range", "rename",
-           "size", "split", "write_whole", "writing_name", "put_in_place"]
+__all__ = [
+    "AUTO",
+    "GZIP",
+    "UNCOMPRESSED",
+    "FileInfo",
+    "arrow_filesystem",
+    "compression_of",
+    "delete",
+    "create_exclusive",
+    "delete_tree",
+    "exists",
+    "is_folder",
+    "is_local",
+    "is_remote",
+    "join",
+    "list_folder",
+    "makedirs",
+    "match",
+    "pattern_regex",
+    "open_mapped",
+    "open_random_access",
+    "open_read",
+    "open_write",
+    "read_buffer",
+    "read_json",
+    "read_range",
+    "rename",
+    "size",
+    "split",
+    "write_whole",
+    "writing_name",
+    "put_in_place",
+]

@@ -28,10 +28,16 @@ def unfinished_run(prefix: str, filesystem=None, shown: str = None):
     if storage.exists(manifest_path(prefix), filesystem):
         return None
     locked = storage.exists(lock, filesystem)
-    if not locked and not (storage.exists(staging, filesystem) or storage.is_folder(staging, filesystem)):
+    if not locked and not (
+        storage.exists(staging, filesystem) or storage.is_folder(staging, filesystem)
+    ):
         return None
     holder = _holder(lock, filesystem) if locked else {}
-    where = {"lock": output_lock_path(shown), "staging": staging_dir(shown), "manifest": manifest_path(shown)}
+    where = {
+        "lock": output_lock_path(shown),
+        "staging": staging_dir(shown),
+        "manifest": manifest_path(shown),
+    }
     return _described(holder, _running(holder), where)
 
 
@@ -64,18 +70,31 @@ def _described(holder: dict, running, where: dict) -> str:
     since = re.sub(r"\.[0-9]+", "", str(holder.get("since", "?")))
     command = holder.get("command")
     again = "run that command again" if command else "run the same `pileshuffle run` command again"
-    clear = (f"delete {where['staging']}, {where['lock']} and the run's .pileshuffle-work-* folder"
-             if holder else f"delete {where['staging']} and the run's .pileshuffle-work-* folder")
+    clear = (
+        f"delete {where['staging']}, {where['lock']} and the run's .pileshuffle-work-* folder"
+        if holder
+        else f"delete {where['staging']} and the run's .pileshuffle-work-* folder"
+    )
     if holder.get("job"):
-        return (f"no finished output yet: Dataflow job {holder['job']} (launched {since}) holds it: wait for it to "
-                f"publish {where['manifest']}; if it failed or was cancelled, {again} to write the output, or "
-                f"{clear} to clear what it left")
-    who = f"`{command}` (pid {holder.get('pid')} on {holder.get('host')}, started {since})" if command else "a run"
+        return (
+            f"no finished output yet: Dataflow job {holder['job']} (launched {since}) holds it: wait for it to "
+            f"publish {where['manifest']}; if it failed or was cancelled, {again} to write the output, or "
+            f"{clear} to clear what it left"
+        )
+    who = (
+        f"`{command}` (pid {holder.get('pid')} on {holder.get('host')}, started {since})"
+        if command
+        else "a run"
+    )
     if running:
         return f"no finished output yet: {who} is writing it now: wait for it to publish {where['manifest']}"
     if running is None and command:
-        return (f"no finished output yet: {who} holds it and may still be running there: wait for it to publish "
-                f"{where['manifest']}; if it stopped, {again} to finish it, or {clear} to clear what it left")
-    return (f"an unfinished run is there, not a finished output: {who} stopped before it published "
-            f"{where['manifest']}; {again} to finish it (it clears what was left and writes the output), "
-            f"or {clear} to clear it")
+        return (
+            f"no finished output yet: {who} holds it and may still be running there: wait for it to publish "
+            f"{where['manifest']}; if it stopped, {again} to finish it, or {clear} to clear what it left"
+        )
+    return (
+        f"an unfinished run is there, not a finished output: {who} stopped before it published "
+        f"{where['manifest']}; {again} to finish it (it clears what was left and writes the output), "
+        f"or {clear} to clear it"
+    )

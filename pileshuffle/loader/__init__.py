@@ -15,4 +15,12 @@ from pileshuffle.loader.order import EpochOrder, epoch_order
 from pileshuffle.loader.outputs import open_output
 from pileshuffle.loader.piles import NoOutputError, PileRef
 
-__all__ = ["ShuffledDataset", "Mixture", "EpochOrder", "epoch_order", "PileRef", "NoOutputError", "open_output"]
+__all__ = [
+    "ShuffledDataset",
+    "Mixture",
+    "EpochOrder",
+    "epoch_order",
+    "PileRef",
+    "NoOutputError",
+    "open_output",
+]

@@ -3,7 +3,13 @@ and nothing is wrapped, truncated or silently clamped."""
 
 import numbers
 
-__all__ = ["whole_number", "checked_batch_size", "checked_columns", "check_world_size", "describe_identity"]
+__all__ = [
+    "whole_number",
+    "checked_batch_size",
+    "checked_columns",
+    "check_world_size",
+    "describe_identity",
+]
 
 
 def whole_number(name: str, value, low: int, high: int = None, high_name: str = None) -> int:
@@ -31,8 +37,10 @@ def checked_columns(columns):
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
         raise ValueError(f"columns must be a list of column names, got {columns!r}")
     if not columns:
-        raise ValueError("columns=[] selects no column, so every record would be empty: name at least one "
-                         "column, or pass columns=None for all of them")
+        raise ValueError(
+            "columns=[] selects no column, so every record would be empty: name at least one "
+            "column, or pass columns=None for all of them"
+        )
     return columns
 
 
@@ -42,7 +50,8 @@ def check_world_size(records: int, location: str, world_size: int, remainder: st
         raise ValueError(
             f"world_size {world_size} is larger than the {records} records of {location}: with "
             f"remainder='drop' every rank would get {records // world_size} records; use "
-            "remainder='pad' (each rank gets 1, some repeated) or fewer ranks")
+            "remainder='pad' (each rank gets 1, some repeated) or fewer ranks"
+        )
 
 
 def describe_identity(identity) -> str:
@@ -50,5 +59,7 @@ def describe_identity(identity) -> str:
     if not isinstance(identity, dict):
         return f"{identity!r:.80}"
     seed = "no seed" if identity.get("seed") is None else f"seed {identity.get('seed')}"
-    return (f"{identity.get('kind')} of {identity.get('records', '?'):,} records in {identity.get('piles')} piles, "
-            f"{seed}, digest {identity.get('digest')}")
+    return (
+        f"{identity.get('kind')} of {identity.get('records', '?'):,} records in {identity.get('piles')} piles, "
+        f"{seed}, digest {identity.get('digest')}"
+    )

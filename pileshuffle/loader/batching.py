@@ -4,10 +4,22 @@ of rows (``as_numpy`` and Parquet). No batch keeps a loaded step's buffers alive
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["TAKE_ROWS", "gathered", "cut_at_steps", "payloads", "object_array", "payload_array", "list_batches", "array_batches", "table_batches"]
+__all__ = [
+    "TAKE_ROWS",
+    "gathered",
+    "cut_at_steps",
+    "payloads",
+    "object_array",
+    "payload_array",
+    "list_batches",
+    "array_batches",
+    "table_batches",
+]
 
 
-TAKE_ROWS = 8192  # records gathered into a table at a time (Parquet rows are copied: never a whole step)
+TAKE_ROWS = (
+    8192  # records gathered into a table at a time (Parquet rows are copied: never a whole step)
+)
 
 
 def gathered(blocks):
@@ -83,7 +95,10 @@ def array_batches(tables, batch_size):
         while count >= batch_size:
             whole = pending[0] if len(pending) == 1 else pa.concat_arrays(pending)
             yield whole.slice(0, batch_size)
-            pending, count = ([whole.slice(batch_size)] if count > batch_size else []), count - batch_size
+            pending, count = (
+                ([whole.slice(batch_size)] if count > batch_size else []),
+                count - batch_size,
+            )
     if count:
         yield pending[0] if len(pending) == 1 else pa.concat_arrays(pending)
 
@@ -103,6 +118,9 @@ def table_batches(tables, batch_size):
         for start in range(0, done, batch_size):
             yield whole.slice(start, batch_size)
         rest = whole.slice(done)
-        pending, count = ([rest.take(np.arange(rest.num_rows))] if rest.num_rows else []), rest.num_rows
+        pending, count = (
+            ([rest.take(np.arange(rest.num_rows))] if rest.num_rows else []),
+            rest.num_rows,
+        )
     if count:
         yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)

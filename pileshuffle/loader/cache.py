@@ -36,21 +36,33 @@ import google_crc32c
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from pileshuffle.io import cloud, storage
 from pileshuffle.errors import InputError, PileshuffleError
+from pileshuffle.io import cloud, storage
 
 __all__ = ["DEFAULT_LIMIT", "FileFacts", "PileCache", "parse_limit", "caches", "remote_name"]
 
 DEFAULT_LIMIT = "50GB"
 # decimal units as disks are sold (1 GB = 10**9 bytes), and the binary ones by their own names
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 # per remote read while fetching: an object store's cost is per request, so few and large ones,
 # and the memory of one chunk (not of the whole file) while it goes to disk
 _CHUNK_BYTES = 64 * 2**20
 _DIGEST_CHARS = 32
-_ENTRY = re.compile(r"^[0-9a-f]{%d}-" % _DIGEST_CHARS)  # the names of entries; nothing else is deleted
+_ENTRY = re.compile(
+    r"^[0-9a-f]{%d}-" % _DIGEST_CHARS
+)  # the names of entries; nothing else is deleted
 _NAME_TAIL = 80  # characters of the remote name kept after the digest (its extension says .gz)
 _TEMP_SUFFIX = ".part"
 # a temp file unwritten for this long was left by a killed process: a live fetch writes every chunk
@@ -66,22 +78,29 @@ class FileFacts:
 
     size: int = None
     version: str = ""
-    crc32c: str = None  # the file's CRC32C as the manifest lists it (checksums), None when it lists none
+    crc32c: str = (
+        None  # the file's CRC32C as the manifest lists it (checksums), None when it lists none
+    )
 
     def check_size(self, name: str, size: int, then: str = ""):
         """Refuse (an InputError naming ``name``) a file of ``size`` bytes when the manifest lists
         another size; ``then``: what is not done because of it."""
         if self.size is not None and size != self.size:
-            raise InputError(name, f"is {size:,} bytes where its manifest lists {self.size:,}: changed after it "
-                                   f"was written (`pileshuffle verify` says how){then}")
+            raise InputError(
+                name,
+                f"is {size:,} bytes where its manifest lists {self.size:,}: changed after it "
+                f"was written (`pileshuffle verify` says how){then}",
+            )
 
 
 def parse_limit(value) -> int:
     """``cache_limit`` in bytes: a whole number of bytes, or a string such as ``"50GB"``,
     ``"500MB"``, ``"1.5TB"`` (decimal units: 1 GB = 10**9 bytes; ``KiB``, ``MiB``, ``GiB``,
     ``TiB`` are the binary ones). At least 1 byte; anything else is a ValueError naming it."""
-    wanted = ("cache_limit must be a whole number of bytes or a size such as '50GB' or '500MB' "
-              "(decimal units: 1 GB = 10**9 bytes; GiB = 2**30)")
+    wanted = (
+        "cache_limit must be a whole number of bytes or a size such as '50GB' or '500MB' "
+        "(decimal units: 1 GB = 10**9 bytes; GiB = 2**30)"
+    )
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, str)):
         raise ValueError(f"{wanted}, got {value!r}")
     if isinstance(value, str):
@@ -105,11 +124,15 @@ def caches(filesystem) -> bool:
 def _checked_directory(directory) -> str:
     """``cache_dir`` as an absolute local path, the folder made; a ValueError naming it otherwise."""
     if isinstance(directory, bool) or not isinstance(directory, (str, os.PathLike)):
-        raise ValueError(f"cache_dir must be a local folder's path (str or os.PathLike), got {directory!r}")
+        raise ValueError(
+            f"cache_dir must be a local folder's path (str or os.PathLike), got {directory!r}"
+        )
     directory = os.fspath(directory)
     if not isinstance(directory, str) or not directory or storage.is_remote(directory):
-        raise ValueError(f"cache_dir must be a folder on this host's disk (it keeps remote piles locally), "
-                         f"got {directory!r}")
+        raise ValueError(
+            f"cache_dir must be a folder on this host's disk (it keeps remote piles locally), "
+            f"got {directory!r}"
+        )
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as error:
@@ -190,9 +213,15 @@ class PileCache:
             return read(_LOCAL, local)
         except (OSError, pa.ArrowException, PileshuffleError) as error:
             _remove_quietly(local)
-            if not isinstance(error.__cause__ or error, FileNotFoundError):  # not just evicted meanwhile
-                warnings.warn(f"pileshuffle: the cached copy {local} of {remote_name(filesystem, path)} cannot be "
-                              f"read ({error}); dropped, reading the remote file", RuntimeWarning, stacklevel=2)
+            if not isinstance(
+                error.__cause__ or error, FileNotFoundError
+            ):  # not just evicted meanwhile
+                warnings.warn(
+                    f"pileshuffle: the cached copy {local} of {remote_name(filesystem, path)} cannot be "
+                    f"read ({error}); dropped, reading the remote file",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             return read(filesystem, path)
 
     def local_copy(self, filesystem, path: str, facts: FileFacts):
@@ -223,18 +252,26 @@ class PileCache:
         """Fetch remote ``path`` onto ``local`` whole (temp file, checks, ``os.replace``);
         False when it is not kept. A file that fails its checks is an InputError, and not kept."""
         uri = remote_name(filesystem, path)
-        temp = os.path.join(self.directory, f".{os.path.basename(local)}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                                            f"{_TEMP_SUFFIX}")
+        temp = os.path.join(
+            self.directory,
+            f".{os.path.basename(local)}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_TEMP_SUFFIX}",
+        )
         try:
-            _local(os.makedirs, self.directory, 0o777, True)  # the folder may have been removed meanwhile
+            _local(
+                os.makedirs, self.directory, 0o777, True
+            )  # the folder may have been removed meanwhile
             if not cloud.patiently(uri, lambda: self._download(filesystem, path, facts, temp, uri)):
                 return False
             _local(_touch, temp)
             _local(os.replace, temp, local)
             return True
         except _CannotKeep as error:
-            warnings.warn(f"pileshuffle: the cache {self.directory} cannot keep {uri} ({error.__cause__}); "
-                          "it is read from where it is", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"pileshuffle: the cache {self.directory} cannot keep {uri} ({error.__cause__}); "
+                "it is read from where it is",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return False
         finally:
             _remove_quietly(temp)
@@ -250,10 +287,15 @@ class PileCache:
             listed = _listed_crc32c(remote)
             received, crc = _copy(remote, temp)
         if received != size:
-            raise InputError(uri, f"gave {received:,} of its {size:,} bytes: a broken transfer; not cached")
+            raise InputError(
+                uri, f"gave {received:,} of its {size:,} bytes: a broken transfer; not cached"
+            )
         if listed is not None and crc != listed:
-            raise InputError(uri, f"arrived with CRC32C {crc:08x} where the object store lists {listed:08x}: "
-                                  "damaged in transfer; not cached")
+            raise InputError(
+                uri,
+                f"arrived with CRC32C {crc:08x} where the object store lists {listed:08x}: "
+                "damaged in transfer; not cached",
+            )
         return True
 
     def evict(self, keep: str = None):

@@ -68,7 +68,9 @@ class Consumer:
         return split.length(self._ranges)
 
     def _where(self) -> str:
-        return f"rank {self.rank}/{self.world_size}" + "".join(f", worker {w}/{n}" for w, n in self._parts)
+        return f"rank {self.rank}/{self.world_size}" + "".join(
+            f", worker {w}/{n}" for w, n in self._parts
+        )
 
     def torch(self, *, batch_size=None, **kwargs):
         """A ``torch.utils.data.IterableDataset`` of these records, or with ``batch_size`` of
@@ -153,7 +155,9 @@ class Consumer:
         if own is not None:
             view._resume(own)
         else:
-            view._ranges = split.part(split.tail(view._ranges, view._resume_at or 0), worker, num_workers)
+            view._ranges = split.part(
+                split.tail(view._ranges, view._resume_at or 0), worker, num_workers
+            )
             view._position = view._resume_at = 0
         return view
 
@@ -200,7 +204,8 @@ class Consumer:
             if list(state["consumer"]) != self._consumer():
                 raise ValueError(
                     f"this state is of consumer (rank, world_size, worker, num_workers...) = {state['consumer']}, not "
-                    f"{self._consumer()}: to change the split, pass the states of all consumers as a list")
+                    f"{self._consumer()}: to change the split, pass the states of all consumers as a list"
+                )
             self._resume(state)
             return
         self._resumed = states
@@ -208,7 +213,11 @@ class Consumer:
         if own is not None:
             self._resume(own)
             return
-        tails = (r for one in states for r in split.tail([tuple(x) for x in one["ranges"]], int(one["position"])))
+        tails = (
+            r
+            for one in states
+            for r in split.tail([tuple(x) for x in one["ranges"]], int(one["position"]))
+        )
         ranges = split.redeal(split.union(tails), self.rank, self.world_size, self.remainder)
         self._ranges, self._position, self._resume_at = _worker_parts(ranges, self._parts), 0, 0
 
@@ -223,8 +232,10 @@ class Consumer:
         if not isinstance(state, dict) or "format" not in state:
             raise ValueError(f"not a {kind} state: {state!r:.200}")
         if state["format"] != STATE_FORMAT:
-            raise ValueError(f"a {kind} state of format {state['format']}, made by another version of "
-                             f"pileshuffle; this one reads format {STATE_FORMAT} (start the epoch afresh)")
+            raise ValueError(
+                f"a {kind} state of format {state['format']}, made by another version of "
+                f"pileshuffle; this one reads format {STATE_FORMAT} (start the epoch afresh)"
+            )
         absent = [name for name in self._identity() if name not in state]
         if absent:
             other = "Mixture" if "mixture" in state else "ShuffledDataset"
@@ -279,7 +290,9 @@ class Consumer:
             batch = get_format(self.format).records_of(batch)
             return {"record": object_array(batch)} if as_numpy else batch
         if as_numpy:
-            return {name: column.to_numpy() for name, column in zip(batch.column_names, batch.columns)}
+            return {
+                name: column.to_numpy() for name, column in zip(batch.column_names, batch.columns)
+            }
         batches = batch.combine_chunks().to_batches()
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=batch.schema)
 

@@ -13,8 +13,12 @@ import functools
 import pyarrow as pa
 
 from pileshuffle.loader import split
-from pileshuffle.loader.arguments import (check_world_size, checked_columns,
-                                          describe_identity, whole_number)
+from pileshuffle.loader.arguments import (
+    check_world_size,
+    checked_columns,
+    describe_identity,
+    whole_number,
+)
 from pileshuffle.loader.batching import cut_at_steps, gathered
 from pileshuffle.loader.cache import DEFAULT_LIMIT, PileCache
 from pileshuffle.loader.consumer import STATE_FORMAT, Consumer
@@ -41,17 +45,35 @@ class ShuffledDataset(Consumer):
     never changes the records, their order or a state.
     """
 
-    def __init__(self, path, *, seed=0, epoch=0, reshuffle=True, mix=1, rank=0, world_size=1,
-                 columns=None, remainder="drop", prefetch=True, filesystem=None, cache_dir=None,
-                 cache_limit=DEFAULT_LIMIT):
-        super().__init__(seed=seed, rank=rank, world_size=world_size, remainder=remainder, prefetch=prefetch)
+    def __init__(
+        self,
+        path,
+        *,
+        seed=0,
+        epoch=0,
+        reshuffle=True,
+        mix=1,
+        rank=0,
+        world_size=1,
+        columns=None,
+        remainder="drop",
+        prefetch=True,
+        filesystem=None,
+        cache_dir=None,
+        cache_limit=DEFAULT_LIMIT,
+    ):
+        super().__init__(
+            seed=seed, rank=rank, world_size=world_size, remainder=remainder, prefetch=prefetch
+        )
         self.mix, self.reshuffle = whole_number("mix", mix, 1), bool(reshuffle)
         epoch = whole_number("epoch", epoch, 0)
         cache = PileCache.of(cache_dir, cache_limit)
         self.output = open_output(str(path), filesystem, checked_columns(columns), cache)
         if columns is not None and self.format != "parquet":
-            raise ValueError(f"columns={list(columns)!r}: {self.output.location} holds {self.format} records, "
-                             "which have no columns (columns= selects Parquet columns)")
+            raise ValueError(
+                f"columns={list(columns)!r}: {self.output.location} holds {self.format} records, "
+                "which have no columns (columns= selects Parquet columns)"
+            )
         self._pile_records = tuple(p.records for p in self.output.piles)
         check_world_size(self.output.records, self.output.location, self.world_size, remainder)
         self._start_epoch(epoch)
@@ -71,9 +93,11 @@ class ShuffledDataset(Consumer):
         return self._order
 
     def __repr__(self):
-        return (f"ShuffledDataset({self.output.location!r}, {self.format}, {len(self.output.piles)} piles, "
-                f"seed={self.seed}, epoch={self.epoch}, mix={self.mix}, reshuffle={self.reshuffle}, {self._where()}, "
-                f"{len(self)} records, position {self._position})")
+        return (
+            f"ShuffledDataset({self.output.location!r}, {self.format}, {len(self.output.piles)} piles, "
+            f"seed={self.seed}, epoch={self.epoch}, mix={self.mix}, reshuffle={self.reshuffle}, {self._where()}, "
+            f"{len(self)} records, position {self._position})"
+        )
 
     # --- what a Consumer asks ----------------------------------------------------
     @property
@@ -85,20 +109,36 @@ class ShuffledDataset(Consumer):
         return EpochOrder(self._pile_records, self.seed, epoch, self.mix, self.reshuffle)
 
     def _identity(self) -> dict:
-        return {"dataset": self.output.identity, "seed": self.seed, "mix": self.mix, "reshuffle": self.reshuffle}
+        return {
+            "dataset": self.output.identity,
+            "seed": self.seed,
+            "mix": self.mix,
+            "reshuffle": self.reshuffle,
+        }
 
     def _check_identity(self, state: dict):
         if state["dataset"] != self.output.identity:
-            version = store_version_of(self.output, state["dataset"]) if self.output.kind == "store" else None
-            hint = f"; the store version it was saved on is still readable: ShuffledDataset({version!r})" if version else ""
+            version = (
+                store_version_of(self.output, state["dataset"])
+                if self.output.kind == "store"
+                else None
+            )
+            hint = (
+                f"; the store version it was saved on is still readable: ShuffledDataset({version!r})"
+                if version
+                else ""
+            )
             raise ValueError(
                 f"the state is of another output ({describe_identity(state['dataset'])}), not of "
                 f"{self.output.location} ({describe_identity(self.output.identity)}): a re-run with another seed "
                 "or number of piles, or a store changed since, is another order, and the state's position in it "
-                f"means nothing here{hint}")
+                f"means nothing here{hint}"
+            )
         for name in ("seed", "mix", "reshuffle"):
             if state[name] != getattr(self, name):
-                raise ValueError(f"the state has {name}={state[name]!r} but the dataset {name}={getattr(self, name)!r}")
+                raise ValueError(
+                    f"the state has {name}={state[name]!r} but the dataset {name}={getattr(self, name)!r}"
+                )
 
     # --- reading ----------------------------------------------------------------
     def _read(self, ranges, step):
@@ -111,16 +151,20 @@ class ShuffledDataset(Consumer):
         """This epoch's ``ranges`` as Blocks over the loaded piles (nothing copied), in order;
         each step is built on the prefetch thread while the one before is read."""
         loads = [planned[1:] for planned in self._step_loads(ranges)]
-        yield from stepped_blocks(prefetched(loads, load_step) if self.prefetch else map(load_step, loads),
-                                  self.output.decoded)
+        yield from stepped_blocks(
+            prefetched(loads, load_step) if self.prefetch else map(load_step, loads),
+            self.output.decoded,
+        )
 
     def _step_loads(self, ranges) -> list:
         """``[(first, load, pieces), ...]``: the steps ``ranges`` read, in order, each as the
         epoch position of its first record read, a function building it (``steps.Steps``: call
         them in order) and its pieces (``_plan``)."""
         steps, starts = Steps(self.output, self._order), self._order.step_starts
-        return [(int(starts[step]) + pieces[0][0], functools.partial(steps, step), pieces)
-                for step, pieces in self._plan(ranges)]
+        return [
+            (int(starts[step]) + pieces[0][0], functools.partial(steps, step), pieces)
+            for step, pieces in self._plan(ranges)
+        ]
 
     def _plan(self, ranges) -> list:
         """``[(step, [(lo, hi), ...]), ...]``: the steps to read, in order, and the
@@ -145,5 +189,8 @@ class ShuffledDataset(Consumer):
         """The piles (indices) the next iteration loads, in order: with ``mix=K``, its
         share plus at most K + 1 piles per range (the partial windows at either end)."""
         upcoming = self._next_pass()
-        steps = [step for step, _ in upcoming._plan(split.tail(upcoming._ranges, upcoming._resume_at or 0))]
+        steps = [
+            step
+            for step, _ in upcoming._plan(split.tail(upcoming._ranges, upcoming._resume_at or 0))
+        ]
         return [int(upcoming._order.pile_order[r]) for r in ranks_loaded(upcoming._order, steps)]

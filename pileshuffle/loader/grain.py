@@ -43,7 +43,9 @@ class GrainDataset(grain.IterDataset):
     def __init__(self, dataset, *, shard_options=None, num_epochs=1):
         super().__init__()
         if shard_options is not None:
-            dataset = _resplit(dataset, int(shard_options.shard_index), int(shard_options.shard_count))
+            dataset = _resplit(
+                dataset, int(shard_options.shard_index), int(shard_options.shard_count)
+            )
         self._dataset = dataset
         self._worker = (0, 1)
         self._num_epochs = None if num_epochs is None else whole_number("num_epochs", num_epochs, 1)
@@ -69,7 +71,13 @@ class GrainIterator(grain.DatasetIterator):
     def __init__(self, dataset, worker, num_epochs):
         super().__init__()
         self._dataset, self._worker, self._num_epochs = dataset, worker, num_epochs
-        self._part, self._pool, self._records, self._epochs, self._reading = None, None, None, 0, False
+        self._part, self._pool, self._records, self._epochs, self._reading = (
+            None,
+            None,
+            None,
+            0,
+            False,
+        )
 
     def _begun(self):
         """The part this iterator reads, and the dataset told that a pass of its epoch began
@@ -77,7 +85,9 @@ class GrainIterator(grain.DatasetIterator):
         iterator is made: Grain makes iterators in the main process that it never reads
         (``mp_prefetch``) and pickles the dataset for each worker after that."""
         if not self._reading:
-            if self._part is None:  # (not ``or``: a part with nothing left to read is empty, and falsy)
+            if (
+                self._part is None
+            ):  # (not ``or``: a part with nothing left to read is empty, and falsy)
                 self._part = self._dataset.for_worker(*self._worker)
             self._dataset.set_epoch(self._part.epoch)
             self._dataset._begin_pass()
@@ -95,7 +105,9 @@ class GrainIterator(grain.DatasetIterator):
                 self._epochs += 1
                 if self._num_epochs is not None and self._epochs >= self._num_epochs:
                     raise
-                self._start(self._dataset._at_epoch(self._part.epoch + 1).for_worker(*self._worker), None)
+                self._start(
+                    self._dataset._at_epoch(self._part.epoch + 1).for_worker(*self._worker), None
+                )
 
     def _start(self, part, pool):
         self._part, self._pool, self._records = part, pool, None
@@ -116,9 +128,11 @@ class GrainIterator(grain.DatasetIterator):
             return
         old = list(saved["consumer"])
         if tuple(old[2:4] or (0, 1)) != self._worker or len(old) > 4:
-            raise ValueError(f"a state of worker {old[2:4] or [0, 1]} (worker, num_workers) restored on worker "
-                             f"{list(self._worker)}: Grain restores each mp_prefetch worker's state, so keep the "
-                             "number of workers; the number of hosts may change")
+            raise ValueError(
+                f"a state of worker {old[2:4] or [0, 1]} (worker, num_workers) restored on worker "
+                f"{list(self._worker)}: Grain restores each mp_prefetch worker's state, so keep the "
+                "number of workers; the number of hosts may change"
+            )
         pool = _tails_in_lockstep(part, old, pool, int(saved["position"]))
         part._ranges = split.redeal(pool, part.rank, part.world_size, part.remainder, equal=True)
         part._position = part._resume_at = 0
@@ -138,7 +152,9 @@ def _tails_in_lockstep(part, old, pool, position: int) -> list:
         if pool is None:
             ranges = part._split_of([rank, old[1], *worker_parts])
         else:
-            ranges = split.redeal([tuple(r) for r in pool], rank, old[1], part.remainder, equal=True)
+            ranges = split.redeal(
+                [tuple(r) for r in pool], rank, old[1], part.remainder, equal=True
+            )
         tails += split.tail(ranges, min(position, split.length(ranges)))
     return split.union(tails)
 
@@ -146,8 +162,10 @@ def _tails_in_lockstep(part, old, pool, position: int) -> list:
 def _resplit(dataset, rank: int, world_size: int):
     """``dataset`` read as host ``rank`` of ``world_size`` (Grain's shard options)."""
     if dataset.world_size != 1 and (dataset.rank, dataset.world_size) != (rank, world_size):
-        raise ValueError(f"the dataset is rank {dataset.rank} of {dataset.world_size} and shard_options say "
-                         f"{rank} of {world_size}: give one of them")
+        raise ValueError(
+            f"the dataset is rank {dataset.rank} of {dataset.world_size} and shard_options say "
+            f"{rank} of {world_size}: give one of them"
+        )
     view = copy.copy(dataset)
     view.world_size = whole_number("shard_count", world_size, 1)
     view.rank = whole_number("shard_index", rank, 0, view.world_size, "shard_count")

@@ -39,7 +39,9 @@ import pyarrow as pa
 
 __all__ = ["BytesOnArrival", "ArrowOnArrival", "arrow_batch", "reduced", "RING_BYTES"]
 
-RING_BYTES = 4 << 20  # per worker: 16 batches of 256 KB; a DataLoader has 2 (prefetch_factor) per worker in flight
+RING_BYTES = (
+    4 << 20
+)  # per worker: 16 batches of 256 KB; a DataLoader has 2 (prefetch_factor) per worker in flight
 _SHARE = 8  # a batch goes through a ring only if it is at most 1/_SHARE of it (a bigger batch gets a bigger ring)
 _MAX_RING = 1 << 30  # above this a batch travels inside the pickle
 _HEADER = 64  # [0:8] released position (main process), [8:16] 1 once the main process has mapped it
@@ -48,7 +50,10 @@ _WORD = struct.Struct("<Q")
 
 _own = {}  # in a worker: "ring" -> its _Ring
 _mapped = {}  # in the main process: ring token (pid, serial) -> mmap
-_locks = {"own": threading.Lock(), "mapped": threading.Lock()}  # feeder threads pickle, pin threads unpickle
+_locks = {
+    "own": threading.Lock(),
+    "mapped": threading.Lock(),
+}  # feeder threads pickle, pin threads unpickle
 _serials = itertools.count()
 
 
@@ -107,17 +112,24 @@ class BytesOnArrival:
         if not count:
             return list, ()
         _, offsets, values = self.array.buffers()
-        bounds = np.frombuffer(offsets, np.int64)[self.array.offset:self.array.offset + count + 1]
+        bounds = np.frombuffer(offsets, np.int64)[self.array.offset : self.array.offset + count + 1]
         first, last = int(bounds[0]), int(bounds[-1])
         values = b"" if values is None else values.slice(first, last - first)
-        return reduced([bounds - first if first else bounds, values], _bytes_list, (count, self.format), ring=self.ring)
+        return reduced(
+            [bounds - first if first else bounds, values],
+            _bytes_list,
+            (count, self.format),
+            ring=self.ring,
+        )
 
 
 def _bytes_list(views, count, format=None):
     """The records of ``count`` payloads from their int64 offsets and values (Arrow's
     ``to_pylist``: 18 us per 256 records, 2.5x faster than slicing in Python)."""
     offsets, values = (pa.py_buffer(view) for view in views)
-    return _as_records(pa.Array.from_buffers(pa.large_binary(), count, [None, offsets, values]).to_pylist(), format)
+    return _as_records(
+        pa.Array.from_buffers(pa.large_binary(), count, [None, offsets, values]).to_pylist(), format
+    )
 
 
 def _as_records(payloads: list, format) -> list:
@@ -198,7 +210,7 @@ def _place(views):
         return None
     spans, at = [], start % ring.size
     for view in views:
-        ring.map[_HEADER + at:_HEADER + at + view.nbytes] = view
+        ring.map[_HEADER + at : _HEADER + at + view.nbytes] = view
         spans.append((at, view.nbytes))
         at += _aligned(view.nbytes)
     return ring.token, ring.handle(), ring.size, spans, start + total
@@ -217,7 +229,9 @@ def _ring_for(total):
             _own.pop("ring")
         try:
             ring = _own["ring"] = _Ring(size)
-        except OSError:  # memfd_create refused (a sandbox) or no memory: batches go inside the pickle
+        except (
+            OSError
+        ):  # memfd_create refused (a sandbox) or no memory: batches go inside the pickle
             _own["refused"] = True
             return None
     return ring
@@ -228,7 +242,7 @@ def _arrive(token, handle, size, spans, end, rebuild, args):
     ring = _attach(token, handle, size)
     whole = memoryview(ring)
     try:
-        return rebuild([whole[_HEADER + at:_HEADER + at + n] for at, n in spans], *args)
+        return rebuild([whole[_HEADER + at : _HEADER + at + n] for at, n in spans], *args)
     finally:
         _WORD.pack_into(ring, 0, end)
 
@@ -252,7 +266,9 @@ def _attach(token, handle, size):
             finally:
                 os.close(fd)
         if ring is None:
-            raise RuntimeError(f"a batch names shared memory {token} that this process never mapped")
+            raise RuntimeError(
+                f"a batch names shared memory {token} that this process never mapped"
+            )
         return ring
 
 

@@ -28,8 +28,12 @@ from pileshuffle.records import keys as keymath
 
 __all__ = ["MAX_PERIOD", "ROUNDED_PERIOD", "whole_weights", "Interleave"]
 
-MAX_PERIOD = 1 << 16  # exact weights up to this common denominator (a pattern of 65,536 is built in ~0.5 s)
-ROUNDED_PERIOD = MAX_PERIOD  # otherwise weights are rounded to 1/65,536: far below any window's noise
+MAX_PERIOD = (
+    1 << 16
+)  # exact weights up to this common denominator (a pattern of 65,536 is built in ~0.5 s)
+ROUNDED_PERIOD = (
+    MAX_PERIOD  # otherwise weights are rounded to 1/65,536: far below any window's noise
+)
 _PRIORITY_STREAM = 0x4D49585052  # "MIXPR"
 
 
@@ -37,11 +41,19 @@ def _shares(weights) -> list:
     """``weights`` (positive numbers) as exact fractions summing to 1."""
     fractions = []
     for index, weight in enumerate(weights):
-        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) \
-                or not weight > 0:
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, numbers.Real)
+            or not math.isfinite(weight)
+            or not weight > 0
+        ):
             raise ValueError(f"weights[{index}] must be a positive number, got {weight!r}")
-        exact = Fraction(weight) if isinstance(weight, numbers.Rational) else Fraction(float(weight))
-        short = exact.limit_denominator(MAX_PERIOD)  # the fraction a float such as 0.7 was written as
+        exact = (
+            Fraction(weight) if isinstance(weight, numbers.Rational) else Fraction(float(weight))
+        )
+        short = exact.limit_denominator(
+            MAX_PERIOD
+        )  # the fraction a float such as 0.7 was written as
         fractions.append(short if short and float(short) == float(weight) else exact)
     total = sum(fractions)
     return [f / total for f in fractions]
@@ -56,7 +68,7 @@ def whole_weights(weights) -> list:
     scaled = [s * ROUNDED_PERIOD for s in shares]
     whole = [max(1, math.floor(s)) for s in scaled]
     by_remainder = sorted(range(len(shares)), key=lambda i: (whole[i] - scaled[i], i))
-    for i in by_remainder[:max(0, ROUNDED_PERIOD - sum(whole))]:
+    for i in by_remainder[: max(0, ROUNDED_PERIOD - sum(whole))]:
         whole[i] += 1
     return whole
 
@@ -99,7 +111,9 @@ def _pattern(weights: tuple, priority: tuple) -> np.ndarray:
         rank = np.where(released, deadline * count - tie, np.iinfo(np.int64).max)
         source = int(np.argmin(rank))
         if not released[source]:
-            raise AssertionError(f"no source released at position {position} of {weights}")  # impossible: shares sum to 1
+            raise AssertionError(
+                f"no source released at position {position} of {weights}"
+            )  # impossible: shares sum to 1
         taken[source] += 1
         pattern[position] = source
     pattern.flags.writeable = False

@@ -30,9 +30,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.records import keys as keymath
-from pileshuffle.loader.arguments import (check_world_size, describe_identity,
-                                          whole_number)
+from pileshuffle.loader.arguments import check_world_size, describe_identity, whole_number
 from pileshuffle.loader.batching import cut_at_steps, gathered
 from pileshuffle.loader.consumer import Consumer
 from pileshuffle.loader.dataset import ShuffledDataset
@@ -40,6 +38,7 @@ from pileshuffle.loader.interleave import Interleave
 from pileshuffle.loader.piles import Block
 from pileshuffle.loader.prefetch import prefetched
 from pileshuffle.loader.steps import stepped_blocks
+from pileshuffle.records import keys as keymath
 
 __all__ = ["STOPS", "MixtureEpoch", "Mixture"]
 
@@ -71,12 +70,28 @@ class Mixture(Consumer):
     ``torch()`` and ``tf()`` are ``ShuffledDataset``'s. See docs/loader.md.
     """
 
-    def __init__(self, datasets, weights, *, seed=0, stop="first", records_per_epoch=None, epoch=0, rank=0,
-                 world_size=1, remainder="drop", prefetch=True):
-        super().__init__(seed=seed, rank=rank, world_size=world_size, remainder=remainder, prefetch=prefetch)
+    def __init__(
+        self,
+        datasets,
+        weights,
+        *,
+        seed=0,
+        stop="first",
+        records_per_epoch=None,
+        epoch=0,
+        rank=0,
+        world_size=1,
+        remainder="drop",
+        prefetch=True,
+    ):
+        super().__init__(
+            seed=seed, rank=rank, world_size=world_size, remainder=remainder, prefetch=prefetch
+        )
         datasets, weights = list(datasets), list(weights)
         if not datasets or len(weights) != len(datasets):
-            raise ValueError(f"a Mixture needs one weight per dataset: {len(datasets)} datasets, {len(weights)} weights")
+            raise ValueError(
+                f"a Mixture needs one weight per dataset: {len(datasets)} datasets, {len(weights)} weights"
+            )
         if stop not in STOPS:
             raise ValueError(f"stop must be one of {', '.join(map(repr, STOPS))}, got {stop!r}")
         self.stop = stop
@@ -94,10 +109,14 @@ class Mixture(Consumer):
             seed = int(keymath.stream_key(self.seed, _SOURCE_SEED_STREAM, index)[0])
             return ShuffledDataset(dataset, seed=seed, prefetch=self.prefetch)
         if not isinstance(dataset, ShuffledDataset):
-            raise TypeError(f"datasets[{index}] must be a path or a ShuffledDataset, got {type(dataset).__name__}")
+            raise TypeError(
+                f"datasets[{index}] must be a path or a ShuffledDataset, got {type(dataset).__name__}"
+            )
         if dataset.world_size != 1 or dataset._parts:
-            raise ValueError(f"datasets[{index}] is {dataset._where()} of a split: give a Mixture its datasets "
-                             "unsplit (rank=0, world_size=1); the Mixture splits the mixed stream")
+            raise ValueError(
+                f"datasets[{index}] is {dataset._where()} of a split: give a Mixture its datasets "
+                "unsplit (rank=0, world_size=1); the Mixture splits the mixed stream"
+            )
         return copy.copy(dataset)
 
     def _epoch_length(self, records_per_epoch) -> int:
@@ -105,8 +124,14 @@ class Mixture(Consumer):
         with ``"restart"`` ``records_per_epoch`` or all sources' records."""
         for source, length in zip(self.sources, self._lengths):
             if length == 0:
-                raise ValueError(f"{source.output.location} holds no records: a Mixture cannot take shares of it")
-        cap = None if records_per_epoch is None else whole_number("records_per_epoch", records_per_epoch, 1)
+                raise ValueError(
+                    f"{source.output.location} holds no records: a Mixture cannot take shares of it"
+                )
+        cap = (
+            None
+            if records_per_epoch is None
+            else whole_number("records_per_epoch", records_per_epoch, 1)
+        )
         if self.stop == "restart":
             return sum(self._lengths) if cap is None else cap
         first = min(self._interleave.position_of(i, n) for i, n in enumerate(self._lengths))
@@ -134,33 +159,49 @@ class Mixture(Consumer):
         return " + ".join(source.output.location for source in self.sources)
 
     def __repr__(self):
-        return (f"Mixture({self._location()!r}, weights={self.weights}, {self.format}, seed={self.seed}, "
-                f"stop={self.stop!r}, epoch={self.epoch}, {self.records_per_epoch} records per epoch, "
-                f"{self._where()}, {len(self)} records, position {self._position})")
+        return (
+            f"Mixture({self._location()!r}, weights={self.weights}, {self.format}, seed={self.seed}, "
+            f"stop={self.stop!r}, epoch={self.epoch}, {self.records_per_epoch} records per epoch, "
+            f"{self._where()}, {len(self)} records, position {self._position})"
+        )
 
     # --- what a Consumer asks ----------------------------------------------------
     def _order_of(self, epoch: int) -> MixtureEpoch:
         if self.stop == "first":
-            return MixtureEpoch(epoch, self.records_per_epoch, 0, tuple(epoch * n for n in self._lengths))
-        return MixtureEpoch(epoch, self.records_per_epoch, epoch * self.records_per_epoch, (0,) * len(self.sources))
+            return MixtureEpoch(
+                epoch, self.records_per_epoch, 0, tuple(epoch * n for n in self._lengths)
+            )
+        return MixtureEpoch(
+            epoch, self.records_per_epoch, epoch * self.records_per_epoch, (0,) * len(self.sources)
+        )
 
     def _identity(self) -> dict:
-        return {"mixture": [source._identity() for source in self.sources], "weights": self.weights,
-                "seed": self.seed, "stop": self.stop, "records_per_epoch": self.records_per_epoch}
+        return {
+            "mixture": [source._identity() for source in self.sources],
+            "weights": self.weights,
+            "seed": self.seed,
+            "stop": self.stop,
+            "records_per_epoch": self.records_per_epoch,
+        }
 
     def _check_identity(self, state: dict):
         theirs, ours = state["mixture"], [source._identity() for source in self.sources]
         if len(theirs) != len(ours):
-            raise ValueError(f"the state is of a mixture of {len(theirs)} datasets, this one mixes {len(ours)}")
+            raise ValueError(
+                f"the state is of a mixture of {len(theirs)} datasets, this one mixes {len(ours)}"
+            )
         for index, (their, our) in enumerate(zip(theirs, ours)):
             if their != our:
                 raise ValueError(
                     f"the state's dataset {index} is {describe_identity(their['dataset'])} (seed {their['seed']}, "
                     f"mix {their['mix']}), not {self.sources[index].output.location} "
-                    f"({describe_identity(our['dataset'])}, seed {our['seed']}, mix {our['mix']}): another order")
+                    f"({describe_identity(our['dataset'])}, seed {our['seed']}, mix {our['mix']}): another order"
+                )
         for name in ("weights", "seed", "stop", "records_per_epoch"):
             if state[name] != getattr(self, name):
-                raise ValueError(f"the state has {name}={state[name]!r} but the mixture {name}={getattr(self, name)!r}")
+                raise ValueError(
+                    f"the state has {name}={state[name]!r} but the mixture {name}={getattr(self, name)!r}"
+                )
 
     # --- reading ----------------------------------------------------------------
     def _read(self, ranges, step):
@@ -172,8 +213,14 @@ class Mixture(Consumer):
         loaded piles: the only copy is the final gather, as for one output."""
         for a, b in ranges:
             loads = self._step_loads(a, b)
-            loaded = prefetched(loads, _load, ahead=len(self.sources)) if self.prefetch else map(_load, loads)
-            shared = _Shared(loaded, len(self.sources), [source.output.decoded for source in self.sources])
+            loaded = (
+                prefetched(loads, _load, ahead=len(self.sources))
+                if self.prefetch
+                else map(_load, loads)
+            )
+            shared = _Shared(
+                loaded, len(self.sources), [source.output.decoded for source in self.sources]
+            )
             readers = [_Rows(shared.blocks(i)) for i in range(len(self.sources))]
             for lo in range(a, b, _CHUNK):
                 yield self._mixed(readers, lo, min(b, lo + _CHUNK))
@@ -201,7 +248,9 @@ class Mixture(Consumer):
             epoch, lo = divmod(start, length)
             hi = min(length, lo + stop - start)
             for first, load, pieces in dataset._at_epoch(epoch)._step_loads([(lo, hi)]):
-                position = self._interleave.position_of(source, epoch * length + first - order.bases[source])
+                position = self._interleave.position_of(
+                    source, epoch * length + first - order.bases[source]
+                )
                 yield position, source, load, pieces
             start += hi - lo
 
@@ -212,7 +261,9 @@ class Mixture(Consumer):
         parts = [readers[i].take(int(n)) for i, n in enumerate(counts) if n]
         if len(parts) == 1:
             return parts[0]
-        return Block.interleave(parts, np.argsort(sources, kind="stable"))  # record j of the parts goes to place j
+        return Block.interleave(
+            parts, np.argsort(sources, kind="stable")
+        )  # record j of the parts goes to place j
 
 
 def _load(planned: tuple) -> tuple:
@@ -257,7 +308,9 @@ class _Rows:
             if self._held is None or self._held.num_rows == 0:
                 self._held = next(self._blocks, None)
                 if self._held is None:
-                    raise RuntimeError("a mixture source ran out before its count (a bug: counts are exact)")
+                    raise RuntimeError(
+                        "a mixture source ran out before its count (a bug: counts are exact)"
+                    )
             size = min(n, self._held.num_rows)
             parts.append(self._held.part(0, size))
             self._held, n = self._held.part(size, self._held.num_rows), n - size
@@ -269,10 +322,13 @@ def _check_alike(sources):
     first = sources[0]
     for source in sources[1:]:
         if source.format != first.format:
-            raise ValueError(f"a Mixture reads one format: {first.output.location} holds {first.format}, "
-                             f"{source.output.location} holds {source.format}")
+            raise ValueError(
+                f"a Mixture reads one format: {first.output.location} holds {first.format}, "
+                f"{source.output.location} holds {source.format}"
+            )
         if first.format == "parquet" and not source.schema.equals(first.schema):
-            raise ValueError(f"a Mixture's Parquet datasets need the same columns: {first.output.location} has "
-                             f"{first.schema.names}, {source.output.location} has {source.schema.names} "
-                             "(select common ones with ShuffledDataset(..., columns=[...]))")
-
+            raise ValueError(
+                f"a Mixture's Parquet datasets need the same columns: {first.output.location} has "
+                f"{first.schema.names}, {source.output.location} has {source.schema.names} "
+                "(select common ones with ShuffledDataset(..., columns=[...]))"
+            )

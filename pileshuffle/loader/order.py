@@ -81,14 +81,18 @@ class EpochOrder:
         sizes = np.asarray(self.pile_records, dtype=np.int64)[self.pile_order]
         width = self.width
         counts = sizes[:, None] // width + (np.arange(width) < sizes[:, None] % width)
-        return np.concatenate((np.zeros((len(sizes), 1), np.int64), np.cumsum(counts, axis=1)), axis=1)
+        return np.concatenate(
+            (np.zeros((len(sizes), 1), np.int64), np.cumsum(counts, axis=1)), axis=1
+        )
 
     @functools.cached_property
     def step_starts(self) -> np.ndarray:
         """Global position where each step starts, plus N at the end."""
         counts = np.diff(self.slice_starts, axis=1)
         steps = (np.arange(len(counts))[:, None] + np.arange(self.width)).ravel()
-        sizes = np.bincount(steps, weights=counts.ravel(), minlength=self.num_steps).astype(np.int64)
+        sizes = np.bincount(steps, weights=counts.ravel(), minlength=self.num_steps).astype(
+            np.int64
+        )
         return np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
 
     @property
@@ -117,7 +121,9 @@ class EpochOrder:
         if not self.reshuffle:
             return None
         size = int(self.slice_starts[rank, -1])
-        keys = keymath.record_keys(self.seed, (_WITHIN_PILE_STREAM, self.epoch, self.mix, rank), 0, size)
+        keys = keymath.record_keys(
+            self.seed, (_WITHIN_PILE_STREAM, self.epoch, self.mix, rank), 0, size
+        )
         return sort_by_key(keys).astype(np.int64)
 
     def step_places(self, step: int):
@@ -128,9 +134,13 @@ class EpochOrder:
         sizes = [b - a for a, b in (self.slice_bounds(rank, step) for rank in ranks)]
         if sum(1 for size in sizes if size) <= 1:
             return None
-        keys = keymath.record_keys(self.seed, (_STEP_STREAM, self.epoch, self.mix, step), 0, sum(sizes))
+        keys = keymath.record_keys(
+            self.seed, (_STEP_STREAM, self.epoch, self.mix, step), 0, sum(sizes)
+        )
         labels = np.repeat(np.arange(len(sizes), dtype=np.uint16), sizes)[sort_by_key(keys)]
-        return np.argsort(labels, kind="stable")  # a slice's records, in order, take its label's places
+        return np.argsort(
+            labels, kind="stable"
+        )  # a slice's records, in order, take its label's places
 
     def positions(self):
         """``(pile, index)`` arrays over the whole epoch: global position i holds record
@@ -156,4 +166,6 @@ class EpochOrder:
 
 def epoch_order(pile_records, seed=0, epoch=0, mix=1, reshuffle=True):
     """``(pile, index in pile)`` per global position of one epoch (see ``EpochOrder``)."""
-    return EpochOrder(tuple(int(r) for r in pile_records), int(seed), int(epoch), int(mix), bool(reshuffle)).positions()
+    return EpochOrder(
+        tuple(int(r) for r in pile_records), int(seed), int(epoch), int(mix), bool(reshuffle)
+    ).positions()

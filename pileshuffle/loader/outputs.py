@@ -19,20 +19,30 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pileshuffle import names
+from pileshuffle.errors import InputError
+from pileshuffle.formats import FORMATS
 from pileshuffle.io import storage
 from pileshuffle.io.copy_marks import hidden_rows
-from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import Fingerprint, total
-from pileshuffle.formats import FORMATS
-from pileshuffle.loader.cache import FileFacts, caches, remote_name
-from pileshuffle.loader.piles import (BYTES_SCHEMA, NoOutputError, PileRef, Source, file_exists, read_json, resolve,
-                                      sub_pile_of)
-from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.io.unfinished import unfinished_run
+from pileshuffle.loader.cache import FileFacts, caches, remote_name
+from pileshuffle.loader.piles import (
+    BYTES_SCHEMA,
+    NoOutputError,
+    PileRef,
+    Source,
+    file_exists,
+    read_json,
+    resolve,
+    sub_pile_of,
+)
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.records.fingerprint import Fingerprint, total
 
 __all__ = ["Output", "open_output", "store_version_of"]
 
-_MAX_SUB_PILES = 1024  # the most sub-piles one store pile opens as, however small ``max_pile_bytes`` is
+_MAX_SUB_PILES = (
+    1024  # the most sub-piles one store pile opens as, however small ``max_pile_bytes`` is
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +79,22 @@ def _identity_of(kind: str, manifest: dict, fingerprint: Fingerprint) -> dict:
         layout = [[int(g["generation"]), g["fingerprint"]] for g in manifest["generations"]]
         layout.append(int(manifest.get("max_pile_bytes") or 0))
     seed = manifest.get("seed")
-    basis = [kind, manifest.get("format"), seed, int(manifest["num_piles"]), layout, fingerprint.to_json()]
+    basis = [
+        kind,
+        manifest.get("format"),
+        seed,
+        int(manifest["num_piles"]),
+        layout,
+        fingerprint.to_json(),
+    ]
     digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
-    return {"kind": kind, "records": fingerprint.records, "piles": int(manifest["num_piles"]), "seed": seed,
-            "digest": digest}
+    return {
+        "kind": kind,
+        "records": fingerprint.records,
+        "piles": int(manifest["num_piles"]),
+        "seed": seed,
+        "digest": digest,
+    }
 
 
 def _prefix_and_kind(fs, path: str):
@@ -81,7 +103,9 @@ def _prefix_and_kind(fs, path: str):
     if names.prefix_of_manifest(path):
         return names.prefix_of_manifest(path), None
     folder = posixpath.dirname(path)
-    if names.STORE_MANIFEST_NAME.match(posixpath.basename(path)) and folder.endswith(names.STORE_SUFFIX):
+    if names.STORE_MANIFEST_NAME.match(posixpath.basename(path)) and folder.endswith(
+        names.STORE_SUFFIX
+    ):
         return folder[: -len(names.STORE_SUFFIX)], path
     if path.endswith(names.STORE_SUFFIX):
         return path[: -len(names.STORE_SUFFIX)], None
@@ -102,9 +126,12 @@ def open_output(path: str, filesystem=None, columns=None, cache=None) -> Output:
         store_manifest = _current_store_manifest(fs, names.store_dir(prefix))
     if store_manifest is None:
         shown = remote_name(fs, prefix)  # as the user wrote it: gs://...
-        raise NoOutputError(path, unfinished_run(prefix, fs, shown) or
-                            f"no finished output: no {names.manifest_path(shown)} and no store manifest "
-                            f"({names.store_dir(shown)}/{names.STORE_MANIFEST_GLOB}); {_what_to_give(fs, fs_path)}")
+        raise NoOutputError(
+            path,
+            unfinished_run(prefix, fs, shown)
+            or f"no finished output: no {names.manifest_path(shown)} and no store manifest "
+            f"({names.store_dir(shown)}/{names.STORE_MANIFEST_GLOB}); {_what_to_give(fs, fs_path)}",
+        )
     return _open_store(fs, store_manifest, columns, cache)
 
 
@@ -118,8 +145,10 @@ def _what_to_give(fs, path: str) -> str:
     except (OSError, pa.ArrowException):
         is_folder = False
     if is_folder:
-        return ("this is a folder: give the output's prefix, the --output of the run (e.g. "
-                f"{posixpath.join(path.rstrip('/'), 'train')} for {posixpath.join(path.rstrip('/'), 'train')}-manifest.json)")
+        return (
+            "this is a folder: give the output's prefix, the --output of the run (e.g. "
+            f"{posixpath.join(path.rstrip('/'), 'train')} for {posixpath.join(path.rstrip('/'), 'train')}-manifest.json)"
+        )
     return "an unfinished run, or a path that is not the run's --output?"
 
 
@@ -130,7 +159,9 @@ def store_version_of(output: "Output", identity: dict):
     for path in reversed(_store_manifests(fs, directory)):
         try:
             manifest = read_json(fs, path)
-            fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
+            fingerprint = total(
+                Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"]
+            )
         except (InputError, KeyError, ValueError):
             continue
         if _identity_of("store", manifest, fingerprint) == identity:
@@ -144,7 +175,11 @@ def _store_manifests(fs, directory: str) -> list:
         paths = storage.list_folder(directory, fs)
     except (OSError, pa.ArrowException):
         return []
-    versions = sorted((m.group(1), p) for p in paths if (m := names.STORE_MANIFEST_NAME.match(posixpath.basename(p))))
+    versions = sorted(
+        (m.group(1), p)
+        for p in paths
+        if (m := names.STORE_MANIFEST_NAME.match(posixpath.basename(p)))
+    )
     return [path for _, path in versions]
 
 
@@ -177,17 +212,31 @@ def _open_shards(fs, prefix: str, columns, cache) -> Output:
     manifest = read_json(fs, where)
     name = _check_format(manifest, where)
     directory = posixpath.dirname(prefix)
-    paths = [posixpath.join(directory, posixpath.basename(shard["path"])) for shard in manifest["shards"]]
+    paths = [
+        posixpath.join(directory, posixpath.basename(shard["path"])) for shard in manifest["shards"]
+    ]
     _check_not_renamed(fs, prefix, paths)
     version = _digest(manifest)  # the whole manifest: any other run written here is another version
-    facts = {path: FileFacts(_listed_size(shard), version, shard.get("crc32c"))
-             for path, shard in zip(paths, manifest["shards"])}
+    facts = {
+        path: FileFacts(_listed_size(shard), version, shard.get("crc32c"))
+        for path, shard in zip(paths, manifest["shards"])
+    }
     source = Source(name, fs, columns, int(manifest["num_piles"]), cache, facts)
-    piles = tuple(PileRef(i, int(shard["records"]), (path,), False, source)
-                  for i, (path, shard) in enumerate(zip(paths, manifest["shards"])))
+    piles = tuple(
+        PileRef(i, int(shard["records"]), (path,), False, source)
+        for i, (path, shard) in enumerate(zip(paths, manifest["shards"]))
+    )
     schema = _schema(source, piles)
     fingerprint = Fingerprint.from_json(manifest["output_fingerprint"])
-    return Output(prefix, name, piles, schema, fingerprint, "shards", _identity_of("shards", manifest, fingerprint))
+    return Output(
+        prefix,
+        name,
+        piles,
+        schema,
+        fingerprint,
+        "shards",
+        _identity_of("shards", manifest, fingerprint),
+    )
 
 
 def _check_not_renamed(fs, prefix: str, paths: list):
@@ -196,16 +245,22 @@ def _check_not_renamed(fs, prefix: str, paths: list):
     written = posixpath.basename(paths[0]).rsplit("-", 3)[0] if paths else None
     if written is not None and written != posixpath.basename(prefix):
         shown = remote_name(fs, prefix)
-        raise InputError(names.manifest_path(shown), f"lists shards named {posixpath.basename(paths[0])}, ..., as the "
-                                                      f"run wrote them, not {posixpath.basename(shown)}-...: the output "
-                                                      f"was renamed after it was written; rename its files back to "
-                                                      f"{written}-*")
+        raise InputError(
+            names.manifest_path(shown),
+            f"lists shards named {posixpath.basename(paths[0])}, ..., as the "
+            f"run wrote them, not {posixpath.basename(shown)}-...: the output "
+            f"was renamed after it was written; rename its files back to "
+            f"{written}-*",
+        )
 
 
 def _open_store(fs, manifest_path: str, columns, cache) -> Output:
     manifest = read_json(fs, manifest_path)
     if manifest.get("kind") != names.STORE_KIND:
-        raise InputError(manifest_path, f"is not a pileshuffle store manifest (its kind is not {names.STORE_KIND!r})")
+        raise InputError(
+            manifest_path,
+            f"is not a pileshuffle store manifest (its kind is not {names.STORE_KIND!r})",
+        )
     name = _check_format(manifest, manifest_path)
     num_piles = int(manifest["num_piles"])
     directory = posixpath.dirname(manifest_path)
@@ -215,25 +270,50 @@ def _open_store(fs, manifest_path: str, columns, cache) -> Output:
         for entry in sorted(generation["files"], key=lambda f: f["writer"]):
             path = posixpath.join(directory, entry["path"])
             hidden = hidden_rows(entry, live)
-            files[int(entry["pile"])].append((path, int(entry["records"]) - hidden, int(entry.get("bytes") or 0)))
-            facts[path] = FileFacts(_listed_size(entry), _store_file_version(manifest, generation, entry),
-                                    entry.get("crc32c"))
+            files[int(entry["pile"])].append(
+                (path, int(entry["records"]) - hidden, int(entry.get("bytes") or 0))
+            )
+            facts[path] = FileFacts(
+                _listed_size(entry),
+                _store_file_version(manifest, generation, entry),
+                entry.get("crc32c"),
+            )
             if hidden:
-                copies[path] = (posixpath.join(directory, entry["copies"]["path"]), entry["copies"].get("crc32c"), live)
+                copies[path] = (
+                    posixpath.join(directory, entry["copies"]["path"]),
+                    entry["copies"].get("crc32c"),
+                    live,
+                )
     source = Source(name, fs, columns, num_piles, cache, facts, copies)
     limit = int(manifest.get("max_pile_bytes") or 0)
     piles = tuple(ref for p in range(num_piles) for ref in _store_pile(source, p, files[p], limit))
     fingerprint = total(Fingerprint.from_json(g["fingerprint"]) for g in manifest["generations"])
-    return Output(manifest_path, name, piles, _schema(source, piles), fingerprint, "store",
-                  _identity_of("store", manifest, fingerprint))
+    return Output(
+        manifest_path,
+        name,
+        piles,
+        _schema(source, piles),
+        fingerprint,
+        "store",
+        _identity_of("store", manifest, fingerprint),
+    )
 
 
 def _store_file_version(manifest: dict, generation: dict, entry: dict) -> str:
     """A store data file's version: its manifest entry, its generation's number and creation
     time, and the store's seed, piles and format. Appending leaves the versions of the files
     already there as they were; a store written again at the same path has new ones."""
-    return _digest([manifest.get("seed"), manifest.get("num_piles"), manifest.get("format"),
-                    manifest.get("compression"), generation.get("generation"), generation.get("created"), entry])
+    return _digest(
+        [
+            manifest.get("seed"),
+            manifest.get("num_piles"),
+            manifest.get("format"),
+            manifest.get("compression"),
+            generation.get("generation"),
+            generation.get("created"),
+            entry,
+        ]
+    )
 
 
 def _store_pile(source: Source, pile: int, files: list, limit: int) -> list:
@@ -247,7 +327,9 @@ def _store_pile(source: Source, pile: int, files: list, limit: int) -> list:
     ways = min(_MAX_SUB_PILES, math.ceil(size / limit))
     counts = np.zeros(ways, np.int64)
     for path in paths:
-        counts += np.bincount(sub_pile_of(source.read_store_keys(path), source.num_piles, ways), minlength=ways)
+        counts += np.bincount(
+            sub_pile_of(source.read_store_keys(path), source.num_piles, ways), minlength=ways
+        )
     return [PileRef(pile, int(counts[s]), paths, True, source, (s, ways)) for s in range(ways)]
 
 
@@ -261,14 +343,18 @@ def _schema(source: Source, piles) -> pa.Schema:
     if piles[0].keyed:
         with storage.open_mapped(path, source.filesystem) as stream:
             schema = pa.ipc.open_stream(stream).schema
-        schema = pa.schema([f for f in schema if f.name not in (KEY_COLUMN, HASH_COLUMN)], schema.metadata)
+        schema = pa.schema(
+            [f for f in schema if f.name not in (KEY_COLUMN, HASH_COLUMN)], schema.metadata
+        )
     else:
         try:
             with storage.open_random_access(path, source.filesystem) as handle:
                 schema = pq.ParquetFile(handle).schema_arrow
         except (OSError, pa.ArrowException) as error:
-            raise InputError(remote_name(source.filesystem, path), f"cannot be read as Parquet ({error}); "
-                                                                   "`pileshuffle verify` says how it is damaged") from error
+            raise InputError(
+                remote_name(source.filesystem, path),
+                f"cannot be read as Parquet ({error}); `pileshuffle verify` says how it is damaged",
+            ) from error
     if source.columns is None:
         return schema
     missing = [c for c in source.columns if c not in schema.names]

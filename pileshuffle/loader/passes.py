@@ -45,16 +45,20 @@ class PassClock:
     def set_epoch(self, epoch: int):
         """The next pass reads ``epoch`` from its start, unless a state of that same epoch
         is pending (the usual ``set_epoch`` at the start of the resumed epoch keeps it)."""
+
         def change(record):
             pending = record["pending"]
             if not (pending and pending.get("state") is not None and pending["epoch"] == epoch):
                 record["pending"] = {"epoch": epoch, "state": None}
+
         self._update(change)
 
     def load_state(self, state, epoch: int):
         """The next pass resumes ``state`` (one state or a list of states) of ``epoch``."""
+
         def change(record):
             record["pending"] = {"epoch": epoch, "state": state}
+
         self._update(change)
 
     def peek(self, first_epoch: int) -> dict:
@@ -77,13 +81,21 @@ class PassClock:
 
     def end(self, pass_id, worker: int):
         """``worker`` has handed out the whole of its part of pass ``pass_id``."""
+
         def change(record):
             last = record["last"]
-            if last is not None and last["id"] == list(pass_id) and worker not in last.setdefault("ended", []):
+            if (
+                last is not None
+                and last["id"] == list(pass_id)
+                and worker not in last.setdefault("ended", [])
+            ):
                 last["ended"].append(worker)
+
         self._update(change)
 
-    def begin(self, pass_id, worker: int, num_workers: int, first_epoch: int, resumed_epoch=None) -> dict:
+    def begin(
+        self, pass_id, worker: int, num_workers: int, first_epoch: int, resumed_epoch=None
+    ) -> dict:
         """The decision for ``worker`` of ``num_workers`` starting pass ``pass_id``: the
         decision of the pass it joins, or a new pass's (taking what is pending). A worker
         that resumes its own state (``resumed_epoch``) starts a pass of that epoch."""
@@ -91,8 +103,12 @@ class PassClock:
 
         def change(record):
             last = record["last"]
-            if (last is not None and last["id"] == list(pass_id) and last["num_workers"] == num_workers
-                    and worker not in last["members"]):
+            if (
+                last is not None
+                and last["id"] == list(pass_id)
+                and last["num_workers"] == num_workers
+                and worker not in last["members"]
+            ):
                 last["members"].append(worker)
                 decision.update(last["decision"])
                 return
@@ -100,7 +116,12 @@ class PassClock:
             if resumed_epoch is not None:
                 new = {"epoch": int(resumed_epoch), "state": None}
             record["pending"] = None
-            record["last"] = {"id": list(pass_id), "num_workers": num_workers, "members": [worker], "decision": new}
+            record["last"] = {
+                "id": list(pass_id),
+                "num_workers": num_workers,
+                "members": [worker],
+                "decision": new,
+            }
             decision.update(new)
 
         self._update(change)

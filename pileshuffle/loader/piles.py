@@ -19,23 +19,34 @@ import json
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.records import keys as keymath
+from pileshuffle.errors import InputError
+from pileshuffle.formats import get_format
+from pileshuffle.formats.views import VIEW_ITEM, shift_buffers, value_views, view_array
 from pileshuffle.io import storage
 from pileshuffle.io.checksums import check_crc32c, unreadable_bytes
 from pileshuffle.io.copy_marks import read_copies, visible_places
-from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import binary_column_parts
-from pileshuffle.formats import get_format
-from pileshuffle.formats.views import VIEW_ITEM, shift_buffers, value_views, view_array
 from pileshuffle.loader.cache import remote_name
 from pileshuffle.loader.gather import gather
 from pileshuffle.loader.order import sort_by_key
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, RECORD_COLUMN
+from pileshuffle.records import keys as keymath
+from pileshuffle.records.fingerprint import binary_column_parts
 
-__all__ = ["BYTES_SCHEMA", "NoOutputError", "resolve", "file_exists", "read_json", "Block", "Source", "sub_pile_of",
-           "PileRef"]
+__all__ = [
+    "BYTES_SCHEMA",
+    "NoOutputError",
+    "resolve",
+    "file_exists",
+    "read_json",
+    "Block",
+    "Source",
+    "sub_pile_of",
+    "PileRef",
+]
 
-BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])  # what a bytes format's batches hold: the payloads
+BYTES_SCHEMA = pa.schema(
+    [pa.field(RECORD_COLUMN, pa.binary())]
+)  # what a bytes format's batches hold: the payloads
 
 
 class NoOutputError(InputError):
@@ -114,7 +125,9 @@ class Block:
         if self.rows is None and len(self.tables) == 1:
             return Block(tables=(self.tables[0].slice(start, stop - start),))
         if self.rows is not None:
-            return Block(tables=self.tables, rows=self.rows[start:stop])  # a view: a Mixture takes parts again and again
+            return Block(
+                tables=self.tables, rows=self.rows[start:stop]
+            )  # a view: a Mixture takes parts again and again
         return Block(tables=self.tables, rows=np.arange(start, stop, dtype=np.int64))
 
     def compact(self) -> "Block":
@@ -126,12 +139,16 @@ class Block:
             return self
         array = view_array(self.views, self.buffers)
         size = int(self.views[:, :4].copy().view("<i4").astype(np.int64).sum())
-        values, offsets = binary_column_parts(array.cast(pa.binary() if size < 2**31 else pa.large_binary()))
+        values, offsets = binary_column_parts(
+            array.cast(pa.binary() if size < 2**31 else pa.large_binary())
+        )
         return Block(value_views(values, offsets), (values,))
 
     def reorder(self, indices: np.ndarray) -> "Block":
         if self.tables is None:
-            return Block(np.take(self.views, indices, axis=0), self.buffers)  # 10x views[indices] on (n, 16)
+            return Block(
+                np.take(self.views, indices, axis=0), self.buffers
+            )  # 10x views[indices] on (n, 16)
         return Block(tables=self.tables, rows=self._table_rows(np.asarray(indices, np.int64)))
 
     @staticmethod
@@ -140,8 +157,15 @@ class Block:
         binary views and their buffers, no data copied)."""
         if not pa.types.is_binary_view(table.schema.field(0).type):
             return Block(tables=(table,))
-        chunks = [Block(np.frombuffer(array.buffers()[1], np.uint8).reshape(-1, 16)[array.offset:][:len(array)],
-                        tuple(array.buffers()[2:])) for array in table.column(0).chunks]
+        chunks = [
+            Block(
+                np.frombuffer(array.buffers()[1], np.uint8).reshape(-1, 16)[array.offset :][
+                    : len(array)
+                ],
+                tuple(array.buffers()[2:]),
+            )
+            for array in table.column(0).chunks
+        ]
         return Block.concat(chunks) if chunks else Block(np.empty((0, 16), np.uint8), ())
 
     @staticmethod
@@ -154,12 +178,18 @@ class Block:
         if blocks[0].tables is not None:
             joined = _concat_tables(blocks)
             rows = np.empty(len(places), np.int64)
-            rows[places] = joined.rows if joined.rows is not None else np.arange(len(places), dtype=np.int64)
+            rows[places] = (
+                joined.rows if joined.rows is not None else np.arange(len(places), dtype=np.int64)
+            )
             return Block(tables=joined.tables, rows=rows)
         views, buffers, start = np.empty((len(places), 16), np.uint8), [], 0
-        items = views.view(VIEW_ITEM).ravel()  # one 16-byte item per record: 8x faster to scatter than (n, 16)
+        items = views.view(
+            VIEW_ITEM
+        ).ravel()  # one 16-byte item per record: 8x faster to scatter than (n, 16)
         for block in blocks:
-            items[places[start : start + block.num_rows]] = shift_buffers(block.views, len(buffers)).view(VIEW_ITEM).ravel()
+            items[places[start : start + block.num_rows]] = (
+                shift_buffers(block.views, len(buffers)).view(VIEW_ITEM).ravel()
+            )
             buffers += block.buffers
             start += block.num_rows
         return Block(views, tuple(buffers))
@@ -183,7 +213,9 @@ class Block:
 def _one_chunk(table: pa.Table) -> pa.Table:
     """``table`` itself when each column is one chunk (the same object: ``gather`` keeps
     what it made of it), else its chunks combined."""
-    return table if all(column.num_chunks == 1 for column in table.columns) else table.combine_chunks()
+    return (
+        table if all(column.num_chunks == 1 for column in table.columns) else table.combine_chunks()
+    )
 
 
 def _concat_tables(blocks) -> Block:
@@ -194,7 +226,9 @@ def _concat_tables(blocks) -> Block:
     rows, offset = [], 0
     for block in blocks:
         size = sum(t.num_rows for t in block.tables)
-        rows.append((block.rows if block.rows is not None else np.arange(size, dtype=np.int64)) + offset)
+        rows.append(
+            (block.rows if block.rows is not None else np.arange(size, dtype=np.int64)) + offset
+        )
         offset += size
     return Block(tables=tables, rows=np.concatenate(rows))
 
@@ -211,7 +245,9 @@ class Source:
     num_piles: int = 1
     cache: object = None
     facts: dict = dataclasses.field(default=None, compare=False)
-    copies: dict = dataclasses.field(default=None, compare=False)  # a dedup store: path -> (copies path, crc32c, live)
+    copies: dict = dataclasses.field(
+        default=None, compare=False
+    )  # a dedup store: path -> (copies path, crc32c, live)
 
     def _read(self, path: str, read):
         """``read(filesystem, path)``: of the file's local copy when it is cached, else of the
@@ -224,12 +260,18 @@ class Source:
 
     def read_shard(self, path: str) -> Block:
         """A shard's records, its bytes proven by the CRC32C its manifest lists (when it lists one)."""
-        fmt, name, listed = get_format(self.format), remote_name(self.filesystem, path), self._listed_crc32c(path)
+        fmt, name, listed = (
+            get_format(self.format),
+            remote_name(self.filesystem, path),
+            self._listed_crc32c(path),
+        )
 
         def block(fs, where):
             if fmt.record_column is not None:
                 buffer = _read_bytes(fs, where, name)
-                views = fmt.payload_views(buffer, name, 0)  # the format's own checks name the place first
+                views = fmt.payload_views(
+                    buffer, name, 0
+                )  # the format's own checks name the place first
                 self._check_size(path, name, buffer.size)
                 if not fmt.checks_every_byte:
                     check_crc32c(name, buffer, listed)
@@ -260,9 +302,13 @@ class Source:
         def keys(fs, where):
             try:
                 with storage.open_mapped(where, fs) as mapped:
-                    parts = [batch.column(KEY_COLUMN).to_numpy() for batch in pa.ipc.open_stream(mapped)]
+                    parts = [
+                        batch.column(KEY_COLUMN).to_numpy() for batch in pa.ipc.open_stream(mapped)
+                    ]
             except (OSError, pa.ArrowException, KeyError) as error:
-                raise InputError(path, f"cannot be read as a pile store data file: {error}") from error
+                raise InputError(
+                    path, f"cannot be read as a pile store data file: {error}"
+                ) from error
             return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
         found = self._read(path, keys)
@@ -285,11 +331,15 @@ class Source:
         """``(block, keys)`` of one store data file (an Arrow IPC stream): its visible rows."""
         block, keys = self._read(path, lambda fs, where: self._store_file(fs, where, path))
         visible = self.visible_rows(path, len(keys))
-        return (block, keys) if visible is None else (block.reorder(visible).compact(), keys[visible])
+        return (
+            (block, keys) if visible is None else (block.reorder(visible).compact(), keys[visible])
+        )
 
     def _store_file(self, fs, where: str, path: str):
         name = remote_name(self.filesystem, path)
-        buffer = _read_bytes(fs, where, name)  # the whole file (local: mapped), so the columns are views
+        buffer = _read_bytes(
+            fs, where, name
+        )  # the whole file (local: mapped), so the columns are views
         check_crc32c(name, buffer, self._listed_crc32c(path))
         try:
             table = pa.ipc.open_stream(buffer).read_all()
@@ -303,14 +353,23 @@ class Source:
             columns = [c for c in table.column_names if c not in (KEY_COLUMN, HASH_COLUMN)]
             return Block(tables=(table.select(list(self.columns or columns)),)), keys
         # a store file holds the format's records as pass 1 read them, or bare payloads (composed runs)
-        column = next((c for c in (fmt.record_column, RECORD_COLUMN) if c in table.column_names), None)
+        column = next(
+            (c for c in (fmt.record_column, RECORD_COLUMN) if c in table.column_names), None
+        )
         if column is None:
-            raise InputError(path, f"has none of the columns {[fmt.record_column, RECORD_COLUMN]}: not a "
-                                   f"{self.format} pile store file")
+            raise InputError(
+                path,
+                f"has none of the columns {[fmt.record_column, RECORD_COLUMN]}: not a "
+                f"{self.format} pile store file",
+            )
         blocks = []
         for chunk in table.column(column).chunks:
             buffer, offsets = binary_column_parts(chunk)
-            views = value_views(buffer, offsets) if column == RECORD_COLUMN else fmt.payload_views(buffer, path, 0)
+            views = (
+                value_views(buffer, offsets)
+                if column == RECORD_COLUMN
+                else fmt.payload_views(buffer, path, 0)
+            )
             blocks.append(Block(views, (buffer,)))
         return Block.concat(blocks), keys
 
@@ -355,11 +414,18 @@ class PileRef:
         """The pile's records (sub-pile ``part``, else this ref's), as written, or in
         ``order`` (indices into that)."""
         shards = self._shards(part or self.part)
-        block = self._stored(part or self.part) if shards is None else Block.concat(b for _, b in shards)
+        block = (
+            self._stored(part or self.part)
+            if shards is None
+            else Block.concat(b for _, b in shards)
+        )
         if (part is None or part == self.part) and block.num_rows != self.records:
-            raise InputError(", ".join(self.files), f"holds {block.num_rows:,} records where the manifest lists "
-                                                    f"{self.records:,}: changed after it was written "
-                                                    "(`pileshuffle verify` says how)")
+            raise InputError(
+                ", ".join(self.files),
+                f"holds {block.num_rows:,} records where the manifest lists "
+                f"{self.records:,}: changed after it was written "
+                "(`pileshuffle verify` says how)",
+            )
         return block if order is None else block.reorder(order)
 
     def _shards(self, part):
@@ -374,12 +440,14 @@ class PileRef:
         blocks, keys = [], []
         for path in self.files:
             block, file_keys = self.source.read_store_file(path)
-            if part is not None:  # keep only the sub-pile's records, copied out of the file's buffers
-                chosen = np.flatnonzero(sub_pile_of(file_keys, self.source.num_piles, part[1]) == part[0])
+            if (
+                part is not None
+            ):  # keep only the sub-pile's records, copied out of the file's buffers
+                chosen = np.flatnonzero(
+                    sub_pile_of(file_keys, self.source.num_piles, part[1]) == part[0]
+                )
                 block, file_keys = block.reorder(chosen).compact(), file_keys[chosen]
             blocks.append(block)
             keys.append(file_keys)
         keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
         return Block.concat(blocks).reorder(sort_by_key(keys))
-
-

@@ -90,7 +90,9 @@ def union(ranges) -> list:
 
 def _check(rank, world_size, remainder):
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
+        raise ValueError(
+            f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}"
+        )
     if remainder not in ("drop", "pad"):
         raise ValueError(f"remainder must be 'drop' or 'pad', got {remainder!r}")
 
@@ -106,7 +108,9 @@ def rank_share(total: int, rank: int, world_size: int, remainder: str = "drop") 
     return _cyclic_cut(whole, rank * each, (rank + 1) * each)
 
 
-def redeal(remaining, rank: int, world_size: int, remainder: str = "drop", *, equal: bool = False) -> list:
+def redeal(
+    remaining, rank: int, world_size: int, remainder: str = "drop", *, equal: bool = False
+) -> list:
     """This rank's share of ``remaining`` (ranges in global order) in a new split; with
     ``equal``, every rank's share the same size (``"drop"`` leaves out fewer than ``world_size``)."""
     _check(rank, world_size, remainder)

@@ -21,6 +21,7 @@ __all__ = ["Steps", "ranks_loaded", "load_step", "stepped_blocks"]
 class Steps:
     """A callable: ``steps(t)`` is step t's Block; call it with steps in increasing order
     (see the module docstring for which piles it holds)."""
+
     def __init__(self, output, order):
         self._piles, self._order = output.piles, order
         self._loaded = {}  # rank -> the pile's Block, its records in their permuted order
@@ -32,12 +33,18 @@ class Steps:
             del self._loaded[rank]
         for rank in ranks:
             if rank not in self._loaded:
-                if self._decoded:  # Parquet: first return the freed piles' pages (Arrow's pool keeps them)
+                if (
+                    self._decoded
+                ):  # Parquet: first return the freed piles' pages (Arrow's pool keeps them)
                     pa.default_memory_pool().release_unused()
                 self._loaded[rank] = self._load(rank)
-        block = Block.interleave([self._loaded[r].part(*self._order.slice_bounds(r, step)) for r in ranks],
-                                 self._order.step_places(step))
-        self._loaded.pop(step - self._order.width + 1, None)  # its last slice: no later step reads it
+        block = Block.interleave(
+            [self._loaded[r].part(*self._order.slice_bounds(r, step)) for r in ranks],
+            self._order.step_places(step),
+        )
+        self._loaded.pop(
+            step - self._order.width + 1, None
+        )  # its last slice: no later step reads it
         return block
 
     def _load(self, rank: int) -> Block:

@@ -29,7 +29,15 @@ import copy
 import pyarrow as pa
 import tensorflow as tf
 
-__all__ = ["CHUNK_RECORDS", "CHUNK_BYTES", "to_tf", "chunk_records", "state_in_epoch", "tf_dtype", "sample_members"]
+__all__ = [
+    "CHUNK_RECORDS",
+    "CHUNK_BYTES",
+    "to_tf",
+    "chunk_records",
+    "state_in_epoch",
+    "tf_dtype",
+    "sample_members",
+]
 
 CHUNK_RECORDS = 8192  # records per generator step at most; tf.data cuts them into elements in C++
 CHUNK_BYTES = 8 << 20  # and about this many payload bytes (wide records: images, documents)
@@ -80,9 +88,14 @@ def _numpy_columns(batch, location):
     (numpy would make an integer column's nulls NaN, cast to garbage integers by TensorFlow)."""
     for name, column in zip(batch.schema.names, batch.columns):
         if column.null_count:
-            raise ValueError(f"ds.tf(): column {name!r} of {location} has null values, which a tensor cannot hold: "
-                             "fill them in the data, or leave the column out with columns=[...]")
-    return {name: column.to_numpy(zero_copy_only=False) for name, column in zip(batch.schema.names, batch.columns)}
+            raise ValueError(
+                f"ds.tf(): column {name!r} of {location} has null values, which a tensor cannot hold: "
+                "fill them in the data, or leave the column out with columns=[...]"
+            )
+    return {
+        name: column.to_numpy(zero_copy_only=False)
+        for name, column in zip(batch.schema.names, batch.columns)
+    }
 
 
 def sample_members(dataset) -> list:
@@ -106,18 +119,28 @@ def _batch_spec(dataset, members=None):
         return {name: tf.TensorSpec(shape=(None,), dtype=tf.string) for name in members}
     if dataset.format != "parquet":
         return tf.TensorSpec(shape=(None,), dtype=tf.string)
-    return {field.name: tf.TensorSpec(shape=(None,), dtype=tf_dtype(field)) for field in dataset.schema}
+    return {
+        field.name: tf.TensorSpec(shape=(None,), dtype=tf_dtype(field)) for field in dataset.schema
+    }
 
 
 def tf_dtype(field):
     """TensorFlow's dtype for a Parquet column of ``field``'s type (numbers, bools, strings,
     binary); other types are refused with the column's name."""
     kind = field.type
-    if (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
-            or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
-            or pa.types.is_string_view(kind) or pa.types.is_binary_view(kind)):
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+        or pa.types.is_string_view(kind)
+        or pa.types.is_binary_view(kind)
+    ):
         return tf.string
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
         return tf.as_dtype(pa.array([], kind).to_numpy(zero_copy_only=False).dtype)
-    raise TypeError(f"column {field.name!r} has type {kind}, which ds.tf() does not turn into a tensor "
-                    "(numbers, bools, strings and binary only): leave it out with columns=[...]")
+    raise TypeError(
+        f"column {field.name!r} has type {kind}, which ds.tf() does not turn into a tensor "
+        "(numbers, bools, strings and binary only): leave it out with columns=[...]"
+    )

@@ -32,7 +32,14 @@ from pileshuffle.loader.batching import array_batches
 from pileshuffle.loader.handoff import ArrowOnArrival, BytesOnArrival, arrow_batch, reduced
 from pileshuffle.loader.passes import PassClock
 
-__all__ = ["TorchDataset", "TensorsOnArrival", "torch_ready", "worker_states", "loader_states", "round_robin"]
+__all__ = [
+    "TorchDataset",
+    "TensorsOnArrival",
+    "torch_ready",
+    "worker_states",
+    "loader_states",
+    "round_robin",
+]
 
 # torchdata's StatefulDataLoader state keys (torchdata.stateful_dataloader, 0.8 - 0.11)
 _SNAPSHOT, _STEPS_SINCE_SNAPSHOT = "_snapshot", "_steps_since_snapshot"
@@ -63,10 +70,16 @@ class TorchDataset(torch.utils.data.IterableDataset):
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.as_numpy = as_numpy
-        self._resume = None  # a worker's own state (torchdata's StatefulDataLoader gives it in the worker)
+        self._resume = (
+            None  # a worker's own state (torchdata's StatefulDataLoader gives it in the worker)
+        )
         self._part = None  # the part this process iterates now
-        self._passes = 0  # passes this copy has begun (persistent workers and the main process count on)
-        self._ending = None  # (pass id, worker) of the part under way: the clock is told when it is used up
+        self._passes = (
+            0  # passes this copy has begun (persistent workers and the main process count on)
+        )
+        self._ending = (
+            None  # (pass id, worker) of the part under way: the clock is told when it is used up
+        )
         self._clock = PassClock()
 
     # -- epochs and length
@@ -92,8 +105,10 @@ class TorchDataset(torch.utils.data.IterableDataset):
         """Records this rank yields per epoch (with ``batch_size``, batches per epoch depend on
         ``num_workers``: every worker ends on its own last, possibly partial, batch)."""
         if self.batch_size is not None:
-            raise TypeError("len() of a batched torch dataset is not defined (it depends on num_workers); "
-                            "len(ds) gives the records per epoch")
+            raise TypeError(
+                "len() of a batched torch dataset is not defined (it depends on num_workers); "
+                "len(ds) gives the records per epoch"
+            )
         return len(self.dataset)
 
     # -- iterating
@@ -107,7 +122,9 @@ class TorchDataset(torch.utils.data.IterableDataset):
         base seed per iteration (worker seed = base seed + id), and a persistent worker or the
         main process counts its own passes."""
         info = get_worker_info()
-        origin = ["main", os.getpid()] if info is None else ["workers", int(info.seed) - int(info.id)]
+        origin = (
+            ["main", os.getpid()] if info is None else ["workers", int(info.seed) - int(info.id)]
+        )
         return [*origin, self._passes]
 
     def _part_to_iterate(self):
@@ -147,10 +164,19 @@ class TorchDataset(torch.utils.data.IterableDataset):
             if not in_worker:  # the main process: part.batches() as they are
                 return part.batches(self.batch_size, drop_last=self.drop_last)
             arrays = _payload_arrays(part, self.batch_size, self.drop_last)
-            return (BytesOnArrival(array, ring=True, format=self.dataset.format) for array in arrays)
-        batches = (torch_ready(batch, self.as_numpy) for batch in part.batches(self.batch_size, drop_last=self.drop_last))
+            return (
+                BytesOnArrival(array, ring=True, format=self.dataset.format) for array in arrays
+            )
+        batches = (
+            torch_ready(batch, self.as_numpy)
+            for batch in part.batches(self.batch_size, drop_last=self.drop_last)
+        )
         if not in_worker:
-            return (_writable(_numpy_columns(batch)) for batch in batches) if self.as_numpy else batches
+            return (
+                (_writable(_numpy_columns(batch)) for batch in batches)
+                if self.as_numpy
+                else batches
+            )
         arrival = TensorsOnArrival if self.as_numpy else ArrowOnArrival
         return (arrival(batch, ring=True) for batch in batches)
 
@@ -161,7 +187,11 @@ class TorchDataset(torch.utils.data.IterableDataset):
         would iterate)."""
         if self._part is not None:
             return self._part.state_dict()
-        upcoming = self._resume if self._resume is not None else self._clock.peek(self._first_epoch())["state"]
+        upcoming = (
+            self._resume
+            if self._resume is not None
+            else self._clock.peek(self._first_epoch())["state"]
+        )
         if isinstance(upcoming, dict):
             return upcoming
         worker, num_workers = self._worker()
@@ -240,8 +270,10 @@ def torch_ready(batch: pa.RecordBatch, tensors: bool = True) -> pa.RecordBatch:
         if tensors and pa.types.is_temporal(kind):
             column = column.view(pa.int32() if kind.bit_width == 32 else pa.int64())
         if tensors and column.null_count and _is_tensor(column.type):
-            raise ValueError(f"ds.torch(): column {field.name!r} has null values, which a tensor cannot hold: fill "
-                             "them in the data, or leave the column out with columns=[...]")
+            raise ValueError(
+                f"ds.torch(): column {field.name!r} has null values, which a tensor cannot hold: fill "
+                "them in the data, or leave the column out with columns=[...]"
+            )
         columns.append(column)
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
@@ -271,7 +303,9 @@ def _payload_arrays(part, batch_size, drop_last):
 
     def arrays():
         for array in array_batches(tables, batch_size):
-            part._position += len(array)  # as ShuffledDataset._batches: a batch counts once yielded, a dropped one too
+            part._position += len(
+                array
+            )  # as ShuffledDataset._batches: a batch counts once yielded, a dropped one too
             if len(array) == batch_size or not drop_last:
                 yield array
 
@@ -281,7 +315,9 @@ def _payload_arrays(part, batch_size, drop_last):
 def _writable(columns):
     """Numpy columns torch can take without its warning about read-only arrays (Arrow's
     zero-copy numbers are read-only; copying a batch of numbers is cheap)."""
-    return {name: array if array.flags.writeable else array.copy() for name, array in columns.items()}
+    return {
+        name: array if array.flags.writeable else array.copy() for name, array in columns.items()
+    }
 
 
 def _states_epoch(state) -> int:
@@ -298,7 +334,9 @@ def _resumed_part(dataset, states, worker, num_workers):
     for part in parts:
         part.set_epoch(states[0]["epoch"])
     owners = [_own_part(parts, state) for state in states]
-    if len(states) == num_workers and sorted(o for o in owners if o is not None) == list(range(num_workers)):
+    if len(states) == num_workers and sorted(o for o in owners if o is not None) == list(
+        range(num_workers)
+    ):
         part = parts[owners[worker]]
         part.load_state_dict(states[worker])
         return part
@@ -312,7 +350,11 @@ def _own_part(parts, state):
     share of the redealt tails, not the standard split's, and its state still continues it."""
     for index, part in enumerate(parts):
         fresh = part.state_dict()
-        if all(state.get(key) == value for key, value in fresh.items() if key not in ("position", "ranges")):
+        if all(
+            state.get(key) == value
+            for key, value in fresh.items()
+            if key not in ("position", "ranges")
+        ):
             return index
     return None
 
@@ -326,9 +368,11 @@ def worker_states(loader_state):
     if _SNAPSHOT not in loader_state:  # num_workers=0: the dataset state is at the top
         return [loader_state[_DATASET_STATE]]
     if loader_state.get(_STEPS_SINCE_SNAPSHOT, 0):
-        raise ValueError(f"this StatefulDataLoader state is {loader_state[_STEPS_SINCE_SNAPSHOT]} batch(es) past its "
-                         "last worker snapshot: create the loader with snapshot_every_n_steps=1 to resume with "
-                         "another number of workers")
+        raise ValueError(
+            f"this StatefulDataLoader state is {loader_state[_STEPS_SINCE_SNAPSHOT]} batch(es) past its "
+            "last worker snapshot: create the loader with snapshot_every_n_steps=1 to resume with "
+            "another number of workers"
+        )
     workers = loader_state[_SNAPSHOT][_WORKER_SNAPSHOTS]
     return [workers[f"worker_{w}"][_DATASET_STATE] for w in range(len(workers))]
 
@@ -355,7 +399,9 @@ def loader_states(torch_dataset, batches, *, num_workers, batch_size=None, drop_
     size = torch_dataset.batch_size or batch_size
     drop = drop_last or torch_dataset.drop_last
     if not size:
-        raise ValueError("batch_size: the DataLoader's batch size (the adapter yields single records)")
+        raise ValueError(
+            "batch_size: the DataLoader's batch size (the adapter yields single records)"
+        )
     workers = max(1, num_workers)
     decision = torch_dataset._clock.current(torch_dataset._first_epoch(), at_start=batches == 0)
     parts = [torch_dataset._part_of_pass(decision, w, workers) for w in range(workers)]
@@ -367,10 +413,15 @@ def loader_states(torch_dataset, batches, *, num_workers, batch_size=None, drop_
     records = [len(part) for part in parts]
     before = sum(batches_of(start) for start in starts)
     if batches < before:
-        raise ValueError(f"{batches} batches taken, but the pass resumed after {before} batches of this epoch")
+        raise ValueError(
+            f"{batches} batches taken, but the pass resumed after {before} batches of this epoch"
+        )
     remaining = [batches_of(n) - batches_of(start) for n, start in zip(records, starts)]
     taken, turn = round_robin(batches - before, remaining)
-    states = [part.state_after(min(n, start + t * size)) for part, n, start, t in zip(parts, records, starts, taken)]
+    states = [
+        part.state_after(min(n, start + t * size))
+        for part, n, start, t in zip(parts, records, starts, taken)
+    ]
     return states[turn:] + states[:turn]
 
 
@@ -385,12 +436,16 @@ def round_robin(batches, per_worker):
     whose turn is next, when batches are dealt round robin and worker w drops out after its
     ``per_worker[w]`` batches."""
     if batches > sum(per_worker):
-        raise ValueError(f"{batches} batches taken, but an epoch has only {sum(per_worker)} with these workers")
+        raise ValueError(
+            f"{batches} batches taken, but an epoch has only {sum(per_worker)} with these workers"
+        )
     taken, last = [0] * len(per_worker), len(per_worker) - 1
     while batches:
         active = [w for w, n in enumerate(per_worker) if taken[w] < n]
         rounds = min(batches // len(active), min(per_worker[w] - taken[w] for w in active))
-        dealt = active[:batches] if rounds == 0 else active  # rounds == 0: the first of a last round
+        dealt = (
+            active[:batches] if rounds == 0 else active
+        )  # rounds == 0: the first of a last round
         for w in dealt:
             taken[w] += max(rounds, 1)
         batches -= len(dealt) * max(rounds, 1)

@@ -6,7 +6,9 @@ import math
 
 __all__ = ["gcs_operations"]
 
-_READ_REQUEST_BYTES = 16 << 20  # one ranged GET: Beam's gcsio read buffer (16 MiB); formats read 16 MiB at a time too
+_READ_REQUEST_BYTES = (
+    16 << 20
+)  # one ranged GET: Beam's gcsio read buffer (16 MiB); formats read 16 MiB at a time too
 _LIST_PAGE = 1000  # objects per list request (storage.objects.list's largest page)
 _RUN_B = 2  # class B per pass-1 run beside its segments' reads: two lookups (Beam's upload and delete; counted on the emulator)
 # counted on the emulator: 14 lists (the plan's and Finalize's output checks, clean-ups) + uploads of the 2 write
@@ -20,10 +22,16 @@ _PREPARE_A, _PREPARE_B = 3, 5
 
 def _read_requests(fmt: str, source) -> int:
     """Class B operations of reading one input file, or a span of one, in pass 1 (see ``gcs_operations``)."""
-    if source.span is not None:  # its metadata, each started 16 MiB (the line across its end with it); Parquet's footer
+    if (
+        source.span is not None
+    ):  # its metadata, each started 16 MiB (the line across its end with it); Parquet's footer
         return 1 + math.ceil((source.span_bytes + 1) / _READ_REQUEST_BYTES) + (fmt == "parquet")
-    reads = 1 + math.ceil(source.size / _READ_REQUEST_BYTES) + 1  # its metadata, each started 16 MiB, the end (or footer)
-    if fmt == "tfrecord":  # its size looked up first (2), a frame header read across the first 16 MiB boundary
+    reads = (
+        1 + math.ceil(source.size / _READ_REQUEST_BYTES) + 1
+    )  # its metadata, each started 16 MiB, the end (or footer)
+    if (
+        fmt == "tfrecord"
+    ):  # its size looked up first (2), a frame header read across the first 16 MiB boundary
         reads += 2 + (source.size > _READ_REQUEST_BYTES)
     return reads
 
@@ -53,14 +61,21 @@ def gcs_operations(plan) -> dict:
       a bucket (1 B). (google-cloud-storage >= 3 would read the bucket's metadata for each new
       client, one per Beam file operation: ``cloud.configure_beam`` turns that off.)"""
     files, piles = len(plan.sources), plan.num_piles
-    sampled = 2 * (plan.format == "tfrecord") + 6 * files * (plan.format == "parquet")  # the plan: sizes, footers
+    sampled = 2 * (plan.format == "tfrecord") + 6 * files * (
+        plan.format == "parquet"
+    )  # the plan: sizes, footers
     steps = {
         "checks": (_FIXED_A + math.ceil(files / _LIST_PAGE), _FIXED_B + sampled),
-        "input": (0, sum(_read_requests(plan.format, s) for group in plan.source_groups for s in group)),
+        "input": (
+            0,
+            sum(_read_requests(plan.format, s) for group in plan.source_groups for s in group),
+        ),
     }
     if plan.intermediate == "files":
         runs, parts = plan.run_shape()
-        on_disk = max(0.0, 1 - plan.memory_for_runs / max(1.0, plan.held_bytes))  # runs kept in memory make none
+        on_disk = max(
+            0.0, 1 - plan.memory_for_runs / max(1.0, plan.held_bytes)
+        )  # runs kept in memory make none
         runs, parts = round(runs * on_disk), round(parts * on_disk)
         steps["runs"] = (runs + max(0, math.ceil(runs / _LIST_PAGE) - 1), parts + _RUN_B * runs)
     steps["shards"] = (piles + _PREPARE_A, 2 * piles + _PREPARE_B)

@@ -7,18 +7,30 @@ many files as that size takes). It reads at most a MiB of a file and Parquet foo
 import dataclasses
 import math
 
-from pileshuffle.records import keys as keymath
-from pileshuffle.io import storage
 from pileshuffle.formats.labels import sampled_label_counts
+from pileshuffle.io import storage
+from pileshuffle.records import keys as keymath
 
-__all__ = ["RECORD_OVERHEAD", "SCALED_FILE_BYTES", "mean_record_bytes", "estimated_bytes",
-           "balance_growth", "choose_num_piles", "piles_reached", "scaled_sources"]
+__all__ = [
+    "RECORD_OVERHEAD",
+    "SCALED_FILE_BYTES",
+    "mean_record_bytes",
+    "estimated_bytes",
+    "balance_growth",
+    "choose_num_piles",
+    "piles_reached",
+    "scaled_sources",
+]
 
 _SAMPLE_BYTES = 1 << 20  # what a plan reads of an input file to size its records (its first MiB)
-_LABEL_SAMPLE_FILES = 8  # --balance: files whose first labels estimate the output's size (a request each on gs://)
+_LABEL_SAMPLE_FILES = (
+    8  # --balance: files whose first labels estimate the output's size (a request each on gs://)
+)
 _GZIP_EXPANSION_GUESS = 4.0  # a compressed input's expansion when no sample can tell (not gzip)
-RECORD_OVERHEAD = 16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
-SCALED_FILE_BYTES = 10 ** 9  # plan --input_bytes: files of 1 GB (or the sample's, if larger)
+RECORD_OVERHEAD = (
+    16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
+)
+SCALED_FILE_BYTES = 10**9  # plan --input_bytes: files of 1 GB (or the sample's, if larger)
 
 
 def mean_record_bytes(fmt, sources) -> float:
@@ -64,11 +76,19 @@ def choose_num_piles(requested, mean, total, max_pile_bytes, growth=1.0) -> tupl
     records ``--balance`` writes per record read (``growth``)."""
     if str(requested) != "auto":
         return int(requested), "as requested"
-    per_record = mean + RECORD_OVERHEAD  # as a pile holds it: records of `mean` bytes, each with its key and hash
+    per_record = (
+        mean + RECORD_OVERHEAD
+    )  # as a pile holds it: records of `mean` bytes, each with its key and hash
     piles = keymath.auto_num_piles(total * growth / mean * per_record, per_record, max_pile_bytes)
-    written = "" if growth == 1.0 else f" written {growth:.2f} times over by --balance (a sample of the labels),"
-    reason = (f"auto: about {total / 1e6:,.0f} MB of {mean:,.0f}-byte records,{written} piles of at most "
-              f"{max_pile_bytes / 2**20:,.0f} MiB with s + 6*sqrt(s) headroom")
+    written = (
+        ""
+        if growth == 1.0
+        else f" written {growth:.2f} times over by --balance (a sample of the labels),"
+    )
+    reason = (
+        f"auto: about {total / 1e6:,.0f} MB of {mean:,.0f}-byte records,{written} piles of at most "
+        f"{max_pile_bytes / 2**20:,.0f} MiB with s + 6*sqrt(s) headroom"
+    )
     return piles, reason
 
 
@@ -85,8 +105,10 @@ def balance_growth(fmt, sources, label: str, policy) -> float:
     check fit the output (a 2x output in piles sized for the input splits every pile in pass 2)."""
     if policy is None:
         return 1.0
-    picked = sources[::max(1, len(sources) // _LABEL_SAMPLE_FILES)][:_LABEL_SAMPLE_FILES]
-    return policy.growth(sampled_label_counts(fmt, [s.path for s in picked if s.size], label, _SAMPLE_BYTES))
+    picked = sources[:: max(1, len(sources) // _LABEL_SAMPLE_FILES)][:_LABEL_SAMPLE_FILES]
+    return policy.growth(
+        sampled_label_counts(fmt, [s.path for s in picked if s.size], label, _SAMPLE_BYTES)
+    )
 
 
 def scaled_sources(sources, input_bytes: int) -> list:
@@ -98,5 +120,7 @@ def scaled_sources(sources, input_bytes: int) -> list:
     file_bytes = max(SCALED_FILE_BYTES, sum(s.size for s in given) // max(1, len(given)))
     count = max(1, math.ceil(input_bytes / file_bytes))
     sizes = [file_bytes] * (count - 1) + [input_bytes - file_bytes * (count - 1)]
-    return [dataclasses.replace(given[i % len(given)], id=i, size=size, span=None)
-            for i, size in enumerate(sizes)]
+    return [
+        dataclasses.replace(given[i % len(given)], id=i, size=size, span=None)
+        for i, size in enumerate(sizes)
+    ]

@@ -11,16 +11,31 @@ check them before a large run."""
 import dataclasses
 import math
 
-from pileshuffle.planning.gcs_requests import gcs_operations
-from pileshuffle.planning.job_model import (DEFAULT_DISK_GB, choose_run_bytes, disk_to_ask, expected_workers,
-                                   rate_per_vcpu, runs_on_object_store)
-from pileshuffle.planning.parameters import PileshuffleOptions
 from pileshuffle.engine.runs import SEGMENT_OVERHEAD
+from pileshuffle.planning.gcs_requests import gcs_operations
+from pileshuffle.planning.job_model import (
+    DEFAULT_DISK_GB,
+    choose_run_bytes,
+    disk_to_ask,
+    expected_workers,
+    rate_per_vcpu,
+    runs_on_object_store,
+)
+from pileshuffle.planning.parameters import PileshuffleOptions
 
-__all__ = ["PRICES", "MODES", "STARTUP_HOURS", "SPILL_FACTOR", "START_READS", "RAMP_DOUBLING",
-           "mode_plan", "mode_figures", "ramp_seconds"]
+__all__ = [
+    "PRICES",
+    "MODES",
+    "STARTUP_HOURS",
+    "SPILL_FACTOR",
+    "START_READS",
+    "RAMP_DOUBLING",
+    "mode_plan",
+    "mode_figures",
+    "ramp_seconds",
+]
 
-GiB, TB = 1 << 30, 10 ** 12
+GiB, TB = 1 << 30, 10**12
 PRICES = {  # Beam 2.77's dataflow_cost_consts.py ("found at cloud.google.com/dataflow/pricing")
     "vcpu_hour": 0.056,  # a batch worker's vCPU
     "memory_gib_hour": 0.003557,  # a batch worker's memory, per GB (GiB) hour
@@ -47,8 +62,9 @@ def mode_plan(plan, options, mode: str):
         return plan
     value = options.view_as(PileshuffleOptions).run_bytes
     on_store = runs_on_object_store(mode, plan.layout, plan.work_dir, plan.workers)
-    run_bytes = choose_run_bytes(value, plan.num_piles, mode, on_store, plan.workers,
-                                 plan.held_bytes, plan.input_bytes)
+    run_bytes = choose_run_bytes(
+        value, plan.num_piles, mode, on_store, plan.workers, plan.held_bytes, plan.input_bytes
+    )
     return dataclasses.replace(plan, intermediate=mode, run_bytes=run_bytes, memory_for_runs=0)
 
 
@@ -74,9 +90,12 @@ def mode_figures(plan, options, mode: str) -> dict:
     dataflow = workers.where == "dataflow"
     shuffled = variant.held_bytes + parts * SEGMENT_OVERHEAD  # the records, keys, hashes, framing
     figures = {
-        "run_bytes": variant.run_bytes, "runs": runs, "parts": parts,
+        "run_bytes": variant.run_bytes,
+        "runs": runs,
+        "parts": parts,
         "records_per_part": variant.written_records / max(1, parts),
-        "units": units, "units_per_thread": units / slots,
+        "units": units,
+        "units_per_thread": units / slots,
         "tail_share": min(1.0, slots / max(1, units)),
         "pass2_requests_per_pile": gets / plan.num_piles,
         "request_ramp_seconds": ramp_seconds(gets),
@@ -112,8 +131,9 @@ def _dollars(plan, figures: dict) -> dict:
     return {
         "workers": count * hours * per_hour,
         "disks": months * disk_gb * PRICES["disk_gb_month"],
-        "gcs_operations": (operations["class_a"] * PRICES["class_a"]
-                           + operations["class_b"] * PRICES["class_b"]),
+        "gcs_operations": (
+            operations["class_a"] * PRICES["class_a"] + operations["class_b"] * PRICES["class_b"]
+        ),
         "shuffle": figures["shuffled_bytes"] / 1e9 * PRICES["shuffle_gb"],
         "storage": stored * PRICES["storage_gb_month"],
     }

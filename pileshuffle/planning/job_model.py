@@ -11,19 +11,43 @@ import re
 
 from apache_beam.options.pipeline_options import DebugOptions, WorkerOptions
 
-from pileshuffle.io import storage
+from pileshuffle.engine.runs import run_bytes_for
 from pileshuffle.errors import UsageError
+from pileshuffle.io import storage
 from pileshuffle.planning.memory_limit import available_memory
 from pileshuffle.planning.parameters import parse_bytes
-from pileshuffle.planning.runners import DOCUMENTED_WORKER, in_process_threads, is_dataflow, runner_name
-from pileshuffle.engine.runs import run_bytes_for
+from pileshuffle.planning.runners import (
+    DOCUMENTED_WORKER,
+    in_process_threads,
+    is_dataflow,
+    runner_name,
+)
 
-__all__ = ["PILE_MEMORY_FACTOR", "LOCAL_BASE_BYTES", "AUTO_MEMORY_SHARE", "SDK_PROCESS_BYTES",
-           "DOCUMENTED_WORKER", "DEFAULT_DISK_GB", "DISK_RESERVE_GB", "MEASURED_CPU_PER_GB",
-           "WORKER_OVERHEAD", "SIZING_RATE", "rate_per_vcpu",
-           "TARGET_HOURS", "Machine", "machine", "Workers", "workers_of", "local_budget",
-           "auto_max_pile_bytes", "choose_run_bytes", "expected_workers", "runs_on_object_store",
-           "check_worker_disk", "disk_to_ask"]
+__all__ = [
+    "PILE_MEMORY_FACTOR",
+    "LOCAL_BASE_BYTES",
+    "AUTO_MEMORY_SHARE",
+    "SDK_PROCESS_BYTES",
+    "DOCUMENTED_WORKER",
+    "DEFAULT_DISK_GB",
+    "DISK_RESERVE_GB",
+    "MEASURED_CPU_PER_GB",
+    "WORKER_OVERHEAD",
+    "SIZING_RATE",
+    "rate_per_vcpu",
+    "TARGET_HOURS",
+    "Machine",
+    "machine",
+    "Workers",
+    "workers_of",
+    "local_budget",
+    "auto_max_pile_bytes",
+    "choose_run_bytes",
+    "expected_workers",
+    "runs_on_object_store",
+    "check_worker_disk",
+    "disk_to_ask",
+]
 
 GiB = 1 << 30
 # a pile is held 2-3 times while it is ordered and written (docs/dataflow.md)
@@ -46,8 +70,10 @@ UNITS_PER_SLOT = 4  # --run_bytes auto: at least this many pass-1 units per thre
 # mode and records per part (the regime: a 10-100 TB job runs at 10-240): bench/regime_rates.py,
 # 2026-12-06, medians of 3 interleaved rounds, 508 MB of 1 KB TFRecords in 260 or 130 piles,
 # --memory 1GiB, 2 shared cores (docs/scaling.md "Rates at the job's regime")
-MEASURED_CPU_PER_GB = {"files": ((10, 37.8), (60, 12.0), (240, 9.0)),
-                       "shuffle": ((10, 43.8), (60, 18.3), (240, 17.6))}
+MEASURED_CPU_PER_GB = {
+    "files": ((10, 37.8), (60, 12.0), (240, 9.0)),
+    "shuffle": ((10, 43.8), (60, 18.3), (240, 17.6)),
+}
 # A Dataflow worker's CPU per local CPU: it also reads the input from and writes runs and shards to
 # Cloud Storage (TLS and HTTP in Python), moves shuffle-mode elements through the SDK harness's
 # gRPC data plane, and runs the harness itself. Not measured (nothing here ran on Dataflow): the
@@ -59,11 +85,20 @@ _UNIT_SPARE = 0.95  # a unit of pass-1 work fills this much of a run (the held s
 # Compute Engine's predefined machine types: GiB of memory per vCPU by family and kind, and the
 # vCPU counts of each family
 _GIB_PER_VCPU = {"n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9, "c2-standard": 4.0}
-_GIB_PER_VCPU.update({f"{family}-{kind}": per for family in ("n2", "n2d", "e2")
-                      for kind, per in (("standard", 4.0), ("highmem", 8.0), ("highcpu", 1.0))})
-_VCPUS = {"n1": (1, 2, 4, 8, 16, 32, 64, 96), "n2": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128),
-          "n2d": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 224), "e2": (2, 4, 8, 16, 32),
-          "c2": (4, 8, 16, 30, 60)}
+_GIB_PER_VCPU.update(
+    {
+        f"{family}-{kind}": per
+        for family in ("n2", "n2d", "e2")
+        for kind, per in (("standard", 4.0), ("highmem", 8.0), ("highcpu", 1.0))
+    }
+)
+_VCPUS = {
+    "n1": (1, 2, 4, 8, 16, 32, 64, 96),
+    "n2": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128),
+    "n2d": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 224),
+    "e2": (2, 4, 8, 16, 32),
+    "c2": (4, 8, 16, 30, 60),
+}
 _CUSTOM = re.compile(r"^(?:[a-z0-9]+-)?custom-(\d+)-(\d+)(?:-ext)?$")  # [family-]custom-VCPUS-MIB
 
 
@@ -85,8 +120,10 @@ def machine(name: str) -> Machine:
         return Machine(name, int(custom.group(1)), int(custom.group(2)) << 20)
     family, _, size = name.rpartition("-")
     if not size.isdigit() or int(size) < 1:
-        raise UsageError(f"--worker_machine_type {name}: not a machine type (FAMILY-KIND-VCPUS, "
-                         "such as n2-highmem-4)")
+        raise UsageError(
+            f"--worker_machine_type {name}: not a machine type (FAMILY-KIND-VCPUS, "
+            "such as n2-highmem-4)"
+        )
     known = family in _GIB_PER_VCPU and int(size) in _VCPUS[family.split("-")[0]]
     return Machine(name, int(size), int(_GIB_PER_VCPU[family] * int(size) * GiB) if known else 0)
 
@@ -119,10 +156,12 @@ class Workers:
         if self.where != "dataflow":
             return self.memory_note
         kind = self.machine
-        return (f"{kind.name} ({kind.vcpus} vCPUs, {kind.memory / GiB:,.2f} GiB of memory): "
-                f"{self.threads} thread(s) in {self.processes} SDK process(es), "
-                f"{self.memory_note}; "
-                f"{self.disk_gb} GB disk{'' if self.disk_given else ' (the default)'}")
+        return (
+            f"{kind.name} ({kind.vcpus} vCPUs, {kind.memory / GiB:,.2f} GiB of memory): "
+            f"{self.threads} thread(s) in {self.processes} SDK process(es), "
+            f"{self.memory_note}; "
+            f"{self.disk_gb} GB disk{'' if self.disk_given else ' (the default)'}"
+        )
 
 
 def local_budget(memory) -> tuple:
@@ -143,8 +182,10 @@ def workers_of(options, budget: int = 0) -> Workers:
     threads = in_process_threads(options)
     if threads:
         per = max(0, (budget - LOCAL_BASE_BYTES) // threads)
-        note = (f"{threads} thread(s) sharing --memory {budget / 1e9:,.1f} GB less "
-                f"{LOCAL_BASE_BYTES / 1e9:,.2f} GB: {per / 1e9:,.2f} GB each")
+        note = (
+            f"{threads} thread(s) sharing --memory {budget / 1e9:,.1f} GB less "
+            f"{LOCAL_BASE_BYTES / 1e9:,.2f} GB: {per / 1e9:,.2f} GB each"
+        )
         return Workers("local", threads, per, note)
     return Workers("other", 1, 0, f"the workers of {runner_name(options)}, which plan cannot see")
 
@@ -163,8 +204,11 @@ def _dataflow_workers(options) -> Workers:
     per_process = debug.number_of_worker_harness_threads or (kind.vcpus if single else 1)
     threads = processes * per_process
     per = max(0, (kind.memory - WORKER_BASE_BYTES - processes * SDK_PROCESS_BYTES) // threads)
-    note = (f"{per / 1e9:,.2f} GB each (less 1 GiB for the worker and 1 GB an SDK process)"
-            if kind.memory else "memory not known")
+    note = (
+        f"{per / 1e9:,.2f} GB each (less 1 GiB for the worker and 1 GB an SDK process)"
+        if kind.memory
+        else "memory not known"
+    )
     disk = worker.disk_size_gb or DEFAULT_DISK_GB
     asked = worker.max_num_workers or worker.num_workers or 0
     given = bool(worker.disk_size_gb)
@@ -178,10 +222,12 @@ def auto_max_pile_bytes(workers: Workers, held_bytes: float, spread: bool = True
     ``MAX_AUTO_PILE``. A runner whose workers plan cannot see gets ``MIN_AUTO_PILE`` (64 MiB, the
     default before auto)."""
     if workers.where == "dataflow" and not workers.machine.memory:
-        raise UsageError("--max_pile_bytes auto: pileshuffle knows the memory of n1, n2, n2d, "
-                         "e2 and c2 standard, highmem and highcpu and custom-VCPUS-MIB machine "
-                         f"types, not --worker_machine_type {workers.machine.name}: give "
-                         "--max_pile_bytes (a third of what one worker thread holds)")
+        raise UsageError(
+            "--max_pile_bytes auto: pileshuffle knows the memory of n1, n2, n2d, "
+            "e2 and c2 standard, highmem and highcpu and custom-VCPUS-MIB machine "
+            f"types, not --worker_machine_type {workers.machine.name}: give "
+            "--max_pile_bytes (a third of what one worker thread holds)"
+        )
     if not workers.memory_per_thread and workers.where != "local":
         why = f"auto: 64 MiB, as {workers.memory_note}: give --max_pile_bytes for them"
         return MIN_AUTO_PILE, why
@@ -233,8 +279,15 @@ def expected_workers(workers: Workers, input_bytes: float) -> int:
     return max(1, math.ceil(vcpu_hours / TARGET_HOURS / workers.machine.vcpus))
 
 
-def choose_run_bytes(value, num_piles: int, intermediate: str, on_object_store: bool,
-                     workers: Workers, held_bytes: float, input_bytes: float) -> int:
+def choose_run_bytes(
+    value,
+    num_piles: int,
+    intermediate: str,
+    on_object_store: bool,
+    workers: Workers,
+    held_bytes: float,
+    input_bytes: float,
+) -> int:
     """``--run_bytes`` (``runs.run_bytes_for``); ``auto`` also gives shuffle mode on Dataflow runs
     that spill up to a thread's share of the worker's disk (larger parts, fewer elements),
     and on Dataflow no more than makes ``UNITS_PER_SLOT`` units of pass-1 work per thread of the
@@ -267,14 +320,19 @@ def check_worker_disk(plan):
     need = workers.threads * plan.spilled_per_writer
     if need <= (workers.disk_gb - DISK_RESERVE_GB) * GiB:
         return
-    disk = (f"--disk_size_gb {workers.disk_gb}" if workers.disk_given
-            else f"default {workers.disk_gb} GB disk")
-    raise UsageError(f"--disk_size_gb: each {workers.machine.name} worker spills up to "
-                     f"{need / GiB:,.1f} GiB of pass-1 runs ({workers.threads} thread(s) x "
-                     f"{plan.spilled_per_writer / GiB:,.1f} GiB, --run_bytes "
-                     f"{plan.run_bytes / GiB:,.1f} GiB), more than its {disk} holds beside "
-                     f"{DISK_RESERVE_GB} GB for the system: give --disk_size_gb "
-                     f"{disk_to_ask(plan)} (or a smaller --run_bytes); nothing was staged")
+    disk = (
+        f"--disk_size_gb {workers.disk_gb}"
+        if workers.disk_given
+        else f"default {workers.disk_gb} GB disk"
+    )
+    raise UsageError(
+        f"--disk_size_gb: each {workers.machine.name} worker spills up to "
+        f"{need / GiB:,.1f} GiB of pass-1 runs ({workers.threads} thread(s) x "
+        f"{plan.spilled_per_writer / GiB:,.1f} GiB, --run_bytes "
+        f"{plan.run_bytes / GiB:,.1f} GiB), more than its {disk} holds beside "
+        f"{DISK_RESERVE_GB} GB for the system: give --disk_size_gb "
+        f"{disk_to_ask(plan)} (or a smaller --run_bytes); nothing was staged"
+    )
 
 
 def disk_to_ask(plan) -> int:

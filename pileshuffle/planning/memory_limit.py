@@ -17,18 +17,34 @@ import dataclasses
 import os
 import re
 
-__all__ = ["Memory", "NO_LIMIT", "HOST", "UNKNOWN", "available_memory", "cgroup_memory",
-           "host_available"]
+__all__ = [
+    "Memory",
+    "NO_LIMIT",
+    "HOST",
+    "UNKNOWN",
+    "available_memory",
+    "cgroup_memory",
+    "host_available",
+]
 
 NO_LIMIT = 1 << 62  # a limit this large is none: cgroup v1 writes 9223372036854771712, v2 "max"
 HOST = "host /proc/meminfo"
 UNKNOWN = "unknown"  # neither /proc/meminfo nor a cgroup limit could be read (not Linux)
 
-_V1 = {"version": "v1", "limit": "memory.limit_in_bytes", "usage": "memory.usage_in_bytes",
-       "reclaimable": ("total_inactive_file", "inactive_file"),
-       "default_mount": "/sys/fs/cgroup/memory"}
-_V2 = {"version": "v2", "limit": "memory.max", "usage": "memory.current",
-       "reclaimable": ("inactive_file",), "default_mount": "/sys/fs/cgroup"}
+_V1 = {
+    "version": "v1",
+    "limit": "memory.limit_in_bytes",
+    "usage": "memory.usage_in_bytes",
+    "reclaimable": ("total_inactive_file", "inactive_file"),
+    "default_mount": "/sys/fs/cgroup/memory",
+}
+_V2 = {
+    "version": "v2",
+    "limit": "memory.max",
+    "usage": "memory.current",
+    "reclaimable": ("inactive_file",),
+    "default_mount": "/sys/fs/cgroup",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +147,7 @@ def _own_cgroup(root: str) -> tuple:
     path, top = paths[kind["version"]], os.path.normpath(os.path.join(root, mount.lstrip("/")))
     inside = ""  # a path outside the mount (cgroup namespaces) is the mount's own cgroup
     if mount_root == "/" or path == mount_root or path.startswith(mount_root.rstrip("/") + "/"):
-        inside = path[len(mount_root.rstrip("/")):]
+        inside = path[len(mount_root.rstrip("/")) :]
     directory = os.path.normpath(os.path.join(top, inside.lstrip("/")))
     while not os.path.isdir(directory) and len(directory) > len(top):
         directory = os.path.dirname(directory)
@@ -167,7 +183,8 @@ def _mount(root: str, kind: dict) -> tuple:
                     continue
                 fstype, options = tail[0], tail[2].split(",")
                 if (kind is _V1 and fstype == "cgroup" and "memory" in options) or (
-                        kind is _V2 and fstype == "cgroup2"):
+                    kind is _V2 and fstype == "cgroup2"
+                ):
                     return _unescape(fields[3]), _unescape(fields[4])
     except OSError:
         pass

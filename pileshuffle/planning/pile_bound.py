@@ -31,12 +31,18 @@ def check_num_piles(num_piles: int, auto=None):
     memory = available_memory()
     most = most_piles(memory)
     if num_piles > most:
-        chooses = f"--num_piles auto chooses {auto():,} for this input" if auto else "--num_piles auto chooses a count that fits the input"
-        raise UsageError(f"--num_piles {num_piles:,}: each pile costs about {PILE_BOOKKEEPING_BYTES:,} bytes of memory "
-                         f"beside its records (a shard, accounted for and listed in the manifest), "
-                         f"{num_piles * PILE_BOOKKEEPING_BYTES / 1e9:,.1f} GB in all, more than half the "
-                         f"{2 * most * PILE_BOOKKEEPING_BYTES / 1e9:,.1f} GB available here: at most {most:,} piles "
-                         f"({chooses}); memory: {memory.source}")
+        chooses = (
+            f"--num_piles auto chooses {auto():,} for this input"
+            if auto
+            else "--num_piles auto chooses a count that fits the input"
+        )
+        raise UsageError(
+            f"--num_piles {num_piles:,}: each pile costs about {PILE_BOOKKEEPING_BYTES:,} bytes of memory "
+            f"beside its records (a shard, accounted for and listed in the manifest), "
+            f"{num_piles * PILE_BOOKKEEPING_BYTES / 1e9:,.1f} GB in all, more than half the "
+            f"{2 * most * PILE_BOOKKEEPING_BYTES / 1e9:,.1f} GB available here: at most {most:,} piles "
+            f"({chooses}); memory: {memory.source}"
+        )
 
 
 def check_num_piles_argv(argv):

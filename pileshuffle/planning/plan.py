@@ -16,33 +16,74 @@ import uuid
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from pileshuffle import interrupt
-from pileshuffle.io import storage
+from pileshuffle.engine.inputs import (
+    check_schemas,
+    describe_left_out,
+    resolve_format,
+    select_inputs,
+)
+from pileshuffle.engine.output_files import (
+    OutputFiles,
+    check_replaceable,
+    missing_local_folders,
+    remove_empty_folders,
+)
+from pileshuffle.engine.runs import DEFAULT_RUN_BYTES, MAX_HELD_BYTES
 from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.formats import get_format
-from pileshuffle.planning.input_size import (RECORD_OVERHEAD, balance_growth, choose_num_piles,
-                                    estimated_bytes, mean_record_bytes, piles_reached,
-                                    scaled_sources)
-from pileshuffle.engine.inputs import check_schemas, describe_left_out, resolve_format, select_inputs
-from pileshuffle.planning.job_model import (AUTO_MEMORY_SHARE, LOCAL_BASE_BYTES, PILE_MEMORY_FACTOR,
-                                   auto_max_pile_bytes, choose_run_bytes, local_budget,
-                                   runs_on_object_store, workers_of)
+from pileshuffle.io import storage
 from pileshuffle.names import manifest_path, staging_dir, store_dir, work_dir_name
-from pileshuffle.engine.runs import DEFAULT_RUN_BYTES, MAX_HELD_BYTES
-from pileshuffle.planning.parameters import (PileshuffleOptions, balance_policy, check_compression, check_values, dedup_of,
-                                   parse_bytes)
-from pileshuffle.engine.output_files import OutputFiles, check_replaceable, missing_local_folders, remove_empty_folders
+from pileshuffle.planning.input_size import (
+    RECORD_OVERHEAD,
+    balance_growth,
+    choose_num_piles,
+    estimated_bytes,
+    mean_record_bytes,
+    piles_reached,
+    scaled_sources,
+)
+from pileshuffle.planning.job_model import (
+    AUTO_MEMORY_SHARE,
+    LOCAL_BASE_BYTES,
+    PILE_MEMORY_FACTOR,
+    auto_max_pile_bytes,
+    choose_run_bytes,
+    local_budget,
+    runs_on_object_store,
+    workers_of,
+)
+from pileshuffle.planning.parameters import (
+    PileshuffleOptions,
+    balance_policy,
+    check_compression,
+    check_values,
+    dedup_of,
+    parse_bytes,
+)
 from pileshuffle.planning.pile_bound import check_num_piles
 from pileshuffle.planning.runners import in_process_threads
 from pileshuffle.planning.space import FRAGMENT_OVERHEAD, free_space, space_needed
 from pileshuffle.store.layout import is_store
 
-__all__ = ["Plan", "make_plan", "RECORD_OVERHEAD", "PILE_MEMORY_FACTOR", "LOCAL_BASE_BYTES",
-           "AUTO_MEMORY_SHARE", "mean_record_bytes", "work_dir_for", "check_writable",
-           "check_shard_output", "piles_reached"]
+__all__ = [
+    "Plan",
+    "make_plan",
+    "RECORD_OVERHEAD",
+    "PILE_MEMORY_FACTOR",
+    "LOCAL_BASE_BYTES",
+    "AUTO_MEMORY_SHARE",
+    "mean_record_bytes",
+    "work_dir_for",
+    "check_writable",
+    "check_shard_output",
+    "piles_reached",
+]
 
 _log = logging.getLogger("pileshuffle")
 
-_UNIT_SPARE = 0.95  # a unit of pass-1 work fills this much of a run (the records' held size is an estimate)
+_UNIT_SPARE = (
+    0.95  # a unit of pass-1 work fills this much of a run (the records' held size is an estimate)
+)
 
 
 @dataclasses.dataclass
@@ -64,12 +105,22 @@ class Plan:
     layout: str = "shards"
     schema: object = None
     input_bytes: int = 0
-    space: dict = dataclasses.field(default_factory=dict)  # location -> (bytes needed, bytes free or None)
+    space: dict = dataclasses.field(
+        default_factory=dict
+    )  # location -> (bytes needed, bytes free or None)
     needs: dict = dataclasses.field(default_factory=dict)  # location -> bytes this run writes there
-    left_out: dict = dataclasses.field(default_factory=dict)  # path -> why (pileshuffle's own files)
-    skipped: dict = dataclasses.field(default_factory=dict)  # path -> why (matched names that are no input file)
-    duplicates: dict = dataclasses.field(default_factory=dict)  # path -> the name kept (one file named twice)
-    unpublished: list = dataclasses.field(default_factory=list)  # what an unfinished publication left: replaced
+    left_out: dict = dataclasses.field(
+        default_factory=dict
+    )  # path -> why (pileshuffle's own files)
+    skipped: dict = dataclasses.field(
+        default_factory=dict
+    )  # path -> why (matched names that are no input file)
+    duplicates: dict = dataclasses.field(
+        default_factory=dict
+    )  # path -> the name kept (one file named twice)
+    unpublished: list = dataclasses.field(
+        default_factory=list
+    )  # what an unfinished publication left: replaced
     mean_record_bytes: float = 1.0  # as Arrow holds a record, from a sample
     label: str = None  # --label: the class field (with --balance)
     balance: object = None  # --balance: a balance.Policy (a first pass counts the classes)
@@ -77,10 +128,16 @@ class Plan:
     dedup: object = None  # --dedup / --dedup_key: a dedup.Dedup (keys from content, duplicates dropped in pass 2)
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
     growth: float = 1.0  # --balance: records written per record read, from a sample of labels
-    run_bytes: int = DEFAULT_RUN_BYTES  # --run_bytes: pass 1's run size per writer (pileshuffle.engine.runs)
+    run_bytes: int = (
+        DEFAULT_RUN_BYTES  # --run_bytes: pass 1's run size per writer (pileshuffle.engine.runs)
+    )
     memory_budget: int = 0  # --memory: what a local run may use (0: not a local in-process run)
-    memory_for_runs: int = 0  # of it, pass-1 runs kept in memory between the passes (pileshuffle.engine.memory_runs)
-    memory: object = None  # --memory auto: the memory_limit.Memory it is a share of (None: given, or no budget)
+    memory_for_runs: int = (
+        0  # of it, pass-1 runs kept in memory between the passes (pileshuffle.engine.memory_runs)
+    )
+    memory: object = (
+        None  # --memory auto: the memory_limit.Memory it is a share of (None: given, or no budget)
+    )
     workers: object = None  # the job_model.Workers the piles and runs are sized for
     max_pile_reason: str = ""  # --max_pile_bytes auto: how it was sized ("" when given)
     scaled: bool = False  # plan --input_bytes: the sources stand for an input not there (unread)
@@ -101,7 +158,10 @@ class Plan:
         """Each group of sources' records as pass 1 holds them: with their keys and hashes."""
         per_byte = self.written_records / max(1, self.input_bytes)  # records per byte on disk
         held_per_record = self.mean_record_bytes + RECORD_OVERHEAD
-        return [per_byte * sum(s.span_bytes for s in group) * held_per_record for group in self.source_groups]
+        return [
+            per_byte * sum(s.span_bytes for s in group) * held_per_record
+            for group in self.source_groups
+        ]
 
     @property
     def source_groups(self) -> list:
@@ -113,8 +173,11 @@ class Plan:
         cached = self.__dict__.get("_source_groups")  # 100 TB's sources take seconds: cut once
         if cached is None or cached[0] != key:
             fmt = get_format(self.format) if self.balance is None else None
-            spans = (split_sources(self.sources, self.unit_bytes, fmt, self.skip_corrupt) if fmt
-                     else self.sources)
+            spans = (
+                split_sources(self.sources, self.unit_bytes, fmt, self.skip_corrupt)
+                if fmt
+                else self.sources
+            )
             cached = self.__dict__["_source_groups"] = (key, source_groups(spans, self.unit_bytes))
         return cached[1]
 
@@ -149,7 +212,10 @@ class Plan:
         object per run; both modes send one element per part."""
         from pileshuffle.engine.transforms.pile_groups import template_group
 
-        held_per_record, keys = self.mean_record_bytes + RECORD_OVERHEAD, -(-self.num_piles // template_group(self))
+        held_per_record, keys = (
+            self.mean_record_bytes + RECORD_OVERHEAD,
+            -(-self.num_piles // template_group(self)),
+        )
         runs = parts = 0.0
         for held in self.group_held_bytes():
             records = held / held_per_record
@@ -189,9 +255,11 @@ def _check_balance_fits(format_name: str, policy):
     """Refuse copies of tar samples: a copy keeps its sample's WebDataset key (no header is
     rewritten), and a shard cannot hold a key twice (it would read back as one sample)."""
     if format_name == "tar" and policy is not None and not policy.undersample:
-        raise UsageError("--balance on tar samples copies samples, and a copy keeps its sample's WebDataset key, "
-                         "which one shard cannot hold twice: give --undersample (cuts, no copies), or balance the "
-                         "samples before writing them as tar")
+        raise UsageError(
+            "--balance on tar samples copies samples, and a copy keeps its sample's WebDataset key, "
+            "which one shard cannot hold twice: give --undersample (cuts, no copies), or balance the "
+            "samples before writing them as tar"
+        )
 
 
 def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
@@ -210,19 +278,26 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
         output, outputs = check_shard_output(opts.output, bool(opts.overwrite))
     inputs = select_inputs(opts.input, output)
     if inputs.left_out:
-        _log.warning("left out %d file(s) that --input matches but pileshuffle wrote: %s", len(inputs.left_out),
-                     describe_left_out(inputs.left_out))
+        _log.warning(
+            "left out %d file(s) that --input matches but pileshuffle wrote: %s",
+            len(inputs.left_out),
+            describe_left_out(inputs.left_out),
+        )
     sources = inputs.sources
     fmt = resolve_format(opts.format, sources)
     check_compression(fmt.name, opts.compression)
     policy = balance_policy(opts)
     _check_balance_fits(fmt.name, policy)
     if all(s.size == 0 for s in sources):
-        raise InputError(sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle")
+        raise InputError(
+            sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle"
+        )
     schema = check_schemas(fmt, sources)
     dedup = dedup_of(opts)
     if dedup is not None and dedup.field and schema is not None and dedup.field not in schema.names:
-        raise UsageError(f"--dedup_key: the input has no column {dedup.field!r} (columns: {', '.join(schema.names)})")
+        raise UsageError(
+            f"--dedup_key: the input has no column {dedup.field!r} (columns: {', '.join(schema.names)})"
+        )
     mean = mean_record_bytes(fmt, sources)
     total = estimated_bytes(fmt, sources, mean)
     growth = balance_growth(fmt, sources, opts.label_field, policy)
@@ -234,16 +309,22 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
     held = total * growth / mean * (mean + RECORD_OVERHEAD)  # Plan.held_bytes
     max_pile_bytes, sized = _max_pile_bytes(opts, workers, held)
     num_piles, reason = choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
-    check_num_piles(num_piles,
-                    lambda: choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0])
+    check_num_piles(
+        num_piles, lambda: choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0]
+    )
     if num_piles > max(1, total / mean):
-        _log.warning("%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
-                     num_piles, f"{round(total / mean):,}")
+        _log.warning(
+            "%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
+            num_piles,
+            f"{round(total / mean):,}",
+        )
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
     needs = space_needed(sources, total, opts.intermediate, work_dir, staging_dir(output))
     if opts.layout == "store":
         needs = {store_dir(output): int(total * FRAGMENT_OVERHEAD)}
-    needs = {location: int(need * growth) for location, need in needs.items()}  # --balance writes copies
+    needs = {
+        location: int(need * growth) for location, need in needs.items()
+    }  # --balance writes copies
     space = _free_space(needs, input_bytes)
     plan = Plan(
         format=fmt.name,
@@ -253,10 +334,15 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
         num_piles=num_piles,
         num_piles_reason=reason,
         max_pile_bytes=max_pile_bytes,
-        run_bytes=choose_run_bytes(opts.run_bytes, num_piles, opts.intermediate,
-                                   runs_on_object_store(opts.intermediate, opts.layout, work_dir,
-                                                        workers),
-                                   workers, held, sum(s.size for s in sources)),
+        run_bytes=choose_run_bytes(
+            opts.run_bytes,
+            num_piles,
+            opts.intermediate,
+            runs_on_object_store(opts.intermediate, opts.layout, work_dir, workers),
+            workers,
+            held,
+            sum(s.size for s in sources),
+        ),
         seed=int(opts.seed),
         intermediate=opts.intermediate,
         work_dir=work_dir,
@@ -282,9 +368,12 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
         max_pile_reason=sized,
         scaled=bool(input_bytes),
     )
-    plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(plan, budget, found,
-                                                                             options)
-    if plan.memory_for_runs and work_dir in needs:  # runs kept in memory never reach the temp folder
+    plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(
+        plan, budget, found, options
+    )
+    if (
+        plan.memory_for_runs and work_dir in needs
+    ):  # runs kept in memory never reach the temp folder
         plan.needs[work_dir] = max(0, needs[work_dir] - plan.memory_for_runs)
         plan.space = _free_space(plan.needs, input_bytes)
     return plan
@@ -333,8 +422,10 @@ def _output_prefix(text: str) -> str:
     if not text:
         raise OutputError("--output: is required (a prefix of file names, e.g. --output=out/train)")
     if text.endswith(("/", "\\")):
-        raise OutputError(f"--output {text}: ends with '/', but the output is a prefix of file names, not a folder: "
-                          f"give e.g. --output {text}train (shards {text}train-00000-of-..., {text}train-manifest.json)")
+        raise OutputError(
+            f"--output {text}: ends with '/', but the output is a prefix of file names, not a folder: "
+            f"give e.g. --output {text}train (shards {text}train-00000-of-..., {text}train-manifest.json)"
+        )
     _refuse_wildcards("--output", text)
     return text
 
@@ -345,15 +436,18 @@ def _refuse_wildcards(option: str, location: str):
     ``t[1]-00000-...`` would delete ``t1-00000-...`` instead."""
     found = sorted(set(re.findall(r"[*?\[\]]", location)))
     if found:
-        raise OutputError(f"{option} {location}: holds {' '.join(found)}, which Beam's file systems take as wildcards "
-                          "when they list and delete files (there is no escape): choose a location without * ? [ ]")
+        raise OutputError(
+            f"{option} {location}: holds {' '.join(found)}, which Beam's file systems take as wildcards "
+            "when they list and delete files (there is no escape): choose a location without * ? [ ]"
+        )
 
 
 def _refuse_hiding_a_store(output: str):
     """Shards at a store's prefix would hide it: readers and ``verify`` take
     ``{P}-manifest.json`` first (as ``run --layout store`` refuses the reverse)."""
     if is_store(output):
-        raise OutputError(f"a pile store exists at {store_dir(output)}/: shards at --output {output} would hide it from "
-                          f"the loader and verify (they read {manifest_path(output)} first); write the shards elsewhere, "
-                          f"e.g. `pileshuffle materialize --store {output} --output OTHER`")
-
+        raise OutputError(
+            f"a pile store exists at {store_dir(output)}/: shards at --output {output} would hide it from "
+            f"the loader and verify (they read {manifest_path(output)} first); write the shards elsewhere, "
+            f"e.g. `pileshuffle materialize --store {output} --output OTHER`"
+        )

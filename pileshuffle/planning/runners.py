@@ -9,19 +9,49 @@ import os
 import time
 import uuid
 
-from apache_beam.options.pipeline_options import (DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions,
-                                                  TypeOptions)
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+    TypeOptions,
+)
 
 from pileshuffle.names import manifest_path
 from pileshuffle.planning.memory_limit import available_memory
 
 __all__ = [
-    "LOCAL_RUNNERS", "DASK_RUNNER", "DASK_CONNECT_SECONDS", "given_options", "graph_defaults", "local_defaults", "runner_name", "runner_problem",
-    "is_dask", "is_dataflow", "make_runner", "dask_runner", "is_local", "in_process_threads", "dask_defaults", "dataflow_defaults",
-    "should_wait", "outliving_job", "close_client", "submitted", "LOCAL_SHUFFLE_HOLD", "check_local_shuffle_fits",
-    "DOCUMENTED_WORKER"]
+    "LOCAL_RUNNERS",
+    "DASK_RUNNER",
+    "DASK_CONNECT_SECONDS",
+    "given_options",
+    "graph_defaults",
+    "local_defaults",
+    "runner_name",
+    "runner_problem",
+    "is_dask",
+    "is_dataflow",
+    "make_runner",
+    "dask_runner",
+    "is_local",
+    "in_process_threads",
+    "dask_defaults",
+    "dataflow_defaults",
+    "should_wait",
+    "outliving_job",
+    "close_client",
+    "submitted",
+    "LOCAL_SHUFFLE_HOLD",
+    "check_local_shuffle_fits",
+    "DOCUMENTED_WORKER",
+]
 
-LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")  # --runner values run in-process
+LOCAL_RUNNERS = (
+    None,
+    "DirectRunner",
+    "FnApiRunner",
+    "SwitchingDirectRunner",
+)  # --runner values run in-process
 # a Dataflow launch's worker unless it names one: the docs' and the Makefile's (docs/dataflow.md)
 DOCUMENTED_WORKER = "n2-highmem-4"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"  # what runner_name makes of Dask's short names
@@ -103,8 +133,12 @@ def runner_problem(name) -> str:
     if name is None:
         return ""
     lowered = str(name).lower()
-    if lowered in ("dask", "daskrunner") or name in LOCAL_RUNNERS or lowered in _RUNNER_MAP \
-            or lowered + "runner" in _RUNNER_MAP:
+    if (
+        lowered in ("dask", "daskrunner")
+        or name in LOCAL_RUNNERS
+        or lowered in _RUNNER_MAP
+        or lowered + "runner" in _RUNNER_MAP
+    ):
         return ""
     if "." in str(name):
         module, cls = str(name).rsplit(".", 1)
@@ -113,9 +147,17 @@ def runner_problem(name) -> str:
                 return ""
         except Exception:
             pass
-    known = ", ".join(sorted(n for n in {*StandardOptions.KNOWN_RUNNER_NAMES, "DaskRunner"} if not n.startswith("Test")))
-    return (f"--runner: {name!r} is not a runner Beam can create; give one of {known} (default: the local "
-            f"FnApiRunner), or module.Class of a PipelineRunner")
+    known = ", ".join(
+        sorted(
+            n
+            for n in {*StandardOptions.KNOWN_RUNNER_NAMES, "DaskRunner"}
+            if not n.startswith("Test")
+        )
+    )
+    return (
+        f"--runner: {name!r} is not a runner Beam can create; give one of {known} (default: the local "
+        f"FnApiRunner), or module.Class of a PipelineRunner"
+    )
 
 
 def is_dask(options) -> bool:
@@ -159,11 +201,20 @@ def dask_runner():
                 if "connect" not in str(error):
                     raise
                 dask = options.view_as(DaskOptions)
-                where = (f"--dask_client_address {dask.address}" if dask.address
-                         else f"--dask_scheduler_file {dask.scheduler_file}")
-                waited = f"within {dask.timeout} s" if isinstance(dask.timeout, (int, float)) else "in time"
-                raise UsageError(f"{where}: no Dask scheduler answered {waited} (is it running and reachable from "
-                                 "here? --dask_connection_timeout sets the wait)") from None
+                where = (
+                    f"--dask_client_address {dask.address}"
+                    if dask.address
+                    else f"--dask_scheduler_file {dask.scheduler_file}"
+                )
+                waited = (
+                    f"within {dask.timeout} s"
+                    if isinstance(dask.timeout, (int, float))
+                    else "in time"
+                )
+                raise UsageError(
+                    f"{where}: no Dask scheduler answered {waited} (is it running and reachable from "
+                    "here? --dask_connection_timeout sets the wait)"
+                ) from None
 
     return ConnectingDaskRunner()
 
@@ -178,7 +229,10 @@ def in_process_threads(options) -> int:
     or ``multi_threading``; one per core unless ``--direct_num_workers`` is given, as
     ``local_defaults`` sets), else 0."""
     direct = options.view_as(DirectOptions)
-    if not is_local(options) or (direct.direct_running_mode or "in_memory") not in ("in_memory", "multi_threading"):
+    if not is_local(options) or (direct.direct_running_mode or "in_memory") not in (
+        "in_memory",
+        "multi_threading",
+    ):
         return 0
     given = "direct_num_workers" in given_options(options)
     return (direct.direct_num_workers if given else 0) or os.cpu_count() or 1
@@ -195,7 +249,9 @@ def dask_defaults(options: PipelineOptions, units: int) -> PipelineOptions:
     dask = options.view_as(DaskOptions)
     if not dask.npartitions and not dask.partition_size:
         dask.npartitions = max(1, min(units, _DASK_MAX_DEFAULT_PARTITIONS))
-    if (dask.address or dask.scheduler_file) and dask.timeout is None:  # not a LocalCluster, which starts processes
+    if (
+        dask.address or dask.scheduler_file
+    ) and dask.timeout is None:  # not a LocalCluster, which starts processes
         dask.timeout = DASK_CONNECT_SECONDS
     return options
 
@@ -216,17 +272,25 @@ def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
     image = os.environ.get("PILESHUFFLE_SDK_CONTAINER_IMAGE")
     if image and not worker.sdk_container_image:
         worker.sdk_container_image = image
-    if not (worker.sdk_container_image or worker.worker_harness_container_image or setup.setup_file
-            or setup.extra_packages):
-        raise UsageError("--runner DataflowRunner: the workers would start Beam's stock image, which has no "
-                         "pileshuffle; give --sdk_container_image (the template's image: make template-build) or "
-                         "--setup_file ./setup.py (installed on every worker as it starts)")
+    if not (
+        worker.sdk_container_image
+        or worker.worker_harness_container_image
+        or setup.setup_file
+        or setup.extra_packages
+    ):
+        raise UsageError(
+            "--runner DataflowRunner: the workers would start Beam's stock image, which has no "
+            "pileshuffle; give --sdk_container_image (the template's image: make template-build) or "
+            "--setup_file ./setup.py (installed on every worker as it starts)"
+        )
     _refuse_local_paths(options)
     if not worker.machine_type:  # the worker a plan sizes piles for (job_model), not n1-standard-1
         worker.machine_type = DOCUMENTED_WORKER
     cloud = options.view_as(GoogleCloudOptions)
     if not cloud.job_name:  # named before the launch: the output's lock names the job that holds it
-        cloud.job_name = f"pileshuffle-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+        cloud.job_name = (
+            f"pileshuffle-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+        )
     return options
 
 
@@ -234,7 +298,11 @@ def outliving_job(options, wait=None):
     """The name of the job this launch submits and leaves running (Dataflow, not waited for),
     which holds the output's lock after the launcher returns; None when this process runs or
     waits for the job, or builds a template (no job runs)."""
-    if not is_dataflow(options) or should_wait(options, wait) or options.view_as(GoogleCloudOptions).template_location:
+    if (
+        not is_dataflow(options)
+        or should_wait(options, wait)
+        or options.view_as(GoogleCloudOptions).template_location
+    ):
         return None
     return options.view_as(GoogleCloudOptions).job_name
 
@@ -242,17 +310,22 @@ def outliving_job(options, wait=None):
 def _refuse_local_paths(options):
     """A Dataflow job's workers cannot reach the launching machine's files: ``--input`` and
     ``--output`` must name an object store (gs://), else ``UsageError`` naming the path."""
-    from pileshuffle.errors import UsageError
     from pileshuffle.engine.inputs import split_patterns
-    from pileshuffle.planning.parameters import PileshuffleOptions
+    from pileshuffle.errors import UsageError
     from pileshuffle.io.storage import is_remote
+    from pileshuffle.planning.parameters import PileshuffleOptions
 
     values = options.view_as(PileshuffleOptions)
-    for name, paths in (("--input", split_patterns(values.input)), ("--output", [values.output or ""])):
+    for name, paths in (
+        ("--input", split_patterns(values.input)),
+        ("--output", [values.output or ""]),
+    ):
         local = [path.strip() for path in paths if path.strip() and not is_remote(path.strip())]
         if local:
-            raise UsageError(f"{name}: {local[0]} is a local path, which a Dataflow job's workers cannot reach; "
-                             "give a gs:// path")
+            raise UsageError(
+                f"{name}: {local[0]} is a local path, which a Dataflow job's workers cannot reach; "
+                "give a gs:// path"
+            )
 
 
 def should_wait(options, wait) -> bool:
@@ -264,7 +337,11 @@ def should_wait(options, wait) -> bool:
         return bool(wait)
     if is_dataflow(options):
         return False
-    return is_local(options) or is_dask(options) or not options.view_as(StandardOptions).no_wait_until_finish
+    return (
+        is_local(options)
+        or is_dask(options)
+        or not options.view_as(StandardOptions).no_wait_until_finish
+    )
 
 
 def close_client(result, cancel=False):
@@ -308,7 +385,9 @@ def check_local_shuffle_fits(plan):
     if available is not None and held > 0.8 * available:
         from pileshuffle.errors import UsageError
 
-        raise UsageError(f"--intermediate=shuffle on the local runner keeps every record in the runner's memory, about "
-                         f"{LOCAL_SHUFFLE_HOLD}x: {held / 1e9:,.1f} GB for this input, more than the "
-                         f"{available / 1e9:,.1f} GB available here ({memory.source}); use --intermediate=files (the default: one pile "
-                         "per worker in memory), or a runner with a shuffle service")
+        raise UsageError(
+            f"--intermediate=shuffle on the local runner keeps every record in the runner's memory, about "
+            f"{LOCAL_SHUFFLE_HOLD}x: {held / 1e9:,.1f} GB for this input, more than the "
+            f"{available / 1e9:,.1f} GB available here ({memory.source}); use --intermediate=files (the default: one pile "
+            "per worker in memory), or a runner with a shuffle service"
+        )

@@ -74,8 +74,10 @@ def check_space(space: dict):
     than it has free (``free_space``'s figures)."""
     for (need, free), locations in _by_disk(space).items():
         if free is not None and free < need:
-            raise OutputError(f"not enough disk space: {' and '.join(locations)} "
-                              f"{'have' if len(locations) > 1 else 'has'} {free:,} bytes free, and this run writes "
-                              f"about {need:,} bytes there before it finishes (pass-1 runs and staged shards; "
-                              "`pileshuffle plan` shows them): free some, or give --temp_location on another disk for "
-                              "the pass-1 runs; nothing was written")
+            raise OutputError(
+                f"not enough disk space: {' and '.join(locations)} "
+                f"{'have' if len(locations) > 1 else 'has'} {free:,} bytes free, and this run writes "
+                f"about {need:,} bytes there before it finishes (pass-1 runs and staged shards; "
+                "`pileshuffle plan` shows them): free some, or give --temp_location on another disk for "
+                "the pass-1 runs; nothing was written"
+            )

@@ -28,9 +28,18 @@ def measured(ids: np.ndarray, classes: int, batch_size: int) -> list:
         return [None] * classes
     counts = np.pad(counts, ((0, 0), (0, classes - counts.shape[1])))
     shares = counts / batch_size
-    low, high = np.percentile(shares, _QUANTILES, axis=0, method="inverted_cdf")  # as the hypergeometric's ppf
-    return [{"mean": float(shares[:, c].mean()), "p5": float(low[c]), "p95": float(high[c]),
-             "empty": float(np.mean(counts[:, c] == 0))} for c in range(classes)]
+    low, high = np.percentile(
+        shares, _QUANTILES, axis=0, method="inverted_cdf"
+    )  # as the hypergeometric's ppf
+    return [
+        {
+            "mean": float(shares[:, c].mean()),
+            "p5": float(low[c]),
+            "p95": float(high[c]),
+            "empty": float(np.mean(counts[:, c] == 0)),
+        }
+        for c in range(classes)
+    ]
 
 
 def uniform(count: int, records: int, batch_size: int):
@@ -40,36 +49,52 @@ def uniform(count: int, records: int, batch_size: int):
         return None
     law = stats.hypergeom(records, count, batch_size)
     low, high = law.ppf([q / 100 for q in _QUANTILES])
-    return {"mean": count / records, "p5": float(low) / batch_size, "p95": float(high) / batch_size,
-            "empty": float(law.pmf(0))}
+    return {
+        "mean": count / records,
+        "p5": float(low) / batch_size,
+        "p95": float(high) / batch_size,
+        "empty": float(law.pmf(0)),
+    }
 
 
 def _name(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def class_shares(before_ids: np.ndarray, after_ids: np.ndarray, values, batch_size: int, what: str) -> dict:
+def class_shares(
+    before_ids: np.ndarray, after_ids: np.ndarray, values, batch_size: int, what: str
+) -> dict:
     """The section of quality.json: ``before_ids`` the input's class ids in input order,
     ``after_ids`` the output's in output order, ``values`` the class of each id."""
     classes = len(values)
     before_counts = np.bincount(before_ids, minlength=classes)
     after_counts = np.bincount(after_ids, minlength=classes)
-    before, after = measured(before_ids, classes, batch_size), measured(after_ids, classes, batch_size)
+    before, after = (
+        measured(before_ids, classes, batch_size),
+        measured(after_ids, classes, batch_size),
+    )
     rows = []
     for c, value in enumerate(values):
-        rows.append({
-            "class": _name(value),
-            "records_before": int(before_counts[c]),
-            "records_after": int(after_counts[c]),
-            "share_before": float(before_counts[c] / max(len(before_ids), 1)),
-            "share_after": float(after_counts[c] / max(len(after_ids), 1)),
-            "before": before[c],
-            "before_uniform": uniform(int(before_counts[c]), len(before_ids), batch_size),
-            "after": after[c],
-            "after_uniform": uniform(int(after_counts[c]), len(after_ids), batch_size),
-        })
-    return {"label": what, "batch_size": batch_size, "batches_before": len(before_ids) // batch_size,
-            "batches_after": len(after_ids) // batch_size, "classes": rows}
+        rows.append(
+            {
+                "class": _name(value),
+                "records_before": int(before_counts[c]),
+                "records_after": int(after_counts[c]),
+                "share_before": float(before_counts[c] / max(len(before_ids), 1)),
+                "share_after": float(after_counts[c] / max(len(after_ids), 1)),
+                "before": before[c],
+                "before_uniform": uniform(int(before_counts[c]), len(before_ids), batch_size),
+                "after": after[c],
+                "after_uniform": uniform(int(after_counts[c]), len(after_ids), batch_size),
+            }
+        )
+    return {
+        "label": what,
+        "batch_size": batch_size,
+        "batches_before": len(before_ids) // batch_size,
+        "batches_after": len(after_ids) // batch_size,
+        "classes": rows,
+    }
 
 
 def _cell(numbers) -> str:
@@ -83,13 +108,26 @@ def text_lines(section: dict) -> list:
     output's uniform expectation is in quality.json (``after_uniform``)."""
     shown = sorted(section["classes"], key=lambda row: (row["share_before"], str(row["class"])))
     header = ["class", "before -> after", "input order", "input shuffled", "output"]
-    rows = [[str(row["class"]), f"{row['share_before']:.1%} -> {row['share_after']:.1%}", _cell(row["before"]),
-             _cell(row["before_uniform"]), _cell(row["after"])] for row in shown[:_SHOWN]]
+    rows = [
+        [
+            str(row["class"]),
+            f"{row['share_before']:.1%} -> {row['share_after']:.1%}",
+            _cell(row["before"]),
+            _cell(row["before_uniform"]),
+            _cell(row["after"]),
+        ]
+        for row in shown[:_SHOWN]
+    ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [f"  class shares ({section['label']}): of all records, before -> after; per batch of "
-             f"{section['batch_size']}: mean [5%-95%] and the batches without the class"]
-    lines += ["    " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-              for r in [header, *rows]]
+    lines = [
+        f"  class shares ({section['label']}): of all records, before -> after; per batch of "
+        f"{section['batch_size']}: mean [5%-95%] and the batches without the class"
+    ]
+    lines += [
+        "    "
+        + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [header, *rows]
+    ]
     if len(shown) > _SHOWN:
         lines.append(f"    ... and {len(shown) - _SHOWN:,} more classes in quality.json")
     return lines

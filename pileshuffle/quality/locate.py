@@ -21,15 +21,27 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import binary_column_parts
 from pileshuffle.formats import holder_of, record_hashes
 from pileshuffle.formats.labels import record_labels
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.records.fingerprint import binary_column_parts
 
-_INPUT_STREAM = 0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
+_INPUT_STREAM = (
+    0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
+)
 
-__all__ = ["threshold_for", "Label", "Scan", "scan", "run_keys", "scan_with_copies", "scan_distinct", "scan_store",
-           "match", "class_ids"]
+__all__ = [
+    "threshold_for",
+    "Label",
+    "Scan",
+    "scan",
+    "run_keys",
+    "scan_with_copies",
+    "scan_distinct",
+    "scan_store",
+    "match",
+    "class_ids",
+]
 
 _HASH_SPACE = 2**64
 
@@ -70,7 +82,10 @@ class Label:
     def _byte_codes(self, table, path):
         holder = holder_of(table)
         if holder.record_column is None:
-            raise InputError(path, f"is {holder.name}: --label_bytes reads TFRecord payloads or JSONL lines; use --label_field COLUMN")
+            raise InputError(
+                path,
+                f"is {holder.name}: --label_bytes reads TFRecord payloads or JSONL lines; use --label_field COLUMN",
+            )
         header, footer = holder.before, holder.after
         data, offsets = binary_column_parts(table.column(0))
         raw = np.frombuffer(data, dtype=np.uint8)
@@ -79,7 +94,9 @@ class Label:
         for shift, k in enumerate(range(self.start, self.end)):
             where = starts + k
             inside = where < ends
-            byte = np.where(inside, raw[np.minimum(where, len(raw) - 1)] if len(raw) else 0, 0).astype(np.uint64)
+            byte = np.where(
+                inside, raw[np.minimum(where, len(raw) - 1)] if len(raw) else 0, 0
+            ).astype(np.uint64)
             codes |= byte << np.uint64(8 * shift)
         return codes
 
@@ -96,7 +113,11 @@ class Label:
         return f"field {self.field!r}" if self.field else f"payload bytes {self.start}:{self.end}"
 
     def option(self) -> str:
-        return f"--label_field {self.field}" if self.field else f"--label_bytes {self.start}:{self.end}"
+        return (
+            f"--label_field {self.field}"
+            if self.field
+            else f"--label_bytes {self.start}:{self.end}"
+        )
 
 
 @dataclasses.dataclass
@@ -110,23 +131,31 @@ class Scan:
     labels: np.ndarray = None
     longest: int = 0  # the longest payload, when a --label_bytes label was read
     keys: np.ndarray = None  # the sampled records' pass-1 keys (``scan_with_copies``)
-    order_keys: np.ndarray = None  # every record's pass-1 key, in input order (a scan of a run's input)
+    order_keys: np.ndarray = (
+        None  # every record's pass-1 key, in input order (a scan of a run's input)
+    )
 
     @property
     def records(self) -> int:
         return int(sum(self.file_records))
 
     @staticmethod
-    def joined(file_records, hashes, positions, labels=None, longest=0, keys=None, order_keys=None) -> "Scan":
+    def joined(
+        file_records, hashes, positions, labels=None, longest=0, keys=None, order_keys=None
+    ) -> "Scan":
         """A scan from per-chunk parts (``labels``, ``keys``, ``order_keys`` None: not asked for)."""
         return Scan(
             file_records,
             np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
             np.concatenate(positions).astype(np.int64) if positions else np.zeros(0, np.int64),
-            None if labels is None else (np.concatenate(labels) if labels else np.zeros(0, np.int64)),
+            None
+            if labels is None
+            else (np.concatenate(labels) if labels else np.zeros(0, np.int64)),
             longest,
             None if keys is None else (np.concatenate(keys) if keys else np.zeros(0, np.uint64)),
-            None if order_keys is None else (np.concatenate(order_keys) if order_keys else np.zeros(0, np.uint64)),
+            None
+            if order_keys is None
+            else (np.concatenate(order_keys) if order_keys else np.zeros(0, np.uint64)),
         )
 
 
@@ -138,10 +167,19 @@ def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None) -> Scan:
     def chunks(number, path):
         first = 0
         for table, places in fmt.read_placed(path):
-            yield table, record_hashes(table), None if keys_of is None else keys_of(number, places, first)
+            yield (
+                table,
+                record_hashes(table),
+                None if keys_of is None else keys_of(number, places, first),
+            )
             first += table.num_rows
 
-    return _sampled(((path, chunks(number, path)) for number, path in enumerate(paths)), threshold, label, keys=False)
+    return _sampled(
+        ((path, chunks(number, path)) for number, path in enumerate(paths)),
+        threshold,
+        label,
+        keys=False,
+    )
 
 
 def run_keys(manifest: dict):
@@ -153,7 +191,9 @@ def run_keys(manifest: dict):
     seed = int(manifest.get("seed") or 0)
     if tuple(int(n) for n in str(manifest.get("format_version", "1.0")).split(".")) >= (1, 1):
         return lambda number, places, first: position_keys(seed, (_INPUT_STREAM, number), places)
-    return lambda number, places, first: record_keys(seed, (_INPUT_STREAM, number), first, len(places))
+    return lambda number, places, first: record_keys(
+        seed, (_INPUT_STREAM, number), first, len(places)
+    )
 
 
 def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = None) -> Scan:
@@ -162,18 +202,44 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
     manifest's label field, policy, seed and ``skip_corrupt``): positions count the copies,
     ``file_records`` are the copies per file, and ``keys`` the sampled copies' pass-1 keys."""
     from pileshuffle.engine.balance import from_manifest_options
+    from pileshuffle.engine.transforms.assign import (
+        INPUT_STREAM,
+        Source,
+        copies_balance,
+        keyed_chunks,
+    )
     from pileshuffle.formats import ReadReport
     from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
-    from pileshuffle.engine.transforms.assign import INPUT_STREAM, Source, copies_balance, keyed_chunks
 
     options = manifest.get("options", {})
-    (field, policy, keep_unlabeled), skip = from_manifest_options(options), bool(options.get("skip_corrupt"))
+    (field, policy, keep_unlabeled), skip = (
+        from_manifest_options(options),
+        bool(options.get("skip_corrupt")),
+    )
     seed = int(manifest.get("seed") or 0)
-    sources = [Source(number, path, 0) for number, path in enumerate(paths)]  # ids: ranks in the sorted file list
+    sources = [
+        Source(number, path, 0) for number, path in enumerate(paths)
+    ]  # ids: ranks in the sorted file list
     balance = copies_balance(fmt, sources, field, policy, seed, skip, keep_unlabeled)
-    files = ((source.path, ((table, hashes, keys) for table, keys, hashes, _, _ in keyed_chunks(
-        fmt, source, seed, (INPUT_STREAM, source.id), DEFAULT_CHUNK_BYTES, skip, ReadReport(), balance)))
-        for source in sources)
+    files = (
+        (
+            source.path,
+            (
+                (table, hashes, keys)
+                for table, keys, hashes, _, _ in keyed_chunks(
+                    fmt,
+                    source,
+                    seed,
+                    (INPUT_STREAM, source.id),
+                    DEFAULT_CHUNK_BYTES,
+                    skip,
+                    ReadReport(),
+                    balance,
+                )
+            ),
+        )
+        for source in sources
+    )
     return _sampled(files, threshold, label, keys=True)
 
 
@@ -189,7 +255,9 @@ def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = Non
 
     dedup, seed = Dedup.from_options(manifest.get("options")), int(manifest.get("seed") or 0)
     with tempfile.TemporaryDirectory(prefix="pileshuffle-quality-") as folder:
-        is_first = first_occurrences((c for path in paths for _, _, c in dedup.file_contents(fmt, path)), folder)
+        is_first = first_occurrences(
+            (c for path in paths for _, _, c in dedup.file_contents(fmt, path)), folder
+        )
         at = [0]
 
         def distinct_chunks(path):
@@ -197,9 +265,15 @@ def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = Non
                 kept = np.asarray(is_first[at[0] : at[0] + table.num_rows])
                 at[0] += table.num_rows
                 distinct = table.filter(pa.array(kept))
-                yield distinct, record_hashes(distinct), position_keys(seed, (DEDUP_STREAM,), content[kept])
+                yield (
+                    distinct,
+                    record_hashes(distinct),
+                    position_keys(seed, (DEDUP_STREAM,), content[kept]),
+                )
 
-        return _sampled(((path, distinct_chunks(path)) for path in paths), threshold, label, keys=False)
+        return _sampled(
+            ((path, distinct_chunks(path)) for path in paths), threshold, label, keys=False
+        )
 
 
 def _sampled(files, threshold: int, label, keys: bool) -> Scan:
@@ -211,7 +285,11 @@ def _sampled(files, threshold: int, label, keys: bool) -> Scan:
     for path, chunks in files:
         count = 0
         for table, chunk_hashes, chunk_keys in chunks:
-            kept = np.flatnonzero(chunk_hashes < np.uint64(threshold)) if threshold < _HASH_SPACE else np.arange(len(chunk_hashes))
+            kept = (
+                np.flatnonzero(chunk_hashes < np.uint64(threshold))
+                if threshold < _HASH_SPACE
+                else np.arange(len(chunk_hashes))
+            )
             hashes.append(chunk_hashes[kept])
             positions.append(kept + position + count)
             if keys:
@@ -224,8 +302,15 @@ def _sampled(files, threshold: int, label, keys: bool) -> Scan:
             count += table.num_rows
         file_records.append(count)
         position += count
-    return Scan.joined(file_records, hashes, positions, labels if label is not None else None, longest,
-                       sampled_keys if keys else None, order_keys if order_keys else None)
+    return Scan.joined(
+        file_records,
+        hashes,
+        positions,
+        labels if label is not None else None,
+        longest,
+        sampled_keys if keys else None,
+        order_keys if order_keys else None,
+    )
 
 
 def scan_store(output, threshold: int, label: Label = None) -> Scan:
@@ -238,27 +323,40 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
 
     pile_records, hashes, positions, labels = [], [], [], []
     position = longest = 0
-    for pile in output.piles:  # a grown pile is several refs, one per sub-pile, each over all its files
+    for (
+        pile
+    ) in output.piles:  # a grown pile is several refs, one per sub-pile, each over all its files
         filesystem = pile.source.filesystem
         tables = []
         for path in pile.files:
             try:
                 with filesystem.open_input_stream(path) as stream:
                     table = pa.ipc.open_stream(stream).read_all()
-                visible = pile.source.visible_rows(path, table.num_rows)  # a dedup store: copies hidden
+                visible = pile.source.visible_rows(
+                    path, table.num_rows
+                )  # a dedup store: copies hidden
                 tables.append(table if visible is None else table.take(visible))
             except FileNotFoundError:
-                raise InputError(path, f"is missing, but the store version read ({output.location}) lists it; "
-                                       f"`pileshuffle verify --output` on the store names every damaged generation") from None
+                raise InputError(
+                    path,
+                    f"is missing, but the store version read ({output.location}) lists it; "
+                    f"`pileshuffle verify --output` on the store names every damaged generation",
+                ) from None
         table = pa.concat_tables(tables) if tables else None
         if table is not None and pile.part is not None:
             sub, ways = pile.part
-            table = table.filter(sub_pile_of(table.column(KEY_COLUMN).to_numpy(), pile.source.num_piles, ways) == sub)
+            table = table.filter(
+                sub_pile_of(table.column(KEY_COLUMN).to_numpy(), pile.source.num_piles, ways) == sub
+            )
         count = table.num_rows if table is not None else 0
         if count:
             order = sort_by_key(table.column(KEY_COLUMN).to_numpy())
             pile_hashes = table.column(HASH_COLUMN).to_numpy()[order]
-            kept = np.flatnonzero(pile_hashes < np.uint64(threshold)) if threshold < _HASH_SPACE else np.arange(count)
+            kept = (
+                np.flatnonzero(pile_hashes < np.uint64(threshold))
+                if threshold < _HASH_SPACE
+                else np.arange(count)
+            )
             hashes.append(pile_hashes[kept])
             positions.append(kept + position)
             if label is not None:
@@ -267,7 +365,9 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
                 longest = max(longest, label.longest(records))
         pile_records.append(count)
         position += count
-    return Scan.joined(pile_records, hashes, positions, labels if label is not None else None, longest)
+    return Scan.joined(
+        pile_records, hashes, positions, labels if label is not None else None, longest
+    )
 
 
 def match(source: Scan, target: Scan):
@@ -296,10 +396,15 @@ def _match_copies(source: Scan, target: Scan):
     out_hashes, y = target.hashes[by_place], target.positions[by_place]
     in_unique, in_counts = np.unique(in_hashes, return_counts=True)
     out_unique, out_counts = np.unique(out_hashes, return_counts=True)
-    common, at_in, at_out = np.intersect1d(in_unique, out_unique, assume_unique=True, return_indices=True)
+    common, at_in, at_out = np.intersect1d(
+        in_unique, out_unique, assume_unique=True, return_indices=True
+    )
     paired = common[in_counts[at_in] == out_counts[at_out]]
     keep_in, keep_out = np.isin(in_hashes, paired), np.isin(out_hashes, paired)
-    x, y = x[keep_in], y[keep_out]  # the same hashes, each as often, in the same (hash) order: aligned
+    x, y = (
+        x[keep_in],
+        y[keep_out],
+    )  # the same hashes, each as often, in the same (hash) order: aligned
     back = np.argsort(y, kind="stable")
     return x[back], y[back], int(np.isin(out_hashes, common).sum() - keep_out.sum())
 

@@ -23,14 +23,29 @@ import numpy as np
 from scipy import stats
 
 __all__ = [
-    "UNIFORM_DISPLACEMENT", "displacement_law", "block_table", "independence", "order_metrics", "batch_counts", "batch_metrics",
-    "binomial_reference", "carry_over", "combined_p", "UNIFORM_RADIUS", "radius", "within_uniform"
+    "UNIFORM_DISPLACEMENT",
+    "displacement_law",
+    "block_table",
+    "independence",
+    "order_metrics",
+    "batch_counts",
+    "batch_metrics",
+    "binomial_reference",
+    "carry_over",
+    "combined_p",
+    "UNIFORM_RADIUS",
+    "radius",
+    "within_uniform",
 ]
 
-UNIFORM_DISPLACEMENT = stats.triang(c=0.5, loc=-1.0, scale=2.0)  # (y - x)/n under a uniform permutation: 1 - |d| on (-1, 1)
+UNIFORM_DISPLACEMENT = stats.triang(
+    c=0.5, loc=-1.0, scale=2.0
+)  # (y - x)/n under a uniform permutation: 1 - |d| on (-1, 1)
 
 
-UNIFORM_RADIUS = stats.triang(c=0.0, loc=0.0, scale=1.0)  # |a - b|/n of neighbours under a uniform permutation
+UNIFORM_RADIUS = stats.triang(
+    c=0.0, loc=0.0, scale=1.0
+)  # |a - b|/n of neighbours under a uniform permutation
 
 
 def within_uniform(window: int, n: int) -> float:
@@ -161,10 +176,14 @@ def carry_over(first: np.ndarray, second: np.ndarray, batch_size: int) -> dict:
     input record is delivered in the two epochs (full arrays)."""
     first, second = np.asarray(first, np.int64), np.asarray(second, np.int64)
     n = len(first)
-    correlation = float(np.corrcoef(first, second)[0, 1]) if n > 2 and first.std() and second.std() else 0.0
+    correlation = (
+        float(np.corrcoef(first, second)[0, 1]) if n > 2 and first.std() and second.std() else 0.0
+    )
     keep = first < n // batch_size * batch_size
     a, b = first[keep] // batch_size, second[keep] // batch_size
-    _, together = np.unique(a * (n // batch_size + 1) + b, return_counts=True)  # records per (batch, next batch)
+    _, together = np.unique(
+        a * (n // batch_size + 1) + b, return_counts=True
+    )  # records per (batch, next batch)
     pairs_again = float((together * (together - 1) // 2).sum())
     per_batch = np.bincount(a)
     pairs = float((per_batch * (per_batch - 1) // 2).sum())

@@ -24,7 +24,9 @@ def parse_mixture(text: str):
         except ValueError:
             value = None
         if not sep or not prefix or value is None:
-            raise ValueError(f"--mixture: {part!r} is not PREFIX=WEIGHT (e.g. out/web=0.7,out/code=0.3)")
+            raise ValueError(
+                f"--mixture: {part!r} is not PREFIX=WEIGHT (e.g. out/web=0.7,out/code=0.3)"
+            )
         prefixes.append(prefix)
         weights.append(value)
     return prefixes, weights
@@ -56,38 +58,54 @@ def window_shares(mixture, batch_size: int) -> dict:
     """The report's ``mixture`` section for ``mixture``'s current epoch (module docstring)."""
     total = min(mixture.records_per_epoch, MAX_POSITIONS)
     if total < batch_size:
-        raise ValueError(f"the mixture's epoch holds {mixture.records_per_epoch:,} records, fewer than one batch of "
-                         f"{batch_size:,}: give a smaller --batch_size")
+        raise ValueError(
+            f"the mixture's epoch holds {mixture.records_per_epoch:,} records, fewer than one batch of "
+            f"{batch_size:,}: give a smaller --batch_size"
+        )
     count = len(mixture.sources)
     shares = np.array(mixture.weights, dtype=np.float64) / sum(mixture.weights)
     sources = mixture.sources_at(0, total).astype(np.int64)
     flips = np.random.default_rng(mixture.seed).choice(count, size=total, p=shares)
-    mixed, flipped = _counts_per_window(sources, count, batch_size), _counts_per_window(flips, count, batch_size)
+    mixed, flipped = (
+        _counts_per_window(sources, count, batch_size),
+        _counts_per_window(flips, count, batch_size),
+    )
     datasets = []
     for i, source in enumerate(mixture.sources):
-        datasets.append({
-            "output": source.output.location,
-            "weight": float(shares[i]),
-            "share": float((sources == i).mean()),
-            "mixture": _stats(mixed[0][i], mixed[1][i], shares[i], batch_size),
-            "coin_flips": _stats(flipped[0][i], flipped[1][i], shares[i], batch_size),
-        })
-    return {"epoch": mixture.epoch, "stop": mixture.stop, "records_per_epoch": mixture.records_per_epoch,
-            "positions_measured": total, "batch_size": batch_size, "datasets": datasets}
+        datasets.append(
+            {
+                "output": source.output.location,
+                "weight": float(shares[i]),
+                "share": float((sources == i).mean()),
+                "mixture": _stats(mixed[0][i], mixed[1][i], shares[i], batch_size),
+                "coin_flips": _stats(flipped[0][i], flipped[1][i], shares[i], batch_size),
+            }
+        )
+    return {
+        "epoch": mixture.epoch,
+        "stop": mixture.stop,
+        "records_per_epoch": mixture.records_per_epoch,
+        "positions_measured": total,
+        "batch_size": batch_size,
+        "datasets": datasets,
+    }
 
 
 def text_lines(section: dict) -> list:
     """The section as lines of the text summary."""
     size = section["batch_size"]
-    lines = [f"mixture: epoch {section['epoch']}, {section['positions_measured']:,} positions "
-             f"(stop={section['stop']!r}, {section['records_per_epoch']:,} per epoch), batches of {size}",
-             f"  {'dataset':<32} {'weight':>7} {'share':>7}   per batch (min-max, mean), sliding-window worst "
-             f"deviation, batches without it: mixture | coin flips"]
+    lines = [
+        f"mixture: epoch {section['epoch']}, {section['positions_measured']:,} positions "
+        f"(stop={section['stop']!r}, {section['records_per_epoch']:,} per epoch), batches of {size}",
+        f"  {'dataset':<32} {'weight':>7} {'share':>7}   per batch (min-max, mean), sliding-window worst "
+        f"deviation, batches without it: mixture | coin flips",
+    ]
     for d in section["datasets"]:
         m, c = d["mixture"], d["coin_flips"]
         lines.append(
             f"  {d['output'][-32:]:<32} {d['weight']:>7.4f} {d['share']:>7.4f}   "
             f"{m['min_per_batch']}-{m['max_per_batch']} ({m['mean_per_batch']:.2f}), {m['max_deviation']:.2f}, "
             f"{m['batches_without']:.1%} | {c['min_per_batch']}-{c['max_per_batch']} ({c['mean_per_batch']:.2f}), "
-            f"{c['max_deviation']:.2f}, {c['batches_without']:.1%}")
+            f"{c['max_deviation']:.2f}, {c['batches_without']:.1%}"
+        )
     return lines

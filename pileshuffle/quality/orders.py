@@ -19,11 +19,18 @@ import numpy as np
 from pileshuffle.records import keys as keymath
 
 __all__ = [
-    "inverse", "file_order", "shuffle_buffer", "pileshuffle_keys", "pileshuffle_order", "pile_records",
-    "epoch_positions"
+    "inverse",
+    "file_order",
+    "shuffle_buffer",
+    "pileshuffle_keys",
+    "pileshuffle_order",
+    "pile_records",
+    "epoch_positions",
 ]
 
-_INPUT_STREAM = 0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
+_INPUT_STREAM = (
+    0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
+)
 
 
 def inverse(order: np.ndarray) -> np.ndarray:
@@ -40,8 +47,10 @@ def _file_starts(file_records) -> np.ndarray:
 def file_order(file_records, rng: np.random.Generator) -> np.ndarray:
     """Files in a random order, records in file order."""
     starts = _file_starts(file_records)
-    return np.concatenate([np.arange(starts[f], starts[f + 1]) for f in rng.permutation(len(file_records))]
-                          or [np.zeros(0, np.int64)]).astype(np.int64)
+    return np.concatenate(
+        [np.arange(starts[f], starts[f + 1]) for f in rng.permutation(len(file_records))]
+        or [np.zeros(0, np.int64)]
+    ).astype(np.int64)
 
 
 def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -55,7 +64,9 @@ def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> n
     for t, (slot, record) in enumerate(zip(picks, incoming)):
         out[t] = buffer[slot]
         buffer[slot] = record
-    out[len(incoming):] = rng.permutation(np.asarray(buffer, dtype=np.int64))  # the drain: uniform order
+    out[len(incoming) :] = rng.permutation(
+        np.asarray(buffer, dtype=np.int64)
+    )  # the drain: uniform order
     return out
 
 
@@ -63,8 +74,14 @@ def pileshuffle_keys(file_places, seed: int) -> np.ndarray:
     """Pass 1's key U of every input record, in input order. ``file_places[f]``: where file f's
     records start (``RecordFormat.read_placed``), or a count n for places ``0..n-1`` (the rows
     of a Parquet file; for a simulation, any file)."""
-    parts = [keymath.position_keys(seed, (_INPUT_STREAM, source), np.arange(int(places)) if np.ndim(places) == 0 else places)
-             for source, places in enumerate(file_places)]
+    parts = [
+        keymath.position_keys(
+            seed,
+            (_INPUT_STREAM, source),
+            np.arange(int(places)) if np.ndim(places) == 0 else places,
+        )
+        for source, places in enumerate(file_places)
+    ]
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
@@ -76,7 +93,9 @@ def pileshuffle_order(file_places, seed: int) -> np.ndarray:
 
 def pile_records(file_places, seed: int, num_piles: int) -> np.ndarray:
     """Records per pile of that run."""
-    return np.bincount(keymath.pile_of(pileshuffle_keys(file_places, seed), num_piles), minlength=num_piles)
+    return np.bincount(
+        keymath.pile_of(pileshuffle_keys(file_places, seed), num_piles), minlength=num_piles
+    )
 
 
 def epoch_positions(pile_sizes, seed: int, epoch: int, mix: int = 1) -> np.ndarray:

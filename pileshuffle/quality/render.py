@@ -26,7 +26,9 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise RuntimeError("the figures need matplotlib: pip install 'pileshuffle[report]'") from None
+        raise RuntimeError(
+            "the figures need matplotlib: pip install 'pileshuffle[report]'"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -35,7 +37,14 @@ def _pyplot():
 
 def _scatter(ax, x, y, n, xlabel, ylabel):
     step = max(1, len(x) // _SCATTER_POINTS)
-    ax.scatter(np.asarray(x)[::step] / n, np.asarray(y)[::step] / n, s=1, alpha=0.4, color="tab:blue", rasterized=True)
+    ax.scatter(
+        np.asarray(x)[::step] / n,
+        np.asarray(y)[::step] / n,
+        s=1,
+        alpha=0.4,
+        color="tab:blue",
+        rasterized=True,
+    )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_xlabel(xlabel, fontsize=8)
@@ -46,7 +55,9 @@ def _heatmap(ax, row, n):
     blocks = row.numbers["blocks"]
     table = metrics.block_table(row.x, row.y, n, blocks)
     expected = np.outer(table.sum(1), table.sum(0)) / max(1, table.sum())
-    ratio = (table / np.maximum(expected, 1e-9)).T  # x: input block, y: output block, as in the scatter
+    ratio = (
+        table / np.maximum(expected, 1e-9)
+    ).T  # x: input block, y: output block, as in the scatter
     ax.imshow(ratio, cmap="RdBu_r", vmin=0, vmax=2, origin="lower", extent=(0, 1, 0, 1))
     ax.set_title(f"block counts / expected: chi2 p={_p(row.numbers['block_chi2_p'])}", fontsize=8)
     ax.set_xlabel("input block", fontsize=8)
@@ -66,8 +77,10 @@ def _radius(ax, row):
     ax.hist(row.radii, bins=40, range=(0, 1), density=True, color="tab:blue", alpha=0.7)
     grid = np.linspace(0, 1, 101)
     ax.plot(grid, metrics.UNIFORM_RADIUS.pdf(grid), color="black", lw=1, label="uniform")
-    ax.set_title(f"radius: median {row.numbers['radius_median']:.3f}, near x{row.numbers['radius_within_ratio']:.0f}",
-                 fontsize=8)
+    ax.set_title(
+        f"radius: median {row.numbers['radius_median']:.3f}, near x{row.numbers['radius_within_ratio']:.0f}",
+        fontsize=8,
+    )
     ax.set_xlabel("|input distance| of neighbours / N", fontsize=8)
 
 
@@ -80,22 +93,41 @@ def _balance(ax, row, report):
     ax.hist(counts, bins=np.arange(-0.5, b + 1.5, max(1, b // 64)), color="tab:blue", alpha=0.7)
     k, expected = metrics.binomial_reference(counts, b, report.label_share)
     ax.plot(k, expected * max(1, b // 64), color="black", lw=1)
-    ax.set_title(f"first class per batch: dispersion {row.numbers['batch_dispersion']:.2f}", fontsize=8)
+    ax.set_title(
+        f"first class per batch: dispersion {row.numbers['batch_dispersion']:.2f}", fontsize=8
+    )
     ax.set_xlabel(f"records of the first class in a batch of {b}", fontsize=8)
 
 
 def _class_shares(ax, section):
     """Each class's share (bars: before grey, after blue) with the 5-95% range of its share
     per batch (before: the input uniformly shuffled; after: the output), rarest first."""
-    shown = sorted(section["classes"], key=lambda row: (row["share_before"], str(row["class"])))[:_CLASS_BARS]
+    shown = sorted(section["classes"], key=lambda row: (row["share_before"], str(row["class"])))[
+        :_CLASS_BARS
+    ]
     where = np.arange(len(shown))
-    for offset, share, spread, colour, name in ((-0.2, "share_before", "before_uniform", "tab:gray", "before"),
-                                                (0.2, "share_after", "after", "tab:blue", "after")):
+    for offset, share, spread, colour, name in (
+        (-0.2, "share_before", "before_uniform", "tab:gray", "before"),
+        (0.2, "share_after", "after", "tab:blue", "after"),
+    ):
         heights = np.array([row[share] for row in shown])
         ranges = [row[spread] or {"p5": h, "p95": h} for row, h in zip(shown, heights)]
-        errors = np.array([[max(h - r["p5"], 0) for r, h in zip(ranges, heights)],
-                           [max(r["p95"] - h, 0) for r, h in zip(ranges, heights)]])
-        ax.bar(where + offset, heights, width=0.4, color=colour, alpha=0.8, label=name, yerr=errors, capsize=2)
+        errors = np.array(
+            [
+                [max(h - r["p5"], 0) for r, h in zip(ranges, heights)],
+                [max(r["p95"] - h, 0) for r, h in zip(ranges, heights)],
+            ]
+        )
+        ax.bar(
+            where + offset,
+            heights,
+            width=0.4,
+            color=colour,
+            alpha=0.8,
+            label=name,
+            yerr=errors,
+            capsize=2,
+        )
     ax.set_xticks(where, [str(row["class"])[:10] for row in shown], fontsize=7, rotation=30)
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
@@ -110,7 +142,9 @@ def quality_figure(report, path):
     compare = len(report.rows) > 1
     section = report.summary.get("class_shares")
     columns = (6 if compare else 4) + (1 if section else 0)
-    figure, axes = plt.subplots(len(report.rows), columns, figsize=(3.0 * columns, 2.6 * len(report.rows)), squeeze=False)
+    figure, axes = plt.subplots(
+        len(report.rows), columns, figsize=(3.0 * columns, 2.6 * len(report.rows)), squeeze=False
+    )
     n = report.records
     for line, row in zip(axes, report.rows):
         _scatter(line[0], row.x, row.y, n, "input position", f"{row.policy}\n\ndelivered position")
@@ -122,8 +156,11 @@ def quality_figure(report, path):
         _balance(line[3], row, report)
         if compare:
             _scatter(line[4], row.y, row.next_y, n, "position, this epoch", "position, next epoch")
-            line[4].set_title(f"next epoch: corr={row.numbers['epoch_correlation']:+.2f}, "
-                              f"re-meet x{row.numbers['remeet_ratio']:.0f}", fontsize=8)
+            line[4].set_title(
+                f"next epoch: corr={row.numbers['epoch_correlation']:+.2f}, "
+                f"re-meet x{row.numbers['remeet_ratio']:.0f}",
+                fontsize=8,
+            )
             _radius(line[5], row)
         if section:
             if row is report.rows[-1]:  # the run's own row (last when compared)
@@ -143,7 +180,11 @@ def training_figure(report, path):
     for number, row in enumerate(report.rows):
         steps = np.asarray(row.curve["steps"])
         label = f"{row.policy} ({row.curve['accuracy'][-1]:.0%})"
-        style = {"lw": 1.2, "label": label, "ls": ("-", "--", ":")[number % 3] if number >= 3 else "-"}
+        style = {
+            "lw": 1.2,
+            "label": label,
+            "ls": ("-", "--", ":")[number % 3] if number >= 3 else "-",
+        }
         loss.plot(steps, row.curve["loss"], **style)
         accuracy.plot(steps, row.curve["accuracy"], **style)
     loss.set_ylabel("held-out loss", fontsize=9)
@@ -153,7 +194,9 @@ def training_figure(report, path):
         ax.set_xlabel("SGD step (one epoch, batch 32)", fontsize=9)
         ax.tick_params(labelsize=8)
     accuracy.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    figure.suptitle('one epoch of SGD on "all cats, then all dogs" in each policy\'s order', fontsize=10)
+    figure.suptitle(
+        'one epoch of SGD on "all cats, then all dogs" in each policy\'s order', fontsize=10
+    )
     figure.tight_layout()
     _save(figure, path, dpi=80)
 

@@ -18,15 +18,24 @@ from pileshuffle.errors import InputError, UsageError
 from pileshuffle.quality import MIN_SAMPLE, classes, locate, metrics, orders, training
 
 __all__ = [
-    "ALPHA", "TRAINING_RECORDS", "Row", "Report", "training_stride", "thin", "measure", "text_summary",
-    "policies_table"
+    "ALPHA",
+    "TRAINING_RECORDS",
+    "Row",
+    "Report",
+    "training_stride",
+    "thin",
+    "measure",
+    "text_summary",
+    "policies_table",
 ]
 
 ALPHA = 1e-4  # a p-value below this rejects uniformity
 _MAX_LABEL_CLASSES = 1000
 _DRAWN_RADII = 200_000  # neighbours whose radius the figure draws (the numbers use all)
 TRAINING_RECORDS = 200_000  # larger runs train on every k-th input record, in the order delivered
-_READER_FORMAT_HINT = re.compile(r"(?:\s*\([^()]*|;[^;]*)--format\)?$")  # a reader's "give --format" clause
+_READER_FORMAT_HINT = re.compile(
+    r"(?:\s*\([^()]*|;[^;]*)--format\)?$"
+)  # a reader's "give --format" clause
 
 
 @dataclasses.dataclass
@@ -39,7 +48,9 @@ class Row:
     y: np.ndarray
     labels: np.ndarray = None
     next_y: np.ndarray = None
-    radii: np.ndarray = None  # the shuffle radius of (at most _DRAWN_RADII) neighbours, over n: the figure's
+    radii: np.ndarray = (
+        None  # the shuffle radius of (at most _DRAWN_RADII) neighbours, over n: the figure's
+    )
     curve: dict = None
     numbers: dict = dataclasses.field(default_factory=dict)
 
@@ -48,6 +59,7 @@ class Row:
 class Report:
     """What ``measure`` found: records located, the summary (as quality.json holds it), one
     ``Row`` per policy (the run's own first), the label's share and the batch size."""
+
     records: int
     summary: dict
     rows: list
@@ -86,26 +98,40 @@ def _input_policies(file_records, seed: int, num_piles: int) -> dict:
         "no shuffle": (np.arange(records), np.arange(records)),
         "file order shuffled": tuple(orders.file_order(file_records, rng) for _ in range(2)),
         f"shuffle buffer ({buffer:,} = 1 pile)": tuple(
-            orders.shuffle_buffer(orders.file_order(file_records, rng), buffer, rng) for _ in range(2)),
+            orders.shuffle_buffer(orders.file_order(file_records, rng), buffer, rng)
+            for _ in range(2)
+        ),
     }
 
 
-def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batch_size=256, compare=False):
+def measure(
+    fmt, input_paths, output, manifest, sample=100_000, label=None, batch_size=256, compare=False
+):
     """The report of one finished run (see the module docstring). ``output``: the shards'
     paths in order, or a pile store opened by the loader (``loader.outputs.open_output``).
     A ``--balance`` output is measured against its input with each record repeated by its
     copies (``locate.scan_with_copies``); the class shares compare the input as it is."""
-    total = int(manifest["totals"].get("distinct", manifest["totals"]["records"]))  # a dedup store: what readers get
+    total = int(
+        manifest["totals"].get("distinct", manifest["totals"]["records"])
+    )  # a dedup store: what readers get
     threshold = locate.threshold_for(total, sample)
     balanced = _balanced(manifest)
     try:
         if balanced:
-            source = locate.scan_with_copies(fmt, input_paths, manifest, threshold, label if compare else None)
-            before = locate.scan(fmt, input_paths, 0, label) if label is not None else None  # labels only
-        elif "dedup" in manifest or "dedup" in (manifest.get("options") or {}):  # the distinct records: against those
+            source = locate.scan_with_copies(
+                fmt, input_paths, manifest, threshold, label if compare else None
+            )
+            before = (
+                locate.scan(fmt, input_paths, 0, label) if label is not None else None
+            )  # labels only
+        elif "dedup" in manifest or "dedup" in (
+            manifest.get("options") or {}
+        ):  # the distinct records: against those
             source = before = locate.scan_distinct(fmt, input_paths, manifest, threshold, label)
         else:
-            source = before = locate.scan(fmt, input_paths, threshold, label, locate.run_keys(manifest))
+            source = before = locate.scan(
+                fmt, input_paths, threshold, label, locate.run_keys(manifest)
+            )
     except InputError as error:
         raise _without_format_hint(error, fmt) from None
     if isinstance(output, (list, tuple)):
@@ -114,8 +140,11 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         target = locate.scan_store(output, threshold, label)
     if source.records != target.records:
         copies = " with --balance's copies" if balanced else ""
-        raise InputError(_named(input_paths), f"hold {source.records:,} records{copies}, the output {target.records:,}: "
-                                              "pass the run's own --input")
+        raise InputError(
+            _named(input_paths),
+            f"hold {source.records:,} records{copies}, the output {target.records:,}: "
+            "pass the run's own --input",
+        )
     x, y, duplicates = locate.match(source, target)
     _check_located(len(x), len(target.hashes) - duplicates, input_paths)
     n = target.records
@@ -125,12 +154,22 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
         copied = [source.labels] if balanced and compare else []
         ids, values = locate.class_ids(before.labels, target.labels, *copied)
         if len(values) > _MAX_LABEL_CLASSES:
-            raise ValueError(f"the label ({label.describe()}) takes {len(values):,} values; label balance needs a "
-                             f"categorical label (at most {_MAX_LABEL_CLASSES:,} values)")
+            raise ValueError(
+                f"the label ({label.describe()}) takes {len(values):,} values; label balance needs a "
+                f"categorical label (at most {_MAX_LABEL_CLASSES:,} values)"
+            )
         if len(values) > 1:  # one class: every batch is all of it, the test has nothing to test
             before_ids, output_ids = ids[0], ids[1]
-            input_ids = ids[-1] if copied else before_ids  # the order's input: with the copies on a balanced run
-    own = Row("pileshuffle output", x, y, output_ids, numbers=metrics.order_metrics(x, y, n, given_x=balanced))
+            input_ids = (
+                ids[-1] if copied else before_ids
+            )  # the order's input: with the copies on a balanced run
+    own = Row(
+        "pileshuffle output",
+        x,
+        y,
+        output_ids,
+        numbers=metrics.order_metrics(x, y, n, given_x=balanced),
+    )
     summary = {
         "records": n,
         "records_used": int(len(x)),
@@ -146,18 +185,38 @@ def measure(fmt, input_paths, output, manifest, sample=100_000, label=None, batc
     if output_ids is not None:
         own.numbers.update(metrics.batch_metrics(output_ids, batch_size))
         share = float(np.mean(output_ids == 0))
-        summary.update({k: own.numbers[k] for k in ("batch_size", "batches", "batch_dispersion", "batch_dispersion_p")})
-        summary["label"] = {"what": label.describe(), "classes": len(values), "first_class_share": share}
-        summary["class_shares"] = classes.class_shares(before_ids, output_ids, values, batch_size, label.describe())
+        summary.update(
+            {
+                k: own.numbers[k]
+                for k in ("batch_size", "batches", "batch_dispersion", "batch_dispersion_p")
+            }
+        )
+        summary["label"] = {
+            "what": label.describe(),
+            "classes": len(values),
+            "first_class_share": share,
+        }
+        summary["class_shares"] = classes.class_shares(
+            before_ids, output_ids, values, batch_size, label.describe()
+        )
     elif label is not None:
-        summary["label"] = {"what": label.describe(), "classes": len(values), "note": _one_value_note(label, values, n)}
-    summary["uniform"] = own.numbers["uniform"] = _uniform(own.numbers)  # the figure reads the row's
+        summary["label"] = {
+            "what": label.describe(),
+            "classes": len(values),
+            "note": _one_value_note(label, values, n),
+        }
+    summary["uniform"] = own.numbers["uniform"] = _uniform(
+        own.numbers
+    )  # the figure reads the row's
     rows = [own]
     if compare:
         rows = _compare_policies(own, source, target.file_records, manifest, input_ids, batch_size)
         summary["pileshuffle_order_reproduced"] = rows[-1].numbers.pop("reproduced")
         summary["policies"] = [{"policy": r.policy, **r.numbers} for r in rows]
-        summary["training"] = {"task": "cats then dogs, one epoch of SGD (batch 32)", "best_accuracy": training.BEST_ACCURACY}
+        summary["training"] = {
+            "task": "cats then dogs, one epoch of SGD (batch 32)",
+            "best_accuracy": training.BEST_ACCURACY,
+        }
     return Report(n, summary, rows, share, batch_size)
 
 
@@ -169,8 +228,10 @@ def _balanced(manifest) -> bool:
         return False
     generations = manifest.get("generations") or []
     if len(generations) > 1:
-        raise UsageError(f"the store holds {len(generations)} generations, each balanced by --balance on its own "
-                         "class counts: quality measures a balanced store of one generation (or a balanced run's shards)")
+        raise UsageError(
+            f"the store holds {len(generations)} generations, each balanced by --balance on its own "
+            "class counts: quality measures a balanced store of one generation (or a balanced run's shards)"
+        )
     return True
 
 
@@ -178,12 +239,17 @@ def _balance_summary(manifest) -> dict:
     """What the order of a ``--balance`` output is compared with: its input with each record
     repeated by its copies (paired with the output's records by their pass-1 keys)."""
     options = manifest.get("options") or {}
-    balance = manifest.get("balance") or ((manifest.get("generations") or [{}])[0].get("balance") or {})
-    return {"label_field": options.get("label_field"), "policy": balance.get("policy", options.get("balance")),
-            "undersample": bool(options.get("undersample")),
-            "input_records": int(sum(balance.get("records_before", {}).values())),
-            "records": int(manifest["totals"]["records"]),
-            "order_input": "the input with each record repeated by its copies, in pass 1's order"}
+    balance = manifest.get("balance") or (
+        (manifest.get("generations") or [{}])[0].get("balance") or {}
+    )
+    return {
+        "label_field": options.get("label_field"),
+        "policy": balance.get("policy", options.get("balance")),
+        "undersample": bool(options.get("undersample")),
+        "input_records": int(sum(balance.get("records_before", {}).values())),
+        "records": int(manifest["totals"]["records"]),
+        "order_input": "the input with each record repeated by its copies, in pass 1's order",
+    }
 
 
 def _named(paths) -> str:
@@ -197,8 +263,12 @@ def _without_format_hint(error: InputError, fmt) -> InputError:
     problem = _READER_FORMAT_HINT.sub("", error.problem)
     if problem == error.problem:
         return error
-    return InputError(error.path, f"{problem} (quality reads --input as the run's {fmt.name} records: is it the "
-                                  "run's input?)", error.offset)
+    return InputError(
+        error.path,
+        f"{problem} (quality reads --input as the run's {fmt.name} records: is it the "
+        "run's input?)",
+        error.offset,
+    )
 
 
 def _check_located(located: int, expected: int, input_paths):
@@ -208,24 +278,31 @@ def _check_located(located: int, expected: int, input_paths):
     and on a handful no test can tell a shuffle from a bad order."""
     needed = min(MIN_SAMPLE, expected)
     if located < needed:
-        raise InputError(_named(input_paths), f"only {located:,} of the {expected:,} sampled output records were found "
-                                              f"in --input: is it the run's input? (a verdict needs {needed:,})")
+        raise InputError(
+            _named(input_paths),
+            f"only {located:,} of the {expected:,} sampled output records were found "
+            f"in --input: is it the run's input? (a verdict needs {needed:,})",
+        )
 
 
 def _one_value_note(label, values, records: int) -> str:
     """Why a label of one value (or none, on no records) is left out: every batch holds only
     that value, so the batch test (p = 1 on any order) would say nothing."""
     takes = "one value" if len(values) else "no value"
-    return (f"the label ({label.describe()}) takes {takes} over the {records:,} records: no batch can be unbalanced, "
-            "so the label test is left out")
+    return (
+        f"the label ({label.describe()}) takes {takes} over the {records:,} records: no batch can be unbalanced, "
+        "so the label test is left out"
+    )
 
 
 def _check_label_reach(label, target):
     """Refuse ``--label_bytes START:END`` that starts past the end of every record: every
     label would be the padding 0."""
     if label.start is not None and target.records and target.longest <= label.start:
-        raise UsageError(f"{label.option()}: the records are at most {target.longest:,} bytes long, so START must be "
-                         f"below {target.longest:,}")
+        raise UsageError(
+            f"{label.option()}: the records are at most {target.longest:,} bytes long, so START must be "
+            f"below {target.longest:,}"
+        )
 
 
 def _compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_size):
@@ -254,14 +331,20 @@ def _compare_policies(own: Row, source, pile_sizes, manifest, input_ids, batch_s
         where, where_next = orders.inverse(first), orders.inverse(second)
         labels = None if own.labels is None else own.labels[first]
         row = Row(f"loader, mix={mix}", own.x, where[own.y], labels, where_next[own.y])
-        rows.append(_complete(row, where, where_next, written[first], n, batch_size, task, window, given_x))
+        rows.append(
+            _complete(row, where, where_next, written[first], n, batch_size, task, window, given_x)
+        )
     own.next_y = own.y  # the shards read again: the same order
     _complete(own, np.arange(n), np.arange(n), written, n, batch_size, task, window)
-    own.numbers["reproduced"] = float(np.mean(orders.inverse(written)[own.x] == own.y)) if len(own.x) else 1.0
+    own.numbers["reproduced"] = (
+        float(np.mean(orders.inverse(written)[own.x] == own.y)) if len(own.x) else 1.0
+    )
     return rows + [own]
 
 
-def _complete(row: Row, where, where_next, training_order, n, batch_size, task, window, given_x=False) -> Row:
+def _complete(
+    row: Row, where, where_next, training_order, n, batch_size, task, window, given_x=False
+) -> Row:
     """Fill in a row's numbers: order and batch statistics (unless measured already; ``given_x``:
     see ``metrics.order_metrics``),
     carry-over into the next epoch, the shuffle radius of the delivered order
@@ -292,9 +375,11 @@ def text_summary(report: Report) -> str:
         f"({s['duplicates_left_out']:,} {left_out}), {s['num_piles']} piles",
     ]
     if balance:
-        lines.append(f"  balanced ({balance['label_field']!r}, {balance['policy']}): the order's input is the input's "
-                     f"{balance['input_records']:,} records with their copies ({balance['records']:,}), copies paired "
-                     "by their pass-1 keys")
+        lines.append(
+            f"  balanced ({balance['label_field']!r}, {balance['policy']}): the order's input is the input's "
+            f"{balance['input_records']:,} records with their copies ({balance['records']:,}), copies paired "
+            "by their pass-1 keys"
+        )
     law = "its law given the sampled input positions" if balance else "the triangular law"
     lines += [
         f"  spearman(input, output)   {s['spearman']:+.4f}   (uniform: 0 +- {1 / math.sqrt(max(s['records_used'] - 1, 1)):.4f}; p={s['spearman_p']:.3g})",
@@ -302,8 +387,10 @@ def text_summary(report: Report) -> str:
         f"  displacement KS           {s['displacement_ks']:.4f}   p={s['displacement_p']:.3g} (vs {law})",
     ]
     if "batch_dispersion" in s:
-        lines.append(f"  label balance per batch   dispersion {s['batch_dispersion']:.3f} over {s['batches']:,} batches of "
-                     f"{s['batch_size']} (binomial: 1), p={s['batch_dispersion_p']:.3g}")
+        lines.append(
+            f"  label balance per batch   dispersion {s['batch_dispersion']:.3f} over {s['batches']:,} batches of "
+            f"{s['batch_size']} (binomial: 1), p={s['batch_dispersion_p']:.3g}"
+        )
     elif "note" in s.get("label", {}):
         lines.append(f"  label balance per batch   left out: {s['label']['note']}")
     verdict = "consistent with a uniform permutation" if s["uniform"] else "NOT uniform"
@@ -311,33 +398,62 @@ def text_summary(report: Report) -> str:
     if "class_shares" in s:
         lines += classes.text_lines(s["class_shares"])
     if "policies" in s:
-        lines += ["", policies_table(s["policies"]),
-                  "  radius: how far apart in the input neighbours in the delivered order were (median, over N; uniform "
-                  f"{1 - 1 / math.sqrt(2):.3f}); near: neighbours within one pile's records ({s['policies'][0]['radius_window']:,}), "
-                  "over the uniform share",
-                  f"  pileshuffle's output order reproduced from its seed for {s['pileshuffle_order_reproduced']:.1%} of the sample"]
+        lines += [
+            "",
+            policies_table(s["policies"]),
+            "  radius: how far apart in the input neighbours in the delivered order were (median, over N; uniform "
+            f"{1 - 1 / math.sqrt(2):.3f}); near: neighbours within one pile's records ({s['policies'][0]['radius_window']:,}), "
+            "over the uniform share",
+            f"  pileshuffle's output order reproduced from its seed for {s['pileshuffle_order_reproduced']:.1%} of the sample",
+        ]
     return "\n".join(lines)
 
 
 def policies_table(policies, markdown=False) -> str:
     """The policies' numbers as a table: aligned text, or a Markdown table with ``markdown``."""
-    header = ["policy", "spearman", "block chi2 p", "displacement p", "batch dispersion", "epoch corr", "re-meet x uniform",
-              "radius median", "near x uniform", "held-out acc", "uniform"]
+    header = [
+        "policy",
+        "spearman",
+        "block chi2 p",
+        "displacement p",
+        "batch dispersion",
+        "epoch corr",
+        "re-meet x uniform",
+        "radius median",
+        "near x uniform",
+        "held-out acc",
+        "uniform",
+    ]
 
     def pvalue(p):
         return f"{p:.2g}" if p >= 1e-99 else "<1e-99"
 
     def cells(p):
-        return [p["policy"], f"{p['spearman']:+.3f}", pvalue(p["block_chi2_p"]), pvalue(p["displacement_p"]),
-                f"{p['batch_dispersion']:.{2 if p['batch_dispersion'] < 10 else 1}f}" if "batch_dispersion" in p else "-",
-                f"{p['epoch_correlation']:+.3f}", f"{p['remeet_ratio']:.1f}", f"{p['radius_median']:.3f}",
-                f"{p['radius_within_ratio']:.1f}",
-                "-" if p["held_out_accuracy"] is None else f"{p['held_out_accuracy']:.3f}", "yes" if p["uniform"] else "no"]
+        return [
+            p["policy"],
+            f"{p['spearman']:+.3f}",
+            pvalue(p["block_chi2_p"]),
+            pvalue(p["displacement_p"]),
+            f"{p['batch_dispersion']:.{2 if p['batch_dispersion'] < 10 else 1}f}"
+            if "batch_dispersion" in p
+            else "-",
+            f"{p['epoch_correlation']:+.3f}",
+            f"{p['remeet_ratio']:.1f}",
+            f"{p['radius_median']:.3f}",
+            f"{p['radius_within_ratio']:.1f}",
+            "-" if p["held_out_accuracy"] is None else f"{p['held_out_accuracy']:.3f}",
+            "yes" if p["uniform"] else "no",
+        ]
 
     rows = [cells(p) for p in policies]
     if markdown:
-        return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
-                         ["| " + " | ".join(r) + " |" for r in rows])
+        return "\n".join(
+            ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(r) + " |" for r in rows]
+        )
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in [header, *rows])
+    return "\n".join(
+        "  "
+        + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [header, *rows]
+    )

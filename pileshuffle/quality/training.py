@@ -24,6 +24,7 @@ BEST_ACCURACY = float(stats.norm.cdf(_SIGNAL))  # the Bayes rule's held-out accu
 @dataclasses.dataclass(frozen=True)
 class Task:
     """A training set (features, labels in input order) and its held-out set."""
+
     features: np.ndarray
     labels: np.ndarray
     held_out_features: np.ndarray
@@ -52,7 +53,9 @@ def _evaluate(weights, bias, features, labels):
     return float(loss.mean()), float(((logits > 0) == (labels > 0.5)).mean())
 
 
-def train_one_epoch(task: Task, order: np.ndarray, batch_size: int = 32, rate: float = 0.05, evaluations: int = 100):
+def train_one_epoch(
+    task: Task, order: np.ndarray, batch_size: int = 32, rate: float = 0.05, evaluations: int = 100
+):
     """SGD over ``order`` (input positions); returns ``{steps, loss, accuracy}`` curves of
     held-out loss/accuracy, the last point being the final model."""
     weights, bias = np.zeros(_DIMENSIONS, np.float32), np.float32(0)
@@ -60,7 +63,7 @@ def train_one_epoch(task: Task, order: np.ndarray, batch_size: int = 32, rate: f
     every = max(1, steps // evaluations)
     curve = {"steps": [], "loss": [], "accuracy": []}
     for step in range(steps):
-        batch = order[step * batch_size:(step + 1) * batch_size]
+        batch = order[step * batch_size : (step + 1) * batch_size]
         features, labels = task.features[batch], task.labels[batch]
         error = 1 / (1 + np.exp(-(features @ weights + bias))) - labels
         weights -= rate * (features.T @ error) / batch_size

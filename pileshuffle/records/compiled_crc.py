@@ -28,7 +28,11 @@ __all__ = ["slice_crcs"]
 def _call_at(crc_bits: int, length_bits: int):
     """An intrinsic ``(address, crc, pointer, length) -> crc`` that calls the C function at ``address``
     taking and returning a ``crc_bits``-bit CRC, with a ``length_bits``-bit byte count."""
-    crc_type, length_type, numba_crc = ir.IntType(crc_bits), ir.IntType(length_bits), getattr(types, f"uint{crc_bits}")
+    crc_type, length_type, numba_crc = (
+        ir.IntType(crc_bits),
+        ir.IntType(length_bits),
+        getattr(types, f"uint{crc_bits}"),
+    )
 
     @intrinsic
     def call(typingctx, address, crc, pointer, length):
@@ -38,11 +42,15 @@ def _call_at(crc_bits: int, length_bits: int):
             function = builder.inttoptr(args[0], signature_type.as_pointer())
             count = args[3] if length_bits == 64 else builder.trunc(args[3], length_type)
             return builder.call(function, [args[1], builder.inttoptr(args[2], byte_pointer), count])
+
         return numba_crc(types.intp, numba_crc, types.intp, types.intp), codegen
+
     return call
 
 
-_extend_at = _call_at(32, 64)  # uint32_t crc32c_extend(uint32_t crc, const uint8_t *data, size_t count)
+_extend_at = _call_at(
+    32, 64
+)  # uint32_t crc32c_extend(uint32_t crc, const uint8_t *data, size_t count)
 _zlib_crc32_at = _call_at(64, 32)  # zlib's uLong crc32(uLong crc, const Bytef *buf, uInt len)
 
 
@@ -72,13 +80,19 @@ def slice_crcs(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, kind: s
         address = _zlib_crc32_address()
     else:
         library = checksums._native_library()
-        address = None if library is None else ctypes.cast(library.crc32c_extend, ctypes.c_void_p).value
+        address = (
+            None if library is None else ctypes.cast(library.crc32c_extend, ctypes.c_void_p).value
+        )
     if address is None:
         return None
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
-    if len(starts) and (starts.min() < 0 or lengths.min() < 0 or (starts + lengths).max() > raw.size):
-        raise ValueError(f"slices outside a buffer of {raw.size:,} bytes")  # the loop reads memory unchecked
+    if len(starts) and (
+        starts.min() < 0 or lengths.min() < 0 or (starts + lengths).max() > raw.size
+    ):
+        raise ValueError(
+            f"slices outside a buffer of {raw.size:,} bytes"
+        )  # the loop reads memory unchecked
     if kind == "crc32" and len(lengths) and lengths.max() >= 2**32:
         return None  # zlib's length is 32 bits
     return _slice_crcs(address, kind == "crc32", raw, starts, lengths)

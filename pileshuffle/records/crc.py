@@ -10,8 +10,15 @@ import google_crc32c
 import numpy as np
 
 __all__ = [
-    "HEADER_BYTES", "FOOTER_BYTES", "CRC_PRESET_BYTES", "masked_crc", "mask_crcs", "unmask_crcs",
-    "length_crcs_ok", "stored_data_crcs", "payloads_match_stored_crcs"
+    "HEADER_BYTES",
+    "FOOTER_BYTES",
+    "CRC_PRESET_BYTES",
+    "masked_crc",
+    "mask_crcs",
+    "unmask_crcs",
+    "length_crcs_ok",
+    "stored_data_crcs",
+    "payloads_match_stored_crcs",
 ]
 
 HEADER_BYTES = 12  # a frame's uint64 length and its uint32 masked CRC
@@ -36,7 +43,10 @@ def masked_crc(data: bytes) -> int:
 def mask_crcs(crcs: np.ndarray) -> np.ndarray:
     """Vectorized TFRecord CRC mask (uint64 out)."""
     crcs = crcs.astype(np.uint64)
-    return ((((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) & np.uint64(_U32)) + np.uint64(_MASK_DELTA)) & np.uint64(_U32)
+    return (
+        (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) & np.uint64(_U32))
+        + np.uint64(_MASK_DELTA)
+    ) & np.uint64(_U32)
 
 
 def unmask_crcs(masked: np.ndarray) -> np.ndarray:
@@ -69,7 +79,10 @@ def _crc32c_of_u64_fields(fields: np.ndarray) -> np.ndarray:
 
 def length_crcs_ok(headers: np.ndarray) -> np.ndarray:
     """Per frame, whether its length field matches its stored CRC (``headers``: (n, 12) bytes)."""
-    return mask_crcs(_crc32c_of_u64_fields(headers[:, :8])) == np.ascontiguousarray(headers[:, 8:]).view("<u4").ravel()
+    return (
+        mask_crcs(_crc32c_of_u64_fields(headers[:, :8]))
+        == np.ascontiguousarray(headers[:, 8:]).view("<u4").ravel()
+    )
 
 
 def stored_data_crcs(raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -77,7 +90,9 @@ def stored_data_crcs(raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return raw[(ends - FOOTER_BYTES)[:, None] + np.arange(FOOTER_BYTES)].copy().view("<u4").ravel()
 
 
-def payloads_match_stored_crcs(raw: np.ndarray, begin: np.ndarray, ends: np.ndarray, stored=None) -> bool:
+def payloads_match_stored_crcs(
+    raw: np.ndarray, begin: np.ndarray, ends: np.ndarray, stored=None
+) -> bool:
     """Whether every frame's data matches its stored CRC, with one CRC pass over the
     frames ``raw[begin[0] : ends[-1]]`` (consecutive) instead of one Python call per
     record (``stored``: ``stored_data_crcs(raw, ends)`` if the caller has it, else read
@@ -100,4 +115,6 @@ def payloads_match_stored_crcs(raw: np.ndarray, begin: np.ndarray, ends: np.ndar
     registers = (unmask_crcs(stored) ^ np.uint64(_U32)).astype("<u4")
     copy[footers] = registers.view(np.uint8).reshape(-1, FOOTER_BYTES)
     copy.flags.writeable = False  # google_crc32c takes read-only buffers only
-    return google_crc32c.extend(_U32, copy) == _U32  # extend from 0xFFFFFFFF: a raw CRC, xor 0xFFFFFFFF
+    return (
+        google_crc32c.extend(_U32, copy) == _U32
+    )  # extend from 0xFFFFFFFF: a raw CRC, xor 0xFFFFFFFF

@@ -16,8 +16,21 @@ import pyarrow as pa
 
 __all__ = [
     "how_records_differ",
-    "expect_records", "mix64", "payload_hashes", "crc32c_of_slices", "crc32_of_slices", "binary_column_parts", "Fingerprint", "total",
-    "column_hashes", "is_binary_type", "binary_lengths", "binary_bytes", "row_lengths", "rows_bytes", "row_hashes"
+    "expect_records",
+    "mix64",
+    "payload_hashes",
+    "crc32c_of_slices",
+    "crc32_of_slices",
+    "binary_column_parts",
+    "Fingerprint",
+    "total",
+    "column_hashes",
+    "is_binary_type",
+    "binary_lengths",
+    "binary_bytes",
+    "row_lengths",
+    "rows_bytes",
+    "row_hashes",
 ]
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -66,20 +79,29 @@ def crc32c_of_slices(data, offsets: np.ndarray, trim_end: int = 0) -> np.ndarray
     return crcs
 
 
-def crc32_of_slices(data, offsets: np.ndarray, trim_start: int = 0, trim_end: int = 0) -> np.ndarray:
+def crc32_of_slices(
+    data, offsets: np.ndarray, trim_start: int = 0, trim_end: int = 0
+) -> np.ndarray:
     """CRC-32 (zlib's) of ``data[offsets[i] + trim_start : offsets[i+1] - trim_end]`` for every i: from
     the compiled loop once this process has paid for compiling it (as ``crc32c_of_slices``), else one call each."""
     global _python_seconds
     starts = np.asarray(offsets[:-1], dtype=np.int64) + trim_start
     lengths = np.asarray(offsets[1:], dtype=np.int64) - starts - trim_end
     compiled = _compiled_slice_crcs()
-    crcs = compiled(np.frombuffer(data, dtype=np.uint8), starts, lengths, "crc32") if compiled else None
+    crcs = (
+        compiled(np.frombuffer(data, dtype=np.uint8), starts, lengths, "crc32")
+        if compiled
+        else None
+    )
     if crcs is not None:
         return crcs
     began = time.thread_time()
     view = memoryview(data).cast("B")
-    crcs = np.fromiter((zlib.crc32(view[a : a + n]) for a, n in zip(starts.tolist(), lengths.tolist())),
-                       dtype=np.uint64, count=len(starts))
+    crcs = np.fromiter(
+        (zlib.crc32(view[a : a + n]) for a, n in zip(starts.tolist(), lengths.tolist())),
+        dtype=np.uint64,
+        count=len(starts),
+    )
     _python_seconds += time.thread_time() - began
     return crcs
 
@@ -201,12 +223,20 @@ def _crc32c_across(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
         whole = int(having[k + 3])  # slices with all four bytes k..k+3
         if whole:
             at = starts[:whole] + k
-            word = register[:whole] ^ (raw[at].astype(np.uint32) | raw[at + 1].astype(np.uint32) << 8
-                                       | raw[at + 2].astype(np.uint32) << 16 | raw[at + 3].astype(np.uint32) << 24)
-            register[:whole] = t3[word & 0xFF] ^ t2[(word >> 8) & 0xFF] ^ t1[(word >> 16) & 0xFF] ^ t0[word >> 24]
+            word = register[:whole] ^ (
+                raw[at].astype(np.uint32)
+                | raw[at + 1].astype(np.uint32) << 8
+                | raw[at + 2].astype(np.uint32) << 16
+                | raw[at + 3].astype(np.uint32) << 24
+            )
+            register[:whole] = (
+                t3[word & 0xFF] ^ t2[(word >> 8) & 0xFF] ^ t1[(word >> 16) & 0xFF] ^ t0[word >> 24]
+            )
         for j in range(k, k + 3):  # slices ending inside this step: their bytes one at a time
             ending = register[whole : int(having[j])]
-            ending[:] = table[(ending ^ raw[starts[whole : int(having[j])] + j]) & 0xFF] ^ (ending >> 8)
+            ending[:] = table[(ending ^ raw[starts[whole : int(having[j])] + j]) & 0xFF] ^ (
+                ending >> 8
+            )
     crcs = np.empty(len(starts), dtype=np.uint64)
     crcs[order] = register ^ np.uint32(0xFFFFFFFF)
     return crcs
@@ -214,13 +244,22 @@ def _crc32c_across(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
 
 def is_binary_type(kind) -> bool:
     """Whether an Arrow type holds variable-length bytes or text (values between offsets)."""
-    return pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind)
+    return (
+        pa.types.is_binary(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_large_string(kind)
+    )
 
 
 def _offsets(chunk) -> np.ndarray:
     """The ``len(chunk) + 1`` offsets of a binary/string array's values, in their own width (no copy)."""
-    width = np.int32 if pa.types.is_binary(chunk.type) or pa.types.is_string(chunk.type) else np.int64
-    return np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
+    width = (
+        np.int32 if pa.types.is_binary(chunk.type) or pa.types.is_string(chunk.type) else np.int64
+    )
+    return np.frombuffer(chunk.buffers()[1], dtype=width)[
+        chunk.offset : chunk.offset + len(chunk) + 1
+    ]
 
 
 def binary_column_parts(column):
@@ -251,6 +290,7 @@ class Fingerprint:
     the sum (mod 2**64) and xor of their 64-bit hashes. ``a + b`` is the fingerprint of
     both multisets together, so equal multisets give equal fingerprints in any order or
     grouping; ``to_json``/``from_json`` are the manifests' form (hashes as 16 hex digits)."""
+
     records: int = 0
     bytes: int = 0
     hash_sum: int = 0
@@ -283,12 +323,16 @@ class Fingerprint:
     def describe(self) -> str:
         """One line for a person: ``600 records, 60,000 bytes, hashes sum 0f.. xor 3a..`` (hex as
         the manifests write them)."""
-        return (f"{self.records:,} records, {self.bytes:,} bytes, hashes sum {self.hash_sum:016x} "
-                f"xor {self.hash_xor:016x}")
+        return (
+            f"{self.records:,} records, {self.bytes:,} bytes, hashes sum {self.hash_sum:016x} "
+            f"xor {self.hash_xor:016x}"
+        )
 
     @classmethod
     def from_json(cls, value: dict) -> "Fingerprint":
-        return cls(value["records"], value["bytes"], int(value["hash_sum"], 16), int(value["hash_xor"], 16))
+        return cls(
+            value["records"], value["bytes"], int(value["hash_sum"], 16), int(value["hash_xor"], 16)
+        )
 
 
 def total(fingerprints) -> Fingerprint:
@@ -307,18 +351,26 @@ def column_hashes(column) -> np.ndarray:
     array = _as_array(column)
     kind = array.type
     if is_binary_type(kind):
-        data, offsets = binary_column_parts(array)  # a null's bytes, if any, are hashed, then replaced
+        data, offsets = binary_column_parts(
+            array
+        )  # a null's bytes, if any, are hashed, then replaced
         hashes = payload_hashes(crc32c_of_slices(data, offsets), np.diff(offsets))
     elif pa.types.is_boolean(kind):
-        hashes = mix64(array.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64) + np.uint64(1))
+        hashes = mix64(
+            array.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64) + np.uint64(1)
+        )
     elif _is_plain_fixed_width(kind):
         width = kind.bit_width // 8
-        raw = np.frombuffer(array.buffers()[1], dtype=f"<u{width}")[array.offset : array.offset + len(array)]
+        raw = np.frombuffer(array.buffers()[1], dtype=f"<u{width}")[
+            array.offset : array.offset + len(array)
+        ]
         hashes = mix64(raw.astype(np.uint64) ^ np.uint64(width))
     else:  # nested, decimal, dictionary, ...: exact but slow
         values = array.to_pylist()
         hashes = payload_hashes(
-            np.fromiter((google_crc32c.value(repr(v).encode()) for v in values), np.uint64, len(values)),
+            np.fromiter(
+                (google_crc32c.value(repr(v).encode()) for v in values), np.uint64, len(values)
+            ),
             np.zeros(len(values), np.uint64),
         )
     if array.null_count:
@@ -382,7 +434,9 @@ def row_hashes(table: pa.Table) -> np.ndarray:
     hashes = np.zeros(table.num_rows, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for position, column in enumerate(table.columns):
-            hashes = mix64(hashes * np.uint64(0x100000001B3) + column_hashes(column) + np.uint64(position))
+            hashes = mix64(
+                hashes * np.uint64(0x100000001B3) + column_hashes(column) + np.uint64(position)
+            )
     return hashes
 
 
@@ -390,8 +444,12 @@ def how_records_differ(found: Fingerprint, expected: Fingerprint) -> str:
     """How two different multisets of records differ, in words: their counts and bytes, or,
     when those agree, their hashes (then the records' contents differ)."""
     if (found.records, found.bytes) != (expected.records, expected.bytes):
-        return (f"{found.records:,} records, {found.bytes:,} bytes, not {expected.records:,} records, "
-                f"{expected.bytes:,} bytes")
-    return (f"the same count and bytes but different records ({found.records:,} records, {found.bytes:,} bytes; "
-            f"hash sum {found.hash_sum:016x} xor {found.hash_xor:016x}, not {expected.hash_sum:016x} xor "
-            f"{expected.hash_xor:016x})")
+        return (
+            f"{found.records:,} records, {found.bytes:,} bytes, not {expected.records:,} records, "
+            f"{expected.bytes:,} bytes"
+        )
+    return (
+        f"the same count and bytes but different records ({found.records:,} records, {found.bytes:,} bytes; "
+        f"hash sum {found.hash_sum:016x} xor {found.hash_xor:016x}, not {expected.hash_sum:016x} xor "
+        f"{expected.hash_xor:016x})"
+    )

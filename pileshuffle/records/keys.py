@@ -23,7 +23,14 @@ import math
 
 import numpy as np
 
-__all__ = ["stream_key", "record_keys", "position_keys", "pile_of", "group_by_pile", "auto_num_piles"]
+__all__ = [
+    "stream_key",
+    "record_keys",
+    "position_keys",
+    "pile_of",
+    "group_by_pile",
+    "auto_num_piles",
+]
 
 _PHILOX_WORDS_PER_COUNTER = 4
 
@@ -45,7 +52,10 @@ def record_keys(seed: int, stream: tuple, start: int, count: int) -> np.ndarray:
     return generator.random_raw(skip + count)[skip:]
 
 
-_MIX_1, _MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # SplitMix64's finalizer
+_MIX_1, _MIX_2 = (
+    np.uint64(0xBF58476D1CE4E5B9),
+    np.uint64(0x94D049BB133111EB),
+)  # SplitMix64's finalizer
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -60,7 +70,9 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z
 
 
-def position_keys(seed: int, stream: tuple, positions: np.ndarray, copies: np.ndarray = None) -> np.ndarray:
+def position_keys(
+    seed: int, stream: tuple, positions: np.ndarray, copies: np.ndarray = None
+) -> np.ndarray:
     """U of the records at ``positions`` of ``stream`` (uint64 array): two rounds of ``_mix``
     keyed by the stream's Philox key words, ``mix(mix(position + k0) ^ (k1 + copy * golden))``.
     Distinct positions of a stream give distinct keys (each step is a bijection); ``copies``

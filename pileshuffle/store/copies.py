@@ -32,14 +32,14 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle import names
+from pileshuffle.engine.dedup import content_groups
+from pileshuffle.engine.fragments import Fragment, read_batches
+from pileshuffle.engine.tuning import prepare_worker
 from pileshuffle.io import storage
 from pileshuffle.io.copy_marks import NONE, copies_name, encode_copies
-from pileshuffle.engine.dedup import content_groups
-from pileshuffle.records.fingerprint import Fingerprint
-from pileshuffle.engine.fragments import Fragment, read_batches
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.records.fingerprint import Fingerprint
 from pileshuffle.store import layout
-from pileshuffle.engine.tuning import prepare_worker
 
 __all__ = ["earlier_copies", "write_copies", "generation_dedup", "MarkEarlierCopies"]
 
@@ -52,8 +52,12 @@ def earlier_copies(dedup, generation: int, files: list, older) -> list:
 
     Streamed: memory holds one batch and the distinct contents whose key repeats (``_Seen``), so a
     record repeated a million times is one entry, never loaded whole."""
-    keys = [np.concatenate([b.column(KEY_COLUMN).to_numpy() for b in batches()] or [np.zeros(0, np.uint64)])
-            for batches in files]
+    keys = [
+        np.concatenate(
+            [b.column(KEY_COLUMN).to_numpy() for b in batches()] or [np.zeros(0, np.uint64)]
+        )
+        for batches in files
+    ]
     if not sum(map(len, keys)):
         return [np.zeros(0, np.int32) for _ in keys]
     wanted, counts = np.unique(np.concatenate(keys), return_counts=True)
@@ -70,7 +74,11 @@ def earlier_copies(dedup, generation: int, files: list, older) -> list:
         parts = []
         for batch in batches():
             earlier = np.full(batch.num_rows, NONE, np.int32)
-            tied = np.flatnonzero(_among(batch.column(KEY_COLUMN).to_numpy(), repeated)) if len(repeated) else []
+            tied = (
+                np.flatnonzero(_among(batch.column(KEY_COLUMN).to_numpy(), repeated))
+                if len(repeated)
+                else []
+            )
             if len(tied):
                 earlier[tied] = seen.mark(batch.take(pa.array(tied)), generation)
             parts.append(earlier)
@@ -84,7 +92,11 @@ class _Seen:
 
     def __init__(self, dedup):
         self._dedup = dedup
-        self.keys, self._generations, self._values = np.zeros(0, np.uint64), np.zeros(0, np.int32), None
+        self.keys, self._generations, self._values = (
+            np.zeros(0, np.uint64),
+            np.zeros(0, np.int32),
+            None,
+        )
 
     def mark(self, batch, generation: int) -> np.ndarray:
         """``earlier`` of each row of ``batch`` (records of generation ``generation``, next in canonical
@@ -92,23 +104,35 @@ class _Seen:
         table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
         keys = table.column(KEY_COLUMN).to_numpy()
         values = self._dedup.values(table.drop_columns([KEY_COLUMN, HASH_COLUMN]), "a pile")
-        held = np.flatnonzero(np.isin(self.keys, keys))  # met contents that share a key with the batch
-        both = values if not len(held) else pa.concat_tables([self._values.take(held), values],
-                                                             promote_options="permissive")
+        held = np.flatnonzero(
+            np.isin(self.keys, keys)
+        )  # met contents that share a key with the batch
+        both = (
+            values
+            if not len(held)
+            else pa.concat_tables([self._values.take(held), values], promote_options="permissive")
+        )
         groups = content_groups(both, np.concatenate([self.keys[held], keys]))
-        generations = np.concatenate([self._generations[held], np.full(len(keys), generation, np.int32)])
+        generations = np.concatenate(
+            [self._generations[held], np.full(len(keys), generation, np.int32)]
+        )
         order = np.argsort(groups, kind="stable")  # each group's rows together, met ones first
         follows = np.concatenate(([False], groups[order][1:] == groups[order][:-1]))
         earlier = np.empty(len(order), np.int32)
         earlier[order] = np.where(follows, np.roll(generations[order], 1), NONE)
-        earlier = earlier[len(held):]
-        self._generations[held[np.isin(groups[: len(held)], groups[len(held):])]] = generation
+        earlier = earlier[len(held) :]
+        self._generations[held[np.isin(groups[: len(held)], groups[len(held) :])]] = generation
         fresh = np.flatnonzero(earlier == NONE)  # the first row of a content not met before
         self.keys = np.concatenate([self.keys, keys[fresh]])
-        self._generations = np.concatenate([self._generations, np.full(len(fresh), generation, np.int32)])
+        self._generations = np.concatenate(
+            [self._generations, np.full(len(fresh), generation, np.int32)]
+        )
         taken = values.take(pa.array(fresh))
-        self._values = taken if self._values is None else pa.concat_tables([self._values, taken],
-                                                                           promote_options="permissive")
+        self._values = (
+            taken
+            if self._values is None
+            else pa.concat_tables([self._values, taken], promote_options="permissive")
+        )
         return earlier
 
 
@@ -137,9 +161,13 @@ def generation_dedup(dedup, generation: int, files: list) -> dict:
         for number, rows in ((entry.get("copies") or {}).get("earlier") or {}).items():
             earlier[int(number)] += rows
     rows = sum(f["records"] for f in files)
-    return {**dedup.options(), "rows": rows, "distinct_new": rows - sum(earlier.values()),
-            "copies_within": earlier.pop(generation, 0),
-            "copies_of_earlier": {str(g): earlier[g] for g in sorted(earlier)}}
+    return {
+        **dedup.options(),
+        "rows": rows,
+        "distinct_new": rows - sum(earlier.values()),
+        "copies_within": earlier.pop(generation, 0),
+        "copies_of_earlier": {str(g): earlier[g] for g in sorted(earlier)},
+    }
 
 
 class MarkEarlierCopies(beam.DoFn):
@@ -156,11 +184,17 @@ class MarkEarlierCopies(beam.DoFn):
         """The older live files of each pile, from the base version's manifest (read here, not
         carried in the pipeline: a window lists generations x writers x piles files)."""
         prepare_worker()
-        manifest = layout.read_store_manifest(self._prefix, self._base_version) if self._base_version else None
+        manifest = (
+            layout.read_store_manifest(self._prefix, self._base_version)
+            if self._base_version
+            else None
+        )
         self._older = {}
         for live in (manifest or {}).get("generations", []):
             for entry in sorted(live["files"], key=lambda f: f["writer"]):
-                self._older.setdefault(entry["pile"], []).append((live["generation"], entry["path"]))
+                self._older.setdefault(entry["pile"], []).append(
+                    (live["generation"], entry["path"])
+                )
 
     def process(self, element):
         pile, files = element
@@ -169,9 +203,15 @@ class MarkEarlierCopies(beam.DoFn):
             return
         files = sorted(files, key=lambda f: f.writer)
         batches = [functools.partial(_batches, layout.join(self._store, f.path)) for f in files]
-        older = ((g, _batches(layout.join(self._store, path))) for g, path in self._older.get(pile, ()))
-        for stored, earlier in zip(files, earlier_copies(self._dedup, self._generation, batches, older)):
-            yield dataclasses.replace(stored, copies=write_copies(self._store, stored.path, earlier))
+        older = (
+            (g, _batches(layout.join(self._store, path))) for g, path in self._older.get(pile, ())
+        )
+        for stored, earlier in zip(
+            files, earlier_copies(self._dedup, self._generation, batches, older)
+        ):
+            yield dataclasses.replace(
+                stored, copies=write_copies(self._store, stored.path, earlier)
+            )
 
 
 def _batches(path: str):

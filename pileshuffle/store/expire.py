@@ -6,13 +6,15 @@ import math
 import time
 
 from pileshuffle import names
-from pileshuffle.io import storage
 from pileshuffle.errors import OutputError, UsageError
+from pileshuffle.io import storage
 from pileshuffle.store import layout
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "check_grace_seconds", "parse_before", "expire", "collect"]
 
-DEFAULT_GRACE_SECONDS = 24 * 3600  # files of an expired generation outlive its last manifest version by this
+DEFAULT_GRACE_SECONDS = (
+    24 * 3600
+)  # files of an expired generation outlive its last manifest version by this
 
 
 def check_grace_seconds(value: float) -> float:
@@ -27,12 +29,20 @@ def parse_before(text: str):
     try:
         return layout.parse_time(text)
     except ValueError:
-        raise UsageError(f"--before: {text!r} is not a time: give a UTC date or time in ISO 8601, e.g. 2026-11-01, "
-                         f"2026-11-01T18:30 or 2026-11-01T18:30:00Z") from None
+        raise UsageError(
+            f"--before: {text!r} is not a time: give a UTC date or time in ISO 8601, e.g. 2026-11-01, "
+            f"2026-11-01T18:30 or 2026-11-01T18:30:00Z"
+        ) from None
 
 
-def expire(prefix, keep_generations=None, before=None, grace_seconds=DEFAULT_GRACE_SECONDS, command="expire",
-           everything=False):
+def expire(
+    prefix,
+    keep_generations=None,
+    before=None,
+    grace_seconds=DEFAULT_GRACE_SECONDS,
+    command="expire",
+    everything=False,
+):
     """Drop whole generations: publish the next version without them, then collect files
     no version within the grace period lists. Dropping every live generation (an empty
     store) needs ``everything`` (``--all``). Returns ``(manifest, dropped, deleted)``."""
@@ -50,14 +60,18 @@ def expire(prefix, keep_generations=None, before=None, grace_seconds=DEFAULT_GRA
             raise OutputError(f"no store at {names.store_dir(prefix)}")
         kept = list(current["generations"])
         if keep_generations is not None:
-            kept = kept[max(0, len(kept) - int(keep_generations)):] if int(keep_generations) else []
+            kept = (
+                kept[max(0, len(kept) - int(keep_generations)) :] if int(keep_generations) else []
+            )
         if cutoff is not None:
             kept = [g for g in kept if layout.parse_time(g["created"]) >= cutoff]
         dropped = [g["generation"] for g in current["generations"] if g not in kept]
         if dropped and not kept and not everything:
-            raise UsageError(f"this would expire every live generation of {names.store_dir(prefix)} (generation(s) "
-                             f"{', '.join(map(str, dropped))}), "
-                             f"leaving no records to train on: pass --all to do that")
+            raise UsageError(
+                f"this would expire every live generation of {names.store_dir(prefix)} (generation(s) "
+                f"{', '.join(map(str, dropped))}), "
+                f"leaving no records to train on: pass --all to do that"
+            )
         if dropped:
             current = layout.next_manifest(current, kept)
             layout.publish_manifest(prefix, current)
@@ -84,12 +98,16 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
         if retired is None or layout.parse_time(retired).timestamp() > now - grace_seconds:
             protected.add(version)
     needed = {g["generation"] for v in protected for g in manifests[v]["generations"]}
-    listed = {g["generation"] for v in set(versions) - protected for g in manifests[v]["generations"]}
+    listed = {
+        g["generation"] for v in set(versions) - protected for g in manifests[v]["generations"]
+    }
     doomed = sorted(listed - needed)  # from the manifests, without listing the whole store
     store = names.store_dir(prefix)
     for generation in doomed:
         storage.delete_tree(storage.join(store, names.generation_dir_name(generation)))
-    old = sorted(set(versions) - protected)  # after their generations: a killed collection is redone
+    old = sorted(
+        set(versions) - protected
+    )  # after their generations: a killed collection is redone
     if old:
         storage.delete([storage.join(store, names.store_manifest_name(v)) for v in old])
     return {"generations": doomed, "versions": old}

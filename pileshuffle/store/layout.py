@@ -27,22 +27,59 @@ import sys
 import uuid
 
 from pileshuffle import __version__, interrupt
-from pileshuffle.io import storage
 from pileshuffle.engine.balance import from_manifest_options, manifest_options
-from pileshuffle.io.copy_marks import hidden_rows
+from pileshuffle.engine.output_files import (
+    lock_holder_at,
+    missing_local_folders,
+    release_lock_file,
+    remove_empty_folders,
+)
 from pileshuffle.errors import InputError, OutputError
-from pileshuffle.names import GENERATION_DIR, LEGACY_STORE_FORMAT, STORE_KIND
+from pileshuffle.io import storage
+from pileshuffle.io.copy_marks import hidden_rows
+from pileshuffle.names import (
+    GENERATION_DIR,
+    LEGACY_STORE_FORMAT,
+    STORE_KIND,
+    STORE_MANIFEST_GLOB,
+    STORE_SUFFIX,
+    format_problem,
+    generation_dir_name,
+    manifest_header,
+    store_dir,
+)
 from pileshuffle.names import STORE_LOCK_NAME as LOCK_NAME
-from pileshuffle.names import STORE_MANIFEST_GLOB
 from pileshuffle.names import STORE_MANIFEST_NAME as MANIFEST_NAME
-from pileshuffle.names import STORE_SUFFIX, format_problem, generation_dir_name, manifest_header, store_dir
 from pileshuffle.names import store_manifest_name as manifest_name
-from pileshuffle.engine.output_files import lock_holder_at, missing_local_folders, release_lock_file, remove_empty_folders
 
-__all__ = ["clean_prefix", "store_prefix", "existing_store", "is_store", "join", "now_iso", "parse_time", "list_names",
-           "manifest_versions", "generation_dirs", "read_store_manifest", "VersionConflict", "publish_manifest",
-           "new_manifest", "next_manifest", "visible_records", "store_balance", "store_dedup", "FileLock", "StoreLock", "lock_path", "lock_holder", "release_lock",
-           "remove_if_empty", "remove_unpublished", "command_line"]
+__all__ = [
+    "clean_prefix",
+    "store_prefix",
+    "existing_store",
+    "is_store",
+    "join",
+    "now_iso",
+    "parse_time",
+    "list_names",
+    "manifest_versions",
+    "generation_dirs",
+    "read_store_manifest",
+    "VersionConflict",
+    "publish_manifest",
+    "new_manifest",
+    "next_manifest",
+    "visible_records",
+    "store_balance",
+    "store_dedup",
+    "FileLock",
+    "StoreLock",
+    "lock_path",
+    "lock_holder",
+    "release_lock",
+    "remove_if_empty",
+    "remove_unpublished",
+    "command_line",
+]
 
 
 def clean_prefix(prefix: str) -> str:
@@ -54,7 +91,7 @@ def store_prefix(given: str) -> str:
     """The prefix P of the store that ``given`` names: ``P`` or its folder ``P-store``
     (the loader takes both), with or without a trailing slash."""
     prefix = clean_prefix(given)
-    bare = prefix[:-len(STORE_SUFFIX)]
+    bare = prefix[: -len(STORE_SUFFIX)]
     if prefix.endswith(STORE_SUFFIX) and not is_store(prefix) and is_store(bare):
         return bare
     return prefix
@@ -86,7 +123,7 @@ def list_names(directory: str) -> list:
             return []
     found = storage.match(storage.join(directory, "**"))
     base = directory.rstrip("/") + "/"
-    return sorted({f.path[len(base):].split("/", 1)[0] for f in found if f.path.startswith(base)})
+    return sorted({f.path[len(base) :].split("/", 1)[0] for f in found if f.path.startswith(base)})
 
 
 def manifest_versions(prefix: str) -> list:
@@ -95,13 +132,18 @@ def manifest_versions(prefix: str) -> list:
     if not storage.is_remote(directory):
         names = list_names(directory)
     else:  # list the manifests only, not every data file
-        names = [f.path.rsplit("/", 1)[-1] for f in storage.match(storage.join(directory, STORE_MANIFEST_GLOB))]
+        names = [
+            f.path.rsplit("/", 1)[-1]
+            for f in storage.match(storage.join(directory, STORE_MANIFEST_GLOB))
+        ]
     return sorted(int(m.group(1)) for m in map(MANIFEST_NAME.match, names) if m)
 
 
 def generation_dirs(prefix: str) -> list:
     """Generation numbers that have a directory under the store, ascending."""
-    return sorted(int(m.group(1)) for m in map(GENERATION_DIR.match, list_names(store_dir(prefix))) if m)
+    return sorted(
+        int(m.group(1)) for m in map(GENERATION_DIR.match, list_names(store_dir(prefix))) if m
+    )
 
 
 def read_store_manifest(prefix: str, version: int = None) -> dict:
@@ -129,7 +171,9 @@ def _write_exclusive(path: str, data: bytes):
     (gs://): checked just before the rename, and the store lock is what excludes."""
     directory, name = path.rsplit("/", 1) if "/" in path else (".", path)
     try:
-        storage.create_exclusive(path, data, storage.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}"))
+        storage.create_exclusive(
+            path, data, storage.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+        )
     except FileExistsError:
         raise VersionConflict(path) from None
 
@@ -138,8 +182,10 @@ class VersionConflict(OutputError):
     """The manifest version being published exists already: another command published first, nothing was published."""
 
     def __init__(self, path):
-        super().__init__(f"{path} appeared while this command ran (another append or expire published it); "
-                         f"nothing was published: run the command again")
+        super().__init__(
+            f"{path} appeared while this command ran (another append or expire published it); "
+            f"nothing was published: run the command again"
+        )
 
 
 def publish_manifest(prefix: str, manifest: dict):
@@ -148,17 +194,25 @@ def publish_manifest(prefix: str, manifest: dict):
     _write_exclusive(storage.join(store_dir(prefix), manifest_name(manifest["version"])), data)
 
 
-def new_manifest(format_name, compression, num_piles, seed, max_pile_bytes, schema=None, balance=None,
-                 dedup=None) -> dict:
+def new_manifest(
+    format_name, compression, num_piles, seed, max_pile_bytes, schema=None, balance=None, dedup=None
+) -> dict:
     """Version 0: the empty store a first generation is published onto; ``balance``
     (``(label field, balance.Policy, keep_unlabeled)``, recorded as ``balance.manifest_options``)
     balances every generation it will hold; ``dedup`` (a ``dedup.Dedup``) keeps each distinct
     record of the live window once (``store.copies``)."""
     manifest = {
-        **manifest_header(STORE_KIND), "store_format": LEGACY_STORE_FORMAT, "version": 0,
+        **manifest_header(STORE_KIND),
+        "store_format": LEGACY_STORE_FORMAT,
+        "version": 0,
         "pileshuffle_version": __version__,
-        "format": format_name, "compression": compression, "num_piles": int(num_piles), "seed": int(seed),
-        "max_pile_bytes": int(max_pile_bytes), "next_generation": 0, "generations": [],
+        "format": format_name,
+        "compression": compression,
+        "num_piles": int(num_piles),
+        "seed": int(seed),
+        "max_pile_bytes": int(max_pile_bytes),
+        "next_generation": 0,
+        "generations": [],
         "totals": {"records": 0, "payload_bytes": 0},
     }
     if schema is not None:
@@ -187,12 +241,22 @@ def store_dedup(manifest: dict):
 def next_manifest(base: dict, generations: list, next_generation: int = None) -> dict:
     """The version after ``base`` with ``generations`` live (ascending by number)."""
     generations = sorted(generations, key=lambda g: g["generation"])
-    manifest = {**base, **manifest_header(STORE_KIND), "version": base["version"] + 1, "pileshuffle_version": __version__,
-                "published": now_iso(), "generations": generations,
-                "next_generation": max(base.get("next_generation", 0), next_generation or 0)}
-    manifest["totals"] = {"records": sum(g["records"] for g in generations),
-                          "payload_bytes": sum(g["payload_bytes"] for g in generations)}
-    if store_dedup(base) is not None:  # the rows a reader gets: each distinct record of the window once
+    manifest = {
+        **base,
+        **manifest_header(STORE_KIND),
+        "version": base["version"] + 1,
+        "pileshuffle_version": __version__,
+        "published": now_iso(),
+        "generations": generations,
+        "next_generation": max(base.get("next_generation", 0), next_generation or 0),
+    }
+    manifest["totals"] = {
+        "records": sum(g["records"] for g in generations),
+        "payload_bytes": sum(g["payload_bytes"] for g in generations),
+    }
+    if (
+        store_dedup(base) is not None
+    ):  # the rows a reader gets: each distinct record of the window once
         manifest["totals"]["distinct"] = visible_records(generations)
     return manifest
 
@@ -205,6 +269,7 @@ def visible_records(generations: list) -> int:
 
 
 # --- the lock ---------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class FileLock:
@@ -226,8 +291,14 @@ class FileLock:
         a Ctrl-C that comes while the lock is being created (it takes effect as that step
         ends) removes it again."""
         token = uuid.uuid4().hex
-        holder = {"command": self.command, "host": socket.gethostname(), "pid": os.getpid(), "since": now_iso(),
-                  "token": token, **({"job": self.job} if self.job else {})}
+        holder = {
+            "command": self.command,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": now_iso(),
+            "token": token,
+            **({"job": self.job} if self.job else {}),
+        }
         data = json.dumps(holder).encode()
         for _ in range(3):
             try:
@@ -248,8 +319,10 @@ class FileLock:
         raise OutputError(f"cannot take {self.path}: it keeps reappearing")
 
     def refusal(self, holder: dict) -> str:
-        return (f"{self.what} is locked by `{holder.get('command')}` (pid {holder.get('pid')} on {holder.get('host')}, "
-                f"since {holder.get('since')}); wait for it to finish, or delete {self.path} if that process is gone")
+        return (
+            f"{self.what} is locked by `{holder.get('command')}` (pid {holder.get('pid')} on {holder.get('host')}, "
+            f"since {holder.get('since')}); wait for it to finish, or delete {self.path} if that process is gone"
+        )
 
     def release(self, token: str):
         """Remove the lock if ``token`` still holds it (best effort; Ctrl-C does not cut it)."""
@@ -287,7 +360,11 @@ class FileLock:
 
     def _stale(self, holder: dict) -> bool:
         """Whether the holder is gone: a process of this host that no longer runs (a job's lock is never stale)."""
-        if holder.get("job") or holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        if (
+            holder.get("job")
+            or holder.get("host") != socket.gethostname()
+            or not isinstance(holder.get("pid"), int)
+        ):
             return False
         if holder["pid"] == os.getpid():
             return self.same_process_is_stale
@@ -352,6 +429,8 @@ def existing_store(given: str) -> str:
     locked, when there is none (so a refused command leaves no empty ``-store`` folder)."""
     prefix = store_prefix(given)
     if not is_store(prefix):
-        raise OutputError(f"no store at {store_dir(prefix)}: create one with `pileshuffle run --layout store "
-                          f"--output {prefix} --input ...`")
+        raise OutputError(
+            f"no store at {store_dir(prefix)}: create one with `pileshuffle run --layout store "
+            f"--output {prefix} --input ...`"
+        )
     return prefix

@@ -11,29 +11,36 @@ import collections
 import numpy as np
 
 from pileshuffle import names
+from pileshuffle.engine.fragments import Fragment, read_table
+from pileshuffle.engine.transforms.shuffle import DEFAULT_MAX_PILE_BYTES, Pile
+from pileshuffle.errors import InputError
+from pileshuffle.formats import get_format, record_hashes, records_bytes
+from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames
 from pileshuffle.io import storage
 from pileshuffle.io.checksums import crc32c_mismatch
 from pileshuffle.io.copy_marks import read_copies
-from pileshuffle.errors import InputError
-from pileshuffle.records.fingerprint import Fingerprint, binary_column_parts
-from pileshuffle.formats import get_format, record_hashes, records_bytes
-from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames
-from pileshuffle.engine.fragments import Fragment, read_table
-from pileshuffle.records.keys import pile_of
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
+from pileshuffle.records.fingerprint import Fingerprint, binary_column_parts
+from pileshuffle.records.keys import pile_of
 from pileshuffle.store import layout
-from pileshuffle.engine.transforms.shuffle import DEFAULT_MAX_PILE_BYTES, Pile
 
 __all__ = ["live_piles", "missing_files", "Problem", "damaged_generations", "check_store"]
 
 
 def _file_fragment(prefix: str, generation: int, entry: dict) -> Fragment:
     """One data file of a generation as a pile's fragment, ordered by (generation, writer)."""
-    return Fragment((generation, entry["writer"]), entry["records"], entry["bytes"],
-                    Fingerprint.from_json(entry["fingerprint"]), path=layout.join(names.store_dir(prefix), entry["path"]))
+    return Fragment(
+        (generation, entry["writer"]),
+        entry["records"],
+        entry["bytes"],
+        Fingerprint.from_json(entry["fingerprint"]),
+        path=layout.join(names.store_dir(prefix), entry["path"]),
+    )
 
 
-def live_piles(prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir: str = None) -> list:
+def live_piles(
+    prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir: str = None
+) -> list:
     """The store's ``num_piles`` piles at ``manifest``'s version (empty piles included); in a dedup
     store, piles that keep the first live copy of each record (``store.copies``)."""
     fragments = {p: [] for p in range(manifest["num_piles"])}
@@ -41,9 +48,20 @@ def live_piles(prefix: str, manifest: dict, max_pile_bytes: int = None, work_dir
         for entry in generation["files"]:
             fragments[entry["pile"]].append(_file_fragment(prefix, generation["generation"], entry))
     limit = max_pile_bytes or manifest.get("max_pile_bytes") or DEFAULT_MAX_PILE_BYTES
-    dedup = layout.store_dedup(manifest)  # the first live copy of each content: the rows the manifest counts visible
-    return [Pile(p, manifest["num_piles"], tuple(sorted(f, key=lambda x: x.order)), limit, work_dir, dedup=dedup)
-            for p, f in fragments.items()]
+    dedup = layout.store_dedup(
+        manifest
+    )  # the first live copy of each content: the rows the manifest counts visible
+    return [
+        Pile(
+            p,
+            manifest["num_piles"],
+            tuple(sorted(f, key=lambda x: x.order)),
+            limit,
+            work_dir,
+            dedup=dedup,
+        )
+        for p, f in fragments.items()
+    ]
 
 
 def missing_files(prefix: str, manifest: dict) -> list:
@@ -51,9 +69,16 @@ def missing_files(prefix: str, manifest: dict) -> list:
     one listing per generation directory, not one request per file."""
     store, missing = names.store_dir(prefix), []
     for generation in manifest["generations"]:
-        present = set(layout.list_names(storage.join(store, names.generation_dir_name(generation["generation"]))))
-        missing += [(generation["generation"], layout.join(store, entry["path"])) for entry in generation["files"]
-                    if entry["path"].rsplit("/", 1)[-1] not in present]
+        present = set(
+            layout.list_names(
+                storage.join(store, names.generation_dir_name(generation["generation"]))
+            )
+        )
+        missing += [
+            (generation["generation"], layout.join(store, entry["path"]))
+            for entry in generation["files"]
+            if entry["path"].rsplit("/", 1)[-1] not in present
+        ]
     return missing
 
 
@@ -94,23 +119,39 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
         found = Fingerprint()
         for entry in generation["files"]:
             path = layout.join(store, entry["path"])
-            problem = _check_file(path, entry, num_piles, fmt) or _check_copies_file(store, generation["generation"], entry)
+            problem = _check_file(path, entry, num_piles, fmt) or _check_copies_file(
+                store, generation["generation"], entry
+            )
             if problem:
-                problems.append(Problem.of(f"{problem} (generation {generation['generation']})", generation["generation"]))
+                problems.append(
+                    Problem.of(
+                        f"{problem} (generation {generation['generation']})",
+                        generation["generation"],
+                    )
+                )
             found += Fingerprint.from_json(entry["fingerprint"])
-        if found != Fingerprint.from_json(generation["fingerprint"]) or found.records != generation["records"]:
-            problems.append(Problem.of(f"generation {generation['generation']}: its files' fingerprints do not add up "
-                                       f"to the generation's ({found.records} vs {generation['records']} records)",
-                                       generation["generation"]))
+        if (
+            found != Fingerprint.from_json(generation["fingerprint"])
+            or found.records != generation["records"]
+        ):
+            problems.append(
+                Problem.of(
+                    f"generation {generation['generation']}: its files' fingerprints do not add up "
+                    f"to the generation's ({found.records} vs {generation['records']} records)",
+                    generation["generation"],
+                )
+            )
         records += generation["records"]
         payload += generation["payload_bytes"]
     totals = {"records": records, "payload_bytes": payload}
     if layout.store_dedup(manifest) is not None:
         totals["distinct"] = layout.visible_records(manifest["generations"])
     if manifest["totals"] != totals:
-        problems.append(f"the manifest's totals {manifest['totals']} are not the sum of its generations "
-                        f"({records} records, {payload} payload bytes"
-                        + (f", {totals['distinct']} distinct)" if "distinct" in totals else ")"))
+        problems.append(
+            f"the manifest's totals {manifest['totals']} are not the sum of its generations "
+            f"({records} records, {payload} payload bytes"
+            + (f", {totals['distinct']} distinct)" if "distinct" in totals else ")")
+        )
     if input_glob:
         problems += _check_input(input_glob, manifest, fmt)
     return problems, manifest
@@ -119,10 +160,10 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
 def _check_input(input_glob: str, manifest: dict, fmt) -> list:
     """The input files hold exactly the live generations' records (as a multiset); in a
     balanced store, each generation's with its copies (``_check_copies``)."""
-    from pileshuffle.errors import PileshuffleError
-    from pileshuffle.records.fingerprint import total
     from pileshuffle.engine.inputs import match_inputs
+    from pileshuffle.errors import PileshuffleError
     from pileshuffle.formats import read_fingerprint
+    from pileshuffle.records.fingerprint import total
 
     try:
         sources = match_inputs(input_glob)  # leaves store files out
@@ -153,19 +194,30 @@ def _check_copies(sources, manifest: dict, fmt) -> list:
         own, missing = _generation_sources(generation, sources)
         used.update(s.path for s in own)
         if missing:
-            problems.append(f"generation {generation['generation']}: its input {missing} is not in --input (or has "
-                            f"another size): its copies cannot be recomputed")
+            problems.append(
+                f"generation {generation['generation']}: its input {missing} is not in --input (or has "
+                f"another size): its copies cannot be recomputed"
+            )
             continue
         skipped = bool(generation["skipped"]["records"])  # read as the append read it
-        copied, recorded = (copies_fingerprint(fmt, own, field, policy, int(manifest["seed"]), skipped, keep_unlabeled),
-                            Fingerprint.from_json(generation["fingerprint"]))
+        copied, recorded = (
+            copies_fingerprint(
+                fmt, own, field, policy, int(manifest["seed"]), skipped, keep_unlabeled
+            ),
+            Fingerprint.from_json(generation["fingerprint"]),
+        )
         if copied != recorded:
-            problems.append(f"generation {generation['generation']} is not its input with the copies --balance gives: "
-                            f"{how_records_differ(copied, recorded)}")
+            problems.append(
+                f"generation {generation['generation']} is not its input with the copies --balance gives: "
+                f"{how_records_differ(copied, recorded)}"
+            )
     extra = [s.path for s in sources if s.path not in used]
     if extra:
-        problems.append(f"the input holds {len(extra)} file(s) that no live generation was read from: "
-                        + ", ".join(extra[:3]) + (" ..." if len(extra) > 3 else ""))
+        problems.append(
+            f"the input holds {len(extra)} file(s) that no live generation was read from: "
+            + ", ".join(extra[:3])
+            + (" ..." if len(extra) > 3 else "")
+        )
     return problems
 
 
@@ -213,7 +265,9 @@ def _check_copies_file(store: str, generation: int, entry: dict) -> str:
     except InputError as error:
         return str(error)
     if len(row) and (row[0] < 0 or row[-1] >= entry["records"] or np.any(np.diff(row) <= 0)):
-        return f"copies file {path} is damaged: its rows are not ascending places in {entry['path']}"
+        return (
+            f"copies file {path} is damaged: its rows are not ascending places in {entry['path']}"
+        )
     if len(earlier) and (earlier.min() < 0 or earlier.max() > generation):
         return f"copies file {path} is damaged: it names generations other than 0 to {generation}"
     counts = collections.Counter(earlier.tolist())
@@ -243,17 +297,21 @@ def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
     if table.num_rows and not (piles == entry["pile"]).all():
         return f"store file {path} is damaged: it holds keys of other piles than {entry['pile']}"
     records = table.drop_columns([KEY_COLUMN, HASH_COLUMN])
-    if FRAME_COLUMN in records.column_names:  # frames hash from their stored CRCs: check those first
+    if (
+        FRAME_COLUMN in records.column_names
+    ):  # frames hash from their stored CRCs: check those first
         data, _ = binary_column_parts(records.column(FRAME_COLUMN))
         data = data.to_pybytes()
         starts, end, problem = scan_frames(data)
         if problem or end != len(data) or len(starts) != records.num_rows:
             return f"store file {path} is damaged: a TFRecord frame in it is corrupt ({problem or 'bad framing'})"
     hashes = record_hashes(records)
-    if Fingerprint.of(hashes, records_bytes(records)) != Fingerprint.from_json(entry["fingerprint"]):
+    if Fingerprint.of(hashes, records_bytes(records)) != Fingerprint.from_json(
+        entry["fingerprint"]
+    ):
         return f"store file {path} is damaged: its records do not match the manifest's fingerprint"
     if not (table.column(HASH_COLUMN).to_numpy() == hashes).all():
-        return f"store file {path} is damaged: its records' stored hashes do not match their contents"
+        return (
+            f"store file {path} is damaged: its records' stored hashes do not match their contents"
+        )
     return None
-
-

@@ -32,24 +32,37 @@ import apache_beam as beam
 import pyarrow as pa
 
 from pileshuffle import interrupt, names
-from pileshuffle.io import storage
 from pileshuffle.engine.balance import ClassPlanner
-from pileshuffle.errors import InputError, OutputError
-from pileshuffle.records.fingerprint import Fingerprint, total
-from pileshuffle.formats import get_format
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
 from pileshuffle.engine.fragments import FragmentFiles, read_batches
-from pileshuffle.names import store_writer_name
 from pileshuffle.engine.output_files import remove_tree
-from pileshuffle.store import layout
-from pileshuffle.store.copies import MarkEarlierCopies, generation_dedup
 from pileshuffle.engine.transforms.assign import INPUT_STREAM, SourcePiles, SourceStats
 from pileshuffle.engine.transforms.graph import counted_classes
-from pileshuffle.engine.transforms.write import KeyByNone, balance_section, check_accounted, schema_json
+from pileshuffle.engine.transforms.write import (
+    KeyByNone,
+    balance_section,
+    check_accounted,
+    schema_json,
+)
 from pileshuffle.engine.tuning import prepare_worker
+from pileshuffle.errors import InputError, OutputError
+from pileshuffle.formats import get_format
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
+from pileshuffle.io import storage
+from pileshuffle.names import store_writer_name
+from pileshuffle.records.fingerprint import Fingerprint, total
+from pileshuffle.store import layout
+from pileshuffle.store.copies import MarkEarlierCopies, generation_dedup
 
-__all__ = ["GENERATION_STREAM", "STORE_WRITERS", "WriterGroup", "writer_groups", "PublishGeneration", "stored_schema",
-           "build_generation", "WritePileStore"]
+__all__ = [
+    "GENERATION_STREAM",
+    "STORE_WRITERS",
+    "WriterGroup",
+    "writer_groups",
+    "PublishGeneration",
+    "stored_schema",
+    "build_generation",
+    "WritePileStore",
+]
 
 GENERATION_STREAM = 2  # key stream tag of generations after the first (1 is composed use's)
 STORE_WRITERS = 32  # default W: writer groups per generation (at most one per input file)
@@ -57,7 +70,9 @@ STORE_WRITERS = 32  # default W: writer groups per generation (at most one per i
 
 def _generation_stream(generation: int, source_id: int) -> tuple:
     """The key stream of a source: ``run``'s for generation 0, one per generation after."""
-    return (INPUT_STREAM, source_id) if generation == 0 else (GENERATION_STREAM, generation, source_id)
+    return (
+        (INPUT_STREAM, source_id) if generation == 0 else (GENERATION_STREAM, generation, source_id)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +112,15 @@ class _StoreFile:
     copies: dict = None  # a dedup store: its rows that repeat an earlier live row (store.copies)
 
     def to_json(self) -> dict:
-        entry = {"path": self.path, "pile": self.pile, "writer": self.writer, "records": self.records,
-                 "bytes": self.bytes, "crc32c": self.crc32c, "fingerprint": self.fingerprint.to_json()}
+        entry = {
+            "path": self.path,
+            "pile": self.pile,
+            "writer": self.writer,
+            "records": self.records,
+            "bytes": self.bytes,
+            "crc32c": self.crc32c,
+            "fingerprint": self.fingerprint.to_json(),
+        }
         return entry if self.copies is None else {**entry, "copies": self.copies}
 
 
@@ -106,7 +128,9 @@ class _StoreFiles(FragmentFiles):
     """One writer's data files of a generation: one IPC stream per pile, temp then rename."""
 
     def __init__(self, store: str, generation: int, writer: int):
-        super().__init__(storage.join(store, names.generation_dir_name(generation)), store_writer_name(writer))
+        super().__init__(
+            storage.join(store, names.generation_dir_name(generation)), store_writer_name(writer)
+        )
         self._store, self._generation, self._writer = store, generation, writer
 
     def relative(self, pile: int) -> str:
@@ -116,9 +140,20 @@ class _StoreFiles(FragmentFiles):
         return layout.join(self._store, self.relative(pile))
 
     def commit_files(self, work_dir=None):
-        return [_StoreFile(self._generation, f.pile, self._writer, self.relative(f.pile), f.records,
-                           storage.size(f.path), f.fingerprint, f.crc32c, work_dir)
-                for f in self.commit()]
+        return [
+            _StoreFile(
+                self._generation,
+                f.pile,
+                self._writer,
+                self.relative(f.pile),
+                f.records,
+                storage.size(f.path),
+                f.fingerprint,
+                f.crc32c,
+                work_dir,
+            )
+            for f in self.commit()
+        ]
 
 
 class _WriteStoreGroup(beam.DoFn):
@@ -127,10 +162,27 @@ class _WriteStoreGroup(beam.DoFn):
     counting pass's, planned under ``policy``) each record is written as many times as its
     copies say."""
 
-    def __init__(self, store, generation, format_name, seed, num_piles, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False,
-                 label=None, policy=None, keep_unlabeled=False, dedup=None):
+    def __init__(
+        self,
+        store,
+        generation,
+        format_name,
+        seed,
+        num_piles,
+        chunk_bytes=DEFAULT_CHUNK_BYTES,
+        skip_corrupt=False,
+        label=None,
+        policy=None,
+        keep_unlabeled=False,
+        dedup=None,
+    ):
         self._store, self._generation, self._format_name = store, generation, format_name
-        self._seed, self._num_piles, self._chunk_bytes, self._skip_corrupt = seed, num_piles, chunk_bytes, skip_corrupt
+        self._seed, self._num_piles, self._chunk_bytes, self._skip_corrupt = (
+            seed,
+            num_piles,
+            chunk_bytes,
+            skip_corrupt,
+        )
         self._label, self._planner = label, None if policy is None else ClassPlanner(policy, seed)
         self._keep_unlabeled, self._dedup = keep_unlabeled, dedup
 
@@ -140,10 +192,21 @@ class _WriteStoreGroup(beam.DoFn):
     def process(self, group: WriterGroup, counts=None):
         files = _StoreFiles(self._store, self._generation, group.writer)
         fmt = get_format(self._format_name)
-        balance = None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
+        balance = (
+            None if counts is None else (self._label, self._planner(counts), self._keep_unlabeled)
+        )
         for source in group.sources:
-            reading = SourcePiles(fmt, source, self._seed, _generation_stream(self._generation, source.id),
-                                  self._chunk_bytes, self._skip_corrupt, self._num_piles, balance, dedup=self._dedup)
+            reading = SourcePiles(
+                fmt,
+                source,
+                self._seed,
+                _generation_stream(self._generation, source.id),
+                self._chunk_bytes,
+                self._skip_corrupt,
+                self._num_piles,
+                balance,
+                dedup=self._dedup,
+            )
             for _, _, parts in reading:
                 for pile, part, part_fingerprint in parts:
                     files.append(pile, part, part_fingerprint)
@@ -163,11 +226,15 @@ class _WriteStorePile(beam.DoFn):
 
     def process(self, pile):
         if pile.dedup is not None:
-            raise OutputError(f"the store {self._store} keeps piles as pass 1 made them, duplicates included; "
-                              "ShuffleToPiles(dedup=...) drops them in pass 2: write its piles with WritePiles")
+            raise OutputError(
+                f"the store {self._store} keeps piles as pass 1 made them, duplicates included; "
+                "ShuffleToPiles(dedup=...) drops them in pass 2: write its piles with WritePiles"
+            )
         if pile.num_piles != self._num_piles:
-            raise OutputError(f"the store {self._store} has {self._num_piles} piles; these records were "
-                              f"assigned to {pile.num_piles} (use ShuffleToPiles(num_piles={self._num_piles}))")
+            raise OutputError(
+                f"the store {self._store} has {self._num_piles} piles; these records were "
+                f"assigned to {pile.num_piles} (use ShuffleToPiles(num_piles={self._num_piles}))"
+            )
         files = _StoreFiles(self._store, self._generation, 0)
         for fragment in pile.fragments:
             for batch in read_batches(fragment):
@@ -181,16 +248,29 @@ class PublishGeneration(beam.DoFn):
     """Check the generation against what was read (and, with ``refuse_copies``, that it is no
     copy of a live generation), then publish the next manifest version."""
 
-    def __init__(self, prefix, base: dict, generation: int, writers: int, lock_token: str = None, input_sizes=None,
-                 input_identities=None, refuse_copies: bool = False):
+    def __init__(
+        self,
+        prefix,
+        base: dict,
+        generation: int,
+        writers: int,
+        lock_token: str = None,
+        input_sizes=None,
+        input_identities=None,
+        refuse_copies: bool = False,
+    ):
         self._prefix, self._base, self._generation = prefix, base, generation
         self._writers, self._lock_token, self._sizes = writers, lock_token, dict(input_sizes or {})
-        self._identities = dict(input_identities or {})  # path -> the file's real identity (inputs.file_identity)
+        self._identities = dict(
+            input_identities or {}
+        )  # path -> the file's real identity (inputs.file_identity)
         self._refuse_copies = refuse_copies
 
     def process(self, element):
         _, items = element
-        files = sorted((i for i in items if isinstance(i, _StoreFile)), key=lambda f: (f.pile, f.writer))
+        files = sorted(
+            (i for i in items if isinstance(i, _StoreFile)), key=lambda f: (f.pile, f.writer)
+        )
         sources = sorted((i for i in items if isinstance(i, SourceStats)), key=lambda s: s.source)
         stored = total(f.fingerprint for f in files)
         put_in = total(s.put_in for s in sources) if sources else stored  # with --balance's copies
@@ -199,7 +279,9 @@ class PublishGeneration(beam.DoFn):
             _refuse_copy(self._prefix, self._base, stored, [s.path for s in sources])
         current = layout.manifest_versions(self._prefix)
         if current and current[-1] != self._base["version"]:
-            raise layout.VersionConflict(storage.join(names.store_dir(self._prefix), names.store_manifest_name(current[-1])))
+            raise layout.VersionConflict(
+                storage.join(names.store_dir(self._prefix), names.store_manifest_name(current[-1]))
+            )
         base = dict(self._base)
         if base["format"] == "parquet" and "schema" not in base and files:
             base["schema"] = schema_json(stored_schema(self._prefix, files[0].path))
@@ -211,10 +293,12 @@ class PublishGeneration(beam.DoFn):
             "payload_bytes": stored.bytes,
             "fingerprint": stored.to_json(),
             "writers": self._writers,
-            "skipped": {"records": sum(s.skipped_records for s in sources),
-                        "bytes": sum(s.skipped_bytes for s in sources),
-                        "problems": [p for s in sources for p in s.problems][:100],
-                        "blank_lines": sum(s.blank_lines for s in sources)},
+            "skipped": {
+                "records": sum(s.skipped_records for s in sources),
+                "bytes": sum(s.skipped_bytes for s in sources),
+                "problems": [p for s in sources for p in s.problems][:100],
+                "blank_lines": sum(s.blank_lines for s in sources),
+            },
             "files": [f.to_json() for f in files],
         }
         if any(s.classes for s in sources):
@@ -222,8 +306,12 @@ class PublishGeneration(beam.DoFn):
         dedup = layout.store_dedup(base)
         if dedup is not None:
             generation["dedup"] = generation_dedup(dedup, self._generation, generation["files"])
-        manifest = layout.next_manifest(base, [*base["generations"], generation], self._generation + 1)
-        with interrupt.publishing():  # Ctrl-C takes effect before or after, and no version is published after it
+        manifest = layout.next_manifest(
+            base, [*base["generations"], generation], self._generation + 1
+        )
+        with (
+            interrupt.publishing()
+        ):  # Ctrl-C takes effect before or after, and no version is published after it
             layout.publish_manifest(self._prefix, manifest)
         if self._lock_token:
             layout.release_lock(self._prefix, self._lock_token)
@@ -231,9 +319,12 @@ class PublishGeneration(beam.DoFn):
             remove_tree(work_dir)
         yield manifest
 
-
     def _input(self, source) -> dict:
-        entry = {"path": source.path, "records": source.fingerprint.records, "bytes": self._sizes.get(source.path)}
+        entry = {
+            "path": source.path,
+            "records": source.fingerprint.records,
+            "bytes": self._sizes.get(source.path),
+        }
         if source.path in self._identities:
             entry["identity"] = self._identities[source.path]
         return entry
@@ -248,13 +339,19 @@ def _refuse_copy(prefix: str, base: dict, stored: Fingerprint, paths: list):
         return
     for live in base["generations"]:
         if Fingerprint.from_json(live["fingerprint"]) == stored:
-            inputs = [i["path"] for i in live["inputs"]]  # none for a generation WritePileStore wrote
-            raise InputError("--input", (
-                f"{_some(paths)} hold exactly the records of live generation {live['generation']} of "
-                f"{names.store_dir(prefix)} ({stored.records:,} records, {stored.bytes:,} bytes, the same fingerprint): "
-                f"they look like copies of its inputs{f' ({_some(inputs)})' if inputs else ''}, and appending them "
-                f"would repeat those records in every epoch; nothing was published. Pass --allow_duplicate_inputs if "
-                f"you mean it, or expire generation {live['generation']} first"))
+            inputs = [
+                i["path"] for i in live["inputs"]
+            ]  # none for a generation WritePileStore wrote
+            raise InputError(
+                "--input",
+                (
+                    f"{_some(paths)} hold exactly the records of live generation {live['generation']} of "
+                    f"{names.store_dir(prefix)} ({stored.records:,} records, {stored.bytes:,} bytes, the same fingerprint): "
+                    f"they look like copies of its inputs{f' ({_some(inputs)})' if inputs else ''}, and appending them "
+                    f"would repeat those records in every epoch; nothing was published. Pass --allow_duplicate_inputs if "
+                    f"you mean it, or expire generation {live['generation']} first"
+                ),
+            )
 
 
 def _some(paths: list, shown: int = 3) -> str:
@@ -266,46 +363,105 @@ def stored_schema(prefix: str, relative: str):
     """The record columns' Arrow schema of a data file (with the source's metadata)."""
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 
-    with storage.open_read(layout.join(names.store_dir(prefix), relative), storage.UNCOMPRESSED) as handle:
+    with storage.open_read(
+        layout.join(names.store_dir(prefix), relative), storage.UNCOMPRESSED
+    ) as handle:
         schema = pa.ipc.open_stream(handle).schema
     keep = [i for i, name in enumerate(schema.names) if name not in (KEY_COLUMN, HASH_COLUMN)]
     return pa.schema([schema.field(i) for i in keep], metadata=schema.metadata)
 
 
-def _publish(items, prefix, base, generation, writers, lock_token=None, input_sizes=None, input_identities=None,
-             refuse_copies=False):
+def _publish(
+    items,
+    prefix,
+    base,
+    generation,
+    writers,
+    lock_token=None,
+    input_sizes=None,
+    input_identities=None,
+    refuse_copies=False,
+):
     """``items`` (``_StoreFile`` and ``SourceStats``) -> the published manifest: one leaf."""
     return (
         items
         | "KeyForPublish" >> beam.ParDo(KeyByNone())
         | "GatherForPublish" >> beam.GroupByKey()
-        | "PublishGeneration" >> beam.ParDo(PublishGeneration(prefix, base, generation, writers, lock_token, input_sizes,
-                                                              input_identities, refuse_copies))
+        | "PublishGeneration"
+        >> beam.ParDo(
+            PublishGeneration(
+                prefix,
+                base,
+                generation,
+                writers,
+                lock_token,
+                input_sizes,
+                input_identities,
+                refuse_copies,
+            )
+        )
     )
 
 
-def build_generation(pipeline, prefix, base, generation, groups, seed, skip_corrupt=False, lock_token=None,
-                     input_sizes=None, input_identities=None, allow_duplicates=False):
+def build_generation(
+    pipeline,
+    prefix,
+    base,
+    generation,
+    groups,
+    seed,
+    skip_corrupt=False,
+    lock_token=None,
+    input_sizes=None,
+    input_identities=None,
+    allow_duplicates=False,
+):
     """The template's graph for one generation: writer groups -> files -> publish (refused,
     unless ``allow_duplicates`` or the store deduplicates, when its records are exactly a live
     generation's). A dedup store marks each file's copies of earlier rows before publishing. A
     balanced store (``layout.store_balance``) first counts this generation's classes."""
-    store, balance, dedup = names.store_dir(prefix), layout.store_balance(base), layout.store_dedup(base)
+    store, balance, dedup = (
+        names.store_dir(prefix),
+        layout.store_balance(base),
+        layout.store_dedup(base),
+    )
     label, policy, keep_unlabeled = (None, None, False) if balance is None else balance
     items = (
         pipeline
         | "ListWriterGroups" >> beam.Create(groups)
         | "SpreadWriterGroups" >> beam.Reshuffle()
-        | "WriteStoreGroup" >> beam.ParDo(_WriteStoreGroup(store, generation, base["format"], seed, base["num_piles"],
-                                                           skip_corrupt=skip_corrupt, label=label, policy=policy,
-                                                           keep_unlabeled=keep_unlabeled, dedup=dedup),
-                                          **_generation_classes(pipeline, groups, base["format"], label, skip_corrupt,
-                                                                keep_unlabeled))
+        | "WriteStoreGroup"
+        >> beam.ParDo(
+            _WriteStoreGroup(
+                store,
+                generation,
+                base["format"],
+                seed,
+                base["num_piles"],
+                skip_corrupt=skip_corrupt,
+                label=label,
+                policy=policy,
+                keep_unlabeled=keep_unlabeled,
+                dedup=dedup,
+            ),
+            **_generation_classes(
+                pipeline, groups, base["format"], label, skip_corrupt, keep_unlabeled
+            ),
+        )
     )
     if dedup is not None:
         items = _marked_copies(items, prefix, base, generation, dedup)
-    return _publish(items, prefix, base, generation, len(groups), lock_token, input_sizes, input_identities,
-                    refuse_copies=not allow_duplicates and dedup is None)  # a dedup store hides copies
+    return _publish(
+        items,
+        prefix,
+        base,
+        generation,
+        len(groups),
+        lock_token,
+        input_sizes,
+        input_identities,
+        refuse_copies=not allow_duplicates and dedup is None,
+    )  # a dedup store hides copies
 
 
 class _KeyByPile(beam.DoFn):
@@ -317,10 +473,13 @@ class _KeyByPile(beam.DoFn):
 
 def _marked_copies(items, prefix, base, generation, dedup):
     """A dedup store: each pile's new files with the rows that repeat an earlier live row recorded."""
-    return (items
-            | "KeyByPile" >> beam.ParDo(_KeyByPile())
-            | "GatherPiles" >> beam.GroupByKey()
-            | "MarkEarlierCopies" >> beam.ParDo(MarkEarlierCopies(prefix, generation, dedup, base["version"])))
+    return (
+        items
+        | "KeyByPile" >> beam.ParDo(_KeyByPile())
+        | "GatherPiles" >> beam.GroupByKey()
+        | "MarkEarlierCopies"
+        >> beam.ParDo(MarkEarlierCopies(prefix, generation, dedup, base["version"]))
+    )
 
 
 def _generation_classes(pipeline, groups, format_name, label, skip_corrupt, keep_unlabeled) -> dict:
@@ -328,9 +487,11 @@ def _generation_classes(pipeline, groups, format_name, label, skip_corrupt, keep
     sources counted on their own (``counted_classes``, as ``run`` counts); else nothing."""
     if label is None:
         return {}
-    sources = (pipeline
-               | "ListSources" >> beam.Create([s for g in groups for s in g.sources])
-               | "SpreadSources" >> beam.Reshuffle())
+    sources = (
+        pipeline
+        | "ListSources" >> beam.Create([s for g in groups for s in g.sources])
+        | "SpreadSources" >> beam.Reshuffle()
+    )
     return counted_classes(sources, format_name, label, skip_corrupt, keep_unlabeled)
 
 
@@ -350,7 +511,9 @@ class WritePileStore(beam.PTransform):
     process has ended takes it over). Not on Beam's DaskRunner (ShuffleToPiles refuses it).
     """
 
-    def __init__(self, prefix, format, num_piles=None, seed=0, compression="auto", max_pile_bytes=64 << 20):
+    def __init__(
+        self, prefix, format, num_piles=None, seed=0, compression="auto", max_pile_bytes=64 << 20
+    ):
         super().__init__()
         self._prefix = layout.clean_prefix(prefix)
         fmt = get_format(format)
@@ -359,28 +522,41 @@ class WritePileStore(beam.PTransform):
         self._max_pile_bytes = int(max_pile_bytes)
 
     def expand(self, piles):
-        token = layout.StoreLock(self._prefix, "WritePileStore (a Beam pipeline)", same_process_is_stale=True).acquire()
+        token = layout.StoreLock(
+            self._prefix, "WritePileStore (a Beam pipeline)", same_process_is_stale=True
+        ).acquire()
         base = layout.read_store_manifest(self._prefix)
         if base is None:
             if self._num_piles is None:
                 raise ValueError("WritePileStore needs num_piles to create a new store")
-            base = layout.new_manifest(self._format, self._compression, self._num_piles, self._seed, self._max_pile_bytes)
-        if base["format"] != self._format or (self._num_piles is not None and base["num_piles"] != int(self._num_piles)):
+            base = layout.new_manifest(
+                self._format, self._compression, self._num_piles, self._seed, self._max_pile_bytes
+            )
+        if base["format"] != self._format or (
+            self._num_piles is not None and base["num_piles"] != int(self._num_piles)
+        ):
             layout.release_lock(self._prefix, token)
-            raise OutputError(f"the store {names.store_dir(self._prefix)} holds {base['format']} in "
-                              f"{base['num_piles']} piles, not {self._format} in {self._num_piles}")
+            raise OutputError(
+                f"the store {names.store_dir(self._prefix)} holds {base['format']} in "
+                f"{base['num_piles']} piles, not {self._format} in {self._num_piles}"
+            )
         if layout.store_dedup(base) is not None:
             layout.release_lock(self._prefix, token)
-            raise OutputError(f"the store {names.store_dir(self._prefix)} keys every record by its content to keep each "
-                              f"distinct one once (--dedup); WritePileStore's piles are keyed otherwise: add records "
-                              f"with `pileshuffle append`")
+            raise OutputError(
+                f"the store {names.store_dir(self._prefix)} keys every record by its content to keep each "
+                f"distinct one once (--dedup); WritePileStore's piles are keyed otherwise: add records "
+                f"with `pileshuffle append`"
+            )
         if layout.store_balance(base) is not None:
             layout.release_lock(self._prefix, token)
-            raise OutputError(f"the store {names.store_dir(self._prefix)} balances every generation by "
-                              f"{base['options']['label_field']!r} ({base['options']['balance']}); WritePileStore writes "
-                              f"records as they come: add them with `pileshuffle append`")
+            raise OutputError(
+                f"the store {names.store_dir(self._prefix)} balances every generation by "
+                f"{base['options']['label_field']!r} ({base['options']['balance']}); WritePileStore writes "
+                f"records as they come: add them with `pileshuffle append`"
+            )
         generation = base["next_generation"]
         layout.remove_unpublished(self._prefix)
         items = piles | "WriteStorePile" >> beam.ParDo(
-            _WriteStorePile(names.store_dir(self._prefix), generation, base["num_piles"]))
+            _WriteStorePile(names.store_dir(self._prefix), generation, base["num_piles"])
+        )
         return _publish(items, self._prefix, base, generation, 1, token)

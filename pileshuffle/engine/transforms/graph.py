@@ -2,14 +2,19 @@
 
 import apache_beam as beam
 
-from pileshuffle.io import storage
 from pileshuffle.engine.balance import manifest_options
 from pileshuffle.engine.fragments import Fragment, GroupSegment
-from pileshuffle.names import CLASS_CODES_DIR
-from pileshuffle.engine.transforms.assign import STATS_TAG, CountClasses, ReadSourceToPiles, SourceStats
+from pileshuffle.engine.transforms.assign import (
+    STATS_TAG,
+    CountClasses,
+    ReadSourceToPiles,
+    SourceStats,
+)
 from pileshuffle.engine.transforms.pile_groups import template_group
 from pileshuffle.engine.transforms.shuffle import GroupIntoPiles
 from pileshuffle.engine.transforms.write import WritePiles
+from pileshuffle.io import storage
+from pileshuffle.names import CLASS_CODES_DIR
 
 __all__ = ["build", "counted_classes", "manifest_fields"]
 
@@ -18,13 +23,21 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     """The template's graph: one leaf (Finalize), so runners that run only the last
     leaf (Dask) still run all of it. ``lock_token``: Finalize releases the output's lock
     (``output_lock``) after publishing: a job that outlives its launcher holds it."""
-    fragments_dir = storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
-    codes_dir = storage.join(plan.work_dir, CLASS_CODES_DIR)  # --balance: labels from the counting pass to pass 1
+    fragments_dir = (
+        storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
+    )
+    codes_dir = storage.join(
+        plan.work_dir, CLASS_CODES_DIR
+    )  # --balance: labels from the counting pass to pass 1
     sources = (
-        pipeline
-        | "ListSources" >> beam.Create(plan.sources)
-        | "SpreadSources" >> beam.Reshuffle()
-    ) if plan.balance is not None else None
+        (
+            pipeline
+            | "ListSources" >> beam.Create(plan.sources)
+            | "SpreadSources" >> beam.Reshuffle()
+        )
+        if plan.balance is not None
+        else None
+    )
     groups = (
         pipeline
         | "ListSourceGroups" >> beam.Create(plan.source_groups)
@@ -32,11 +45,23 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     )
     piles_per_group = template_group(plan)
     pass1 = groups | "ReadSourceToPiles" >> beam.ParDo(
-        ReadSourceToPiles(plan.format, plan.seed, plan.num_piles, fragments_dir, skip_corrupt=plan.skip_corrupt,
-                          label=plan.label, keep_unlabeled=plan.keep_unlabeled, codes_dir=codes_dir,
-                          policy=plan.balance, run_bytes=plan.run_bytes, memory_for_runs=plan.memory_for_runs,
-                          dedup=plan.dedup, group=piles_per_group, records_per_process=_records_per_process(plan)),
-        **_class_counts(sources, plan, codes_dir)
+        ReadSourceToPiles(
+            plan.format,
+            plan.seed,
+            plan.num_piles,
+            fragments_dir,
+            skip_corrupt=plan.skip_corrupt,
+            label=plan.label,
+            keep_unlabeled=plan.keep_unlabeled,
+            codes_dir=codes_dir,
+            policy=plan.balance,
+            run_bytes=plan.run_bytes,
+            memory_for_runs=plan.memory_for_runs,
+            dedup=plan.dedup,
+            group=piles_per_group,
+            records_per_process=_records_per_process(plan),
+        ),
+        **_class_counts(sources, plan, codes_dir),
     ).with_outputs(STATS_TAG, main="fragments")
     # Beam's DaskRunner hands every output of a multi-output ParDo to each consumer (it
     # does not separate tags), so each branch keeps only its own type; elsewhere a no-op.
@@ -44,11 +69,21 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     stats = pass1[STATS_TAG] | "OnlyStats" >> beam.Filter(_is_source_stats)
     return (
         fragments
-        | "GroupIntoPiles" >> GroupIntoPiles(plan.num_piles, plan.max_pile_bytes, plan.work_dir, plan.dedup,
-                                             piles_per_group)
-        | "WritePiles" >> WritePiles(
-            plan.output, plan.format, plan.compression, num_piles=plan.num_piles, overwrite=plan.replace_existing,
-            schema=plan.schema, expected=stats, manifest_fields=manifest_fields(plan), started=started,
+        | "GroupIntoPiles"
+        >> GroupIntoPiles(
+            plan.num_piles, plan.max_pile_bytes, plan.work_dir, plan.dedup, piles_per_group
+        )
+        | "WritePiles"
+        >> WritePiles(
+            plan.output,
+            plan.format,
+            plan.compression,
+            num_piles=plan.num_piles,
+            overwrite=plan.replace_existing,
+            schema=plan.schema,
+            expected=stats,
+            manifest_fields=manifest_fields(plan),
+            started=started,
             release_lock=lock_token,
         )
     )
@@ -58,24 +93,43 @@ def _class_counts(sources, plan, codes_dir) -> dict:
     """Under ``--balance``, pass 1's side input ``counts`` (``counted_classes``)."""
     if plan.balance is None:
         return {}
-    return counted_classes(sources, plan.format, plan.label, plan.skip_corrupt, plan.keep_unlabeled, codes_dir)
+    return counted_classes(
+        sources, plan.format, plan.label, plan.skip_corrupt, plan.keep_unlabeled, codes_dir
+    )
 
 
-def counted_classes(sources, format_name: str, label: str, skip_corrupt: bool = False, keep_unlabeled: bool = False,
-                    codes_dir: str = None) -> dict:
+def counted_classes(
+    sources,
+    format_name: str,
+    label: str,
+    skip_corrupt: bool = False,
+    keep_unlabeled: bool = False,
+    codes_dir: str = None,
+) -> dict:
     """``{"counts": side input}`` for pass 1 over the ``Source`` PCollection ``sources``: a first
     pass counts every source's classes, ``[(source id, {class: count}), ...]``, which pass 1
     turns into each record's copies (``balance.ClassPlanner``; the same for ``run`` and each
     generation of a store). With ``codes_dir`` the first pass keeps each record's class there
     for pass 1 (``CountClasses``)."""
-    counts = sources | "CountClasses" >> beam.ParDo(CountClasses(format_name, label, skip_corrupt=skip_corrupt,
-                                                                 keep_unlabeled=keep_unlabeled, codes_dir=codes_dir))
+    counts = sources | "CountClasses" >> beam.ParDo(
+        CountClasses(
+            format_name,
+            label,
+            skip_corrupt=skip_corrupt,
+            keep_unlabeled=keep_unlabeled,
+            codes_dir=codes_dir,
+        )
+    )
     return {"counts": beam.pvalue.AsList(counts)}
 
 
 def _is_fragment_element(element) -> bool:
     """Whether ``element`` is pass 1's main output, a ``(pile, Fragment)`` or ``(group, GroupSegment)`` pair."""
-    return isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], (Fragment, GroupSegment))
+    return (
+        isinstance(element, tuple)
+        and len(element) == 2
+        and isinstance(element[1], (Fragment, GroupSegment))
+    )
 
 
 def _is_source_stats(element) -> bool:
@@ -96,7 +150,11 @@ def manifest_fields(plan) -> dict:
             "max_pile_bytes": plan.max_pile_bytes,
             "intermediate": plan.intermediate,
             "skip_corrupt": plan.skip_corrupt,
-            **(manifest_options(plan.label, plan.balance, plan.keep_unlabeled) if plan.balance else {}),
+            **(
+                manifest_options(plan.label, plan.balance, plan.keep_unlabeled)
+                if plan.balance
+                else {}
+            ),
             **(plan.dedup.options() if plan.dedup else {}),
         },
     }
@@ -106,7 +164,11 @@ def _records_per_process(plan) -> int:
     """The records one worker process of the job reads in pass 1 (0 where the plan cannot see the
     workers): this machine's one process, or a Dataflow job's workers' SDK processes."""
     workers = plan.workers
-    if workers is None or workers.where == "other" or (workers.where == "dataflow" and not workers.workers):
+    if (
+        workers is None
+        or workers.where == "other"
+        or (workers.where == "dataflow" and not workers.workers)
+    ):
         return 0
     processes = 1 if workers.where == "local" else workers.workers * workers.processes
     return plan.written_records // processes

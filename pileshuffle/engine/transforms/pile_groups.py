@@ -22,12 +22,20 @@ import itertools
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.records import keys as keymath
 from pileshuffle.engine import memory_runs
 from pileshuffle.engine.fragments import read_joined
 from pileshuffle.names import KEY_COLUMN
+from pileshuffle.records import keys as keymath
 
-__all__ = ["GROUP_BYTES", "MAX_GROUP", "PileGroup", "group_size", "group_words", "in_key_order", "template_group"]
+__all__ = [
+    "GROUP_BYTES",
+    "MAX_GROUP",
+    "PileGroup",
+    "group_size",
+    "group_words",
+    "in_key_order",
+    "template_group",
+]
 
 GROUP_BYTES = 16 << 20  # a group holds about this many bytes of piles
 MAX_GROUP = 256  # and at most this many piles
@@ -43,7 +51,11 @@ def group_size(pile_bytes: float, max_pile_bytes: int) -> int:
 
 def template_group(plan) -> int:
     """The template's piles per group (``group_size`` of the plan's mean pile, at most every pile); none under ``--dedup``."""
-    return 1 if plan.dedup else min(plan.num_piles, group_size(plan.held_bytes / plan.num_piles, plan.max_pile_bytes))
+    return (
+        1
+        if plan.dedup
+        else min(plan.num_piles, group_size(plan.held_bytes / plan.num_piles, plan.max_pile_bytes))
+    )
 
 
 def group_words(group: int) -> str:
@@ -67,8 +79,10 @@ def _joined(fragments) -> pa.Table:
     for in_memory, run in itertools.groupby(parts, key=lambda part: part[1] is not None):
         run = list(run)
         if in_memory:
-            tables.extend(pa.Table.from_batches([kept]) if isinstance(kept, pa.RecordBatch) else kept
-                          for _, kept in run)
+            tables.extend(
+                pa.Table.from_batches([kept]) if isinstance(kept, pa.RecordBatch) else kept
+                for _, kept in run
+            )
         else:
             tables.append(read_joined([fragment for fragment, _ in run]))
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
@@ -109,10 +123,20 @@ class PileGroup:
         together = [p for p in self.piles if not _written_alone(p) and p.fragments]
         if not together:
             return
-        whole = self.segments and len(together) == len(self.piles)  # else a pile alone is not loaded again
-        records, keys, order = in_key_order(self.segments if whole else [f for p in together for f in p.fragments])
+        whole = self.segments and len(together) == len(
+            self.piles
+        )  # else a pile alone is not loaded again
+        records, keys, order = in_key_order(
+            self.segments if whole else [f for p in together for f in p.fragments]
+        )
         records = records.take(order)
-        piles, wanted = keymath.pile_of(keys[order], together[0].num_piles), [p.index for p in together]
-        starts, stops = np.searchsorted(piles, wanted, "left"), np.searchsorted(piles, wanted, "right")
+        piles, wanted = (
+            keymath.pile_of(keys[order], together[0].num_piles),
+            [p.index for p in together],
+        )
+        starts, stops = (
+            np.searchsorted(piles, wanted, "left"),
+            np.searchsorted(piles, wanted, "right"),
+        )
         for pile, start, stop in zip(together, starts.tolist(), stops.tolist()):
             yield pile, records.slice(start, stop - start)

@@ -17,25 +17,35 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.records import keys as keymath
-from pileshuffle.io import storage
 from pileshuffle.engine.dedup import distinct_in_order, stream_distinct
-from pileshuffle.records.fingerprint import Fingerprint, total
-from pileshuffle.formats import record_lengths
-from pileshuffle.formats.base import parts_by_pile
 from pileshuffle.engine.fragments import Fragment, FragmentFiles, read_batches
-from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
 from pileshuffle.engine.runs import run_bytes_for
 from pileshuffle.engine.transforms.assign import AssignPiles
 from pileshuffle.engine.transforms.pile_groups import PileGroup, in_key_order
 from pileshuffle.engine.tuning import prepare_worker
+from pileshuffle.formats import record_lengths
+from pileshuffle.formats.base import parts_by_pile
+from pileshuffle.io import storage
+from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, split_writer_name
+from pileshuffle.records import keys as keymath
+from pileshuffle.records.fingerprint import Fingerprint, total
 
-__all__ = ["DEFAULT_MAX_PILE_BYTES", "MAX_SPLIT_WAYS", "Pile", "GroupIntoPiles", "UnsupportedRunnerError",
-           "ShuffleToPiles"]
+__all__ = [
+    "DEFAULT_MAX_PILE_BYTES",
+    "MAX_SPLIT_WAYS",
+    "Pile",
+    "GroupIntoPiles",
+    "UnsupportedRunnerError",
+    "ShuffleToPiles",
+]
 
-DEFAULT_MAX_PILE_BYTES = 64 << 20  # the most of one pile pass 2 holds in memory; a larger pile is split (files mode)
+DEFAULT_MAX_PILE_BYTES = (
+    64 << 20
+)  # the most of one pile pass 2 holds in memory; a larger pile is split (files mode)
 _OUTPUT_SLICE_BYTES = 8 << 20  # about this many bytes per ordered table a pile yields
-_MAX_SPLIT_DEPTH = 16  # splits of splits stop here: records that share one key cannot be split apart
+_MAX_SPLIT_DEPTH = (
+    16  # splits of splits stop here: records that share one key cannot be split apart
+)
 MAX_SPLIT_WAYS = 1024  # larger sub-piles are split again
 
 
@@ -80,8 +90,12 @@ class Pile:
         """Larger than ``max_pile_bytes`` and splittable. The depth bound stops endless
         splitting of records that share one key (keyed composed use with duplicate ids):
         such a sub-pile is loaded whole instead."""
-        return (self.nbytes > self.max_pile_bytes and self.work_dir is not None and self.records > 1
-                and self.depth < _MAX_SPLIT_DEPTH)
+        return (
+            self.nbytes > self.max_pile_bytes
+            and self.work_dir is not None
+            and self.records > 1
+            and self.depth < _MAX_SPLIT_DEPTH
+        )
 
     def tables(self):
         """Yield the records in final order, as the user's columns only."""
@@ -92,7 +106,11 @@ class Pile:
         """Yield the records in final order, each with its pass-1 hash (``HASH_COLUMN``). Under
         ``dedup`` only the first of each content; ``dropped`` (a ``dedup.Dropped``) counts the rest."""
         if self.dedup is not None and self.single_key:
-            batches = (pa.Table.from_batches([b]).drop_columns([KEY_COLUMN]) for f in self.fragments for b in read_batches(f))
+            batches = (
+                pa.Table.from_batches([b]).drop_columns([KEY_COLUMN])
+                for f in self.fragments
+                for b in read_batches(f)
+            )
             yield from stream_distinct(batches, _records_of, self.dedup, dropped)
             return
         if self.needs_split:
@@ -102,26 +120,40 @@ class Pile:
         if not self.fragments:
             return
         records, keys, order = in_key_order(self.fragments)
-        step = max(1, int(_OUTPUT_SLICE_BYTES * len(order) / max(1, self.nbytes)))  # (Table.nbytes: 0.1 ms a pile)
-        if self.dedup is not None or step < len(order):  # a take from parts joins them anew every time: join once
+        step = max(
+            1, int(_OUTPUT_SLICE_BYTES * len(order) / max(1, self.nbytes))
+        )  # (Table.nbytes: 0.1 ms a pile)
+        if self.dedup is not None or step < len(
+            order
+        ):  # a take from parts joins them anew every time: join once
             records = records.combine_chunks()
         if self.dedup is not None:
             user, hashes, lengths = _records_of(records)
-            order = order[distinct_in_order(user, order, keys[order], hashes[order], lengths[order], self.dedup, dropped)]
+            order = order[
+                distinct_in_order(
+                    user, order, keys[order], hashes[order], lengths[order], self.dedup, dropped
+                )
+            ]
         for start in range(0, len(order), step):
             yield records.take(order[start : start + step])
 
     def split(self):
         """The sub-piles of this pile, in order: fragments re-keyed on the next digits of U."""
-        ways = min(MAX_SPLIT_WAYS, max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2))  # one open file each
+        ways = min(
+            MAX_SPLIT_WAYS, max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2)
+        )  # one open file each
         split_dir = storage.join(self.work_dir, "splits")
-        files = FragmentFiles(split_dir, split_writer_name(uuid.uuid4().hex[:12], self.depth, self.index))
+        files = FragmentFiles(
+            split_dir, split_writer_name(uuid.uuid4().hex[:12], self.depth, self.index)
+        )
         key_range = {}  # sub-pile -> (lowest, highest) key: one key alone is one record repeated, under dedup
         for fragment in self.fragments:
             for batch in read_batches(fragment):
                 digits = _next_digits(batch.column(KEY_COLUMN).to_numpy(), self.num_piles)
                 table = pa.Table.from_batches([batch]).set_column(
-                    batch.schema.get_field_index(KEY_COLUMN), KEY_COLUMN, pa.array(digits, type=pa.uint64())
+                    batch.schema.get_field_index(KEY_COLUMN),
+                    KEY_COLUMN,
+                    pa.array(digits, type=pa.uint64()),
                 )
                 for sub, part, rows in parts_by_pile(table, keymath.pile_of(digits, ways), ways):
                     files.append(sub, part, Fingerprint())
@@ -130,8 +162,16 @@ class Pile:
         for sub in files.commit():
             fragment = Fragment((0,), sub.records, sub.nbytes, Fingerprint(), path=sub.path)
             low, high = key_range[sub.pile]
-            yield Pile(sub.pile, ways, (fragment,), self.max_pile_bytes, self.work_dir, self.depth + 1, self.dedup,
-                       bool(low == high))
+            yield Pile(
+                sub.pile,
+                ways,
+                (fragment,),
+                self.max_pile_bytes,
+                self.work_dir,
+                self.depth + 1,
+                self.dedup,
+                bool(low == high),
+            )
 
     def split_count(self) -> int:
         return 1 if self.needs_split else 0
@@ -164,12 +204,16 @@ class _MakePile(beam.DoFn):
         for segment in segments:
             for pile, view in segment.views():
                 by_pile.setdefault(pile, []).append(view)
-        yield PileGroup(tuple(self._pile(pile, by_pile[pile]) for pile in sorted(by_pile)),
-                        tuple(s.fragment for s in segments))
+        yield PileGroup(
+            tuple(self._pile(pile, by_pile[pile]) for pile in sorted(by_pile)),
+            tuple(s.fragment for s in segments),
+        )
 
     def _pile(self, pile, fragments):
         ordered = tuple(sorted(fragments, key=lambda f: f.order))
-        return Pile(pile, self._num_piles, ordered, self._max_pile_bytes, self._work_dir, dedup=self._dedup)
+        return Pile(
+            pile, self._num_piles, ordered, self._max_pile_bytes, self._work_dir, dedup=self._dedup
+        )
 
 
 class GroupIntoPiles(beam.PTransform):
@@ -177,7 +221,9 @@ class GroupIntoPiles(beam.PTransform):
     With ``group`` > 1 (the template's small piles, ``pile_groups``): ``(group, GroupSegment)`` ->
     ``PileGroup`` of up to ``group`` piles."""
 
-    def __init__(self, num_piles, max_pile_bytes=DEFAULT_MAX_PILE_BYTES, work_dir=None, dedup=None, group=1):
+    def __init__(
+        self, num_piles, max_pile_bytes=DEFAULT_MAX_PILE_BYTES, work_dir=None, dedup=None, group=1
+    ):
         super().__init__()
         self._num_piles, self._max_pile_bytes, self._work_dir = num_piles, max_pile_bytes, work_dir
         self._dedup, self._group = dedup, group
@@ -186,8 +232,12 @@ class GroupIntoPiles(beam.PTransform):
         return (
             fragments
             | "GroupByPile" >> beam.GroupByKey()
-            | "MakePile" >> beam.ParDo(_MakePile(self._num_piles, self._max_pile_bytes, self._work_dir, self._dedup,
-                                                 self._group))
+            | "MakePile"
+            >> beam.ParDo(
+                _MakePile(
+                    self._num_piles, self._max_pile_bytes, self._work_dir, self._dedup, self._group
+                )
+            )
         )
 
 
@@ -234,22 +284,46 @@ class ShuffleToPiles(beam.PTransform):
     applying it there raises ``UnsupportedRunnerError``.
     """
 
-    def __init__(self, num_piles, seed=0, keyed=False, temp_location=None, max_pile_bytes=DEFAULT_MAX_PILE_BYTES,
-                 run_bytes=None, dedup=None):
+    def __init__(
+        self,
+        num_piles,
+        seed=0,
+        keyed=False,
+        temp_location=None,
+        max_pile_bytes=DEFAULT_MAX_PILE_BYTES,
+        run_bytes=None,
+        dedup=None,
+    ):
         super().__init__()
         if int(num_piles) < 1:
             raise ValueError(f"num_piles must be at least 1, got {num_piles}")
         self.num_piles, self.seed, self.keyed, self.dedup = int(num_piles), int(seed), keyed, dedup
         self.max_pile_bytes = int(max_pile_bytes)
-        self.work_dir = storage.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}") if temp_location else None
-        self.run_bytes = run_bytes_for(run_bytes, self.num_piles, bool(temp_location) and storage.is_remote(temp_location))
+        self.work_dir = (
+            storage.join(temp_location, f"pileshuffle-{uuid.uuid4().hex[:12]}")
+            if temp_location
+            else None
+        )
+        self.run_bytes = run_bytes_for(
+            run_bytes, self.num_piles, bool(temp_location) and storage.is_remote(temp_location)
+        )
 
     def expand(self, records):
         _refuse_runners_that_drop_finish_bundle_output(records.pipeline)
         fragments_dir = storage.join(self.work_dir, "fragments") if self.work_dir else None
         return (
             records
-            | "AssignPiles" >> beam.ParDo(AssignPiles(self.seed, self.num_piles, self.keyed, fragments_dir,
-                                                          run_bytes=self.run_bytes, dedup=self.dedup))
-            | "GroupIntoPiles" >> GroupIntoPiles(self.num_piles, self.max_pile_bytes, self.work_dir, self.dedup)
+            | "AssignPiles"
+            >> beam.ParDo(
+                AssignPiles(
+                    self.seed,
+                    self.num_piles,
+                    self.keyed,
+                    fragments_dir,
+                    run_bytes=self.run_bytes,
+                    dedup=self.dedup,
+                )
+            )
+            | "GroupIntoPiles"
+            >> GroupIntoPiles(self.num_piles, self.max_pile_bytes, self.work_dir, self.dedup)
         )

@@ -22,23 +22,46 @@ import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError
 
 from pileshuffle import __version__, interrupt, progress
+from pileshuffle.engine.dedup import Dedup, Dropped, dedup_section
+from pileshuffle.engine.fragments import between_passes, write_failure
+from pileshuffle.engine.output_files import (
+    OutputFiles,
+    check_replaceable,
+    file_name,
+    release_lock_file,
+    remove_tree,
+    write_journal,
+)
+from pileshuffle.engine.transforms.assign import stats_by_file
+from pileshuffle.engine.transforms.pile_groups import PileGroup
+from pileshuffle.engine.tuning import prepare_worker
+from pileshuffle.errors import InputError, IntegrityError
+from pileshuffle.formats import get_format, records_bytes
 from pileshuffle.io import storage
 from pileshuffle.io.checksums import Crc32cWriter
-from pileshuffle.engine.dedup import Dedup, Dropped, dedup_section
-from pileshuffle.errors import InputError, IntegrityError
+from pileshuffle.names import (
+    HASH_COLUMN,
+    SHARDS_KIND,
+    attempt_name,
+    manifest_header,
+    manifest_path,
+    output_lock_path,
+    shard_name,
+    staged_manifest_name,
+    staging_dir,
+)
 from pileshuffle.records.fingerprint import Fingerprint, total
-from pileshuffle.formats import get_format, records_bytes
-from pileshuffle.engine.transforms.pile_groups import PileGroup
-from pileshuffle.engine.fragments import between_passes, write_failure
-from pileshuffle.names import (HASH_COLUMN, SHARDS_KIND, attempt_name, manifest_header, manifest_path, output_lock_path, shard_name,
-                               staged_manifest_name, staging_dir)
-from pileshuffle.engine.output_files import (OutputFiles, check_replaceable, file_name, release_lock_file, remove_tree,
-                                      write_journal)
-from pileshuffle.engine.transforms.assign import stats_by_file
-from pileshuffle.engine.tuning import prepare_worker
 
-__all__ = ["WriteShard", "PreparePublication", "check_accounted", "balance_section", "Finalize", "schema_json", "KeyByNone",
-           "WritePiles"]
+__all__ = [
+    "WriteShard",
+    "PreparePublication",
+    "check_accounted",
+    "balance_section",
+    "Finalize",
+    "schema_json",
+    "KeyByNone",
+    "WritePiles",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +90,21 @@ class WriteShard(beam.DoFn):
     """Pass 2: write one pile's records, in order, as one shard (temp file, then rename)."""
 
     def __init__(self, format_name, compression, prefix, schema=None):
-        self._format_name, self._compression, self._prefix, self._schema = format_name, compression, prefix, schema
+        self._format_name, self._compression, self._prefix, self._schema = (
+            format_name,
+            compression,
+            prefix,
+            schema,
+        )
         self._schema_told = False
 
     def setup(self):
         prepare_worker()
 
     def start_bundle(self):
-        self._schema_told = False  # Finalize learns an unknown Parquet schema from a bundle's first shard
+        self._schema_told = (
+            False  # Finalize learns an unknown Parquet schema from a bundle's first shard
+        )
 
     def process(self, element, direct=False):
         """A ``Pile``, or a ``PileGroup`` put in order at once (``pile_groups``): a shard a pile."""
@@ -89,7 +119,9 @@ class WriteShard(beam.DoFn):
     def _write(self, pile, ordered, direct) -> "_ShardStats":
         """``pile``'s shard from ``ordered(dropped)`` (its tables in final order, with their hashes)."""
         fmt = get_format(self._format_name)
-        staged = _shard_path(self._prefix, pile.index, pile.num_piles, fmt.suffix(self._compression), direct)
+        staged = _shard_path(
+            self._prefix, pile.index, pile.num_piles, fmt.suffix(self._compression), direct
+        )
         carried = between_passes(pile.fragments)
         written = [Fingerprint()]
         dropped = Dropped()
@@ -108,12 +140,18 @@ class WriteShard(beam.DoFn):
             with interrupt.writing():  # Ctrl-C's clean-up waits for it; none starts after Ctrl-C
                 handle_compression = fmt.shard_handle_compression(self._compression)
                 with Crc32cWriter(storage.open_write(staged, handle_compression)) as handle:
-                    fmt.write_shard(handle, counted(ordered(dropped)), self._compression, self._schema)
+                    fmt.write_shard(
+                        handle, counted(ordered(dropped)), self._compression, self._schema
+                    )
         except (OSError, BeamIOError) as error:
             raise write_failure(staging_dir(self._prefix), error, pile.nbytes) from error
         expected = pile.fingerprint
         if written[0] + dropped.fingerprint != expected:
-            left_out = f" and left out {dropped.fingerprint.records} duplicates" if dropped.fingerprint.records else ""
+            left_out = (
+                f" and left out {dropped.fingerprint.records} duplicates"
+                if dropped.fingerprint.records
+                else ""
+            )
             raise IntegrityError(
                 f"pile {pile.index}: pass 1 put in {expected.describe()} but pass 2 read back and wrote "
                 f"{written[0].describe()}{left_out}: records were lost, duplicated or changed between the "
@@ -121,11 +159,22 @@ class WriteShard(beam.DoFn):
             )
         progress.pile_written()
         return _ShardStats(
-            pile.index, pile.num_piles, staged, written[0].records, _file_bytes(handle, staged, handle_compression),
+            pile.index,
+            pile.num_piles,
+            staged,
+            written[0].records,
+            _file_bytes(handle, staged, handle_compression),
             pile.nbytes,
-            expected, written[0], pile.split_count(), handle.hex(), pile.work_dir,
+            expected,
+            written[0],
+            pile.split_count(),
+            handle.hex(),
+            pile.work_dir,
             self._schema_to_tell(schema[0]),
-            carried, dropped.fingerprint, tuple(dropped.groups), pile.dedup,
+            carried,
+            dropped.fingerprint,
+            tuple(dropped.groups),
+            pile.dedup,
         )
 
     def _schema_to_tell(self, schema):
@@ -140,7 +189,11 @@ class WriteShard(beam.DoFn):
 def _file_bytes(handle: Crc32cWriter, path: str, compression: str) -> int:
     """A written shard's size: the bytes written through ``handle`` to a local file that the
     handle did not compress (no stat of the file), else what the file system says."""
-    return handle.written if compression == storage.UNCOMPRESSED and not storage.is_remote(path) else storage.size(path)
+    return (
+        handle.written
+        if compression == storage.UNCOMPRESSED and not storage.is_remote(path)
+        else storage.size(path)
+    )
 
 
 def _shard_path(prefix: str, pile: int, num_piles: int, suffix: str, direct: bool) -> str:
@@ -164,7 +217,12 @@ class PreparePublication(beam.DoFn):
     finished output (``--overwrite``) keeps staging: it stays whole until the new one commits."""
 
     def __init__(self, prefix, num_piles, suffix, overwrite):
-        self._prefix, self._num_piles, self._suffix, self._overwrite = prefix, num_piles, suffix, overwrite
+        self._prefix, self._num_piles, self._suffix, self._overwrite = (
+            prefix,
+            num_piles,
+            suffix,
+            overwrite,
+        )
 
     def process(self, _):
         if not storage.is_remote(self._prefix) or not self._num_piles:
@@ -173,7 +231,10 @@ class PreparePublication(beam.DoFn):
         if check_replaceable(self._prefix, self._overwrite).manifest is not None:
             yield False
             return
-        finals = [shard_name(self._prefix, p, self._num_piles, self._suffix) for p in range(self._num_piles)]
+        finals = [
+            shard_name(self._prefix, p, self._num_piles, self._suffix)
+            for p in range(self._num_piles)
+        ]
         write_journal(self._prefix, finals + [manifest_path(self._prefix)], [])
         yield True
 
@@ -191,7 +252,9 @@ def check_accounted(sources, read: Fingerprint, written: Fingerprint, purpose: s
         inputs = ", ".join(s.path for s in sources[:3]) + (", ..." if len(sources) > 3 else "")
         skipped = sum(s.skipped_records for s in sources)
         why = f" ({skipped} corrupt record(s) skipped)" if skipped else ""
-        raise InputError(inputs or "the input PCollection", f"holds no records{why}: nothing to {purpose}")
+        raise InputError(
+            inputs or "the input PCollection", f"holds no records{why}: nothing to {purpose}"
+        )
     if read != written:
         raise IntegrityError(
             f"records lost, duplicated or changed: read {read.describe()} but {wrote} "
@@ -206,15 +269,32 @@ def balance_section(sources, options: dict) -> dict:
     for source in sources:
         for label, read, emitted in source.classes:
             before[label], after[label] = before.get(label, 0) + read, after.get(label, 0) + emitted
-    policy = options.get("balance", "") + (", undersampling" if options.get("undersample") else ", oversampling")
-    return {"label": options.get("label_field"), "policy": policy, "records_before": before, "records_after": after}
+    policy = options.get("balance", "") + (
+        ", undersampling" if options.get("undersample") else ", oversampling"
+    )
+    return {
+        "label": options.get("label_field"),
+        "policy": policy,
+        "records_before": before,
+        "records_after": after,
+    }
 
 
 class Finalize(beam.DoFn):
     """Check, complete, publish: the only step that creates final names."""
 
-    def __init__(self, prefix, format_name, compression, num_piles, overwrite, schema, manifest_fields, started,
-                 release_lock=None):
+    def __init__(
+        self,
+        prefix,
+        format_name,
+        compression,
+        num_piles,
+        overwrite,
+        schema,
+        manifest_fields,
+        started,
+        release_lock=None,
+    ):
         self._prefix, self._format_name, self._compression = prefix, format_name, compression
         self._release_lock = release_lock  # the output lock's token, when this job holds the lock
         self._num_piles, self._overwrite, self._schema = num_piles, overwrite, schema
@@ -226,12 +306,21 @@ class Finalize(beam.DoFn):
         sources = stats_by_file(i for i in items if not isinstance(i, _ShardStats))
         fmt = get_format(self._format_name)
         num_piles = self._num_piles or (shards[0].num_piles if shards else 0)
-        input_fp = total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
-        put_in = total(s.put_in for s in sources) if sources else input_fp  # with --balance's copies
+        input_fp = (
+            total(s.fingerprint for s in sources) if sources else total(s.put_in for s in shards)
+        )
+        put_in = (
+            total(s.put_in for s in sources) if sources else input_fp
+        )  # with --balance's copies
         output_fp = total(s.written for s in shards)
         dropped = total(s.dropped for s in shards)
-        check_accounted(sources, put_in, output_fp + dropped, "shuffle",
-                        "wrote and left out as duplicates" if dropped.records else "wrote")
+        check_accounted(
+            sources,
+            put_in,
+            output_fp + dropped,
+            "shuffle",
+            "wrote and left out as duplicates" if dropped.records else "wrote",
+        )
         old = check_replaceable(self._prefix, self._overwrite)  # before any final name changes
         schema = self._schema or next((s.schema for s in shards if s.schema is not None), None)
         staged = {s.pile: s for s in shards}
@@ -240,17 +329,29 @@ class Finalize(beam.DoFn):
             if pile not in staged:
                 staged[pile] = self._write_empty_shard(fmt, pile, num_piles, suffix, schema, direct)
         finals = [shard_name(self._prefix, p, num_piles, suffix) for p in range(num_piles)]
-        manifest = self._manifest(shards, sources, finals, staged, input_fp, output_fp, schema, num_piles)
+        manifest = self._manifest(
+            shards, sources, finals, staged, input_fp, output_fp, schema, num_piles
+        )
         remote = storage.is_remote(self._prefix)
-        staged_manifest = None if remote else self._stage_manifest(manifest)  # what needs space is written first
-        with interrupt.publishing():  # Ctrl-C takes effect before this step or after it, never inside
+        staged_manifest = (
+            None if remote else self._stage_manifest(manifest)
+        )  # what needs space is written first
+        with (
+            interrupt.publishing()
+        ):  # Ctrl-C takes effect before this step or after it, never inside
             self._replace_old_outputs(old, finals)
             try:
                 storage.put_in_place([staged[p].staged_path for p in range(num_piles)], finals)
-                if remote:  # one upload, whole or absent: the commit point (no rename is atomic there)
-                    storage.write_whole(manifest_path(self._prefix), json.dumps(manifest, indent=1).encode())
+                if (
+                    remote
+                ):  # one upload, whole or absent: the commit point (no rename is atomic there)
+                    storage.write_whole(
+                        manifest_path(self._prefix), json.dumps(manifest, indent=1).encode()
+                    )
                 else:
-                    storage.rename([staged_manifest], [manifest_path(self._prefix)])  # last: the run is done
+                    storage.rename(
+                        [staged_manifest], [manifest_path(self._prefix)]
+                    )  # last: the run is done
             except Exception as error:
                 raise write_failure(self._prefix, error) from error
         self._remove_work(shards)
@@ -262,13 +363,25 @@ class Finalize(beam.DoFn):
     def _write_empty_shard(self, fmt, pile, num_piles, suffix, schema, direct):
         path = _shard_path(self._prefix, pile, num_piles, suffix, direct)
         try:
-            with Crc32cWriter(storage.open_write(path, fmt.shard_handle_compression(self._compression))) as handle:
+            with Crc32cWriter(
+                storage.open_write(path, fmt.shard_handle_compression(self._compression))
+            ) as handle:
                 fmt.write_shard(handle, [], self._compression, schema)
         except OSError as error:
             raise write_failure(staging_dir(self._prefix), error) from error
         progress.pile_written()
-        return _ShardStats(pile, num_piles, path, 0, storage.size(path), 0, Fingerprint(), Fingerprint(), 0,
-                           handle.hex())
+        return _ShardStats(
+            pile,
+            num_piles,
+            path,
+            0,
+            storage.size(path),
+            0,
+            Fingerprint(),
+            Fingerprint(),
+            0,
+            handle.hex(),
+        )
 
     def _replace_old_outputs(self, old: OutputFiles, finals):
         """Journal the publication, then delete the old files the new shards do not
@@ -276,7 +389,10 @@ class Finalize(beam.DoFn):
         replaced_by_name = {file_name(f) for f in finals}
         doomed = [p for p in old.replaceable if file_name(p) not in replaced_by_name]
         write_journal(self._prefix, finals + [manifest_path(self._prefix)], doomed)
-        for batch in ([p for p in doomed if p == old.manifest], [p for p in doomed if p != old.manifest]):
+        for batch in (
+            [p for p in doomed if p == old.manifest],
+            [p for p in doomed if p != old.manifest],
+        ):
             if batch:
                 storage.delete(batch)
 
@@ -297,8 +413,12 @@ class Finalize(beam.DoFn):
             },
             "pile_records": _pile_size_summary([staged[p] for p in range(num_piles)]),
             "piles_split": sum(s.split for s in shards),
-            "between_passes": dict(zip(("written_bytes", "in_memory_bytes", "shuffled_bytes"),
-                                       (sum(s.between_passes[k] for s in shards) for k in range(3)))),
+            "between_passes": dict(
+                zip(
+                    ("written_bytes", "in_memory_bytes", "shuffled_bytes"),
+                    (sum(s.between_passes[k] for s in shards) for k in range(3)),
+                )
+            ),
             "input_fingerprint": input_fp.to_json(),
             "output_fingerprint": output_fp.to_json(),
             "skipped": {
@@ -310,12 +430,18 @@ class Finalize(beam.DoFn):
             "seconds": seconds,
         }
         if sources:
-            manifest["inputs"] = [{"path": s.path, "records": s.fingerprint.records, "bytes": s.size} for s in sources]
+            manifest["inputs"] = [
+                {"path": s.path, "records": s.fingerprint.records, "bytes": s.size} for s in sources
+            ]
         if any(s.classes for s in sources):
             manifest["balance"] = balance_section(sources, self._fields.get("options", {}))
-        dedup = Dedup.from_options(self._fields.get("options", {})) or next((s.dedup for s in shards if s.dedup), None)
+        dedup = Dedup.from_options(self._fields.get("options", {})) or next(
+            (s.dedup for s in shards if s.dedup), None
+        )
         if dedup is not None:
-            manifest["dedup"] = dedup_section(dedup, input_fp, output_fp, [g for s in shards for g in s.groups])
+            manifest["dedup"] = dedup_section(
+                dedup, input_fp, output_fp, [g for s in shards for g in s.groups]
+            )
         if schema is not None:
             manifest["schema"] = schema_json(schema)
         return manifest
@@ -323,7 +449,9 @@ class Finalize(beam.DoFn):
     @interrupt.writes
     def _stage_manifest(self, manifest) -> str:
         """The manifest, written in the staging directory (renamed into place last)."""
-        staged = storage.join(staging_dir(self._prefix), staged_manifest_name(uuid.uuid4().hex[:12]))
+        staged = storage.join(
+            staging_dir(self._prefix), staged_manifest_name(uuid.uuid4().hex[:12])
+        )
         try:
             with storage.open_write(staged, "uncompressed", "application/json") as handle:
                 handle.write(json.dumps(manifest, indent=1).encode())
@@ -340,12 +468,20 @@ class Finalize(beam.DoFn):
 
 def _shard_entry(path: str, shard: _ShardStats) -> dict:
     """A shard as the manifest lists it (docs/format.md)."""
-    return {"path": path, "records": shard.records, "bytes": shard.file_bytes, "crc32c": shard.crc32c}
+    return {
+        "path": path,
+        "records": shard.records,
+        "bytes": shard.file_bytes,
+        "crc32c": shard.crc32c,
+    }
 
 
 def schema_json(schema: pa.Schema) -> dict:
     """An Arrow schema as a manifest records it: each field's name, type and nullability, and the metadata as text."""
-    metadata = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in (schema.metadata or {}).items()}
+    metadata = {
+        k.decode(errors="replace"): v.decode(errors="replace")
+        for k, v in (schema.metadata or {}).items()
+    }
     return {
         "fields": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema],
         "metadata": metadata,
@@ -369,13 +505,26 @@ class WritePiles(beam.PTransform):
     Returns a PCollection holding the manifest dict.
     """
 
-    def __init__(self, prefix, format, compression="none", num_piles=None, overwrite=False, schema=None,
-                 expected=None, manifest_fields=None, started=None, release_lock=None):
+    def __init__(
+        self,
+        prefix,
+        format,
+        compression="none",
+        num_piles=None,
+        overwrite=False,
+        schema=None,
+        expected=None,
+        manifest_fields=None,
+        started=None,
+        release_lock=None,
+    ):
         super().__init__()
         self._release_lock = release_lock
         fmt = get_format(format)
         self._prefix, self._format = prefix, fmt.name
-        self._compression = compression if fmt.name != "parquet" else fmt.output_compression(compression, [])
+        self._compression = (
+            compression if fmt.name != "parquet" else fmt.output_compression(compression, [])
+        )
         self._num_piles, self._overwrite, self._schema = num_piles, overwrite, schema
         self._expected, self._fields, self._started = expected, dict(manifest_fields or {}), started
 
@@ -384,17 +533,33 @@ class WritePiles(beam.PTransform):
         direct = beam.pvalue.AsSingleton(
             piles.pipeline
             | "StartPublication" >> beam.Create([None])
-            | "PreparePublication" >> beam.ParDo(PreparePublication(self._prefix, self._num_piles, suffix, self._overwrite)))
+            | "PreparePublication"
+            >> beam.ParDo(
+                PreparePublication(self._prefix, self._num_piles, suffix, self._overwrite)
+            )
+        )
         shards = piles | "WriteShard" >> beam.ParDo(
-            WriteShard(self._format, self._compression, self._prefix, self._schema), direct)
+            WriteShard(self._format, self._compression, self._prefix, self._schema), direct
+        )
         parts = (shards,) if self._expected is None else (shards, self._expected)
         return (
             parts
             | "FlattenForFinalize" >> beam.Flatten()
             | "KeyForFinalize" >> beam.ParDo(KeyByNone())
             | "GatherForFinalize" >> beam.GroupByKey()
-            | "Finalize" >> beam.ParDo(
-                Finalize(self._prefix, self._format, self._compression, self._num_piles, self._overwrite,
-                         self._schema, self._fields, self._started or time.time(), self._release_lock), direct
+            | "Finalize"
+            >> beam.ParDo(
+                Finalize(
+                    self._prefix,
+                    self._format,
+                    self._compression,
+                    self._num_piles,
+                    self._overwrite,
+                    self._schema,
+                    self._fields,
+                    self._started or time.time(),
+                    self._release_lock,
+                ),
+                direct,
             )
         )
