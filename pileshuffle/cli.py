@@ -84,22 +84,22 @@ COMMANDS = {  # name -> Command: what `pileshuffle NAME` runs, in the order the 
         "say what a finished output or a pile store holds, from its manifest",
     ),
     "append": Command(
-        "pileshuffle.commands.store",
+        "pileshuffle.commands.append",
         "add new input files to a pile store (run --layout store) as a new generation",
         "append_main",
     ),
     "expire": Command(
-        "pileshuffle.commands.store",
+        "pileshuffle.commands.expire",
         "drop a pile store's oldest generations (--keep_generations N, --before TIME)",
         "expire_main",
     ),
     "gc": Command(
-        "pileshuffle.commands.store",
+        "pileshuffle.commands.expire",
         "delete a pile store's files that no recent manifest version lists",
         "gc_main",
     ),
     "materialize": Command(
-        "pileshuffle.commands.store",
+        "pileshuffle.commands.materialize",
         "write a pile store's records as the shuffled shards `run` writes",
         "materialize_main",
     ),

@@ -14,7 +14,8 @@ import pytest
 from helpers import FAST, assert_verified, run_shuffle, shard_bytes, shards, succeeded
 
 from pileshuffle import names
-from pileshuffle.commands import store as commands
+from pileshuffle.commands import append as append_command
+from pileshuffle.commands import materialize as materialize_command
 from pileshuffle.commands.verify import verify
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.store import layout
@@ -51,7 +52,7 @@ def store_run(pattern, prefix, *args):
 
 
 def append(prefix, pattern, *args):
-    return commands.append([f"--store={prefix}", f"--input={pattern}", *FAST, *args])
+    return append_command.append([f"--store={prefix}", f"--input={pattern}", *FAST, *args])
 
 
 def loaded(prefix):
@@ -190,7 +191,7 @@ def test_the_loader_gives_every_copy_and_materialize_gives_the_balanced_runs_byt
     assert {copies[i] for i in range(900)} == {1} and {copies[i] for i in range(900, 990)} == {10}
     assert {copies[i] for i in range(990, 1000)} == {90}
     materialized, ran = str(tmp_path / "mat" / "t"), str(tmp_path / "run" / "t")
-    commands.materialize([f"--store={prefix}", f"--output={materialized}", *FAST])
+    materialize_command.materialize([f"--store={prefix}", f"--output={materialized}", *FAST])
     run_shuffle(day0, ran, *BALANCE)  # generation 0 draws run's keys: the same shards
     assert shard_bytes(materialized) == shard_bytes(ran) and len(shards(ran)) == 3
     assert_verified(None, materialized)
@@ -341,7 +342,7 @@ def test_a_store_keeps_unlabeled_records_as_the_class_null_in_every_generation(d
     materialized, ran = str(tmp_path / "mat" / "t"), str(tmp_path / "run" / "t")
     one = str(tmp_path / "one" / "t")
     store_run(unlabeled, one, "--keep_unlabeled")
-    commands.materialize([f"--store={one}", f"--output={materialized}", *FAST])
+    materialize_command.materialize([f"--store={one}", f"--output={materialized}", *FAST])
     run_shuffle(unlabeled, ran, *BALANCE, "--keep_unlabeled")
     assert shard_bytes(materialized) == shard_bytes(ran)
     plain = str(tmp_path / "plain" / "t")
@@ -361,7 +362,7 @@ def test_materialize_records_the_stores_balance_and_verify_says_what_it_can_chec
     store_run(day0, prefix)
     run_shuffle(day0, ran, *BALANCE)
     one = str(tmp_path / "one" / "t")
-    commands.materialize([f"--store={prefix}", f"--output={one}", *FAST])
+    materialize_command.materialize([f"--store={prefix}", f"--output={one}", *FAST])
     written, expected = (json.load(open(f"{p}-manifest.json")) for p in (one, ran))
     assert written["balance"] == expected["balance"]
     assert {k: written["options"][k] for k in ("label_field", "balance", "undersample")} == {
@@ -370,7 +371,7 @@ def test_materialize_records_the_stores_balance_and_verify_says_what_it_can_chec
     assert verify(day0, one) == []
     append(prefix, day1)
     two = str(tmp_path / "two" / "t")
-    commands.materialize([f"--store={prefix}", f"--output={two}", *FAST])
+    materialize_command.materialize([f"--store={prefix}", f"--output={two}", *FAST])
     assert "balance" not in json.load(open(f"{two}-manifest.json"))
     problems = verify(f"{day0},{day1}", two)
     assert (

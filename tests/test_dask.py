@@ -231,7 +231,7 @@ def test_a_dedup_store_on_dask_gives_the_local_files(tmp_path, cluster):
     from test_store import file_digests
     from test_store_dedup import write_generation
 
-    from pileshuffle.commands import store as commands
+    from pileshuffle.commands import append as append_command
     from pileshuffle.store import layout
 
     patterns = [write_generation(str(tmp_path / "in"), g) for g in (0, 1)]
@@ -247,7 +247,7 @@ def test_a_dedup_store_on_dask_gives_the_local_files(tmp_path, cluster):
             *args,
             **({"runner_args": runner} if runner else {}),
         )
-        commands.append(
+        append_command.append(
             [f"--store={where}", f"--input={patterns[1]}", *(runner or ["--runner=DirectRunner"])]
         )
     local, remote = file_digests(str(tmp_path / "local")), file_digests(str(tmp_path / "dask"))

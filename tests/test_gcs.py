@@ -268,17 +268,18 @@ def test_a_run_killed_during_publication_on_gcs_leaves_no_manifest_and_the_rerun
 
 def store_life(pattern_a, pattern_b, prefix):
     """run --layout store, append, expire, gc, materialize: the manifests and the loader's epoch."""
-    from pileshuffle.commands import store as commands
+    from pileshuffle.commands import append as append_command
+    from pileshuffle.commands import materialize as materialize_command
     from pileshuffle.loader import ShuffledDataset
     from pileshuffle.store.expire import expire
 
     first = run_shuffle(pattern_a, prefix, "--layout=store", "--num_piles=3", "--seed=4")
-    second = commands.append([f"--store={prefix}", f"--input={pattern_b}", *FAST])
+    second = append_command.append([f"--store={prefix}", f"--input={pattern_b}", *FAST])
     both = list(ShuffledDataset(prefix, seed=1))
     manifest, dropped, deleted = expire(prefix, keep_generations=1, grace_seconds=3600)
     done = cli("gc", f"--store={prefix}", "--grace_seconds=0")
     assert done.returncode == 0, done.stderr
-    commands.materialize([f"--store={prefix}", f"--output={prefix}-mat", *FAST])
+    materialize_command.materialize([f"--store={prefix}", f"--output={prefix}-mat", *FAST])
     return (
         [first["version"], second["version"], manifest["version"]],
         both,
@@ -535,7 +536,10 @@ def test_ctrl_c_during_a_run_on_gcs_leaves_nothing_and_the_rerun_gives_the_same_
         "--memory=1MiB",
     ]  # runs uploaded, not kept in memory
     run_shuffle(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "t"), *args)
-    fragments = lambda pid: bool(storage.match(f"{gcs}/.pileshuffle-work-*/fragments/*"))  # noqa: E731: pass 1 is writing
+
+    def fragments(pid):  # pass 1 is writing
+        return bool(storage.match(f"{gcs}/.pileshuffle-work-*/fragments/*"))
+
     stopped = interrupt_when(
         ["run", f"--input={gcs}/in/*.tfrecord", f"--output={gcs}/t", *args], fragments
     )
@@ -636,7 +640,7 @@ def test_a_dedup_store_on_gcs_equals_the_local_one(gcs, tmp_path):
     """A dedup store's copies files written, listed and read on gs://: the same window, bytes and counts."""
     from test_store_dedup import distinct, window_records, write_generation
 
-    from pileshuffle.commands import store as commands
+    from pileshuffle.commands import append as append_command
     from pileshuffle.store import layout
     from pileshuffle.store.expire import expire
     from pileshuffle.store.read import check_store
@@ -657,7 +661,7 @@ def test_a_dedup_store_on_gcs_equals_the_local_one(gcs, tmp_path):
         run_shuffle(
             patterns[0], where, "--layout=store", "--dedup=exact", "--num_piles=3", "--seed=4"
         )
-        commands.append([f"--store={where}", f"--input={patterns[1]}", *FAST])
+        append_command.append([f"--store={where}", f"--input={patterns[1]}", *FAST])
         assert check_store(where)[0] == []
         both = window_records(where)
         expire(where, keep_generations=1, grace_seconds=0)

@@ -23,7 +23,7 @@ def lines_array(lines) -> pa.Array:
 def by_json(lines, field="y", keep_unlabeled=True):
     """Each line's label as ``json.loads`` reads it (tier 3), one line at a time."""
     return _line_by_line(
-        [l.encode() if isinstance(l, str) else l for l in lines],
+        [line.encode() if isinstance(line, str) else line for line in lines],
         np.arange(1, len(lines) + 1),
         field,
         "x.jsonl",

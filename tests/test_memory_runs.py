@@ -160,7 +160,7 @@ def test_the_summary_says_how_records_went_between_the_passes(files, tmp_path):
         )
         found = manifest(out)
         carried, payload = found["between_passes"], found["totals"]["payload_bytes"]
-        line = next(l for l in summary(found).splitlines() if l.startswith("between"))
+        line = next(x for x in summary(found).splitlines() if x.startswith("between"))
         if mode == "files":  # a budget below what the passes hold: every run on disk
             assert (
                 carried["written_bytes"] > payload

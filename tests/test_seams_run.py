@@ -218,7 +218,7 @@ def test_a8_binary_input_given_as_jsonl_is_refused_naming_the_file_and_line(tmp_
 
 
 def test_a8_appending_jsonl_to_a_tfrecord_store_says_the_formats_differ(tmp_path, tfrecord_input):
-    from pileshuffle.commands import store as commands
+    from pileshuffle.commands import append as append_command
     from pileshuffle.store import layout
 
     prefix = str(tmp_path / "s")
@@ -227,7 +227,7 @@ def test_a8_appending_jsonl_to_a_tfrecord_store_says_the_formats_differ(tmp_path
     with pytest.raises(
         InputError, match=r"part-000\.jsonl: is jsonl \(by its name\).*holds tfrecord"
     ):
-        commands.append([f"--store={prefix}", f"--input={tmp_path}/day2/*", *FAST])
+        append_command.append([f"--store={prefix}", f"--input={tmp_path}/day2/*", *FAST])
     assert layout.read_store_manifest(prefix)["version"] == 1 and layout.lock_holder(prefix) is None
 
 

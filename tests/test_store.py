@@ -21,8 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pileshuffle import ShuffleToPiles, names
+from pileshuffle.commands import append as append_command
+from pileshuffle.commands import materialize as materialize_command
 from pileshuffle.commands import sample
-from pileshuffle.commands import store as commands
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, HEADER_BYTES, frame
 from pileshuffle.store import expire as store_expire
 from pileshuffle.store import layout
@@ -72,11 +73,13 @@ def run_store(pattern, prefix, *args):
 
 
 def append(prefix, pattern, *args):
-    return commands.append([f"--store={prefix}", f"--input={pattern}", *FAST, *args])
+    return append_command.append([f"--store={prefix}", f"--input={pattern}", *FAST, *args])
 
 
 def materialize(prefix, output, *args):
-    return commands.materialize([f"--store={prefix}", f"--output={output}", *FAST, *args])
+    return materialize_command.materialize(
+        [f"--store={prefix}", f"--output={output}", *FAST, *args]
+    )
 
 
 def comparable(manifest):
@@ -638,8 +641,10 @@ def test_dask_store_and_materialize_are_byte_identical_to_local(tmp_path):
         run_shuffle(
             pattern, remote, "--layout=store", "--num_piles=5", "--seed=8", runner_args=dask_args
         )
-        commands.append([f"--store={remote}", f"--input={new}", *dask_args])
-        commands.materialize([f"--store={remote}", f"--output={tmp_path / 'dm' / 'm'}", *dask_args])
+        append_command.append([f"--store={remote}", f"--input={new}", *dask_args])
+        materialize_command.materialize(
+            [f"--store={remote}", f"--output={tmp_path / 'dm' / 'm'}", *dask_args]
+        )
     finally:
         cluster.close()
     assert file_digests(remote) == file_digests(local)

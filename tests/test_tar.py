@@ -13,8 +13,9 @@ import pytest
 import webdataset
 from helpers import FAST, assert_verified, refused, run_shuffle, shard_bytes, shards
 
+from pileshuffle.commands import append as append_command
+from pileshuffle.commands import materialize as materialize_command
 from pileshuffle.commands import sample
-from pileshuffle.commands import store as store_commands
 from pileshuffle.errors import InputError
 from pileshuffle.formats import ReadReport, format_of_name, get_format
 from pileshuffle.loader import ShuffledDataset
@@ -251,11 +252,11 @@ def test_a_store_appends_and_materializes_tar_samples(tmp_path):
     )
     store = str(tmp_path / "store" / "s")
     run_shuffle(f"{tmp_path}/a/*.tar", store, "--layout=store", "--num_piles=3")
-    store_commands.append([f"--store={store}", f"--input={tmp_path}/b/*.tar", *FAST])
+    append_command.append([f"--store={store}", f"--input={tmp_path}/b/*.tar", *FAST])
     keys = [s["__key__"] for s in ShuffledDataset(store, epoch=1)]
     assert sorted(keys) == [f"{i:09d}" for i in range(200)]
     out = str(tmp_path / "mat" / "m")
-    store_commands.materialize([f"--store={store}", f"--output={out}", *FAST])
+    materialize_command.materialize([f"--store={store}", f"--output={out}", *FAST])
     read = list(webdataset.WebDataset(shards(out), shardshuffle=False))
     assert sorted(s["__key__"] for s in read) == sorted(keys)
     assert {s["__key__"]: _members_of(s) for s in read} == {

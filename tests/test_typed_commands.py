@@ -8,7 +8,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from helpers import FAST, run_shuffle, shard_bytes
 
-from pileshuffle.commands import sample, store
+from pileshuffle.commands import append, materialize, sample
 from pileshuffle.commands.run import run
 from pileshuffle.commands.store_options import (
     AppendOptions,
@@ -57,11 +57,11 @@ def test_store_commands_take_their_options_objects(inputs):
     for prefix in (typed, by_argv):
         run_shuffle(first, prefix, "--num_piles=3", "--seed=5", "--layout=store", "--quiet")
     beam = PipelineOptions(FAST)
-    appended = store.append(AppendOptions(store=typed, input=second, beam=beam))
-    store.append([f"--store={by_argv}", f"--input={second}", *FAST])
+    appended = append.append(AppendOptions(store=typed, input=second, beam=beam))
+    append.append([f"--store={by_argv}", f"--input={second}", *FAST])
     assert appended["totals"]["records"] == 1200
-    store.materialize(MaterializeOptions(store=typed, output=typed + "-m", beam=beam))
-    store.materialize([f"--store={by_argv}", f"--output={by_argv}-m", *FAST])
+    materialize.materialize(MaterializeOptions(store=typed, output=typed + "-m", beam=beam))
+    materialize.materialize([f"--store={by_argv}", f"--output={by_argv}-m", *FAST])
     assert (
         shard_bytes(typed + "-m") == shard_bytes(by_argv + "-m")
         and len(shard_bytes(typed + "-m")) == 3

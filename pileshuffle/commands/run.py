@@ -71,7 +71,7 @@ def run(options=None, wait=None, hold_worker_stderr=False):
     options = pipeline_options(options)
     values = options.view_as(PileshuffleOptions)
     if values.layout == "store":
-        from pileshuffle.commands.store import run_store
+        from pileshuffle.commands.run_store import run_store
 
         return run_store(options, wait, hold_worker_stderr)
     shards_at_stake_on_interrupt(values.output)

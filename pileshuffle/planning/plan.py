@@ -271,7 +271,7 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
     check_values(opts)
     if not opts.input:
         raise InputError("--input", "is required")
-    if opts.layout == "store":  # a store run checks its own (commands.store.run_store)
+    if opts.layout == "store":  # a store run checks its own (commands.run_store)
         output = _output_prefix(opts.output)
         outputs = OutputFiles(output)
     else:

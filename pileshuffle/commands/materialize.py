@@ -1,0 +1,164 @@
+"""``pileshuffle materialize``: a store's second pass, written as the shuffled shards ``run``
+writes (under the output's lock, as ``run``), from a version whose files are all there."""
+
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+from pileshuffle import names
+from pileshuffle.commands.report import as_command, shards_at_stake_on_interrupt
+from pileshuffle.commands.running import execute
+from pileshuffle.commands.store_options import (
+    MaterializeOptions,
+    materialize_options,
+)
+from pileshuffle.engine.output_files import remove_tree
+from pileshuffle.errors import InputError, OutputError, UsageError
+from pileshuffle.io import storage
+from pileshuffle.store import layout
+from pileshuffle.store.layout import existing_store
+from pileshuffle.store.read import live_piles, missing_files
+from pileshuffle.store.write import stored_schema
+
+__all__ = ["materialize", "materialize_main"]
+
+
+def materialize(options) -> dict:
+    """``pileshuffle materialize``: the second pass over a store, as ``options``
+    (``MaterializeOptions``, or its command-line arguments) say; returns the written manifest."""
+    from pileshuffle.commands.output_lock import taken_output
+    from pileshuffle.engine.output_files import discard_unpublished, read_manifest
+    from pileshuffle.engine.transforms.write import WritePiles
+    from pileshuffle.planning.parameters import parse_bytes
+    from pileshuffle.planning.plan import check_shard_output, work_dir_for
+
+    args = options if isinstance(options, MaterializeOptions) else materialize_options(options)
+    options = args.beam
+    prefix = existing_store(args.store)
+    shards_at_stake_on_interrupt(args.output)
+    if layout.clean_prefix(args.output) == prefix:
+        raise OutputError(
+            f"--output {args.output} is the store's own prefix: its shards would hide the store from "
+            f"readers (they take {prefix}-manifest.json first); choose another prefix"
+        )
+    output, _ = check_shard_output(
+        args.output, args.overwrite
+    )  # run's checks: never a file no run wrote
+    manifest = layout.read_store_manifest(prefix, _readable_version(prefix, args.version))
+    if manifest is None:
+        raise OutputError(f"no store at {names.store_dir(prefix)}")
+    _refuse_missing_files(prefix, manifest)
+    if not manifest["totals"]["records"]:
+        raise OutputError(
+            f"{names.store_dir(prefix)} version {manifest['version']} has no live records "
+            f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to materialize"
+        )
+    work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
+    max_pile_bytes = (
+        parse_bytes(args.max_pile_bytes) if args.max_pile_bytes else manifest["max_pile_bytes"]
+    )
+    piles = live_piles(prefix, manifest, max_pile_bytes, work_dir=work_dir)
+    first = next((f["path"] for g in manifest["generations"] for f in g["files"]), None)
+    schema = stored_schema(prefix, first) if manifest["format"] == "parquet" and first else None
+    fields = {
+        "output": output,
+        "seed": manifest["seed"],
+        "options": {
+            "format": manifest["format"],
+            "compression": manifest["compression"],
+            "num_piles": manifest["num_piles"],
+            "num_piles_reason": f"the store's ({names.store_dir(prefix)})",
+            "max_pile_bytes": max_pile_bytes,
+            "intermediate": "store",
+            "skip_corrupt": False,
+        },
+        "store": {
+            "prefix": prefix,
+            "version": manifest["version"],
+            "generations": [g["generation"] for g in manifest["generations"]],
+        },
+    }
+    if (
+        layout.store_dedup(manifest) is not None
+    ):  # each distinct record of the window once: `verify --input` proves it
+        fields["options"].update(manifest["options"])
+    if layout.store_balance(manifest) is not None:  # the store's --balance, and its counts
+        fields["store"]["options"] = manifest["options"]
+        if (
+            len(manifest["generations"]) == 1
+        ):  # run --balance's bytes: its manifest's options and counts too
+            fields["options"].update(manifest["options"])
+            fields["balance"] = manifest["generations"][0]["balance"]
+    started = time.time()
+
+    def build(pipeline):
+        return (
+            pipeline
+            | "ListPiles" >> beam.Create(piles)
+            | "SpreadPiles" >> beam.Reshuffle()
+            | "WritePiles"
+            >> WritePiles(
+                output,
+                manifest["format"],
+                manifest["compression"],
+                num_piles=manifest["num_piles"],
+                overwrite=True,
+                schema=schema,
+                manifest_fields=fields,
+                started=started,
+            )
+        )
+
+    def failed():
+        remove_tree(work_dir)
+        discard_unpublished(output)
+
+    with taken_output(output, args.overwrite, work_dir, args.describe()):  # as run does
+        result = execute(options, build, len(piles), failed)
+    if result is not None:
+        return result
+    written = read_manifest(output)
+    written["wall_seconds"] = time.time() - started
+    return written
+
+
+def _readable_version(prefix: str, version):
+    """``--version``: None (the current one) or a version the store still has."""
+    if version is None:
+        return None
+    versions = layout.manifest_versions(prefix)
+    if version not in versions:
+        kept = f"{versions[0]} to {versions[-1]}" if len(versions) > 1 else f"{versions[0]}"
+        raise UsageError(
+            f"--version {version}: {names.store_dir(prefix)} has version(s) {kept} (current "
+            f"{versions[-1]}; versions start at 1, and gc deletes superseded ones after their grace period)"
+        )
+    return version
+
+
+def _refuse_missing_files(prefix: str, manifest: dict):
+    """Name a data file the manifest lists that is gone (deleted by hand), and the version
+    and generation that list it, before anything is written."""
+    missing = missing_files(prefix, manifest)
+    if missing:
+        generation, path = missing[0]
+        others = f" ({len(missing) - 1} more file(s) are missing too)" if len(missing) > 1 else ""
+        raise InputError(
+            path,
+            f"is missing, but version {manifest['version']} of the store "
+            f"({storage.join(names.store_dir(prefix), names.store_manifest_name(manifest['version']))}) "
+            f"lists it in generation {generation}{others}; `pileshuffle verify --output {prefix}` "
+            f"checks every file",
+        )
+
+
+@as_command
+def materialize_main(argv):
+    """``pileshuffle materialize``: write a store as shards, then print the run summary."""
+    from pileshuffle.commands.report import summary
+
+    manifest = materialize(argv)
+    if isinstance(manifest, dict):
+        print(summary(manifest))
+    return 0

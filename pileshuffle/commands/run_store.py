@@ -1,0 +1,83 @@
+"""``pileshuffle run --layout store``: pass 1 only, into a new pile store ``{output}-store/``
+as its generation 0 (manifest version 1); nothing to do when the store holds these inputs so."""
+
+import sys
+
+from pileshuffle import names
+from pileshuffle.commands import running
+from pileshuffle.commands.generation import (
+    at_stake_on_interrupt,
+    same_inputs,
+    store_lock,
+    write_generation,
+)
+from pileshuffle.errors import OutputError
+from pileshuffle.io import storage
+from pileshuffle.planning.parameters import PileshuffleOptions, parse_flag
+from pileshuffle.store import layout
+
+__all__ = ["run_store"]
+
+
+def run_store(options, wait=None, hold_worker_stderr=False):
+    """``pileshuffle run --layout store``: pass 1 only, into ``{output}-store/`` as
+    generation 0 of a new store (manifest version 1)."""
+    from pileshuffle.engine.transforms.write import schema_json
+    from pileshuffle.names import manifest_path
+    from pileshuffle.planning.plan import make_plan
+    from pileshuffle.planning.space import check_space
+
+    running.HOLD_WORKER_STDERR["on"] = hold_worker_stderr
+    at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
+    plan = make_plan(options)
+    check_space(plan.space)
+    prefix = plan.output
+    if storage.exists(manifest_path(prefix)):
+        raise OutputError(
+            f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
+            f"(readers take shards first); choose another --output"
+        )
+    sources = plan.sources  # match_inputs leaves store files out
+    base = layout.new_manifest(
+        plan.format,
+        plan.compression,
+        plan.num_piles,
+        plan.seed,
+        plan.max_pile_bytes,
+        schema_json(plan.schema) if plan.schema is not None else None,
+        None if plan.balance is None else (plan.label, plan.balance, plan.keep_unlabeled),
+        plan.dedup,
+    )
+    with store_lock(prefix, layout.command_line()) as token:
+        current = layout.read_store_manifest(prefix)
+        if current is not None:
+            first = current["generations"][:1]
+            if (
+                len(current["generations"]) == 1
+                and first[0]["generation"] == 0
+                and same_inputs(first[0], sources)
+                and (current["seed"], current["num_piles"], current["format"])
+                == (plan.seed, plan.num_piles, plan.format)
+                and current.get("options") == base.get("options")
+            ):
+                print(
+                    f"pileshuffle: {names.store_dir(prefix)} already holds these inputs as generation 0 "
+                    f"(version {current['version']}): nothing to do",
+                    file=sys.stderr,
+                )
+                layout.release_lock(prefix, token)
+                return current
+            raise OutputError(
+                f"a store exists at {names.store_dir(prefix)} (version {current['version']}): add data "
+                f"with `pileshuffle append --store {prefix} --input ...`, or delete it first (--overwrite "
+                "never replaces a store: it holds every generation's data)"
+            )
+        if not parse_flag(options.view_as(PileshuffleOptions).quiet):
+            print(
+                f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
+                f"{names.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})",
+                file=sys.stderr,
+            )
+        return write_generation(
+            options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait
+        )
