@@ -310,11 +310,8 @@ class Payloads(RecordFormat):
         return binary_bytes(table.column(0)) - self.framing * table.num_rows
 
     def record_hashes(self, table):
-        from pileshuffle.records.fingerprint import (
-            binary_column_parts,
-            crc32c_of_slices,
-            payload_hashes,
-        )
+        from pileshuffle.records.fingerprint import binary_column_parts, payload_hashes
+        from pileshuffle.records.slice_crcs import crc32c_of_slices
 
         data, offsets = binary_column_parts(table.column(0))
         return payload_hashes(
