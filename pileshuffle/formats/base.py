@@ -45,7 +45,9 @@ class ReadReport:
     skipped_bytes: int = 0
     blank_lines: int = 0
     problems: list = dataclasses.field(default_factory=list)
-    reached: tuple = None  # a span's reader that finds its first record by a search: (its first record, where the next span's must be)
+    # a span's reader that finds its first record by a search: (its first record, where the next
+    # span's must be)
+    reached: tuple = None
 
     def skip(self, path, offset, problem, records, nbytes):
         self.skipped_records += records
@@ -235,7 +237,8 @@ class RecordFormat:
         return None
 
     def write_shard(self, handle, tables, compression: str, schema=None) -> int:
-        """Write ``tables`` in order as one shard to the open ``handle``; returns records written."""
+        """Write ``tables`` in order as one shard to the open ``handle``; returns records
+        written."""
         raise NotImplementedError
 
     def shard_handle_compression(self, compression: str) -> str:
