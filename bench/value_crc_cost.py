@@ -6,7 +6,7 @@ at once) against the compiled loop (pileshuffle/records/compiled_crc.py), and wh
 
 Per value size: the median of --rounds over one 16 MB chunk (random bytes, lengths +-50%), both ways
 interleaved in one process; then, in fresh processes, the first compiled call (numba's import, typing
-and compile, which holds the GIL). fingerprint.py's _COMPILE_AFTER_SECONDS comes from it: a process
+and compile, which holds the GIL). slice_crcs.py's _COMPILE_AFTER_SECONDS comes from it: a process
 compiles once it has spent that long hashing in Python, on every thread the compile stops.
 """
 
@@ -19,13 +19,13 @@ import time
 
 import numpy as np
 
-from pileshuffle.records import fingerprint
+from pileshuffle.records import slice_crcs
 
 CHUNK_BYTES = 16 << 20
 FIRST_CALL = """
 import time, numpy as np
 began = time.perf_counter()
-from pileshuffle import compiled_crc
+from pileshuffle.records import compiled_crc
 compiled_crc.slice_crcs(np.zeros(64, np.uint8), np.array([0, 8]), np.array([8, 50]))
 print(time.perf_counter() - began)
 """
@@ -33,8 +33,8 @@ print(time.perf_counter() - began)
 
 def python_way(data, starts, lengths):
     offsets = np.append(starts, starts[-1] + lengths[-1])
-    fingerprint._python_seconds = 0.0  # never compiled: the Python way every call
-    return fingerprint.crc32c_of_slices(data, offsets)
+    slice_crcs._python_seconds = 0.0  # never compiled: the Python way every call
+    return slice_crcs.crc32c_of_slices(data, offsets)
 
 
 def compiled_way(data, starts, lengths):

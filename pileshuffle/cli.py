@@ -112,7 +112,8 @@ COMMANDS = {  # name -> Command: what `pileshuffle NAME` runs, in the order the 
     ),
     "quality": Command(
         "pileshuffle.commands.quality",
-        "measure and draw how uniform a finished run's order is (and the shuffles people use instead)",
+        "measure and draw how uniform a finished run's order is (and the shuffles people use "
+        "instead)",
     ),
 }
 
@@ -127,7 +128,8 @@ def _usage() -> str:
             "commands:",
             *lines,
             "",
-            "'pileshuffle COMMAND --help' shows a command's options; 'pileshuffle --version' the version.",
+            "'pileshuffle COMMAND --help' shows a command's options; 'pileshuffle --version' the "
+            "version.",
         ]
     )
 

@@ -139,7 +139,8 @@ def stop_writes():
 
 
 def _wait_for_other_threads_steps():
-    """Under ``_steps``: wait (at most ``_STEP_WAIT_SECONDS``) until no other thread is inside a writing step."""
+    """Under ``_steps``: wait (at most ``_STEP_WAIT_SECONDS``) until no other thread is inside a
+    writing step."""
     me = threading.get_ident()
     _steps.wait_for(
         lambda: not any(n for thread, n in _State.steps.items() if thread != me), _STEP_WAIT_SECONDS

@@ -26,13 +26,16 @@ SHARDS_KIND = "pileshuffle-shards"  # a shard output's manifest
 STORE_KIND = "pileshuffle-store"  # a store's manifest version
 # MAJOR.MINOR of the manifests' schema: a MINOR adds keys old readers may ignore; a MAJOR
 # changes what a key means, and a reader refuses a MAJOR newer than its own.
-FORMAT_VERSION = "1.6"  # 1.1: input records keyed by their place in the file (keys.position_keys), not their rank;
-# 1.2: every shard and store data file listed with its CRC32C (checksums); 1.3: a shard output's
-# `between_passes` (bytes written, kept in memory, shuffled between the passes); 1.4: `--dedup`'s content keys
-# (stream 3) and a shard output's `dedup` section; 1.5: a dedup store (`options.dedup`, `totals.distinct`, a
-# generation's `dedup`, a data file's `copies` and its copies file: copy_marks); 1.6: Parquet shards dictionary-encode
-# only the columns whose first rows repeat (formats/parquet_layout), and their pages end where the rows do, not
-# where pass 2 cut a pile
+# 1.1: input records keyed by their place in the file (keys.position_keys), not their rank;
+# 1.2: every shard and store data file listed with its CRC32C (checksums);
+# 1.3: a shard output's `between_passes` (bytes written, kept in memory, shuffled between the
+#      passes);
+# 1.4: `--dedup`'s content keys (stream 3) and a shard output's `dedup` section;
+# 1.5: a dedup store (`options.dedup`, `totals.distinct`, a generation's `dedup`, a data file's
+#      `copies` and its copies file: copy_marks);
+# 1.6: Parquet shards dictionary-encode only the columns whose first rows repeat
+#      (formats/parquet_layout), and their pages end where the rows do, not where pass 2 cut a pile
+FORMAT_VERSION = "1.6"
 LEGACY_STORE_FORMAT = (
     1  # stores' manifests carried `store_format: 1` before `format_version`; kept for older readers
 )
@@ -71,7 +74,8 @@ JOURNAL_PREFIX = (
     "journal-"  # in the staging folder: what an unfinished publication creates and deletes
 )
 WORK_PREFIX = ".pileshuffle-work-"  # a run's work folder, before its digest
-# a path inside a run's work or staging folder, or its lock: what a run leaves while it runs, never input
+# a path inside a run's work or staging folder, or its lock: what a run leaves while it runs, never
+# input
 WORK_DIRECTORY = re.compile(
     r"(?:^|/)(?:\.pileshuffle-work-[0-9a-f]+/|[^/]+\.pileshuffle-staging/|[^/]+\.pileshuffle-lock)"
 )
@@ -86,7 +90,8 @@ def shard_name(prefix: str, index: int, num_piles: int, suffix: str) -> str:
 
 
 def manifest_path(prefix: str) -> str:
-    """A shard output's manifest, ``P-manifest.json``: written last, so its presence means complete."""
+    """A shard output's manifest, ``P-manifest.json``: written last, so its presence means
+    complete."""
     return f"{prefix}{MANIFEST_SUFFIX}"
 
 
@@ -133,7 +138,8 @@ def shard_pattern(prefix: str) -> str:
 
 
 def attempt_name(path: str, token: str) -> str:
-    """``path`` as one attempt writes it in a staging folder: ``shard-00000-of-00004-<token>.tfrecord``."""
+    """``path`` as one attempt writes it in a staging folder:
+    ``shard-00000-of-00004-<token>.tfrecord``."""
     folder, slash, name = path.rpartition("/")
     stem, dot, suffix = name.partition(".")
     return f"{folder}{slash}{stem}-{token}{dot}{suffix}"
@@ -144,7 +150,7 @@ def temp_name(path: str, token: str) -> str:
     return f"{path}.tmp-{token}"
 
 
-# -- columns of pile fragments and store files (Arrow IPC) -------------------------------------------
+# -- columns of pile fragments and store files (Arrow IPC) ----------------------------------------
 
 RECORD_COLUMN = "record"  # a payload, as a user sees it (bytes formats; composed runs)
 FRAME_COLUMN = (
@@ -178,7 +184,8 @@ def split_writer_name(token: str, depth: int, index: int) -> str:
 
 
 def run_name(writer: str, run: int) -> str:
-    """The ``run``-th run pass 1's ``writer`` (a group of sources, a bundle) writes (``pileshuffle.engine.runs``)."""
+    """The ``run``-th run pass 1's ``writer`` (a group of sources, a bundle) writes
+    (``pileshuffle.engine.runs``)."""
     return f"{writer}-r{run:05d}{RUN_EXTENSION}"
 
 
@@ -187,7 +194,7 @@ def fragment_name(writer: str, pile: int) -> str:
     return f"{writer}-p{pile:06d}{FRAGMENT_EXTENSION}"
 
 
-# -- a --balance run's class codes (its work folder: the counting pass writes them, pass 1 reads them) ----
+# -- a --balance run's class codes (in its work folder: the counting pass writes, pass 1 reads) --
 
 CLASS_CODES_DIR = "classes"  # in the work folder
 
@@ -235,7 +242,8 @@ def store_writer_name(writer: int) -> str:
 
 def data_file_name(generation: int, pile: int, writer: int) -> str:
     """A store data file's path relative to the store folder (as its manifest lists it)."""
-    return f"{generation_dir_name(generation)}/p{pile:05d}-{store_writer_name(writer)}{FRAGMENT_EXTENSION}"
+    writer_name = store_writer_name(writer)
+    return f"{generation_dir_name(generation)}/p{pile:05d}-{writer_name}{FRAGMENT_EXTENSION}"
 
 
 def is_store_file(path: str) -> bool:

@@ -22,7 +22,10 @@ from pileshuffle import interrupt
 __all__ = ["read", "file_read", "pile_written", "Progress", "showing"]
 
 _PLAIN_INTERVAL_SECONDS = 5.0
-_PASS1_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}B of {total_fmt}B{postfix} [{elapsed}<{remaining}, {rate_fmt}]"
+_PASS1_FORMAT = (
+    "{desc}: {percentage:3.0f}% {n_fmt}B of {total_fmt}B{postfix} [{elapsed}<{remaining}, "
+    "{rate_fmt}]"
+)
 _PASS2_FORMAT = "{desc}: {n_fmt} of {total_fmt} piles written [{elapsed}<{remaining}]"
 
 _current = None  # the Progress of the run going on in this process, if any

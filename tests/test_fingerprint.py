@@ -11,13 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pileshuffle.records import compiled_crc, fingerprint
-from pileshuffle.records.fingerprint import (
-    column_hashes,
-    crc32_of_slices,
-    crc32c_of_slices,
-    payload_hashes,
-)
+from pileshuffle.records import compiled_crc, fingerprint, slice_crcs
+from pileshuffle.records.fingerprint import column_hashes, payload_hashes
+from pileshuffle.records.slice_crcs import crc32_of_slices, crc32c_of_slices
 
 values_lists = st.lists(st.binary(min_size=0, max_size=80), min_size=0, max_size=60)
 
@@ -74,7 +70,7 @@ def test_the_compiled_loop_refuses_slices_outside_its_buffer():
 
 
 def test_a_process_hashes_in_python_until_that_has_cost_what_compiling_does(monkeypatch):
-    monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
+    monkeypatch.setattr(slice_crcs, "_python_seconds", 0.0)
     compiled_calls = []
     monkeypatch.setattr(
         compiled_crc, "slice_crcs", lambda *args: compiled_calls.append(len(args[1])) or None
@@ -84,21 +80,21 @@ def test_a_process_hashes_in_python_until_that_has_cost_what_compiling_does(monk
     expected = [google_crc32c.value(v) for v in values]
     for _ in range(2):
         assert crc32c_of_slices(data, offsets).tolist() == expected
-    spent = fingerprint._python_seconds
+    spent = slice_crcs._python_seconds
     assert (
-        compiled_calls == [] and 0 < spent < fingerprint._COMPILE_AFTER_SECONDS
+        compiled_calls == [] and 0 < spent < slice_crcs._COMPILE_AFTER_SECONDS
     )  # both calls timed, in Python
     monkeypatch.setattr(
-        fingerprint, "_COMPILE_AFTER_SECONDS", spent
+        slice_crcs, "_COMPILE_AFTER_SECONDS", spent
     )  # what has been spent pays for compiling now
     assert crc32c_of_slices(data, offsets).tolist() == expected  # None from the loop: Python again
     assert compiled_calls == [1_000]
     monkeypatch.undo()
-    monkeypatch.setattr(fingerprint, "_python_seconds", fingerprint._COMPILE_AFTER_SECONDS)
+    monkeypatch.setattr(slice_crcs, "_python_seconds", slice_crcs._COMPILE_AFTER_SECONDS)
     assert (
         crc32c_of_slices(data, offsets).tolist() == expected
     )  # the real loop: no Python time spent
-    assert fingerprint._python_seconds == fingerprint._COMPILE_AFTER_SECONDS
+    assert slice_crcs._python_seconds == slice_crcs._COMPILE_AFTER_SECONDS
 
 
 def test_short_and_long_values_mixed_in_one_column_hash_as_each_alone():

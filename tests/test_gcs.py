@@ -203,7 +203,7 @@ def test_verify_and_the_loader_on_gcs_name_a_damaged_shard(inputs, gcs, fmt, tmp
 
 KILLED_BEFORE_THE_MANIFEST = """
 import os, sys
-from pileshuffle import storage
+from pileshuffle.io import storage
 write_whole, rename = storage.write_whole, storage.rename
 def write_or_die(path, data):
     if path.endswith("-manifest.json"):

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pytest
 
 from pileshuffle.formats import get_format
-from pileshuffle.records import fingerprint
-from pileshuffle.records.fingerprint import column_hashes, crc32c_of_slices, mix64, row_hashes
+from pileshuffle.records import slice_crcs
+from pileshuffle.records.fingerprint import column_hashes, mix64, row_hashes
+from pileshuffle.records.slice_crcs import crc32c_of_slices
 
 NULL_HASH = 0x9E3779B97F4A7C15
 MASK = (1 << 64) - 1
@@ -52,7 +53,7 @@ def mixed_values(rng, count, lengths) -> list:
 @pytest.fixture(autouse=True)
 def in_python(monkeypatch):
     """Every hash here by the Python paths (the compiled loop has tests of its own)."""
-    monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
+    monkeypatch.setattr(slice_crcs, "_python_seconds", 0.0)
 
 
 @pytest.mark.parametrize(
@@ -73,7 +74,7 @@ def test_a_binary_columns_hashes_are_the_definitions(lengths):
 
 def test_short_values_past_one_batch_hash_in_their_own_order():
     """More short values than ``_ACROSS_BATCH``: batches in order, each value its own hash."""
-    values = mixed_values(np.random.default_rng(3), 2 * fingerprint._ACROSS_BATCH + 77, [(0, 32)])
+    values = mixed_values(np.random.default_rng(3), 2 * slice_crcs._ACROSS_BATCH + 77, [(0, 32)])
     data = b"".join(values)
     offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int64)
     want = [google_crc32c.value(v) for v in values]
@@ -158,8 +159,8 @@ def test_the_compile_meter_counts_cpu_not_time_spent_waiting_for_another_thread(
     for thread in threads:
         thread.join()
     cpu = time.process_time() - cpu_before
-    assert fingerprint._python_seconds < fingerprint._COMPILE_AFTER_SECONDS  # nothing compiled
-    assert 0 < fingerprint._python_seconds <= cpu
+    assert slice_crcs._python_seconds < slice_crcs._COMPILE_AFTER_SECONDS  # nothing compiled
+    assert 0 < slice_crcs._python_seconds <= cpu
 
 
 @pytest.mark.parametrize("storage", ["beam", "arrow"])
@@ -198,13 +199,13 @@ def test_a_process_told_of_many_records_compiles_from_the_first_hash_and_one_of_
     from pileshuffle.engine.transforms.graph import _records_per_process
     from pileshuffle.planning.plan import make_plan
 
-    monkeypatch.setattr(fingerprint, "_python_seconds", 0.0)
-    fingerprint.expect_records(1_000_000)  # 0.37 s in Python: less than compiling
-    assert fingerprint._compiled_slice_crcs() is None
-    fingerprint.expect_records(
+    monkeypatch.setattr(slice_crcs, "_python_seconds", 0.0)
+    slice_crcs.expect_records(1_000_000)  # 0.37 s in Python: less than compiling
+    assert slice_crcs._compiled_slice_crcs() is None
+    slice_crcs.expect_records(
         4_000_000
     )  # 1.5 s in Python (2 GB of 500-byte lines): compile at once
-    assert fingerprint._compiled_slice_crcs() is not None
+    assert slice_crcs._compiled_slice_crcs() is not None
     raw = np.frombuffer(b"abcdef" * 10, dtype=np.uint8)
     got = crc32c_of_slices(raw, np.array([0, 7, 60]))
     assert got.tolist() == [

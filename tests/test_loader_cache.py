@@ -17,6 +17,7 @@ from pileshuffle import names
 from pileshuffle.commands import sample
 from pileshuffle.errors import InputError
 from pileshuffle.io import storage
+from pileshuffle.io.arrow_backend import arrow_filesystem
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.cache import PileCache, _listed_crc32c, parse_limit
 
@@ -239,7 +240,7 @@ def test_the_object_stores_crc32c_is_checked_on_every_fetch(outputs):
     """The CRC a fetch compares with is the one the store lists for the object (the emulator,
     like Cloud Storage, lists one): the check is live, not skipped for want of a CRC."""
     shard = shard_paths(outputs[("shards", "tfrecord")])[0]
-    fs, where = storage.arrow_filesystem(shard)
+    fs, where = arrow_filesystem(shard)
     with storage.open_random_access(where, fs) as remote:
         assert _listed_crc32c(remote) == google_crc32c.value(
             storage.read_buffer(shard).to_pybytes()

@@ -556,7 +556,7 @@ def test_a_tar_member_holding_a_tar_archive_fails_the_run_in_spans_and_shuffles_
 
 
 def _whole_scan_resync(buf: bytes, start: int):
-    """What ``_resync`` answered when it scanned the whole buffer at once: the reference."""
+    """What ``resync`` answered when it scanned the whole buffer at once: the reference."""
     import struct
 
     from pileshuffle.records.crc import masked_crc
@@ -591,12 +591,13 @@ def _whole_scan_resync(buf: bytes, start: int):
 def test_a_span_start_finds_the_first_frame_window_by_window_as_a_whole_scan_does(
     parts, start, window
 ):
-    from pileshuffle.formats import tfrecord
+    from pileshuffle.formats import tfrecord, tfrecord_sync
 
     buf = b"".join(tfrecord.frame(p) if kind == "frame" else p for kind, p in parts)
-    start, default = min(start, len(buf)), tfrecord._RESYNC_WINDOW_BYTES
-    tfrecord._RESYNC_WINDOW_BYTES = window  # small ones: many windows, frames across their edges
+    start, default = min(start, len(buf)), tfrecord_sync.RESYNC_WINDOW_BYTES
+    # small ones: many windows, frames across their edges
+    tfrecord_sync.RESYNC_WINDOW_BYTES = window
     try:
-        assert tfrecord._resync(buf, start) == _whole_scan_resync(buf, start)
+        assert tfrecord_sync.resync(buf, start) == _whole_scan_resync(buf, start)
     finally:
-        tfrecord._RESYNC_WINDOW_BYTES = default
+        tfrecord_sync.RESYNC_WINDOW_BYTES = default

@@ -24,6 +24,7 @@ from pileshuffle import names
 from pileshuffle.commands import sample
 from pileshuffle.formats.tfrecord import frame
 from pileshuffle.io import storage
+from pileshuffle.io.arrow_backend import arrow_filesystem
 
 MIB = 2**20
 RECORD = 64 * 1024  # each record's payload: the index in 12 digits, "|", then filler
@@ -188,7 +189,7 @@ def test_read_buffer_returns_every_byte(blobs, request, monkeypatch, backend, pl
     read = storage.read_buffer(path)
     assert read.size == len(contents) and read.equals(pa.py_buffer(contents))
     if backend == "arrow":
-        fs, where = storage.arrow_filesystem(path)
+        fs, where = arrow_filesystem(path)
         assert storage.read_buffer(where, fs).equals(pa.py_buffer(contents))
 
 
@@ -242,7 +243,7 @@ def flipped_copy(prefix: str, copy: str) -> str:
     first 16 MiB; the copy's shard path."""
     manifest = manifest_of(prefix)
     shard = manifest["shards"][0]["path"]
-    fs, where = storage.arrow_filesystem(shard)  # read apart from storage.read_buffer, under test
+    fs, where = arrow_filesystem(shard)  # read apart from storage.read_buffer, under test
     with fs.open_input_stream(where, compression=None) as stream:
         data = gzip.decompress(stream.read()) if shard.endswith(".gz") else stream.read()
     where = data.index(b"aaaa", 16 * MIB + 4321) if shard.endswith(".gz") else 16 * MIB + 4321

@@ -18,7 +18,8 @@ from pileshuffle.names import manifest_path, shard_pattern
 from pileshuffle.store import layout
 from pileshuffle.store.layout import clean_prefix, is_store, store_prefix
 from pileshuffle.store.read import check_store, damaged_generations
-from pileshuffle.verify.checks import ShardVerifier, matching_files, verify_shards
+from pileshuffle.verify.checks import ShardVerifier, verify_shards
+from pileshuffle.verify.shard_names import matching_files
 
 __all__ = ["verify", "main"]
 

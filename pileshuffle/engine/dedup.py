@@ -35,11 +35,11 @@ from pileshuffle.records import keys as keymath
 from pileshuffle.records.fingerprint import (
     Fingerprint,
     binary_column_parts,
-    crc32_of_slices,
     is_binary_type,
     mix64,
     row_hashes,
 )
+from pileshuffle.records.slice_crcs import crc32_of_slices
 
 __all__ = [
     "DEDUP_STREAM",

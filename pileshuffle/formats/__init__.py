@@ -15,7 +15,8 @@ FORMATS = {f.name: f for f in (TFRecordFormat(), ParquetFormat(), JsonlFormat(),
 
 
 def get_format(name: str) -> RecordFormat:
-    """The registered format called ``name``; an unknown name is a ValueError listing the known ones."""
+    """The registered format called ``name``; an unknown name is a ValueError listing the known
+    ones."""
     try:
         return FORMATS[name]
     except KeyError:
@@ -28,7 +29,8 @@ def get_format(name: str) -> RecordFormat:
 FORMAT_OF_EXTENSION = {
     ".tfrecord": "tfrecord",
     ".tfrecords": "tfrecord",
-    ".parquet": "parquet",  # also Spark's part-00000-....snappy.parquet: the codec is inside the file
+    # also Spark's part-00000-....snappy.parquet: the codec is inside the file
+    ".parquet": "parquet",
     ".jsonl": "jsonl",
     ".tar": "tar",  # WebDataset shards; .tar.gz too
 }

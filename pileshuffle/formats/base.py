@@ -45,7 +45,9 @@ class ReadReport:
     skipped_bytes: int = 0
     blank_lines: int = 0
     problems: list = dataclasses.field(default_factory=list)
-    reached: tuple = None  # a span's reader that finds its first record by a search: (its first record, where the next span's must be)
+    # a span's reader that finds its first record by a search: (its first record, where the next
+    # span's must be)
+    reached: tuple = None
 
     def skip(self, path, offset, problem, records, nbytes):
         self.skipped_records += records
@@ -235,7 +237,8 @@ class RecordFormat:
         return None
 
     def write_shard(self, handle, tables, compression: str, schema=None) -> int:
-        """Write ``tables`` in order as one shard to the open ``handle``; returns records written."""
+        """Write ``tables`` in order as one shard to the open ``handle``; returns records
+        written."""
         raise NotImplementedError
 
     def shard_handle_compression(self, compression: str) -> str:
@@ -310,11 +313,8 @@ class Payloads(RecordFormat):
         return binary_bytes(table.column(0)) - self.framing * table.num_rows
 
     def record_hashes(self, table):
-        from pileshuffle.records.fingerprint import (
-            binary_column_parts,
-            crc32c_of_slices,
-            payload_hashes,
-        )
+        from pileshuffle.records.fingerprint import binary_column_parts, payload_hashes
+        from pileshuffle.records.slice_crcs import crc32c_of_slices
 
         data, offsets = binary_column_parts(table.column(0))
         return payload_hashes(

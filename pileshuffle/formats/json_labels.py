@@ -8,13 +8,13 @@ must find the same classes.
 
 1. ``_matched``: lines whose object opens with keys that hold strings without escapes, numbers,
    ``true``, ``false`` or ``null``, none of them the key, until the key, whose value is a string
-   without escapes, an integer, ``true``, ``false`` or ``null``: the lines of nearly every data
-   set whose label is in the line's first ``_HEAD_BYTES``. One RE2 match per line says so
-   (pyarrow's ``match_substring_regex`` on those bytes, DFA only), the first occurrence of the quoted key is then the key (no string before it
-   is the key, and no quote is escaped), and the value is read after it with numpy: 0.08 s per
-   125 MB of 500-byte lines against 0.13 for ``extract_regex`` and 0.23 for Arrow's JSON reader.
-   Every key before it is a top-level key (no bracket opened), and so is it. The rest of the
-   line is not parsed: a line broken after its label keeps its label.
+   without escapes, an integer, ``true``, ``false`` or ``null``: the lines of nearly every data set
+   whose label is in the line's first ``_HEAD_BYTES``. One RE2 match per line says so (pyarrow's
+   ``match_substring_regex`` on those bytes, DFA only), the first occurrence of the quoted key is
+   then the key (no string before it is the key, and no quote is escaped), and the value is read
+   after it with numpy: 0.08 s per 125 MB of 500-byte lines against 0.13 for ``extract_regex`` and
+   0.23 for Arrow's JSON reader. Every key before it is a top-level key (no bracket opened), and so
+   is it. The rest of the line is not parsed: a line broken after its label keeps its label.
 2. ``_arrow_read``: Arrow's JSON reader over the other lines of a block (labels after nested
    values or later in the line, strings with escapes). It refuses a key named twice; such
    lines go to 3.
@@ -37,7 +37,8 @@ KEEP_HINT = "; with --balance, --keep_unlabeled makes such records the class nul
 # Tier 1's grammar (JSON's, RFC 8259), on bytes (Arrow matches binary arrays as Latin-1).
 _SPACE = r"[ \t\r\n]*"
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
-_PLAIN = r'"[^"\\]*"|0|-?[1-9][0-9]*|true|false|null'  # values whose text is their label ("-0" is 0 to json)
+# values whose text is their label ("-0" is 0 to json)
+_PLAIN = r'"[^"\\]*"|0|-?[1-9][0-9]*|true|false|null'
 _QUOTE = ord('"')
 
 

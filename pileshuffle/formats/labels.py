@@ -9,11 +9,11 @@ the label, or whose label cannot be read (a line that is no JSON object, a paylo
 in it (line, record or sample number: ``first`` is how many records of the file come before
 the table); with ``keep_unlabeled`` it is the class ``"null"`` instead (``NULL_CLASS``).
 
-``file_labels`` reads only what the labels need (a Parquet file's label column; a JSONL line's
-label is found without parsing the line when it can be: ``json_labels``): ``--balance``'s
-counting pass. Where labels cost a parse (JSON, ``tf.train.Example``, tar headers) the counting pass keeps them
-for pass 1 (``ClassCodesWriter``, ``ClassCodesReader``: 4 bytes a record), so each label is
-parsed once; of JSONL it keeps each line's length too (4 more), so each line is found once.
+``file_labels`` reads only what the labels need (a Parquet file's label column; a JSONL line's label
+is found without parsing the line when it can be: ``json_labels``): ``--balance``'s counting pass.
+Where labels cost a parse (JSON, ``tf.train.Example``, tar headers) the counting pass keeps them for
+pass 1 (``ClassCodesWriter``, ``ClassCodesReader``: 4 bytes a record), so each label is parsed once;
+of JSONL it keeps each line's length too (4 more), so each line is found once.
 """
 
 import json
@@ -84,9 +84,9 @@ def file_labels(
 
 
 def sampled_label_counts(fmt, paths: list, field: str, sample_bytes: int) -> dict:
-    """``{class: records}`` of the first labels (about ``sample_bytes`` of records, a Parquet
-    file's first batch of its label column) of each file of ``paths``: an estimate of the
-    classes' shares; missing labels are the class ``"null"``, a file that cannot be read is left out."""
+    """``{class: records}`` of the first labels (about ``sample_bytes`` of records, a Parquet file's
+    first batch of its label column) of each file of ``paths``: an estimate of the classes' shares;
+    missing labels are the class ``"null"``, a file that cannot be read is left out."""
     counts = {}
     for path in paths:
         labels = file_labels(fmt, path, field, sample_bytes, keep_unlabeled=True)
@@ -196,7 +196,8 @@ class ClassCodesReader:
         return known_line_chunks(self._path, self._next_lengths, chunk_bytes, skip_corrupt, report)
 
     def _next_lengths(self, max_bytes: int) -> np.ndarray:
-        """The lengths of the next lines that fit in ``max_bytes`` (at least one; none at the end)."""
+        """The lengths of the next lines that fit in ``max_bytes`` (at least one; none at the
+        end)."""
         while not self._lengths_ended and int(self._lengths.sum(dtype=np.int64)) < max_bytes:
             data = read_up_to(self._lines, self._lines_path, 4 * _LENGTHS_READ)
             self._lengths_ended = len(data) < 4 * _LENGTHS_READ
@@ -305,7 +306,8 @@ def _jsonl_file_labels(path, field, chunk_bytes, keep_unlabeled, skip_corrupt=Fa
         offsets = np.frombuffer(lines.buffers()[1], np.int32)[
             lines.offset : lines.offset + len(lines) + 1
         ]
-        try:  # the records among the lines (json_records: no BOM, no blank line), as pass 1 reads them
+        # the records among the lines (json_records: no BOM, no blank line), as pass 1 reads them
+        try:
             records = json_records(raw, offsets, base)[0].column(0)
             labels = json_labels(records, field, path, first, keep_unlabeled)
             labels.validate(full=True)
@@ -338,8 +340,9 @@ def _payload_labels(table, field, path, first, keep_unlabeled):
                 else:
                     raise InputError(
                         path,
-                        f"record {number:,} of the file is no tf.train.Example ({error}): --label_field "
-                        "reads a feature of one; use --label_bytes START:END for other payloads",
+                        f"record {number:,} of the file is no tf.train.Example ({error}): "
+                        "--label_field reads a feature of one; use --label_bytes START:END for "
+                        "other payloads",
                     ) from None
             where = f"record {number:,} of the file (a tf.train.Example)"
         if values is None:

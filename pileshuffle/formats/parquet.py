@@ -29,7 +29,8 @@ _CODECS = {"auto": "snappy", "none": "none", "gzip": "gzip", "snappy": "snappy",
 
 
 def _parquet_file(handle, path, **options):
-    """The ParquetFile at ``handle``; its pages' CRCs (where the writer stored them) are checked as they are read."""
+    """The ParquetFile at ``handle``; its pages' CRCs (where the writer stored them) are checked as
+    they are read."""
     try:
         return pq.ParquetFile(handle, page_checksum_verification=True, **options)
     except (pa.ArrowInvalid, OSError) as error:
@@ -71,9 +72,9 @@ class ParquetFormat(RecordFormat):
     compressions = tuple(_CODECS)
 
     def read_rows(self, handle, columns=None):
-        # a file: no pre-buffering, 1 MiB reads, one thread (a load's temporaries were 2.8x the table
-        # whole (a 62 MB pile), 2.1x so; row group by row group costs 1.5x the CPU); a shard in
-        # memory (mapped, or fetched whole): its column chunks are read as slices of it, no copy
+        # a file: no pre-buffering, 1 MiB reads, one thread (a load's temporaries were 2.8x the
+        # table whole (a 62 MB pile), 2.1x so; row group by row group costs 1.5x the CPU); a shard
+        # in memory (mapped, or fetched whole): its column chunks are read as slices of it, no copy
         in_memory = isinstance(handle, pa.BufferReader)
         parquet = pq.ParquetFile(
             handle, pre_buffer=False, buffer_size=0 if in_memory else _LOADER_READ_BYTES
@@ -97,9 +98,9 @@ class ParquetFormat(RecordFormat):
             return _parquet_file(handle, path).schema_arrow
 
     def mean_record_bytes(self, path, sample_bytes):
-        """Its first rows decoded (at most 1,024, about ``sample_bytes`` by the footer): the footer's
-        sizes are of encoded pages, which dictionaries and run lengths shrink without limit (a
-        0.6 MB zstd file of 303 MB of rows says 9 bytes a row). Reads only those rows' pages."""
+        """Its first rows decoded (at most 1,024, about ``sample_bytes`` by the footer): the
+        footer's sizes are of encoded pages, which dictionaries and run lengths shrink without limit
+        (a 0.6 MB zstd file of 303 MB of rows says 9 bytes a row). Reads only those rows' pages."""
         with open_at(path) as handle:
             parquet = _parquet_file(handle, path, pre_buffer=False, buffer_size=_LOADER_READ_BYTES)
             if not parquet.metadata.num_rows:
@@ -148,12 +149,12 @@ class ParquetFormat(RecordFormat):
                 raise InputError(path, f"cannot be read as Parquet ({error})") from error
 
     def write_shard(self, handle, tables, compression, schema=None):
-        """Row groups end where the shard's running payload bytes (``row_lengths``) pass a multiple of
-        ``_ROW_GROUP_BYTES``; the shard's first rows choose the columns with a dictionary, and each
-        group is handed to Arrow in ``canonical_chunks`` (``parquet_layout``): the same rows give the
-        same file however ``tables`` cut them (a pile whole, or in sub-piles). Arrow gathers small
-        writes in a buffer of its own (a small pile's shard is 1-3 calls into Python, not 20-30)
-        and hands a large page over as it is (``_SINK_BUFFER_BYTES``)."""
+        """Row groups end where the shard's running payload bytes (``row_lengths``) pass a multiple
+        of ``_ROW_GROUP_BYTES``; the shard's first rows choose the columns with a dictionary, and
+        each group is handed to Arrow in ``canonical_chunks`` (``parquet_layout``): the same rows
+        give the same file however ``tables`` cut them (a pile whole, or in sub-piles). Arrow
+        gathers small writes in a buffer of its own (a small pile's shard is 1-3 calls into Python,
+        not 20-30) and hands a large page over as it is (``_SINK_BUFFER_BYTES``)."""
         from pileshuffle.records.fingerprint import row_lengths, rows_bytes
 
         head, tables = _first_rows(_in_schema(tables, schema), SAMPLE_ROWS)
@@ -196,7 +197,8 @@ class ParquetFormat(RecordFormat):
 
 
 def _in_schema(tables, schema):
-    """``tables`` in ``schema`` (None: the first table's), cast where theirs differs (metadata too)."""
+    """``tables`` in ``schema`` (None: the first table's), cast where theirs differs (metadata
+    too)."""
     for table in tables:
         schema = schema or table.schema
         yield table if table.schema.equals(schema, check_metadata=True) else table.cast(schema)
@@ -215,9 +217,9 @@ def _first_rows(tables, rows: int):
 
 
 def _dictionary_columns(head, rows_bytes) -> list:
-    """``dictionary_columns`` of the shard's first ``SAMPLE_ROWS`` rows (in ``head``), for row groups
-    of the shard's rows when it has fewer, else of the rows that ``_ROW_GROUP_BYTES`` of the sample's
-    payload bytes (``rows_bytes``) make."""
+    """``dictionary_columns`` of the shard's first ``SAMPLE_ROWS`` rows (in ``head``), for row
+    groups of the shard's rows when it has fewer, else of the rows that ``_ROW_GROUP_BYTES`` of the
+    sample's payload bytes (``rows_bytes``) make."""
     sample = pa.concat_tables(head).slice(0, SAMPLE_ROWS) if head else None
     if sample is None or not sample.num_rows:
         return []
@@ -231,8 +233,9 @@ def _dictionary_columns(head, rows_bytes) -> list:
 
 
 # Writes of this size or more pass Arrow's buffer by: a data page (~2 MB of 1 KB rows) is copied
-# once, into the bytes object Python's file gets, not first into the buffer too. 4 MiB copied every
-# byte twice: 0.07-0.24 s of user CPU per GB more in a whole 1 GB Parquet run (2026-12-07, issue 56).
+# once, into the bytes object Python's file gets, not first into the buffer too. 4 MiB copied
+# every byte twice: 0.07-0.24 s of user CPU per GB more in a whole 1 GB Parquet run (2026-12-07,
+# issue 56).
 _SINK_BUFFER_BYTES = 64 << 10
 
 
@@ -248,8 +251,8 @@ class _LeftOpen:
 
 
 def _write_group(writer, tables, dictionary):
-    """``tables`` (one schema) as one row group (none when they hold no row), in ``canonical_chunks``
-    (the ``dictionary`` columns whole)."""
+    """``tables`` (one schema) as one row group (none when they hold no row), in
+    ``canonical_chunks`` (the ``dictionary`` columns whole)."""
     rows = sum(t.num_rows for t in tables)
     if rows:
         writer.write_table(

@@ -38,7 +38,8 @@ _LEAST_SAMPLE_ROWS = 64  # but at least this many rows (counting 1 KB payloads c
 
 
 def expected_distinct(draws: int, values: float) -> float:
-    """The expected number of distinct values among ``draws`` drawn from ``values`` equally likely ones."""
+    """The expected number of distinct values among ``draws`` drawn from ``values`` equally likely
+    ones."""
     if values <= 1:
         return 1.0
     return values * -math.expm1(draws * math.log1p(-1 / values))
@@ -85,7 +86,8 @@ def canonical_chunks(table: pa.Table, whole_columns) -> pa.Table:
 
 def _batch_aligned(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """``column`` with its chunks ending only at multiples of ``WRITE_BATCH_ROWS`` rows (or its
-    end): the batch around each other cut is copied into a chunk of its own; the rest is not copied."""
+    end): the batch around each other cut is copied into a chunk of its own; the rest is not
+    copied."""
     ends = np.cumsum([len(chunk) for chunk in column.chunks])[:-1]
     batches = sorted({int(end) // WRITE_BATCH_ROWS for end in ends if end % WRITE_BATCH_ROWS})
     if not batches:

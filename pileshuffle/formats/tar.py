@@ -16,7 +16,6 @@ header's checksum; the walk of the span before checks that it is one.
 """
 
 import re
-from zlib import adler32
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from pileshuffle.formats.base import (
     open_input,
     read_block,
 )
+from pileshuffle.formats.tar_members import BLOCK, FILES, Walk, header_name, is_header, number
 from pileshuffle.formats.views import payload_views, raw_bytes
 from pileshuffle.io import storage
 from pileshuffle.io.storage import compression_of
@@ -37,18 +37,11 @@ from pileshuffle.records.fingerprint import binary_column_parts
 
 __all__ = ["TarFormat", "KEY_FIELD", "END_OF_ARCHIVE", "key_of", "sample_dict", "sample_keys"]
 
-BLOCK = 512  # tar's unit: a header is one block, data is padded to whole blocks
-END_OF_ARCHIVE = bytes(
-    2 * BLOCK
-)  # tar's end-of-archive marker: two zero blocks (a shard ends with it)
+# tar's end-of-archive marker: two zero blocks (a shard ends with it)
+END_OF_ARCHIVE = bytes(2 * BLOCK)
 KEY_FIELD = "__key__"  # WebDataset's name for a sample's key in its dict
-_ZERO_BLOCK = bytes(BLOCK)
-_FILES = (b"0", b"\0", b"7")  # regular files (7, contiguous, reads as regular everywhere)
-_NAMING = (b"x", b"L")  # PAX per-file and GNU long-name headers: the next member's name
-_CARRIED = (b"x", b"L", b"K", b"g", b"5")  # no data of a sample's own: travel with the next member
-_KEY = re.compile(
-    r"^((?:.*/|)[^./]+)\.([^/]*)$"
-)  # WebDataset's base_plus_ext; refuses an empty key
+# WebDataset's base_plus_ext; refuses an empty key
+_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
 def key_of(name: str):
@@ -57,120 +50,7 @@ def key_of(name: str):
     return (match.group(1), match.group(2)) if match else None
 
 
-def _number(field: bytes) -> int:
-    """A numeric header field: octal text ended by NUL or space, or base-256 when its first
-    byte has the high bit set (GNU's form for sizes of 8 GiB and more)."""
-    if field[0] & 0x80:
-        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
-    end = field.find(b"\0")
-    text = field if end < 0 else field[:end]
-    return int(text, 8) if text.strip() else 0
-
-
-def _byte_sum(block: bytes) -> int:
-    """The sum of a 512-byte block's bytes, in C: Adler-32's first half is 1 + the sum of
-    the bytes mod 65521, exact for 256 bytes (at most 65,280)."""
-    return (adler32(block[:256]) & 0xFFFF) + (adler32(block[256:]) & 0xFFFF) - 2
-
-
-def _is_header(block: bytes) -> bool:
-    """Whether ``block`` is a tar header: its checksum field matches its bytes (the field
-    itself counted as spaces)."""
-    try:
-        stored = _number(block[148:156])
-    except ValueError:
-        return False
-    return stored == _byte_sum(block) - sum(block[148:156]) + 8 * ord(" ")
-
-
-def _header_name(block: bytes) -> str:
-    name = block[:100].split(b"\0", 1)[0]
-    prefix = block[345:500].split(b"\0", 1)[0] if block[257:262] == b"ustar" else b""
-    return (prefix + b"/" + name if prefix else name).decode("utf-8", "surrogateescape")
-
-
-def _extended_name(kind: bytes, data: bytes):
-    """The member name a PAX (``path=``) or GNU long-name header gives, or None."""
-    if kind == b"L":
-        return data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-    pos = 0
-    while pos < len(data):
-        space = data.find(b" ", pos)
-        if space < 0 or not data[pos:space].isdigit():
-            return None
-        length = int(data[pos:space])
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
-        if key == b"path":
-            return value.decode("utf-8", "surrogateescape")
-        pos += length
-    return None
-
-
-class _Walk:
-    """The file members of tar bytes ``buf`` (bytes or a memoryview), header by header.
-
-    ``members``: ``(begin, data, size, end, name)`` per file member: ``begin`` is where the
-    entries carried with it start, ``data``/``size`` its data, ``end`` the end of its padding.
-    ``stop``: where the walk stopped: the end-of-archive marker (``ended``), else the ``begin``
-    of an entry ``buf`` does not hold whole, or of the entry with a corrupt header (then
-    ``problem`` is the InputError to raise once the members before it are used). ``tail``:
-    the end of the entries carried after the last member. Errors name ``path`` and the
-    offset ``base`` + position in the file."""
-
-    def __init__(self, buf, path: str, base: int = 0):
-        self.members, self.ended, self.path, self.base, self.problem = [], False, path, base, None
-        self.stop = self.tail = self._walk(buf)
-
-    def _walk(self, buf) -> int:
-        pos = begin = 0
-        name = None
-        while pos + BLOCK <= len(buf):
-            block = bytes(buf[pos : pos + BLOCK])
-            if block == _ZERO_BLOCK:
-                if name is not None:
-                    raise InputError(
-                        self.path,
-                        "has a long-name header with no member after it",
-                        self.base + begin,
-                    )
-                self.ended = True
-                self.tail = pos
-                return pos
-            if not _is_header(block):
-                if self.base + pos == 0:
-                    raise InputError(
-                        self.path, "is not a tar file: its first 512 bytes are no tar header", 0
-                    )
-                self.problem = InputError(
-                    self.path,
-                    "has a corrupt tar header (its checksum does not match)",
-                    self.base + pos,
-                )
-                return begin
-            kind, size = block[156:157], _number(block[124:136])
-            end = pos + BLOCK + -(-size // BLOCK) * BLOCK
-            if end > len(buf):
-                return begin
-            if kind in _NAMING:
-                name = _extended_name(kind, bytes(buf[pos + BLOCK : pos + BLOCK + size])) or name
-            if kind in _CARRIED:
-                pos = end
-                continue
-            member = name if name is not None else _header_name(block)
-            if kind not in _FILES:
-                raise InputError(
-                    self.path,
-                    f"member {member!r} is not a file (tar type {kind.decode('latin-1')!r}): "
-                    "WebDataset samples hold files",
-                    self.base + begin,
-                )
-            self.members.append((begin, pos + BLOCK, size, end, member))
-            pos = begin = end
-            name = None
-        return begin
-
-
-def _sample_bounds(walk: _Walk, keys_seen: set, complete: bool):
+def _sample_bounds(walk: Walk, keys_seen: set, complete: bool):
     """``(bounds, kept)``: sample boundaries (offsets into the walked bytes: first sample's
     start, then each next one's, then the last one's end) and the index of the first member
     not in them. The last sample is held back unless ``complete`` (a later read may extend
@@ -206,7 +86,7 @@ def _sample_bounds(walk: _Walk, keys_seen: set, complete: bool):
     return [members[i][0] for i in firsts] + [end], kept
 
 
-def _boundary(walk: _Walk, stop: int) -> tuple:
+def _boundary(walk: Walk, stop: int) -> tuple:
     """``(first, moved)``: indexes into ``walk.members`` of the first member whose own header is
     at or after file offset ``stop`` (its name may come from entries before it), and of the
     member a span boundary at ``stop`` moves to: from the second member after ``first`` on, the
@@ -224,13 +104,14 @@ def _key(name: str) -> str:
 
 
 def _moved(path: str, offset: int, chunk_bytes: int):
-    """Where a span boundary at file ``offset`` moves to (``_past_boundary``): a sample's start, or None."""
+    """Where a span boundary at file ``offset`` moves to (``_past_boundary``): a sample's start,
+    or None."""
     aligned = -(-offset // BLOCK) * BLOCK
     with open_at(path, aligned) as handle:
         return _past_boundary(handle, path, aligned, chunk_bytes)[1]
 
 
-def _cut_at(walk: _Walk, limit: int, at_end: bool) -> bool:
+def _cut_at(walk: Walk, limit: int, at_end: bool) -> bool:
     """Keep the members of ``walk`` before relative offset ``limit``, which must be where one
     begins (or the archive's end); whether the walk reached it."""
     begins = [begin for begin, _, _, _, _ in walk.members]
@@ -263,15 +144,13 @@ def _past_boundary(handle, path: str, base: int, chunk_bytes: int) -> tuple:
             return None, None
         buf += block
         whole = len(buf) // BLOCK * BLOCK
-        at = next(
-            (p for p in range(0, whole, BLOCK) if _is_header(bytes(buf[p : p + BLOCK]))), None
-        )
+        at = next((p for p in range(0, whole, BLOCK) if is_header(bytes(buf[p : p + BLOCK]))), None)
         if at is not None:
             buf, base = buf[at:], base + at
             break
         buf, base = buf[whole:], base + whole
     while True:  # then the boundary
-        walk = _Walk(buf, path, base)
+        walk = Walk(buf, path, base)
         _, boundary = _boundary(walk, base)
         if boundary is not None:
             cut = walk.members[boundary][0]
@@ -293,11 +172,10 @@ def sample_dict(payload) -> dict:
     payload = bytes(payload)
     sample, pos, end = {}, 0, len(payload)
     while pos < end:
-        if (
-            payload[pos + 156 : pos + 157] not in _FILES or payload[pos + 345] != 0
-        ):  # extended, carried, prefixed
+        # extended, carried, prefixed
+        if payload[pos + 156 : pos + 157] not in FILES or payload[pos + 345] != 0:
             return _walked_sample(payload)
-        size = _number(payload[pos + 124 : pos + 136])
+        size = number(payload[pos + 124 : pos + 136])
         name = payload[pos : pos + 100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         cut = name.rfind("/") + 1
         dot = name.find(".", cut)
@@ -311,7 +189,7 @@ def sample_dict(payload) -> dict:
 
 def _walked_sample(payload: bytes) -> dict:
     sample = {}
-    for _, data, size, _, name in _Walk(payload, "a tar sample").members:
+    for _, data, size, _, name in Walk(payload, "a tar sample").members:
         key, extension = key_of(name)
         sample[KEY_FIELD] = key
         sample[extension] = payload[data : data + size]
@@ -325,9 +203,9 @@ def sample_keys(data, offsets: np.ndarray) -> list:
     for start, end in zip(np.asarray(offsets[:-1]).tolist(), np.asarray(offsets[1:]).tolist()):
         head = bytes(data[start : start + BLOCK])
         name = (
-            _header_name(head)
-            if head[156:157] in _FILES
-            else _Walk(data[start:end], "a tar sample").members[0][4]
+            header_name(head)
+            if head[156:157] in FILES
+            else Walk(data[start:end], "a tar sample").members[0][4]
         )
         keys.append(key_of(name)[0])
     return keys
@@ -355,16 +233,17 @@ class TarFormat(Payloads):
     record_column = TAR_SAMPLE_COLUMN
 
     def can_split(self, path, skip_corrupt=False):
-        # under --skip_corrupt a damage ends the file's read: where is known only walking from the start
+        # under --skip_corrupt a damage ends the file's read: where is known only walking from
+        # the start
         return compression_of(path) == "uncompressed" and not skip_corrupt
 
     def read_placed(
         self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None
     ):
-        """Samples in file order, each at the offset of its first entry. With ``skip_corrupt`` a damaged header or a truncated end
-        stops the file's read there: the samples before it are kept, the rest is reported
-        skipped (a tar has no marks to find the next header by). With ``span`` (strict
-        reading): the samples ``_read_span`` gives it."""
+        """Samples in file order, each at the offset of its first entry. With ``skip_corrupt`` a
+        damaged header or a truncated end stops the file's read there: the samples before it are
+        kept, the rest is reported skipped (a tar has no marks to find the next header by). With
+        ``span`` (strict reading): the samples ``_read_span`` gives it."""
         if span is not None:
             yield from self._read_span(path, chunk_bytes, span, report)
             return
@@ -381,10 +260,11 @@ class TarFormat(Payloads):
             )
 
     def _read_span(self, path, chunk_bytes, span, report):
-        """The samples of ``span`` = ``(start, stop)``: from the one its start moves to (``_moved``)
-        up to the one its stop moves to (the walk checks it is a sample start: a member's data may
-        hold what reads as tar headers). ``report.reached``: ``(first, the next span's first or the
-        file's size)`` for ``sources.check_spans_chain``; ``(None, None)``: none here."""
+        """The samples of ``span`` = ``(start, stop)``: from the one its start moves to
+        (``_moved``) up to the one its stop moves to (the walk checks it is a sample start: a
+        member's data may hold what reads as tar headers). ``report.reached``: ``(first, the next
+        span's first or the file's size)`` for ``sources.check_spans_chain``; ``(None, None)``:
+        none here."""
         start, stop = span
         report.reached = (None, None)
         size = self._size(path)
@@ -397,13 +277,13 @@ class TarFormat(Payloads):
         report.reached = (first, size if limit is None else limit)
 
     def _samples(self, handle, path, buf, base, chunk_bytes, compressed, limit=None):
-        """``(table, places)`` of the samples from file offset ``base`` (``buf``: bytes read there) to
-        the archive's end, or to the one that starts at offset ``limit`` (``_cut_at``)."""
+        """``(table, places)`` of the samples from file offset ``base`` (``buf``: bytes read
+        there) to the archive's end, or to the one that starts at offset ``limit`` (``_cut_at``)."""
         keys_seen = set()
         while True:
             block = read_block(handle, path, chunk_bytes, compressed)
             buf = buf + block if buf else block
-            walk = _Walk(buf, path, base)
+            walk = Walk(buf, path, base)
             at_end = walk.ended or not block or walk.problem is not None
             if not block and not walk.ended and walk.problem is None and walk.stop < len(buf):
                 raise InputError(
@@ -446,7 +326,7 @@ class TarFormat(Payloads):
 
     def payload_views(self, buffer, path, buffer_index):
         raw = raw_bytes(buffer, path)
-        walk = _Walk(memoryview(buffer), path)
+        walk = Walk(memoryview(buffer), path)
         if walk.problem is not None:
             raise walk.problem
         if not walk.ended and walk.stop < len(raw):

@@ -58,10 +58,11 @@ def _line_bounds(buf: bytes) -> np.ndarray:
 
 
 def json_records(data, bounds: np.ndarray, base: int) -> tuple:
-    """``(records, positions, blank)`` of the whole lines ``data[bounds[i]:bounds[i+1]]``, ``data[0]``
-    being at ``base`` in the file: a one-column ``line`` table of the lines that are JSONL records,
-    a UTF-8 byte order mark at the file's start left out of the first, their places in the file, and
-    how many blank lines were left out. Lines with no blank one among them stay views of ``data``."""
+    """``(records, positions, blank)`` of the whole lines ``data[bounds[i]:bounds[i+1]]``,
+    ``data[0]`` being at ``base`` in the file: a one-column ``line`` table of the lines that are
+    JSONL records, a UTF-8 byte order mark at the file's start left out of the first, their places
+    in the file, and how many blank lines were left out. Lines with no blank one among them stay
+    views of ``data``."""
     offsets = np.asarray(bounds, dtype=np.int64)
     if base == 0 and len(offsets) > 1 and bytes(data[:3]) == _BOM:
         offsets = offsets.copy()
@@ -201,7 +202,8 @@ def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, repo
                 )
                 skipping = newline < 0
                 if skipping or not buf or (stop is not None and base >= stop):
-                    continue  # (the loop ends when the first line of ours would start at or past ``stop``)
+                    # (the loop ends when the first line of ours would start at or past ``stop``)
+                    continue
             end = buf.rfind(b"\n") + 1
             if (
                 stop is not None and base + end >= stop
@@ -259,14 +261,15 @@ def line_views(path: str, chunk_bytes: int, skip_corrupt=False, report=None):
 
 
 def known_line_chunks(path: str, next_lengths, chunk_bytes: int, skip_corrupt=False, report=None):
-    """``JsonlFormat.read_placed``' ``(table, positions)`` of a file whose lines were found before (``--balance``'s
-    counting pass keeps their lengths): ``next_lengths(max_bytes)`` gives the lengths, newline
-    included, of the next lines that fit in ``max_bytes`` (at least one; none at the end). Each
-    block is read at its size and not searched for newlines again (38 ms per 125 MB of 16 MiB
-    blocks), only checked to be text with each line ending in a newline where it ended before
-    and nothing after the last but the cut last line the counting pass skipped (``_last_line_kept``,
-    counted in ``report`` here): a file that changed since is an ``InputError``. (A change that
-    keeps every line's length is not seen, as pass 1 does not see it in the labels either.)"""
+    """``JsonlFormat.read_placed``' ``(table, positions)`` of a file whose lines were found before
+    (``--balance``'s counting pass keeps their lengths): ``next_lengths(max_bytes)`` gives the
+    lengths, newline included, of the next lines that fit in ``max_bytes`` (at least one; none at
+    the end). Each block is read at its size and not searched for newlines again (38 ms per 125 MB
+    of 16 MiB blocks), only checked to be text with each line ending in a newline where it ended
+    before and nothing after the last but the cut last line the counting pass skipped
+    (``_last_line_kept``, counted in ``report`` here): a file that changed since is an
+    ``InputError``. (A change that keeps every line's length is not seen, as pass 1 does not see it
+    in the labels either.)"""
     compressed, lines, base = compression_of(path) != "uncompressed", 0, 0
     with open_input(path) as handle:
         while True:
@@ -355,7 +358,9 @@ class JsonlFormat(Payloads):
         for table in tables:
             if LINE_COLUMN in table.column_names:
                 column = table.column(LINE_COLUMN)
-            else:  # bare payloads (a composed run's): rare, so the loader's start-up never imports compute
+            else:
+                # bare payloads (a composed run's): rare, so the loader's start-up never imports
+                # compute
                 import pyarrow.compute as pc
 
                 empty, newline = pa.scalar(b"", pa.binary()), pa.scalar(b"\n", pa.binary())

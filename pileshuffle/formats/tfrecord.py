@@ -22,7 +22,8 @@ from pileshuffle.formats.base import (
     open_input,
     read_block,
 )
-from pileshuffle.formats.views import payload_views, raw_bytes
+from pileshuffle.formats.tfrecord_buffers import frame_payload_views
+from pileshuffle.formats.tfrecord_sync import header_at, resync, synced
 from pileshuffle.io import storage
 from pileshuffle.io.storage import compression_of
 from pileshuffle.names import FRAME_COLUMN
@@ -40,12 +41,10 @@ from pileshuffle.records.fingerprint import binary_column_parts, payload_hashes
 
 __all__ = ["TFRecordFormat", "frame", "scan_frames"]
 
-_CRC_WINDOW_BYTES = 2 << 20
-_RESYNC_WINDOW_BYTES = 64 << 10  # _resync's first look; each next window is twice the last
-
 _IN_SPANS = (
-    " where a record of the file read from its middle ends: a record's payload holds TFRecord records, and "
-    "such a file cannot be read in spans (give it compressed, .gz is read whole, or as smaller files)"
+    " where a record of the file read from its middle ends: a record's payload holds TFRecord "
+    "records, and such a file cannot be read in spans (give it compressed, .gz is read whole, "
+    "or as smaller files)"
 )
 _NOT_TFRECORD = (
     " (the file's first bytes are no TFRecord header: is it another format? give its --format)"
@@ -58,8 +57,8 @@ def _not_tfrecord(first_bytes) -> str:
     named without .gz, as tf.data's compression_type="GZIP" allows), else another format."""
     if bytes(first_bytes[:2]) == _GZIP_MAGIC:
         return (
-            " (the file starts with gzip's magic bytes: it is compressed; name it .tfrecord.gz, which "
-            "pileshuffle reads as gzip)"
+            " (the file starts with gzip's magic bytes: it is compressed; name it .tfrecord.gz, "
+            "which pileshuffle reads as gzip)"
         )
     return _NOT_TFRECORD
 
@@ -144,89 +143,11 @@ def scan_frames(buf: bytes, base_offset: int = 0):
     return starts, pos, None
 
 
-def _synced(handle, path: str, base: int, chunk_bytes: int, file_size):
-    """``(bytes from the first valid frame at or after file offset base, its offset)``, reading
-    ``handle`` (at ``base``) as far as needed; ``(None, None)`` when none is before the end. A
-    candidate's length and its masked CRC must match, its frame fit in the file and its data pass
-    its CRC (read whole to check)."""
-    buf, looked = b"", -1  # looked: the last position known not to start a valid frame
-    while True:
-        block = read_block(handle, path, chunk_bytes, False)
-        buf += block
-        at = _resync(buf, looked)
-        while (
-            at is not None
-            and file_size is not None
-            and base + at + HEADER_BYTES + struct.unpack_from("<Q", buf, at)[0] + FOOTER_BYTES
-            > file_size
-        ):
-            at = _resync(buf, at)  # a length past the end of the file: no frame
-        if at is not None and at + HEADER_BYTES + struct.unpack_from("<Q", buf, at)[
-            0
-        ] + FOOTER_BYTES <= len(buf):
-            return buf[at:], base + at  # whole in buf: _resync checked its data
-        if not block:
-            return None, None
-        if at is None:  # keep what may still start a frame: a header cut by the block end
-            keep = min(len(buf), HEADER_BYTES - 1)
-            base, buf, looked = base + len(buf) - keep, buf[len(buf) - keep :], -1
-        else:
-            looked = at - 1  # its data runs past what was read: read more, look at it again
-
-
-def _header_at(path: str, offset: int) -> bool:
-    """Whether a length and its valid CRC start at ``offset``: a walk that broke 4 bytes before
-    one broke on a frame's footer, the walk of a span begun inside a payload that holds frames
-    (damage never breaks a walk there: a frame is at least 16 bytes)."""
-    with open_at(path, offset) as handle:
-        header = handle.read(HEADER_BYTES)
-    return (
-        len(header) == HEADER_BYTES
-        and masked_crc(header[:8]) == struct.unpack_from("<I", header, 8)[0]
-    )
-
-
 def _size_of(path):
     try:
         return storage.size(path)
     except Exception:  # unknown size: the end of the file decides instead
         return None
-
-
-def _resync(buf: bytes, start: int):
-    """First position after ``start`` where a frame with a valid length CRC begins whose data is
-    valid or runs past the end of ``buf`` (read more to decide), or None; looked for in windows, 64
-    KiB then doubling (a whole 16 MiB block was scanned for every span's start)."""
-    last, raw = len(buf) - HEADER_BYTES, np.frombuffer(buf, dtype=np.uint8)
-    first, window = start + 1, _RESYNC_WINDOW_BYTES
-    while first <= last:
-        stop = min(last + 1, first + window)
-        found = _first_frame_in(buf, raw, first, stop)
-        if found is not None:
-            return found
-        first, window = stop, window * 2
-    return None
-
-
-def _first_frame_in(buf: bytes, raw: np.ndarray, first: int, stop: int):
-    """``_resync``'s answer among ``first .. stop-1``: candidates (a length's high 32 bits zero,
-    records under 4 GiB) found with numpy, length CRCs checked vectorized, data CRCs one by one."""
-    size, zero_high = len(buf), np.ones(stop - first, dtype=bool)
-    for byte in range(4, 8):
-        zero_high &= raw[first + byte : stop + byte] == 0
-    candidates = np.flatnonzero(zero_high) + first
-    for batch in range(0, len(candidates), 1 << 20):
-        at = candidates[batch : batch + (1 << 20)]
-        header_ok = length_crcs_ok(raw[at[:, None] + np.arange(HEADER_BYTES)])
-        for pos in at[header_ok].tolist():
-            end = pos + HEADER_BYTES + int.from_bytes(buf[pos : pos + 4], "little") + FOOTER_BYTES
-            if (
-                end > size
-                or masked_crc(buf[pos + HEADER_BYTES : end - FOOTER_BYTES])
-                == struct.unpack_from("<I", buf, end - FOOTER_BYTES)[0]
-            ):
-                return pos
-    return None
 
 
 class TFRecordFormat(Payloads):
@@ -236,19 +157,19 @@ class TFRecordFormat(Payloads):
     name = "tfrecord"
     extension = ".tfrecord"
     record_column = FRAME_COLUMN
-    checks_every_byte = (
-        True  # each frame's length and data under their CRCs: the loader's CRC32C would repeat them
-    )
+    # each frame's length and data under their CRCs: the loader's CRC32C would repeat them
+    checks_every_byte = True
     before, after = HEADER_BYTES, FOOTER_BYTES
 
     def record_hashes(self, table):
         return payload_hashes(*_frame_payload_stats(table.column(0)))
 
     def payload_views(self, buffer, path, buffer_index):
-        return _tfrecord_views(buffer, path, buffer_index)
+        return frame_payload_views(buffer, path, buffer_index)
 
     def can_split(self, path, skip_corrupt=False):
-        # a damaged file under --skip_corrupt is read whole: where a skip resumes is the walk's from the start
+        # a damaged file under --skip_corrupt is read whole: where a skip resumes is the walk's
+        # from the start
         return compression_of(path) == "uncompressed" and not skip_corrupt
 
     def read_placed(
@@ -267,16 +188,18 @@ class TFRecordFormat(Payloads):
     def _read_span(self, path, chunk_bytes, span, report):
         """The frames that start in ``span`` = ``(start, stop)`` (strict reading): from the file's
         start, or from the first frame at or after ``start`` whose length and data pass their CRCs,
-        through the last that starts before ``stop``, read whole. ``report.reached`` = ``(where the first starts, where the
-        walk goes on)``, or ``(None, None)``: ``sources.stats_by_file`` checks that a file's spans
-        chain, so a payload that reads as a frame across a boundary fails the run, never silently."""
+        through the last that starts before ``stop``, read whole. ``report.reached`` = ``(where
+        the first starts, where the walk goes on)``, or ``(None, None)``:
+        ``sources.stats_by_file`` checks that a file's spans chain, so a payload that reads as a
+        frame across a boundary fails the run, never silently."""
         start, stop = span
         file_size = _size_of(path)
         report.reached = (None, None)
         with open_at(path, start) as handle:
+            # the first: walked
             buf, first = (
-                (b"", 0) if not start else _synced(handle, path, start, chunk_bytes, file_size)
-            )  # the first: walked
+                (b"", 0) if not start else synced(handle, path, start, chunk_bytes, file_size)
+            )
             if buf is None or first >= stop:
                 return
             try:
@@ -286,15 +209,13 @@ class TFRecordFormat(Payloads):
                     owned = int(np.searchsorted(places, stop))
                     if owned:
                         yield table.slice(0, owned), places[:owned]
-                    if owned < len(
-                        places
-                    ):  # the walk goes on past the span (that frame checked whole)
+                    # the walk goes on past the span (that frame checked whole)
+                    if owned < len(places):
                         report.reached = (first, int(places[owned]))
                         return
-            except (
-                InputError
-            ) as error:  # damage, or a walk begun inside a payload that holds frames
-                if error.offset is None or not _header_at(path, error.offset + FOOTER_BYTES):
+            except InputError as error:
+                # damage, or a walk begun inside a payload that holds frames
+                if error.offset is None or not header_at(path, error.offset + FOOTER_BYTES):
                     raise
                 raise InputError(path, error.problem + _IN_SPANS, error.offset) from None
             report.reached = (first, file_size)
@@ -302,7 +223,8 @@ class TFRecordFormat(Payloads):
     def _frames(
         self, handle, path, buf, base, compressed, skip_corrupt, report, chunk_bytes, file_size
     ):
-        """``(table, places)`` of every frame from file offset ``base`` (``buf``: bytes read there) to the end."""
+        """``(table, places)`` of every frame from file offset ``base`` (``buf``: bytes read there)
+        to the end."""
         eof = False
         while not eof:
             block = read_block(handle, path, chunk_bytes, compressed)
@@ -311,9 +233,8 @@ class TFRecordFormat(Payloads):
             buf, base = yield from self._drain(
                 path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size
             )
-            if (
-                buf and not eof
-            ):  # finish the frame cut by the block end, so the next block starts on a frame
+            # finish the frame cut by the block end, so the next block starts on a frame
+            if buf and not eof:
                 buf = self._complete_frame(handle, path, buf, chunk_bytes, compressed)
                 buf, base = yield from self._drain(
                     path, buf, base, False, skip_corrupt, report, chunk_bytes, file_size
@@ -340,7 +261,8 @@ class TFRecordFormat(Payloads):
 
     @staticmethod
     def _drain(path, buf, base, eof, skip_corrupt, report, chunk_bytes, file_size=None):
-        """Yield every complete frame of ``buf`` (``(table, positions)``); return the unread tail and its file offset.
+        """Yield every complete frame of ``buf`` (``(table, positions)``); return the unread tail
+        and its file offset.
 
         Under ``skip_corrupt`` a corrupt frame is skipped up to the next valid frame
         (searched over at most 4 chunks, or to the end of the file). A length field that
@@ -369,7 +291,7 @@ class TFRecordFormat(Payloads):
                     + (_not_tfrecord(buf) if base + end == 0 and "length" in problem else ""),
                     base + end,
                 )
-            good = _resync(buf, end)
+            good = resync(buf, end)
             if good is None and not eof and len(buf) - end < 4 * chunk_bytes:
                 return buf[end:], base + end  # read more before deciding where to resume
             resume = len(buf) if good is None else good
@@ -385,7 +307,10 @@ class TFRecordFormat(Payloads):
         else:
             (length,) = struct.unpack_from("<Q", buf, 0)
             need = HEADER_BYTES + length + FOOTER_BYTES
-            problem = f"truncated record: its header says {need} bytes but only {len(buf)} remain in the file"
+            problem = (
+                f"truncated record: its header says {need} bytes but only {len(buf)} remain in "
+                "the file"
+            )
         if not skip_corrupt:
             raise InputError(path, problem, base)
         report.skip(path, base, problem, 1, len(buf))
@@ -421,90 +346,3 @@ def _frame_payload_stats(column) -> tuple:
         crcs.append(unmask_crcs(stored_data_crcs(raw, offsets[1:])))
         lengths.append(np.diff(offsets) - HEADER_BYTES - FOOTER_BYTES)
     return np.concatenate(crcs), np.concatenate(lengths)
-
-
-def _frame_starts(raw: np.ndarray, path: str) -> np.ndarray:
-    """Start offsets of the frames of a whole TFRecord file (plus its size at the end).
-
-    Equal-length records (the common case) are found vectorized; otherwise the length
-    fields are followed one by one. A file that does not end on a frame is refused."""
-    size = len(raw)
-    if size == 0:
-        return np.zeros(1, np.int64)
-    if size < HEADER_BYTES:
-        raise InputError(path, f"truncated record: {size} bytes, too short for a header", 0)
-    first = int(raw[:8].view("<u8")[0])
-    step = first + HEADER_BYTES + FOOTER_BYTES
-    if size % step == 0:
-        starts = np.arange(0, size + 1, step, dtype=np.int64)
-        lengths = np.ascontiguousarray(raw.reshape(-1, step)[:, :8]).view("<u8").ravel()
-        if (lengths == first).all():
-            return starts
-    starts, pos, data = [], 0, raw.data
-    unpack_from = struct.unpack_from
-    while pos + HEADER_BYTES <= size:
-        starts.append(pos)
-        pos += HEADER_BYTES + unpack_from("<Q", data, pos)[0] + FOOTER_BYTES
-    starts.append(pos)
-    starts = np.asarray(starts, dtype=np.int64)
-    if pos != size:
-        _check_headers(raw, starts[:-1], path)  # a bad length field explains it better
-        raise InputError(
-            path,
-            f"truncated record: the frame at this offset needs {pos - starts[-2]:,} bytes "
-            f"but only {size - starts[-2]:,} remain in the file",
-            int(starts[-2]),
-        )
-    return starts
-
-
-def _headers(raw: np.ndarray, begin: np.ndarray) -> np.ndarray:
-    """The (n, 12) header bytes of frames starting at ``begin`` (a view when equally spaced)."""
-    step = int(begin[1] - begin[0]) if len(begin) > 1 else 0
-    if (
-        step >= HEADER_BYTES
-        and int(begin[0]) + step * len(begin) <= len(raw)
-        and (np.diff(begin) == step).all()
-    ):
-        return raw[int(begin[0]) : int(begin[0]) + step * len(begin)].reshape(len(begin), step)[
-            :, :HEADER_BYTES
-        ]
-    return raw[begin[:, None] + np.arange(HEADER_BYTES)]
-
-
-def _check_headers(raw: np.ndarray, begin: np.ndarray, path: str):
-    if not len(begin):
-        return
-    ok = length_crcs_ok(_headers(raw, begin))
-    if not ok.all():
-        raise InputError(
-            path, "corrupt record: the length field fails its CRC", int(begin[np.argmin(ok)])
-        )
-
-
-def _check_frames(raw: np.ndarray, starts: np.ndarray, path: str):
-    """Both CRCs of every frame; raises ``InputError`` at the first bad one."""
-    begin, ends = starts[:-1], starts[1:]
-    _check_headers(raw, begin, path)
-    cuts = np.searchsorted(begin, np.arange(0, int(starts[-1]), _CRC_WINDOW_BYTES)[1:])
-    for window in np.split(np.arange(len(begin)), cuts):
-        if len(window) and not payloads_match_stored_crcs(raw, begin[window], ends[window]):
-            stored = stored_data_crcs(raw, ends[window]).tolist()
-            for a, b, crc in zip(begin[window].tolist(), ends[window].tolist(), stored):
-                if masked_crc(raw[a + HEADER_BYTES : b - FOOTER_BYTES]) != crc:
-                    raise InputError(
-                        path,
-                        f"corrupt record: the data ({b - a - HEADER_BYTES - FOOTER_BYTES} bytes) "
-                        "fails its CRC",
-                        a,
-                    )
-
-
-def _tfrecord_views(buffer: pa.Buffer, path: str, buffer_index: int) -> np.ndarray:
-    """Views of the payloads of a buffer of whole TFRecord frames, all CRCs checked."""
-    raw = raw_bytes(buffer, path)
-    starts = _frame_starts(raw, path)
-    _check_frames(raw, starts, path)
-    return payload_views(
-        raw, starts[:-1] + HEADER_BYTES, np.diff(starts) - HEADER_BYTES - FOOTER_BYTES, buffer_index
-    )

@@ -49,7 +49,8 @@ def payload_views(
 
 
 def raw_bytes(buffer: pa.Buffer, path: str) -> np.ndarray:
-    """``buffer`` as uint8 (no copy); refuses one over 2 GiB, which a view's int32 offset cannot reach."""
+    """``buffer`` as uint8 (no copy); refuses one over 2 GiB, which a view's int32 offset cannot
+    reach."""
     if buffer.size > _MAX_BUFFER_BYTES:
         raise InputError(
             path,

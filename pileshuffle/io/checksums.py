@@ -52,7 +52,8 @@ def _extend(crc: int, data) -> int:
 @functools.lru_cache(maxsize=None)
 def _native_library():
     """Google's crc32c library as ``google_crc32c``'s wheel ships it (or the system's) through
-    ``ctypes``, whose calls let go of the GIL; None where it is not found (the binding does then)."""
+    ``ctypes``, whose calls let go of the GIL; None where it is not found (the binding does
+    then)."""
     beside = os.path.join(
         os.path.dirname(os.path.dirname(google_crc32c.__file__)), "google_crc32c.libs"
     )
@@ -71,8 +72,8 @@ def _native_library():
 
 
 def _read_only(data):
-    """``data`` as google_crc32c takes it: bytes, or a read-only array over the same memory (no copy;
-    it refuses memoryviews and writable buffers)."""
+    """``data`` as google_crc32c takes it: bytes, or a read-only array over the same memory (no
+    copy; it refuses memoryviews and writable buffers)."""
     if isinstance(data, bytes):
         return data
     array = np.frombuffer(data, dtype=np.uint8)

@@ -51,9 +51,11 @@ EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 # pyarrow's default is 15 minutes of retries, and without credentials it waits out all of them.
 # 8 s of retries ends in about 12 s when nothing answers: one line well within 30 s.
 FIRST_CONTACT_SECONDS = 8
-# google-cloud-storage's (and so Beam's) default deadline: a 503 or 429 burst outlives a few seconds.
+# google-cloud-storage's (and so Beam's) default deadline: a 503 or 429 burst outlives a few
+# seconds.
 TRANSIENT_RETRY_SECONDS = 120
-# pyarrow's own retries per attempt of ``patiently``: short, so a persisting error is said on stderr.
+# pyarrow's own retries per attempt of ``patiently``: short, so a persisting error is said on
+# stderr.
 ATTEMPT_SECONDS = 5
 _TRANSIENT = re.compile(
     r"UNAVAILABLE|RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|\b(429|500|502|503|504)\b|"
@@ -88,7 +90,8 @@ def _arrow_gcs(endpoint, retry_seconds: float):
 
 
 def arrow_gcs(retry_seconds: float = ATTEMPT_SECONDS):
-    """The process's ``pyarrow.fs.GcsFileSystem`` under the endpoint rule (made once per endpoint)."""
+    """The process's ``pyarrow.fs.GcsFileSystem`` under the endpoint rule (made once per
+    endpoint)."""
     return _arrow_gcs(emulator(), retry_seconds)
 
 
@@ -171,7 +174,8 @@ def read_range(path: str, offset: int, length: int) -> bytes:
     )
     if len(data) != length:
         raise OSError(
-            f"{path}: read {len(data):,} bytes at {offset:,} where {length:,} were expected (a shorter object)"
+            f"{path}: read {len(data):,} bytes at {offset:,} where {length:,} were expected "
+            "(a shorter object)"
         )
     return data
 
@@ -275,11 +279,12 @@ _CAUSES = [  # (what the client library says, what it means), first match wins
     (
         r"OAuth2 access token|credentials were not found|DefaultCredentialsError",
         "no Google Cloud credentials found: run `gcloud auth application-default login`, set "
-        "GOOGLE_APPLICATION_CREDENTIALS to a key file, or set STORAGE_EMULATOR_HOST for an emulator",
+        "GOOGLE_APPLICATION_CREDENTIALS to a key file, or set STORAGE_EMULATOR_HOST for an "
+        "emulator",
     ),
     (
-        r"Could not connect|Couldn't connect|Connection refused|Failed to establish|Could not resolve|"
-        r"Name or service not known|timed out|Timeout",
+        r"Could not connect|Couldn't connect|Connection refused|Failed to establish|"
+        r"Could not resolve|Name or service not known|timed out|Timeout",
         "cannot reach Cloud Storage{where}",
     ),
     (
@@ -321,7 +326,8 @@ def refusals_explained(operation):
             if isinstance(path, str) and refused(error):
                 filesystem = kwargs.get("filesystem", args[0] if args else None)
                 if getattr(filesystem, "type_name", "") == "gcs" and "://" not in path:
-                    path = f"gs://{path}"  # a path on a pyarrow file system: named as the user wrote it
+                    # a path on a pyarrow file system: named as the user wrote it
+                    path = f"gs://{path}"
                 raise InputError(path, explain(error)) from None
             raise
 

@@ -1,4 +1,4 @@
-"""Which rows of a dedup store's data file are copies of an earlier row: the copies file, and counting.
+"""Which rows of a dedup store's data file copy an earlier row: the copies file, and counting.
 
 In a store created with ``--dedup`` (``pileshuffle.store.copies`` says how copies are found), every
 row has ``earlier``: the newest generation that holds an earlier copy of it, or -1. A row is hidden
@@ -44,8 +44,8 @@ def copies_name(data_path: str) -> str:
 
 
 def encode_copies(relative: str, earlier: np.ndarray) -> tuple:
-    """``(bytes, manifest entry)`` of the copies file at ``relative`` for a data file whose rows have
-    ``earlier`` (one int per row, ``NONE`` where no earlier row repeats it)."""
+    """``(bytes, manifest entry)`` of the copies file at ``relative`` for a data file whose rows
+    have ``earlier`` (one int per row, ``NONE`` where no earlier row repeats it)."""
     rows = np.flatnonzero(earlier != NONE)
     table = pa.table(
         {"row": pa.array(rows, pa.int64()), "earlier": pa.array(earlier[rows], pa.int32())},
@@ -74,7 +74,8 @@ def read_copies(data, name: str) -> tuple:
 
 
 def hidden_rows(entry: dict, live) -> int:
-    """The rows of a data file (its manifest ``entry``) hidden while the generations ``live`` are."""
+    """The rows of a data file (its manifest ``entry``) hidden while the generations ``live``
+    are."""
     earlier = (entry.get("copies") or {}).get("earlier") or {}
     return sum(rows for generation, rows in earlier.items() if int(generation) in live)
 

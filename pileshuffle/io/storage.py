@@ -2,17 +2,19 @@
 
 Callers pass paths; which library does the work is this module's business: in a process that
 has imported Apache Beam, Beam's ``FileSystems`` (configured by the pipeline's options); elsewhere
-(a training host's loader) ``pyarrow.fs``, or the ``FileSystem`` a caller hands in; ranged reads of
-gs:// through google-cloud-storage. ``PILESHUFFLE_STORAGE=beam|arrow`` overrides (tests of both).
+(a training host's loader) ``pyarrow.fs`` (``arrow_backend``), or the ``FileSystem`` a caller
+hands in (``beam_backend.in_use`` chooses; ``PILESHUFFLE_STORAGE=beam|arrow`` overrides, tests
+of both); ranged reads of gs:// through google-cloud-storage. Local files mostly go straight to
+the OS: a small shard pays for no file-system layer.
 
 Invariants every backend keeps:
 - a path is local unless it has a scheme (``gs://...``); ``join`` keeps that form;
-- ``match`` takes a glob and returns ``(path, size)`` pairs, none (not an error) when nothing matches;
-  a literal path with ``[ * ?`` in it matches through ``names.literal_pattern``;
+- ``match`` takes a glob and returns ``(path, size)`` pairs, none (not an error) when nothing
+  matches; a literal path with ``[ * ?`` in it matches through ``names.literal_pattern``;
 - ``open_read`` decompresses what the name says (``.gz``) unless told otherwise; ``read_buffer``
   maps a local file, ``read_range`` preads it; either reads a remote one in a request, every byte;
-- an object store has no folders and no atomic rename: ``delete_tree`` deletes the objects under a
-  prefix; publication never relies on an atomic rename there (the manifest is the commit).
+- an object store has no folders and no atomic rename: ``delete_tree`` deletes the objects under
+  a prefix; publication never relies on an atomic rename there (the manifest is the commit).
 """
 
 import dataclasses
@@ -20,9 +22,9 @@ import errno
 import json
 import os
 import posixpath
-import sys
 
-from pileshuffle.io import cloud
+from pileshuffle.io import arrow_backend, beam_backend, cloud
+from pileshuffle.io.arrow_backend import arrow_filesystem
 from pileshuffle.names import literal_pattern, temp_name
 
 # the compressions ``open_read`` and ``open_write`` take (Beam's names); AUTO: what the name says
@@ -38,36 +40,23 @@ class FileInfo:
 
 
 def is_remote(path: str) -> bool:
-    """Whether ``path`` is on an object store or other remote file system (it has a ``scheme://``)."""
+    """Whether ``path`` is on an object store or other remote file system (it has a
+    ``scheme://``)."""
     return "://" in path
 
 
 def is_local(filesystem, path: str) -> bool:
-    """Whether ``path`` on ``filesystem`` (a ``pyarrow.fs`` one, or None: by the path) is a local file."""
+    """Whether ``path`` on ``filesystem`` (a ``pyarrow.fs`` one, or None: by the path) is a local
+    file."""
     return not is_remote(path) if filesystem is None else filesystem.type_name == "local"
-
-
-def _beam(*paths):
-    """Beam's ``FileSystems``, once the endpoint rule holds in Beam (``cloud.configure_beam``)
-    and the remote paths' bucket answered (``cloud.first_contact``)."""
-    from apache_beam.io.filesystems import FileSystems
-
-    cloud.configure_beam()
-    for path in paths:
-        cloud.first_contact(path)
-    return FileSystems
-
-
-def _uses_beam() -> bool:
-    chosen = os.environ.get("PILESHUFFLE_STORAGE")
-    return chosen == "beam" if chosen in ("beam", "arrow") else "apache_beam" in sys.modules
 
 
 # -- names and places ------------------------------------------------------------------------------
 
 
 def join(base: str, *parts: str) -> str:
-    """``base`` and ``parts`` joined in ``base``'s form: ``/`` for a remote path, the OS's separator for a local one."""
+    """``base`` and ``parts`` joined in ``base``'s form: ``/`` for a remote path, the OS's
+    separator for a local one."""
     if is_remote(base):
         return (
             posixpath.join(base, *parts)
@@ -83,50 +72,18 @@ def split(path: str) -> tuple:
 
 
 def compression_of(path: str) -> str:
-    """``gzip`` for a name ending in ``.gz`` (any case), else ``uncompressed``; with Beam, what Beam detects."""
-    if _uses_beam():
-        from apache_beam.io.filesystem import CompressionTypes
-
-        return CompressionTypes.detect_compression_type(path)
+    """``gzip`` for a name ending in ``.gz`` (any case), else ``uncompressed``; with Beam, what
+    Beam detects."""
+    if beam_backend.in_use():
+        return beam_backend.compression_of(path)
     return GZIP if path.lower().endswith(".gz") else UNCOMPRESSED
 
 
 @cloud.refusals_explained
 def match(pattern: str) -> list:
     """The files ``pattern`` (a glob) matches, as ``FileInfo``s; [] when none do."""
-    if _uses_beam():
-        FileSystems = _beam(
-            pattern
-        )  # outside the try: an unreachable endpoint is an error, not "no match"
-        try:
-            found = FileSystems.match([pattern])[0].metadata_list
-        except Exception as error:  # BeamIOError when nothing matches
-            if cloud.refused(error):
-                raise
-            return []
-        return [FileInfo(m.path, m.size_in_bytes) for m in found]
-    import fnmatch
-
-    import pyarrow.fs as pafs
-
-    fs, where = arrow_filesystem(pattern)
-    folder = posixpath.dirname(where) if is_remote(pattern) else os.path.dirname(where)
-    try:
-        infos = cloud.patiently_on(
-            pattern,
-            fs,
-            lambda: fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True)),
-        )
-    except OSError:
-        if is_remote(pattern):
-            raise
-        return []
-    scheme = pattern.split("://", 1)[0] + "://" if is_remote(pattern) else ""
-    return [
-        FileInfo(scheme + i.path if scheme else i.path, i.size)
-        for i in infos
-        if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, where)
-    ]
+    backend = beam_backend if beam_backend.in_use() else arrow_backend
+    return [FileInfo(path, size) for path, size in backend.match(pattern)]
 
 
 def pattern_regex(pattern: str):
@@ -134,10 +91,8 @@ def pattern_regex(pattern: str):
     rules: ``*`` within a name, ``**`` across folders, ``[...]`` a class)."""
     import re
 
-    if _uses_beam():
-        from apache_beam.io.filesystem import FileSystem
-
-        return re.compile(FileSystem.translate_pattern(pattern))
+    if beam_backend.in_use():
+        return beam_backend.pattern_regex(pattern)
     import fnmatch
 
     return re.compile(fnmatch.translate(pattern))
@@ -148,14 +103,9 @@ def exists(path: str, filesystem=None) -> bool:
     """Whether a file (or folder) is at ``path``, on ``filesystem`` when one is given."""
     if filesystem is None and not is_remote(path):
         return os.path.exists(path)
-    if filesystem is None and _uses_beam():
-        return _beam(path).exists(path)
-    import pyarrow.fs as pafs
-
-    fs, where = arrow_filesystem(path, filesystem)
-    return (
-        cloud.patiently_on(path, fs, lambda: fs.get_file_info(where)).type != pafs.FileType.NotFound
-    )
+    if filesystem is None and beam_backend.in_use():
+        return beam_backend.file_systems(path).exists(path)
+    return arrow_backend.exists(path, filesystem)
 
 
 @cloud.refusals_explained
@@ -166,15 +116,12 @@ def size(path: str) -> int:
 
 @cloud.refusals_explained
 def open_read(path: str, compression: str = AUTO):
-    """``path``'s contents, decompressed as its name says (``AUTO``); by Beam 64 KiB at a time (tests/test_bounded_inflate)."""
-    if _uses_beam():
-        from apache_beam.io.filesystem import CompressedFile
-
-        raw = _beam(path).open(path, compression_type=UNCOMPRESSED)
-        wanted = compression_of(path) if compression == AUTO else compression
-        return raw if wanted == UNCOMPRESSED else CompressedFile(raw, wanted, read_size=64 << 10)
-    fs, where = arrow_filesystem(path)
+    """``path``'s contents, decompressed as its name says (``AUTO``); by Beam 64 KiB at a time
+    (tests/test_bounded_inflate)."""
     wanted = compression_of(path) if compression == AUTO else compression
+    if beam_backend.in_use():
+        return beam_backend.open_read(path, wanted)
+    fs, where = arrow_filesystem(path)
     return fs.open_input_stream(where, compression=GZIP if wanted == GZIP else None)
 
 
@@ -187,19 +134,17 @@ def read_buffer(path: str, filesystem=None):
     if is_local(filesystem, path) and not path.endswith(".gz"):
         with pa.memory_map(path) as mapped:
             return mapped.read_buffer()
-    if filesystem is None and _uses_beam():
-        with open_read(path) as handle:  # Beam's decompressing read() without a size gives 16 MiB
-            if compression_of(path) == UNCOMPRESSED:
-                return pa.py_buffer(handle.read())  # io's read(): every byte, in one request
-            return pa.py_buffer(b"".join(iter(lambda: handle.read(16 << 20), b"")))
-    fs, where = arrow_filesystem(path, filesystem)
-    return cloud.patiently_on(path, fs, lambda: _read_whole(fs, where))
+    if filesystem is None and beam_backend.in_use():
+        with open_read(path) as handle:
+            return pa.py_buffer(beam_backend.read_whole(handle, compression_of(path)))
+    return arrow_backend.read_whole(path, filesystem)
 
 
 @cloud.refusals_explained
 def read_range(path: str, offset: int, length: int):
-    """``length`` bytes of ``path`` from ``offset`` (an OSError if fewer), a ``pyarrow.Buffer``: locally
-    one ``pread`` (a memory map cost 4x per read), on gs:// one ranged GET (no metadata read)."""
+    """``length`` bytes of ``path`` from ``offset`` (an OSError if fewer), a ``pyarrow.Buffer``:
+    locally one ``pread`` (a memory map cost 4x per read), on gs:// one ranged GET (no metadata
+    read)."""
     import pyarrow as pa
 
     if path.startswith("gs://"):
@@ -216,17 +161,6 @@ def read_range(path: str, offset: int, length: int):
     return data
 
 
-def _read_whole(fs, where: str):
-    if where.endswith(".gz"):
-        with fs.open_input_stream(where, compression="gzip") as stream:
-            return stream.read_buffer()  # no size: pyarrow reads a stream to its end
-    with fs.open_input_file(where) as handle:
-        data = handle.read_buffer(handle.size())  # one read of known size: 10x a stream's speed
-        if data.size != handle.size():
-            raise OSError(errno.EIO, f"{where}: read {data.size:,} of {handle.size():,} bytes")
-    return data
-
-
 def read_json(path: str, filesystem=None):
     """The JSON document in the file at ``path`` (read whole with ``read_buffer``)."""
     return json.loads(read_buffer(path, filesystem).to_pybytes())
@@ -234,14 +168,16 @@ def read_json(path: str, filesystem=None):
 
 @cloud.refusals_explained
 def open_random_access(path: str, filesystem=None):
-    """A seekable ``pyarrow`` file (what Parquet's reader needs), read in the reader's own requests."""
+    """A seekable ``pyarrow`` file (what Parquet's reader needs), read in the reader's own
+    requests."""
     fs, where = arrow_filesystem(path, filesystem)
     return cloud.patiently_on(path, fs, lambda: fs.open_input_file(where))
 
 
 @cloud.refusals_explained
 def open_mapped(path: str, filesystem=None):
-    """A ``pyarrow`` input over the file: memory-mapped when local (only pages read are touched), else a stream."""
+    """A ``pyarrow`` input over the file: memory-mapped when local (only pages read are touched),
+    else a stream."""
     import pyarrow as pa
 
     if is_local(filesystem, path):
@@ -253,16 +189,9 @@ def open_mapped(path: str, filesystem=None):
 @cloud.refusals_explained
 def list_folder(folder: str, filesystem=None) -> list:
     """The paths of the files directly in ``folder`` ([] when it does not exist)."""
-    if filesystem is None and _uses_beam():
+    if filesystem is None and beam_backend.in_use():
         return [f.path for f in match(join(literal_pattern(folder), "*"))]
-    import pyarrow.fs as pafs
-
-    fs, where = arrow_filesystem(folder, filesystem)
-    infos = cloud.patiently_on(
-        folder, fs, lambda: fs.get_file_info(pafs.FileSelector(where, allow_not_found=True))
-    )
-    scheme = folder.split("://", 1)[0] + "://" if is_remote(folder) and filesystem is None else ""
-    return [scheme + i.path for i in infos if i.type == pafs.FileType.File]
+    return arrow_backend.list_folder(folder, filesystem)
 
 
 @cloud.refusals_explained
@@ -270,10 +199,7 @@ def is_folder(path: str, filesystem=None) -> bool:
     """Whether ``path`` is a folder (remote: the file system says it is a directory)."""
     if filesystem is None and not is_remote(path):
         return os.path.isdir(path)
-    import pyarrow.fs as pafs
-
-    fs, where = arrow_filesystem(path.rstrip("/"), filesystem)
-    return fs.get_file_info(where.rstrip("/")).type == pafs.FileType.Directory
+    return arrow_backend.is_folder(path, filesystem)
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -283,17 +209,19 @@ def open_write(
 ):
     """A new binary file at ``path`` (its local folder made), compressed as asked."""
     if not is_remote(path):
-        if (
-            compression == UNCOMPRESSED
-        ):  # no file-system layer: a small pile's shard pays for its open only
+        # no file-system layer: a small pile's shard pays for its open only
+        if compression == UNCOMPRESSED:
             try:
                 return open(path, "wb")
-            except FileNotFoundError:  # the folder first (asked only then: 2 system calls a shard)
+            except FileNotFoundError:
+                # the folder first (asked only then: 2 system calls a shard)
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
                 return open(path, "wb")
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    if _uses_beam():
-        return _beam(path).create(path, mime_type=mime_type, compression_type=compression)
+    if beam_backend.in_use():
+        return beam_backend.file_systems(path).create(
+            path, mime_type=mime_type, compression_type=compression
+        )
     fs, where = arrow_filesystem(path)
     return fs.open_output_stream(where, compression=GZIP if compression == GZIP else None)
 
@@ -319,7 +247,8 @@ def create_exclusive(path: str, data: bytes, temp: str):
     ``path`` exists. Of two writers one wins: on a local disk by an atomic hard link, on Cloud
     Storage by an upload on the precondition that no object is there (``ifGenerationMatch=0``).
     On another object store the check comes just before the rename: callers exclude each other
-    by a lock. One step that Ctrl-C does not cut (``interrupt.not_cut``): ``temp`` never outlives it."""
+    by a lock. One step that Ctrl-C does not cut (``interrupt.not_cut``): ``temp`` never outlives
+    it."""
     from pileshuffle import interrupt
 
     with interrupt.not_cut():
@@ -349,7 +278,8 @@ def writing_name(final: str, token: str) -> str:
 
 
 def put_in_place(written: list, finals: list):
-    """Move each file written under ``writing_name`` onto its final name (those written there stay)."""
+    """Move each file written under ``writing_name`` onto its final name (those written there
+    stay)."""
     moves = [(w, f) for w, f in zip(written, finals) if w != f]
     if moves:
         rename([w for w, _ in moves], [f for _, f in moves])
@@ -357,29 +287,25 @@ def put_in_place(written: list, finals: list):
 
 @cloud.refusals_explained
 def rename(sources: list, destinations: list):
-    """Move each source to its destination (replacing it). Atomic per file locally; on an object store a copy, a delete."""
+    """Move each source to its destination (replacing it). Atomic per file locally; on an object
+    store a copy, a delete."""
     if not sources or not is_remote(sources[0]):
         for source, destination in zip(sources, destinations):  # the OS's own rename
             os.replace(source, destination)
-    elif _uses_beam():
-        _beam(*sources[:1], *destinations[:1]).rename(list(sources), list(destinations))
+    elif beam_backend.in_use():
+        beam_backend.file_systems(*sources[:1], *destinations[:1]).rename(
+            list(sources), list(destinations)
+        )
     else:
-        fs = arrow_filesystem(sources[0])[0]
-        for source, destination in zip(sources, destinations):
-            fs.move(arrow_filesystem(source)[1], arrow_filesystem(destination)[1])
+        arrow_backend.rename(sources, destinations)
 
 
 @cloud.refusals_explained
 def delete(paths: list):
     """Delete files (a local folder with its contents); a missing path is an error."""
-    if _uses_beam():
-        return _beam(*paths[:1]).delete(list(paths))
-    import pyarrow.fs as pafs
-
-    for path in paths:
-        fs, where = arrow_filesystem(path)
-        directory = fs.get_file_info(where).type == pafs.FileType.Directory
-        (fs.delete_dir if directory else fs.delete_file)(where)
+    if beam_backend.in_use():
+        return beam_backend.file_systems(*paths[:1]).delete(list(paths))
+    arrow_backend.delete(paths)
 
 
 @cloud.refusals_explained
@@ -402,30 +328,11 @@ def makedirs(folder: str):
         os.makedirs(folder, exist_ok=True)
 
 
-# -- pyarrow.fs ------------------------------------------------------------------------------------
-
-
-def arrow_filesystem(path: str, filesystem=None):
-    """``(pyarrow FileSystem, path on it)``: ``filesystem`` as given, else from the URI (local: the
-    local file system). A reader that hands paths to pyarrow itself resolves once with this."""
-    import pyarrow.fs as pafs
-
-    if filesystem is not None:
-        return filesystem, path
-    if path.startswith("gs://"):
-        cloud.first_contact(path)
-        return cloud.arrow_gcs(), path[len("gs://") :]
-    if is_remote(path):
-        return pafs.FileSystem.from_uri(path)
-    return pafs.LocalFileSystem(), path
-
-
 __all__ = [
     "AUTO",
     "GZIP",
     "UNCOMPRESSED",
     "FileInfo",
-    "arrow_filesystem",
     "compression_of",
     "delete",
     "create_exclusive",

@@ -66,7 +66,8 @@ def _running(holder: dict):
 
 
 def _described(holder: dict, running, where: dict) -> str:
-    """The problem text for an unfinished run whose lock names ``holder`` ({}: no lock, or unreadable)."""
+    """The problem text for an unfinished run whose lock names ``holder`` ({}: no lock, or
+    unreadable)."""
     since = re.sub(r"\.[0-9]+", "", str(holder.get("since", "?")))
     command = holder.get("command")
     again = "run that command again" if command else "run the same `pileshuffle run` command again"
@@ -77,9 +78,9 @@ def _described(holder: dict, running, where: dict) -> str:
     )
     if holder.get("job"):
         return (
-            f"no finished output yet: Dataflow job {holder['job']} (launched {since}) holds it: wait for it to "
-            f"publish {where['manifest']}; if it failed or was cancelled, {again} to write the output, or "
-            f"{clear} to clear what it left"
+            f"no finished output yet: Dataflow job {holder['job']} (launched {since}) holds it: "
+            f"wait for it to publish {where['manifest']}; if it failed or was cancelled, {again} "
+            f"to write the output, or {clear} to clear what it left"
         )
     who = (
         f"`{command}` (pid {holder.get('pid')} on {holder.get('host')}, started {since})"
@@ -87,14 +88,18 @@ def _described(holder: dict, running, where: dict) -> str:
         else "a run"
     )
     if running:
-        return f"no finished output yet: {who} is writing it now: wait for it to publish {where['manifest']}"
+        return (
+            f"no finished output yet: {who} is writing it now: wait for it to publish "
+            f"{where['manifest']}"
+        )
     if running is None and command:
         return (
-            f"no finished output yet: {who} holds it and may still be running there: wait for it to publish "
-            f"{where['manifest']}; if it stopped, {again} to finish it, or {clear} to clear what it left"
+            f"no finished output yet: {who} holds it and may still be running there: wait for it "
+            f"to publish {where['manifest']}; if it stopped, {again} to finish it, or {clear} to "
+            "clear what it left"
         )
     return (
         f"an unfinished run is there, not a finished output: {who} stopped before it published "
-        f"{where['manifest']}; {again} to finish it (it clears what was left and writes the output), "
-        f"or {clear} to clear it"
+        f"{where['manifest']}; {again} to finish it (it clears what was left and writes the "
+        f"output), or {clear} to clear it"
     )

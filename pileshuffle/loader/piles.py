@@ -23,6 +23,7 @@ from pileshuffle.errors import InputError
 from pileshuffle.formats import get_format
 from pileshuffle.formats.views import VIEW_ITEM, shift_buffers, value_views, view_array
 from pileshuffle.io import storage
+from pileshuffle.io.arrow_backend import arrow_filesystem
 from pileshuffle.io.checksums import check_crc32c, unreadable_bytes
 from pileshuffle.io.copy_marks import read_copies, visible_places
 from pileshuffle.loader.cache import remote_name
@@ -56,7 +57,7 @@ class NoOutputError(InputError):
 def resolve(path: str, filesystem=None):
     """``(filesystem, path on it)`` for a local path or a URI (gs://, s3://, file://): resolved
     once per output, then handed to every read."""
-    return storage.arrow_filesystem(path, filesystem)
+    return arrow_filesystem(path, filesystem)
 
 
 def file_exists(fs, path: str) -> bool:

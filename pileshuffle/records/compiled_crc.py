@@ -1,4 +1,4 @@
-"""CRC32C (or zlib's CRC-32) of many slices of one buffer from one compiled loop (numba), without the GIL.
+"""CRC32C (or zlib's CRC-32) of many slices of one buffer in one compiled loop (numba), no GIL.
 
 Record fingerprints need a CRC32C per value. Google's crc32c library computes one at about
 7 GB/s here, but a Python call per value costs about 1.4 us whatever its length: a 16 MB chunk
@@ -26,8 +26,9 @@ __all__ = ["slice_crcs"]
 
 
 def _call_at(crc_bits: int, length_bits: int):
-    """An intrinsic ``(address, crc, pointer, length) -> crc`` that calls the C function at ``address``
-    taking and returning a ``crc_bits``-bit CRC, with a ``length_bits``-bit byte count."""
+    """An intrinsic ``(address, crc, pointer, length) -> crc`` that calls the C function at
+    ``address`` taking and returning a ``crc_bits``-bit CRC, with a ``length_bits``-bit byte
+    count."""
     crc_type, length_type, numba_crc = (
         ir.IntType(crc_bits),
         ir.IntType(length_bits),
@@ -74,8 +75,9 @@ def _zlib_crc32_address():
 
 
 def slice_crcs(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, kind: str = "crc32c"):
-    """CRC32C (``kind`` "crc32", zlib's CRC-32) of ``raw[starts[i] : starts[i] + lengths[i]]`` for every i
-    (uint64), or None where the library is not found (``google_crc32c`` without its native part, no libz)."""
+    """CRC32C (``kind`` "crc32", zlib's CRC-32) of ``raw[starts[i] : starts[i] + lengths[i]]`` for
+    every i (uint64), or None where the library is not found (``google_crc32c`` without its native
+    part, no libz)."""
     if kind == "crc32":
         address = _zlib_crc32_address()
     else:

@@ -73,11 +73,12 @@ def _mix(z: np.ndarray) -> np.ndarray:
 def position_keys(
     seed: int, stream: tuple, positions: np.ndarray, copies: np.ndarray = None
 ) -> np.ndarray:
-    """U of the records at ``positions`` of ``stream`` (uint64 array): two rounds of ``_mix``
-    keyed by the stream's Philox key words, ``mix(mix(position + k0) ^ (k1 + copy * golden))``.
-    Distinct positions of a stream give distinct keys (each step is a bijection); ``copies``
-    (under ``--balance``, the copy number of each key, 0 for the first) makes a record's copies
-    keys of their own, the first equal to the record's key without copies. About 20 ns a key on this machine (Philox: 8)."""
+    """U of the records at ``positions`` of ``stream`` (uint64 array): two rounds of ``_mix`` keyed
+    by the stream's Philox key words, ``mix(mix(position + k0) ^ (k1 + copy * golden))``. Distinct
+    positions of a stream give distinct keys (each step is a bijection); ``copies`` (under
+    ``--balance``, the copy number of each key, 0 for the first) makes a record's copies keys of
+    their own, the first equal to the record's key without copies. About 20 ns a key on this machine
+    (Philox: 8)."""
     k0, k1 = stream_key(seed, *stream)
     with np.errstate(over="ignore"):
         z = np.asarray(positions, dtype=np.uint64) + k0

@@ -186,7 +186,7 @@ def _check_copies(sources, manifest: dict, fmt) -> list:
     (recomputed from its files among ``sources``, ``_generation_sources``); every source
     must be one of some generation's."""
     from pileshuffle.records.fingerprint import how_records_differ
-    from pileshuffle.verify.checks import copies_fingerprint
+    from pileshuffle.verify.expected import copies_fingerprint
 
     field, policy, keep_unlabeled = layout.store_balance(manifest)
     problems, used = [], set()

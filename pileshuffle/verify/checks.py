@@ -17,83 +17,29 @@ follows from it, as the totals' difference, is not repeated as a fingerprint's):
 ``pileshuffle verify`` (``commands.verify``) prints them.
 """
 
-import posixpath
-import re
-import zlib
-
-from pileshuffle.engine.dedup import Dedup, distinct_fingerprint
 from pileshuffle.engine.output_files import read_manifest
 from pileshuffle.engine.transforms.write import schema_json
 from pileshuffle.errors import PileshuffleError
-from pileshuffle.formats import FORMATS, ReadReport, get_format, read_fingerprint
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
+from pileshuffle.formats import get_format, read_fingerprint
 from pileshuffle.io import storage
-from pileshuffle.io.checksums import crc32c_mismatch, unreadable_bytes
-from pileshuffle.names import SHARD_TAIL, manifest_path, shard_name, shard_pattern
+from pileshuffle.names import manifest_path
 from pileshuffle.records.fingerprint import Fingerprint
+from pileshuffle.verify.expected import InputRead, read_input, with_copies
+from pileshuffle.verify.shard_entry import damage, same_fields
+from pileshuffle.verify.shard_names import basename, format_of_names, sort_shard_names
+from pileshuffle.verify.wording import (
+    describe,
+    describe_count,
+    describe_difference,
+    describe_recorded,
+)
 
-__all__ = ["matching_files", "ShardVerifier", "verify_shards", "copies_fingerprint"]
-_MISSING_NAMED = 10  # missing shards named one a line; one more line counts the rest
-
-
-def _basename(path: str) -> str:
-    return (
-        posixpath.basename(path.rstrip("/"))
-        if "://" in path
-        else path.replace("\\", "/").rsplit("/", 1)[-1]
-    )
-
-
-def matching_files(pattern: str) -> dict:
-    """{path: size} of the files matching ``pattern`` (empty when none do)."""
-    try:
-        return {f.path: f.size for f in storage.match(pattern)}
-    except Exception:
-        return {}
-
-
-_NESTED_FIELD_NAME = re.compile(r"(list<)[^<>:,]+: ")  # list<item: int64>: the item's name
-_MAP_ENTRIES_NAME = re.compile(r" \('[^']*'\)")  # map<string, int64 ('m')>: the entries' name
-
-
-def _type_without_nested_names(type_name: str) -> str:
-    """An Arrow type's text without the names of list items and map entries, which are not
-    part of the type (Arrow's equality ignores them) and which Parquet renames on a round trip
-    (``list<item: int64>`` reads back as ``list<element: int64>``, ``map<string, int64>`` as
-    ``map<string, int64 ('m')>``)."""
-    return _MAP_ENTRIES_NAME.sub("", _NESTED_FIELD_NAME.sub(r"\1", type_name))
-
-
-def _same_fields(actual, recorded) -> bool:
-    """Whether a shard's fields (``schema_json``) are the manifest's: names, nullability, types."""
-
-    def comparable(fields):
-        return [
-            (f["name"], _type_without_nested_names(f["type"]), f["nullable"]) for f in fields or []
-        ]
-
-    return recorded is not None and comparable(actual) == comparable(recorded)
+__all__ = ["ShardVerifier", "verify_shards"]
 
 
 def _manifest_or_none(prefix: str):
     """The manifest dict, or None if there is none; raises ValueError if it is not JSON."""
     return read_manifest(prefix) if storage.exists(manifest_path(prefix)) else None
-
-
-def _describe(fp: Fingerprint) -> str:
-    return f"{fp.records:,} records, {fp.bytes:,} bytes, hash sum {fp.hash_sum:016x} xor {fp.hash_xor:016x}"
-
-
-def _count(value) -> str:
-    """A count with thousands separators, as every line writes it; anything else (a damaged manifest's) as it is."""
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
-
-
-def _recorded(value) -> str:
-    try:
-        return _describe(Fingerprint.from_json(value))
-    except Exception:
-        return f"unreadable: {value!r}"
 
 
 class ShardVerifier:
@@ -106,9 +52,8 @@ class ShardVerifier:
         self.output_fp = self.input_fp = None
         self.num_shards = 0
         self.manifest = None
-        self.output_off = self.input_off = (
-            False  # a line already says the output (input) is not the manifest's
-        )
+        # a line already says the output (input) is not the manifest's
+        self.output_off = self.input_off = False
 
     def problem(self, text):
         self.problems.append(text)
@@ -122,7 +67,8 @@ class ShardVerifier:
         self.manifest = manifest
         if manifest is None and not self.problems:
             self.problem(
-                f"no manifest at {manifest_path(self.prefix)}: the run did not finish (or wrote elsewhere)"
+                f"no manifest at {manifest_path(self.prefix)}: the run did not finish "
+                "(or wrote elsewhere)"
             )
         fmt = self._format(manifest)
         if fmt is None:
@@ -141,14 +87,7 @@ class ShardVerifier:
             )
         name = self.format or declared
         if name is None:
-            suffixes = {
-                SHARD_TAIL.match(_basename(p)[len(_basename(self.prefix)) :]).group(3)
-                for p in matching_files(shard_pattern(self.prefix))
-            }
-            name = next(
-                (f.name for f in FORMATS.values() for s in suffixes if s.startswith(f".{f.name}")),
-                None,
-            )
+            name = format_of_names(self.prefix)
         if name is None:
             self.problem(f"no shards under {self.prefix} and no --format: nothing to verify")
             return None
@@ -156,64 +95,11 @@ class ShardVerifier:
 
     def _check_names(self, fmt, manifest):
         """The shards' paths in order ({index: (path, size)}); reports gaps and extras."""
-        found = matching_files(shard_pattern(self.prefix))
-        compression = (manifest or {}).get("compression")
-        expected_suffixes = (
-            {fmt.suffix(compression)} if compression else {fmt.suffix("none"), fmt.suffix("gzip")}
-        )
-        counts = {}
-        for path in found:
-            name = _basename(path)
-            match = (
-                SHARD_TAIL.match(name[len(_basename(self.prefix)) :])
-                if name.startswith(_basename(self.prefix))
-                else None
-            )
-            if match is None or match.group(3) not in expected_suffixes:
-                self.problem(
-                    f"{path}: unexpected file under the output prefix (not a {fmt.name} shard name)"
-                )
-                continue
-            counts.setdefault(int(match.group(2)), {})[int(match.group(1))] = (path, found[path])
-        declared = (manifest or {}).get("num_piles")
-        if declared is not None:
-            total = int(declared)
-        elif counts:
-            total = max(counts, key=lambda m: len(counts[m]))
-        else:
-            total = 0
-        for other in sorted(set(counts) - {total}):
-            for index, (path, _) in sorted(counts[other].items()):
-                self.problem(f"{path}: shard of another run (of {other:,}, not of {total:,})")
-        shards = counts.get(total, {})
-        for index in sorted(set(shards) - set(range(total))):
-            self.problem(f"{shards[index][0]}: shard index {index} is out of range 0..{total - 1}")
-        self._missing(fmt, manifest, total, sorted(set(range(total)) - set(shards)))
-        if not found and total == 0:
-            self.problem(f"{self.prefix}: no shards found")
-        self.num_shards = total
-        return {i: shards[i] for i in range(total) if i in shards}
-
-    def _missing(self, fmt, manifest, total: int, missing: list):
-        """One line per missing shard, with what its manifest lists (one more counts any past ``_MISSING_NAMED``)."""
-        listed = (manifest or {}).get("shards") or []
-        suffix = fmt.suffix((manifest or {}).get("compression") or "none")
-        for index in missing[:_MISSING_NAMED]:
-            path = shard_name(self.prefix, index, total, suffix)
-            entry = listed[index] if index < len(listed) and isinstance(listed[index], dict) else {}
-            held = (
-                f" (its manifest lists it with {_count(entry.get('records'))} records, "
-                f"{_count(entry.get('bytes'))} bytes)"
-                if entry
-                else ""
-            )
-            self.problem(f"shard {path} is missing{held}")
-        if len(missing) > _MISSING_NAMED:
-            self.problem(
-                f"{len(missing) - _MISSING_NAMED:,} more of the {total:,} shards are missing "
-                f"({missing[_MISSING_NAMED]:05d} .. {missing[-1]:05d})"
-            )
-        self.output_off = self.output_off or bool(missing)
+        names = sort_shard_names(self.prefix, fmt, manifest)
+        self.problems += names.problems
+        self.output_off = self.output_off or bool(names.missing)
+        self.num_shards = names.total
+        return names.shards
 
     def _check_shards(self, fmt, shards, manifest):
         listed = {}
@@ -224,11 +110,10 @@ class ShardVerifier:
         output_fp = Fingerprint()
         all_read = True
         for index, (path, size) in shards.items():
-            damage = _damage(path, size, listed.get(index))
-            if (
-                damage is not None
-            ):  # one line per damaged shard: the checks of what it holds would repeat it
-                self.problem(f"shard {path} is damaged: {damage}")
+            damaged = damage(path, size, listed.get(index))
+            # one line per damaged shard: the checks of what it holds would repeat it
+            if damaged is not None:
+                self.problem(f"shard {path} is damaged: {damaged}")
                 all_read = False
                 continue
             try:
@@ -247,10 +132,10 @@ class ShardVerifier:
                 continue
             output_fp += fingerprint
             if fmt.name == "parquet" and manifest_schema is not None and schema is not None:
-                if not _same_fields(schema_json(schema)["fields"], manifest_schema.get("fields")):
+                if not same_fields(schema_json(schema)["fields"], manifest_schema.get("fields")):
                     self.problem(
-                        f"shard {path}: its schema {schema_json(schema)['fields']} is not the manifest's "
-                        f"{manifest_schema.get('fields')}"
+                        f"shard {path}: its schema {schema_json(schema)['fields']} is not the "
+                        f"manifest's {manifest_schema.get('fields')}"
                     )
             entry = listed.get(index)
             if manifest is None:
@@ -258,18 +143,19 @@ class ShardVerifier:
             if entry is None:
                 self.problem(f"shard {path} is not listed in the manifest")
                 continue
-            if _basename(entry.get("path", "")) != _basename(path):
+            if basename(entry.get("path", "")) != basename(path):
                 self.problem(
                     f"manifest entry {index} names {entry.get('path')}, but the shard is {path}"
                 )
             if entry.get("records") != fingerprint.records:
                 self.problem(
                     f"shard {path} holds {fingerprint.records:,} records; the manifest says "
-                    f"{_count(entry.get('records'))}"
+                    f"{describe_count(entry.get('records'))}"
                 )
             if entry.get("bytes") != size:
                 self.problem(
-                    f"shard {path} is {size:,} bytes; the manifest says {_count(entry.get('bytes'))}"
+                    f"shard {path} is {size:,} bytes; the manifest says "
+                    f"{describe_count(entry.get('bytes'))}"
                 )
         self.output_fp = output_fp if all_read else None
         self.output_off = self.output_off or not all_read
@@ -282,7 +168,8 @@ class ShardVerifier:
         self._check_totals(manifest, output_fp, sum(size for _, size in shards.values()))
 
     def _check_totals(self, manifest: dict, output_fp: Fingerprint, shard_bytes: int):
-        """The shards' totals against the manifest's in one line; the fingerprint where they agree."""
+        """The shards' totals against the manifest's in one line; the fingerprint where they
+        agree."""
         totals = manifest.get("totals", {})
         found = {
             "records": (output_fp.records, "records"),
@@ -292,15 +179,16 @@ class ShardVerifier:
         off = [name for name, (value, _) in found.items() if totals.get(name) != value]
         if off:
             which = "the shards present hold" if self.output_off else "the shards hold"
+            held = ", ".join("{:,} {}".format(*found[n]) for n in off)
+            listed = ", ".join(describe_count(totals.get(n)) for n in off)
             self.problem(
-                f"{which} {', '.join('{:,} {}'.format(*found[n]) for n in off)}; the manifest's "
-                f"total{'s are' if len(off) > 1 else ' is'} {', '.join(_count(totals.get(n)) for n in off)}"
+                f"{which} {held}; the manifest's total{'s are' if len(off) > 1 else ' is'} {listed}"
             )
         recorded = manifest.get("output_fingerprint")
         if not off and (recorded is None or Fingerprint.from_json(recorded) != output_fp):
             self.problem(
-                f"output fingerprint ({_describe(output_fp)}) differs from the manifest's "
-                f"({_recorded(recorded)}): the same count but different records"
+                f"output fingerprint ({describe(output_fp)}) differs from the manifest's "
+                f"({describe_recorded(recorded)}): the same count but different records"
             )
             off = True
         self.output_off = self.output_off or bool(off)
@@ -312,8 +200,8 @@ class ShardVerifier:
             and Fingerprint.from_json(recorded_in) != Fingerprint.from_json(recorded or recorded_in)
         ):
             self.problem(
-                f"the manifest's input fingerprint ({_recorded(recorded_in)}) differs from its output "
-                f"fingerprint ({_recorded(recorded)})"
+                f"the manifest's input fingerprint ({describe_recorded(recorded_in)}) differs "
+                f"from its output fingerprint ({describe_recorded(recorded)})"
             )
             self.output_off = True
 
@@ -323,10 +211,10 @@ class ShardVerifier:
         store = (manifest or {}).get("store") or {}
         if (store.get("options") or {}).get("balance") and "balance" not in manifest:
             self.problem(
-                f"materialized from the store {store['prefix']} (version {store['version']}), whose "
-                f"{len(store['generations'])} generations are each balanced on their own class counts: "
-                f"their copies cannot be recomputed as one run's; verify the store itself "
-                f"(pileshuffle verify --input ... --output {store['prefix']})"
+                f"materialized from the store {store['prefix']} (version {store['version']}), "
+                f"whose {len(store['generations'])} generations are each balanced on their own "
+                "class counts: their copies cannot be recomputed as one run's; verify the store "
+                f"itself (pileshuffle verify --input ... --output {store['prefix']})"
             )
             return
 
@@ -336,59 +224,18 @@ class ShardVerifier:
             self.problem(f"input: {error}")
             return
         skip_corrupt = bool((manifest or {}).get("options", {}).get("skip_corrupt"))
-        dedup = Dedup.from_options((manifest or {}).get("options"))
-        input_fp, skipped, blank, per_file, distinct = Fingerprint(), 0, 0, {}, None
-        reports = []
         try:
-            if dedup is not None:
-                input_fp, distinct = distinct_fingerprint(
-                    _content_chunks(fmt, sources, dedup, skip_corrupt, reports, per_file)
-                )
-            else:
-                for source in sources:
-                    fingerprint, report, _ = read_fingerprint(fmt, source.path, skip_corrupt)
-                    input_fp += fingerprint
-                    reports.append(report)
-                    per_file[source.path] = fingerprint.records
+            read = read_input(fmt, sources, manifest, skip_corrupt)
         except PileshuffleError as error:
             self.problem(f"input {error}")
             return
-        skipped = sum(r.skipped_records for r in reports)
-        blank = sum(r.blank_lines for r in reports)
+        input_fp, distinct = read.fingerprint, read.distinct
         self.input_fp = input_fp
         if manifest is not None:
-            recorded = manifest.get("input_fingerprint")
-            if (
-                "store" in manifest and "balance" in manifest
-            ):  # materialized: it read the stored copies, not the input
-                recorded = None
-            if recorded is not None and Fingerprint.from_json(recorded) != input_fp:
-                read = _difference(input_fp, Fingerprint.from_json(recorded), "the run read")
-                self.problem(
-                    f"the input now reads as {_describe(input_fp)}, not as the manifest recorded "
-                    f"({_recorded(recorded)}): {read}; the input changed or the run read it wrongly"
-                )
-                self.input_off = True
-            listed = {_basename(i["path"]): i["records"] for i in manifest.get("inputs", [])}
-            if listed and set(listed) != {_basename(p) for p in per_file}:
-                self.problem(
-                    f"the input files ({len(per_file):,}) are not the ones the manifest lists "
-                    f"({len(listed):,})"
-                )
-            recorded_skips = manifest.get("skipped", {}).get("records", 0)
-            if recorded_skips != skipped:
-                self.problem(
-                    f"reading the input skips {skipped:,} corrupt record(s); the manifest says "
-                    f"{_count(recorded_skips)}"
-                )
-            recorded_blank = manifest.get("skipped", {}).get("blank_lines")
-            if recorded_blank is not None and recorded_blank != blank:
-                self.problem(
-                    f"the input holds {blank:,} blank line(s); the manifest says {_count(recorded_blank)}"
-                )
+            self._check_input_as_recorded(manifest, read)
         balance = (manifest or {}).get("balance")
         if balance is not None:  # the output holds the input's records with --balance's copies
-            input_fp = _with_copies(fmt, sources, manifest, skip_corrupt)
+            input_fp = with_copies(fmt, sources, manifest, skip_corrupt)
         if distinct is not None:  # the output holds the first of each distinct record
             self._check_dedup_counts(manifest, input_fp, distinct)
             input_fp = distinct
@@ -397,10 +244,44 @@ class ShardVerifier:
             and input_fp != self.output_fp
             and not (self.output_off or self.input_off)
         ):
-            held = _difference(self.output_fp, input_fp, "the input")
+            held = describe_difference(self.output_fp, input_fp, "the input")
             self.problem(
-                f"input and output differ (the output: {held}): input {_describe(input_fp)}; "
-                f"output {_describe(self.output_fp)}"
+                f"input and output differ (the output: {held}): input {describe(input_fp)}; "
+                f"output {describe(self.output_fp)}"
+            )
+
+    def _check_input_as_recorded(self, manifest: dict, read: InputRead):
+        """The input as re-read against what the manifest recorded of it: its fingerprint, its
+        files, the corrupt records skipped and the blank lines."""
+        input_fp, per_file = read.fingerprint, read.per_file
+        recorded = manifest.get("input_fingerprint")
+        if "store" in manifest and "balance" in manifest:
+            recorded = None  # materialized: it read the stored copies, not the input
+        if recorded is not None and Fingerprint.from_json(recorded) != input_fp:
+            more = describe_difference(input_fp, Fingerprint.from_json(recorded), "the run read")
+            self.problem(
+                f"the input now reads as {describe(input_fp)}, not as the manifest recorded "
+                f"({describe_recorded(recorded)}): {more}; the input changed or the run read it "
+                "wrongly"
+            )
+            self.input_off = True
+        listed = {basename(i["path"]): i["records"] for i in manifest.get("inputs", [])}
+        if listed and set(listed) != {basename(p) for p in per_file}:
+            self.problem(
+                f"the input files ({len(per_file):,}) are not the ones the manifest lists "
+                f"({len(listed):,})"
+            )
+        recorded_skips = manifest.get("skipped", {}).get("records", 0)
+        if recorded_skips != read.skipped:
+            self.problem(
+                f"reading the input skips {read.skipped:,} corrupt record(s); the manifest says "
+                f"{describe_count(recorded_skips)}"
+            )
+        recorded_blank = manifest.get("skipped", {}).get("blank_lines")
+        if recorded_blank is not None and recorded_blank != read.blank:
+            self.problem(
+                f"the input holds {read.blank:,} blank line(s); the manifest says "
+                f"{describe_count(recorded_blank)}"
             )
 
     def _check_dedup_counts(self, manifest: dict, read: Fingerprint, distinct: Fingerprint):
@@ -415,92 +296,11 @@ class ShardVerifier:
             if section.get(name) != count:
                 self.problem(
                     f"the input holds {count:,} for the manifest's dedup {name}, which says "
-                    f"{_count(section.get(name))}"
+                    f"{describe_count(section.get(name))}"
                 )
 
 
-def _difference(found: Fingerprint, than: Fingerprint, what: str) -> str:
-    """How ``found`` differs from ``than`` (``what``: the records ``than`` counts), in records."""
-    more = found.records - than.records
-    return (
-        f"{more:,} record(s) more than {what}"
-        if more > 0
-        else f"{-more:,} record(s) fewer than {what}"
-        if more < 0
-        else "the same count but different records"
-    )
-
-
-def _content_chunks(fmt, sources, dedup, skip_corrupt: bool, reports: list, per_file: dict):
-    """``(content hashes, record hashes, lengths)`` of every chunk of ``sources`` in input order, as
-    a ``--dedup`` run keys them (``Dedup.file_contents``); each file's ``ReadReport`` appended to ``reports``."""
-    from pileshuffle.formats import record_lengths
-
-    for source in sources:
-        report, records = ReadReport(), 0
-        for table, hashes, contents in dedup.file_contents(fmt, source.path, skip_corrupt, report):
-            yield contents, hashes, record_lengths(table)
-            records += table.num_rows
-        reports.append(report)
-        per_file[source.path] = records
-
-
-def _damage(path: str, size: int, entry) -> str:
-    """How a shard's bytes differ from the CRC32C its manifest ``entry`` lists (and its size, then), else None."""
-    if entry is None or entry.get("crc32c") is None:
-        return None
-    try:
-        data = storage.read_buffer(path)
-    except (OSError, zlib.error, ValueError) as error:  # pyarrow's errors are OSError or ValueError
-        return unreadable_bytes(path, error).removeprefix("is damaged: ")
-    mismatch = crc32c_mismatch(data, entry["crc32c"])
-    if mismatch is not None and entry.get("bytes") not in (None, size):
-        return f"it is {size:,} bytes where its manifest lists {entry['bytes']:,}"
-    return mismatch
-
-
-def _with_copies(fmt, sources, manifest: dict, skip_corrupt: bool) -> Fingerprint:
-    """The fingerprint of the input's records each as many times as ``--balance`` copies it,
-    recomputed from the input as the run did (``copies_fingerprint``)."""
-    from pileshuffle.engine.balance import from_manifest_options
-
-    field, policy, keep_unlabeled = from_manifest_options(manifest.get("options", {}))
-    return copies_fingerprint(
-        fmt, sources, field, policy, int(manifest.get("seed") or 0), skip_corrupt, keep_unlabeled
-    )
-
-
-def copies_fingerprint(
-    fmt,
-    sources,
-    field: str,
-    policy,
-    seed: int,
-    skip_corrupt: bool = False,
-    keep_unlabeled: bool = False,
-) -> Fingerprint:
-    """The fingerprint of ``sources``' records (``Source``s, ids = ranks as pass 1 numbered
-    them) each as many times as ``policy`` copies it: their classes counted, then each
-    record's copies, as pass 1 computes them (for a shard output, and a store's generation)."""
-    from pileshuffle.engine.transforms.assign import INPUT_STREAM, copies_balance, keyed_chunks
-
-    balance = copies_balance(fmt, sources, field, policy, seed, skip_corrupt, keep_unlabeled)
-    total = Fingerprint()
-    for source in sources:
-        for _, _, hashes, lengths, _ in keyed_chunks(
-            fmt,
-            source,
-            seed,
-            (INPUT_STREAM, source.id),
-            DEFAULT_CHUNK_BYTES,
-            skip_corrupt,
-            ReadReport(),
-            balance,
-        ):
-            total += Fingerprint.of(hashes, int(lengths.sum()))
-    return total
-
-
 def verify_shards(input_glob, output_prefix: str, format=None) -> list:
-    """Problems found with the shard output at ``output_prefix`` (and its input): none = every check passed."""
+    """Problems found with the shard output at ``output_prefix`` (and its input): none = every
+    check passed."""
     return ShardVerifier(input_glob, output_prefix, format).run()

@@ -39,7 +39,8 @@ from pileshuffle.formats.labels import (
 from pileshuffle.io import storage
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, class_codes_names, source_writer_name
 from pileshuffle.records import keys as keymath
-from pileshuffle.records.fingerprint import Fingerprint, expect_records
+from pileshuffle.records.fingerprint import Fingerprint
+from pileshuffle.records.slice_crcs import expect_records
 
 STATS_TAG = "stats"  # the tag of pass 1's side output: one SourceStats per source
 INPUT_STREAM = 0  # key stream tag of input records: (INPUT_STREAM, source id)
