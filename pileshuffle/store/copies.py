@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle import names
-from pileshuffle.engine.dedup import content_groups
+from pileshuffle.engine.duplicates import content_groups
 from pileshuffle.engine.fragments import Fragment, read_batches
 from pileshuffle.engine.tuning import prepare_worker
 from pileshuffle.io import storage

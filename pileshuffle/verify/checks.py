@@ -23,7 +23,7 @@ import zlib
 
 from pileshuffle.engine.dedup import Dedup, distinct_fingerprint
 from pileshuffle.engine.output_files import read_manifest
-from pileshuffle.engine.transforms.write import schema_json
+from pileshuffle.engine.transforms.finalize import schema_json
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.formats import FORMATS, ReadReport, get_format, read_fingerprint
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES

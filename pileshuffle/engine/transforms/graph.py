@@ -4,12 +4,8 @@ import apache_beam as beam
 
 from pileshuffle.engine.balance import manifest_options
 from pileshuffle.engine.fragments import Fragment, GroupSegment
-from pileshuffle.engine.transforms.assign import (
-    STATS_TAG,
-    CountClasses,
-    ReadSourceToPiles,
-    SourceStats,
-)
+from pileshuffle.engine.sources import SourceStats
+from pileshuffle.engine.transforms.pass_one import STATS_TAG, CountClasses, ReadSourceToPiles
 from pileshuffle.engine.transforms.pile_groups import template_group
 from pileshuffle.engine.transforms.shuffle import GroupIntoPiles
 from pileshuffle.engine.transforms.write import WritePiles

@@ -17,10 +17,10 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.engine.dedup import distinct_in_order, stream_distinct
+from pileshuffle.engine.duplicates import distinct_in_order, stream_distinct
 from pileshuffle.engine.fragments import Fragment, FragmentFiles, read_batches
 from pileshuffle.engine.runs import run_bytes_for
-from pileshuffle.engine.transforms.assign import AssignPiles
+from pileshuffle.engine.transforms.pass_one import AssignPiles
 from pileshuffle.engine.transforms.pile_groups import PileGroup, in_key_order
 from pileshuffle.engine.tuning import prepare_worker
 from pileshuffle.formats import record_lengths
