@@ -69,7 +69,8 @@ class Dedup:
     field: str = None
 
     def units(self) -> str:
-        """What an output holds one of each of, as summaries say it: ``records``, or ``values of 'url'``."""
+        """What an output holds one of each of, as summaries say it: ``records``,
+        or ``values of 'url'``."""
         return "records" if self.field is None else f"values of {self.field!r}"
 
     def options(self) -> dict:
@@ -89,8 +90,8 @@ class Dedup:
     ) -> pa.Table:
         """The columns two records must agree on to be duplicates (``records``: the user's columns).
         A record without the field is an InputError naming ``path`` and the record: by its number
-        (``first``: the file's records before ``records``) or, where that is unknown (``first`` None:
-        a span of a file), by its ``positions`` entry."""
+        (``first``: the file's records before ``records``) or, where that is unknown (``first``
+        None: a span of a file), by its ``positions`` entry."""
         if self.field is None:
             return records
         from pileshuffle.formats import holder_of
@@ -99,9 +100,8 @@ class Dedup:
             return self._field_values(records, path, 0 if first is None else first)
         except InputError as error:
             problem = error.problem.replace(KEEP_HINT, "")
-            if (
-                first is None and positions is not None
-            ):  # a span: the record named by its place, not its number
+            # a span: the record named by its place, not its number
+            if first is None and positions is not None:
                 row, problem = next(
                     (i, p)
                     for i in range(records.num_rows)
@@ -128,9 +128,8 @@ class Dedup:
         from pileshuffle.formats import holder_of
         from pileshuffle.formats.labels import record_labels
 
-        if (
-            holder_of(records).record_column is None
-        ):  # rows: the column itself, any type, nulls equal
+        # rows: the column itself, any type, nulls equal
+        if holder_of(records).record_column is None:
             if self.field not in records.column_names:
                 raise InputError(
                     path,
@@ -148,9 +147,10 @@ class Dedup:
         first: int = 0,
         positions: np.ndarray = None,
     ) -> np.ndarray:
-        """The 64-bit content hash of every record (``hashes``: their fingerprint hashes, which whole
-        records reuse), as run, verify and quality compute it: a hash of CRC32C and length (the
-        fingerprint's; of the field's value, a one-column row) with the CRC-32 (zlib) of the bytes."""
+        """The 64-bit content hash of every record (``hashes``: their fingerprint hashes, which
+        whole records reuse), as run, verify and quality compute it: a hash of CRC32C and length
+        (the fingerprint's; of the field's value, a one-column row) with the CRC-32 (zlib) of the
+        bytes."""
         if self.field is not None:
             values = self.values(records, path, first, positions)
             return _with_crc32(row_hashes(values), values.columns)
@@ -159,9 +159,8 @@ class Dedup:
         holder = holder_of(records)
         if holder.record_column is None:  # rows: every binary or string value
             return _with_crc32(hashes, records.columns)
-        return _with_crc32(
-            hashes, [records.column(0)], holder.before, holder.after
-        )  # a bytes format's payload
+        # a bytes format's payload
+        return _with_crc32(hashes, [records.column(0)], holder.before, holder.after)
 
     def keys(
         self,
@@ -178,8 +177,8 @@ class Dedup:
         )
 
     def file_contents(self, fmt, path: str, skip_corrupt: bool = False, report=None):
-        """``(table, fingerprint hashes, content hashes)`` of every chunk of the file ``path`` in order:
-        what verify and quality recompute of a run's input."""
+        """``(table, fingerprint hashes, content hashes)`` of every chunk of the file
+        ``path`` in order: what verify and quality recompute of a run's input."""
         from pileshuffle.formats import record_hashes
 
         first = 0
@@ -190,9 +189,10 @@ class Dedup:
 
 
 def _with_crc32(hashes: np.ndarray, columns, before: int = 0, after: int = 0) -> np.ndarray:
-    """``hashes`` (64-bit, from CRC32C and length) mixed with the CRC-32 (zlib) of each binary or string
-    value of ``columns``, in column order (``before``/``after``: framing bytes left out of each value);
-    fixed-width values are left as they are: their fingerprint hash is a bijection of them already."""
+    """``hashes`` (64-bit, from CRC32C and length) mixed with the CRC-32 (zlib) of each binary or
+    string value of ``columns``, in column order (``before``/``after``: framing bytes left out of
+    each value); fixed-width values are left as they are: their fingerprint hash is a bijection of
+    them already."""
     second = np.zeros(len(hashes), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for position, column in enumerate(columns):
@@ -233,9 +233,9 @@ _PLACED = np.dtype([("content", "<u8"), ("index", "<i8")])
 
 
 def _partitioned(rows, folder: str):
-    """The structured arrays ``rows`` (in input order, with a ``content`` field) written to ``_PARTS``
-    files in ``folder`` by the top bits of ``content``, then yielded a file at a time: each holds
-    every row of its content hashes, in input order."""
+    """The structured arrays ``rows`` (in input order, with a ``content`` field) written to
+    ``_PARTS`` files in ``folder`` by the top bits of ``content``, then yielded a file at a time:
+    each holds every row of its content hashes, in input order."""
     paths = [os.path.join(folder, f"part-{p:02d}") for p in range(_PARTS)]
     handles, dtype = [open(path, "wb") for path in paths], None
     try:
@@ -271,17 +271,16 @@ def distinct_fingerprint(chunks) -> tuple:
     distinct = Fingerprint()
     with tempfile.TemporaryDirectory(prefix="pileshuffle-verify-") as folder:
         for part in _partitioned(triples(), folder):
-            _, first = np.unique(
-                part["content"], return_index=True
-            )  # the first of each, in input order
+            # the first of each, in input order
+            _, first = np.unique(part["content"], return_index=True)
             distinct += Fingerprint.of(part["hash"][first], int(part["length"][first].sum()))
     return read[0], distinct
 
 
 def first_occurrences(contents_chunks, folder: str) -> np.ndarray:
-    """Whether each record of ``contents_chunks`` (content hashes, in input order) is the first of its
-    content: a bool array memory-mapped in ``folder`` (1 byte a record on disk; the numbers it is made
-    from wait there too, ``_partitioned``)."""
+    """Whether each record of ``contents_chunks`` (content hashes, in input order) is the first of
+    its content: a bool array memory-mapped in ``folder`` (1 byte a record on disk; the numbers it
+    is made from wait there too, ``_partitioned``)."""
     count = [0]
 
     def placed():

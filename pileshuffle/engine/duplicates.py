@@ -43,7 +43,8 @@ class Dropped:
 
 
 def _same_rows(values: pa.Table, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """Whether row ``left[i]`` of ``values`` equals row ``right[i]`` (nulls equal nulls), for every i."""
+    """Whether row ``left[i]`` of ``values`` equals row ``right[i]`` (nulls equal nulls),
+    for every i."""
     same = np.ones(len(left), dtype=bool)
     if not len(left):
         return same
@@ -54,11 +55,8 @@ def _same_rows(values: pa.Table, left: np.ndarray, right: np.ndarray) -> np.ndar
             both_null = pc.and_(pc.is_null(a), pc.is_null(b))
             equal = pc.or_kleene(pc.fill_null(equal, False), both_null)
             same &= np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
-        except (
-            pa.ArrowNotImplementedError,
-            pa.ArrowInvalid,
-            TypeError,
-        ):  # nested types: compared as Python values
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError):
+            # nested types: compared as Python values
             same &= np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist())], dtype=bool)
     return same
 
@@ -73,9 +71,8 @@ def _preview(records: pa.Table, index: int) -> str:
 
     row = records.slice(index, 1).to_pylist()[0]
     holder = holder_of(records)
-    if (
-        holder.record_column is not None
-    ):  # a bytes format: its payload, without a frame's header or a newline
+    # a bytes format: its payload, without a frame's header or a newline
+    if holder.record_column is not None:
         value = row[holder.record_column][
             holder.before : len(row[holder.record_column]) - holder.after
         ]
@@ -94,9 +91,9 @@ def distinct_in_order(
     dedup: Dedup,
     dropped: Dropped = None,
 ) -> np.ndarray:
-    """Which rows to keep (bool array) of ``records.take(order)``, whose ``keys`` are in order (stable:
-    equal keys in canonical order), as are ``hashes`` and ``lengths``: the first of each distinct
-    content; the rest are added to ``dropped``."""
+    """Which rows to keep (bool array) of ``records.take(order)``, whose ``keys`` are in order
+    (stable: equal keys in canonical order), as are ``hashes`` and ``lengths``: the first of each
+    distinct content; the rest are added to ``dropped``."""
     n = len(keys)
     keep = np.ones(n, dtype=bool)
     if n < 2:
@@ -109,26 +106,22 @@ def distinct_in_order(
     else:  # a field: read from the records that tie only
         involved = np.unique(np.concatenate((members, run_starts[run_of[members]])))
         values = dedup.values(records.take(order[involved]), "a pile")
-        at = np.searchsorted(
-            involved, np.arange(n)
-        )  # sorted row -> its place in ``values`` (tied rows only)
+        # sorted row -> its place in ``values`` (tied rows only)
+        at = np.searchsorted(involved, np.arange(n))
     same = _same_rows(values, at[members], at[run_starts[run_of[members]]])
     keep[members[same]] = False
-    for run in np.unique(
-        run_of[members[~same]]
-    ).tolist():  # a tie of different contents: a hash collision
+    # a tie of different contents: a hash collision
+    for run in np.unique(run_of[members[~same]]).tolist():
         rows = np.arange(run_starts[run], run_starts[run] + np.sum(run_of == run))
         keep[rows] = False
-        keep[rows[np.unique(_value_ids(values, at[rows]), return_index=True)[1]]] = (
-            True  # the first of each value
-        )
+        # the first of each value
+        keep[rows[np.unique(_value_ids(values, at[rows]), return_index=True)[1]]] = True
     if dropped is not None:
         gone = np.flatnonzero(~keep)
         dropped.add(hashes[gone], lengths[gone])
         copies = np.bincount(run_of[gone], minlength=len(run_starts)) + 1
-        largest = np.lexsort((hashes[run_starts], copies))[::-1][
-            :TOP_GROUPS
-        ]  # as add_groups ranks: (copies, hash)
+        # as add_groups ranks: (copies, hash)
+        largest = np.lexsort((hashes[run_starts], copies))[::-1][:TOP_GROUPS]
         dropped.add_groups(
             [
                 (
@@ -153,8 +146,9 @@ def _tie_runs(ordered: np.ndarray) -> tuple:
 
 
 def _value_ids(values: pa.Table, rows: np.ndarray) -> np.ndarray:
-    """A number for each of ``values``' ``rows``, 0, 1, ... in order of first appearance, equal where the
-    rows' values are (compared as Python values: the rows of one key that differ, a hash collision)."""
+    """A number for each of ``values``' ``rows``, 0, 1, ... in order of first appearance, equal
+    where the rows' values are (compared as Python values: the rows of one key that differ, a hash
+    collision)."""
     seen = {}
     return np.array(
         [seen.setdefault(_row(values, int(r)), len(seen)) for r in rows.tolist()], dtype=np.int64
@@ -174,9 +168,8 @@ def content_groups(values: pa.Table, keys: np.ndarray) -> np.ndarray:
     groups[order] = run_of
     same = _same_rows(values, order[members], order[starts[run_of[members]]])
     fresh = n
-    for run in np.unique(
-        run_of[members[~same]]
-    ).tolist():  # a key collision: number each distinct value anew
+    # a key collision: number each distinct value anew
+    for run in np.unique(run_of[members[~same]]).tolist():
         rows = order[starts[run] : starts[run] + int(np.sum(run_of == run))]
         ids = _value_ids(values, rows)
         groups[rows] = fresh + ids

@@ -46,9 +46,8 @@ def list_pattern(pattern: str):
         if not _WILDCARDS.search(pattern):
             return {}, {}
         found, skipped = _walk_local_pattern(pattern)
-        if (
-            not found and not skipped and "[" in pattern
-        ):  # brackets in folder or file names, not a set
+        # brackets in folder or file names, not a set
+        if not found and not skipped and "[" in pattern:
             found, skipped = _walk_local_pattern(_brackets_literal(pattern))
     else:
         found = _match_remote(pattern)
@@ -73,7 +72,8 @@ def list_pattern(pattern: str):
 
 
 def _brackets_literal(pattern: str) -> str:
-    """``pattern`` with its ``[`` taken as a character (Beam has no escape), ``*`` and ``?`` kept."""
+    """``pattern`` with its ``[`` taken as a character (Beam has no escape),
+    ``*`` and ``?`` kept."""
     return pattern.replace("[", "[\\[]")
 
 
@@ -93,7 +93,8 @@ def _is_remote_folder(path: str) -> bool:
 
 
 def _literal_local_file(path: str) -> dict:
-    """``{path: size}`` of a local name given without wildcards; a folder or a dangling link is refused."""
+    """``{path: size}`` of a local name given without wildcards;
+    a folder or a dangling link is refused."""
     if os.path.isdir(path):
         _refuse_folder(path)
     if not os.path.exists(path):
@@ -145,7 +146,8 @@ def _walk_local_pattern(pattern: str):
 
 
 def _match_remote(pattern: str) -> dict:
-    """``{path: size}`` of what a remote pattern matches; a listing failure is an InputError naming it."""
+    """``{path: size}`` of what a remote pattern matches;
+    a listing failure is an InputError naming it."""
     try:
         return {f.path: f.size for f in storage.match(pattern)}
     except InputError as error:

@@ -50,7 +50,9 @@ class Inputs:
 
     sources: list
     left_out: dict  # path -> why: files pileshuffle wrote
-    skipped: dict  # path -> why: matched names that are not input files (markers, hidden files, folders, dangling links)
+    # path -> why: matched names that are not input files (markers, hidden files, folders,
+    # dangling links)
+    skipped: dict
     duplicates: dict  # path -> the name kept: other names of a file already matched
 
 
@@ -195,12 +197,13 @@ def _unknown_format(path: str, sources) -> str:
     known = sorted({format_of_name(s.path) for s in sources} - {None})
     if len(known) == 1:
         return (
-            f"matched beside {known[0]} files, and its name says no format: narrow --input to the data "
-            f"(e.g. a pattern ending in *.{known[0]}), or give --format to read every matched file as one format"
+            f"matched beside {known[0]} files, and its name says no format: narrow --input to "
+            f"the data (e.g. a pattern ending in *.{known[0]}), or give --format to read every "
+            "matched file as one format"
         )
     return (
-        f"cannot tell its format from its name (known extensions: {known_extensions()}, each may end in .gz "
-        "but .parquet): give --format"
+        f"cannot tell its format from its name (known extensions: {known_extensions()}, each "
+        "may end in .gz but .parquet): give --format"
     )
 
 
@@ -240,7 +243,8 @@ def own_file(path: str, output: str, matched) -> str:
 
 
 def _is_shard_manifest(path: str) -> bool:
-    """Whether ``path`` holds a shard output's manifest (a JSON object with ``shards`` and ``num_piles``)."""
+    """Whether ``path`` holds a shard output's manifest
+    (a JSON object with ``shards`` and ``num_piles``)."""
     try:
         manifest = storage.read_json(path)  # whole: a manifest of 100,000 shards passes 16 MiB
     except Exception:
@@ -249,7 +253,8 @@ def _is_shard_manifest(path: str) -> bool:
 
 
 def describe_left_out(left_out: dict) -> str:
-    """``{path: why}`` in a few words: "3 shards of the finished output data/a, the manifest of data/a"."""
+    """``{path: why}`` in a few words: "3 shards of the finished output data/a,
+    the manifest of data/a"."""
     counts = {}
     for why in left_out.values():
         counts[why] = counts.get(why, 0) + 1
@@ -257,7 +262,8 @@ def describe_left_out(left_out: dict) -> str:
 
 
 def describe_skipped(skipped: dict) -> str:
-    """``{path: why}`` by reason, each with a few of its names: "2 x a folder (_temporary, logs)"."""
+    """``{path: why}`` by reason, each with a few of its names:
+    "2 x a folder (_temporary, logs)"."""
     groups = {}
     for path, why in sorted(skipped.items()):
         groups.setdefault(why, []).append(path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1])
@@ -267,9 +273,8 @@ def describe_skipped(skipped: dict) -> str:
     )
 
 
-RESERVED_PREFIX = (
-    "_pileshuffle_"  # columns the piles add to every record (names.KEY_COLUMN, names.HASH_COLUMN)
-)
+# columns the piles add to every record (names.KEY_COLUMN, names.HASH_COLUMN)
+RESERVED_PREFIX = "_pileshuffle_"
 
 
 def check_schemas(fmt, sources):
@@ -292,7 +297,8 @@ def check_schemas(fmt, sources):
         elif not schema.equals(first_schema, check_metadata=False):
             raise InputError(
                 source.path,
-                f"has a different schema from {first_path}: {describe_difference(first_schema, schema)}",
+                f"has a different schema from {first_path}: "
+                f"{describe_difference(first_schema, schema)}",
             )
     return first_schema
 
@@ -314,11 +320,12 @@ def describe_difference(expected, actual) -> str:
     for i, (here, there) in enumerate(zip(actual, expected)):
         if here.name != there.name:
             return (
-                f"the same columns in another order: column {i} is {here.name!r} here, {there.name!r} there "
-                "(write the files with one column order)"
+                f"the same columns in another order: column {i} is {here.name!r} here, "
+                f"{there.name!r} there (write the files with one column order)"
             )
         if here.nullable != there.nullable:
-            return f"column {here.name!r} is {'' if here.nullable else 'not '}nullable here, {'not ' if here.nullable else ''}there"
+            here_not, there_not = ("", "not ") if here.nullable else ("not ", "")
+            return f"column {here.name!r} is {here_not}nullable here, {there_not}there"
         if not here.type.equals(there.type):
             return f"column {here.name!r} is {here.type} here, {there.type} there"
     return "their field metadata differs"

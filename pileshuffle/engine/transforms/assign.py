@@ -63,11 +63,11 @@ def split_by_pile(
 
 
 class SourcePiles:
-    """One source read into pile parts (``keyed_rows``, ``split_by_pile``), for run's pass 1 and
-    the store writer: iterating gives ``(chunk index, chunk fingerprint as read, parts)``,
-    ``parts`` yielding ``(pile, part, fingerprint)``; ``keyed()`` gives ``keyed_rows``' chunks
-    whole instead (run's pass 1 holds them in ``PileRuns``). Either way ``stats()`` is then the
-    source's ``SourceStats`` (with ``balance``, what went into the piles and the class tally too)."""
+    """One source read into pile parts (``keyed_rows``, ``split_by_pile``), for run's pass 1 and the
+    store writer: iterating gives ``(chunk index, chunk fingerprint as read, parts)``, ``parts``
+    yielding ``(pile, part, fingerprint)``; ``keyed()`` gives ``keyed_rows``' chunks whole instead
+    (run's pass 1 holds them in ``PileRuns``). Either way ``stats()`` is then the source's
+    ``SourceStats`` (with ``balance``, what went into the piles and the class tally too)."""
 
     def __init__(
         self,
@@ -108,7 +108,8 @@ class SourcePiles:
             )
 
     def keyed(self):
-        """``keyed_rows``' ``(table, keys, hashes, lengths, read, rows)`` of each chunk, counted for ``stats()``."""
+        """``keyed_rows``' ``(table, keys, hashes, lengths, read, rows)`` of each chunk,
+        counted for ``stats()``."""
         for table, keys, hashes, lengths, read, rows in self._chunks:
             self._read += read
             if self._emitted is not None:  # what the piles must hold: the records with their copies
@@ -130,12 +131,12 @@ def keyed_chunks(
     balance=None,
     tally=None,
 ):
-    """``(table, keys, hashes, lengths, read)`` for each chunk of ``source`` (of its ``span``) in file
-    order: keys are ``position_keys(seed, stream, positions)``, a pure function of the input; ``read``
-    is the chunk's fingerprint as read. With ``balance`` (``(label field, ClassPlan)``, or
-    ``(label field, ClassPlan, keep_unlabeled)``) each record comes as many times as its copies
-    say, each copy a position of its own, and ``tally`` (a dict) adds up ``class -> [records
-    read, records emitted]``."""
+    """``(table, keys, hashes, lengths, read)`` for each chunk of ``source`` (of its ``span``) in
+    file order: keys are ``position_keys(seed, stream, positions)``, a pure function of the input;
+    ``read`` is the chunk's fingerprint as read. With ``balance`` (``(label field, ClassPlan)``, or
+    ``(label field, ClassPlan, keep_unlabeled)``) each record comes as many times as its copies say,
+    each copy a position of its own, and ``tally`` (a dict) adds up ``class -> [records read,
+    records emitted]``."""
     for table, keys, hashes, lengths, read, rows in keyed_rows(
         fmt, source, seed, stream, chunk_bytes, skip_corrupt, report, balance, tally
     ):

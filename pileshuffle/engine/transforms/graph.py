@@ -1,4 +1,5 @@
-"""The template's graph: listed source groups -> pass 1 (ReadSourceToPiles) -> GroupIntoPiles -> WritePiles."""
+"""The template's graph: listed source groups -> pass 1
+(ReadSourceToPiles) -> GroupIntoPiles -> WritePiles."""
 
 import apache_beam as beam
 
@@ -22,9 +23,8 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     fragments_dir = (
         storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
     )
-    codes_dir = storage.join(
-        plan.work_dir, CLASS_CODES_DIR
-    )  # --balance: labels from the counting pass to pass 1
+    # --balance: labels from the counting pass to pass 1
+    codes_dir = storage.join(plan.work_dir, CLASS_CODES_DIR)
     sources = (
         (
             pipeline
@@ -120,7 +120,8 @@ def counted_classes(
 
 
 def _is_fragment_element(element) -> bool:
-    """Whether ``element`` is pass 1's main output, a ``(pile, Fragment)`` or ``(group, GroupSegment)`` pair."""
+    """Whether ``element`` is pass 1's main output:
+    a ``(pile, Fragment)`` or ``(group, GroupSegment)`` pair."""
     return (
         isinstance(element, tuple)
         and len(element) == 2

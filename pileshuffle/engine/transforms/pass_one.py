@@ -38,8 +38,8 @@ STATS_TAG = "stats"  # the tag of pass 1's side output: one SourceStats per sour
 
 
 def _codes_paths(codes_dir, format_name, source: Source):
-    """``(codes, classes, lines)``: where the counting pass keeps ``source``'s class codes for pass 1
-    (``ClassCodesWriter``; lines None but for JSONL), or None: not kept for Parquet, whose labels
+    """``(codes, classes, lines)``: where the counting pass keeps ``source``'s class codes for pass
+    1 (``ClassCodesWriter``; lines None but for JSONL), or None: not kept for Parquet, whose labels
     are a column pass 1 decodes anyway."""
     if codes_dir is None or format_name == "parquet":
         return None
@@ -60,12 +60,8 @@ class CountClasses(beam.DoFn):
         keep_unlabeled=False,
         codes_dir=None,
     ):
-        self._format_name, self._field, self._chunk_bytes, self._skip_corrupt = (
-            format_name,
-            field,
-            chunk_bytes,
-            skip_corrupt,
-        )
+        self._format_name, self._field = format_name, field
+        self._chunk_bytes, self._skip_corrupt = chunk_bytes, skip_corrupt
         self._keep_unlabeled, self._codes_dir = keep_unlabeled, codes_dir
 
     def process(self, source: Source):
@@ -105,9 +101,10 @@ class ReadSourceToPiles(beam.DoFn):
     and write their piles' parts as runs of up to ``run_bytes`` each (``runs.PileRuns``).
 
     Keys are ``position_keys(seed, (INPUT_STREAM, source.id), position in the file)``: a pure
-    function of the input, so every runner, worker count, grouping and split produces the same piles.
-    Main output: ``(pile, Fragment)``, one per (run, pile), or with ``group`` > 1 ``(group,
-    GroupSegment)``, one per (run, group of piles); tagged ``stats``: one ``SourceStats`` per source. Everything is emitted from ``process`` (Beam's DaskRunner drops ``finish_bundle``'s).
+    function of the input, so every runner, worker count, grouping and split produces the same
+    piles. Main output: ``(pile, Fragment)``, one per (run, pile), or with ``group`` > 1 ``(group,
+    GroupSegment)``, one per (run, group of piles); tagged ``stats``: one ``SourceStats`` per
+    source. Everything is emitted from ``process`` (Beam's DaskRunner drops ``finish_bundle``'s).
     """
 
     def __init__(
@@ -129,15 +126,11 @@ class ReadSourceToPiles(beam.DoFn):
         records_per_process=0,
     ):
         self._format_name, self._seed, self._num_piles = format_name, seed, num_piles
-        self._records_per_process = (
-            records_per_process  # what a worker process hashes (0: not known)
-        )
+        # what a worker process hashes (0: not known)
+        self._records_per_process = records_per_process
         self._dedup, self._group = dedup, group
-        self._fragments_dir, self._chunk_bytes, self._skip_corrupt = (
-            fragments_dir,
-            chunk_bytes,
-            skip_corrupt,
-        )
+        self._fragments_dir = fragments_dir
+        self._chunk_bytes, self._skip_corrupt = chunk_bytes, skip_corrupt
         self._label, self._keep_unlabeled, self._codes_dir = label, keep_unlabeled, codes_dir
         self._planner = None if policy is None else ClassPlanner(policy, seed)
         self._run_bytes, self._memory_for_runs = run_bytes, memory_for_runs
@@ -197,7 +190,8 @@ def _as_table(batch) -> pa.Table:
     if isinstance(first, pa.Table):
         return pa.concat_tables(batch)
     raise TypeError(
-        f"ShuffleToPiles takes bytes or pyarrow RecordBatch/Table elements (or (id, record) pairs with keyed=True), got {type(first).__name__}"
+        "ShuffleToPiles takes bytes or pyarrow RecordBatch/Table elements (or (id, record) "
+        f"pairs with keyed=True), got {type(first).__name__}"
     )
 
 
@@ -236,11 +230,8 @@ class AssignPiles(beam.DoFn):
         dedup=None,
     ):
         self._seed, self._num_piles, self._keyed, self._dedup = seed, num_piles, keyed, dedup
-        self._fragments_dir, self._batch_bytes, self._run_bytes = (
-            fragments_dir,
-            batch_bytes,
-            run_bytes,
-        )
+        self._fragments_dir = fragments_dir
+        self._batch_bytes, self._run_bytes = batch_bytes, run_bytes
 
     def setup(self):
         prepare_worker()
@@ -272,7 +263,8 @@ class AssignPiles(beam.DoFn):
             yield WindowedValue((pile, fragment), MIN_TIMESTAMP, [GlobalWindow()])
 
     def _hold(self):
-        """Key the buffered elements and hand them to the bundle's runs; the elements of any run that fills."""
+        """Key the buffered elements and hand them to the bundle's runs;
+        the elements of any run that fills."""
         if not self._buffer:
             return []
         table = _as_table(self._buffer)
@@ -282,7 +274,8 @@ class AssignPiles(beam.DoFn):
         elif self._keyed:
             if table.num_rows != len(self._ids):
                 raise ValueError(
-                    "keyed=True takes one (id, record) pair per record; a RecordBatch element needs one id per row"
+                    "keyed=True takes one (id, record) pair per record; a RecordBatch element "
+                    "needs one id per row"
                 )
             keys = _id_keys(self._seed, self._ids)
         else:
