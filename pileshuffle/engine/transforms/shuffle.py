@@ -103,7 +103,7 @@ class Pile:
 
     def ordered(self, dropped=None):
         """Yield the records in final order, each with its pass-1 hash (``HASH_COLUMN``). Under
-        ``dedup`` only the first of each content; ``dropped`` (a ``dedup.Dropped``) counts the
+        ``dedup`` only the first of each content; ``dropped`` (a ``duplicates.Dropped``) counts the
         rest."""
         if self.dedup is not None and self.single_key:
             batches = (
