@@ -122,7 +122,7 @@ def _bare(pile, folder: str):
 
 def per_pile(folder: str, piles: list):
     """``WriteShard.process`` against ``_bare``, pile by pile, in one process on one thread."""
-    from pileshuffle.engine.transforms.write import WriteShard
+    from pileshuffle.engine.transforms.shards import WriteShard
 
     num_piles = len(piles)
     ours, bare = (
@@ -151,7 +151,7 @@ def per_pile(folder: str, piles: list):
 def groups(folder: str, piles: list):
     """``WriteShard`` on ``PileGroup``s of the template's size against ``WriteShard`` per pile."""
     from pileshuffle.engine.transforms.pile_groups import GROUP_BYTES, PileGroup, group_size
-    from pileshuffle.engine.transforms.write import WriteShard
+    from pileshuffle.engine.transforms.shards import WriteShard
 
     num_piles = len(piles)
     size = group_size(sum(p.nbytes for p in piles) / num_piles, GROUP_BYTES)

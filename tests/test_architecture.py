@@ -48,6 +48,7 @@ WITHOUT_BEAM = [
     "engine.memory_runs",
     "engine.run_segments",
     "engine.dedup",
+    "engine.duplicates",
     "engine.tuning",
     "planning.pile_bound",
     "planning.memory_limit",

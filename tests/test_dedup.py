@@ -33,7 +33,8 @@ from pileshuffle import ShuffleToPiles, WritePiles
 from pileshuffle.commands import sample
 from pileshuffle.commands.info import main as info_main
 from pileshuffle.commands.verify import main as verify_main
-from pileshuffle.engine.dedup import Dedup, Dropped, distinct_in_order, stream_distinct
+from pileshuffle.engine.dedup import Dedup
+from pileshuffle.engine.duplicates import Dropped, distinct_in_order, stream_distinct
 from pileshuffle.formats.tfrecord import frame
 from pileshuffle.verify.checks import verify_shards
 

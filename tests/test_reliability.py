@@ -401,7 +401,7 @@ def test_the_local_runner_does_not_retry_a_failed_bundle():
 def test_pass_1_run_twice_for_a_source_replaces_its_runs(tmp_path, tfrecord_input, monkeypatch):
     import pileshuffle.engine.runs as runs
     from pileshuffle.engine.inputs import match_inputs
-    from pileshuffle.engine.transforms.assign import ReadSourceToPiles
+    from pileshuffle.engine.transforms.pass_one import ReadSourceToPiles
 
     source = match_inputs(tfrecord_input)[0]
     directory = str(tmp_path / "fragments")
@@ -441,7 +441,7 @@ class _Twice:
 
 def _flaky_read_class():
     from pileshuffle.engine.runs import PileRuns
-    from pileshuffle.engine.transforms.assign import ReadSourceToPiles
+    from pileshuffle.engine.transforms.pass_one import ReadSourceToPiles
 
     class FlakyRead(ReadSourceToPiles):
         """Every group of sources is attempted three times, as a retrying runner would: attempt 1
@@ -470,7 +470,7 @@ def _flaky_read_class():
 
 
 def _flaky_write_class():
-    from pileshuffle.engine.transforms.write import WriteShard
+    from pileshuffle.engine.transforms.shards import WriteShard
 
     class FlakyWrite(WriteShard):
         """Every pile is written twice; the first attempt's output is lost."""

@@ -282,8 +282,8 @@ def test_a_pile_of_whole_fragment_files_is_written_in_key_order(tmp_path):
     import pyarrow as pa
 
     from pileshuffle.engine.fragments import Fragment, FragmentFiles
+    from pileshuffle.engine.transforms.shards import WriteShard
     from pileshuffle.engine.transforms.shuffle import Pile
-    from pileshuffle.engine.transforms.write import WriteShard
     from pileshuffle.formats import record_hashes
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.records.fingerprint import Fingerprint

@@ -404,13 +404,13 @@ def test_piles_grown_past_max_pile_bytes_load_in_sub_piles_with_their_copies_hid
 def test_a_record_repeated_in_every_batch_is_one_entry_not_a_loaded_pile(monkeypatch):
     """100,000 copies of one record over 50 batches: the copies are found comparing at most a batch
     and the one content met before, never the whole pile (``plan``'s promise for a dedup store)."""
-    from pileshuffle.engine import dedup as dedup_module
+    from pileshuffle.engine import duplicates
     from pileshuffle.engine.dedup import Dedup
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.store import copies
 
     compared = []
-    real = dedup_module.content_groups
+    real = duplicates.content_groups
     monkeypatch.setattr(
         copies,
         "content_groups",

@@ -35,7 +35,7 @@ def append(options) -> dict:
         describe_difference,
         match_inputs,
     )
-    from pileshuffle.engine.transforms.write import schema_json
+    from pileshuffle.engine.transforms.finalize import schema_json
     from pileshuffle.formats import get_format
 
     args = options if isinstance(options, AppendOptions) else append_options(options)

@@ -4,7 +4,7 @@
 cleaned up, so two runs never share a work folder and a second launch never removes the work of
 a first. A job that outlives its launcher (Dataflow) is handed the lock: it names the job and
 stays when the launcher returns, and the job's last step releases it after publishing
-(``transforms.write.Finalize``). A process's lock whose process is gone is stale and taken over;
+(``transforms.finalize.Finalize``). A process's lock whose process is gone is stale and taken over;
 a job's lock never is: the refusal says how to take over the output of a job that has ended.
 """
 

@@ -22,7 +22,7 @@ __all__ = ["run_store"]
 def run_store(options, wait=None, hold_worker_stderr=False):
     """``pileshuffle run --layout store``: pass 1 only, into ``{output}-store/`` as
     generation 0 of a new store (manifest version 1)."""
-    from pileshuffle.engine.transforms.write import schema_json
+    from pileshuffle.engine.transforms.finalize import schema_json
     from pileshuffle.names import manifest_path
     from pileshuffle.planning.plan import make_plan
     from pileshuffle.planning.space import check_space

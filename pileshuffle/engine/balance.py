@@ -208,7 +208,8 @@ class ClassPlan:
                 label, where = names[code], order[bounds[code] : bounds[code + 1]]
                 if label not in self.counts:
                     raise ValueError(
-                        f"class {label!r} was not counted by the first pass: the input changed during the run"
+                        f"class {label!r} was not counted by the first pass: "
+                        "the input changed during the run"
                     )
                 start = ranks.get(label, 0)
                 out[where] = copies(

@@ -1,22 +1,28 @@
-"""Exact deduplication inside the shuffle: a record's key U from its content, duplicates dropped in pass 2.
+"""Exact deduplication inside the shuffle: a record's key U from its content, duplicates
+dropped in pass 2.
 
 With ``--dedup exact`` a record's key is a seeded function of the record (a bytes format's
 record as stored, which its payload determines; a Parquet row's values); with ``--dedup_key
 FIELD`` of one field's value (a Parquet column's value; a JSON key's, a ``tf.train.Example``
 feature's or a tar member's as text, as ``formats.labels`` reads labels). Equal contents get
 equal keys, so they meet in one pile and, after pass 2's sort by U, sit side by side; different
-contents get independent uniform keys: the output is a uniform permutation of the distinct records.
+contents get independent uniform keys: the output is a uniform permutation of the distinct
+records.
 
 - The content hash is 64 bits (``Dedup.contents``): per value CRC32C, CRC-32 (zlib) and length,
   mixed (two CRCs of coprime generators: a CRC of degree 64); a whole record's reuses its
   fingerprint hash (its CRC32C) and adds the CRC-32. U is ``keys.position_keys(seed,
   (DEDUP_STREAM,), hash)``, a keyed bijection of it.
 - Records whose keys tie are compared by their values (bytes, or Arrow equality), never by a
-  hash: a collision between different contents keeps both.
+  hash: a collision between different contents keeps both (``duplicates``).
 - Kept: the first of each group in the pile's canonical order, which is input order (files in
-  sorted order, records in file order): a re-run keeps the same records, and writes the same bytes.
+  sorted order, records in file order): a re-run keeps the same records, and writes the same
+  bytes.
 - A group pass 2 cannot split by U (one record repeated more than a pile holds) is streamed,
-  never loaded whole (``stream_distinct``): memory is one batch and the group's distinct values.
+  never loaded whole (``duplicates.stream_distinct``): memory is one batch and the group's
+  distinct values.
+- ``verify`` and ``quality`` find the distinct records of a whole input by content hash, the
+  numbers waiting on disk (``distinct_fingerprint``, ``first_occurrences``).
 """
 
 import dataclasses
@@ -27,7 +33,6 @@ import tempfile
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pileshuffle.errors import InputError
 from pileshuffle.formats.json_labels import KEEP_HINT
@@ -45,18 +50,15 @@ __all__ = [
     "DEDUP_STREAM",
     "TOP_GROUPS",
     "Dedup",
-    "Dropped",
-    "distinct_in_order",
-    "content_groups",
-    "stream_distinct",
     "dedup_section",
     "distinct_fingerprint",
     "first_occurrences",
 ]
 
-DEDUP_STREAM = 3  # the key stream of content keys (0: input positions, 1: composed use's draws, 2: store generations)
+# the key stream of content keys (0: input positions, 1: composed use's draws, 2: store
+# generations)
+DEDUP_STREAM = 3
 TOP_GROUPS = 10  # the largest duplicate groups a manifest lists
-_PREVIEW_CHARS = 80
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -67,7 +69,8 @@ class Dedup:
     field: str = None
 
     def units(self) -> str:
-        """What an output holds one of each of, as summaries say it: ``records``, or ``values of 'url'``."""
+        """What an output holds one of each of, as summaries say it: ``records``,
+        or ``values of 'url'``."""
         return "records" if self.field is None else f"values of {self.field!r}"
 
     def options(self) -> dict:
@@ -87,8 +90,8 @@ class Dedup:
     ) -> pa.Table:
         """The columns two records must agree on to be duplicates (``records``: the user's columns).
         A record without the field is an InputError naming ``path`` and the record: by its number
-        (``first``: the file's records before ``records``) or, where that is unknown (``first`` None:
-        a span of a file), by its ``positions`` entry."""
+        (``first``: the file's records before ``records``) or, where that is unknown (``first``
+        None: a span of a file), by its ``positions`` entry."""
         if self.field is None:
             return records
         from pileshuffle.formats import holder_of
@@ -97,9 +100,8 @@ class Dedup:
             return self._field_values(records, path, 0 if first is None else first)
         except InputError as error:
             problem = error.problem.replace(KEEP_HINT, "")
-            if (
-                first is None and positions is not None
-            ):  # a span: the record named by its place, not its number
+            # a span: the record named by its place, not its number
+            if first is None and positions is not None:
                 row, problem = next(
                     (i, p)
                     for i in range(records.num_rows)
@@ -126,9 +128,8 @@ class Dedup:
         from pileshuffle.formats import holder_of
         from pileshuffle.formats.labels import record_labels
 
-        if (
-            holder_of(records).record_column is None
-        ):  # rows: the column itself, any type, nulls equal
+        # rows: the column itself, any type, nulls equal
+        if holder_of(records).record_column is None:
             if self.field not in records.column_names:
                 raise InputError(
                     path,
@@ -146,9 +147,10 @@ class Dedup:
         first: int = 0,
         positions: np.ndarray = None,
     ) -> np.ndarray:
-        """The 64-bit content hash of every record (``hashes``: their fingerprint hashes, which whole
-        records reuse), as run, verify and quality compute it: a hash of CRC32C and length (the
-        fingerprint's; of the field's value, a one-column row) with the CRC-32 (zlib) of the bytes."""
+        """The 64-bit content hash of every record (``hashes``: their fingerprint hashes, which
+        whole records reuse), as run, verify and quality compute it: a hash of CRC32C and length
+        (the fingerprint's; of the field's value, a one-column row) with the CRC-32 (zlib) of the
+        bytes."""
         if self.field is not None:
             values = self.values(records, path, first, positions)
             return _with_crc32(row_hashes(values), values.columns)
@@ -157,9 +159,8 @@ class Dedup:
         holder = holder_of(records)
         if holder.record_column is None:  # rows: every binary or string value
             return _with_crc32(hashes, records.columns)
-        return _with_crc32(
-            hashes, [records.column(0)], holder.before, holder.after
-        )  # a bytes format's payload
+        # a bytes format's payload
+        return _with_crc32(hashes, [records.column(0)], holder.before, holder.after)
 
     def keys(
         self,
@@ -176,8 +177,8 @@ class Dedup:
         )
 
     def file_contents(self, fmt, path: str, skip_corrupt: bool = False, report=None):
-        """``(table, fingerprint hashes, content hashes)`` of every chunk of the file ``path`` in order:
-        what verify and quality recompute of a run's input."""
+        """``(table, fingerprint hashes, content hashes)`` of every chunk of the file
+        ``path`` in order: what verify and quality recompute of a run's input."""
         from pileshuffle.formats import record_hashes
 
         first = 0
@@ -188,9 +189,10 @@ class Dedup:
 
 
 def _with_crc32(hashes: np.ndarray, columns, before: int = 0, after: int = 0) -> np.ndarray:
-    """``hashes`` (64-bit, from CRC32C and length) mixed with the CRC-32 (zlib) of each binary or string
-    value of ``columns``, in column order (``before``/``after``: framing bytes left out of each value);
-    fixed-width values are left as they are: their fingerprint hash is a bijection of them already."""
+    """``hashes`` (64-bit, from CRC32C and length) mixed with the CRC-32 (zlib) of each binary or
+    string value of ``columns``, in column order (``before``/``after``: framing bytes left out of
+    each value); fixed-width values are left as they are: their fingerprint hash is a bijection of
+    them already."""
     second = np.zeros(len(hashes), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for position, column in enumerate(columns):
@@ -205,211 +207,6 @@ def _with_crc32(hashes: np.ndarray, columns, before: int = 0, after: int = 0) ->
                 + np.uint64(position)
             )
         return mix64(np.asarray(hashes, dtype=np.uint64) + second * _GOLDEN)
-
-
-@dataclasses.dataclass
-class Dropped:
-    """What pass 2 dropped from one pile: their fingerprint (with what it wrote, the pile's records)
-    and its largest groups, ``(copies, record hash, preview)`` each, at most ``TOP_GROUPS``."""
-
-    fingerprint: Fingerprint = dataclasses.field(default_factory=Fingerprint)
-    groups: list = dataclasses.field(default_factory=list)
-
-    def add(self, hashes: np.ndarray, lengths: np.ndarray):
-        self.fingerprint += Fingerprint.of(hashes, int(np.sum(lengths)))
-
-    def add_groups(self, groups):
-        self.groups = heapq.nlargest(
-            TOP_GROUPS, [*self.groups, *groups], key=lambda g: (g[0], g[1])
-        )
-
-
-def _same_rows(values: pa.Table, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """Whether row ``left[i]`` of ``values`` equals row ``right[i]`` (nulls equal nulls), for every i."""
-    same = np.ones(len(left), dtype=bool)
-    if not len(left):
-        return same
-    for column in values.columns:
-        a, b = column.take(left), column.take(right)
-        try:
-            equal = pc.equal(a, b)
-            both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-            equal = pc.or_kleene(pc.fill_null(equal, False), both_null)
-            same &= np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
-        except (
-            pa.ArrowNotImplementedError,
-            pa.ArrowInvalid,
-            TypeError,
-        ):  # nested types: compared as Python values
-            same &= np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist())], dtype=bool)
-    return same
-
-
-def _row(values: pa.Table, index: int) -> tuple:
-    return tuple(column[index].as_py() for column in values.columns)
-
-
-def _preview(records: pa.Table, index: int) -> str:
-    """A record's start, as text, for the manifest's largest groups."""
-    from pileshuffle.formats import holder_of
-
-    row = records.slice(index, 1).to_pylist()[0]
-    holder = holder_of(records)
-    if (
-        holder.record_column is not None
-    ):  # a bytes format: its payload, without a frame's header or a newline
-        value = row[holder.record_column][
-            holder.before : len(row[holder.record_column]) - holder.after
-        ]
-        text = value.decode("utf-8", "backslashreplace")
-    else:
-        text = repr(row)
-    return text[:_PREVIEW_CHARS]
-
-
-def distinct_in_order(
-    records: pa.Table,
-    order: np.ndarray,
-    keys: np.ndarray,
-    hashes: np.ndarray,
-    lengths: np.ndarray,
-    dedup: Dedup,
-    dropped: Dropped = None,
-) -> np.ndarray:
-    """Which rows to keep (bool array) of ``records.take(order)``, whose ``keys`` are in order (stable:
-    equal keys in canonical order), as are ``hashes`` and ``lengths``: the first of each distinct
-    content; the rest are added to ``dropped``."""
-    n = len(keys)
-    keep = np.ones(n, dtype=bool)
-    if n < 2:
-        return keep
-    run_starts, run_of, members = _tie_runs(keys)
-    if not len(members):
-        return keep
-    if dedup.field is None:  # whole records: compared where they are
-        values, at = records, order
-    else:  # a field: read from the records that tie only
-        involved = np.unique(np.concatenate((members, run_starts[run_of[members]])))
-        values = dedup.values(records.take(order[involved]), "a pile")
-        at = np.searchsorted(
-            involved, np.arange(n)
-        )  # sorted row -> its place in ``values`` (tied rows only)
-    same = _same_rows(values, at[members], at[run_starts[run_of[members]]])
-    keep[members[same]] = False
-    for run in np.unique(
-        run_of[members[~same]]
-    ).tolist():  # a tie of different contents: a hash collision
-        rows = np.arange(run_starts[run], run_starts[run] + np.sum(run_of == run))
-        keep[rows] = False
-        keep[rows[np.unique(_value_ids(values, at[rows]), return_index=True)[1]]] = (
-            True  # the first of each value
-        )
-    if dropped is not None:
-        gone = np.flatnonzero(~keep)
-        dropped.add(hashes[gone], lengths[gone])
-        copies = np.bincount(run_of[gone], minlength=len(run_starts)) + 1
-        largest = np.lexsort((hashes[run_starts], copies))[::-1][
-            :TOP_GROUPS
-        ]  # as add_groups ranks: (copies, hash)
-        dropped.add_groups(
-            [
-                (
-                    int(copies[r]),
-                    int(hashes[run_starts[r]]),
-                    _preview(records, int(order[run_starts[r]])),
-                )
-                for r in largest.tolist()
-                if copies[r] > 1
-            ]
-        )
-    return keep
-
-
-def _tie_runs(ordered: np.ndarray) -> tuple:
-    """``(starts, run_of, members)`` of keys in order (1 or more): where each run of equal keys
-    starts, the run of every place, and the places after the first of their run."""
-    n = len(ordered)
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    run_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
-    return starts, run_of, np.flatnonzero(starts[run_of] != np.arange(n))
-
-
-def _value_ids(values: pa.Table, rows: np.ndarray) -> np.ndarray:
-    """A number for each of ``values``' ``rows``, 0, 1, ... in order of first appearance, equal where the
-    rows' values are (compared as Python values: the rows of one key that differ, a hash collision)."""
-    seen = {}
-    return np.array(
-        [seen.setdefault(_row(values, int(r)), len(seen)) for r in rows.tolist()], dtype=np.int64
-    )
-
-
-def content_groups(values: pa.Table, keys: np.ndarray) -> np.ndarray:
-    """A group number for every row of ``values``, equal exactly where the rows' contents are equal:
-    rows tie on ``keys`` (content keys) first, then are compared by their values, as
-    ``distinct_in_order`` compares them (a key collision of different contents gives two groups)."""
-    n = len(keys)
-    if not n:
-        return np.zeros(0, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
-    starts, run_of, members = _tie_runs(keys[order])
-    groups = np.empty(n, dtype=np.int64)
-    groups[order] = run_of
-    same = _same_rows(values, order[members], order[starts[run_of[members]]])
-    fresh = n
-    for run in np.unique(
-        run_of[members[~same]]
-    ).tolist():  # a key collision: number each distinct value anew
-        rows = order[starts[run] : starts[run] + int(np.sum(run_of == run))]
-        ids = _value_ids(values, rows)
-        groups[rows] = fresh + ids
-        fresh += int(ids.max()) + 1
-    return groups
-
-
-def stream_distinct(batches, records_of, dedup: Dedup, dropped: Dropped = None):
-    """Yield the first record of each distinct content of ``batches`` (tables of one key's records,
-    in canonical order), holding one batch and the distinct values seen: a pile of one record
-    repeated is never loaded whole. ``records_of(table)`` gives ``(records, hashes, lengths)``."""
-    kept_values, groups = None, []  # groups: [copies, record hash, preview] of each kept value
-    for table in batches:
-        records, hashes, lengths = records_of(table)
-        values = dedup.values(records, "a pile")
-        keep = np.ones(table.num_rows, dtype=bool)
-        for k in range(0 if kept_values is None else kept_values.num_rows):  # usually one value
-            both = pa.concat_tables([kept_values.slice(k, 1), values])
-            same = _same_rows(
-                both, np.zeros(table.num_rows, dtype=np.int64), np.arange(1, table.num_rows + 1)
-            )
-            groups[k][0] += int(np.sum(same & keep))
-            keep &= ~same
-        fresh = np.flatnonzero(keep)
-        new = (
-            fresh[
-                distinct_in_order(
-                    records,
-                    fresh,
-                    np.zeros(len(fresh), np.uint64),
-                    hashes[fresh],
-                    lengths[fresh],
-                    dedup,
-                )
-            ]
-            if len(fresh)
-            else fresh
-        )
-        for row in new.tolist():
-            same = _same_rows(values, np.full(len(fresh), row), fresh)
-            groups.append([int(np.sum(same)), int(hashes[row]), _preview(records, row)])
-        keep[:] = False
-        keep[new] = True
-        if dropped is not None:
-            dropped.add(hashes[~keep], lengths[~keep])
-        if len(new):
-            taken = values.take(new)
-            kept_values = taken if kept_values is None else pa.concat_tables([kept_values, taken])
-            yield table.take(new)
-    if dropped is not None:
-        dropped.add_groups([tuple(g) for g in groups if g[0] > 1])
 
 
 def dedup_section(dedup: Dedup, read: Fingerprint, kept: Fingerprint, groups) -> dict:
@@ -436,9 +233,9 @@ _PLACED = np.dtype([("content", "<u8"), ("index", "<i8")])
 
 
 def _partitioned(rows, folder: str):
-    """The structured arrays ``rows`` (in input order, with a ``content`` field) written to ``_PARTS``
-    files in ``folder`` by the top bits of ``content``, then yielded a file at a time: each holds
-    every row of its content hashes, in input order."""
+    """The structured arrays ``rows`` (in input order, with a ``content`` field) written to
+    ``_PARTS`` files in ``folder`` by the top bits of ``content``, then yielded a file at a time:
+    each holds every row of its content hashes, in input order."""
     paths = [os.path.join(folder, f"part-{p:02d}") for p in range(_PARTS)]
     handles, dtype = [open(path, "wb") for path in paths], None
     try:
@@ -474,17 +271,16 @@ def distinct_fingerprint(chunks) -> tuple:
     distinct = Fingerprint()
     with tempfile.TemporaryDirectory(prefix="pileshuffle-verify-") as folder:
         for part in _partitioned(triples(), folder):
-            _, first = np.unique(
-                part["content"], return_index=True
-            )  # the first of each, in input order
+            # the first of each, in input order
+            _, first = np.unique(part["content"], return_index=True)
             distinct += Fingerprint.of(part["hash"][first], int(part["length"][first].sum()))
     return read[0], distinct
 
 
 def first_occurrences(contents_chunks, folder: str) -> np.ndarray:
-    """Whether each record of ``contents_chunks`` (content hashes, in input order) is the first of its
-    content: a bool array memory-mapped in ``folder`` (1 byte a record on disk; the numbers it is made
-    from wait there too, ``_partitioned``)."""
+    """Whether each record of ``contents_chunks`` (content hashes, in input order) is the first of
+    its content: a bool array memory-mapped in ``folder`` (1 byte a record on disk; the numbers it
+    is made from wait there too, ``_partitioned``)."""
     count = [0]
 
     def placed():

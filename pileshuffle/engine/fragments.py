@@ -43,12 +43,12 @@ __all__ = [
 class Fragment:
     """Records of one pile from one writer, in the writer's order.
 
-    ``order`` sorts fragments of a pile into the canonical order; ``path`` (files mode)
-    or ``payload`` (shuffle mode) holds the IPC stream; ``fingerprint`` is what pass 1 put in.
-    With ``length`` the stream is the byte range ``offset .. offset+length`` of ``path`` (a
-    segment of a pass-1 run, ``pileshuffle.engine.runs``); without it, the whole file. With ``rows``,
-    ``(first, segment records)``, the fragment is a *view*: rows ``first .. first+records`` of a
-    segment of ``segment records`` rows that neighbouring piles share (``GroupSegment``).
+    ``order`` sorts fragments of a pile into the canonical order; ``path`` (files mode) or
+    ``payload`` (shuffle mode) holds the IPC stream; ``fingerprint`` is what pass 1 put in. With
+    ``length`` the stream is the byte range ``offset .. offset+length`` of ``path`` (a segment of a
+    pass-1 run, ``pileshuffle.engine.runs``); without it, the whole file. With ``rows``, ``(first,
+    segment records)``, the fragment is a *view*: rows ``first .. first+records`` of a segment of
+    ``segment records`` rows that neighbouring piles share (``GroupSegment``).
     """
 
     order: tuple
@@ -73,7 +73,8 @@ class GroupSegment:
     piles: np.ndarray
 
     def views(self):
-        """``(pile, Fragment)`` for every pile: the segment's rows of that pile (``Fragment.rows``)."""
+        """``(pile, Fragment)`` for every pile: the segment's rows of that pile
+        (``Fragment.rows``)."""
         whole = self.fragment
         for pile, first, records, nbytes, payload, hash_sum, hash_xor in self.piles.tolist():
             yield (
@@ -141,7 +142,8 @@ def between_passes(fragments) -> tuple:
 
 
 def read_batches(fragment: Fragment):
-    """The record batches of a fragment, streamed (one pass-1 chunk at a time; a view's rows at once)."""
+    """The record batches of a fragment, streamed (one pass-1 chunk at a time;
+    a view's rows at once)."""
     if fragment.rows is not None:
         yield from read_table(fragment).to_batches()
         return
@@ -200,9 +202,8 @@ def segment_encoder(schema: pa.Schema):
     if has_dictionaries(schema):
         return lambda batch: to_ipc(pa.Table.from_batches([batch]))
     head = schema.serialize().to_pybytes()
-    return lambda batch: b"".join(
-        (head, batch.serialize(), END_OF_STREAM)
-    )  # join copies the Buffer once
+    # join copies the Buffer once
+    return lambda batch: b"".join((head, batch.serialize(), END_OF_STREAM))
 
 
 def has_dictionaries(schema: pa.Schema) -> bool:
@@ -261,14 +262,16 @@ def _one_batch(data, records: int, schemas: dict):
 
 
 def write_failure(location: str, error: Exception, needed: int = None) -> OutputError:
-    """The OutputError for a failed write under ``location``, with the bytes it needed when known."""
+    """The OutputError for a failed write under ``location``,
+    with the bytes it needed when known."""
     need = f" (it needed about {needed:,} more bytes)" if needed else ""
     return OutputError(f"cannot write to {location}: {error}{need}")
 
 
 @dataclasses.dataclass(frozen=True)
 class CommittedFile:
-    """One pile's file, in place: its records, their Arrow bytes, fingerprint, and the file's CRC32C."""
+    """One pile's file, in place: its records, their Arrow bytes, fingerprint,
+    and the file's CRC32C."""
 
     pile: int
     path: str

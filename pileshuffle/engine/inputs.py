@@ -1,14 +1,16 @@
 """Which files are input, and in which format: comma-separated patterns listed (local
-patterns by our own walk, which sees markers and links; ``gs://`` through Beam), what a
-pattern matched that is not input skipped and counted (markers, hidden and checksum files,
-folders, dangling links, pileshuffle's own files), one name per real file, the format from
-the extensions, and the same columns in every Parquet file. It only reads."""
+patterns by our own walk, which sees markers and links; ``gs://`` through Beam: each pattern
+listed by ``input_patterns``), what a pattern matched that is not input skipped and counted
+(markers, hidden and checksum files, folders, dangling links, pileshuffle's own files), one
+name per real file, the format from the extensions, and the same columns in every Parquet
+file. It only reads."""
 
 import dataclasses
 import os
 import re
 
-from pileshuffle.engine.transforms.assign import Source
+from pileshuffle.engine.input_patterns import list_pattern
+from pileshuffle.engine.sources import Source
 from pileshuffle.errors import InputError
 from pileshuffle.formats import RecordFormat, format_of_name, get_format, known_extensions
 from pileshuffle.io import storage
@@ -48,7 +50,9 @@ class Inputs:
 
     sources: list
     left_out: dict  # path -> why: files pileshuffle wrote
-    skipped: dict  # path -> why: matched names that are not input files (markers, hidden files, folders, dangling links)
+    # path -> why: matched names that are not input files (markers, hidden files, folders,
+    # dangling links)
+    skipped: dict
     duplicates: dict  # path -> the name kept: other names of a file already matched
 
 
@@ -62,14 +66,14 @@ def split_patterns(text: str) -> list:
 def select_inputs(patterns: str, output: str = None) -> Inputs:
     """The files matching comma-separated ``patterns``, sorted and de-duplicated by their
     real identity (``file_identity``), and every matched name left out: pileshuffle's own
-    files (``own_file``), and names a wildcard matched that are no input file (``_not_input``,
-    folders, dangling symbolic links). A name given without wildcards is taken as it is.
-    Every pattern must match a file; a pattern whose files are all pileshuffle's own is
-    refused. A pattern that matches only the shards of another finished output (and its
-    manifest) keeps them: shuffling an output again."""
+    files (``own_file``), and names a wildcard matched that are no input file (markers, hidden
+    and checksum files, folders, dangling symbolic links: ``input_patterns.list_pattern``). A
+    name given without wildcards is taken as it is. Every pattern must match a file; a pattern
+    whose files are all pileshuffle's own is refused. A pattern that matches only the shards of
+    another finished output (and its manifest) keeps them: shuffling an output again."""
     candidates, left_out, skipped = [], {}, {}
     for rank, pattern in enumerate(split_patterns(patterns)):
-        found, passed_over = _list_pattern(pattern)
+        found, passed_over = list_pattern(pattern)
         skipped.update(passed_over)
         if not found and not passed_over:
             what = "matches no file" if any(c in pattern for c in "*?[") else "does not exist"
@@ -129,7 +133,7 @@ def _comma_hint(patterns: str, rank: int) -> str:
 def _names_something(pattern: str) -> bool:
     """Whether ``pattern`` (one, not split at commas) names a file or a folder's files."""
     try:
-        found, passed_over = _list_pattern(pattern)
+        found, passed_over = list_pattern(pattern)
     except InputError:  # a folder, a dangling link: something is there
         return True
     return bool(found or passed_over)
@@ -165,144 +169,6 @@ def file_identity(path: str) -> str:
     return os.path.realpath(path) if not storage.is_remote(path) else path
 
 
-_WILDCARDS = re.compile(r"[*?\[]")
-_MARKER_OR_HIDDEN = "a marker or hidden file"
-_CHECKSUM = "a checksum file (.crc)"
-
-
-def _not_input(path: str, root: str) -> str:
-    """Why a file a wildcard matched is no input file, or "": Hadoop's and Spark's rule for
-    the entries below ``root`` (``_SUCCESS``, ``_committed_*``, ``_started_*``, ``_temporary/``,
-    ``.name.crc``, any name starting with ``_`` or ``.``), and checksum files."""
-    below = path[len(root) :].replace("\\", "/").strip("/").split("/")
-    if any(part.startswith(("_", ".")) for part in below):
-        return _MARKER_OR_HIDDEN
-    if path.endswith(".crc"):
-        return _CHECKSUM
-    return ""
-
-
-def _list_pattern(pattern: str):
-    """``({path: size}, {path: why})``: the files ``pattern`` names, and the names it
-    matched that are not input files. A name that exists as given is taken literally
-    (brackets in names work); wildcards follow Beam's ``FileSystems.match`` (``*`` within a
-    folder, ``**`` across folders). A trailing ``/`` changes nothing: a folder is refused
-    with or without it (``_refuse_folder``), so a pattern never reads a folder's files unasked."""
-    pattern = pattern.rstrip("/\\") or pattern
-    if not storage.is_remote(pattern):
-        if os.path.lexists(pattern):
-            return _literal_local_file(pattern), {}
-        if not _WILDCARDS.search(pattern):
-            return {}, {}
-        found, skipped = _walk_local_pattern(pattern)
-        if (
-            not found and not skipped and "[" in pattern
-        ):  # brackets in folder or file names, not a set
-            found, skipped = _walk_local_pattern(_brackets_literal(pattern))
-    else:
-        found = _match_remote(pattern)
-        if not found and "[" in pattern:
-            found = _match_remote(_brackets_literal(pattern))
-        if not _WILDCARDS.search(pattern):
-            if not found and _is_remote_folder(pattern):
-                _refuse_folder(pattern)
-            return found, {}
-        skipped = {}
-    root = (
-        os.path.dirname(_WILDCARDS.split(pattern, 1)[0])
-        if not storage.is_remote(pattern)
-        else _WILDCARDS.split(pattern, 1)[0].rsplit("/", 1)[0]
-    )
-    for path in list(found):
-        why = _not_input(path, root)
-        if why and not is_store_file(path) and not WORK_DIRECTORY.search(path):
-            skipped[path] = why
-            del found[path]
-    return found, skipped
-
-
-def _brackets_literal(pattern: str) -> str:
-    """``pattern`` with its ``[`` taken as a character (Beam has no escape), ``*`` and ``?`` kept."""
-    return pattern.replace("[", "[\\[]")
-
-
-def _refuse_folder(path: str):
-    """A folder named as input: say which pattern reads its files."""
-    files = os.path.join(path, "*") if not storage.is_remote(path) else f"{path}/*"
-    raise InputError(path, f"is a folder: give a pattern for its files, such as '{files}'")
-
-
-def _is_remote_folder(path: str) -> bool:
-    """Whether objects exist below ``path/`` (a folder on ``gs://``; asked only when no
-    object is named ``path``)."""
-    try:
-        return bool(_match_remote(f"{path}/*"))
-    except InputError:
-        return False
-
-
-def _literal_local_file(path: str) -> dict:
-    """``{path: size}`` of a local name given without wildcards; a folder or a dangling link is refused."""
-    if os.path.isdir(path):
-        _refuse_folder(path)
-    if not os.path.exists(path):
-        raise InputError(path, "is a dangling symbolic link (what it points to does not exist)")
-    return {path: os.path.getsize(path)}
-
-
-def _walk_local_pattern(pattern: str):
-    """Beam's match of a local wildcard pattern, with the entries it drops silently named:
-    ``({file: size}, {path: why})`` for folders and dangling symbolic links."""
-    regex = storage.pattern_regex(pattern)
-    root = os.path.dirname(_WILDCARDS.split(pattern, 1)[0])
-    depth = None if "**" in pattern else pattern[len(root) :].strip("/").count("/") + 1
-    found, folders, dangling = {}, [], []
-    for directory, dirs, files in os.walk(root or "."):
-        level = (
-            0
-            if directory == (root or ".")
-            else directory[len(root or ".") :].strip("/").count("/") + 1
-        )
-        folder_names = set(dirs)
-        for name in dirs + files:
-            path = (
-                os.path.join(directory, name)
-                if root
-                else os.path.relpath(os.path.join(directory, name))
-            )
-            if not regex.match(path):
-                continue
-            if name in folder_names:
-                folders.append(path)
-            elif not os.path.exists(path):
-                dangling.append(path)
-            else:
-                try:
-                    found[path] = os.path.getsize(path)
-                except OSError:  # gone meanwhile
-                    pass
-        if depth is not None and level + 1 >= depth:
-            dirs[:] = []
-    holding = {os.path.dirname(p) for p in found}
-    skipped = {
-        f: "a folder"
-        for f in folders
-        if not any(h == f or h.startswith(f + os.sep) for h in holding)
-    }
-    skipped.update({d: "a dangling symbolic link" for d in dangling})
-    return found, skipped
-
-
-def _match_remote(pattern: str) -> dict:
-    """``{path: size}`` of what a remote pattern matches; a listing failure is an InputError naming it."""
-    try:
-        return {f.path: f.size for f in storage.match(pattern)}
-    except InputError as error:
-        raise InputError(pattern, f"cannot be listed: {error.problem}") from None
-    except Exception as error:
-        raise InputError(pattern, f"cannot be listed: {error}") from error
-
-
 def resolve_format(requested: str, sources) -> RecordFormat:
     """``--format``, or with ``auto`` the format every input file's name says
     (``formats.FORMAT_OF_EXTENSION``); a name that says none, or two names that disagree,
@@ -331,12 +197,13 @@ def _unknown_format(path: str, sources) -> str:
     known = sorted({format_of_name(s.path) for s in sources} - {None})
     if len(known) == 1:
         return (
-            f"matched beside {known[0]} files, and its name says no format: narrow --input to the data "
-            f"(e.g. a pattern ending in *.{known[0]}), or give --format to read every matched file as one format"
+            f"matched beside {known[0]} files, and its name says no format: narrow --input to "
+            f"the data (e.g. a pattern ending in *.{known[0]}), or give --format to read every "
+            "matched file as one format"
         )
     return (
-        f"cannot tell its format from its name (known extensions: {known_extensions()}, each may end in .gz "
-        "but .parquet): give --format"
+        f"cannot tell its format from its name (known extensions: {known_extensions()}, each "
+        "may end in .gz but .parquet): give --format"
     )
 
 
@@ -376,7 +243,8 @@ def own_file(path: str, output: str, matched) -> str:
 
 
 def _is_shard_manifest(path: str) -> bool:
-    """Whether ``path`` holds a shard output's manifest (a JSON object with ``shards`` and ``num_piles``)."""
+    """Whether ``path`` holds a shard output's manifest
+    (a JSON object with ``shards`` and ``num_piles``)."""
     try:
         manifest = storage.read_json(path)  # whole: a manifest of 100,000 shards passes 16 MiB
     except Exception:
@@ -385,7 +253,8 @@ def _is_shard_manifest(path: str) -> bool:
 
 
 def describe_left_out(left_out: dict) -> str:
-    """``{path: why}`` in a few words: "3 shards of the finished output data/a, the manifest of data/a"."""
+    """``{path: why}`` in a few words: "3 shards of the finished output data/a,
+    the manifest of data/a"."""
     counts = {}
     for why in left_out.values():
         counts[why] = counts.get(why, 0) + 1
@@ -393,7 +262,8 @@ def describe_left_out(left_out: dict) -> str:
 
 
 def describe_skipped(skipped: dict) -> str:
-    """``{path: why}`` by reason, each with a few of its names: "2 x a folder (_temporary, logs)"."""
+    """``{path: why}`` by reason, each with a few of its names:
+    "2 x a folder (_temporary, logs)"."""
     groups = {}
     for path, why in sorted(skipped.items()):
         groups.setdefault(why, []).append(path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1])
@@ -403,9 +273,8 @@ def describe_skipped(skipped: dict) -> str:
     )
 
 
-RESERVED_PREFIX = (
-    "_pileshuffle_"  # columns the piles add to every record (names.KEY_COLUMN, names.HASH_COLUMN)
-)
+# columns the piles add to every record (names.KEY_COLUMN, names.HASH_COLUMN)
+RESERVED_PREFIX = "_pileshuffle_"
 
 
 def check_schemas(fmt, sources):
@@ -428,7 +297,8 @@ def check_schemas(fmt, sources):
         elif not schema.equals(first_schema, check_metadata=False):
             raise InputError(
                 source.path,
-                f"has a different schema from {first_path}: {describe_difference(first_schema, schema)}",
+                f"has a different schema from {first_path}: "
+                f"{describe_difference(first_schema, schema)}",
             )
     return first_schema
 
@@ -450,11 +320,12 @@ def describe_difference(expected, actual) -> str:
     for i, (here, there) in enumerate(zip(actual, expected)):
         if here.name != there.name:
             return (
-                f"the same columns in another order: column {i} is {here.name!r} here, {there.name!r} there "
-                "(write the files with one column order)"
+                f"the same columns in another order: column {i} is {here.name!r} here, "
+                f"{there.name!r} there (write the files with one column order)"
             )
         if here.nullable != there.nullable:
-            return f"column {here.name!r} is {'' if here.nullable else 'not '}nullable here, {'not ' if here.nullable else ''}there"
+            here_not, there_not = ("", "not ") if here.nullable else ("not ", "")
+            return f"column {here.name!r} is {here_not}nullable here, {there_not}there"
         if not here.type.equals(there.type):
             return f"column {here.name!r} is {here.type} here, {there.type} there"
     return "their field metadata differs"

@@ -36,9 +36,9 @@ def room(folder: str, budget: int) -> int:
 
 
 def keep(folder: str, budget: int, path: str, segments: dict, size: int) -> bool:
-    """Keep ``segments`` (offset -> records: a table or a record batch), a run of ``size`` bytes as segments, as the run
-    at ``path`` (under ``folder``) if it fits in what is left of ``folder``'s ``budget``; whether
-    it was kept (if not, write it to disk)."""
+    """Keep ``segments`` (offset -> records: a table or a record batch), a run of ``size`` bytes as
+    segments, as the run at ``path`` (under ``folder``) if it fits in what is left of ``folder``'s
+    ``budget``; whether it was kept (if not, write it to disk)."""
     with _lock:
         left = _room.get(folder, budget)
         if size > left:

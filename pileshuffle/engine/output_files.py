@@ -47,7 +47,8 @@ __all__ = [
 
 
 def read_manifest(prefix: str) -> dict:
-    """The manifest of the shard output at ``prefix``; refuses a format this pileshuffle cannot read."""
+    """The manifest of the shard output at ``prefix``;
+    refuses a format this pileshuffle cannot read."""
     manifest = storage.read_json(manifest_path(prefix))
     if format_problem(manifest):
         raise InputError(manifest_path(prefix), format_problem(manifest))
@@ -112,16 +113,15 @@ class OutputFiles:
     prefix: str
     manifest: str = None  # the output's manifest, if one is published
     finished: list = dataclasses.field(default_factory=list)  # the shards the manifest lists
-    unpublished: list = dataclasses.field(
-        default_factory=list
-    )  # what an unfinished publication's journal lists
-    foreign: list = dataclasses.field(
-        default_factory=list
-    )  # named like shards, listed by nothing: not ours
+    # what an unfinished publication's journal lists
+    unpublished: list = dataclasses.field(default_factory=list)
+    # named like shards, listed by nothing: not ours
+    foreign: list = dataclasses.field(default_factory=list)
 
     @property
     def replaceable(self) -> list:
-        """Every file a run to this prefix may delete, the manifest first (unpublish, then delete)."""
+        """Every file a run to this prefix may delete, the manifest first (unpublish,
+        then delete)."""
         return ([self.manifest] if self.manifest else []) + self.finished + self.unpublished
 
 
@@ -161,8 +161,9 @@ def check_replaceable(prefix: str, overwrite: bool) -> OutputFiles:
     files = _output_files(prefix)
     if files.foreign:
         raise OutputError(
-            f"{files.foreign[0]} is named like a shard of --output {prefix} but no pileshuffle run wrote it (neither "
-            f"{manifest_path(prefix)} nor a journal in {staging_dir(prefix)} lists it); pileshuffle never replaces or "
+            f"{files.foreign[0]} is named like a shard of --output {prefix} but no pileshuffle "
+            f"run wrote it (neither {manifest_path(prefix)} nor a journal in "
+            f"{staging_dir(prefix)} lists it); pileshuffle never replaces or "
             f"deletes such a file: move it, or choose another --output"
             + (f" ({len(files.foreign)} such files)" if len(files.foreign) > 1 else "")
         )
@@ -227,7 +228,8 @@ def remove_tree(directory: str):
 
 
 def lock_holder_at(path: str):
-    """The holder (dict) of the lock file at ``path`` (``store.layout.FileLock``), None if unlocked."""
+    """The holder (dict) of the lock file at ``path`` (``store.layout.FileLock``),
+    None if unlocked."""
     try:
         return storage.read_json(path)
     except Exception:

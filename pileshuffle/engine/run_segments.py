@@ -34,7 +34,8 @@ def segments(held, done=None, group: int = 1):
     """``(key, record batch, facts)`` for every pile (``group`` 1: key the pile, facts ``(records,
     nbytes, fingerprint)``) or group of piles (key ``pile // group``, facts ``GroupSegment.piles``)
     the held chunks reach, in pile order; each pile's records in held order (chunk by chunk), a
-    window of neighbouring piles at a time (``_windows``, ``_gather``). ``done`` is called at the end."""
+    window of neighbouring piles at a time (``_windows``, ``_gather``). ``done`` is called at the
+    end."""
     try:
         for window in gathered(held, group):
             yield from _window_segments(*window, group)
@@ -139,7 +140,8 @@ def _per_pile(prefix: np.ndarray, bounds: np.ndarray, minus=np.subtract) -> np.n
 
 
 def segments_of(sliced) -> list:
-    """``sliced``'s segments with each pile's records as one record batch (what a run on disk holds)."""
+    """``sliced``'s segments with each pile's records
+    as one record batch (what a run on disk holds)."""
     return [(pile, one_record_batch(part), facts) for pile, part, facts in sliced]
 
 
@@ -156,7 +158,8 @@ def one_record_batch(part) -> pa.RecordBatch:
 
 
 def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray, group: int = 1):
-    """The segments of a gathered window (``_gather``), one per pile or group of piles (``segments``)."""
+    """The segments of a gathered window (``_gather``),
+    one per pile or group of piles (``segments``)."""
     batch = window.to_batches()[0] if window.num_rows else None
     firsts = np.concatenate([[0], np.flatnonzero(np.diff(piles)) + 1])
     counts = np.diff(np.append(firsts, len(piles)))
@@ -182,8 +185,8 @@ def _window_segments(window: pa.Table, piles: np.ndarray, lengths: np.ndarray, g
 
 
 def _group_segments(batch, piles, firsts, counts, payloads, sums, xors, group: int):
-    """``(pile // group, record batch, GroupSegment.piles)`` of a window's piles (first rows ``firsts``
-    of ``batch``), one segment a group."""
+    """``(pile // group, record batch, GroupSegment.piles)`` of a window's
+    piles (first rows ``firsts`` of ``batch``), one segment a group."""
     keys = piles // group
     starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1, [len(piles)]])
     # a pile's Arrow bytes: its payload and its share of the window's per-row bytes beside payloads

@@ -18,11 +18,11 @@ G neighbouring piles, ``g*G .. g*G+G-1``, one after another in pile order, and i
 ``(g, GroupSegment)`` that says which rows are whose: a run gives one segment per group it
 reaches instead of one per pile (1 GB in 4,096 piles: 62 elements a run, not 4,096).
 
-A segment is one Arrow IPC stream (schema, one record batch, end marker) of the pile's (or
-group's) records in the writer's order, with two more columns: ``KEY_COLUMN`` (U, uint64) and ``HASH_COLUMN``
-(the pass-1 fingerprint hash, uint64). It is self-contained: ``pa.ipc.open_stream`` reads it
-alone. Its overhead is the schema, the batch header and the end marker, whatever it holds:
-560 bytes for a bytes format's three columns, 1,070 for a 5-column Parquet table's seven.
+A segment is one Arrow IPC stream (schema, one record batch, end marker) of the pile's (or group's)
+records in the writer's order, with two more columns: ``KEY_COLUMN`` (U, uint64) and ``HASH_COLUMN``
+(the pass-1 fingerprint hash, uint64). It is self-contained: ``pa.ipc.open_stream`` reads it alone.
+Its overhead is the schema, the batch header and the end marker, whatever it holds: 560 bytes for a
+bytes format's three columns, 1,070 for a 5-column Parquet table's seven.
 
 Where a run goes:
 
@@ -78,29 +78,22 @@ __all__ = [
     "read_run_index",
 ]
 
-DEFAULT_RUN_BYTES = (
-    256 << 20
-)  # a writer's budget where no pile count is known (ShuffleToPiles' default)
-MAX_HELD_BYTES = (
-    1 << 30
-)  # a writer holds at most this in memory; a larger run is spilled to local disk and merged
+# a writer's budget where no pile count is known (ShuffleToPiles' default)
+DEFAULT_RUN_BYTES = 256 << 20
+# a writer holds at most this in memory; a larger run is spilled to local disk and merged
+MAX_HELD_BYTES = 1 << 30
 _PART_BYTES = 64 << 10  # auto: a run gives each pile a part of about this much...
 _MIN_RUN_BYTES, _MAX_RUN_BYTES = 64 << 20, 1 << 30  # ...within these bounds, all held in memory
-_REMOTE_PART_BYTES, _MAX_REMOTE_RUN_BYTES = (
-    256 << 10,
-    32 << 30,
-)  # auto for runs on an object store (spilled)
-_SPILLED_PART_BYTES = (
-    128 << 10
-)  # auto where a writer spills to a disk of its own (Dataflow, shuffle)
-_MAX_MERGED_PART = (
-    64 << 20
-)  # a spilled run stops growing at this much per pile: the merge holds one part 3 times
+# auto for runs on an object store (spilled)
+_REMOTE_PART_BYTES, _MAX_REMOTE_RUN_BYTES = 256 << 10, 32 << 30
+# auto where a writer spills to a disk of its own (Dataflow, shuffle)
+_SPILLED_PART_BYTES = 128 << 10
+# a spilled run stops growing at this much per pile: the merge holds one part 3 times
+_MAX_MERGED_PART = 64 << 20
 RUN_MAGIC = b"PSRUN002"  # 002: segments of groups of piles, G in the footer
-SEGMENT_OVERHEAD = (
-    1000  # bytes of a segment beside its records: schema, batch header, end marker (measured:
-)
-# 560 for a bytes format's 3 columns, 1,070 for a 5-column Parquet table's 7)
+# bytes of a segment beside its records: schema, batch header, end marker (measured: 560 for a
+# bytes format's 3 columns, 1,070 for a 5-column Parquet table's 7)
+SEGMENT_OVERHEAD = 1000
 _LENGTH_COLUMN = "_pileshuffle_length"  # a spill's column of each record's payload bytes
 
 
@@ -131,13 +124,13 @@ def run_bytes_for(value, num_piles: int, remote: bool = False, room: int = 0) ->
 class PileRuns:
     """Gathers a writer's keyed chunks into runs of ``budget`` bytes (as Arrow holds them).
 
-    ``add`` and ``flush`` return the ``(pile, Fragment)`` elements of the runs they make (none
-    while a run is filling); with ``group`` > 1, ``(pile // group, GroupSegment)`` elements. ``directory`` given: files mode, runs are objects there named
-    ``run_name(writer, n)``; None: shuffle mode, segments are element payloads, made as they are
-    taken. Memory: the held chunks (at most ``MAX_HELD_BYTES`` or ``budget``, plus one chunk) and one
-    window of about 32 MiB at a flush; a larger run is spilled to local disk and merged
-    (``_Spills``). With ``memory`` (files mode), a run that fits in it is kept in this process's
-    memory instead of written (``memory_runs``).
+    ``add`` and ``flush`` return the ``(pile, Fragment)`` elements of the runs they make (none while
+    a run is filling); with ``group`` > 1, ``(pile // group, GroupSegment)`` elements. ``directory``
+    given: files mode, runs are objects there named ``run_name(writer, n)``; None: shuffle mode,
+    segments are element payloads, made as they are taken. Memory: the held chunks (at most
+    ``MAX_HELD_BYTES`` or ``budget``, plus one chunk) and one window of about 32 MiB at a flush; a
+    larger run is spilled to local disk and merged (``_Spills``). With ``memory`` (files mode), a
+    run that fits in it is kept in this process's memory instead of written (``memory_runs``).
     """
 
     def __init__(
@@ -150,16 +143,11 @@ class PileRuns:
         memory: int = 0,
         group: int = 1,
     ):
-        self._num_piles, self._budget, self._writer, self._directory = (
-            num_piles,
-            int(budget),
-            writer,
-            directory,
-        )
+        self._num_piles, self._budget = num_piles, int(budget)
+        self._writer, self._directory = writer, directory
         self._group = int(group)
-        self._memory = int(
-            memory
-        )  # files mode: runs kept in this process's memory up to this (memory_runs)
+        # files mode: runs kept in this process's memory up to this (memory_runs)
+        self._memory = int(memory)
         self._order, self._held, self._held_bytes, self._runs = tuple(order), [], 0, 0
         self._hold, self._spills = min(self._budget, MAX_HELD_BYTES), _Spills()
 
@@ -191,7 +179,8 @@ class PileRuns:
 
     def flush(self):
         """Make what is held (and spilled) one run; its ``(pile, Fragment)`` elements (none if
-        nothing is held). Files mode: a list, once the run is in place; shuffle mode: an iterator."""
+        nothing is held). Files mode: a list, once the run is in place; shuffle mode: an
+        iterator."""
         if not self._held and not self._spills:
             return ()
         if self._spills and self._held:
@@ -227,9 +216,8 @@ class PileRuns:
                 else list(run_segments.segments(held, done, self._group))
             )
 
-            def keep(
-                offset, part
-            ):  # the records themselves, no IPC between the passes of one process
+            # the records themselves, no IPC between the passes of one process
+            def keep(offset, part):
                 kept[offset] = part
                 return encoded.size(part)
 
@@ -241,9 +229,8 @@ class PileRuns:
             segments = run_segments.segments_of(segments)
         else:
             segments = run_segments.segments(held, done, self._group)
-        temp = storage.writing_name(
-            final, uuid.uuid4().hex[:12]
-        )  # an attempt's own: two never share one
+        # an attempt's own: two never share one
+        temp = storage.writing_name(final, uuid.uuid4().hex[:12])
         try:
             with storage.open_write(temp) as handle:
                 elements, index = _placed(
@@ -278,8 +265,9 @@ def _placed(segments, order, path: str, group: int, put) -> tuple:
 
 
 class _Encoded:
-    """A run's segments: ``encoded(batch)`` is a batch's (``segment_encoder``), ``encoded.size(batch)``
-    its length without encoding it (a run kept in memory keeps its batches, ``memory_runs``)."""
+    """A run's segments: ``encoded(batch)`` is a batch's (``segment_encoder``),
+    ``encoded.size(batch)`` its length without encoding it (a run kept in memory keeps its batches,
+    ``memory_runs``)."""
 
     def __init__(self):
         self._schema, self._encode, self._head = None, None, 0
@@ -326,9 +314,9 @@ def _element(order, facts, **where):
 
 class _Spills:
     """A run's spills on the local disk (``tempfile``'s folder): each one Arrow IPC stream of held
-    chunks gathered in pile order a window at a time (``run_segments.gathered``), with each record's payload
-    length as one more column, and the spill's pile bounds kept in memory (8 bytes a pile). Read
-    back memory-mapped as held chunks, a spill is merged like any: the merge is a flush."""
+    chunks gathered in pile order a window at a time (``run_segments.gathered``), with each record's
+    payload length as one more column, and the spill's pile bounds kept in memory (8 bytes a pile).
+    Read back memory-mapped as held chunks, a spill is merged like any: the merge is a flush."""
 
     def __init__(self):
         self._folder, self._spilled, self.bytes = None, [], 0

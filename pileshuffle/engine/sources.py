@@ -53,7 +53,8 @@ class SourceStats:
     emitted: Fingerprint = None
     classes: tuple = ()  # under --balance: ((class, records read, records emitted), ...)
     span: tuple = None  # the bytes of the file read (None: all of it)
-    reached: tuple = None  # ``ReadReport.reached``: where the span's first record starts, where the next span's must
+    # ``ReadReport.reached``: where the span's first record starts, where the next span's must
+    reached: tuple = None
     blank_lines: int = 0  # JSONL's blank lines, which are no records
     size: int = None  # the file's bytes (all of it, also for a span)
 
@@ -118,17 +119,18 @@ def check_spans_chain(spans):
         first, goes_on = one.reached
         if walk is not None and (first != walk if first is not None else walk < one.span[1]):
             raise IntegrityError(
-                f"{one.path}: read in spans, its readers disagree where records start (the span from byte "
-                f"{one.span[0]:,} starts at byte {first if first is not None else 'none'}, the one before ends at "
-                f"byte {walk:,}): a record's payload holds bytes that read as a whole record there; nothing was "
-                "published. Such a file cannot be read in spans: give it compressed (.gz is read whole) or as smaller files"
+                f"{one.path}: read in spans, its readers disagree where records start (the span "
+                f"from byte {one.span[0]:,} starts at byte "
+                f"{first if first is not None else 'none'}, the one before ends at "
+                f"byte {walk:,}): a record's payload holds bytes that read as a whole record "
+                "there; nothing was published. Such a file cannot be read in spans: give it "
+                "compressed (.gz is read whole) or as smaller files"
             )
         walk = goes_on if first is not None else walk
 
 
-_MIN_GROUPS = (
-    16  # a small input is still cut into this many units of work, so every worker has some
-)
+# a small input is still cut into this many units of work, so every worker has some
+_MIN_GROUPS = 16
 
 
 def _unit_bytes(sources, budget: int) -> float:

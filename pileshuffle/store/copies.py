@@ -9,7 +9,7 @@ generation, writer, place), as ``run --dedup`` keeps the first in input order.
 
 When generation g is written, each of its rows gets ``earlier``: the newest generation (up to g
 itself) that holds an earlier copy of it, or -1 (none). Copies are found by key, then compared by
-their values (bytes, or the field's value), never by a hash alone (``dedup.content_groups``). A row
+their values (bytes, or the field's value), never by a hash alone (``content_groups``). A row
 is hidden while generation ``earlier`` is live. Generations are expired oldest first, so when the
 last earlier copy expires the row takes its place, with no work and no rewrite; an append only adds
 later copies, so it never hides a row that was visible.
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle import names
-from pileshuffle.engine.dedup import content_groups
+from pileshuffle.engine.duplicates import content_groups
 from pileshuffle.engine.fragments import Fragment, read_batches
 from pileshuffle.engine.tuning import prepare_worker
 from pileshuffle.io import storage

@@ -36,13 +36,9 @@ from pileshuffle.engine.balance import ClassPlanner
 from pileshuffle.engine.fragments import FragmentFiles, read_batches
 from pileshuffle.engine.output_files import remove_tree
 from pileshuffle.engine.transforms.assign import INPUT_STREAM, SourcePiles, SourceStats
+from pileshuffle.engine.transforms.finalize import balance_section, check_accounted, schema_json
 from pileshuffle.engine.transforms.graph import counted_classes
-from pileshuffle.engine.transforms.write import (
-    KeyByNone,
-    balance_section,
-    check_accounted,
-    schema_json,
-)
+from pileshuffle.engine.transforms.write import KeyByNone
 from pileshuffle.engine.tuning import prepare_worker
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.formats import get_format

@@ -18,7 +18,7 @@ follows from it, as the totals' difference, is not repeated as a fingerprint's):
 """
 
 from pileshuffle.engine.output_files import read_manifest
-from pileshuffle.engine.transforms.write import schema_json
+from pileshuffle.engine.transforms.finalize import schema_json
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.formats import get_format, read_fingerprint
 from pileshuffle.io import storage

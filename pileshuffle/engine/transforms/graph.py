@@ -1,15 +1,12 @@
-"""The template's graph: listed source groups -> pass 1 (ReadSourceToPiles) -> GroupIntoPiles -> WritePiles."""
+"""The template's graph: listed source groups -> pass 1
+(ReadSourceToPiles) -> GroupIntoPiles -> WritePiles."""
 
 import apache_beam as beam
 
 from pileshuffle.engine.balance import manifest_options
 from pileshuffle.engine.fragments import Fragment, GroupSegment
-from pileshuffle.engine.transforms.assign import (
-    STATS_TAG,
-    CountClasses,
-    ReadSourceToPiles,
-    SourceStats,
-)
+from pileshuffle.engine.sources import SourceStats
+from pileshuffle.engine.transforms.pass_one import STATS_TAG, CountClasses, ReadSourceToPiles
 from pileshuffle.engine.transforms.pile_groups import template_group
 from pileshuffle.engine.transforms.shuffle import GroupIntoPiles
 from pileshuffle.engine.transforms.write import WritePiles
@@ -26,9 +23,8 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     fragments_dir = (
         storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
     )
-    codes_dir = storage.join(
-        plan.work_dir, CLASS_CODES_DIR
-    )  # --balance: labels from the counting pass to pass 1
+    # --balance: labels from the counting pass to pass 1
+    codes_dir = storage.join(plan.work_dir, CLASS_CODES_DIR)
     sources = (
         (
             pipeline
@@ -124,7 +120,8 @@ def counted_classes(
 
 
 def _is_fragment_element(element) -> bool:
-    """Whether ``element`` is pass 1's main output, a ``(pile, Fragment)`` or ``(group, GroupSegment)`` pair."""
+    """Whether ``element`` is pass 1's main output:
+    a ``(pile, Fragment)`` or ``(group, GroupSegment)`` pair."""
     return (
         isinstance(element, tuple)
         and len(element) == 2

@@ -1,14 +1,14 @@
 """Pass 2 on groups of small piles: one join, one sort and one take for G neighbouring piles.
 
-At many piles a pile is small (1 GB in 4,096 piles: 240 kB; 10 TB in 10,000 piles has the same
-parts per pile), and pass 2's fixed work per pile (an element through the GroupByKey, a join of
-its parts, a sort, a take, each a call that hands the interpreter lock over) costs more than its
-records. The template therefore has pass 1 write one segment per (run, group of G neighbouring
-piles) (``group_size``; ``runs``, ``GroupSegment``), keyed ``pile // G``, and pass 2 puts a whole
-group in order at once, reading each segment once, then cuts it at the piles' bounds: each pile
-still becomes one shard. The order is the piles' own: the piles are ranges of U, so a stable sort of the
-group's records on U (its piles' parts one after another, each pile's in canonical order) orders
-them pile by pile, and within a pile exactly as ``Pile.ordered`` does.
+At many piles a pile is small (1 GB in 4,096 piles: 240 kB; 10 TB in 10,000 piles has the same parts
+per pile), and pass 2's fixed work per pile (an element through the GroupByKey, a join of its parts,
+a sort, a take, each a call that hands the interpreter lock over) costs more than its records. The
+template therefore has pass 1 write one segment per (run, group of G neighbouring piles)
+(``group_size``; ``runs``, ``GroupSegment``), keyed ``pile // G``, and pass 2 puts a whole group in
+order at once, reading each segment once, then cuts it at the piles' bounds: each pile still becomes
+one shard. The order is the piles' own: the piles are ranges of U, so a stable sort of the group's
+records on U (its piles' parts one after another, each pile's in canonical order) orders them pile
+by pile, and within a pile exactly as ``Pile.ordered`` does.
 
 A pile that needs more (one split again past ``--max_pile_bytes``, or one under ``--dedup``) is
 written alone, as without groups, from its views of the segments; the group's other piles are
@@ -50,7 +50,8 @@ def group_size(pile_bytes: float, max_pile_bytes: int) -> int:
 
 
 def template_group(plan) -> int:
-    """The template's piles per group (``group_size`` of the plan's mean pile, at most every pile); none under ``--dedup``."""
+    """The template's piles per group (``group_size`` of the plan's mean pile, at most every pile);
+    none under ``--dedup``."""
     return (
         1
         if plan.dedup
@@ -114,7 +115,8 @@ class PileGroup:
     segments: tuple = ()
 
     def alone(self) -> list:
-        """The piles that are written one by one (``Pile.ordered``): split again, deduplicated, or of one key."""
+        """The piles that are written one by one (``Pile.ordered``): split again, deduplicated,
+        or of one key."""
         return [p for p in self.piles if _written_alone(p)]
 
     def ordered(self):
@@ -123,9 +125,8 @@ class PileGroup:
         together = [p for p in self.piles if not _written_alone(p) and p.fragments]
         if not together:
             return
-        whole = self.segments and len(together) == len(
-            self.piles
-        )  # else a pile alone is not loaded again
+        # else a pile alone is not loaded again
+        whole = self.segments and len(together) == len(self.piles)
         records, keys, order = in_key_order(
             self.segments if whole else [f for p in together for f in p.fragments]
         )

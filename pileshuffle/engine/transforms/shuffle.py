@@ -17,10 +17,10 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from pileshuffle.engine.dedup import distinct_in_order, stream_distinct
+from pileshuffle.engine.duplicates import distinct_in_order, stream_distinct
 from pileshuffle.engine.fragments import Fragment, FragmentFiles, read_batches
 from pileshuffle.engine.runs import run_bytes_for
-from pileshuffle.engine.transforms.assign import AssignPiles
+from pileshuffle.engine.transforms.pass_one import AssignPiles
 from pileshuffle.engine.transforms.pile_groups import PileGroup, in_key_order
 from pileshuffle.engine.tuning import prepare_worker
 from pileshuffle.formats import record_lengths
@@ -39,13 +39,11 @@ __all__ = [
     "ShuffleToPiles",
 ]
 
-DEFAULT_MAX_PILE_BYTES = (
-    64 << 20
-)  # the most of one pile pass 2 holds in memory; a larger pile is split (files mode)
+# the most of one pile pass 2 holds in memory; a larger pile is split (files mode)
+DEFAULT_MAX_PILE_BYTES = 64 << 20
 _OUTPUT_SLICE_BYTES = 8 << 20  # about this many bytes per ordered table a pile yields
-_MAX_SPLIT_DEPTH = (
-    16  # splits of splits stop here: records that share one key cannot be split apart
-)
+# splits of splits stop here: records that share one key cannot be split apart
+_MAX_SPLIT_DEPTH = 16
 MAX_SPLIT_WAYS = 1024  # larger sub-piles are split again
 
 
@@ -69,7 +67,8 @@ class Pile:
     max_pile_bytes: int = DEFAULT_MAX_PILE_BYTES
     work_dir: str = None
     depth: int = 0
-    dedup: object = None  # a dedup.Dedup: records with equal content keep only the first (pileshuffle.engine.dedup)
+    # a dedup.Dedup: records with equal content keep only the first (pileshuffle.engine.dedup)
+    dedup: object = None
     single_key: bool = False  # every record has one key: under dedup, streamed (never loaded whole)
 
     @property
@@ -104,7 +103,8 @@ class Pile:
 
     def ordered(self, dropped=None):
         """Yield the records in final order, each with its pass-1 hash (``HASH_COLUMN``). Under
-        ``dedup`` only the first of each content; ``dropped`` (a ``dedup.Dropped``) counts the rest."""
+        ``dedup`` only the first of each content; ``dropped`` (a ``duplicates.Dropped``) counts the
+        rest."""
         if self.dedup is not None and self.single_key:
             batches = (
                 pa.Table.from_batches([b]).drop_columns([KEY_COLUMN])
@@ -120,12 +120,10 @@ class Pile:
         if not self.fragments:
             return
         records, keys, order = in_key_order(self.fragments)
-        step = max(
-            1, int(_OUTPUT_SLICE_BYTES * len(order) / max(1, self.nbytes))
-        )  # (Table.nbytes: 0.1 ms a pile)
-        if self.dedup is not None or step < len(
-            order
-        ):  # a take from parts joins them anew every time: join once
+        # (Table.nbytes: 0.1 ms a pile)
+        step = max(1, int(_OUTPUT_SLICE_BYTES * len(order) / max(1, self.nbytes)))
+        # a take from parts joins them anew every time: join once
+        if self.dedup is not None or step < len(order):
             records = records.combine_chunks()
         if self.dedup is not None:
             user, hashes, lengths = _records_of(records)
@@ -139,14 +137,14 @@ class Pile:
 
     def split(self):
         """The sub-piles of this pile, in order: fragments re-keyed on the next digits of U."""
-        ways = min(
-            MAX_SPLIT_WAYS, max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2)
-        )  # one open file each
+        # one open file each
+        ways = min(MAX_SPLIT_WAYS, max(2, math.ceil(self.nbytes / self.max_pile_bytes) * 2))
         split_dir = storage.join(self.work_dir, "splits")
         files = FragmentFiles(
             split_dir, split_writer_name(uuid.uuid4().hex[:12], self.depth, self.index)
         )
-        key_range = {}  # sub-pile -> (lowest, highest) key: one key alone is one record repeated, under dedup
+        # sub-pile -> (lowest, highest) key: one key alone is one record repeated, under dedup
+        key_range = {}
         for fragment in self.fragments:
             for batch in read_batches(fragment):
                 digits = _next_digits(batch.column(KEY_COLUMN).to_numpy(), self.num_piles)
@@ -217,9 +215,9 @@ class _MakePile(beam.DoFn):
 
 
 class GroupIntoPiles(beam.PTransform):
-    """``(pile, Fragment)`` -> ``Pile``: the GroupByKey between the two passes (``dedup``: the piles' ``Dedup``).
-    With ``group`` > 1 (the template's small piles, ``pile_groups``): ``(group, GroupSegment)`` ->
-    ``PileGroup`` of up to ``group`` piles."""
+    """``(pile, Fragment)`` -> ``Pile``: the GroupByKey between the two passes (``dedup``: the
+    piles' ``Dedup``). With ``group`` > 1 (the template's small piles, ``pile_groups``): ``(group,
+    GroupSegment)`` -> ``PileGroup`` of up to ``group`` piles."""
 
     def __init__(
         self, num_piles, max_pile_bytes=DEFAULT_MAX_PILE_BYTES, work_dir=None, dedup=None, group=1
@@ -255,22 +253,23 @@ def _refuse_runners_that_drop_finish_bundle_output(pipeline):
     if runner is not None and any(cls.__name__ == "DaskRunner" for cls in type(runner).__mro__):
         raise UnsupportedRunnerError(
             "ShuffleToPiles cannot run on Beam's DaskRunner: the DaskRunner drops the outputs of "
-            "DoFn.finish_bundle, where pass 1 flushes each bundle's last batch, so records would be lost "
-            "silently. Shuffle files with the template pipeline instead (pileshuffle run --runner=DaskRunner "
-            "--dask_client_address=...), or run this pipeline on another runner."
+            "DoFn.finish_bundle, where pass 1 flushes each bundle's last batch, so records would "
+            "be lost silently. Shuffle files with the template pipeline instead (pileshuffle run "
+            "--runner=DaskRunner --dask_client_address=...), or run this pipeline on another "
+            "runner."
         )
 
 
 class ShuffleToPiles(beam.PTransform):
     """Globally shuffle a PCollection into ``num_piles`` piles; returns ``Pile`` elements.
 
-    Elements are ``bytes`` records, or ``pyarrow.RecordBatch``/``Table`` rows (for
-    Parquet). With ``keyed=True`` elements are ``(id, record)`` pairs and the order is a
-    pure function of ``(seed, ids)``: reproducible on any runner. Unkeyed, the order is
-    uniform but differs between runs (records have no stable identity to key on).
-    With ``dedup`` (a ``pileshuffle.engine.dedup.Dedup``: ``Dedup()`` whole records, ``Dedup(field)`` one
-    field's value) a record's key is a seeded hash of its content, reproducible without ids: the
-    piles hold each distinct record once, the first of its group (``pileshuffle.engine.dedup``).
+    Elements are ``bytes`` records, or ``pyarrow.RecordBatch``/``Table`` rows (for Parquet). With
+    ``keyed=True`` elements are ``(id, record)`` pairs and the order is a pure function of ``(seed,
+    ids)``: reproducible on any runner. Unkeyed, the order is uniform but differs between runs
+    (records have no stable identity to key on). With ``dedup`` (a
+    ``pileshuffle.engine.dedup.Dedup``: ``Dedup()`` whole records, ``Dedup(field)`` one field's
+    value) a record's key is a seeded hash of its content, reproducible without ids: the piles hold
+    each distinct record once, the first of its group (``pileshuffle.engine.dedup``).
 
     ``temp_location`` selects the ``files`` intermediate mode: pass 1 writes runs there
     (``pileshuffle.engine.runs``) and only byte ranges go through GroupByKey (memory: one pile per
