@@ -1,7 +1,7 @@
 """The store's commands: ``run --layout store``, ``append``, ``expire``, ``gc``, ``materialize``.
 
 Every command that changes the store holds its lock from before it reads the current
-manifest until it has published (``layout.StoreLock``), deletes what a killed command of
+manifest until it has published (``lock.StoreLock``), deletes what a killed command of
 its own kind left (unpublished generation directories) before it writes, and publishes
 one manifest version last. Killed at any point, the store stays readable at its previous
 version; the same command run again finishes the job.
@@ -31,12 +31,13 @@ from pileshuffle.engine.output_files import missing_local_folders, remove_empty_
 from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.io import storage
 from pileshuffle.planning.parameters import PileshuffleOptions, parse_flag
-from pileshuffle.store import layout
+from pileshuffle.store import layout, lock
 from pileshuffle.store import write as store_write
 from pileshuffle.store.expire import collect, expire
 from pileshuffle.store.layout import existing_store
+from pileshuffle.store.publish import stored_schema
 from pileshuffle.store.read import live_piles, missing_files
-from pileshuffle.store.write import build_generation, stored_schema, writer_groups
+from pileshuffle.store.write import build_generation, writer_groups
 
 __all__ = [
     "run_store",
@@ -124,15 +125,15 @@ def _store_lock(prefix: str, command: str):
     ``-store`` folder."""
     token, created = None, missing_local_folders(storage.split(prefix)[0])
     try:  # taking the lock too: a Ctrl-C as it is taken leaves neither the lock nor the folder it made
-        token = layout.StoreLock(prefix, command).acquire()
+        token = lock.StoreLock(prefix, command).acquire()
         yield token
     except BaseException:
         with (
             interrupt.not_cut()
         ):  # one step: no lock, nor an empty folder, is left by a Ctrl-C inside it
             if token is not None:
-                layout.release_lock(prefix, token)
-            layout.remove_if_empty(prefix)
+                lock.release_lock(prefix, token)
+            lock.remove_if_empty(prefix)
             remove_empty_folders(created)  # and the folders above it this command made
         raise
 
@@ -210,7 +211,7 @@ def run_store(options, wait=None, hold_worker_stderr=False):
         None if plan.balance is None else (plan.label, plan.balance, plan.keep_unlabeled),
         plan.dedup,
     )
-    with _store_lock(prefix, layout.command_line()) as token:
+    with _store_lock(prefix, lock.command_line()) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
             first = current["generations"][:1]
@@ -227,7 +228,7 @@ def run_store(options, wait=None, hold_worker_stderr=False):
                     f"(version {current['version']}): nothing to do",
                     file=sys.stderr,
                 )
-                layout.release_lock(prefix, token)
+                lock.release_lock(prefix, token)
                 return current
             raise OutputError(
                 f"a store exists at {names.store_dir(prefix)} (version {current['version']}): add data "
@@ -281,7 +282,7 @@ def append(options) -> dict:
                 f"(version {base['version']}): nothing to do",
                 file=sys.stderr,
             )
-            layout.release_lock(prefix, token)
+            lock.release_lock(prefix, token)
             return base
         if not args.allow_duplicate_inputs:
             _refuse_held_inputs(prefix, base, sources)
@@ -528,11 +529,11 @@ def gc_main(argv):
     """``pileshuffle gc``: delete store files no recent manifest version lists."""
     args = gc_options(argv)
     prefix = existing_store(args.store)
-    token = layout.StoreLock(prefix, args.describe()).acquire()
+    token = lock.StoreLock(prefix, args.describe()).acquire()
     try:
         deleted = collect(prefix, args.grace_seconds)
     finally:
-        layout.release_lock(prefix, token)
+        lock.release_lock(prefix, token)
     print(
         f"deleted   generations {deleted['generations']}, manifest versions {deleted['versions']}"
     )
