@@ -16,6 +16,7 @@ _WORKER_SNAPSHOTS, _DATASET_STATE = "_worker_snapshots", "dataset_state"
 
 
 def states_epoch(state) -> int:
+    """The epoch of a state, or of a list of states (all of one epoch)."""
     return int((state[0] if isinstance(state, list) else state)["epoch"])
 
 
