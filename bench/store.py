@@ -61,7 +61,7 @@ def fused_pipeline(args):
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     from pileshuffle import ShuffleToPiles
-    from pileshuffle.store.write import WritePileStore
+    from pileshuffle.store.composed import WritePileStore
 
     started = time.time()
     options = PipelineOptions(["--direct_running_mode=multi_threading", "--direct_num_workers=0"])

@@ -22,7 +22,7 @@ def __getattr__(name):  # lazy: importing the package must not import Beam's tra
 
         return WritePiles
     if name == "WritePileStore":
-        from pileshuffle.store.write import WritePileStore
+        from pileshuffle.store.composed import WritePileStore
 
         return WritePileStore
     raise AttributeError(name)

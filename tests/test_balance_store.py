@@ -20,6 +20,7 @@ from pileshuffle.commands.verify import verify
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.store import layout
 from pileshuffle.store.expire import expire
+from pileshuffle.store.lock import lock_path
 
 DAY0 = {"cat": 900, "dog": 90, "bird": 10}  # generation 0, one class after the other over two files
 DAY1 = {"cat": 50, "dog": 200, "bird": 20}  # generation 1: imbalanced the other way
@@ -290,7 +291,7 @@ def test_write_pile_store_refuses_a_balanced_store(days, tmp_path):
 
     from pileshuffle import ShuffleToPiles
     from pileshuffle.errors import OutputError
-    from pileshuffle.store.write import WritePileStore
+    from pileshuffle.store.composed import WritePileStore
 
     day0, _ = days
     prefix = str(tmp_path / "out" / "t")
@@ -301,7 +302,7 @@ def test_write_pile_store_refuses_a_balanced_store(days, tmp_path):
         OutputError, match="balances every generation by 'animal'.*pileshuffle append"
     ):
         _ = piles | WritePileStore(prefix, format="jsonl", num_piles=3, seed=9)
-    assert not os.path.exists(layout.lock_path(prefix))
+    assert not os.path.exists(lock_path(prefix))
 
 
 def test_a_store_keeps_unlabeled_records_as_the_class_null_in_every_generation(days, tmp_path):

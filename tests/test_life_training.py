@@ -157,7 +157,7 @@ class Rank:
     def checkpoint(self, epoch):
         """What this rank saves: its loader's state or its consumers' states (JSON round trip)."""
         from pileshuffle.loader.tf import state_in_epoch
-        from pileshuffle.loader.torch import loader_states
+        from pileshuffle.loader.torch_resume import loader_states
 
         if self.path == "plain":
             state = loader_states(self.tds, self.taken, num_workers=self.workers)
@@ -173,7 +173,7 @@ class Rank:
 
     def consumer_states(self, saved) -> list:
         """The dataset states in ``saved`` (all of this rank's consumers), for an elastic resume."""
-        from pileshuffle.loader.torch import worker_states
+        from pileshuffle.loader.torch_resume import worker_states
 
         if self.path == "stateful":
             return worker_states(saved)

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from pileshuffle.loader import ShuffledDataset
-from pileshuffle.loader.torch import ArrowOnArrival, loader_states, round_robin, worker_states
+from pileshuffle.loader.torch import ArrowOnArrival
+from pileshuffle.loader.torch_resume import loader_states, round_robin, worker_states
 from pileshuffle.records.fingerprint import Fingerprint, payload_hashes
 
 # torch's own advice for a 2-core machine, and torchdata's call of a deprecated torch API

@@ -22,7 +22,7 @@ from pileshuffle.commands.quality import main as quality_main
 from pileshuffle.errors import InputError
 from pileshuffle.formats import get_format
 from pileshuffle.quality import orders, training
-from pileshuffle.quality.locate import Label
+from pileshuffle.quality.label import Label
 from pileshuffle.quality.report import ALPHA, measure
 
 RECORDS = 20_000

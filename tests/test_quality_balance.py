@@ -18,7 +18,7 @@ from scipy import stats
 from pileshuffle.commands.quality import main as quality_main
 from pileshuffle.formats import get_format
 from pileshuffle.quality import metrics
-from pileshuffle.quality.locate import Label
+from pileshuffle.quality.label import Label
 from pileshuffle.quality.report import ALPHA, measure
 
 BATCH = 32

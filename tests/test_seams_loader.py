@@ -16,7 +16,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from pileshuffle.commands import sample
 from pileshuffle.errors import InputError
 from pileshuffle.loader import ShuffledDataset
-from pileshuffle.loader.torch import loader_states
+from pileshuffle.loader.torch_resume import loader_states
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create"),

@@ -220,6 +220,7 @@ def test_a8_binary_input_given_as_jsonl_is_refused_naming_the_file_and_line(tmp_
 def test_a8_appending_jsonl_to_a_tfrecord_store_says_the_formats_differ(tmp_path, tfrecord_input):
     from pileshuffle.commands import append as append_command
     from pileshuffle.store import layout
+    from pileshuffle.store.lock import lock_holder
 
     prefix = str(tmp_path / "s")
     run_shuffle(tfrecord_input, prefix, "--layout=store", "--num_piles=2")
@@ -228,7 +229,7 @@ def test_a8_appending_jsonl_to_a_tfrecord_store_says_the_formats_differ(tmp_path
         InputError, match=r"part-000\.jsonl: is jsonl \(by its name\).*holds tfrecord"
     ):
         append_command.append([f"--store={prefix}", f"--input={tmp_path}/day2/*", *FAST])
-    assert layout.read_store_manifest(prefix)["version"] == 1 and layout.lock_holder(prefix) is None
+    assert layout.read_store_manifest(prefix)["version"] == 1 and lock_holder(prefix) is None
 
 
 # --- A10: one run per output at a time ----------------------------------------------------------------

@@ -28,9 +28,11 @@ from pileshuffle.formats.tfrecord import FRAME_COLUMN, HEADER_BYTES, frame
 from pileshuffle.store import expire as store_expire
 from pileshuffle.store import layout
 from pileshuffle.store import write as store_write
+from pileshuffle.store.composed import WritePileStore
 from pileshuffle.store.expire import expire
+from pileshuffle.store.lock import lock_holder, lock_path
 from pileshuffle.store.read import check_store, live_piles
-from pileshuffle.store.write import WritePileStore, writer_groups
+from pileshuffle.store.write import writer_groups
 
 
 def store_files(prefix, generation=None):
@@ -321,7 +323,7 @@ def test_append_is_idempotent_and_refuses_what_does_not_fit(tmp_path, parquet_in
     pq.write_table(pa.table({"index": [1, 2]}), str(tmp_path / "other" / "x.parquet"))
     with pytest.raises(Exception, match="x.parquet: has a different schema from the store's"):
         append(pq_store, str(tmp_path / "other" / "*.parquet"))
-    assert layout.lock_holder(pq_store) is None, "a refused append releases the lock"
+    assert lock_holder(pq_store) is None, "a refused append releases the lock"
     sample.write_parquet(
         str(tmp_path / "more"), records=700, files=2, record_bytes=80, seed=9, name="more"
     )
@@ -347,7 +349,7 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path):
             "since": "2026-11-23T20:00:00Z",
             "token": "t",
         }
-        with open(layout.lock_path(prefix), "w") as handle:
+        with open(lock_path(prefix), "w") as handle:
             json.dump(lock, handle)
         new = write_generation_files(str(tmp_path / "in1"), "b", 300)
         done = subprocess.run(
@@ -368,7 +370,7 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path):
         holder.kill()
         holder.wait()
     assert append(prefix, new)["version"] == 2  # its holder is gone: stale, taken over
-    assert layout.lock_holder(prefix) is None
+    assert lock_holder(prefix) is None
 
 
 def test_publishing_a_version_that_appeared_meanwhile_is_refused(tmp_path):
@@ -449,7 +451,7 @@ def test_write_pile_store_in_a_users_pipeline(tmp_path, temp):
     assert collections.Counter(payloads_in_order(prefix)) == collections.Counter(
         r.upper() for d in days for r in d
     )
-    assert check_store(prefix)[0] == [] and layout.lock_holder(prefix) is None
+    assert check_store(prefix)[0] == [] and lock_holder(prefix) is None
     assert not glob.glob(str(tmp_path / "tmp" / "*" / "*"))  # pass-1 fragments removed
     materialize(prefix, str(tmp_path / "m" / "m"))
     assert read_tfrecord_payloads(shards(str(tmp_path / "m" / "m"))) == payloads_in_order(prefix)
@@ -577,7 +579,7 @@ def test_expire_interrupted_between_publish_and_delete_is_finished_by_a_rerun(
     assert layout.read_store_manifest(prefix)["version"] == 3 and layout.generation_dirs(
         prefix
     ) == [0, 1]
-    assert check_store(prefix)[0] == [] and layout.lock_holder(prefix) is None
+    assert check_store(prefix)[0] == [] and lock_holder(prefix) is None
     manifest, dropped, deleted = expire(prefix, keep_generations=1, grace_seconds=0)
     assert manifest["version"] == 3 and dropped == [] and deleted["generations"] == [0]
     assert collections.Counter(payloads_in_order(prefix)) == expected_records(

@@ -33,9 +33,10 @@ from pileshuffle import ShuffleToPiles, names
 from pileshuffle.formats.tfrecord import frame
 from pileshuffle.loader import ShuffledDataset
 from pileshuffle.store import layout
+from pileshuffle.store.composed import WritePileStore
 from pileshuffle.store.expire import expire
+from pileshuffle.store.lock import lock_holder
 from pileshuffle.store.read import check_store
-from pileshuffle.store.write import WritePileStore
 
 WINDOW = {  # generation -> urls of its records: copies within a generation and of older ones
     0: [*range(0, 600), *range(0, 50)],
@@ -322,7 +323,7 @@ def test_append_takes_the_stores_dedup_and_write_pile_store_is_refused(tmp_path,
                 | ShuffleToPiles(num_piles=2, seed=1)
                 | WritePileStore(prefix, format="jsonl", num_piles=2, seed=1)
             )
-    assert layout.lock_holder(prefix) is None
+    assert lock_holder(prefix) is None
 
 
 @settings(max_examples=60, deadline=None)

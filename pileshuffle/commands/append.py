@@ -18,9 +18,9 @@ from pileshuffle.commands.store_options import (
 )
 from pileshuffle.engine.balance import Policy
 from pileshuffle.errors import InputError, OutputError, UsageError
-from pileshuffle.store import layout
+from pileshuffle.store import layout, lock
 from pileshuffle.store.layout import existing_store
-from pileshuffle.store.write import stored_schema
+from pileshuffle.store.publish import stored_schema
 
 __all__ = ["append", "append_main"]
 
@@ -61,7 +61,7 @@ def append(options) -> dict:
                 f"(version {base['version']}): nothing to do",
                 file=sys.stderr,
             )
-            layout.release_lock(prefix, token)
+            lock.release_lock(prefix, token)
             return base
         if not args.allow_duplicate_inputs:
             _refuse_held_inputs(prefix, base, sources)

@@ -6,7 +6,7 @@ from pileshuffle.commands.store_options import (
     expire_options,
     gc_options,
 )
-from pileshuffle.store import layout
+from pileshuffle.store import lock
 from pileshuffle.store.expire import collect, expire
 from pileshuffle.store.layout import existing_store
 
@@ -37,11 +37,11 @@ def gc_main(argv):
     """``pileshuffle gc``: delete store files no recent manifest version lists."""
     args = gc_options(argv)
     prefix = existing_store(args.store)
-    token = layout.StoreLock(prefix, args.describe()).acquire()
+    token = lock.StoreLock(prefix, args.describe()).acquire()
     try:
         deleted = collect(prefix, args.grace_seconds)
     finally:
-        layout.release_lock(prefix, token)
+        lock.release_lock(prefix, token)
     print(
         f"deleted   generations {deleted['generations']}, manifest versions {deleted['versions']}"
     )

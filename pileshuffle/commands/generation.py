@@ -15,7 +15,7 @@ from pileshuffle.commands.running import execute
 from pileshuffle.engine.output_files import missing_local_folders, remove_empty_folders
 from pileshuffle.errors import OutputError
 from pileshuffle.io import storage
-from pileshuffle.store import layout
+from pileshuffle.store import layout, lock
 from pileshuffle.store import write as store_write
 from pileshuffle.store.write import build_generation, writer_groups
 
@@ -65,15 +65,15 @@ def store_lock(prefix: str, command: str):
     ``-store`` folder."""
     token, created = None, missing_local_folders(storage.split(prefix)[0])
     try:  # taking the lock too: a Ctrl-C as it is taken leaves neither the lock nor the folder it made
-        token = layout.StoreLock(prefix, command).acquire()
+        token = lock.StoreLock(prefix, command).acquire()
         yield token
     except BaseException:
         with (
             interrupt.not_cut()
         ):  # one step: no lock, nor an empty folder, is left by a Ctrl-C inside it
             if token is not None:
-                layout.release_lock(prefix, token)
-            layout.remove_if_empty(prefix)
+                lock.release_lock(prefix, token)
+            lock.remove_if_empty(prefix)
             remove_empty_folders(created)  # and the folders above it this command made
         raise
 

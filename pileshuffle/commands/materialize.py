@@ -18,8 +18,8 @@ from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.io import storage
 from pileshuffle.store import layout
 from pileshuffle.store.layout import existing_store
+from pileshuffle.store.publish import stored_schema
 from pileshuffle.store.read import live_piles, missing_files
-from pileshuffle.store.write import stored_schema
 
 __all__ = ["materialize", "materialize_main"]
 
@@ -30,8 +30,8 @@ def materialize(options) -> dict:
     from pileshuffle.commands.output_lock import taken_output
     from pileshuffle.engine.output_files import discard_unpublished, read_manifest
     from pileshuffle.engine.transforms.write import WritePiles
+    from pileshuffle.planning.locations import check_shard_output, work_dir_for
     from pileshuffle.planning.parameters import parse_bytes
-    from pileshuffle.planning.plan import check_shard_output, work_dir_for
 
     args = options if isinstance(options, MaterializeOptions) else materialize_options(options)
     options = args.beam

@@ -172,7 +172,7 @@ def report_problem(directory: str):
 def write_report(report, directory: str, figures: bool = True) -> list:
     """Write the JSON, the policies table (with ``--compare``) and the figures, each whole or
     not at all (``storage.write_whole``: a local folder or gs://); returns the paths written."""
-    from pileshuffle.quality.report import policies_table
+    from pileshuffle.quality.text import policies_table
 
     files = {"quality.json": lambda: json.dumps(report.summary, indent=1).encode()}
     if "policies" in report.summary:
@@ -223,7 +223,8 @@ def main(argv=None) -> int:
         f"it had written its report to {args.report}",
     )
     try:
-        from pileshuffle.quality.report import measure, text_summary
+        from pileshuffle.quality.report import measure
+        from pileshuffle.quality.text import text_summary
     except ImportError as error:
         print(
             f"pileshuffle quality: error: needs the report extra, pip install 'pileshuffle[report]' ({error})",
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
     from pileshuffle.engine.inputs import check_format_fits, match_inputs
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.formats import get_format
-    from pileshuffle.quality.locate import Label
+    from pileshuffle.quality.label import Label
 
     problem = report_problem(args.report) if args.report else None
     if problem:

@@ -45,7 +45,7 @@ from pileshuffle.planning.runners import (
     submitted,
 )
 from pileshuffle.planning.space import check_space, space_note
-from pileshuffle.store.layout import command_line
+from pileshuffle.store.lock import command_line
 
 __all__ = ["main", "pipeline_options", "report", "run"]
 

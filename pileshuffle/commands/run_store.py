@@ -14,7 +14,7 @@ from pileshuffle.commands.generation import (
 from pileshuffle.errors import OutputError
 from pileshuffle.io import storage
 from pileshuffle.planning.parameters import PileshuffleOptions, parse_flag
-from pileshuffle.store import layout
+from pileshuffle.store import layout, lock
 
 __all__ = ["run_store"]
 
@@ -48,7 +48,7 @@ def run_store(options, wait=None, hold_worker_stderr=False):
         None if plan.balance is None else (plan.label, plan.balance, plan.keep_unlabeled),
         plan.dedup,
     )
-    with store_lock(prefix, layout.command_line()) as token:
+    with store_lock(prefix, lock.command_line()) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
             first = current["generations"][:1]
@@ -65,7 +65,7 @@ def run_store(options, wait=None, hold_worker_stderr=False):
                     f"(version {current['version']}): nothing to do",
                     file=sys.stderr,
                 )
-                layout.release_lock(prefix, token)
+                lock.release_lock(prefix, token)
                 return current
             raise OutputError(
                 f"a store exists at {names.store_dir(prefix)} (version {current['version']}): add data "

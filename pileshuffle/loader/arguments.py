@@ -60,6 +60,6 @@ def describe_identity(identity) -> str:
         return f"{identity!r:.80}"
     seed = "no seed" if identity.get("seed") is None else f"seed {identity.get('seed')}"
     return (
-        f"{identity.get('kind')} of {identity.get('records', '?'):,} records in {identity.get('piles')} piles, "
-        f"{seed}, digest {identity.get('digest')}"
+        f"{identity.get('kind')} of {identity.get('records', '?'):,} records in "
+        f"{identity.get('piles')} piles, {seed}, digest {identity.get('digest')}"
     )

@@ -17,13 +17,12 @@ __all__ = [
 ]
 
 
-TAKE_ROWS = (
-    8192  # records gathered into a table at a time (Parquet rows are copied: never a whole step)
-)
+# records gathered into a table at a time (Parquet rows are copied: never a whole step)
+TAKE_ROWS = 8192
 
 
 def gathered(blocks):
-    """``loader.piles.Block``s (views of loaded piles) as tables of at most ``TAKE_ROWS``
+    """``loader.block.Block``s (views of loaded piles) as tables of at most ``TAKE_ROWS``
     records each, in order."""
     for block in blocks:
         for start in range(0, block.num_rows, TAKE_ROWS):

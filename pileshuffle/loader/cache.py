@@ -60,9 +60,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 # and the memory of one chunk (not of the whole file) while it goes to disk
 _CHUNK_BYTES = 64 * 2**20
 _DIGEST_CHARS = 32
-_ENTRY = re.compile(
-    r"^[0-9a-f]{%d}-" % _DIGEST_CHARS
-)  # the names of entries; nothing else is deleted
+# the names of entries; nothing else is deleted
+_ENTRY = re.compile(r"^[0-9a-f]{%d}-" % _DIGEST_CHARS)
 _NAME_TAIL = 80  # characters of the remote name kept after the digest (its extension says .gz)
 _TEMP_SUFFIX = ".part"
 # a temp file unwritten for this long was left by a killed process: a live fetch writes every chunk
@@ -74,13 +73,13 @@ _LOCAL = pafs.LocalFileSystem()
 @dataclasses.dataclass(frozen=True)
 class FileFacts:
     """What an output's manifest says of one of its files: ``size`` in bytes (None: it lists
-    none), ``version``, a string that differs between outputs whose files may differ, and ``crc32c``."""
+    none), ``version``, a string that differs between outputs whose files may differ, and
+    ``crc32c``."""
 
     size: int = None
     version: str = ""
-    crc32c: str = (
-        None  # the file's CRC32C as the manifest lists it (checksums), None when it lists none
-    )
+    # the file's CRC32C as the manifest lists it (checksums), None when it lists none
+    crc32c: str = None
 
     def check_size(self, name: str, size: int, then: str = ""):
         """Refuse (an InputError naming ``name``) a file of ``size`` bytes when the manifest lists
@@ -122,7 +121,8 @@ def caches(filesystem) -> bool:
 
 
 def _checked_directory(directory) -> str:
-    """``cache_dir`` as an absolute local path, the folder made; a ValueError naming it otherwise."""
+    """``cache_dir`` as an absolute local path, the folder made; a ValueError naming it
+    otherwise."""
     if isinstance(directory, bool) or not isinstance(directory, (str, os.PathLike)):
         raise ValueError(
             f"cache_dir must be a local folder's path (str or os.PathLike), got {directory!r}"
@@ -145,7 +145,8 @@ class _CannotKeep(Exception):
 
 
 def _local(operation, *args):
-    """A local file operation of a fetch; its OSError is the folder's (``_CannotKeep``), not the remote's."""
+    """A local file operation of a fetch; its OSError is the folder's (``_CannotKeep``), not
+    the remote's."""
     try:
         return operation(*args)
     except OSError as error:
@@ -213,12 +214,11 @@ class PileCache:
             return read(_LOCAL, local)
         except (OSError, pa.ArrowException, PileshuffleError) as error:
             _remove_quietly(local)
-            if not isinstance(
-                error.__cause__ or error, FileNotFoundError
-            ):  # not just evicted meanwhile
+            # not just evicted meanwhile
+            if not isinstance(error.__cause__ or error, FileNotFoundError):
                 warnings.warn(
-                    f"pileshuffle: the cached copy {local} of {remote_name(filesystem, path)} cannot be "
-                    f"read ({error}); dropped, reading the remote file",
+                    f"pileshuffle: the cached copy {local} of {remote_name(filesystem, path)} "
+                    f"cannot be read ({error}); dropped, reading the remote file",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -238,7 +238,8 @@ class PileCache:
         return local
 
     def _hit(self, local: str, facts: FileFacts) -> bool:
-        """Whether ``local`` is there, of the listed size (else it is dropped); a hit is a use (mtime now)."""
+        """Whether ``local`` is there, of the listed size (else it is dropped); a hit is
+        a use (mtime now)."""
         try:
             if facts.size is not None and os.stat(local).st_size != facts.size:
                 _remove_quietly(local)  # truncated or damaged since it was kept: fetched again
@@ -257,9 +258,8 @@ class PileCache:
             f".{os.path.basename(local)}.{os.getpid()}-{uuid.uuid4().hex[:8]}{_TEMP_SUFFIX}",
         )
         try:
-            _local(
-                os.makedirs, self.directory, 0o777, True
-            )  # the folder may have been removed meanwhile
+            # the folder may have been removed meanwhile
+            _local(os.makedirs, self.directory, 0o777, True)
             if not cloud.patiently(uri, lambda: self._download(filesystem, path, facts, temp, uri)):
                 return False
             _local(_touch, temp)
@@ -354,7 +354,8 @@ def _listed_crc32c(remote):
 
 
 def _copy(remote, temp: str):
-    """``(bytes, CRC32C)`` of ``remote``'s contents written to ``temp``, in ``_CHUNK_BYTES`` reads."""
+    """``(bytes, CRC32C)`` of ``remote``'s contents written to ``temp``, in ``_CHUNK_BYTES``
+    reads."""
     received, crc = 0, 0
     out = _local(open, temp, "wb")
     try:

@@ -97,7 +97,8 @@ class Consumer:
 
     # --- epochs and splits ------------------------------------------------------
     def _split_of(self, consumer) -> list:
-        """The standard ranges of ``consumer`` = [rank, world_size, worker, num_workers, ...] this epoch."""
+        """The standard ranges of ``consumer`` = [rank, world_size, worker, num_workers,
+        ...] this epoch."""
         ranges = split.rank_share(self._order.total, consumer[0], consumer[1], self.remainder)
         return _worker_parts(ranges, zip(consumer[2::2], consumer[3::2]))
 
@@ -203,8 +204,9 @@ class Consumer:
         if isinstance(state, dict):
             if list(state["consumer"]) != self._consumer():
                 raise ValueError(
-                    f"this state is of consumer (rank, world_size, worker, num_workers...) = {state['consumer']}, not "
-                    f"{self._consumer()}: to change the split, pass the states of all consumers as a list"
+                    "this state is of consumer (rank, world_size, worker, num_workers...) = "
+                    f"{state['consumer']}, not {self._consumer()}: to change the split, pass the "
+                    "states of all consumers as a list"
                 )
             self._resume(state)
             return

@@ -94,9 +94,10 @@ class ShuffledDataset(Consumer):
 
     def __repr__(self):
         return (
-            f"ShuffledDataset({self.output.location!r}, {self.format}, {len(self.output.piles)} piles, "
-            f"seed={self.seed}, epoch={self.epoch}, mix={self.mix}, reshuffle={self.reshuffle}, {self._where()}, "
-            f"{len(self)} records, position {self._position})"
+            f"ShuffledDataset({self.output.location!r}, {self.format}, {len(self.output.piles)} "
+            f"piles, seed={self.seed}, epoch={self.epoch}, mix={self.mix}, "
+            f"reshuffle={self.reshuffle}, {self._where()}, {len(self)} records, position "
+            f"{self._position})"
         )
 
     # --- what a Consumer asks ----------------------------------------------------
@@ -124,20 +125,22 @@ class ShuffledDataset(Consumer):
                 else None
             )
             hint = (
-                f"; the store version it was saved on is still readable: ShuffledDataset({version!r})"
+                "; the store version it was saved on is still readable: "
+                f"ShuffledDataset({version!r})"
                 if version
                 else ""
             )
             raise ValueError(
                 f"the state is of another output ({describe_identity(state['dataset'])}), not of "
-                f"{self.output.location} ({describe_identity(self.output.identity)}): a re-run with another seed "
-                "or number of piles, or a store changed since, is another order, and the state's position in it "
-                f"means nothing here{hint}"
+                f"{self.output.location} ({describe_identity(self.output.identity)}): a re-run "
+                "with another seed or number of piles, or a store changed since, is another "
+                f"order, and the state's position in it means nothing here{hint}"
             )
         for name in ("seed", "mix", "reshuffle"):
             if state[name] != getattr(self, name):
                 raise ValueError(
-                    f"the state has {name}={state[name]!r} but the dataset {name}={getattr(self, name)!r}"
+                    f"the state has {name}={state[name]!r} but the dataset "
+                    f"{name}={getattr(self, name)!r}"
                 )
 
     # --- reading ----------------------------------------------------------------

@@ -51,7 +51,8 @@ class GrainDataset(grain.IterDataset):
         self._num_epochs = None if num_epochs is None else whole_number("num_epochs", num_epochs, 1)
 
     def set_slice(self, sl: slice, sequential_slice: bool = False):
-        """Grain's ``mp_prefetch`` worker ``sl.start`` of ``sl.step``: a contiguous part of the share."""
+        """Grain's ``mp_prefetch`` worker ``sl.start`` of ``sl.step``: a contiguous part
+        of the share."""
         self._worker = (sl.start or 0, sl.step or 1)
 
     def set_epoch(self, epoch: int):
@@ -62,7 +63,10 @@ class GrainDataset(grain.IterDataset):
         return GrainIterator(self._dataset, self._worker, self._num_epochs)
 
     def __str__(self) -> str:
-        return f"GrainDataset({self._dataset!r}, worker {self._worker[0]}/{self._worker[1]}, {self._num_epochs} epochs)"
+        return (
+            f"GrainDataset({self._dataset!r}, worker {self._worker[0]}/{self._worker[1]}, "
+            f"{self._num_epochs} epochs)"
+        )
 
 
 class GrainIterator(grain.DatasetIterator):
@@ -85,9 +89,8 @@ class GrainIterator(grain.DatasetIterator):
         iterator is made: Grain makes iterators in the main process that it never reads
         (``mp_prefetch``) and pickles the dataset for each worker after that."""
         if not self._reading:
-            if (
-                self._part is None
-            ):  # (not ``or``: a part with nothing left to read is empty, and falsy)
+            # (not ``or``: a part with nothing left to read is empty, and falsy)
+            if self._part is None:
                 self._part = self._dataset.for_worker(*self._worker)
             self._dataset.set_epoch(self._part.epoch)
             self._dataset._begin_pass()
@@ -130,8 +133,8 @@ class GrainIterator(grain.DatasetIterator):
         if tuple(old[2:4] or (0, 1)) != self._worker or len(old) > 4:
             raise ValueError(
                 f"a state of worker {old[2:4] or [0, 1]} (worker, num_workers) restored on worker "
-                f"{list(self._worker)}: Grain restores each mp_prefetch worker's state, so keep the "
-                "number of workers; the number of hosts may change"
+                f"{list(self._worker)}: Grain restores each mp_prefetch worker's state, so keep "
+                "the number of workers; the number of hosts may change"
             )
         pool = _tails_in_lockstep(part, old, pool, int(saved["position"]))
         part._ranges = split.redeal(pool, part.rank, part.world_size, part.remainder, equal=True)

@@ -39,10 +39,11 @@ import pyarrow as pa
 
 __all__ = ["BytesOnArrival", "ArrowOnArrival", "arrow_batch", "reduced", "RING_BYTES"]
 
-RING_BYTES = (
-    4 << 20
-)  # per worker: 16 batches of 256 KB; a DataLoader has 2 (prefetch_factor) per worker in flight
-_SHARE = 8  # a batch goes through a ring only if it is at most 1/_SHARE of it (a bigger batch gets a bigger ring)
+# per worker: 16 batches of 256 KB; a DataLoader has 2 (prefetch_factor) per worker in flight
+RING_BYTES = 4 << 20
+# a batch goes through a ring only if it is at most 1/_SHARE of it (a bigger batch gets a bigger
+# ring)
+_SHARE = 8
 _MAX_RING = 1 << 30  # above this a batch travels inside the pickle
 _HEADER = 64  # [0:8] released position (main process), [8:16] 1 once the main process has mapped it
 _ALIGN = 64  # every buffer starts 64-byte aligned (Arrow's alignment; int64 offsets need 8)
@@ -50,10 +51,8 @@ _WORD = struct.Struct("<Q")
 
 _own = {}  # in a worker: "ring" -> its _Ring
 _mapped = {}  # in the main process: ring token (pid, serial) -> mmap
-_locks = {
-    "own": threading.Lock(),
-    "mapped": threading.Lock(),
-}  # feeder threads pickle, pin threads unpickle
+# feeder threads pickle, pin threads unpickle
+_locks = {"own": threading.Lock(), "mapped": threading.Lock()}
 _serials = itertools.count()
 
 
@@ -202,7 +201,8 @@ def _aligned(n):
 
 
 def _place(views):
-    """Copy ``views`` into this worker's ring: (token, fd handle, ring size, spans, end), or None."""
+    """Copy ``views`` into this worker's ring: (token, fd handle, ring size, spans, end), or
+    None."""
     total = sum(_aligned(v.nbytes) for v in views) or _ALIGN
     ring = _ring_for(total)
     start = None if ring is None else ring.reserve(total)

@@ -28,12 +28,10 @@ from pileshuffle.records import keys as keymath
 
 __all__ = ["MAX_PERIOD", "ROUNDED_PERIOD", "whole_weights", "Interleave"]
 
-MAX_PERIOD = (
-    1 << 16
-)  # exact weights up to this common denominator (a pattern of 65,536 is built in ~0.5 s)
-ROUNDED_PERIOD = (
-    MAX_PERIOD  # otherwise weights are rounded to 1/65,536: far below any window's noise
-)
+# exact weights up to this common denominator (a pattern of 65,536 is built in ~0.5 s)
+MAX_PERIOD = 1 << 16
+# otherwise weights are rounded to 1/65,536: far below any window's noise
+ROUNDED_PERIOD = MAX_PERIOD
 _PRIORITY_STREAM = 0x4D49585052  # "MIXPR"
 
 
@@ -51,9 +49,8 @@ def _shares(weights) -> list:
         exact = (
             Fraction(weight) if isinstance(weight, numbers.Rational) else Fraction(float(weight))
         )
-        short = exact.limit_denominator(
-            MAX_PERIOD
-        )  # the fraction a float such as 0.7 was written as
+        # the fraction a float such as 0.7 was written as
+        short = exact.limit_denominator(MAX_PERIOD)
         fractions.append(short if short and float(short) == float(weight) else exact)
     total = sum(fractions)
     return [f / total for f in fractions]
@@ -111,9 +108,8 @@ def _pattern(weights: tuple, priority: tuple) -> np.ndarray:
         rank = np.where(released, deadline * count - tie, np.iinfo(np.int64).max)
         source = int(np.argmin(rank))
         if not released[source]:
-            raise AssertionError(
-                f"no source released at position {position} of {weights}"
-            )  # impossible: shares sum to 1
+            # impossible: shares sum to 1
+            raise AssertionError(f"no source released at position {position} of {weights}")
         taken[source] += 1
         pattern[position] = source
     pattern.flags.writeable = False

@@ -32,10 +32,10 @@ import pyarrow as pa
 
 from pileshuffle.loader.arguments import check_world_size, describe_identity, whole_number
 from pileshuffle.loader.batching import cut_at_steps, gathered
+from pileshuffle.loader.block import Block
 from pileshuffle.loader.consumer import Consumer
 from pileshuffle.loader.dataset import ShuffledDataset
 from pileshuffle.loader.interleave import Interleave
-from pileshuffle.loader.piles import Block
 from pileshuffle.loader.prefetch import prefetched
 from pileshuffle.loader.steps import stepped_blocks
 from pileshuffle.records import keys as keymath
@@ -90,7 +90,8 @@ class Mixture(Consumer):
         datasets, weights = list(datasets), list(weights)
         if not datasets or len(weights) != len(datasets):
             raise ValueError(
-                f"a Mixture needs one weight per dataset: {len(datasets)} datasets, {len(weights)} weights"
+                f"a Mixture needs one weight per dataset: {len(datasets)} datasets, {len(weights)} "
+                "weights"
             )
         if stop not in STOPS:
             raise ValueError(f"stop must be one of {', '.join(map(repr, STOPS))}, got {stop!r}")
@@ -110,7 +111,8 @@ class Mixture(Consumer):
             return ShuffledDataset(dataset, seed=seed, prefetch=self.prefetch)
         if not isinstance(dataset, ShuffledDataset):
             raise TypeError(
-                f"datasets[{index}] must be a path or a ShuffledDataset, got {type(dataset).__name__}"
+                f"datasets[{index}] must be a path or a ShuffledDataset, got "
+                f"{type(dataset).__name__}"
             )
         if dataset.world_size != 1 or dataset._parts:
             raise ValueError(
@@ -160,9 +162,9 @@ class Mixture(Consumer):
 
     def __repr__(self):
         return (
-            f"Mixture({self._location()!r}, weights={self.weights}, {self.format}, seed={self.seed}, "
-            f"stop={self.stop!r}, epoch={self.epoch}, {self.records_per_epoch} records per epoch, "
-            f"{self._where()}, {len(self)} records, position {self._position})"
+            f"Mixture({self._location()!r}, weights={self.weights}, {self.format}, "
+            f"seed={self.seed}, stop={self.stop!r}, epoch={self.epoch}, {self.records_per_epoch} "
+            f"records per epoch, {self._where()}, {len(self)} records, position {self._position})"
         )
 
     # --- what a Consumer asks ----------------------------------------------------
@@ -193,14 +195,16 @@ class Mixture(Consumer):
         for index, (their, our) in enumerate(zip(theirs, ours)):
             if their != our:
                 raise ValueError(
-                    f"the state's dataset {index} is {describe_identity(their['dataset'])} (seed {their['seed']}, "
-                    f"mix {their['mix']}), not {self.sources[index].output.location} "
-                    f"({describe_identity(our['dataset'])}, seed {our['seed']}, mix {our['mix']}): another order"
+                    f"the state's dataset {index} is {describe_identity(their['dataset'])} (seed "
+                    f"{their['seed']}, mix {their['mix']}), not "
+                    f"{self.sources[index].output.location} ({describe_identity(our['dataset'])}, "
+                    f"seed {our['seed']}, mix {our['mix']}): another order"
                 )
         for name in ("weights", "seed", "stop", "records_per_epoch"):
             if state[name] != getattr(self, name):
                 raise ValueError(
-                    f"the state has {name}={state[name]!r} but the mixture {name}={getattr(self, name)!r}"
+                    f"the state has {name}={state[name]!r} but the mixture "
+                    f"{name}={getattr(self, name)!r}"
                 )
 
     # --- reading ----------------------------------------------------------------
@@ -261,9 +265,8 @@ class Mixture(Consumer):
         parts = [readers[i].take(int(n)) for i, n in enumerate(counts) if n]
         if len(parts) == 1:
             return parts[0]
-        return Block.interleave(
-            parts, np.argsort(sources, kind="stable")
-        )  # record j of the parts goes to place j
+        # record j of the parts goes to place j
+        return Block.interleave(parts, np.argsort(sources, kind="stable"))
 
 
 def _load(planned: tuple) -> tuple:

@@ -117,7 +117,8 @@ class EpochOrder:
         return int(self.slice_starts[rank, s]), int(self.slice_starts[rank, s + 1])
 
     def pile_permutation(self, rank: int):
-        """Indices into pile ``rank``'s written order, in the order it is read (None: as written)."""
+        """Indices into pile ``rank``'s written order, in the order it is read (None: as
+        written)."""
         if not self.reshuffle:
             return None
         size = int(self.slice_starts[rank, -1])
@@ -138,9 +139,8 @@ class EpochOrder:
             self.seed, (_STEP_STREAM, self.epoch, self.mix, step), 0, sum(sizes)
         )
         labels = np.repeat(np.arange(len(sizes), dtype=np.uint16), sizes)[sort_by_key(keys)]
-        return np.argsort(
-            labels, kind="stable"
-        )  # a slice's records, in order, take its label's places
+        # a slice's records, in order, take its label's places
+        return np.argsort(labels, kind="stable")
 
     def positions(self):
         """``(pile, index)`` arrays over the whole epoch: global position i holds record

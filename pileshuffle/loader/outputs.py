@@ -40,9 +40,8 @@ from pileshuffle.records.fingerprint import Fingerprint, total
 
 __all__ = ["Output", "open_output", "store_version_of"]
 
-_MAX_SUB_PILES = (
-    1024  # the most sub-piles one store pile opens as, however small ``max_pile_bytes`` is
-)
+# the most sub-piles one store pile opens as, however small ``max_pile_bytes`` is
+_MAX_SUB_PILES = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +138,10 @@ def _what_to_give(fs, path: str) -> str:
     """A hint for a path that names no output: the prefix is wanted, not a folder or a shard."""
     shard = names.SHARD_NAME.match(posixpath.basename(path.rstrip("/")))
     if shard:
-        return f"give the output's prefix ({posixpath.join(posixpath.dirname(path), shard.group(1))}), not a shard"
+        return (
+            "give the output's prefix "
+            f"({posixpath.join(posixpath.dirname(path), shard.group(1))}), not a shard"
+        )
     try:
         is_folder = storage.is_folder(path, fs)
     except (OSError, pa.ArrowException):
@@ -147,7 +149,8 @@ def _what_to_give(fs, path: str) -> str:
     if is_folder:
         return (
             "this is a folder: give the output's prefix, the --output of the run (e.g. "
-            f"{posixpath.join(path.rstrip('/'), 'train')} for {posixpath.join(path.rstrip('/'), 'train')}-manifest.json)"
+            f"{posixpath.join(path.rstrip('/'), 'train')} for "
+            f"{posixpath.join(path.rstrip('/'), 'train')}-manifest.json)"
         )
     return "an unfinished run, or a path that is not the run's --output?"
 

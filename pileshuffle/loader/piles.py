@@ -1,7 +1,8 @@
 """Finished outputs as piles: "a set of files plus each record's key".
 
 ``open_output(path)`` finds what is at ``path`` and returns an ``Output`` whose piles
-are ``PileRef``s. A pile loads as a ``Block``, its records in their *written order*:
+are ``PileRef``s. A pile loads as a ``Block`` (``loader.block``), its records in their
+*written order*:
 - a shard output (``{P}-manifest.json``): pile i is shard i, in file order;
 - a pile store (``{P}-store/manifest-*.json``, the highest version is current): pile i
   is the records of its Arrow IPC files over the live generations, files in
@@ -10,7 +11,8 @@ are ``PileRef``s. A pile loads as a ``Block``, its records in their *written ord
   next digits of U (``U * M mod 2**64``) have top digit s in base ``ways``, in the same
   order: the sub-piles one after another are the pile.
 Everything after this module (epoch order, splitting, state) sees only ``PileRef``s.
-All I/O goes through ``pileshuffle.io.storage`` (``pyarrow.fs``: local, gs://, s3://); nothing here imports Beam.
+All I/O goes through ``pileshuffle.io.storage`` (``pyarrow.fs``: local, gs://, s3://);
+nothing here imports Beam.
 """
 
 import dataclasses
@@ -21,13 +23,13 @@ import pyarrow as pa
 
 from pileshuffle.errors import InputError
 from pileshuffle.formats import get_format
-from pileshuffle.formats.views import VIEW_ITEM, shift_buffers, value_views, view_array
+from pileshuffle.formats.views import value_views
 from pileshuffle.io import storage
 from pileshuffle.io.arrow_backend import arrow_filesystem
 from pileshuffle.io.checksums import check_crc32c, unreadable_bytes
 from pileshuffle.io.copy_marks import read_copies, visible_places
+from pileshuffle.loader.block import Block
 from pileshuffle.loader.cache import remote_name
-from pileshuffle.loader.gather import gather
 from pileshuffle.loader.order import sort_by_key
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN, RECORD_COLUMN
 from pileshuffle.records import keys as keymath
@@ -39,15 +41,13 @@ __all__ = [
     "resolve",
     "file_exists",
     "read_json",
-    "Block",
     "Source",
     "sub_pile_of",
     "PileRef",
 ]
 
-BYTES_SCHEMA = pa.schema(
-    [pa.field(RECORD_COLUMN, pa.binary())]
-)  # what a bytes format's batches hold: the payloads
+# what a bytes format's batches hold: the payloads
+BYTES_SCHEMA = pa.schema([pa.field(RECORD_COLUMN, pa.binary())])
 
 
 class NoOutputError(InputError):
@@ -83,158 +83,6 @@ def read_json(fs, path: str) -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class Block:
-    """Records in an order. Bytes formats: binary views over ``buffers`` (reordering
-    moves 16-byte views, never payloads). Parquet: single-chunk tables one after
-    another (one per pile) and ``rows``, the records in order as indices into them
-    (None: all of them, in order); reordering only composes ``rows``, and ``slice``
-    gathers them (``loader.gather``: each value copied once). The same table objects
-    are kept from load to gather (``gather`` keeps each pile's views while it lives).
-    ``slice`` gives a ``pyarrow.Table``; ``part``/``reorder`` give Blocks."""
-
-    views: np.ndarray = None
-    buffers: tuple = ()
-    tables: tuple = None
-    rows: np.ndarray = None
-
-    @property
-    def num_rows(self) -> int:
-        if self.tables is None:
-            return len(self.views)
-        return len(self.rows) if self.rows is not None else sum(t.num_rows for t in self.tables)
-
-    def _table_rows(self, indices: np.ndarray) -> np.ndarray:
-        return indices if self.rows is None else self.rows[indices]
-
-    def slice(self, start: int, stop: int) -> pa.Table:
-        if self.tables is None:
-            return pa.table({RECORD_COLUMN: view_array(self.views[start:stop], self.buffers)})
-        if self.rows is not None:
-            return gather(self.tables, self.rows[start:stop])
-        parts, offset = [], 0
-        for table in self.tables:
-            lo, hi = max(start, offset), min(stop, offset + table.num_rows)
-            if lo < hi or not parts and table is self.tables[-1]:
-                parts.append(table.slice(lo - offset, max(0, hi - lo)))
-            offset += table.num_rows
-        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-
-    def part(self, start: int, stop: int) -> "Block":
-        """Records ``start .. stop-1`` (no data copied)."""
-        if self.tables is None:
-            return Block(self.views[start:stop], self.buffers)
-        if self.rows is None and len(self.tables) == 1:
-            return Block(tables=(self.tables[0].slice(start, stop - start),))
-        if self.rows is not None:
-            return Block(
-                tables=self.tables, rows=self.rows[start:stop]
-            )  # a view: a Mixture takes parts again and again
-        return Block(tables=self.tables, rows=np.arange(start, stop, dtype=np.int64))
-
-    def compact(self) -> "Block":
-        """The same records copied into one new buffer (Parquet: one new table):
-        nothing refers to the old buffers."""
-        if self.tables is not None:
-            return Block(tables=(self.slice(0, self.num_rows).combine_chunks(),))
-        if not len(self.views):
-            return self
-        array = view_array(self.views, self.buffers)
-        size = int(self.views[:, :4].copy().view("<i4").astype(np.int64).sum())
-        values, offsets = binary_column_parts(
-            array.cast(pa.binary() if size < 2**31 else pa.large_binary())
-        )
-        return Block(value_views(values, offsets), (values,))
-
-    def reorder(self, indices: np.ndarray) -> "Block":
-        if self.tables is None:
-            return Block(
-                np.take(self.views, indices, axis=0), self.buffers
-            )  # 10x views[indices] on (n, 16)
-        return Block(tables=self.tables, rows=self._table_rows(np.asarray(indices, np.int64)))
-
-    @staticmethod
-    def of_table(table: pa.Table) -> "Block":
-        """The records of a table ``slice`` made, as a Block again (bytes formats: the
-        binary views and their buffers, no data copied)."""
-        if not pa.types.is_binary_view(table.schema.field(0).type):
-            return Block(tables=(table,))
-        chunks = [
-            Block(
-                np.frombuffer(array.buffers()[1], np.uint8).reshape(-1, 16)[array.offset :][
-                    : len(array)
-                ],
-                tuple(array.buffers()[2:]),
-            )
-            for array in table.column(0).chunks
-        ]
-        return Block.concat(chunks) if chunks else Block(np.empty((0, 16), np.uint8), ())
-
-    @staticmethod
-    def interleave(blocks, places) -> "Block":
-        """``blocks`` one after another, then record i of that put at place ``places[i]``
-        (None: as they are), in one pass."""
-        if places is None:
-            return Block.concat(blocks)
-        blocks = [b for b in blocks if b.num_rows]
-        if blocks[0].tables is not None:
-            joined = _concat_tables(blocks)
-            rows = np.empty(len(places), np.int64)
-            rows[places] = (
-                joined.rows if joined.rows is not None else np.arange(len(places), dtype=np.int64)
-            )
-            return Block(tables=joined.tables, rows=rows)
-        views, buffers, start = np.empty((len(places), 16), np.uint8), [], 0
-        items = views.view(
-            VIEW_ITEM
-        ).ravel()  # one 16-byte item per record: 8x faster to scatter than (n, 16)
-        for block in blocks:
-            items[places[start : start + block.num_rows]] = (
-                shift_buffers(block.views, len(buffers)).view(VIEW_ITEM).ravel()
-            )
-            buffers += block.buffers
-            start += block.num_rows
-        return Block(views, tuple(buffers))
-
-    @staticmethod
-    def concat(blocks) -> "Block":
-        """One block holding ``blocks`` one after another."""
-        blocks = list(blocks)
-        blocks = [b for b in blocks if b.num_rows] or blocks[:1]
-        if blocks and blocks[0].tables is not None:
-            return _concat_tables(blocks)
-        if len(blocks) == 1:
-            return blocks[0]
-        views, buffers = [np.zeros((0, 16), np.uint8)], []
-        for block in blocks:
-            views.append(shift_buffers(block.views, len(buffers)))
-            buffers += block.buffers
-        return Block(np.concatenate(views), tuple(buffers))
-
-
-def _one_chunk(table: pa.Table) -> pa.Table:
-    """``table`` itself when each column is one chunk (the same object: ``gather`` keeps
-    what it made of it), else its chunks combined."""
-    return (
-        table if all(column.num_chunks == 1 for column in table.columns) else table.combine_chunks()
-    )
-
-
-def _concat_tables(blocks) -> Block:
-    """Table blocks one after another: their tables, and their rows shifted to match."""
-    tables = tuple(_one_chunk(t) for b in blocks for t in b.tables)
-    if all(b.rows is None for b in blocks):
-        return Block(tables=tables)
-    rows, offset = [], 0
-    for block in blocks:
-        size = sum(t.num_rows for t in block.tables)
-        rows.append(
-            (block.rows if block.rows is not None else np.arange(size, dtype=np.int64)) + offset
-        )
-        offset += size
-    return Block(tables=tables, rows=np.concatenate(rows))
-
-
-@dataclasses.dataclass(frozen=True)
 class Source:
     """How to read an output's files: format, filesystem, the columns wanted (Parquet), and
     the local cache of its remote files (``loader.cache``; None: read where they are) with
@@ -246,9 +94,8 @@ class Source:
     num_piles: int = 1
     cache: object = None
     facts: dict = dataclasses.field(default=None, compare=False)
-    copies: dict = dataclasses.field(
-        default=None, compare=False
-    )  # a dedup store: path -> (copies path, crc32c, live)
+    # a dedup store: path -> (copies path, crc32c, live)
+    copies: dict = dataclasses.field(default=None, compare=False)
 
     def _read(self, path: str, read):
         """``read(filesystem, path)``: of the file's local copy when it is cached, else of the
@@ -260,7 +107,8 @@ class Source:
         return self.cache.read(self.filesystem, path, facts, read)
 
     def read_shard(self, path: str) -> Block:
-        """A shard's records, its bytes proven by the CRC32C its manifest lists (when it lists one)."""
+        """A shard's records, its bytes proven by the CRC32C its manifest lists (when it
+        lists one)."""
         fmt, name, listed = (
             get_format(self.format),
             remote_name(self.filesystem, path),
@@ -270,9 +118,8 @@ class Source:
         def block(fs, where):
             if fmt.record_column is not None:
                 buffer = _read_bytes(fs, where, name)
-                views = fmt.payload_views(
-                    buffer, name, 0
-                )  # the format's own checks name the place first
+                # the format's own checks name the place first
+                views = fmt.payload_views(buffer, name, 0)
                 self._check_size(path, name, buffer.size)
                 if not fmt.checks_every_byte:
                     check_crc32c(name, buffer, listed)
@@ -291,7 +138,8 @@ class Source:
         return None if facts is None else facts.crc32c
 
     def _check_size(self, path: str, name: str, size: int):
-        """Refuse a shard whose bytes are not as many as its manifest lists (a .gz: decompressed, unlisted)."""
+        """Refuse a shard whose bytes are not as many as its manifest lists (a .gz:
+        decompressed, unlisted)."""
         facts = (self.facts or {}).get(path)
         if facts is not None and not path.endswith(".gz"):
             facts.check_size(name, size)
@@ -338,9 +186,8 @@ class Source:
 
     def _store_file(self, fs, where: str, path: str):
         name = remote_name(self.filesystem, path)
-        buffer = _read_bytes(
-            fs, where, name
-        )  # the whole file (local: mapped), so the columns are views
+        # the whole file (local: mapped), so the columns are views
+        buffer = _read_bytes(fs, where, name)
         check_crc32c(name, buffer, self._listed_crc32c(path))
         try:
             table = pa.ipc.open_stream(buffer).read_all()
@@ -353,7 +200,8 @@ class Source:
         if fmt.record_column is None:
             columns = [c for c in table.column_names if c not in (KEY_COLUMN, HASH_COLUMN)]
             return Block(tables=(table.select(list(self.columns or columns)),)), keys
-        # a store file holds the format's records as pass 1 read them, or bare payloads (composed runs)
+        # a store file holds the format's records as pass 1 read them, or bare payloads (composed
+        # runs)
         column = next(
             (c for c in (fmt.record_column, RECORD_COLUMN) if c in table.column_names), None
         )
@@ -441,9 +289,8 @@ class PileRef:
         blocks, keys = [], []
         for path in self.files:
             block, file_keys = self.source.read_store_file(path)
-            if (
-                part is not None
-            ):  # keep only the sub-pile's records, copied out of the file's buffers
+            # keep only the sub-pile's records, copied out of the file's buffers
+            if part is not None:
                 chosen = np.flatnonzero(
                     sub_pile_of(file_keys, self.source.num_piles, part[1]) == part[0]
                 )

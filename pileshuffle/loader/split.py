@@ -112,7 +112,8 @@ def redeal(
     remaining, rank: int, world_size: int, remainder: str = "drop", *, equal: bool = False
 ) -> list:
     """This rank's share of ``remaining`` (ranges in global order) in a new split; with
-    ``equal``, every rank's share the same size (``"drop"`` leaves out fewer than ``world_size``)."""
+    ``equal``, every rank's share the same size (``"drop"`` leaves out fewer than
+    ``world_size``)."""
     _check(rank, world_size, remainder)
     if remainder == "drop" and equal:
         each = length(remaining) // world_size

@@ -13,7 +13,7 @@ new pile), at most ``width + 1`` piles are loaded.
 
 import pyarrow as pa
 
-from pileshuffle.loader.piles import Block
+from pileshuffle.loader.block import Block
 
 __all__ = ["Steps", "ranks_loaded", "load_step", "stepped_blocks"]
 
@@ -33,18 +33,16 @@ class Steps:
             del self._loaded[rank]
         for rank in ranks:
             if rank not in self._loaded:
-                if (
-                    self._decoded
-                ):  # Parquet: first return the freed piles' pages (Arrow's pool keeps them)
+                # Parquet: first return the freed piles' pages (Arrow's pool keeps them)
+                if self._decoded:
                     pa.default_memory_pool().release_unused()
                 self._loaded[rank] = self._load(rank)
         block = Block.interleave(
             [self._loaded[r].part(*self._order.slice_bounds(r, step)) for r in ranks],
             self._order.step_places(step),
         )
-        self._loaded.pop(
-            step - self._order.width + 1, None
-        )  # its last slice: no later step reads it
+        # its last slice: no later step reads it
+        self._loaded.pop(step - self._order.width + 1, None)
         return block
 
     def _load(self, rank: int) -> Block:

@@ -89,8 +89,8 @@ def _numpy_columns(batch, location):
     for name, column in zip(batch.schema.names, batch.columns):
         if column.null_count:
             raise ValueError(
-                f"ds.tf(): column {name!r} of {location} has null values, which a tensor cannot hold: "
-                "fill them in the data, or leave the column out with columns=[...]"
+                f"ds.tf(): column {name!r} of {location} has null values, which a tensor cannot "
+                "hold: fill them in the data, or leave the column out with columns=[...]"
             )
     return {
         name: column.to_numpy(zero_copy_only=False)

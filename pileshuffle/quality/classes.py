@@ -28,9 +28,8 @@ def measured(ids: np.ndarray, classes: int, batch_size: int) -> list:
         return [None] * classes
     counts = np.pad(counts, ((0, 0), (0, classes - counts.shape[1])))
     shares = counts / batch_size
-    low, high = np.percentile(
-        shares, _QUANTILES, axis=0, method="inverted_cdf"
-    )  # as the hypergeometric's ppf
+    # as the hypergeometric's ppf
+    low, high = np.percentile(shares, _QUANTILES, axis=0, method="inverted_cdf")
     return [
         {
             "mean": float(shares[:, c].mean()),
@@ -100,7 +99,10 @@ def class_shares(
 def _cell(numbers) -> str:
     if numbers is None:
         return "-"
-    return f"{numbers['mean']:.1%} [{100 * numbers['p5']:.1f}-{100 * numbers['p95']:.1f}] {numbers['empty']:.0%}"
+    return (
+        f"{numbers['mean']:.1%} [{100 * numbers['p5']:.1f}-{100 * numbers['p95']:.1f}] "
+        f"{numbers['empty']:.0%}"
+    )
 
 
 def text_lines(section: dict) -> list:

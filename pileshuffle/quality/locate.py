@@ -1,4 +1,5 @@
-"""Where each output record came from, found by its hash; and every record's label.
+"""Where each output record came from, found by its hash; and every record's label (what a
+label is: ``quality.label``).
 
 A record's position is located by its fingerprint hash (``formats.record_hashes``, the
 hash ``verify`` and the manifests use): one pass over the input and one over the output
@@ -21,18 +22,15 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle.errors import InputError
-from pileshuffle.formats import holder_of, record_hashes
-from pileshuffle.formats.labels import record_labels
+from pileshuffle.formats import record_hashes
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
-from pileshuffle.records.fingerprint import binary_column_parts
+from pileshuffle.quality.label import Label
 
-_INPUT_STREAM = (
-    0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
-)
+# pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
+_INPUT_STREAM = 0
 
 __all__ = [
     "threshold_for",
-    "Label",
     "Scan",
     "scan",
     "run_keys",
@@ -53,73 +51,6 @@ def threshold_for(records: int, sample: int) -> int:
     return int(_HASH_SPACE * sample // records)
 
 
-@dataclasses.dataclass(frozen=True)
-class Label:
-    """What a record's label is: ``field``, a Parquet column, a JSON key, a ``tf.train.Example``
-    feature (TFRecord) or a member's extension (tar, e.g. ``cls``); or the payload bytes
-    ``start:end`` (at most 8 bytes; bytes past a record's end read as 0)."""
-
-    field: str = None
-    start: int = None
-    end: int = None
-
-    @classmethod
-    def parse_bytes(cls, text: str) -> "Label":
-        try:
-            start, end = (int(part) for part in text.split(":"))
-        except ValueError:
-            raise ValueError(f"--label_bytes takes START:END (e.g. 0:1), got {text!r}") from None
-        if not 0 <= start < end <= start + 8:
-            raise ValueError(f"--label_bytes {text}: need 0 <= START < END <= START+8")
-        return cls(start=start, end=end)
-
-    def values(self, table: pa.Table, path: str) -> np.ndarray:
-        """One label value per record of a chunk: text (fields) or uint64 codes (bytes)."""
-        if self.field is None:
-            return self._byte_codes(table, path)
-        return record_labels(table, self.field, path)
-
-    def _byte_codes(self, table, path):
-        holder = holder_of(table)
-        if holder.record_column is None:
-            raise InputError(
-                path,
-                f"is {holder.name}: --label_bytes reads TFRecord payloads or JSONL lines; use --label_field COLUMN",
-            )
-        header, footer = holder.before, holder.after
-        data, offsets = binary_column_parts(table.column(0))
-        raw = np.frombuffer(data, dtype=np.uint8)
-        starts, ends = offsets[:-1] + header, offsets[1:] - footer
-        codes = np.zeros(len(starts), dtype=np.uint64)
-        for shift, k in enumerate(range(self.start, self.end)):
-            where = starts + k
-            inside = where < ends
-            byte = np.where(
-                inside, raw[np.minimum(where, len(raw) - 1)] if len(raw) else 0, 0
-            ).astype(np.uint64)
-            codes |= byte << np.uint64(8 * shift)
-        return codes
-
-    def longest(self, table: pa.Table) -> int:
-        """The longest payload in a chunk (``--label_bytes``; 0 for a field label)."""
-        holder = holder_of(table)
-        if self.field is not None or holder.record_column is None:
-            return 0
-        header, footer = holder.before, holder.after
-        _, offsets = binary_column_parts(table.column(0))
-        return int(np.diff(offsets).max(initial=header + footer)) - header - footer
-
-    def describe(self) -> str:
-        return f"field {self.field!r}" if self.field else f"payload bytes {self.start}:{self.end}"
-
-    def option(self) -> str:
-        return (
-            f"--label_field {self.field}"
-            if self.field
-            else f"--label_bytes {self.start}:{self.end}"
-        )
-
-
 @dataclasses.dataclass
 class Scan:
     """One ordered pass over files: records per file, the sampled records' hashes and
@@ -131,9 +62,8 @@ class Scan:
     labels: np.ndarray = None
     longest: int = 0  # the longest payload, when a --label_bytes label was read
     keys: np.ndarray = None  # the sampled records' pass-1 keys (``scan_with_copies``)
-    order_keys: np.ndarray = (
-        None  # every record's pass-1 key, in input order (a scan of a run's input)
-    )
+    # every record's pass-1 key, in input order (a scan of a run's input)
+    order_keys: np.ndarray = None
 
     @property
     def records(self) -> int:
@@ -143,7 +73,8 @@ class Scan:
     def joined(
         file_records, hashes, positions, labels=None, longest=0, keys=None, order_keys=None
     ) -> "Scan":
-        """A scan from per-chunk parts (``labels``, ``keys``, ``order_keys`` None: not asked for)."""
+        """A scan from per-chunk parts (``labels``, ``keys``, ``order_keys`` None: not
+        asked for)."""
         return Scan(
             file_records,
             np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
@@ -160,9 +91,10 @@ class Scan:
 
 
 def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None) -> Scan:
-    """``paths`` read in order with ``fmt``: the records whose hash is below ``threshold``
-    (a hash-value sample, the same records in input and output), given ``label`` every
-    record's label value, and given ``keys_of`` (a run's input: ``run_keys``) every record's pass-1 key."""
+    """``paths`` read in order with ``fmt``: the records whose hash is below ``threshold`` (a
+    hash-value sample, the same records in input and output), given ``label`` every record's
+    label value, and given ``keys_of`` (a run's input: ``run_keys``) every record's pass-1
+    key."""
 
     def chunks(number, path):
         first = 0
@@ -217,9 +149,8 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
         bool(options.get("skip_corrupt")),
     )
     seed = int(manifest.get("seed") or 0)
-    sources = [
-        Source(number, path, 0) for number, path in enumerate(paths)
-    ]  # ids: ranks in the sorted file list
+    # ids: ranks in the sorted file list
+    sources = [Source(number, path, 0) for number, path in enumerate(paths)]
     balance = copies_balance(fmt, sources, field, policy, seed, skip, keep_unlabeled)
     files = (
         (
@@ -332,9 +263,8 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
             try:
                 with filesystem.open_input_stream(path) as stream:
                     table = pa.ipc.open_stream(stream).read_all()
-                visible = pile.source.visible_rows(
-                    path, table.num_rows
-                )  # a dedup store: copies hidden
+                # a dedup store: copies hidden
+                visible = pile.source.visible_rows(path, table.num_rows)
                 tables.append(table if visible is None else table.take(visible))
             except FileNotFoundError:
                 raise InputError(
@@ -401,10 +331,8 @@ def _match_copies(source: Scan, target: Scan):
     )
     paired = common[in_counts[at_in] == out_counts[at_out]]
     keep_in, keep_out = np.isin(in_hashes, paired), np.isin(out_hashes, paired)
-    x, y = (
-        x[keep_in],
-        y[keep_out],
-    )  # the same hashes, each as often, in the same (hash) order: aligned
+    # the same hashes, each as often, in the same (hash) order: aligned
+    x, y = x[keep_in], y[keep_out]
     back = np.argsort(y, kind="stable")
     return x[back], y[back], int(np.isin(out_hashes, common).sum() - keep_out.sum())
 

@@ -38,14 +38,12 @@ __all__ = [
     "within_uniform",
 ]
 
-UNIFORM_DISPLACEMENT = stats.triang(
-    c=0.5, loc=-1.0, scale=2.0
-)  # (y - x)/n under a uniform permutation: 1 - |d| on (-1, 1)
+# (y - x)/n under a uniform permutation: 1 - |d| on (-1, 1)
+UNIFORM_DISPLACEMENT = stats.triang(c=0.5, loc=-1.0, scale=2.0)
 
 
-UNIFORM_RADIUS = stats.triang(
-    c=0.0, loc=0.0, scale=1.0
-)  # |a - b|/n of neighbours under a uniform permutation
+# |a - b|/n of neighbours under a uniform permutation
+UNIFORM_RADIUS = stats.triang(c=0.0, loc=0.0, scale=1.0)
 
 
 def within_uniform(window: int, n: int) -> float:
@@ -181,9 +179,8 @@ def carry_over(first: np.ndarray, second: np.ndarray, batch_size: int) -> dict:
     )
     keep = first < n // batch_size * batch_size
     a, b = first[keep] // batch_size, second[keep] // batch_size
-    _, together = np.unique(
-        a * (n // batch_size + 1) + b, return_counts=True
-    )  # records per (batch, next batch)
+    # records per (batch, next batch)
+    _, together = np.unique(a * (n // batch_size + 1) + b, return_counts=True)
     pairs_again = float((together * (together - 1) // 2).sum())
     per_batch = np.bincount(a)
     pairs = float((per_batch * (per_batch - 1) // 2).sum())

@@ -11,11 +11,13 @@ import numpy as np
 
 __all__ = ["MAX_POSITIONS", "parse_mixture", "window_shares", "text_lines"]
 
-MAX_POSITIONS = 10_000_000  # positions measured at most (80 MB of counts): a longer epoch is measured on its start
+# positions measured at most (80 MB of counts): a longer epoch is measured on its start
+MAX_POSITIONS = 10_000_000
 
 
 def parse_mixture(text: str):
-    """``"PREFIX=WEIGHT,PREFIX=WEIGHT"`` as ``(prefixes, weights)``; a ValueError names a bad part."""
+    """``"PREFIX=WEIGHT,PREFIX=WEIGHT"`` as ``(prefixes, weights)``; a ValueError names a bad
+    part."""
     prefixes, weights = [], []
     for part in text.split(","):
         prefix, sep, weight = part.rpartition("=")
@@ -59,8 +61,8 @@ def window_shares(mixture, batch_size: int) -> dict:
     total = min(mixture.records_per_epoch, MAX_POSITIONS)
     if total < batch_size:
         raise ValueError(
-            f"the mixture's epoch holds {mixture.records_per_epoch:,} records, fewer than one batch of "
-            f"{batch_size:,}: give a smaller --batch_size"
+            f"the mixture's epoch holds {mixture.records_per_epoch:,} records, fewer than one "
+            f"batch of {batch_size:,}: give a smaller --batch_size"
         )
     count = len(mixture.sources)
     shares = np.array(mixture.weights, dtype=np.float64) / sum(mixture.weights)
@@ -96,16 +98,18 @@ def text_lines(section: dict) -> list:
     size = section["batch_size"]
     lines = [
         f"mixture: epoch {section['epoch']}, {section['positions_measured']:,} positions "
-        f"(stop={section['stop']!r}, {section['records_per_epoch']:,} per epoch), batches of {size}",
-        f"  {'dataset':<32} {'weight':>7} {'share':>7}   per batch (min-max, mean), sliding-window worst "
-        f"deviation, batches without it: mixture | coin flips",
+        f"(stop={section['stop']!r}, {section['records_per_epoch']:,} per epoch), batches of "
+        f"{size}",
+        f"  {'dataset':<32} {'weight':>7} {'share':>7}   per batch (min-max, mean), sliding-window "
+        "worst deviation, batches without it: mixture | coin flips",
     ]
     for d in section["datasets"]:
         m, c = d["mixture"], d["coin_flips"]
         lines.append(
             f"  {d['output'][-32:]:<32} {d['weight']:>7.4f} {d['share']:>7.4f}   "
-            f"{m['min_per_batch']}-{m['max_per_batch']} ({m['mean_per_batch']:.2f}), {m['max_deviation']:.2f}, "
-            f"{m['batches_without']:.1%} | {c['min_per_batch']}-{c['max_per_batch']} ({c['mean_per_batch']:.2f}), "
+            f"{m['min_per_batch']}-{m['max_per_batch']} ({m['mean_per_batch']:.2f}), "
+            f"{m['max_deviation']:.2f}, {m['batches_without']:.1%} | "
+            f"{c['min_per_batch']}-{c['max_per_batch']} ({c['mean_per_batch']:.2f}), "
             f"{c['max_deviation']:.2f}, {c['batches_without']:.1%}"
         )
     return lines

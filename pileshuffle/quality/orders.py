@@ -28,9 +28,8 @@ __all__ = [
     "epoch_positions",
 ]
 
-_INPUT_STREAM = (
-    0  # pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
-)
+# pass 1's key stream tag (transforms.assign.INPUT_STREAM; that module imports Beam)
+_INPUT_STREAM = 0
 
 
 def inverse(order: np.ndarray) -> np.ndarray:
@@ -64,9 +63,8 @@ def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> n
     for t, (slot, record) in enumerate(zip(picks, incoming)):
         out[t] = buffer[slot]
         buffer[slot] = record
-    out[len(incoming) :] = rng.permutation(
-        np.asarray(buffer, dtype=np.int64)
-    )  # the drain: uniform order
+    # the drain: uniform order
+    out[len(incoming) :] = rng.permutation(np.asarray(buffer, dtype=np.int64))
     return out
 
 
@@ -87,7 +85,8 @@ def pileshuffle_keys(file_places, seed: int) -> np.ndarray:
 
 def pileshuffle_order(file_places, seed: int) -> np.ndarray:
     """The output order of ``pileshuffle run`` on files whose records are at these places
-    (``pileshuffle_keys``): all records sorted by U (pile = top digits of U, pass 2 sorts each pile by U)."""
+    (``pileshuffle_keys``): all records sorted by U (pile = top digits of U, pass 2 sorts
+    each pile by U)."""
     return np.argsort(pileshuffle_keys(file_places, seed), kind="stable").astype(np.int64)
 
 

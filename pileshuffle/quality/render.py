@@ -78,7 +78,8 @@ def _radius(ax, row):
     grid = np.linspace(0, 1, 101)
     ax.plot(grid, metrics.UNIFORM_RADIUS.pdf(grid), color="black", lw=1, label="uniform")
     ax.set_title(
-        f"radius: median {row.numbers['radius_median']:.3f}, near x{row.numbers['radius_within_ratio']:.0f}",
+        f"radius: median {row.numbers['radius_median']:.3f}, near "
+        f"x{row.numbers['radius_within_ratio']:.0f}",
         fontsize=8,
     )
     ax.set_xlabel("|input distance| of neighbours / N", fontsize=8)
@@ -135,9 +136,10 @@ def _class_shares(ax, section):
 
 
 def quality_figure(report, path):
-    """Draw ``report`` to ``path`` (PNG; a path or a binary file): per policy, the positions scatter, the block table,
-    the displacement histogram, label balance per batch and, when compared, the next epoch and the shuffle radius;
-    with a label, the class shares before and after on the run's own row."""
+    """Draw ``report`` to ``path`` (PNG; a path or a binary file): per policy, the positions
+    scatter, the block table, the displacement histogram, label balance per batch and, when
+    compared, the next epoch and the shuffle radius; with a label, the class shares before
+    and after on the run's own row."""
     plt = _pyplot()
     compare = len(report.rows) > 1
     section = report.summary.get("class_shares")
@@ -174,7 +176,8 @@ def quality_figure(report, path):
 
 
 def training_figure(report, path):
-    """Draw each policy's held-out loss and accuracy over one epoch of SGD to ``path`` (PNG; a path or a binary file)."""
+    """Draw each policy's held-out loss and accuracy over one epoch of SGD to ``path`` (PNG;
+    a path or a binary file)."""
     plt = _pyplot()
     figure, (loss, accuracy) = plt.subplots(1, 2, figsize=(11, 3.6))
     for number, row in enumerate(report.rows):
@@ -202,7 +205,8 @@ def training_figure(report, path):
 
 
 def _save(figure, out, dpi: int):
-    """Save to ``out`` (a path or a binary file) as a small PNG: 64 colours (the figures are flat plots)."""
+    """Save to ``out`` (a path or a binary file) as a small PNG: 64 colours (the figures are
+    flat plots)."""
     import io
 
     from PIL import Image

@@ -5,7 +5,7 @@ order's statistics (``metrics``) and, with ``compare``, puts the same positions 
 the other policies (``orders``) and one epoch of SGD (``training``). Every row is
 measured on the same sampled records, so the rows' numbers are comparable. The
 ``pileshuffle`` row is measured on the output's bytes; the other rows are exact
-simulations on positions (no bytes needed).
+simulations on positions (no bytes needed). The report as text: ``quality.text``.
 """
 
 import dataclasses
@@ -25,17 +25,14 @@ __all__ = [
     "training_stride",
     "thin",
     "measure",
-    "text_summary",
-    "policies_table",
 ]
 
 ALPHA = 1e-4  # a p-value below this rejects uniformity
 _MAX_LABEL_CLASSES = 1000
 _DRAWN_RADII = 200_000  # neighbours whose radius the figure draws (the numbers use all)
 TRAINING_RECORDS = 200_000  # larger runs train on every k-th input record, in the order delivered
-_READER_FORMAT_HINT = re.compile(
-    r"(?:\s*\([^()]*|;[^;]*)--format\)?$"
-)  # a reader's "give --format" clause
+# a reader's "give --format" clause
+_READER_FORMAT_HINT = re.compile(r"(?:\s*\([^()]*|;[^;]*)--format\)?$")
 
 
 @dataclasses.dataclass
@@ -48,9 +45,8 @@ class Row:
     y: np.ndarray
     labels: np.ndarray = None
     next_y: np.ndarray = None
-    radii: np.ndarray = (
-        None  # the shuffle radius of (at most _DRAWN_RADII) neighbours, over n: the figure's
-    )
+    # the shuffle radius of (at most _DRAWN_RADII) neighbours, over n: the figure's
+    radii: np.ndarray = None
     curve: dict = None
     numbers: dict = dataclasses.field(default_factory=dict)
 
@@ -111,29 +107,11 @@ def measure(
     paths in order, or a pile store opened by the loader (``loader.outputs.open_output``).
     A ``--balance`` output is measured against its input with each record repeated by its
     copies (``locate.scan_with_copies``); the class shares compare the input as it is."""
-    total = int(
-        manifest["totals"].get("distinct", manifest["totals"]["records"])
-    )  # a dedup store: what readers get
+    # a dedup store: what readers get
+    total = int(manifest["totals"].get("distinct", manifest["totals"]["records"]))
     threshold = locate.threshold_for(total, sample)
     balanced = _balanced(manifest)
-    try:
-        if balanced:
-            source = locate.scan_with_copies(
-                fmt, input_paths, manifest, threshold, label if compare else None
-            )
-            before = (
-                locate.scan(fmt, input_paths, 0, label) if label is not None else None
-            )  # labels only
-        elif "dedup" in manifest or "dedup" in (
-            manifest.get("options") or {}
-        ):  # the distinct records: against those
-            source = before = locate.scan_distinct(fmt, input_paths, manifest, threshold, label)
-        else:
-            source = before = locate.scan(
-                fmt, input_paths, threshold, label, locate.run_keys(manifest)
-            )
-    except InputError as error:
-        raise _without_format_hint(error, fmt) from None
+    source, before = _scan_input(fmt, input_paths, manifest, threshold, label, compare, balanced)
     if isinstance(output, (list, tuple)):
         target = locate.scan(fmt, output, threshold, label)
     else:
@@ -150,19 +128,9 @@ def measure(
     n = target.records
     input_ids = output_ids = values = before_ids = None
     if label is not None:
-        _check_label_reach(label, target)
-        copied = [source.labels] if balanced and compare else []
-        ids, values = locate.class_ids(before.labels, target.labels, *copied)
-        if len(values) > _MAX_LABEL_CLASSES:
-            raise ValueError(
-                f"the label ({label.describe()}) takes {len(values):,} values; label balance needs a "
-                f"categorical label (at most {_MAX_LABEL_CLASSES:,} values)"
-            )
-        if len(values) > 1:  # one class: every batch is all of it, the test has nothing to test
-            before_ids, output_ids = ids[0], ids[1]
-            input_ids = (
-                ids[-1] if copied else before_ids
-            )  # the order's input: with the copies on a balanced run
+        input_ids, output_ids, values, before_ids = _class_ids(
+            label, source, before, target, balanced and compare
+        )
     own = Row(
         "pileshuffle output",
         x,
@@ -205,9 +173,8 @@ def measure(
             "classes": len(values),
             "note": _one_value_note(label, values, n),
         }
-    summary["uniform"] = own.numbers["uniform"] = _uniform(
-        own.numbers
-    )  # the figure reads the row's
+    # the figure reads the row's
+    summary["uniform"] = own.numbers["uniform"] = _uniform(own.numbers)
     rows = [own]
     if compare:
         rows = _compare_policies(own, source, target.file_records, manifest, input_ids, batch_size)
@@ -220,6 +187,48 @@ def measure(
     return Report(n, summary, rows, share, batch_size)
 
 
+def _scan_input(fmt, input_paths, manifest, threshold, label, compare, balanced):
+    """``(source, before)``: the input scanned as the run's output holds it (with --balance's
+    copies, or --dedup's distinct records), and as it is (for its labels)."""
+    try:
+        if balanced:
+            source = locate.scan_with_copies(
+                fmt, input_paths, manifest, threshold, label if compare else None
+            )
+            # labels only
+            before = locate.scan(fmt, input_paths, 0, label) if label is not None else None
+        # the distinct records: against those
+        elif "dedup" in manifest or "dedup" in (manifest.get("options") or {}):
+            source = before = locate.scan_distinct(fmt, input_paths, manifest, threshold, label)
+        else:
+            source = before = locate.scan(
+                fmt, input_paths, threshold, label, locate.run_keys(manifest)
+            )
+    except InputError as error:
+        raise _without_format_hint(error, fmt) from None
+    return source, before
+
+
+def _class_ids(label, source, before, target, with_copies: bool):
+    """``(input_ids, output_ids, values, before_ids)``: the label's class ids of the order's
+    input (``with_copies``: the input with --balance's copies), of the output and of the input
+    as it is, and the label's values; the ids are None when the label takes one value."""
+    _check_label_reach(label, target)
+    copied = [source.labels] if with_copies else []
+    ids, values = locate.class_ids(before.labels, target.labels, *copied)
+    if len(values) > _MAX_LABEL_CLASSES:
+        raise ValueError(
+            f"the label ({label.describe()}) takes {len(values):,} values; label balance needs "
+            f"a categorical label (at most {_MAX_LABEL_CLASSES:,} values)"
+        )
+    if len(values) <= 1:  # one class: every batch is all of it, the test has nothing to test
+        return None, None, values, None
+    before_ids, output_ids = ids[0], ids[1]
+    # the order's input: with the copies on a balanced run
+    input_ids = ids[-1] if copied else before_ids
+    return input_ids, output_ids, values, before_ids
+
+
 def _balanced(manifest) -> bool:
     """Whether the output was written with ``--balance`` (a shard manifest's or a store's
     ``options`` say so). A store balances each generation on its own class counts: one of
@@ -229,8 +238,9 @@ def _balanced(manifest) -> bool:
     generations = manifest.get("generations") or []
     if len(generations) > 1:
         raise UsageError(
-            f"the store holds {len(generations)} generations, each balanced by --balance on its own "
-            "class counts: quality measures a balanced store of one generation (or a balanced run's shards)"
+            f"the store holds {len(generations)} generations, each balanced by --balance on its "
+            "own class counts: quality measures a balanced store of one generation (or a balanced "
+            "run's shards)"
         )
     return True
 
@@ -290,8 +300,8 @@ def _one_value_note(label, values, records: int) -> str:
     that value, so the batch test (p = 1 on any order) would say nothing."""
     takes = "one value" if len(values) else "no value"
     return (
-        f"the label ({label.describe()}) takes {takes} over the {records:,} records: no batch can be unbalanced, "
-        "so the label test is left out"
+        f"the label ({label.describe()}) takes {takes} over the {records:,} records: no batch can "
+        "be unbalanced, so the label test is left out"
     )
 
 
@@ -300,8 +310,8 @@ def _check_label_reach(label, target):
     label would be the padding 0."""
     if label.start is not None and target.records and target.longest <= label.start:
         raise UsageError(
-            f"{label.option()}: the records are at most {target.longest:,} bytes long, so START must be "
-            f"below {target.longest:,}"
+            f"{label.option()}: the records are at most {target.longest:,} bytes long, so START "
+            f"must be below {target.longest:,}"
         )
 
 
@@ -363,97 +373,3 @@ def _complete(
     row.numbers["held_out_accuracy"] = row.curve["accuracy"][-1] if row.curve["accuracy"] else None
     row.numbers["uniform"] = _uniform(row.numbers)
     return row
-
-
-def text_summary(report: Report) -> str:
-    """One screen: the numbers and what they mean."""
-    s = report.summary
-    balance = s.get("balance")
-    left_out = "left out: copies not matching" if balance else "duplicates left out"
-    lines = [
-        f"pileshuffle quality: {s['records']:,} records, {s['records_used']:,} located by hash "
-        f"({s['duplicates_left_out']:,} {left_out}), {s['num_piles']} piles",
-    ]
-    if balance:
-        lines.append(
-            f"  balanced ({balance['label_field']!r}, {balance['policy']}): the order's input is the input's "
-            f"{balance['input_records']:,} records with their copies ({balance['records']:,}), copies paired "
-            "by their pass-1 keys"
-        )
-    law = "its law given the sampled input positions" if balance else "the triangular law"
-    lines += [
-        f"  spearman(input, output)   {s['spearman']:+.4f}   (uniform: 0 +- {1 / math.sqrt(max(s['records_used'] - 1, 1)):.4f}; p={s['spearman_p']:.3g})",
-        f"  block chi2 ({s['blocks']}x{s['blocks']})      {s['block_chi2']:.1f} on {s['block_chi2_dof']} dof, p={s['block_chi2_p']:.3g}",
-        f"  displacement KS           {s['displacement_ks']:.4f}   p={s['displacement_p']:.3g} (vs {law})",
-    ]
-    if "batch_dispersion" in s:
-        lines.append(
-            f"  label balance per batch   dispersion {s['batch_dispersion']:.3f} over {s['batches']:,} batches of "
-            f"{s['batch_size']} (binomial: 1), p={s['batch_dispersion_p']:.3g}"
-        )
-    elif "note" in s.get("label", {}):
-        lines.append(f"  label balance per batch   left out: {s['label']['note']}")
-    verdict = "consistent with a uniform permutation" if s["uniform"] else "NOT uniform"
-    lines.append(f"  verdict: {verdict} (every p-value >= {ALPHA:g})")
-    if "class_shares" in s:
-        lines += classes.text_lines(s["class_shares"])
-    if "policies" in s:
-        lines += [
-            "",
-            policies_table(s["policies"]),
-            "  radius: how far apart in the input neighbours in the delivered order were (median, over N; uniform "
-            f"{1 - 1 / math.sqrt(2):.3f}); near: neighbours within one pile's records ({s['policies'][0]['radius_window']:,}), "
-            "over the uniform share",
-            f"  pileshuffle's output order reproduced from its seed for {s['pileshuffle_order_reproduced']:.1%} of the sample",
-        ]
-    return "\n".join(lines)
-
-
-def policies_table(policies, markdown=False) -> str:
-    """The policies' numbers as a table: aligned text, or a Markdown table with ``markdown``."""
-    header = [
-        "policy",
-        "spearman",
-        "block chi2 p",
-        "displacement p",
-        "batch dispersion",
-        "epoch corr",
-        "re-meet x uniform",
-        "radius median",
-        "near x uniform",
-        "held-out acc",
-        "uniform",
-    ]
-
-    def pvalue(p):
-        return f"{p:.2g}" if p >= 1e-99 else "<1e-99"
-
-    def cells(p):
-        return [
-            p["policy"],
-            f"{p['spearman']:+.3f}",
-            pvalue(p["block_chi2_p"]),
-            pvalue(p["displacement_p"]),
-            f"{p['batch_dispersion']:.{2 if p['batch_dispersion'] < 10 else 1}f}"
-            if "batch_dispersion" in p
-            else "-",
-            f"{p['epoch_correlation']:+.3f}",
-            f"{p['remeet_ratio']:.1f}",
-            f"{p['radius_median']:.3f}",
-            f"{p['radius_within_ratio']:.1f}",
-            "-" if p["held_out_accuracy"] is None else f"{p['held_out_accuracy']:.3f}",
-            "yes" if p["uniform"] else "no",
-        ]
-
-    rows = [cells(p) for p in policies]
-    if markdown:
-        return "\n".join(
-            ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            + ["| " + " | ".join(r) + " |" for r in rows]
-        )
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  "
-        + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-        for r in [header, *rows]
-    )

@@ -11,7 +11,7 @@ May import: the package root's bottom modules, io, records, formats, engine and 
 
 def __getattr__(name):  # lazy: importing the package must not import Beam's transforms
     if name == "WritePileStore":
-        from pileshuffle.store.write import WritePileStore
+        from pileshuffle.store.composed import WritePileStore
 
         return WritePileStore
     raise AttributeError(name)

@@ -45,10 +45,10 @@ __all__ = ["earlier_copies", "write_copies", "generation_dedup", "MarkEarlierCop
 
 
 def earlier_copies(dedup, generation: int, files: list, older) -> list:
-    """``earlier`` of every row of ``files`` (generation ``generation``'s files of one pile, in writer
-    order: each a callable that yields its record batches), one int32 array per file; ``older``:
-    ``(generation, batches)`` of the older live generations' files of the pile, in canonical order
-    (batches: records with key and hash columns).
+    """``earlier`` of every row of ``files`` (generation ``generation``'s files of one pile, in
+    writer order: each a callable that yields its record batches), one int32 array per file;
+    ``older``: ``(generation, batches)`` of the older live generations' files of the pile, in
+    canonical order (batches: records with key and hash columns).
 
     Streamed: memory holds one batch and the distinct contents whose key repeats (``_Seen``), so a
     record repeated a million times is one entry, never loaded whole."""
@@ -99,14 +99,13 @@ class _Seen:
         )
 
     def mark(self, batch, generation: int) -> np.ndarray:
-        """``earlier`` of each row of ``batch`` (records of generation ``generation``, next in canonical
-        order), which then count as met."""
+        """``earlier`` of each row of ``batch`` (records of generation ``generation``,
+        next in canonical order), which then count as met."""
         table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
         keys = table.column(KEY_COLUMN).to_numpy()
         values = self._dedup.values(table.drop_columns([KEY_COLUMN, HASH_COLUMN]), "a pile")
-        held = np.flatnonzero(
-            np.isin(self.keys, keys)
-        )  # met contents that share a key with the batch
+        # met contents that share a key with the batch
+        held = np.flatnonzero(np.isin(self.keys, keys))
         both = (
             values
             if not len(held)
@@ -171,9 +170,9 @@ def generation_dedup(dedup, generation: int, files: list) -> dict:
 
 
 class MarkEarlierCopies(beam.DoFn):
-    """``(pile, [_StoreFile, ...])`` of the generation being written -> the same files, each with its
-    ``copies`` entry (and copies file) when some of its rows repeat an earlier live row; under pile
-    ``None``, what else the generation's writers emitted, passed on."""
+    """``(pile, [StoreFile, ...])`` of the generation being written -> the same files, each
+    with its ``copies`` entry (and copies file) when some of its rows repeat an earlier live
+    row; under pile ``None``, what else the generation's writers emitted, passed on."""
 
     def __init__(self, prefix: str, generation: int, dedup, base_version: int):
         self._prefix, self._store = prefix, names.store_dir(prefix)

@@ -9,12 +9,12 @@ from pileshuffle import names
 from pileshuffle.errors import OutputError, UsageError
 from pileshuffle.io import storage
 from pileshuffle.store import layout
+from pileshuffle.store.lock import StoreLock, release_lock
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "check_grace_seconds", "parse_before", "expire", "collect"]
 
-DEFAULT_GRACE_SECONDS = (
-    24 * 3600
-)  # files of an expired generation outlive its last manifest version by this
+# files of an expired generation outlive its last manifest version by this
+DEFAULT_GRACE_SECONDS = 24 * 3600
 
 
 def check_grace_seconds(value: float) -> float:
@@ -30,8 +30,8 @@ def parse_before(text: str):
         return layout.parse_time(text)
     except ValueError:
         raise UsageError(
-            f"--before: {text!r} is not a time: give a UTC date or time in ISO 8601, e.g. 2026-11-01, "
-            f"2026-11-01T18:30 or 2026-11-01T18:30:00Z"
+            f"--before: {text!r} is not a time: give a UTC date or time in ISO 8601, e.g. "
+            "2026-11-01, 2026-11-01T18:30 or 2026-11-01T18:30:00Z"
         ) from None
 
 
@@ -53,7 +53,7 @@ def expire(
     cutoff = parse_before(before) if isinstance(before, str) else before
     check_grace_seconds(grace_seconds)
     prefix = layout.existing_store(prefix)
-    token = layout.StoreLock(prefix, command).acquire()
+    token = StoreLock(prefix, command).acquire()
     try:
         current = layout.read_store_manifest(prefix)
         if current is None:
@@ -68,16 +68,16 @@ def expire(
         dropped = [g["generation"] for g in current["generations"] if g not in kept]
         if dropped and not kept and not everything:
             raise UsageError(
-                f"this would expire every live generation of {names.store_dir(prefix)} (generation(s) "
-                f"{', '.join(map(str, dropped))}), "
-                f"leaving no records to train on: pass --all to do that"
+                f"this would expire every live generation of {names.store_dir(prefix)} "
+                f"(generation(s) {', '.join(map(str, dropped))}), leaving no records to train on: "
+                "pass --all to do that"
             )
         if dropped:
             current = layout.next_manifest(current, kept)
             layout.publish_manifest(prefix, current)
         deleted = collect(prefix, grace_seconds)
     finally:
-        layout.release_lock(prefix, token)
+        release_lock(prefix, token)
     return current, dropped, deleted
 
 
@@ -105,9 +105,8 @@ def collect(prefix, grace_seconds=DEFAULT_GRACE_SECONDS, now=None) -> dict:
     store = names.store_dir(prefix)
     for generation in doomed:
         storage.delete_tree(storage.join(store, names.generation_dir_name(generation)))
-    old = sorted(
-        set(versions) - protected
-    )  # after their generations: a killed collection is redone
+    # after their generations: a killed collection is redone
+    old = sorted(set(versions) - protected)
     if old:
         storage.delete([storage.join(store, names.store_manifest_name(v)) for v in old])
     return {"generations": doomed, "versions": old}

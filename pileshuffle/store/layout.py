@@ -1,4 +1,4 @@
-"""Where a pile store's files live, and its manifests: read, publish, lock.
+"""Where a pile store's files live, and its manifests: read and publish (its lock: ``store.lock``).
 
 A store at prefix ``P`` is the directory ``{P}-store/``:
 ``manifest-{version:08d}.json`` (one per published version, the highest is current) and
@@ -17,23 +17,13 @@ Invariants:
   and a generation below it that the current manifest does not list is expired.
 """
 
-import contextlib
-import dataclasses
 import datetime
 import json
 import os
-import socket
-import sys
 import uuid
 
-from pileshuffle import __version__, interrupt
+from pileshuffle import __version__
 from pileshuffle.engine.balance import from_manifest_options, manifest_options
-from pileshuffle.engine.output_files import (
-    lock_holder_at,
-    missing_local_folders,
-    release_lock_file,
-    remove_empty_folders,
-)
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.io import storage
 from pileshuffle.io.copy_marks import hidden_rows
@@ -48,7 +38,6 @@ from pileshuffle.names import (
     manifest_header,
     store_dir,
 )
-from pileshuffle.names import STORE_LOCK_NAME as LOCK_NAME
 from pileshuffle.names import STORE_MANIFEST_NAME as MANIFEST_NAME
 from pileshuffle.names import store_manifest_name as manifest_name
 
@@ -71,14 +60,7 @@ __all__ = [
     "visible_records",
     "store_balance",
     "store_dedup",
-    "FileLock",
-    "StoreLock",
-    "lock_path",
-    "lock_holder",
-    "release_lock",
-    "remove_if_empty",
     "remove_unpublished",
-    "command_line",
 ]
 
 
@@ -98,7 +80,8 @@ def store_prefix(given: str) -> str:
 
 
 def join(directory: str, relative: str) -> str:
-    """``directory`` joined with a store-relative path (``g000000/p00000-w00000.arrows``: always ``/``)."""
+    """``directory`` joined with a store-relative path (``g000000/p00000-w00000.arrows``:
+    always ``/``)."""
     return storage.join(directory, *relative.split("/"))
 
 
@@ -179,7 +162,8 @@ def _write_exclusive(path: str, data: bytes):
 
 
 class VersionConflict(OutputError):
-    """The manifest version being published exists already: another command published first, nothing was published."""
+    """The manifest version being published exists already: another command published first,
+    nothing was published."""
 
     def __init__(self, path):
         super().__init__(
@@ -254,9 +238,8 @@ def next_manifest(base: dict, generations: list, next_generation: int = None) ->
         "records": sum(g["records"] for g in generations),
         "payload_bytes": sum(g["payload_bytes"] for g in generations),
     }
-    if (
-        store_dedup(base) is not None
-    ):  # the rows a reader gets: each distinct record of the window once
+    # the rows a reader gets: each distinct record of the window once
+    if store_dedup(base) is not None:
         manifest["totals"]["distinct"] = visible_records(generations)
     return manifest
 
@@ -268,148 +251,6 @@ def visible_records(generations: list) -> int:
     return sum(f["records"] - hidden_rows(f, live) for g in generations for f in g["files"])
 
 
-# --- the lock ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class FileLock:
-    """A lock file at ``path``, created exclusively and naming its holder (command, host,
-    pid, time, a token). A lock whose holder was a process on this host that no longer runs
-    is stale and taken over (a killed command's re-run must be able to finish it); any
-    other lock refuses, naming its holder. ``acquire()`` returns the token that ``release``
-    needs (the step that publishes may run in another process); ``held()`` is the context
-    manager that releases on success, failure and interruption alike."""
-
-    path: str
-    command: str
-    what: str = ""  # what the lock guards, as a refusal names it
-    same_process_is_stale: bool = False  # composed use: a failed pipeline of this process left it
-    job: str = None  # a job that outlives this process holds the lock after it (``held(handed_over=True)``)
-
-    def acquire(self) -> str:
-        """Take the lock; returns its token. It returns the token or leaves no lock of its own:
-        a Ctrl-C that comes while the lock is being created (it takes effect as that step
-        ends) removes it again."""
-        token = uuid.uuid4().hex
-        holder = {
-            "command": self.command,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "since": now_iso(),
-            "token": token,
-            **({"job": self.job} if self.job else {}),
-        }
-        data = json.dumps(holder).encode()
-        for _ in range(3):
-            try:
-                self._create(data)
-            except FileExistsError:
-                current = lock_holder_at(self.path)
-                if current is not None and not self._stale(current):
-                    raise OutputError(self.refusal(current)) from None
-                try:
-                    storage.delete([self.path])  # stale: its holder died
-                except Exception:
-                    pass
-            except BaseException:
-                self.release(token)
-                raise
-            else:
-                return token
-        raise OutputError(f"cannot take {self.path}: it keeps reappearing")
-
-    def refusal(self, holder: dict) -> str:
-        return (
-            f"{self.what} is locked by `{holder.get('command')}` (pid {holder.get('pid')} on {holder.get('host')}, "
-            f"since {holder.get('since')}); wait for it to finish, or delete {self.path} if that process is gone"
-        )
-
-    def release(self, token: str):
-        """Remove the lock if ``token`` still holds it (best effort; Ctrl-C does not cut it)."""
-        with interrupt.not_cut():
-            release_lock_file(self.path, token)
-
-    @contextlib.contextmanager
-    def held(self, handed_over: bool = False):
-        """Hold the lock; on leaving, release it and remove the local folders taking it created
-        if they are empty (a failed or refused command leaves no folder behind). ``handed_over``:
-        on leaving without an error the lock stays, held by ``job``, which releases it (by its token)."""
-        created = missing_local_folders(storage.split(self.path)[0])
-        token = self.acquire()
-        try:
-            yield token
-        except BaseException:
-            self.release(token)
-            remove_empty_folders(created)
-            raise
-        if not handed_over:
-            self.release(token)
-            remove_empty_folders(created)
-
-    def _create(self, data: bytes):
-        try:
-            storage.makedirs(storage.split(self.path)[0] or ".")
-        except OSError as error:
-            raise OutputError(f"cannot write the lock {self.path}: {error}") from error
-        try:  # whole content or nothing: a killed command never leaves an empty lock
-            storage.create_exclusive(self.path, data, f"{self.path}.tmp-{uuid.uuid4().hex[:12]}")
-        except FileExistsError:
-            raise
-        except OSError as error:
-            raise OutputError(f"cannot write the lock {self.path}: {error}") from error
-
-    def _stale(self, holder: dict) -> bool:
-        """Whether the holder is gone: a process of this host that no longer runs (a job's lock is never stale)."""
-        if (
-            holder.get("job")
-            or holder.get("host") != socket.gethostname()
-            or not isinstance(holder.get("pid"), int)
-        ):
-            return False
-        if holder["pid"] == os.getpid():
-            return self.same_process_is_stale
-        try:
-            os.kill(holder["pid"], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
-
-
-class StoreLock(FileLock):
-    """``{P}-store/LOCK``: held by every command that changes the store, from before it
-    reads the current version until after it publishes."""
-
-    def __init__(self, prefix: str, command: str, same_process_is_stale: bool = False):
-        super().__init__(lock_path(prefix), command, store_dir(prefix), same_process_is_stale)
-        self.prefix = prefix
-
-
-def lock_path(prefix: str) -> str:
-    """The store lock's path: ``{P}-store/LOCK``."""
-    return storage.join(store_dir(prefix), LOCK_NAME)
-
-
-def lock_holder(prefix: str):
-    """The store lock's holder (dict), None if unlocked."""
-    return lock_holder_at(lock_path(prefix))
-
-
-def release_lock(prefix: str, token: str):
-    """Remove the store lock if ``token`` still holds it (best effort)."""
-    StoreLock(prefix, "").release(token)
-
-
-def remove_if_empty(prefix: str):
-    """Remove the store's folder if it holds nothing (what taking the lock of a store that did
-    not exist created). Local only: an object store has no empty folders. ``rmdir`` checks
-    emptiness atomically, so a lock another command has just taken there stays."""
-    if not storage.is_remote(store_dir(prefix)):
-        with contextlib.suppress(OSError):
-            os.rmdir(store_dir(prefix))
-
-
 def remove_unpublished(prefix: str):
     """Delete what a command that never published left: the directory of generation
     ``next_generation`` (the only number an unpublished write uses, since it grows only by
@@ -417,11 +258,6 @@ def remove_unpublished(prefix: str):
     generation = (read_store_manifest(prefix) or {}).get("next_generation", 0)
     path = storage.join(store_dir(prefix), generation_dir_name(generation))
     return storage.delete_tree(path)
-
-
-def command_line() -> str:
-    """How a lock names the command that holds it: this process's command line, its program by name."""
-    return " ".join([os.path.basename(sys.argv[0]) if sys.argv else "python", *sys.argv[1:]])
 
 
 def existing_store(given: str) -> str:

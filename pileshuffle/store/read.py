@@ -48,9 +48,8 @@ def live_piles(
         for entry in generation["files"]:
             fragments[entry["pile"]].append(_file_fragment(prefix, generation["generation"], entry))
     limit = max_pile_bytes or manifest.get("max_pile_bytes") or DEFAULT_MAX_PILE_BYTES
-    dedup = layout.store_dedup(
-        manifest
-    )  # the first live copy of each content: the rows the manifest counts visible
+    # the first live copy of each content: the rows the manifest counts visible
+    dedup = layout.store_dedup(manifest)
     return [
         Pile(
             p,
@@ -195,8 +194,8 @@ def _check_copies(sources, manifest: dict, fmt) -> list:
         used.update(s.path for s in own)
         if missing:
             problems.append(
-                f"generation {generation['generation']}: its input {missing} is not in --input (or has "
-                f"another size): its copies cannot be recomputed"
+                f"generation {generation['generation']}: its input {missing} is not in --input (or "
+                "has another size): its copies cannot be recomputed"
             )
             continue
         skipped = bool(generation["skipped"]["records"])  # read as the append read it
@@ -208,8 +207,8 @@ def _check_copies(sources, manifest: dict, fmt) -> list:
         )
         if copied != recorded:
             problems.append(
-                f"generation {generation['generation']} is not its input with the copies --balance gives: "
-                f"{how_records_differ(copied, recorded)}"
+                f"generation {generation['generation']} is not its input with the copies --balance "
+                f"gives: {how_records_differ(copied, recorded)}"
             )
     extra = [s.path for s in sources if s.path not in used]
     if extra:
@@ -272,7 +271,10 @@ def _check_copies_file(store: str, generation: int, entry: dict) -> str:
         return f"copies file {path} is damaged: it names generations other than 0 to {generation}"
     counts = collections.Counter(earlier.tolist())
     if {str(g): counts[g] for g in sorted(counts)} != copies["earlier"]:
-        return f"copies file {path} does not hold the copies its manifest entry counts ({copies['earlier']})"
+        return (
+            f"copies file {path} does not hold the copies its manifest entry counts "
+            f"({copies['earlier']})"
+        )
     return None
 
 
@@ -282,29 +284,40 @@ def _check_file(path: str, entry: dict, num_piles: int, fmt) -> str:
     try:
         size = storage.size(path)
         if size != entry["bytes"]:
-            return f"store file {path} is damaged: {size:,} bytes, the manifest says {entry['bytes']:,}"
+            return (
+                f"store file {path} is damaged: {size:,} bytes, the manifest says "
+                f"{entry['bytes']:,}"
+            )
         mismatch = crc32c_mismatch(storage.read_buffer(path), entry.get("crc32c"))
         if mismatch is not None:
             return f"store file {path} is damaged: {mismatch}"
         table = read_table(Fragment((0,), entry["records"], size, Fingerprint(), path=path))
     except Exception as error:
-        return f"store file {path} is damaged: cannot be read as Arrow IPC ({type(error).__name__}: {error})"
+        return (
+            f"store file {path} is damaged: cannot be read as Arrow IPC ({type(error).__name__}: "
+            f"{error})"
+        )
     if KEY_COLUMN not in table.column_names or HASH_COLUMN not in table.column_names:
         return f"store file {path} is damaged: it lacks the {KEY_COLUMN} or {HASH_COLUMN} column"
     if table.num_rows != entry["records"]:
-        return f"store file {path} holds {table.num_rows:,} records; the manifest says {entry['records']:,}"
+        return (
+            f"store file {path} holds {table.num_rows:,} records; the manifest says "
+            f"{entry['records']:,}"
+        )
     piles = pile_of(table.column(KEY_COLUMN).to_numpy(), num_piles)
     if table.num_rows and not (piles == entry["pile"]).all():
         return f"store file {path} is damaged: it holds keys of other piles than {entry['pile']}"
     records = table.drop_columns([KEY_COLUMN, HASH_COLUMN])
-    if (
-        FRAME_COLUMN in records.column_names
-    ):  # frames hash from their stored CRCs: check those first
+    # frames hash from their stored CRCs: check those first
+    if FRAME_COLUMN in records.column_names:
         data, _ = binary_column_parts(records.column(FRAME_COLUMN))
         data = data.to_pybytes()
         starts, end, problem = scan_frames(data)
         if problem or end != len(data) or len(starts) != records.num_rows:
-            return f"store file {path} is damaged: a TFRecord frame in it is corrupt ({problem or 'bad framing'})"
+            return (
+                f"store file {path} is damaged: a TFRecord frame in it is corrupt "
+                f"({problem or 'bad framing'})"
+            )
     hashes = record_hashes(records)
     if Fingerprint.of(hashes, records_bytes(records)) != Fingerprint.from_json(
         entry["fingerprint"]
