@@ -21,7 +21,7 @@ from pileshuffle.commands import sample
 from pileshuffle.commands.metadata import template_metadata
 from pileshuffle.commands.options import check_argv
 from pileshuffle.errors import InputError, UsageError
-from pileshuffle.planning.parameters import PARAMETERS
+from pileshuffle.planning.template_parameters import PARAMETERS
 
 PY = sys.executable
 

@@ -188,7 +188,7 @@ def test_a7_mixed_extensions_are_refused_naming_two_files_and_format_overrides(t
 
 def test_a7_the_format_option_defaults_to_the_file_names():
     from pileshuffle.commands.metadata import template_metadata
-    from pileshuffle.planning.parameters import PARAMETERS
+    from pileshuffle.planning.template_parameters import PARAMETERS
 
     parameter = next(p for p in PARAMETERS if p.name == "format")
     assert parameter.default == "auto" and parameter.choices[0] == "auto"

@@ -1,11 +1,11 @@
 """``pileshuffle metadata``: the Dataflow flex template's metadata.json, made from the one list of
-the template's parameters (``options.PARAMETERS``); templates/metadata.json is its output."""
+the template's parameters (``template_parameters.PARAMETERS``); templates/metadata.json is its output."""
 
 import json
 
 from pileshuffle.commands.help_style import CommandParser
 from pileshuffle.commands.options import parse_command
-from pileshuffle.planning.parameters import PARAMETERS
+from pileshuffle.planning.template_parameters import PARAMETERS
 
 __all__ = ["template_metadata", "main"]
 

@@ -1,4 +1,4 @@
-"""Reading a command line: ``--help`` from ``PARAMETERS`` (``parameters``), and the refusals.
+"""Reading a command line: ``--help`` from ``template_parameters.PARAMETERS``, and the refusals.
 
 A command that takes pipeline options calls ``check_argv(argv)`` before anything runs:
 every ``--name`` must be one of its parameters or a Beam option (any registered
@@ -14,7 +14,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.commands.help_style import WIDTH, option_lines
 from pileshuffle.errors import UsageError
-from pileshuffle.planning.parameters import PARAMETERS, check_values
+from pileshuffle.planning.parameters import check_values
+from pileshuffle.planning.template_parameters import PARAMETERS
 
 __all__ = [
     "CONCEPTS",

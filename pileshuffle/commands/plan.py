@@ -457,7 +457,8 @@ def main(argv=None):
 
     from pileshuffle.commands.options import check_argv, help_text, wants_help
     from pileshuffle.errors import PileshuffleError
-    from pileshuffle.planning.parameters import PARAMETERS, Parameter, parse_flag
+    from pileshuffle.planning.parameters import parse_flag
+    from pileshuffle.planning.template_parameters import PARAMETERS, Parameter
     from pileshuffle.planning.runners import is_local, local_defaults
 
     json_flag = Parameter(
