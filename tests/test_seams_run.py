@@ -346,7 +346,7 @@ def test_a14_verify_accepts_a_parquet_output_with_a_map_column(tmp_path):
 
 def test_a14_plan_only_reads_and_describes_a_store(tmp_path, tfrecord_input):
     from pileshuffle.names import staging_dir
-    from pileshuffle.planning.plan import work_dir_for
+    from pileshuffle.planning.locations import work_dir_for
 
     output = str(tmp_path / "out" / "train")
     leftovers = [

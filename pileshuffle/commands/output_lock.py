@@ -13,7 +13,7 @@ import logging
 
 from pileshuffle.engine.output_files import discard_unpublished, remove_tree
 from pileshuffle.names import output_lock_path, staging_dir
-from pileshuffle.planning.plan import check_shard_output, check_writable
+from pileshuffle.planning.locations import check_shard_output, check_writable
 from pileshuffle.store.layout import FileLock
 
 __all__ = ["OutputLock", "taken_output"]

@@ -19,6 +19,7 @@ __all__ = [
     "check_max_pile_bytes",
     "check_compression",
     "balance_policy",
+    "check_balance_fits",
     "dedup_of",
 ]
 
@@ -189,6 +190,17 @@ def balance_policy(values):
         return Policy.parse(policy, undersample)
     except ValueError as error:
         raise UsageError(str(error)) from None
+
+
+def check_balance_fits(format_name: str, policy):
+    """Refuse copies of tar samples: a copy keeps its sample's WebDataset key (no header is
+    rewritten), and a shard cannot hold a key twice (it would read back as one sample)."""
+    if format_name == "tar" and policy is not None and not policy.undersample:
+        raise UsageError(
+            "--balance on tar samples copies samples, and a copy keeps its sample's WebDataset "
+            "key, which one shard cannot hold twice: give --undersample (cuts, no copies), or "
+            "balance the samples before writing them as tar"
+        )
 
 
 def _check_num_piles(value):
