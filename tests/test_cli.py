@@ -21,7 +21,7 @@ from pileshuffle.commands import sample
 from pileshuffle.commands.metadata import template_metadata
 from pileshuffle.commands.options import check_argv
 from pileshuffle.errors import InputError, UsageError
-from pileshuffle.planning.parameters import PARAMETERS
+from pileshuffle.planning.template_parameters import PARAMETERS
 
 PY = sys.executable
 
@@ -541,7 +541,7 @@ def test_plan_counts_runs_not_files_times_piles(inputs, tmp_path):
     """40,000 piles over 3 files: pass 1 writes 15 runs (one per span: a unit of work is a sixteenth
     of this small input), whose parts the plan counts; nothing grows as files x piles, so there is
     nothing to warn about."""
-    from pileshuffle.commands.plan import plan_text
+    from pileshuffle.commands.plan_text import plan_text
     from pileshuffle.planning.plan import make_plan
 
     options = PipelineOptions(
@@ -575,7 +575,7 @@ def test_plan_counts_runs_not_files_times_piles(inputs, tmp_path):
 def test_split_probability_agrees_with_the_binomial():
     from scipy import stats
 
-    from pileshuffle.commands.plan import PileSizes
+    from pileshuffle.planning.pile_sizes import PileSizes
 
     records, piles, record_bytes = 1_000_000, 100, 100.0
     for limit_records in (10_100, 10_200, 10_300, 10_600):

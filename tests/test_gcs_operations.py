@@ -12,7 +12,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from helpers import run_shuffle
 
 from pileshuffle.commands import sample
-from pileshuffle.commands.plan import gcs_operations, main, plan_json, plan_text
+from pileshuffle.commands.plan import gcs_operations, main, plan_json
+from pileshuffle.commands.plan_text import plan_text
 from pileshuffle.engine.transforms.assign import Source
 from pileshuffle.planning.plan import make_plan
 

@@ -293,7 +293,7 @@ def files_in(directory, predicate):
 
 def test_sigkill_in_pass_1_and_pass_2_then_rerun_gives_identical_output(crash_data, tmp_path):
     from pileshuffle.names import staging_dir
-    from pileshuffle.planning.plan import work_dir_for
+    from pileshuffle.planning.locations import work_dir_for
 
     pattern, reference = crash_data
     output = str(tmp_path / "out" / "train")
@@ -339,7 +339,7 @@ def test_leftovers_of_a_killed_run_are_replaced_not_published(tmp_path, tfrecord
     old output's shard it was deleting, staging and work files, no manifest) is replaced by
     the re-run, which needs no --overwrite. (Only what the journal lists: see test_seams_run.)"""
     from pileshuffle.names import staging_dir
-    from pileshuffle.planning.plan import work_dir_for
+    from pileshuffle.planning.locations import work_dir_for
 
     output = str(tmp_path / "out" / "train")
     run_shuffle(tfrecord_input, output, "--num_piles=4", "--seed=2")

@@ -237,7 +237,7 @@ def test_a_work_folder_that_cannot_be_removed_is_reported_not_swallowed(tmp_path
     import subprocess
     import sys
 
-    from pileshuffle.planning.plan import work_dir_for
+    from pileshuffle.planning.locations import work_dir_for
 
     source = str(tmp_path / "in")
     sample.write_jsonl(source, records=2_000, files=2, record_bytes=100)

@@ -188,7 +188,7 @@ def test_a7_mixed_extensions_are_refused_naming_two_files_and_format_overrides(t
 
 def test_a7_the_format_option_defaults_to_the_file_names():
     from pileshuffle.commands.metadata import template_metadata
-    from pileshuffle.planning.parameters import PARAMETERS
+    from pileshuffle.planning.template_parameters import PARAMETERS
 
     parameter = next(p for p in PARAMETERS if p.name == "format")
     assert parameter.default == "auto" and parameter.choices[0] == "auto"
@@ -347,7 +347,7 @@ def test_a14_verify_accepts_a_parquet_output_with_a_map_column(tmp_path):
 
 def test_a14_plan_only_reads_and_describes_a_store(tmp_path, tfrecord_input):
     from pileshuffle.names import staging_dir
-    from pileshuffle.planning.plan import work_dir_for
+    from pileshuffle.planning.locations import work_dir_for
 
     output = str(tmp_path / "out" / "train")
     leftovers = [

@@ -16,7 +16,8 @@ from helpers import manifest, read_tfrecord_payloads, shard_bytes, shards
 
 from pileshuffle.commands import sample
 from pileshuffle.commands.metadata import template_metadata
-from pileshuffle.planning.parameters import PARAMETERS, PileshuffleOptions, parse_bytes, parse_flag
+from pileshuffle.planning.parameters import PileshuffleOptions, parse_bytes, parse_flag
+from pileshuffle.planning.template_parameters import PARAMETERS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(REPO, "templates")

@@ -20,12 +20,14 @@ def option_lines(usage: str, state: str, text: str) -> list:
 
 
 class CommandParser(argparse.ArgumentParser):
-    """An ``argparse.ArgumentParser`` whose ``--help`` has the look above (``usage=``: its own usage line)."""
+    """An ``argparse.ArgumentParser`` whose ``--help`` has the look above (``usage=``: its own
+    usage line)."""
 
     def format_help(self) -> str:
+        # a hidden option (help SUPPRESS) is refused with a reason, not shown
         actions = [
             a
-            for a in self._actions  # a hidden option (help SUPPRESS) is refused with a reason, not shown
+            for a in self._actions
             if not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS
         ]
         usage = self.usage or " ".join(

@@ -56,24 +56,25 @@ def _shard_lines(manifest: dict) -> dict:
     made = f"seed {manifest['seed']}" if "seed" in manifest else "a composed pipeline (WritePiles)"
     if options:
         made += (
-            f"; {manifest['num_piles']} piles ({options.get('num_piles_reason', '')}), intermediate "
-            f"{options.get('intermediate')}"
+            f"; {manifest['num_piles']} piles ({options.get('num_piles_reason', '')}), "
+            f"intermediate {options.get('intermediate')}"
             + (", skipping corrupt records" if options.get("skip_corrupt") else "")
         )
     if manifest.get("store"):
-        made += f"; materialized from {manifest['store']['prefix']} version {manifest['store']['version']}"
+        store = manifest["store"]
+        made += f"; materialized from {store['prefix']} version {store['version']}"
     skipped = manifest.get("skipped", {})
     return {
-        "kind": f"shard output (format_version {manifest.get('format_version', '1.0')}, pileshuffle "
-        f"{manifest.get('pileshuffle_version', '?')})",
+        "kind": f"shard output (format_version {manifest.get('format_version', '1.0')}, "
+        f"pileshuffle {manifest.get('pileshuffle_version', '?')})",
         "format": f"{manifest['format']}, compression {manifest['compression']}",
-        "records": f"{totals['records']:,} in {manifest['num_piles']} shard(s) (per shard min {piles['min']:,} / "
-        f"mean {piles['mean']:,.0f} / max {piles['max']:,}); {totals['payload_bytes']:,} payload bytes, "
-        f"{totals['shard_bytes']:,} in files",
+        "records": f"{totals['records']:,} in {manifest['num_piles']} shard(s) "
+        f"(per shard min {piles['min']:,} / mean {piles['mean']:,.0f} / max {piles['max']:,}); "
+        f"{totals['payload_bytes']:,} payload bytes, {totals['shard_bytes']:,} in files",
         "made by": made,
         "input": (
-            f"{len(manifest.get('inputs', []))} file(s); {skipped.get('records', 0)} corrupt record(s) skipped, "
-            f"{skipped.get('blank_lines', 0)} blank line(s)"
+            f"{len(manifest.get('inputs', []))} file(s); {skipped.get('records', 0)} corrupt "
+            f"record(s) skipped, {skipped.get('blank_lines', 0)} blank line(s)"
         )
         if "inputs" in manifest
         else "records handed to WritePiles",
@@ -82,7 +83,8 @@ def _shard_lines(manifest: dict) -> dict:
             f"{fingerprint['hash_sum']}, xor {fingerprint['hash_xor']})"
             + (" with --balance's copies" if manifest.get("balance") else "")
             + (
-                f", the first of each distinct one: {manifest['dedup']['records_dropped']:,} duplicate(s) of "
+                ", the first of each distinct one: "
+                f"{manifest['dedup']['records_dropped']:,} duplicate(s) of "
                 f"{manifest['dedup']['records_read']:,} read left out"
                 if manifest.get("dedup")
                 else ""
@@ -93,12 +95,13 @@ def _shard_lines(manifest: dict) -> dict:
 
 
 def _store_options_text(manifest: dict) -> str:
-    """How a store's generations are made beyond its seed: balanced, or deduplicated over the window."""
+    """How a store's generations are made beyond its seed: balanced, or deduplicated over the
+    window."""
     options, dedup = manifest.get("options") or {}, layout.store_dedup(manifest)
     if dedup is not None:
         return (
-            f"; deduplicated: {manifest['totals'].get('distinct', 0):,} distinct {dedup.units()} visible, the "
-            f"oldest live copy of each"
+            f"; deduplicated: {manifest['totals'].get('distinct', 0):,} distinct "
+            f"{dedup.units()} visible, the oldest live copy of each"
         )
     return f"; balanced: {options}" if options else ""
 
@@ -112,19 +115,21 @@ def _store_lines(manifest: dict) -> dict:
     ) + (", ..." if len(generations) > 5 else "")
     checked = "CRC32C" if all("crc32c" in f for g in generations for f in g["files"]) else "sizes"
     return {
-        "kind": f"pile store, version {manifest['version']} (format_version {manifest.get('format_version', '1.0')})",
+        "kind": f"pile store, version {manifest['version']} "
+        f"(format_version {manifest.get('format_version', '1.0')})",
         "format": f"{manifest['format']}; materialize writes compression {manifest['compression']}",
         "records": f"{manifest['totals']['records']:,} in {len(generations)} live generation(s), "
         f"{manifest['num_piles']} piles; {manifest['totals']['payload_bytes']:,} payload bytes",
         "made by": f"seed {manifest['seed']}" + _store_options_text(manifest),
         "generations": listed or "none live",
-        "proves": f"each generation's files hold its inputs' records (fingerprints), their {checked} listed "
-        "(`pileshuffle verify` re-checks all of it)",
+        "proves": f"each generation's files hold its inputs' records (fingerprints), "
+        f"their {checked} listed (`pileshuffle verify` re-checks all of it)",
     }
 
 
 def main(argv=None) -> int:
-    """``pileshuffle info``: the lines of ``describe``, or ``--json``; exit code 2 for no output there."""
+    """``pileshuffle info``: the lines of ``describe``, or ``--json``; exit code 2 for no output
+    there."""
     parser = CommandParser(
         prog="pileshuffle info",
         allow_abbrev=False,

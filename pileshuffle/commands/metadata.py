@@ -1,11 +1,12 @@
 """``pileshuffle metadata``: the Dataflow flex template's metadata.json, made from the one list of
-the template's parameters (``options.PARAMETERS``); templates/metadata.json is its output."""
+the template's parameters (``template_parameters.PARAMETERS``); templates/metadata.json is its
+output."""
 
 import json
 
 from pileshuffle.commands.help_style import CommandParser
 from pileshuffle.commands.options import parse_command
-from pileshuffle.planning.parameters import PARAMETERS
+from pileshuffle.planning.template_parameters import PARAMETERS
 
 __all__ = ["template_metadata", "main"]
 
@@ -32,8 +33,8 @@ def template_metadata() -> dict:
         parameters.append(entry)
     return {
         "name": "pileshuffle",
-        "description": "Globally shuffle TFRecord, Parquet or JSONL files with a seeded 2-pass pile shuffle "
-        "(uniform random order, deterministic for a seed).",
+        "description": "Globally shuffle TFRecord, Parquet or JSONL files with a seeded 2-pass "
+        "pile shuffle (uniform random order, deterministic for a seed).",
         "parameters": parameters,
     }
 

@@ -1,4 +1,4 @@
-"""Reading a command line: ``--help`` from ``PARAMETERS`` (``parameters``), and the refusals.
+"""Reading a command line: ``--help`` from ``template_parameters.PARAMETERS``, and the refusals.
 
 A command that takes pipeline options calls ``check_argv(argv)`` before anything runs:
 every ``--name`` must be one of its parameters or a Beam option (any registered
@@ -14,7 +14,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.commands.help_style import WIDTH, option_lines
 from pileshuffle.errors import UsageError
-from pileshuffle.planning.parameters import PARAMETERS, check_values
+from pileshuffle.planning.parameters import check_values
+from pileshuffle.planning.template_parameters import PARAMETERS
 
 __all__ = [
     "CONCEPTS",
@@ -46,7 +47,8 @@ _NAME_FOR = {synonym: name for name, synonyms in CONCEPTS.items() for synonym in
 
 # -- the command line -------------------------------------------------------------------------
 
-_BEAM_OPTIONS_NOTE = """Beam's own options are accepted too: --runner (default: the local FnApiRunner, one thread
+_BEAM_OPTIONS_NOTE = """\
+Beam's own options are accepted too: --runner (default: the local FnApiRunner, one thread
 per core), --temp_location, --direct_num_workers, Dataflow's (--project, --region,
 --worker_machine_type, --max_num_workers, ...) and Dask's (--dask_client_address, ...). See
 https://beam.apache.org/releases/pydoc/current/apache_beam.options.pipeline_options.html,
@@ -110,11 +112,10 @@ def _beam_option_names() -> set:
     return {option for option in _beam_parser()._option_string_actions if option.startswith("--")}
 
 
-_BEAM_MINIMUMS = {  # Beam options the local runner reads whose range Beam never checks: name -> (minimum, why)
-    "direct_num_workers": (
-        0,
-        "0 = one worker per core",
-    ),  # -1 failed deep in the FnApiRunner (IndexError)
+# Beam options the local runner reads whose range Beam never checks: name -> (minimum, why)
+_BEAM_MINIMUMS = {
+    # -1 failed deep in the FnApiRunner (IndexError)
+    "direct_num_workers": (0, "0 = one worker per core"),
 }
 
 
@@ -128,10 +129,11 @@ def _check_beam_values(argv):
     argv = _before_separator(argv)
     values, rest = _beam_parser().parse_known_args(argv)
     stray = [a for a in rest if not a.startswith("-")]
-    if stray:  # it would be dropped silently: an unquoted pattern the shell expanded, a value without its option
+    # dropped silently otherwise: an unquoted pattern the shell expanded, a value without its option
+    if stray:
         raise UsageError(
-            f"{stray[0]!r} is not an option or an option's value (options are --name=value; quote a "
-            "pattern so that the shell does not expand it)"
+            f"{stray[0]!r} is not an option or an option's value (options are --name=value; "
+            "quote a pattern so that the shell does not expand it)"
         )
     problem = runner_problem(values.runner)
     if problem:
@@ -211,7 +213,8 @@ def _long_options(parser: argparse.ArgumentParser) -> list:
 
 def _refuse_repeated(names, own):
     """Raise UsageError for the first of our ``own`` options given twice (argparse keeps the last
-    silently: `--seed 1 ... --seed 2` would shuffle with 2). Beam's may repeat (``--experiments``)."""
+    silently: `--seed 1 ... --seed 2` would shuffle with 2). Beam's may repeat
+    (``--experiments``)."""
     mine = [name for name in names if name in set(own)]
     twice = next((name for name in mine if mine.count(name) > 1), None)
     if twice:
@@ -269,7 +272,8 @@ def _parse_own(argv, parameters):
 
 
 class _QuietParser(argparse.ArgumentParser):
-    """Raises UsageError (e.g. "argument --seed: expected one argument") instead of printing usage."""
+    """Raises UsageError (e.g. "argument --seed: expected one argument") instead of printing
+    usage."""
 
     def error(self, message):
         raise UsageError(message.removeprefix("argument "))

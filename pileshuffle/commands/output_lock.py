@@ -13,7 +13,7 @@ import logging
 
 from pileshuffle.engine.output_files import discard_unpublished, remove_tree
 from pileshuffle.names import output_lock_path, staging_dir
-from pileshuffle.planning.plan import check_shard_output, check_writable
+from pileshuffle.planning.locations import check_shard_output, check_writable
 from pileshuffle.store.lock import FileLock
 
 __all__ = ["OutputLock", "taken_output"]
@@ -33,15 +33,16 @@ class OutputLock(FileLock):
         output = self.what[len("output ") :]
         if holder.get("job"):
             return (
-                f"output {output} is locked by Dataflow job {holder['job']} (launched {holder.get('since')} from "
-                f"{holder.get('host')}), which may still be running: wait for it to publish; if it failed or was "
-                f"cancelled (`gcloud dataflow jobs list --filter name={holder['job']}`), delete {self.path} to take "
-                "the output over"
+                f"output {output} is locked by Dataflow job {holder['job']} "
+                f"(launched {holder.get('since')} from {holder.get('host')}), which may still be "
+                "running: wait for it to publish; if it failed or was cancelled "
+                f"(`gcloud dataflow jobs list --filter name={holder['job']}`), delete {self.path} "
+                "to take the output over"
             )
         return (
             f"output {output} is locked by a run started at {holder.get('since')} (pid "
-            f"{holder.get('pid')} on {holder.get('host')}: `{holder.get('command')}`); wait for it to finish, or "
-            f"delete {self.path} if that process is gone"
+            f"{holder.get('pid')} on {holder.get('host')}: `{holder.get('command')}`); wait for it "
+            f"to finish, or delete {self.path} if that process is gone"
         )
 
 
@@ -52,7 +53,8 @@ def taken_output(output: str, overwrite: bool, work_dir: str, command: str, job:
     locations can be written (leaving nothing behind), then take ``OutputLock`` (released on
     success, failure and Ctrl-C; with ``job``, a submitted job's name, kept on success for the
     job to release) and, under it, check the output again (another command may have published
-    meanwhile) and remove what an unfinished run left: its journal's files, staging and work folders."""
+    meanwhile) and remove what an unfinished run left: its journal's files, staging and work
+    folders."""
     check_writable(staging_dir(output), "the output location")
     check_writable(work_dir, "the temp location")
     with OutputLock(output, command, job).held(handed_over=job is not None) as token:
@@ -60,7 +62,8 @@ def taken_output(output: str, overwrite: bool, work_dir: str, command: str, job:
         removed = discard_unpublished(output)
         if removed:
             _log.warning(
-                "removed %d file(s) under %s that an unfinished run was publishing (its journal lists them)",
+                "removed %d file(s) under %s that an unfinished run was publishing "
+                "(its journal lists them)",
                 len(removed),
                 output,
             )

@@ -44,8 +44,9 @@ def _at_least(minimum: int):
 
 
 USAGE = (
-    "pileshuffle quality (--input PATTERNS --output PREFIX | --mixture PREFIX=WEIGHT,...) [--report DIR] "
-    "[--label_field FIELD | --label_bytes START:END] [--compare] [--sample N] [--batch_size N]"
+    "pileshuffle quality (--input PATTERNS --output PREFIX | --mixture PREFIX=WEIGHT,...) "
+    "[--report DIR] [--label_field FIELD | --label_bytes START:END] [--compare] [--sample N] "
+    "[--batch_size N]"
 )
 
 
@@ -83,7 +84,8 @@ def parse(argv):
     parser.add_argument(
         "--compare",
         action="store_true",
-        help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's epochs",
+        help="also measure no shuffle, file-order shuffle, a shuffle buffer and the loader's "
+        "epochs",
     )
     parser.add_argument(
         "--sample",
@@ -129,7 +131,8 @@ def parse(argv):
         args.input or args.output or args.label_field or args.label_bytes or args.compare
     ):
         parser.error(
-            "--mixture measures the mixture alone: leave out --input, --output, --label_field and --compare"
+            "--mixture measures the mixture alone: leave out --input, --output, --label_field "
+            "and --compare"
         )
     return args
 
@@ -227,7 +230,8 @@ def main(argv=None) -> int:
         from pileshuffle.quality.text import text_summary
     except ImportError as error:
         print(
-            f"pileshuffle quality: error: needs the report extra, pip install 'pileshuffle[report]' ({error})",
+            "pileshuffle quality: error: needs the report extra, "
+            f"pip install 'pileshuffle[report]' ({error})",
             file=sys.stderr,
         )
         return 2

@@ -46,7 +46,8 @@ def payloads(start: int, count: int, record_bytes: int, seed: int = 0, vary: boo
 
 
 def index_of(record) -> int:
-    """The input index a generated record carries (bytes payload, JSONL line or TFRecord payload)."""
+    """The input index a generated record carries (bytes payload, JSONL line or TFRecord
+    payload)."""
     if isinstance(record, dict):
         return int(record["index"])
     text = bytes(record)
@@ -56,7 +57,8 @@ def index_of(record) -> int:
 
 
 def split_counts(records: int, files: int):
-    """Records per file when ``records`` are spread over ``files``: the first ``records % files`` get one more."""
+    """Records per file when ``records`` are spread over ``files``: the first ``records % files``
+    get one more."""
     base, extra = divmod(records, files)
     return [base + (1 if i < extra else 0) for i in range(files)]
 
@@ -95,7 +97,8 @@ def _write_files(directory, records, files, name, extension, render, block_recor
 def write_tfrecord(
     directory, records=1000, files=4, record_bytes=100, seed=0, vary=False, name="part"
 ):
-    """Records 0..records-1 (``payloads``) as TFRecord files ``{name}-NNN.tfrecord`` in ``directory``; their paths."""
+    """Records 0..records-1 (``payloads``) as TFRecord files ``{name}-NNN.tfrecord`` in
+    ``directory``; their paths."""
 
     def render(start, count):
         return b"".join(frame(p) for p in payloads(start, count, record_bytes, seed, vary))
@@ -104,7 +107,8 @@ def write_tfrecord(
 
 
 def write_jsonl(directory, records=1000, files=4, record_bytes=100, seed=0, name="part"):
-    """Records 0..records-1 as JSONL lines ``{"index": i, "text": ...}`` in ``{name}-NNN.jsonl`` files; their paths."""
+    """Records 0..records-1 as JSONL lines ``{"index": i, "text": ...}`` in ``{name}-NNN.jsonl``
+    files; their paths."""
 
     def render(start, count):
         return b"".join(
@@ -137,7 +141,8 @@ def parquet_table(start: int, count: int, record_bytes: int, seed: int = 0) -> p
 def write_parquet(
     directory, records=1000, files=4, record_bytes=100, seed=0, name="part", row_group_rows=None
 ):
-    """Rows 0..records-1 (``parquet_table``) as ``{name}-NNN.parquet`` files in ``directory``; their paths."""
+    """Rows 0..records-1 (``parquet_table``) as ``{name}-NNN.parquet`` files in ``directory``;
+    their paths."""
     paths, start = [], 0
     for f, count in enumerate(split_counts(records, files)):
         table = parquet_table(start, count, record_bytes, seed)
@@ -155,9 +160,9 @@ def write_parquet(
 def write_tar(
     directory, records=1000, files=4, record_bytes=100, seed=0, name="part", classes=10, first=0
 ):
-    """Samples first..first+records-1 as WebDataset shards ``{name}-NNN.tar``: sample i is key ``{i:09d}``
-    with members ``.cls`` (its class, ASCII: classes in order, ``classes`` of them, as a
-    capture written one class at a time) and ``.bin`` (``payloads``); reproducible headers
+    """Samples first..first+records-1 as WebDataset shards ``{name}-NNN.tar``: sample i is key
+    ``{i:09d}`` with members ``.cls`` (its class, ASCII: classes in order, ``classes`` of them, as
+    a capture written one class at a time) and ``.bin`` (``payloads``); reproducible headers
     (mtime 0, root owner, mode 0644). Their paths."""
     import io
     import tarfile

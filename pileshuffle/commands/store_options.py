@@ -36,8 +36,8 @@ def _no_beam_options():
 @dataclasses.dataclass(frozen=True)
 class AppendOptions:
     """``pileshuffle append``: the records of ``input`` as the store's next generation.
-    ``label_field``, ``balance``, ``undersample``, ``keep_unlabeled``: None takes the store's (a store balances
-    every generation as it was created to); a value must be the store's."""
+    ``label_field``, ``balance``, ``undersample``, ``keep_unlabeled``: None takes the store's (a
+    store balances every generation as it was created to); a value must be the store's."""
 
     store: str
     input: str
@@ -136,7 +136,8 @@ def _add_quiet(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--quiet",
         action="store_true",
-        help="print no start line or progress on stderr, as run --quiet (the summary is still printed)",
+        help="print no start line or progress on stderr, as run --quiet "
+        "(the summary is still printed)",
     )
 
 
@@ -155,9 +156,10 @@ def append_options(argv) -> AppendOptions:
     parser = _parser(
         "append",
         (
-            "Add the records of --input to the pile store at --store as a new generation: pass 1 only, into the store's "
-            "piles, keys from (seed, generation, file, position). Existing files are never rewritten; the new generation "
-            "is live once the next manifest version is published (written last)."
+            "Add the records of --input to the pile store at --store as a new generation: pass 1 "
+            "only, into the store's piles, keys from (seed, generation, file, position). Existing "
+            "files are never rewritten; the new generation is live once the next manifest version "
+            "is published (written last)."
         ),
     )
     parser.add_argument("--store", required=True, metavar="PREFIX", help=_STORE_HELP)
@@ -174,10 +176,11 @@ def append_options(argv) -> AppendOptions:
         "--allow_duplicate_inputs",
         action="store_true",
         help=(
-            "add files that a live generation already holds (same real file and size) again, or files whose records "
-            "are exactly a live generation's (copies of its inputs: the same fingerprint), so that their records appear "
-            "twice in every epoch; without it such an append is refused (the newest generation's exact inputs are still "
-            "'nothing to do': a re-run)"
+            "add files that a live generation already holds (same real file and size) again, or "
+            "files whose records are exactly a live generation's (copies of its inputs: the same "
+            "fingerprint), so that their records appear twice in every epoch; without it such an "
+            "append is refused (the newest generation's exact inputs are still 'nothing to do': a "
+            "re-run)"
         ),
     )
     parser.add_argument(
@@ -211,9 +214,9 @@ def append_options(argv) -> AppendOptions:
     args, beam_args = check_command_argv(parser, argv)
     if args.dedup not in (None, "none") or args.dedup_key:
         raise UsageError(
-            "--dedup: a store deduplicates as it was created: one made with `pileshuffle run --layout store "
-            "--dedup ...` keeps each distinct record of its live window once through every append "
-            "(docs/stores.md); leave the option out of append"
+            "--dedup: a store deduplicates as it was created: one made with `pileshuffle run "
+            "--layout store --dedup ...` keeps each distinct record of its live window once "
+            "through every append (docs/stores.md); leave the option out of append"
         )
     return AppendOptions(
         args.store,
@@ -234,8 +237,9 @@ def materialize_options(argv) -> MaterializeOptions:
     parser = _parser(
         "materialize",
         (
-            "The second pass over a pile store: write its live records as the shards and manifest `pileshuffle run` "
-            "writes (byte-identical to `run` for the same inputs, seed and piles)."
+            "The second pass over a pile store: write its live records as the shards and manifest "
+            "`pileshuffle run` writes (byte-identical to `run` for the same inputs, seed and "
+            "piles)."
         ),
     )
     parser.add_argument("--store", required=True, metavar="PREFIX", help=_STORE_HELP)
@@ -270,13 +274,14 @@ def materialize_options(argv) -> MaterializeOptions:
 
 
 def expire_options(argv) -> ExpireOptions:
-    """``pileshuffle expire``'s command line as ``ExpireOptions`` (neither limit given: a usage error)."""
+    """``pileshuffle expire``'s command line as ``ExpireOptions`` (neither limit given: a usage
+    error)."""
     parser = _parser(
         "expire",
         (
-            "Drop whole generations from a pile store: the next manifest version without them is published first; their "
-            "files are deleted once no version published within --grace_seconds lists them (readers that opened an older "
-            "version finish their epoch)."
+            "Drop whole generations from a pile store: the next manifest version without them is "
+            "published first; their files are deleted once no version published within "
+            "--grace_seconds lists them (readers that opened an older version finish their epoch)."
         ),
     )
     parser.add_argument("--store", required=True, metavar="PREFIX", help="the store's prefix P")

@@ -47,7 +47,8 @@ def _anything_at(prefix: str) -> bool:
 
 
 def main(argv=None):
-    """``pileshuffle verify``; an error that stops the checks (an unreadable manifest) is one line, exit code 2."""
+    """``pileshuffle verify``; an error that stops the checks (an unreadable manifest) is one
+    line, exit code 2."""
     return reporting_errors(lambda: _verify_command(argv))
 
 
@@ -55,7 +56,8 @@ def _verify_command(argv):
     parser = CommandParser(
         prog="pileshuffle verify",
         allow_abbrev=False,
-        description="Re-read input and output of a finished run: counts, fingerprints, shard integrity, manifest.",
+        description="Re-read input and output of a finished run: counts, fingerprints, "
+        "shard integrity, manifest.",
     )
     parser.add_argument(
         "--input",
@@ -77,7 +79,8 @@ def _verify_command(argv):
     )
     args = parse_command(parser, argv)
     interrupt.describe(
-        f"{args.output} was not checked to the end; verify changes nothing, so run it again to check"
+        f"{args.output} was not checked to the end; verify changes nothing, "
+        "so run it again to check"
     )
     prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     if args.input:  # a pattern that names no input file is a usage error, as in run (exit code 2)
@@ -86,7 +89,10 @@ def _verify_command(argv):
         return _verify_store_main(args.output, args.input)
     unfinished = unfinished_run(prefix)
     if unfinished or not _anything_at(prefix):
-        nothing = f"nothing to verify there (no {manifest_path(prefix)}, no shards, no pile store {prefix}-store/)"
+        nothing = (
+            f"nothing to verify there (no {manifest_path(prefix)}, no shards, "
+            f"no pile store {prefix}-store/)"
+        )
         print(
             f"pileshuffle verify: error: --output {args.output}: {unfinished or nothing}",
             file=sys.stderr,
@@ -144,20 +150,23 @@ def _verify_store_main(prefix: str, input_glob: str = None) -> int:
     if problems:
         damaged = damaged_generations(problems)
         where = (
-            f"; damaged generation(s): {', '.join(map(str, damaged))} of version {manifest['version']}"
+            f"; damaged generation(s): {', '.join(map(str, damaged))} "
+            f"of version {manifest['version']}"
             if damaged and manifest
             else ""
         )
         print(
-            f"pileshuffle verify: {len(problems)} problem(s) with the store {names.store_dir(prefix)}{where}",
+            f"pileshuffle verify: {len(problems)} problem(s) with the store "
+            f"{names.store_dir(prefix)}{where}",
             file=sys.stderr,
         )
         return 1
     files = sum(len(g["files"]) for g in manifest["generations"])
     print(
         f"pileshuffle verify: OK: store {names.store_dir(prefix)} version {manifest['version']}: "
-        f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} generation(s), {files} file(s); "
-        f"every file reads back whole and matches the manifest (counts, piles, fingerprints)"
+        f"{manifest['totals']['records']:,} records in {len(manifest['generations'])} "
+        f"generation(s), {files} file(s); every file reads back whole and matches the manifest "
+        "(counts, piles, fingerprints)"
         + _visible_text(manifest)
         + ("; the input holds exactly the live generations' records" if input_glob else "")
     )
@@ -170,7 +179,10 @@ def _visible_text(manifest: dict) -> str:
         return ""
     options = manifest["options"]
     each = "record" if options["dedup"] == "exact" else f"{options['dedup_key']!r} value"
-    return f"; {manifest['totals']['distinct']:,} records visible (one per distinct {each}), every copies file as listed"
+    return (
+        f"; {manifest['totals']['distinct']:,} records visible (one per distinct {each}), "
+        "every copies file as listed"
+    )
 
 
 if __name__ == "__main__":

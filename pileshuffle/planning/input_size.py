@@ -55,7 +55,8 @@ def estimated_bytes(fmt, sources, mean: float) -> int:
 
 
 def _expansion(path: str) -> float:
-    """Bytes out per byte in of a compressed file's first MiB (gzip; else ``_GZIP_EXPANSION_GUESS``)."""
+    """Bytes out per byte in of a compressed file's first MiB (gzip; else
+    ``_GZIP_EXPANSION_GUESS``)."""
     import zlib
 
     if storage.compression_of(path) != storage.GZIP:

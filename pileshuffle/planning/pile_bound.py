@@ -37,11 +37,11 @@ def check_num_piles(num_piles: int, auto=None):
             else "--num_piles auto chooses a count that fits the input"
         )
         raise UsageError(
-            f"--num_piles {num_piles:,}: each pile costs about {PILE_BOOKKEEPING_BYTES:,} bytes of memory "
-            f"beside its records (a shard, accounted for and listed in the manifest), "
+            f"--num_piles {num_piles:,}: each pile costs about {PILE_BOOKKEEPING_BYTES:,} bytes "
+            f"of memory beside its records (a shard, accounted for and listed in the manifest), "
             f"{num_piles * PILE_BOOKKEEPING_BYTES / 1e9:,.1f} GB in all, more than half the "
-            f"{2 * most * PILE_BOOKKEEPING_BYTES / 1e9:,.1f} GB available here: at most {most:,} piles "
-            f"({chooses}); memory: {memory.source}"
+            f"{2 * most * PILE_BOOKKEEPING_BYTES / 1e9:,.1f} GB available here: "
+            f"at most {most:,} piles ({chooses}); memory: {memory.source}"
         )
 
 

@@ -1,38 +1,28 @@
-"""Everything decided before the pipeline starts: the input files (``inputs``: their
-format, what is skipped, one name per file, their schema), the number of piles, the temp
-and staging locations, the output check (which files a run may replace).
+"""Everything decided before the pipeline starts (``make_plan`` -> ``Plan``): the input files
+(``inputs``: their format, what is skipped, one name per file, their schema), the number of
+piles and their sizes, pass 1's runs, memory, and the space the temp and staging locations need;
+the output check (where it goes, which files a run may replace) is ``locations``'.
 Cheap, and it only reads: it lists files and reads at most a MiB of one of them and
 Parquet footers. What ``run`` writes before pass 1 (probes, the output lock, removing what
 an unfinished run left) is ``output_lock.taken_output`` (shared with ``materialize``: every
 command that writes shards checks and takes its output the same way)."""
 
 import dataclasses
-import hashlib
 import logging
 import math
-import re
-import uuid
 
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pileshuffle import interrupt
 from pileshuffle.engine.inputs import (
     check_schemas,
     describe_left_out,
     resolve_format,
     select_inputs,
 )
-from pileshuffle.engine.output_files import (
-    OutputFiles,
-    check_replaceable,
-    missing_local_folders,
-    remove_empty_folders,
-)
+from pileshuffle.engine.output_files import OutputFiles
 from pileshuffle.engine.runs import DEFAULT_RUN_BYTES, MAX_HELD_BYTES
-from pileshuffle.errors import InputError, OutputError, UsageError
+from pileshuffle.errors import InputError, UsageError
 from pileshuffle.formats import get_format
-from pileshuffle.io import storage
-from pileshuffle.names import manifest_path, staging_dir, store_dir, work_dir_name
 from pileshuffle.planning.input_size import (
     RECORD_OVERHEAD,
     balance_growth,
@@ -52,9 +42,11 @@ from pileshuffle.planning.job_model import (
     runs_on_object_store,
     workers_of,
 )
+from pileshuffle.planning.locations import check_shard_output, output_prefix, work_dir_for
 from pileshuffle.planning.parameters import (
     PileshuffleOptions,
     balance_policy,
+    check_balance_fits,
     check_compression,
     check_values,
     dedup_of,
@@ -62,8 +54,7 @@ from pileshuffle.planning.parameters import (
 )
 from pileshuffle.planning.pile_bound import check_num_piles
 from pileshuffle.planning.runners import in_process_threads
-from pileshuffle.planning.space import FRAGMENT_OVERHEAD, free_space, space_needed
-from pileshuffle.store.layout import is_store
+from pileshuffle.planning.space import free_space, space_needed
 
 __all__ = [
     "Plan",
@@ -73,17 +64,13 @@ __all__ = [
     "LOCAL_BASE_BYTES",
     "AUTO_MEMORY_SHARE",
     "mean_record_bytes",
-    "work_dir_for",
-    "check_writable",
-    "check_shard_output",
     "piles_reached",
 ]
 
 _log = logging.getLogger("pileshuffle")
 
-_UNIT_SPARE = (
-    0.95  # a unit of pass-1 work fills this much of a run (the records' held size is an estimate)
-)
+# a unit of pass-1 work fills this much of a run (the records' held size is an estimate)
+_UNIT_SPARE = 0.95
 
 
 @dataclasses.dataclass
@@ -105,46 +92,40 @@ class Plan:
     layout: str = "shards"
     schema: object = None
     input_bytes: int = 0
-    space: dict = dataclasses.field(
-        default_factory=dict
-    )  # location -> (bytes needed, bytes free or None)
+    # location -> (bytes needed, bytes free or None)
+    space: dict = dataclasses.field(default_factory=dict)
     needs: dict = dataclasses.field(default_factory=dict)  # location -> bytes this run writes there
-    left_out: dict = dataclasses.field(
-        default_factory=dict
-    )  # path -> why (pileshuffle's own files)
-    skipped: dict = dataclasses.field(
-        default_factory=dict
-    )  # path -> why (matched names that are no input file)
-    duplicates: dict = dataclasses.field(
-        default_factory=dict
-    )  # path -> the name kept (one file named twice)
-    unpublished: list = dataclasses.field(
-        default_factory=list
-    )  # what an unfinished publication left: replaced
+    # path -> why (pileshuffle's own files)
+    left_out: dict = dataclasses.field(default_factory=dict)
+    # path -> why (matched names that are no input file)
+    skipped: dict = dataclasses.field(default_factory=dict)
+    # path -> the name kept (one file named twice)
+    duplicates: dict = dataclasses.field(default_factory=dict)
+    # what an unfinished publication left: replaced
+    unpublished: list = dataclasses.field(default_factory=list)
     mean_record_bytes: float = 1.0  # as Arrow holds a record, from a sample
     label: str = None  # --label: the class field (with --balance)
     balance: object = None  # --balance: a balance.Policy (a first pass counts the classes)
     keep_unlabeled: bool = False  # --keep_unlabeled: a record without the label is the class "null"
-    dedup: object = None  # --dedup / --dedup_key: a dedup.Dedup (keys from content, duplicates dropped in pass 2)
+    # --dedup / --dedup_key: a dedup.Dedup (keys from content, duplicates dropped in pass 2)
+    dedup: object = None
     estimated_bytes: int = 0  # the input uncompressed (a guess for .gz)
     growth: float = 1.0  # --balance: records written per record read, from a sample of labels
-    run_bytes: int = (
-        DEFAULT_RUN_BYTES  # --run_bytes: pass 1's run size per writer (pileshuffle.engine.runs)
-    )
+    # --run_bytes: pass 1's run size per writer (pileshuffle.engine.runs)
+    run_bytes: int = DEFAULT_RUN_BYTES
     memory_budget: int = 0  # --memory: what a local run may use (0: not a local in-process run)
-    memory_for_runs: int = (
-        0  # of it, pass-1 runs kept in memory between the passes (pileshuffle.engine.memory_runs)
-    )
-    memory: object = (
-        None  # --memory auto: the memory_limit.Memory it is a share of (None: given, or no budget)
-    )
+    # of it, pass-1 runs kept in memory between the passes (pileshuffle.engine.memory_runs)
+    memory_for_runs: int = 0
+    # --memory auto: the memory_limit.Memory it is a share of (None: given, or no budget)
+    memory: object = None
     workers: object = None  # the job_model.Workers the piles and runs are sized for
     max_pile_reason: str = ""  # --max_pile_bytes auto: how it was sized ("" when given)
     scaled: bool = False  # plan --input_bytes: the sources stand for an input not there (unread)
 
     @property
     def held_per_writer(self) -> int:
-        """What a pass-1 writer holds in memory: its run, up to ``MAX_HELD_BYTES`` (more is spilled)."""
+        """What a pass-1 writer holds in memory: its run, up to ``MAX_HELD_BYTES`` (more is
+        spilled)."""
         return min(self.run_bytes, MAX_HELD_BYTES)
 
     @property
@@ -201,7 +182,8 @@ class Plan:
 
     @property
     def written_records(self) -> int:
-        """The records the piles will hold: the input's with ``--balance``'s copies (an estimate)."""
+        """The records the piles will hold: the input's with ``--balance``'s copies (an
+        estimate)."""
         return max(1, round(self.estimated_records * self.growth))
 
     def run_shape(self) -> tuple:
@@ -225,79 +207,23 @@ class Plan:
         return round(runs), round(parts)
 
 
-def work_dir_for(output: str, temp_location) -> str:
-    """The run's temp directory: deterministic per output, so a re-run after a crash
-    finds and replaces what a killed run left."""
-    if temp_location:
-        _refuse_wildcards("--temp_location", temp_location)
-    digest = hashlib.sha1(output.encode()).hexdigest()[:12]
-    root = temp_location or storage.split(output)[0]
-    return storage.join(root, work_dir_name(digest))
-
-
-def check_writable(directory: str, what: str):
-    """Write and delete a probe file in ``directory``, one step Ctrl-C does not cut; leaves no
-    directory it created (and removes only empty ones: another run may be filling the same folder)."""
-    probe = storage.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
-    missing = missing_local_folders(directory)
-    try:
-        with interrupt.not_cut():  # a Ctrl-C between the write and the delete left the probe behind
-            with storage.open_write(probe, "uncompressed") as handle:
-                handle.write(b"ok")
-            storage.delete([probe])
-    except Exception as error:
-        raise OutputError(f"cannot write to {what} {directory}: {error}") from error
-    finally:
-        remove_empty_folders(missing)
-
-
-def _check_balance_fits(format_name: str, policy):
-    """Refuse copies of tar samples: a copy keeps its sample's WebDataset key (no header is
-    rewritten), and a shard cannot hold a key twice (it would read back as one sample)."""
-    if format_name == "tar" and policy is not None and not policy.undersample:
-        raise UsageError(
-            "--balance on tar samples copies samples, and a copy keeps its sample's WebDataset key, "
-            "which one shard cannot hold twice: give --undersample (cuts, no copies), or balance the "
-            "samples before writing them as tar"
-        )
-
-
 def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
     """Everything decided before the pipeline starts. It only reads: it lists and samples
-    the input and looks at the output's files; ``output_lock.taken_output`` does the writing, under
-    the output's lock. ``input_bytes``: plan as if the input totalled that many bytes of records
-    like its own (``input_size.scaled_sources``; ``plan --input_bytes``)."""
+    the input and looks at the output's files; ``output_lock.taken_output`` does the writing,
+    under the output's lock. ``input_bytes``: plan as if the input totalled that many bytes of
+    records like its own (``input_size.scaled_sources``; ``plan --input_bytes``)."""
     opts = options.view_as(PileshuffleOptions)
     check_values(opts)
     if not opts.input:
         raise InputError("--input", "is required")
-    if opts.layout == "store":  # a store run checks its own (commands.run_store)
-        output = _output_prefix(opts.output)
+    # a store run checks its own (commands.run_store)
+    if opts.layout == "store":
+        output = output_prefix(opts.output)
         outputs = OutputFiles(output)
     else:
         output, outputs = check_shard_output(opts.output, bool(opts.overwrite))
-    inputs = select_inputs(opts.input, output)
-    if inputs.left_out:
-        _log.warning(
-            "left out %d file(s) that --input matches but pileshuffle wrote: %s",
-            len(inputs.left_out),
-            describe_left_out(inputs.left_out),
-        )
+    inputs, fmt, policy, schema, dedup = _checked_inputs(opts, output)
     sources = inputs.sources
-    fmt = resolve_format(opts.format, sources)
-    check_compression(fmt.name, opts.compression)
-    policy = balance_policy(opts)
-    _check_balance_fits(fmt.name, policy)
-    if all(s.size == 0 for s in sources):
-        raise InputError(
-            sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle"
-        )
-    schema = check_schemas(fmt, sources)
-    dedup = dedup_of(opts)
-    if dedup is not None and dedup.field and schema is not None and dedup.field not in schema.names:
-        raise UsageError(
-            f"--dedup_key: the input has no column {dedup.field!r} (columns: {', '.join(schema.names)})"
-        )
     mean = mean_record_bytes(fmt, sources)
     total = estimated_bytes(fmt, sources, mean)
     growth = balance_growth(fmt, sources, opts.label_field, policy)
@@ -314,17 +240,13 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
     )
     if num_piles > max(1, total / mean):
         _log.warning(
-            "%d piles for about %s records: most shards will be empty (fewer piles, or --num_piles=auto)",
+            "%d piles for about %s records: most shards will be empty "
+            "(fewer piles, or --num_piles=auto)",
             num_piles,
             f"{round(total / mean):,}",
         )
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
-    needs = space_needed(sources, total, opts.intermediate, work_dir, staging_dir(output))
-    if opts.layout == "store":
-        needs = {store_dir(output): int(total * FRAGMENT_OVERHEAD)}
-    needs = {
-        location: int(need * growth) for location, need in needs.items()
-    }  # --balance writes copies
+    needs = space_needed(sources, total, growth, opts.layout, opts.intermediate, work_dir, output)
     space = _free_space(needs, input_bytes)
     plan = Plan(
         format=fmt.name,
@@ -371,12 +293,41 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
     plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(
         plan, budget, found, options
     )
-    if (
-        plan.memory_for_runs and work_dir in needs
-    ):  # runs kept in memory never reach the temp folder
+    # runs kept in memory never reach the temp folder
+    if plan.memory_for_runs and work_dir in needs:
         plan.needs[work_dir] = max(0, needs[work_dir] - plan.memory_for_runs)
         plan.space = _free_space(plan.needs, input_bytes)
     return plan
+
+
+def _checked_inputs(opts, output: str) -> tuple:
+    """``(inputs, format, balance policy, schema, dedup)``: the files ``--input`` names (less
+    what pileshuffle wrote at ``output``), their format and schema, each checked against the
+    options that depend on them; a UsageError or InputError before anything is sampled."""
+    inputs = select_inputs(opts.input, output)
+    if inputs.left_out:
+        _log.warning(
+            "left out %d file(s) that --input matches but pileshuffle wrote: %s",
+            len(inputs.left_out),
+            describe_left_out(inputs.left_out),
+        )
+    sources = inputs.sources
+    fmt = resolve_format(opts.format, sources)
+    check_compression(fmt.name, opts.compression)
+    policy = balance_policy(opts)
+    check_balance_fits(fmt.name, policy)
+    if all(s.size == 0 for s in sources):
+        raise InputError(
+            sources[0].path if len(sources) == 1 else opts.input, "is empty: no records to shuffle"
+        )
+    schema = check_schemas(fmt, sources)
+    dedup = dedup_of(opts)
+    if dedup is not None and dedup.field and schema is not None and dedup.field not in schema.names:
+        raise UsageError(
+            f"--dedup_key: the input has no column {dedup.field!r} "
+            f"(columns: {', '.join(schema.names)})"
+        )
+    return inputs, fmt, policy, schema, dedup
 
 
 def _max_pile_bytes(opts, workers, held: float) -> tuple:
@@ -397,57 +348,13 @@ def _free_space(needs: dict, input_bytes) -> dict:
 
 def _memory_for_runs(plan: Plan, budget: int, found, options) -> tuple:
     """``(--memory's budget, what of it keeps pass-1 runs in memory, the memory_limit.Memory
-    an auto budget is AUTO_MEMORY_SHARE of, else None)``: the budget less what the passes hold at once
-    (``runners.in_process_threads`` x the larger of a writer's held chunks and a pile being ordered,
-    ``PILE_MEMORY_FACTOR`` times its bytes), ``LOCAL_BASE_BYTES``. (0, 0, None) but for local files mode."""
+    an auto budget is AUTO_MEMORY_SHARE of, else None)``: the budget less what the passes hold at
+    once (``runners.in_process_threads`` x the larger of a writer's held chunks and a pile being
+    ordered, ``PILE_MEMORY_FACTOR`` times its bytes), ``LOCAL_BASE_BYTES``. (0, 0, None) but for
+    local files mode."""
     threads = in_process_threads(options)
     if not threads or plan.intermediate != "files" or plan.layout != "shards":
         return 0, 0, None
     pile = PILE_MEMORY_FACTOR * min(plan.max_pile_bytes, 1.05 * plan.held_bytes / plan.num_piles)
     working = threads * max(plan.held_per_writer, pile) + LOCAL_BASE_BYTES
     return budget, max(0, int(budget - working)), found
-
-
-def check_shard_output(text: str, overwrite: bool) -> tuple:
-    """``--output`` of a command that writes shards (``run``, ``materialize``), before it reads
-    or writes anything: a prefix of file names without wildcards, hiding no store, and its files
-    replaceable (``check_replaceable``). Returns ``(prefix, OutputFiles)``."""
-    output = _output_prefix(text)
-    _refuse_hiding_a_store(output)
-    return output, check_replaceable(output, overwrite)
-
-
-def _output_prefix(text: str) -> str:
-    """``--output`` as a prefix of file names; one that ends in a slash names a folder."""
-    if not text:
-        raise OutputError("--output: is required (a prefix of file names, e.g. --output=out/train)")
-    if text.endswith(("/", "\\")):
-        raise OutputError(
-            f"--output {text}: ends with '/', but the output is a prefix of file names, not a folder: "
-            f"give e.g. --output {text}train (shards {text}train-00000-of-..., {text}train-manifest.json)"
-        )
-    _refuse_wildcards("--output", text)
-    return text
-
-
-def _refuse_wildcards(option: str, location: str):
-    """A location a run writes and deletes under must hold no ``* ? [ ]``: Beam's
-    ``FileSystems.delete`` takes every path as a pattern (it has no escape), so deleting
-    ``t[1]-00000-...`` would delete ``t1-00000-...`` instead."""
-    found = sorted(set(re.findall(r"[*?\[\]]", location)))
-    if found:
-        raise OutputError(
-            f"{option} {location}: holds {' '.join(found)}, which Beam's file systems take as wildcards "
-            "when they list and delete files (there is no escape): choose a location without * ? [ ]"
-        )
-
-
-def _refuse_hiding_a_store(output: str):
-    """Shards at a store's prefix would hide it: readers and ``verify`` take
-    ``{P}-manifest.json`` first (as ``run --layout store`` refuses the reverse)."""
-    if is_store(output):
-        raise OutputError(
-            f"a pile store exists at {store_dir(output)}/: shards at --output {output} would hide it from "
-            f"the loader and verify (they read {manifest_path(output)} first); write the shards elsewhere, "
-            f"e.g. `pileshuffle materialize --store {output} --output OTHER`"
-        )

@@ -46,15 +46,12 @@ __all__ = [
     "DOCUMENTED_WORKER",
 ]
 
-LOCAL_RUNNERS = (
-    None,
-    "DirectRunner",
-    "FnApiRunner",
-    "SwitchingDirectRunner",
-)  # --runner values run in-process
+# --runner values run in-process
+LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")
 # a Dataflow launch's worker unless it names one: the docs' and the Makefile's (docs/dataflow.md)
 DOCUMENTED_WORKER = "n2-highmem-4"
-DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"  # what runner_name makes of Dask's short names
+# what runner_name makes of Dask's short names
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 _DASK_MAX_DEFAULT_PARTITIONS = 64
 # A scheduler that is up answers in well under a second, even across a region; distributed's own
 # default (30 s) left a mistyped or stopped --dask_client_address looking like a hung command.
@@ -155,8 +152,8 @@ def runner_problem(name) -> str:
         )
     )
     return (
-        f"--runner: {name!r} is not a runner Beam can create; give one of {known} (default: the local "
-        f"FnApiRunner), or module.Class of a PipelineRunner"
+        f"--runner: {name!r} is not a runner Beam can create; give one of {known} "
+        f"(default: the local FnApiRunner), or module.Class of a PipelineRunner"
     )
 
 
@@ -212,8 +209,8 @@ def dask_runner():
                     else "in time"
                 )
                 raise UsageError(
-                    f"{where}: no Dask scheduler answered {waited} (is it running and reachable from "
-                    "here? --dask_connection_timeout sets the wait)"
+                    f"{where}: no Dask scheduler answered {waited} (is it running and reachable "
+                    "from here? --dask_connection_timeout sets the wait)"
                 ) from None
 
     return ConnectingDaskRunner()
@@ -242,8 +239,9 @@ def dask_defaults(options: PipelineOptions, units: int) -> PipelineOptions:
     """Dask's Create puts up to 128 elements in one partition and Beam's Reshuffle is a
     no-op there, so without ``--dask_npartitions`` every source (and, after the
     GroupByKey, every pile) would be handled by one task: default to one partition per
-    unit of pass 1's work (``units``: a run's groups of input files), at most 64. A scheduler to connect to gets ``DASK_CONNECT_SECONDS``
-    unless ``--dask_connection_timeout`` says otherwise."""
+    unit of pass 1's work (``units``: a run's groups of input files), at most 64. A scheduler
+    to connect to gets ``DASK_CONNECT_SECONDS`` unless ``--dask_connection_timeout`` says
+    otherwise."""
     from apache_beam.runners.dask.dask_runner import DaskOptions
 
     dask = options.view_as(DaskOptions)
@@ -280,8 +278,8 @@ def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
     ):
         raise UsageError(
             "--runner DataflowRunner: the workers would start Beam's stock image, which has no "
-            "pileshuffle; give --sdk_container_image (the template's image: make template-build) or "
-            "--setup_file ./setup.py (installed on every worker as it starts)"
+            "pileshuffle; give --sdk_container_image (the template's image: make template-build) "
+            "or --setup_file ./setup.py (installed on every worker as it starts)"
         )
     _refuse_local_paths(options)
     if not worker.machine_type:  # the worker a plan sizes piles for (job_model), not n1-standard-1
@@ -371,7 +369,8 @@ def submitted(result, options_output: str) -> str:
     return f"{where}; {manifest_path(options_output)} appears when it has finished"
 
 
-LOCAL_SHUFFLE_HOLD = 5  # the local runner's GroupByKey holds a shuffled byte about 5 times (measured: 5.2-7.9 GB at 1 GB)
+# the local runner's GroupByKey holds a shuffled byte about 5 times (measured: 5.2-7.9 GB at 1 GB)
+LOCAL_SHUFFLE_HOLD = 5
 
 
 def check_local_shuffle_fits(plan):
@@ -386,8 +385,9 @@ def check_local_shuffle_fits(plan):
         from pileshuffle.errors import UsageError
 
         raise UsageError(
-            f"--intermediate=shuffle on the local runner keeps every record in the runner's memory, about "
-            f"{LOCAL_SHUFFLE_HOLD}x: {held / 1e9:,.1f} GB for this input, more than the "
-            f"{available / 1e9:,.1f} GB available here ({memory.source}); use --intermediate=files (the default: one pile "
-            "per worker in memory), or a runner with a shuffle service"
+            f"--intermediate=shuffle on the local runner keeps every record in the runner's "
+            f"memory, about {LOCAL_SHUFFLE_HOLD}x: {held / 1e9:,.1f} GB for this input, more than "
+            f"the {available / 1e9:,.1f} GB available here ({memory.source}); use "
+            "--intermediate=files (the default: one pile per worker in memory), or a runner with a "
+            "shuffle service"
         )

@@ -11,25 +11,33 @@ import os
 import shutil
 
 from pileshuffle.errors import OutputError
+from pileshuffle.names import staging_dir, store_dir
 
 __all__ = ["FRAGMENT_OVERHEAD", "space_needed", "free_space", "space_note", "check_space"]
 
 FRAGMENT_OVERHEAD = 1.1  # Arrow IPC framing, the 8-byte key and 8-byte hash per record
 
 
-def space_needed(sources, total: int, intermediate, work_dir, staging) -> dict:
+def space_needed(
+    sources, total: int, growth: float, layout: str, intermediate: str, work_dir: str, output: str
+) -> dict:
     """Bytes a run writes at each location before it finishes: pass-1 runs (files mode: the
-    input as Arrow holds it, ``total``, with their framing) and the staged shards (about the input)."""
-    needs = {staging: sum(s.size for s in sources)}
-    if intermediate == "files":
-        needs[work_dir] = needs.get(work_dir, 0) + int(total * FRAGMENT_OVERHEAD)
-    return needs
+    input as Arrow holds it, ``total``, with their framing) and the staged shards (about the
+    input); a store run (``layout``) its store's fragments instead. Times ``growth``:
+    ``--balance`` writes copies."""
+    if layout == "store":
+        needs = {store_dir(output): int(total * FRAGMENT_OVERHEAD)}
+    else:
+        needs = {staging_dir(output): sum(s.size for s in sources)}
+        if intermediate == "files":
+            needs[work_dir] = needs.get(work_dir, 0) + int(total * FRAGMENT_OVERHEAD)
+    return {location: int(need * growth) for location, need in needs.items()}
 
 
 def free_space(needs: dict) -> dict:
-    """``{location: (needed, free)}`` of ``needs`` (``{location: bytes}``), where the locations of one
-    filesystem share its free bytes and their need adds up; ``free`` is None where it cannot be
-    known (remote filesystems)."""
+    """``{location: (needed, free)}`` of ``needs`` (``{location: bytes}``), where the locations
+    of one filesystem share its free bytes and their need adds up; ``free`` is None where it
+    cannot be known (remote filesystems)."""
     devices, space = {}, {}
     for location, need in needs.items():
         if "://" in location:
@@ -61,7 +69,8 @@ def _by_disk(space: dict) -> dict:
 
 
 def space_note(space: dict) -> str:
-    """What the run needs where (``free_space``'s), for the message of a run that ran out of space."""
+    """What the run needs where (``free_space``'s), for the message of a run that ran out of
+    space."""
     parts = []
     for (need, free), locations in _by_disk(space).items():
         known = "" if free is None else f" ({free:,} were free when it started)"
@@ -76,8 +85,8 @@ def check_space(space: dict):
         if free is not None and free < need:
             raise OutputError(
                 f"not enough disk space: {' and '.join(locations)} "
-                f"{'have' if len(locations) > 1 else 'has'} {free:,} bytes free, and this run writes "
-                f"about {need:,} bytes there before it finishes (pass-1 runs and staged shards; "
-                "`pileshuffle plan` shows them): free some, or give --temp_location on another disk for "
-                "the pass-1 runs; nothing was written"
+                f"{'have' if len(locations) > 1 else 'has'} {free:,} bytes free, and this run "
+                f"writes about {need:,} bytes there before it finishes (pass-1 runs and staged "
+                "shards; `pileshuffle plan` shows them): free some, or give --temp_location on "
+                "another disk for the pass-1 runs; nothing was written"
             )

@@ -1,0 +1,97 @@
+"""Where a run writes, decided and checked before it writes anything: ``--output`` as a prefix
+of file names (no wildcards, hiding no store, its files replaceable: ``check_shard_output``),
+the run's temp directory (``work_dir_for``: the same for every run of one output) and a probe
+that a location takes writes (``check_writable``). ``commands.output_lock.taken_output`` probes
+and takes them under the output's lock; ``plan.make_plan`` only reads.
+"""
+
+import hashlib
+import re
+import uuid
+
+from pileshuffle import interrupt
+from pileshuffle.engine.output_files import (
+    check_replaceable,
+    missing_local_folders,
+    remove_empty_folders,
+)
+from pileshuffle.errors import OutputError
+from pileshuffle.io import storage
+from pileshuffle.names import manifest_path, store_dir, work_dir_name
+from pileshuffle.store.layout import is_store
+
+__all__ = ["work_dir_for", "check_writable", "check_shard_output", "output_prefix"]
+
+
+def work_dir_for(output: str, temp_location) -> str:
+    """The run's temp directory: deterministic per output, so a re-run after a crash
+    finds and replaces what a killed run left."""
+    if temp_location:
+        _refuse_wildcards("--temp_location", temp_location)
+    digest = hashlib.sha1(output.encode()).hexdigest()[:12]
+    root = temp_location or storage.split(output)[0]
+    return storage.join(root, work_dir_name(digest))
+
+
+def check_writable(directory: str, what: str):
+    """Write and delete a probe file in ``directory``, one step Ctrl-C does not cut; leaves no
+    directory it created (and removes only empty ones: another run may be filling the same
+    folder)."""
+    probe = storage.join(directory, f".probe-{uuid.uuid4().hex[:8]}")
+    missing = missing_local_folders(directory)
+    try:
+        with interrupt.not_cut():  # a Ctrl-C between the write and the delete left the probe behind
+            with storage.open_write(probe, "uncompressed") as handle:
+                handle.write(b"ok")
+            storage.delete([probe])
+    except Exception as error:
+        raise OutputError(f"cannot write to {what} {directory}: {error}") from error
+    finally:
+        remove_empty_folders(missing)
+
+
+def check_shard_output(text: str, overwrite: bool) -> tuple:
+    """``--output`` of a command that writes shards (``run``, ``materialize``), before it reads
+    or writes anything: a prefix of file names without wildcards, hiding no store, and its files
+    replaceable (``check_replaceable``). Returns ``(prefix, OutputFiles)``."""
+    output = output_prefix(text)
+    _refuse_hiding_a_store(output)
+    return output, check_replaceable(output, overwrite)
+
+
+def output_prefix(text: str) -> str:
+    """``--output`` as a prefix of file names; one that ends in a slash names a folder."""
+    if not text:
+        raise OutputError("--output: is required (a prefix of file names, e.g. --output=out/train)")
+    if text.endswith(("/", "\\")):
+        raise OutputError(
+            f"--output {text}: ends with '/', but the output is a prefix of file names, "
+            f"not a folder: give e.g. --output {text}train "
+            f"(shards {text}train-00000-of-..., {text}train-manifest.json)"
+        )
+    _refuse_wildcards("--output", text)
+    return text
+
+
+def _refuse_wildcards(option: str, location: str):
+    """A location a run writes and deletes under must hold no ``* ? [ ]``: Beam's
+    ``FileSystems.delete`` takes every path as a pattern (it has no escape), so deleting
+    ``t[1]-00000-...`` would delete ``t1-00000-...`` instead."""
+    found = sorted(set(re.findall(r"[*?\[\]]", location)))
+    if found:
+        raise OutputError(
+            f"{option} {location}: holds {' '.join(found)}, which Beam's file systems take as "
+            "wildcards when they list and delete files (there is no escape): choose a location "
+            "without * ? [ ]"
+        )
+
+
+def _refuse_hiding_a_store(output: str):
+    """Shards at a store's prefix would hide it: readers and ``verify`` take
+    ``{P}-manifest.json`` first (as ``run --layout store`` refuses the reverse)."""
+    if is_store(output):
+        raise OutputError(
+            f"a pile store exists at {store_dir(output)}/: shards at --output {output} would hide "
+            f"it from the loader and verify (they read {manifest_path(output)} first); write the "
+            f"shards elsewhere, e.g. `pileshuffle materialize --store {output} --output OTHER`"
+        )
