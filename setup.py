@@ -34,9 +34,8 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["pileshuffle", "pileshuffle.*"]),
-    package_data={
-        "pileshuffle": ["py.typed"]
-    },  # PEP 561: the package's annotations are for type checkers too
+    # PEP 561: the package's annotations are for type checkers too
+    package_data={"pileshuffle": ["py.typed"]},
     # The reader (pileshuffle.loader) alone: a training host that only reads needs no Beam.
     install_requires=READER,
     extras_require={

@@ -28,88 +28,36 @@ row whose option ``pileshuffle run --help`` lacks is skipped. Results: stdout, b
 and .json (every run); outputs are deleted after each run.
 """
 
+# This script runs and checks the rows; the data set is bench/dedup_data.py's, the DuckDB rows are
+# bench/dedup_duckdb.py's (run in the peers' venv), the medians, ratios and table bench/dedup_report.py's.
+
 import argparse
+import glob
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
-import time
 
-DUCKDB_PARQUET = "(FORMAT parquet, COMPRESSION snappy)"
-
-
-def duckdb_dedup(form, pattern, out_dir, threads, memory_limit):
-    """The DuckDB rows, run in the peers' venv (only duckdb and the standard library imported)."""
-    import duckdb
-
-    config = {
-        "threads": threads,
-        "temp_directory": os.path.join(out_dir, "spill"),
-        **({"memory_limit": memory_limit} if memory_limit else {}),
-    }
-    source, output = f"read_parquet('{pattern}')", os.path.join(out_dir, "out.parquet")
-    started, steps, tmp_bytes = time.perf_counter(), {}, None
-    with duckdb.connect(config=config) as connection:
-        if form == "two-step":
-            tmp = os.path.join(out_dir, "distinct.parquet")
-            connection.execute(
-                f"COPY (SELECT DISTINCT * FROM {source}) TO '{tmp}' {DUCKDB_PARQUET}"
-            )
-            steps["distinct"] = time.perf_counter() - started
-            connection.execute(
-                f"COPY (SELECT * FROM read_parquet('{tmp}') ORDER BY random()) TO '{output}' {DUCKDB_PARQUET}"
-            )
-            steps["shuffle"] = time.perf_counter() - started - steps["distinct"]
-            tmp_bytes = os.path.getsize(tmp)
-            os.remove(tmp)
-        else:
-            connection.execute(
-                f"COPY (SELECT * FROM (SELECT DISTINCT * FROM {source}) ORDER BY random()) "
-                f"TO '{output}' {DUCKDB_PARQUET}"
-            )
-    return {
-        "duckdb": duckdb.__version__,
-        "form": form,
-        "threads": threads,
-        "memory_limit": memory_limit or "default",
-        "seconds": time.perf_counter() - started,
-        "steps": steps,
-        "tmp_bytes": tmp_bytes,
-    }
-
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
 if __name__ == "__main__" and sys.argv[1:2] == [
     "--duckdb"
-]:  # one DuckDB row, in bench/.peers-venv: no numpy, psutil, ...
-    form, pattern, folder, threads, limit = sys.argv[2:7]  # limit '': DuckDB's default
-    print(json.dumps(duckdb_dedup(form, pattern, folder, int(threads), limit)))
-    sys.exit(0)
+]:  # one DuckDB row, in bench/.peers-venv: no numpy, psutil, ... (bench/dedup_duckdb.py runs it)
+    from dedup_duckdb import main as duckdb_main
 
-import glob  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
+    sys.exit(duckdb_main(sys.argv[2:]))
 
 import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from datagen import INDEX_DIGITS, index_digits, split_counts  # noqa: E402
+from dedup_data import dataset  # noqa: E402
+from dedup_report import add_ratios, summarize, table  # noqa: E402
 from machine import machine, machine_lines  # noqa: E402
 from measure import log_tail, measure, stdout_json, wait_for_idle, warm  # noqa: E402
 from workspace import DATA, GB, OUT, PEERS_PY, log, pileshuffle_command  # noqa: E402
 
-RECORD_BYTES = (
-    1000  # a record's share of the files, as datagen's Parquet (988 MB per 1,000,000 rows)
-)
-PAYLOAD_BYTES = 960
-GROUP_RECORDS = 131_072  # rows per row group (~128 MB): 1 GB in 8 files is one group per file, as datagen writes
-FILLER_WORDS = -(-(PAYLOAD_BYTES - INDEX_DIGITS - 1) // 8)  # uint64 hash words per payload's filler
-_GOLDEN, _M1, _M2 = (
-    np.uint64(0x9E3779B97F4A7C15),
-    np.uint64(0xBF58476D1CE4E5B9),
-    np.uint64(0x94D049BB133111EB),
-)
 SEED = 1  # pileshuffle's --seed in every row
 ROWS = ("pileshuffle", "pileshuffle-dedup", "duckdb-2step", "duckdb-1query")
 PILESHUFFLE_ARGS = {
@@ -118,138 +66,6 @@ PILESHUFFLE_ARGS = {
     "pileshuffle-dedup-key": ("--dedup_key", "index"),
 }
 DUCKDB_ROWS = {"duckdb-2step": "two-step", "duckdb-1query": "one-query"}
-TARGET = 1.15  # pileshuffle-dedup's median wall over pileshuffle's
-
-
-def mixed(x):
-    """splitmix64's finalizer over a uint64 array, in place: every output bit depends on every input bit."""
-    for shift, factor in ((30, _M1), (27, _M2)):
-        x ^= x >> np.uint64(shift)
-        x *= factor
-    x ^= x >> np.uint64(31)
-    return x
-
-
-def records_of(ids, seed):
-    """The table of the records of these distinct ids, every column a function of (id, seed)."""
-    n, key = len(ids), ids.astype(np.uint64)
-    salt = np.uint64((seed * 0xD1B54A32D192ED03 + 1) % 2**64)
-    h = mixed(key * _GOLDEN + salt)
-    words = key[:, None] * np.uint64(FILLER_WORDS) + np.arange(FILLER_WORDS, dtype=np.uint64)
-    words *= _GOLDEN
-    words ^= salt
-    filler = mixed(words).view(np.uint8).reshape(n, FILLER_WORDS * 8)
-    payload = np.empty((n, PAYLOAD_BYTES), dtype=np.uint8)
-    payload[:, :INDEX_DIGITS] = index_digits(ids)
-    payload[:, INDEX_DIGITS] = ord("|")
-    tail = payload[:, INDEX_DIGITS + 1 :]
-    np.remainder(filler[:, : tail.shape[1]], 26, out=tail)
-    tail += 97
-    offsets = np.arange(n + 1, dtype=np.int32) * PAYLOAD_BYTES
-    return pa.table(
-        {
-            "index": pa.array(ids.astype(np.int64)),
-            "label": pa.array((h % np.uint64(10)).astype(np.int32)),
-            "weight": pa.array((h >> np.uint64(11)).astype(np.float64) * 2.0**-53),
-            "name": pc.binary_join_element_wise("item-", pc.cast(pa.array(ids), pa.string()), ""),
-            "payload": pa.Array.from_buffers(
-                pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(payload)]
-            ),
-        }
-    ).replace_schema_metadata({"source": "bench.dedup", "seed": str(seed)})
-
-
-def layout(records, dup_fraction, hot_fraction, seed):
-    """(the distinct id of every input position, distinct count, hot id, hot copies)."""
-    rng = np.random.default_rng([seed, 7])
-    copies, distinct = round(dup_fraction * records), records - round(dup_fraction * records)
-    hot = min(copies, max(1, round(hot_fraction * records))) if copies else 0
-    hot_id = int(rng.integers(distinct))
-    source = np.concatenate(
-        [np.arange(distinct), np.full(hot, hot_id), rng.integers(0, distinct, copies - hot)]
-    )
-    rng.shuffle(source)
-    return source, distinct, hot_id, hot
-
-
-def placement(source, counts):
-    """Where the copies are: a copy is every occurrence of an id after its first (in file order)."""
-    file_of = np.repeat(np.arange(len(counts)), counts)
-    ids, first, occurrences = np.unique(source, return_index=True, return_counts=True)
-    assert len(ids) == ids[-1] + 1, "every id 0..U-1 occurs"
-    copy = np.ones(len(source), dtype=bool)
-    copy[first] = False
-    same = file_of[copy] == file_of[first[source[copy]]]
-    return {
-        "copies_in_their_originals_file": int(same.sum()),
-        "copies_in_other_files": int((~same).sum()),
-        "records_with_copies": int((occurrences > 1).sum()),
-        "max_occurrences": int(occurrences.max()),
-    }
-
-
-def dataset(size_bytes, dup_fraction, files, seed, hot_fraction):
-    """The cached data set (generated if missing): its dataset.json, with ``distinct_records``."""
-    records = max(files, round(size_bytes / RECORD_BYTES))
-    params = {
-        "version": 2,
-        "records": records,
-        "files": files,
-        "record_bytes": RECORD_BYTES,
-        "dup_fraction": dup_fraction,
-        "hot_fraction": hot_fraction,
-        "seed": seed,
-    }
-    name = f"parquet-dedup-{records}x{RECORD_BYTES}-{files}f-d{dup_fraction:g}-h{hot_fraction:g}-s{seed}"
-    directory = os.path.join(DATA, name)
-    stamp = os.path.join(directory, "dataset.json")
-    if os.path.exists(stamp):
-        with open(stamp) as handle:
-            if (info := json.load(handle)).get("params") == params:
-                return info
-    shutil.rmtree(directory, ignore_errors=True)
-    os.makedirs(directory)
-    if shutil.disk_usage(directory).free < 2 * records * RECORD_BYTES:
-        raise SystemExit(
-            f"{name}: less than {2 * records * RECORD_BYTES / GB:.1f} GB free under {DATA}"
-        )
-    log(f"generating {name} ...")
-    started = time.perf_counter()
-    source, distinct, hot_id, hot = layout(records, dup_fraction, hot_fraction, seed)
-    counts, start = split_counts(records, files), 0
-    for f, count in enumerate(counts):
-        with pq.ParquetWriter(
-            os.path.join(directory, f"part-{f:05d}.parquet"), records_of(source[:1], seed).schema
-        ) as writer:
-            for group in range(start, start + count, GROUP_RECORDS):
-                writer.write_table(
-                    records_of(source[group : min(group + GROUP_RECORDS, start + count)], seed)
-                )
-        start += count
-    paths = sorted(glob.glob(os.path.join(directory, "*.parquet")))
-    info = {
-        "name": name,
-        "params": params,
-        "format": "parquet",
-        "records": records,
-        "distinct_records": distinct,
-        "duplicate_records": records - distinct,
-        "hot_record_index": hot_id,
-        "hot_record_occurrences": int((source == hot_id).sum()),
-        **placement(source, counts),
-        "directory": directory,
-        "pattern": os.path.join(directory, "*.parquet"),
-        "files": paths,
-        "bytes": sum(os.path.getsize(p) for p in paths),
-    }
-    with open(stamp + ".tmp", "w") as handle:
-        json.dump(info, handle, indent=1)
-    os.rename(stamp + ".tmp", stamp)
-    log(
-        f"generated {name}: {info['bytes'] / 1e6:,.0f} MB, {distinct:,} distinct of {records:,}, "
-        f"in {time.perf_counter() - started:.1f} s"
-    )
-    return info
 
 
 def missing_option(row):
@@ -286,8 +102,7 @@ def command(row, data, out_dir, args):
         ]
     return [
         PEERS_PY,
-        os.path.abspath(__file__),
-        "--duckdb",
+        os.path.join(HERE, "dedup_duckdb.py"),
         DUCKDB_ROWS[row],
         data["pattern"],
         out_dir,
@@ -384,117 +199,6 @@ def run_once(row, data, args, label):
     shutil.rmtree(out_dir, ignore_errors=True)
     log(f"[{label} {row}] {m.wall:.2f} s, peak RSS {m.peak_rss / GB:.2f} GB, {run['check']}")
     return run
-
-
-def summarize(row, runs, skipped):
-    """A row's medians over its good runs (all runs if none was good)."""
-    if skipped:
-        return {"row": row, "status": skipped, "runs": []}
-    good, bad = (
-        [r for r in runs if r["check_ok"]] or runs,
-        [r["check"] for r in runs if not r["check_ok"]],
-    )
-    return {
-        "row": row,
-        "status": bad[0] if bad else "ok",
-        "runs": runs,
-        "median_wall_seconds": round(statistics.median(r["wall_seconds"] for r in good), 3),
-        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in good),
-        "median_cores": round(statistics.median(r["cores_used"] for r in good), 2),
-        "max_others_busy": max(r["others_busy"] for r in runs),
-        "records_out": good[0]["records_out"],
-        "peak_disk_bytes": max(r["peak_disk_bytes"] or 0 for r in good),
-    }
-
-
-def add_ratios(rows):
-    """x plain and x duckdb-2step from the medians, and the per-round ratio to plain (same round)."""
-    by = {r["row"]: r for r in rows}
-    for r in rows:
-        for key, base in (("x_plain", "pileshuffle"), ("x_duckdb_2step", "duckdb-2step")):
-            b = by.get(base)
-            ok = r["status"] == "ok" and b and b["status"] == "ok"
-            r[key] = round(r["median_wall_seconds"] / b["median_wall_seconds"], 3) if ok else None
-        plain = by.get("pileshuffle", {}).get("runs", [])
-        if r["runs"] and r["row"] != "pileshuffle" and len(plain) == len(r["runs"]):
-            r["round_x_plain"] = [
-                round(a["wall_seconds"] / p["wall_seconds"], 3) for a, p in zip(r["runs"], plain)
-            ]
-    dedup = by.get("pileshuffle-dedup")
-    if dedup is not None:
-        x = dedup["x_plain"]
-        dedup["target"] = (
-            (f"<= {TARGET}x plain: " + ("PASS" if x <= TARGET else "FAIL") + f" ({x:.2f}x)")
-            if x
-            else f"<= {TARGET}x plain: not measured"
-        )
-
-
-def notes(r):
-    if not r["runs"]:
-        return ""
-    walls = ", ".join(f"{x['wall_seconds']:.2f}" for x in r["runs"])
-    details = next((x.get("details") or {} for x in r["runs"] if x["check_ok"]), {})
-    extra = (
-        [f"{details.get('num_piles')} piles; pipeline {details['pipeline_seconds']:.2f} s"]
-        if details.get("pipeline_seconds") is not None
-        else []
-    )
-    if details.get("memory_limit"):  # DuckDB's
-        extra.append(
-            f"DuckDB {details.get('duckdb')}, memory_limit {details['memory_limit']}"
-            + "".join(f", {k} {v:.2f} s" for k, v in details.get("steps", {}).items())
-        )
-    paired = (
-        f" (x plain: {', '.join(f'{x:.2f}' for x in r['round_x_plain'])})"
-        if r.get("round_x_plain")
-        else ""
-    )
-    return "; ".join(extra + [f"rounds: {walls} s{paired}"])
-
-
-def table(sets):
-    head = [
-        "data",
-        "row",
-        "median wall s",
-        "peak RSS GB",
-        "cores",
-        "records in",
-        "records out",
-        "check",
-        "x plain",
-        "x duckdb-2step",
-        "others % (max)",
-        "target",
-        "notes",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for data, rows in sets:
-        for r in rows:
-            got = {
-                k: r.get(k)
-                for k in (
-                    "median_wall_seconds",
-                    "peak_rss_bytes",
-                    "median_cores",
-                    "x_plain",
-                    "x_duckdb_2step",
-                )
-            }
-            cells = [
-                "-" if v is None else f"{v / GB if k == 'peak_rss_bytes' else v:.2f}"
-                for k, v in got.items()
-            ]
-            out, others = r.get("records_out"), r.get("max_others_busy")
-            lines.append(
-                f"| {data['bytes'] / 1e6:,.0f} MB, {data['params']['dup_fraction']:g} copies | {r['row']} | "
-                + " | ".join(cells[:3])
-                + f" | {data['records']:,} | {'-' if out is None else f'{out:,}'} | "
-                f"{r['status']} | {cells[3]} | {cells[4]} | {'-' if others is None else f'{100 * others:.0f}'} | "
-                f"{r.get('target', '')} | {notes(r)} |"
-            )
-    return lines
 
 
 def parse_size(text):

@@ -45,7 +45,8 @@ def append(options) -> dict:
         base = layout.read_store_manifest(prefix)
         if base is None:
             raise OutputError(
-                f"no store at {names.store_dir(prefix)}: create one with `pileshuffle run --layout store "
+                f"no store at {names.store_dir(prefix)}: create one with `pileshuffle run "
+                "--layout store "
                 f"--output {prefix} --input ...`"
             )
         at_stake_on_interrupt(prefix, base["version"])
@@ -57,7 +58,8 @@ def append(options) -> dict:
             newest, sources
         ):  # a re-run after a crash, with the option too
             print(
-                f"pileshuffle: these inputs are already generation {newest['generation']} of {names.store_dir(prefix)} "
+                f"pileshuffle: these inputs are already generation {newest['generation']} of "
+                f"{names.store_dir(prefix)} "
                 f"(version {base['version']}): nothing to do",
                 file=sys.stderr,
             )
@@ -85,7 +87,8 @@ def append(options) -> dict:
             raise InputError(sources[0].path, f"has a different schema from the store's: {detail}")
         if not args.quiet:
             print(
-                f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> generation "
+                f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} "
+                "bytes -> generation "
                 f"{base['next_generation']} of {names.store_dir(prefix)}",
                 file=sys.stderr,
             )
@@ -147,8 +150,10 @@ def _refuse_other_balance(prefix: str, base: dict, args: AppendOptions):
             f"--{name}" if value is True else f"--{name} {value}" for name, value in asked.items()
         )
         raise UsageError(
-            f"{given}: {store} was created without --balance, so it cannot balance a generation; create a "
-            f"new store with `pileshuffle run --layout store --label_field FIELD --balance POLICY ...`"
+            f"{given}: {store} was created without --balance, so it cannot balance a generation; "
+            "create a "
+            "new store with `pileshuffle run --layout store --label_field FIELD --balance POLICY "
+            "...`"
         )
     stored = base["options"]
     for name, value in asked.items():

@@ -26,7 +26,8 @@ def expire_main(argv):
         everything=args.all,
     )
     print(
-        f"expired   {len(dropped)} generation(s) {dropped}; deleted the files of {deleted['generations']}"
+        f"expired   {len(dropped)} generation(s) {dropped}; deleted the files of "
+        f"{deleted['generations']}"
     )
     print(store_summary(manifest))
     return 0

@@ -42,13 +42,15 @@ def input_identity(path: str, size) -> tuple:
 
 
 def at_stake_on_interrupt(prefix: str, version: int = None):
-    """What Ctrl-C leaves of a command that publishes the next version of the store at ``prefix``."""
+    """What Ctrl-C leaves of a command that publishes the next version of the store at
+    ``prefix``."""
     store, now = (
         names.store_dir(prefix),
         "" if version is None else f": it is still at version {version}",
     )
     interrupt.describe(
-        f"nothing was published to {store}{now}; run the same command again (it removes what this one "
+        f"nothing was published to {store}{now}; run the same command again (it removes what this "
+        "one "
         f"left and writes the same generation)",
         f"it had published {store}'s next version"
         if version is None
@@ -64,7 +66,8 @@ def store_lock(prefix: str, command: str):
     folder if that holds nothing else: a first run that published nothing leaves no
     ``-store`` folder."""
     token, created = None, missing_local_folders(storage.split(prefix)[0])
-    try:  # taking the lock too: a Ctrl-C as it is taken leaves neither the lock nor the folder it made
+    # taking the lock too: a Ctrl-C as it is taken leaves neither the lock nor the folder it made
+    try:
         token = lock.StoreLock(prefix, command).acquire()
         yield token
     except BaseException:
@@ -113,7 +116,8 @@ def write_generation(
         manifest = layout.read_store_manifest(prefix)
         if manifest is None or manifest["version"] != base["version"] + 1:
             raise OutputError(
-                f"the pipeline finished but {names.store_dir(prefix)} has no version {base['version'] + 1}"
+                f"the pipeline finished but {names.store_dir(prefix)} has no version "
+                f"{base['version'] + 1}"
             )
     except BaseException:
         layout.remove_unpublished(prefix)

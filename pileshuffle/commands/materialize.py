@@ -39,7 +39,8 @@ def materialize(options) -> dict:
     shards_at_stake_on_interrupt(args.output)
     if layout.clean_prefix(args.output) == prefix:
         raise OutputError(
-            f"--output {args.output} is the store's own prefix: its shards would hide the store from "
+            f"--output {args.output} is the store's own prefix: its shards would hide the store "
+            "from "
             f"readers (they take {prefix}-manifest.json first); choose another prefix"
         )
     output, _ = check_shard_output(
@@ -52,7 +53,8 @@ def materialize(options) -> dict:
     if not manifest["totals"]["records"]:
         raise OutputError(
             f"{names.store_dir(prefix)} version {manifest['version']} has no live records "
-            f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to materialize"
+            f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to "
+            "materialize"
         )
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
     max_pile_bytes = (
@@ -132,7 +134,8 @@ def _readable_version(prefix: str, version):
         kept = f"{versions[0]} to {versions[-1]}" if len(versions) > 1 else f"{versions[0]}"
         raise UsageError(
             f"--version {version}: {names.store_dir(prefix)} has version(s) {kept} (current "
-            f"{versions[-1]}; versions start at 1, and gc deletes superseded ones after their grace period)"
+            f"{versions[-1]}; versions start at 1, and gc deletes superseded ones after their "
+            "grace period)"
         )
     return version
 
@@ -144,10 +147,12 @@ def _refuse_missing_files(prefix: str, manifest: dict):
     if missing:
         generation, path = missing[0]
         others = f" ({len(missing) - 1} more file(s) are missing too)" if len(missing) > 1 else ""
+        listing = storage.join(
+            names.store_dir(prefix), names.store_manifest_name(manifest["version"])
+        )
         raise InputError(
             path,
-            f"is missing, but version {manifest['version']} of the store "
-            f"({storage.join(names.store_dir(prefix), names.store_manifest_name(manifest['version']))}) "
+            f"is missing, but version {manifest['version']} of the store ({listing}) "
             f"lists it in generation {generation}{others}; `pileshuffle verify --output {prefix}` "
             f"checks every file",
         )

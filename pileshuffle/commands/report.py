@@ -37,11 +37,14 @@ def summary(manifest: dict, finished: str = None) -> str:
         if dedup
         else f"records   {totals['records']:,} (fingerprints of input and output match)"
         if not balance
-        else f"records   {totals['records']:,}: the input's {manifest['input_fingerprint']['records']:,} and their copies "
+        else f"records   {totals['records']:,}: the input's "
+        f"{manifest['input_fingerprint']['records']:,} and their copies "
         f"(fingerprints of what pass 1 put in and the output match)",
-        f"bytes     {totals['payload_bytes']:,} payload, {totals['shard_bytes']:,} in {manifest['num_piles']} shard(s)",
+        f"bytes     {totals['payload_bytes']:,} payload, {totals['shard_bytes']:,} in "
+        f"{manifest['num_piles']} shard(s)",
         f"piles     {manifest['num_piles']}; records per pile "
-        f"min {piles['min']:,} / mean {piles['mean']:,.0f} / max {piles['max']:,}; split again: {manifest['piles_split']}",
+        f"min {piles['min']:,} / mean {piles['mean']:,.0f} / max {piles['max']:,}; split again: "
+        f"{manifest['piles_split']}",
         f"finished  {finished} (an earlier run: nothing was run now)"
         if finished
         else f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
@@ -53,12 +56,14 @@ def summary(manifest: dict, finished: str = None) -> str:
     if manifest.get("inputs_left_out"):
         left_out = manifest["inputs_left_out"]
         lines.append(
-            f"left out  {len(left_out)} file(s) that --input matched but pileshuffle wrote: {describe_left_out(left_out)}"
+            f"left out  {len(left_out)} file(s) that --input matched but pileshuffle wrote: "
+            f"{describe_left_out(left_out)}"
         )
     if manifest.get("inputs_skipped"):
         skipped = manifest["inputs_skipped"]
         lines.append(
-            f"skipped   {len(skipped)} matched name(s) that are not input files: {describe_skipped(skipped)}"
+            f"skipped   {len(skipped)} matched name(s) that are not input files: "
+            f"{describe_skipped(skipped)}"
         )
     if manifest.get("input_duplicates"):
         duplicates = manifest["input_duplicates"]
@@ -69,11 +74,13 @@ def summary(manifest: dict, finished: str = None) -> str:
         )
     if manifest["skipped"]["records"]:
         lines.append(
-            f"skipped   {manifest['skipped']['records']} corrupt record(s), {manifest['skipped']['bytes']:,} bytes"
+            f"skipped   {manifest['skipped']['records']} corrupt record(s), "
+            f"{manifest['skipped']['bytes']:,} bytes"
         )
     if manifest["skipped"].get("blank_lines"):
         lines.append(
-            f"blank     {manifest['skipped']['blank_lines']:,} blank line(s) in the input: not records"
+            f"blank     {manifest['skipped']['blank_lines']:,} blank line(s) in the input: not "
+            "records"
         )
     lines.append(f"manifest  {manifest_path(manifest['output'])}")
     return "\n".join(lines)
@@ -158,14 +165,16 @@ def _dedup_records_line(dedup: dict) -> str:
         else ""
     )
     return (
-        f"records   {dedup['records_kept']:,} distinct {by} kept of {dedup['records_read']:,} read; "
+        f"records   {dedup['records_kept']:,} distinct {by} kept of {dedup['records_read']:,} "
+        "read; "
         f"{dedup['records_dropped']:,} duplicates dropped ({largest}"
         f"fingerprints of what was read and what was kept and dropped match)"
     )
 
 
 def _balance_line(balance: dict) -> str:
-    """A manifest's (or a store generation's) ``balance`` section: the records per class before and after."""
+    """A manifest's (or a store generation's) ``balance`` section: the records per class
+    before and after."""
     return f"balance   {balance['label']!r}, {balance['policy']}: " + ", ".join(
         f"{c} {balance['records_before'][c]:,} -> {balance['records_after'][c]:,}"
         for c in sorted(balance["records_before"])
@@ -179,8 +188,10 @@ def _store_dedup_line(manifest: dict, dedup: dict) -> str:
     by = Dedup.from_options(dedup).units()
     earlier = sum(dedup["copies_of_earlier"].values())
     return (
-        f"distinct  {manifest['totals']['distinct']:,} distinct {by} visible in the window; the newest generation "
-        f"added {dedup['distinct_new']:,} new, {dedup['copies_within']:,} repeat(s) of its own and {earlier:,} of "
+        f"distinct  {manifest['totals']['distinct']:,} distinct {by} visible in the window; the "
+        "newest generation "
+        f"added {dedup['distinct_new']:,} new, {dedup['copies_within']:,} repeat(s) of its own "
+        f"and {earlier:,} of "
         f"older live generations (hidden while those live)"
     )
 
@@ -191,7 +202,8 @@ def store_summary(manifest: dict) -> str:
     newest = generations[-1] if generations else None
     lines = [
         f"store     version {manifest['version']}: {len(generations)} live generation(s), "
-        f"{manifest['totals']['records']:,} records, {manifest['totals']['payload_bytes']:,} payload bytes, "
+        f"{manifest['totals']['records']:,} records, {manifest['totals']['payload_bytes']:,} "
+        "payload bytes, "
         f"{manifest['num_piles']} piles"
     ]
     if newest is not None:

@@ -29,7 +29,7 @@ from pileshuffle.engine.transforms.graph import build, manifest_fields
 from pileshuffle.engine.tuning import keep_freed_memory
 from pileshuffle.errors import OutputError, PileshuffleError, user_message
 from pileshuffle.io import storage
-from pileshuffle.names import SHARDS_KIND, manifest_path
+from pileshuffle.names import SHARDS_KIND, STORE_KIND, manifest_path
 from pileshuffle.planning.job_model import check_worker_disk
 from pileshuffle.planning.parameters import PileshuffleOptions, check_values, parse_flag
 from pileshuffle.planning.plan import Plan, make_plan
@@ -89,7 +89,8 @@ def run(options=None, wait=None, hold_worker_stderr=False):
             raise
         when = finished_at(manifest_path(values.output))
         print(
-            f"pileshuffle: {values.output} already holds this run's output (the same options, seed and "
+            f"pileshuffle: {values.output} already holds this run's output (the same options, "
+            "seed and "
             f"input files by path and size), finished {when}: nothing to do",
             file=sys.stderr,
         )
@@ -119,7 +120,8 @@ def run(options=None, wait=None, hold_worker_stderr=False):
 
 def _this_run_finished(options):
     """The manifest at ``--output`` when it is of this very run (its seed and options as this plan
-    would record them, its input files by path and size) and ``--overwrite`` is not given; else None."""
+    would record them, its input files by path and size) and ``--overwrite`` is not given;
+    else None."""
     values = options.view_as(PileshuffleOptions)
     if parse_flag(values.overwrite) or not storage.exists(manifest_path(values.output)):
         return None
@@ -150,7 +152,8 @@ def _run_plan(
     output's lock once it has published (a job that outlives this process)."""
     if not quiet:
         print(
-            f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> {plan.num_piles} piles "
+            f"pileshuffle: {len(plan.sources)} input file(s), {plan.input_bytes:,} bytes -> "
+            f"{plan.num_piles} piles "
             f"({plan.num_piles_reason})",
             file=sys.stderr,
         )
@@ -183,13 +186,16 @@ def _run_plan(
 
 
 _SUMMARY = (
-    "Shuffle the input files into piles and write each pile as one shard, in a uniformly random order "
-    "that the seed fixes. The flex template's entry point; `pileshuffle run` takes the same options."
+    "Shuffle the input files into piles and write each pile as one shard, in a uniformly random "
+    "order "
+    "that the seed fixes. The flex template's entry point; `pileshuffle run` takes the same "
+    "options."
 )
 
 
 def main(argv=None):
-    """``pileshuffle run``: a run's summary and exit code 0; our errors are one line and exit code 2."""
+    """``pileshuffle run``: a run's summary and exit code 0; our errors are one line and exit
+    code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv):
         print(help_text("pileshuffle run", _SUMMARY))
@@ -206,7 +212,8 @@ def report(outcome, options) -> int:
     ran nothing: ``run`` returns the manifest as read, without this run's ``wall_seconds``), or
     where a submitted job will write."""
     if isinstance(outcome, dict):
-        earlier = "wall_seconds" not in outcome
+        # a store's manifest says its own time (store_summary); a shard output's, when earlier
+        earlier = "wall_seconds" not in outcome and outcome.get("kind") != STORE_KIND
         print(summary(outcome, finished_at(manifest_path(outcome["output"])) if earlier else None))
     else:
         output = options.view_as(PileshuffleOptions).output

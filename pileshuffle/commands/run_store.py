@@ -34,7 +34,8 @@ def run_store(options, wait=None, hold_worker_stderr=False):
     prefix = plan.output
     if storage.exists(manifest_path(prefix)):
         raise OutputError(
-            f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those shards "
+            f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those "
+            "shards "
             f"(readers take shards first); choose another --output"
         )
     sources = plan.sources  # match_inputs leaves store files out
@@ -61,20 +62,24 @@ def run_store(options, wait=None, hold_worker_stderr=False):
                 and current.get("options") == base.get("options")
             ):
                 print(
-                    f"pileshuffle: {names.store_dir(prefix)} already holds these inputs as generation 0 "
+                    f"pileshuffle: {names.store_dir(prefix)} already holds these inputs as "
+                    "generation 0 "
                     f"(version {current['version']}): nothing to do",
                     file=sys.stderr,
                 )
                 lock.release_lock(prefix, token)
                 return current
             raise OutputError(
-                f"a store exists at {names.store_dir(prefix)} (version {current['version']}): add data "
-                f"with `pileshuffle append --store {prefix} --input ...`, or delete it first (--overwrite "
+                f"a store exists at {names.store_dir(prefix)} (version {current['version']}): add "
+                "data "
+                f"with `pileshuffle append --store {prefix} --input ...`, or delete it first "
+                "(--overwrite "
                 "never replaces a store: it holds every generation's data)"
             )
         if not parse_flag(options.view_as(PileshuffleOptions).quiet):
             print(
-                f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} bytes -> store "
+                f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} "
+                "bytes -> store "
                 f"{names.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})",
                 file=sys.stderr,
             )

@@ -228,7 +228,8 @@ def remove_tree(directory: str):
 
 
 def lock_holder_at(path: str):
-    """The holder (dict) of the lock file at ``path`` (``store.lock.FileLock``), None if unlocked."""
+    """The holder (dict) of the lock file at ``path`` (``store.lock.FileLock``), None if
+    unlocked."""
     try:
         return storage.read_json(path)
     except Exception:
