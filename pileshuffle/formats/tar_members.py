@@ -11,6 +11,8 @@ from zlib import adler32
 
 from pileshuffle.errors import InputError
 
+__all__ = ["number", "is_header", "header_name", "Walk"]
+
 BLOCK = 512  # tar's unit: a header is one block, data is padded to whole blocks
 FILES = (b"0", b"\0", b"7")  # regular files (7, contiguous, reads as regular everywhere)
 _ZERO_BLOCK = bytes(BLOCK)
@@ -46,6 +48,7 @@ def is_header(block: bytes) -> bool:
 
 
 def header_name(block: bytes) -> str:
+    """A ustar header block's member name: its prefix field and name field joined."""
     name = block[:100].split(b"\0", 1)[0]
     prefix = block[345:500].split(b"\0", 1)[0] if block[257:262] == b"ustar" else b""
     return (prefix + b"/" + name if prefix else name).decode("utf-8", "surrogateescape")

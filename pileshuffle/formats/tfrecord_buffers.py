@@ -20,6 +20,8 @@ from pileshuffle.records.crc import (
     stored_data_crcs,
 )
 
+__all__ = ["frame_payload_views"]
+
 _CRC_WINDOW_BYTES = 2 << 20
 
 

@@ -14,6 +14,8 @@ import numpy as np
 from pileshuffle.formats.base import open_at, read_block
 from pileshuffle.records.crc import FOOTER_BYTES, HEADER_BYTES, length_crcs_ok, masked_crc
 
+__all__ = ["synced", "header_at", "resync"]
+
 # resync's first look; each next window is twice the last
 RESYNC_WINDOW_BYTES = 64 << 10
 

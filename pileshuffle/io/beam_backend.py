@@ -12,6 +12,16 @@ import sys
 
 from pileshuffle.io import cloud
 
+__all__ = [
+    "in_use",
+    "file_systems",
+    "compression_of",
+    "match",
+    "pattern_regex",
+    "open_read",
+    "read_whole",
+]
+
 UNCOMPRESSED = "uncompressed"  # Beam's name, as ``storage`` passes it on
 
 

@@ -11,6 +11,8 @@ import zlib
 from pileshuffle.io import storage
 from pileshuffle.io.checksums import crc32c_mismatch, unreadable_bytes
 
+__all__ = ["same_fields", "damage"]
+
 _NESTED_FIELD_NAME = re.compile(r"(list<)[^<>:,]+: ")  # list<item: int64>: the item's name
 _MAP_ENTRIES_NAME = re.compile(r" \('[^']*'\)")  # map<string, int64 ('m')>: the entries' name
 

@@ -7,8 +7,11 @@ from a damaged manifest is written as it is, never raises.
 
 from pileshuffle.records.fingerprint import Fingerprint
 
+__all__ = ["describe", "describe_count", "describe_recorded", "describe_difference"]
+
 
 def describe(fp: Fingerprint) -> str:
+    """A fingerprint in words: records, bytes and its two hash sums."""
     return (
         f"{fp.records:,} records, {fp.bytes:,} bytes, hash sum {fp.hash_sum:016x} "
         f"xor {fp.hash_xor:016x}"
