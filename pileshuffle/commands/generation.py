@@ -29,6 +29,7 @@ __all__ = [
 
 
 def same_inputs(generation: dict, sources) -> bool:
+    """Whether a generation was written from exactly ``sources`` (paths and sizes): a re-run."""
     listed = {(i["path"], i.get("bytes")) for i in generation["inputs"]}
     return listed == {(s.path, s.size) for s in sources}
 

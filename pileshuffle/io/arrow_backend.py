@@ -12,7 +12,16 @@ import posixpath
 
 from pileshuffle.io import cloud
 
-__all__ = ["arrow_filesystem"]
+__all__ = [
+    "arrow_filesystem",
+    "match",
+    "exists",
+    "read_whole",
+    "list_folder",
+    "is_folder",
+    "rename",
+    "delete",
+]
 
 
 def _is_remote(path: str) -> bool:
@@ -63,6 +72,7 @@ def match(pattern: str) -> list:
 
 
 def exists(path: str, filesystem=None) -> bool:
+    """Whether ``path`` names a file or folder (``storage.exists`` without Beam)."""
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(path, filesystem)
@@ -100,6 +110,7 @@ def list_folder(folder: str, filesystem=None) -> list:
 
 
 def is_folder(path: str, filesystem=None) -> bool:
+    """Whether ``path`` names a folder (``storage.is_folder`` without Beam)."""
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(path.rstrip("/"), filesystem)

@@ -13,7 +13,7 @@ from pileshuffle.formats import ReadReport, read_fingerprint
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
 from pileshuffle.records.fingerprint import Fingerprint
 
-__all__ = ["copies_fingerprint"]
+__all__ = ["copies_fingerprint", "InputRead", "read_input", "with_copies"]
 
 
 class InputRead(NamedTuple):

@@ -14,11 +14,12 @@ from pileshuffle.io import storage
 from pileshuffle.names import SHARD_TAIL, shard_name, shard_pattern
 from pileshuffle.verify.wording import describe_count
 
-__all__ = ["matching_files"]
+__all__ = ["matching_files", "basename", "format_of_names", "ShardNames", "sort_shard_names"]
 _MISSING_NAMED = 10  # missing shards named one a line; one more line counts the rest
 
 
 def basename(path: str) -> str:
+    """The last part of a local path or object name (either separator on a local one)."""
     return (
         posixpath.basename(path.rstrip("/"))
         if "://" in path
