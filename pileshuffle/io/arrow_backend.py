@@ -13,6 +13,7 @@ import posixpath
 from pileshuffle.io import cloud
 
 __all__ = [
+    "is_remote",
     "arrow_filesystem",
     "match",
     "exists",
@@ -24,8 +25,9 @@ __all__ = [
 ]
 
 
-def _is_remote(path: str) -> bool:
-    """``storage.is_remote``'s rule (``storage`` imports this module, not the other way)."""
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is on an object store or other remote file system (it has a
+    ``scheme://``); ``storage.is_remote`` is this function."""
     return "://" in path
 
 
@@ -39,7 +41,7 @@ def arrow_filesystem(path: str, filesystem=None):
     if path.startswith("gs://"):
         cloud.first_contact(path)
         return cloud.arrow_gcs(), path[len("gs://") :]
-    if _is_remote(path):
+    if is_remote(path):
         return pafs.FileSystem.from_uri(path)
     return pafs.LocalFileSystem(), path
 
@@ -52,7 +54,7 @@ def match(pattern: str) -> list:
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(pattern)
-    folder = posixpath.dirname(where) if _is_remote(pattern) else os.path.dirname(where)
+    folder = posixpath.dirname(where) if is_remote(pattern) else os.path.dirname(where)
     try:
         infos = cloud.patiently_on(
             pattern,
@@ -60,10 +62,10 @@ def match(pattern: str) -> list:
             lambda: fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True)),
         )
     except OSError:
-        if _is_remote(pattern):
+        if is_remote(pattern):
             raise
         return []
-    scheme = pattern.split("://", 1)[0] + "://" if _is_remote(pattern) else ""
+    scheme = pattern.split("://", 1)[0] + "://" if is_remote(pattern) else ""
     return [
         (scheme + i.path if scheme else i.path, i.size)
         for i in infos
@@ -105,7 +107,7 @@ def list_folder(folder: str, filesystem=None) -> list:
     infos = cloud.patiently_on(
         folder, fs, lambda: fs.get_file_info(pafs.FileSelector(where, allow_not_found=True))
     )
-    scheme = folder.split("://", 1)[0] + "://" if _is_remote(folder) and filesystem is None else ""
+    scheme = folder.split("://", 1)[0] + "://" if is_remote(folder) and filesystem is None else ""
     return [scheme + i.path for i in infos if i.type == pafs.FileType.File]
 
 

@@ -24,7 +24,7 @@ import os
 import posixpath
 
 from pileshuffle.io import arrow_backend, beam_backend, cloud
-from pileshuffle.io.arrow_backend import arrow_filesystem
+from pileshuffle.io.arrow_backend import arrow_filesystem, is_remote
 from pileshuffle.names import literal_pattern, temp_name
 
 # the compressions ``open_read`` and ``open_write`` take (Beam's names); AUTO: what the name says
@@ -37,12 +37,6 @@ class FileInfo:
 
     path: str
     size: int
-
-
-def is_remote(path: str) -> bool:
-    """Whether ``path`` is on an object store or other remote file system (it has a
-    ``scheme://``)."""
-    return "://" in path
 
 
 def is_local(filesystem, path: str) -> bool:
