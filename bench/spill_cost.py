@@ -22,7 +22,7 @@ from workspace import DATA, OUT
 
 HOLDS = {"held": None, "spilled": 16 << 20}
 RUN = (
-    "import sys; from pileshuffle import runs; hold = sys.argv.pop(1); "
+    "import sys; from pileshuffle.engine import runs; hold = sys.argv.pop(1); "
     "runs.MAX_HELD_BYTES = int(hold) if hold != 'None' else runs.MAX_HELD_BYTES; "
     "from pileshuffle.cli import entry; entry()"
 )

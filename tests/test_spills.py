@@ -113,7 +113,7 @@ def test_a_writer_that_fails_mid_run_leaves_no_spill(tmp_path):
 import sys, gc
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_spills import chunks
-from pileshuffle import runs
+from pileshuffle.engine import runs
 runs.MAX_HELD_BYTES = 50_000
 writer = runs.PileRuns(16, 1 << 30, "w", None, (0,))
 for chunk in chunks(4, 1000):
