@@ -4,6 +4,7 @@
     .venv/bin/python bench/cpu_per_gb.py --before /tmp/old    # also pileshuffle from another tree (A/B)
     .venv/bin/python bench/cpu_per_gb.py --before /tmp/old --after /tmp/new --no-stages   # two trees
     .venv/bin/python bench/cpu_per_gb.py --formats parquet --no-stages --rounds 5
+    .venv/bin/python bench/cpu_per_gb.py --formats parquet --scale 10 --memory 2GB --no-stages
 
 Rows, each one process measured by ``os.wait4`` (user and system CPU of it and its waited-for
 children, peak RSS of the largest) and wall time, run in turn round by round on warm files:
@@ -12,8 +13,11 @@ children, peak RSS of the largest) and wall time, run in turn round by round on 
   (bench/duckdb_shuffle.py, in the peers' venv if built, else this one);
 - ``before`` / ``after`` (``--before TREE``, ``--after TREE``): the same pileshuffle command from
   TREE (``PYTHONPATH``); ``after`` replaces the ``pileshuffle`` row (this checkout).
+- ``--memory 2GB``: two rows more, ``pileshuffle run --memory 2GB`` and DuckDB with
+  ``memory_limit='2GB'`` (spilling to disk); each budget row is compared with the other's.
 Data sets (bench/datagen.py, cached in bench/.data): 1,000,000 Parquet rows of ~1 KB and
-4,000,000 JSONL lines of ~500 bytes, 8 files each. Per GB means per 1e9 input bytes.
+4,000,000 JSONL lines of ~500 bytes, 8 files each (``--scale N``: N times the rows and files).
+Per GB means per 1e9 input bytes; "speed vs DuckDB" is DuckDB's wall time over the row's.
 
 Stages: one more pileshuffle run per format under py-spy (100 Hz, on-CPU samples of every
 thread), each sample given to the innermost frame that names a stage (``STAGES``); a stage's
@@ -93,17 +97,24 @@ STAGES = [
 OTHER = "Beam, plan, start-up, no Python frame"
 SPY = os.path.join(os.path.dirname(PY), "py-spy")  # `.venv/bin/pip install py-spy` for the stages
 TREES = {}  # row -> the tree it runs pileshuffle from (--before, --after)
+BUDGET = {}  # "limit": --memory's value for the budget rows ("pileshuffle <limit>", "duckdb <limit>")
 
 
-def dataset(fmt: str) -> dict:
+def dataset(fmt: str, scale: int = 1) -> dict:
     records, record_bytes = SETS[fmt]
-    return datagen.dataset(DATA, fmt, records, 8, record_bytes, log=log)
+    return datagen.dataset(DATA, fmt, records * scale, 8 * scale, record_bytes, log=log)
+
+
+def peer_of(row: str) -> str:
+    """The DuckDB row a row is compared with: the one with the same budget."""
+    return "duckdb" + row[len(row.split(" ")[0]) :]
 
 
 def command(row: str, fmt: str, data: dict, out_dir: str) -> tuple:
     """``(argv, extra environment)`` of one row."""
     prefix = os.path.join(out_dir, "train")
-    if row == "duckdb":
+    budget = ["--memory_limit", BUDGET["limit"]] if row.endswith(" budget") else []
+    if row.startswith("duckdb"):
         python = PEERS_PY if os.path.exists(PEERS_PY) else PY
         return [
             python,
@@ -114,6 +125,7 @@ def command(row: str, fmt: str, data: dict, out_dir: str) -> tuple:
             data["pattern"],
             "--output",
             prefix,
+            *budget,
         ], {}
     run = [
         "run",
@@ -125,10 +137,11 @@ def command(row: str, fmt: str, data: dict, out_dir: str) -> tuple:
         fmt,
         "--seed",
         str(SEED),
+        *(["--memory", BUDGET["limit"]] if budget else []),
     ]
-    if row == "pileshuffle":
+    if row.startswith("pileshuffle"):
         return [*pileshuffle_command(), *run], {}
-    return [PY, "-m", "pileshuffle.cli", *run], {"PYTHONPATH": TREES[row]}
+    return [PY, "-m", "pileshuffle.cli", *run], {"PYTHONPATH": TREES[row.split(" ")[0]]}
 
 
 def measure(argv, env) -> dict:
@@ -234,24 +247,22 @@ def median(values) -> float:
 
 def table(results, formats, rows, data) -> str:
     lines = [
-        "| data | row | user CPU s/GB | system CPU s/GB | wall s/GB | peak RSS | user vs DuckDB |",
-        "|---|---|---|---|---|---|---|",
+        "| data | row | user CPU s/GB | system CPU s/GB | wall s/GB | peak RSS | user vs DuckDB "
+        "| speed vs DuckDB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for fmt in formats:
         gb = data[fmt]["bytes"] / GB
-        duck = (
-            median(r["user"] for r in results[fmt, "duckdb"]) / gb
-            if (fmt, "duckdb") in results
-            else None
-        )
         for row in rows:
-            done = results[fmt, row]
+            done, peer = results[fmt, row], results.get((fmt, peer_of(row)))
             user = median(r["user"] for r in done) / gb
             system, wall = median(r["sys"] for r in done) / gb, median(r["wall"] for r in done) / gb
             rss = median(r["rss"] for r in done) / GB
-            ratio = f"{user / duck:.2f}x" if duck else ""
+            ratio = f"{user / (median(r['user'] for r in peer) / gb):.2f}x" if peer else ""
+            speed = f"{median(r['wall'] for r in peer) / gb / wall:.2f}x" if peer else ""
             lines.append(
-                f"| {fmt} {gb:.2f} GB | {row} | {user:.2f} | {system:.2f} | {wall:.2f} | {rss:.2f} GB | {ratio} |"
+                f"| {fmt} {gb:.2f} GB | {row.replace('budget', BUDGET.get('limit', ''))} | "
+                f"{user:.2f} | {system:.2f} | {wall:.2f} | {rss:.2f} GB | {ratio} | {speed} |"
             )
     return "\n".join(lines)
 
@@ -287,7 +298,13 @@ def main(argv=None):
         "--no-stages", dest="stages", action="store_false", help="no py-spy stage breakdown"
     )
     parser.add_argument("--no-duckdb", dest="duckdb", action="store_false")
+    parser.add_argument("--scale", type=int, default=1, help="N times the rows and files")
+    parser.add_argument(
+        "--memory", help="budget rows too: pileshuffle --memory, DuckDB memory_limit"
+    )
     args = parser.parse_args(argv)
+    if args.memory:
+        BUDGET["limit"] = args.memory
     formats = args.formats.split(",")
     TREES.update(
         {
@@ -301,7 +318,8 @@ def main(argv=None):
         *(["before"] if args.before else []),
         *(["duckdb"] if args.duckdb else []),
     ]
-    data = {fmt: dataset(fmt) for fmt in formats}
+    rows += [f"{row} budget" for row in rows] if args.memory else []
+    data = {fmt: dataset(fmt, args.scale) for fmt in formats}
     for fmt in formats:
         warm(data[fmt]["files"])
     results = rounds(rows, formats, data, args.rounds)
