@@ -147,7 +147,7 @@ def main(argv=None):
     options = PipelineOptions(beam_args)
     # --temp_location (a Beam option) selects the files intermediate mode: fragments go there
     temp_location = options.view_as(GoogleCloudOptions).temp_location
-    from pileshuffle.planning.runners import (
+    from pileshuffle.engine.runner import (
         make_runner,
     )  # local runs: Beam's FnApiRunner, no Prism download
 

@@ -295,7 +295,7 @@ def test_existing_output_needs_overwrite(tfrecords):
 
 
 def test_output_under_a_regular_file_is_found_before_pass_1(tfrecords, tmp_path, monkeypatch):
-    import pileshuffle.commands.run as pipeline
+    import pileshuffle.engine.transforms.graph as pipeline
 
     pattern, _, _ = tfrecords
     (tmp_path / "a-file").write_text("not a directory")
@@ -325,7 +325,7 @@ def mounted_tmpfs(directory, options):
 
 
 def test_read_only_output_location_is_found_before_pass_1(tfrecords, tmp_path, monkeypatch):
-    import pileshuffle.commands.run as pipeline
+    import pileshuffle.engine.transforms.graph as pipeline
 
     pattern, _, _ = tfrecords
     with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as directory:

@@ -171,11 +171,11 @@ def test_dask_runner_names_resolve_without_a_cluster():
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask.dask_runner import DaskRunner
 
-    from pileshuffle.planning.runners import is_dask, is_local, make_runner
+    from pileshuffle.engine.runner import is_dask, is_local_runner, make_runner
 
     for name in ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner"):
         options = PipelineOptions([f"--runner={name}"])
-        assert is_dask(options) and not is_local(options)
+        assert is_dask(options) and not is_local_runner(options)
         assert isinstance(make_runner(options), DaskRunner)
     assert collections.Counter(
         is_dask(PipelineOptions([f"--runner={n}"])) for n in ("DirectRunner", "DataflowRunner")

@@ -243,7 +243,7 @@ def test_a_killed_run_is_named_by_verify_info_and_the_loader_with_the_command_th
 
 
 def test_a_run_still_writing_is_named_as_one(finished, tmp_path, capsys):
-    from pileshuffle.commands.output_lock import OutputLock
+    from pileshuffle.planning.locations import OutputLock
 
     output = str(tmp_path / "out" / "train")
     os.makedirs(tmp_path / "out")

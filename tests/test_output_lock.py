@@ -1,7 +1,7 @@
 """An output stays locked for its job's life, not its launcher's (issue 36).
 
 A Dataflow launch returns as soon as the job is submitted; the job then runs for hours. The
-launch hands the output's lock to the job (``output_lock.taken_output(job=...)``): the lock names
+launch hands the output's lock to the job (``locations.taken_output(job=...)``): the lock names
 the job and stays, a second launch or a scheduler's retry is refused in one line (and told how to
 take over a dead job's output) instead of removing the running job's work folder, and the job's
 last step releases it after publishing. Checked with the real pieces: the lock as a launch leaves
@@ -19,11 +19,11 @@ import pytest
 from helpers import manifest, shards
 
 from pileshuffle.commands import sample
-from pileshuffle.commands.output_lock import taken_output
 from pileshuffle.commands.run import pipeline_options
-from pileshuffle.commands.running import new_pipeline
+from pileshuffle.engine.runner import new_pipeline
 from pileshuffle.engine.transforms.graph import build
 from pileshuffle.io import storage
+from pileshuffle.planning.locations import taken_output
 from pileshuffle.planning.plan import make_plan
 from pileshuffle.planning.runners import local_defaults
 
@@ -102,7 +102,7 @@ def test_the_job_releases_the_lock_it_was_handed_once_it_has_published(tmp_path)
         if not released:
             launched(output, plan.work_dir)
             os.remove(os.path.join(plan.work_dir, "fragments", "s000000-r00000.run"))
-        pipeline = new_pipeline(options)
+        pipeline = new_pipeline(options, len(plan.source_groups))
         build(pipeline, plan, time.time(), token)
         pipeline.run().wait_until_finish()
         assert manifest(output)["totals"]["records"] == 300
@@ -129,7 +129,7 @@ def test_a_failed_launch_leaves_no_lock(tmp_path):
 def test_a_template_build_and_a_waited_run_hand_nothing_over():
     """Only a job left running holds the lock: not a template build (no job runs), not a
     local or Dask run, and not a Dataflow run this process waits for."""
-    from pileshuffle.planning.runners import outliving_job
+    from pileshuffle.engine.runner import outliving_job
 
     base = [
         "--input=gs://b/in/*",

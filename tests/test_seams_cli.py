@@ -140,7 +140,7 @@ def test_a_scheduler_address_gets_a_short_connect_timeout():
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask.dask_runner import DaskOptions
 
-    from pileshuffle.planning.runners import DASK_CONNECT_SECONDS, dask_defaults
+    from pileshuffle.engine.runner import DASK_CONNECT_SECONDS, dask_defaults
 
     given = dask_defaults(PipelineOptions(["--dask_client_address=tcp://h:8786"]), 2).view_as(
         DaskOptions

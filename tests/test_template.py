@@ -217,7 +217,7 @@ def test_entry_point_reports_a_bad_parameter_in_one_line(tmp_path):
 
 
 def test_dataflow_runs_are_not_waited_for():
-    from pileshuffle.planning.runners import should_wait
+    from pileshuffle.engine.runner import should_wait
 
     assert should_wait(PipelineOptions(["--runner=DataflowRunner"]), None) is False
     assert should_wait(PipelineOptions(["--runner=DirectRunner"]), None) is True
@@ -233,7 +233,7 @@ def test_dataflow_runs_are_not_waited_for():
 def test_the_templates_graph_skips_beams_type_check_unless_asked_for():
     from apache_beam.options.pipeline_options import TypeOptions
 
-    from pileshuffle.planning.runners import graph_defaults
+    from pileshuffle.engine.runner import graph_defaults
 
     for argv in ([], ["--runner=DataflowRunner"], ["--runner=DaskRunner"]):
         assert (

@@ -4,23 +4,19 @@ generations hold them already or the balance asked differs from the store's."""
 import sys
 
 from pileshuffle import names
-from pileshuffle.commands.generation import (
-    at_stake_on_interrupt,
-    input_identity,
-    same_inputs,
-    store_lock,
-    write_generation,
-)
-from pileshuffle.commands.report import as_command, store_summary
+from pileshuffle.commands.report import as_command, store_at_stake_on_interrupt, store_summary
 from pileshuffle.commands.store_options import (
     AppendOptions,
     append_options,
 )
 from pileshuffle.engine.balance import Policy
 from pileshuffle.errors import InputError, OutputError, UsageError
+from pileshuffle.planning.runners import runner_defaults
 from pileshuffle.store import layout, lock
 from pileshuffle.store.layout import existing_store
+from pileshuffle.store.lock import store_lock
 from pileshuffle.store.publish import stored_schema
+from pileshuffle.store.write import input_identity, same_inputs, write_generation
 
 __all__ = ["append", "append_main"]
 
@@ -40,7 +36,7 @@ def append(options) -> dict:
 
     args = options if isinstance(options, AppendOptions) else append_options(options)
     prefix = existing_store(args.store)
-    at_stake_on_interrupt(prefix)
+    store_at_stake_on_interrupt(prefix)
     with store_lock(prefix, args.describe()) as token:
         base = layout.read_store_manifest(prefix)
         if base is None:
@@ -49,7 +45,7 @@ def append(options) -> dict:
                 "--layout store "
                 f"--output {prefix} --input ...`"
             )
-        at_stake_on_interrupt(prefix, base["version"])
+        store_at_stake_on_interrupt(prefix, base["version"])
         _refuse_other_balance(prefix, base, args)
         sources = match_inputs(args.input)  # never a store's own files
         check_format_fits(sources, base["format"], names.store_dir(prefix))
@@ -93,7 +89,7 @@ def append(options) -> dict:
                 file=sys.stderr,
             )
         return write_generation(
-            args.beam,
+            runner_defaults(args.beam),
             prefix,
             base,
             sources,

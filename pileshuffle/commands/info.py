@@ -8,7 +8,7 @@ import sys
 
 from pileshuffle.commands.help_style import CommandParser
 from pileshuffle.commands.options import parse_command
-from pileshuffle.commands.report import reporting_errors
+from pileshuffle.commands.report import dedup_units, reporting_errors
 from pileshuffle.engine.output_files import read_manifest
 from pileshuffle.errors import InputError
 from pileshuffle.io import storage
@@ -101,7 +101,7 @@ def _store_options_text(manifest: dict) -> str:
     if dedup is not None:
         return (
             f"; deduplicated: {manifest['totals'].get('distinct', 0):,} distinct "
-            f"{dedup.units()} visible, the oldest live copy of each"
+            f"{dedup_units(dedup.field)} visible, the oldest live copy of each"
         )
     return f"; balanced: {options}" if options else ""
 

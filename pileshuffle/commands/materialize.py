@@ -8,12 +8,12 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from pileshuffle import names
 from pileshuffle.commands.report import as_command, shards_at_stake_on_interrupt
-from pileshuffle.commands.running import execute
 from pileshuffle.commands.store_options import (
     MaterializeOptions,
     materialize_options,
 )
 from pileshuffle.engine.output_files import remove_tree
+from pileshuffle.engine.runner import execute
 from pileshuffle.errors import InputError, OutputError, UsageError
 from pileshuffle.io import storage
 from pileshuffle.store import layout
@@ -27,11 +27,11 @@ __all__ = ["materialize", "materialize_main"]
 def materialize(options) -> dict:
     """``pileshuffle materialize``: the second pass over a store, as ``options``
     (``MaterializeOptions``, or its command-line arguments) say; returns the written manifest."""
-    from pileshuffle.commands.output_lock import taken_output
     from pileshuffle.engine.output_files import discard_unpublished, read_manifest
     from pileshuffle.engine.transforms.write import WritePiles
-    from pileshuffle.planning.locations import check_shard_output, work_dir_for
+    from pileshuffle.planning.locations import check_shard_output, taken_output, work_dir_for
     from pileshuffle.planning.parameters import parse_bytes
+    from pileshuffle.planning.runners import runner_defaults
 
     args = options if isinstance(options, MaterializeOptions) else materialize_options(options)
     options = args.beam
@@ -112,12 +112,12 @@ def materialize(options) -> dict:
             )
         )
 
-    def failed():
+    def failed(error):
         remove_tree(work_dir)
         discard_unpublished(output)
 
     with taken_output(output, args.overwrite, work_dir, args.describe()):  # as run does
-        result = execute(options, build, len(piles), failed)
+        result = execute(runner_defaults(options), build, len(piles), failed)
     if result is not None:
         return result
     written = read_manifest(output)

@@ -84,9 +84,10 @@ def main(argv=None):
     import sys
 
     from pileshuffle.commands.options import check_argv, help_text, wants_help
+    from pileshuffle.engine.runner import is_local_runner
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.planning.parameters import parse_flag
-    from pileshuffle.planning.runners import is_local, local_defaults
+    from pileshuffle.planning.runners import local_defaults
     from pileshuffle.planning.template_parameters import PARAMETERS, Parameter
 
     json_flag = Parameter(
@@ -126,7 +127,7 @@ def main(argv=None):
         input_bytes, argv = _input_bytes_of(argv)
         values = check_argv(argv, PARAMETERS + (json_flag,))
         options = PipelineOptions([a for a in argv if a.split("=", 1)[0] != "--json"])
-        if is_local(options):
+        if is_local_runner(options):
             options = local_defaults(options)
         plan = make_plan(options, input_bytes)
     except PileshuffleError as error:

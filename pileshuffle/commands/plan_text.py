@@ -34,9 +34,9 @@ def runner_description(options) -> tuple:
     """``(runner, piles in flight per worker or None)``."""
     from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions
 
-    from pileshuffle.planning.runners import is_dask, is_dataflow, is_local, runner_name
+    from pileshuffle.engine.runner import is_dask, is_dataflow, is_local_runner, runner_name
 
-    if is_local(options):
+    if is_local_runner(options):
         direct = options.view_as(DirectOptions)
         threads = direct.direct_num_workers or os.cpu_count() or 1
         mode = direct.direct_running_mode or "in_memory"

@@ -6,10 +6,10 @@ import logging
 import sys
 
 from pileshuffle import interrupt
-from pileshuffle.commands import running
 from pileshuffle.engine.inputs import describe_left_out, describe_skipped
+from pileshuffle.engine.runner import HOLD_WORKER_STDERR
 from pileshuffle.errors import PileshuffleError, UsageError, find_error, user_message
-from pileshuffle.names import STORE_KIND, manifest_path
+from pileshuffle.names import STORE_KIND, manifest_path, store_dir
 
 __all__ = [
     "summary",
@@ -17,7 +17,10 @@ __all__ = [
     "store_summary",
     "as_command",
     "shards_at_stake_on_interrupt",
+    "store_at_stake_on_interrupt",
     "finished_at",
+    "submitted",
+    "dedup_units",
 ]
 
 
@@ -156,9 +159,7 @@ def reporting_errors(command) -> int:
 
 def _dedup_records_line(dedup: dict) -> str:
     """A manifest's ``dedup`` section: records read, kept and dropped, and the largest group."""
-    from pileshuffle.engine.dedup import Dedup
-
-    by = Dedup(dedup.get("field")).units()
+    by = dedup_units(dedup.get("field"))
     largest = (
         f"largest group: {dedup['largest_groups'][0]['copies']:,} copies; "
         if dedup["largest_groups"]
@@ -172,6 +173,12 @@ def _dedup_records_line(dedup: dict) -> str:
     )
 
 
+def dedup_units(field) -> str:
+    """What a deduplicated output holds one of each of, as summaries say it: ``records``, or
+    ``values of 'url'`` (``field``: the ``--dedup_key``, None for whole records)."""
+    return "records" if field is None else f"values of {field!r}"
+
+
 def _balance_line(balance: dict) -> str:
     """A manifest's (or a store generation's) ``balance`` section: the records per class
     before and after."""
@@ -182,10 +189,9 @@ def _balance_line(balance: dict) -> str:
 
 
 def _store_dedup_line(manifest: dict, dedup: dict) -> str:
-    """A dedup store: what the readers get, and the newest generation's copies."""
-    from pileshuffle.engine.dedup import Dedup
-
-    by = Dedup.from_options(dedup).units()
+    """A dedup store: what the readers get, and the newest generation's copies (``dedup``: its
+    section, with the store's options ``dedup`` and ``dedup_key``)."""
+    by = dedup_units(dedup.get("dedup_key"))
     earlier = sum(dedup["copies_of_earlier"].values())
     return (
         f"distinct  {manifest['totals']['distinct']:,} distinct {by} visible in the window; the "
@@ -235,7 +241,7 @@ def as_command(function):
         from pileshuffle.engine.tuning import keep_freed_memory
 
         keep_freed_memory()
-        running.HOLD_WORKER_STDERR["on"] = True
+        HOLD_WORKER_STDERR["on"] = True
         return reporting_errors(
             lambda: _values_as_usage_errors(function, list(sys.argv[1:] if argv is None else argv))
         )
@@ -259,4 +265,33 @@ def shards_at_stake_on_interrupt(output: str):
         f"nothing was published at {output}; run the same command again (it removes what this one "
         f"left and writes the same shards)",
         f"it had published {manifest_path(output)}: the output is complete",
+    )
+
+
+def submitted(result, output: str) -> str:
+    """What to tell the user about a job that was submitted and not waited for."""
+    job_id = None
+    try:
+        if getattr(result, "has_job", False):
+            job_id = result.job_id()
+    except Exception:
+        job_id = None
+    where = f"job {job_id} submitted" if job_id else "job submitted"
+    return f"{where}; {manifest_path(output)} appears when it has finished"
+
+
+def store_at_stake_on_interrupt(prefix: str, version: int = None):
+    """What Ctrl-C leaves of a command that publishes the next version of the store at
+    ``prefix``."""
+    store, now = (
+        store_dir(prefix),
+        "" if version is None else f": it is still at version {version}",
+    )
+    interrupt.describe(
+        f"nothing was published to {store}{now}; run the same command again (it removes what this "
+        "one "
+        f"left and writes the same generation)",
+        f"it had published {store}'s next version"
+        if version is None
+        else f"it had published version {version + 1} of {store}",
     )

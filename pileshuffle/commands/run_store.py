@@ -4,39 +4,35 @@ as its generation 0 (manifest version 1); nothing to do when the store holds the
 import sys
 
 from pileshuffle import names
-from pileshuffle.commands import running
-from pileshuffle.commands.generation import (
-    at_stake_on_interrupt,
-    same_inputs,
-    store_lock,
-    write_generation,
-)
+from pileshuffle.commands.report import store_at_stake_on_interrupt
+from pileshuffle.engine.transforms.finalize import schema_json
 from pileshuffle.errors import OutputError
 from pileshuffle.io import storage
 from pileshuffle.planning.parameters import PileshuffleOptions, parse_flag
-from pileshuffle.store import layout, lock
+from pileshuffle.planning.plan import make_plan
+from pileshuffle.planning.runners import runner_defaults
+from pileshuffle.planning.space import check_space
+from pileshuffle.store import layout
+from pileshuffle.store.lock import command_line, release_lock, store_lock
+from pileshuffle.store.write import same_inputs, write_generation
 
 __all__ = ["run_store"]
 
 
-def run_store(options, wait=None, hold_worker_stderr=False):
+def run_store(options, wait=None):
     """``pileshuffle run --layout store``: pass 1 only, into ``{output}-store/`` as
     generation 0 of a new store (manifest version 1)."""
-    from pileshuffle.engine.transforms.finalize import schema_json
-    from pileshuffle.names import manifest_path
-    from pileshuffle.planning.plan import make_plan
-    from pileshuffle.planning.space import check_space
-
-    running.HOLD_WORKER_STDERR["on"] = hold_worker_stderr
-    at_stake_on_interrupt(layout.clean_prefix(options.view_as(PileshuffleOptions).output or ""))
+    store_at_stake_on_interrupt(
+        layout.clean_prefix(options.view_as(PileshuffleOptions).output or "")
+    )
+    options = runner_defaults(options)
     plan = make_plan(options)
     check_space(plan.space)
     prefix = plan.output
-    if storage.exists(manifest_path(prefix)):
+    if storage.exists(names.manifest_path(prefix)):
         raise OutputError(
-            f"{manifest_path(prefix)} exists: a store at the same prefix would be hidden by those "
-            "shards "
-            f"(readers take shards first); choose another --output"
+            f"{names.manifest_path(prefix)} exists: a store at the same prefix would be hidden by "
+            "those shards (readers take shards first); choose another --output"
         )
     sources = plan.sources  # match_inputs leaves store files out
     base = layout.new_manifest(
@@ -49,7 +45,7 @@ def run_store(options, wait=None, hold_worker_stderr=False):
         None if plan.balance is None else (plan.label, plan.balance, plan.keep_unlabeled),
         plan.dedup,
     )
-    with store_lock(prefix, lock.command_line()) as token:
+    with store_lock(prefix, command_line()) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
             first = current["generations"][:1]
@@ -63,26 +59,30 @@ def run_store(options, wait=None, hold_worker_stderr=False):
             ):
                 print(
                     f"pileshuffle: {names.store_dir(prefix)} already holds these inputs as "
-                    "generation 0 "
-                    f"(version {current['version']}): nothing to do",
+                    f"generation 0 (version {current['version']}): nothing to do",
                     file=sys.stderr,
                 )
-                lock.release_lock(prefix, token)
+                release_lock(prefix, token)
                 return current
             raise OutputError(
                 f"a store exists at {names.store_dir(prefix)} (version {current['version']}): add "
-                "data "
-                f"with `pileshuffle append --store {prefix} --input ...`, or delete it first "
-                "(--overwrite "
-                "never replaces a store: it holds every generation's data)"
+                f"data with `pileshuffle append --store {prefix} --input ...`, or delete it first "
+                "(--overwrite never replaces a store: it holds every generation's data)"
             )
         if not parse_flag(options.view_as(PileshuffleOptions).quiet):
             print(
                 f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} "
-                "bytes -> store "
-                f"{names.store_dir(prefix)}, {plan.num_piles} piles ({plan.num_piles_reason})",
+                f"bytes -> store {names.store_dir(prefix)}, {plan.num_piles} piles "
+                f"({plan.num_piles_reason})",
                 file=sys.stderr,
             )
         return write_generation(
-            options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait
+            plan.options,
+            prefix,
+            base,
+            sources,
+            plan.seed,
+            plan.skip_corrupt,
+            token,
+            wait,
         )

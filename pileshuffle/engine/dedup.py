@@ -68,11 +68,6 @@ class Dedup:
 
     field: str = None
 
-    def units(self) -> str:
-        """What an output holds one of each of, as summaries say it: ``records``,
-        or ``values of 'url'``."""
-        return "records" if self.field is None else f"values of {self.field!r}"
-
     def options(self) -> dict:
         """The manifest's options (``from_options`` reads them back)."""
         return (

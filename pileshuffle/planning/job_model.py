@@ -11,17 +11,13 @@ import re
 
 from apache_beam.options.pipeline_options import DebugOptions, WorkerOptions
 
+from pileshuffle.engine.runner import is_dataflow, runner_name
 from pileshuffle.engine.runs import run_bytes_for
 from pileshuffle.errors import UsageError
 from pileshuffle.io import storage
 from pileshuffle.planning.memory_limit import available_memory
 from pileshuffle.planning.parameters import parse_bytes
-from pileshuffle.planning.runners import (
-    DOCUMENTED_WORKER,
-    in_process_threads,
-    is_dataflow,
-    runner_name,
-)
+from pileshuffle.planning.runners import DOCUMENTED_WORKER, in_process_threads
 
 __all__ = [
     "PILE_MEMORY_FACTOR",

@@ -4,7 +4,7 @@ piles and their sizes, pass 1's runs, memory, and the space the temp and staging
 the output check (where it goes, which files a run may replace) is ``locations``'.
 Cheap, and it only reads: it lists files and reads at most a MiB of one of them and
 Parquet footers. What ``run`` writes before pass 1 (probes, the output lock, removing what
-an unfinished run left) is ``output_lock.taken_output`` (shared with ``materialize``: every
+an unfinished run left) is ``locations.taken_output`` (shared with ``materialize``: every
 command that writes shards checks and takes its output the same way)."""
 
 import dataclasses
@@ -54,7 +54,7 @@ from pileshuffle.planning.parameters import (
 )
 from pileshuffle.planning.pile_bound import check_num_piles
 from pileshuffle.planning.runners import in_process_threads
-from pileshuffle.planning.space import free_space, space_needed
+from pileshuffle.planning.space import free_space, space_needed, space_note
 
 __all__ = [
     "Plan",
@@ -121,6 +121,15 @@ class Plan:
     workers: object = None  # the job_model.Workers the piles and runs are sized for
     max_pile_reason: str = ""  # --max_pile_bytes auto: how it was sized ("" when given)
     scaled: bool = False  # plan --input_bytes: the sources stand for an input not there (unread)
+    options: object = None  # the Beam options it was made with (a run's: ``runner_defaults``'s)
+    # run: this very run's manifest, found at --output (nothing to do; ``launch.plan_run``)
+    finished: dict = None
+    job: str = None  # run: the job that holds the output's lock after the launch returns
+
+    @property
+    def space_note(self) -> str:
+        """What the run needs where (``space.space_note``): said when it runs out of space."""
+        return space_note(self.space)
 
     @property
     def held_per_writer(self) -> int:
@@ -209,7 +218,7 @@ class Plan:
 
 def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
     """Everything decided before the pipeline starts. It only reads: it lists and samples
-    the input and looks at the output's files; ``output_lock.taken_output`` does the writing,
+    the input and looks at the output's files; ``locations.taken_output`` does the writing,
     under the output's lock. ``input_bytes``: plan as if the input totalled that many bytes of
     records like its own (``input_size.scaled_sources``; ``plan --input_bytes``)."""
     opts = options.view_as(PileshuffleOptions)
@@ -289,6 +298,7 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
         workers=workers,
         max_pile_reason=sized,
         scaled=bool(input_bytes),
+        options=options,
     )
     plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(
         plan, budget, found, options

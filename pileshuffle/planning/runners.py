@@ -1,61 +1,47 @@
-"""Which Beam runner runs the template, with what defaults, and whether to wait for it.
-
-Local (no ``--runner``, DirectRunner): Beam's FnApiRunner directly, so no Prism download
-is tried. Dask: Beam's DaskRunner with partitions per input file. Dataflow: the template
-image as SDK container, and no waiting (the flex template launcher must not block).
-"""
+"""A run's runner as decided before it starts: its defaults (``runner_defaults``: local runs use
+every core, a Dataflow launch gets the template image as SDK container, its documented worker and
+a job name, or is refused before anything is read), what the plan sees of it
+(``in_process_threads``), whether ``--runner`` names a runner Beam can create, and the check that
+a local shuffle fits in memory. Which runner runs a pipeline, and how, is ``engine.runner``'s."""
 
 import os
 import time
 import uuid
 
-from apache_beam.options.pipeline_options import (
-    DirectOptions,
-    GoogleCloudOptions,
-    PipelineOptions,
-    StandardOptions,
-    TypeOptions,
-)
+from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, PipelineOptions
 
-from pileshuffle.names import manifest_path
+from pileshuffle.engine.runner import (
+    LOCAL_RUNNERS,
+    given_options,
+    is_dataflow,
+    is_local_runner,
+)
 from pileshuffle.planning.memory_limit import available_memory
 
 __all__ = [
-    "LOCAL_RUNNERS",
-    "DASK_RUNNER",
-    "DASK_CONNECT_SECONDS",
-    "given_options",
-    "graph_defaults",
-    "local_defaults",
-    "runner_name",
-    "runner_problem",
-    "is_dask",
-    "is_dataflow",
-    "make_runner",
-    "dask_runner",
-    "is_local",
-    "in_process_threads",
-    "dask_defaults",
-    "dataflow_defaults",
-    "should_wait",
-    "outliving_job",
-    "close_client",
-    "submitted",
-    "LOCAL_SHUFFLE_HOLD",
-    "check_local_shuffle_fits",
     "DOCUMENTED_WORKER",
+    "LOCAL_SHUFFLE_HOLD",
+    "runner_defaults",
+    "local_defaults",
+    "dataflow_defaults",
+    "runner_problem",
+    "in_process_threads",
+    "check_local_shuffle_fits",
 ]
 
-# --runner values run in-process
-LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner")
 # a Dataflow launch's worker unless it names one: the docs' and the Makefile's (docs/dataflow.md)
 DOCUMENTED_WORKER = "n2-highmem-4"
-# what runner_name makes of Dask's short names
-DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
-_DASK_MAX_DEFAULT_PARTITIONS = 64
-# A scheduler that is up answers in well under a second, even across a region; distributed's own
-# default (30 s) left a mistyped or stopped --dask_client_address looking like a hung command.
-DASK_CONNECT_SECONDS = 10
+
+
+def runner_defaults(options: PipelineOptions) -> PipelineOptions:
+    """``options`` with their runner's defaults, applied once by every command that runs a
+    pipeline, before it reads anything: ``local_defaults`` or ``dataflow_defaults`` (which may
+    refuse the launch). Dask's partitions follow the graph: ``engine.runner.new_pipeline``."""
+    if is_local_runner(options):
+        return local_defaults(options)
+    if is_dataflow(options):
+        return dataflow_defaults(options)
+    return options
 
 
 def local_defaults(options: PipelineOptions) -> PipelineOptions:
@@ -90,31 +76,6 @@ def _quiet_in_memory_warning():
 class _InMemoryWarningFilter:
     def filter(self, record) -> bool:
         return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
-
-
-def graph_defaults(options: PipelineOptions) -> PipelineOptions:
-    """For every runner, skip Beam's construction-time type check of the template's graph
-    unless asked for: its types are fixed and tested, so the check can find nothing, and
-    it cost 0.05 s of every run's start (it builds Beam's option parser dozens of times)."""
-    if "pipeline_type_check" not in given_options(options):
-        options.view_as(TypeOptions).pipeline_type_check = False
-    return options
-
-
-def given_options(options: PipelineOptions) -> set:
-    """The names of the options the user gave: on the command line (Beam keeps its flags), or
-    as keyword values other than Beam's defaults."""
-    flags = getattr(options, "_flags", None) or []
-    named = {flag[2:].split("=", 1)[0] for flag in flags if flag.startswith("--")}
-    return named | set(options.get_all_options(drop_default=True, retain_unknown_options=True))
-
-
-def runner_name(options) -> str:
-    """The ``--runner`` value, with Dask's short names resolved to its class path."""
-    runner = options.view_as(StandardOptions).runner
-    if isinstance(runner, str) and runner.lower() in ("daskrunner", "dask"):
-        return DASK_RUNNER
-    return runner
 
 
 def runner_problem(name) -> str:
@@ -157,101 +118,18 @@ def runner_problem(name) -> str:
     )
 
 
-def is_dask(options) -> bool:
-    """Whether ``--runner`` is Beam's DaskRunner."""
-    runner = runner_name(options)
-    return isinstance(runner, str) and runner.endswith("DaskRunner")
-
-
-def is_dataflow(options) -> bool:
-    """Whether ``--runner`` is Dataflow's runner."""
-    runner = runner_name(options)
-    return isinstance(runner, str) and runner.endswith("DataflowRunner")
-
-
-def make_runner(options: PipelineOptions):
-    """The runner to build the pipeline with: the FnApiRunner for local runs (no Prism download),
-    our DaskRunner for Dask (``dask_runner``), else the ``--runner`` name for Beam to create."""
-    runner = runner_name(options)
-    if runner in LOCAL_RUNNERS:
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-        return FnApiRunner()
-    if runner == DASK_RUNNER:
-        return dask_runner()
-    return runner
-
-
-def dask_runner():
-    """Beam's DaskRunner (needs dask and distributed), with a scheduler that does not answer
-    reported in one line naming its address (UsageError) instead of distributed's three
-    chained tracebacks."""
-    from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner
-
-    from pileshuffle.errors import UsageError
-
-    class ConnectingDaskRunner(DaskRunner):
-        def run_pipeline(self, pipeline, options):
-            try:
-                return super().run_pipeline(pipeline, options)
-            except OSError as error:  # distributed: "Timed out trying to connect to ... after N s"
-                if "connect" not in str(error):
-                    raise
-                dask = options.view_as(DaskOptions)
-                where = (
-                    f"--dask_client_address {dask.address}"
-                    if dask.address
-                    else f"--dask_scheduler_file {dask.scheduler_file}"
-                )
-                waited = (
-                    f"within {dask.timeout} s"
-                    if isinstance(dask.timeout, (int, float))
-                    else "in time"
-                )
-                raise UsageError(
-                    f"{where}: no Dask scheduler answered {waited} (is it running and reachable "
-                    "from here? --dask_connection_timeout sets the wait)"
-                ) from None
-
-    return ConnectingDaskRunner()
-
-
-def is_local(options) -> bool:
-    """Whether the run is local (no ``--runner``, or a direct runner's name)."""
-    return runner_name(options) in LOCAL_RUNNERS
-
-
 def in_process_threads(options) -> int:
     """The worker threads of a local runner that runs both passes in this process (``in_memory``
     or ``multi_threading``; one per core unless ``--direct_num_workers`` is given, as
     ``local_defaults`` sets), else 0."""
     direct = options.view_as(DirectOptions)
-    if not is_local(options) or (direct.direct_running_mode or "in_memory") not in (
+    if not is_local_runner(options) or (direct.direct_running_mode or "in_memory") not in (
         "in_memory",
         "multi_threading",
     ):
         return 0
     given = "direct_num_workers" in given_options(options)
     return (direct.direct_num_workers if given else 0) or os.cpu_count() or 1
-
-
-def dask_defaults(options: PipelineOptions, units: int) -> PipelineOptions:
-    """Dask's Create puts up to 128 elements in one partition and Beam's Reshuffle is a
-    no-op there, so without ``--dask_npartitions`` every source (and, after the
-    GroupByKey, every pile) would be handled by one task: default to one partition per
-    unit of pass 1's work (``units``: a run's groups of input files), at most 64. A scheduler
-    to connect to gets ``DASK_CONNECT_SECONDS`` unless ``--dask_connection_timeout`` says
-    otherwise."""
-    from apache_beam.runners.dask.dask_runner import DaskOptions
-
-    dask = options.view_as(DaskOptions)
-    if not dask.npartitions and not dask.partition_size:
-        dask.npartitions = max(1, min(units, _DASK_MAX_DEFAULT_PARTITIONS))
-    if (
-        dask.address or dask.scheduler_file
-    ) and dask.timeout is None:  # not a LocalCluster, which starts processes
-        dask.timeout = DASK_CONNECT_SECONDS
-    return options
 
 
 def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
@@ -292,19 +170,6 @@ def dataflow_defaults(options: PipelineOptions) -> PipelineOptions:
     return options
 
 
-def outliving_job(options, wait=None):
-    """The name of the job this launch submits and leaves running (Dataflow, not waited for),
-    which holds the output's lock after the launcher returns; None when this process runs or
-    waits for the job, or builds a template (no job runs)."""
-    if (
-        not is_dataflow(options)
-        or should_wait(options, wait)
-        or options.view_as(GoogleCloudOptions).template_location
-    ):
-        return None
-    return options.view_as(GoogleCloudOptions).job_name
-
-
 def _refuse_local_paths(options):
     """A Dataflow job's workers cannot reach the launching machine's files: ``--input`` and
     ``--output`` must name an object store (gs://), else ``UsageError`` naming the path."""
@@ -324,49 +189,6 @@ def _refuse_local_paths(options):
                 f"{name}: {local[0]} is a local path, which a Dataflow job's workers cannot reach; "
                 "give a gs:// path"
             )
-
-
-def should_wait(options, wait) -> bool:
-    """Local and Dask runs wait for the result (a Dask job lives only while its client
-    does). Dataflow runs do not: the flex template launcher runs this program only to
-    submit the job and must not block on it (and in a template launch there is no job
-    to wait for yet); Beam's ``--no_wait_until_finish`` also turns waiting off."""
-    if wait is not None:
-        return bool(wait)
-    if is_dataflow(options):
-        return False
-    return (
-        is_local(options)
-        or is_dask(options)
-        or not options.view_as(StandardOptions).no_wait_until_finish
-    )
-
-
-def close_client(result, cancel=False):
-    """Close the Dask client a DaskRunner result holds (the cluster keeps running); after a
-    failure, first cancel the run's tasks that have not started (tasks already running on
-    workers finish, so a failed Dask run may leave fragments that the next run removes)."""
-    client = getattr(result, "client", None)
-    if client is None or not hasattr(client, "close"):
-        return
-    try:
-        if cancel:
-            client.cancel(result.futures)
-        client.close()
-    except Exception:  # best effort
-        pass
-
-
-def submitted(result, options_output: str) -> str:
-    """What to tell the user about a job that was submitted and not waited for."""
-    job_id = None
-    try:
-        if getattr(result, "has_job", False):
-            job_id = result.job_id()
-    except Exception:
-        job_id = None
-    where = f"job {job_id} submitted" if job_id else "job submitted"
-    return f"{where}; {manifest_path(options_output)} appears when it has finished"
 
 
 # the local runner's GroupByKey holds a shuffled byte about 5 times (measured: 5.2-7.9 GB at 1 GB)

@@ -5,7 +5,11 @@ until after it publishes. A lock file is created exclusively, whole or not at al
 its holder (command, host, pid, time, a token): a lock whose holder was a process on this host
 that no longer runs is stale and taken over; any other lock refuses, naming its holder. A
 token releases only the lock it took. ``FileLock`` is also the shard output's lock
-(``commands.output_lock``).
+(``planning.locations.OutputLock``).
+
+A command that publishes the store's next version holds its lock from before it reads the current
+manifest until it has published (``store_lock``); killed at any point, the store stays readable at
+its previous version, and the same command run again finishes the job.
 """
 
 import contextlib
@@ -37,6 +41,7 @@ __all__ = [
     "release_lock",
     "remove_if_empty",
     "command_line",
+    "store_lock",
 ]
 
 
@@ -187,3 +192,26 @@ def command_line() -> str:
     """How a lock names the command that holds it: this process's command line, its program
     by name."""
     return " ".join([os.path.basename(sys.argv[0]) if sys.argv else "python", *sys.argv[1:]])
+
+
+@contextlib.contextmanager
+def store_lock(prefix: str, command: str):
+    """Hold the store's lock for a command that publishes its next version; yields the
+    token. The publication releases it (``PublishGeneration``), or the command does when it
+    has nothing to publish. A refusal, failure or Ctrl-C releases it and removes the store
+    folder if that holds nothing else: a first run that published nothing leaves no
+    ``-store`` folder."""
+    token, created = None, missing_local_folders(storage.split(prefix)[0])
+    # taking the lock too: a Ctrl-C as it is taken leaves neither the lock nor the folder it made
+    try:
+        token = StoreLock(prefix, command).acquire()
+        yield token
+    except BaseException:
+        with (
+            interrupt.not_cut()
+        ):  # one step: no lock, nor an empty folder, is left by a Ctrl-C inside it
+            if token is not None:
+                release_lock(prefix, token)
+            remove_if_empty(prefix)
+            remove_empty_folders(created)  # and the folders above it this command made
+        raise

@@ -1,4 +1,6 @@
-"""Pass 1 into a pile store, as one new generation, and its publication.
+"""Pass 1 into a pile store, as one new generation, and its publication (``write_generation``,
+under the store's lock: ``lock.store_lock``). It first deletes what a killed command of its own
+kind left (unpublished generation directories), and publishes one manifest version last.
 
 Template path (``run --layout store``, ``append``): the sorted sources are dealt into at
 most W contiguous writer groups (balanced by bytes); one ``_WriteStoreGroup`` call per
@@ -27,14 +29,18 @@ version, exclusively. Every DoFn here emits from ``process`` (Beam's DaskRunner 
 """
 
 import dataclasses
+import time
 
 import apache_beam as beam
 
 from pileshuffle import names
 from pileshuffle.engine.balance import ClassPlanner
+from pileshuffle.engine.inputs import file_identity
+from pileshuffle.engine.runner import execute
 from pileshuffle.engine.transforms.assign import INPUT_STREAM, SourcePiles
 from pileshuffle.engine.transforms.graph import counted_classes
 from pileshuffle.engine.tuning import prepare_worker
+from pileshuffle.errors import OutputError
 from pileshuffle.formats import get_format
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
 from pileshuffle.store import layout
@@ -48,6 +54,9 @@ __all__ = [
     "WriterGroup",
     "writer_groups",
     "build_generation",
+    "write_generation",
+    "same_inputs",
+    "input_identity",
 ]
 
 GENERATION_STREAM = 2  # key stream tag of generations after the first (1 is composed use's)
@@ -232,3 +241,62 @@ def _generation_classes(pipeline, groups, format_name, label, skip_corrupt, keep
         | "SpreadSources" >> beam.Reshuffle()
     )
     return counted_classes(sources, format_name, label, skip_corrupt, keep_unlabeled)
+
+
+def write_generation(
+    options, prefix, base, sources, seed, skip_corrupt, token, wait=None, allow_duplicates=False
+):
+    """Pass 1 of ``sources`` into the store as generation ``base['next_generation']``, under
+    the store's lock (``lock.store_lock``), on the runner ``options`` name (with
+    ``runner_defaults`` applied); returns the new manifest (or Beam's result when the runner is
+    not waited for). A failure or Ctrl-C removes the generation's directory."""
+    layout.remove_unpublished(prefix)
+    try:
+        generation = base["next_generation"]
+        groups = writer_groups(sources, STORE_WRITERS)
+        sizes = {s.path: s.size for s in sources}
+        identities = {s.path: input_identity(s.path, s.size)[0] for s in sources}
+        started = time.time()
+        result = execute(
+            options,
+            lambda p: build_generation(
+                p,
+                prefix,
+                base,
+                generation,
+                groups,
+                seed,
+                skip_corrupt,
+                token,
+                sizes,
+                identities,
+                allow_duplicates,
+            ),
+            len(groups),
+            wait=wait,
+        )
+        if result is not None:
+            return result
+        manifest = layout.read_store_manifest(prefix)
+        if manifest is None or manifest["version"] != base["version"] + 1:
+            raise OutputError(
+                f"the pipeline finished but {names.store_dir(prefix)} has no version "
+                f"{base['version'] + 1}"
+            )
+    except BaseException:
+        layout.remove_unpublished(prefix)
+        raise
+    manifest["wall_seconds"] = time.time() - started
+    return manifest
+
+
+def same_inputs(generation: dict, sources) -> bool:
+    """Whether a generation was written from exactly ``sources`` (paths and sizes): a re-run."""
+    listed = {(i["path"], i.get("bytes")) for i in generation["inputs"]}
+    return listed == {(s.path, s.size) for s in sources}
+
+
+def input_identity(path: str, size) -> tuple:
+    """What makes an input the same file under any name: its real identity (resolved real
+    path on a local disk, bucket + object on gs://; ``inputs.file_identity``) and its size."""
+    return file_identity(path), size

@@ -1,25 +1,68 @@
 """The template's graph: listed source groups -> pass 1
-(ReadSourceToPiles) -> GroupIntoPiles -> WritePiles."""
+(ReadSourceToPiles) -> GroupIntoPiles -> WritePiles, and a prepared plan run through it
+(``run_graph``)."""
+
+import time
 
 import apache_beam as beam
 
+from pileshuffle import progress
 from pileshuffle.engine.balance import manifest_options
 from pileshuffle.engine.fragments import Fragment, GroupSegment
+from pileshuffle.engine.output_files import discard_unpublished, read_manifest, remove_tree
+from pileshuffle.engine.runner import execute, shows_progress
 from pileshuffle.engine.sources import SourceStats
 from pileshuffle.engine.transforms.pass_one import STATS_TAG, CountClasses, ReadSourceToPiles
 from pileshuffle.engine.transforms.pile_groups import template_group
 from pileshuffle.engine.transforms.shuffle import GroupIntoPiles
 from pileshuffle.engine.transforms.write import WritePiles
+from pileshuffle.errors import OutputError, user_message
 from pileshuffle.io import storage
 from pileshuffle.names import CLASS_CODES_DIR
 
-__all__ = ["build", "counted_classes", "manifest_fields"]
+__all__ = ["run_graph", "build", "counted_classes", "manifest_fields"]
+
+
+def run_graph(plan, started: float, wait=None, lock_token: str = None, quiet=False):
+    """Run a prepared plan under the output's lock: the template's graph (``build``) on the
+    runner ``plan.options`` name (``runner.execute``, with progress unless ``quiet``), then its
+    manifest with this run's time and what ``--input`` matched but the run did not read; Beam's
+    result instead when the run is not waited for. A failure removes the work folder and what
+    the publication left; out of space, it says what the run needs where."""
+    showing = progress.showing(
+        len(plan.sources),
+        plan.input_bytes,
+        plan.num_piles,
+        enabled=not quiet and shows_progress(plan.options),
+    )
+
+    def failed(error):
+        remove_tree(plan.work_dir)
+        discard_unpublished(plan.output)
+        message = user_message(error)
+        if message and "No space left" in message:
+            return OutputError(f"{message}; {plan.space_note}")
+        return None
+
+    def graph(pipeline):
+        return build(pipeline, plan, started, lock_token)
+
+    result = execute(plan.options, graph, len(plan.source_groups), failed, wait, showing)
+    if result is not None:
+        return result
+    manifest = read_manifest(plan.output)
+    manifest["wall_seconds"] = time.time() - started
+    manifest["inputs_left_out"] = plan.left_out
+    manifest["inputs_skipped"] = plan.skipped
+    manifest["input_duplicates"] = plan.duplicates
+    return manifest
 
 
 def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None):
     """The template's graph: one leaf (Finalize), so runners that run only the last
     leaf (Dask) still run all of it. ``lock_token``: Finalize releases the output's lock
-    (``output_lock``) after publishing: a job that outlives its launcher holds it."""
+    (``planning.locations.taken_output``) after publishing: a job that outlives its launcher
+    holds it."""
     fragments_dir = (
         storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
     )
