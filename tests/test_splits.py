@@ -315,6 +315,29 @@ def test_tfrecord_spans_find_their_first_frame_by_its_crcs_and_give_every_frame_
     assert_spans_read_as_whole("tfrecord", path, cuts, chunk_bytes)
 
 
+def _bytes_read_by_this_process() -> int:
+    with open("/proc/self/io") as io:
+        return int(next(line for line in io if line.startswith("rchar:")).split()[1])
+
+
+def test_a_tfrecord_span_smaller_than_a_chunk_is_read_once_not_a_chunk_at_a_time(tmp_path):
+    """A span of 2 MB of a 24 MB file, read with 16 MiB chunks: its frames, and about its own bytes
+    read (a job of small runs has spans of a few MB; reading 16 MiB for each, and checking every
+    frame's CRC in it, cost 8x the bytes at 2.9 MB spans: issue 56)."""
+    path = str(tmp_path / "big.tfrecord")
+    rng = np.random.default_rng(0)
+    _tfrecord_file(path, [rng.bytes(1000) for _ in range(24_000)])
+    fmt, (start, stop) = get_format("tfrecord"), (4_000_000, 6_000_000)
+    before = _bytes_read_by_this_process()
+    tables, places = read_spans(fmt, path, [start, stop], 16 << 20)
+    read = _bytes_read_by_this_process() - before
+    frames = 1000 + 16
+    first = -(-start // frames) * frames
+    assert places.tolist() == list(range(first, stop, frames))
+    assert sum(t.num_rows for t in tables) == len(places)
+    assert stop - start <= read <= (stop - start) + (256 << 10), read
+
+
 @given(
     payloads=payloads,
     damaged=st.floats(0, 1),

@@ -150,6 +150,11 @@ def _size_of(path):
         return None
 
 
+# A span's first read, when the span is smaller than a chunk: enough to find its first frame
+# (``synced`` reads on when a frame is longer), not a chunk's 16 MiB for a span of a few MB.
+_SPAN_FIRST_READ_BYTES = 64 << 10
+
+
 class TFRecordFormat(Payloads):
     """TFRecord: length, masked CRC32C of the length, data, masked CRC32C of the data; its
     records travel as whole frames, hashed from their stored CRCs (vectorized)."""
@@ -197,14 +202,13 @@ class TFRecordFormat(Payloads):
         report.reached = (None, None)
         with open_at(path, start) as handle:
             # the first: walked
-            buf, first = (
-                (b"", 0) if not start else synced(handle, path, start, chunk_bytes, file_size)
-            )
+            block = min(chunk_bytes, max(_SPAN_FIRST_READ_BYTES, stop - start))
+            buf, first = (b"", 0) if not start else synced(handle, path, start, block, file_size)
             if buf is None or first >= stop:
                 return
             try:
                 for table, places in self._frames(
-                    handle, path, buf, first, False, False, report, chunk_bytes, file_size
+                    handle, path, buf, first, False, False, report, chunk_bytes, file_size, stop
                 ):
                     owned = int(np.searchsorted(places, stop))
                     if owned:
@@ -221,13 +225,25 @@ class TFRecordFormat(Payloads):
             report.reached = (first, file_size)
 
     def _frames(
-        self, handle, path, buf, base, compressed, skip_corrupt, report, chunk_bytes, file_size
+        self,
+        handle,
+        path,
+        buf,
+        base,
+        compressed,
+        skip_corrupt,
+        report,
+        chunk_bytes,
+        file_size,
+        stop=None,
     ):
         """``(table, places)`` of every frame from file offset ``base`` (``buf``: bytes read there)
-        to the end."""
+        to the end. With ``stop`` (a span's end), blocks end there, and past it the walk reads one
+        frame at a time: a span smaller than a chunk is read once, not a chunk's worth."""
         eof = False
         while not eof:
-            block = read_block(handle, path, chunk_bytes, compressed)
+            size = chunk_bytes if stop is None else min(chunk_bytes, stop - base - len(buf))
+            block = read_block(handle, path, max(HEADER_BYTES, size), compressed)
             eof = not block
             buf = buf + block if buf else block
             buf, base = yield from self._drain(
