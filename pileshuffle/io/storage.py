@@ -25,6 +25,7 @@ import posixpath
 
 from pileshuffle.io import arrow_backend, beam_backend, cloud
 from pileshuffle.io.arrow_backend import arrow_filesystem, is_remote
+from pileshuffle.io.durable import settle, settle_folder
 from pileshuffle.names import literal_pattern, temp_name
 
 # the compressions ``open_read`` and ``open_write`` take (Beam's names); AUTO: what the name says
@@ -229,7 +230,9 @@ def write_whole(path: str, data: bytes):
         with open_write(temp) as handle:  # makes the local folder
             handle.write(data)
         if temp != path:
+            settle(temp)
             os.replace(temp, path)
+            settle_folder(os.path.dirname(path))
     finally:
         if os.path.exists(temp):
             os.remove(temp)
@@ -254,7 +257,9 @@ def create_exclusive(path: str, data: bytes, temp: str):
             handle.write(data)
         try:
             if not is_remote(path):
+                settle(temp)
                 os.link(temp, path)  # FileExistsError when it exists
+                settle_folder(os.path.dirname(path))
                 return
             if exists(path):
                 raise FileExistsError(errno.EEXIST, f"{path} exists")

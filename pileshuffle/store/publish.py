@@ -16,7 +16,7 @@ from pileshuffle.engine.transforms.assign import SourceStats
 from pileshuffle.engine.transforms.finalize import balance_section, check_accounted, schema_json
 from pileshuffle.engine.transforms.write import KeyByNone
 from pileshuffle.errors import InputError
-from pileshuffle.io import storage
+from pileshuffle.io import durable, storage
 from pileshuffle.records.fingerprint import Fingerprint, total
 from pileshuffle.store import layout
 from pileshuffle.store.copies import generation_dedup
@@ -70,6 +70,7 @@ class PublishGeneration(beam.DoFn):
         manifest = layout.next_manifest(
             base, [*base["generations"], generation], self._generation + 1
         )
+        _settle(self._prefix, files)
         # Ctrl-C takes effect before or after, and no version is published after it
         with interrupt.publishing():
             layout.publish_manifest(self._prefix, manifest)
@@ -114,6 +115,18 @@ class PublishGeneration(beam.DoFn):
         if source.path in self._identities:
             entry["identity"] = self._identities[source.path]
         return entry
+
+
+@interrupt.writes
+def _settle(prefix: str, files: list):
+    """The generation's files and their names on disk (``durable.settle``, then each folder)
+    before a manifest version lists them: a version survives a crash of the machine."""
+    directory = names.store_dir(prefix)
+    paths = [layout.join(directory, f.path) for f in files]
+    for path in paths:
+        durable.settle(path)
+    for folder in sorted({storage.split(path)[0] for path in paths}):
+        durable.settle_folder(folder)
 
 
 def _refuse_copy(prefix: str, base: dict, stored: Fingerprint, paths: list):

@@ -31,7 +31,7 @@ from pileshuffle.engine.sources import stats_by_file
 from pileshuffle.engine.transforms.shards import ShardStats, shard_path
 from pileshuffle.errors import InputError, IntegrityError
 from pileshuffle.formats import get_format
-from pileshuffle.io import storage
+from pileshuffle.io import durable, storage
 from pileshuffle.io.checksums import Crc32cWriter
 from pileshuffle.names import (
     SHARDS_KIND,
@@ -159,6 +159,7 @@ class Finalize(beam.DoFn):
         remote = storage.is_remote(self._prefix)
         # what needs space is written first
         staged_manifest = None if remote else self._stage_manifest(manifest)
+        self._settle(staged_paths)
         # Ctrl-C takes effect before this step or after it, never inside
         with interrupt.publishing():
             self._replace_old_outputs(old, finals)
@@ -170,10 +171,24 @@ class Finalize(beam.DoFn):
                         manifest_path(self._prefix), json.dumps(manifest, indent=1).encode()
                     )
                 else:
-                    # last: the run is done
+                    # the shards' names are on disk before the manifest names them; last, the
+                    # manifest: the run is done, and stays done through a crash of the machine
+                    folder = storage.split(self._prefix)[0]
+                    durable.settle_folder(folder)
                     storage.rename([staged_manifest], [manifest_path(self._prefix)])
+                    durable.settle_folder(folder)
             except Exception as error:
                 raise write_failure(self._prefix, error) from error
+
+    @interrupt.writes
+    def _settle(self, staged_paths):
+        """Every local shard's bytes on disk before any takes its final name (``durable.settle``;
+        the kernel has written most of them back by now)."""
+        try:
+            for path in staged_paths:
+                durable.settle(path)
+        except OSError as error:  # a write the disk failed only now (delayed allocation)
+            raise write_failure(staging_dir(self._prefix), error) from error
 
     @interrupt.writes
     def _write_empty_shard(self, fmt, pile, num_piles, suffix, schema, direct):
@@ -271,6 +286,7 @@ class Finalize(beam.DoFn):
         try:
             with storage.open_write(staged, "uncompressed", "application/json") as handle:
                 handle.write(json.dumps(manifest, indent=1).encode())
+            durable.settle(staged)
         except OSError as error:
             raise write_failure(staging_dir(self._prefix), error) from error
         return staged

@@ -1,0 +1,127 @@
+"""A local run's output is on disk before its manifest names it (``io/durable.py``).
+
+At publication each staged shard is synced (``durable.settle``: ``fdatasync``), the shards are
+renamed into place, their folder is synced, and the manifest (synced when staged) is renamed in and
+the folder synced again: the commit. A store's generation files are synced, with their folder,
+before the manifest version that lists them. Checked on real runs: the order of the syncs, renames
+and links a run makes (the system calls recorded as they pass, then made), and a write error the
+disk reports only at the sync.
+"""
+
+import errno
+import os
+
+import pytest
+from helpers import assert_nothing_published, final_outputs, run_shuffle, shards
+
+
+def test_the_shards_are_synced_before_the_manifest_names_them(
+    tmp_path, tfrecord_input, monkeypatch
+):
+    """The commit order: every shard's data synced, the shards renamed into place, their folder
+    synced, then the manifest renamed in and the folder synced again."""
+    output = str(tmp_path / "out" / "data")
+    folder = os.path.realpath(os.path.dirname(output))
+    events = []
+    real_fdatasync, real_fsync, real_replace = os.fdatasync, os.fsync, os.replace
+
+    def fdatasync(descriptor):
+        events.append(("data", os.path.realpath(f"/proc/self/fd/{descriptor}")))
+        return real_fdatasync(descriptor)
+
+    def fsync(descriptor):
+        events.append(("folder", os.path.realpath(f"/proc/self/fd/{descriptor}")))
+        return real_fsync(descriptor)
+
+    def replace(source, destination):
+        events.append(("rename", os.path.realpath(destination)))
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    manifest = run_shuffle(tfrecord_input, output, "--num_piles=3", "--seed=5")
+    finals = [os.path.realpath(path) for path in shards(output)]
+    manifest_file = os.path.realpath(f"{output}-manifest.json")
+    assert manifest["shards"] and len(finals) == 3
+
+    def at(event):
+        return events.index(event)
+
+    shard_renames = [at(("rename", path)) for path in finals]
+    manifest_rename = at(("rename", manifest_file))
+    folder_syncs = [i for i, event in enumerate(events) if event == ("folder", folder)]
+    data_syncs = [i for i, (kind, _) in enumerate(events) if kind == "data"]
+    # every shard and the staged manifest synced before any shard took its final name
+    staged = [events[i][1] for i in data_syncs if i < min(shard_renames)]
+    assert len([path for path in staged if "pileshuffle-staging/shard-" in path]) == len(finals)
+    assert len([path for path in staged if "pileshuffle-staging/manifest-" in path]) == 1
+    # the folder synced between the last shard's rename and the manifest's, and after it
+    assert any(max(shard_renames) < i < manifest_rename for i in folder_syncs)
+    assert any(i > manifest_rename for i in folder_syncs)
+
+
+def test_a_write_error_the_disk_reports_at_the_sync_publishes_nothing(
+    tmp_path, tfrecord_input, monkeypatch
+):
+    """A disk that accepted the writes but fails the sync (delayed allocation out of space, a
+    network file system): the run says so, naming where it wrote, and publishes nothing."""
+    output = str(tmp_path / "out" / "data")
+
+    real_fdatasync = os.fdatasync
+
+    def full_at_sync(descriptor):
+        if "pileshuffle-staging/shard-" in os.path.realpath(f"/proc/self/fd/{descriptor}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fdatasync(descriptor)
+
+    monkeypatch.setattr(os, "fdatasync", full_at_sync)
+    with pytest.raises(Exception) as caught:
+        run_shuffle(tfrecord_input, output, "--num_piles=3", "--seed=5")
+    message = str(caught.value)
+    assert message.startswith("cannot write to ") and "No space left on device" in message
+    assert ".pileshuffle-staging" in message
+    assert final_outputs(output) == []
+    assert_nothing_published(output)
+
+
+def test_a_store_generation_is_synced_before_its_manifest_version(
+    tmp_path, tfrecord_input, monkeypatch
+):
+    """``run --layout store``: every data file of the generation synced, and its folder, before
+    the version's manifest is linked in; the store's folder synced after."""
+    output = str(tmp_path / "out" / "data")
+    events = []
+    real_fdatasync, real_fsync, real_link = os.fdatasync, os.fsync, os.link
+
+    def fdatasync(descriptor):
+        events.append(("data", os.path.realpath(f"/proc/self/fd/{descriptor}")))
+        return real_fdatasync(descriptor)
+
+    def fsync(descriptor):
+        events.append(("folder", os.path.realpath(f"/proc/self/fd/{descriptor}")))
+        return real_fsync(descriptor)
+
+    def link(source, destination):
+        events.append(("link", os.path.realpath(destination)))
+        return real_link(source, destination)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    run_shuffle(tfrecord_input, output, "--layout=store", "--num_piles=3", "--seed=5")
+    store = os.path.realpath(f"{output}-store")
+    data_files = sorted(
+        os.path.realpath(os.path.join(root, name))
+        for root, _, names in os.walk(store)
+        for name in names
+        if name.endswith(".arrows")
+    )
+    assert len(data_files) >= 3
+    versions = [i for i, (kind, path) in enumerate(events) if kind == "link" and "manifest" in path]
+    published = versions[-1]  # the generation's version (the store's empty version 0 comes first)
+    synced = {path for kind, path in events[:published] if kind == "data"}
+    assert set(data_files) <= synced
+    generation_folders = {os.path.dirname(path) for path in data_files}
+    assert generation_folders <= {path for kind, path in events[:published] if kind == "folder"}
+    assert ("folder", store) in events[published:]
