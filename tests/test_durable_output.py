@@ -15,6 +15,31 @@ import pytest
 from helpers import assert_nothing_published, final_outputs, run_shuffle, shards
 
 
+def _recorded(monkeypatch) -> list:
+    """The syncs, renames and links this process makes from now on, as ``(kind, real path)`` in
+    order (``data``: a file's ``fdatasync``, ``folder``: an ``fsync``, ``rename``/``link``: the
+    destination), each call then made as it was asked."""
+    events = []
+
+    def recording(name, kind, path_of):
+        real = getattr(os, name)
+
+        def call(*args):
+            events.append((kind, os.path.realpath(path_of(*args))))
+            return real(*args)
+
+        monkeypatch.setattr(os, name, call)
+
+    def descriptor_path(descriptor):
+        return f"/proc/self/fd/{descriptor}"
+
+    recording("fdatasync", "data", descriptor_path)
+    recording("fsync", "folder", descriptor_path)
+    recording("replace", "rename", lambda source, destination: destination)
+    recording("link", "link", lambda source, destination: destination)
+    return events
+
+
 def test_the_shards_are_synced_before_the_manifest_names_them(
     tmp_path, tfrecord_input, monkeypatch
 ):
@@ -22,24 +47,7 @@ def test_the_shards_are_synced_before_the_manifest_names_them(
     synced, then the manifest renamed in and the folder synced again."""
     output = str(tmp_path / "out" / "data")
     folder = os.path.realpath(os.path.dirname(output))
-    events = []
-    real_fdatasync, real_fsync, real_replace = os.fdatasync, os.fsync, os.replace
-
-    def fdatasync(descriptor):
-        events.append(("data", os.path.realpath(f"/proc/self/fd/{descriptor}")))
-        return real_fdatasync(descriptor)
-
-    def fsync(descriptor):
-        events.append(("folder", os.path.realpath(f"/proc/self/fd/{descriptor}")))
-        return real_fsync(descriptor)
-
-    def replace(source, destination):
-        events.append(("rename", os.path.realpath(destination)))
-        return real_replace(source, destination)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
+    events = _recorded(monkeypatch)
     manifest = run_shuffle(tfrecord_input, output, "--num_piles=3", "--seed=5")
     finals = [os.path.realpath(path) for path in shards(output)]
     manifest_file = os.path.realpath(f"{output}-manifest.json")
@@ -91,24 +99,7 @@ def test_a_store_generation_is_synced_before_its_manifest_version(
     """``run --layout store``: every data file of the generation synced, and its folder, before
     the version's manifest is linked in; the store's folder synced after."""
     output = str(tmp_path / "out" / "data")
-    events = []
-    real_fdatasync, real_fsync, real_link = os.fdatasync, os.fsync, os.link
-
-    def fdatasync(descriptor):
-        events.append(("data", os.path.realpath(f"/proc/self/fd/{descriptor}")))
-        return real_fdatasync(descriptor)
-
-    def fsync(descriptor):
-        events.append(("folder", os.path.realpath(f"/proc/self/fd/{descriptor}")))
-        return real_fsync(descriptor)
-
-    def link(source, destination):
-        events.append(("link", os.path.realpath(destination)))
-        return real_link(source, destination)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "link", link)
+    events = _recorded(monkeypatch)
     run_shuffle(tfrecord_input, output, "--layout=store", "--num_piles=3", "--seed=5")
     store = os.path.realpath(f"{output}-store")
     data_files = sorted(
