@@ -39,3 +39,38 @@ def test_imports_without_gc_leave_the_collector_on_and_the_imports_frozen():
         "print(gc.isenabled(), gc.get_freeze_count() > 1000)"
     )
     assert out == "True True"
+
+
+# A 64 MiB numpy array's mapping in /proc/self/smaps: "hg" in its VmFlags when numpy advised the
+# kernel to back it with huge pages (MADV_HUGEPAGE).
+_ADVISED = (
+    "import numpy as np\n"
+    "array = np.ones(8 << 20)\n"
+    "start = array.ctypes.data + (1 << 20)\n"
+    "flags = None\n"
+    "for line in open('/proc/self/smaps'):\n"
+    "    if '-' in line.split()[0] and ':' not in line.split()[0]:\n"
+    "        low, high = (int(x, 16) for x in line.split()[0].split('-'))\n"
+    "        inside = low <= start < high\n"
+    "    elif line.startswith('VmFlags:') and inside:\n"
+    "        flags = line.split()[1:]\n"
+    "print('hg' in flags)\n"
+)
+
+
+def test_numpy_asks_for_no_huge_pages_in_the_command_line_and_in_workers():
+    """The command line's start (numpy not yet imported) and a worker's setup (numpy imported
+    before it) both leave large arrays unadvised; without the tuning numpy advises them."""
+    assert run_python(_ADVISED) == "True"  # numpy's own default here: the control
+    command_line = "from pileshuffle.engine.tuning import keep_freed_memory; keep_freed_memory()\n"
+    assert run_python(command_line + _ADVISED) == "False"
+    worker = "import numpy\nfrom pileshuffle.engine.tuning import prepare_worker; prepare_worker()\n"
+    assert run_python(worker + _ADVISED) == "False"
+
+
+def test_a_user_who_wants_numpys_huge_pages_keeps_them():
+    out = run_python(
+        "import os; os.environ['NUMPY_MADVISE_HUGEPAGE'] = '1'\n"
+        "from pileshuffle.engine.tuning import keep_freed_memory; keep_freed_memory()\n" + _ADVISED
+    )
+    assert out == "True"

@@ -9,6 +9,14 @@ its one arena, and Arrow allocates from it. Keeping blocks cut a 1 GB TFRecord r
 about 330,000 to 100,000 page faults and from 7.0 to 5.3 s; one shared arena with Arrow on
 it then cut peak RSS from 0.71 to 0.53 GB (TFRecord), 0.81-0.88 to 0.60 GB (JSONL) and the
 JSONL and Parquet runs by 0.35-1.0 s (2 A/B rounds each; bench/README.md).
+
+numpy asks the kernel for transparent huge pages for every array of 4 MiB or more
+(``MADV_HUGEPAGE``); where the kernel then compacts memory to find them (``defrag`` set to
+``madvise``, the default of many distributions, and this VM's) each such array's first touch
+stalls: a 508 MB TFRecord run spent 3.9 s of system CPU and 5.9 s in all with it, 1.1 and 2.6 s
+without (3 interleaved rounds). Arrays here are streamed once and freed: huge pages buy them
+nothing. So numpy is told not to ask (``NUMPY_MADVISE_HUGEPAGE=0``; the environment's own value,
+where set, wins).
 """
 
 import contextlib
@@ -17,6 +25,7 @@ import ctypes.util
 import gc
 import os
 import resource
+import sys
 
 __all__ = ["keep_freed_memory", "prepare_worker", "importing_without_gc"]
 
@@ -39,6 +48,7 @@ def keep_freed_memory():
         return
     _done = True
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    _numpy_without_huge_pages()
     settings = {  # the environment's own values, where set, win
         _M_MMAP_THRESHOLD: _setdefault("MALLOC_MMAP_THRESHOLD_", _HEAP_BLOCK_LIMIT),
         _M_TRIM_THRESHOLD: _setdefault("MALLOC_TRIM_THRESHOLD_", _TRIM_THRESHOLD),
@@ -54,6 +64,19 @@ def keep_freed_memory():
         import pyarrow as pa
 
         pa.set_memory_pool(pa.system_memory_pool())
+
+
+def _numpy_without_huge_pages():
+    """``NUMPY_MADVISE_HUGEPAGE=0`` unless the environment says otherwise: read by numpy when it
+    is imported (the command line comes here first), and applied at once where numpy already is
+    (a worker's ``setup``) through numpy's own switch for it."""
+    if os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0") != "0" or "numpy" not in sys.modules:
+        return
+    numpy = sys.modules["numpy"]
+    core = getattr(numpy, "_core", None) or getattr(numpy, "core", None)
+    switch = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+    if switch is not None:
+        switch(False)
 
 
 def _setdefault(name: str, value: int) -> int:
