@@ -64,7 +64,9 @@ def test_numpy_asks_for_no_huge_pages_in_the_command_line_and_in_workers():
     assert run_python(_ADVISED) == "True"  # numpy's own default here: the control
     command_line = "from pileshuffle.engine.tuning import keep_freed_memory; keep_freed_memory()\n"
     assert run_python(command_line + _ADVISED) == "False"
-    worker = "import numpy\nfrom pileshuffle.engine.tuning import prepare_worker; prepare_worker()\n"
+    worker = (
+        "import numpy\nfrom pileshuffle.engine.tuning import prepare_worker; prepare_worker()\n"
+    )
     assert run_python(worker + _ADVISED) == "False"
 
 
