@@ -12,7 +12,7 @@ import errno
 import os
 
 import pytest
-from helpers import assert_nothing_published, final_outputs, run_shuffle, shards
+from helpers import assert_nothing_published, assert_verified, final_outputs, run_shuffle, shards
 
 
 def _recorded(monkeypatch) -> list:
@@ -116,3 +116,20 @@ def test_a_store_generation_is_synced_before_its_manifest_version(
     generation_folders = {os.path.dirname(path) for path in data_files}
     assert generation_folders <= {path for kind, path in events[:published] if kind == "folder"}
     assert ("folder", store) in events[published:]
+
+
+def test_a_file_system_that_cannot_sync_a_folder_still_publishes(
+    tmp_path, tfrecord_input, monkeypatch
+):
+    """Some FUSE and network file systems answer a folder's fsync with EINVAL: their names'
+    durability is theirs; the run publishes as on any other disk."""
+
+    def cannot(descriptor):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "fsync", cannot)
+    output = str(tmp_path / "out" / "data")
+    manifest = run_shuffle(tfrecord_input, output, "--num_piles=3", "--seed=5")
+    assert len(shards(output)) == 3 and len(manifest["shards"]) == 3
+    assert os.path.exists(f"{output}-manifest.json")
+    assert_verified(tfrecord_input, output)

@@ -7,9 +7,14 @@ renamed or linked into is synced (``settle_folder``). An object in an object sto
 once its upload completed: there, both do nothing.
 """
 
+import errno
 import os
 
 from pileshuffle.io.arrow_backend import is_remote
+
+# what fsync says on a file or folder its file system does not sync (some FUSE and network file
+# systems): their durability is theirs to give; an error of the disk (ENOSPC, EIO) is raised
+_CANNOT_SYNC = (errno.EINVAL, errno.ENOTSUP, errno.EBADF)
 
 __all__ = ["settle", "settle_folder"]
 
@@ -19,11 +24,7 @@ def settle(path: str):
     raised here (``OSError``)."""
     if is_remote(path):
         return
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(descriptor)
-    finally:
-        os.close(descriptor)
+    _sync(path, getattr(os, "fdatasync", None) or os.fsync)  # macOS has fsync only
 
 
 def settle_folder(folder: str):
@@ -31,8 +32,16 @@ def settle_folder(folder: str):
     survive a crash of the machine."""
     if is_remote(folder):
         return
-    descriptor = os.open(folder or ".", os.O_RDONLY)
+    _sync(folder or ".", os.fsync)
+
+
+def _sync(path: str, sync):
+    """``sync`` an open descriptor of ``path``; nothing where its file system cannot."""
+    descriptor = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(descriptor)
+        sync(descriptor)
+    except OSError as error:
+        if error.errno not in _CANNOT_SYNC:
+            raise
     finally:
         os.close(descriptor)
