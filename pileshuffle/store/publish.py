@@ -123,8 +123,7 @@ def _settle(prefix: str, files: list):
     before a manifest version lists them: a version survives a crash of the machine."""
     directory = names.store_dir(prefix)
     paths = [layout.join(directory, f.path) for f in files]
-    for path in paths:
-        durable.settle(path)
+    durable.settle_all(paths)
     for folder in sorted({storage.split(path)[0] for path in paths}):
         durable.settle_folder(folder)
 

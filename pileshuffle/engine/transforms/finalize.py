@@ -185,8 +185,7 @@ class Finalize(beam.DoFn):
         """Every local shard's bytes on disk before any takes its final name (``durable.settle``;
         the kernel has written most of them back by now)."""
         try:
-            for path in staged_paths:
-                durable.settle(path)
+            durable.settle_all(staged_paths)
         except OSError as error:  # a write the disk failed only now (delayed allocation)
             raise write_failure(staging_dir(self._prefix), error) from error
 
