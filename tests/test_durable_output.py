@@ -133,3 +133,33 @@ def test_a_file_system_that_cannot_sync_a_folder_still_publishes(
     assert len(shards(output)) == 3 and len(manifest["shards"]) == 3
     assert os.path.exists(f"{output}-manifest.json")
     assert_verified(tfrecord_input, output)
+
+
+def test_a_store_write_error_at_the_sync_publishes_no_version_and_the_rerun_does(
+    tmp_path, tfrecord_input, monkeypatch
+):
+    """``run --layout store`` on a disk that fails the sync of a generation file: the run says
+    "cannot write to" the store, no manifest version lists the generation, and the same command
+    run again (the disk mended) publishes it and verifies."""
+    from pileshuffle.store import layout
+    from pileshuffle.store.read import check_store
+
+    output = str(tmp_path / "out" / "data")
+    real_fdatasync = os.fdatasync
+
+    def full_at_sync(descriptor):
+        if os.path.realpath(f"/proc/self/fd/{descriptor}").endswith(".arrows"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fdatasync(descriptor)
+
+    monkeypatch.setattr(os, "fdatasync", full_at_sync)
+    args = ("--layout=store", "--num_piles=3", "--seed=5")
+    with pytest.raises(Exception) as caught:
+        run_shuffle(tfrecord_input, output, *args)
+    message = str(caught.value)
+    assert message.startswith(f"cannot write to {output}-store") and "No space left" in message
+    assert layout.manifest_versions(output) in ([], [0])
+    monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    run_shuffle(tfrecord_input, output, *args)
+    problems, manifest = check_store(output, input_glob=tfrecord_input)
+    assert problems == [] and len(manifest["generations"]) == 1

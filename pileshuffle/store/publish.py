@@ -11,6 +11,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from pileshuffle import interrupt, names
+from pileshuffle.engine.fragments import write_failure
 from pileshuffle.engine.output_files import remove_tree
 from pileshuffle.engine.transforms.assign import SourceStats
 from pileshuffle.engine.transforms.finalize import balance_section, check_accounted, schema_json
@@ -120,12 +121,16 @@ class PublishGeneration(beam.DoFn):
 @interrupt.writes
 def _settle(prefix: str, files: list):
     """The generation's files and their names on disk (``durable.settle``, then each folder)
-    before a manifest version lists them: a version survives a crash of the machine."""
+    before a manifest version lists them: a version survives a crash of the machine. A write the
+    disk fails only now (delayed allocation out of space) is the usual ``write_failure``."""
     directory = names.store_dir(prefix)
     paths = [layout.join(directory, f.path) for f in files]
-    durable.settle_all(paths)
-    for folder in sorted({storage.split(path)[0] for path in paths}):
-        durable.settle_folder(folder)
+    try:
+        durable.settle_all(paths)
+        for folder in sorted({storage.split(path)[0] for path in paths}):
+            durable.settle_folder(folder)
+    except OSError as error:
+        raise write_failure(directory, error) from error
 
 
 def _refuse_copy(prefix: str, base: dict, stored: Fingerprint, paths: list):
