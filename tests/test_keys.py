@@ -54,6 +54,32 @@ def test_group_by_pile_is_stable_and_complete(piles):
         assert list(members) == sorted(members)
 
 
+@given(
+    num_piles=st.sampled_from([1, 2, 255, 256, 257, 65_536, 65_537, 2**31 - 1]),
+    draws=st.lists(st.integers(0, 2**31 - 2), max_size=300),
+)
+@settings(max_examples=200, deadline=None)
+def test_pile_order_is_the_stable_order_in_every_width(num_piles, draws):
+    """Piles sorted as 8- or 16-bit integers where they fit (a radix sort) are in the order
+    numpy's stable sort of the int64 piles gives, at and across each width's bound."""
+    piles = np.array([d % num_piles for d in draws], dtype=np.int64)
+    expected = np.argsort(piles, kind="stable")
+    assert np.array_equal(keys.pile_order(piles, num_piles), expected)
+
+
+@given(
+    values=st.lists(st.integers(0, 2**64 - 1), max_size=300),
+    repeats=st.lists(st.integers(0, 299), max_size=20),
+)
+@settings(max_examples=200, deadline=None)
+def test_key_order_is_the_stable_order_with_or_without_ties(values, repeats):
+    """Distinct keys in quicksort's order, tied keys (a duplicate's content key) in the stable
+    order: equal to the stable sort either way."""
+    values = values + [values[r % len(values)] for r in repeats] if values else values
+    u = np.array(values, dtype=np.uint64)
+    assert np.array_equal(keys.key_order(u), np.argsort(u, kind="stable"))
+
+
 @given(total=st.integers(1, 10**13), mean=st.floats(1, 10**6), cap=st.integers(1 << 16, 1 << 34))
 def test_auto_piles_keep_the_expected_largest_pile_under_the_cap(total, mean, cap):
     m = keys.auto_num_piles(total, mean, cap)

@@ -398,6 +398,32 @@ def test_the_local_runner_does_not_retry_a_failed_bundle():
     assert FailOnce.calls == 1
 
 
+def test_a_graph_that_fails_to_build_leaves_no_beam_folder_behind(tmp_path, monkeypatch):
+    """Beam makes a local folder for every pipeline and removes it only in ``run``: a command
+    whose graph fails to build (an error found while building) removes it, and a run that
+    builds and runs leaves none either."""
+    import tempfile
+
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pileshuffle.engine.runner import execute
+    from pileshuffle.errors import UsageError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    options = PipelineOptions(["--direct_running_mode=in_memory"])
+
+    def refused(pipeline):
+        _ = pipeline | beam.Create([1])
+        raise UsageError("refused while building")
+
+    with pytest.raises(UsageError, match="refused while building"):
+        execute(options, refused, 1)
+    assert os.listdir(tmp_path) == []
+    execute(options, lambda pipeline: pipeline | beam.Create([1]), 1)
+    assert os.listdir(tmp_path) == []
+
+
 def test_pass_1_run_twice_for_a_source_replaces_its_runs(tmp_path, tfrecord_input, monkeypatch):
     import pileshuffle.engine.runs as runs
     from pileshuffle.engine.inputs import match_inputs

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle.names import HASH_COLUMN
+from pileshuffle.records import keys as keymath
 from pileshuffle.records.fingerprint import Fingerprint
 
 __all__ = ["Held", "segments", "gathered", "sliced", "segments_of", "one_record_batch"]
@@ -81,7 +82,7 @@ def _gather(held, start: int, stop: int):
     if not slices:
         return None
     piles = np.concatenate(piles)
-    order = np.argsort(piles, kind="stable")
+    order = keymath.pile_order(piles, stop)
     return (
         pa.concat_tables(slices).combine_chunks().take(order),
         piles[order],

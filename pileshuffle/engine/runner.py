@@ -8,6 +8,7 @@ applied; Dask's partitions follow the graph's units of work, so they are set her
 import contextlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 import types
@@ -232,7 +233,12 @@ def execute(options, build, units: int, on_failure=None, wait=None, showing=None
     return the error to raise instead; our own errors come out unwrapped from the runner's
     (in-process runners wrap or rename them)."""
     pipeline = new_pipeline(options, units)
-    build(pipeline)
+    try:
+        build(pipeline)
+    except BaseException:
+        # Beam makes a local folder for every pipeline, removed only by ``run``
+        shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
+        raise
     held = types.SimpleNamespace(ours=False)
     holding = (
         _worker_stderr(held)

@@ -29,6 +29,8 @@ __all__ = [
     "position_keys",
     "pile_of",
     "group_by_pile",
+    "pile_order",
+    "key_order",
     "auto_num_piles",
 ]
 
@@ -101,9 +103,28 @@ def pile_of(keys: np.ndarray, num_piles: int) -> np.ndarray:
 def group_by_pile(piles: np.ndarray, num_piles: int):
     """Stable grouping: ``(order, bounds)`` so that ``order[bounds[p]:bounds[p+1]]``
     are the positions of pile ``p`` in their original order."""
-    order = np.argsort(piles, kind="stable")
+    order = pile_order(piles, num_piles)
     bounds = np.searchsorted(piles[order], np.arange(num_piles + 1), side="left")
     return order, bounds
+
+
+def pile_order(piles: np.ndarray, num_piles: int) -> np.ndarray:
+    """The stable order of ``piles`` (pile numbers below ``num_piles``): numpy's stable sort is a
+    radix sort on 8- and 16-bit integers, so piles are sorted as such when they fit (16,000 piles
+    of 16: 0.06 against 0.40 ms as int64)."""
+    small = np.uint8 if num_piles <= 1 << 8 else np.uint16 if num_piles <= 1 << 16 else None
+    return np.argsort(piles if small is None else piles.astype(small), kind="stable")
+
+
+def key_order(keys: np.ndarray) -> np.ndarray:
+    """The stable order of ``keys`` (uint64): numpy's quicksort (vectorized, 0.8 against 3.8 ms for
+    62,500 keys) where no two keys are equal, when every order of them is the stable one; the
+    stable sort where some are (content keys of duplicates)."""
+    order = np.argsort(keys)
+    ordered = keys[order]
+    if len(keys) > 1 and bool((ordered[1:] == ordered[:-1]).any()):
+        return np.argsort(keys, kind="stable")
+    return order
 
 
 def _records_per_pile_limit(max_pile_records: float) -> float:

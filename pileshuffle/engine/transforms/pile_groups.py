@@ -70,7 +70,7 @@ def in_key_order(fragments) -> tuple:
     one ordering rule of pass 2, for a pile (``Pile.ordered``) and a group alike."""
     table = _joined(fragments)
     keys = table.column(KEY_COLUMN).to_numpy()
-    return table.drop_columns([KEY_COLUMN]), keys, np.argsort(keys, kind="stable")
+    return table.drop_columns([KEY_COLUMN]), keys, keymath.key_order(keys)
 
 
 def _joined(fragments) -> pa.Table:
