@@ -45,7 +45,7 @@ def _holder(lock: str, filesystem) -> dict:
     """The lock's holder (command, host, pid, since; a job's name), {} when it cannot be read."""
     try:
         holder = storage.read_json(lock, filesystem)
-    except Exception:  # noqa: BLE001 - a lock being written or damaged still marks an unfinished run
+    except Exception:  # a lock being written or damaged still marks an unfinished run
         return {}
     return holder if isinstance(holder, dict) else {}
 
