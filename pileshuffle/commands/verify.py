@@ -53,6 +53,57 @@ def main(argv=None):
 
 
 def _verify_command(argv):
+    """Verify the output ``argv`` names and print the report: exit code 0 (every check
+    passed), 1 (problems) or 2 (nothing to verify there)."""
+    args = parse_command(_verify_parser(), argv)
+    interrupt.describe(
+        f"{args.output} was not checked to the end; verify changes nothing, "
+        "so run it again to check"
+    )
+    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
+    if args.input:  # a pattern that names no input file is a usage error, as in run (exit code 2)
+        select_inputs(args.input, prefix)
+    if _is_store(args.output):
+        return _verify_store_main(args.output, args.input)
+    unfinished = unfinished_run(prefix)
+    if unfinished or not _anything_at(prefix):
+        nothing = (
+            f"nothing to verify there (no {manifest_path(prefix)}, no shards, "
+            f"no pile store {prefix}-store/)"
+        )
+        print(
+            f"pileshuffle verify: error: --output {args.output}: {unfinished or nothing}",
+            file=sys.stderr,
+        )
+        return 2
+    return _verify_shards_main(args.output, prefix, args.input, args.format)
+
+
+def _verify_shards_main(output: str, prefix: str, input_glob, format) -> int:
+    """``pileshuffle verify --output P`` where P (``prefix``, cleaned) is a shard output: print
+    each problem, or what every check proved, and return the exit code (1 or 0)."""
+    verifier = ShardVerifier(input_glob, prefix, format)
+    problems = verifier.run()
+    for problem in problems:
+        print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
+    if problems:
+        print(f"pileshuffle verify: {len(problems):,} problem(s) with {output}", file=sys.stderr)
+        return 1
+    fp = verifier.output_fp
+    checked = (
+        _input_checked(verifier.manifest or {}) if input_glob else "input not re-read (no --input)"
+    )
+    print(
+        f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards:,} shard(s) under "
+        f"{output}; every shard reads back whole and matches the manifest; {checked} "
+        f"(hash sum {fp.hash_sum:016x}, xor {fp.hash_xor:016x})"
+    )
+    return 0
+
+
+def _verify_parser() -> CommandParser:
+    """``pileshuffle verify``'s options: ``--output`` (required), ``--input``, ``--format``, and
+    run's ``--skip_corrupt`` and ``--quiet``, taken so that a run's options can be given again."""
     parser = CommandParser(
         prog="pileshuffle verify",
         allow_abbrev=False,
@@ -77,46 +128,7 @@ def _verify_command(argv):
     parser.add_argument(
         "--quiet", action="store_true", help="as run --quiet: verify prints only its report anyway"
     )
-    args = parse_command(parser, argv)
-    interrupt.describe(
-        f"{args.output} was not checked to the end; verify changes nothing, "
-        "so run it again to check"
-    )
-    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
-    if args.input:  # a pattern that names no input file is a usage error, as in run (exit code 2)
-        select_inputs(args.input, prefix)
-    if _is_store(args.output):
-        return _verify_store_main(args.output, args.input)
-    unfinished = unfinished_run(prefix)
-    if unfinished or not _anything_at(prefix):
-        nothing = (
-            f"nothing to verify there (no {manifest_path(prefix)}, no shards, "
-            f"no pile store {prefix}-store/)"
-        )
-        print(
-            f"pileshuffle verify: error: --output {args.output}: {unfinished or nothing}",
-            file=sys.stderr,
-        )
-        return 2
-    verifier = ShardVerifier(args.input, prefix, args.format)
-    problems = verifier.run()
-    for problem in problems:
-        print(f"pileshuffle verify: FAILED: {problem}", file=sys.stderr)
-    if problems:
-        print(
-            f"pileshuffle verify: {len(problems):,} problem(s) with {args.output}", file=sys.stderr
-        )
-        return 1
-    fp = verifier.output_fp
-    checked = (
-        _input_checked(verifier.manifest or {}) if args.input else "input not re-read (no --input)"
-    )
-    print(
-        f"pileshuffle verify: OK: {fp.records:,} records in {verifier.num_shards:,} shard(s) under "
-        f"{args.output}; every shard reads back whole and matches the manifest; {checked} "
-        f"(hash sum {fp.hash_sum:016x}, xor {fp.hash_xor:016x})"
-    )
-    return 0
+    return parser
 
 
 def _input_checked(manifest: dict) -> str:

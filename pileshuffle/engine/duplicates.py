@@ -117,23 +117,29 @@ def distinct_in_order(
         # the first of each value
         keep[rows[np.unique(_value_ids(values, at[rows]), return_index=True)[1]]] = True
     if dropped is not None:
-        gone = np.flatnonzero(~keep)
-        dropped.add(hashes[gone], lengths[gone])
-        copies = np.bincount(run_of[gone], minlength=len(run_starts)) + 1
-        # as add_groups ranks: (copies, hash)
-        largest = np.lexsort((hashes[run_starts], copies))[::-1][:TOP_GROUPS]
-        dropped.add_groups(
-            [
-                (
-                    int(copies[r]),
-                    int(hashes[run_starts[r]]),
-                    _preview(records, int(order[run_starts[r]])),
-                )
-                for r in largest.tolist()
-                if copies[r] > 1
-            ]
-        )
+        _add_dropped(dropped, keep, records, order, hashes, lengths, run_starts, run_of)
     return keep
+
+
+def _add_dropped(dropped: Dropped, keep, records, order, hashes, lengths, run_starts, run_of):
+    """Adds to ``dropped`` the rows ``keep`` leaves out (``distinct_in_order``'s): their
+    fingerprint, and the largest groups of copies, ``(copies, record hash, preview)`` each."""
+    gone = np.flatnonzero(~keep)
+    dropped.add(hashes[gone], lengths[gone])
+    copies = np.bincount(run_of[gone], minlength=len(run_starts)) + 1
+    # as add_groups ranks: (copies, hash)
+    largest = np.lexsort((hashes[run_starts], copies))[::-1][:TOP_GROUPS]
+    dropped.add_groups(
+        [
+            (
+                int(copies[r]),
+                int(hashes[run_starts[r]]),
+                _preview(records, int(order[run_starts[r]])),
+            )
+            for r in largest.tolist()
+            if copies[r] > 1
+        ]
+    )
 
 
 def _tie_runs(ordered: np.ndarray) -> tuple:

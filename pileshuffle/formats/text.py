@@ -180,13 +180,10 @@ def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, repo
     copied every block: 2.6% of a JSONL run's user CPU)."""
     compressed, carry = compression_of(path) != "uncompressed", b""
     start, stop = span or (0, None)
-    base, skipping = (
-        max(0, start - 1),
-        start > 0,
-    )  # from the byte before the span: a newline there starts a line at ``start``
-    rereads = not compressed and not is_remote(
-        path
-    )  # (seeking back costs an object store a request)
+    # from the byte before the span: a newline there starts a line at ``start``
+    base, skipping = max(0, start - 1), start > 0
+    # (seeking back costs an object store a request)
+    rereads = not compressed and not is_remote(path)
     with open_at(path, base) if skipping or rereads else open_input(path) as handle:
         while stop is None or base < stop:
             block = read_block(handle, path, chunk_bytes, compressed)
@@ -194,20 +191,14 @@ def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, repo
                 break
             buf = carry + block if carry else block
             if skipping:  # the line under way at ``start`` is the span before's
-                newline = buf.find(b"\n")
-                buf, base, carry = (
-                    (b"", base + len(buf), b"")
-                    if newline < 0
-                    else (buf[newline + 1 :], base + newline + 1, b"")
-                )
-                skipping = newline < 0
+                buf, base, skipping = _past_first_newline(buf, base)
+                carry = b""
                 if skipping or not buf or (stop is not None and base >= stop):
                     # (the loop ends when the first line of ours would start at or past ``stop``)
                     continue
             end = buf.rfind(b"\n") + 1
-            if (
-                stop is not None and base + end >= stop
-            ):  # the last line to read starts before ``stop``
+            # the last line to read starts before ``stop``
+            if stop is not None and base + end >= stop:
                 yield buf, buf.find(b"\n", stop - 1 - base) + 1, base
                 return
             if end:
@@ -223,6 +214,15 @@ def line_blocks(path: str, chunk_bytes: int, span=None, skip_corrupt=False, repo
         and _last_line_kept(path, carry, base, skip_corrupt, report)
     ):
         yield carry + b"\n", len(carry) + 1, base
+
+
+def _past_first_newline(buf: bytes, base: int) -> tuple:
+    """``(rest, base, skipping)``: what follows ``buf``'s first newline and its offset (``buf[0]``
+    being at ``base``), skipping done; or with no newline in ``buf``, nothing, still skipping."""
+    newline = buf.find(b"\n")
+    if newline < 0:
+        return b"", base + len(buf), True
+    return buf[newline + 1 :], base + newline + 1, False
 
 
 def line_views(path: str, chunk_bytes: int, skip_corrupt=False, report=None):

@@ -102,6 +102,8 @@ class ShardVerifier:
         return names.shards
 
     def _check_shards(self, fmt, shards, manifest):
+        """Every shard read back whole and checked against its manifest entry; then, where every
+        shard read, the manifest's shard count and totals (``_check_totals``)."""
         listed = {}
         if manifest is not None:
             for index, entry in enumerate(manifest.get("shards", [])):
@@ -110,24 +112,10 @@ class ShardVerifier:
         output_fp = Fingerprint()
         all_read = True
         for index, (path, size) in shards.items():
-            damaged = damage(path, size, listed.get(index))
+            fingerprint, schema, damaged = _read_shard(fmt, path, size, listed.get(index))
             # one line per damaged shard: the checks of what it holds would repeat it
             if damaged is not None:
-                self.problem(f"shard {path} is damaged: {damaged}")
-                all_read = False
-                continue
-            try:
-                fingerprint, _, schema = read_fingerprint(fmt, path)
-                if fmt.name == "parquet":
-                    schema = fmt.check_source(path)  # the file's own schema, also for 0 rows
-            except PileshuffleError as error:
-                self.problem(f"shard {path} is damaged: {error}")
-                all_read = False
-                continue
-            except Exception as error:  # a reader failing in an unexpected way is damage too
-                self.problem(
-                    f"shard {path} is damaged: cannot be read ({type(error).__name__}: {error})"
-                )
+                self.problem(damaged)
                 all_read = False
                 continue
             output_fp += fingerprint
@@ -137,26 +125,8 @@ class ShardVerifier:
                         f"shard {path}: its schema {schema_json(schema)['fields']} is not the "
                         f"manifest's {manifest_schema.get('fields')}"
                     )
-            entry = listed.get(index)
-            if manifest is None:
-                continue
-            if entry is None:
-                self.problem(f"shard {path} is not listed in the manifest")
-                continue
-            if basename(entry.get("path", "")) != basename(path):
-                self.problem(
-                    f"manifest entry {index} names {entry.get('path')}, but the shard is {path}"
-                )
-            if entry.get("records") != fingerprint.records:
-                self.problem(
-                    f"shard {path} holds {fingerprint.records:,} records; the manifest says "
-                    f"{describe_count(entry.get('records'))}"
-                )
-            if entry.get("bytes") != size:
-                self.problem(
-                    f"shard {path} is {size:,} bytes; the manifest says "
-                    f"{describe_count(entry.get('bytes'))}"
-                )
+            if manifest is not None:
+                self.problems += _entry_problems(index, path, size, fingerprint, listed.get(index))
         self.output_fp = output_fp if all_read else None
         self.output_off = self.output_off or not all_read
         if manifest is None or not all_read:
@@ -298,6 +268,48 @@ class ShardVerifier:
                     f"the input holds {count:,} for the manifest's dedup {name}, which says "
                     f"{describe_count(section.get(name))}"
                 )
+
+
+def _read_shard(fmt, path: str, size: int, entry) -> tuple:
+    """``(fingerprint, schema, None)`` of the shard at ``path`` read back whole (a Parquet file's
+    own schema), or ``(None, None, line)``: the one line saying how it is damaged (its bytes
+    against its manifest ``entry``, or what its reader found)."""
+    damaged = damage(path, size, entry)
+    if damaged is not None:
+        return None, None, f"shard {path} is damaged: {damaged}"
+    try:
+        fingerprint, _, schema = read_fingerprint(fmt, path)
+        if fmt.name == "parquet":
+            schema = fmt.check_source(path)  # the file's own schema, also for 0 rows
+    except PileshuffleError as error:
+        return None, None, f"shard {path} is damaged: {error}"
+    except Exception as error:  # a reader failing in an unexpected way is damage too
+        cause = f"cannot be read ({type(error).__name__}: {error})"
+        return None, None, f"shard {path} is damaged: {cause}"
+    return fingerprint, schema, None
+
+
+def _entry_problems(index: int, path: str, size: int, fingerprint: Fingerprint, entry) -> list:
+    """The lines where the manifest's ``entry`` (None: the shard is not listed) does not say what
+    the shard ``index`` at ``path`` is: its path, its records and its size."""
+    if entry is None:
+        return [f"shard {path} is not listed in the manifest"]
+    problems = []
+    if basename(entry.get("path", "")) != basename(path):
+        problems.append(
+            f"manifest entry {index} names {entry.get('path')}, but the shard is {path}"
+        )
+    if entry.get("records") != fingerprint.records:
+        problems.append(
+            f"shard {path} holds {fingerprint.records:,} records; the manifest says "
+            f"{describe_count(entry.get('records'))}"
+        )
+    if entry.get("bytes") != size:
+        problems.append(
+            f"shard {path} is {size:,} bytes; the manifest says "
+            f"{describe_count(entry.get('bytes'))}"
+        )
+    return problems
 
 
 def verify_shards(input_glob, output_prefix: str, format=None) -> list:

@@ -162,9 +162,8 @@ def keyed_rows(
     ``stored`` (a ``ClassCodesReader`` of the source) labels come from the counting pass
     instead of being parsed again (and a JSONL file's lines are read where it found them). With
     ``dedup`` (a ``dedup.Dedup``; not with ``balance``) keys are content keys (``Dedup.keys``)."""
-    first = 0
+    first = 0  # the records of the source (of its span) before the chunk
     copies_of = None if balance is None else balance[1].copier(source.id)
-    keep_unlabeled = balance is not None and len(balance) > 2 and bool(balance[2])
     chunks = (
         fmt.read_placed(source.path, chunk_bytes, skip_corrupt, report, source.span)
         if stored is None
@@ -174,39 +173,51 @@ def keyed_rows(
         hashes, lengths = record_hashes(table), record_lengths(table)
         read = Fingerprint.of(hashes, int(lengths.sum()))
         if copies_of is None:
-            keys = (
-                keymath.position_keys(seed, stream, positions)
-                if dedup is None
-                else dedup.keys(
-                    table,
-                    seed,
-                    hashes,
-                    source.path,
-                    first if not source.span or not source.span[0] else None,
-                    positions,
-                )
-            )
+            keys = _record_keys(table, positions, hashes, source, first, seed, stream, dedup)
             first += table.num_rows
             yield table, keys, hashes, lengths, read, None
             continue
-        if stored is None:
-            codes, classes = class_codes(
-                record_labels(table, balance[0], source.path, first, keep_unlabeled)
-            )
-        else:
-            codes, classes = stored.take(table.num_rows), stored.classes
-        copies = copies_of(codes, classes)
-        found = _tally(codes, copies, classes) if tally is not None else ()
+        copies = _chunk_copies(table, source, first, balance, copies_of, stored, tally)
         first += table.num_rows
-        for label, read_n, emitted_n in found:
-            counted = tally.setdefault(label, [0, 0])
-            counted[0], counted[1] = counted[0] + read_n, counted[1] + emitted_n
-        rows = np.repeat(np.arange(table.num_rows), copies)
-        copy_numbers = np.arange(len(rows)) - np.repeat(np.cumsum(copies) - copies, copies)
-        keys = keymath.position_keys(seed, stream, positions[rows], copy_numbers)
+        rows, keys = _copy_rows_and_keys(table.num_rows, positions, copies, seed, stream)
         yield table, keys, hashes[rows], lengths[rows], read, rows
     if stored is not None:
         stored.close()
+
+
+def _record_keys(table, positions, hashes, source: Source, first: int, seed, stream, dedup):
+    """The keys of a chunk's records without ``balance``: ``position_keys``, or with ``dedup``
+    content keys (``Dedup.keys``, told ``first``, the records before the chunk, where the file
+    is read from its start)."""
+    if dedup is None:
+        return keymath.position_keys(seed, stream, positions)
+    at_file_start = not source.span or not source.span[0]
+    return dedup.keys(table, seed, hashes, source.path, first if at_file_start else None, positions)
+
+
+def _chunk_copies(table, source: Source, first: int, balance, copies_of, stored, tally):
+    """Each record's copies in a chunk under ``balance``, from its labels (parsed, or with
+    ``stored`` the counting pass's); adds the chunk's ``class -> [records read, records
+    emitted]`` to ``tally`` when given."""
+    if stored is None:
+        keep_unlabeled = len(balance) > 2 and bool(balance[2])
+        labels = record_labels(table, balance[0], source.path, first, keep_unlabeled)
+        codes, classes = class_codes(labels)
+    else:
+        codes, classes = stored.take(table.num_rows), stored.classes
+    copies = copies_of(codes, classes)
+    for label, read_n, emitted_n in _tally(codes, copies, classes) if tally is not None else ():
+        counted = tally.setdefault(label, [0, 0])
+        counted[0], counted[1] = counted[0] + read_n, counted[1] + emitted_n
+    return copies
+
+
+def _copy_rows_and_keys(num_rows: int, positions, copies, seed, stream) -> tuple:
+    """``(rows, keys)`` of a chunk's ``num_rows`` records with their ``copies``: the row of each
+    copy (``table.take(rows)``), and its key, each copy a position of its own (its copy number)."""
+    rows = np.repeat(np.arange(num_rows), copies)
+    copy_numbers = np.arange(len(rows)) - np.repeat(np.cumsum(copies) - copies, copies)
+    return rows, keymath.position_keys(seed, stream, positions[rows], copy_numbers)
 
 
 def class_codes(labels) -> tuple:

@@ -63,11 +63,6 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     leaf (Dask) still run all of it. ``lock_token``: Finalize releases the output's lock
     (``planning.locations.taken_output``) after publishing: a job that outlives its launcher
     holds it."""
-    fragments_dir = (
-        storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
-    )
-    # --balance: labels from the counting pass to pass 1
-    codes_dir = storage.join(plan.work_dir, CLASS_CODES_DIR)
     sources = (
         (
             pipeline
@@ -83,6 +78,38 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
         | "SpreadSourceGroups" >> beam.Reshuffle()
     )
     piles_per_group = template_group(plan)
+    fragments, stats = _pass_one(groups, sources, plan, piles_per_group)
+    return (
+        fragments
+        | "GroupIntoPiles"
+        >> GroupIntoPiles(
+            plan.num_piles, plan.max_pile_bytes, plan.work_dir, plan.dedup, piles_per_group
+        )
+        | "WritePiles"
+        >> WritePiles(
+            plan.output,
+            plan.format,
+            plan.compression,
+            num_piles=plan.num_piles,
+            overwrite=plan.replace_existing,
+            schema=plan.schema,
+            expected=stats,
+            manifest_fields=manifest_fields(plan),
+            started=started,
+            release_lock=lock_token,
+        )
+    )
+
+
+def _pass_one(groups, sources, plan, piles_per_group: int) -> tuple:
+    """``(fragments, stats)``: pass 1 over the source groups ``groups`` (``ReadSourceToPiles``,
+    under ``--balance`` with the classes counted over ``sources``), its main output (the piles'
+    parts) and its side output (each source's ``SourceStats``), each holding only its own type."""
+    fragments_dir = (
+        storage.join(plan.work_dir, "fragments") if plan.intermediate == "files" else None
+    )
+    # --balance: labels from the counting pass to pass 1
+    codes_dir = storage.join(plan.work_dir, CLASS_CODES_DIR)
     pass1 = groups | "ReadSourceToPiles" >> beam.ParDo(
         ReadSourceToPiles(
             plan.format,
@@ -106,26 +133,7 @@ def build(pipeline: beam.Pipeline, plan, started: float, lock_token: str = None)
     # does not separate tags), so each branch keeps only its own type; elsewhere a no-op.
     fragments = pass1.fragments | "OnlyFragments" >> beam.Filter(_is_fragment_element)
     stats = pass1[STATS_TAG] | "OnlyStats" >> beam.Filter(_is_source_stats)
-    return (
-        fragments
-        | "GroupIntoPiles"
-        >> GroupIntoPiles(
-            plan.num_piles, plan.max_pile_bytes, plan.work_dir, plan.dedup, piles_per_group
-        )
-        | "WritePiles"
-        >> WritePiles(
-            plan.output,
-            plan.format,
-            plan.compression,
-            num_piles=plan.num_piles,
-            overwrite=plan.replace_existing,
-            schema=plan.schema,
-            expected=stats,
-            manifest_fields=manifest_fields(plan),
-            started=started,
-            release_lock=lock_token,
-        )
-    )
+    return fragments, stats
 
 
 def _class_counts(sources, plan, codes_dir) -> dict:
