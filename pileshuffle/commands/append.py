@@ -25,14 +25,7 @@ def append(options) -> dict:
     """``pileshuffle append``: ``options`` (``AppendOptions``, or its command-line arguments)'s
     records as the store's next generation; returns the new manifest (or Beam's result when
     the runner is not waited for)."""
-    from pileshuffle.engine.inputs import (
-        check_format_fits,
-        check_schemas,
-        describe_difference,
-        match_inputs,
-    )
-    from pileshuffle.engine.transforms.finalize import schema_json
-    from pileshuffle.formats import get_format
+    from pileshuffle.engine.inputs import check_format_fits, match_inputs
 
     args = options if isinstance(options, AppendOptions) else append_options(options)
     prefix = existing_store(args.store)
@@ -42,50 +35,29 @@ def append(options) -> dict:
         if base is None:
             raise OutputError(
                 f"no store at {names.store_dir(prefix)}: create one with `pileshuffle run "
-                "--layout store "
-                f"--output {prefix} --input ...`"
+                f"--layout store --output {prefix} --input ...`"
             )
         store_at_stake_on_interrupt(prefix, base["version"])
         _refuse_other_balance(prefix, base, args)
         sources = match_inputs(args.input)  # never a store's own files
         check_format_fits(sources, base["format"], names.store_dir(prefix))
         newest = base["generations"][-1] if base["generations"] else None
-        if newest is not None and same_inputs(
-            newest, sources
-        ):  # a re-run after a crash, with the option too
+        # a re-run after a crash, with the option too
+        if newest is not None and same_inputs(newest, sources):
             print(
                 f"pileshuffle: these inputs are already generation {newest['generation']} of "
-                f"{names.store_dir(prefix)} "
-                f"(version {base['version']}): nothing to do",
+                f"{names.store_dir(prefix)} (version {base['version']}): nothing to do",
                 file=sys.stderr,
             )
             lock.release_lock(prefix, token)
             return base
         if not args.allow_duplicate_inputs:
             _refuse_held_inputs(prefix, base, sources)
-        fmt = get_format(base["format"])
-        schema = check_schemas(fmt, sources)
-        if (
-            schema is not None
-            and base.get("schema")
-            and schema_json(schema)["fields"] != base["schema"]["fields"]
-        ):
-            expected = (
-                stored_schema(prefix, base["generations"][0]["files"][0]["path"])
-                if base["generations"]
-                else None
-            )
-            detail = (
-                describe_difference(expected, schema)
-                if expected is not None
-                else "different columns"
-            )
-            raise InputError(sources[0].path, f"has a different schema from the store's: {detail}")
+        _refuse_other_schema(prefix, base, sources)
         if not args.quiet:
             print(
                 f"pileshuffle: {len(sources)} input file(s), {sum(s.size for s in sources):,} "
-                "bytes -> generation "
-                f"{base['next_generation']} of {names.store_dir(prefix)}",
+                f"bytes -> generation {base['next_generation']} of {names.store_dir(prefix)}",
                 file=sys.stderr,
             )
         return write_generation(
@@ -98,6 +70,29 @@ def append(options) -> dict:
             token,
             allow_duplicates=args.allow_duplicate_inputs,
         )
+
+
+def _refuse_other_schema(prefix: str, base: dict, sources):
+    """The inputs' schema (``inputs.check_schemas``) must have the store's columns: else name
+    how it differs from the schema of the store's first data file."""
+    from pileshuffle.engine.inputs import check_schemas, describe_difference
+    from pileshuffle.engine.transforms.finalize import schema_json
+    from pileshuffle.formats import get_format
+
+    schema = check_schemas(get_format(base["format"]), sources)
+    if (
+        schema is None
+        or not base.get("schema")
+        or schema_json(schema)["fields"] == base["schema"]["fields"]
+    ):
+        return
+    expected = (
+        stored_schema(prefix, base["generations"][0]["files"][0]["path"])
+        if base["generations"]
+        else None
+    )
+    detail = describe_difference(expected, schema) if expected is not None else "different columns"
+    raise InputError(sources[0].path, f"has a different schema from the store's: {detail}")
 
 
 def _held_inputs(manifest: dict, sources) -> dict:

@@ -28,7 +28,6 @@ def materialize(options) -> dict:
     """``pileshuffle materialize``: the second pass over a store, as ``options``
     (``MaterializeOptions``, or its command-line arguments) say; returns the written manifest."""
     from pileshuffle.engine.output_files import discard_unpublished, read_manifest
-    from pileshuffle.engine.transforms.write import WritePiles
     from pileshuffle.planning.locations import check_shard_output, taken_output, work_dir_for
     from pileshuffle.planning.parameters import parse_bytes
     from pileshuffle.planning.runners import runner_defaults
@@ -40,13 +39,41 @@ def materialize(options) -> dict:
     if layout.clean_prefix(args.output) == prefix:
         raise OutputError(
             f"--output {args.output} is the store's own prefix: its shards would hide the store "
-            "from "
-            f"readers (they take {prefix}-manifest.json first); choose another prefix"
+            f"from readers (they take {prefix}-manifest.json first); choose another prefix"
         )
-    output, _ = check_shard_output(
-        args.output, args.overwrite
-    )  # run's checks: never a file no run wrote
-    manifest = layout.read_store_manifest(prefix, _readable_version(prefix, args.version))
+    # run's checks: never a file no run wrote
+    output, _ = check_shard_output(args.output, args.overwrite)
+    manifest = _materializable_manifest(prefix, args.version)
+    work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
+    max_pile_bytes = (
+        parse_bytes(args.max_pile_bytes) if args.max_pile_bytes else manifest["max_pile_bytes"]
+    )
+    piles = live_piles(prefix, manifest, max_pile_bytes, work_dir=work_dir)
+    first = next((f["path"] for g in manifest["generations"] for f in g["files"]), None)
+    schema = stored_schema(prefix, first) if manifest["format"] == "parquet" and first else None
+    fields = _manifest_fields(prefix, manifest, output, max_pile_bytes)
+    started = time.time()
+
+    def graph(pipeline):
+        return _write_piles(pipeline, piles, output, manifest, schema, fields, started)
+
+    def failed(error):
+        remove_tree(work_dir)
+        discard_unpublished(output)
+
+    with taken_output(output, args.overwrite, work_dir, args.describe()):  # as run does
+        result = execute(runner_defaults(options), graph, len(piles), failed)
+    if result is not None:
+        return result
+    written = read_manifest(output)
+    written["wall_seconds"] = time.time() - started
+    return written
+
+
+def _materializable_manifest(prefix: str, version) -> dict:
+    """The store's manifest at ``--version`` (None: the current one), refused when there is no
+    store, a file it lists is gone, or it has no live records."""
+    manifest = layout.read_store_manifest(prefix, _readable_version(prefix, version))
     if manifest is None:
         raise OutputError(f"no store at {names.store_dir(prefix)}")
     _refuse_missing_files(prefix, manifest)
@@ -56,13 +83,12 @@ def materialize(options) -> dict:
             f"(generations: {[g['generation'] for g in manifest['generations']]}): nothing to "
             "materialize"
         )
-    work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
-    max_pile_bytes = (
-        parse_bytes(args.max_pile_bytes) if args.max_pile_bytes else manifest["max_pile_bytes"]
-    )
-    piles = live_piles(prefix, manifest, max_pile_bytes, work_dir=work_dir)
-    first = next((f["path"] for g in manifest["generations"] for f in g["files"]), None)
-    schema = stored_schema(prefix, first) if manifest["format"] == "parquet" and first else None
+    return manifest
+
+
+def _manifest_fields(prefix: str, manifest: dict, output: str, max_pile_bytes: int) -> dict:
+    """The written manifest's own fields: the store's seed, format and piles, the version and
+    generations read, and a dedup or balanced store's options (and a balanced run's counts)."""
     fields = {
         "output": output,
         "seed": manifest["seed"],
@@ -81,48 +107,39 @@ def materialize(options) -> dict:
             "generations": [g["generation"] for g in manifest["generations"]],
         },
     }
-    if (
-        layout.store_dedup(manifest) is not None
-    ):  # each distinct record of the window once: `verify --input` proves it
+    if layout.store_dedup(manifest) is not None:
+        # each distinct record of the window once: `verify --input` proves it
         fields["options"].update(manifest["options"])
     if layout.store_balance(manifest) is not None:  # the store's --balance, and its counts
         fields["store"]["options"] = manifest["options"]
-        if (
-            len(manifest["generations"]) == 1
-        ):  # run --balance's bytes: its manifest's options and counts too
+        if len(manifest["generations"]) == 1:
+            # run --balance's bytes: its manifest's options and counts too
             fields["options"].update(manifest["options"])
             fields["balance"] = manifest["generations"][0]["balance"]
-    started = time.time()
+    return fields
 
-    def build(pipeline):
-        return (
-            pipeline
-            | "ListPiles" >> beam.Create(piles)
-            | "SpreadPiles" >> beam.Reshuffle()
-            | "WritePiles"
-            >> WritePiles(
-                output,
-                manifest["format"],
-                manifest["compression"],
-                num_piles=manifest["num_piles"],
-                overwrite=True,
-                schema=schema,
-                manifest_fields=fields,
-                started=started,
-            )
+
+def _write_piles(pipeline, piles, output, manifest, schema, fields, started):
+    """The graph ``materialize`` runs: the store's live ``piles`` spread over the workers and
+    written as ``output``'s shards, ``fields`` in their manifest."""
+    from pileshuffle.engine.transforms.write import WritePiles
+
+    return (
+        pipeline
+        | "ListPiles" >> beam.Create(piles)
+        | "SpreadPiles" >> beam.Reshuffle()
+        | "WritePiles"
+        >> WritePiles(
+            output,
+            manifest["format"],
+            manifest["compression"],
+            num_piles=manifest["num_piles"],
+            overwrite=True,
+            schema=schema,
+            manifest_fields=fields,
+            started=started,
         )
-
-    def failed(error):
-        remove_tree(work_dir)
-        discard_unpublished(output)
-
-    with taken_output(output, args.overwrite, work_dir, args.describe()):  # as run does
-        result = execute(runner_defaults(options), build, len(piles), failed)
-    if result is not None:
-        return result
-    written = read_manifest(output)
-    written["wall_seconds"] = time.time() - started
-    return written
+    )
 
 
 def _readable_version(prefix: str, version):

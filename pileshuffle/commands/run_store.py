@@ -35,28 +35,11 @@ def run_store(options, wait=None):
             "those shards (readers take shards first); choose another --output"
         )
     sources = plan.sources  # match_inputs leaves store files out
-    base = layout.new_manifest(
-        plan.format,
-        plan.compression,
-        plan.num_piles,
-        plan.seed,
-        plan.max_pile_bytes,
-        schema_json(plan.schema) if plan.schema is not None else None,
-        None if plan.balance is None else (plan.label, plan.balance, plan.keep_unlabeled),
-        plan.dedup,
-    )
+    base = _first_manifest(plan)
     with store_lock(prefix, command_line()) as token:
         current = layout.read_store_manifest(prefix)
         if current is not None:
-            first = current["generations"][:1]
-            if (
-                len(current["generations"]) == 1
-                and first[0]["generation"] == 0
-                and same_inputs(first[0], sources)
-                and (current["seed"], current["num_piles"], current["format"])
-                == (plan.seed, plan.num_piles, plan.format)
-                and current.get("options") == base.get("options")
-            ):
+            if _holds_this_run(current, base, plan):
                 print(
                     f"pileshuffle: {names.store_dir(prefix)} already holds these inputs as "
                     f"generation 0 (version {current['version']}): nothing to do",
@@ -77,12 +60,34 @@ def run_store(options, wait=None):
                 file=sys.stderr,
             )
         return write_generation(
-            plan.options,
-            prefix,
-            base,
-            sources,
-            plan.seed,
-            plan.skip_corrupt,
-            token,
-            wait,
+            plan.options, prefix, base, sources, plan.seed, plan.skip_corrupt, token, wait
         )
+
+
+def _first_manifest(plan) -> dict:
+    """The manifest the new store starts from (``layout.new_manifest``): the plan's format,
+    piles, seed and pile size, its input schema, and its balance and dedup options."""
+    return layout.new_manifest(
+        plan.format,
+        plan.compression,
+        plan.num_piles,
+        plan.seed,
+        plan.max_pile_bytes,
+        schema_json(plan.schema) if plan.schema is not None else None,
+        None if plan.balance is None else (plan.label, plan.balance, plan.keep_unlabeled),
+        plan.dedup,
+    )
+
+
+def _holds_this_run(current: dict, base: dict, plan) -> bool:
+    """Whether the store's manifest ``current`` is this run's, done: generation 0 alone, from
+    the plan's sources, with its seed, piles and format, and ``base``'s options (a re-run)."""
+    first = current["generations"][:1]
+    return (
+        len(current["generations"]) == 1
+        and first[0]["generation"] == 0
+        and same_inputs(first[0], plan.sources)
+        and (current["seed"], current["num_piles"], current["format"])
+        == (plan.seed, plan.num_piles, plan.format)
+        and current.get("options") == base.get("options")
+    )

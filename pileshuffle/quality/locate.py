@@ -250,34 +250,12 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
     rows readers get) stably sorted by key, with the pass-1 hashes the store keeps. One pile
     in memory at a time."""
     from pileshuffle.loader.order import sort_by_key
-    from pileshuffle.loader.piles import sub_pile_of
 
     pile_records, hashes, positions, labels = [], [], [], []
     position = longest = 0
-    for (
-        pile
-    ) in output.piles:  # a grown pile is several refs, one per sub-pile, each over all its files
-        filesystem = pile.source.filesystem
-        tables = []
-        for path in pile.files:
-            try:
-                with filesystem.open_input_stream(path) as stream:
-                    table = pa.ipc.open_stream(stream).read_all()
-                # a dedup store: copies hidden
-                visible = pile.source.visible_rows(path, table.num_rows)
-                tables.append(table if visible is None else table.take(visible))
-            except FileNotFoundError:
-                raise InputError(
-                    path,
-                    f"is missing, but the store version read ({output.location}) lists it; "
-                    f"`pileshuffle verify --output` on the store names every damaged generation",
-                ) from None
-        table = pa.concat_tables(tables) if tables else None
-        if table is not None and pile.part is not None:
-            sub, ways = pile.part
-            table = table.filter(
-                sub_pile_of(table.column(KEY_COLUMN).to_numpy(), pile.source.num_piles, ways) == sub
-            )
+    # a grown pile is several refs, one per sub-pile, each over all its files
+    for pile in output.piles:
+        table = _pile_table(output, pile)
         count = table.num_rows if table is not None else 0
         if count:
             order = sort_by_key(table.column(KEY_COLUMN).to_numpy())
@@ -298,6 +276,35 @@ def scan_store(output, threshold: int, label: Label = None) -> Scan:
     return Scan.joined(
         pile_records, hashes, positions, labels if label is not None else None, longest
     )
+
+
+def _pile_table(output, pile):
+    """One pile ref's rows as readers get them (None: it has no files): its files' tables in
+    order, a dedup store's copies hidden, and of a grown pile only the ref's sub-pile."""
+    from pileshuffle.loader.piles import sub_pile_of
+
+    filesystem = pile.source.filesystem
+    tables = []
+    for path in pile.files:
+        try:
+            with filesystem.open_input_stream(path) as stream:
+                table = pa.ipc.open_stream(stream).read_all()
+            # a dedup store: copies hidden
+            visible = pile.source.visible_rows(path, table.num_rows)
+            tables.append(table if visible is None else table.take(visible))
+        except FileNotFoundError:
+            raise InputError(
+                path,
+                f"is missing, but the store version read ({output.location}) lists it; "
+                f"`pileshuffle verify --output` on the store names every damaged generation",
+            ) from None
+    table = pa.concat_tables(tables) if tables else None
+    if table is not None and pile.part is not None:
+        sub, ways = pile.part
+        table = table.filter(
+            sub_pile_of(table.column(KEY_COLUMN).to_numpy(), pile.source.num_piles, ways) == sub
+        )
+    return table
 
 
 def match(source: Scan, target: Scan):

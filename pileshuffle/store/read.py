@@ -104,7 +104,6 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
     to its fingerprint; generations and totals add up. Missing or damaged files are named,
     each with its generation (a ``Problem``'s ``generation``)."""
     prefix = layout.store_prefix(prefix)
-    problems = []
     try:
         manifest = layout.read_store_manifest(prefix, version)
     except Exception as error:
@@ -113,47 +112,56 @@ def check_store(prefix: str, version: int = None, input_glob: str = None) -> tup
         return [f"no store at {names.store_dir(prefix)} (no manifest-*.json)"], None
     store = names.store_dir(prefix)
     num_piles, fmt = manifest["num_piles"], get_format(manifest["format"])
-    records = payload = 0
+    problems = []
     for generation in manifest["generations"]:
-        found = Fingerprint()
-        for entry in generation["files"]:
-            path = layout.join(store, entry["path"])
-            problem = _check_file(path, entry, num_piles, fmt) or _check_copies_file(
-                store, generation["generation"], entry
-            )
-            if problem:
-                problems.append(
-                    Problem.of(
-                        f"{problem} (generation {generation['generation']})",
-                        generation["generation"],
-                    )
-                )
-            found += Fingerprint.from_json(entry["fingerprint"])
-        if (
-            found != Fingerprint.from_json(generation["fingerprint"])
-            or found.records != generation["records"]
-        ):
-            problems.append(
-                Problem.of(
-                    f"generation {generation['generation']}: its files' fingerprints do not add up "
-                    f"to the generation's ({found.records} vs {generation['records']} records)",
-                    generation["generation"],
-                )
-            )
-        records += generation["records"]
-        payload += generation["payload_bytes"]
-    totals = {"records": records, "payload_bytes": payload}
-    if layout.store_dedup(manifest) is not None:
-        totals["distinct"] = layout.visible_records(manifest["generations"])
-    if manifest["totals"] != totals:
-        problems.append(
-            f"the manifest's totals {manifest['totals']} are not the sum of its generations "
-            f"({records} records, {payload} payload bytes"
-            + (f", {totals['distinct']} distinct)" if "distinct" in totals else ")")
-        )
+        problems += _check_generation(store, generation, num_piles, fmt)
+    problems += _check_totals(manifest)
     if input_glob:
         problems += _check_input(input_glob, manifest, fmt)
     return problems, manifest
+
+
+def _check_generation(store: str, generation: dict, num_piles: int, fmt) -> list:
+    """The ``Problem``s of one generation: each of its data files (``_check_file``, then its
+    copies file: ``_check_copies_file``), and its files' fingerprints adding up to its own."""
+    number, problems, found = generation["generation"], [], Fingerprint()
+    for entry in generation["files"]:
+        path = layout.join(store, entry["path"])
+        problem = _check_file(path, entry, num_piles, fmt) or _check_copies_file(
+            store, number, entry
+        )
+        if problem:
+            problems.append(Problem.of(f"{problem} (generation {number})", number))
+        found += Fingerprint.from_json(entry["fingerprint"])
+    if (
+        found != Fingerprint.from_json(generation["fingerprint"])
+        or found.records != generation["records"]
+    ):
+        problems.append(
+            Problem.of(
+                f"generation {number}: its files' fingerprints do not add up to the generation's "
+                f"({found.records} vs {generation['records']} records)",
+                number,
+            )
+        )
+    return problems
+
+
+def _check_totals(manifest: dict) -> list:
+    """The manifest's totals are the sum of its generations' records and payload bytes (and,
+    in a dedup store, of the records readers see: ``layout.visible_records``)."""
+    records = sum(g["records"] for g in manifest["generations"])
+    payload = sum(g["payload_bytes"] for g in manifest["generations"])
+    totals = {"records": records, "payload_bytes": payload}
+    if layout.store_dedup(manifest) is not None:
+        totals["distinct"] = layout.visible_records(manifest["generations"])
+    if manifest["totals"] == totals:
+        return []
+    return [
+        f"the manifest's totals {manifest['totals']} are not the sum of its generations "
+        f"({records} records, {payload} payload bytes"
+        + (f", {totals['distinct']} distinct)" if "distinct" in totals else ")")
+    ]
 
 
 def _check_input(input_glob: str, manifest: dict, fmt) -> list:

@@ -167,20 +167,36 @@ def build_generation(
     unless ``allow_duplicates`` or the store deduplicates, when its records are exactly a live
     generation's). A dedup store marks each file's copies of earlier rows before publishing. A
     balanced store (``layout.store_balance``) first counts this generation's classes."""
-    store, balance, dedup = (
-        names.store_dir(prefix),
-        layout.store_balance(base),
-        layout.store_dedup(base),
+    dedup = layout.store_dedup(base)
+    items = _written_files(pipeline, prefix, base, generation, groups, seed, skip_corrupt, dedup)
+    if dedup is not None:
+        items = _marked_copies(items, prefix, base, generation, dedup)
+    return publish(
+        items,
+        prefix,
+        base,
+        generation,
+        len(groups),
+        lock_token,
+        input_sizes,
+        input_identities,
+        refuse_copies=not allow_duplicates and dedup is None,  # a dedup store hides copies
     )
+
+
+def _written_files(pipeline, prefix, base, generation, groups, seed, skip_corrupt, dedup):
+    """The writer groups' output: one ``SourceStats`` per source read and one ``StoreFile`` per
+    pile a group wrote to; in a balanced store, each record as many times as its copies say."""
+    balance = layout.store_balance(base)
     label, policy, keep_unlabeled = (None, None, False) if balance is None else balance
-    items = (
+    return (
         pipeline
         | "ListWriterGroups" >> beam.Create(groups)
         | "SpreadWriterGroups" >> beam.Reshuffle()
         | "WriteStoreGroup"
         >> beam.ParDo(
             _WriteStoreGroup(
-                store,
+                names.store_dir(prefix),
                 generation,
                 base["format"],
                 seed,
@@ -195,19 +211,6 @@ def build_generation(
                 pipeline, groups, base["format"], label, skip_corrupt, keep_unlabeled
             ),
         )
-    )
-    if dedup is not None:
-        items = _marked_copies(items, prefix, base, generation, dedup)
-    return publish(
-        items,
-        prefix,
-        base,
-        generation,
-        len(groups),
-        lock_token,
-        input_sizes,
-        input_identities,
-        refuse_copies=not allow_duplicates and dedup is None,  # a dedup store hides copies
     )
 
 
