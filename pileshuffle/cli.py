@@ -138,10 +138,8 @@ def main(argv=None):
     """``pileshuffle COMMAND [options]`` (``argv`` without the program name): the command's exit
     code; no command, or an unknown one, prints the usage (exit code 2; 0 for ``--help``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in (
-        "run",
-        "plan",
-    ):  # before Beam's import: a count that would take the machine
+    # before Beam's import: a count that would take the machine
+    if argv and argv[0] in ("run", "plan"):
         from pileshuffle.errors import UsageError
         from pileshuffle.planning.pile_bound import check_num_piles_argv
 
@@ -179,9 +177,8 @@ def entry():
             code = main()
         logging.shutdown()
         sys.stdout.flush()
-    except (
-        BrokenPipeError
-    ):  # the reader of stdout is gone (`pileshuffle plan ... | head`): end quietly
+    except BrokenPipeError:
+        # the reader of stdout is gone (`pileshuffle plan ... | head`): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = CLOSED_STDOUT_EXIT_CODE
     sys.stderr.flush()

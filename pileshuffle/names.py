@@ -210,14 +210,12 @@ def class_codes_names(source_id: int) -> tuple:
 
 STORE_SUFFIX = "-store"  # after the prefix: a pile store's folder
 STORE_LOCK_NAME = "LOCK"  # in the store's folder while a command changes the store
-STORE_MANIFEST_NAME = re.compile(
-    r"^manifest-(\d{8})\.json$"
-)  # a manifest version's file name (group 1: the version)
+# a manifest version's file name (group 1: the version)
+STORE_MANIFEST_NAME = re.compile(r"^manifest-(\d{8})\.json$")
 STORE_MANIFEST_GLOB = "manifest-*.json"  # every manifest version in the store's folder
 GENERATION_DIR = re.compile(r"^g(\d{6})$")  # a generation's folder name (group 1: the generation)
-STORE_FILE = re.compile(
-    r"-store/(g\d{6}/|manifest-\d{8}\.json$|\.manifest-|LOCK)"
-)  # any path inside a store
+# any path inside a store
+STORE_FILE = re.compile(r"-store/(g\d{6}/|manifest-\d{8}\.json$|\.manifest-|LOCK)")
 
 
 def store_dir(prefix: str) -> str:

@@ -143,11 +143,8 @@ class Progress:
         self.files, self.total_bytes, self.num_piles = files, total_bytes, num_piles
         self.stream, self.live, self.interval = stream, live, interval
         self.lock = threading.Lock()
-        self.done_files, self.counted, self.file_bytes = (
-            0,
-            {},
-            {},
-        )  # bytes counted by (source id, span) and by file
+        # bytes counted by (source id, span) and by file
+        self.done_files, self.counted, self.file_bytes = 0, {}, {}
         self.pass1 = self._line(total_bytes, "pass 1", _PASS1_FORMAT, unit="B", unit_scale=True)
         self.pass2 = None
 

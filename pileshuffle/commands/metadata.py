@@ -24,9 +24,8 @@ def template_metadata() -> dict:
         }
         if p.choices:
             entry["regexes"] = ["^(" + "|".join(p.choices) + ")$"]
-        elif p.param_type.startswith(
-            "GCS_"
-        ):  # the template runs on Dataflow: its paths are on Cloud Storage
+        # the template runs on Dataflow: its paths are on Cloud Storage
+        elif p.param_type.startswith("GCS_"):
             entry["regexes"] = [p.regex.replace("^", "^gs://", 1)]
         elif p.regex:
             entry["regexes"] = [p.regex]

@@ -43,9 +43,8 @@ class AppendOptions:
     input: str
     skip_corrupt: bool = False
     allow_duplicate_inputs: bool = False
-    beam: PipelineOptions = dataclasses.field(
-        default_factory=_no_beam_options
-    )  # runner, temp location, ...
+    # runner, temp location, ...
+    beam: PipelineOptions = dataclasses.field(default_factory=_no_beam_options)
     label_field: str = None
     balance: str = None
     undersample: bool = None
@@ -87,9 +86,8 @@ class MaterializeOptions:
     quiet: bool = False  # as run --quiet (materialize prints only its summary and warnings anyway)
 
     def __post_init__(self):
-        check_max_pile_bytes(
-            self.max_pile_bytes, auto=False, allow_auto=False
-        )  # the store fixes the piles
+        # the store fixes the piles
+        check_max_pile_bytes(self.max_pile_bytes, auto=False, allow_auto=False)
 
     def describe(self) -> str:
         return f"pileshuffle materialize --store {self.store} --output {self.output}"
@@ -206,9 +204,8 @@ def append_options(argv) -> AppendOptions:
         default=None,
         help="as the store was created (default: the store's; refused if it was created without)",
     )
-    parser.add_argument(
-        "--dedup", help=argparse.SUPPRESS
-    )  # refused with a reason, not as an unknown option
+    # refused with a reason, not as an unknown option
+    parser.add_argument("--dedup", help=argparse.SUPPRESS)
     parser.add_argument("--dedup_key", help=argparse.SUPPRESS)
     _add_quiet(parser)
     args, beam_args = check_command_argv(parser, argv)

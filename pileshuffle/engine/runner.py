@@ -300,12 +300,10 @@ def _worker_stderr(state):
             yield state
         finally:
             sys.stderr.flush()
-            if state.ours and _writes_to_fd_2(
-                sys.stderr
-            ):  # the runner's threads may still fail noisily:
-                sys.stderr = os.fdopen(
-                    os.dup(saved), "w", buffering=1
-                )  # our lines go to the real stderr,
+            # the runner's threads may still fail noisily:
+            if state.ours and _writes_to_fd_2(sys.stderr):
+                # our lines go to the real stderr,
+                sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)
                 null = os.open(os.devnull, os.O_WRONLY)  # file descriptor 2 stays quiet
                 os.dup2(null, 2)
                 os.close(null)

@@ -74,9 +74,8 @@ __all__ = [
 ]
 
 
-PAYLOADS = (
-    Payloads()
-)  # the holder of bare ``record`` payloads (a composed run's bytes, a store's records)
+# the holder of bare ``record`` payloads (a composed run's bytes, a store's records)
+PAYLOADS = Payloads()
 
 
 def holder_of(table) -> RecordFormat:

@@ -31,9 +31,8 @@ __all__ = [
     "parts_by_pile",
 ]
 
-DEFAULT_CHUNK_BYTES = (
-    16 << 20
-)  # input bytes per chunk a reader yields: one chunk's table is what pass 1 holds per file
+# input bytes per chunk a reader yields: one chunk's table is what pass 1 holds per file
+DEFAULT_CHUNK_BYTES = 16 << 20
 
 
 @dataclasses.dataclass
@@ -293,10 +292,8 @@ class Payloads(RecordFormat):
 
     name = "payloads"
     record_column = RECORD_COLUMN
-    before, after = (
-        0,
-        0,
-    )  # bytes around the payload in ``record_column``: a frame's header and footer, a newline
+    # bytes around the payload in ``record_column``: a frame's header and footer, a newline
+    before, after = 0, 0
 
     @property
     def framing(self) -> int:

@@ -130,9 +130,8 @@ class ParquetFormat(RecordFormat):
             parquet = _parquet_file(handle, path)
             rows = max(1, int(chunk_bytes / max(1.0, _mean_row_bytes(parquet.metadata))))
             groups, first_rows, sizes = _row_groups_in(parquet.metadata, span)
-            read_before = np.concatenate(
-                ([0], np.cumsum(sizes, dtype=np.int64))
-            )  # rows of the groups read before each
+            # rows of the groups read before each
+            read_before = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
             done = 0
             try:
                 for batch in parquet.iter_batches(
@@ -174,9 +173,8 @@ class ParquetFormat(RecordFormat):
         for table in itertools.chain(head, tables):
             written += table.num_rows
             after = before + rows_bytes(table)
-            if (
-                after // _ROW_GROUP_BYTES > before // _ROW_GROUP_BYTES
-            ):  # a group ends in this table: find the rows
+            # a group ends in this table: find the rows
+            if after // _ROW_GROUP_BYTES > before // _ROW_GROUP_BYTES:
                 lengths = row_lengths(table)
                 ends = before + np.cumsum(lengths)
                 cuts = (

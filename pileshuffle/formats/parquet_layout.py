@@ -63,9 +63,8 @@ def dictionary_columns(sample: pa.Table, group_rows: int) -> list:
         except pa.ArrowNotImplementedError:  # a type Arrow cannot count: plain
             continue
         half = max(1.0, group_rows / 2)
-        if distinct <= (
-            half if rows >= group_rows else expected_distinct(rows, half)
-        ):  # all rows seen: exact
+        # all rows seen: exact
+        if distinct <= (half if rows >= group_rows else expected_distinct(rows, half)):
             chosen.append(field.name)
     return chosen
 

@@ -278,9 +278,8 @@ def known_line_chunks(path: str, next_lengths, chunk_bytes: int, skip_corrupt=Fa
                 break
             bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
             buf = read_up_to(handle, path, int(bounds[-1]), compressed)
-            if (
-                len(buf) == bounds[-1] - 1 and buf and buf[-1:] != b"\n"
-            ):  # a last line without its newline:
+            # a last line without its newline:
+            if len(buf) == bounds[-1] - 1 and buf and buf[-1:] != b"\n":
                 buf += b"\n"  # it gets one, as line_blocks gives it
             if (
                 len(buf) != bounds[-1]

@@ -15,9 +15,8 @@ from pileshuffle.errors import InputError
 __all__ = ["VIEW_ITEM", "payload_views", "raw_bytes", "shift_buffers", "value_views", "view_array"]
 
 _MAX_BUFFER_BYTES = 2**31 - 1  # a view's offset is an int32
-VIEW_ITEM = np.dtype(
-    (np.void, 16)
-)  # one view as one numpy item: 8x faster to gather or scatter than (n, 16) uint8
+# one view as one numpy item: 8x faster to gather or scatter than (n, 16) uint8
+VIEW_ITEM = np.dtype((np.void, 16))
 
 
 def payload_views(

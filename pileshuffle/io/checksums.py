@@ -26,9 +26,8 @@ from pileshuffle.errors import InputError
 __all__ = ["Crc32cWriter", "crc32c_hex", "crc32c_mismatch", "check_crc32c", "unreadable_bytes"]
 
 
-_UNLOCKED_BYTES = (
-    1 << 20
-)  # from this size on a CRC lets go of the GIL (as google_crc32c does for bytes)
+# from this size on a CRC lets go of the GIL (as google_crc32c does for bytes)
+_UNLOCKED_BYTES = 1 << 20
 
 
 def crc32c_hex(data) -> str:

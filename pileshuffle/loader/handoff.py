@@ -229,9 +229,8 @@ def _ring_for(total):
             _own.pop("ring")
         try:
             ring = _own["ring"] = _Ring(size)
-        except (
-            OSError
-        ):  # memfd_create refused (a sandbox) or no memory: batches go inside the pickle
+        except OSError:
+            # memfd_create refused (a sandbox) or no memory: batches go inside the pickle
             _own["refused"] = True
             return None
     return ring

@@ -77,9 +77,8 @@ def choose_num_piles(requested, mean, total, max_pile_bytes, growth=1.0) -> tupl
     records ``--balance`` writes per record read (``growth``)."""
     if str(requested) != "auto":
         return int(requested), "as requested"
-    per_record = (
-        mean + RECORD_OVERHEAD
-    )  # as a pile holds it: records of `mean` bytes, each with its key and hash
+    # as a pile holds it: records of `mean` bytes, each with its key and hash
+    per_record = mean + RECORD_OVERHEAD
     piles = keymath.auto_num_piles(total * growth / mean * per_record, per_record, max_pile_bytes)
     written = (
         ""

@@ -49,9 +49,8 @@ def _call_at(crc_bits: int, length_bits: int):
     return call
 
 
-_extend_at = _call_at(
-    32, 64
-)  # uint32_t crc32c_extend(uint32_t crc, const uint8_t *data, size_t count)
+# uint32_t crc32c_extend(uint32_t crc, const uint8_t *data, size_t count)
+_extend_at = _call_at(32, 64)
 _zlib_crc32_at = _call_at(64, 32)  # zlib's uLong crc32(uLong crc, const Bytef *buf, uInt len)
 
 
@@ -92,9 +91,8 @@ def slice_crcs(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, kind: s
     if len(starts) and (
         starts.min() < 0 or lengths.min() < 0 or (starts + lengths).max() > raw.size
     ):
-        raise ValueError(
-            f"slices outside a buffer of {raw.size:,} bytes"
-        )  # the loop reads memory unchecked
+        # the loop reads memory unchecked
+        raise ValueError(f"slices outside a buffer of {raw.size:,} bytes")
     if kind == "crc32" and len(lengths) and lengths.max() >= 2**32:
         return None  # zlib's length is 32 bits
     return _slice_crcs(address, kind == "crc32", raw, starts, lengths)

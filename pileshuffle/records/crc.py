@@ -115,6 +115,5 @@ def payloads_match_stored_crcs(
     registers = (unmask_crcs(stored) ^ np.uint64(_U32)).astype("<u4")
     copy[footers] = registers.view(np.uint8).reshape(-1, FOOTER_BYTES)
     copy.flags.writeable = False  # google_crc32c takes read-only buffers only
-    return (
-        google_crc32c.extend(_U32, copy) == _U32
-    )  # extend from 0xFFFFFFFF: a raw CRC, xor 0xFFFFFFFF
+    # extend from 0xFFFFFFFF: a raw CRC, xor 0xFFFFFFFF
+    return google_crc32c.extend(_U32, copy) == _U32

@@ -54,10 +54,8 @@ def record_keys(seed: int, stream: tuple, start: int, count: int) -> np.ndarray:
     return generator.random_raw(skip + count)[skip:]
 
 
-_MIX_1, _MIX_2 = (
-    np.uint64(0xBF58476D1CE4E5B9),
-    np.uint64(0x94D049BB133111EB),
-)  # SplitMix64's finalizer
+# SplitMix64's finalizer
+_MIX_1, _MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 

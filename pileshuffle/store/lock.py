@@ -207,9 +207,8 @@ def store_lock(prefix: str, command: str):
         token = StoreLock(prefix, command).acquire()
         yield token
     except BaseException:
-        with (
-            interrupt.not_cut()
-        ):  # one step: no lock, nor an empty folder, is left by a Ctrl-C inside it
+        # one step: no lock, nor an empty folder, is left by a Ctrl-C inside it
+        with interrupt.not_cut():
             if token is not None:
                 release_lock(prefix, token)
             remove_if_empty(prefix)

@@ -148,9 +148,8 @@ class Finalize(beam.DoFn):
         )
         self._publish(old, [staged[p].staged_path for p in range(num_piles)], finals, manifest)
         self._remove_work(shards)
-        if (
-            self._release_lock
-        ):  # the job that was handed the output's lock (taken_output) lets it go
+        # the job that was handed the output's lock (taken_output) lets it go
+        if self._release_lock:
             release_lock_file(output_lock_path(self._prefix), self._release_lock)
         yield manifest
 
