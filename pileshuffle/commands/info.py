@@ -42,27 +42,16 @@ def describe(prefix: str) -> dict:
 
 
 def _shard_lines(manifest: dict) -> dict:
-    totals, piles, options = (
-        manifest["totals"],
-        manifest["pile_records"],
-        manifest.get("options", {}),
-    )
+    """The lines of a shard output's manifest: its kind, format, records, what made it, its input
+    and what the manifest proves."""
+    totals, piles = manifest["totals"], manifest["pile_records"]
     fingerprint = manifest["output_fingerprint"]
     checked = (
         "each shard's size and CRC32C"
         if all("crc32c" in s for s in manifest["shards"])
         else "each shard's size"
     )
-    made = f"seed {manifest['seed']}" if "seed" in manifest else "a composed pipeline (WritePiles)"
-    if options:
-        made += (
-            f"; {manifest['num_piles']} piles ({options.get('num_piles_reason', '')}), "
-            f"intermediate {options.get('intermediate')}"
-            + (", skipping corrupt records" if options.get("skip_corrupt") else "")
-        )
-    if manifest.get("store"):
-        store = manifest["store"]
-        made += f"; materialized from {store['prefix']} version {store['version']}"
+    made = _made_by_text(manifest)
     skipped = manifest.get("skipped", {})
     return {
         "kind": f"shard output (format_version {manifest.get('format_version', '1.0')}, "
@@ -92,6 +81,23 @@ def _shard_lines(manifest: dict) -> dict:
             + f"; {checked} are listed (`pileshuffle verify` re-checks all of it)"
         ),
     }
+
+
+def _made_by_text(manifest: dict) -> str:
+    """What made a shard output: its seed (else a composed pipeline's ``WritePiles``), the piles
+    and intermediate mode its options chose, and the store it was materialized from."""
+    options = manifest.get("options", {})
+    made = f"seed {manifest['seed']}" if "seed" in manifest else "a composed pipeline (WritePiles)"
+    if options:
+        made += (
+            f"; {manifest['num_piles']} piles ({options.get('num_piles_reason', '')}), "
+            f"intermediate {options.get('intermediate')}"
+            + (", skipping corrupt records" if options.get("skip_corrupt") else "")
+        )
+    if manifest.get("store"):
+        store = manifest["store"]
+        made += f"; materialized from {store['prefix']} version {store['version']}"
+    return made
 
 
 def _store_options_text(manifest: dict) -> str:

@@ -88,7 +88,43 @@ def main(argv=None):
     from pileshuffle.errors import PileshuffleError
     from pileshuffle.planning.parameters import parse_flag
     from pileshuffle.planning.runners import local_defaults
-    from pileshuffle.planning.template_parameters import PARAMETERS, Parameter
+    from pileshuffle.planning.template_parameters import PARAMETERS
+
+    json_flag, scale = _plan_parameters()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        print(
+            help_text(
+                "pileshuffle plan",
+                "Show what `pileshuffle run` would do with these options: files, bytes, "
+                "records, piles, pile sizes, memory, space, Cloud Storage operations, runner. "
+                "Reads a sample; writes nothing.",
+                PARAMETERS + (json_flag, scale),
+            )
+        )
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        input_bytes, argv = _input_bytes_of(argv)
+        values = check_argv(argv, PARAMETERS + (json_flag,))
+        options = PipelineOptions([a for a in argv if a.split("=", 1)[0] != "--json"])
+        if is_local_runner(options):
+            options = local_defaults(options)
+        plan = make_plan(options, input_bytes)
+    except PileshuffleError as error:
+        print(f"pileshuffle: error: {error}", file=sys.stderr)
+        return 2
+    if parse_flag(values.json):
+        print(json.dumps(plan_json(plan, options), indent=1))
+    else:
+        print(plan_text(plan, options))
+    return 0
+
+
+def _plan_parameters() -> tuple:
+    """``(--json, --input_bytes)``: the parameters ``plan`` takes beyond ``run``'s (the template's
+    ``PARAMETERS``), as its help lists them."""
+    from pileshuffle.planning.template_parameters import Parameter
 
     json_flag = Parameter(
         "json",
@@ -109,35 +145,7 @@ def main(argv=None):
         regex=r"^[^\n]*$",
         metavar="SIZE",
     )
-    parameters = PARAMETERS + (json_flag, scale)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if wants_help(argv):
-        print(
-            help_text(
-                "pileshuffle plan",
-                "Show what `pileshuffle run` would do with these options: files, bytes, "
-                "records, piles, pile sizes, memory, space, Cloud Storage operations, runner. "
-                "Reads a sample; writes nothing.",
-                parameters,
-            )
-        )
-        return 0
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        input_bytes, argv = _input_bytes_of(argv)
-        values = check_argv(argv, PARAMETERS + (json_flag,))
-        options = PipelineOptions([a for a in argv if a.split("=", 1)[0] != "--json"])
-        if is_local_runner(options):
-            options = local_defaults(options)
-        plan = make_plan(options, input_bytes)
-    except PileshuffleError as error:
-        print(f"pileshuffle: error: {error}", file=sys.stderr)
-        return 2
-    if parse_flag(values.json):
-        print(json.dumps(plan_json(plan, options), indent=1))
-    else:
-        print(plan_text(plan, options))
-    return 0
+    return json_flag, scale
 
 
 def _input_bytes_of(argv: list) -> tuple:

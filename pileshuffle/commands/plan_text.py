@@ -55,13 +55,28 @@ def runner_description(options) -> tuple:
 def _found_lines(plan: Plan) -> list:
     """``(label, text)`` lines of what the plan found: the input, its records, what ``--balance``
     and ``--dedup`` do to them, and the files matched but not read or to be replaced."""
+    lines = _input_lines(plan)
+    lines += [
+        (name, describe(plan))
+        for name, describe, asked in (
+            ("balance", _balance_text, plan.balance),
+            ("dedup", _dedup_text, plan.dedup),
+        )
+        if asked is not None
+    ]
+    return lines + _unread_and_replaced_lines(plan)
+
+
+def _input_lines(plan: Plan) -> list:
+    """``(label, text)`` lines of the input's files and bytes, and of its records: how many, how
+    large (from the expansion of a sample when compressed)."""
     compressed = any(compression_of(src.path) != UNCOMPRESSED for src in plan.sources)
     guessed = (
         " (compressed input: from the expansion of a sample)"
         if compressed and plan.format != "parquet"
         else ""
     )
-    lines = [
+    return [
         (
             "input",
             f"{len(plan.sources):,} {plan.format} file(s), {plan.input_bytes:,} bytes "
@@ -73,14 +88,12 @@ def _found_lines(plan: Plan) -> list:
             f"{guessed}",
         ),
     ]
-    lines += [
-        (name, describe(plan))
-        for name, describe, asked in (
-            ("balance", _balance_text, plan.balance),
-            ("dedup", _dedup_text, plan.dedup),
-        )
-        if asked is not None
-    ]
+
+
+def _unread_and_replaced_lines(plan: Plan) -> list:
+    """``(label, text)`` lines of the files ``--input`` matched but the run does not read (its
+    own, not input files, named twice) and of those it replaces (an unfinished run's)."""
+    lines = []
     if plan.left_out:
         lines.append(
             (

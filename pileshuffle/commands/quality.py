@@ -235,10 +235,7 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    from pileshuffle.engine.inputs import check_format_fits, match_inputs
     from pileshuffle.errors import PileshuffleError
-    from pileshuffle.formats import get_format
-    from pileshuffle.quality.label import Label
 
     problem = report_problem(args.report) if args.report else None
     if problem:
@@ -246,43 +243,14 @@ def main(argv=None) -> int:
         return 2
     if args.mixture:
         return _mixture_main(args)
-    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
     try:
-        label = (
-            Label.parse_bytes(args.label_bytes)
-            if args.label_bytes
-            else Label(field=args.label_field)
-            if args.label_field
-            else None
-        )
-        manifest, output = finished_output(prefix)
-        sources = match_inputs(args.input)
-        check_format_fits(
-            sources, manifest["format"], prefix
-        )  # the run read its input in the output's format
-        report = measure(
-            get_format(manifest["format"]),
-            [s.path for s in sources],
-            output,
-            manifest,
-            args.sample,
-            label,
-            args.batch_size,
-            args.compare,
-        )
+        report = _measured_run(args, measure)
     except (PileshuffleError, ValueError) as error:
         print(f"pileshuffle quality: error: {error}", file=sys.stderr)
         return 2
     print(text_summary(report))
-    if not args.report:
-        return 0
-    with interrupt.publishing():  # the report's files are written as one set: Ctrl-C waits for them
-        try:
-            written = write_report(report, args.report)
-        except RuntimeError as error:  # no matplotlib: the numbers are still written
-            written = write_report(report, args.report, figures=False)
-            print(f"pileshuffle quality: {error}; figures not drawn", file=sys.stderr)
-    print(f"report written to {args.report}: {', '.join(os.path.basename(p) for p in written)}")
+    if args.report:
+        _publish_report(report, args.report)
     return 0
 
 
@@ -317,3 +285,47 @@ def _mixture_main(args) -> int:
         storage.write_whole(path, json.dumps({"mixture": section}, indent=1).encode())
     print(f"report written to {args.report}: mixture.json")
     return 0
+
+
+def _measured_run(args, measure):
+    """The ``quality.report.Report`` (``measure``) of the finished run at ``--output``, located in
+    its ``--input`` (which the run read in the output's format) with the label asked for."""
+    from pileshuffle.engine.inputs import check_format_fits, match_inputs
+    from pileshuffle.formats import get_format
+    from pileshuffle.quality.label import Label
+
+    prefix = args.output.rstrip("/") if "://" not in args.output else args.output
+    label = (
+        Label.parse_bytes(args.label_bytes)
+        if args.label_bytes
+        else Label(field=args.label_field)
+        if args.label_field
+        else None
+    )
+    manifest, output = finished_output(prefix)
+    sources = match_inputs(args.input)
+    check_format_fits(sources, manifest["format"], prefix)  # the run read its input in that format
+    return measure(
+        get_format(manifest["format"]),
+        [s.path for s in sources],
+        output,
+        manifest,
+        args.sample,
+        label,
+        args.batch_size,
+        args.compare,
+    )
+
+
+def _publish_report(report, directory: str) -> None:
+    """Write the report to ``directory`` as one set (``write_report``; Ctrl-C waits for it), the
+    numbers without the figures where matplotlib is missing, and say which files it wrote."""
+    from pileshuffle import interrupt
+
+    with interrupt.publishing():  # the report's files are written as one set: Ctrl-C waits for them
+        try:
+            written = write_report(report, directory)
+        except RuntimeError as error:  # no matplotlib: the numbers are still written
+            written = write_report(report, directory, figures=False)
+            print(f"pileshuffle quality: {error}; figures not drawn", file=sys.stderr)
+    print(f"report written to {directory}: {', '.join(os.path.basename(p) for p in written)}")

@@ -31,11 +31,25 @@ def summary(manifest: dict, finished: str = None) -> str:
     (``finished_at``); its line replaces the time and speed, which this command did not take."""
     if manifest.get("kind") == STORE_KIND:
         return store_summary(manifest)
+    lines = _totals_lines(manifest, finished)
+    if manifest.get("between_passes"):
+        payload_bytes = manifest["totals"]["payload_bytes"]
+        lines.append(_between_passes_line(manifest["between_passes"], payload_bytes))
+    if manifest.get("balance"):
+        lines.append(_balance_line(manifest["balance"]))
+    lines += _input_not_shuffled_lines(manifest)
+    lines.append(f"manifest  {manifest_path(manifest['output'])}")
+    return "\n".join(lines)
+
+
+def _totals_lines(manifest: dict, finished: str) -> list:
+    """A shard manifest's records (what its fingerprints prove), bytes and piles, and the time and
+    speed of the run (or ``finished``: when the earlier run that wrote it finished)."""
     totals = manifest["totals"]
     seconds = manifest.get("wall_seconds") or manifest.get("seconds") or float("nan")
     piles = manifest["pile_records"]
     balance, dedup = manifest.get("balance"), manifest.get("dedup")
-    lines = [
+    return [
         _dedup_records_line(dedup)
         if dedup
         else f"records   {totals['records']:,} (fingerprints of input and output match)"
@@ -52,10 +66,13 @@ def summary(manifest: dict, finished: str = None) -> str:
         if finished
         else f"time      {seconds:.2f} s, {totals['payload_bytes'] / 1e6 / seconds:,.1f} MB/s",
     ]
-    if manifest.get("between_passes"):
-        lines.append(_between_passes_line(manifest["between_passes"], totals["payload_bytes"]))
-    if balance:
-        lines.append(_balance_line(balance))
+
+
+def _input_not_shuffled_lines(manifest: dict) -> list:
+    """What of the input a shard manifest says the run did not shuffle: files ``--input`` matched
+    but left out or skipped, names of files already matched (read once), corrupt records and blank
+    lines."""
+    lines = []
     if manifest.get("inputs_left_out"):
         left_out = manifest["inputs_left_out"]
         lines.append(
@@ -85,8 +102,7 @@ def summary(manifest: dict, finished: str = None) -> str:
             f"blank     {manifest['skipped']['blank_lines']:,} blank line(s) in the input: not "
             "records"
         )
-    lines.append(f"manifest  {manifest_path(manifest['output'])}")
-    return "\n".join(lines)
+    return lines
 
 
 def finished_at(path: str) -> str:

@@ -225,73 +225,36 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
     check_values(opts)
     if not opts.input:
         raise InputError("--input", "is required")
-    # a store run checks its own (commands.run_store)
-    if opts.layout == "store":
-        output = output_prefix(opts.output)
-        outputs = OutputFiles(output)
-    else:
-        output, outputs = check_shard_output(opts.output, bool(opts.overwrite))
+    output, outputs = _checked_output(opts)
     inputs, fmt, policy, schema, dedup = _checked_inputs(opts, output)
-    sources = inputs.sources
-    mean = mean_record_bytes(fmt, sources)
-    total = estimated_bytes(fmt, sources, mean)
-    growth = balance_growth(fmt, sources, opts.label_field, policy)
-    if input_bytes:
-        total = int(total * input_bytes / sum(s.size for s in sources))
-        sources = scaled_sources(sources, input_bytes)
+    sources, mean, total, growth = _sampled_sizes(opts, fmt, inputs.sources, policy, input_bytes)
     budget, found = local_budget(opts.memory) if in_process_threads(options) else (0, None)
     workers = workers_of(options, budget)
     held = total * growth / mean * (mean + RECORD_OVERHEAD)  # Plan.held_bytes
     max_pile_bytes, sized = _max_pile_bytes(opts, workers, held)
-    num_piles, reason = choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
-    check_num_piles(
-        num_piles, lambda: choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0]
-    )
-    if num_piles > max(1, total / mean):
-        _log.warning(
-            "%d piles for about %s records: most shards will be empty "
-            "(fewer piles, or --num_piles=auto)",
-            num_piles,
-            f"{round(total / mean):,}",
-        )
+    num_piles, reason = _num_piles(opts, mean, total, max_pile_bytes, growth)
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
     needs = space_needed(sources, total, growth, opts.layout, opts.intermediate, work_dir, output)
-    space = _free_space(needs, input_bytes)
+    size = sum(s.size for s in sources)
+    runs_remote = runs_on_object_store(opts.intermediate, opts.layout, work_dir, workers)
     plan = Plan(
         format=fmt.name,
         sources=sources,
         output=output,
+        needs=needs,
+        space=_free_space(needs, input_bytes),
         compression=fmt.output_compression(opts.compression, [s.path for s in sources]),
         num_piles=num_piles,
         num_piles_reason=reason,
         max_pile_bytes=max_pile_bytes,
         run_bytes=choose_run_bytes(
-            opts.run_bytes,
-            num_piles,
-            opts.intermediate,
-            runs_on_object_store(opts.intermediate, opts.layout, work_dir, workers),
-            workers,
-            held,
-            sum(s.size for s in sources),
+            opts.run_bytes, num_piles, opts.intermediate, runs_remote, workers, held, size
         ),
-        seed=int(opts.seed),
-        intermediate=opts.intermediate,
         work_dir=work_dir,
-        replace_existing=bool(opts.overwrite),
-        skip_corrupt=bool(opts.skip_corrupt),
-        label=opts.label_field or None,
         balance=policy,
-        keep_unlabeled=bool(opts.keep_unlabeled),
         dedup=dedup,
-        layout=opts.layout,
         schema=schema,
-        input_bytes=sum(s.size for s in sources),
-        space=space,
-        needs=needs,
-        left_out=inputs.left_out,
-        skipped=inputs.skipped,
-        duplicates=inputs.duplicates,
-        unpublished=outputs.unpublished,
+        input_bytes=size,
         mean_record_bytes=mean,
         estimated_bytes=total,
         growth=growth,
@@ -299,15 +262,19 @@ def make_plan(options: PipelineOptions, input_bytes: int = None) -> Plan:
         max_pile_reason=sized,
         scaled=bool(input_bytes),
         options=options,
+        **_given_fields(opts, inputs, outputs),
     )
-    plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(
-        plan, budget, found, options
-    )
-    # runs kept in memory never reach the temp folder
-    if plan.memory_for_runs and work_dir in needs:
-        plan.needs[work_dir] = max(0, needs[work_dir] - plan.memory_for_runs)
-        plan.space = _free_space(plan.needs, input_bytes)
+    _keep_runs_in_memory(plan, budget, found, options, input_bytes)
     return plan
+
+
+def _checked_output(opts) -> tuple:
+    """``(output prefix, its output_files.OutputFiles)``: a shard output checked
+    (``locations.check_shard_output``); a store run checks its own (``commands.run_store``)."""
+    if opts.layout == "store":
+        output = output_prefix(opts.output)
+        return output, OutputFiles(output)
+    return check_shard_output(opts.output, bool(opts.overwrite))
 
 
 def _checked_inputs(opts, output: str) -> tuple:
@@ -340,6 +307,53 @@ def _checked_inputs(opts, output: str) -> tuple:
     return inputs, fmt, policy, schema, dedup
 
 
+def _sampled_sizes(opts, fmt, sources: list, policy, input_bytes) -> tuple:
+    """``(sources, mean record bytes, estimated bytes, growth)`` from samples of the input; with
+    ``input_bytes``, the sources and bytes of that much input like it."""
+    mean = mean_record_bytes(fmt, sources)
+    total = estimated_bytes(fmt, sources, mean)
+    growth = balance_growth(fmt, sources, opts.label_field, policy)
+    if input_bytes:
+        total = int(total * input_bytes / sum(s.size for s in sources))
+        sources = scaled_sources(sources, input_bytes)
+    return sources, mean, total, growth
+
+
+def _num_piles(opts, mean: float, total: int, max_pile_bytes: int, growth: float) -> tuple:
+    """``(piles, why)`` of ``--num_piles``, checked against ``pile_bound``; a warning when there
+    are more piles than records (most shards would be empty)."""
+    num_piles, reason = choose_num_piles(opts.num_piles, mean, total, max_pile_bytes, growth)
+    check_num_piles(
+        num_piles, lambda: choose_num_piles("auto", mean, total, max_pile_bytes, growth)[0]
+    )
+    if num_piles > max(1, total / mean):
+        _log.warning(
+            "%d piles for about %s records: most shards will be empty "
+            "(fewer piles, or --num_piles=auto)",
+            num_piles,
+            f"{round(total / mean):,}",
+        )
+    return num_piles, reason
+
+
+def _given_fields(opts, inputs, outputs) -> dict:
+    """``Plan``'s fields taken as they are: the options, what ``--input`` matched but is not
+    read, and what an unfinished publication left at the output."""
+    return {
+        "seed": int(opts.seed),
+        "intermediate": opts.intermediate,
+        "replace_existing": bool(opts.overwrite),
+        "skip_corrupt": bool(opts.skip_corrupt),
+        "label": opts.label_field or None,
+        "keep_unlabeled": bool(opts.keep_unlabeled),
+        "layout": opts.layout,
+        "left_out": inputs.left_out,
+        "skipped": inputs.skipped,
+        "duplicates": inputs.duplicates,
+        "unpublished": outputs.unpublished,
+    }
+
+
 def _max_pile_bytes(opts, workers, held: float) -> tuple:
     """``(bytes, why)`` of ``--max_pile_bytes``: as given, or ``auto`` from what one of the
     ``workers``' threads holds (``job_model.auto_max_pile_bytes``; with ``--num_piles auto`` also
@@ -368,3 +382,14 @@ def _memory_for_runs(plan: Plan, budget: int, found, options) -> tuple:
     pile = PILE_MEMORY_FACTOR * min(plan.max_pile_bytes, 1.05 * plan.held_bytes / plan.num_piles)
     working = threads * max(plan.held_per_writer, pile) + LOCAL_BASE_BYTES
     return budget, max(0, int(budget - working)), found
+
+
+def _keep_runs_in_memory(plan: Plan, budget: int, found, options, input_bytes) -> None:
+    """Set the plan's ``--memory`` budget and what of it keeps pass-1 runs (``_memory_for_runs``):
+    runs kept in memory never reach the temp folder, which then needs that much less."""
+    plan.memory_budget, plan.memory_for_runs, plan.memory = _memory_for_runs(
+        plan, budget, found, options
+    )
+    if plan.memory_for_runs and plan.work_dir in plan.needs:
+        plan.needs[plan.work_dir] = max(0, plan.needs[plan.work_dir] - plan.memory_for_runs)
+        plan.space = _free_space(plan.needs, input_bytes)

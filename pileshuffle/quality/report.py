@@ -116,28 +116,15 @@ def measure(
         target = locate.scan(fmt, output, threshold, label)
     else:
         target = locate.scan_store(output, threshold, label)
-    if source.records != target.records:
-        copies = " with --balance's copies" if balanced else ""
-        raise InputError(
-            _named(input_paths),
-            f"hold {source.records:,} records{copies}, the output {target.records:,}: "
-            "pass the run's own --input",
-        )
+    _check_same_records(source.records, target.records, input_paths, balanced)
     x, y, duplicates = locate.match(source, target)
     _check_located(len(x), len(target.hashes) - duplicates, input_paths)
     n = target.records
-    input_ids = output_ids = values = before_ids = None
-    if label is not None:
-        input_ids, output_ids, values, before_ids = _class_ids(
-            label, source, before, target, balanced and compare
-        )
-    own = Row(
-        "pileshuffle output",
-        x,
-        y,
-        output_ids,
-        numbers=metrics.order_metrics(x, y, n, given_x=balanced),
+    input_ids, output_ids, values, before_ids = _class_ids(
+        label, source, before, target, balanced and compare
     )
+    numbers = metrics.order_metrics(x, y, n, given_x=balanced)
+    own = Row("pileshuffle output", x, y, output_ids, numbers=numbers)
     summary = {
         "records": n,
         "records_used": int(len(x)),
@@ -149,30 +136,7 @@ def measure(
     }
     if balanced:
         summary["balance"] = _balance_summary(manifest)
-    share = None
-    if output_ids is not None:
-        own.numbers.update(metrics.batch_metrics(output_ids, batch_size))
-        share = float(np.mean(output_ids == 0))
-        summary.update(
-            {
-                k: own.numbers[k]
-                for k in ("batch_size", "batches", "batch_dispersion", "batch_dispersion_p")
-            }
-        )
-        summary["label"] = {
-            "what": label.describe(),
-            "classes": len(values),
-            "first_class_share": share,
-        }
-        summary["class_shares"] = classes.class_shares(
-            before_ids, output_ids, values, batch_size, label.describe()
-        )
-    elif label is not None:
-        summary["label"] = {
-            "what": label.describe(),
-            "classes": len(values),
-            "note": _one_value_note(label, values, n),
-        }
+    share = _label_numbers(summary, own, label, values, before_ids, batch_size)
     # the figure reads the row's
     summary["uniform"] = own.numbers["uniform"] = _uniform(own.numbers)
     rows = [own]
@@ -185,6 +149,50 @@ def measure(
             "best_accuracy": training.BEST_ACCURACY,
         }
     return Report(n, summary, rows, share, batch_size)
+
+
+def _label_numbers(summary: dict, own: Row, label, values, before_ids, batch_size: int):
+    """The output's share of the label's first class, None without a label or on one value; adds
+    the batch test to ``own``'s numbers and the label's section to ``summary`` (on one value, why
+    the label is left out)."""
+    if label is None:
+        return None
+    if own.labels is None:
+        summary["label"] = {
+            "what": label.describe(),
+            "classes": len(values),
+            "note": _one_value_note(label, values, summary["records"]),
+        }
+        return None
+    own.numbers.update(metrics.batch_metrics(own.labels, batch_size))
+    share = float(np.mean(own.labels == 0))
+    summary.update(
+        {
+            k: own.numbers[k]
+            for k in ("batch_size", "batches", "batch_dispersion", "batch_dispersion_p")
+        }
+    )
+    summary["label"] = {
+        "what": label.describe(),
+        "classes": len(values),
+        "first_class_share": share,
+    }
+    summary["class_shares"] = classes.class_shares(
+        before_ids, own.labels, values, batch_size, label.describe()
+    )
+    return share
+
+
+def _check_same_records(input_records: int, output_records: int, input_paths, balanced: bool):
+    """Refuse an input that holds another number of records than the output (with
+    ``--balance``'s copies): it is not the run's input."""
+    if input_records != output_records:
+        copies = " with --balance's copies" if balanced else ""
+        raise InputError(
+            _named(input_paths),
+            f"hold {input_records:,} records{copies}, the output {output_records:,}: "
+            "pass the run's own --input",
+        )
 
 
 def _scan_input(fmt, input_paths, manifest, threshold, label, compare, balanced):
@@ -212,7 +220,9 @@ def _scan_input(fmt, input_paths, manifest, threshold, label, compare, balanced)
 def _class_ids(label, source, before, target, with_copies: bool):
     """``(input_ids, output_ids, values, before_ids)``: the label's class ids of the order's
     input (``with_copies``: the input with --balance's copies), of the output and of the input
-    as it is, and the label's values; the ids are None when the label takes one value."""
+    as it is, and the label's values; the ids are None on one value, all four without a label."""
+    if label is None:
+        return None, None, None, None
     _check_label_reach(label, target)
     copied = [source.labels] if with_copies else []
     ids, values = locate.class_ids(before.labels, target.labels, *copied)
