@@ -1,7 +1,7 @@
 """The house's rules (docs/architecture.md), read from the code's own imports: every import goes
 down or sideways to a lower layer, the loader and the pipeline meet only in the bottom layers,
-Beam stays out of the layers a training host installs, there are no import circles, and no
-module is longer than 400 lines."""
+Beam stays out of the layers a training host installs, there are no import circles, no
+module is longer than 400 lines and no function longer than a screen."""
 
 import ast
 import pathlib
@@ -186,6 +186,29 @@ def test_no_module_is_longer_than_the_limit():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert (long, bench) == ({}, {})
+
+
+# a screen: a function longer than this is read in parts, and its parts want names
+MAX_FUNCTION_LINES = 50
+# declarations read one entry after another, which names for parts would not help
+DECLARATIONS = {
+    ("commands/quality.py", "parse"),  # an argparse parser: one option after another
+    ("commands/store_options.py", "append_options"),  # the same
+}
+
+
+def test_no_function_is_longer_than_a_screen():
+    """Every function of the package fits ``MAX_FUNCTION_LINES`` (its docstring included), the
+    ``DECLARATIONS`` apart."""
+    long = []
+    for module in PACKAGE.rglob("*.py"):
+        name = str(module.relative_to(PACKAGE))
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and (name, node.name) not in DECLARATIONS:
+                    long.append((name, node.name, lines))
+    assert long == []
 
 
 def test_the_package_root_holds_only_the_face_and_the_bottom():
