@@ -88,9 +88,8 @@ def run(options=None, wait=None, hold_worker_stderr=False):
 
 _SUMMARY = (
     "Shuffle the input files into piles and write each pile as one shard, in a uniformly random "
-    "order "
-    "that the seed fixes. The flex template's entry point; `pileshuffle run` takes the same "
-    "options."
+    "order that the seed fixes. The flex template's entry point; `pileshuffle run` takes the "
+    "same options."
 )
 
 
@@ -105,6 +104,7 @@ def main(argv=None):
 
 
 def _run_and_report(argv) -> int:
+    """Run what ``argv`` asks and print its report: the exit code."""
     options = pipeline_options(argv)
     outcome = run(options, hold_worker_stderr=True)
     return report(outcome, options)
