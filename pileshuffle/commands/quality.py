@@ -186,9 +186,8 @@ def write_report(report, directory: str, figures: bool = True) -> list:
         from pileshuffle.quality import render
 
         files["quality.png"] = lambda: _figure(lambda out: render.quality_figure(report, out))
-        if len(report.rows) > 1 and any(
-            row.curve["steps"] for row in report.rows
-        ):  # not on fewer records than a batch
+        # not on fewer records than a batch
+        if len(report.rows) > 1 and any(row.curve["steps"] for row in report.rows):
             files["training.png"] = lambda: _figure(lambda out: render.training_figure(report, out))
     written = []
     for name, contents in files.items():
