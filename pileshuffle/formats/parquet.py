@@ -44,6 +44,28 @@ def _mean_row_bytes(metadata) -> float:
     return size / rows if rows else 1.0
 
 
+# Arrow reads a row group's column chunks whole (pre-buffered or not) unless told a read size: a
+# reader would then hold a row group of any size (Spark writes them of 128 MB-1 GB), whatever its
+# chunk of rows. Row groups up to this size are read whole; larger ones in 1 MiB reads.
+_WHOLE_ROW_GROUP_BYTES = 64 << 20
+
+
+def _reads_for(metadata, groups) -> dict:
+    """``ParquetFile`` options for reading row groups ``groups``: Arrow's defaults (each column
+    chunk read whole, coalesced) while the largest is at most ``_WHOLE_ROW_GROUP_BYTES`` compressed,
+    else no pre-buffering and ``_LOADER_READ_BYTES`` reads: the reader then holds about its chunk
+    of rows, not the row group."""
+    largest = max((_compressed_bytes(metadata.row_group(i)) for i in groups), default=0)
+    if largest <= _WHOLE_ROW_GROUP_BYTES:
+        return {}
+    return {"pre_buffer": False, "buffer_size": _LOADER_READ_BYTES}
+
+
+def _compressed_bytes(group) -> int:
+    """A row group's bytes in the file: its column chunks' compressed sizes."""
+    return sum(group.column(i).total_compressed_size for i in range(group.num_columns))
+
+
 def _row_group_start(group) -> int:
     """Where a row group's bytes start: its first column chunk's first page."""
     column = group.column(0)
@@ -127,9 +149,10 @@ class ParquetFormat(RecordFormat):
     ):
         """Rows with their numbers in the file; a ``span`` reads the row groups that start in it."""
         with open_at(path) as handle:
-            parquet = _parquet_file(handle, path)
-            rows = max(1, int(chunk_bytes / max(1.0, _mean_row_bytes(parquet.metadata))))
-            groups, first_rows, sizes = _row_groups_in(parquet.metadata, span)
+            metadata = _parquet_file(handle, path).metadata
+            rows = max(1, int(chunk_bytes / max(1.0, _mean_row_bytes(metadata))))
+            groups, first_rows, sizes = _row_groups_in(metadata, span)
+            parquet = _parquet_file(handle, path, metadata=metadata, **_reads_for(metadata, groups))
             # rows of the groups read before each
             read_before = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
             done = 0
