@@ -1,9 +1,10 @@
 """Pass 1's Parquet reader holds its chunk of rows, not a row group of any size.
 
 Arrow reads a row group's column chunks whole unless told a read size; pyarrow writes row groups
-of a million rows (1 GB of 1 KB rows) by default and Spark 128 MB-1 GB ones. Row groups larger
-than ``_WHOLE_ROW_GROUP_BYTES`` are read in 1 MiB reads: the same rows in the same order (and the
-same shards), with the reader's memory bounded by its chunk.
+of a million rows (1 GB of 1 KB rows) by default and Spark 128 MB-1 GB ones. Local row groups
+larger than ``_WHOLE_ROW_GROUP_BYTES`` are read in 1 MiB reads: the same rows in the same order
+(and the same shards), with the reader's memory bounded by its chunk. On an object store, where a
+small read is a request, row groups are still read whole in Arrow's coalesced requests.
 """
 
 import subprocess
@@ -55,7 +56,10 @@ def test_row_groups_read_in_small_reads_give_the_rows_read_whole(
     middle = {"span": (second, 10**12)}
     whole_middle = read_all(path, **middle)
     monkeypatch.setattr(parquet_format, "_WHOLE_ROW_GROUP_BYTES", 0)
-    assert parquet_format._reads_for(pq.ParquetFile(path).metadata, [0]) != {}
+    metadata = pq.ParquetFile(path).metadata
+    assert parquet_format._reads_for(path, metadata, [0]) != {}
+    # an object store's small read is a request: its row groups stay read in coalesced requests
+    assert parquet_format._reads_for("gs://bucket/in.parquet", metadata, [0]) == {}
     streamed, streamed_positions = read_all(path)
     assert streamed.equals(whole) and whole.num_rows == 6_000
     assert np.array_equal(streamed_positions, whole_positions)

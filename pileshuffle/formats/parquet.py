@@ -20,6 +20,7 @@ from pileshuffle.formats.parquet_layout import (
     canonical_chunks,
     dictionary_columns,
 )
+from pileshuffle.io.storage import is_remote
 
 __all__ = ["ParquetFormat"]
 
@@ -46,17 +47,18 @@ def _mean_row_bytes(metadata) -> float:
 
 # Arrow reads a row group's column chunks whole (pre-buffered or not) unless told a read size: a
 # reader would then hold a row group of any size (Spark writes them of 128 MB-1 GB), whatever its
-# chunk of rows. Row groups up to this size are read whole; larger ones in 1 MiB reads.
+# chunk of rows. Local row groups up to this size are read whole; larger ones in 1 MiB reads.
 _WHOLE_ROW_GROUP_BYTES = 64 << 20
 
 
-def _reads_for(metadata, groups) -> dict:
-    """``ParquetFile`` options for reading row groups ``groups``: Arrow's defaults (each column
-    chunk read whole, coalesced) while the largest is at most ``_WHOLE_ROW_GROUP_BYTES`` compressed,
-    else no pre-buffering and ``_LOADER_READ_BYTES`` reads: the reader then holds about its chunk
-    of rows, not the row group."""
+def _reads_for(path: str, metadata, groups) -> dict:
+    """``ParquetFile`` options for reading row groups ``groups`` of ``path``: Arrow's defaults
+    (each column chunk read whole, in coalesced requests) on an object store, where a small read
+    is a request, and locally while the largest row group is at most ``_WHOLE_ROW_GROUP_BYTES``
+    compressed; else no pre-buffering and ``_LOADER_READ_BYTES`` reads: the reader then holds about
+    its chunk of rows, not the row group."""
     largest = max((_compressed_bytes(metadata.row_group(i)) for i in groups), default=0)
-    if largest <= _WHOLE_ROW_GROUP_BYTES:
+    if is_remote(path) or largest <= _WHOLE_ROW_GROUP_BYTES:
         return {}
     return {"pre_buffer": False, "buffer_size": _LOADER_READ_BYTES}
 
@@ -152,7 +154,8 @@ class ParquetFormat(RecordFormat):
             metadata = _parquet_file(handle, path).metadata
             rows = max(1, int(chunk_bytes / max(1.0, _mean_row_bytes(metadata))))
             groups, first_rows, sizes = _row_groups_in(metadata, span)
-            parquet = _parquet_file(handle, path, metadata=metadata, **_reads_for(metadata, groups))
+            reads = _reads_for(path, metadata, groups)
+            parquet = _parquet_file(handle, path, metadata=metadata, **reads)
             # rows of the groups read before each
             read_before = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
             done = 0
