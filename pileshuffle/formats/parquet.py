@@ -24,7 +24,10 @@ from pileshuffle.io.storage import is_remote
 
 __all__ = ["ParquetFormat"]
 
-_LOADER_READ_BYTES = 1 << 20  # the loader reads a shard 1 MiB at a time (see read_rows)
+# reads of a file not read whole: 1 MiB at a time, no pre-buffering (the loader's shards, a
+# footer's sample of rows, a large row group in pass 1)
+_READ_BYTES = 1 << 20
+_STREAMED = {"pre_buffer": False, "buffer_size": _READ_BYTES}
 _ROW_GROUP_BYTES = 64 << 20
 _CODECS = {"auto": "snappy", "none": "none", "gzip": "gzip", "snappy": "snappy", "zstd": "zstd"}
 
@@ -55,12 +58,12 @@ def _reads_for(path: str, metadata, groups) -> dict:
     """``ParquetFile`` options for reading row groups ``groups`` of ``path``: Arrow's defaults
     (each column chunk read whole, in coalesced requests) on an object store, where a small read
     is a request, and locally while the largest row group is at most ``_WHOLE_ROW_GROUP_BYTES``
-    compressed; else no pre-buffering and ``_LOADER_READ_BYTES`` reads: the reader then holds about
-    its chunk of rows, not the row group."""
+    compressed; else ``_STREAMED`` reads: the reader then holds about its chunk of rows, not the
+    row group."""
     largest = max((_compressed_bytes(metadata.row_group(i)) for i in groups), default=0)
     if is_remote(path) or largest <= _WHOLE_ROW_GROUP_BYTES:
         return {}
-    return {"pre_buffer": False, "buffer_size": _LOADER_READ_BYTES}
+    return _STREAMED
 
 
 def _compressed_bytes(group) -> int:
@@ -101,7 +104,7 @@ class ParquetFormat(RecordFormat):
         # in memory (mapped, or fetched whole): its column chunks are read as slices of it, no copy
         in_memory = isinstance(handle, pa.BufferReader)
         parquet = pq.ParquetFile(
-            handle, pre_buffer=False, buffer_size=0 if in_memory else _LOADER_READ_BYTES
+            handle, pre_buffer=False, buffer_size=0 if in_memory else _READ_BYTES
         )
         return parquet.read(columns=columns, use_threads=False)
 
@@ -126,7 +129,7 @@ class ParquetFormat(RecordFormat):
         footer's sizes are of encoded pages, which dictionaries and run lengths shrink without limit
         (a 0.6 MB zstd file of 303 MB of rows says 9 bytes a row). Reads only those rows' pages."""
         with open_at(path) as handle:
-            parquet = _parquet_file(handle, path, pre_buffer=False, buffer_size=_LOADER_READ_BYTES)
+            parquet = _parquet_file(handle, path, **_STREAMED)
             if not parquet.metadata.num_rows:
                 return None
             rows = int(
