@@ -237,6 +237,20 @@ def test_a_local_plan_sizes_piles_from_memory_and_keeps_eight_per_thread(
     assert roomy["modes"]["files"]["dollars_per_tb"] is None  # priced on Dataflow only
 
 
+def test_a_local_plan_of_10_tb_says_its_one_worker_is_this_machine(
+    capsys, tmp_path, kilobyte_records
+):
+    """The workers line of a local plan scaled to 10 TB: one worker, this machine, not one sized to
+    read the input in an hour (Dataflow's sizing, which a local run does not do)."""
+    args = ["--input", kilobyte_records, "--output", str(tmp_path / "o" / "t")]
+    assert plan_main([*args, "--direct_num_workers=2", "--input_bytes=10TB"]) == 0
+    workers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("workers")]
+    assert len(workers) == 1 and workers[0].endswith("expected 1 worker(s) (this machine)")
+    assert plan_main([*args, *DATAFLOW, "--input_bytes=10TB"]) == 0
+    dataflow = capsys.readouterr().out
+    assert f"hour at {SIZING_RATE / 1e6:,.0f} MB/s per vCPU)" in dataflow
+
+
 def test_shard_names_widen_past_99999_piles(tmp_path):
     """Six-digit counts give six-digit numbers for every shard of the output (they sort in shard
     order); the glob, the name and tail patterns take them as they take five digits, and a run

@@ -46,7 +46,9 @@ def _workers_text(plan) -> str:
     workers = plan.workers
     count = expected_workers(workers, plan.input_bytes)
     why = (
-        "as asked"
+        "this machine"
+        if workers.where != "dataflow"
+        else "as asked"
         if workers.workers
         else f"about {TARGET_HOURS:g} hour at {SIZING_RATE / 1e6:,.0f} MB/s per vCPU"
     )
