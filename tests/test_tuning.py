@@ -13,15 +13,42 @@ def run_python(code: str, env=None) -> str:
     return done.stdout.strip()
 
 
-def test_freed_memory_is_kept_and_arrow_allocates_from_glibc():
+def test_freed_memory_is_kept_and_arrow_allocates_from_its_jemalloc():
     out = run_python(
         "import os; from pileshuffle.engine.tuning import keep_freed_memory; keep_freed_memory(); keep_freed_memory();"
         "import pyarrow as pa;"
         "print(pa.default_memory_pool().backend_name, os.environ['MALLOC_ARENA_MAX'], os.environ['ARROW_DEFAULT_MEMORY_POOL'],"
-        " os.environ['MALLOC_MMAP_THRESHOLD_'], os.environ['OPENBLAS_NUM_THREADS'],"
+        " os.environ['JE_ARROW_MALLOC_CONF'], os.environ['MALLOC_MMAP_THRESHOLD_'], os.environ['OPENBLAS_NUM_THREADS'],"
         " [open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')].count('python'))"
     )
-    assert out == f"system 1 system {32 << 20} 1 1"  # one Python thread: no idle OpenBLAS workers
+    # one Python thread: no idle OpenBLAS workers
+    assert (
+        out == f"jemalloc 1 jemalloc narenas:1,dirty_decay_ms:-1,muzzy_decay_ms:-1 {32 << 20} 1 1"
+    )
+
+
+# Page faults of 10 cycles of allocating, touching and freeing a 64 MiB Arrow buffer.
+_CYCLES = (
+    "import resource\n"
+    "from pileshuffle.engine.tuning import keep_freed_memory\n"
+    "keep_freed_memory()\n"
+    "import numpy as np, pyarrow as pa\n"
+    "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+    "for _ in range(10):\n"
+    "    buffer = pa.allocate_buffer(64 << 20)\n"
+    "    np.frombuffer(buffer, dtype=np.uint8)[::4096] = 1\n"
+    "    del buffer\n"
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
+)
+_PAGES_A_CYCLE = (64 << 20) // 4096
+
+
+def test_arrow_reuses_the_pages_it_freed():
+    """The next buffer takes the pages the last one freed: one cycle's faults, not ten (with
+    jemalloc's own settings or the system pool, every cycle faults its pages in afresh)."""
+    assert int(run_python(_CYCLES)) < 2 * _PAGES_A_CYCLE
+    returned = int(run_python(_CYCLES, env={**os.environ, "JE_ARROW_MALLOC_CONF": "narenas:1"}))
+    assert returned > 9 * _PAGES_A_CYCLE
 
 
 def test_a_users_own_settings_win():

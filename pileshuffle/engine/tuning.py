@@ -2,13 +2,23 @@
 
 Pass 1 and pass 2 allocate and free buffers of tens of MiB per chunk and per pile. By
 default glibc gives such blocks back to the OS at once (they are mmapped), every thread
-grows and shrinks an arena of its own, and Arrow's allocator returns large blocks too: the
+grows and shrinks an arena of its own, and Arrow's allocators return large blocks too: the
 next chunk touches fresh pages, and on a VM every first touch is also a fault the
-hypervisor handles. So freed blocks up to 32 MiB stay on glibc's heap, all threads share
-its one arena, and Arrow allocates from it. Keeping blocks cut a 1 GB TFRecord run from
-about 330,000 to 100,000 page faults and from 7.0 to 5.3 s; one shared arena with Arrow on
-it then cut peak RSS from 0.71 to 0.53 GB (TFRecord), 0.81-0.88 to 0.60 GB (JSONL) and the
-JSONL and Parquet runs by 0.35-1.0 s (2 A/B rounds each; bench/README.md).
+hypervisor handles. So freed blocks up to 32 MiB stay on glibc's heap and all threads share
+its one arena: that cut a 1 GB TFRecord run from about 330,000 to 100,000 page faults and
+from 7.0 to 5.3 s (bench/README.md).
+
+Arrow's own buffers (a decoded column, a pile's join, a take) are larger than glibc keeps,
+and the system pool copies a buffer on every growth (``realloc`` does not keep Arrow's
+alignment). So Arrow allocates from its jemalloc, with one arena for all threads that keeps
+the pages it frees for the next buffer (``JE_ARROW_MALLOC_CONF``: ``narenas:1``, no decay).
+Against Arrow on glibc, interleaved rounds (docs/performance.md, "Arrow's allocator"): 10 GB of
+Parquet with defaults 49.4/43.9 s against 58.1/60.9 s, 2.7 M page faults against 4.6 M; 2 GB
+of JSONL at ``--memory 1GB`` 8.0 against 9.7 s. The price is a second heap: peak RSS at a
+1 GiB budget 0.83 against 0.70 GB (Parquet), 0.87 against 0.73 (JSONL), 0.73 against 0.54
+(TFRecord), inside the budget's model (``planning/job_model.LOCAL_BASE_BYTES``;
+tests/test_memory_bound.py holds each format's peak under ``--memory``). Eight arenas (the
+default, one per thread slot) kept 2.0 GB at ``--memory 2GB`` where one keeps 1.7.
 
 numpy asks the kernel for transparent huge pages for every array of 4 MiB or more
 (``MADV_HUGEPAGE``); where the kernel then compacts memory to find them (``defrag`` set to
@@ -34,21 +44,29 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 _HEAP_BLOCK_LIMIT = 32 << 20  # glibc's largest mmap threshold
 _TRIM_THRESHOLD = 256 << 20
+# one arena for all threads; freed pages kept for the next buffer, never handed back
+_JEMALLOC_KEEPING_PAGES = "narenas:1,dirty_decay_ms:-1,muzzy_decay_ms:-1"
 _done = False
 
 
 def keep_freed_memory():
-    """Tune glibc malloc in this process and in the processes it starts (local runner
-    workers inherit the environment), and let Arrow allocate through it. Idempotent; does
-    nothing where glibc is absent. The command line calls it first thing, before any other
-    thread exists: threads started later then all share glibc's one arena, and numpy's
-    OpenBLAS (imported with pyarrow) starts no idle threads: nothing here uses BLAS."""
+    """Tune glibc malloc and Arrow's pool in this process and in the processes it starts (local
+    runner workers inherit the environment). Idempotent; glibc's part is skipped where glibc is
+    absent. The command line calls it first thing, before any other thread exists: threads
+    started later then all share glibc's one arena, and numpy's OpenBLAS (imported with
+    pyarrow) starts no idle threads: nothing here uses BLAS."""
     global _done
     if _done:
         return
     _done = True
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _numpy_without_huge_pages()
+    _arrow_pool_keeping_its_pages()
+    _glibc_keeping_blocks()
+
+
+def _glibc_keeping_blocks():
+    """glibc keeps freed blocks up to 32 MiB, in one arena for all threads."""
     settings = {  # the environment's own values, where set, win
         _M_MMAP_THRESHOLD: _setdefault("MALLOC_MMAP_THRESHOLD_", _HEAP_BLOCK_LIMIT),
         _M_TRIM_THRESHOLD: _setdefault("MALLOC_TRIM_THRESHOLD_", _TRIM_THRESHOLD),
@@ -59,11 +77,24 @@ def keep_freed_memory():
         for option, value in settings.items():
             libc.mallopt(option, value)
     except (OSError, AttributeError, TypeError, ValueError):
-        return
-    if os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system") == "system":
-        import pyarrow as pa
+        pass  # not glibc
 
-        pa.set_memory_pool(pa.system_memory_pool())
+
+def _arrow_pool_keeping_its_pages():
+    """Arrow allocates from its jemalloc with one arena that keeps the pages it frees (the
+    environment's ``ARROW_DEFAULT_MEMORY_POOL`` and ``JE_ARROW_MALLOC_CONF``, where set, win);
+    the system pool where this pyarrow has no jemalloc. jemalloc reads its settings when it
+    first allocates, so this comes before any Arrow allocation from it."""
+    name = os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    if name == "jemalloc":
+        os.environ.setdefault("JE_ARROW_MALLOC_CONF", _JEMALLOC_KEEPING_PAGES)
+    import pyarrow as pa
+
+    try:
+        pool = getattr(pa, f"{name}_memory_pool")()
+    except (AttributeError, NotImplementedError):
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)
 
 
 def _numpy_without_huge_pages():
