@@ -12,13 +12,14 @@ Arrow's own buffers (a decoded column, a pile's join, a take) are larger than gl
 and the system pool copies a buffer on every growth (``realloc`` does not keep Arrow's
 alignment). So Arrow allocates from its jemalloc, with one arena for all threads that keeps
 the pages it frees for the next buffer (``JE_ARROW_MALLOC_CONF``: ``narenas:1``, no decay).
-Against Arrow on glibc, interleaved rounds (docs/performance.md, "Arrow's allocator"): 10 GB of
-Parquet with defaults 49.4/43.9 s against 58.1/60.9 s, 2.7 M page faults against 4.6 M; 2 GB
-of JSONL at ``--memory 1GB`` 8.0 against 9.7 s. The price is a second heap: peak RSS at a
-1 GiB budget 0.83 against 0.70 GB (Parquet), 0.87 against 0.73 (JSONL), 0.73 against 0.54
-(TFRecord), inside the budget's model (``planning/job_model.LOCAL_BASE_BYTES``;
-tests/test_memory_bound.py holds each format's peak under ``--memory``). Eight arenas (the
-default, one per thread slot) kept 2.0 GB at ``--memory 2GB`` where one keeps 1.7.
+Against Arrow on glibc, interleaved rounds (docs/performance.md, "Arrow allocates from its
+jemalloc"): 10 GB of Parquet with defaults 49.4/43.9 s against 58.1/60.9 s, 2.8 M page faults
+against 4.6 M; 2 GB of JSONL at ``--memory 1GB`` 8.0 against 9.7 s. The price is a second heap
+beside glibc's: peak RSS at a 1 GiB budget 0.83 against 0.70 GB (Parquet), 0.87 against 0.73
+(JSONL), 0.73 against 0.54 (TFRecord), inside the budget's model
+(``planning/job_model.LOCAL_BASE_BYTES``; tests/test_memory_bound.py holds each format's peak
+under ``--memory``). Eight arenas (jemalloc's default, four per core) kept 2.0 GB at
+``--memory 2GB`` where one keeps 1.7-1.85.
 
 numpy asks the kernel for transparent huge pages for every array of 4 MiB or more
 (``MADV_HUGEPAGE``); where the kernel then compacts memory to find them (``defrag`` set to
