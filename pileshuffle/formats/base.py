@@ -26,6 +26,7 @@ __all__ = [
     "records_table",
     "open_input",
     "open_at",
+    "open_for_arrow",
     "read_block",
     "read_up_to",
     "parts_by_pile",
@@ -101,6 +102,26 @@ def open_at(path: str, offset: int = 0):
         raise InputError(path, f"cannot be opened: {error}") from error
     try:
         _seek(handle, path, offset)
+        yield handle
+    finally:
+        handle.close()
+
+
+@contextlib.contextmanager
+def open_for_arrow(path: str):
+    """A seekable file for a reader inside Arrow (Parquet's): a local file is Arrow's own, read
+    straight into Arrow's buffers; through a Python file each read is a call into Python and a
+    ``bytes`` copied once more (4.5% of a 10 GB Parquet run's user CPU). Elsewhere ``open_at``'s
+    file. Errors name the path."""
+    if storage.is_remote(path):
+        with open_at(path) as handle:
+            yield handle
+        return
+    try:
+        handle = storage.open_random_access(path)
+    except Exception as error:
+        raise InputError(path, f"cannot be opened: {error}") from error
+    try:
         yield handle
     finally:
         handle.close()

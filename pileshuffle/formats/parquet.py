@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pileshuffle.errors import InputError
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_at, open_input
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_for_arrow, open_input
 from pileshuffle.formats.parquet_layout import (
     SAMPLE_ROWS,
     WRITE_BATCH_ROWS,
@@ -128,7 +128,7 @@ class ParquetFormat(RecordFormat):
         """Its first rows decoded (at most 1,024, about ``sample_bytes`` by the footer): the
         footer's sizes are of encoded pages, which dictionaries and run lengths shrink without limit
         (a 0.6 MB zstd file of 303 MB of rows says 9 bytes a row). Reads only those rows' pages."""
-        with open_at(path) as handle:
+        with open_for_arrow(path) as handle:
             parquet = _parquet_file(handle, path, **_STREAMED)
             if not parquet.metadata.num_rows:
                 return None
@@ -143,7 +143,7 @@ class ParquetFormat(RecordFormat):
 
     def row_count(self, path) -> int:
         """The rows of the file, from its footer."""
-        with open_at(path) as handle:
+        with open_for_arrow(path) as handle:
             return _parquet_file(handle, path).metadata.num_rows
 
     def can_split(self, path, skip_corrupt=False):
@@ -153,7 +153,7 @@ class ParquetFormat(RecordFormat):
         self, path, chunk_bytes=DEFAULT_CHUNK_BYTES, skip_corrupt=False, report=None, span=None
     ):
         """Rows with their numbers in the file; a ``span`` reads the row groups that start in it."""
-        with open_at(path) as handle:
+        with open_for_arrow(path) as handle:
             metadata = _parquet_file(handle, path).metadata
             rows = max(1, int(chunk_bytes / max(1.0, _mean_row_bytes(metadata))))
             groups, first_rows, sizes = _row_groups_in(metadata, span)
