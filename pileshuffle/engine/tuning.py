@@ -62,8 +62,8 @@ def keep_freed_memory():
     _done = True
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _numpy_without_huge_pages()
+    _glibc_keeping_blocks()  # before pyarrow's import could start a thread
     _arrow_pool_keeping_its_pages()
-    _glibc_keeping_blocks()
 
 
 def _glibc_keeping_blocks():
