@@ -14,7 +14,7 @@ import pytest
 from pileshuffle.commands import sample
 
 GiB = 1 << 30
-# the passes' model holds 1.1 GB here (two 64 MiB piles being written and the base); 1.2 GiB
+# the passes' model holds 1.1 GB here (two threads' 64 MiB piles being written and the base); 1.2 GiB
 # keeps 165 MB of the 250 MB of pass-1 runs in memory
 BUDGET, BUDGET_BYTES = "1.2GiB", int(1.2 * GiB)
 RECORDS, RECORD_BYTES, FILES = 250_000, 1000, 4
@@ -42,6 +42,8 @@ def test_a_runs_peak_stays_under_its_memory_budget(format_name, tmp_path):
     command = [
         *(sys.executable, "-m", "pileshuffle", "run", "--format", format_name, "--seed", "3"),
         *("--input", f"{tmp_path}/in/*", "--output", f"{tmp_path}/out/t", "--memory", BUDGET),
+        # two threads, as on CI's 2 cores: the passes' model holds one pile per thread
+        *("--direct_num_workers", "2"),
     ]
     done = subprocess.run(
         [sys.executable, "-c", MEASURED, *command], capture_output=True, text=True, timeout=300
