@@ -8,6 +8,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import time
 
 from pileshuffle.commands import sample
@@ -227,3 +228,25 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+# The command's peak RSS, measured by a small parent: a child's ru_maxrss starts at its parent's
+# RSS when it was forked (Linux keeps the high-water mark across fork and exec), and a pytest
+# worker that ran other tests holds 1-2 GB; this parent holds a few MB.
+_MEASURED = """
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(done.stderr)
+print(done.stdout)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+sys.exit(done.returncode)
+"""
+
+
+def with_peak_rss(command, timeout=300) -> tuple:
+    """``(finished process, its stdout, peak RSS in bytes)`` of ``command`` (argv)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURED, *command], capture_output=True, text=True, timeout=timeout
+    )
+    out, _, peak = done.stdout.rstrip("\n").rpartition("\n")
+    return done, out, int(peak) if peak.isdigit() else None

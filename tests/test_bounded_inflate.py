@@ -7,8 +7,9 @@ only its first MiB, 48 s and 2.2 GB. Reads of 64 KiB bound what one read can inf
 
 import gzip
 import os
-import subprocess
 import sys
+
+from helpers import with_peak_rss
 
 LINE = b'{"text": "' + b"x" * 500 + b'"}\n'
 GiB = 1 << 30
@@ -31,23 +32,7 @@ def test_plan_samples_a_gzip_file_of_repetitive_lines_in_bounded_memory(tmp_path
         "--output",
         f"{tmp_path}/out/t",
     ]
-    done = subprocess.run(
-        [sys.executable, "-c", MEASURED, *command], capture_output=True, text=True, timeout=300
-    )
+    done, out, peak = with_peak_rss(command)
     assert done.returncode == 0, done.stderr[-2000:]
-    out, peak = done.stdout.rsplit("\n", 2)[:2]
     assert '"num_piles"' in out
     assert int(peak) < GiB // 2, f"plan held {int(peak) / 1e6:,.0f} MB to sample a 7 MB file"
-
-
-# The command's peak RSS, measured by a small parent: a child's ru_maxrss starts at its parent's
-# RSS when it was forked (Linux keeps the high-water mark across fork and exec), and a pytest
-# worker that ran other tests holds 2 GB; this parent holds a few MB.
-MEASURED = """
-import resource, subprocess, sys
-done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
-sys.stderr.write(done.stderr)
-print(done.stdout)
-print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-sys.exit(done.returncode)
-"""

@@ -6,10 +6,10 @@ their own high-water mark, so this is measured, not assumed. With jemalloc's eig
 arenas a 10 GB run at ``--memory 2GB`` peaked at 1.997 GB of its 2.147 GB."""
 
 import json
-import subprocess
 import sys
 
 import pytest
+from helpers import with_peak_rss
 
 from pileshuffle.commands import sample
 
@@ -18,16 +18,6 @@ GiB = 1 << 30
 # keeps 165 MB of the 250 MB of pass-1 runs in memory
 BUDGET, BUDGET_BYTES = "1.2GiB", int(1.2 * GiB)
 RECORDS, RECORD_BYTES, FILES = 250_000, 1000, 4
-
-# The command's peak RSS, measured by a small parent: a child's ru_maxrss starts at its parent's
-# RSS when it was forked, and a pytest worker that ran other tests holds 1-2 GB.
-MEASURED = """
-import resource, subprocess, sys
-done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
-sys.stderr.write(done.stderr)
-print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-sys.exit(done.returncode)
-"""
 
 WRITERS = {
     "parquet": sample.write_parquet,
@@ -45,11 +35,8 @@ def test_a_runs_peak_stays_under_its_memory_budget(format_name, tmp_path):
         # two threads, as on CI's 2 cores: the passes' model holds one pile per thread
         *("--direct_num_workers", "2"),
     ]
-    done = subprocess.run(
-        [sys.executable, "-c", MEASURED, *command], capture_output=True, text=True, timeout=300
-    )
+    done, _, peak = with_peak_rss(command)
     assert done.returncode == 0, done.stderr[-2000:]
-    peak = int(done.stdout.split()[-1])
     manifest = json.loads((tmp_path / "out" / "t-manifest.json").read_text())
     carried = manifest["between_passes"]
     assert manifest["totals"]["records"] == RECORDS
