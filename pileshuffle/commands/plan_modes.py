@@ -45,14 +45,17 @@ def modes_lines(plan, options) -> list:
 def _workers_text(plan) -> str:
     workers = plan.workers
     count = expected_workers(workers, plan.input_bytes)
-    why = (
-        "this machine"
-        if workers.where != "dataflow"
-        else "as asked"
-        if workers.workers
-        else f"about {TARGET_HOURS:g} hour at {SIZING_RATE / 1e6:,.0f} MB/s per vCPU"
-    )
-    return f"{workers.describe()}; expected {count:,} worker(s) ({why})"
+    return f"{workers.describe()}; expected {count:,} worker(s) ({_why_workers(workers)})"
+
+
+def _why_workers(workers) -> str:
+    """Where the expected worker count comes from: this machine, the launch, or Dataflow's
+    sizing of the input to about ``TARGET_HOURS``."""
+    if workers.where != "dataflow":
+        return "this machine"
+    if workers.workers:
+        return "as asked"
+    return f"about {TARGET_HOURS:g} hour at {SIZING_RATE / 1e6:,.0f} MB/s per vCPU"
 
 
 def size_text(n: float) -> str:
