@@ -486,7 +486,10 @@ def test_killed_run_append_and_expire_leave_the_previous_version_and_rerun_finis
         seed=1,
     )  # other records (the same ones would be refused as copies)
     first, second = str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "new" / "*.tfrecord")
+    # --max_pile_bytes: auto would size it from the memory free at that moment (the manifests
+    # of two stores made apart would differ)
     run_args = ["run", "--layout=store", f"--input={first}", "--num_piles=6", "--seed=3"]
+    run_args.append("--max_pile_bytes=64MiB")
     # the reference: uninterrupted
     reference = str(tmp_path / "ref")
     subprocess.run(

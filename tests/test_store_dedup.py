@@ -189,6 +189,8 @@ def test_a_killed_append_reruns_to_the_same_files(tmp_path):
                 f"--output={where}",
                 "--num_piles=6",
                 "--seed=3",
+                # auto would size it from the memory free at that moment: two stores apart
+                "--max_pile_bytes=64MiB",
             ),
             check=True,
             capture_output=True,
