@@ -246,3 +246,30 @@ def test_a_default_run_in_an_800_mib_cgroup_finishes_and_verifies(memory_cgroup,
         timeout=300,
     )
     assert done.returncode == 0 and "OK: 600,000 records" in done.stdout, done.stderr
+
+
+def test_a_store_made_on_a_large_machine_materializes_in_an_800_mib_cgroup(memory_cgroup, tmp_path):
+    """A one-pile store of 700 MB, made as a large machine's ``--max_pile_bytes auto`` sizes it
+    (1 GiB), materialized inside a cgroup of 800 MiB: ``materialize`` took the store's bound and
+    ordered the pile whole, and the kernel killed it (exit 137, no message). Now a local
+    materialize bounds piles as ``run``'s auto would for the memory it may use: the pile is
+    ordered in sub-piles and every record is written once."""
+    sample.write_tfrecord(str(tmp_path / "in"), records=700_000, files=2, record_bytes=1000)
+    store, output = str(tmp_path / "s"), str(tmp_path / "m" / "m")
+    made = subprocess.run(
+        [sys.executable, "-m", "pileshuffle", "run", "--layout=store", "--quiet"]
+        + [f"--input={tmp_path}/in/*.tfrecord", f"--output={store}", "--num_piles=1"]
+        + ["--seed=2", "--max_pile_bytes=1GiB"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr
+    args = ["materialize", f"--store={store}", f"--output={output}", "--quiet"]
+    code, out, err, _ = in_cgroup(memory_cgroup, tmp_path, *args)
+    killed = cgroup_value(memory_cgroup, "memory.oom_control", "oom_kill")
+    assert code == 0 and killed == 0, f"exit {code}, {killed} OOM kill(s): {err[-2000:]}"
+    assert "records   700,000 (fingerprints of input and output match)" in out, out
+    with open(f"{output}-manifest.json") as handle:
+        manifest = json.load(handle)
+    assert manifest["options"]["max_pile_bytes"] == 64 * MiB and manifest["piles_split"] == 1

@@ -29,7 +29,6 @@ def materialize(options) -> dict:
     (``MaterializeOptions``, or its command-line arguments) say; returns the written manifest."""
     from pileshuffle.engine.output_files import discard_unpublished, read_manifest
     from pileshuffle.planning.locations import check_shard_output, taken_output, work_dir_for
-    from pileshuffle.planning.parameters import parse_bytes
     from pileshuffle.planning.runners import runner_defaults
 
     args = options if isinstance(options, MaterializeOptions) else materialize_options(options)
@@ -45,9 +44,7 @@ def materialize(options) -> dict:
     output, _ = check_shard_output(args.output, args.overwrite)
     manifest = _materializable_manifest(prefix, args.version)
     work_dir = work_dir_for(output, options.view_as(GoogleCloudOptions).temp_location)
-    max_pile_bytes = (
-        parse_bytes(args.max_pile_bytes) if args.max_pile_bytes else manifest["max_pile_bytes"]
-    )
+    max_pile_bytes = _pile_bound(args.max_pile_bytes, manifest, options)
     piles = live_piles(prefix, manifest, max_pile_bytes, work_dir=work_dir)
     first = next((f["path"] for g in manifest["generations"] for f in g["files"]), None)
     schema = stored_schema(prefix, first) if manifest["format"] == "parquet" and first else None
@@ -68,6 +65,24 @@ def materialize(options) -> dict:
     written = read_manifest(output)
     written["wall_seconds"] = time.time() - started
     return written
+
+
+def _pile_bound(given, manifest: dict, options) -> int:
+    """The most of one pile ordered whole: ``--max_pile_bytes`` as given; else the store's, or
+    less on a local runner whose threads hold less (``--max_pile_bytes auto`` of ``run``, from
+    this machine's memory, a container's limit included). A pile over it is ordered in
+    sub-piles, in the same order: the bound changes the memory held, never the bytes written."""
+    from pileshuffle.planning.job_model import auto_max_pile_bytes, local_budget, workers_of
+    from pileshuffle.planning.parameters import parse_bytes
+    from pileshuffle.planning.runners import in_process_threads
+
+    if given:
+        return parse_bytes(given)
+    stored = manifest["max_pile_bytes"]
+    if not in_process_threads(options):
+        return stored
+    workers = workers_of(options, local_budget("auto")[0])
+    return min(stored, auto_max_pile_bytes(workers, 0, spread=False)[0])
 
 
 def _materializable_manifest(prefix: str, version) -> dict:
