@@ -103,6 +103,22 @@ def test_an_identical_rerun_is_nothing_to_do_and_another_one_is_refused(trial, t
     assert "output already exists" in refused(capsys, "run", *args, "--seed=1")
 
 
+def test_a_rerun_with_other_free_memory_is_still_nothing_to_do(trial, tmp_path, capsys):
+    """``--max_pile_bytes auto`` follows the memory free when a run starts (here set by
+    ``--memory``): a re-run of the same command that finds more or less of it writes the same
+    bytes, so it finds its own output there; it was refused as another run's."""
+    args = [f"--input={trial}/in/*.tfrecord", f"--output={tmp_path}/out/t", "--num_piles=2"]
+    succeeded(capsys, "run", *args, "--memory=1MiB")
+    before = {p: os.path.getmtime(tmp_path / "out" / p) for p in os.listdir(tmp_path / "out")}
+    _, err = succeeded(capsys, "run", *args, "--memory=64GB")
+    assert "already holds this run's output" in err and "nothing to do" in err, err
+    assert {
+        p: os.path.getmtime(tmp_path / "out" / p) for p in os.listdir(tmp_path / "out")
+    } == before
+    with open(tmp_path / "out" / "t-manifest.json") as handle:
+        assert json.load(handle)["options"]["max_pile_bytes"] == 64 << 20  # as first sized
+
+
 def test_quiet_and_skip_corrupt_are_taken_by_every_command_that_runs(trial, tmp_path, capsys):
     shutil.copytree(trial / "st", tmp_path / "st")
     _, err = succeeded(

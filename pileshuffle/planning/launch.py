@@ -37,8 +37,8 @@ def plan_run(options, wait=None) -> Plan:
 
 def _finished_plan(options):
     """The plan over the output at ``--output``, with ``finished`` its manifest, when that is of
-    this very run (its seed and options as this plan records them, its input files by path and
-    size) and ``--overwrite`` is not given; else None."""
+    this very run (its seed and the options that decide its bytes as this plan records them, its
+    input files by path and size) and ``--overwrite`` is not given; else None."""
     values = options.view_as(PileshuffleOptions)
     if parse_flag(values.overwrite) or not storage.exists(manifest_path(values.output)):
         return None
@@ -55,12 +55,24 @@ def _finished_plan(options):
     if (
         manifest.get("kind") != SHARDS_KIND
         or manifest.get("seed") != fields["seed"]
-        or manifest.get("options") != fields["options"]
+        or _deciding_bytes(manifest.get("options")) != _deciding_bytes(fields["options"])
         or inputs != {(s.path, s.size) for s in plan.sources}
     ):
         return None
     plan.finished, plan.replace_existing = manifest, False
     return plan
+
+
+# options a plan sizes from the memory free at its start: they change what a run holds, not the
+# bytes it writes (a pile over max_pile_bytes is ordered in sub-piles in the same order)
+_MEMORY_SIZED = ("max_pile_bytes", "num_piles_reason")
+
+
+def _deciding_bytes(options) -> dict:
+    """A manifest's ``options`` without those sized from memory (``_MEMORY_SIZED``): equal for
+    runs that write the same bytes (``num_piles`` itself stays: auto sizes it from memory too,
+    and another number of piles writes other bytes)."""
+    return {k: v for k, v in (options or {}).items() if k not in _MEMORY_SIZED}
 
 
 def check_fits(plan: Plan):
