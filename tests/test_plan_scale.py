@@ -334,3 +334,24 @@ def test_a_dataflow_launch_whose_spill_overflows_the_workers_disk_is_refused_in_
         "n2-highmem-4",
         asked,
     )  # the worker the plan sized for
+
+
+def test_materialize_bounds_piles_by_the_dataflow_workers_that_order_them():
+    """A store made where auto gave 1 GiB piles, materialized on Dataflow: its piles are ordered
+    within what the job's workers hold (run's auto for that machine type), a machine type plan
+    does not know or a runner whose workers it cannot see keeps the store's bound, and a given
+    --max_pile_bytes is taken as it is."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pileshuffle.commands.materialize import _pile_bound
+
+    store = {"max_pile_bytes": GiB}
+
+    def on(*args):
+        return PipelineOptions([*DATAFLOW, *args])
+
+    assert _pile_bound(None, store, on("--worker_machine_type=n1-standard-1")) == GiB // 2
+    assert _pile_bound(None, store, on("--worker_machine_type=n2-highmem-4")) == GiB
+    assert _pile_bound(None, store, on("--worker_machine_type=c3-highcpu-4")) == GiB
+    assert _pile_bound(None, store, PipelineOptions(["--runner=DaskRunner"])) == GiB
+    assert _pile_bound("16KiB", store, on("--worker_machine_type=n1-standard-1")) == 16 << 10

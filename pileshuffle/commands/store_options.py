@@ -255,8 +255,8 @@ def materialize_options(argv) -> MaterializeOptions:
     parser.add_argument(
         "--max_pile_bytes",
         metavar="SIZE",
-        help="load piles larger than this in sub-piles (default: the store's, or less where a "
-        "local run's threads hold less, as run's auto: same bytes, less memory)",
+        help="load piles larger than this in sub-piles (default: the store's, or less where the "
+        "workers hold less, as run's auto: same bytes, less memory)",
     )
     _add_quiet(parser)
     args, beam_args = check_command_argv(parser, argv)
