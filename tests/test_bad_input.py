@@ -365,6 +365,47 @@ def assert_one_line_error(done, *words):
     return errors[0]
 
 
+def test_a_quoted_tilde_names_the_home_folder_meant_and_makes_no_folder_named_tilde(
+    tfrecords, tmp_path
+):
+    """A shell expands ``~`` only outside quotes: ``--output '~/out/t'`` made a folder named ``~``
+    in the current one (and a later ``rm -rf ~`` of it is a disaster). Each location a run
+    writes is refused naming the path meant, an input that matches nothing says it too, and
+    nothing is created."""
+    pattern, paths, _ = tfrecords
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    (home / "in").mkdir()
+    os.link(paths[0], home / "in" / "a.tfrecord")
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "pileshuffle", *args],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=work,
+            env={**os.environ, "HOME": str(home)},
+        )
+
+    meant = f"give {home}/out/t"
+    assert_one_line_error(run("run", f"--input={pattern}", "--output=~/out/t"), meant)
+    assert_one_line_error(run("plan", f"--input={pattern}", "--output=~/out/t"), meant)
+    assert_one_line_error(
+        run("run", "--layout=store", f"--input={pattern}", "--output=~/out/t"), meant
+    )
+    assert_one_line_error(
+        run("run", f"--input={pattern}", "--output=out/t", "--temp_location=~/tmp"),
+        f"give {home}/tmp",
+    )
+    assert_one_line_error(
+        run("run", "--input=~/in/*.tfrecord", "--output=out/t"),
+        "matches no file",
+        f"give {home}/in/*.tfrecord",
+    )
+    assert os.listdir(work) == [] and os.listdir(home) == ["in"]
+
+
 @pytest.mark.parametrize("attempt", range(4))
 def test_cli_corrupt_tfrecord_on_the_default_local_runner(tfrecords, attempt):
     """The default local runner runs bundles in worker threads that go on after one fails (here

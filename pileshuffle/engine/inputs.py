@@ -77,7 +77,7 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
         skipped.update(passed_over)
         if not found and not passed_over:
             what = "matches no file" if any(c in pattern for c in "*?[") else "does not exist"
-            raise InputError(pattern, what + _comma_hint(patterns, rank))
+            raise InputError(pattern, what + _home_hint(pattern) + _comma_hint(patterns, rank))
         owned = {path: own_file(path, output, found) for path in found}
         owned = {path: why for path, why in owned.items() if why}
         rest = [path for path in found if path not in owned]
@@ -101,6 +101,14 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
     paths, duplicates = _one_name_per_file(candidates)
     sources = [Source(i, path, paths[path]) for i, path in enumerate(sorted(paths))]
     return Inputs(sources, left_out, skipped, duplicates)
+
+
+def _home_hint(pattern: str) -> str:
+    """For a pattern that starts with ``~`` (``storage.home_meant``): the pattern meant."""
+    meant = storage.home_meant(pattern)
+    if not meant:
+        return ""
+    return f" (~ is your home folder only where a shell expands it, outside quotes: give {meant})"
 
 
 _COMMAS_TRIED = 3  # a path's commas that _comma_hint puts back, on each side of the pattern

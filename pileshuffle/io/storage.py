@@ -61,6 +61,15 @@ def join(base: str, *parts: str) -> str:
     return os.path.join(base, *parts)
 
 
+def home_meant(path: str):
+    """The home folder's path that a local ``path`` starting with ``~`` (``~`` or ``~/...``)
+    meant, else None. A shell expands ``~`` only outside quotes; here such a path names a
+    folder called ``~`` below the current one."""
+    if path == "~" or path.startswith("~/"):
+        return os.path.expanduser(path)
+    return None
+
+
 def split(path: str) -> tuple:
     """``(folder, name)``."""
     return path.rstrip("/").rpartition("/")[::2] if is_remote(path) else os.path.split(path)
@@ -340,6 +349,7 @@ __all__ = [
     "is_folder",
     "is_local",
     "is_remote",
+    "home_meant",
     "join",
     "list_folder",
     "makedirs",

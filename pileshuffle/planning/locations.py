@@ -50,6 +50,7 @@ def work_dir_for(output: str, temp_location) -> str:
     """The run's temp directory: deterministic per output, so a re-run after a crash
     finds and replaces what a killed run left."""
     if temp_location:
+        _refuse_unexpanded_home("--temp_location", temp_location)
         _refuse_wildcards("--temp_location", temp_location)
     digest = hashlib.sha1(output.encode()).hexdigest()[:12]
     root = temp_location or storage.split(output)[0]
@@ -92,8 +93,20 @@ def output_prefix(text: str) -> str:
             f"not a folder: give e.g. --output {text}train "
             f"(shards {text}train-00000-of-..., {text}train-manifest.json)"
         )
+    _refuse_unexpanded_home("--output", text)
     _refuse_wildcards("--output", text)
     return text
+
+
+def _refuse_unexpanded_home(option: str, location: str):
+    """A location starting with ``~`` would be a folder named ``~`` here (``storage.home_meant``):
+    refused, naming the path meant, before anything is written."""
+    meant = storage.home_meant(location)
+    if meant:
+        raise OutputError(
+            f"{option} {location}: ~ is your home folder only where a shell expands it (outside "
+            f"quotes); here it would be a folder named ~ in the current one: give {meant}"
+        )
 
 
 def _refuse_wildcards(option: str, location: str):
