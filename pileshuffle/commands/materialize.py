@@ -69,23 +69,16 @@ def materialize(options) -> dict:
 
 def _pile_bound(given, manifest: dict, options) -> int:
     """The most of one pile ordered whole: ``--max_pile_bytes`` as given; else the store's, or
-    less where the workers that order the piles hold less, as ``run``'s ``--max_pile_bytes
-    auto`` sizes it (this machine's memory, a container's limit included; Dataflow's machine
-    type). A pile over it is ordered in sub-piles, in the same order: the bound changes the
-    memory held, never the bytes written. Workers plan cannot see (Dask's, a machine type it
-    does not know) keep the store's."""
-    from pileshuffle.planning.job_model import auto_max_pile_bytes, local_budget, workers_of
+    less where the workers that order the piles hold less (``job_model.workers_pile_bound``). A
+    pile over it is ordered in sub-piles, in the same order: the bound changes the memory held,
+    never the bytes written."""
+    from pileshuffle.planning.job_model import workers_pile_bound
     from pileshuffle.planning.parameters import parse_bytes
-    from pileshuffle.planning.runners import in_process_threads
 
     if given:
         return parse_bytes(given)
     stored = manifest["max_pile_bytes"]
-    budget = local_budget("auto")[0] if in_process_threads(options) else 0
-    workers = workers_of(options, budget)
-    if workers.where == "other" or (workers.where == "dataflow" and not workers.machine.memory):
-        return stored
-    return min(stored, auto_max_pile_bytes(workers, 0, spread=False)[0])
+    return min(stored, workers_pile_bound(options) or stored)
 
 
 def _materializable_manifest(prefix: str, version) -> dict:

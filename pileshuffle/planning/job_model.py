@@ -38,6 +38,7 @@ __all__ = [
     "workers_of",
     "local_budget",
     "auto_max_pile_bytes",
+    "workers_pile_bound",
     "choose_run_bytes",
     "expected_workers",
     "runs_on_object_store",
@@ -237,6 +238,18 @@ def auto_max_pile_bytes(workers: Workers, held_bytes: float, spread: bool = True
         return pile, f"auto: {PILES_PER_THREAD} piles or more for each of {threads} threads"
     held = f"{workers.memory_per_thread / 1e9:,.2f} GB"
     return pile, f"auto: a third of the {held} one thread holds, down to a power of two"
+
+
+def workers_pile_bound(options):
+    """``--max_pile_bytes auto`` for the workers ``options`` name (locally this machine's
+    ``--memory auto``, a container's limit included; on Dataflow the machine type's), from memory
+    alone (no spread over piles); None where plan cannot see their memory (another runner, a
+    machine type it does not know)."""
+    budget = local_budget("auto")[0] if in_process_threads(options) else 0
+    workers = workers_of(options, budget)
+    if workers.where == "other" or (workers.where == "dataflow" and not workers.machine.memory):
+        return None
+    return auto_max_pile_bytes(workers, 0, spread=False)[0]
 
 
 def _power_of_two(size: float) -> int:
