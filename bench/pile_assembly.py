@@ -39,7 +39,7 @@ READ = r"""
 import pickle, resource, statistics, sys, time
 import pyarrow as pa
 from pileshuffle.engine.fragments import read_table
-from pileshuffle.engine.transforms import shuffle
+from pileshuffle.engine import pile as shuffle
 
 directory, rounds, way = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 pile = shuffle.Pile(0, 1, tuple(pickle.load(open(directory + "/fragments.pickle", "rb"))))

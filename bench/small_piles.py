@@ -66,7 +66,7 @@ def floor(folder: str, counts=(16, 4096, 16, 4096)):
 def _piles(num_piles: int):
     """The input's piles as pass 1 would hand them over: one segment per (input file, pile)."""
     from pileshuffle.engine.fragments import Fragment, segment_encoder
-    from pileshuffle.engine.transforms.shuffle import Pile
+    from pileshuffle.engine.pile import Pile
     from pileshuffle.formats import get_format
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.records import keys as keymath
@@ -150,7 +150,7 @@ def per_pile(folder: str, piles: list):
 
 def groups(folder: str, piles: list):
     """``WriteShard`` on ``PileGroup``s of the template's size against ``WriteShard`` per pile."""
-    from pileshuffle.engine.transforms.pile_groups import GROUP_BYTES, PileGroup, group_size
+    from pileshuffle.engine.pile_groups import GROUP_BYTES, PileGroup, group_size
     from pileshuffle.engine.transforms.shards import WriteShard
 
     num_piles = len(piles)

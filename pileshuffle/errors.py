@@ -11,7 +11,12 @@ __all__ = [
     "user_message",
     "find_error",
     "unwrapped",
+    "HOLD_WORKER_STDERR",
 ]
+
+# Set by the command line, read where a local run starts (``engine/runner``): the local workers'
+# stderr is held back when the error is one of ours, which is then reported in one line.
+HOLD_WORKER_STDERR = {"on": False}
 
 
 class PileshuffleError(Exception):

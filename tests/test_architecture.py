@@ -5,6 +5,8 @@ module is longer than 400 lines and no function longer than a screen."""
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -50,9 +52,18 @@ WITHOUT_BEAM = [
     "engine.dedup",
     "engine.duplicates",
     "engine.tuning",
+    "engine.pile",
+    "engine.pile_groups",
+    "engine.output_files",
+    "store.read",
+    "verify",
     "planning.pile_bound",
     "planning.memory_limit",
     "commands.help_style",
+    "commands.options",
+    "commands.report",
+    "commands.info",
+    "commands.verify",
 ]
 ROOT_MODULES = 8  # the package root: the public face and what belongs to no layer
 
@@ -174,6 +185,24 @@ def test_beam_stays_out_of_what_a_training_host_imports(prefix):
         if name.startswith("apache_beam") and at_top
     ]
     assert found == []
+
+
+def test_the_read_side_commands_import_no_beam():
+    """``info`` and ``verify`` import nothing of Beam, through any module: each starts in a
+    fraction of a second (Beam's import was about 1 s of each) and runs where the reader alone is
+    installed (tests/test_reader_install.py)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pileshuffle.commands.info, pileshuffle.commands.verify;"
+            "print(sorted(m for m in sys.modules if m.startswith('apache_beam'))[:3])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
 
 
 def test_no_module_is_longer_than_the_limit():

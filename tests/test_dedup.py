@@ -432,7 +432,7 @@ def test_quality_measures_a_dedup_output_against_the_distinct_input(tmp_path, ca
 def test_one_record_repeated_a_million_times_is_streamed_never_loaded_whole(tmp_path, monkeypatch):
     """The issue's hot record at full count: 1,000,000 copies (14 MB) in a run whose piles hold 1 MiB.
     Its pile is split, the one-key sub-pile streamed: no table pass 2 loads is larger than a pile."""
-    import pileshuffle.engine.transforms.pile_groups as pile_groups  # where pass 2 joins a pile's parts (in_key_order)
+    import pileshuffle.engine.pile_groups as pile_groups  # where pass 2 joins a pile's parts (in_key_order)
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_bytes(

@@ -182,3 +182,18 @@ def test_pipeline_commands_say_in_one_line_what_to_install(reader_venv, tmp_path
         reader_venv, "pileshuffle", "--help"
     )  # the list of commands needs nothing more
     assert helped.returncode == 0 and "run" in helped.stdout
+
+
+def test_the_reader_install_checks_an_output_with_info_and_verify(reader_venv, shuffled_tfrecords):
+    """The read-side commands need no Beam: a training machine with the reader alone can say
+    what an output holds and prove it against its input (and each starts in a fraction of a
+    second: Beam's import was about 1 s of each)."""
+    pattern, prefix = shuffled_tfrecords
+    told = in_venv(reader_venv, "pileshuffle", "info", f"--output={prefix}", "--json")
+    assert told.returncode == 0, told.stderr
+    assert json.loads(told.stdout)["records"].startswith(f"{RECORDS:,} in 4 shard(s)")
+    proved = in_venv(
+        reader_venv, "pileshuffle", "verify", f"--input={pattern}", f"--output={prefix}"
+    )
+    assert proved.returncode == 0, proved.stderr
+    assert f"OK: {RECORDS:,} records in 4 shard(s)" in proved.stdout + proved.stderr

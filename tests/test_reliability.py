@@ -732,7 +732,7 @@ def _one_fragment_pile(tmp_path, keys, max_pile_bytes):
     import pyarrow as pa
 
     from pileshuffle.engine.fragments import Fragment, FragmentFiles
-    from pileshuffle.engine.transforms.shuffle import Pile
+    from pileshuffle.engine.pile import Pile
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.records.fingerprint import Fingerprint
 
@@ -753,19 +753,19 @@ def _one_fragment_pile(tmp_path, keys, max_pile_bytes):
 
 
 def test_split_recurses_when_capped_and_keeps_the_order(tmp_path, monkeypatch):
-    import pileshuffle.engine.transforms.shuffle as shuffle
+    import pileshuffle.engine.pile as pile_module
 
     keys = np.random.default_rng(5).integers(0, 2**64, 5000, dtype=np.uint64)
     pile, payloads = _one_fragment_pile(tmp_path, keys, max_pile_bytes=4000)
-    monkeypatch.setattr(shuffle, "MAX_SPLIT_WAYS", 2)  # forces several levels of splitting
+    monkeypatch.setattr(pile_module, "MAX_SPLIT_WAYS", 2)  # forces several levels of splitting
     depths = []
-    real_ordered = shuffle.Pile.ordered
+    real_ordered = pile_module.Pile.ordered
 
     def recording(self, dropped=None):
         depths.append(self.depth)
         return real_ordered(self, dropped)
 
-    monkeypatch.setattr(shuffle.Pile, "ordered", recording)
+    monkeypatch.setattr(pile_module.Pile, "ordered", recording)
     written = [r for t in pile.tables() for r in t.column("record").to_pylist()]
     assert written == [payloads[i] for i in np.argsort(keys, kind="stable")]
     assert max(depths) >= 4

@@ -23,8 +23,8 @@ import pytest
 from helpers import assert_nothing_published, manifest, refused, succeeded
 
 from pileshuffle.commands import sample
+from pileshuffle.engine import pile_groups
 from pileshuffle.engine.runs import PileRuns
-from pileshuffle.engine.transforms import pile_groups
 from pileshuffle.names import KEY_COLUMN
 
 RECORDS, RECORD_BYTES = 600, 100  # every record the same size: a swap keeps the bytes equal too

@@ -13,9 +13,9 @@ from helpers import assert_verified, manifest, run_shuffle, shards
 
 from pileshuffle.commands import sample
 from pileshuffle.engine.fragments import Fragment, GroupSegment, read_joined, read_table, to_ipc
+from pileshuffle.engine.pile_groups import template_group
 from pileshuffle.engine.runs import PileRuns, auto_run_bytes, read_run_index
 from pileshuffle.engine.transforms.pass_one import ReadSourceToPiles
-from pileshuffle.engine.transforms.pile_groups import template_group
 from pileshuffle.formats import record_hashes, record_lengths
 from pileshuffle.formats.base import records_table
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN

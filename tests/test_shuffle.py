@@ -282,8 +282,8 @@ def test_a_pile_of_whole_fragment_files_is_written_in_key_order(tmp_path):
     import pyarrow as pa
 
     from pileshuffle.engine.fragments import Fragment, FragmentFiles
+    from pileshuffle.engine.pile import Pile
     from pileshuffle.engine.transforms.shards import WriteShard
-    from pileshuffle.engine.transforms.shuffle import Pile
     from pileshuffle.formats import record_hashes
     from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
     from pileshuffle.records.fingerprint import Fingerprint
@@ -369,7 +369,7 @@ def test_small_piles_written_in_groups_give_the_bytes_of_one_pile_at_a_time(
     group short), of 256 (all 37 piles, some empty), and with piles split again past a small
     ``--max_pile_bytes`` (written alone inside their group), in files and shuffle mode."""
     import pileshuffle.engine.transforms.graph as graph
-    from pileshuffle.engine.transforms.pile_groups import PileGroup
+    from pileshuffle.engine.pile_groups import PileGroup
 
     sample.WRITERS[fmt](str(tmp_path / "in"), records=3000, files=3, record_bytes=60)
     pattern, outputs, seen = str(tmp_path / "in" / "*"), {}, []

@@ -10,11 +10,8 @@ import argparse
 import difflib
 import textwrap
 
-from apache_beam.options.pipeline_options import PipelineOptions
-
 from pileshuffle.commands.help_style import WIDTH, option_lines
 from pileshuffle.errors import UsageError
-from pileshuffle.planning.parameters import check_values
 from pileshuffle.planning.template_parameters import PARAMETERS
 
 __all__ = [
@@ -92,7 +89,7 @@ def _beam_parser() -> argparse.ArgumentParser:
     """A parser of every registered ``PipelineOptions`` subclass's options, as Beam declares
     them (types, choices), that raises UsageError in one line instead of printing Beam's
     whole usage."""
-    from apache_beam.options.pipeline_options import _BeamArgumentParser
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
     class QuietBeamParser(_BeamArgumentParser):
         def error(self, message):
@@ -158,6 +155,8 @@ def check_argv(argv, parameters=PARAMETERS):
     Returns the parsed values of ``parameters`` (an ``argparse.Namespace``)."""
     _refuse_unknown(_option_names(argv), [p.name for p in parameters])
     _refuse_repeated(_option_names(argv), [p.name for p in parameters])
+    from pileshuffle.planning.parameters import check_values  # Beam's options: a pipeline command
+
     values = _parse_own(argv, parameters)
     check_values(values, parameters)
     _check_required(values, parameters)

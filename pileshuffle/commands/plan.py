@@ -10,7 +10,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pileshuffle.commands.plan_modes import modes_json
 from pileshuffle.commands.plan_text import plan_text, runner_description
-from pileshuffle.engine.transforms.pile_groups import template_group
+from pileshuffle.engine.pile_groups import template_group
 from pileshuffle.planning.gcs_requests import gcs_operations
 from pileshuffle.planning.pile_sizes import pile_sizes
 from pileshuffle.planning.plan import Plan, make_plan

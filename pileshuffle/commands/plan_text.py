@@ -7,8 +7,8 @@ import os
 
 from pileshuffle.commands.plan_modes import modes_lines, size_text
 from pileshuffle.engine.inputs import describe_left_out, describe_skipped
+from pileshuffle.engine.pile_groups import group_words, template_group
 from pileshuffle.engine.runs import SEGMENT_OVERHEAD
-from pileshuffle.engine.transforms.pile_groups import group_words, template_group
 from pileshuffle.io.storage import UNCOMPRESSED, compression_of, is_remote
 from pileshuffle.names import manifest_path, shard_name, staging_dir, store_dir
 from pileshuffle.planning.gcs_requests import gcs_operations

@@ -7,8 +7,13 @@ import sys
 
 from pileshuffle import interrupt
 from pileshuffle.engine.inputs import describe_left_out, describe_skipped
-from pileshuffle.engine.runner import HOLD_WORKER_STDERR
-from pileshuffle.errors import PileshuffleError, UsageError, find_error, user_message
+from pileshuffle.errors import (
+    HOLD_WORKER_STDERR,
+    PileshuffleError,
+    UsageError,
+    find_error,
+    user_message,
+)
 from pileshuffle.names import STORE_KIND, manifest_path, store_dir
 
 __all__ = [

@@ -22,9 +22,9 @@ from pileshuffle.commands.report import (
     submitted,
     summary,
 )
-from pileshuffle.engine.runner import HOLD_WORKER_STDERR
 from pileshuffle.engine.transforms.graph import run_graph
 from pileshuffle.engine.tuning import keep_freed_memory
+from pileshuffle.errors import HOLD_WORKER_STDERR
 from pileshuffle.names import STORE_KIND, manifest_path
 from pileshuffle.planning.launch import check_fits, plan_run
 from pileshuffle.planning.locations import taken_output

@@ -5,7 +5,7 @@ import sys
 
 from pileshuffle import names
 from pileshuffle.commands.report import store_at_stake_on_interrupt
-from pileshuffle.engine.transforms.finalize import schema_json
+from pileshuffle.engine.output_files import schema_json
 from pileshuffle.errors import OutputError
 from pileshuffle.io import storage
 from pileshuffle.planning.parameters import PileshuffleOptions, parse_flag

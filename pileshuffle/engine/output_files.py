@@ -7,6 +7,7 @@ publication that did not finish: what it was creating and deleting, replaced by 
 run). A journal is written before Finalize changes any final name and removed with the
 staging folder after the manifest is in place. Any other file named like a shard of the
 output is someone else's: a run refuses it, naming it, and never replaces or deletes it.
+How a manifest records a schema (``schema_json``) is here, for the run, the store and verify.
 """
 
 import dataclasses
@@ -43,6 +44,7 @@ __all__ = [
     "remove_empty_folders",
     "lock_holder_at",
     "release_lock_file",
+    "schema_json",
 ]
 
 
@@ -244,3 +246,16 @@ def release_lock_file(path: str, token: str):
             storage.delete([path])
     except Exception:
         pass
+
+
+def schema_json(schema) -> dict:
+    """An Arrow schema as a manifest records it (its ``schema``): each field's name, type and
+    nullability, and the metadata as text."""
+    metadata = {
+        k.decode(errors="replace"): v.decode(errors="replace")
+        for k, v in (schema.metadata or {}).items()
+    }
+    return {
+        "fields": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema],
+        "metadata": metadata,
+    }

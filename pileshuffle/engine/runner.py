@@ -23,13 +23,12 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pileshuffle import interrupt
-from pileshuffle.errors import UsageError, unwrapped, user_message
+from pileshuffle.errors import HOLD_WORKER_STDERR, UsageError, unwrapped, user_message
 
 __all__ = [
     "LOCAL_RUNNERS",
     "DASK_RUNNER",
     "DASK_CONNECT_SECONDS",
-    "HOLD_WORKER_STDERR",
     "given_options",
     "runner_name",
     "is_local_runner",
@@ -55,8 +54,6 @@ _DASK_MAX_DEFAULT_PARTITIONS = 64
 # A scheduler that is up answers in well under a second, even across a region; distributed's own
 # default (30 s) left a mistyped or stopped --dask_client_address looking like a hung command.
 DASK_CONNECT_SECONDS = 10
-# the command line: report our errors in one line (``_worker_stderr``)
-HOLD_WORKER_STDERR = {"on": False}
 
 
 def given_options(options: PipelineOptions) -> set:

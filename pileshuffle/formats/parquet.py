@@ -121,7 +121,7 @@ class ParquetFormat(RecordFormat):
         with open_input(path, "uncompressed") as handle:
             if handle.read(4) == b"":
                 raise InputError(path, "is empty, not a Parquet file")
-        with open_input(path, "uncompressed") as handle:
+        with open_for_arrow(path) as handle:  # the footer: a seekable file
             return _parquet_file(handle, path).schema_arrow
 
     def mean_record_bytes(self, path, sample_bytes):

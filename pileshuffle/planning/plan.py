@@ -201,7 +201,7 @@ class Plan:
         records reaches M(1 - (1 - 1/M)^n) piles, one part (a segment, an element) each, or of
         small piles one part per group of G it reaches (``pile_groups``). Files mode writes one
         object per run; both modes send one element per part."""
-        from pileshuffle.engine.transforms.pile_groups import template_group
+        from pileshuffle.engine.pile_groups import template_group
 
         held_per_record, keys = (
             self.mean_record_bytes + RECORD_OVERHEAD,

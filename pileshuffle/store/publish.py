@@ -12,9 +12,9 @@ import pyarrow as pa
 
 from pileshuffle import interrupt, names
 from pileshuffle.engine.fragments import write_failure
-from pileshuffle.engine.output_files import remove_tree
+from pileshuffle.engine.output_files import remove_tree, schema_json
 from pileshuffle.engine.transforms.assign import SourceStats
-from pileshuffle.engine.transforms.finalize import balance_section, check_accounted, schema_json
+from pileshuffle.engine.transforms.finalize import balance_section, check_accounted
 from pileshuffle.engine.transforms.write import KeyByNone
 from pileshuffle.errors import InputError
 from pileshuffle.io import durable, storage

@@ -2,7 +2,7 @@
 every data file against the manifest (``pileshuffle verify`` on a store).
 
 A store pile = the data files of that pile over the live generations, in (generation,
-writer) order, as the fragments of a ``transforms.shuffle.Pile``: its ``ordered()`` is the
+writer) order, as the fragments of an ``engine.pile.Pile``: its ``ordered()`` is the
 order ``materialize`` writes and the loader yields with ``reshuffle=False`` at epoch 0.
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from pileshuffle import names
 from pileshuffle.engine.fragments import Fragment, read_table
-from pileshuffle.engine.transforms.shuffle import DEFAULT_MAX_PILE_BYTES, Pile
+from pileshuffle.engine.pile import DEFAULT_MAX_PILE_BYTES, Pile
 from pileshuffle.errors import InputError
 from pileshuffle.formats import get_format, record_hashes, records_bytes
 from pileshuffle.formats.tfrecord import FRAME_COLUMN, scan_frames

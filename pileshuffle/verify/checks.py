@@ -17,8 +17,7 @@ follows from it, as the totals' difference, is not repeated as a fingerprint's):
 ``pileshuffle verify`` (``commands.verify``) prints them.
 """
 
-from pileshuffle.engine.output_files import read_manifest
-from pileshuffle.engine.transforms.finalize import schema_json
+from pileshuffle.engine.output_files import read_manifest, schema_json
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.formats import get_format, read_fingerprint
 from pileshuffle.io import storage

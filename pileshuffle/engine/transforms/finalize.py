@@ -6,7 +6,7 @@ create and delete, deletes the old output it replaces (its manifest first), rena
 to ``{prefix}-{i:05d}-of-{M:05d}{suffix}`` and writes ``{prefix}-manifest.json`` last: the
 manifest's presence means the run finished. It replaces only files that a manifest or a journal
 lists (``check_replaceable``). The manifest's sections shared with a store's generations
-(``check_accounted``, ``balance_section``, ``schema_json``) are here too.
+(``check_accounted``, ``balance_section``) are here too.
 """
 
 import json
@@ -14,7 +14,6 @@ import time
 import uuid
 
 import apache_beam as beam
-import pyarrow as pa
 
 from pileshuffle import __version__, interrupt, progress
 from pileshuffle.engine.dedup import Dedup, dedup_section
@@ -25,6 +24,7 @@ from pileshuffle.engine.output_files import (
     file_name,
     release_lock_file,
     remove_tree,
+    schema_json,
     write_journal,
 )
 from pileshuffle.engine.sources import stats_by_file
@@ -44,7 +44,7 @@ from pileshuffle.names import (
 )
 from pileshuffle.records.fingerprint import Fingerprint, total
 
-__all__ = ["check_accounted", "balance_section", "Finalize", "schema_json"]
+__all__ = ["check_accounted", "balance_section", "Finalize"]
 
 
 def check_accounted(sources, read: Fingerprint, written: Fingerprint, purpose: str, wrote: str):
@@ -79,19 +79,6 @@ def balance_section(sources, options: dict) -> dict:
         "policy": policy,
         "records_before": before,
         "records_after": after,
-    }
-
-
-def schema_json(schema: pa.Schema) -> dict:
-    """An Arrow schema as a manifest records it: each field's name, type and nullability, and
-    the metadata as text."""
-    metadata = {
-        k.decode(errors="replace"): v.decode(errors="replace")
-        for k, v in (schema.metadata or {}).items()
-    }
-    return {
-        "fields": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema],
-        "metadata": metadata,
     }
 
 

@@ -10,10 +10,10 @@ from pileshuffle import progress
 from pileshuffle.engine.balance import manifest_options
 from pileshuffle.engine.fragments import Fragment, GroupSegment
 from pileshuffle.engine.output_files import discard_unpublished, read_manifest, remove_tree
+from pileshuffle.engine.pile_groups import template_group
 from pileshuffle.engine.runner import execute, shows_progress
 from pileshuffle.engine.sources import SourceStats
 from pileshuffle.engine.transforms.pass_one import STATS_TAG, CountClasses, ReadSourceToPiles
-from pileshuffle.engine.transforms.pile_groups import template_group
 from pileshuffle.engine.transforms.shuffle import GroupIntoPiles
 from pileshuffle.engine.transforms.write import WritePiles
 from pileshuffle.errors import OutputError, user_message

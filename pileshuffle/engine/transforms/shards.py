@@ -20,7 +20,7 @@ from pileshuffle import interrupt, progress
 from pileshuffle.engine.dedup import Dedup
 from pileshuffle.engine.duplicates import Dropped
 from pileshuffle.engine.fragments import between_passes, write_failure
-from pileshuffle.engine.transforms.pile_groups import PileGroup
+from pileshuffle.engine.pile_groups import PileGroup
 from pileshuffle.engine.tuning import prepare_worker
 from pileshuffle.errors import IntegrityError
 from pileshuffle.formats import get_format, records_bytes
