@@ -2,6 +2,7 @@
 pipeline runs on Beam's local runner, reading their outputs, the command line run in-process,
 and the reliability checks (an output proven good, or a failed run proven to leave nothing)."""
 
+import contextlib
 import glob
 import json
 import os
@@ -165,11 +166,29 @@ def succeeded(capsys, *args):
 # -- reliability: an output proven good, or a failed run proven to leave nothing ------------------
 
 
+@contextlib.contextmanager
+def as_the_read_side_reads():
+    """Files read through pyarrow's file systems, as ``pileshuffle verify``, ``info`` and
+    ``quality`` read them: those commands import no Beam, so their processes never use Beam's
+    file layer, which a test process that has run a pipeline would otherwise choose."""
+    before = os.environ.get("PILESHUFFLE_STORAGE")
+    os.environ["PILESHUFFLE_STORAGE"] = "arrow"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PILESHUFFLE_STORAGE"]
+        else:
+            os.environ["PILESHUFFLE_STORAGE"] = before
+
+
 def assert_verified(input_glob, output, format=None):
-    """``pileshuffle verify`` finds no problem with ``output`` (against ``input_glob``)."""
+    """``pileshuffle verify`` finds no problem with ``output`` (against ``input_glob``), reading
+    as the command does (``as_the_read_side_reads``)."""
     from pileshuffle.commands.verify import verify
 
-    problems = verify(input_glob, output, format)
+    with as_the_read_side_reads():
+        problems = verify(input_glob, output, format)
     assert problems == [], "\n".join(problems)
 
 
