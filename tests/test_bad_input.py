@@ -370,8 +370,8 @@ def test_a_quoted_tilde_names_the_home_folder_meant_and_makes_no_folder_named_ti
 ):
     """A shell expands ``~`` only outside quotes: ``--output '~/out/t'`` made a folder named ``~``
     in the current one (and a later ``rm -rf ~`` of it is a disaster). Each location a run
-    writes is refused naming the path meant, an input that matches nothing says it too, and
-    nothing is created."""
+    writes is refused naming the path meant, an input or a store that is not there says it too,
+    and nothing is created."""
     pattern, paths, _ = tfrecords
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir(), work.mkdir()
@@ -401,6 +401,11 @@ def test_a_quoted_tilde_names_the_home_folder_meant_and_makes_no_folder_named_ti
         "matches no file",
         f"give {home}/in/*.tfrecord",
     )
+    # the store commands read --store: a store that is not there says which one was meant
+    for command in (["append", f"--input={pattern}"], ["materialize", "--output=out/t"]):
+        assert_one_line_error(
+            run(*command, "--store=~/s"), "no store at ~/s-store", f"give {home}/s"
+        )
     assert os.listdir(work) == [] and os.listdir(home) == ["in"]
 
 
