@@ -187,15 +187,16 @@ def test_beam_stays_out_of_what_a_training_host_imports(prefix):
     assert found == []
 
 
-def test_the_read_side_commands_import_no_beam():
-    """``info`` and ``verify`` import nothing of Beam, through any module: each starts in a
-    fraction of a second (Beam's import was about 1 s of each) and runs where the reader alone is
-    installed (tests/test_reader_install.py)."""
+def test_the_commands_that_build_no_pipeline_import_no_beam():
+    """``info``, ``verify``, ``expire`` and ``gc`` import nothing of Beam, through any module: each
+    starts in a fraction of a second (Beam's import was about 1 s of each), and ``info`` and
+    ``verify`` run where the reader alone is installed (tests/test_reader_install.py)."""
     done = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys, pileshuffle.commands.info, pileshuffle.commands.verify;"
+            "import sys, pileshuffle.commands.info, pileshuffle.commands.verify,"
+            " pileshuffle.commands.expire;"
             "print(sorted(m for m in sys.modules if m.startswith('apache_beam'))[:3])",
         ],
         capture_output=True,

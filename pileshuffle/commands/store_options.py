@@ -5,15 +5,16 @@ functions take these objects; nothing re-parses arguments after this module."""
 
 import argparse
 import dataclasses
-
-from apache_beam.options.pipeline_options import PipelineOptions
+import typing
 
 from pileshuffle.commands.help_style import CommandParser
 from pileshuffle.commands.options import check_command_argv
 from pileshuffle.engine.balance import Policy
 from pileshuffle.errors import UsageError
-from pileshuffle.planning.parameters import check_max_pile_bytes
 from pileshuffle.store.expire import DEFAULT_GRACE_SECONDS, check_grace_seconds
+
+if typing.TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 __all__ = [
     "AppendOptions",
@@ -29,8 +30,12 @@ __all__ = [
 _STORE_HELP = "the store's prefix P (its files are under P-store/)"
 
 
-def _no_beam_options():
-    return PipelineOptions([])
+def _beam_options(args=()):
+    """Beam's options of ``args``: imported here, so that ``expire`` and ``gc`` never import
+    Beam (they start in a fraction of a second)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return PipelineOptions(list(args))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +49,7 @@ class AppendOptions:
     skip_corrupt: bool = False
     allow_duplicate_inputs: bool = False
     # runner, temp location, ...
-    beam: PipelineOptions = dataclasses.field(default_factory=_no_beam_options)
+    beam: "PipelineOptions" = dataclasses.field(default_factory=_beam_options)
     label_field: str = None
     balance: str = None
     undersample: bool = None
@@ -82,11 +87,13 @@ class MaterializeOptions:
     version: int = None  # None: the current one
     overwrite: bool = False
     max_pile_bytes: str = None  # None: the store's
-    beam: PipelineOptions = dataclasses.field(default_factory=_no_beam_options)
+    beam: "PipelineOptions" = dataclasses.field(default_factory=_beam_options)
     quiet: bool = False  # as run --quiet (materialize prints only its summary and warnings anyway)
 
     def __post_init__(self):
         # the store fixes the piles
+        from pileshuffle.planning.parameters import check_max_pile_bytes  # (Beam's options)
+
         check_max_pile_bytes(self.max_pile_bytes, auto=False, allow_auto=False)
 
     def describe(self) -> str:
@@ -220,7 +227,7 @@ def append_options(argv) -> AppendOptions:
         args.input,
         args.skip_corrupt,
         args.allow_duplicate_inputs,
-        PipelineOptions(beam_args),
+        _beam_options(beam_args),
         args.label_field,
         args.balance,
         args.undersample,
@@ -266,7 +273,7 @@ def materialize_options(argv) -> MaterializeOptions:
         args.version,
         args.overwrite,
         args.max_pile_bytes,
-        PipelineOptions(beam_args),
+        _beam_options(beam_args),
         args.quiet,
     )
 
