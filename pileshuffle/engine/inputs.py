@@ -104,11 +104,9 @@ def select_inputs(patterns: str, output: str = None) -> Inputs:
 
 
 def _home_hint(pattern: str) -> str:
-    """For a pattern that starts with ``~`` (``storage.home_meant``): the pattern meant."""
-    meant = storage.home_meant(pattern)
-    if not meant:
-        return ""
-    return f" (~ is your home folder only where a shell expands it, outside quotes: give {meant})"
+    """For a pattern that starts with ``~`` (``storage.unexpanded_home``): the pattern meant."""
+    advice = storage.unexpanded_home(pattern)
+    return f" ({advice})" if advice else ""
 
 
 _COMMAS_TRIED = 3  # a path's commas that _comma_hint puts back, on each side of the pattern

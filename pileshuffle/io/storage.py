@@ -61,12 +61,13 @@ def join(base: str, *parts: str) -> str:
     return os.path.join(base, *parts)
 
 
-def home_meant(path: str):
-    """The home folder's path that a local ``path`` starting with ``~`` (``~`` or ``~/...``)
-    meant, else None. A shell expands ``~`` only outside quotes; here such a path names a
-    folder called ``~`` below the current one."""
+def unexpanded_home(path: str):
+    """For a local ``path`` starting with ``~`` (``~`` or ``~/...``): what to tell its user, that
+    a shell expands ``~`` only outside quotes, and the home folder's path meant; else None. Here
+    such a path names a folder called ``~`` below the current one."""
     if path == "~" or path.startswith("~/"):
-        return os.path.expanduser(path)
+        meant = os.path.expanduser(path)
+        return f"~ is your home folder only where a shell expands it, outside quotes: give {meant}"
     return None
 
 
@@ -349,7 +350,7 @@ __all__ = [
     "is_folder",
     "is_local",
     "is_remote",
-    "home_meant",
+    "unexpanded_home",
     "join",
     "list_folder",
     "makedirs",

@@ -99,13 +99,12 @@ def output_prefix(text: str) -> str:
 
 
 def _refuse_unexpanded_home(option: str, location: str):
-    """A location starting with ``~`` would be a folder named ``~`` here (``storage.home_meant``):
-    refused, naming the path meant, before anything is written."""
-    meant = storage.home_meant(location)
-    if meant:
+    """A location starting with ``~`` would be a folder named ``~`` here
+    (``storage.unexpanded_home``): refused, naming the path meant, before anything is written."""
+    advice = storage.unexpanded_home(location)
+    if advice:
         raise OutputError(
-            f"{option} {location}: ~ is your home folder only where a shell expands it (outside "
-            f"quotes); here it would be a folder named ~ in the current one: give {meant}"
+            f"{option} {location}: this would be a folder named ~ in the current one; {advice}"
         )
 
 

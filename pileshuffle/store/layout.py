@@ -265,11 +265,8 @@ def existing_store(given: str) -> str:
     locked, when there is none (so a refused command leaves no empty ``-store`` folder)."""
     prefix = store_prefix(given)
     if not is_store(prefix):
-        meant = storage.home_meant(given)
-        remedy = (
-            f"~ is your home folder only where a shell expands it (outside quotes): give {meant}"
-            if meant
-            else f"create one with `pileshuffle run --layout store --output {prefix} --input ...`"
+        remedy = storage.unexpanded_home(given) or (
+            f"create one with `pileshuffle run --layout store --output {prefix} --input ...`"
         )
         raise OutputError(f"no store at {store_dir(prefix)}: {remedy}")
     return prefix
