@@ -5,12 +5,13 @@ Storage honours and that a store's lock and version manifests are committed with
 writers would both "win". ``start`` adds it: an upload with that precondition onto an existing
 object gets Cloud Storage's answer, 412 Precondition Failed (checked and created under one lock).
 The same tests run against a real bucket (PILESHUFFLE_TEST_BUCKET), where the service enforces it.
-It also injects the faults the tests need on purpose, on objects named for them: a 503 outage
-and a refused permission (403); and on buckets named for it, the refusal of the bucket's own GET
+It also injects the faults the tests need on purpose, on objects named for them: a 503 outage,
+a refused permission (403) and a download cut off midway; and on buckets named for it, the refusal of the bucket's own GET
 that a caller with only object permissions gets (roles/storage.objectAdmin has no
 storage.buckets.get).
 """
 
+import os
 import threading
 from http import HTTPStatus
 
@@ -88,6 +89,54 @@ def _unavailable_for_a_while(handler):
     return flaky
 
 
+# Objects whose name holds CUT answer their first download of more than CUT_AFTER bytes with the
+# whole Content-Length but only the first CUT_AFTER bytes of the body, then close the connection:
+# a download dropped midway, which a reader must resume (or retry) and never take as the object.
+# Each path cut is added to the file ``cut_log(port)`` names, a line each.
+CUT, CUT_AFTER = "cut-once", 64 * 1024
+
+
+def cut_log(endpoint: str) -> str:
+    """The file where the emulator at ``endpoint`` lists the paths whose download it cut."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"emulator-{endpoint.rsplit(':', 1)[1]}-cuts")
+
+
+def cut_paths(endpoint: str) -> list:
+    """The request paths (``/bucket/name`` or ``/download/...``) whose download was cut."""
+    with open(cut_log(endpoint)) as log:
+        return log.read().splitlines()
+
+
+def _cut_once_when_named(handler, log: str):
+    cut = set()
+
+    def cut_once(request, response, storage, *args, **kwargs):
+        handler(request, response, storage, *args, **kwargs)
+        name = request.path
+        if CUT not in name or name in cut or len(response._content) <= CUT_AFTER:
+            return
+        cut.add(name)
+        with open(log, "a") as listed:
+            listed.write(name + "\n")
+        whole = len(response._content)
+
+        def close_midway():
+            handler_ = response._handler
+            handler_.send_response(response.status.value, response.status.phrase)
+            for key, value in response._headers.items():
+                handler_.send_header(key, value)
+            handler_.send_header("Content-Length", str(whole))
+            handler_.end_headers()
+            handler_.wfile.write(response._content[:CUT_AFTER])
+            handler_.close_connection = True
+
+        response.close = close_midway
+
+    return cut_once
+
+
 # Objects whose name holds FORBIDDEN refuse every request with 403, as for a caller without permission.
 FORBIDDEN = "forbidden-403"
 PERMISSION_DENIED = {
@@ -129,13 +178,14 @@ def _bucket_get_refused_when_named(handler):
     return refused
 
 
-def _inject_outages():
+def _inject_outages(cuts: str):
     for _, handlers in emulator_server.HANDLERS:
         for method, handler in list(handlers.items()):
             if handler is buckets.get:
                 handlers[method] = _bucket_get_refused_when_named(handler)
             elif handler in (objects.get, objects.download):
-                handlers[method] = _refused_when_named(_unavailable_for_a_while(handler))
+                handler = _cut_once_when_named(_unavailable_for_a_while(handler), cuts)
+                handlers[method] = _refused_when_named(handler)
             elif handler in (objects.ls, objects.insert):
                 handlers[method] = _refused_when_named(handler)
 
@@ -154,7 +204,8 @@ def _honour_create_if_absent():
 def serve(port: int, bucket: str):
     """Serve an in-memory emulator on 127.0.0.1:``port`` holding ``bucket`` until killed."""
     _honour_create_if_absent()
-    _inject_outages()
+    open(cut_log(f"127.0.0.1:{port}"), "w").close()
+    _inject_outages(cut_log(f"127.0.0.1:{port}"))
     server = emulator_server.create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
     server.run()
 
