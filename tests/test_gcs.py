@@ -205,20 +205,22 @@ def test_verify_and_the_loader_on_gcs_name_a_damaged_shard(inputs, gcs, fmt, tmp
 
 LOADER_DIGEST = (
     "import hashlib, sys; from pileshuffle.loader import ShuffledDataset; "
-    "print(hashlib.sha256(repr(list(ShuffledDataset(sys.argv[1], seed=1))).encode())"
+    "cache = sys.argv[2] or None; "
+    "print(hashlib.sha256(repr(list(ShuffledDataset(sys.argv[1], seed=1, cache_dir=cache)))"
+    ".encode())"
     ".hexdigest())"
 )
 
 
-@pytest.mark.parametrize("reader", ["verify", "loader"])
+@pytest.mark.parametrize("reader", ["verify", "loader", "loader's cache"])
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_downloads_dropped_midway_are_resumed_by_the_run_verify_and_the_loader(
     gcs, tmp_path, fmt, reader
 ):
     """The emulator drops the first download of every object under a CUT folder after 64 KiB (once
     per API: Beam's and pyarrow's each meet it): pass 1's reads of the input, then ``verify``'s or
-    the loader's reads of the shards (through pyarrow, as the read side reads) resume, and see
-    the local run's bytes."""
+    the loader's reads of the shards (through pyarrow, as the read side reads; or its cache's
+    downloads) resume, and see the local run's bytes."""
     import hashlib
 
     from gcs_emulator import CUT, CUT_AFTER, cut_paths
@@ -243,14 +245,17 @@ def test_downloads_dropped_midway_are_resumed_by_the_run_verify_and_the_loader(
             done.stderr
         )
     else:
+        cache = str(tmp_path / "cache") if reader == "loader's cache" else ""
         read = subprocess.run(
-            [sys.executable, "-c", LOADER_DIGEST, remote_out],
+            [sys.executable, "-c", LOADER_DIGEST, remote_out, cache],
             capture_output=True,
             text=True,
             timeout=HANG_SECONDS,
         )
         records = repr(list(ShuffledDataset(str(tmp_path / "t"), seed=1))).encode()
         assert read.stdout.strip() == hashlib.sha256(records).hexdigest(), read.stderr
+        cached = sorted(os.listdir(cache)) if cache else []
+        assert len([name for name in cached if "-of-" in name]) == (2 if cache else 0), cached
     shard_names = [s["path"].rsplit("/", 1)[1] for s in remote["shards"]]
     cut_now = [path for path in cut_paths(endpoint) if path not in cut_before]
     assert all(any(name in path for path in cut_now) for name in shard_names), cut_now
