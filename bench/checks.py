@@ -108,9 +108,8 @@ def probe_indices(fmt, paths, limit=PROBE_RECORDS):
         elif fmt == "jsonl":
             with open(path, "rb") as handle:
                 for line in handle:
-                    out.append(
-                        int(_JSON_INDEX.search(line).group(1))
-                    )  # {"index": N, ... (DuckDB: no space)
+                    # {"index": N, ... (DuckDB: no space)
+                    out.append(int(_JSON_INDEX.search(line).group(1)))
                     if len(out) >= limit:
                         break
         else:
@@ -156,9 +155,8 @@ def check_output(fmt, paths, expected_records, manifest_path=None):
     return ok, text, ascending_share(probe_indices(fmt, paths))
 
 
-ORDER_BLOCKS = (
-    16  # the block table of pileshuffle's `quality` command on >= 2,560 records: 16 x 16, 225 dof
-)
+# the block table of pileshuffle's `quality` command on >= 2,560 records: 16 x 16, 225 dof
+ORDER_BLOCKS = 16
 
 
 def jsonl_indices(path, block_bytes=64 << 20):

@@ -41,10 +41,11 @@ sys.path.insert(0, HERE)
 import datagen  # noqa: E402
 from workspace import DATA, GB, OUT, PEERS_PY, PY, log, pileshuffle_command  # noqa: E402
 
+# (records, bytes a record), 8 files
 SETS = {
     "parquet": (1_000_000, 1000),
     "jsonl": (4_000_000, 500),
-}  # (records, bytes a record), 8 files
+}
 WORK = os.path.join(OUT, "cpu_per_gb")
 SEED = 1
 

@@ -171,15 +171,12 @@ def write_jsonl(directory, records, files, record_bytes=500, seed=0, shares=None
 # ~1 GB of tar: a sample is ~5.8 KB of it (3 headers, a ~3,000-byte jpg, cls and json, each padded to 512 B)
 TAR_SAMPLES_PER_GB = 172_000
 TAR_JPG_BYTES = 3000  # the tar sets' record_bytes: a sample's mean jpg size
-TAR_BLOCK_SAMPLES = (
-    10_000  # samples per rendered block (~58 MB of tar); both tar sets draw per block: keep equal
-)
-JPG_SPREAD = (
-    500  # a sample's jpg has record_bytes +- this many bytes: sizes vary a little, like photos'
-)
-CLASSES = (
-    10  # sample i of N has class i * CLASSES // N: in order, a capture written one class at a time
-)
+# samples per rendered block (~58 MB of tar); both tar sets draw per block: keep equal
+TAR_BLOCK_SAMPLES = 10_000
+# a sample's jpg has record_bytes +- this many bytes: sizes vary a little, like photos'
+JPG_SPREAD = 500
+# sample i of N has class i * CLASSES // N: in order, a capture written one class at a time
+CLASSES = 10
 ZEROS = bytes(tarfile.BLOCKSIZE)
 
 
@@ -272,9 +269,8 @@ SUFFIX = {
     "tar": "tar",
     "tar-as-tfrecord": "tfrecord",
 }
-FILE_FORMAT = {
-    "tar-as-tfrecord": "tfrecord"
-}  # the pileshuffle format of a set's files, where not its name
+# the pileshuffle format of a set's files, where not its name
+FILE_FORMAT = {"tar-as-tfrecord": "tfrecord"}
 
 
 def _located(info: dict, directory: str) -> dict:
@@ -290,9 +286,8 @@ def dataset(root, fmt, records, files, record_bytes, seed=0, log=print, shares=N
     name = f"{fmt}-{records}x{record_bytes}-{files}f-s{seed}" + (
         "" if shares is None else "-c" + "-".join(map(str, shares))
     )
-    directory = os.path.abspath(
-        os.path.join(root, name)
-    )  # the description holds absolute paths: any cwd reads it
+    # the description holds absolute paths: any cwd reads it
+    directory = os.path.abspath(os.path.join(root, name))
     stamp = os.path.join(directory, "dataset.json")
     params = {
         "version": VERSION,

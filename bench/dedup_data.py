@@ -17,9 +17,8 @@ import pyarrow.parquet as pq
 from datagen import INDEX_DIGITS, index_digits, split_counts
 from workspace import DATA, GB, log
 
-RECORD_BYTES = (
-    1000  # a record's share of the files, as datagen's Parquet (988 MB per 1,000,000 rows)
-)
+# a record's share of the files, as datagen's Parquet (988 MB per 1,000,000 rows)
+RECORD_BYTES = 1000
 PAYLOAD_BYTES = 960
 GROUP_RECORDS = 131_072  # rows per row group (~128 MB): 1 GB in 8 files is one group per file, as datagen writes
 FILLER_WORDS = -(-(PAYLOAD_BYTES - INDEX_DIGITS - 1) // 8)  # uint64 hash words per payload's filler

@@ -24,10 +24,11 @@ from measure import measure_run
 from workspace import DATA, OUT
 
 ROW_GROUP_ROWS = 16_384
+# records, bytes per record at scale 1
 SETS = {
     "jsonl": (2_000_000, 500),
     "parquet": (1_000_000, 1000),
-}  # records, bytes per record at scale 1
+}
 
 
 def one_file(info) -> str:

@@ -80,9 +80,8 @@ def argument_parser():
     )
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument(
-        "--row", help=argparse.SUPPRESS
-    )  # the child's side of one row (loader_measure.measure_row)
+    # the child's side of one row (loader_measure.measure_row)
+    parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--mix", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--mark", help=argparse.SUPPRESS)

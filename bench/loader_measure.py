@@ -64,9 +64,8 @@ def measure_row(name, kind, mix, data, timeout, touch_mb=TOUCH_MB):
 def _measure_row(name, kind, mix, data, timeout, touch_mb, mark):
     import psutil
 
-    subprocess.run(
-        ["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True
-    )  # warm page cache, untimed
+    # warm page cache, untimed
+    subprocess.run(["cat", *data["files"]], stdout=subprocess.DEVNULL, check=True)
     cmd = [
         PY,
         ENTRY,

@@ -6,6 +6,7 @@ import statistics
 from workspace import MB
 
 RSS_ALLOWANCE = 200 * MB  # the allowance above (K+1) piles: interpreter, imports, buffers
+# rows that hand the in-process batches on: x in-process
 DELIVERING = (
     "dl1",
     "dl2",
@@ -14,13 +15,12 @@ DELIVERING = (
     "tf-adapter",
     "grain",
     "grain-mp2",
-)  # rows that hand the in-process batches on: x in-process
+)
 
 
 VERDICTS = {True: "PASS", False: "FAIL", None: "shown"}  # None: a figure shown, not a target
-MIXING_ALLOWANCE = (
-    32 * MB
-)  # a mixture's chunk of 8,192 records being mixed, and its take's copy (Parquet)
+# a mixture's chunk of 8,192 records being mixed, and its take's copy (Parquet)
+MIXING_ALLOWANCE = 32 * MB
 
 
 def pile_bytes(data):

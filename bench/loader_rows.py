@@ -10,13 +10,11 @@ import time
 
 SEED = 1  # the loader's seed and tf.data's shuffle seed
 BATCH = 256  # records per batch every row delivers
-TOUCH_MB = (
-    1024  # fresh memory each row's process touches and frees before its timed span (touch_memory):
-)
+# fresh memory each row's process touches and frees before its timed span (touch_memory):
+TOUCH_MB = 1024
 # more than any row grows into (a mixture: ~450 MB; 4 DataLoader workers: ~1 GB together)
-RECORDS_PER_PILE = (
-    62_500  # ~64 MB piles of 1,000-byte records; also tf.data's shuffle buffer (one pile)
-)
+# ~64 MB piles of 1,000-byte records; also tf.data's shuffle buffer (one pile)
+RECORDS_PER_PILE = 62_500
 
 ROWS = [  # (name suffix, kind, mix, formats)
     ("tf-inorder", "tf-inorder", None, ("tfrecord",)),
@@ -34,24 +32,27 @@ ROWS = [  # (name suffix, kind, mix, formats)
     ("k1-dl2-arrow", "dl2-arrow", 1, ("parquet",)),
     ("dl2-ready", "dl2-ready", 1, ("tfrecord",)),  # mix 1: compared with k1
     ("k1-tf", "tf-adapter", 1, ("tfrecord",)),
+    # Mixture of this output and a second shuffle of the data
     (
         "k1-mix2",
         "mixture",
         1,
         ("tfrecord", "parquet"),
-    ),  # Mixture of this output and a second shuffle of the data
+    ),
+    # the same, N records: half of each output's epoch
     (
         "k1-mix2-half",
         "mixture-half",
         1,
         ("tfrecord", "parquet"),
-    ),  # the same, N records: half of each output's epoch
+    ),
+    # iter(ds): one record at a time, as Grain takes them
     (
         "k1-iter",
         "loader-iter",
         1,
         ("tfrecord",),
-    ),  # iter(ds): one record at a time, as Grain takes them
+    ),
     ("k1-grain", "grain", 1, ("tfrecord",)),
     ("k1-grain-mp2", "grain-mp2", 1, ("tfrecord",)),
     ("arrayrecord-grain-shuffle", "arrayrecord-shuffle", None, ("tfrecord",)),
@@ -59,11 +60,12 @@ ROWS = [  # (name suffix, kind, mix, formats)
 
 
 FORMATS = ("tfrecord", "parquet", "tar")  # the data each row of ROWS may read, in run order
+# kind -> DataLoader num_workers (dicts of tensors for Parquet)
 DATALOADER_KINDS = {
     "dl1": 1,
     "dl2": 2,
     "dl4": 4,
-}  # kind -> DataLoader num_workers (dicts of tensors for Parquet)
+}
 
 
 def row_plan():

@@ -13,9 +13,8 @@ import time
 import psutil
 from workspace import OUT
 
-SAMPLE_SECONDS = (
-    0.05  # RSS sampling period: short enough to catch a pass's peak, cheap for the sampler
-)
+# RSS sampling period: short enough to catch a pass's peak, cheap for the sampler
+SAMPLE_SECONDS = 0.05
 DISK_EVERY = 10  # the output folder's bytes are summed every DISK_EVERY-th RSS sample (0.5 s)
 
 

@@ -30,11 +30,12 @@ import datagen  # noqa: E402
 from shuffle_rows import BALANCED_RECORDS, IMBALANCE  # noqa: E402
 
 OUT = os.path.join(HERE, ".out", "profile")
+# make bench's 1 GB sets
 SETS = {
     "tfrecord": (1_000_000, 1000),
     "parquet": (1_000_000, 1000),
     "jsonl": (2_000_000, 500),
-}  # make bench's 1 GB sets
+}
 DATA = os.path.join(HERE, ".data")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 

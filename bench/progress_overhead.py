@@ -104,9 +104,8 @@ def main(argv=None):
     data = datagen.dataset(args.data, "tfrecord", 1_000_000, 8, 1000)
     results = {mode: [] for mode in MODES}
     for round_index in range(args.rounds):
-        turn = round_index % len(
-            MODES
-        )  # each mode runs first, second and last equally often: no position bias
+        # each mode runs first, second and last equally often: no position bias
+        turn = round_index % len(MODES)
         for mode in MODES[turn:] + MODES[:turn]:
             wall, cpu = run_once(mode, data["pattern"], os.path.join(args.out, mode, "train"))
             results[mode].append((wall, cpu))

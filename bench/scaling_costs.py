@@ -46,13 +46,14 @@ DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "sc
 GiB, TB = 1 << 30, 10**12
 SIZES = (1, 10, 100)  # TB
 CLOUDSORT = 0.97  # $ per TB: Exoshuffle-CloudSort on Ray, 100 TB for $97 (2022)
+# one price per vCPU
 MACHINES = (
     "n2-standard-4",
     "n2-standard-8",
     "n2-highmem-4",
     "n2-highmem-8",
     "n2-highmem-16",
-)  # one price per vCPU
+)
 RUNS = ("auto", "32GiB")
 BEGIN = re.compile(r"^<!-- generated: (?P<name>[\w-]+) \(bench/scaling_costs\.py\) -->$")
 

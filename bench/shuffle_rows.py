@@ -22,10 +22,11 @@ QUICK_DIVISOR = 50  # --quick divides every record count by this (a smoke run)
 # labels are three classes of 70/20/10 %, which --balance uniform writes as 3 x 70 % = 2.1x its
 # records, and a plain set of exactly that many records of the same sizes (the same generator).
 IMBALANCE = (70, 20, 10)
+# ~0.5 GB in, ~1.05 GB out
 BALANCED_RECORDS = {
     "jsonl": (1_000_000, 500),
     "parquet": (500_000, 1000),
-}  # ~0.5 GB in, ~1.05 GB out
+}
 
 
 # Issue 35's rows: 1 GB of Parquet at 16, 1,024 and 4,096 piles in both intermediate modes (4,096 piles
@@ -114,30 +115,34 @@ def row_plan(scale):
             row
             for fmt in BALANCED_RECORDS
             for row in (
+                # plain, as many records as balanced out
                 (
                     f"balance-{fmt}-same-output",
                     "pileshuffle",
                     f"{fmt}-balanced-size",
                     fmt,
-                ),  # plain, as many records as balanced out
+                ),
+                # --balance uniform: 2.1x the input's records
                 (
                     f"balance-{fmt}",
                     "pileshuffle",
                     f"{fmt}-imbalanced",
                     fmt,
-                ),  # --balance uniform: 2.1x the input's records
+                ),
+                # the same, piles sized for the output
                 (
                     f"balance-{fmt}-piles",
                     "pileshuffle",
                     f"{fmt}-imbalanced",
                     fmt,
-                ),  # the same, piles sized for the output
+                ),
+                # plain, the same input
                 (
                     f"balance-{fmt}-same-input",
                     "pileshuffle",
                     f"{fmt}-imbalanced",
                     fmt,
-                ),  # plain, the same input
+                ),
             )
         ],
     ]
@@ -299,9 +304,8 @@ def command_for(kind, fmt, data, out_dir, piles, extra=()):
             *limit,
         ], f"{prefix}.{fmt}"
     if kind in PEERS:
-        output = (
-            f"{prefix}/*.{fmt}" if kind == "ray" else f"{prefix}.{fmt}"
-        )  # ray: a folder of files
+        # ray: a folder of files
+        output = f"{prefix}/*.{fmt}" if kind == "ray" else f"{prefix}.{fmt}"
         return [
             PEERS_PY,
             os.path.join(HERE, "peer_shuffle.py"),

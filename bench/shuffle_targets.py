@@ -5,16 +5,12 @@ from workspace import GB
 
 RSS_TARGET = 1 * GB  # the issue's bound on a pileshuffle run's peak tree RSS
 FLOOR_TARGET = 0.7  # TFRecord: at most this share of the plain 2-pass floor's time (issue 22)
-DUCKDB_TARGET = (
-    1.5  # Parquet, JSONL: at least this many times DuckDB's out-of-core throughput (issue 22)
-)
-BALANCE_TARGET = (
-    1.2  # --balance: at most this many times a plain run of the same output size (issue 24)
-)
-MANY_PILES_TARGET, MANY_PILES_RSS = (
-    1.5,
-    1.5 * GB,
-)  # 1 GB in 4,096 piles: at most 1.5x the 16-pile time, 1.5 GB (issue 35)
+# Parquet, JSONL: at least this many times DuckDB's out-of-core throughput (issue 22)
+DUCKDB_TARGET = 1.5
+# --balance: at most this many times a plain run of the same output size (issue 24)
+BALANCE_TARGET = 1.2
+# 1 GB in 4,096 piles: at most 1.5x the 16-pile time, 1.5 GB (issue 35)
+MANY_PILES_TARGET, MANY_PILES_RSS = 1.5, 1.5 * GB
 
 
 def _many_piles_items(row, sixteen):
@@ -139,9 +135,8 @@ def evaluate_targets(rows, scale):
                         ),
                         rss(bal),
                     ]
-            near = good(
-                f"pileshuffle-{fmt}-balanced"
-            )  # labels already balanced: the output is the input's size (+0.3%)
+            # labels already balanced: the output is the input's size (+0.3%)
+            near = good(f"pileshuffle-{fmt}-balanced")
             if near:
                 results[near["name"]] = [*_balance_items(near, ps, None), rss(near)]
         for mode in ("files", "shuffle"):

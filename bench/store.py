@@ -66,9 +66,8 @@ def fused_pipeline(args):
     started = time.time()
     options = PipelineOptions(["--direct_running_mode=multi_threading", "--direct_num_workers=0"])
     with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
-        records = (
-            p | ReadFromTFRecord(args.input) | beam.Map(lambda r: r[:-1] + b"!")
-        )  # a trivial preprocessing step
+        # a trivial preprocessing step
+        records = p | ReadFromTFRecord(args.input) | beam.Map(lambda r: r[:-1] + b"!")
         if args.fused == "store":
             (
                 records
@@ -156,9 +155,8 @@ def main(argv=None):
             "run-shards-1g",
             [*ps, "run", "--input", big_pattern, "--output", out("shards"), "--seed", str(SEED)],
         )
-        shards_kept = os.path.join(
-            OUT, "store-shards"
-        )  # outside root: the store run must not see them
+        # outside root: the store run must not see them
+        shards_kept = os.path.join(OUT, "store-shards")
         shutil.rmtree(shards_kept, ignore_errors=True)
         shutil.move(root, shards_kept)
         os.makedirs(root)
@@ -212,14 +210,14 @@ def main(argv=None):
         untouched &= all(
             after.get(p) == s for p, s in before.items() if "manifest" not in os.path.basename(p)
         )
-        again = out(
-            "again"
-        )  # 100 MB of new records and a copy of one 1 GB file (another file: append takes it)
+        # 100 MB of new records and a copy of one 1 GB file (another file: append takes it)
+        again = out("again")
         os.makedirs(again)
         shutil.copy(sorted(glob.glob(big_pattern))[0], os.path.join(again, "copy-of-big.tfrecord"))
         for path in glob.glob(small_pattern):
             os.symlink(path, os.path.join(again, os.path.basename(path)))
         again_pattern = os.path.join(again, "*.tfrecord")
+        # the 100 MB are its generation 1 already
         row(
             "append-225m-to-1g",
             [
@@ -231,7 +229,7 @@ def main(argv=None):
                 again_pattern,
                 "--allow_duplicate_inputs",
             ],
-        )  # the 100 MB are its generation 1 already
+        )
         row(
             "run-store-dedup-1g",
             [

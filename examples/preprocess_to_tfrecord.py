@@ -62,9 +62,8 @@ class JsonToExample(beam.DoFn):
                     if feature is not None
                 }
             )
-        ).SerializeToString(
-            deterministic=True
-        )  # map order is otherwise per process: same row, other bytes
+            # map order is otherwise per process: same row, other bytes
+        ).SerializeToString(deterministic=True)
         if self._id_field is None:
             yield example
         else:
@@ -147,9 +146,10 @@ def main(argv=None):
     options = PipelineOptions(beam_args)
     # --temp_location (a Beam option) selects the files intermediate mode: fragments go there
     temp_location = options.view_as(GoogleCloudOptions).temp_location
+    # local runs: Beam's FnApiRunner, no Prism download
     from pileshuffle.engine.runner import (
         make_runner,
-    )  # local runs: Beam's FnApiRunner, no Prism download
+    )
 
     with beam.Pipeline(runner=make_runner(options), options=options) as pipeline:
         build(

@@ -36,9 +36,8 @@ STORE_KIND = "pileshuffle-store"  # a store's manifest version
 # 1.6: Parquet shards dictionary-encode only the columns whose first rows repeat
 #      (formats/parquet_layout), and their pages end where the rows do, not where pass 2 cut a pile
 FORMAT_VERSION = "1.6"
-LEGACY_STORE_FORMAT = (
-    1  # stores' manifests carried `store_format: 1` before `format_version`; kept for older readers
-)
+# stores' manifests carried `store_format: 1` before `format_version`; kept for older readers
+LEGACY_STORE_FORMAT = 1
 
 
 def format_problem(manifest: dict) -> str:
@@ -70,9 +69,8 @@ MANIFEST_SUFFIX = "-manifest.json"  # after the prefix: a shard output's manifes
 SHARD_NAME = re.compile(r"^(?P<prefix>.+)-[0-9]{5,}-of-[0-9]{5,}(?:\.[^/]*)?$")  # a shard's path
 SHARD_TAIL = re.compile(r"^-(\d{5,})-of-(\d{5,})(.*)$")  # what follows the prefix in a shard name
 SHARD_NUMBERS = re.compile(r"-[0-9]{5,}-of-[0-9]{5,}$")  # a TFDS-style tail before an extension
-JOURNAL_PREFIX = (
-    "journal-"  # in the staging folder: what an unfinished publication creates and deletes
-)
+# in the staging folder: what an unfinished publication creates and deletes
+JOURNAL_PREFIX = "journal-"
 WORK_PREFIX = ".pileshuffle-work-"  # a run's work folder, before its digest
 # a path inside a run's work or staging folder, or its lock: what a run leaves while it runs, never
 # input
@@ -153,13 +151,11 @@ def temp_name(path: str, token: str) -> str:
 # -- columns of pile fragments and store files (Arrow IPC) ----------------------------------------
 
 RECORD_COLUMN = "record"  # a payload, as a user sees it (bytes formats; composed runs)
-FRAME_COLUMN = (
-    "tfrecord_frame"  # a whole TFRecord frame as read (length, CRCs, data): copied verbatim
-)
+# a whole TFRecord frame as read (length, CRCs, data): copied verbatim
+FRAME_COLUMN = "tfrecord_frame"
 LINE_COLUMN = "line"  # a JSONL line with its newline
-TAR_SAMPLE_COLUMN = (
-    "tar_sample"  # a WebDataset sample's raw tar bytes: its members' headers, data and padding
-)
+# a WebDataset sample's raw tar bytes: its members' headers, data and padding
+TAR_SAMPLE_COLUMN = "tar_sample"
 KEY_COLUMN = "_pileshuffle_key"  # U, the record's uint64 sort key
 HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carried to pass 2
 
@@ -167,9 +163,8 @@ HASH_COLUMN = "_pileshuffle_hash"  # the record's pass-1 fingerprint hash, carri
 # -- pile fragments (a run's work folder) --------------------------------------------------------
 
 FRAGMENT_EXTENSION = ".arrows"  # Arrow IPC streams: pile fragments and store data files
-RUN_EXTENSION = (
-    ".run"  # pass 1's runs: pile segments in pile order and their index (pileshuffle.engine.runs)
-)
+# pass 1's runs: pile segments in pile order and their index (pileshuffle.engine.runs)
+RUN_EXTENSION = ".run"
 
 
 def source_writer_name(source_id: int, span_start: int = 0) -> str:

@@ -104,7 +104,6 @@ def gcs(gcs_root, request):
     import re
     import uuid
 
-    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[
-        :40
-    ]  # no [ ]: Beam takes them as wildcards
+    # no [ ]: Beam takes them as wildcards
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:40]
     return f"{gcs_root}/{name}-{uuid.uuid4().hex[:8]}"

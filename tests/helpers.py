@@ -43,11 +43,12 @@ def shuffled_sample(factory, fmt, *args, records, files=3, **write):
     return sample_run(factory, fmt, *args, records=records, files=files, **write)[1]
 
 
+# the --balance tests' classes, written one class at a time
 CLASS_ORDER = {
     "cat": 900,
     "dog": 90,
     "bird": 10,
-}  # the --balance tests' classes, written one class at a time
+}
 
 
 def write_animals(root) -> str:

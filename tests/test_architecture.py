@@ -17,12 +17,13 @@ MAX_LINES = 400
 # layer -> module prefixes (a module belongs to the longest prefix that names it); each package's
 # __init__ docstring says the same in words ("May import: ...")
 LAYERS = {
+    # the package root's bottom: no layer above them
     0: [
         "errors",
         "names",
         "interrupt",
         "progress",
-    ],  # the package root's bottom: no layer above them
+    ],
     1: ["io"],  # local files, gs:// objects, checksums, marks
     2: ["records"],  # keys, fingerprints, CRC loops
     3: ["formats"],
@@ -33,9 +34,8 @@ LAYERS = {
     8: ["commands"],
     9: ["cli", "pipeline", "__main__", "quality.__main__"],  # the public face: entry points
 }
-LOADER = (
-    "loader"  # beside layers 4-6: imports only layers 0-3, and only quality and commands import it
-)
+# beside layers 4-6: imports only layers 0-3, and only quality and commands import it
+LOADER = "loader"
 LOADER_READS = 3
 WITHOUT_BEAM = [
     "errors",

@@ -32,9 +32,8 @@ def test_copies_add_up_to_the_target_and_spread_evenly_however_the_ranks_are_spl
     assert np.all(np.abs(spans - window * target / count) < 1 + 1e-9)
     bounds = sorted({0, count, *(c for c in cuts if c < count)})
     pieces = [copies(ranks[a:b], count, target, phase) for a, b in zip(bounds[:-1], bounds[1:])]
-    assert (
-        np.concatenate(pieces).tolist() == whole.tolist()
-    )  # a pure function of the rank: sources split anywhere
+    # a pure function of the rank: sources split anywhere
+    assert np.concatenate(pieces).tolist() == whole.tolist()
 
 
 def test_copies_are_exact_past_64_bit_products():
@@ -95,9 +94,8 @@ def test_weights_give_their_shares_without_dropping_or_inventing(counts, weights
     for c, n in counts.items():
         assert (targets[c] <= n) if undersample else (targets[c] >= n)
     shares = dict(zip(sorted(counts), weights))
-    scale = (min if undersample else max)(
-        counts[c] / shares[c] for c in counts
-    )  # the class that binds keeps its count
+    # the class that binds keeps its count
+    scale = (min if undersample else max)(counts[c] / shares[c] for c in counts)
     for c in counts:  # every target is its weight's share of one scale, rounded
         assert abs(targets[c] - scale * shares[c]) <= 0.5 + 1e-9 * scale * shares[c]
 
@@ -190,9 +188,8 @@ def test_a_balanced_run_hits_every_target_exactly_and_verify_proves_it(
     assert written["input_fingerprint"]["records"] == 1000 and written["totals"]["records"] == sum(
         expected.values()
     )
-    copies = (
-        collections.Counter()
-    )  # every record of a class copied floor or ceil of target / count times
+    # every record of a class copied floor or ceil of target / count times
+    copies = collections.Counter()
     for r in records:
         copies[(r["animal"], r["i"])] += 1
     for (animal, _), k in copies.items():
@@ -219,9 +216,8 @@ def test_copies_spread_over_the_whole_output_and_a_rerun_gives_the_same_bytes(an
         shares = collections.Counter(r["animal"] for r in part)
         assert all(250 < shares[a] < 350 for a in CLASS_ORDER), shares
     birds = [n for n, r in enumerate(records) if r["animal"] == "bird" and r["i"] == 995]
-    assert (
-        len(birds) == 90 and min(np.diff(birds)) > 0 and max(birds) - min(birds) > 1500
-    )  # one bird's copies, spread
+    # one bird's copies, spread
+    assert len(birds) == 90 and min(np.diff(birds)) > 0 and max(birds) - min(birds) > 1500
     other = str(tmp_path / "c" / "t")
     run_shuffle(pattern, other, *args[:-1], "--seed=4")
     assert shard_bytes(other) != shard_bytes(first)
@@ -262,12 +258,13 @@ def test_balance_refusals_are_one_line(animals, tmp_path, capsys):
         (["--label_field=animal", "--balance=cat=1,dog=1"], ["no weight for 'bird'"]),
         (["--label_field=colour", "--balance=uniform"], [".jsonl: a line", "colour"]),
     ):
+        # known only once the first pass has read the classes
         done = subprocess.run(
             [sys.executable, "-m", "pileshuffle", "run", *out, *args],
             capture_output=True,
             text=True,
             timeout=300,
-        )  # known only once the first pass has read the classes
+        )
         errors = [
             line for line in done.stderr.splitlines() if line.startswith("pileshuffle: error: ")
         ]

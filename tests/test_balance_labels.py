@@ -187,14 +187,14 @@ def test_keep_unlabeled_makes_records_without_the_label_the_class_null(tmp_path,
     assert (
         written["totals"]["records"] == 4 * target and written["options"]["keep_unlabeled"] is True
     )
-    assert_verified(
-        pattern, prefix
-    )  # verify --input recounts with the unlabeled records as the class null
+    # verify --input recounts with the unlabeled records as the class null
+    assert_verified(pattern, prefix)
     if fmt == "jsonl":
         kept = [json.loads(line) for path in shards(prefix) for line in open(path)]
         assert sum("y" not in r for r in kept) == 38
         from pileshuffle.commands.quality import main as quality_main
 
+        # quality repeats the same copies
         assert (
             quality_main(
                 [
@@ -205,7 +205,7 @@ def test_keep_unlabeled_makes_records_without_the_label_the_class_null(tmp_path,
                 ]
             )
             == 0
-        )  # quality repeats the same copies
+        )
 
 
 def test_keep_unlabeled_puts_a_missing_key_a_json_null_and_an_unreadable_line_in_one_class(
@@ -217,11 +217,12 @@ def test_keep_unlabeled_puts_a_missing_key_a_json_null_and_an_unreadable_line_in
         [{"y": "cat"}] * 6 + [{"y": None}, {"x": 1}, "[1, 2]", "", {"y": "dog"}],
     )
     written = run_shuffle(f"{tmp_path}/in/*.jsonl", f"{tmp_path}/o", *BALANCE, "--keep_unlabeled")
+    # the blank line is no record
     assert written["balance"]["records_before"] == {
         "cat": 6,
         "dog": 1,
         "null": 3,
-    }  # the blank line is no record
+    }
     assert written["skipped"]["blank_lines"] == 1
 
 
@@ -231,9 +232,10 @@ def test_keep_unlabeled_is_refused_where_it_means_nothing(tmp_path, capsys):
     assert "only means something with --balance" in refused(
         capsys, "run", *out, "--keep_unlabeled", option="--keep_unlabeled"
     )
+    # a store takes it with --balance
     assert "only means something with --balance" in refused(
         capsys, "run", *out, "--keep_unlabeled", "--layout=store", option="--keep_unlabeled"
-    )  # a store takes it with --balance
+    )
 
 
 # -- the counting pass reads what pass 1 reads --------------------------------------------------------
@@ -263,9 +265,8 @@ def test_the_counting_pass_reads_the_labels_pass_1_reads_in_every_format(tmp_pat
         {"y": True},
     ]
     write_jsonl(tmp_path / "a.jsonl", rows)
-    (tmp_path / "b.jsonl").write_text(
-        '{"y": 1}\n{"y": "x"}\n{"y": 2}'
-    )  # a last line without its newline
+    # a last line without its newline
+    (tmp_path / "b.jsonl").write_text('{"y": 1}\n{"y": "x"}\n{"y": 2}')
     pq.write_table(
         pa.table({"y": pa.array([1, None, 3] * 300, pa.int32()), "z": [b"x" * 50] * 900}),
         tmp_path / "c.parquet",

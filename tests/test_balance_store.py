@@ -163,9 +163,8 @@ def test_append_balances_its_own_generation_the_window_adds_up_and_expire_drops_
         "dog": 200,
         "bird": 200,
     }
-    assert all(
-        r["i"] >= 10_000 for r in records
-    )  # no copy of a dropped generation's record is left
+    # no copy of a dropped generation's record is left
+    assert all(r["i"] >= 10_000 for r in records)
     assert_verified(day1, prefix)
 
 
@@ -210,12 +209,10 @@ def test_verify_recomputes_each_generations_copies_from_its_input_even_moved(day
         directory.mkdir()
         for path in glob.glob(day0):
             (directory / os.path.basename(path)).write_text(edit(open(path).read()))
-    assert (
-        verify(str(moved / "*.jsonl"), prefix) == []
-    )  # the same files elsewhere: found by name and size
-    problems = verify(
-        str(changed / "*.jsonl"), prefix
-    )  # one dog became a cat: other counts, other copies
+    # the same files elsewhere: found by name and size
+    assert verify(str(moved / "*.jsonl"), prefix) == []
+    # one dog became a cat: other counts, other copies
+    problems = verify(str(changed / "*.jsonl"), prefix)
     assert len(problems) == 1 and "generation 0 is not its input with the copies" in problems[0], (
         problems
     )
@@ -265,9 +262,8 @@ def test_append_refuses_another_policy_and_balance_on_an_unbalanced_store_in_one
         and "new store" in error
         and names.store_dir(plain) in error
     ), error
-    weights = str(
-        tmp_path / "weights" / "t"
-    )  # known only once this generation's classes are counted
+    # known only once this generation's classes are counted
+    weights = str(tmp_path / "weights" / "t")
     run_shuffle(
         day0,
         weights,

@@ -117,11 +117,12 @@ def test_a_mistyped_option_is_refused_with_a_suggestion_before_anything_runs(inp
     "command, typo, message",
     [
         ("append", "--inptu=x", "unknown option --inptu (did you mean --input?)"),
+        # the store's seed is fixed
         (
             "append",
             "--seed=3",
             "unknown option --seed (see pileshuffle append --help)",
-        ),  # the store's seed is fixed
+        ),
         ("materialize", "--overwrit", "unknown option --overwrit (did you mean --overwrite?)"),
         (
             "expire",
@@ -164,10 +165,11 @@ def test_typos_of_ours_beams_and_runners_options_name_the_right_one(typo, sugges
 
 
 def test_the_flex_launchers_arguments_and_runner_options_are_accepted():
+    # --dedup with --balance is refused: their examples are checked on their own
     exclusive = (
         "dedup",
         "dedup_key",
-    )  # --dedup with --balance is refused: their examples are checked on their own
+    )
     launcher = [f"--{p.name}={p.example}" for p in PARAMETERS if p.name not in exclusive] + [
         "--runner=DataflowRunner",
         "--project=p",
@@ -376,9 +378,8 @@ def test_own_files_are_recognised_by_name():
         own_file("d/y-00001-of-00004.parquet", "d/x", {"d/y-manifest.json": 1})
         == "a shard of the finished output d/y"
     )
-    assert (
-        own_file("d/part-00001-of-00004.tfrecord", "d/x", {}) == ""
-    )  # no manifest: someone else's shards
+    # no manifest: someone else's shards
+    assert own_file("d/part-00001-of-00004.tfrecord", "d/x", {}) == ""
     assert own_file("d/my-store/data.tfrecord", "d/x", {}) == ""
 
 
@@ -554,9 +555,8 @@ def test_plan_counts_runs_not_files_times_piles(inputs, tmp_path):
     per_pile = dataclasses.replace(
         plan, max_pile_bytes=1
     ).run_shape()  # G = 1: a part per pile reached
-    assert (
-        per_pile[0] == 15 and 2800 < per_pile[1] < 2900
-    )  # ~2,880 records reach ~2,780-2,880 of 40,000
+    # ~2,880 records reach ~2,780-2,880 of 40,000
+    assert per_pile[0] == 15 and 2800 < per_pile[1] < 2900
     on_gcs = dataclasses.replace(plan, work_dir="gs://bucket/tmp/.pileshuffle-work-0123")
     text = plan_text(on_gcs, options)
     assert (
@@ -580,9 +580,8 @@ def test_split_probability_agrees_with_the_binomial():
     records, piles, record_bytes = 1_000_000, 100, 100.0
     for limit_records in (10_100, 10_200, 10_300, 10_600):
         sizes = PileSizes(records, piles, record_bytes, int(limit_records * record_bytes))
-        exact = (
-            1 - stats.binom.cdf(limit_records, records, 1 / piles) ** piles
-        )  # piles taken as independent
+        # piles taken as independent
+        exact = 1 - stats.binom.cdf(limit_records, records, 1 / piles) ** piles
         assert abs(sizes.split_probability - exact) < 0.02 + 0.2 * exact, (
             limit_records,
             sizes.split_probability,
@@ -630,6 +629,7 @@ def test_a_pile_count_beyond_what_memory_can_hold_is_refused_by_plan_and_run_ali
         r"than half the [\d.,]+ GB available here: at most [\d,]+ piles "
     )
     for command in ("plan", "run"):
+        # each import: a line on stderr
         done = cli(
             command,
             "--input",
@@ -638,7 +638,7 @@ def test_a_pile_count_beyond_what_memory_can_hold_is_refused_by_plan_and_run_ali
             str(tmp_path / "o" / "t"),
             "--num_piles=1000000000",
             env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
-        )  # each import: a line on stderr
+        )
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         imports = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
         [line] = [
@@ -647,9 +647,8 @@ def test_a_pile_count_beyond_what_memory_can_hold_is_refused_by_plan_and_run_ali
         assert re.search(
             bound + r"\(--num_piles auto chooses a count that fits the input\)", line
         ), line
-        assert imports and not [
-            name for name in imports if "apache_beam" in name
-        ]  # refused before Beam's import
+        # refused before Beam's import
+        assert imports and not [name for name in imports if "apache_beam" in name]
         assert not (tmp_path / "o").exists()
     with pytest.raises(UsageError, match=bound + r"\(--num_piles auto chooses 1 for this input\)"):
         run_shuffle(f"{inputs}/*.tfrecord", str(tmp_path / "o" / "t"), "--num_piles=1000000000")
@@ -724,11 +723,12 @@ def test_plan_sizes_compressed_parquet_by_its_rows_and_gzip_by_a_decompressed_sa
         ("run", ["--seed=1", "--seed=2"], "--seed: given 2 times; give it once"),
         ("plan", ["--num_piles=2", "--num_piles", "3"], "--num_piles: given 2 times; give it once"),
         ("run", ["--quiet", "true", "stray"], "'stray' is not an option or an option's value"),
+        # an unquoted glob, expanded
         (
             "run",
             ["extra.tfrecord"],
             "'extra.tfrecord' is not an option or an option's value",
-        ),  # an unquoted glob, expanded
+        ),
     ],
 )
 def test_a_repeated_option_or_a_stray_word_is_refused_not_dropped(

@@ -26,11 +26,12 @@ def launch(gcs, *args, image=IMAGE):
         f"--template_location={gcs}/job.json",
     ]
     env = {k: v for k, v in os.environ.items() if k != "PILESHUFFLE_SDK_CONTAINER_IMAGE"}
+    # unless ``args`` give theirs
     defaults = [
         f"--input={gcs}/in/*.jsonl",
         f"--output={gcs}/out/data",
         "--num_piles=8",
-    ]  # unless ``args`` give theirs
+    ]
     defaults = [
         d for d in defaults if not any(a.startswith(d.split("=", 1)[0] + "=") for a in args)
     ]
@@ -91,9 +92,8 @@ def test_the_job_runs_the_image_steps_and_parameters_it_was_launched_with(gcs, i
         "WritePiles/Finalize",
     ):
         assert names.count(step) == 1, step
-    assert [n for n in names if n.startswith("Spread") and "/" not in n] == [
-        "SpreadSourceGroups"
-    ]  # spread once
+    # spread once
+    assert [n for n in names if n.startswith("Spread") and "/" not in n] == ["SpreadSourceGroups"]
     assert {
         e.payload.decode(errors="replace").count(IMAGE)
         for e in pipeline.components.environments.values()
@@ -107,9 +107,8 @@ def test_a_launch_without_an_image_for_the_workers_is_refused_before_anything_is
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "--sdk_container_image" in done.stderr and "--setup_file" in done.stderr
     assert storage.match(f"{gcs}/staging/**") == [] and storage.match(f"{gcs}/job.json") == []
-    staged = launch(
-        gcs, *PROJECT, "--setup_file=./setup.py", image=None
-    )  # a package to install is enough
+    # a package to install is enough
+    staged = launch(gcs, *PROJECT, "--setup_file=./setup.py", image=None)
     assert staged.returncode == 0, staged.stderr
 
 

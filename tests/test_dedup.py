@@ -176,17 +176,15 @@ def test_verify_fails_when_the_input_gained_a_duplicate_or_a_record(tmp_path):
     pattern = write_inputs(tmp_path / "in", "jsonl")
     run_shuffle(pattern, str(tmp_path / "o"), "--dedup=exact", "--num_piles=2")
     with open(tmp_path / "in" / "part-0.jsonl", "ab") as handle:
-        handle.write(
-            encode("jsonl", {"url": "hot", "text": "the same"}) + b"\n"
-        )  # one more copy: kept count holds
+        # one more copy: kept count holds
+        handle.write(encode("jsonl", {"url": "hot", "text": "the same"}) + b"\n")
     problems = verify_shards(pattern, str(tmp_path / "o"))
     assert any("records_read" in p for p in problems) and not any(
         "records_kept" in p for p in problems
     ), problems
     with open(tmp_path / "in" / "part-0.jsonl", "ab") as handle:
-        handle.write(
-            encode("jsonl", {"url": "new", "text": "new"}) + b"\n"
-        )  # a new distinct record: missing from the output
+        # a new distinct record: missing from the output
+        handle.write(encode("jsonl", {"url": "new", "text": "new"}) + b"\n")
     problems = verify_shards(pattern, str(tmp_path / "o"))
     assert any("records_kept" in p for p in problems) and any(
         "the input now reads as" in p for p in problems
@@ -202,9 +200,8 @@ def test_a_tar_sample_copied_across_shards_and_a_member_value(tmp_path):
                 archive.addfile(info, io.BytesIO(text))
 
     first = [(f"k{i:03d}", b"caption %d" % i) for i in range(100)]
-    second = first[:40] + [
-        (f"k{i:03d}", b"caption %d" % (i - 100)) for i in range(100, 130)
-    ]  # copies, then same captions
+    # copies, then same captions
+    second = first[:40] + [(f"k{i:03d}", b"caption %d" % (i - 100)) for i in range(100, 130)]
     (tmp_path / "in").mkdir()
     write_tar(tmp_path / "in" / "a.tar", first)
     write_tar(tmp_path / "in" / "b.tar", second)

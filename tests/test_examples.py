@@ -95,15 +95,15 @@ def test_script_writes_tfrecords_that_tf_data_reads_with_every_row_once(keyed_ru
     root, output = keyed_run
     assert len(shards(output)) == 5 and all(p.endswith(".tfrecord") for p in shards(output))
     check_exactly_once(output, jsonl[1])
-    assert not [
-        n for n in os.listdir(root / "tmp") for _ in os.listdir(root / "tmp" / n)
-    ]  # fragments removed
+    # fragments removed
+    assert not [n for n in os.listdir(root / "tmp") for _ in os.listdir(root / "tmp" / n)]
 
 
 def test_keyed_run_is_reproducible_and_matches_in_process(tmp_path, keyed_run, jsonl):
     module = load_example_module()
     pattern, _ = jsonl
     again = str(tmp_path / "again" / "train")
+    # shuffle mode this time: no --temp_location
     assert (
         module.main(
             [
@@ -116,7 +116,7 @@ def test_keyed_run_is_reproducible_and_matches_in_process(tmp_path, keyed_run, j
             ]
         )
         == 0
-    )  # shuffle mode this time: no --temp_location
+    )
     assert shard_bytes(again) == shard_bytes(keyed_run[1])
 
 

@@ -21,9 +21,8 @@ values_lists = st.lists(st.binary(min_size=0, max_size=80), min_size=0, max_size
 @settings(max_examples=200, deadline=None)
 @given(values=values_lists, trim=st.sampled_from([0, 1, 4]))
 def test_crc32c_of_slices_equals_one_crc32c_per_value(values, trim):
-    framed = [
-        value + b"\n" * trim for value in values
-    ]  # the trimmed bytes: a line's newline, a frame's footer
+    # the trimmed bytes: a line's newline, a frame's footer
+    framed = [value + b"\n" * trim for value in values]
     data = b"".join(framed)
     offsets = np.cumsum([0] + [len(v) for v in framed]).astype(np.int64)
     got = crc32c_of_slices(data, offsets, trim)
@@ -50,9 +49,8 @@ def test_crc32_of_slices_in_python_and_compiled_equals_zlib_per_payload(values, 
     framed = [b"h" * before + value + b"\n" * after for value in values]
     offsets = np.cumsum([0] + [len(v) for v in framed]).astype(np.int64)
     want = [zlib.crc32(value) for value in values]
-    assert (
-        crc32_of_slices(b"".join(framed), offsets, before, after).tolist() == want
-    )  # a short run: Python
+    # a short run: Python
+    assert crc32_of_slices(b"".join(framed), offsets, before, after).tolist() == want
     starts, lengths = offsets[:-1] + before, np.diff(offsets) - before - after
     assert (
         compiled_crc.slice_crcs(
@@ -81,27 +79,23 @@ def test_a_process_hashes_in_python_until_that_has_cost_what_compiling_does(monk
     for _ in range(2):
         assert crc32c_of_slices(data, offsets).tolist() == expected
     spent = slice_crcs._python_seconds
-    assert (
-        compiled_calls == [] and 0 < spent < slice_crcs._COMPILE_AFTER_SECONDS
-    )  # both calls timed, in Python
-    monkeypatch.setattr(
-        slice_crcs, "_COMPILE_AFTER_SECONDS", spent
-    )  # what has been spent pays for compiling now
+    # both calls timed, in Python
+    assert compiled_calls == [] and 0 < spent < slice_crcs._COMPILE_AFTER_SECONDS
+    # what has been spent pays for compiling now
+    monkeypatch.setattr(slice_crcs, "_COMPILE_AFTER_SECONDS", spent)
     assert crc32c_of_slices(data, offsets).tolist() == expected  # None from the loop: Python again
     assert compiled_calls == [1_000]
     monkeypatch.undo()
     monkeypatch.setattr(slice_crcs, "_python_seconds", slice_crcs._COMPILE_AFTER_SECONDS)
-    assert (
-        crc32c_of_slices(data, offsets).tolist() == expected
-    )  # the real loop: no Python time spent
+    # the real loop: no Python time spent
+    assert crc32c_of_slices(data, offsets).tolist() == expected
     assert slice_crcs._python_seconds == slice_crcs._COMPILE_AFTER_SECONDS
 
 
 def test_short_and_long_values_mixed_in_one_column_hash_as_each_alone():
     rng = np.random.default_rng(7)
-    values = [
-        rng.bytes(int(n)) for n in rng.integers(0, 200, 2_000)
-    ]  # both sides of the 32-byte split
+    # both sides of the 32-byte split
+    values = [rng.bytes(int(n)) for n in rng.integers(0, 200, 2_000)]
     mixed = column_hashes(pa.array(values, pa.binary()))
     alone = [int(column_hashes(pa.array([v], pa.binary()))[0]) for v in values[:300]]
     assert mixed[:300].tolist() == alone

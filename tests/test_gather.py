@@ -28,10 +28,11 @@ _TYPES = {  # column -> (type, how to make n values of it from a numpy generator
     "f32": (pa.float32(), lambda g, n: g.standard_normal(n).astype(np.float32)),
     "f64": (pa.float64(), lambda g, n: g.standard_normal(n)),
     "flag": (pa.bool_(), lambda g, n: g.integers(0, 2, n).astype(bool)),
+    # 0..12 bytes: inline views
     "short": (
         pa.string(),
         lambda g, n: ["é" * int(k) for k in g.integers(0, 7, n)],
-    ),  # 0..12 bytes: inline views
+    ),
     "text": (
         pa.string(),
         lambda g, n: [f"record {k:06d} " + "x" * int(k % 40) for k in g.integers(0, 10**6, n)],
@@ -98,9 +99,8 @@ def test_the_gather_is_arrows_take_over_the_tables_joined(
     got = gathering.gather(tuple(tables), rows.astype(np.int64))
     want = pa.concat_tables(tables).take(rows.astype(np.int64))
     assert got.schema == want.schema and got.schema.metadata == want.schema.metadata
-    assert (
-        got.to_pylist() == want.to_pylist()
-    )  # dictionaries: the same values, each table's own dictionary
+    # dictionaries: the same values, each table's own dictionary
+    assert got.to_pylist() == want.to_pylist()
 
 
 def test_long_values_of_two_piles_are_copied_into_place_and_their_views_die_with_the_piles():
@@ -267,6 +267,5 @@ def test_a_parquet_mixture_resumes_from_two_ranks_onto_three_losing_and_repeatin
         m.load_state_dict(states)
     rest = [row for m in three for batch in m.batches(10) for row in batch.to_pylist()]
     delivered = collections.Counter(_digests(taken + rest))
-    assert (
-        delivered <= whole and sum((whole - delivered).values()) <= 1 + 2
-    )  # the splits' remainder="drop"
+    # the splits' remainder="drop"
+    assert delivered <= whole and sum((whole - delivered).values()) <= 1 + 2

@@ -52,9 +52,8 @@ def inputs(tmp_path_factory, gcs_root):
         sample.WRITERS[fmt](str(local / fmt), **write)
         sample.WRITERS[fmt](f"{remote}/{fmt}", **write)
         found[fmt] = (str(local / fmt / f"*.{fmt}"), f"{remote}/{fmt}/*.{fmt}")
-    write = dict(
-        records=1200, files=2, record_bytes=70, seed=1, name="more"
-    )  # a store's second generation
+    # a store's second generation
+    write = dict(records=1200, files=2, record_bytes=70, seed=1, name="more")
     sample.write_tfrecord(str(local / "more"), **write)
     sample.write_tfrecord(f"{remote}/more", **write)
     found["more"] = (str(local / "more" / "*.tfrecord"), f"{remote}/more/*.tfrecord")
@@ -90,9 +89,8 @@ def test_a_balanced_run_on_gcs_gives_the_local_bytes_and_verifies(inputs, gcs, t
     from pileshuffle.commands.verify import verify
 
     local_in, remote_in = inputs["tar"]
-    weights = ",".join(
-        f"{c}={2 if c == 0 else 1}" for c in range(10)
-    )  # sample.write_tar: 10 classes of 240
+    # sample.write_tar: 10 classes of 240
+    weights = ",".join(f"{c}={2 if c == 0 else 1}" for c in range(10))
     args = [
         "--label_field=cls",
         f"--balance={weights}",
@@ -137,9 +135,8 @@ def test_a_balanced_jsonl_run_and_store_on_gcs_give_the_local_bytes(gcs, tmp_pat
     remote = run_shuffle(f"{remote_in}/*.jsonl", f"{gcs}/jb", *args)
     assert gs_shard_bytes(f"{gcs}/jb") == shard_bytes(str(tmp_path / "b"))
     assert remote["balance"] == local["balance"] and remote["options"] == local["options"]
-    assert (
-        "written 2.80 times over by --balance" in remote["options"]["num_piles_reason"]
-    )  # the sample, read on gs://
+    # the sample, read on gs://
+    assert "written 2.80 times over by --balance" in remote["options"]["num_piles_reason"]
     assert remote["balance"]["records_after"] == {"a": 700, "b": 700, "c": 700, "null": 700}
     assert verify(f"{remote_in}/*.jsonl", f"{gcs}/jb", None) == []
     run_shuffle(f"{remote_in}/*.jsonl", f"{gcs}/js", "--layout=store", *args)
@@ -311,9 +308,8 @@ def test_a_run_killed_during_publication_on_gcs_leaves_no_manifest_and_the_rerun
     assert done.returncode == 9, done.stderr
     assert "renamed" not in done.stderr  # no shard was copied
     assert not storage.exists(names.manifest_path(f"{gcs}/t"))
-    assert (
-        len(storage.match(names.shard_pattern(f"{gcs}/t"))) == 3
-    )  # final names, listed by no manifest
+    # final names, listed by no manifest
+    assert len(storage.match(names.shard_pattern(f"{gcs}/t"))) == 3
     with pytest.raises(NoOutputError):
         ShuffledDataset(f"{gcs}/t")
     rerun = run_shuffle(remote_in, f"{gcs}/t", *args)
@@ -360,9 +356,8 @@ def test_a_store_life_on_gcs_equals_the_local_one(inputs, gcs, tmp_path):
     assert remote[2] == local[2] and len(remote[2]) == 1200
     assert gs_shard_bytes(f"{gcs}/s-mat") == shard_bytes(str(tmp_path / "s-mat"))
     left = sorted(storage.split(p)[1] for p in storage.list_folder(names.store_dir(f"{gcs}/s")))
-    assert left == [
-        "manifest-00000003.json"
-    ]  # gc removed the old versions; no lock, no temp objects
+    # gc removed the old versions; no lock, no temp objects
+    assert left == ["manifest-00000003.json"]
 
 
 def test_two_appends_at_once_on_gcs_lose_nothing(inputs, gcs, tmp_path):
@@ -594,12 +589,13 @@ def test_ctrl_c_during_a_run_on_gcs_leaves_nothing_and_the_rerun_gives_the_same_
 
     sample.write_tfrecord(str(tmp_path / "in"), records=60_000, files=4, record_bytes=200)
     sample.write_tfrecord(f"{gcs}/in", records=60_000, files=4, record_bytes=200)
+    # runs uploaded, not kept in memory
     args = [
         "--num_piles=4",
         "--seed=3",
         "--intermediate=files",
         "--memory=1MiB",
-    ]  # runs uploaded, not kept in memory
+    ]
     run_shuffle(str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "t"), *args)
 
     def fragments(pid):  # pass 1 is writing

@@ -40,10 +40,11 @@ def test_operations_grow_with_piles_files_sizes_and_the_intermediate_mode(jsonl,
         map(sum, zip(*(v for k, v in ops.items() if k != "total")))
     )
     more_piles = gcs_operations(dataclasses.replace(plan, num_piles=16))
+    # each shard: one upload, a size lookup
     assert more_piles["shards"] == (16 + 3, 32 + 5) and ops["shards"] == (
         8 + 3,
         16 + 5,
-    )  # each shard: one upload, a size lookup
+    )
     assert more_piles["input"] == ops["input"] and more_piles["checks"] == ops["checks"]
 
     files = gcs_operations(dataclasses.replace(plan, intermediate="files"))
@@ -51,9 +52,8 @@ def test_operations_grow_with_piles_files_sizes_and_the_intermediate_mode(jsonl,
     # a run each, read as 1 segment (the 8 small piles are one group, pile_groups), 2 lookups
     assert len(plan.source_groups) == 15 and files["runs"] == (15, 15 * (1 + 2))
     assert files["total"][0] - ops["total"][0] == 15 and files["total"][1] - ops["total"][1] == 45
-    per_pile = gcs_operations(
-        dataclasses.replace(plan, intermediate="files", max_pile_bytes=1)
-    )  # G = 1
+    # G = 1
+    per_pile = gcs_operations(dataclasses.replace(plan, intermediate="files", max_pile_bytes=1))
     assert per_pile["runs"] == (15, 15 * (8 + 2))
 
     # many piles, many files: objects grow with the runs, reads with (run, pile) segments; never files x piles
@@ -74,19 +74,16 @@ def test_operations_grow_with_piles_files_sizes_and_the_intermediate_mode(jsonl,
     assert runs == len(big.source_groups) == 22 and class_a == runs and class_b == parts + 2 * runs
     assert 22 * 4000 < parts <= 22 * 4096 < 64 * 4096 / 2.9
 
-    zipped = [
-        Source(i, f"gs://b/in/{i}.jsonl.gz", 100 * MiB) for i in range(3)
-    ]  # read whole: 7 reads of 16 MiB, metadata, end
+    # read whole: 7 reads of 16 MiB, metadata, end
+    zipped = [Source(i, f"gs://b/in/{i}.jsonl.gz", 100 * MiB) for i in range(3)]
     bigger = gcs_operations(dataclasses.replace(plan, sources=zipped, input_bytes=300 * MiB))
     assert bigger["input"] == (0, 3 * (1 + 7 + 1))
-    sized = [
-        Source(i, f"gs://b/in/{i}.jsonl", 100 * MiB) for i in range(3)
-    ]  # 5 spans of 20 MiB: metadata, 2 reads each
+    # 5 spans of 20 MiB: metadata, 2 reads each
+    sized = [Source(i, f"gs://b/in/{i}.jsonl", 100 * MiB) for i in range(3)]
     spans = gcs_operations(dataclasses.replace(plan, sources=sized, input_bytes=300 * MiB))
     assert spans["input"] == (0, 3 * 5 * (1 + 2))
-    many = [
-        Source(i, f"gs://b/in/{i}", MiB) for i in range(2500)
-    ]  # listing the input: 3 pages of 1,000
+    # listing the input: 3 pages of 1,000
+    many = [Source(i, f"gs://b/in/{i}", MiB) for i in range(2500)]
     listed = gcs_operations(dataclasses.replace(plan, sources=many, input_bytes=2500 * MiB))
     assert listed["checks"][0] - ops["checks"][0] == 2 and listed["input"] == (0, 2500 * 3)
 

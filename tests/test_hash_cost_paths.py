@@ -202,9 +202,8 @@ def test_a_process_told_of_many_records_compiles_from_the_first_hash_and_one_of_
     monkeypatch.setattr(slice_crcs, "_python_seconds", 0.0)
     slice_crcs.expect_records(1_000_000)  # 0.37 s in Python: less than compiling
     assert slice_crcs._compiled_slice_crcs() is None
-    slice_crcs.expect_records(
-        4_000_000
-    )  # 1.5 s in Python (2 GB of 500-byte lines): compile at once
+    # 1.5 s in Python (2 GB of 500-byte lines): compile at once
+    slice_crcs.expect_records(4_000_000)
     assert slice_crcs._compiled_slice_crcs() is not None
     raw = np.frombuffer(b"abcdef" * 10, dtype=np.uint8)
     got = crc32c_of_slices(raw, np.array([0, 7, 60]))
@@ -214,6 +213,5 @@ def test_a_process_told_of_many_records_compiles_from_the_first_hash_and_one_of_
     ]
     sample.write_jsonl(str(tmp_path), records=3_000, files=2, record_bytes=100)
     plan = make_plan(PipelineOptions([f"--input={tmp_path}/*.jsonl", f"--output={tmp_path}/o/t"]))
-    assert (
-        _records_per_process(plan) == plan.written_records > 0
-    )  # this machine: one process reads all
+    # this machine: one process reads all
+    assert _records_per_process(plan) == plan.written_records > 0

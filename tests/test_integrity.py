@@ -82,9 +82,8 @@ def test_the_manifest_lists_each_shards_crc32c_of_what_a_reader_gets(outputs, ca
     assert manifest["format_version"] == "1.6"
     for entry, path in zip(manifest["shards"], shards(prefix)):
         data = open(path, "rb").read()
-        readable = (
-            gzip.decompress(data) if path.endswith(".gz") else data
-        )  # gzip's own CRC32 covers the stream
+        # gzip's own CRC32 covers the stream
+        readable = gzip.decompress(data) if path.endswith(".gz") else data
         assert entry["crc32c"] == f"{google_crc32c.value(readable):08x}", path
 
 
@@ -117,9 +116,8 @@ def test_a_parquet_footer_flipped_where_it_still_parses_is_refused(copy_of, caps
     damaged = shards(prefix)[0]
     data = open(damaged, "rb").read()
     footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    flip(
-        damaged, data.index(b"payload", footer_start)
-    )  # a column's name in the footer: it parses either way
+    # a column's name in the footer: it parses either way
+    flip(damaged, data.index(b"payload", footer_start))
     with pytest.raises(InputError, match="is damaged") as refused:
         epoch(prefix)
     assert refused.value.path == damaged

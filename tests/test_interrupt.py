@@ -213,13 +213,14 @@ def test_run_terminated_or_hung_up_is_stopped_as_ctrl_c_stops_it(data, tmp_path,
     and the re-run writes the bytes of a run never stopped. Before: killed by the signal
     (exit -15), nothing said, the lock and the work folder left."""
     output = str(tmp_path / "out" / "data")
+    # runs on disk
     argv = [
         "run",
         f"--input={inputs(data)}",
         f"--output={output}",
         *SEED_OPTIONS,
         "--memory=1MiB",
-    ]  # runs on disk
+    ]
     started = exists(str(tmp_path / "out" / ".pileshuffle-work-*" / "fragments" / "*"))
     stopped = interrupt_when(argv, started, signum=signum)
     stopped.check("run", output, "nothing was published", code=128 + signum)
@@ -306,9 +307,8 @@ def test_run_layout_store_interrupted_publishes_no_version_and_the_rerun_writes_
     interrupt_when(argv, exists(f"{prefix}-store/g000000/*")).check(
         "run", f"{prefix}-store", "nothing was published"
     )
-    assert not os.path.exists(
-        f"{prefix}-store"
-    )  # no version, no generation, no lock: nothing at all
+    # no version, no generation, no lock: nothing at all
+    assert not os.path.exists(f"{prefix}-store")
     cli(*argv)
     assert store_files(prefix) == store_files(base)
     assert store_versions(prefix) == store_versions(base)
@@ -471,9 +471,8 @@ def piles(data):
 
 def test_an_interrupted_loader_exits_without_waiting_for_the_pile_being_loaded(piles):
     process = run_slow_loader(piles, "interrupt")
-    assert (
-        process.returncode != 0 and "KeyboardInterrupt" in process.stderr.read()
-    )  # the script's own
+    # the script's own
+    assert process.returncode != 0 and "KeyboardInterrupt" in process.stderr.read()
 
 
 def test_a_loader_that_stops_iterating_exits_without_waiting_for_the_pile_being_loaded(piles):
@@ -493,13 +492,14 @@ def test_the_line_starts_on_its_own_line_after_a_print_cut_between_text_and_newl
         "    interrupt._State.interrupted = True\n"
         "    raise KeyboardInterrupt\n"
     )
+    # a background job's SIG_IGN would keep handling() out
     done = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
         timeout=60,
         preexec_fn=_no_sigint_inherited,
-    )  # a background job's SIG_IGN would keep handling() out
+    )
     assert done.returncode == 130
     assert done.stderr.splitlines()[-1] == "pileshuffle x: interrupted", done.stderr
 

@@ -26,10 +26,11 @@ from helpers import (
 from pileshuffle.commands.verify import verify
 
 NOT_JSON = b"a line in the middle that is no JSON\n"  # never parsed: a record as any other
+# 60 of each class
 GOOD = b"".join(
     json.dumps({"i": i, "y": "ab"[i % 2], "text": "x" * (i % 37)}).encode() + b"\n"
     for i in range(120)
-)  # 60 of each class
+)
 GOOD_WITH_MIDDLE = GOOD[: GOOD.index(b'{"i": 60,')] + NOT_JSON + GOOD[GOOD.index(b'{"i": 60,') :]
 LAST = json.dumps({"i": 120, "y": "a", "text": "the last record"}).encode()
 CUT = LAST[:9]  # the last record cut 9 bytes in

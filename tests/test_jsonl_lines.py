@@ -65,9 +65,8 @@ def test_a_bom_and_blank_lines_are_no_records_and_every_output_line_parses(awkwa
     manifest = run_shuffle(pattern, prefix, "--num_piles=3", "--seed=2")
     lines = output_lines(prefix)
     assert len(lines) == expected == manifest["totals"]["records"]
-    assert sorted(json.loads(line)["i"] for line in lines) == list(
-        range(expected)
-    )  # each parses; none lost
+    # each parses; none lost
+    assert sorted(json.loads(line)["i"] for line in lines) == list(range(expected))
     assert not any(BOM in line for line in lines)
     assert sum(line.endswith(b"\r\n") for line in lines) == 300  # CRLF lines keep their bytes
     assert manifest["skipped"]["blank_lines"] == blank

@@ -136,9 +136,8 @@ def test_position_keys_are_distinct_and_uniform_over_byte_offsets_and_rows():
         u = keys.position_keys(7, (0, 3), places)
         assert len(np.unique(u)) == len(places)
         assert chisquare(np.bincount(keys.pile_of(u, 50), minlength=50)).pvalue > 1e-4
-        within = keys.pile_of(u << np.uint64(16), 64)[
-            keys.pile_of(u, 4) == 0
-        ]  # digits below the top 16 bits
+        # digits below the top 16 bits
+        within = keys.pile_of(u << np.uint64(16), 64)[keys.pile_of(u, 4) == 0]
         assert chisquare(np.bincount(within, minlength=64)).pvalue > 1e-4
     assert not np.array_equal(
         keys.position_keys(1, (0, 0), np.arange(100)), keys.position_keys(2, (0, 0), np.arange(100))

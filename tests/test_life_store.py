@@ -86,9 +86,8 @@ DUPLICATES_OPTION = "--allow_duplicate_inputs"
 
 
 def records_in_file(k: int) -> int:
-    return (
-        50 + (k * 37) % 90
-    )  # 50-139: files differ in size (append's "same inputs" compares sizes)
+    # 50-139: files differ in size (append's "same inputs" compares sizes)
+    return 50 + (k * 37) % 90
 
 
 def indices_in_file(k: int) -> range:
@@ -701,9 +700,8 @@ class StoreLife(RuleBasedStateMachine):
             )
             gc.collect()
             for thread in [t for t in threading.enumerate() if t.name == "pileshuffle-prefetch"]:
-                thread.join(
-                    timeout=120
-                )  # it ends after the load it may be doing; the limit is against a hang
+                # it ends after the load it may be doing; the limit is against a hang
+                thread.join(timeout=120)
             assert not any(t.name == "pileshuffle-prefetch" for t in threading.enumerate()), (
                 "the prefetch thread of an interrupted epoch still runs"
             )
@@ -830,9 +828,8 @@ def test_a_refused_append_interrupted_while_it_releases_the_lock_leaves_no_lock(
         life.append(duplicates=True, files=[0, 1], interrupt_at_call=None)
         life.append(duplicates=False, files=[0, 1, 2], interrupt_at_call=1)
         life.append(duplicates=True, files=[0], interrupt_at_call=None)
-        life.append(
-            duplicates=False, files=[0, 1, 2], interrupt_at_call=173
-        )  # asserts nothing changed
+        # asserts nothing changed
+        life.append(duplicates=False, files=[0, 1, 2], interrupt_at_call=173)
         life.matches_the_model()
     finally:
         life.teardown()

@@ -56,11 +56,12 @@ IN_PROCESS = ("inproc", "tf", "grain")  # paths without DataLoader workers
 EXAMPLES = int(os.environ.get("PILESHUFFLE_LIFE_EXAMPLES", "6"))
 
 
+# a Mixture's weights, epoch length, second output's records
 MIX_WEIGHTS, MIX_EPOCH, MIX_SECOND = (
     [2, 1],
     250,
     97,
-)  # a Mixture's weights, epoch length, second output's records
+)
 
 
 def index(record) -> int:

@@ -136,9 +136,8 @@ def test_written_order_without_reshuffle_is_the_shards_in_order(name, request):
     fmt = ds.format
     expected = written_records(prefix, fmt)
     assert list(ds) == expected
-    ds = ShuffledDataset(
-        prefix + "-manifest.json", reshuffle=False, epoch=3
-    )  # every epoch, and by manifest path
+    # every epoch, and by manifest path
+    ds = ShuffledDataset(prefix + "-manifest.json", reshuffle=False, epoch=3)
     assert list(ds) == expected
 
 
@@ -270,9 +269,8 @@ def test_splits_are_disjoint_complete_and_equal_per_rank(tfrecord_out, remainder
         flat = [r for records in per_rank for r in records]
         if remainder == "drop":
             assert len(per_rank[0]) == total // world_size
-            assert (
-                flat == full[: total - total % world_size]
-            )  # contiguous, in global order, disjoint
+            # contiguous, in global order, disjoint
+            assert flat == full[: total - total % world_size]
         else:
             each = -(-total // world_size)
             assert len(per_rank[0]) == each
@@ -514,15 +512,13 @@ def build_store(
                 for i in range(count)
             ]
             keys = rng.integers(0, 2**64, count, dtype=np.uint64)
-            keys[: count // 10] = keys[
-                count // 10 : 2 * (count // 10)
-            ]  # equal keys: the sort must be stable
+            # equal keys: the sort must be stable
+            keys[: count // 10] = keys[count // 10 : 2 * (count // 10)]
             piles = keymath.pile_of(keys, num_piles)
             for pile in range(num_piles):
                 chosen = np.flatnonzero(piles == pile)
-                chosen = chosen[
-                    np.argsort(rng.random(len(chosen)))
-                ]  # canonical order is not key order
+                # canonical order is not key order
+                chosen = chosen[np.argsort(rng.random(len(chosen)))]
                 records = [payloads[i] for i in chosen]
                 if fmt == "parquet":
                     table = pa.table(
@@ -693,9 +689,8 @@ def test_memory_stays_within_mix_plus_one_piles_and_a_batch(tmp_path_factory, fm
         if fmt == "tfrecord":
             assert mapped == piles, (mix, prefetch, mapped)
             if mix == 1:
-                assert (
-                    bound + retained < whole / 2
-                )  # so the bound says memory does not grow with the output
+                # so the bound says memory does not grow with the output
+                assert bound + retained < whole / 2
 
 
 @given(keys=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 3), max_size=300))
@@ -892,9 +887,8 @@ def test_a_store_written_by_the_store_writer_reads_as_runs_shards(tmp_path, fmt)
 
 def test_resuming_padded_ranks_with_another_world_size_pads_from_the_rest(jsonl_out):
     kwargs = dict(seed=5, epoch=1, remainder="pad")
-    read, states = _consume_split(
-        jsonl_out, 7, 1, [100, 0, 429, 37, 250, 5, 429], **kwargs
-    )  # 3000 = 7 * 429 - 3
+    # 3000 = 7 * 429 - 3
+    read, states = _consume_split(jsonl_out, 7, 1, [100, 0, 429, 37, 250, 5, 429], **kwargs)
     everything = list(ShuffledDataset(jsonl_out, **kwargs))
     rest = []
     for rank in range(4):
@@ -905,9 +899,8 @@ def test_resuming_padded_ranks_with_another_world_size_pads_from_the_rest(jsonl_
     flat = [r for records in rest for r in records]
     assert set(read) | set(flat) == set(everything)  # nothing lost
     remaining = [r for r in everything if r not in set(read)]
-    assert (
-        flat == (remaining + remaining)[: len(flat)]
-    )  # global order, padded from the start of the rest
+    # global order, padded from the start of the rest
+    assert flat == (remaining + remaining)[: len(flat)]
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])

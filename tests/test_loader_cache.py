@@ -88,9 +88,8 @@ def test_epochs_with_the_cache_are_those_without_it(outputs, tmp_path, kind, fmt
     plain = ShuffledDataset(prefix, seed=3, mix=2)
     with_cache = ShuffledDataset(prefix, seed=3, mix=2, cache_dir=cache)
     if kind == "store" and fmt == "tfrecord":
-        assert (
-            len(with_cache.output.piles) > 3
-        )  # sub-piles: their keys were read through the cache at open
+        # sub-piles: their keys were read through the cache at open
+        assert len(with_cache.output.piles) > 3
     for _ in range(2):  # the first epoch fills the cache, the second reads it
         expected = normal(plain)
         assert normal(with_cache) == expected and len(expected) == RECORDS
@@ -111,9 +110,8 @@ def test_the_second_epoch_reads_local_files_only(inputs, gcs, tmp_path):
     assert len(before) == PILES
     storage.delete(shard_paths(prefix))
     second = list(ds)
-    assert (
-        sorted(second) == sorted(first) and second != first
-    )  # epoch 1: another order of the same records
+    # epoch 1: another order of the same records
+    assert sorted(second) == sorted(first) and second != first
     after = cached(cache)
     assert {k: size for k, (size, _) in after.items()} == {
         k: size for k, (size, _) in before.items()
@@ -265,9 +263,8 @@ def test_dataloader_workers_share_one_cache(outputs, tmp_path, tight):
             bytes(r) for r in DataLoader(ds.torch(), batch_size=None, num_workers=2)
         ] == expected
     kept = PileCache(cache).entries()
-    assert (
-        len(kept) == PILES if not tight else len(kept) <= 1
-    )  # filled by the workers: the cache went with them
+    # filled by the workers: the cache went with them
+    assert len(kept) == PILES if not tight else len(kept) <= 1
     assert sum(size for _, size in kept) <= parse_limit(limit)
     assert not [name for name in os.listdir(cache) if name.startswith(".")]  # no temp file left
 
@@ -321,9 +318,8 @@ def test_bad_cache_limits_are_refused_naming_the_argument(tmp_path, value):
             str(tmp_path / "no-output"), cache_dir=tmp_path / "cache", cache_limit=value
         )
     with pytest.raises(ValueError, match="cache_limit"):
-        ShuffledDataset(
-            str(tmp_path / "no-output"), cache_limit=value
-        )  # checked without a cache_dir too
+        # checked without a cache_dir too
+        ShuffledDataset(str(tmp_path / "no-output"), cache_limit=value)
 
 
 def test_bad_cache_dirs_are_refused_naming_the_argument(tmp_path):

@@ -94,9 +94,8 @@ def test_an_elastic_restore_from_two_hosts_to_three_and_back_to_two_loses_and_re
     saved = [json.loads(json.dumps(it.get_state())) for it in two]
     three = [iter(dataset(output, rank=r, world_size=3).grain()) for r in range(3)]
     for r, it in enumerate(three):
-        it.set_state(
-            saved[min(r, 1)]
-        )  # each new host restores any old host's state (synchronous: all alike)
+        # each new host restores any old host's state (synchronous: all alike)
+        it.set_state(saved[min(r, 1)])
     taken += lockstep(three, 250)
     saved = [json.loads(json.dumps(it.get_state())) for it in three]
     assert saved[0]["pool"] is not None  # a dealt split: restorable elastically again
@@ -106,9 +105,8 @@ def test_an_elastic_restore_from_two_hosts_to_three_and_back_to_two_loses_and_re
     taken += [r for it in back for r in it]
     delivered = collections.Counter(taken)
     assert max(delivered.values()) == 1 and set(delivered) <= set(whole)
-    assert (
-        len(whole) - len(delivered) <= 1 + 2 + 1
-    )  # at most what each split's remainder="drop" leaves out
+    # at most what each split's remainder="drop" leaves out
+    assert len(whole) - len(delivered) <= 1 + 2 + 1
 
 
 def test_hosts_restored_elastically_after_their_whole_share_read_nothing_more_of_the_epoch(output):
@@ -129,9 +127,8 @@ def test_hosts_restored_elastically_after_their_whole_share_read_nothing_more_of
     assert list(one) == []
     endless = iter(dataset(output).grain(num_epochs=None))
     endless.set_state(saved[0])
-    assert (
-        list(itertools.islice(endless, 5)) == list(dataset(output, epoch=1))[:5]
-    )  # then the next epoch
+    # then the next epoch
+    assert list(itertools.islice(endless, 5)) == list(dataset(output, epoch=1))[:5]
 
 
 def test_an_elastic_restore_deals_equal_parts_so_the_next_one_repeats_nothing(output):

@@ -18,9 +18,8 @@ from pileshuffle.loader import ShuffledDataset
 from pileshuffle.loader.batching import array_batches, list_batches
 from pileshuffle.loader.handoff import RING_BYTES, ArrowOnArrival, BytesOnArrival
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:This DataLoader will create")
-]  # 3 workers on a 2-core machine
+# 3 workers on a 2-core machine
+pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create")]
 
 SMALL = 4096  # a batch's pickle when its bytes went through the ring: its place, not its bytes
 PLACE = 600  # the same for the test outputs' batches, a Parquet batch's schema included
@@ -107,6 +106,7 @@ def test_parquet_record_batches_through_workers_keep_their_order(outputs):
 
 
 def test_array_batches_are_list_batches():
+    # pieces a step boundary cuts, pieces past a batch, an empty one
     sizes = [
         64,
         40,
@@ -116,7 +116,7 @@ def test_array_batches_are_list_batches():
         10,
         0,
         3,
-    ]  # pieces a step boundary cuts, pieces past a batch, an empty one
+    ]
     tables, start = [], 0
     for n in sizes:
         tables.append(
@@ -155,9 +155,8 @@ def _send_from_child(conn):
         conn.send_bytes(pickle.dumps(BytesOnArrival(batch(256, s), ring=True)))
     for s in range(200, 203):
         conn.recv_bytes()
-        conn.send_bytes(
-            pickle.dumps(BytesOnArrival(batch(1200, s), ring=True))
-        )  # > 1/8 of the ring: a bigger ring
+        # > 1/8 of the ring: a bigger ring
+        conn.send_bytes(pickle.dumps(BytesOnArrival(batch(1200, s), ring=True)))
     arrow = pa.record_batch({"index": np.arange(300), "payload": pa.array(records(300, 9))}).slice(
         7, 250
     )
@@ -234,7 +233,6 @@ def test_worker_batches_cross_as_their_place_in_shared_memory(outputs, fmt):
     sizes = list(
         DataLoader(tds, batch_size=None, num_workers=2, collate_fn=pickled_and_payload_bytes)
     )
-    assert (
-        sum(held > 3000 for _, held in sizes) >= 8
-    )  # batches of 64 records of ~80 bytes (Parquet: ~56 a row)
+    # batches of 64 records of ~80 bytes (Parquet: ~56 a row)
+    assert sum(held > 3000 for _, held in sizes) >= 8
     assert all(pickled < PLACE for pickled, _ in sizes)  # not their bytes

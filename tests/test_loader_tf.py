@@ -94,9 +94,8 @@ def test_batches_are_the_same_records(examples, chunk, monkeypatch):
     monkeypatch.setattr("pileshuffle.loader.tf.CHUNK_RECORDS", chunk)
     ds = ShuffledDataset(examples, seed=4, epoch=1)
     batched = ds.tf(batch_size=50, drop_last=True)
-    assert batched.element_spec == tf.TensorSpec(
-        shape=(50,), dtype=tf.string
-    )  # static, as batch(drop_remainder=True)
+    # static, as batch(drop_remainder=True)
+    assert batched.element_spec == tf.TensorSpec(shape=(50,), dtype=tf.string)
     assert ds.tf(batch_size=50).element_spec == tf.TensorSpec(shape=(None,), dtype=tf.string)
     sizes = [int(b.shape[0]) for b in batched]
     assert sizes == [50] * (EXAMPLES // 50)
@@ -214,9 +213,8 @@ def test_state_in_an_epoch_resumed_elastically_continues_its_redealt_split(examp
         resumed = ShuffledDataset(examples, seed=4, epoch=1, rank=rank, world_size=3)
         resumed.load_state_dict(states[rank])
         seen += [r.numpy() for r in resumed.tf()]
-    assert (
-        len(seen) == len(set(seen)) and EXAMPLES - len(seen) < 3
-    )  # the redeal may drop < world_size
+    # the redeal may drop < world_size
+    assert len(seen) == len(set(seen)) and EXAMPLES - len(seen) < 3
 
 
 def test_parquet_nulls_are_refused_by_column(tmp_path):
@@ -243,9 +241,8 @@ def test_parquet_nulls_are_refused_by_column(tmp_path):
 
 def test_wide_records_come_in_smaller_chunks(parquet_output, tmp_path):
     assert chunk_records(ShuffledDataset(parquet_output)) == 8192  # ~60-byte rows
-    sample.write_tfrecord(
-        str(tmp_path / "in"), records=20, files=1, record_bytes=1 << 20
-    )  # 1 MiB records
+    # 1 MiB records
+    sample.write_tfrecord(str(tmp_path / "in"), records=20, files=1, record_bytes=1 << 20)
     run_shuffle(
         str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "out" / "train"), "--num_piles=2"
     )

@@ -96,16 +96,14 @@ def test_ranks_and_workers_are_disjoint_and_complete(output, written, world_size
     for rank in range(world_size):
         ds = ShuffledDataset(output, seed=3, epoch=1, rank=rank, world_size=world_size)
         records = flat(DataLoader(ds.torch(), batch_size=16, num_workers=num_workers))
-        assert (
-            len(records) == len(ds) == RECORDS // world_size
-        )  # remainder dropped: equal counts for DDP
+        # remainder dropped: equal counts for DDP
+        assert len(records) == len(ds) == RECORDS // world_size
         per_rank.append(records)
     together = [r for records in per_rank for r in records]
     assert len(set(together)) == len(together)  # disjoint (generated payloads are distinct)
     assert set(together) <= set(written)
-    assert (
-        len(set(written) - set(together)) == RECORDS % world_size
-    )  # complete but for the remainder
+    # complete but for the remainder
+    assert len(set(written) - set(together)) == RECORDS % world_size
 
 
 def test_ranks_pad_to_equal_counts(output, written):
@@ -129,10 +127,11 @@ def stream(loader, limit=None):
     return out
 
 
+# 100 of 101: worker 0 is done, worker 1 not
 @pytest.mark.parametrize(
     "num_workers,batched,stop",
     [(2, False, 9), (3, True, 17), (0, False, 30), (2, True, 1), (2, False, 100)],
-)  # 100 of 101: worker 0 is done, worker 1 not
+)
 def test_stateful_dataloader_resumes_exactly(output, num_workers, batched, stop):
     def loader():
         ds = ShuffledDataset(output, seed=3, epoch=1, world_size=1)
@@ -145,9 +144,8 @@ def test_stateful_dataloader_resumes_exactly(output, num_workers, batched, stop)
     whole = stream(loader())
     first = loader()
     head = stream(first, stop)
-    state = json.loads(
-        json.dumps(first.state_dict())
-    )  # a checkpoint on disk is JSON, or torch.save
+    # a checkpoint on disk is JSON, or torch.save
+    state = json.loads(json.dumps(first.state_dict()))
     del first
     again = loader()
     again.load_state_dict(state)

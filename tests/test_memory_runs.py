@@ -48,9 +48,8 @@ def written_runs(monkeypatch) -> list:
     return written
 
 
-@pytest.mark.parametrize(
-    "piles", [32, 2]
-)  # 32: segments of groups of piles; 2: a segment a pile, kept as slices
+# 32: segments of groups of piles; 2: a segment a pile, kept as slices
+@pytest.mark.parametrize("piles", [32, 2])
 def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(
     files, tmp_path, monkeypatch, piles
 ):
@@ -60,9 +59,8 @@ def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(
             [f"--input={pattern}", f"--output={tmp_path}/p/t", f"--num_piles={piles}", *FAST]
         )
     )
-    working = (
-        plan.memory_budget - plan.memory_for_runs
-    )  # what the passes hold: no room for runs in a budget this small
+    # what the passes hold: no room for runs in a budget this small
+    working = plan.memory_budget - plan.memory_for_runs
     runs_planned = plan.run_shape()[0]
     assert runs_planned >= 8
     seen = {}
@@ -72,9 +70,8 @@ def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(
         run_shuffle(pattern, out, f"--num_piles={piles}", "--seed=9", f"--memory={budget}")
         seen[name] = digests(out)
         made = len(kept) + len([w for w in written if w.endswith(".run")])
-        assert (
-            made == runs_planned and memory_runs.kept_bytes() == 0
-        )  # every run accounted for; none kept after
+        # every run accounted for; none kept after
+        assert made == runs_planned and memory_runs.kept_bytes() == 0
         assert {"disk": not kept, "both": 0 < len(kept) < made, "memory": len(kept) == made}[
             name
         ], (name, len(kept))
@@ -84,15 +81,13 @@ def test_the_same_bytes_whether_runs_stay_in_memory_on_disk_or_both(
     carried = {name: manifest(str(tmp_path / name / "t"))["between_passes"] for name in seen}
     assert carried["disk"]["in_memory_bytes"] == carried["memory"]["written_bytes"] == 0
     assert 0 < carried["both"]["in_memory_bytes"] and 0 < carried["both"]["written_bytes"]
-    segments = carried["disk"][
-        "written_bytes"
-    ]  # the same segments wherever they were: about the same bytes
+    # the same segments wherever they were: about the same bytes
+    segments = carried["disk"]["written_bytes"]
     # (a pile's segment kept as slices of pass 1's chunks counts one batch header a chunk: runs._sliced)
     assert segments == pytest.approx(carried["memory"]["in_memory_bytes"], rel=0.01)
     assert segments == pytest.approx(sum(carried["both"].values()), rel=0.01)
-    assert (
-        1.0 < segments / manifest(str(tmp_path / "disk" / "t"))["totals"]["payload_bytes"] < 1.3
-    )  # lines + keys and hashes
+    # lines + keys and hashes
+    assert 1.0 < segments / manifest(str(tmp_path / "disk" / "t"))["totals"]["payload_bytes"] < 1.3
     assert_verified(pattern, str(tmp_path / "memory" / "t"))
 
 
@@ -102,9 +97,8 @@ def test_a_failed_run_keeps_nothing_in_memory(files, tmp_path, monkeypatch):
     source.mkdir()
     for path in sorted(glob.glob(f"{files}/*.jsonl"))[:12]:
         (source / os.path.basename(path)).write_bytes(open(path, "rb").read())
-    (source / "zz-bad.jsonl").write_bytes(
-        b'{"ok": 1}\n' * 50 + b'{"a": "\x00"}\n'
-    )  # a NUL byte: not text
+    # a NUL byte: not text
+    (source / "zz-bad.jsonl").write_bytes(b'{"ok": 1}\n' * 50 + b'{"a": "\x00"}\n')
     kept = kept_runs(monkeypatch)
     with pytest.raises(InputError, match="zz-bad.jsonl"):
         run_shuffle(
@@ -136,10 +130,11 @@ def test_plan_says_what_the_budget_keeps(files, tmp_path, capsys):
         "no more than the passes hold, so every pass-1 run goes to disk" in capsys.readouterr().out
     )
     shuffled = make_plan(PipelineOptions(args + ["--memory=4GiB", "--intermediate=shuffle"]))
+    # the runner holds shuffle mode's parts
     assert (shuffled.memory_budget, shuffled.memory_for_runs) == (
         0,
         0,
-    )  # the runner holds shuffle mode's parts
+    )
     assert main(args + ["--memory=lots"]) == 2
     assert "--memory: not a size: 'lots'" in capsys.readouterr().err
 

@@ -35,9 +35,8 @@ def finished(tmp_path_factory):
 
 # --- one name for one concept --------------------------------------------------------------------
 
-_DECLARED = re.compile(
-    r"^  --([a-z_]+)(?: (\S+))?  \("
-)  # an option's line in every command's --help
+# an option's line in every command's --help
+_DECLARED = re.compile(r"^  --([a-z_]+)(?: (\S+))?  \(")
 
 
 def offered_options(capsys) -> dict:
@@ -87,9 +86,8 @@ def test_no_command_offers_another_name_for_a_concept_and_shared_options_take_on
             forms.setdefault(option, {}).setdefault(form, []).append(command)
     differing = {option: by_form for option, by_form in forms.items() if len(by_form) > 1}
     assert differing == {}, f"options that take another value in another command: {differing}"
-    assert (
-        len([o for o in forms if sum(map(len, forms[o].values())) > 1]) >= 8
-    )  # the check has something to compare
+    # the check has something to compare
+    assert len([o for o in forms if sum(map(len, forms[o].values())) > 1]) >= 8
 
 
 def test_quality_takes_label_field_as_run_does_and_answers_label_with_it(tmp_path, capsys):
@@ -228,16 +226,14 @@ def test_a_killed_run_is_named_by_verify_info_and_the_loader_with_the_command_th
         ShuffledDataset(output)
     said.append(str(loader.value))
     for text in said:
-        assert "an unfinished run is there" in text and f"--output={output}" in text, (
-            text
-        )  # the run's own command
+        # the run's own command
+        assert "an unfinished run is there" in text and f"--output={output}" in text, text
         assert (
             "stopped before it published" in text and "run that command again to finish it" in text
         ), text
         assert staging_dir(output) in text and output_lock_path(output) in text, text
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=600
-    )  # as the message says
+    # as the message says
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     succeeded(capsys, "verify", f"--input={tmp_path}/in/*.jsonl", f"--output={output}")
 

@@ -44,9 +44,8 @@ def test_every_prefix_within_one_record_and_every_window_within_two(weights, see
         bound = 1 if len(weights) == 2 else 2
         for length in range(1, min(len(stream), 200)):
             assert np.abs(counts[length:] - counts[:-length] - share * length).max() < bound
-        assert (
-            counts[period] == mix.weights[source]
-        )  # a period holds each source's whole number exactly
+        # a period holds each source's whole number exactly
+        assert counts[period] == mix.weights[source]
 
 
 @settings(max_examples=40, deadline=None)
@@ -73,10 +72,11 @@ def test_weights_become_exact_whole_numbers_or_round_to_a_65536th():
     assert whole_weights([1 / 3, 2 / 3]) == [1, 2]
     rounded = whole_weights([1e-9, 1])
     assert sum(rounded) == MAX_PERIOD and rounded[0] == 1  # every source keeps a place
+    # the seed breaks ties
     assert {tuple(Interleave([1, 1], seed).pattern) for seed in range(8)} == {
         (0, 1),
         (1, 0),
-    }  # the seed breaks ties
+    }
 
 
 @pytest.mark.parametrize(
@@ -125,14 +125,12 @@ def test_stop_first_ends_where_the_first_dataset_runs_out_each_record_once(outpu
     records = list(mix)
     got = sources_of(outputs, records)
     assert len(records) == len(set(records)) == mix.records_per_epoch
-    assert (
-        got == mix.sources_at(0, len(records)).tolist()
-    )  # every position reads the source the pattern names
+    # every position reads the source the pattern names
+    assert got == mix.sources_at(0, len(records)).tolist()
     counts = collections.Counter(got)
     assert counts[1] == B_RECORDS  # b (40 %) runs out first: all of it read ...
-    assert (
-        counts[0] == len(records) - B_RECORDS and abs(counts[0] - 0.6 * len(records)) <= 1
-    )  # ... and a's share
+    # ... and a's share
+    assert counts[0] == len(records) - B_RECORDS and abs(counts[0] - 0.6 * len(records)) <= 1
     assert set(records) >= outputs["records"][1]
 
 
@@ -154,9 +152,8 @@ def test_each_dataset_is_read_in_its_own_epoch_order(outputs):
     own_b = [r for r in stream if r in outputs["records"][1]]
     b_epochs = [list(ShuffledDataset(outputs["b"], seed=12, epoch=e)) for e in range(8)]
     assert own_b == [r for epoch in b_epochs for r in epoch][: len(own_b)]
-    assert (
-        len(own_b) == 7500 and b_epochs[0] != b_epochs[1]
-    )  # restarted, reshuffled: 7.5 epochs of b
+    # restarted, reshuffled: 7.5 epochs of b
+    assert len(own_b) == 7500 and b_epochs[0] != b_epochs[1]
     own_a = [r for r in stream if r in outputs["records"][0]]
     a_epochs = list(ShuffledDataset(outputs["a"], seed=11)) + list(
         ShuffledDataset(outputs["a"], seed=11, epoch=1)
@@ -186,9 +183,8 @@ def test_the_sources_piles_load_one_at_a_time_on_one_thread_each_source_in_its_o
 
     monkeypatch.setattr(PileRef, "load", watched)
     a, b = ShuffledDataset(outputs["a"], seed=11), ShuffledDataset(outputs["b"], seed=12)
-    mix = Mixture(
-        [a, b], [3, 2], stop="restart", records_per_epoch=20000
-    )  # 3 chunks; 4 epochs of a, 8 of b
+    # 3 chunks; 4 epochs of a, 8 of b
+    mix = Mixture([a, b], [3, 2], stop="restart", records_per_epoch=20000)
     assert len(list(mix)) == 20000
     assert most[0] == 1 and {thread for *_, thread in seen} == {"pileshuffle-prefetch"}
     for name, epochs, seed in (("a", 4, 11), ("b", 8, 12)):
@@ -222,9 +218,8 @@ def test_epochs_differ_and_the_same_seed_gives_the_same_stream(outputs):
     mix = mixture(outputs)
     first, second = list(mix), list(mix)
     assert first != second  # stop="first": epoch e reads every dataset's own epoch e
-    assert (
-        set(first) & outputs["records"][1] == set(second) & outputs["records"][1]
-    )  # all of b, each time
+    # all of b, each time
+    assert set(first) & outputs["records"][1] == set(second) & outputs["records"][1]
     assert list(mixture(outputs)) == first
     assert list(mixture(outputs, epoch=1)) == second
 
@@ -277,9 +272,8 @@ def test_an_elastic_resume_from_two_ranks_to_three_loses_and_repeats_nothing(out
     rest = [r for m in three for r in m]
     delivered = collections.Counter(taken + rest)
     assert delivered <= whole  # b's records come twice in this epoch: a multiset, not a set
-    assert (
-        sum((whole - delivered).values()) <= 1 + 2
-    )  # what the two splits' remainder="drop" leaves out
+    # what the two splits' remainder="drop" leaves out
+    assert sum((whole - delivered).values()) <= 1 + 2
     assert max(whole.values()) == 2  # b (1,000 records) is read 1,200 times: restarted once
 
 
@@ -497,12 +491,10 @@ def test_quality_reports_each_datasets_share_per_window_against_its_weight(
     section = json.loads((report / "mixture.json").read_text())["mixture"]
     rare = section["datasets"][1]
     assert rare["weight"] == 0.1 and abs(rare["share"] - 0.1) < 1e-3
-    assert (
-        rare["mixture"]["min_per_batch"] >= 6 and rare["mixture"]["max_per_batch"] <= 7
-    )  # 6.4 per batch of 64
-    assert (
-        rare["mixture"]["max_deviation"] < 1 < rare["coin_flips"]["max_deviation"]
-    )  # two datasets: within one
+    # 6.4 per batch of 64
+    assert rare["mixture"]["min_per_batch"] >= 6 and rare["mixture"]["max_per_batch"] <= 7
+    # two datasets: within one
+    assert rare["mixture"]["max_deviation"] < 1 < rare["coin_flips"]["max_deviation"]
     assert rare["mixture"]["batches_without"] == 0
     assert quality_main([f"--mixture={outputs['a']}=x", f"--report={report}"]) == 2
     assert "is not PREFIX=WEIGHT" in capsys.readouterr().err

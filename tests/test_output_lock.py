@@ -73,9 +73,8 @@ def test_a_launch_on_an_output_whose_job_runs_is_refused_and_its_work_is_kept(
     [line] = done.stderr.strip().splitlines()
     assert f"output {output} is locked by Dataflow job {JOB}" in line
     assert "which may still be running" in line and f"delete {lock} to take the output over" in line
-    assert storage.exists(
-        storage.join(work_dir, "fragments", "s000000-r00000.run")
-    )  # the job's work is untouched
+    # the job's work is untouched
+    assert storage.exists(storage.join(work_dir, "fragments", "s000000-r00000.run"))
     assert (
         storage.exists(lock) and shards(output) == [] if where == "local" else storage.exists(lock)
     )

@@ -98,9 +98,8 @@ def mixed_columns(rows: int) -> pa.Table:
             "category": pa.array(rng.integers(0, 3000, rows)),  # 3,000 values among 20,000 rows
             "id": pa.array(rng.permutation(rows)),
             "weight": pa.array(rng.random(rows)),
-            "word": pa.array(
-                [words[i] for i in rng.integers(0, 50, rows)], pa.binary()
-            ),  # 50 values of 2 KB
+            # 50 values of 2 KB
+            "word": pa.array([words[i] for i in rng.integers(0, 50, rows)], pa.binary()),
             "payload": pa.array([rng.bytes(300) for _ in range(rows)], pa.binary()),
             "tags": pa.array(
                 [[int(i % 3)] * int(i % 4) for i in rng.integers(0, 100, rows)],

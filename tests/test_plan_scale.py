@@ -58,9 +58,8 @@ def test_a_dataflow_job_of_10_and_100_tb_with_default_options(
     plan = planned(
         capsys, tmp_path, kilobyte_records, *DATAFLOW, "--input_bytes", str(terabytes * TB)
     )
-    assert (
-        plan["input_bytes"] == terabytes * TB and plan["files"] == terabytes * 1000
-    )  # files of 1 GB
+    # files of 1 GB
+    assert plan["input_bytes"] == terabytes * TB and plan["files"] == terabytes * 1000
     assert piles[0] <= plan["num_piles"] <= piles[1], plan["num_piles"]
     assert plan["max_pile_bytes"] == GiB and plan["workers"]["machine"] == "n2-highmem-4"
     files, shuffle = plan["modes"]["files"], plan["modes"]["shuffle"]
@@ -69,17 +68,14 @@ def test_a_dataflow_job_of_10_and_100_tb_with_default_options(
     gets = files["pass2_requests_per_pile"] * plan["num_piles"]
     assert gets == files["parts"] and files["gcs_operations"]["class_b"] > gets
     assert files["dollars"]["gcs_operations"] >= gets * 0.0004 / 1000
-    assert (
-        files["request_ramp_seconds"] > 20 * 60
-    )  # more GETs than a bucket serves in its first 20 minutes
+    # more GETs than a bucket serves in its first 20 minutes
+    assert files["request_ramp_seconds"] > 20 * 60
     if terabytes == 100:
         assert files["dollars_per_tb"] <= 3.0, files["dollars"]
-        assert (
-            files["disk_size_gb"] > 25 and files["disk_per_worker"] > 25 * GiB
-        )  # runs spill: ask for disk
-    assert (
-        shuffle["dollars_per_tb"] > files["dollars_per_tb"]
-    )  # the Shuffle service's $0.011 per GB
+        # runs spill: ask for disk
+        assert files["disk_size_gb"] > 25 and files["disk_per_worker"] > 25 * GiB
+    # the Shuffle service's $0.011 per GB
+    assert shuffle["dollars_per_tb"] > files["dollars_per_tb"]
     assert plan["modes"][plan["intermediate"]]["run_bytes"] == plan["run_bytes"]
 
 
@@ -127,9 +123,8 @@ def test_units_stay_four_or_more_per_thread_of_the_cluster_asked_for(
         for mode in plan["modes"].values():
             assert mode["units_per_thread"] >= 4 and mode["tail_share"] <= 0.25, mode
     assert wide["run_bytes"] < hour["run_bytes"] / 2
-    assert (
-        wide["modes"]["files"]["parts"] > 2 * hour["modes"]["files"]["parts"]
-    )  # the price: more GETs
+    # the price: more GETs
+    assert wide["modes"]["files"]["parts"] > 2 * hour["modes"]["files"]["parts"]
 
 
 def test_the_text_shows_both_modes_side_by_side_and_the_units_tail(
@@ -190,9 +185,8 @@ def test_auto_piles_are_a_third_of_what_one_worker_thread_holds(
         str(TB),
     )
     assert plan["workers"]["memory_per_thread"] == per_thread
-    assert (
-        plan["max_pile_bytes"] <= per_thread // 3 < 2 * plan["max_pile_bytes"]
-    )  # down to a power of two
+    # down to a power of two
+    assert plan["max_pile_bytes"] <= per_thread // 3 < 2 * plan["max_pile_bytes"]
     assert plan["max_pile_bytes"] & (plan["max_pile_bytes"] - 1) == 0
 
 
@@ -231,9 +225,8 @@ def test_a_local_plan_sizes_piles_from_memory_and_keeps_eight_per_thread(
     tight = planned(
         capsys, tmp_path, kilobyte_records, *local, "--memory=2GiB", "--input_bytes", str(10**10)
     )
-    assert (
-        tight["max_pile_bytes"] == 128 << 20 and tight["num_piles"] > 70
-    )  # (2 GiB - 725 MB) / 2 / 3 = 237 MB
+    # (2 GiB - 725 MB) / 2 / 3 = 237 MB
+    assert tight["max_pile_bytes"] == 128 << 20 and tight["num_piles"] > 70
     assert roomy["modes"]["files"]["dollars_per_tb"] is None  # priced on Dataflow only
 
 
@@ -298,9 +291,8 @@ def test_a_dataflow_launch_whose_spill_overflows_the_workers_disk_is_refused_in_
     system's 10 GB, which a 12 GB disk cannot hold. The launch is refused in one line with the
     plan's figures and the size to ask for (the default 25 GB is enough); with it the job is written."""
     data = first_mib_expands(random_lines=4000)
-    assert (
-        len(gzip.decompress(data)) == (4 * (16 * 2**20 // 1013) + 4000) * 1013
-    )  # a whole stream of lines
+    # a whole stream of lines
+    assert len(gzip.decompress(data)) == (4 * (16 * 2**20 // 1013) + 4000) * 1013
     storage.write_whole(f"{gcs}/in/big.jsonl.gz", data)
     shape = ["--intermediate=files", "--run_bytes=2GiB", "--num_piles=64"]
     args = [*PROJECT, f"--input={gcs}/in/*.jsonl.gz", *shape]
@@ -330,10 +322,11 @@ def test_a_dataflow_launch_whose_spill_overflows_the_workers_disk_is_refused_in_
     accepted = launch(gcs, *args, f"--disk_size_gb={asked}")
     assert accepted.returncode == 0, accepted.stderr
     pool = storage.read_json(f"{gcs}/job.json")["environment"]["workerPools"][0]
+    # the worker the plan sized for
     assert (pool["machineType"], pool["diskSizeGb"]) == (
         "n2-highmem-4",
         asked,
-    )  # the worker the plan sized for
+    )
 
 
 def test_materialize_bounds_piles_by_the_dataflow_workers_that_order_them():

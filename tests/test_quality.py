@@ -134,12 +134,10 @@ def test_cli_report_compares_policies_and_draws_the_figures(finished, tmp_path):
             and policies[good]["radius_p"] >= ALPHA
         ), good
     assert policies["no shuffle"]["radius_median"] == 1 / RECORDS
-    assert (
-        policies["file order shuffled"]["radius_median"] < 0.001
-    )  # neighbours are neighbours in their file
-    assert (
-        policies["file order shuffled"]["radius_within_ratio"] > 4
-    )  # all near: 1 / the uniform share (0.23)
+    # neighbours are neighbours in their file
+    assert policies["file order shuffled"]["radius_median"] < 0.001
+    # all near: 1 / the uniform share (0.23)
+    assert policies["file order shuffled"]["radius_within_ratio"] > 4
     assert (
         policies["shuffle buffer"]["radius_within_ratio"] > 2
         and policies["shuffle buffer"]["radius_p"] < ALPHA
@@ -281,9 +279,8 @@ def test_bad_arguments_are_one_clear_error(finished, tmp_path, capsys):
     common = [f"--input={pattern}", f"--report={tmp_path / 'r'}"]
     assert quality_main([*common, f"--output={out}", "--label_field=animal"]) == 2
     err = capsys.readouterr().err
-    assert "tf.train.Example" in err and "--label_bytes" in err, (
-        err
-    )  # the sample payloads are no Examples
+    # the sample payloads are no Examples
+    assert "tf.train.Example" in err and "--label_bytes" in err, err
     assert quality_main([*common, f"--output={out}", "--label_bytes=3"]) == 2
     assert "--label_bytes takes START:END" in capsys.readouterr().err
     assert quality_main([*common, f"--output={tmp_path / 'nothing'}"]) == 2
@@ -306,9 +303,8 @@ def test_bad_arguments_are_one_clear_error(finished, tmp_path, capsys):
 def test_shuffle_buffer_delivers_each_record_once_and_only_after_reading_it(n, size, seed):
     out = orders.shuffle_buffer(np.arange(n), size, np.random.default_rng(seed))
     assert sorted(out.tolist()) == list(range(n))
-    assert np.all(
-        out < np.arange(n) + size
-    )  # the t-th record out was among the first size + t read
+    # the t-th record out was among the first size + t read
+    assert np.all(out < np.arange(n) + size)
     if size == 1:
         assert out.tolist() == list(range(n))
 

@@ -92,9 +92,8 @@ def test_a_balanced_order_is_measured_against_the_input_with_its_copies(animals,
     assert summary["records"] == 2700 and summary["duplicates_left_out"] == 0
     if sample > 2700:
         assert np.array_equal(np.sort(own.x), np.arange(2700)) and summary["records_used"] == 2700
-    assert (
-        summary["pileshuffle_order_reproduced"] == 1.0
-    )  # copies paired by pass-1 key: the run's own order
+    # copies paired by pass-1 key: the run's own order
+    assert summary["pileshuffle_order_reproduced"] == 1.0
     assert summary["uniform"] is True
     assert all(
         summary[k] >= ALPHA
@@ -134,9 +133,8 @@ def test_uniform_balance_gives_every_class_an_equal_share_of_every_batch(animals
     for name, row in classes.items():
         assert row["records_after"] == 900 and row["share_after"] == pytest.approx(1 / 3)
         assert abs(row["after"]["mean"] - 1 / 3) <= noise(1 / 3, batches * BATCH), name
-        empty = row["after_uniform"][
-            "empty"
-        ]  # a uniform order of the output leaves a class out of a batch this often
+        # a uniform order of the output leaves a class out of a batch this often
+        empty = row["after_uniform"]["empty"]
         assert empty < 1e-5 and row["after"]["empty"] <= empty + noise(empty, batches), name
         assert row["after"]["p5"] < 1 / 3 < row["after"]["p95"], name
     bird = classes["bird"]
@@ -157,9 +155,8 @@ def test_without_balance_the_shares_are_the_same_before_and_after(animals, unbal
     for name, row in shares_by_class(report).items():
         assert row["records_before"] == row["records_after"] == CLASS_ORDER[name]
         assert row["share_before"] == row["share_after"]
-        assert (
-            row["before_uniform"] == row["after_uniform"]
-        )  # the same records: the same uniform expectation
+        # the same records: the same uniform expectation
+        assert row["before_uniform"] == row["after_uniform"]
         share = row["share_after"]
         assert abs(row["after"]["mean"] - share) <= noise(share, batches * BATCH), name
         empty = row["after_uniform"]["empty"]
@@ -195,9 +192,8 @@ def test_the_report_prints_and_writes_the_class_shares(animals, balanced, tmp_pa
     header = next(
         n for n, line in enumerate(lines) if line.startswith("  class shares (field 'animal')")
     )
-    assert (
-        lines[header + 2].split()[0] == "bird" and "1.0% -> 33.3%" in lines[header + 2]
-    )  # the rarest first
+    # the rarest first
+    assert lines[header + 2].split()[0] == "bird" and "1.0% -> 33.3%" in lines[header + 2]
     summary = json.loads((report_dir / "quality.json").read_text())
     section = summary["class_shares"]
     assert set(section) == {"label", "batch_size", "batches_before", "batches_after", "classes"}
@@ -245,9 +241,8 @@ def test_the_displacement_law_given_clustered_positions_keeps_the_test_exact():
         triangle.append(metrics.order_metrics(x, where[x], n)["displacement_p"])
     bound = runs * level + 4 * math.sqrt(runs * level * (1 - level))
     assert np.sum(np.array(given) < level) <= bound
-    assert (
-        np.sum(np.array(triangle) < level) > bound
-    )  # why: the copies' clusters look like a bad order to the triangle
+    # why: the copies' clusters look like a bad order to the triangle
+    assert np.sum(np.array(triangle) < level) > bound
     # the law itself: the mean over the sample of clip(x/n + d, 0, 1), and the triangle on evenly spread x
     x = np.random.default_rng(5).integers(0, 1000, 300)
     grid = np.linspace(-1, 1, 41)

@@ -165,9 +165,8 @@ def test_the_reader_install_reads_splits_and_resumes(reader_venv, shuffled_tfrec
     assert len(whole) == RECORDS and sorted(whole) == sorted(written)
     shares = got["shares"]
     assert [len(s) for s in shares] == [RECORDS // WORLD_SIZE] * WORLD_SIZE
-    assert (
-        sum(shares, []) == got["whole"]
-    )  # disjoint contiguous shares that make up the epoch, in order
+    # disjoint contiguous shares that make up the epoch, in order
+    assert sum(shares, []) == got["whole"]
     assert got["head"] + got["tail"] == shares[1]  # resumed exactly where the state stopped
 
 
@@ -178,9 +177,8 @@ def test_pipeline_commands_say_in_one_line_what_to_install(reader_venv, tmp_path
     )
     assert (done.returncode, done.stderr, done.stdout) == (2, MISSING_BEAM + "\n", "")
     assert not os.path.exists(output.parent)
-    helped = in_venv(
-        reader_venv, "pileshuffle", "--help"
-    )  # the list of commands needs nothing more
+    # the list of commands needs nothing more
+    helped = in_venv(reader_venv, "pileshuffle", "--help")
     assert helped.returncode == 0 and "run" in helped.stdout
 
 

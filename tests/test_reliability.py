@@ -256,6 +256,7 @@ def crash_data(tmp_path_factory):
 
 
 def crash_command(pattern, output):
+    # runs on disk: their seams are killed
     return [
         sys.executable,
         "-m",
@@ -266,7 +267,7 @@ def crash_command(pattern, output):
         f"--num_piles={CRASH_PILES}",
         "--seed=11",
         "--memory=1MiB",
-    ]  # runs on disk: their seams are killed
+    ]
 
 
 def digests(output):
@@ -345,9 +346,8 @@ def test_leftovers_of_a_killed_run_are_replaced_not_published(tmp_path, tfrecord
     run_shuffle(tfrecord_input, output, "--num_piles=4", "--seed=2")
     expected = digests(output)
     os.remove(f"{output}-manifest.json")
-    open(shards(output)[1], "wb").write(
-        b"half a shard"
-    )  # as if killed mid-rename on a copying filesystem
+    # as if killed mid-rename on a copying filesystem
+    open(shards(output)[1], "wb").write(b"half a shard")
     old_output = f"{output}-00007-of-00008.tfrecord"
     open(old_output, "wb").write(b"a shard of a run with other piles")
     os.makedirs(os.path.join(work_dir_for(output, None), "fragments"))
@@ -570,9 +570,8 @@ def test_a_run_the_disk_cannot_hold_is_refused_before_it_writes(
     with pytest.raises(
         OutputError, match=f"not enough disk space: {re.escape(output)}.pileshuffle-staging has"
     ):
-        run_shuffle(
-            twelve_mb, output, "--num_piles=4", f"--temp_location={tmp_path / 'temp'}"
-        )  # the shards alone
+        # the shards alone
+        run_shuffle(twelve_mb, output, "--num_piles=4", f"--temp_location={tmp_path / 'temp'}")
     assert os.listdir(small_tmpfs) == [] and temp_leftovers(str(tmp_path)) == []
     with pytest.raises(OutputError, match="not enough disk space"):
         run_shuffle(twelve_mb, output, "--layout=store", "--num_piles=4")
@@ -617,9 +616,8 @@ def test_injected_enospc(tmp_path, tfrecord_input, monkeypatch, where, location)
     )
     output = str(tmp_path / "out" / "train")
     with pytest.raises(OutputError) as caught:
-        run_shuffle(
-            tfrecord_input, output, "--num_piles=4", "--memory=1MiB"
-        )  # runs on disk, not kept in memory
+        # runs on disk, not kept in memory
+        run_shuffle(tfrecord_input, output, "--num_piles=4", "--memory=1MiB")
     message = str(caught.value)
     assert (
         message.startswith("cannot write to ")
@@ -643,18 +641,18 @@ def test_plan_and_run_agree_on_a_disk_too_small(tmp_path, tfrecord_input, monkey
     usage = shutil_module.disk_usage(str(tmp_path))
     monkeypatch.setattr(space_module.shutil, "disk_usage", lambda path: usage._replace(free=1000))
     output = str(tmp_path / "out" / "train")
+    # runs on disk
     args = [
         f"--input={tfrecord_input}",
         f"--output={output}",
         "--num_piles=4",
         "--memory=1MiB",
-    ]  # runs on disk
+    ]
     plan = plan_module.make_plan(PipelineOptions(args))
     ((need, free),) = set(plan.space.values())  # work dir and staging share one filesystem
     assert free == 1000 and need > 1.9 * plan.input_bytes
-    kept = plan_module.make_plan(
-        PipelineOptions(args[:-1] + ["--memory=4GiB"])
-    )  # runs kept in memory: shards only
+    # runs kept in memory: shards only
+    kept = plan_module.make_plan(PipelineOptions(args[:-1] + ["--memory=4GiB"]))
     assert 0.9 * plan.input_bytes < set(kept.space.values()).pop()[0] < 1.1 * plan.input_bytes
     assert plan_main(args) == 0
     printed = capsys.readouterr().out

@@ -91,18 +91,16 @@ def test_a_run_of_small_piles_has_a_segment_a_group_whose_views_are_the_piles_pa
         alone.add(*chunk)
         grouped.add(*chunk)
     per_pile, segments = dict(alone.flush()), list(grouped.flush())
-    assert [key for key, _ in segments] == list(
-        range(-(-piles // group))
-    )  # 1,200 records reach every group
+    # 1,200 records reach every group
+    assert [key for key, _ in segments] == list(range(-(-piles // group)))
     assert all(isinstance(s, GroupSegment) for _, s in segments)
     views = [view for key, segment in segments for view in segment.views()]
     assert [p for p, _ in views] == sorted(per_pile)
     for pile, view in views:
         part = per_pile[pile]
         assert (view.records, view.fingerprint) == (part.records, part.fingerprint)
-        assert (
-            abs(view.nbytes - part.nbytes) <= 0.02 * part.nbytes + 64
-        )  # held bytes, estimated per pile
+        # held bytes, estimated per pile
+        assert abs(view.nbytes - part.nbytes) <= 0.02 * part.nbytes + 64
         assert read_table(view).equals(read_table(part)) and read_joined([view]).equals(
             read_joined([part])
         )
@@ -207,9 +205,8 @@ def test_thousands_of_piles_over_many_small_files_write_few_runs(tmp_path):
     elements = [
         o for sources in plan.source_groups for o in dofn.process(sources) if isinstance(o, tuple)
     ]
-    assert group > 1 and all(
-        isinstance(e, GroupSegment) for _, e in elements
-    )  # one element per (run, group)
+    # one element per (run, group)
+    assert group > 1 and all(isinstance(e, GroupSegment) for _, e in elements)
     written = glob.glob(str(tmp_path / "runs" / "*.run"))
     runs, parts = plan.run_shape()
     assert len(written) == runs and abs(len(elements) - parts) < 0.05 * parts

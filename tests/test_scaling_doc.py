@@ -22,9 +22,8 @@ def test_the_committed_tables_are_what_the_script_prints():
     text = (ROOT / "docs" / "scaling.md").read_text()
     generated = script.tables()
     markers = [line for line in text.splitlines() if script.BEGIN.match(line)]
-    assert len(markers) == len(generated) == 5, (
-        markers
-    )  # prices, rates, files, shuffle, cheapest: once each
+    # prices, rates, files, shuffle, cheapest: once each
+    assert len(markers) == len(generated) == 5, markers
     assert script.rewritten(text, generated) == text, "run `python bench/scaling_costs.py --write`"
     files = generated["files"].splitlines()
     total = next(line for line in files if line.startswith("| **total per TB**"))

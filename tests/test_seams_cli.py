@@ -57,9 +57,8 @@ def test_quality_refuses_label_bytes_past_the_end_of_every_record(finished, tmp_
 
 def test_quality_leaves_out_the_label_test_of_a_label_with_one_value(finished, tmp_path, capsys):
     report = tmp_path / "r"
-    out, _ = succeeded(
-        capsys, *quality_args(finished, f"--report={report}", "--label_bytes=0:1")
-    )  # index digit '0'
+    # index digit '0'
+    out, _ = succeeded(capsys, *quality_args(finished, f"--report={report}", "--label_bytes=0:1"))
     line = next(line for line in out.splitlines() if "label balance" in line)
     assert "one value" in line and "p=" not in line, out
     summary = json.loads((report / "quality.json").read_text())
@@ -150,9 +149,8 @@ def test_a_scheduler_address_gets_a_short_connect_timeout():
         PipelineOptions(["--dask_client_address=tcp://h:8786", "--dask_connection_timeout=60"]), 2
     )
     assert told.view_as(DaskOptions).timeout == 60
-    local = dask_defaults(PipelineOptions([]), 2).view_as(
-        DaskOptions
-    )  # a LocalCluster starts processes: no limit
+    # a LocalCluster starts processes: no limit
+    local = dask_defaults(PipelineOptions([]), 2).view_as(DaskOptions)
     assert local.timeout is None
 
 
@@ -273,6 +271,5 @@ def test_generate_cut_short_leaves_no_short_file_under_a_final_name(tmp_path):
             render=render,
             block_records=10,
         )
-    assert sorted(os.listdir(tmp_path)) == [
-        ".part-000.tfrecord.partial"
-    ]  # hidden: input patterns skip it
+    # hidden: input patterns skip it
+    assert sorted(os.listdir(tmp_path)) == [".part-000.tfrecord.partial"]

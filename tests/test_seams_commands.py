@@ -107,9 +107,8 @@ def test_b12_append_refuses_files_a_live_generation_holds_until_it_is_expired(
         and "generation 1" in err
     )
     assert "--allow_duplicate_inputs" in err
-    monkeypatch.chdir(
-        tmp_path / "in"
-    )  # a relative name of a generation-0 file, from another directory
+    # a relative name of a generation-0 file, from another directory
+    monkeypatch.chdir(tmp_path / "in")
     err = refused(capsys, "append", "--store=../s", f"--input={os.path.basename(first[0])}", *FAST)
     assert "generation 0" in err
     assert store_state(prefix) == before, "a refused append changes nothing"

@@ -75,9 +75,8 @@ def test_a_plain_dataloader_resume_applies_to_its_own_pass_only(output, persiste
         assert len(got) == RECORDS and sorted(got) == sorted(whole_1)
         assert collections.Counter(got) == collections.Counter(epoch_of(output, e))
     again = loader_pass(loader if persistent else DataLoader(tds, batch_size=None, num_workers=2))
-    assert collections.Counter(again) == collections.Counter(
-        epoch_of(output, 4)
-    )  # no set_epoch: the next one
+    # no set_epoch: the next one
+    assert collections.Counter(again) == collections.Counter(epoch_of(output, 4))
 
 
 def test_a_stateful_dataloader_resume_applies_to_its_own_pass_only(output):

@@ -292,9 +292,8 @@ def test_a14_input_paths_with_brackets_work_and_an_output_with_them_is_refused_w
     literal = ",".join(paths[:2])
     assert run_shuffle(literal, output, "--num_piles=2")["totals"]["records"] == 600
     assert_verified(literal, output)
-    pattern = str(
-        tmp_path / "in[1]" / "*.tfrecord"
-    )  # no file matches the set [1]: the brackets are the name's
+    # no file matches the set [1]: the brackets are the name's
+    pattern = str(tmp_path / "in[1]" / "*.tfrecord")
     assert run_shuffle(pattern, output, "--num_piles=3", "--overwrite")["totals"]["records"] == 900
     assert_verified(pattern, output)
     with pytest.raises(
@@ -320,9 +319,8 @@ def test_a14_parquet_columns_in_another_order_are_named_not_dumped(tmp_path):
         )
     message = str(caught.value)
     assert "the same columns in another order: column 0 is 'label' here, 'index' there" in message
-    said = message.replace(
-        str(tmp_path), ""
-    )  # the paths' length is the test folder's, not the message's
+    # the paths' length is the test folder's, not the message's
+    said = message.replace(str(tmp_path), "")
     assert "payload" not in said and len(said) < 250
 
 

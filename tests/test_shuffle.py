@@ -171,9 +171,8 @@ def test_rerun_gives_same_bytes_and_overwrite_is_required(tfrecord_input, tmp_pa
     out = str(tmp_path / "out" / "r")
     run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1")
     first = shard_bytes(out)
-    assert run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1") == manifest(
-        out
-    )  # the same run: nothing to do
+    # the same run: nothing to do
+    assert run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1") == manifest(out)
     with pytest.raises(OutputError, match="already exists.*--overwrite"):
         run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=2")
     run_shuffle(tfrecord_input, out, "--num_piles=3", "--seed=1", "--overwrite")

@@ -260,6 +260,7 @@ def test_a_second_ctrl_c_exits_at_once(data, tmp_path):
     had no time to remove are there, and the same command run again removes them and writes the
     shards of an undisturbed run."""
     output = str(tmp_path / "out" / "data")
+    # pass 2's shards in worker threads
     argv = [
         "run",
         f"--input={inputs(data)}",
@@ -267,7 +268,7 @@ def test_a_second_ctrl_c_exits_at_once(data, tmp_path):
         "--quiet",
         "--direct_num_workers=2",
         *SEED_OPTIONS,
-    ]  # pass 2's shards in worker threads
+    ]
     blocked, waiting = str(tmp_path / "blocked"), str(tmp_path / "waiting")
     process = subprocess.Popen(
         [PY, "-c", STUCK_SHARD, blocked, waiting, *argv],

@@ -143,18 +143,15 @@ else:
 
 
 def test_run_sizes_give_parts_of_256_kib_on_an_object_store_and_bound_what_a_merge_holds():
-    assert (
-        run_bytes_for("auto", 16) == auto_run_bytes(16) == 64 * MiB
-    )  # local: held in memory, as before
+    # local: held in memory, as before
+    assert run_bytes_for("auto", 16) == auto_run_bytes(16) == 64 * MiB
     assert run_bytes_for("auto", 100_000) == GiB
-    remote = run_bytes_for(
-        "auto", 95_157, remote=True
-    )  # 100 TB's piles: runs spilled, parts of 256 KiB
+    # 100 TB's piles: runs spilled, parts of 256 KiB
+    remote = run_bytes_for("auto", 95_157, remote=True)
     assert remote == 95_157 * 256 * KiB and remote > runs_module.MAX_HELD_BYTES
     assert run_bytes_for("auto", 200_000, remote=True) == 32 * GiB
-    assert (
-        run_bytes_for(8 * GiB, 16) == GiB
-    )  # 16 parts of 512 MiB would be held 3 times by the merge
+    # 16 parts of 512 MiB would be held 3 times by the merge
+    assert run_bytes_for(8 * GiB, 16) == GiB
     assert run_bytes_for(8 * GiB, 1024) == 8 * GiB and run_bytes_for(300 * MiB, 1) == 300 * MiB
 
 
@@ -201,6 +198,7 @@ def test_spilled_runs_on_gs_make_the_objects_and_requests_plan_counts(
     holds, the requests ``plan`` counts, the bytes of the local run."""
     from test_gcs_operations import storage_operations_seen
 
+    # runs uploaded, not kept in memory
     args = [
         "--format=jsonl",
         "--num_piles=64",
@@ -208,7 +206,7 @@ def test_spilled_runs_on_gs_make_the_objects_and_requests_plan_counts(
         "--intermediate=files",
         "--seed=5",
         "--memory=1MiB",
-    ]  # runs uploaded, not kept in memory
+    ]
     local = str(tmp_path / "local" / "t")
     run_shuffle(f"{small_files}/*.jsonl", local, *args)
     source = f"{gcs}/in"

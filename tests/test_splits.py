@@ -96,17 +96,15 @@ def test_jsonl_spans_give_every_line_once_at_its_offset(
     expected_tables, expected_places = whole(fmt, path)
     assert places.tolist() == expected_places.tolist()
     assert same_records(tables, expected_tables, "line")
-    starts = [0] + [
-        i + 1 for i, byte in enumerate(data[:-1]) if byte == 10
-    ]  # a line starts after each newline
+    # a line starts after each newline
+    starts = [0] + [i + 1 for i, byte in enumerate(data[:-1]) if byte == 10]
     bom = b"\xef\xbb\xbf" if data.startswith(b"\xef\xbb\xbf") else b""  # not part of the first line
     records = [
         (start + (len(bom) if start == 0 else 0), line[len(bom) :] if start == 0 else line)
         for start, line in zip(starts, data.split(b"\n"))
     ]
-    assert places.tolist() == [
-        at for at, line in records if line.strip(b" \t\r")
-    ]  # blank lines are no records
+    # blank lines are no records
+    assert places.tolist() == [at for at, line in records if line.strip(b" \t\r")]
 
 
 @given(
@@ -150,16 +148,14 @@ def test_large_files_are_cut_into_spans_that_cover_them_and_nothing_else_is(tmp_
     assert spans[-1] == small and spans[-1].span is None
     assert split_sources([zipped], 100_000, get_format("jsonl")) == [zipped]
     assert len(split_sources([framed], 100_000, get_format("tfrecord"))) == 16
-    assert split_sources([framed], 100_000, get_format("tfrecord"), skip_corrupt=True) == [
-        framed
-    ]  # skips need the walk
+    # skips need the walk
+    assert split_sources([framed], 100_000, get_format("tfrecord"), skip_corrupt=True) == [framed]
     shards = Source(4, "x.tar", 1_000_000)
     assert len(split_sources([shards], 100_000, get_format("tar"))) == 16
     assert split_sources([shards], 100_000, get_format("tar"), skip_corrupt=True) == [shards]
     assert [len(g) for g in source_groups(spans, 50_000)] == [1] * 20 + [1]
-    assert (
-        len(split_sources([big], budget=10**9, fmt=get_format("jsonl"))) == 16
-    )  # a sixteenth of the input
+    # a sixteenth of the input
+    assert len(split_sources([big], budget=10**9, fmt=get_format("jsonl"))) == 16
 
 
 def _write_big_jsonl(path, records):
@@ -214,10 +210,11 @@ def test_one_large_file_gives_the_same_bytes_for_any_split_size(big_inputs, tmp_
         len(split_sources([Source(0, path, size)], budget, get_format(fmt)))
         for budget in (1 << 20, 256 << 20)
     ]
+    # spans of at most --run_bytes (one run each); a sixteenth of the input
     assert spans == [
         -(-size // (1 << 20)),
         16,
-    ]  # spans of at most --run_bytes (one run each); a sixteenth of the input
+    ]
     outputs = {}
     for run_bytes in ("1MiB", "auto"):
         out = str(tmp_path / run_bytes / "s")
@@ -393,9 +390,8 @@ def test_a_payload_that_reads_as_a_frame_across_a_span_boundary_fails_the_run_an
     (A walk that would not break is caught by the spans' chain: the next test.)"""
     from pileshuffle.formats.tfrecord import frame
 
-    inner = b"".join(
-        frame(b"inner %d " % i + bytes(200)) for i in range(inner_frames)
-    )  # ~0.9 or 3.6 MB of frames
+    # ~0.9 or 3.6 MB of frames
+    inner = b"".join(frame(b"inner %d " % i + bytes(200)) for i in range(inner_frames))
     path = tmp_path / "in" / "nested.tfrecord"
     path.parent.mkdir()
     _tfrecord_file(
@@ -439,12 +435,10 @@ def test_spans_whose_readers_disagree_where_records_start_publish_nothing():
             for (a, b), r in zip(zip(cuts, cuts[1:]), reached)
         ]
 
-    check_spans_chain(
-        spans((0, 130), (130, 230), (230, 400), (None, None))
-    )  # the last span holds no record start
-    check_spans_chain(
-        spans((0, 350), (None, None), (350, 400), (None, None))
-    )  # a record over a whole span
+    # the last span holds no record start
+    check_spans_chain(spans((0, 130), (130, 230), (230, 400), (None, None)))
+    # a record over a whole span
+    check_spans_chain(spans((0, 350), (None, None), (350, 400), (None, None)))
     check_spans_chain(spans(None, None))  # spans that did not search (JSONL, Parquet)
     for bad in (
         spans((0, 130), (120, 230)),  # overlap: a payload read as records
@@ -495,9 +489,8 @@ def _tar_file(path, samples, tar_format):
 
 tar_samples = st.lists(
     st.tuples(
-        st.sampled_from(
-            ["s", "dir/s", "a/very/long/path/" + "d" * 120 + "/s"]
-        ),  # long: PAX or GNU headers
+        # long: PAX or GNU headers
+        st.sampled_from(["s", "dir/s", "a/very/long/path/" + "d" * 120 + "/s"]),
         st.lists(
             st.tuples(st.sampled_from(["jpg", "cls", "json"]), st.integers(0, 1500)),
             min_size=1,

@@ -210,9 +210,8 @@ def test_window_is_exactly_the_live_generations_after_appends_and_expires(tmp_pa
     # when piles over --max_pile_bytes are ordered in sub-piles
     whole = materialize(prefix, str(tmp_path / "m" / "m"))
     assert read_tfrecord_payloads(shards(str(tmp_path / "m" / "m"))) == payloads_in_order(prefix)
-    split = materialize(
-        prefix, str(tmp_path / "s" / "s"), "--max_pile_bytes=16KiB"
-    )  # the smallest sub-pile
+    # the smallest sub-pile
+    split = materialize(prefix, str(tmp_path / "s" / "s"), "--max_pile_bytes=16KiB")
     assert split["piles_split"] == 4 and whole["piles_split"] == 0
     assert shard_bytes(str(tmp_path / "s" / "s")) == shard_bytes(str(tmp_path / "m" / "m"))
     with pytest.raises(Exception, match="is the store's own prefix"):
@@ -274,9 +273,8 @@ def test_later_generations_draw_keys_from_their_own_stream(tmp_path):
     os.link(tmp_path / "a" / "part-000.tfrecord", tmp_path / "b" / "part-000.tfrecord")
     prefix = str(tmp_path / "k")
     run_store(str(tmp_path / "a" / "*.tfrecord"), prefix, "--num_piles=1", "--seed=4")
-    append(
-        prefix, str(tmp_path / "b" / "*.tfrecord"), "--allow_duplicate_inputs"
-    )  # the same records again
+    # the same records again
+    append(prefix, str(tmp_path / "b" / "*.tfrecord"), "--allow_duplicate_inputs")
     keys = [
         read_table(f).column(KEY_COLUMN).to_numpy()
         for f in live_piles(prefix, layout.read_store_manifest(prefix))[0].fragments
@@ -296,9 +294,8 @@ def test_append_is_idempotent_and_refuses_what_does_not_fit(tmp_path, parquet_in
     run_store(first, prefix, "--num_piles=3")
     second = write_generation_files(str(tmp_path / "in1"), "b", 300)
     assert append(prefix, second)["version"] == 2
-    assert (
-        append(prefix, second)["version"] == 2
-    )  # the same inputs again (a re-run after a crash): nothing to do
+    # the same inputs again (a re-run after a crash): nothing to do
+    assert append(prefix, second)["version"] == 2
     again = run_store(first, str(tmp_path / "t"), "--num_piles=3")
     assert (
         run_store(first, str(tmp_path / "t"), "--num_piles=3")["version"] == again["version"] == 1
@@ -477,6 +474,7 @@ def test_killed_run_append_and_expire_leave_the_previous_version_and_rerun_finis
     sample.write_tfrecord(
         str(tmp_path / "in"), records=CRASH_RECORDS, files=CRASH_FILES, record_bytes=500
     )
+    # other records (the same ones would be refused as copies)
     sample.write_tfrecord(
         str(tmp_path / "new"),
         records=CRASH_RECORDS,
@@ -484,7 +482,7 @@ def test_killed_run_append_and_expire_leave_the_previous_version_and_rerun_finis
         record_bytes=500,
         name="new",
         seed=1,
-    )  # other records (the same ones would be refused as copies)
+    )
     first, second = str(tmp_path / "in" / "*.tfrecord"), str(tmp_path / "new" / "*.tfrecord")
     # --max_pile_bytes: auto would size it from the memory free at that moment (the manifests
     # of two stores made apart would differ)
@@ -513,9 +511,8 @@ def test_killed_run_append_and_expire_leave_the_previous_version_and_rerun_finis
             kill_when(cli(*run_args, f"--output={prefix}"), ready)
             and layout.read_store_manifest(prefix) is None
         ):
-            killed.append(
-                name
-            )  # else the kill came after publication (a loaded machine): still a valid state
+            # else the kill came after publication (a loaded machine): still a valid state
+            killed.append(name)
         assert check_store(prefix)[0] in (
             [],
             [f"no store at {names.store_dir(prefix)} (no manifest-*.json)"],
@@ -600,9 +597,10 @@ def test_gc_keeps_what_a_recent_version_lists(tmp_path):
         2,
         3,
     ]
+    # 2 still reads whole
     assert (
         len(payloads_in_order(prefix, version=2)) == 400 and len(payloads_in_order(prefix)) == 200
-    )  # 2 still reads whole
+    )
     assert check_store(prefix, version=2)[0] == []
     done = subprocess.run(
         cli("gc", f"--store={prefix}", "--grace_seconds=0"),

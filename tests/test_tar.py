@@ -78,9 +78,8 @@ def test_webdataset_reads_every_sample_back_whole_and_shuffled(class_ordered):
     ]
     out = list(webdataset.WebDataset(shards(prefix), shardshuffle=False))
     assert len(out) == RECORDS
-    assert {s["__key__"]: _members_of(s) for s in out} == input_samples(
-        pattern
-    )  # every member, every byte
+    # every member, every byte
+    assert {s["__key__"]: _members_of(s) for s in out} == input_samples(pattern)
     positions = np.array([int(s["__key__"]) for s in out])
     ascending = np.mean(np.diff(positions) > 0)
     assert 0.35 < ascending < 0.65  # a shuffle: about half the neighbours ascend (input order: all)

@@ -341,9 +341,8 @@ def test_dockerfile_env_paths_point_at_files_copied_from_the_repo():
     for name, value in env.items():
         if name.startswith("FLEX_TEMPLATE_") and value.startswith("/"):
             assert value in copies and os.path.isfile(os.path.join(REPO, copies[value])), name
-    assert (
-        "FLEX_TEMPLATE_PYTHON_SETUP_FILE" not in env
-    )  # the package is pre-installed (see the Dockerfile)
+    # the package is pre-installed (see the Dockerfile)
+    assert "FLEX_TEMPLATE_PYTHON_SETUP_FILE" not in env
     assert env["PILESHUFFLE_SDK_CONTAINER_IMAGE"] == "${IMAGE}"
     main = open(os.path.join(REPO, "templates", "main.py")).read()
     compile(main, "templates/main.py", "exec")

@@ -34,9 +34,8 @@ def columns_table(first, count, nulls_in_int=False):
             "took": pa.array(
                 [datetime.timedelta(microseconds=int(i)) for i in index], pa.duration("us")
             ),
-            "note": pa.array(
-                [None if i % 7 == 0 else f"n{i}" for i in index], pa.string()
-            ),  # strings keep their nulls
+            # strings keep their nulls
+            "note": pa.array([None if i % 7 == 0 else f"n{i}" for i in index], pa.string()),
             "n": pa.array(
                 [None if nulls_in_int and i == first + count - 1 else int(i) for i in index],
                 pa.int32(),
@@ -116,7 +115,6 @@ def test_a_null_in_a_number_column_is_refused_naming_it(outputs):
     worker's error takes the DataLoader 10 s to report."""
     with pytest.raises(ValueError, match="column 'n' has null values"):
         epoch_of(outputs[True], 0)
-    ds = ShuffledDataset(outputs[True], seed=2, columns=["i", "note"]).torch(
-        batch_size=64
-    )  # leaving it out works
+    # leaving it out works
+    ds = ShuffledDataset(outputs[True], seed=2, columns=["i", "note"]).torch(batch_size=64)
     assert sum(len(b["i"]) for b in torch.utils.data.DataLoader(ds, batch_size=None)) == ROWS

@@ -27,9 +27,8 @@ __all__ = [
     "main",
 ]
 
-INDEX_DIGITS = (
-    12  # a record starts with its index in this many ASCII digits, then "|": room for 10^12 records
-)
+# a record starts with its index in this many ASCII digits, then "|": room for 10^12 records
+INDEX_DIGITS = 12
 
 
 def payloads(start: int, count: int, record_bytes: int, seed: int = 0, vary: bool = False):

@@ -208,9 +208,8 @@ class RecordFormat:
     extension = ""
     compressions = ("auto", "none", "gzip")  # what --compression may be for this format
     record_column = None  # the binary column a bytes format's records travel in; None: a row format
-    checks_every_byte = (
-        False  # whether payload_views proves every byte of a shard by the format's own CRCs
-    )
+    # whether payload_views proves every byte of a shard by the format's own CRCs
+    checks_every_byte = False
 
     def suffix(self, compression: str) -> str:
         """The shard file suffix: the format's extension, plus .gz when gzip-compressed."""

@@ -23,13 +23,11 @@ __all__ = [
 ]
 
 _SAMPLE_BYTES = 1 << 20  # what a plan reads of an input file to size its records (its first MiB)
-_LABEL_SAMPLE_FILES = (
-    8  # --balance: files whose first labels estimate the output's size (a request each on gs://)
-)
+# --balance: files whose first labels estimate the output's size (a request each on gs://)
+_LABEL_SAMPLE_FILES = 8
 _GZIP_EXPANSION_GUESS = 4.0  # a compressed input's expansion when no sample can tell (not gzip)
-RECORD_OVERHEAD = (
-    16  # bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
-)
+# bytes per record in a pile beside the record itself: its 8-byte key and 8-byte hash
+RECORD_OVERHEAD = 16
 SCALED_FILE_BYTES = 10**9  # plan --input_bytes: files of 1 GB (or the sample's, if larger)
 
 
