@@ -136,9 +136,8 @@ def check_output(fmt, paths, expected_records, manifest_path=None):
             manifest = json.load(handle)
         records = manifest["totals"]["records"]
         source = "manifest"
-        if (
-            "balance" in manifest
-        ):  # --balance: the input's records were all read; the output holds their copies
+        # --balance: the input's records were all read; the output holds their copies
+        if "balance" in manifest:
             read = manifest["input_fingerprint"]["records"]
             ok = read == expected_records and records == sum(
                 manifest["balance"]["records_after"].values()

@@ -43,9 +43,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-if __name__ == "__main__" and sys.argv[1:2] == [
-    "--duckdb"
-]:  # one DuckDB row, in bench/.peers-venv: no numpy, psutil, ... (bench/dedup_duckdb.py runs it)
+# one DuckDB row, in bench/.peers-venv: no numpy, psutil, ... (bench/dedup_duckdb.py runs it)
+if __name__ == "__main__" and sys.argv[1:2] == ["--duckdb"]:
     from dedup_duckdb import main as duckdb_main
 
     sys.exit(duckdb_main(sys.argv[2:]))
@@ -279,9 +278,8 @@ def main(argv=None):
         runs = {row: [] for row in rows}
         for round_index in range(args.rounds):
             log(f"copies {fraction:g}: round {round_index + 1} of {args.rounds}")
-            for row in (
-                rows[round_index % len(rows) :] + rows[: round_index % len(rows)]
-            ):  # each round starts one row later
+            # each round starts one row later
+            for row in rows[round_index % len(rows) :] + rows[: round_index % len(rows)]:
                 if not skipped[row]:
                     runs[row].append(run_once(row, data, args, f"{size_label}-d{fraction:g}"))
         summary = [summarize(row, runs[row], skipped[row]) for row in rows]

@@ -122,10 +122,11 @@ def evaluate_targets(rows, scale):
             ps = good(f"pileshuffle-{fmt}")
             if ps:
                 results[ps["name"]] = [*_against_duckdb(ps, good(f"duckdb-{fmt}")), rss(ps)]
+            # default piles; piles for the output
             for bal in (
                 good(f"balance-{fmt}"),
                 good(f"balance-{fmt}-piles"),
-            ):  # default piles; piles for the output
+            ):
                 if bal:
                     results[bal["name"]] = [
                         *_balance_items(

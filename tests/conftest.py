@@ -63,9 +63,8 @@ def small_tmpfs(tmp_path):
         capture_output=True,
         text=True,
     )
-    if (
-        done.returncode != 0
-    ):  # as root a refusal is a failure; otherwise the injected ENOSPC tests cover this
+    # as root a refusal is a failure; otherwise the injected ENOSPC tests cover this
+    if done.returncode != 0:
         refused = pytest.fail if os.geteuid() == 0 else pytest.skip
         refused(f"mounting a tmpfs needs root and failed: {done.stderr.strip()}")
     yield str(directory)

@@ -208,11 +208,12 @@ def test_copies_spread_over_the_whole_output_and_a_rerun_gives_the_same_bytes(an
     run_shuffle(pattern, again, *args)
     assert shard_bytes(first) == shard_bytes(again)
     records = delivered(first)
+    # each third holds each class's share
     for part in (
         records[:900],
         records[900:1800],
         records[1800:],
-    ):  # each third holds each class's share
+    ):
         shares = collections.Counter(r["animal"] for r in part)
         assert all(250 < shares[a] < 350 for a in CLASS_ORDER), shares
     birds = [n for n, r in enumerate(records) if r["animal"] == "bird" and r["i"] == 995]

@@ -189,13 +189,13 @@ def test_verify_and_the_loader_on_gcs_name_a_damaged_shard(inputs, gcs, fmt, tmp
         and done.stderr.count("FAILED") == 1
         and f"shard {shard} is damaged" in done.stderr
     )
+    # read where it is (one request), and through the cache
     for cache in (
         None,
         str(tmp_path / "cache"),
-    ):  # read where it is (one request), and through the cache
-        with pytest.raises(
-            InputError, match="is damaged|corrupt record"
-        ) as refused:  # TFRecord: its frames' CRCs
+    ):
+        # TFRecord: its frames' CRCs
+        with pytest.raises(InputError, match="is damaged|corrupt record") as refused:
             list(ShuffledDataset(f"{gcs}/t", seed=1, cache_dir=cache))
         assert refused.value.path == shard
 
@@ -671,10 +671,11 @@ def test_a_caller_with_only_object_permissions_runs_verifies_and_reads(gcs_root,
     root = f"gs://{bucket}"
     local = sample.write_jsonl(str(tmp_path / "in"), records=300, files=2)
     sample.write_jsonl(f"{root}/in", records=300, files=2)
+    # a first run (nothing at the output yet), then a re-run over it
     for args in (
         [],
         ["--overwrite"],
-    ):  # a first run (nothing at the output yet), then a re-run over it
+    ):
         done = cli(
             "run",
             f"--input={root}/in/*.jsonl",

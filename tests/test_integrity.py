@@ -93,12 +93,10 @@ def test_one_flipped_byte_is_refused_by_the_loader_and_named_once_by_verify(copy
     records = epoch(prefix)
     damaged = shards(prefix)[1]
     flip(damaged, os.path.getsize(damaged) // 2)
-    with pytest.raises(
-        InputError, match="is damaged|corrupt record"
-    ) as refused:  # TFRecord: its frames' CRCs
-        for shard in range(
-            3
-        ):  # every epoch reads every shard; the damaged one is refused whichever comes first
+    # TFRecord: its frames' CRCs
+    with pytest.raises(InputError, match="is damaged|corrupt record") as refused:
+        # every epoch reads every shard; the damaged one is refused whichever comes first
+        for shard in range(3):
             epoch(prefix)
     assert refused.value.path == damaged
     code, report = verify_report(capsys, pattern, prefix)

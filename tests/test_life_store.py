@@ -627,9 +627,8 @@ class StoreLife(RuleBasedStateMachine):
             if finished_first:
                 self.check_materialized(output)
         outcome = pileshuffle(argv)
-        if (
-            finished_first
-        ):  # the interrupt came after publication: the output stands, a re-run says so
+        # the interrupt came after publication: the output stands, a re-run says so
+        if finished_first:
             assert outcome.code == REFUSED and "already exists" in outcome.stderr, outcome.stderr
         else:
             assert outcome.code == 0, (

@@ -111,9 +111,8 @@ class Rank:
             self.resume(resume)
 
     def resume(self, state):
-        if (
-            self.path == "grain"
-        ):  # an iterator's state; after an elastic change any old host's (all alike in lockstep)
+        # an iterator's state; after an elastic change any old host's (all alike in lockstep)
+        if self.path == "grain":
             self.pending = (
                 state[min(self.rank, len(state) - 1)] if isinstance(state, list) else state
             )
@@ -266,9 +265,8 @@ class TrainingLife(RuleBasedStateMachine):
                 for r in range(world)
             ]
             if (world, max(1, self.ranks[0].workers)) == (len(old), max(1, old[0].workers)):
-                for rank, before in zip(
-                    self.ranks, old
-                ):  # 0 and 1 workers are one split: resumed exactly
+                # 0 and 1 workers are one split: resumed exactly
+                for rank, before in zip(self.ranks, old):
                     rank.taken = before.taken
             self.streams = [[] for _ in range(world)]
             self.one_split = False

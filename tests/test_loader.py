@@ -225,9 +225,8 @@ def test_the_epoch_order_is_a_permutation_of_every_record(sizes, mix, seed, epoc
         assert list(zip(pile.tolist(), index.tolist())) == pairs
     order = EpochOrder(tuple(sizes), seed, epoch, mix, reshuffle)
     width, starts = order.width, order.step_starts
-    for rank, p in enumerate(
-        order.pile_order.tolist()
-    ):  # pile rank j is read over steps j .. j+K-1 only
+    # pile rank j is read over steps j .. j+K-1 only
+    for rank, p in enumerate(order.pile_order.tolist()):
         where = np.flatnonzero(pile == p)
         assert len(where) == sizes[p]
         if len(where):
@@ -235,9 +234,8 @@ def test_the_epoch_order_is_a_permutation_of_every_record(sizes, mix, seed, epoc
                 starts[rank] <= where.min()
                 and where.max() < starts[min(rank + width, order.num_steps)]
             )
-    for step in range(
-        order.num_steps
-    ):  # a step reads slice step-j of pile ranks j in (step-K, step]
+    # a step reads slice step-j of pile ranks j in (step-K, step]
+    for step in range(order.num_steps):
         stretch = pile[starts[step] : starts[step + 1]]
         expected = {
             int(order.pile_order[j]): np.subtract(*order.slice_bounds(j, step)[::-1])
@@ -527,9 +525,8 @@ def build_store(
                             "size": pa.array([len(r) for r in records], pa.int64()),
                         }
                     )
-                elif (
-                    generation % 2 and fmt != "parquet"
-                ):  # payloads, as WritePileStore keeps a bytes PCollection
+                # payloads, as WritePileStore keeps a bytes PCollection
+                elif generation % 2 and fmt != "parquet":
                     table = pa.table({"record": pa.array(records, pa.binary())})
                 else:
                     column = "tfrecord_frame" if fmt == "tfrecord" else "line"

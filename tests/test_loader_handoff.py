@@ -86,9 +86,8 @@ def test_parquet_columns_through_workers_are_the_in_process_columns(outputs):
     for got, want in zip(received, expected):
         assert list(got) == list(want)
         for name, column in want.items():
-            if (
-                column.dtype == object
-            ):  # strings and binary: numpy object arrays, as in the main process
+            # strings and binary: numpy object arrays, as in the main process
+            if column.dtype == object:
                 assert got[name].dtype == object and got[name].tolist() == column.tolist()
             else:
                 assert isinstance(got[name], torch.Tensor) and np.array_equal(
@@ -174,9 +173,8 @@ def test_the_ring_hands_out_releases_wraps_grows_and_overflows_into_pickles():
     process.start()
     try:
         sizes = []
-        for s in range(
-            24
-        ):  # all pickled before any arrived: 16 fit the ring, the rest travel inside
+        # all pickled before any arrived: 16 fit the ring, the rest travel inside
+        for s in range(24):
             message = parent.recv_bytes()
             sizes.append(len(message))
             assert pickle.loads(message) == batch(256, s).to_pylist()
@@ -185,9 +183,8 @@ def test_the_ring_hands_out_releases_wraps_grows_and_overflows_into_pickles():
             n < SMALL for n in sizes[: fit - 2]
         )
         assert all(n > 100_000 for n in sizes if n >= SMALL)
-        for s in range(
-            100, 203
-        ):  # 100 x ~256 KB through a 4 MiB ring: six laps, then a bigger ring
+        # 100 x ~256 KB through a 4 MiB ring: six laps, then a bigger ring
+        for s in range(100, 203):
             parent.send_bytes(b"next")
             message = parent.recv_bytes()
             assert len(message) < SMALL

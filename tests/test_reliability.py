@@ -356,9 +356,8 @@ def test_leftovers_of_a_killed_run_are_replaced_not_published(tmp_path, tfrecord
     ).write(b"stale")
     os.makedirs(staging_dir(output), exist_ok=True)
     open(os.path.join(staging_dir(output), "shard-00000-of-00004.tfrecord"), "wb").write(b"stale")
-    with open(
-        os.path.join(staging_dir(output), "journal-0123456789ab.json"), "w"
-    ) as handle:  # Finalize's, before renaming
+    # Finalize's, before renaming
+    with open(os.path.join(staging_dir(output), "journal-0123456789ab.json"), "w") as handle:
         json.dump(
             {
                 "creates": [p for p in shards(output) if p != old_output]

@@ -244,9 +244,8 @@ def test_a_work_folder_that_cannot_be_removed_is_reported_not_swallowed(tmp_path
     stuck = os.path.join(work_dir, "stuck")
     open(stuck, "w").close()
     made = subprocess.run(["chattr", "+i", stuck], capture_output=True, text=True)
-    if (
-        made.returncode != 0
-    ):  # as root a refusal is a failure (a file system without immutable files)
+    # as root a refusal is a failure (a file system without immutable files)
+    if made.returncode != 0:
         refused = pytest.fail if os.geteuid() == 0 else pytest.skip
         refused(f"chattr +i needs root and failed: {made.stderr.strip()}")
     try:

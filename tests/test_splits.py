@@ -440,11 +440,12 @@ def test_spans_whose_readers_disagree_where_records_start_publish_nothing():
     # a record over a whole span
     check_spans_chain(spans((0, 350), (None, None), (350, 400), (None, None)))
     check_spans_chain(spans(None, None))  # spans that did not search (JSONL, Parquet)
+    # the walk ends inside a span that found none
     for bad in (
         spans((0, 130), (120, 230)),  # overlap: a payload read as records
         spans((0, 130), (140, 230)),  # a gap: records skipped
         spans((0, 150), (None, None), (None, None), (None, None)),
-    ):  # the walk ends inside a span that found none
+    ):
         with pytest.raises(
             IntegrityError,
             match=r"f\.tfrecord: read in spans, its readers disagree where records start",

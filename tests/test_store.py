@@ -249,9 +249,8 @@ def test_uniform_within_the_window(tmp_path):
 
     assert chi2_contingency(table(order)).pvalue > 0.001
     stored = []
-    for pile in live_piles(
-        prefix, layout.read_store_manifest(prefix)
-    ):  # files in (generation, writer) order, unsorted
+    # files in (generation, writer) order, unsorted
+    for pile in live_piles(prefix, layout.read_store_manifest(prefix)):
         for fragment in pile.fragments:
             from pileshuffle.engine.fragments import read_table
 

@@ -228,9 +228,8 @@ def test_the_window_is_a_uniform_order_of_its_distinct_records(tmp_path):
 
     prefix = str(tmp_path / "u")
     patterns = []
-    for g in range(
-        3
-    ):  # generation g holds ids 2000g .. 2000g + 3999: half of them the previous one's
+    # generation g holds ids 2000g .. 2000g + 3999: half of them the previous one's
+    for g in range(3):
         os.makedirs(tmp_path / f"in{g}")
         with open(tmp_path / f"in{g}" / "part.tfrecord", "wb") as handle:
             handle.write(b"".join(frame(b"%06d" % i) for i in range(2000 * g, 2000 * g + 4000)))

@@ -123,9 +123,8 @@ def test_a_lost_member_is_a_lost_sample_for_verify(class_ordered, tmp_path):
     victim = shards(copy)[1]
     with tarfile.open(victim) as archive:
         members = [(m, archive.extractfile(m).read()) for m in archive.getmembers()]
-    with tarfile.open(
-        victim, "w", format=tarfile.USTAR_FORMAT
-    ) as archive:  # one .bin member dropped
+    # one .bin member dropped
+    with tarfile.open(victim, "w", format=tarfile.USTAR_FORMAT) as archive:
         for member, data in members[:5] + members[6:]:
             archive.addfile(member, io.BytesIO(data))
     from pileshuffle.commands.verify import verify

@@ -52,10 +52,11 @@ def test_metadata_lists_every_parameter_with_an_example():
         "output": "GCS_WRITE_FILE",
         **{p.name: "BOOLEAN" for p in PARAMETERS if p.flag},
     }
+    # the template runs on Dataflow: a local path is refused at launch
     for name in (
         "input",
         "output",
-    ):  # the template runs on Dataflow: a local path is refused at launch
+    ):
         assert entries[name]["regexes"][0].startswith("^gs://")
         assert not re.fullmatch(entries[name]["regexes"][0], "/data/train")
 
