@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
 import uuid
 
 import pytest
@@ -169,6 +170,33 @@ def test_verify_plan_and_quality_on_gcs(inputs, gcs):
         "quality.png",
     ]
     assert not os.path.exists("gs:")  # it once wrote a local folder named gs:
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet", "jsonl"])
+def test_verify_downloads_each_shard_once(inputs, gcs, fmt):
+    """``verify`` checks a shard's CRC32C and reads its records from one download of it (a
+    request-counting proxy in front of the emulator sees one GET of its bytes, no ranged one)."""
+    import delay_proxy
+
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        pytest.skip("only on the emulator: the proxy counts its requests")
+    args = [f"--format={fmt}", "--num_piles=2", "--seed=2"]
+    if fmt == "jsonl":
+        args.append("--compression=gzip")  # a .gz shard: its bytes held as they decompress
+    run_shuffle(inputs[fmt][1], f"{gcs}/t", *args)
+    shards = [s["path"] for s in storage.read_json(names.manifest_path(f"{gcs}/t"))["shards"]]
+    process, proxy = delay_proxy.start(os.environ["STORAGE_EMULATOR_HOST"], 0.0)
+    try:
+        done = cli("verify", f"--output={gcs}/t", env={"STORAGE_EMULATOR_HOST": proxy})
+        seen = delay_proxy.counts(proxy)["seen"]
+    finally:
+        process.kill()
+        process.wait()
+    assert done.returncode == 0 and "OK: 2,400 records in 2 shard(s)" in done.stdout, done.stderr
+    for shard in shards:
+        name = urllib.parse.quote(shard.split("/", 3)[3], safe="")
+        media = [s for s in seen if s[0] == "GET" and name in s[1] and "alt=media" in s[1]]
+        assert [ranged for _, _, ranged, *_ in media] == [None], (shard, media)
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])

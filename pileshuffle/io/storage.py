@@ -13,6 +13,7 @@ Invariants every backend keeps:
   matches; a literal path with ``[ * ?`` in it matches through ``names.literal_pattern``;
 - ``open_read`` decompresses what the name says (``.gz``) unless told otherwise; ``read_buffer``
   maps a local file, ``read_range`` preads it; either reads a remote one in a request, every byte;
+  a file a caller holds whole (``held_bytes``) is read from memory;
 - an object store has no folders and no atomic rename: ``delete_tree`` deletes the objects under
   a prefix; publication never relies on an atomic rename there (the manifest is the commit).
 """
@@ -23,7 +24,7 @@ import json
 import os
 import posixpath
 
-from pileshuffle.io import arrow_backend, beam_backend, cloud
+from pileshuffle.io import arrow_backend, beam_backend, cloud, held_bytes
 from pileshuffle.io.arrow_backend import arrow_filesystem, is_remote
 from pileshuffle.io.durable import settle, settle_folder
 from pileshuffle.names import literal_pattern, temp_name
@@ -124,6 +125,9 @@ def open_read(path: str, compression: str = AUTO):
     """``path``'s contents, decompressed as its name says (``AUTO``); by Beam 64 KiB at a time
     (tests/test_bounded_inflate)."""
     wanted = compression_of(path) if compression == AUTO else compression
+    held = held_bytes.reader(path, wanted == GZIP)
+    if held is not None:
+        return held
     if beam_backend.in_use():
         return beam_backend.open_read(path, wanted)
     fs, where = arrow_filesystem(path)
@@ -174,7 +178,10 @@ def read_json(path: str, filesystem=None):
 @cloud.refusals_explained
 def open_random_access(path: str, filesystem=None):
     """A seekable ``pyarrow`` file (what Parquet's reader needs), read in the reader's own
-    requests."""
+    requests (or from the bytes ``held_bytes`` holds for it)."""
+    held = held_bytes.reader(path, decompressed=False) if filesystem is None else None
+    if held is not None:
+        return held
     fs, where = arrow_filesystem(path, filesystem)
     return cloud.patiently_on(path, fs, lambda: fs.open_input_file(where))
 

@@ -6,8 +6,9 @@ follows from it, as the totals' difference, is not repeated as a fingerprint's):
 - shard names are complete: ``{output}-00000-of-M`` .. ``{output}-(M-1)-of-M`` with the
   format's suffix, and nothing else under the prefix (other shard counts, temp files);
 - every shard's bytes have the size and CRC32C its manifest lists;
-- every shard reads back whole with the format's reader (TFRecord: both CRCs of every
-  record; Parquet: the file opens, every row group reads, its schema is the manifest's);
+- every shard, from the same read of its bytes, reads back whole with the format's reader
+  (TFRecord: both CRCs of every record; Parquet: the file opens, every row group reads, its
+  schema is the manifest's);
 - the manifest matches the files: per-shard path, records and bytes, the totals (one line),
   and where those agree the output fingerprint;
 - the input (re-read as the run read it, skipping corrupt records only if the run did) has
@@ -17,10 +18,13 @@ follows from it, as the totals' difference, is not repeated as a fingerprint's):
 ``pileshuffle verify`` (``commands.verify``) prints them.
 """
 
+import zlib
+
 from pileshuffle.engine.output_files import read_manifest, schema_json
 from pileshuffle.errors import PileshuffleError
 from pileshuffle.formats import get_format, read_fingerprint
-from pileshuffle.io import storage
+from pileshuffle.io import held_bytes, storage
+from pileshuffle.io.checksums import unreadable_bytes
 from pileshuffle.names import manifest_path
 from pileshuffle.records.fingerprint import Fingerprint
 from pileshuffle.verify.expected import InputRead, read_input, with_copies
@@ -270,16 +274,23 @@ class ShardVerifier:
 
 
 def _read_shard(fmt, path: str, size: int, entry) -> tuple:
-    """``(fingerprint, schema, None)`` of the shard at ``path`` read back whole (a Parquet file's
-    own schema), or ``(None, None, line)``: the one line saying how it is damaged (its bytes
-    against its manifest ``entry``, or what its reader found)."""
-    damaged = damage(path, size, entry)
+    """``(fingerprint, schema, None)`` of the shard at ``path`` read back whole, from one read of
+    its bytes (``held_bytes``: its CRC32C, then its records; a Parquet file's own schema), or
+    ``(None, None, line)``: the one line saying how it is damaged (its bytes against its manifest
+    ``entry``, or what its reader found)."""
+    try:
+        data = storage.read_buffer(path)
+    except (OSError, zlib.error, ValueError) as error:  # pyarrow's are OSError or ValueError
+        cause = unreadable_bytes(path, error).removeprefix("is damaged: ")
+        return None, None, f"shard {path} is damaged: {cause}"
+    damaged = damage(data, size, entry)
     if damaged is not None:
         return None, None, f"shard {path} is damaged: {damaged}"
     try:
-        fingerprint, _, schema = read_fingerprint(fmt, path)
-        if fmt.name == "parquet":
-            schema = fmt.check_source(path)  # the file's own schema, also for 0 rows
+        with held_bytes.held(path, data):
+            fingerprint, _, schema = read_fingerprint(fmt, path)
+            if fmt.name == "parquet":
+                schema = fmt.check_source(path)  # the file's own schema, also for 0 rows
     except PileshuffleError as error:
         return None, None, f"shard {path} is damaged: {error}"
     except Exception as error:  # a reader failing in an unexpected way is damage too

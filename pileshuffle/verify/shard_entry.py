@@ -6,10 +6,8 @@ best; a schema compares as Arrow compares types, not by the names Parquet gives 
 """
 
 import re
-import zlib
 
-from pileshuffle.io import storage
-from pileshuffle.io.checksums import crc32c_mismatch, unreadable_bytes
+from pileshuffle.io.checksums import crc32c_mismatch
 
 __all__ = ["same_fields", "damage"]
 
@@ -36,16 +34,11 @@ def same_fields(actual, recorded) -> bool:
     return recorded is not None and comparable(actual) == comparable(recorded)
 
 
-def damage(path: str, size: int, entry) -> str:
-    """How a shard's bytes differ from the CRC32C its manifest ``entry`` lists (and its size,
-    then), else None."""
+def damage(data, size: int, entry) -> str:
+    """How a shard's bytes ``data`` (read whole, ``size`` bytes stored) differ from the CRC32C its
+    manifest ``entry`` lists (and its size, then), else None."""
     if entry is None or entry.get("crc32c") is None:
         return None
-    try:
-        data = storage.read_buffer(path)
-    except (OSError, zlib.error, ValueError) as error:
-        # pyarrow's errors are OSError or ValueError
-        return unreadable_bytes(path, error).removeprefix("is damaged: ")
     mismatch = crc32c_mismatch(data, entry["crc32c"])
     if mismatch is not None and entry.get("bytes") not in (None, size):
         return f"it is {size:,} bytes where its manifest lists {entry['bytes']:,}"
