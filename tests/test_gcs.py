@@ -172,10 +172,12 @@ def test_verify_plan_and_quality_on_gcs(inputs, gcs):
     assert not os.path.exists("gs:")  # it once wrote a local folder named gs:
 
 
+@pytest.mark.parametrize("command", ["verify", "quality"])
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet", "jsonl"])
-def test_verify_downloads_each_shard_once(inputs, gcs, fmt):
-    """``verify`` checks a shard's CRC32C and reads its records from one download of it (a
-    request-counting proxy in front of the emulator sees one GET of its bytes, no ranged one)."""
+def test_verify_and_quality_download_each_shard_once(inputs, gcs, fmt, command):
+    """``verify`` checks a shard's CRC32C and reads its records from one download of it, and
+    ``quality`` reads its records so (a request-counting proxy in front of the emulator sees one
+    GET of its bytes, no ranged one)."""
     import delay_proxy
 
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
@@ -187,12 +189,14 @@ def test_verify_downloads_each_shard_once(inputs, gcs, fmt):
     shards = [s["path"] for s in storage.read_json(names.manifest_path(f"{gcs}/t"))["shards"]]
     process, proxy = delay_proxy.start(os.environ["STORAGE_EMULATOR_HOST"], 0.0)
     try:
-        done = cli("verify", f"--output={gcs}/t", env={"STORAGE_EMULATOR_HOST": proxy})
+        argv = [command, f"--input={inputs[fmt][1]}", f"--output={gcs}/t"]
+        done = cli(*argv, env={"STORAGE_EMULATOR_HOST": proxy})
         seen = delay_proxy.counts(proxy)["seen"]
     finally:
         process.kill()
         process.wait()
-    assert done.returncode == 0 and "OK: 2,400 records in 2 shard(s)" in done.stdout, done.stderr
+    said = "OK: 2,400 records in 2 shard(s)" if command == "verify" else "2,400 records"
+    assert done.returncode == 0 and said in done.stdout, done.stderr
     for shard in shards:
         name = urllib.parse.quote(shard.split("/", 3)[3], safe="")
         media = [s for s in seen if s[0] == "GET" and name in s[1] and "alt=media" in s[1]]

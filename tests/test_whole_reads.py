@@ -226,16 +226,8 @@ def test_the_loader_delivers_every_record_whole(request, tmp_path, place, fmt, s
     assert_every_record(prefix, records_of(size), length, remote_cache(place, tmp_path))
 
 
-# The emulator answers one request at a time, and pyarrow's GCS reader starts a download of the
-# whole object before each ranged read of a Parquet file: past a few MB the two wait on each other
-# there (not on Cloud Storage). So `quality` reads gs:// Parquet here through Beam's file layer (a
-# Python caller in a process that runs Beam), and through pyarrow's in tests/test_gcs.py on
-# smaller files; every other case as the command reads.
-QUALITY_CASES = [
-    ("beam" if (place, fmt) == ("gs", "parquet") else "arrow", place, fmt)
-    for place, fmt, size in CASES
-    if size == "100MB"
-]
+# As `pileshuffle quality` reads: through pyarrow, each shard in one download (``locate.scan``).
+QUALITY_CASES = [("arrow", place, fmt) for place, fmt, size in CASES if size == "100MB"]
 
 
 @pytest.mark.parametrize("backend, place, fmt", QUALITY_CASES)

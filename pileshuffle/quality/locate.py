@@ -16,6 +16,7 @@ the copies of one record, which share a hash, are paired with its output places 
 pass-1 keys (``match``): pass 2 writes records in key order, so this is the run's own pairing.
 """
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -23,6 +24,7 @@ import pyarrow as pa
 
 from pileshuffle.errors import InputError
 from pileshuffle.formats import record_hashes
+from pileshuffle.io import held_bytes, storage
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.quality.label import Label
 
@@ -90,21 +92,23 @@ class Scan:
         )
 
 
-def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None) -> Scan:
+def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None, shards=False) -> Scan:
     """``paths`` read in order with ``fmt``: the records whose hash is below ``threshold`` (a
     hash-value sample, the same records in input and output), given ``label`` every record's
     label value, and given ``keys_of`` (a run's input: ``run_keys``) every record's pass-1
-    key."""
+    key. ``shards``: the paths are a run's shards, each at most a pile, so a remote one is read
+    in one download and its records from memory (``_read_once``)."""
 
     def chunks(number, path):
-        first = 0
-        for table, places in fmt.read_placed(path):
-            yield (
-                table,
-                record_hashes(table),
-                None if keys_of is None else keys_of(number, places, first),
-            )
-            first += table.num_rows
+        with _read_once(path) if shards else contextlib.nullcontext():
+            first = 0
+            for table, places in fmt.read_placed(path):
+                yield (
+                    table,
+                    record_hashes(table),
+                    None if keys_of is None else keys_of(number, places, first),
+                )
+                first += table.num_rows
 
     return _sampled(
         ((path, chunks(number, path)) for number, path in enumerate(paths)),
@@ -112,6 +116,18 @@ def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None) -> Scan:
         label,
         keys=False,
     )
+
+
+@contextlib.contextmanager
+def _read_once(path: str):
+    """Reads of ``path`` in this block from one download of it when it is remote
+    (``held_bytes``); a Parquet reader would otherwise make a request per column chunk, each a
+    stream to the end of the object through pyarrow. A local file is read where it is."""
+    if not storage.is_remote(path):
+        yield
+        return
+    with held_bytes.held(path, storage.read_buffer(path)):
+        yield
 
 
 def run_keys(manifest: dict):

@@ -113,7 +113,7 @@ def measure(
     balanced = _balanced(manifest)
     source, before = _scan_input(fmt, input_paths, manifest, threshold, label, compare, balanced)
     if isinstance(output, (list, tuple)):
-        target = locate.scan(fmt, output, threshold, label)
+        target = locate.scan(fmt, output, threshold, label, shards=True)
     else:
         target = locate.scan_store(output, threshold, label)
     _check_same_records(source.records, target.records, input_paths, balanced)
