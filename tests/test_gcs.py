@@ -203,6 +203,35 @@ def test_verify_and_quality_download_each_shard_once(inputs, gcs, fmt, command):
         assert [ranged for _, _, ranged, *_ in media] == [None], (shard, media)
 
 
+def test_quality_streams_a_shard_larger_than_it_holds(inputs, gcs, monkeypatch, capsys):
+    """A remote shard over ``locate._HELD_MAX_BYTES`` (lowered here to 1 byte) is not held whole:
+    ``quality`` reads it as it streams (Parquet: its reader's ranged requests), in bounded memory."""
+    import delay_proxy
+
+    from pileshuffle.commands.quality import main as quality
+    from pileshuffle.quality import locate
+
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        pytest.skip("only on the emulator: the proxy counts its requests")
+    run_shuffle(inputs["parquet"][1], f"{gcs}/t", "--format=parquet", "--num_piles=2", "--seed=2")
+    shard = storage.read_json(names.manifest_path(f"{gcs}/t"))["shards"][0]["path"]
+    process, proxy = delay_proxy.start(os.environ["STORAGE_EMULATOR_HOST"], 0.0)
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy)
+        monkeypatch.setenv("PILESHUFFLE_STORAGE", "arrow")  # as the command reads
+        monkeypatch.setattr(locate, "_HELD_MAX_BYTES", 1)
+        capsys.readouterr()
+        assert quality([f"--input={inputs['parquet'][1]}", f"--output={gcs}/t"]) == 0
+        seen = delay_proxy.counts(proxy)["seen"]
+    finally:
+        process.kill()
+        process.wait()
+    assert "2,400 records" in capsys.readouterr().out
+    name = urllib.parse.quote(shard.split("/", 3)[3], safe="")
+    media = [s for s in seen if s[0] == "GET" and name in s[1] and "alt=media" in s[1]]
+    assert len([s for s in media if s[2] is not None]) > 1, media  # ranged reads, not one GET
+
+
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_verify_and_the_loader_on_gcs_name_a_damaged_shard(inputs, gcs, fmt, tmp_path):
     from pileshuffle.errors import InputError

@@ -118,12 +118,18 @@ def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None, shards=F
     )
 
 
+# a remote shard is held whole up to this size (--max_pile_bytes auto's largest pile, 1 GiB);
+# a larger one (piles a user made larger) is read as it streams, in bounded memory
+_HELD_MAX_BYTES = 1 << 30
+
+
 @contextlib.contextmanager
 def _read_once(path: str):
-    """Reads of ``path`` in this block from one download of it when it is remote
-    (``held_bytes``); a Parquet reader would otherwise make a request per column chunk, each a
-    stream to the end of the object through pyarrow. A local file is read where it is."""
-    if not storage.is_remote(path):
+    """Reads of ``path`` in this block from one download of it when it is remote and at most
+    ``_HELD_MAX_BYTES`` (``held_bytes``); a Parquet reader would otherwise make a request per
+    column chunk, each a stream to the end of the object through pyarrow. A local file is read
+    where it is."""
+    if not storage.is_remote(path) or storage.size(path) > _HELD_MAX_BYTES:
         yield
         return
     with held_bytes.held(path, storage.read_buffer(path)):
