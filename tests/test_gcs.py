@@ -172,64 +172,70 @@ def test_verify_plan_and_quality_on_gcs(inputs, gcs):
     assert not os.path.exists("gs:")  # it once wrote a local folder named gs:
 
 
-@pytest.mark.parametrize("command", ["verify", "quality"])
-@pytest.mark.parametrize("fmt", ["tfrecord", "parquet", "jsonl"])
-def test_verify_and_quality_download_each_shard_once(inputs, gcs, fmt, command):
-    """``verify`` checks a shard's CRC32C and reads its records from one download of it, and
-    ``quality`` reads its records so (a request-counting proxy in front of the emulator sees one
-    GET of its bytes, no ranged one)."""
+@pytest.fixture
+def counting_proxy():
+    """A proxy in front of the emulator that counts the requests reaching it (``delay_proxy``,
+    no delay): its endpoint."""
     import delay_proxy
 
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
         pytest.skip("only on the emulator: the proxy counts its requests")
+    process, proxy = delay_proxy.start(os.environ["STORAGE_EMULATOR_HOST"], 0.0)
+    yield proxy
+    process.kill()
+    process.wait()
+
+
+def media_gets(proxy: str, path: str) -> list:
+    """The ranges (None: the whole object) of the GETs of ``path``'s bytes that reached ``proxy``."""
+    import delay_proxy
+
+    name = urllib.parse.quote(path.split("/", 3)[3], safe="")
+    seen = delay_proxy.counts(proxy)["seen"]
+    return [
+        ranged
+        for method, target, ranged, *_ in seen
+        if method == "GET" and name in target and "alt=media" in target
+    ]
+
+
+@pytest.mark.parametrize("command", ["verify", "quality"])
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet", "jsonl"])
+def test_verify_and_quality_download_each_shard_once(inputs, gcs, fmt, command, counting_proxy):
+    """``verify`` checks a shard's CRC32C and reads its records from one download of it, and
+    ``quality`` reads its records so (a request-counting proxy in front of the emulator sees one
+    GET of its bytes, no ranged one)."""
     args = [f"--format={fmt}", "--num_piles=2", "--seed=2"]
     if fmt == "jsonl":
         args.append("--compression=gzip")  # a .gz shard: its bytes held as they decompress
     run_shuffle(inputs[fmt][1], f"{gcs}/t", *args)
     shards = [s["path"] for s in storage.read_json(names.manifest_path(f"{gcs}/t"))["shards"]]
-    process, proxy = delay_proxy.start(os.environ["STORAGE_EMULATOR_HOST"], 0.0)
-    try:
-        argv = [command, f"--input={inputs[fmt][1]}", f"--output={gcs}/t"]
-        done = cli(*argv, env={"STORAGE_EMULATOR_HOST": proxy})
-        seen = delay_proxy.counts(proxy)["seen"]
-    finally:
-        process.kill()
-        process.wait()
+    argv = [command, f"--input={inputs[fmt][1]}", f"--output={gcs}/t"]
+    done = cli(*argv, env={"STORAGE_EMULATOR_HOST": counting_proxy})
     said = "OK: 2,400 records in 2 shard(s)" if command == "verify" else "2,400 records"
     assert done.returncode == 0 and said in done.stdout, done.stderr
     for shard in shards:
-        name = urllib.parse.quote(shard.split("/", 3)[3], safe="")
-        media = [s for s in seen if s[0] == "GET" and name in s[1] and "alt=media" in s[1]]
-        assert [ranged for _, _, ranged, *_ in media] == [None], (shard, media)
+        assert media_gets(counting_proxy, shard) == [None], shard
 
 
-def test_quality_streams_a_shard_larger_than_it_holds(inputs, gcs, monkeypatch, capsys):
+def test_quality_streams_a_shard_larger_than_it_holds(
+    inputs, gcs, monkeypatch, capsys, counting_proxy
+):
     """A remote shard over ``locate._HELD_MAX_BYTES`` (lowered here to 1 byte) is not held whole:
     ``quality`` reads it as it streams (Parquet: its reader's ranged requests), in bounded memory."""
-    import delay_proxy
-
     from pileshuffle.commands.quality import main as quality
     from pileshuffle.quality import locate
 
-    if not os.environ.get("STORAGE_EMULATOR_HOST"):
-        pytest.skip("only on the emulator: the proxy counts its requests")
     run_shuffle(inputs["parquet"][1], f"{gcs}/t", "--format=parquet", "--num_piles=2", "--seed=2")
     shard = storage.read_json(names.manifest_path(f"{gcs}/t"))["shards"][0]["path"]
-    process, proxy = delay_proxy.start(os.environ["STORAGE_EMULATOR_HOST"], 0.0)
-    try:
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy)
-        monkeypatch.setenv("PILESHUFFLE_STORAGE", "arrow")  # as the command reads
-        monkeypatch.setattr(locate, "_HELD_MAX_BYTES", 1)
-        capsys.readouterr()
-        assert quality([f"--input={inputs['parquet'][1]}", f"--output={gcs}/t"]) == 0
-        seen = delay_proxy.counts(proxy)["seen"]
-    finally:
-        process.kill()
-        process.wait()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", counting_proxy)
+    monkeypatch.setenv("PILESHUFFLE_STORAGE", "arrow")  # as the command reads
+    monkeypatch.setattr(locate, "_HELD_MAX_BYTES", 1)
+    capsys.readouterr()
+    assert quality([f"--input={inputs['parquet'][1]}", f"--output={gcs}/t"]) == 0
     assert "2,400 records" in capsys.readouterr().out
-    name = urllib.parse.quote(shard.split("/", 3)[3], safe="")
-    media = [s for s in seen if s[0] == "GET" and name in s[1] and "alt=media" in s[1]]
-    assert len([s for s in media if s[2] is not None]) > 1, media  # ranged reads, not one GET
+    ranged = [r for r in media_gets(counting_proxy, shard) if r is not None]
+    assert len(ranged) > 1, ranged  # ranged reads, not one GET
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])

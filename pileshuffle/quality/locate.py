@@ -92,15 +92,16 @@ class Scan:
         )
 
 
-def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None, shards=False) -> Scan:
+def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None, shard_bytes=None) -> Scan:
     """``paths`` read in order with ``fmt``: the records whose hash is below ``threshold`` (a
     hash-value sample, the same records in input and output), given ``label`` every record's
     label value, and given ``keys_of`` (a run's input: ``run_keys``) every record's pass-1
-    key. ``shards``: the paths are a run's shards, each at most a pile, so a remote one is read
-    in one download and its records from memory (``_read_once``)."""
+    key. ``shard_bytes``: the paths are a run's shards, path -> size as its manifest lists them,
+    so a remote one is read in one download and its records from memory (``_read_once``)."""
 
     def chunks(number, path):
-        with _read_once(path) if shards else contextlib.nullcontext():
+        size = None if shard_bytes is None else shard_bytes.get(path)
+        with _read_once(path, size) if size is not None else contextlib.nullcontext():
             first = 0
             for table, places in fmt.read_placed(path):
                 yield (
@@ -124,12 +125,12 @@ _HELD_MAX_BYTES = 1 << 30
 
 
 @contextlib.contextmanager
-def _read_once(path: str):
-    """Reads of ``path`` in this block from one download of it when it is remote and at most
-    ``_HELD_MAX_BYTES`` (``held_bytes``); a Parquet reader would otherwise make a request per
-    column chunk, each a stream to the end of the object through pyarrow. A local file is read
-    where it is."""
-    if not storage.is_remote(path) or storage.size(path) > _HELD_MAX_BYTES:
+def _read_once(path: str, size: int):
+    """Reads of ``path`` (``size`` bytes) in this block from one download of it when it is remote
+    and at most ``_HELD_MAX_BYTES`` (``held_bytes``); a Parquet reader would otherwise make a
+    request per column chunk, each a stream to the end of the object through pyarrow. A local
+    file is read where it is."""
+    if not storage.is_remote(path) or size > _HELD_MAX_BYTES:
         yield
         return
     with held_bytes.held(path, storage.read_buffer(path)):
