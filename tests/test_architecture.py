@@ -58,7 +58,7 @@ WITHOUT_BEAM = [
     "store.read",
     "verify",
     "planning.pile_bound",
-    "planning.memory_limit",
+    "io.memory_limit",
     "commands.help_style",
     "commands.options",
     "commands.report",

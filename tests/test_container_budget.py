@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from pileshuffle.commands import sample
-from pileshuffle.planning.memory_limit import (
+from pileshuffle.io.memory_limit import (
     HOST,
     UNKNOWN,
     Memory,

@@ -201,10 +201,10 @@ def media_gets(proxy: str, path: str) -> list:
 
 @pytest.mark.parametrize("command", ["verify", "quality"])
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet", "jsonl"])
-def test_verify_and_quality_download_each_shard_once(inputs, gcs, fmt, command, counting_proxy):
-    """``verify`` checks a shard's CRC32C and reads its records from one download of it, and
-    ``quality`` reads its records so (a request-counting proxy in front of the emulator sees one
-    GET of its bytes, no ranged one)."""
+def test_verify_and_quality_download_each_file_once(inputs, gcs, fmt, command, counting_proxy):
+    """``verify`` checks a shard's CRC32C and reads its records from one download of it,
+    ``quality`` reads its records so, and both read each input file in one download (a
+    request-counting proxy in front of the emulator sees one GET of its bytes, no ranged one)."""
     args = [f"--format={fmt}", "--num_piles=2", "--seed=2"]
     if fmt == "jsonl":
         args.append("--compression=gzip")  # a .gz shard: its bytes held as they decompress
@@ -214,28 +214,30 @@ def test_verify_and_quality_download_each_shard_once(inputs, gcs, fmt, command, 
     done = cli(*argv, env={"STORAGE_EMULATOR_HOST": counting_proxy})
     said = "OK: 2,400 records in 2 shard(s)" if command == "verify" else "2,400 records"
     assert done.returncode == 0 and said in done.stdout, done.stderr
-    for shard in shards:
-        assert media_gets(counting_proxy, shard) == [None], shard
+    for path in shards + [f.path for f in storage.match(inputs[fmt][1])]:
+        assert media_gets(counting_proxy, path) == [None], path
 
 
-def test_quality_streams_a_shard_larger_than_it_holds(
+def test_quality_streams_a_file_larger_than_it_holds(
     inputs, gcs, monkeypatch, capsys, counting_proxy
 ):
-    """A remote shard over ``locate._HELD_MAX_BYTES`` (lowered here to 1 byte) is not held whole:
-    ``quality`` reads it as it streams (Parquet: its reader's ranged requests), in bounded memory."""
+    """A remote shard or input file over ``whole_reads.HELD_MAX_BYTES`` (lowered here to 1 byte)
+    is not held whole: ``quality`` reads it as it streams (Parquet: its reader's ranged requests),
+    in bounded memory."""
     from pileshuffle.commands.quality import main as quality
-    from pileshuffle.quality import locate
+    from pileshuffle.io import whole_reads
 
     run_shuffle(inputs["parquet"][1], f"{gcs}/t", "--format=parquet", "--num_piles=2", "--seed=2")
     shard = storage.read_json(names.manifest_path(f"{gcs}/t"))["shards"][0]["path"]
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", counting_proxy)
     monkeypatch.setenv("PILESHUFFLE_STORAGE", "arrow")  # as the command reads
-    monkeypatch.setattr(locate, "_HELD_MAX_BYTES", 1)
+    monkeypatch.setattr(whole_reads, "HELD_MAX_BYTES", 1)
     capsys.readouterr()
     assert quality([f"--input={inputs['parquet'][1]}", f"--output={gcs}/t"]) == 0
     assert "2,400 records" in capsys.readouterr().out
-    ranged = [r for r in media_gets(counting_proxy, shard) if r is not None]
-    assert len(ranged) > 1, ranged  # ranged reads, not one GET
+    for path in (shard, storage.match(inputs["parquet"][1])[0].path):
+        ranged = [r for r in media_gets(counting_proxy, path) if r is not None]
+        assert len(ranged) > 1, (path, ranged)  # ranged reads, not one GET
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])

@@ -43,3 +43,21 @@ def test_a_gz_file_is_held_decompressed_and_its_raw_bytes_are_read_from_the_file
         assert read_all(storage.open_read(path)) == b'{"a": 2}\n'  # AUTO: decompressed, held
         assert read_all(storage.open_read(path, storage.UNCOMPRESSED)) == raw
         assert read_all(storage.open_random_access(path)) == raw
+
+
+def test_a_remote_file_is_held_only_within_a_quarter_of_the_memory_left(monkeypatch):
+    """``whole_reads`` holds a remote file whole only up to ``HELD_MAX_BYTES`` and a quarter of
+    what this process may still take (a container's limit included); a local file never."""
+    from pileshuffle.io import memory_limit, whole_reads
+
+    left = memory_limit.Memory(4_000, "cgroup v1 limit")
+    monkeypatch.setattr(whole_reads, "available_memory", lambda: left)
+    assert whole_reads._may_hold(1_000) and not whole_reads._may_hold(1_001)
+    monkeypatch.setattr(whole_reads, "HELD_MAX_BYTES", 500)
+    assert not whole_reads._may_hold(501) and whole_reads._may_hold(500)
+    downloads = []
+    monkeypatch.setattr(storage, "read_buffer", lambda path: downloads.append(path))
+    with whole_reads.read_once("/local/file.parquet", 10):
+        with whole_reads.read_once("gs://b/too-big.parquet", 501):
+            pass
+    assert downloads == []

@@ -210,6 +210,9 @@ class RecordFormat:
     record_column = None  # the binary column a bytes format's records travel in; None: a row format
     # whether payload_views proves every byte of a shard by the format's own CRCs
     checks_every_byte = False
+    # whether its reader seeks (Parquet's footer, then column chunks): a remote file it re-reads
+    # is better downloaded once (``io.whole_reads``) than read a request per seek
+    reads_at_random = False
 
     def suffix(self, compression: str) -> str:
         """The shard file suffix: the format's extension, plus .gz when gzip-compressed."""

@@ -97,6 +97,7 @@ class ParquetFormat(RecordFormat):
 
     name = "parquet"
     compressions = tuple(_CODECS)
+    reads_at_random = True
 
     def read_rows(self, handle, columns=None):
         # a file: no pre-buffering, 1 MiB reads, one thread (a load's temporaries were 2.8x the

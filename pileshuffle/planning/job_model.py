@@ -15,7 +15,7 @@ from pileshuffle.engine.runner import is_dataflow, runner_name
 from pileshuffle.engine.runs import run_bytes_for
 from pileshuffle.errors import UsageError
 from pileshuffle.io import storage
-from pileshuffle.planning.memory_limit import available_memory
+from pileshuffle.io.memory_limit import available_memory
 from pileshuffle.planning.parameters import parse_bytes
 from pileshuffle.planning.runners import DOCUMENTED_WORKER, in_process_threads
 

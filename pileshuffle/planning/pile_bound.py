@@ -11,7 +11,7 @@ read). ``--num_piles 1000000000`` once took the whole machine.
 import re
 
 from pileshuffle.errors import UsageError
-from pileshuffle.planning.memory_limit import available_memory
+from pileshuffle.io.memory_limit import available_memory
 
 __all__ = ["PILE_BOOKKEEPING_BYTES", "most_piles", "check_num_piles", "check_num_piles_argv"]
 

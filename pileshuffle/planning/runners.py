@@ -16,7 +16,7 @@ from pileshuffle.engine.runner import (
     is_dataflow,
     is_local_runner,
 )
-from pileshuffle.planning.memory_limit import available_memory
+from pileshuffle.io.memory_limit import available_memory
 
 __all__ = [
     "DOCUMENTED_WORKER",

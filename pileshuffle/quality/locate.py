@@ -16,7 +16,6 @@ the copies of one record, which share a hash, are paired with its output places 
 pass-1 keys (``match``): pass 2 writes records in key order, so this is the run's own pairing.
 """
 
-import contextlib
 import dataclasses
 
 import numpy as np
@@ -24,7 +23,7 @@ import pyarrow as pa
 
 from pileshuffle.errors import InputError
 from pileshuffle.formats import record_hashes
-from pileshuffle.io import held_bytes, storage
+from pileshuffle.io import whole_reads
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.quality.label import Label
 
@@ -92,49 +91,39 @@ class Scan:
         )
 
 
-def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None, shard_bytes=None) -> Scan:
+def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None, sizes=None) -> Scan:
     """``paths`` read in order with ``fmt``: the records whose hash is below ``threshold`` (a
     hash-value sample, the same records in input and output), given ``label`` every record's
     label value, and given ``keys_of`` (a run's input: ``run_keys``) every record's pass-1
-    key. ``shard_bytes``: the paths are a run's shards, path -> size as its manifest lists them,
-    so a remote one is read in one download and its records from memory (``_read_once``)."""
+    key. ``sizes``: path -> bytes as listed, so a remote file is read in one download
+    (``_chunks_of``)."""
 
     def chunks(number, path):
-        size = None if shard_bytes is None else shard_bytes.get(path)
-        with _read_once(path, size) if size is not None else contextlib.nullcontext():
-            first = 0
-            for table, places in fmt.read_placed(path):
-                yield (
-                    table,
-                    record_hashes(table),
-                    None if keys_of is None else keys_of(number, places, first),
-                )
-                first += table.num_rows
+        first = 0
+        for table, places in fmt.read_placed(path):
+            yield (
+                table,
+                record_hashes(table),
+                None if keys_of is None else keys_of(number, places, first),
+            )
+            first += table.num_rows
 
     return _sampled(
-        ((path, chunks(number, path)) for number, path in enumerate(paths)),
+        ((path, _chunks_of(fmt, path, sizes, chunks(n, path))) for n, path in enumerate(paths)),
         threshold,
         label,
         keys=False,
     )
 
 
-# a remote shard is held whole up to this size (--max_pile_bytes auto's largest pile, 1 GiB);
-# a larger one (piles a user made larger) is read as it streams, in bounded memory
-_HELD_MAX_BYTES = 1 << 30
-
-
-@contextlib.contextmanager
-def _read_once(path: str, size: int):
-    """Reads of ``path`` (``size`` bytes) in this block from one download of it when it is remote
-    and at most ``_HELD_MAX_BYTES`` (``held_bytes``); a Parquet reader would otherwise make a
-    request per column chunk, each a stream to the end of the object through pyarrow. A local
-    file is read where it is."""
-    if not storage.is_remote(path) or size > _HELD_MAX_BYTES:
-        yield
-        return
-    with held_bytes.held(path, storage.read_buffer(path)):
-        yield
+def _chunks_of(fmt, path: str, sizes, chunks):
+    """``chunks`` (a generator reading ``path``); a remote file of a seeking format (Parquet)
+    read in one download where it may be held (``whole_reads``; its size from ``sizes``, else
+    asked of the store): else its reader makes a request per column chunk, each a stream to the
+    end of the object."""
+    if not fmt.reads_at_random:
+        return chunks
+    return whole_reads.held_while_read(path, (sizes or {}).get(path), chunks)
 
 
 def run_keys(manifest: dict):
@@ -151,7 +140,9 @@ def run_keys(manifest: dict):
     )
 
 
-def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = None) -> Scan:
+def scan_with_copies(
+    fmt, paths, manifest: dict, threshold: int, label: Label = None, sizes=None
+) -> Scan:
     """``scan`` of the input of a ``--balance`` run with each record repeated by its copies, as
     pass 1 emits them (its own ``class_counts``, ``class_plan`` and ``keyed_chunks``, from the
     manifest's label field, policy, seed and ``skip_corrupt``): positions count the copies,
@@ -175,29 +166,35 @@ def scan_with_copies(fmt, paths, manifest: dict, threshold: int, label: Label = 
     # ids: ranks in the sorted file list
     sources = [Source(number, path, 0) for number, path in enumerate(paths)]
     balance = copies_balance(fmt, sources, field, policy, seed, skip, keep_unlabeled)
+    chunks = (
+        keyed_chunks(
+            fmt,
+            source,
+            seed,
+            (INPUT_STREAM, source.id),
+            DEFAULT_CHUNK_BYTES,
+            skip,
+            ReadReport(),
+            balance,
+        )
+        for source in sources
+    )
     files = (
         (
             source.path,
             (
                 (table, hashes, keys)
-                for table, keys, hashes, _, _ in keyed_chunks(
-                    fmt,
-                    source,
-                    seed,
-                    (INPUT_STREAM, source.id),
-                    DEFAULT_CHUNK_BYTES,
-                    skip,
-                    ReadReport(),
-                    balance,
-                )
+                for table, keys, hashes, _, _ in _chunks_of(fmt, source.path, sizes, read)
             ),
         )
-        for source in sources
+        for source, read in zip(sources, chunks)
     )
     return _sampled(files, threshold, label, keys=True)
 
 
-def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = None) -> Scan:
+def scan_distinct(
+    fmt, paths, manifest: dict, threshold: int, label: Label = None, sizes=None
+) -> Scan:
     """``scan`` of the input of a ``--dedup`` run as its output holds it: the first record of each
     content in input order (``dedup.Dedup``, from the manifest's options), positions counted among
     them, and their pass-1 keys (content keys). Reads the input twice; which records are first waits
@@ -208,14 +205,16 @@ def scan_distinct(fmt, paths, manifest: dict, threshold: int, label: Label = Non
     from pileshuffle.records.keys import position_keys
 
     dedup, seed = Dedup.from_options(manifest.get("options")), int(manifest.get("seed") or 0)
+
+    def contents(path):
+        return _chunks_of(fmt, path, sizes, dedup.file_contents(fmt, path))
+
     with tempfile.TemporaryDirectory(prefix="pileshuffle-quality-") as folder:
-        is_first = first_occurrences(
-            (c for path in paths for _, _, c in dedup.file_contents(fmt, path)), folder
-        )
+        is_first = first_occurrences((c for path in paths for _, _, c in contents(path)), folder)
         at = [0]
 
         def distinct_chunks(path):
-            for table, _, content in dedup.file_contents(fmt, path):
+            for table, _, content in contents(path):
                 kept = np.asarray(is_first[at[0] : at[0] + table.num_rows])
                 at[0] += table.num_rows
                 distinct = table.filter(pa.array(kept))

@@ -114,7 +114,7 @@ def measure(
     source, before = _scan_input(fmt, input_paths, manifest, threshold, label, compare, balanced)
     if isinstance(output, (list, tuple)):
         sizes = {shard["path"]: shard["bytes"] for shard in manifest["shards"]}
-        target = locate.scan(fmt, output, threshold, label, shard_bytes=sizes)
+        target = locate.scan(fmt, output, threshold, label, sizes=sizes)
     else:
         target = locate.scan_store(output, threshold, label)
     _check_same_records(source.records, target.records, input_paths, balanced)
