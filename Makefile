@@ -65,8 +65,10 @@ lint: $(STAMP)
 
 ## test: the style (lint), then the whole suite (real pipelines on generated data), one test file per worker: TEST_WORKERS=2 (CI's cores).
 ## Skips are listed (-rs); a skip not allowed in tests/suite_rules.py, or a missing test dependency, fails the run.
+## The package is compiled to bytecode first, as an install leaves it: each command a test starts would compile it again where PYTHONDONTWRITEBYTECODE is set.
 TEST_WORKERS ?= 2
 test: lint
+	$(BIN)/python -m compileall -q pileshuffle tests
 	$(BIN)/python -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile tests
 
 ## bench: the benchmark tables (see bench/README.md): the shuffle, CPU seconds per GB against DuckDB, the loader, the pile stores, gs:// on the emulator, a pile from many parts (local, and fetched from a 30 ms emulator), small piles' shards, spilled runs, one large file, --dedup against DuckDB, how fast commands exit, CPU per GB at 10-240 records per part; SCALE=10 for 10 GB.

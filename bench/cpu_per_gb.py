@@ -18,6 +18,7 @@ children, peak RSS of the largest) and wall time, run in turn round by round on 
 Data sets (bench/datagen.py, cached in bench/.data): 1,000,000 Parquet rows of ~1 KB and
 4,000,000 JSONL lines of ~500 bytes, 8 files each (``--scale N``: N times the rows and files).
 Per GB means per 1e9 input bytes; "speed vs DuckDB" is DuckDB's wall time over the row's.
+Each measured tree's package is compiled to bytecode first, as an installed package is.
 
 Stages: one more pileshuffle run per format under py-spy (100 Hz, on-CPU samples of every
 thread), each sample given to the innermost frame that names a stage (``STAGES``); a stage's
@@ -171,6 +172,16 @@ def fresh(path: str) -> str:
     return path
 
 
+def compiled(trees):
+    """Each tree's ``pileshuffle`` package compiled to bytecode, as ``pip install`` leaves it: where
+    the environment sets PYTHONDONTWRITEBYTECODE (this VM does) a checkout would otherwise compile
+    its 23,000 lines at every run, 0.2 s of user CPU (a tiny run: 2.20 against 1.99 s)."""
+    import compileall
+
+    for tree in trees:
+        compileall.compile_dir(os.path.join(tree, "pileshuffle"), quiet=1)
+
+
 def warm(files):
     for path in files:
         with open(path, "rb") as handle:
@@ -321,6 +332,7 @@ def main(argv=None):
     ]
     rows += [f"{row} budget" for row in rows] if args.memory else []
     data = {fmt: dataset(fmt, args.scale) for fmt in formats}
+    compiled([os.path.dirname(HERE), *TREES.values()])
     for fmt in formats:
         warm(data[fmt]["files"])
     results = rounds(rows, formats, data, args.rounds)
