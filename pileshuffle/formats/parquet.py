@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pileshuffle.errors import InputError
-from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_for_arrow, open_input
+from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES, RecordFormat, open_for_arrow
 from pileshuffle.formats.parquet_layout import (
     SAMPLE_ROWS,
     WRITE_BATCH_ROWS,
@@ -119,10 +119,10 @@ class ParquetFormat(RecordFormat):
         return "uncompressed"  # Parquet compresses its pages itself
 
     def check_source(self, path):
-        with open_input(path, "uncompressed") as handle:
-            if handle.read(4) == b"":
+        # the footer: a seekable file, opened once
+        with open_for_arrow(path) as handle:
+            if handle.seek(0, 2) == 0:
                 raise InputError(path, "is empty, not a Parquet file")
-        with open_for_arrow(path) as handle:  # the footer: a seekable file
             return _parquet_file(handle, path).schema_arrow
 
     def mean_record_bytes(self, path, sample_bytes):

@@ -187,6 +187,16 @@ def open_random_access(path: str, filesystem=None):
 
 
 @cloud.refusals_explained
+def open_seekable(path: str):
+    """``path``'s bytes as stored, in a file that seeks (Parquet's reader, a span of a file):
+    Beam's handle where Beam reads (it seeks by ranged reads), else ``open_random_access``'s;
+    no stream is opened only to be dropped (on gs:// each is a download begun)."""
+    if held_bytes.reader(path, decompressed=False) is None and beam_backend.in_use():
+        return beam_backend.open_read(path, UNCOMPRESSED)
+    return open_random_access(path)
+
+
+@cloud.refusals_explained
 def open_mapped(path: str, filesystem=None):
     """A ``pyarrow`` input over the file: memory-mapped when local (only pages read are touched),
     else a stream."""
@@ -366,6 +376,7 @@ __all__ = [
     "open_mapped",
     "open_random_access",
     "open_read",
+    "open_seekable",
     "open_write",
     "read_buffer",
     "read_json",
