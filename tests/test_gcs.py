@@ -203,8 +203,11 @@ def media_gets(proxy: str, path: str) -> list:
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet", "jsonl"])
 def test_verify_and_quality_download_each_file_once(inputs, gcs, fmt, command, counting_proxy):
     """``verify`` checks a shard's CRC32C and reads its records from one download of it,
-    ``quality`` reads its records so, and both read each input file in one download (a
-    request-counting proxy in front of the emulator sees one GET of its bytes, no ranged one)."""
+    ``quality`` reads its records so, and both read each input file in one download, its size
+    taken from the listing (a request-counting proxy in front of the emulator sees one GET of
+    its bytes, no ranged one)."""
+    import delay_proxy
+
     args = [f"--format={fmt}", "--num_piles=2", "--seed=2"]
     if fmt == "jsonl":
         args.append("--compression=gzip")  # a .gz shard: its bytes held as they decompress
@@ -216,6 +219,11 @@ def test_verify_and_quality_download_each_file_once(inputs, gcs, fmt, command, c
     assert done.returncode == 0 and said in done.stdout, done.stderr
     for path in shards + [f.path for f in storage.match(inputs[fmt][1])]:
         assert media_gets(counting_proxy, path) == [None], path
+    # and an input file's size is the listing's, not asked again: its metadata and its bytes
+    seen = [target for _, target, *_ in delay_proxy.counts(counting_proxy)["seen"]]
+    for path in storage.match(inputs[fmt][1]):
+        name = urllib.parse.quote(path.path.split("/", 3)[3], safe="")
+        assert len([t for t in seen if name in t]) <= 2, (path.path, seen)
 
 
 def test_quality_streams_a_file_larger_than_it_holds(

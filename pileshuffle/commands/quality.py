@@ -306,7 +306,7 @@ def _measured_run(args, measure):
     check_format_fits(sources, manifest["format"], prefix)  # the run read its input in that format
     return measure(
         get_format(manifest["format"]),
-        [s.path for s in sources],
+        {s.path: s.size for s in sources},
         output,
         manifest,
         args.sample,

@@ -23,11 +23,12 @@ _HELD_SHARE = 4
 
 
 @contextlib.contextmanager
-def read_once(path: str, size: int = None):
+def read_once(path: str, size: int):
     """Reads of ``path`` in this block and this thread from one download of it, when it is
-    remote and small enough to hold; else from where it is. ``size``: its bytes as listed
-    (None: asked of the store, one metadata request)."""
-    if not storage.is_remote(path) or not _may_hold(storage.size(path) if size is None else size):
+    remote and small enough to hold; else from where it is. ``size``: its bytes as the caller
+    listed them; None (not listed) reads it where it is: asking the store would be a listing of
+    its folder per file through pyarrow."""
+    if size is None or not storage.is_remote(path) or not _may_hold(size):
         yield
         return
     with held_bytes.held(path, storage.read_buffer(path)):

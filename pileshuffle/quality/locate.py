@@ -118,9 +118,8 @@ def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None, sizes=No
 
 def _chunks_of(fmt, path: str, sizes, chunks):
     """``chunks`` (a generator reading ``path``); a remote file of a seeking format (Parquet)
-    read in one download where it may be held (``whole_reads``; its size from ``sizes``, else
-    asked of the store): else its reader makes a request per column chunk, each a stream to the
-    end of the object."""
+    that ``sizes`` lists read in one download where it may be held (``whole_reads``): else its
+    reader makes a request per column chunk, each a stream to the end of the object."""
     if not fmt.reads_at_random:
         return chunks
     return whole_reads.held_while_read(path, (sizes or {}).get(path), chunks)

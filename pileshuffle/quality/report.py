@@ -103,10 +103,10 @@ def _input_policies(file_records, seed: int, num_piles: int) -> dict:
 def measure(
     fmt, input_paths, output, manifest, sample=100_000, label=None, batch_size=256, compare=False
 ):
-    """The report of one finished run (see the module docstring). ``output``: the shards'
-    paths in order, or a pile store opened by the loader (``loader.outputs.open_output``).
-    A ``--balance`` output is measured against its input with each record repeated by its
-    copies (``locate.scan_with_copies``); the class shares compare the input as it is."""
+    """The report of one finished run (see the module docstring). ``input_paths`` in order, or
+    {path: bytes as listed}; ``output``: the shards' paths in order, or a pile store opened by
+    the loader (``loader.outputs.open_output``). A ``--balance`` output is measured against its
+    input with each record repeated by its copies (``locate.scan_with_copies``)."""
     # a dedup store: what readers get
     total = int(manifest["totals"].get("distinct", manifest["totals"]["records"]))
     threshold = locate.threshold_for(total, sample)
@@ -198,20 +198,25 @@ def _check_same_records(input_records: int, output_records: int, input_paths, ba
 
 def _scan_input(fmt, input_paths, manifest, threshold, label, compare, balanced):
     """``(source, before)``: the input scanned as the run's output holds it (with --balance's
-    copies, or --dedup's distinct records), and as it is (for its labels)."""
+    copies, or --dedup's distinct records), and as it is (for its labels). A remote Parquet file
+    that ``input_paths`` lists with its size ({path: bytes}) is read in one download."""
+    sizes = input_paths if isinstance(input_paths, dict) else None
+    input_paths = list(input_paths)
     try:
         if balanced:
             source = locate.scan_with_copies(
-                fmt, input_paths, manifest, threshold, label if compare else None
+                fmt, input_paths, manifest, threshold, label if compare else None, sizes
             )
             # labels only
-            before = locate.scan(fmt, input_paths, 0, label) if label is not None else None
+            before = None if label is None else locate.scan(fmt, input_paths, 0, label, sizes=sizes)
         # the distinct records: against those
         elif "dedup" in manifest or "dedup" in (manifest.get("options") or {}):
-            source = before = locate.scan_distinct(fmt, input_paths, manifest, threshold, label)
+            source = before = locate.scan_distinct(
+                fmt, input_paths, manifest, threshold, label, sizes
+            )
         else:
             source = before = locate.scan(
-                fmt, input_paths, threshold, label, locate.run_keys(manifest)
+                fmt, input_paths, threshold, label, locate.run_keys(manifest), sizes
             )
     except InputError as error:
         raise _without_format_hint(error, fmt) from None
@@ -274,6 +279,7 @@ def _balance_summary(manifest) -> dict:
 
 
 def _named(paths) -> str:
+    paths = list(paths)  # or {path: bytes}
     return ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "")
 
 
