@@ -226,6 +226,22 @@ def test_verify_and_quality_download_each_file_once(inputs, gcs, fmt, command, c
         assert len([t for t in seen if name in t]) <= 2, (path.path, seen)
 
 
+def test_a_files_size_on_gcs_is_its_metadata_not_a_listing_of_its_folder(
+    inputs, monkeypatch, counting_proxy
+):
+    """``storage.size`` through pyarrow (``verify`` checks each store file's size so) asks for the
+    file's metadata: a match listed its folder, each call (a store of 10,000 files: 10,000
+    listings of 10,000 names)."""
+    import delay_proxy
+
+    listed = storage.match(inputs["parquet"][1])[0]
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", counting_proxy)
+    monkeypatch.setenv("PILESHUFFLE_STORAGE", "arrow")
+    assert storage.size(listed.path) == listed.size
+    seen = [target for _, target, *_ in delay_proxy.counts(counting_proxy)["seen"]]
+    assert seen and not [t for t in seen if "prefix=" in t], seen
+
+
 def test_quality_streams_a_file_larger_than_it_holds(
     inputs, gcs, monkeypatch, capsys, counting_proxy
 ):

@@ -17,6 +17,7 @@ __all__ = [
     "arrow_filesystem",
     "match",
     "exists",
+    "size",
     "read_whole",
     "list_folder",
     "is_folder",
@@ -80,6 +81,17 @@ def exists(path: str, filesystem=None) -> bool:
     fs, where = arrow_filesystem(path, filesystem)
     info = cloud.patiently_on(path, fs, lambda: fs.get_file_info(where))
     return info.type != pafs.FileType.NotFound
+
+
+def size(path: str) -> int:
+    """The bytes of the file at ``path`` (``storage.size`` without Beam): its metadata alone."""
+    import pyarrow.fs as pafs
+
+    fs, where = arrow_filesystem(path)
+    info = cloud.patiently_on(path, fs, lambda: fs.get_file_info(where))
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(f"{path}: no such file")
+    return info.size
 
 
 def read_whole(path: str, filesystem=None):

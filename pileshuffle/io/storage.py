@@ -116,8 +116,13 @@ def exists(path: str, filesystem=None) -> bool:
 
 @cloud.refusals_explained
 def size(path: str) -> int:
-    """The size in bytes of the file at ``path`` (whatever characters its name holds)."""
-    return os.path.getsize(path) if not is_remote(path) else match(literal_pattern(path))[0].size
+    """The size in bytes of the file at ``path`` (whatever characters its name holds): through
+    pyarrow one metadata request, where a match would list the file's folder."""
+    if not is_remote(path):
+        return os.path.getsize(path)
+    if beam_backend.in_use():
+        return match(literal_pattern(path))[0].size
+    return arrow_backend.size(path)
 
 
 @cloud.refusals_explained
