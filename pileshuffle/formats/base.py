@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from pileshuffle.errors import InputError
-from pileshuffle.io import storage
+from pileshuffle.io import storage, whole_reads
 from pileshuffle.names import RECORD_COLUMN
 from pileshuffle.records.keys import group_by_pile
 
@@ -98,13 +98,10 @@ def open_at(path: str, offset: int = 0):
 def open_for_arrow(path: str):
     """A seekable file for a reader inside Arrow (Parquet's): a local file is Arrow's own, read
     straight into Arrow's buffers; through a Python file each read is a call into Python and a
-    ``bytes`` copied once more (4.5% of a 10 GB Parquet run's user CPU). Elsewhere ``open_at``'s
-    file. Errors name the path."""
-    if storage.is_remote(path):
-        with open_at(path) as handle:
-            yield handle
-        return
-    with _opened(storage.open_random_access, path, 0) as handle:
+    ``bytes`` copied once more (4.5% of a 10 GB Parquet run's user CPU). Elsewhere
+    ``storage.open_seekable``'s file. Errors name the path."""
+    open_file = storage.open_seekable if storage.is_remote(path) else storage.open_random_access
+    with _opened(open_file, path, 0) as handle:
         yield handle
 
 
@@ -248,6 +245,14 @@ class RecordFormat:
         for table in self.read_chunks(path, sample_bytes, skip_corrupt=True, report=ReadReport()):
             return table.nbytes / table.num_rows if table.num_rows else None
         return None
+
+    def read_once(self, path: str, size: int):
+        """A block whose reads of ``path`` (``size`` bytes as listed, or None) come from one
+        download of it where this format's reader seeks (``reads_at_random``) and the file may be
+        held (``io.whole_reads``); else the file is read where it is."""
+        if not self.reads_at_random:
+            return contextlib.nullcontext()
+        return whole_reads.read_once(path, size)
 
     def check_source(self, path):
         """Cheap up-front check of one input file; returns its schema or None."""

@@ -78,20 +78,23 @@ def exists(path: str, filesystem=None) -> bool:
     """Whether ``path`` names a file or folder (``storage.exists`` without Beam)."""
     import pyarrow.fs as pafs
 
-    fs, where = arrow_filesystem(path, filesystem)
-    info = cloud.patiently_on(path, fs, lambda: fs.get_file_info(where))
-    return info.type != pafs.FileType.NotFound
+    return _file_info(path, filesystem).type != pafs.FileType.NotFound
 
 
 def size(path: str) -> int:
     """The bytes of the file at ``path`` (``storage.size`` without Beam): its metadata alone."""
     import pyarrow.fs as pafs
 
-    fs, where = arrow_filesystem(path)
-    info = cloud.patiently_on(path, fs, lambda: fs.get_file_info(where))
+    info = _file_info(path)
     if info.type != pafs.FileType.File:
         raise FileNotFoundError(f"{path}: no such file")
     return info.size
+
+
+def _file_info(path: str, filesystem=None):
+    """``path``'s ``pyarrow.fs.FileInfo``: one metadata request on an object store."""
+    fs, where = arrow_filesystem(path, filesystem)
+    return cloud.patiently_on(path, fs, lambda: fs.get_file_info(where))
 
 
 def read_whole(path: str, filesystem=None):

@@ -14,7 +14,7 @@ import contextlib
 from pileshuffle.io import held_bytes, storage
 from pileshuffle.io.memory_limit import available_memory
 
-__all__ = ["HELD_MAX_BYTES", "read_once", "held_while_read"]
+__all__ = ["HELD_MAX_BYTES", "read_once"]
 
 # --max_pile_bytes auto's largest pile: a shard of an auto run is always held
 HELD_MAX_BYTES = 1 << 30
@@ -40,9 +40,3 @@ def _may_hold(size: int) -> bool:
         return False
     available = available_memory().available
     return available is None or size * _HELD_SHARE <= available
-
-
-def held_while_read(path: str, size: int, chunks):
-    """``chunks`` (a generator that reads ``path``) inside ``read_once(path, size)``."""
-    with read_once(path, size):
-        yield from chunks

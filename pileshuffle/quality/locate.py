@@ -23,7 +23,6 @@ import pyarrow as pa
 
 from pileshuffle.errors import InputError
 from pileshuffle.formats import record_hashes
-from pileshuffle.io import whole_reads
 from pileshuffle.names import HASH_COLUMN, KEY_COLUMN
 from pileshuffle.quality.label import Label
 
@@ -117,12 +116,11 @@ def scan(fmt, paths, threshold: int, label: Label = None, keys_of=None, sizes=No
 
 
 def _chunks_of(fmt, path: str, sizes, chunks):
-    """``chunks`` (a generator reading ``path``); a remote file of a seeking format (Parquet)
-    that ``sizes`` lists read in one download where it may be held (``whole_reads``): else its
-    reader makes a request per column chunk, each a stream to the end of the object."""
-    if not fmt.reads_at_random:
-        return chunks
-    return whole_reads.held_while_read(path, (sizes or {}).get(path), chunks)
+    """``chunks`` (a generator reading ``path``), read inside ``fmt.read_once``: a remote Parquet
+    file that ``sizes`` lists comes from one download where it may be held, not a request per
+    column chunk, each a stream to the end of the object."""
+    with fmt.read_once(path, (sizes or {}).get(path)):
+        yield from chunks
 
 
 def run_keys(manifest: dict):
@@ -165,8 +163,9 @@ def scan_with_copies(
     # ids: ranks in the sorted file list
     sources = [Source(number, path, 0) for number, path in enumerate(paths)]
     balance = copies_balance(fmt, sources, field, policy, seed, skip, keep_unlabeled)
-    chunks = (
-        keyed_chunks(
+
+    def copies(source):
+        read = keyed_chunks(
             fmt,
             source,
             seed,
@@ -176,19 +175,10 @@ def scan_with_copies(
             ReadReport(),
             balance,
         )
-        for source in sources
-    )
-    files = (
-        (
-            source.path,
-            (
-                (table, hashes, keys)
-                for table, keys, hashes, _, _ in _chunks_of(fmt, source.path, sizes, read)
-            ),
-        )
-        for source, read in zip(sources, chunks)
-    )
-    return _sampled(files, threshold, label, keys=True)
+        for table, keys, hashes, _, _ in _chunks_of(fmt, source.path, sizes, read):
+            yield table, hashes, keys
+
+    return _sampled(((s.path, copies(s)) for s in sources), threshold, label, keys=True)
 
 
 def scan_distinct(

@@ -6,13 +6,11 @@ them), under ``--balance`` each record counted as many times as the run copied i
 reads the output: ``checks`` compares the two.
 """
 
-import contextlib
 from typing import NamedTuple
 
 from pileshuffle.engine.dedup import Dedup, distinct_fingerprint
 from pileshuffle.formats import ReadReport, read_fingerprint
 from pileshuffle.formats.base import DEFAULT_CHUNK_BYTES
-from pileshuffle.io import whole_reads
 from pileshuffle.records.fingerprint import Fingerprint
 
 __all__ = ["copies_fingerprint", "InputRead", "read_input", "with_copies"]
@@ -39,7 +37,7 @@ def read_input(fmt, sources, manifest, skip_corrupt: bool) -> InputRead:
         )
     else:
         for source in sources:
-            with _read_once(fmt, source):
+            with fmt.read_once(source.path, source.size):
                 fingerprint, report, _ = read_fingerprint(fmt, source.path, skip_corrupt)
             input_fp += fingerprint
             reports.append(report)
@@ -57,7 +55,7 @@ def _content_chunks(fmt, sources, dedup, skip_corrupt: bool, reports: list, per_
 
     for source in sources:
         report, records = ReadReport(), 0
-        with _read_once(fmt, source):
+        with fmt.read_once(source.path, source.size):
             for table, hashes, contents in dedup.file_contents(
                 fmt, source.path, skip_corrupt, report
             ):
@@ -95,7 +93,7 @@ def copies_fingerprint(
     balance = copies_balance(fmt, sources, field, policy, seed, skip_corrupt, keep_unlabeled)
     total = Fingerprint()
     for source in sources:
-        with _read_once(fmt, source):
+        with fmt.read_once(source.path, source.size):
             for _, _, hashes, lengths, _ in keyed_chunks(
                 fmt,
                 source,
@@ -108,11 +106,3 @@ def copies_fingerprint(
             ):
                 total += Fingerprint.of(hashes, int(lengths.sum()))
     return total
-
-
-def _read_once(fmt, source):
-    """A remote input file of a seeking format (Parquet) read in one download where it may be
-    held (``whole_reads``): else its reader makes a request per column chunk."""
-    if not fmt.reads_at_random:
-        return contextlib.nullcontext()
-    return whole_reads.read_once(source.path, source.size)
