@@ -7,7 +7,14 @@ Also used as Beam's ``--setup_file`` so that Dataflow workers install the same p
 ``pip install "pileshuffle[pipeline]"``: also the pipeline and the CLI's commands.
 """
 
+import pathlib
+import re
+
 import setuptools
+
+# one place for the version: the package reads it from the same file
+VERSION_FILE = pathlib.Path(__file__).resolve().parent / "pileshuffle" / "version.py"
+VERSION = re.search(r'__version__ = "(.+)"', VERSION_FILE.read_text()).group(1)
 
 # What `pileshuffle.loader` imports: `pip install pileshuffle` is the reader alone.
 READER = [
@@ -26,7 +33,7 @@ PIPELINE = [
 
 setuptools.setup(
     name="pileshuffle",
-    version="0.1.0",
+    version=VERSION,
     description="Global shuffle of TFRecord, Parquet and JSONL datasets larger than RAM (2-pass pile algorithm on Apache Beam)",
     long_description=open("README.md", encoding="utf-8").read()
     if __import__("os").path.exists("README.md")

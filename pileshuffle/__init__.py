@@ -9,7 +9,7 @@ Composed use::
      | WritePiles("out/train", format="tfrecord"))
 """
 
-__version__ = "0.1.0"  # written into every manifest (``pileshuffle_version``)
+from pileshuffle.version import __version__
 
 
 def __getattr__(name):  # lazy: importing the package must not import Beam's transforms

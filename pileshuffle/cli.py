@@ -151,7 +151,7 @@ def main(argv=None):
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]].main(argv[1:], argv[0])
     if argv == ["--version"]:
-        from pileshuffle import __version__
+        from pileshuffle.version import __version__
 
         print(f"pileshuffle {__version__}")
         return 0

@@ -22,7 +22,6 @@ import json
 import os
 import uuid
 
-from pileshuffle import __version__
 from pileshuffle.engine.balance import from_manifest_options, manifest_options
 from pileshuffle.errors import InputError, OutputError
 from pileshuffle.io import storage
@@ -40,6 +39,7 @@ from pileshuffle.names import (
 )
 from pileshuffle.names import STORE_MANIFEST_NAME as MANIFEST_NAME
 from pileshuffle.names import store_manifest_name as manifest_name
+from pileshuffle.version import __version__
 
 __all__ = [
     "clean_prefix",

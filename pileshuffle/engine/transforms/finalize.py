@@ -15,7 +15,8 @@ import uuid
 
 import apache_beam as beam
 
-from pileshuffle import __version__, interrupt, progress
+from pileshuffle import interrupt
+from pileshuffle.engine import progress
 from pileshuffle.engine.dedup import Dedup, dedup_section
 from pileshuffle.engine.fragments import write_failure
 from pileshuffle.engine.output_files import (
@@ -43,6 +44,7 @@ from pileshuffle.names import (
     staging_dir,
 )
 from pileshuffle.records.fingerprint import Fingerprint, total
+from pileshuffle.version import __version__
 
 __all__ = ["check_accounted", "balance_section", "Finalize"]
 

@@ -6,7 +6,7 @@ import time
 
 import apache_beam as beam
 
-from pileshuffle import progress
+from pileshuffle.engine import progress
 from pileshuffle.engine.balance import manifest_options
 from pileshuffle.engine.fragments import Fragment, GroupSegment
 from pileshuffle.engine.output_files import discard_unpublished, read_manifest, remove_tree

@@ -18,7 +18,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from pileshuffle import progress
+from pileshuffle.engine import progress
 from pileshuffle.engine.balance import ClassPlanner
 from pileshuffle.engine.runs import DEFAULT_RUN_BYTES, PileRuns
 from pileshuffle.engine.sources import Source

@@ -16,7 +16,8 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError
 
-from pileshuffle import interrupt, progress
+from pileshuffle import interrupt
+from pileshuffle.engine import progress
 from pileshuffle.engine.dedup import Dedup
 from pileshuffle.engine.duplicates import Dropped
 from pileshuffle.engine.fragments import between_passes, write_failure

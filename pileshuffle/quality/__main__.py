@@ -1,5 +1,0 @@
-import sys
-
-from pileshuffle.commands.quality import main
-
-sys.exit(main())
