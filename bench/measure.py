@@ -19,8 +19,18 @@ DISK_EVERY = 10  # the output folder's bytes are summed every DISK_EVERY-th RSS 
 
 
 class Measurement:
+    """One command's figures: ``cpu`` is ``user + system`` CPU seconds of its process tree."""
+
     def __init__(
-        self, returncode, wall, peak_rss, peak_procs, cpu, others, peak_disk=None, end_disk=None
+        self,
+        returncode,
+        wall,
+        peak_rss,
+        peak_procs,
+        cpu_times,
+        others,
+        peak_disk=None,
+        end_disk=None,
     ):
         self.returncode, self.wall, self.peak_rss, self.peak_procs = (
             returncode,
@@ -28,7 +38,8 @@ class Measurement:
             peak_rss,
             peak_procs,
         )
-        self.cpu, self.others = cpu, others
+        self.user, self.system = cpu_times
+        self.cpu, self.others = self.user + self.system, others
         self.peak_disk, self.end_disk = peak_disk, end_disk
 
 
@@ -44,9 +55,10 @@ def busy_seconds():
     )
 
 
-def children_cpu_seconds():
+def children_cpu_times():
+    """(user, system) CPU seconds of this process's reaped descendants."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime, usage.ru_stime
 
 
 def wait_for_idle(max_wait, threshold=0.25):
@@ -63,7 +75,7 @@ def wait_for_idle(max_wait, threshold=0.25):
 
 def tree_rss(proc, cpu_seen=None):
     """(RSS summed over ``proc`` and its descendants, their number); with ``cpu_seen``, also
-    records each one's user + system CPU seconds so far under its pid."""
+    records each one's (user, system) CPU seconds so far under its pid."""
     try:
         procs = [proc] + proc.children(recursive=True)
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -75,7 +87,7 @@ def tree_rss(proc, cpu_seen=None):
                 total += p.memory_info().rss
                 if cpu_seen is not None:
                     times = p.cpu_times()
-                    cpu_seen[p.pid] = times.user + times.system
+                    cpu_seen[p.pid] = (times.user, times.system)
             alive += 1
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             pass
@@ -108,7 +120,7 @@ def measure(cmd, name, timeout, disk_dir=None):
     ):
         peak, cpu_seen = [0, 0, 0], {}
         stop = threading.Event()
-        cpu_before, busy_before = children_cpu_seconds(), busy_seconds()
+        cpu_before, busy_before = children_cpu_times(), busy_seconds()
         started = time.perf_counter()
         proc = psutil.Popen(cmd, stdout=out, stderr=err, cwd=cwd)
 
@@ -131,20 +143,22 @@ def measure(cmd, name, timeout, disk_dir=None):
             proc.kill()
             returncode = "timeout"
         wall = time.perf_counter() - started
-        cpu, busy = children_cpu_seconds() - cpu_before, busy_seconds() - busy_before
+        reaped = [after - before for after, before in zip(children_cpu_times(), cpu_before)]
+        busy = busy_seconds() - busy_before
         stop.set()
         sampler.join()
     # getrusage counts only descendants reaped all the way up; a tree that leaves daemons to die
     # unreaped (Ray's raylet and workers) is counted from the samples of each process's CPU instead
-    cpu = max(cpu, sum(cpu_seen.values()))
-    others = max(0.0, busy - cpu) / (wall * (os.cpu_count() or 1))
+    seen = [sum(times[i] for times in cpu_seen.values()) for i in (0, 1)]
+    cpu_times = reaped if sum(reaped) >= sum(seen) else seen
+    others = max(0.0, busy - sum(cpu_times)) / (wall * (os.cpu_count() or 1))
     end_disk = tree_bytes(disk_dir) if disk_dir else None
     return Measurement(
         returncode,
         wall,
         peak[0],
         peak[1],
-        cpu,
+        cpu_times,
         others,
         max(peak[2], end_disk) if disk_dir else None,
         end_disk,

@@ -76,8 +76,8 @@ def call_cost(data, live, chunk_bytes=16 << 20, piles=16):
     """Seconds spent in the reporter's calls of one run over ``data``: the same calls
     (one ``read`` per 16 MiB chunk, one ``file_read`` per file, one ``pile_written`` per
     pile) made in a row, writing to /dev/null; tqdm's live line when ``live``."""
+    from pileshuffle.engine.progress import Progress
     from pileshuffle.engine.transforms.assign import Source
-    from pileshuffle.progress import Progress
 
     sources = [Source(i, path, os.path.getsize(path)) for i, path in enumerate(data["files"])]
     with open(os.devnull, "w") as sink:

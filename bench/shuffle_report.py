@@ -15,6 +15,8 @@ LEGEND = [
     "single-process Python 2-pass shuffle). With several rounds, wall s, MB/s and the other columns are the row's "
     "fastest run; median s and median x floor are the row's median run and its ratio to the floor's median. in-order %: share of adjacent pairs among the first 10,000 output "
     "records whose input index ascends (about 50 for a shuffle; 100 = input order kept).",
+    "user, sys CPU s/GB: the row's median user and system CPU seconds (its whole process tree) per GB of input "
+    "(10^9 B): on Dataflow vCPU-seconds are the bill, and on this VM CPU seconds are steadier than wall seconds. "
     "cores: CPU seconds (user+system) of the row's process tree / wall. others %: CPU used by processes outside "
     "the row during the row, as a share of all cores (other engineers' jobs; above ~10 the row's times are inflated).",
     "check: record count of the output (pileshuffle: manifest totals.records; others: counted) vs the generated count.",
@@ -54,6 +56,8 @@ def table_rows(rows):
         "x floor",
         "median s",
         "median x floor",
+        "user CPU s/GB",
+        "sys CPU s/GB",
         "cores",
         "others %",
         "disk GB",
@@ -76,6 +80,8 @@ def table_rows(rows):
                 "-" if r.get("ratio") is None else f"{r['ratio']:.2f}",
                 f"{r['median_wall_seconds']:.2f}",
                 "-" if r.get("median_ratio") is None else f"{r['median_ratio']:.2f}",
+                f"{r['median_user_cpu_per_gb']:.2f}",
+                f"{r['median_system_cpu_per_gb']:.2f}",
                 f"{r['cores_used']:.2f}",
                 f"{100 * r['other_processes_busy']:.0f}",
                 fmt_disk(r),

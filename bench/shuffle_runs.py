@@ -44,6 +44,8 @@ def run_row(name, kind, fmt, data, piles, timeout, keep, idle_wait, extra=()):
         "peak_rss_bytes": m.peak_rss,
         "peak_processes": m.peak_procs,
         "cpu_seconds": round(m.cpu, 2),
+        "user_cpu_seconds": round(m.user, 2),
+        "system_cpu_seconds": round(m.system, 2),
         "cores_used": round(m.cpu / m.wall, 2),
         "other_processes_busy": round(m.others, 3),
         "idle_wait_seconds": round(waited, 1),
@@ -166,6 +168,9 @@ def fastest_runs(plan, attempts):
         best = dict(min(ok, key=lambda a: a["wall_seconds"]))
         best["attempts_wall_seconds"] = [a["wall_seconds"] for a in runs]
         best["median_wall_seconds"] = round(statistics.median(a["wall_seconds"] for a in ok), 3)
+        for kind in ("user", "system"):  # CPU seconds per GB of input, median over the good runs
+            per_gb = [a[f"{kind}_cpu_seconds"] / (a["input_bytes"] / 1e9) for a in ok]
+            best[f"median_{kind}_cpu_per_gb"] = round(statistics.median(per_gb), 2)
         rows.append(best)
     return rows
 
