@@ -59,8 +59,9 @@ def _insert_if_absent(insert):
     return guarded
 
 
-# Objects whose name holds FLAKY answer every read with 503 for FLAKY_SECONDS from the first one:
-# a transient outage, which clients must retry through (and say so while it lasts).
+# Objects whose name holds FLAKY answer every read with 503 for FLAKY_SECONDS from the first one
+# (``flaky-503-2s``: for 2 s): a transient outage, which clients must retry through (and say so
+# while it lasts).
 FLAKY, FLAKY_SECONDS = "flaky-503", 7.0
 SERVICE_UNAVAILABLE = {
     "error": {
@@ -77,10 +78,12 @@ def _unavailable_for_a_while(handler):
     def flaky(request, response, storage, *args, **kwargs):
         name = request.path
         if FLAKY in name:
+            import re
             import time
 
             started = first_seen.setdefault(name, time.monotonic())
-            if time.monotonic() - started < FLAKY_SECONDS:
+            given = re.search(FLAKY + r"-(\d+)s", name)
+            if time.monotonic() - started < (float(given.group(1)) if given else FLAKY_SECONDS):
                 response.status = HTTPStatus.SERVICE_UNAVAILABLE
                 response.json(SERVICE_UNAVAILABLE)
                 return

@@ -643,12 +643,14 @@ def test_a_persisting_503_is_retried_with_backoff_and_said_on_stderr(
     gcs_root, gcs, monkeypatch, capfd, backend
 ):
     """The emulator answers reads of these objects with 503 for 7 s: the read still returns the
-    bytes, and stderr says it is retrying while the outage lasts."""
+    bytes, and stderr says it is retrying while the outage lasts. (The bucket answered before:
+    the first contact's own outage is the next test's.)"""
     import gcs_emulator
 
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
         pytest.skip("only on the emulator: it injects the outage")
     monkeypatch.setenv("PILESHUFFLE_STORAGE", backend)
+    assert not storage.exists(f"{gcs}/contact")
     path = f"{gcs}/{gcs_emulator.FLAKY}-{backend}/data.bin"
     storage.write_whole(path, b"payload" * 100)
     capfd.readouterr()
@@ -657,6 +659,28 @@ def test_a_persisting_503_is_retried_with_backoff_and_said_on_stderr(
     assert (
         "pileshuffle:" in said and "retrying" in said and "Cloud Storage is unavailable" in said
     ), said
+
+
+def test_an_outage_at_the_first_contact_is_waited_out_and_said(gcs, monkeypatch, capfd):
+    """A 503 is the service answering, busy: the first request a process makes to a bucket waits
+    it out like any later one (it raised "Cloud Storage is unavailable" at once). Scaled down:
+    a 1 s first-contact window against a 2 s outage."""
+    import gcs_emulator
+
+    from pileshuffle.errors import InputError
+    from pileshuffle.io import cloud
+
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        pytest.skip("only on the emulator: it injects the outage")
+    path = f"{gcs}/{gcs_emulator.FLAKY}-2s/data.bin"  # its first request starts the outage
+    monkeypatch.setattr(cloud, "FIRST_CONTACT_SECONDS", 1)
+    monkeypatch.setattr(cloud, "_contacted", set())  # this process has not met the bucket yet
+    capfd.readouterr()
+    cloud.first_contact(path)  # raised InputError before
+    said = capfd.readouterr().err
+    assert "retrying" in said and "Cloud Storage is unavailable" in said and path in said, said
+    with pytest.raises(InputError, match="does not exist"):  # and the bucket is still checked
+        cloud.first_contact(f"gs://no-such-bucket-{uuid.uuid4().hex[:8]}/data.bin")
 
 
 def test_of_writers_racing_to_create_one_object_exactly_one_wins(gcs):

@@ -10,11 +10,12 @@
 
 Fail fast: the first request to a bucket (``first_contact``) gets ``FIRST_CONTACT_SECONDS`` of
 retries, so a wrong endpoint, missing credentials, a missing bucket or a refused permission is
-one line naming the path within 30 s. After it, a transient error (429, 503, a dropped
-connection: passing states of a healthy service) is retried with backoff for
-``TRANSIENT_RETRY_SECONDS``, and said on stderr while it lasts: by ``patiently`` around the
-pyarrow reads (pyarrow itself gets ``ATTEMPT_SECONDS`` windows), and by ``report_retries`` for
-google-cloud-storage's own retries under Beam.
+one line naming the path within 30 s; a service that answers busy (429, 5xx) is there, and is
+waited out even then. After it, a transient error (429, 503, a dropped connection: passing
+states of a healthy service) is retried with backoff for ``TRANSIENT_RETRY_SECONDS``, and said
+on stderr while it lasts: by ``patiently`` around the pyarrow reads (pyarrow itself gets
+``ATTEMPT_SECONDS`` windows), and by ``report_retries`` for google-cloud-storage's own retries
+under Beam.
 """
 
 import datetime
@@ -61,6 +62,16 @@ _TRANSIENT = re.compile(
     r"UNAVAILABLE|RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|\b(429|500|502|503|504)\b|"
     r"Retry policy exhausted|Could not connect|Connection reset"
 )
+
+
+def _transient(error: BaseException) -> bool:
+    return bool(_TRANSIENT.search(str(error)))
+
+
+def _answered_busy(error: BaseException) -> bool:
+    """Whether ``error`` is Cloud Storage answering 429 or 5xx: it is there and reachable,
+    unlike an endpoint that does not answer, which the first contact must not wait out."""
+    return _cause(str(error)) in (_THROTTLED, _UNAVAILABLE)
 
 
 def emulator():
@@ -180,17 +191,19 @@ def read_range(path: str, offset: int, length: int) -> bytes:
     return data
 
 
-def patiently(path: str, attempt):
+def patiently(path: str, attempt, worth_waiting=None):
     """``attempt()``, tried again with backoff while it fails with a transient Cloud Storage
-    error, for up to ``TRANSIENT_RETRY_SECONDS``; each retry is one line on stderr. A permanent
-    error (not found, permission) and the last transient one are raised as they are."""
+    error (or one ``worth_waiting(error)`` says is), for up to ``TRANSIENT_RETRY_SECONDS``; each
+    retry is one line on stderr. A permanent error (not found, permission) and the last transient
+    one are raised as they are."""
+    worth_waiting = worth_waiting or _transient
     started, tries = time.monotonic(), 0
     while True:
         try:
             return attempt()
         except OSError as error:
             waited = time.monotonic() - started
-            if not _TRANSIENT.search(str(error)) or waited > TRANSIENT_RETRY_SECONDS:
+            if not worth_waiting(error) or waited > TRANSIENT_RETRY_SECONDS:
                 raise
             tries += 1
             print(
@@ -234,7 +247,9 @@ _contacted, _contact_lock = set(), threading.Lock()
 
 def first_contact(path: str):
     """Check once per process and bucket that ``path``'s bucket answers, in at most about 12 s:
-    an ``InputError`` naming ``path`` and the cause otherwise. Only ``gs://`` paths are checked."""
+    an ``InputError`` naming ``path`` and the cause otherwise; an answer that the service is busy
+    (429, 5xx) is waited out as any later request's (``patiently``). Only ``gs://`` paths are
+    checked."""
     if not path.startswith("gs://"):
         return
     bucket, _, name = path[len("gs://") :].partition("/")
@@ -243,7 +258,7 @@ def first_contact(path: str):
         if key in _contacted:
             return
     try:
-        found = _bucket_found(bucket, name)
+        found = patiently(path, lambda: _bucket_found(bucket, name), worth_waiting=_answered_busy)
     except OSError as error:
         raise InputError(path, explain(error)) from None
     if not found:
@@ -275,6 +290,9 @@ def _where() -> str:
     return f" (on the emulator at {found[0]}://{found[1]}, {EMULATOR_VARIABLE})" if found else ""
 
 
+# the service answered, busy: waited out, even at the first contact (``_answered_busy``)
+_THROTTLED = "Cloud Storage is throttling requests (429){where}"
+_UNAVAILABLE = "Cloud Storage is unavailable (5xx){where}"
 _CAUSES = [  # (what the client library says, what it means), first match wins
     (
         r"OAuth2 access token|credentials were not found|DefaultCredentialsError",
@@ -287,11 +305,8 @@ _CAUSES = [  # (what the client library says, what it means), first match wins
         r"Could not resolve|Name or service not known|timed out|Timeout",
         "cannot reach Cloud Storage{where}",
     ),
-    (
-        r"\b429\b|Too Many Requests|RESOURCE_EXHAUSTED",
-        "Cloud Storage is throttling requests (429){where}",
-    ),
-    (r"\b503\b|Service Unavailable|\b50[024]\b", "Cloud Storage is unavailable (5xx){where}"),
+    (r"\b429\b|Too Many Requests|RESOURCE_EXHAUSTED", _THROTTLED),
+    (r"\b503\b|Service Unavailable|\b50[024]\b", _UNAVAILABLE),
     (r"PERMISSION_DENIED|\b403\b|Forbidden", "permission denied{where}"),
     (r"UNAUTHENTICATED|\b401\b|Unauthorized", "the credentials were refused{where}"),
     (r"NOT_FOUND|\b404\b|No such|does not exist", "not found{where}"),
@@ -337,8 +352,13 @@ def refusals_explained(operation):
 def explain(error: BaseException) -> str:
     """One line saying what a Cloud Storage client's error means (its first line otherwise)."""
     text = str(error)
-    for pattern, meaning in _CAUSES:
-        if re.search(pattern, text):
-            return meaning.format(where=_where())
+    meaning = _cause(text)
+    if meaning is not None:
+        return meaning.format(where=_where())
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     return first[:300]
+
+
+def _cause(text: str):
+    """The meaning (``_CAUSES``) of a client's error text, or None."""
+    return next((meaning for pattern, meaning in _CAUSES if re.search(pattern, text)), None)
