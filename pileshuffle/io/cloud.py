@@ -257,8 +257,15 @@ def first_contact(path: str):
     with _contact_lock:
         if key in _contacted:
             return
+    # the first attempt gets the fail-fast window; a busy service's next ones a read's (Ctrl-C
+    # waits for the window it falls in)
+    windows = iter([FIRST_CONTACT_SECONDS])
     try:
-        found = patiently(path, lambda: _bucket_found(bucket, name), worth_waiting=_answered_busy)
+        found = patiently(
+            path,
+            lambda: _bucket_found(bucket, name, next(windows, ATTEMPT_SECONDS)),
+            worth_waiting=_answered_busy,
+        )
     except OSError as error:
         raise InputError(path, explain(error)) from None
     if not found:
@@ -267,14 +274,14 @@ def first_contact(path: str):
         _contacted.add(key)
 
 
-def _bucket_found(bucket: str, name: str) -> bool:
+def _bucket_found(bucket: str, name: str, retry_seconds: float) -> bool:
     """Whether ``bucket`` exists, asked as an object reader may: the GET of ``name`` itself
     (storage.objects.get) first; only when nothing is there, the bucket's own GET
     (storage.buckets.get, which object roles lack: its refusal, after an object request that
-    was allowed, says the bucket is there)."""
+    was allowed, says the bucket is there). pyarrow retries each for ``retry_seconds``."""
     import pyarrow.fs as pafs
 
-    gcs, named = arrow_gcs(FIRST_CONTACT_SECONDS), bool(name.strip("/"))
+    gcs, named = arrow_gcs(retry_seconds), bool(name.strip("/"))
     if named and gcs.get_file_info(f"{bucket}/{name}").type != pafs.FileType.NotFound:
         return True
     try:
