@@ -37,6 +37,7 @@ LAYERS = {
 }
 # the package's own __init__ (module ""): the public face, above every layer (it hands on
 # ShuffleToPiles, WritePiles and WritePileStore), so no layer imports a name from it
+FACE = 9
 # beside layers 4-6: imports only layers 0-3, and only quality and commands import it
 LOADER = "loader"
 LOADER_READS = 3
@@ -69,7 +70,6 @@ WITHOUT_BEAM = [
     "commands.info",
     "commands.verify",
 ]
-FACE = 9
 ROOT_MODULES = 8  # the package root: the public face and what belongs to no layer
 
 
