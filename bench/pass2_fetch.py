@@ -84,7 +84,7 @@ def upload(fragments: list, prefix: str) -> list:
     """The fragments' run files put on the emulator under ``prefix``; the fragments, there."""
     from pileshuffle.io import cloud
 
-    bucket = cloud._storage_client(cloud.emulator()).bucket(BUCKET)
+    bucket = cloud.storage_client().bucket(BUCKET)
     moved = []
     for fragment in fragments:
         name = f"{prefix}/{os.path.basename(fragment.path)}"

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.parse
 import uuid
 
@@ -668,19 +669,41 @@ def test_an_outage_at_the_first_contact_is_waited_out_and_said(gcs, monkeypatch,
     import gcs_emulator
 
     from pileshuffle.errors import InputError
-    from pileshuffle.io import cloud
+    from pileshuffle.io import cloud_requests
 
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
         pytest.skip("only on the emulator: it injects the outage")
     path = f"{gcs}/{gcs_emulator.FLAKY}-2s/data.bin"  # its first request starts the outage
-    monkeypatch.setattr(cloud, "FIRST_CONTACT_SECONDS", 1)
-    monkeypatch.setattr(cloud, "_contacted", set())  # this process has not met the bucket yet
+    monkeypatch.setattr(cloud_requests, "FIRST_CONTACT_SECONDS", 1)
+    # this process has not met the bucket yet
+    monkeypatch.setattr(cloud_requests, "_contacted", set())
     capfd.readouterr()
-    cloud.first_contact(path)  # raised InputError before
+    cloud_requests.first_contact(path)  # raised InputError before
     said = capfd.readouterr().err
     assert "retrying" in said and "Cloud Storage is unavailable" in said and path in said, said
     with pytest.raises(InputError, match="does not exist"):  # and the bucket is still checked
-        cloud.first_contact(f"gs://no-such-bucket-{uuid.uuid4().hex[:8]}/data.bin")
+        cloud_requests.first_contact(f"gs://no-such-bucket-{uuid.uuid4().hex[:8]}/data.bin")
+
+
+def test_ctrl_c_while_a_request_is_retried_in_an_outage_is_acted_on_at_once(gcs):
+    """Ctrl-C that comes while the client library retries a request (here the first contact's
+    8 s window, 2 s into it) ends the command within a second, with its one line: it waited for
+    the attempt to end, 1-6 s in an outage."""
+    import gcs_emulator
+    from test_interrupt import interrupt_when
+
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        pytest.skip("only on the emulator: it injects the outage")
+    output = f"{gcs}/{gcs_emulator.FLAKY}-60s/t"
+
+    def in_the_first_attempt(pid):  # started, planned nothing yet: pyarrow is retrying
+        return time.monotonic() > launched + 3.5
+
+    launched = time.monotonic()
+    stopped = interrupt_when(["verify", f"--output={output}"], in_the_first_attempt)
+    stopped.check("verify", output)
+    assert not any("retrying" in line for line in stopped.before), stopped.before  # 1st attempt
+    assert stopped.seconds < 1.5, stopped.seconds
 
 
 def test_of_writers_racing_to_create_one_object_exactly_one_wins(gcs):

@@ -3,14 +3,15 @@ Beam (a training host's loader), and on a ``FileSystem`` a caller hands in.
 
 Paths go in and come out in the caller's form: a remote path keeps its ``scheme://`` (pyarrow
 drops it), a glob matches by ``fnmatch`` over its folder's listing. Every call to an object store
-goes through ``cloud.patiently_on`` (its retries); nothing here decides between Beam and pyarrow.
+goes through ``cloud_requests.patiently_on`` (its retries); nothing here decides between Beam and
+pyarrow.
 """
 
 import errno
 import os
 import posixpath
 
-from pileshuffle.io import cloud
+from pileshuffle.io import cloud, cloud_requests
 
 __all__ = [
     "is_remote",
@@ -40,7 +41,7 @@ def arrow_filesystem(path: str, filesystem=None):
     if filesystem is not None:
         return filesystem, path
     if path.startswith("gs://"):
-        cloud.first_contact(path)
+        cloud_requests.first_contact(path)
         return cloud.arrow_gcs(), path[len("gs://") :]
     if is_remote(path):
         return pafs.FileSystem.from_uri(path)
@@ -57,7 +58,7 @@ def match(pattern: str) -> list:
     fs, where = arrow_filesystem(pattern)
     folder = posixpath.dirname(where) if is_remote(pattern) else os.path.dirname(where)
     try:
-        infos = cloud.patiently_on(
+        infos = cloud_requests.patiently_on(
             pattern,
             fs,
             lambda: fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True)),
@@ -94,13 +95,13 @@ def size(path: str) -> int:
 def _file_info(path: str, filesystem=None):
     """``path``'s ``pyarrow.fs.FileInfo``: one metadata request on an object store."""
     fs, where = arrow_filesystem(path, filesystem)
-    return cloud.patiently_on(path, fs, lambda: fs.get_file_info(where))
+    return cloud_requests.patiently_on(path, fs, lambda: fs.get_file_info(where))
 
 
 def read_whole(path: str, filesystem=None):
     """The whole file as a ``pyarrow.Buffer`` (gunzipped when its name ends in .gz)."""
     fs, where = arrow_filesystem(path, filesystem)
-    return cloud.patiently_on(path, fs, lambda: _read_whole(fs, where))
+    return cloud_requests.patiently_on(path, fs, lambda: _read_whole(fs, where))
 
 
 def _read_whole(fs, where: str):
@@ -119,7 +120,7 @@ def list_folder(folder: str, filesystem=None) -> list:
     import pyarrow.fs as pafs
 
     fs, where = arrow_filesystem(folder, filesystem)
-    infos = cloud.patiently_on(
+    infos = cloud_requests.patiently_on(
         folder, fs, lambda: fs.get_file_info(pafs.FileSelector(where, allow_not_found=True))
     )
     scheme = folder.split("://", 1)[0] + "://" if is_remote(folder) and filesystem is None else ""

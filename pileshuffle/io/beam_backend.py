@@ -10,7 +10,7 @@ a function is called, never by importing this module.
 import os
 import sys
 
-from pileshuffle.io import cloud
+from pileshuffle.io import cloud, cloud_requests
 
 __all__ = [
     "in_use",
@@ -34,12 +34,12 @@ def in_use() -> bool:
 
 def file_systems(*paths):
     """Beam's ``FileSystems``, once the endpoint rule holds in Beam (``cloud.configure_beam``)
-    and the remote paths' bucket answered (``cloud.first_contact``)."""
+    and the remote paths' bucket answered (``cloud_requests.first_contact``)."""
     from apache_beam.io.filesystems import FileSystems
 
     cloud.configure_beam()
     for path in paths:
-        cloud.first_contact(path)
+        cloud_requests.first_contact(path)
     return FileSystems
 
 

@@ -1,4 +1,5 @@
-"""Where Cloud Storage requests go and as whom: one rule for every client of the process.
+"""Where Cloud Storage requests go and as whom: one rule for every client of the process; and
+what a client's error means.
 
 - ``STORAGE_EMULATOR_HOST`` set (``http://host:port``, or ``host:port``, taken as http): every
   client goes there anonymously and nothing looks for credentials: Beam's ``gcsio`` and
@@ -8,14 +9,11 @@
 - otherwise Google's credential chain (Application Default Credentials), looked up once per
   process: the pyarrow file system is made once and kept.
 
-Fail fast: the first request to a bucket (``first_contact``) gets ``FIRST_CONTACT_SECONDS`` of
-retries, so a wrong endpoint, missing credentials, a missing bucket or a refused permission is
-one line naming the path within 30 s; a service that answers busy (429, 5xx) is there, and is
-waited out even then. After it, a transient error (429, 503, a dropped connection: passing
-states of a healthy service) is retried with backoff for ``TRANSIENT_RETRY_SECONDS``, and said
-on stderr while it lasts: by ``patiently`` around the pyarrow reads (pyarrow itself gets
-``ATTEMPT_SECONDS`` windows), and by ``report_retries`` for google-cloud-storage's own retries
-under Beam.
+An error is transient (429, 503, a dropped connection: passing states of a healthy service:
+``transient``), the service answering busy (``answered_busy``), or a refusal (``refused``);
+``explain`` says any of them in one line. pileshuffle's own requests are retried by
+``cloud_requests``; google-cloud-storage's retries under Beam are said on stderr by
+``report_retries``.
 """
 
 import datetime
@@ -24,54 +22,29 @@ import logging
 import os
 import re
 import sys
-import threading
-import time
 
 from pileshuffle.errors import InputError, PileshuffleError
 
 __all__ = [
     "EMULATOR_VARIABLE",
-    "FIRST_CONTACT_SECONDS",
-    "TRANSIENT_RETRY_SECONDS",
     "ATTEMPT_SECONDS",
     "emulator",
+    "where",
     "arrow_gcs",
+    "storage_client",
     "configure_beam",
-    "first_contact",
-    "explain",
-    "create_if_absent",
-    "read_range",
-    "patiently",
-    "patiently_on",
     "report_retries",
+    "explain",
+    "transient",
+    "answered_busy",
     "refused",
     "refusals_explained",
 ]
 
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
-# pyarrow's default is 15 minutes of retries, and without credentials it waits out all of them.
-# 8 s of retries ends in about 12 s when nothing answers: one line well within 30 s.
-FIRST_CONTACT_SECONDS = 8
-# google-cloud-storage's (and so Beam's) default deadline: a 503 or 429 burst outlives a few
-# seconds.
-TRANSIENT_RETRY_SECONDS = 120
-# pyarrow's own retries per attempt of ``patiently``: short, so a persisting error is said on
-# stderr.
+# pyarrow's own retries per attempt of ``cloud_requests.patiently``: short, so a persisting
+# error is said on stderr.
 ATTEMPT_SECONDS = 5
-_TRANSIENT = re.compile(
-    r"UNAVAILABLE|RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|\b(429|500|502|503|504)\b|"
-    r"Retry policy exhausted|Could not connect|Connection reset"
-)
-
-
-def _transient(error: BaseException) -> bool:
-    return bool(_TRANSIENT.search(str(error)))
-
-
-def _answered_busy(error: BaseException) -> bool:
-    """Whether ``error`` is Cloud Storage answering 429 or 5xx: it is there and reachable,
-    unlike an endpoint that does not answer, which the first contact must not wait out."""
-    return _cause(str(error)) in (_THROTTLED, _UNAVAILABLE)
 
 
 def emulator():
@@ -127,6 +100,12 @@ def configure_beam():
         auth._Credentials._credentials = None
 
 
+def storage_client():
+    """The process's ``google.cloud.storage.Client`` under the endpoint rule (made once per
+    endpoint)."""
+    return _storage_client(emulator())
+
+
 @functools.lru_cache(maxsize=None)
 def _storage_client(endpoint):
     from google.cloud import storage as gcs  # google-cloud-storage: comes with apache-beam[gcp]
@@ -154,73 +133,6 @@ def _pool_connections(session, connections: int):
             session.mount(prefix, requests.adapters.HTTPAdapter(pool_maxsize=connections))
 
 
-def create_if_absent(path: str, data: bytes):
-    """Upload ``data`` as the ``gs://`` object ``path`` only if no object is there: one request
-    with the precondition ``ifGenerationMatch=0``, so of two writers exactly one succeeds.
-    ``FileExistsError`` when the object exists."""
-    from google.api_core import exceptions
-
-    first_contact(path)
-    bucket, _, name = path[len("gs://") :].partition("/")
-    blob = _storage_client(emulator()).bucket(bucket).blob(name)
-    try:
-        blob.upload_from_string(data, if_generation_match=0, timeout=FIRST_CONTACT_SECONDS * 4)
-    except exceptions.PreconditionFailed:
-        if blob.download_as_bytes() == data:  # a retried request whose first attempt went through
-            return
-        raise FileExistsError(17, f"{path} exists") from None
-
-
-def read_range(path: str, offset: int, length: int) -> bytes:
-    """``length`` bytes of the ``gs://`` object ``path`` from ``offset``: one ranged GET (no
-    metadata read first), retried like every other request (``patiently``)."""
-    first_contact(path)
-    bucket, _, name = path[len("gs://") :].partition("/")
-    blob = _storage_client(emulator()).bucket(bucket).blob(name)
-    data = patiently(
-        path,
-        lambda: blob.download_as_bytes(
-            start=offset, end=offset + length - 1, checksum=None, timeout=FIRST_CONTACT_SECONDS * 4
-        ),
-    )
-    if len(data) != length:
-        raise OSError(
-            f"{path}: read {len(data):,} bytes at {offset:,} where {length:,} were expected "
-            "(a shorter object)"
-        )
-    return data
-
-
-def patiently(path: str, attempt, worth_waiting=None):
-    """``attempt()``, tried again with backoff while it fails with a transient Cloud Storage
-    error (or one ``worth_waiting(error)`` says is), for up to ``TRANSIENT_RETRY_SECONDS``; each
-    retry is one line on stderr. A permanent error (not found, permission) and the last transient
-    one are raised as they are."""
-    worth_waiting = worth_waiting or _transient
-    started, tries = time.monotonic(), 0
-    while True:
-        try:
-            return attempt()
-        except OSError as error:
-            waited = time.monotonic() - started
-            if not worth_waiting(error) or waited > TRANSIENT_RETRY_SECONDS:
-                raise
-            tries += 1
-            print(
-                f"pileshuffle: {path}: {explain(error)}; retrying ({waited:.0f} s so far)",
-                file=sys.stderr,
-            )
-            time.sleep(min(2.0**tries, 16.0))
-
-
-def patiently_on(path: str, filesystem, attempt):
-    """``attempt()`` of a request to ``filesystem`` (pyarrow's): ``patiently`` unless it is the
-    local file system, whose errors are not transient."""
-    import pyarrow.fs as pafs
-
-    return attempt() if isinstance(filesystem, pafs.LocalFileSystem) else patiently(path, attempt)
-
-
 class _RetryReport(logging.Handler):
     """google-api-core's retry log ("Retrying due to ..."), as one line on stderr per retry."""
 
@@ -242,62 +154,14 @@ def report_retries():
         logger.setLevel(logging.DEBUG)
 
 
-_contacted, _contact_lock = set(), threading.Lock()
-
-
-def first_contact(path: str):
-    """Check once per process and bucket that ``path``'s bucket answers, in at most about 12 s:
-    an ``InputError`` naming ``path`` and the cause otherwise; an answer that the service is busy
-    (429, 5xx) is waited out as any later request's (``patiently``). Only ``gs://`` paths are
-    checked."""
-    if not path.startswith("gs://"):
-        return
-    bucket, _, name = path[len("gs://") :].partition("/")
-    key = (emulator(), bucket)
-    with _contact_lock:
-        if key in _contacted:
-            return
-    # the first attempt gets the fail-fast window; a busy service's next ones a read's (Ctrl-C
-    # waits for the window it falls in)
-    windows = iter([FIRST_CONTACT_SECONDS])
-    try:
-        found = patiently(
-            path,
-            lambda: _bucket_found(bucket, name, next(windows, ATTEMPT_SECONDS)),
-            worth_waiting=_answered_busy,
-        )
-    except OSError as error:
-        raise InputError(path, explain(error)) from None
-    if not found:
-        raise InputError(path, f"bucket gs://{bucket} does not exist{_where()}")
-    with _contact_lock:
-        _contacted.add(key)
-
-
-def _bucket_found(bucket: str, name: str, retry_seconds: float) -> bool:
-    """Whether ``bucket`` exists, asked as an object reader may: the GET of ``name`` itself
-    (storage.objects.get) first; only when nothing is there, the bucket's own GET
-    (storage.buckets.get, which object roles lack: its refusal, after an object request that
-    was allowed, says the bucket is there). pyarrow retries each for ``retry_seconds``."""
-    import pyarrow.fs as pafs
-
-    gcs, named = arrow_gcs(retry_seconds), bool(name.strip("/"))
-    if named and gcs.get_file_info(f"{bucket}/{name}").type != pafs.FileType.NotFound:
-        return True
-    try:
-        return gcs.get_file_info(bucket).type != pafs.FileType.NotFound
-    except OSError as error:
-        if named and refused(error):
-            return True
-        raise
-
-
-def _where() -> str:
+def where() -> str:
+    """What an error adds to say that requests went to an emulator (``" (on the emulator at
+    ...)"``), or nothing."""
     found = emulator()
     return f" (on the emulator at {found[0]}://{found[1]}, {EMULATOR_VARIABLE})" if found else ""
 
 
-# the service answered, busy: waited out, even at the first contact (``_answered_busy``)
+# the service answered, busy: waited out, even at the first contact (``answered_busy``)
 _THROTTLED = "Cloud Storage is throttling requests (429){where}"
 _UNAVAILABLE = "Cloud Storage is unavailable (5xx){where}"
 _CAUSES = [  # (what the client library says, what it means), first match wins
@@ -318,6 +182,23 @@ _CAUSES = [  # (what the client library says, what it means), first match wins
     (r"UNAUTHENTICATED|\b401\b|Unauthorized", "the credentials were refused{where}"),
     (r"NOT_FOUND|\b404\b|No such|does not exist", "not found{where}"),
 ]
+
+
+_TRANSIENT = re.compile(
+    r"UNAVAILABLE|RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED|\b(429|500|502|503|504)\b|"
+    r"Retry policy exhausted|Could not connect|Connection reset"
+)
+
+
+def transient(error: BaseException) -> bool:
+    """Whether ``error`` is a passing state of a healthy service: worth trying again."""
+    return bool(_TRANSIENT.search(str(error)))
+
+
+def answered_busy(error: BaseException) -> bool:
+    """Whether ``error`` is Cloud Storage answering 429 or 5xx: it is there and reachable,
+    unlike an endpoint that does not answer, which the first contact must not wait out."""
+    return _cause(str(error)) in (_THROTTLED, _UNAVAILABLE)
 
 
 _REFUSED = re.compile(
@@ -361,7 +242,7 @@ def explain(error: BaseException) -> str:
     text = str(error)
     meaning = _cause(text)
     if meaning is not None:
-        return meaning.format(where=_where())
+        return meaning.format(where=where())
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     return first[:300]
 

@@ -12,8 +12,9 @@ pile's canonical order: the same bytes out) while fetching ahead out of order:
   started and not yet handed over in full, stays within ``bytes_in_flight``; the request that
   holds the next range is always started, so one larger than the bound still goes (alone);
 - a request is ``storage.read_range``: its retries and refusals are the ones every read has
-  (``cloud.patiently``, google-cloud-storage's own retries, ``cloud.refusals_explained``). A
-  final failure is one line naming the object and the byte range (``RangeReadError``).
+  (``cloud_requests.patiently``, google-cloud-storage's own retries,
+  ``cloud.refusals_explained``). A final failure is one line naming the object and the byte
+  range (``RangeReadError``).
 
 Measured on the emulator behind a 30 ms proxy: bench/pass2_fetch.py, docs/performance.md.
 """

@@ -24,7 +24,7 @@ import json
 import os
 import posixpath
 
-from pileshuffle.io import arrow_backend, beam_backend, cloud, held_bytes
+from pileshuffle.io import arrow_backend, beam_backend, cloud, cloud_requests, held_bytes
 from pileshuffle.io.arrow_backend import arrow_filesystem, is_remote
 from pileshuffle.io.durable import settle, settle_folder
 from pileshuffle.names import literal_pattern, temp_name
@@ -162,7 +162,7 @@ def read_range(path: str, offset: int, length: int):
     import pyarrow as pa
 
     if path.startswith("gs://"):
-        data = pa.py_buffer(cloud.read_range(path, offset, length))
+        data = pa.py_buffer(cloud_requests.read_range(path, offset, length))
     elif not is_remote(path):
         with open(path, "rb", buffering=0) as handle:
             data = pa.py_buffer(os.pread(handle.fileno(), length, offset))
@@ -188,7 +188,7 @@ def open_random_access(path: str, filesystem=None):
     if held is not None:
         return held
     fs, where = arrow_filesystem(path, filesystem)
-    return cloud.patiently_on(path, fs, lambda: fs.open_input_file(where))
+    return cloud_requests.patiently_on(path, fs, lambda: fs.open_input_file(where))
 
 
 @cloud.refusals_explained
@@ -210,7 +210,7 @@ def open_mapped(path: str, filesystem=None):
     if is_local(filesystem, path):
         return pa.memory_map(path)
     fs, where = arrow_filesystem(path, filesystem)
-    return cloud.patiently_on(path, fs, lambda: fs.open_input_stream(where))
+    return cloud_requests.patiently_on(path, fs, lambda: fs.open_input_stream(where))
 
 
 @cloud.refusals_explained
@@ -282,7 +282,9 @@ def create_exclusive(path: str, data: bytes, temp: str):
 
     with interrupt.not_cut():
         if path.startswith("gs://"):
-            cloud.create_if_absent(path, data)  # one conditional upload: no temp, no rename
+            cloud_requests.create_if_absent(
+                path, data
+            )  # one conditional upload: no temp, no rename
             return
         makedirs(split(path)[0] or ".")
         with open_write(temp, UNCOMPRESSED) as handle:

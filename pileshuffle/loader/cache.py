@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from pileshuffle.errors import InputError, PileshuffleError
-from pileshuffle.io import cloud, storage
+from pileshuffle.io import cloud_requests, storage
 
 __all__ = ["DEFAULT_LIMIT", "FileFacts", "PileCache", "parse_limit", "caches", "remote_name"]
 
@@ -260,7 +260,9 @@ class PileCache:
         try:
             # the folder may have been removed meanwhile
             _local(os.makedirs, self.directory, 0o777, True)
-            if not cloud.patiently(uri, lambda: self._download(filesystem, path, facts, temp, uri)):
+            if not cloud_requests.patiently_writing(
+                uri, lambda: self._download(filesystem, path, facts, temp, uri)
+            ):
                 return False
             _local(_touch, temp)
             _local(os.replace, temp, local)
