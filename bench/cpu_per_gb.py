@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import datagen  # noqa: E402
-from workspace import DATA, GB, OUT, PEERS_PY, PY, log, pileshuffle_command  # noqa: E402
+from workspace import DATA, GB, OUT, PEERS_PY, PY, log  # noqa: E402
 
 # (records, bytes a record), 8 files
 SETS = {
@@ -98,6 +98,7 @@ STAGES = [
 ]
 OTHER = "Beam, plan, start-up, no Python frame"
 SPY = os.path.join(os.path.dirname(PY), "py-spy")  # `.venv/bin/pip install py-spy` for the stages
+ROOT = os.path.dirname(HERE)  # the checkout this bench is in: the pileshuffle row's tree
 TREES = {}  # row -> the tree it runs pileshuffle from (--before, --after)
 BUDGET = {}  # "limit": --memory's value for the budget rows ("pileshuffle <limit>", "duckdb <limit>")
 
@@ -141,16 +142,22 @@ def command(row: str, fmt: str, data: dict, out_dir: str) -> tuple:
         str(SEED),
         *(["--memory", BUDGET["limit"]] if budget else []),
     ]
-    if row.startswith("pileshuffle"):
-        return [*pileshuffle_command(), *run], {}
-    return [PY, "-m", "pileshuffle.cli", *run], {"PYTHONPATH": TREES[row.split(" ")[0]]}
+    # the tree first on the path, and a working folder without a pileshuffle package: a child's
+    # sys.path starts with its working folder (a checkout's root shadowed every other tree), and
+    # the venv's editable install names the checkout it was installed from
+    tree = ROOT if row.startswith("pileshuffle") else TREES[row.split(" ")[0]]
+    return [PY, "-m", "pileshuffle.cli", *run], {"PYTHONPATH": tree}
 
 
 def measure(argv, env) -> dict:
     """Wall seconds, user and system CPU seconds and peak RSS (bytes) of one process and its children."""
     started = time.perf_counter()
     child = subprocess.Popen(
-        argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        argv,
+        env={**os.environ, **env},
+        cwd=WORK,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     stderr = child.stderr.read()
     _, status, usage = os.wait4(child.pid, 0)
@@ -237,6 +244,7 @@ def profile(row: str, fmt: str, data: dict) -> collections.Counter:
             *argv,
         ],
         env={**os.environ, **env},
+        cwd=WORK,
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

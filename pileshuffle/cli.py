@@ -166,11 +166,14 @@ def entry():
     """The ``pileshuffle`` command: ``main``, then, when it returned and started no child
     process that is still alive, exit without tearing the interpreter down. Every output
     is closed and renamed by then; the teardown (freeing Beam's and Arrow's objects one by
-    one, joining their thread pools) took 0.4 s of a 6 s run. An exception exits normally;
-    Ctrl-C exits with one line and code 130 (``pileshuffle.interrupt``); a closed stdout
-    quietly, with the code a shell reports for a process SIGPIPE ended (141)."""
+    one, joining their thread pools) took 0.4 s of a 6 s run. A local command imports Beam
+    without the connectors it cannot use (``tuning.without_remote_connectors``). An exception
+    exits normally; Ctrl-C exits with one line and code 130 (``pileshuffle.interrupt``); a
+    closed stdout quietly, with the code a shell reports for a process SIGPIPE ended (141)."""
     from pileshuffle import interrupt
+    from pileshuffle.engine.tuning import without_remote_connectors
 
+    without_remote_connectors(sys.argv[1:])
     named = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in COMMANDS else None
     try:
         with interrupt.handling(named):

@@ -108,3 +108,34 @@ def test_a_user_who_wants_numpys_huge_pages_keeps_them():
         "from pileshuffle.engine.tuning import keep_freed_memory; keep_freed_memory()\n" + _ADVISED
     )
     assert out == "True"
+
+
+# What Beam imports in a process whose command line is ``ARGV`` (``without_remote_connectors``).
+_CONNECTORS = (
+    "import sys\n"
+    "from pileshuffle.engine.tuning import without_remote_connectors\n"
+    "without_remote_connectors(sys.argv[1:])\n"
+    "import apache_beam as beam\n"
+    "from apache_beam.io.gcp import gcsfilesystem\n"
+    "from apache_beam.runners.dataflow import dataflow_runner\n"
+    "print(hasattr(beam.io, 'WriteToBigQuery'), hasattr(beam.io, 'ReadFromPubSub'),\n"
+    "      dataflow_runner.dataflow_api is not None, gcsfilesystem.GCSFileSystem.scheme())\n"
+)
+
+
+def test_a_local_command_imports_beam_without_the_remote_connectors():
+    """A local run (no ``--runner``, or the local one) imports Beam as it is without BigQuery,
+    Pub/Sub and Dataflow's client; Cloud Storage's file system stays (gs:// is read and written
+    locally too). A command that names another runner gets every connector."""
+    for argv, expected in [
+        ([], "False False False gs"),
+        (["run", "--runner=DirectRunner", "--input=x"], "False False False gs"),
+        (["run", "--runner", "direct"], "False False False gs"),
+        (["run", "--runner=DataflowRunner", "--project=p"], "True True True gs"),
+        (["run", "--runner", "DaskRunner"], "True True True gs"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-c", _CONNECTORS, *argv], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split("\n")[-2] == expected, (argv, done.stdout)

@@ -28,6 +28,12 @@ stalls: a 508 MB TFRecord run spent 3.9 s of system CPU and 5.9 s in all with it
 without (3 interleaved rounds). Arrays here are streamed once and freed: huge pages buy them
 nothing. So numpy is told not to ask (``NUMPY_MADVISE_HUGEPAGE=0``; the environment's own value,
 where set, wins).
+
+A command's start-up is mostly Beam's import (``import apache_beam``: 1.1-1.4 s of CPU here),
+which imports every connector the SDK has. A command that runs on the local runner imports it
+as Beam without the GCP extras' BigQuery, Pub/Sub and Dataflow API client
+(``without_remote_connectors``): Beam guards those imports for installs that lack them, and a
+local run never calls them (docs/performance.md, "Beam's import").
 """
 
 import contextlib
@@ -38,7 +44,12 @@ import os
 import resource
 import sys
 
-__all__ = ["keep_freed_memory", "prepare_worker", "importing_without_gc"]
+__all__ = [
+    "keep_freed_memory",
+    "prepare_worker",
+    "importing_without_gc",
+    "without_remote_connectors",
+]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -142,3 +153,33 @@ def importing_without_gc():
         gc.freeze()
         if was_enabled:
             gc.enable()
+
+
+# Connectors whose import Beam guards (``except ImportError``: the SDK without its GCP extras)
+# and that no local run calls: BigQuery (its guard in ``apache_beam.io`` also holds Pub/Sub and
+# the cross-language IOs) and Dataflow's API client (``dataflow_runner`` only submits with it).
+# Cloud Storage's client stays: a local run reads and writes gs:// through it.
+_CONNECTORS_NOT_RUN_LOCALLY = ("apache_beam.io.gcp.bigquery", "google.cloud.dataflow")
+_LOCAL_RUNNERS = (None, "directrunner", "direct")
+
+
+def without_remote_connectors(argv):
+    """In a command's own process, before Beam is imported: when ``argv`` names no runner but
+    the local one, Beam will import as it does without the connectors in
+    ``_CONNECTORS_NOT_RUN_LOCALLY`` (they read as not installed). Not for a process that goes on
+    to run other code: it stays without them. A module already imported is left alone."""
+    if _runner_named(argv) not in _LOCAL_RUNNERS:
+        return
+    for name in _CONNECTORS_NOT_RUN_LOCALLY:
+        sys.modules.setdefault(name, None)
+
+
+def _runner_named(argv):
+    """The last ``--runner`` value in ``argv``, lower-cased, or None."""
+    named = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--runner="):
+            named = arg.partition("=")[2]
+        elif arg == "--runner" and i + 1 < len(argv):
+            named = argv[i + 1]
+    return None if named is None else named.lower()
