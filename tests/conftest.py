@@ -10,6 +10,14 @@ import subprocess
 # with -6 before it started. Set before anything imports grpc.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+# The commands the tests start import the pileshuffle under test: this checkout's, first on their
+# path. Without it a command started in another folder imports the one the venv's editable
+# install names, which for a second worktree of the repository is another checkout.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_CHECKOUT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+)
+
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 

@@ -31,9 +31,10 @@ where set, wins).
 
 A command's start-up is mostly Beam's import (``import apache_beam``: 1.1-1.4 s of CPU here),
 which imports every connector the SDK has. A command that runs on the local runner imports it
-as Beam without the GCP extras' BigQuery, Pub/Sub and Dataflow API client
-(``without_remote_connectors``): Beam guards those imports for installs that lack them, and a
-local run never calls them (docs/performance.md, "Beam's import").
+as Beam without the GCP extras' BigQuery, Pub/Sub and Dataflow API client, and a ``run`` or
+``plan`` of local paths without Cloud Storage's client too (``without_remote_connectors``):
+Beam guards those imports for installs that lack them, and such a command never calls them
+(docs/performance.md, "Beam's import").
 """
 
 import contextlib
@@ -158,19 +159,27 @@ def importing_without_gc():
 # Connectors whose import Beam guards (``except ImportError``: the SDK without its GCP extras)
 # and that no local run calls: BigQuery (its guard in ``apache_beam.io`` also holds Pub/Sub and
 # the cross-language IOs) and Dataflow's API client (``dataflow_runner`` only submits with it).
-# Cloud Storage's client stays: a local run reads and writes gs:// through it.
 _CONNECTORS_NOT_RUN_LOCALLY = ("apache_beam.io.gcp.bigquery", "google.cloud.dataflow")
 _LOCAL_RUNNERS = (None, "directrunner", "direct")
+# Cloud Storage's client (Beam's gs:// file system, skipped when it is missing), for the
+# commands whose every path is on their command line, when none is on gs://.
+_CLOUD_STORAGE_CLIENT = "google.cloud.storage"
+_PATHS_ON_THE_COMMAND_LINE = ("run", "plan")
 
 
 def without_remote_connectors(argv):
-    """In a command's own process, before Beam is imported: when ``argv`` names no runner but
-    the local one, Beam will import as it does without the connectors in
-    ``_CONNECTORS_NOT_RUN_LOCALLY`` (they read as not installed). Not for a process that goes on
-    to run other code: it stays without them. A module already imported is left alone."""
+    """In a command's own process, before Beam is imported (``argv``: the command and its
+    arguments): when ``argv`` names no runner but the local one, Beam will import as it does
+    without the connectors in ``_CONNECTORS_NOT_RUN_LOCALLY`` (they read as not installed), and
+    without Cloud Storage's client too when the command's paths are all on its command line and
+    none is on gs://. Not for a process that goes on to run other code: it stays without them.
+    A module already imported is left alone."""
     if _runner_named(argv) not in _LOCAL_RUNNERS:
         return
-    for name in _CONNECTORS_NOT_RUN_LOCALLY:
+    unused = list(_CONNECTORS_NOT_RUN_LOCALLY)
+    if argv[:1] and argv[0] in _PATHS_ON_THE_COMMAND_LINE and not any("gs://" in a for a in argv):
+        unused.append(_CLOUD_STORAGE_CLIENT)
+    for name in unused:
         sys.modules.setdefault(name, None)
 
 
