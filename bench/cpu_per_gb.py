@@ -12,7 +12,8 @@ children, peak RSS of the largest) and wall time, run in turn round by round on 
 - ``duckdb``: ``COPY (SELECT * FROM <input> ORDER BY random()) TO ...`` in RAM on 2 threads
   (bench/duckdb_shuffle.py, in the peers' venv if built, else this one);
 - ``before`` / ``after`` (``--before TREE``, ``--after TREE``): the same pileshuffle command from
-  TREE (``PYTHONPATH``); ``after`` replaces the ``pileshuffle`` row (this checkout).
+  TREE (first on ``PYTHONPATH``, run in the bench's work folder so that no other checkout
+  shadows it); ``after`` replaces the ``pileshuffle`` row (this checkout, the same way).
 - ``--memory 2GB``: two rows more, ``pileshuffle run --memory 2GB`` and DuckDB with
   ``memory_limit='2GB'`` (spilling to disk); each budget row is compared with the other's.
 Data sets (bench/datagen.py, cached in bench/.data): 1,000,000 Parquet rows of ~1 KB and
