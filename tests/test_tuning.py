@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 
-def run_python(code: str, env=None) -> str:
+def run_python(code: str, env=None, argv=()) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, env=env
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
@@ -142,8 +142,4 @@ def test_a_local_command_imports_beam_without_the_remote_connectors():
         (["run", "--runner=DataflowRunner", "--project=p"], "True True True gs"),
         (["run", "--runner", "DaskRunner", "--input=x"], "True True True gs"),
     ]:
-        done = subprocess.run(
-            [sys.executable, "-c", _CONNECTORS, *argv], capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.split("\n")[-2] == expected, (argv, done.stdout)
+        assert run_python(_CONNECTORS, argv=argv).splitlines()[-1] == expected, argv

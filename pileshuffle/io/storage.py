@@ -282,9 +282,8 @@ def create_exclusive(path: str, data: bytes, temp: str):
 
     with interrupt.not_cut():
         if path.startswith("gs://"):
-            cloud_requests.create_if_absent(
-                path, data
-            )  # one conditional upload: no temp, no rename
+            # one conditional upload: no temp, no rename
+            cloud_requests.create_if_absent(path, data)
             return
         makedirs(split(path)[0] or ".")
         with open_write(temp, UNCOMPRESSED) as handle:
